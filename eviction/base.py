@@ -1,0 +1,108 @@
+"""The evictor interface: the block manager's free blocks, kept in eviction order.
+
+A block manager hands every free block of its pool to an evictor and asks it which block to
+hand out next. Blocks that hold no cached prefix are always reused before any cached block
+(reusing them loses nothing); the policies differ only in how they order cached blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """What the block manager knows when a request releases its blocks.
+
+    `probability` is the predicted chance that the releasing conversation continues (None when
+    no prediction arrived in time: the evictor then uses its fallback). `conversation_id` lets
+    an evictor tell a block shared by several conversations from one released again by its
+    only conversation.
+    """
+
+    time_s: float
+    probability: float | None = None
+    conversation_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FreedBlocks:
+    """Cached blocks released together by one request, in the order they were freed.
+
+    Parallel lists (one record per release, not per block, keeps the hot path cheap):
+    `depths[i]` is block i's index in its sequence (0 = the first block of the prompt) and
+    `hashes[i]` identifies its content, for policies that look at the future of a trace.
+    """
+
+    block_ids: Sequence[int]
+    depths: Sequence[int]
+    hashes: Sequence[bytes | None]
+
+    def __len__(self) -> int:
+        return len(self.block_ids)
+
+
+def check_probability(value: float | None, what: str = "probability") -> None:
+    """Raise ValueError unless `value` is None or a finite number in [0, 1]."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number in [0, 1], got {type(value).__name__} {value!r}")
+    if math.isnan(value) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{what} must be in [0, 1], got {value!r}")
+
+
+class Evictor(ABC):
+    """Free blocks of one pool, in the order they will be handed out.
+
+    Contract with the block manager:
+    - `reset(ids)` once: every block starts free and uncached, reused in the given order;
+    - `push_uncached(ids)`: blocks with no cached hash were freed; they go to the front and are
+      reused first, in the given order (vLLM's LIFO reuse of non-cached blocks);
+    - `push_cached(freed, release)`: cached blocks whose reference count reached 0, in the
+      order the manager frees them (the tail of a sequence first);
+    - `note_shared_release(freed, release)`: a release of cached blocks that other requests
+      still hold; policies that pool metadata across conversations record it;
+    - `remove(id)`: a free cached block was hit and is in use again;
+    - `pop_n(n, now)`: the next n blocks to reuse; a popped cached block loses its content, so
+      the evictor forgets everything it knew about it.
+    """
+
+    name: ClassVar[str] = "base"
+
+    @abstractmethod
+    def reset(self, block_ids: Iterable[int]) -> None: ...
+
+    @abstractmethod
+    def push_uncached(self, block_ids: Sequence[int]) -> None: ...
+
+    @abstractmethod
+    def push_cached(self, freed: FreedBlocks, release: Release) -> None: ...
+
+    def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
+        """Record a release of blocks other requests still use (default: nothing to record)."""
+        return None
+
+    @abstractmethod
+    def remove(self, block_id: int) -> None: ...
+
+    @abstractmethod
+    def pop_n(self, n: int, now_s: float = 0.0) -> list[int]: ...
+
+    def pop(self, now_s: float = 0.0) -> int:
+        """The single next block to reuse."""
+        return self.pop_n(1, now_s)[0]
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def __contains__(self, block_id: object) -> bool: ...
+
+    @abstractmethod
+    def free_block_ids(self) -> list[int]:
+        """All free blocks in eviction order (for tests and debugging; O(n log n) at most)."""

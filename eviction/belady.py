@@ -1,0 +1,88 @@
+"""Belady: evict the block whose next use lies farthest in the future (an upper bound).
+
+Needs the whole trace: `FutureUses` lists, per block hash, the times at which requests will
+look that hash up. A block's next use is fixed while it waits, except when a look-up passes
+without hitting it (its parent was evicted first); such entries are refreshed from a second
+heap ordered by next use, so the order is exact at every eviction.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import ClassVar
+
+from eviction.base import FreedBlocks, Release
+from eviction.priority import PriorityEvictor
+
+
+class FutureUses:
+    """Sorted look-up times per block hash, built from a trace before it is replayed."""
+
+    def __init__(self, uses: Mapping[bytes, Sequence[float]] | None = None) -> None:
+        self._times: dict[bytes, list[float]] = {}
+        for block_hash, times in (uses or {}).items():
+            self._times[block_hash] = sorted(times)
+
+    def add(self, time_s: float, block_hashes: Iterable[bytes]) -> None:
+        """Record one request at `time_s` that looks up `block_hashes` (append in time order)."""
+        for block_hash in block_hashes:
+            times = self._times.setdefault(block_hash, [])
+            if times and times[-1] > time_s:
+                bisect.insort(times, time_s)
+            else:
+                times.append(time_s)
+
+    def next_use(self, block_hash: bytes | None, after_s: float) -> float:
+        """The first look-up of `block_hash` at or after `after_s` (inf when none)."""
+        times = self._times.get(block_hash) if block_hash is not None else None
+        if not times:
+            return math.inf
+        i = bisect.bisect_left(times, after_s)
+        return times[i] if i < len(times) else math.inf
+
+    def __len__(self) -> int:
+        return len(self._times)
+
+
+class BeladyEvictor(PriorityEvictor):
+    name: ClassVar[str] = "belady"
+
+    def __init__(self, num_blocks: int, future: FutureUses) -> None:
+        self._future = future
+        self._hash: list[bytes | None] = [None] * num_blocks
+        self._depth = [0] * num_blocks
+        self._due: list[tuple[float, int, int]] = []  # (next use, live seq, block id)
+        super().__init__(num_blocks)
+
+    def _forget(self, block_id: int) -> None:
+        self._hash[block_id] = None
+
+    def _schedule(self, block_id: int, now_s: float) -> None:
+        next_use = self._future.next_use(self._hash[block_id], now_s)
+        self._push(block_id, -next_use, self._depth[block_id])
+        if next_use != math.inf:
+            heapq.heappush(self._due, (next_use, self._live_seq[block_id], block_id))
+
+    def push_cached(self, freed: FreedBlocks, release: Release) -> None:
+        for block_id, depth, block_hash in zip(
+            freed.block_ids, freed.depths, freed.hashes, strict=True
+        ):
+            self._hash[block_id] = block_hash
+            self._depth[block_id] = depth
+            self._schedule(block_id, release.time_s)
+
+    def _refresh(self, now_s: float) -> None:
+        """Re-date blocks whose predicted use passed without a hit."""
+        due, live = self._due, self._live_seq
+        while due and due[0][0] < now_s:
+            _, seq, block_id = heapq.heappop(due)
+            if live[block_id] == seq:
+                self._schedule(block_id, now_s)
+
+    def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
+        if n > len(self._uncached):
+            self._refresh(now_s)
+        return super().pop_n(n, now_s)

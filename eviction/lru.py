@@ -1,0 +1,50 @@
+"""LRU: vLLM v1's free-block queue, block for block.
+
+The queue order is the eviction order: least recently released at the front. Uncached blocks
+are prepended (reused first, LIFO for locality) and cached ones appended; since the manager
+frees a request's blocks tail-first, a sequence's deepest block is evicted before its parents
+when they were released together. This is exactly `FreeKVCacheBlockQueue` driven by
+`BlockPool.free_blocks`, which the differential test against vLLM checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import ClassVar
+
+from eviction.base import Evictor, FreedBlocks, Release
+from eviction.linked_list import BlockList
+
+
+class LRUEvictor(Evictor):
+    name: ClassVar[str] = "lru"
+
+    def __init__(self, num_blocks: int) -> None:
+        self._queue = BlockList(num_blocks)
+
+    def reset(self, block_ids: Iterable[int]) -> None:
+        self._queue.clear_to(block_ids)
+
+    def push_uncached(self, block_ids: Sequence[int]) -> None:
+        self._queue.prepend_n(block_ids)
+
+    def push_cached(self, freed: FreedBlocks, release: Release) -> None:
+        self._queue.append_n(freed.block_ids)
+
+    def remove(self, block_id: int) -> None:
+        self._queue.remove(block_id)
+
+    def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
+        return self._queue.popleft_n(n)
+
+    def pop(self, now_s: float = 0.0) -> int:
+        return self._queue.popleft()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._queue
+
+    def free_block_ids(self) -> list[int]:
+        return list(self._queue)

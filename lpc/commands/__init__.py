@@ -1,0 +1,5 @@
+"""Command modules of the `lpc` CLI, in the order `lpc --help` lists them."""
+
+from lpc.commands import bench
+
+COMMAND_MODULES = (bench,)

@@ -1,0 +1,18 @@
+"""`lpc bench <target>`: measured speed of the parts, printed and optionally as JSON."""
+
+from __future__ import annotations
+
+import argparse
+
+from lpc.commands import bench_evictor
+
+BENCH_MODULES = (bench_evictor,)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="benchmark a component", description=__doc__
+    )
+    targets = parser.add_subparsers(dest="target", metavar="<target>", required=True)
+    for module in BENCH_MODULES:
+        module.register(targets)

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Set up everything LPC needs in ./.venv, idempotently: safe to run before every command.
+#
+# Torch goes in first, pinned to a CPU-friendly release, so that the project's `torch>=...`
+# range is already satisfied and pip never pulls a multi-GB CUDA build on a CPU machine.
+# Override with LPC_TORCH_SPEC (e.g. LPC_TORCH_SPEC="torch==2.13.0" or a CUDA index) on a GPU box.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python_bin=${PYTHON:-python3}
+torch_spec=${LPC_TORCH_SPEC:-torch==2.13.0}
+venv=.venv
+
+if [ ! -x "$venv/bin/python" ]; then
+    echo "bootstrap: creating $venv with $($python_bin --version)"
+    "$python_bin" -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --upgrade pip
+fi
+if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
+    echo "bootstrap: installing $torch_spec first"
+    "$venv/bin/python" -m pip install --quiet "$torch_spec"
+fi
+stamp="$venv/.lpc-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    echo "bootstrap: installing lpc and its dependencies"
+    "$venv/bin/python" -m pip install --quiet -e ".[dev]"
+    touch "$stamp"
+fi

@@ -1,0 +1,1 @@
+"""Shared pytest configuration: tests import the checkout they run in."""
