@@ -1,0 +1,50 @@
+"""`lpc bench evictor`: ns per free-queue operation for lru, lpc and vLLM's queue."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEFAULT_VLLM_PYTHON = Path(".vllm-venv/bin/python")
+
+
+def register(targets: argparse._SubParsersAction) -> None:
+    parser = targets.add_parser(
+        "evictor",
+        help="ns per operation: our lru and lpc evictors vs vLLM's free queue",
+        description=(
+            "Replays one seeded stream of mixed operations (allocate, free, touch; counted per "
+            "block) against our lru and lpc evictors and, when its venv exists, vLLM's "
+            "FreeKVCacheBlockQueue. Reports ns/op net of the driver loop, best of --runs."
+        ),
+    )
+    parser.add_argument("--ops", type=int, default=1_000_000, help="block operations (default 1M)")
+    parser.add_argument("--blocks", type=int, default=20_000, help="pool size (default 20000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the operation plan")
+    parser.add_argument("--runs", type=int, default=3, help="repetitions; the best is kept")
+    parser.add_argument(
+        "--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON,
+        help="python of the vLLM venv (default .vllm-venv/bin/python; skipped if missing)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from lpc.benchmarks import evictor_bench
+    from lpc.cli import CommandError
+
+    for flag in ("ops", "blocks", "runs"):
+        if getattr(args, flag) <= 0:
+            raise CommandError(f"--{flag} must be positive, got {getattr(args, flag)}")
+    result = evictor_bench.run(args.ops, args.blocks, args.seed, args.runs, args.vllm_python)
+    if args.json:
+        print(evictor_bench.to_json(result))
+        return 0
+    print(f"{result.block_ops:,} block operations, best of {result.runs} runs")
+    for name, ns in result.ns_per_op.items():
+        print(f"  {name:<18} {ns:8.1f} ns/op")
+    for name, ratio in result.ratios.items():
+        print(f"  {name:<18} {ratio:8.2f}x")
+    print(f"  vLLM: {result.vllm_status}")
+    return 0
