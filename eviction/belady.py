@@ -48,39 +48,36 @@ class FutureUses:
 
 
 class BeladyEvictor(PriorityEvictor):
+    """Each block is its own run keyed by −(next use), tagged with its content hash."""
+
     name: ClassVar[str] = "belady"
 
     def __init__(self, num_blocks: int, future: FutureUses) -> None:
         self._future = future
-        self._hash: list[bytes | None] = [None] * num_blocks
-        self._depth = [0] * num_blocks
-        self._due: list[tuple[float, int, int]] = []  # (next use, live seq, block id)
+        self._due: list[tuple[float, int, int]] = []  # (next use, run seq, block id)
         super().__init__(num_blocks)
 
-    def _forget(self, block_id: int) -> None:
-        self._hash[block_id] = None
-
-    def _schedule(self, block_id: int, now_s: float) -> None:
-        next_use = self._future.next_use(self._hash[block_id], now_s)
-        self._push(block_id, -next_use, self._depth[block_id])
-        if next_use != math.inf:
-            heapq.heappush(self._due, (next_use, self._live_seq[block_id], block_id))
+    def _schedule(self, block_id: int, block_hash: bytes | None, depth: int, now_s: float) -> None:
+        next_use = self._future.next_use(block_hash, now_s)
+        run = self._push_run(-next_use, block_hash, [block_id], [depth])
+        if next_use != math.inf and run is not None:
+            heapq.heappush(self._due, (next_use, run.seq, block_id))
 
     def push_cached(self, freed: FreedBlocks, release: Release) -> None:
         for block_id, depth, block_hash in zip(
             freed.block_ids, freed.depths, freed.hashes, strict=True
         ):
-            self._hash[block_id] = block_hash
-            self._depth[block_id] = depth
-            self._schedule(block_id, release.time_s)
+            self._schedule(block_id, block_hash, depth, release.time_s)
 
     def _refresh(self, now_s: float) -> None:
         """Re-date blocks whose predicted use passed without a hit."""
-        due, live = self._due, self._live_seq
+        due, run_of = self._due, self._run_of
         while due and due[0][0] < now_s:
             _, seq, block_id = heapq.heappop(due)
-            if live[block_id] == seq:
-                self._schedule(block_id, now_s)
+            run = run_of[block_id]
+            if run is not None and run.seq == seq and run.holds(block_id):
+                self._dequeue(block_id)
+                self._schedule(block_id, run.tag, run.depths[0], now_s)
 
     def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
         if n > len(self._uncached):
