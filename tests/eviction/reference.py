@@ -15,7 +15,9 @@ from eviction import Evictor, FreedBlocks, Release, decayed_probability
 class BruteForceLPC(Evictor):
     name = "lpc-reference"
 
-    def __init__(self, num_blocks: int, scale_per_s: float = 1e-2, fallback_probability: float = 0.5):
+    def __init__(
+        self, num_blocks: int, scale_per_s: float = 1e-2, fallback_probability: float = 0.5
+    ) -> None:
         self.scale = scale_per_s
         self.fallback = fallback_probability
         self.uncached: list[int] = []
