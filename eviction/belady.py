@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from eviction.base import FreedBlocks, Release
 from eviction.priority import PriorityEvictor
+from eviction.run_heap import Run
 
 
 class FutureUses:
@@ -48,36 +49,46 @@ class FutureUses:
 
 
 class BeladyEvictor(PriorityEvictor):
-    """Each block is its own run keyed by −(next use), tagged with its content hash."""
+    """Blocks keyed by −(next use); a chain released together usually shares its next use
+    (the conversation's next turn), so it forms one run."""
 
     name: ClassVar[str] = "belady"
 
     def __init__(self, num_blocks: int, future: FutureUses) -> None:
         self._future = future
-        self._due: list[tuple[float, int, int]] = []  # (next use, run seq, block id)
+        self._hash_of: list[bytes | None] = [None] * num_blocks
+        self._due: list[tuple[float, int, Run]] = []  # (next use, run seq, run)
         super().__init__(num_blocks)
 
-    def _schedule(self, block_id: int, block_hash: bytes | None, depth: int, now_s: float) -> None:
-        next_use = self._future.next_use(block_hash, now_s)
-        run = self._push_run(-next_use, block_hash, [block_id], [depth])
-        if next_use != math.inf and run is not None:
-            heapq.heappush(self._due, (next_use, run.seq, block_id))
+    def _queue(self, block_ids: Sequence[int], depths: Sequence[int], now_s: float) -> None:
+        next_use = self._future.next_use
+        hash_of = self._hash_of
+        uses = [next_use(hash_of[b], now_s) for b in block_ids]
+        runs = self._push_grouped(block_ids, depths, [-u for u in uses], [None] * len(uses))
+        for run in runs:
+            if run.key != -math.inf:
+                heapq.heappush(self._due, (-run.key, run.seq, run))
 
     def push_cached(self, freed: FreedBlocks, release: Release) -> None:
-        for block_id, depth, block_hash in zip(
-            freed.block_ids, freed.depths, freed.hashes, strict=True
-        ):
-            self._schedule(block_id, block_hash, depth, release.time_s)
+        hash_of = self._hash_of
+        for block_id, block_hash in zip(freed.block_ids, freed.hashes, strict=True):
+            hash_of[block_id] = block_hash
+        self._queue(freed.block_ids, freed.depths, release.time_s)
 
     def _refresh(self, now_s: float) -> None:
         """Re-date blocks whose predicted use passed without a hit."""
         due, run_of = self._due, self._run_of
         while due and due[0][0] < now_s:
-            _, seq, block_id = heapq.heappop(due)
-            run = run_of[block_id]
-            if run is not None and run.seq == seq and run.holds(block_id):
-                self._dequeue(block_id)
-                self._schedule(block_id, run.tag, run.depths[0], now_s)
+            _, _, run = heapq.heappop(due)
+            stale_ids, stale_depths = [], []
+            for j in range(run.cursor, len(run.block_ids)):
+                block_id = run.block_ids[j]
+                if run_of[block_id] is run and run.holds(block_id):
+                    self._dequeue(block_id)
+                    stale_ids.append(block_id)
+                    stale_depths.append(run.depths[j])
+            if stale_ids:
+                self._queue(stale_ids, stale_depths, now_s)
 
     def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
         if n > len(self._uncached):

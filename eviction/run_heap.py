@@ -106,14 +106,18 @@ class RunHeap:
         depths: Sequence[int],
         keys: Sequence[Any],
         tags: Sequence[Any],
-    ) -> None:
+    ) -> list[Run]:
         """Queue blocks with per-block keys and tags, grouping equal neighbours into runs."""
+        runs = []
         start = 0
         n = len(block_ids)
         for i in range(1, n + 1):
             if i == n or keys[i] != keys[start] or tags[i] != tags[start]:
-                self._push_run(keys[start], tags[start], block_ids[start:i], depths[start:i])
+                run = self._push_run(keys[start], tags[start], block_ids[start:i], depths[start:i])
+                if run is not None:
+                    runs.append(run)
                 start = i
+        return runs
 
     def _remember(
         self, key: Any, tag: Any, block_ids: Sequence[int], depths: Sequence[int]
