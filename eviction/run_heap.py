@@ -172,8 +172,10 @@ class RunHeap:
                     continue
             size = len(heap)
             key = run.key
-            if run.removed is None and (size < 2 or key < heap[1][0]) and (
-                size < 3 or key < heap[2][0]
+            if (
+                run.removed is None
+                and (size < 2 or key < heap[1][0])
+                and (size < 3 or key < heap[2][0])
             ):
                 # No holes and strictly the smallest key: take a slice, no comparisons.
                 take = ids[i : i + (n - popped)]

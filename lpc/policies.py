@@ -1,11 +1,11 @@
 """Named policies for the A/B harness: an evictor plus, for LPC, a probability source.
 
-    lru, fifo, lfu      the heuristics (lru is vLLM's)
-    lpc-turns           LPC fed the turns-only ablation
-    lpc-const[=P]       LPC with one constant p (a sanity check: it should track lru)
-    lpc                 LPC fed the learned predictor
-    oracle              LPC fed the true label (upper bound, not deployable)
-    belady              evict the block used farthest in the future (upper bound)
+lru, fifo, lfu      the heuristics (lru is vLLM's)
+lpc-turns           LPC fed the turns-only ablation
+lpc-const[=P]       LPC with one constant p (a sanity check: it should track lru)
+lpc                 LPC fed the learned predictor
+oracle              LPC fed the true label (upper bound, not deployable)
+belady              evict the block used farthest in the future (upper bound)
 """
 
 from __future__ import annotations

@@ -143,6 +143,8 @@ def replay(
     probabilities: Sequence[float | None]
     if spec.source is None:
         probabilities = [None] * len(workload.requests)
+    elif spec.source == "const":
+        probabilities = [spec.constant] * len(workload.requests)
     else:
         try:
             probabilities = workload.probabilities[spec.source]

@@ -76,7 +76,9 @@ def run_vllm_queue(calls: list[Call], num_blocks: int, runs: int, python: Path) 
     try:
         out = subprocess.run(
             [str(python), str(VLLM_BENCH_SCRIPT), path, "--runs", str(runs)],
-            check=True, capture_output=True, text=True,
+            check=True,
+            capture_output=True,
+            text=True,
         )
     finally:
         Path(path).unlink(missing_ok=True)

@@ -25,7 +25,9 @@ def register(targets: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the operation plan")
     parser.add_argument("--runs", type=int, default=3, help="repetitions; the best is kept")
     parser.add_argument(
-        "--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON,
+        "--vllm-python",
+        type=Path,
+        default=DEFAULT_VLLM_PYTHON,
         help="python of the vLLM venv (default .vllm-venv/bin/python; skipped if missing)",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")

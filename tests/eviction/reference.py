@@ -67,9 +67,7 @@ class BruteForceLPC(Evictor):
             self.uncached.remove(block_id)
 
     def value(self, block_id: int, now_s: float) -> float:
-        return max(
-            decayed_probability(p, now_s - t, self.scale) for p, t in self.pooled[block_id]
-        )
+        return max(decayed_probability(p, now_s - t, self.scale) for p, t in self.pooled[block_id])
 
     def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
         out = []

@@ -52,9 +52,7 @@ def test_max_pooling_keeps_a_shared_block_alive() -> None:
     manager.free("a", 1.0, probability=0.9)  # b still holds the shared block
     manager.free("b", 1.0, probability=0.05)
     assert evictor.pooled_key(shared) == pytest.approx(evictor.key_for(Release(1.0, 0.9, "A")))
-    assert evictor.pooled_key(table_b[1]) == pytest.approx(
-        evictor.key_for(Release(1.0, 0.05, "B"))
-    )
+    assert evictor.pooled_key(table_b[1]) == pytest.approx(evictor.key_for(Release(1.0, 0.05, "B")))
     cached_order = [blk for blk in evictor.free_block_ids() if manager.block_hash(blk)]
     assert cached_order.index(table_b[1]) < cached_order.index(shared)
 

@@ -21,9 +21,7 @@ from lpc.hashing import BlockHasher
 from tests.lpc.streams import Allocate, random_stream
 
 
-def manager_with(
-    policy: str, num_blocks: int = 40, block_size: int = 4
-) -> PrefixCacheBlockManager:
+def manager_with(policy: str, num_blocks: int = 40, block_size: int = 4) -> PrefixCacheBlockManager:
     options = {"future": FutureUses()} if policy == "belady" else {}
     return PrefixCacheBlockManager(
         num_blocks, block_size, evictor=make_evictor(policy, num_blocks, **options)
@@ -102,7 +100,9 @@ def test_hashes_are_stable_across_processes_and_releases() -> None:
     outputs = {
         subprocess.run(
             [sys.executable, "-c", code],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
             env={"PYTHONHASHSEED": seed, "PYTHONPATH": "."},
         ).stdout.strip()
         for seed in ("1", "2")
