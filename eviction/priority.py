@@ -2,8 +2,9 @@
 
 Uncached blocks live in a linked list in front of everything (reused first, in vLLM's order);
 cached blocks live in the `RunHeap` this class extends, keyed by the policy's priority, ties
-going to the deeper block, then to the older release. A block's last run is its metadata
-(key and tag) while it is in use, so a policy can pool across releases. Subclasses implement
+going to the deeper block, then to the older release. A block's last run (or its ghost) is
+its metadata (key and tag) while it is in use, so a policy can pool across releases.
+Subclasses implement
 `push_cached`.
 """
 
@@ -13,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from eviction.base import Evictor
 from eviction.linked_list import BlockList
-from eviction.run_heap import RunHeap
+from eviction.run_heap import Run, RunHeap
 
 
 class PriorityEvictor(RunHeap, Evictor):
@@ -34,17 +35,12 @@ class PriorityEvictor(RunHeap, Evictor):
         self._uncached.prepend_n(block_ids)
 
     def remove(self, block_id: int) -> None:
-        run = self._run_of[block_id]
-        if run is None:
+        run = self._state[block_id]
+        if type(run) is not Run:
             self._uncached.remove(block_id)
             return
-        removed = run.removed
-        if removed is None:
-            run.removed = {block_id}
-        elif block_id in removed:
-            raise KeyError(f"block {block_id} is not free")
-        else:
-            removed.add(block_id)
+        self._state[block_id] = run.left_by()
+        run.holes += 1
         self._queued -= 1
         if len(self._heap) > 2 * self._queued + 1024:
             self._rebuild()
