@@ -25,7 +25,7 @@ def _pct(value: float | None, signed: bool = False) -> str:
     return f"{value * 100:+.1f}%" if signed else f"{value * 100:.1f}%"
 
 
-def _grid(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def text_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     line = "  ".join(
         h.ljust(w) if i == 0 else h.rjust(w)
@@ -98,7 +98,7 @@ def comparison_tables(
 
 
 def terminal_report(comparison: Comparison, policies: Sequence[str]) -> str:
-    return "\n\n".join(_grid(t, h, r) for t, h, r in comparison_tables(comparison, policies))
+    return "\n\n".join(text_table(t, h, r) for t, h, r in comparison_tables(comparison, policies))
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

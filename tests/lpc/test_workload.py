@@ -99,3 +99,27 @@ def test_bad_latency_model() -> None:
         LatencyModel(prefill_tokens_per_s=0)
     with pytest.raises(ValueError, match="overhead_s"):
         LatencyModel(overhead_s=float("nan"))
+
+
+def test_closed_loop_replay_hits_more_than_a_cold_cache_and_refuses_belady() -> None:
+    from lpc.policies import parse_policy
+    from lpc.probability import OracleSource
+    from lpc.simulator import replay_closed_loop
+
+    convs = conversations(80, seed=8)
+    latency = LatencyModel(prefill_tokens_per_s=500.0, closed_loop=True)
+    config = WorkloadConfig(duration_s=None, max_active_conversations=10, latency=latency)
+    oracle = OracleSource()
+
+    def run(policy: str, tokens: int):
+        return replay_closed_loop(
+            draw_scripts(convs, config), config, parse_policy(policy), tokens, 16,
+            lambda turn: oracle.predict([turn])[0],
+        )
+
+    small, large = run("lru", 2000), run("lru", 60000)
+    assert small.requests == large.requests == sum(len(c) for c in convs)
+    assert large.token_hit_ratio > small.token_hit_ratio
+    assert run("oracle", 8000).token_hit_ratio >= run("lru", 8000).token_hit_ratio - 0.02
+    with pytest.raises(ValueError, match="belady needs a fixed trace"):
+        run("belady", 8000)
