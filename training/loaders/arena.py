@@ -9,7 +9,7 @@ in either mode (an id always names the same conversation), and both share the gr
 
 from __future__ import annotations
 
-from training.loaders.cleaning import message_list, raw_messages, record_id
+from training.loaders.cleaning import RecordProblem, message_list, raw_messages, record_id
 from training.loaders.readers import RecordPosition
 from training.loaders.record_format import ParsedRecord, RecordFormat
 from training.loaders.report import LoadReport
@@ -20,17 +20,24 @@ ARENA_SIDES = {"a": ("a",), "both": ("a", "b")}
 def parse_arena_record(
     record: dict, position: RecordPosition, mode: str | None, report: LoadReport
 ) -> list[ParsedRecord]:
+    """One conversation per side; a malformed side is reported without losing the other."""
     question_id = record_id(record, "question_id")
     sides = ARENA_SIDES[mode or "a"]
-    lists = {side: message_list(record, f"conversation_{side}") for side in sides}
-    return [
-        ParsedRecord(
-            f"{question_id}:{side}",
-            question_id,
-            raw_messages(lists[side], "role", "content", report, f"conversation_{side}"),
-        )
-        for side in sides
-    ]
+    parsed: list[ParsedRecord] = []
+    for side in sides:
+        key = f"conversation_{side}"
+        conversation_id = f"{question_id}:{side}"
+        try:
+            pairs = raw_messages(message_list(record, key), "role", "content", report, key)
+        except RecordProblem as problem:
+            if len(sides) == 1:
+                raise
+            parsed.append(ParsedRecord(conversation_id, question_id, [], problem))
+            continue
+        parsed.append(ParsedRecord(conversation_id, question_id, pairs))
+    if all(p.problem is not None for p in parsed):
+        raise parsed[0].problem  # type: ignore[misc]
+    return parsed
 
 
 ARENA = RecordFormat(

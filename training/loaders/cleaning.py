@@ -35,6 +35,7 @@ ROLE_MAP: dict[str, Role] = {
     "bard": "assistant",
     "assistant": "assistant",
     "system": "system",
+    "developer": "system",  # OpenAI's newer name for the system prompt
 }
 
 
@@ -80,18 +81,25 @@ def raw_messages(
     """(raw role, text) pairs of a message list, checking each message's shape."""
     pairs: list[tuple[str, str]] = []
     for i, message in enumerate(messages):
+        # fast path for the common shape; the checks below only build their messages on failure
+        if type(message) is dict:
+            role = message.get(role_key)
+            content = message.get(content_key)
+            if type(role) is str and type(content) is str:
+                pairs.append((role, content))
+                continue
+        at = f"{where}[{i}]"
         if not isinstance(message, dict):
             raise RecordProblem(
-                SkipReason.WRONG_TYPE, f"{where}[{i}] must be an object, got {_describe(message)}"
+                SkipReason.WRONG_TYPE, f"{at} must be an object, got {_describe(message)}"
             )
-        role = require_field(message, role_key, f"{where}[{i}]")
+        role = require_field(message, role_key, at)
         if not isinstance(role, str):
             raise RecordProblem(
-                SkipReason.WRONG_TYPE,
-                f"{where}[{i}].{role_key} must be a string, got {_describe(role)}",
+                SkipReason.WRONG_TYPE, f"{at}.{role_key} must be a string, got {_describe(role)}"
             )
-        content = require_field(message, content_key, f"{where}[{i}]")
-        pairs.append((role, content_text(content, report, f"{where}[{i}].{content_key}")))
+        content = require_field(message, content_key, at)
+        pairs.append((role, content_text(content, report, f"{at}.{content_key}")))
     return pairs
 
 
@@ -139,11 +147,11 @@ def normalise_messages(pairs: Iterable[tuple[str, str]], report: LoadReport) -> 
     seen_user = False
     for raw_role, text in pairs:
         report.roles_seen[raw_role] += 1
-        role = ROLE_MAP.get(raw_role.strip().lower())
+        role = ROLE_MAP.get(raw_role) or ROLE_MAP.get(raw_role.strip().lower())
         if role is None:
             report.unknown_roles[raw_role] += 1
             continue
-        if not text.strip():
+        if not text or text.isspace():
             report.empty_messages_dropped += 1
             continue
         if not seen_user:

@@ -203,8 +203,8 @@ class ConversationStream:
         report = self.report
         for raw in records:
             report.records_read += 1
-            where = raw.position.describe()
             if raw.invalid_utf8_bytes:
+                where = raw.position.describe()
                 report.invalid_utf8_bytes_replaced += raw.invalid_utf8_bytes
                 report.records_with_invalid_utf8 += 1
                 if self._strict:
@@ -212,21 +212,26 @@ class ConversationStream:
                         where, f"{raw.invalid_utf8_bytes} byte(s) are not valid UTF-8"
                     )
             if raw.problem is not None:
-                self._malformed(SkipReason.INVALID_JSON, where, raw.problem)
+                self._malformed(SkipReason.INVALID_JSON, raw.position.describe(), raw.problem)
                 continue
             if not isinstance(raw.value, dict):
                 self._malformed(
                     SkipReason.NOT_AN_OBJECT,
-                    where,
+                    raw.position.describe(),
                     f"a record must be a JSON object, got {type(raw.value).__name__}",
                 )
                 continue
             try:
                 parsed = self.format.parse(raw.value, raw.position, self.mode, report)
             except RecordProblem as problem:
-                self._malformed(problem.reason, where, problem.detail)
+                self._malformed(problem.reason, raw.position.describe(), problem.detail)
                 continue
-            yield from parsed
+            for record in parsed:
+                if record.problem is not None:
+                    where_side = f"{raw.position.describe()} ({record.conversation_id})"
+                    self._malformed(record.problem.reason, where_side, record.problem.detail)
+                    continue
+                yield record
 
     def _malformed(self, reason: SkipReason, where: str, detail: str) -> None:
         if self._strict:

@@ -65,7 +65,7 @@ class RawRecord:
 
 
 def detect_layout(path: Path) -> str:
-    """JSON array, JSON Lines or Parquet, from the first bytes (not the file name)."""
+    """JSON array, JSON Lines or Parquet, from the first bytes (the name only breaks ties)."""
     with open(path, "rb") as f:
         head = f.read(4096)
     if head.startswith(_PARQUET_MAGIC):
@@ -77,8 +77,8 @@ def detect_layout(path: Path) -> str:
         raise MalformedFileError(f"{path}: the file is empty (or only whitespace)")
     if text[0] == "[":
         return JSON_ARRAY
-    if text[0] == "{":
-        return JSON_LINES
+    if text[0] == "{" or path.suffix.lower() in (".jsonl", ".ndjson"):
+        return JSON_LINES  # a .jsonl file may start with a bad line: the reader reports it
     raise MalformedFileError(
         f"{path}: not JSON Lines, a JSON array or Parquet (starts with {text[:20]!r})"
     )
@@ -260,7 +260,7 @@ class _JsonArrayScanner:
             char, line, byte = 0, self.buf_line, self.buf_byte
         segment = self.buf[char:at]
         line += segment.count("\n")
-        byte += len(segment.encode("utf-8", "surrogatepass"))
+        byte += len(segment) if segment.isascii() else len(segment.encode("utf-8", "surrogatepass"))
         lo = bisect.bisect_left(self.replaced_at, char)
         hi = bisect.bisect_left(self.replaced_at, at)
         byte += sum(self.replaced_bytes[lo:hi]) - 3 * (hi - lo)  # U+FFFD is 3 bytes in UTF-8

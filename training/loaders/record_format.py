@@ -9,17 +9,23 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from training.loaders.cleaning import RecordProblem
 from training.loaders.readers import RecordPosition
 from training.loaders.report import LoadReport
 
 
 @dataclass(frozen=True, slots=True)
 class ParsedRecord:
-    """A conversation as the data holds it, before cleaning."""
+    """A conversation as the data holds it, before cleaning.
+
+    `problem` is set when this conversation of a record is malformed while another one of the
+    same record is fine (Chatbot-Arena's two sides): the good one is not lost.
+    """
 
     conversation_id: str
     group_id: str | None
     pairs: list[tuple[str, str]]
+    problem: RecordProblem | None = None
 
 
 ParseRecord = Callable[[dict, RecordPosition, "str | None", LoadReport], list[ParsedRecord]]
