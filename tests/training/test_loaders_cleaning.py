@@ -55,3 +55,10 @@ def test_content_parts():
         with pytest.raises(RecordProblem) as caught:
             content_text(bad, report, "m")
         assert caught.value.reason is SkipReason.WRONG_TYPE
+
+
+def test_lone_surrogates_become_replacement_characters():
+    messages, report = clean([("user", "pair \U0001f642 half \ud83d end")])
+    assert messages[0].content == "pair \U0001f642 half \ufffd end"
+    assert report.lone_surrogates_replaced == 1
+    messages[0].content.encode("utf-8")  # encodable now

@@ -13,11 +13,14 @@ messages alternating, starting with a user message. The rules, applied in this o
 4. Consecutive messages of the same role are merged into one, their texts joined with
    `MESSAGE_JOIN_SEPARATOR` (`same_role_messages_merged` counts the messages appended).
 
-Text is otherwise kept exactly as found (no stripping): it is what the model would see.
+Text is otherwise kept exactly as found (no stripping): it is what the model would see, except
+that a lone UTF-16 surrogate (a JSON `\\ud83d` escape without its pair, which is no character)
+becomes U+FFFD (`lone_surrogates_replaced`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from training.conversation import Message, Role
@@ -25,6 +28,9 @@ from training.loaders.report import LoadReport, SkipReason
 
 MESSAGE_JOIN_SEPARATOR = "\n\n"
 PART_TEXT_SEPARATOR = "\n"  # vLLM joins the text parts of one message with a newline
+# JSON can spell half of a surrogate pair (a lone "\ud83d" escape), which is no character:
+# no tokenizer or UTF-8 encoder accepts it.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 ROLE_MAP: dict[str, Role] = {
     "human": "user",
@@ -154,6 +160,9 @@ def normalise_messages(pairs: Iterable[tuple[str, str]], report: LoadReport) -> 
         if not text or text.isspace():
             report.empty_messages_dropped += 1
             continue
+        if _LONE_SURROGATE.search(text) is not None:
+            text, replaced = _LONE_SURROGATE.subn("\ufffd", text)
+            report.lone_surrogates_replaced += replaced
         if not seen_user:
             if role == "assistant":
                 report.leading_assistant_messages_dropped += 1

@@ -99,6 +99,7 @@ class LoadReport:
     non_text_parts: Counter[str] = field(default_factory=Counter)
     invalid_utf8_bytes_replaced: int = 0
     records_with_invalid_utf8: int = 0
+    lone_surrogates_replaced: int = 0
     truncated_at_byte: int | None = None
     truncated_bytes: int = 0
     segments_merged: int = 0
@@ -153,6 +154,7 @@ class LoadReport:
             "late system messages dropped": self.late_system_messages_dropped,
             "same-role messages merged": self.same_role_messages_merged,
             "invalid UTF-8 bytes replaced": self.invalid_utf8_bytes_replaced,
+            "lone surrogates replaced": self.lone_surrogates_replaced,
             "segments merged": self.segments_merged,
             "conversations with segment gaps": self.conversations_with_segment_gaps,
             "missing segments": self.missing_segments,
