@@ -31,7 +31,12 @@ from lpc.report import (
     write_json,
 )
 from lpc.simulator import PreparedWorkload, ReplayResult, prepare, replay_closed_loop
-from lpc.workload import LatencyModel, WorkloadConfig, WorkloadRequest, draw_scripts, open_loop_requests
+from lpc.workload import (
+    WorkloadConfig,
+    WorkloadRequest,
+    draw_scripts,
+    open_loop_requests,
+)
 
 # source name -> builds a source once the training half is known
 ModelSourceFactory = Callable[["ABContext"], ProbabilitySource]
@@ -43,7 +48,9 @@ class ABOptions:
     data_format: str | None = None
     mode: str | None = None
     trace: Path | None = None
-    policies: tuple[PolicySpec, ...] = field(default_factory=lambda: tuple(parse_policies(",".join(DEFAULT_POLICIES))))
+    policies: tuple[PolicySpec, ...] = field(
+        default_factory=lambda: tuple(parse_policies(",".join(DEFAULT_POLICIES)))
+    )
     cache_sizes_tokens: tuple[int, ...] = DEFAULT_CACHE_SIZES_TOKENS
     block_size: int = 16
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
@@ -142,12 +149,17 @@ def run_ab(
     timings: dict[str, float] = {}
     started = time.perf_counter()
     tokenizer = default_chat_tokenizer()
-    needs_train = bool(_sources_needed(options.policies, options.trace_probabilities) - {"oracle", "trace"})
+    needs_train = bool(
+        _sources_needed(options.policies, options.trace_probabilities) - {"oracle", "trace"}
+    )
     needs_train = needs_train or options.fallback_probability is None
     dataset = None
     if options.trace is None or needs_train:
         dataset = load_split(options.dataset, options.data_format, options.mode)
-        log(f"data: {dataset.load_summary.splitlines()[0]}; split {len(dataset.train)} train / {len(dataset.eval)} evaluation")
+        log(
+            f"data: {dataset.load_summary.splitlines()[0]}; "
+            f"split {len(dataset.train)} train / {len(dataset.eval)} evaluation"
+        )
     timings["load_s"] = time.perf_counter() - started
 
     train_counts = [c.num_user_turns for c in dataset.train if c.num_user_turns] if dataset else []
@@ -200,14 +212,19 @@ def run_ab(
         values = predictions(requests)
         timings["predict_s"] = time.perf_counter() - t0
         if options.export_trace is not None:
-            probability = values.get(options.trace_probabilities) if options.trace_probabilities else None
-            write_trace(options.export_trace, requests, _trace_header(options, source_desc), probability)
+            probability = (
+                values.get(options.trace_probabilities) if options.trace_probabilities else None
+            )
+            write_trace(
+                options.export_trace, requests, _trace_header(options, source_desc), probability
+            )
             files["trace"] = str(options.export_trace)
             log(f"trace: wrote {len(requests)} requests to {options.export_trace}")
         workload = prepare(requests, options.block_size, values)
         summary = _summary(workload, requests, options, source_desc)
         log(
-            f"workload: {summary['requests']} requests from {summary['conversations']} conversations, "
+            f"workload: {summary['requests']} requests from "
+            f"{summary['conversations']} conversations, "
             f"{summary['prompt_tokens']:,} prompt tokens over {summary['span_s']:.0f} s"
         )
         t0 = time.perf_counter()
@@ -220,10 +237,18 @@ def run_ab(
             raise ValueError("a think-time sweep generates workloads: it cannot run on --trace")
         t0 = time.perf_counter()
         for mean in options.think_time_sweep_s:
-            config = WorkloadConfig(mean, options.workload.max_active_conversations, options.workload.duration_s, options.workload.seed, options.workload.latency)
+            config = WorkloadConfig(
+                mean,
+                options.workload.max_active_conversations,
+                options.workload.duration_s,
+                options.workload.seed,
+                options.workload.latency,
+            )
             reqs = generated_requests(config)
             workload = prepare(reqs, options.block_size, predictions(reqs))
-            sweep[mean] = _grid(workload, options, settings, f"λ={mean:g}s", sizes=(options.sweep_cache_tokens,))
+            sweep[mean] = _grid(
+                workload, options, settings, f"λ={mean:g}s", sizes=(options.sweep_cache_tokens,)
+            )
         timings["sweep_s"] = time.perf_counter() - t0
 
     comparison = compare(results)
@@ -243,7 +268,9 @@ def _grid(
     sizes = tuple(sizes or options.cache_sizes_tokens)
     total = len(options.policies) * len(sizes)
     with tqdm(total=total, desc=desc, unit="run", disable=not options.progress) as bar:
-        return run_grid(workload, options.policies, sizes, settings, options.workers, lambda _: bar.update())
+        return run_grid(
+            workload, options.policies, sizes, settings, options.workers, lambda _: bar.update()
+        )
 
 
 def _closed_loop_grid(options, dataset, tokenizer, sources, settings, log) -> list[ReplayResult]:
@@ -266,11 +293,19 @@ def _closed_loop_grid(options, dataset, tokenizer, sources, settings, log) -> li
     results = []
     jobs = [(p, s) for p in options.policies for s in options.cache_sizes_tokens]
     for spec, size in tqdm(jobs, desc="closed loop", unit="run", disable=not options.progress):
-        scripts = draw_scripts(lazily_scripted(order, tokenizer, options.max_model_len), options.workload)
+        scripts = draw_scripts(
+            lazily_scripted(order, tokenizer, options.max_model_len), options.workload
+        )
         results.append(
             replay_closed_loop(
-                scripts, options.workload, spec, size, options.block_size,
-                probability_of(spec.source or ""), settings.scale_per_s, settings.fallback_probability,
+                scripts,
+                options.workload,
+                spec,
+                size,
+                options.block_size,
+                probability_of(spec.source or ""),
+                settings.scale_per_s,
+                settings.fallback_probability,
             )
         )
     return results
@@ -291,7 +326,9 @@ def _trace_header(options: ABOptions, source: str) -> dict[str, Any]:
     }
 
 
-def _summary(workload: PreparedWorkload, requests: list[WorkloadRequest], options: ABOptions, source: str) -> dict[str, Any]:
+def _summary(
+    workload: PreparedWorkload, requests: list[WorkloadRequest], options: ABOptions, source: str
+) -> dict[str, Any]:
     span = max((r.completion_s for r in requests), default=0.0)
     return {
         "source": source,
@@ -313,12 +350,22 @@ def _write_files(outcome: ABOutcome, out: Path) -> None:
     files = outcome.files
     write_csv(out / "results.csv", outcome.results)
     files["csv"] = str(out / "results.csv")
-    plot_hit_vs_size(out / "hit_ratio_vs_cache_size.png", outcome.comparison, policies, "Token hit ratio vs cache size")
+    plot_hit_vs_size(
+        out / "hit_ratio_vs_cache_size.png",
+        outcome.comparison,
+        policies,
+        "Token hit ratio vs cache size",
+    )
     files["plot_cache_size"] = str(out / "hit_ratio_vs_cache_size.png")
     if outcome.sweep:
         rows = [r for results in outcome.sweep.values() for r in results]
         write_csv(out / "think_time_sweep.csv", rows)
-        plot_hit_vs_think_time(out / "hit_ratio_vs_think_time.png", outcome.sweep, policies, f"Token hit ratio vs λ_chat at {outcome.options.sweep_cache_tokens // 1000}K tokens")
+        plot_hit_vs_think_time(
+            out / "hit_ratio_vs_think_time.png",
+            outcome.sweep,
+            policies,
+            f"Token hit ratio vs λ_chat at {outcome.options.sweep_cache_tokens // 1000}K tokens",
+        )
         files["sweep_csv"] = str(out / "think_time_sweep.csv")
         files["plot_think_time"] = str(out / "hit_ratio_vs_think_time.png")
     files["markdown"] = str(out / "report.md")
@@ -337,7 +384,8 @@ def markdown_report(outcome: ABOutcome) -> str:
         + (
             f", {s['requests']} requests from {s['conversations']} conversations, "
             f"{s['prompt_tokens']:,} prompt tokens; λ_chat {s['mean_think_time_s']:g} s, "
-            f"N_conv {s['max_active_conversations']}, window {s['duration_s']} s, seed {s['seed']}, "
+            f"N_conv {s['max_active_conversations']}, window {s['duration_s']} s, "
+            f"seed {s['seed']}, "
             f"block size {s['block_size']}."
             if "requests" in s
             else " (closed loop)."
@@ -350,7 +398,8 @@ def markdown_report(outcome: ABOutcome) -> str:
     if outcome.sweep:
         header, rows = sweep_table(outcome.sweep, policies)
         lines += [
-            f"## Hit ratio vs λ_chat at {outcome.options.sweep_cache_tokens // 1000}K tokens (gain over LRU)",
+            f"## Hit ratio vs λ_chat at {outcome.options.sweep_cache_tokens // 1000}K tokens "
+            "(gain over LRU)",
             "",
             markdown_table(header, rows),
             "",
@@ -366,7 +415,11 @@ def summary_text(outcome: ABOutcome) -> str:
     text = terminal_report(outcome.comparison, policies)
     if outcome.sweep:
         header, rows = sweep_table(outcome.sweep, policies)
-        text += "\n\n" + text_table(f"Token hit ratio vs λ_chat at {outcome.options.sweep_cache_tokens // 1000}K tokens", header, rows)
+        text += "\n\n" + text_table(
+            f"Token hit ratio vs λ_chat at {outcome.options.sweep_cache_tokens // 1000}K tokens",
+            header,
+            rows,
+        )
     return text
 
 

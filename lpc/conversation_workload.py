@@ -11,13 +11,12 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from training.loaders import load_conversations
-from training.split import partition_conversations
-
 from lpc.chat_tokenization import DEFAULT_MAX_MODEL_LEN, ChatTemplate, conversation_tokens
 from lpc.chat_tokenizers import ChatTokenizer
 from lpc.workload import ScriptedTurn
 from training.conversation import Conversation
+from training.loaders import load_conversations
+from training.split import partition_conversations
 
 PREDICTOR_WINDOW = 5  # the current user prompt and the 4 before it (the paper's N = 4)
 

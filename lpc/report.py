@@ -88,7 +88,7 @@ def comparison_tables(
                 cells.append(
                     "never"
                     if needed is None
-                    else f"{_k(round(needed))} ({_pct(1 - needed / s, True)})"
+                    else f"{needed / 1000:.0f}K ({_pct(1 - needed / s, True)})"
                 )
             rows.append([p, *cells])
         tables.append(

@@ -89,43 +89,147 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     data = p.add_argument_group("data")
     data.add_argument(
-        "--dataset", default="sharegpt",
+        "--dataset",
+        default="sharegpt",
         help="conversations: 'sharegpt' (bundled), a local file or folder (ShareGPT, LMSys, "
-        "Chatbot-Arena or OpenAI messages JSON/JSONL/Parquet), or hf:<id>[:split] (default: sharegpt)",
+        "Chatbot-Arena or OpenAI messages JSON/JSONL/Parquet), or hf:<id>[:split] "
+        "(default: sharegpt)",
     )
-    data.add_argument("--format", dest="data_format", choices=["sharegpt", "lmsys", "arena", "openai"], help="data format (default: recognised from the records)")
-    data.add_argument("--mode", help="ShareGPT: separate (default; each item its own conversation) or merge; Arena: a (default) or both")
-    data.add_argument("--trace", type=Path, help="replay this JSONL request trace instead of generating a workload (format: docs/traces.md)")
-    data.add_argument("--max-model-len", type=_positive_int, default=32768, help="cut conversations at this many tokens (default: %(default)s)")
+    data.add_argument(
+        "--format",
+        dest="data_format",
+        choices=["sharegpt", "lmsys", "arena", "openai"],
+        help="data format (default: recognised from the records)",
+    )
+    data.add_argument(
+        "--mode",
+        help="ShareGPT: separate (default; each item its own conversation) or merge; "
+        "Arena: a (default) or both",
+    )
+    data.add_argument(
+        "--trace",
+        type=Path,
+        help="replay this JSONL request trace instead of generating a workload "
+        "(format: docs/traces.md)",
+    )
+    data.add_argument(
+        "--max-model-len",
+        type=_positive_int,
+        default=32768,
+        help="cut conversations at this many tokens (default: %(default)s)",
+    )
 
     work = p.add_argument_group("workload (the paper's method)")
-    work.add_argument("--think-time", "--lambda-chat", dest="think_time", type=_positive_float, default=100.0, help="mean user think time λ_chat in seconds (default: %(default)s)")
-    work.add_argument("--max-active", type=_positive_int, default=200, help="at most this many active conversations, N_conv (default: %(default)s)")
-    work.add_argument("--duration", default="1200", help="window in seconds, or 'all' to replay every evaluation conversation (default: %(default)s)")
-    work.add_argument("--seed", type=int, default=0, help="seed of the workload (default: %(default)s)")
-    work.add_argument("--closed-loop", action="store_true", help="prefill time depends on uncached tokens (each policy then sees its own timeline; no belady)")
-    work.add_argument("--prefill-tokens-per-s", type=_positive_float, default=8000.0, help="latency model: prefill speed (default: %(default)s)")
-    work.add_argument("--time-per-output-token", type=float, default=0.03, help="latency model: seconds per generated token (default: %(default)s)")
+    work.add_argument(
+        "--think-time",
+        "--lambda-chat",
+        dest="think_time",
+        type=_positive_float,
+        default=100.0,
+        help="mean user think time λ_chat in seconds (default: %(default)s)",
+    )
+    work.add_argument(
+        "--max-active",
+        type=_positive_int,
+        default=200,
+        help="at most this many active conversations, N_conv (default: %(default)s)",
+    )
+    work.add_argument(
+        "--duration",
+        default="1200",
+        help="window in seconds, or 'all' to replay every evaluation conversation "
+        "(default: %(default)s)",
+    )
+    work.add_argument(
+        "--seed", type=int, default=0, help="seed of the workload (default: %(default)s)"
+    )
+    work.add_argument(
+        "--closed-loop",
+        action="store_true",
+        help="prefill time depends on uncached tokens (each policy then sees its own "
+        "timeline; no belady)",
+    )
+    work.add_argument(
+        "--prefill-tokens-per-s",
+        type=_positive_float,
+        default=8000.0,
+        help="latency model: prefill speed (default: %(default)s)",
+    )
+    work.add_argument(
+        "--time-per-output-token",
+        type=float,
+        default=0.03,
+        help="latency model: seconds per generated token (default: %(default)s)",
+    )
 
     pol = p.add_argument_group("policies and cache")
     pol.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help=POLICY_HELP)
-    pol.add_argument("--cache-sizes", type=_sizes, default=DEFAULT_CACHE_SIZES_TOKENS, help="cache sizes in tokens: a list (60000,80000) or a range (60K:160K:20K; default)")
-    pol.add_argument("--block-size", type=_positive_int, default=16, help="tokens per KV block (default: %(default)s)")
-    pol.add_argument("--scale", type=_positive_float, default=1e-2, help="LPC decay scale per second (default: %(default)s ≈ 1/mean gap)")
-    pol.add_argument("--fallback-p", type=float, help="LPC's p when no prediction is available (default: the training half's continuation rate)")
+    pol.add_argument(
+        "--cache-sizes",
+        type=_sizes,
+        default=DEFAULT_CACHE_SIZES_TOKENS,
+        help="cache sizes in tokens: a list (60000,80000) or a range (60K:160K:20K; default)",
+    )
+    pol.add_argument(
+        "--block-size",
+        type=_positive_int,
+        default=16,
+        help="tokens per KV block (default: %(default)s)",
+    )
+    pol.add_argument(
+        "--scale",
+        type=_positive_float,
+        default=1e-2,
+        help="LPC decay scale per second (default: %(default)s ≈ 1/mean gap)",
+    )
+    pol.add_argument(
+        "--fallback-p",
+        type=float,
+        help="LPC's p when no prediction is available (default: the training half's "
+        "continuation rate)",
+    )
     pol.add_argument("--model", type=Path, help="predictor artifact for the 'lpc' policy")
 
     sweep = p.add_argument_group("think-time sweep")
-    sweep.add_argument("--think-time-sweep", "--lambda-sweep", dest="sweep", type=_floats, help="also replay each of these mean think times (e.g. 50,100,200) at --sweep-cache-size")
-    sweep.add_argument("--sweep-cache-size", type=_positive_int, default=160_000, help="cache size in tokens for the sweep (default: %(default)s, the paper's 40 GB)")
+    sweep.add_argument(
+        "--think-time-sweep",
+        "--lambda-sweep",
+        dest="sweep",
+        type=_floats,
+        help="also replay each of these mean think times (e.g. 50,100,200) at --sweep-cache-size",
+    )
+    sweep.add_argument(
+        "--sweep-cache-size",
+        type=_positive_int,
+        default=160_000,
+        help="cache size in tokens for the sweep (default: %(default)s, the paper's 40 GB)",
+    )
 
     out = p.add_argument_group("output")
-    out.add_argument("--out", type=Path, default=Path("results/ab"), help="folder for CSV, markdown, JSON and plots (default: %(default)s)")
-    out.add_argument("--export-trace", type=Path, help="write the generated workload as a JSONL trace")
-    out.add_argument("--trace-probabilities", choices=["oracle", "turns", "model"], help="with --export-trace: write this source's predictions as each line's 'probability'")
-    out.add_argument("--workers", type=_positive_int, default=2, help="parallel replay processes (default: %(default)s)")
+    out.add_argument(
+        "--out",
+        type=Path,
+        default=Path("results/ab"),
+        help="folder for CSV, markdown, JSON and plots (default: %(default)s)",
+    )
+    out.add_argument(
+        "--export-trace", type=Path, help="write the generated workload as a JSONL trace"
+    )
+    out.add_argument(
+        "--trace-probabilities",
+        choices=["oracle", "turns", "model"],
+        help="with --export-trace: write this source's predictions as each line's 'probability'",
+    )
+    out.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=2,
+        help="parallel replay processes (default: %(default)s)",
+    )
     out.add_argument("--no-progress", action="store_true", help="no progress bars")
-    out.add_argument("--json", action="store_true", help="print all figures as JSON instead of tables")
+    out.add_argument(
+        "--json", action="store_true", help="print all figures as JSON instead of tables"
+    )
     p.set_defaults(run=run)
 
 
