@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -223,14 +224,17 @@ def _parse(source: IO[str]) -> Iterator[Stream]:
         raise DriverError(f"bad input: {exc}") from None
 
 
-def replay_all(vllm: Any, streams: Iterable[Stream], out: IO[str]) -> int:
-    """Replay every stream, writing its records as they come; returns the number of records."""
+def replay_all(vllm: Any, streams: Iterable[Stream], out: IO[str]) -> dict[str, Any]:
+    """Replay every stream, writing its records as they come; returns counts and timings."""
     count = 0
+    seconds: dict[str, float] = {}
     for stream in streams:
+        start = time.perf_counter()
         for record in VllmReplay(vllm, stream.config).run(stream.ops):
             out.write(record.to_json() + "\n")
             count += 1
-    return count
+        seconds[stream.config.name] = round(time.perf_counter() - start, 4)
+    return {"records": count, "seconds_per_stream": seconds}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,18 +251,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
+        start = time.perf_counter()
         vllm = load_vllm(args.allow_other_version)
+        import_seconds = round(time.perf_counter() - start, 2)
         if args.check:
             print(f"vLLM {vllm.version}: the replay's imports work")
             return 0
         source = args.input.open(encoding="utf-8") if args.input else sys.stdin
         sink = args.output.open("w", encoding="utf-8") if args.output else sys.stdout
         with source, sink:
-            count = replay_all(vllm, _parse(source), sink)
+            summary = replay_all(vllm, _parse(source), sink)
     except (DriverError, ImportError) as exc:
         print(f"vllm_replay: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({"vllm_version": vllm.version, "records": count}), file=sys.stderr)
+    # The last line on stderr: a summary the differential test reads.
+    summary = {"vllm_version": vllm.version, "import_seconds": import_seconds, **summary}
+    print(json.dumps(summary), file=sys.stderr)
     return 0
 
 

@@ -10,7 +10,65 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-from lpc.difftest.ops import NewRequest, StepRecord, Stream
+from lpc.difftest.ops import (
+    COMPARED_FIELDS,
+    NewRequest,
+    StepRecord,
+    Stream,
+    first_difference,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """The first step at which two replays of one stream disagree."""
+
+    stream: str
+    step: int
+    operation: str
+    field: str
+    ours: object
+    theirs: object
+    previous_free_queue: tuple[int, ...] | None
+
+    def message(self, theirs_name: str = "vLLM") -> str:
+        before = (
+            "" if self.previous_free_queue is None
+            else f"; free queue before the step (both agreed): {list(self.previous_free_queue)}"
+        )
+        return (
+            f"{self.stream}, step {self.step} ({self.operation}): first differing field "
+            f"{self.field!r}: ours={self.ours!r} {theirs_name}={self.theirs!r}{before}"
+        )
+
+
+def first_divergence(
+    stream: Stream,
+    ours: Sequence[StepRecord],
+    theirs: Sequence[StepRecord],
+    fields: Sequence[str] = COMPARED_FIELDS,
+) -> Divergence | None:
+    """Compare two replays of `stream` record by record (the config record is step 0)."""
+    name = stream.config.name
+    previous: tuple[int, ...] | None = None
+    operations = ["config", *(describe_op(op) for op in stream.ops)]
+    for step, (a, b) in enumerate(zip(ours, theirs, strict=False)):
+        if a.step != step or b.step != step:
+            return Divergence(name, step, operations[step], "step", a.step, b.step, previous)
+        field = first_difference(a, b, fields)
+        if field is not None:
+            return Divergence(
+                name, step, operations[step], field, getattr(a, field), getattr(b, field),
+                previous,
+            )
+        previous = a.free_queue
+    if len(ours) != len(theirs) or len(ours) != len(operations):
+        step = min(len(ours), len(theirs))
+        return Divergence(
+            name, step, operations[step] if step < len(operations) else "end of stream",
+            "number of records", len(ours), len(theirs), previous,
+        )
+    return None
 
 
 @dataclass(slots=True)

@@ -9,7 +9,7 @@ imports this module inside vLLM's venv.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,11 +123,15 @@ class StepRecord:
 # Fields compared between two replays, in the order a difference is reported.
 COMPARED_FIELDS = ("op", "request_id", "hit_tokens", "block_ids", "evicted", "held",
                    "free_queue", "cached")
+# What a caller of the block manager observes, without its internal state.
+OUTCOME_FIELDS = ("op", "request_id", "hit_tokens", "block_ids", "evicted", "held")
 
 
-def first_difference(ours: StepRecord, theirs: StepRecord) -> str | None:
-    """The first compared field on which two records of the same step differ, or None."""
-    for name in COMPARED_FIELDS:
+def first_difference(
+    ours: StepRecord, theirs: StepRecord, fields: Sequence[str] = COMPARED_FIELDS
+) -> str | None:
+    """The first of `fields` on which two records of the same step differ, or None."""
+    for name in fields:
         if getattr(ours, name) != getattr(theirs, name):
             return name
     return None
