@@ -36,9 +36,14 @@ class Divergence:
             "" if self.previous_free_queue is None
             else f"; free queue before the step (both agreed): {list(self.previous_free_queue)}"
         )
+        where = ""
+        if isinstance(self.ours, tuple) and isinstance(self.theirs, tuple):
+            pairs = enumerate(zip(self.ours, self.theirs, strict=False))
+            i = next((i for i, (a, b) in pairs if a != b), min(len(self.ours), len(self.theirs)))
+            where = f" (they part at position {i})"
         return (
             f"{self.stream}, step {self.step} ({self.operation}): first differing field "
-            f"{self.field!r}: ours={self.ours!r} {theirs_name}={self.theirs!r}{before}"
+            f"{self.field!r}{where}: ours={self.ours!r} {theirs_name}={self.theirs!r}{before}"
         )
 
 
