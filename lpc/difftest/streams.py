@@ -86,6 +86,8 @@ class _Conversation:
 
 
 class _Generator:
+    """One stream's state: open conversations and requests issued but not yet freed."""
+
     def __init__(self, params: StreamParams, seed: int) -> None:
         self.p = params
         self.rng = random.Random(seed)
