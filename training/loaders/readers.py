@@ -313,6 +313,12 @@ class _JsonArrayScanner:
                 return
             if expect_separator and at < len(self.buf) and self.buf[at] == ",":
                 at = self.skip_whitespace(at + 1)
+                if at < len(self.buf) and self.buf[at] == "]":
+                    self.report.notes.append(
+                        f"{self.name}: a comma before the closing ']' was ignored"
+                    )
+                    self._check_trailing(at + 1)
+                    return
             elif expect_separator and at < len(self.buf):
                 yield RawRecord(
                     self.position(index, at),
