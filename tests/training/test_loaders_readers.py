@@ -91,13 +91,21 @@ def test_missing_comma_costs_no_record(tmp_path):
     assert len(problems) == 1 and problems[0].startswith("expected ',' or ']'")
 
 
+def test_a_trailing_comma_is_noted_not_a_problem(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text('[{"id": "a"}, {"id": "b"},\n]\n')
+    records, report = read_array(path)
+    assert [r.value["id"] for r in records] == ["a", "b"] and not report.truncated
+    assert any("comma before the closing" in note for note in report.notes)
+
+
 def test_garbage_to_the_end_is_one_problem_and_a_note(tmp_path):
     path = tmp_path / "a.json"
     path.write_text('[{"id": "a"}, {"id": "b" oops}, {"x": [1, 2}')
     records, report = read_array(path)
     assert [r.value["id"] for r in records if r.problem is None] == ["a"]
     problems = [r.problem for r in records if r.problem]
-    assert len(problems) == 1 and "skipped to the end of the file" in problems[0]
+    assert problems == ["Expecting ',' delimiter (at byte 25)"]  # the o of oops
     assert any("rest of the file was ignored" in note for note in report.notes)
 
 

@@ -168,7 +168,7 @@ def test_strict_mode_names_file_record_line_and_byte():
     offset = data.index(b'{"id": "m_1"')
     assert offset != data.decode().index('{"id": "m_1"')
     assert f"byte {offset}" in message
-    assert "invalid JSON" in message
+    assert "invalid_json: Expecting" in message
 
 
 def test_limit_stops_early():

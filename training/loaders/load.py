@@ -9,7 +9,7 @@ without a user message, and stop at `limit`. Everything it changes is counted in
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, closing, contextmanager
 from pathlib import Path
 
@@ -143,7 +143,7 @@ class ConversationStream:
         self._limit = limit
         self._strict = strict
         self._max_message_chars = max_message_chars
-        self._iterator: Iterator[Conversation] | None = None
+        self._iterator: Generator[Conversation, None, None] | None = None
 
     def __iter__(self) -> Iterator[Conversation]:
         if self._iterator is not None:
@@ -153,7 +153,7 @@ class ConversationStream:
 
     def close(self) -> None:
         if self._iterator is not None:
-            self._iterator.close()  # type: ignore[attr-defined]
+            self._iterator.close()
 
     def __enter__(self) -> ConversationStream:
         return self
@@ -161,7 +161,7 @@ class ConversationStream:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _conversations(self) -> Iterator[Conversation]:
+    def _conversations(self) -> Generator[Conversation, None, None]:
         report = self.report
         with ExitStack() as stack:
             records = stack.enter_context(self._records(report))

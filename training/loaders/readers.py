@@ -163,6 +163,7 @@ def iter_jsonl_records(path: Path, report: LoadReport) -> Iterator[RawRecord]:
             if not raw.strip():
                 continue
             text, replacements = decode_utf8(raw)
+            text = text.rstrip("\r\n")
             position = RecordPosition(name, index, line_number, start)
             index += 1
             try:
@@ -171,9 +172,14 @@ def iter_jsonl_records(path: Path, report: LoadReport) -> Iterator[RawRecord]:
                 if not raw.endswith(b"\n") and looks_cut_off(error, text):
                     _record_truncation(report, start, len(raw))
                     return
+                where = (
+                    "at the end of the line"
+                    if error.pos >= len(text)
+                    else f"at column {error.pos + 1}"
+                )
                 yield RawRecord(
                     position,
-                    problem=f"invalid JSON: {error.msg} (column {error.colno})",
+                    problem=f"{error.msg} ({where})",
                     invalid_utf8_bytes=_replaced_bytes(replacements),
                 )
                 continue
@@ -313,6 +319,12 @@ class _JsonArrayScanner:
                 return
             if expect_separator and at < len(self.buf) and self.buf[at] == ",":
                 at = self.skip_whitespace(at + 1)
+                if at < len(self.buf) and self.buf[at] == "]":
+                    self.report.notes.append(
+                        f"{self.name}: a comma before the closing ']' was ignored"
+                    )
+                    self._check_trailing(at + 1)
+                    return
             elif expect_separator and at < len(self.buf):
                 yield RawRecord(
                     self.position(index, at),
@@ -337,11 +349,7 @@ class _JsonArrayScanner:
                 error_byte = self.locate(parsed.pos)[1]
                 index += 1
                 resumed = self._resync(at + 1)
-                yield RawRecord(
-                    position,
-                    problem=f"invalid JSON: {parsed.msg} (at byte {error_byte}); skipped to "
-                    + ("the end of the file" if resumed is None else "the next record"),
-                )
+                yield RawRecord(position, problem=f"{parsed.msg} (at byte {error_byte})")
                 if resumed is None:
                     return
                 at, expect_separator = resumed, False
