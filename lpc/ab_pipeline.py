@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from lpc.report import (
 )
 from lpc.simulator import PreparedWorkload, ReplayResult, prepare, replay_closed_loop
 from lpc.workload import (
+    ScriptedTurn,
     WorkloadConfig,
     WorkloadRequest,
     draw_scripts,
@@ -143,7 +144,7 @@ def run_ab(
     log: Callable[[str], None] = print,
 ) -> ABOutcome:
     from lpc.chat_tokenizers import default_chat_tokenizer
-    from lpc.conversation_workload import lazily_scripted, load_split, message_tokenizer, shuffled
+    from lpc.conversation_workload import load_split, message_tokenizer, scripted_conversations
     from lpc.trace import read_trace, write_trace
 
     timings: dict[str, float] = {}
@@ -167,10 +168,14 @@ def run_ab(
     context = ABContext(train_counts, base_rate, dataset.load_summary if dataset else "")
     fallback = base_rate if options.fallback_probability is None else options.fallback_probability
 
-    def generated_requests(config: WorkloadConfig) -> list[WorkloadRequest]:
+    def scripts(config: WorkloadConfig):
         assert dataset is not None
-        order = shuffled(dataset.eval, config.seed)
-        return open_loop_requests(lazily_scripted(order, tokenizer, options.max_model_len), config)
+        return scripted_conversations(
+            dataset.eval, tokenizer, config.seed, options.max_model_len, options.progress
+        )
+
+    def generated_requests(config: WorkloadConfig) -> list[WorkloadRequest]:
+        return open_loop_requests(scripts(config), config)
 
     t0 = time.perf_counter()
     logged: list[float | None] | None = None
@@ -205,7 +210,11 @@ def run_ab(
     results: list[ReplayResult]
     t0 = time.perf_counter()
     if options.workload.latency.closed_loop:
-        results = _closed_loop_grid(options, dataset, tokenizer, sources, settings, log)
+        if dataset is None:
+            raise ValueError(
+                "a closed-loop replay generates its timeline: it cannot replay --trace"
+            )
+        results = _closed_loop_grid(options, lambda: scripts(options.workload), sources, settings)
         summary = {"source": source_desc, "closed_loop": True}
         timings["predict_s"] = 0.0
     else:
@@ -273,32 +282,30 @@ def _grid(
         )
 
 
-def _closed_loop_grid(options, dataset, tokenizer, sources, settings, log) -> list[ReplayResult]:
-    from lpc.conversation_workload import lazily_scripted, shuffled
-
-    if dataset is None:
-        raise ValueError("a closed-loop replay generates its timeline: it cannot run on --trace")
-    order = shuffled(dataset.eval, options.workload.seed)
+def _closed_loop_grid(
+    options: ABOptions,
+    conversations: Callable[[], Iterator[list[ScriptedTurn]]],
+    sources: dict[str, ProbabilitySource],
+    settings: ReplaySettings,
+) -> list[ReplayResult]:
+    """Each policy builds its own timeline, so each replays the scripts from the start."""
     cache: dict[tuple[str, int], dict[str, float | None]] = {}
 
-    def probability_of(source: str):
-        def lookup(turn) -> float | None:
+    def probability_of(source: str) -> Callable[[ScriptedTurn], float | None]:
+        def lookup(turn: ScriptedTurn) -> float | None:
             key = (turn.conversation_id, turn.turn_index)
             if key not in cache:
                 cache[key] = {name: s.predict([turn])[0] for name, s in sources.items()}
-            return cache[key][source]
+            return cache[key].get(source)
 
         return lookup
 
     results = []
     jobs = [(p, s) for p in options.policies for s in options.cache_sizes_tokens]
     for spec, size in tqdm(jobs, desc="closed loop", unit="run", disable=not options.progress):
-        scripts = draw_scripts(
-            lazily_scripted(order, tokenizer, options.max_model_len), options.workload
-        )
         results.append(
             replay_closed_loop(
-                scripts,
+                draw_scripts(conversations(), options.workload),
                 options.workload,
                 spec,
                 size,
