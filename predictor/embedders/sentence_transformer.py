@@ -43,6 +43,12 @@ def _default_prefix(model, model_id_or_path: str) -> str:
     return ""
 
 
+def _embedding_dimension(model) -> int:
+    # sentence-transformers 6 renamed the method; older releases only have the long name.
+    method = getattr(model, "get_embedding_dimension", None)
+    return method() if method else model.get_sentence_embedding_dimension()
+
+
 class SentenceTransformerEmbedder:
     """Runs a sentence-transformers model with torch; on a GPU when one is available.
 
@@ -69,7 +75,7 @@ class SentenceTransformerEmbedder:
                 raise ValueError(f"max_seq_length must be positive, got {max_seq_length}")
             self.model.max_seq_length = max_seq_length
         self.prefix = _default_prefix(self.model, name) if prefix is None else prefix
-        self.dim = int(self.model.get_sentence_embedding_dimension())
+        self.dim = int(_embedding_dimension(self.model))
         self.max_input_tokens = int(self.model.max_seq_length)
         self.embedder_id = f"{_weights_id(name)}+{prefix_label(self.prefix)}"
         self._tokenizer = FastTokenizerAdapter(self.model.tokenizer.backend_tokenizer, self.prefix)
