@@ -88,7 +88,7 @@ def test_import_writes_a_complete_checkpoint_and_is_idempotent(imported_e5: Path
     marker = json.loads((imported_e5 / MARKER_FILE).read_text())
     assert "dequantised" in marker["weights"]
     again = import_e5(imported_e5)
-    assert not again.created and again.seconds < 5
+    assert not again.created
 
 
 def test_import_problem_spots_damage(imported_e5: Path, tmp_path: Path):
