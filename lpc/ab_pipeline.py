@@ -36,6 +36,7 @@ from lpc.workload import (
     WorkloadConfig,
     WorkloadRequest,
     draw_scripts,
+    estimated_scale_per_s,
     open_loop_requests,
 )
 
@@ -56,7 +57,7 @@ class ABOptions:
     block_size: int = 16
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     max_model_len: int = 32768
-    scale_per_s: float = 1e-2
+    scale_per_s: float | None = 1e-2  # None: estimated from the workload's think times
     fallback_probability: float | None = None  # None: the training half's continuation rate
     think_time_sweep_s: tuple[float, ...] = ()
     sweep_cache_tokens: int = 160_000
@@ -94,7 +95,7 @@ class ABOutcome:
                 "policies": [p.label for p in self.options.policies],
                 "cache_sizes_tokens": list(self.options.cache_sizes_tokens),
                 "block_size": self.options.block_size,
-                "scale_per_s": self.options.scale_per_s,
+                "scale_per_s": self.options.scale_per_s or "auto",
                 "think_time_sweep_s": list(self.options.think_time_sweep_s),
                 "sweep_cache_tokens": self.options.sweep_cache_tokens,
             },
@@ -193,7 +194,13 @@ def run_ab(
 
     names = _sources_needed(options.policies, options.trace_probabilities)
     sources = _build_sources(names, context, model_factory)
-    settings = ReplaySettings(options.scale_per_s, fallback)
+
+    def settings_for(reqs: Sequence[WorkloadRequest]) -> ReplaySettings:
+        scale = options.scale_per_s
+        if scale is None:
+            scale = estimated_scale_per_s(reqs)
+        return ReplaySettings(scale, fallback)
+
     out = options.out_dir
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, str] = {}
@@ -214,8 +221,10 @@ def run_ab(
             raise ValueError(
                 "a closed-loop replay generates its timeline: it cannot replay --trace"
             )
+        settings = settings_for(open_loop_requests(scripts(options.workload), options.workload))
         results = _closed_loop_grid(options, lambda: scripts(options.workload), sources, settings)
         summary = {"source": source_desc, "closed_loop": True}
+        summary["scale_per_s"] = settings.scale_per_s
         timings["predict_s"] = 0.0
     else:
         values = predictions(requests)
@@ -230,17 +239,20 @@ def run_ab(
             files["trace"] = str(options.export_trace)
             log(f"trace: wrote {len(requests)} requests to {options.export_trace}")
         workload = prepare(requests, options.block_size, values)
+        settings = settings_for(requests)
         summary = _summary(workload, requests, options, source_desc)
         log(
             f"workload: {summary['requests']} requests from "
             f"{summary['conversations']} conversations, "
             f"{summary['prompt_tokens']:,} prompt tokens over {summary['span_s']:.0f} s"
         )
+        summary["scale_per_s"] = settings.scale_per_s
         t0 = time.perf_counter()
         results = _grid(workload, options, settings, "replaying")
         timings["replay_s"] = time.perf_counter() - t0
 
     sweep: dict[float, list[ReplayResult]] = {}
+    sweep_scales: dict[float, float] = {}
     if options.think_time_sweep_s:
         if dataset is None or options.trace is not None:
             raise ValueError("a think-time sweep generates workloads: it cannot run on --trace")
@@ -255,12 +267,20 @@ def run_ab(
             )
             reqs = generated_requests(config)
             workload = prepare(reqs, options.block_size, predictions(reqs))
+            sweep_settings = settings_for(reqs)
+            sweep_scales[mean] = sweep_settings.scale_per_s
             sweep[mean] = _grid(
-                workload, options, settings, f"λ={mean:g}s", sizes=(options.sweep_cache_tokens,)
+                workload,
+                options,
+                sweep_settings,
+                f"λ={mean:g}s",
+                sizes=(options.sweep_cache_tokens,),
             )
         timings["sweep_s"] = time.perf_counter() - t0
 
     comparison = compare(results)
+    if sweep_scales:
+        summary["sweep_scale_per_s"] = {str(k): v for k, v in sweep_scales.items()}
     timings["total_s"] = time.perf_counter() - started
     outcome = ABOutcome(options, summary, results, comparison, sweep, timings, files)
     _write_files(outcome, out)

@@ -76,6 +76,11 @@ def _sizes(text: str) -> tuple[int, ...]:
     return values
 
 
+def _scale(text: str) -> float | None:
+    """A positive number, or 'auto' (None): 1 / the workload's mean observed think time."""
+    return None if text == "auto" else _positive_float(text)
+
+
 def _floats(text: str) -> tuple[float, ...]:
     return tuple(_positive_float(p) for p in text.split(",") if p.strip())
 
@@ -178,9 +183,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     pol.add_argument(
         "--scale",
-        type=_positive_float,
+        type=_scale,
         default=1e-2,
-        help="LPC decay scale per second (default: %(default)s ≈ 1/mean gap)",
+        help="LPC decay scale per second, or 'auto' for 1 / the workload's mean observed think "
+        "time (default: %(default)s, the paper's ≈ 1/100 s)",
     )
     pol.add_argument(
         "--fallback-p",

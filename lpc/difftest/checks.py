@@ -33,7 +33,8 @@ class Divergence:
 
     def message(self, theirs_name: str = "vLLM") -> str:
         before = (
-            "" if self.previous_free_queue is None
+            ""
+            if self.previous_free_queue is None
             else f"; free queue before the step (both agreed): {list(self.previous_free_queue)}"
         )
         where = ""
@@ -63,15 +64,25 @@ def first_divergence(
         field = first_difference(a, b, fields)
         if field is not None:
             return Divergence(
-                name, step, operations[step], field, getattr(a, field), getattr(b, field),
+                name,
+                step,
+                operations[step],
+                field,
+                getattr(a, field),
+                getattr(b, field),
                 previous,
             )
         previous = a.free_queue
     if len(ours) != len(theirs) or len(ours) != len(operations):
         step = min(len(ours), len(theirs))
         return Divergence(
-            name, step, operations[step] if step < len(operations) else "end of stream",
-            "number of records", len(ours), len(theirs), previous,
+            name,
+            step,
+            operations[step] if step < len(operations) else "end of stream",
+            "number of records",
+            len(ours),
+            len(theirs),
+            previous,
         )
     return None
 
@@ -153,11 +164,15 @@ def check_salt_isolation(stream: Stream, records: Sequence[StepRecord]) -> SaltR
             continue
         hit = record.hit_tokens or 0
         if hit % bs or hit >= max(len(op.prompt), 1):
-            violations.append(f"step {record.step}: hit of {hit} tokens is not whole blocks "
-                              f"below the prompt's {len(op.prompt)} tokens")
+            violations.append(
+                f"step {record.step}: hit of {hit} tokens is not whole blocks "
+                f"below the prompt's {len(op.prompt)} tokens"
+            )
         if hit and (op.cache_salt, op.prompt[:hit]) not in seen:
-            violations.append(f"step {record.step}: request {op.request_id} (salt "
-                              f"{op.cache_salt!r}) hit {hit} tokens never cached under its salt")
+            violations.append(
+                f"step {record.step}: request {op.request_id} (salt "
+                f"{op.cache_salt!r}) hit {hit} tokens never cached under its salt"
+            )
         salted_hits += bool(hit and op.cache_salt)
         opportunities += _longest_elsewhere(op, seen, salts, bs) > _longest(op, seen, bs)
         if record.block_ids is None:
@@ -204,6 +219,7 @@ def describe_op(op: object) -> str:
     """A short description of an operation, for failure messages."""
     if isinstance(op, NewRequest):
         salt = f", salt {op.cache_salt!r}" if op.cache_salt else ""
-        return (f"new {op.request_id}: {len(op.prompt)} prompt + {len(op.output)} output "
-                f"tokens{salt}")
+        return (
+            f"new {op.request_id}: {len(op.prompt)} prompt + {len(op.output)} output tokens{salt}"
+        )
     return f"free {getattr(op, 'request_id', op)}"

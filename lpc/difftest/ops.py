@@ -121,8 +121,16 @@ class StepRecord:
 
 
 # Fields compared between two replays, in the order a difference is reported.
-COMPARED_FIELDS = ("op", "request_id", "hit_tokens", "block_ids", "evicted", "held",
-                   "free_queue", "cached")
+COMPARED_FIELDS = (
+    "op",
+    "request_id",
+    "hit_tokens",
+    "block_ids",
+    "evicted",
+    "held",
+    "free_queue",
+    "cached",
+)
 # What a caller of the block manager observes, without its internal state.
 OUTCOME_FIELDS = ("op", "request_id", "hit_tokens", "block_ids", "evicted", "held")
 
@@ -139,11 +147,19 @@ def first_difference(
 
 def op_to_dict(op: Op) -> dict[str, Any]:
     if isinstance(op, StreamConfig):
-        return {"op": "config", "stream": op.name, "num_blocks": op.num_blocks,
-                "block_size": op.block_size}
+        return {
+            "op": "config",
+            "stream": op.name,
+            "num_blocks": op.num_blocks,
+            "block_size": op.block_size,
+        }
     if isinstance(op, NewRequest):
-        d: dict[str, Any] = {"op": "new", "id": op.request_id, "prompt": list(op.prompt),
-                             "output": list(op.output)}
+        d: dict[str, Any] = {
+            "op": "new",
+            "id": op.request_id,
+            "prompt": list(op.prompt),
+            "output": list(op.output),
+        }
         if op.cache_salt is not None:
             d["cache_salt"] = op.cache_salt
         return d
@@ -157,8 +173,12 @@ def op_from_dict(d: dict[str, Any]) -> Op:
     if kind == "config":
         return StreamConfig(str(d["stream"]), int(d["num_blocks"]), int(d["block_size"]))
     if kind == "new":
-        return NewRequest(str(d["id"]), _tokens(d["prompt"], "prompt"),
-                          _tokens(d.get("output", []), "output"), d.get("cache_salt"))
+        return NewRequest(
+            str(d["id"]),
+            _tokens(d["prompt"], "prompt"),
+            _tokens(d.get("output", []), "output"),
+            d.get("cache_salt"),
+        )
     if kind == "free":
         return FreeRequest(str(d["id"]))
     raise ValueError(f"unknown operation {kind!r} in {d!r}")

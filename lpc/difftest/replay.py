@@ -42,9 +42,15 @@ def replay_stream(
             prefix = manager.find_computed_prefix(request)
             allocation = manager.allocate(request, prefix, float(step))
             record = _record(
-                manager, config.name, step, "new", op.request_id, prefix.num_tokens,
+                manager,
+                config.name,
+                step,
+                "new",
+                op.request_id,
+                prefix.num_tokens,
                 None if allocation is None else allocation.block_ids,
-                () if allocation is None else allocation.evicted_block_ids, None,
+                () if allocation is None else allocation.evicted_block_ids,
+                None,
             )
         elif isinstance(op, FreeRequest):
             held = op.request_id in manager.active_request_ids()

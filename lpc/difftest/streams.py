@@ -108,8 +108,8 @@ class _Generator:
         rng = self.rng
         salt = rng.choice(self.p.salts) if rng.random() < self.p.salt_probability else None
         system = rng.choice(self.systems) if rng.random() < 0.85 else ()
-        question = rng.choice(self.popular) if rng.random() < 0.35 else self._tokens(
-            self.p.user_len
+        question = (
+            rng.choice(self.popular) if rng.random() < 0.35 else self._tokens(self.p.user_len)
         )
         conversation = _Conversation(salt)
         self.open.append(conversation)
