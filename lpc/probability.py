@@ -7,12 +7,13 @@ conversation, never on the cache, so a replay computes them once for every polic
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from eviction import check_probability
 from lpc.workload import ScriptedTurn
+from training.turns_baseline import TurnsBaseline
 
 
 class ProbabilitySource(Protocol):
@@ -46,41 +47,14 @@ class OracleSource:
 
 
 @dataclass
-class TurnsSource:
-    """The paper's turns-only ablation: the continuation rate per turn count.
-
-    Fitted on the training half: for a conversation of T user turns, turn k (1-based) is a
-    positive sample iff k < T. Counts at or above `max_turn_bin` share one bin. `majority`
-    predicts the bin's majority label (the paper's LPC_turns); by default the bin's mean,
-    which is the better-calibrated probability for eviction.
+class TurnsSource(TurnsBaseline):
+    """The paper's turns-only ablation as a probability source: the continuation rate per
+    turn count, fitted on the training half (`training.turns_baseline.TurnsBaseline`, shared
+    with training's metrics). `majority=True` is the paper's LPC_turns; by default the bin's
+    mean, which is the better-calibrated probability for eviction.
     """
 
-    rates: dict[int, float] = field(default_factory=dict)
-    base_rate: float = 0.5
-    max_turn_bin: int = 32
-    majority: bool = False
     name: str = "turns"
-
-    @classmethod
-    def fit(
-        cls, turn_counts: Iterable[int], max_turn_bin: int = 32, majority: bool = False
-    ) -> TurnsSource:
-        positives: dict[int, int] = {}
-        totals: dict[int, int] = {}
-        for num_turns in turn_counts:
-            for k in range(1, num_turns + 1):
-                b = min(k, max_turn_bin)
-                totals[b] = totals.get(b, 0) + 1
-                positives[b] = positives.get(b, 0) + (k < num_turns)
-        if not totals:
-            raise ValueError("cannot fit the turns source on zero conversations")
-        rates = {b: positives[b] / totals[b] for b in totals}
-        base = sum(positives.values()) / sum(totals.values())
-        return cls(rates, base, max_turn_bin, majority)
-
-    def rate(self, turn_count: int) -> float:
-        rate = self.rates.get(min(turn_count, self.max_turn_bin), self.base_rate)
-        return float(rate >= 0.5) if self.majority else rate
 
     def predict(self, turns: Sequence[ScriptedTurn]) -> list[float | None]:
         return [self.rate(turn.turn_index + 1) for turn in turns]
