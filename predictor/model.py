@@ -1,7 +1,10 @@
 """The continuation classifier: the paper's MLP, 3 hidden layers of 128 units.
 
 Input: the window embedding (384 for e5-small) with the encoded turn count appended as one more
-column (see `features.encode_turn_counts`: log(1 + turns) by default). Output: one logit; the
+column (see `features.encode_turn_counts`: log(1 + turns) by default). A model trained with
+optional finish-time scalars (`MLPConfig.extra_features`, names defined by
+`training.finish_features`) takes them between the embedding and the turn column; the paper's
+model has none. Output: one logit; the
 probability that the conversation continues is its sigmoid. Logits (not probabilities) leave
 the module so that training can use the numerically stable BCE-with-logits loss.
 """
@@ -24,9 +27,16 @@ class MLPConfig:
     embedding_dim: int = 384
     hidden_sizes: tuple[int, ...] = DEFAULT_HIDDEN_SIZES
     dropout: float = 0.0
+    extra_features: tuple[str, ...] = ()  # named scalar columns after the embedding
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
+        object.__setattr__(self, "extra_features", tuple(self.extra_features))
+        if not all(isinstance(n, str) and n for n in self.extra_features) or len(
+            set(self.extra_features)
+        ) != len(self.extra_features):
+            raise ValueError(f"MLPConfig.extra_features must be distinct non-empty names, "
+                             f"got {self.extra_features!r}")
         if not isinstance(self.embedding_dim, int) or self.embedding_dim < 1:
             raise ValueError(f"MLPConfig.embedding_dim must be a positive integer, "
                              f"got {self.embedding_dim!r}")
@@ -40,18 +50,23 @@ class MLPConfig:
 
     @property
     def input_dim(self) -> int:
-        """Embedding plus the one turn-count column."""
-        return self.embedding_dim + 1
+        """Embedding, extra features, and the one turn-count column."""
+        return self.embedding_dim + len(self.extra_features) + 1
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["hidden_sizes"] = list(self.hidden_sizes)
+        # Absent when empty: artifacts of models without extras keep their original shape.
+        extras = data.pop("extra_features")
+        if extras:
+            data["extra_features"] = list(extras)
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MLPConfig:
         return cls(int(data["embedding_dim"]), tuple(int(h) for h in data["hidden_sizes"]),
-                   float(data.get("dropout", 0.0)))
+                   float(data.get("dropout", 0.0)),
+                   tuple(str(n) for n in data.get("extra_features", ())))
 
 
 class ContinuationMLP(nn.Module):
@@ -78,11 +93,26 @@ class ContinuationMLP(nn.Module):
         return self.layers(inputs).squeeze(-1)
 
 
-def mlp_inputs(embeddings: np.ndarray, encoded_turns: np.ndarray | Sequence[float]) -> torch.Tensor:
-    """Concatenate embeddings (n, d) with the encoded turn column into the MLP's input."""
+def input_matrix(embeddings: np.ndarray, encoded_turns: np.ndarray | Sequence[float],
+                 extras: np.ndarray | None = None) -> np.ndarray:
+    """float32 rows: embedding (n, d), extra features (n, k) if any, encoded turn column."""
     embeddings = np.asarray(embeddings, dtype=np.float32)
     turns = np.asarray(encoded_turns, dtype=np.float32).reshape(-1, 1)
     if embeddings.ndim != 2 or embeddings.shape[0] != turns.shape[0]:
         raise ValueError(f"embeddings {embeddings.shape} and turn counts {turns.shape[0]} "
                          "do not line up")
-    return torch.from_numpy(np.concatenate([embeddings, turns], axis=1))
+    parts = [embeddings]
+    if extras is not None:
+        extras = np.asarray(extras, dtype=np.float32)
+        if extras.ndim != 2 or extras.shape[0] != embeddings.shape[0]:
+            raise ValueError(f"extra features {extras.shape} do not line up with "
+                             f"{embeddings.shape[0]} embeddings")
+        parts.append(extras)
+    parts.append(turns)
+    return np.concatenate(parts, axis=1)
+
+
+def mlp_inputs(embeddings: np.ndarray, encoded_turns: np.ndarray | Sequence[float],
+               extras: np.ndarray | None = None) -> torch.Tensor:
+    """`input_matrix` as a tensor: the MLP's input."""
+    return torch.from_numpy(input_matrix(embeddings, encoded_turns, extras))

@@ -28,7 +28,7 @@ from predictor.features import (
     WindowTextBuilder,
     encode_turn_counts,
 )
-from predictor.model import ContinuationMLP
+from predictor.model import ContinuationMLP, input_matrix
 
 
 class RowwiseMLP:
@@ -147,16 +147,27 @@ class Predictor:
     def embed_windows(self, windows: Sequence[ConversationWindow]) -> np.ndarray:
         return self.embedder.embed(self.window_texts(windows), batch_size=self.embed_batch_size)
 
+    @property
+    def extra_features(self) -> tuple[str, ...]:
+        """Finish-time scalars the model needs besides the window (none for the paper's)."""
+        return self.artifact.metadata.mlp_config.extra_features
+
     def predict(self, windows: Sequence[ConversationWindow]) -> np.ndarray:
         """float64 probabilities, one per window, in order."""
+        if self.extra_features:
+            raise ValueError(
+                f"artifact {self.artifact.path} needs finish-time features "
+                f"{list(self.extra_features)} besides the window; use predict_from_embeddings")
         if len(windows) == 0:
             return np.zeros(0, dtype=np.float64)
         embeddings = self.embed_windows(windows)
         return self.predict_from_embeddings(embeddings, [w.turn_count for w in windows])
 
     def predict_from_embeddings(self, embeddings: np.ndarray,
-                                turn_counts: Sequence[int] | np.ndarray) -> np.ndarray:
-        """float64 probabilities for precomputed window embeddings and their turn counts."""
+                                turn_counts: Sequence[int] | np.ndarray,
+                                extras: np.ndarray | None = None) -> np.ndarray:
+        """float64 probabilities for precomputed window embeddings and their turn counts
+        (and, for a model trained with them, its `extra_features` columns, shape (n, k))."""
         embeddings = np.asarray(embeddings, dtype=np.float32)
         if embeddings.ndim != 2 or embeddings.shape[1] != self.artifact.metadata.embedding_dim:
             raise ValueError(f"embeddings must have shape (n, "
@@ -164,5 +175,12 @@ class Predictor:
         turns = encode_turn_counts(turn_counts, self.feature_config)
         if turns.shape[0] != embeddings.shape[0]:
             raise ValueError(f"{embeddings.shape[0]} embeddings but {turns.shape[0]} turn counts")
-        inputs = np.concatenate([embeddings, turns.reshape(-1, 1)], axis=1)
+        needed = len(self.extra_features)
+        if needed and (extras is None or np.shape(extras) != (embeddings.shape[0], needed)):
+            raise ValueError(f"this model needs extra features {list(self.extra_features)}: "
+                             f"an array of shape ({embeddings.shape[0]}, {needed}), got "
+                             f"{None if extras is None else np.shape(extras)}")
+        if not needed and extras is not None:
+            raise ValueError("this model takes no extra features")
+        inputs = input_matrix(embeddings, turns, extras)
         return sigmoid(self._mlp.logits(inputs))

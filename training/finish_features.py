@@ -1,0 +1,59 @@
+"""Opt-in scalar features known when a request finishes (beyond the paper).
+
+The evictor consumes a prediction only when the request finishes and releases its blocks, so
+by then the serving engine also knows the assistant's reply and the size of the conversation.
+The paper found reply *embeddings* unhelpful with a small embedder; these are cheap scalars
+instead. Each is a named function of a `TurnSample`; a model records the names it was trained
+with (`MLPConfig.extra_features`), and whoever serves it computes the same names the same way
+(`finish_feature_matrix`). Sizes are in characters of message text, which any caller has.
+
+Column order of the MLP input: embedding, finish features (in the recorded order), turn count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from training.samples import TurnSample
+
+
+def _ends_with_question(text: str) -> float:
+    stripped = text.rstrip()
+    return float(stripped.endswith("?") or stripped.endswith("？"))
+
+
+FINISH_FEATURES: dict[str, Callable[[TurnSample], float]] = {
+    # characters of every message up to and including the reply: the conversation's size
+    "log_context_chars": lambda s: math.log1p(s.context_chars),
+    # the reply's length
+    "log_reply_chars": lambda s: math.log1p(len(s.reply)),
+    # the reply ends with a question to the user
+    "reply_asks": lambda s: _ends_with_question(s.reply),
+    # the current user prompt's length
+    "log_prompt_chars": lambda s: math.log1p(len(s.window[-1])),
+}
+
+
+def check_finish_features(names: Sequence[str]) -> tuple[str, ...]:
+    """The names as a tuple, or ValueError naming the unknown or repeated one."""
+    names = tuple(names)
+    for name in names:
+        if name not in FINISH_FEATURES:
+            raise ValueError(f"unknown finish feature {name!r}; known: "
+                             f"{', '.join(FINISH_FEATURES)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"finish features listed twice: {names}")
+    return names
+
+
+def finish_feature_matrix(samples: Sequence[TurnSample], names: Sequence[str]) -> np.ndarray:
+    """float32 (len(samples), len(names))."""
+    functions = [FINISH_FEATURES[n] for n in check_finish_features(names)]
+    out = np.empty((len(samples), len(functions)), dtype=np.float32)
+    for i, sample in enumerate(samples):
+        for j, function in enumerate(functions):
+            out[i, j] = function(sample)
+    return out

@@ -1,0 +1,248 @@
+"""Training end to end: samples → cached embeddings → Lightning fit → held-out metrics.
+
+`train_predictor` is the library call behind `lpc train` and the daily job: it takes
+conversations (any loader's), trains on the training half only (validation inside it picks
+the checkpoint) and scores the result on the evaluation half, together with the paper's
+turns-only ablation. Predictions for the metrics go through `predictor.Predictor`, the same
+code that serves the model, so the numbers describe what is deployed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from predictor.artifact import ArtifactMetadata, ModelArtifact
+from predictor.embedders import DEFAULT_EMBEDDER_SPEC
+from predictor.embedders.base import Embedder
+from predictor.features import FeatureConfig, encode_turn_counts
+from predictor.model import DEFAULT_HIDDEN_SIZES, MLPConfig, input_matrix
+from predictor.predictor import Predictor
+from training.conversation import Conversation
+from training.data import SampleSplit, split_samples
+from training.embedding_cache import EmbeddingCache, EmbedOptions, EmbedStats
+from training.finish_features import check_finish_features, finish_feature_matrix
+from training.fit import FitConfig, FitResult, fit_mlp
+from training.metrics import brier_prior_corrected, classification_metrics
+from training.samples import DEFAULT_VALIDATION_FRACTION, TurnSample, labels_of, turn_counts_of
+from training.split import SPLIT_VERSION
+from training.turns_baseline import TurnsBaseline
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that decides the trained model besides the data (validated here)."""
+
+    embedder_spec: str = DEFAULT_EMBEDDER_SPEC
+    feature_config: FeatureConfig = field(default_factory=FeatureConfig)
+    hidden_sizes: tuple[int, ...] = DEFAULT_HIDDEN_SIZES
+    dropout: float = 0.0
+    finish_features: tuple[str, ...] = ()
+    validation_fraction: float = DEFAULT_VALIDATION_FRACTION
+    fit: FitConfig = field(default_factory=FitConfig)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.embedder_spec, str) or not self.embedder_spec:
+            raise ValueError(f"TrainConfig.embedder_spec must be a non-empty string, "
+                             f"got {self.embedder_spec!r}")
+        if not 0.0 < self.validation_fraction < 1.0:
+            raise ValueError(f"TrainConfig.validation_fraction must be in (0, 1), "
+                             f"got {self.validation_fraction!r}")
+        try:
+            object.__setattr__(self, "finish_features",
+                               check_finish_features(self.finish_features))
+        except ValueError as error:
+            raise ValueError(f"TrainConfig.finish_features: {error}") from None
+        MLPConfig(hidden_sizes=self.hidden_sizes, dropout=self.dropout)  # validates both
+
+    def mlp_config(self, embedding_dim: int) -> MLPConfig:
+        return MLPConfig(embedding_dim, self.hidden_sizes, self.dropout, self.finish_features)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "embedder_spec": self.embedder_spec,
+            "feature_config": self.feature_config.to_dict(),
+            "hidden_sizes": list(self.hidden_sizes),
+            "dropout": self.dropout,
+            "finish_features": list(self.finish_features),
+            "validation_fraction": self.validation_fraction,
+            "fit": self.fit.to_dict(),
+        }
+
+
+@dataclass
+class TrainingOutcome:
+    artifact: ModelArtifact  # path None until saved
+    metrics: dict[str, Any]
+    fit: FitResult
+    timings_s: dict[str, float]
+    embed_stats: EmbedStats
+    split: SampleSplit
+
+
+def sample_embeddings(cache: EmbeddingCache, samples: Sequence[TurnSample],
+                      config: FeatureConfig, options: EmbedOptions,
+                      stats: EmbedStats | None = None) -> np.ndarray:
+    return cache.embeddings_for([s.window for s in samples], config, options, stats)
+
+
+def model_inputs(embeddings: np.ndarray, samples: Sequence[TurnSample],
+                 feature_config: FeatureConfig, finish_features: Sequence[str]) -> np.ndarray:
+    """The MLP input rows of `samples` (see `predictor.model.input_matrix`)."""
+    turns = encode_turn_counts(turn_counts_of(samples), feature_config)
+    extras = finish_feature_matrix(samples, finish_features) if finish_features else None
+    return input_matrix(embeddings, turns, extras)
+
+
+def predict_samples(predictor: Predictor, embeddings: np.ndarray,
+                    samples: Sequence[TurnSample]) -> np.ndarray:
+    """Probabilities for samples whose window embeddings are given, as the server computes
+    them (row by row), with the model's finish features when it has any."""
+    extras = (finish_feature_matrix(samples, predictor.extra_features)
+              if predictor.extra_features else None)
+    return predictor.predict_from_embeddings(embeddings, turn_counts_of(samples), extras)
+
+
+def _json_safe(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in metrics.items()}
+
+
+def score(labels: np.ndarray, probabilities: np.ndarray, train_rate: float,
+          weighted_rate: float) -> dict[str, Any]:
+    """The held-out metrics of one predictor (JSON-ready)."""
+    metrics = classification_metrics(labels, probabilities).to_dict()
+    metrics["brier_prior_corrected"] = round(
+        brier_prior_corrected(labels, probabilities, weighted_rate, train_rate), 6)
+    return _json_safe(metrics)
+
+
+def turns_ablation(evaluation: Sequence[TurnSample],
+                   conversations_turns: Sequence[int]) -> dict[str, Any]:
+    """LPC_turns on the evaluation half: majority label per turn-count bin (the paper's), and
+    the bin's mean rate (what `lpc-turns` feeds the evictor)."""
+    labels = labels_of(evaluation)
+    counts = turn_counts_of(evaluation)
+    out = {}
+    for name, majority in (("majority", True), ("rate", False)):
+        baseline = TurnsBaseline.fit(conversations_turns, majority=majority)
+        out[name] = _json_safe(classification_metrics(labels, baseline.predict_counts(counts))
+                               .to_dict())
+    return out
+
+
+def train_predictor(
+    conversations: Sequence[Conversation],
+    config: TrainConfig,
+    embedder: Embedder,
+    cache: EmbeddingCache,
+    embed_options: EmbedOptions | None = None,
+    data_description: dict[str, Any] | None = None,
+    evaluate: bool = True,
+    log: Log = print,
+) -> TrainingOutcome:
+    """Train on the training half of `conversations`, score on their evaluation half."""
+    embed_options = embed_options or EmbedOptions()
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    split = split_samples(conversations, config.feature_config.window_size,
+                          config.validation_fraction, with_evaluation=evaluate)
+    timings["samples_s"] = time.perf_counter() - t0
+    counts = split.counts()
+    log(f"samples: {counts['train_samples']} train, {counts['validation_samples']} "
+        f"validation, {counts['evaluation_samples']} evaluation "
+        f"(positive rate {counts['train_positive_rate']:.3f} in train)")
+
+    stats = EmbedStats()
+    t0 = time.perf_counter()
+    feature_config = config.feature_config
+    train_emb = sample_embeddings(cache, split.train, feature_config, embed_options, stats)
+    val_emb = sample_embeddings(cache, split.validation, feature_config, embed_options, stats)
+    eval_emb = (sample_embeddings(cache, split.evaluation, feature_config, embed_options, stats)
+                if evaluate and split.evaluation else None)
+    timings["embed_s"] = time.perf_counter() - t0
+    log(f"embeddings: {stats.windows_cached} of {stats.windows} windows cached, "
+        f"{stats.texts_embedded} texts embedded"
+        + (f" ({stats.texts_per_second:.1f} texts/s)" if stats.texts_embedded else ""))
+
+    t0 = time.perf_counter()
+    mlp_config = config.mlp_config(embedder.dim)
+    finish = config.finish_features
+    result = fit_mlp(
+        model_inputs(train_emb, split.train, feature_config, finish), labels_of(split.train),
+        model_inputs(val_emb, split.validation, feature_config, finish),
+        labels_of(split.validation), mlp_config, config.fit)
+    timings["fit_s"] = time.perf_counter() - t0
+    log(f"fit: {result.epochs_run} epochs, best epoch {result.best_epoch + 1} "
+        f"(validation loss {result.best_val_loss:.4f}), {result.seconds:.1f} s")
+
+    train_rate = float(labels_of(split.training_half).mean())
+    metadata = ArtifactMetadata(
+        embedder_id=embedder.embedder_id,
+        feature_config=feature_config,
+        mlp_config=mlp_config,
+        base_rate=train_rate,
+        training_data_fingerprint=split.fingerprint(),
+        embedder_spec=config.embedder_spec,
+        notes={
+            "data": data_description or {},
+            "split_version": SPLIT_VERSION,
+            "train_config": config.to_dict(),
+        },
+    )
+    artifact = ModelArtifact(None, metadata, result.model)
+    predictor = Predictor(artifact, embedder)
+    weighted_rate = _weighted_rate(result.class_weights, train_rate)
+
+    t0 = time.perf_counter()
+    metrics: dict[str, Any] = {"data": counts, "fit": result.summary()}
+    val_p = predict_samples(predictor, val_emb, split.validation)
+    metrics["validation"] = score(labels_of(split.validation), val_p, train_rate, weighted_rate)
+    if eval_emb is not None:
+        eval_p = predict_samples(predictor, eval_emb, split.evaluation)
+        metrics["evaluation"] = score(labels_of(split.evaluation), eval_p, train_rate,
+                                      weighted_rate)
+        train_conversation_turns = _conversation_turns(split.training_half)
+        metrics["turns_ablation"] = turns_ablation(split.evaluation, train_conversation_turns)
+        e = metrics["evaluation"]
+        log(f"evaluation half: MCC {e['mcc']:.4f}, macro-F1 {e['macro_f1']:.4f}, "
+            f"AUC {e['roc_auc']:.4f}, Brier {e['brier']:.4f}")
+    timings["evaluate_s"] = time.perf_counter() - t0
+    metrics["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
+    metrics["embedding"] = stats.to_dict()
+    artifact = ModelArtifact(None, replace(metadata, metrics=metrics), result.model)
+    return TrainingOutcome(artifact, metrics, result, timings, stats, split)
+
+
+def _weighted_rate(class_weights: tuple[float, float], rate: float) -> float:
+    """The positive rate the weighted loss effectively trains under."""
+    w0, w1 = class_weights
+    return w1 * rate / (w1 * rate + w0 * (1 - rate))
+
+
+def _conversation_turns(samples: Sequence[TurnSample]) -> list[int]:
+    """Each conversation's number of user turns (the largest turn count among its samples)."""
+    turns: dict[str, int] = {}
+    for s in samples:
+        turns[s.conversation_id] = max(turns.get(s.conversation_id, 0), s.turn_count)
+    return list(turns.values())
+
+
+def evaluate_artifact(path: Path, samples: Sequence[TurnSample], cache: EmbeddingCache,
+                      embed_options: EmbedOptions | None = None,
+                      embedder: Embedder | None = None) -> dict[str, Any]:
+    """Score a saved artifact on `samples` (through the embedding cache of its embedder)."""
+    predictor = Predictor.load(path, embedder=embedder)
+    embeddings = sample_embeddings(cache, samples, predictor.feature_config,
+                                   embed_options or EmbedOptions())
+    probabilities = predict_samples(predictor, embeddings, samples)
+    return classification_metrics(labels_of(samples), probabilities).to_dict()
+
