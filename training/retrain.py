@@ -1,0 +1,289 @@
+"""The daily retraining job: select logs, train a candidate, judge it, promote or keep.
+
+One run, under the registry's lock:
+1. remove what a killed run left behind (hidden staging folders);
+2. pick the logs (`training.log_files`): new files since the last run + a window of older
+   ones; without new files there is nothing to learn and the run ends (`no_new_data`);
+3. train a candidate on the training half of those conversations (`train_predictor`);
+4. score the candidate *and the current model* on the same held-out samples (the evaluation
+   half of the same logs, through the embedding cache);
+5. promote the candidate only if it is not worse than the current model by more than
+   `tolerance` on `metric` (ROC-AUC by default: the evictor only uses the order of the
+   probabilities); either way publish it as a new version that records the decision and why;
+6. tell a running `lpc serve` to reload (`notify_url`), which swaps models between batches.
+
+Outcome statuses map to exit codes (`EXIT_CODES`), so cron and systemd can tell a promotion
+from a kept model, a run with nothing to do, a run blocked by another one, and a failure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from predictor.artifact import ArtifactError
+from predictor.embedders.base import Embedder
+from training.conversation import Conversation
+from training.embedding_cache import EmbeddingCache, EmbedOptions
+from training.log_files import LogFile, discover_logs, select_logs
+from training.pause import pause_point
+from training.pipeline import TrainConfig, evaluate_artifact, train_predictor
+from training.registry import ModelRegistry, RegistryLockedError, now_iso
+
+PROMOTED, KEPT, NO_NEW_DATA, LOCKED, FAILED = "promoted", "kept", "no_new_data", "locked", "failed"
+EXIT_CODES = {PROMOTED: 0, FAILED: 1, KEPT: 3, NO_NEW_DATA: 4, LOCKED: 5}
+METRICS = ("roc_auc", "mcc", "macro_f1")
+
+Log = Callable[[str], None]
+EmbedderLoader = Callable[[str], Embedder]
+
+
+@dataclass(frozen=True)
+class RetrainConfig:
+    logs_dir: Path
+    registry_dir: Path
+    cache_dir: Path
+    window_days: float = 28.0
+    data_format: str | None = None
+    mode: str | None = None
+    metric: str = "roc_auc"
+    tolerance: float = 0.005
+    min_evaluation_samples: int = 200
+    keep_versions: int = 20
+    force: bool = False
+    notify_url: str | None = None
+    notify_token: str | None = field(default=None, repr=False)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    embed: EmbedOptions = field(default_factory=EmbedOptions)
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"RetrainConfig.{name} {why}, got {getattr(self, name)!r}")
+
+        if not self.window_days > 0:
+            raise bad("window_days", "must be > 0")
+        if self.metric not in METRICS:
+            raise bad("metric", f"must be one of {METRICS}")
+        if not 0 <= self.tolerance < 1:
+            raise bad("tolerance", "must be in [0, 1)")
+        if not isinstance(self.min_evaluation_samples, int) or self.min_evaluation_samples < 1:
+            raise bad("min_evaluation_samples", "must be a positive integer")
+        if not isinstance(self.keep_versions, int) or self.keep_versions < 1:
+            raise bad("keep_versions", "must be a positive integer")
+        if self.notify_url is not None and not self.notify_url.startswith(("http://",
+                                                                           "https://")):
+            raise bad("notify_url", "must start with http:// or https://")
+
+
+@dataclass
+class RetrainOutcome:
+    status: str
+    reason: str
+    version: str | None = None
+    current_version: str | None = None
+    candidate_metrics: dict[str, Any] | None = None
+    current_metrics: dict[str, Any] | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    notified: bool | None = None
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.status]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "reason": self.reason,
+            "version": self.version,
+            "current_version": self.current_version,
+            "candidate_metrics": self.candidate_metrics,
+            "current_metrics": self.current_metrics,
+            "data": self.data,
+            "notified": self.notified,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+@dataclass(frozen=True)
+class Decision:
+    promote: bool
+    reason: str
+
+
+def decide(candidate: dict[str, Any], current: dict[str, Any] | None, metric: str,
+           tolerance: float, evaluation_samples: int, min_samples: int,
+           current_problem: str | None = None) -> Decision:
+    """Promote unless the candidate is worse than the current model by more than tolerance."""
+    if current_problem is not None:
+        return Decision(True, f"the current model cannot be used ({current_problem})")
+    if current is None:
+        return Decision(True, "no current model")
+    if evaluation_samples < min_samples:
+        return Decision(False, f"only {evaluation_samples} held-out samples (< {min_samples}): "
+                               "too few to judge, keeping the current model")
+    new, old = candidate.get(metric), current.get(metric)
+    if new is None or old is None:
+        return Decision(False, f"{metric} is undefined on the held-out samples (one class only)")
+    delta = new - old
+    verdict = (f"candidate {metric} {new:.4f} vs current {old:.4f} "
+               f"(Δ {delta:+.4f}, tolerance {tolerance:.4f})")
+    if delta >= -tolerance:
+        return Decision(True, f"not worse: {verdict}")
+    return Decision(False, f"worse: {verdict}")
+
+
+def load_logged_conversations(files: list[LogFile], data_format: str | None,
+                              mode: str | None) -> tuple[list[Conversation], dict[str, Any]]:
+    """Conversations of the selected files; a conversation in several files: newest wins."""
+    from training.loaders import load_conversations
+
+    by_id: dict[str, Conversation] = {}
+    reports = {}
+    for log in files:  # oldest first, so a later file's copy replaces an earlier one
+        options = {} if mode is None else {"mode": mode}
+        result = load_conversations(log.path, format=data_format, **options)
+        for conversation in result.conversations:
+            by_id.pop(conversation.conversation_id, None)
+            by_id[conversation.conversation_id] = conversation
+        reports[log.relative] = result.report.conversations_produced
+    return list(by_id.values()), {"conversations_per_file": reports,
+                                  "conversations": len(by_id)}
+
+
+def notify_server(url: str, artifact: Path, token: str | None, timeout_s: float = 60.0) -> str:
+    """Ask a running `lpc serve` to reload `artifact`; returns its answer (raises on error)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    response = httpx.post(url.rstrip("/") + "/v1/reload", json={"artifact": str(artifact)},
+                          headers=headers, timeout=timeout_s)
+    if response.status_code != 200:
+        raise RuntimeError(f"reload answered {response.status_code}: {response.text[:300]}")
+    return response.text
+
+
+def run_retrain(config: RetrainConfig, load_embedder: EmbedderLoader, log: Log = print,
+                now: datetime | None = None) -> RetrainOutcome:
+    """One daily run (see the module docstring). Never raises for expected failures: the
+    outcome's status says what happened."""
+    started = time.perf_counter()
+    registry = ModelRegistry(config.registry_dir)
+    try:
+        with registry.lock():
+            try:
+                outcome = _run_locked(config, registry, load_embedder, log,
+                                      now or datetime.now(UTC))
+            except Exception as error:  # recorded, reported as a failed run
+                outcome = RetrainOutcome(FAILED, f"{type(error).__name__}: {error}",
+                                         current_version=registry.current_version())
+                registry.append_history({"event": "retrain", "status": FAILED,
+                                         "reason": outcome.reason})
+    except RegistryLockedError as error:
+        outcome = RetrainOutcome(LOCKED, str(error))
+    outcome.seconds = time.perf_counter() - started
+    return outcome
+
+
+def _run_locked(config: RetrainConfig, registry: ModelRegistry, load_embedder: EmbedderLoader,
+                log: Log, now: datetime) -> RetrainOutcome:
+    removed = registry.clean_staging()
+    if removed:
+        log(f"registry: removed leftovers of an interrupted run: {', '.join(removed)}")
+    state = registry.state()
+    logs = discover_logs(config.logs_dir)
+    selection = select_logs(logs, state.get("seen_files", []), now, config.window_days)
+    data = selection.describe()
+    current_version = registry.current_version()
+    if not selection.new_files and not config.force:
+        return RetrainOutcome(NO_NEW_DATA, f"no new log files in {config.logs_dir} since the "
+                              "last run (pass --force to retrain anyway)", None,
+                              current_version, data=data)
+    if not selection.files:
+        return RetrainOutcome(NO_NEW_DATA, f"no log files in {config.logs_dir} dated within "
+                              f"the last {config.window_days:g} days", None, current_version,
+                              data=data)
+    log(f"logs: {len(selection.files)} files ({len(selection.new_files)} new) since "
+        f"{selection.window_start:%Y-%m-%d}")
+    conversations, loaded = load_logged_conversations(selection.files, config.data_format,
+                                                      config.mode)
+    data.update(loaded)
+    pause_point("retrain-loaded")
+
+    embedder = load_embedder(config.train.embedder_spec)
+    cache = EmbeddingCache.open(config.cache_dir, embedder.embedder_id, embedder.dim,
+                                embedder=embedder)
+    outcome = train_predictor(conversations, config.train, embedder, cache, config.embed,
+                              data_description={"logs": str(config.logs_dir), **data}, log=log)
+    candidate_metrics = outcome.metrics.get("evaluation", {})
+    evaluation_samples = outcome.metrics["data"]["evaluation_samples"]
+    pause_point("retrain-trained")
+
+    current_metrics, problem = None, None
+    current_path = registry.current_path()
+    if current_path is not None and evaluation_samples:
+        try:
+            current_metrics = _score_current(current_path, outcome.split.evaluation, embedder,
+                                             cache, config, load_embedder)
+        except (ArtifactError, OSError, ValueError) as error:
+            problem = f"{type(error).__name__}: {error}"
+    decision = decide(candidate_metrics, current_metrics, config.metric, config.tolerance,
+                      evaluation_samples, config.min_evaluation_samples, problem)
+    log(f"decision: {'promote' if decision.promote else 'keep current'}: {decision.reason}")
+
+    version = registry.publish(outcome.artifact.model, outcome.artifact.metadata, {
+        "decision": PROMOTED if decision.promote else KEPT,
+        "reason": decision.reason,
+        "metric": config.metric,
+        "tolerance": config.tolerance,
+        "compared_with": current_version,
+        "current_metrics": current_metrics,
+    })
+    if decision.promote:
+        registry.promote(version)
+    status = PROMOTED if decision.promote else KEPT
+    registry.append_history({
+        "event": "retrain", "status": status, "version": version, "reason": decision.reason,
+        "compared_with": current_version, "candidate_metrics": candidate_metrics,
+        "current_metrics": current_metrics, "new_files": data["new_files"],
+        "files": len(selection.files),
+    })
+    registry.save_state({
+        "last_run_at": now_iso(),
+        "seen_files": sorted(f.identity for f in logs),
+        "last_version": version,
+    })
+    pruned = registry.prune(config.keep_versions)
+    if pruned:
+        log(f"registry: pruned {', '.join(pruned)}")
+    result = RetrainOutcome(status, decision.reason, version,
+                            registry.current_version(), candidate_metrics, current_metrics,
+                            data)
+    if decision.promote and config.notify_url:
+        try:
+            notify_server(config.notify_url, registry.current_link, config.notify_token)
+            result.notified = True
+            log(f"notified {config.notify_url}: reloaded {registry.current_link}")
+        except Exception as error:  # the promotion stands; the server keeps its model
+            result.notified = False
+            log(f"warning: could not notify {config.notify_url}: {error}")
+    return result
+
+
+def _score_current(path: Path, holdout, embedder: Embedder, cache: EmbeddingCache,
+                   config: RetrainConfig, load_embedder: EmbedderLoader) -> dict[str, Any]:
+    """The current model's metrics on the candidate's held-out samples (its own embedder's
+    cache when it was trained on another embedder)."""
+    from predictor.artifact import load_artifact
+
+    metadata = load_artifact(path).metadata
+    if metadata.embedder_id != embedder.embedder_id:
+        embedder = load_embedder(metadata.embedder_spec)
+        cache = EmbeddingCache.open(config.cache_dir, embedder.embedder_id, embedder.dim,
+                                    embedder=embedder)
+    return evaluate_artifact(path, holdout, cache, config.embed, embedder)
