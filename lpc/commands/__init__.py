@@ -1,5 +1,5 @@
 """Command modules of the `lpc` CLI, in the order `lpc --help` lists them."""
 
-from lpc.commands import ab, bench
+from lpc.commands import ab, bench, retrain, train
 
-COMMAND_MODULES = (ab, bench)
+COMMAND_MODULES = (ab, train, retrain, bench)
