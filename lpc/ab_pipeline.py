@@ -39,6 +39,7 @@ from lpc.workload import (
     estimated_scale_per_s,
     open_loop_requests,
 )
+from training.conversation import Conversation
 
 # source name -> builds a source once the training half is known
 ModelSourceFactory = Callable[["ABContext"], ProbabilitySource]
@@ -75,6 +76,7 @@ class ABContext:
     train_turn_counts: list[int]
     base_rate: float
     load_summary: str = ""
+    eval_conversations: list[Conversation] = field(default_factory=list)  # for model sources
 
 
 @dataclass
@@ -166,7 +168,12 @@ def run_ab(
 
     train_counts = [c.num_user_turns for c in dataset.train if c.num_user_turns] if dataset else []
     base_rate = TurnsSource.fit(train_counts).base_rate if train_counts else 0.5
-    context = ABContext(train_counts, base_rate, dataset.load_summary if dataset else "")
+    context = ABContext(
+        train_counts,
+        base_rate,
+        dataset.load_summary if dataset else "",
+        dataset.eval if dataset else [],
+    )
     fallback = base_rate if options.fallback_probability is None else options.fallback_probability
 
     def scripts(config: WorkloadConfig):

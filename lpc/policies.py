@@ -16,6 +16,12 @@ from eviction import Evictor, FutureUses, make_evictor
 
 HEURISTICS = ("lru", "fifo", "lfu")
 DEFAULT_POLICIES = ("lru", "fifo", "lfu", "lpc-turns", "oracle", "belady")
+# With a trained predictor at hand (the shipped model or --model), learned LPC joins them.
+DEFAULT_POLICIES_WITH_MODEL = ("lru", "fifo", "lfu", "lpc-turns", "lpc", "oracle", "belady")
+
+
+def default_policies(model_available: bool) -> tuple[str, ...]:
+    return DEFAULT_POLICIES_WITH_MODEL if model_available else DEFAULT_POLICIES
 
 
 @dataclass(frozen=True)

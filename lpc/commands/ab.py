@@ -7,7 +7,6 @@ import math
 from pathlib import Path
 
 from lpc.ab import DEFAULT_CACHE_SIZES_TOKENS
-from lpc.policies import DEFAULT_POLICIES
 
 DESCRIPTION = """\
 Replay a chat workload through the prefix-caching block manager once per eviction policy and
@@ -20,7 +19,8 @@ JSON and PNG plots to --out.
 """
 
 POLICY_HELP = (
-    "comma-separated policies (default: %(default)s). lru, fifo, lfu: heuristics (lru is "
+    "comma-separated policies (default: lru,fifo,lfu,lpc-turns,oracle,belady, and lpc when a "
+    "predictor model is available). lru, fifo, lfu: heuristics (lru is "
     "vLLM's); lpc: LPC with the learned predictor (--model); lpc-turns: LPC with the "
     "turns-only ablation fitted on the training half; lpc-const[=P]: LPC with one constant p; "
     "lpc-trace: LPC with the 'probability' logged in a --trace; oracle: LPC with the true label; "
@@ -168,7 +168,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
 
     pol = p.add_argument_group("policies and cache")
-    pol.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help=POLICY_HELP)
+    pol.add_argument("--policies", default=None, help=POLICY_HELP)
     pol.add_argument(
         "--cache-sizes",
         type=_sizes,
@@ -194,7 +194,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="LPC's p when no prediction is available (default: the training half's "
         "continuation rate)",
     )
-    pol.add_argument("--model", type=Path, help="predictor artifact for the 'lpc' policy")
+    pol.add_argument(
+        "--model",
+        help="predictor artifact folder for the 'lpc' policy (default: the shipped "
+        "models/sharegpt-e5-small-q4 when present; a registry's 'current' link works too; "
+        "'none' runs without a model)",
+    )
 
     sweep = p.add_argument_group("think-time sweep")
     sweep.add_argument(
@@ -239,14 +244,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def options_from(args: argparse.Namespace):
+def model_path_from(args: argparse.Namespace) -> Path | None:
+    """--model, else the shipped model when present; None for 'none' or no model at all."""
+    from lpc.cli import CommandError
+    from training.locations import shipped_model_dir
+
+    if args.model is None:
+        return shipped_model_dir()
+    if args.model == "none":
+        return None
+    path = Path(args.model)
+    if not path.is_dir():
+        raise CommandError(f"--model {path} is not an artifact folder")
+    return path
+
+
+def options_from(args: argparse.Namespace, model_available: bool = False):
     from lpc.ab_pipeline import ABOptions
     from lpc.cli import CommandError
-    from lpc.policies import parse_policies
+    from lpc.policies import default_policies, parse_policies
     from lpc.workload import LatencyModel, WorkloadConfig
 
     try:
-        policies = tuple(parse_policies(args.policies))
+        text = args.policies or ",".join(default_policies(model_available))
+        policies = tuple(parse_policies(text))
     except ValueError as error:
         raise CommandError(f"--policies: {error}") from None
     if args.duration == "all":
@@ -302,14 +323,31 @@ def run(args: argparse.Namespace) -> int:
     from lpc.ab_pipeline import outcome_json, run_ab, summary_text
     from lpc.cli import CommandError
     from lpc.trace import TraceError
+    from predictor.artifact import ArtifactError
+    from predictor.embedders import EmbedderLoadError
 
-    options = options_from(args)
+    model = model_path_from(args)
+    options = options_from(args, model_available=model is not None)
     log = (lambda message: print(message, file=sys.stderr)) if args.json else print
+    wants_model = options.trace_probabilities == "model" or any(
+        p.source == "model" for p in options.policies
+    )
+    if wants_model and model is None:
+        raise CommandError("policy 'lpc' needs a trained predictor: pass --model PATH")
+    factory = None
+    if wants_model and model is not None:
+        from lpc.learned_source import learned_source_factory
+        from training.embedding_cache import EmbedOptions
+        from training.locations import default_embedding_cache_dir
+
+        factory = learned_source_factory(
+            model, default_embedding_cache_dir(), EmbedOptions(progress=options.progress), log=log
+        )
     try:
-        outcome = run_ab(options, model_factory=None, log=log)
+        outcome = run_ab(options, model_factory=factory, log=log)
     except TraceError as error:
         raise CommandError(str(error)) from None
-    except ValueError as error:
+    except (ValueError, ArtifactError, EmbedderLoadError) as error:
         raise CommandError(str(error)) from None
     if args.json:
         print(outcome_json(outcome))
