@@ -130,6 +130,29 @@ class ReplayResult:
         return d
 
 
+def _result(
+    spec: PolicySpec,
+    cache_tokens: int,
+    manager: PrefixCacheBlockManager,
+    failed_prompt_tokens: int,
+    started: float,
+) -> ReplayResult:
+    """Counters of a finished replay; failed requests count as queried with no hit."""
+    c: CacheCounters = manager.counters
+    return ReplayResult(
+        policy=spec.label,
+        cache_tokens=cache_tokens,
+        num_blocks=manager.num_blocks,
+        requests=c.requests + c.allocation_failures,
+        queried_tokens=c.queried_tokens + failed_prompt_tokens,
+        hit_tokens=c.hit_tokens,
+        hit_requests=c.hit_requests,
+        evictions=c.evictions,
+        allocation_failures=c.allocation_failures,
+        seconds=time.perf_counter() - started,
+    )
+
+
 def num_blocks_for(cache_tokens: int, block_size: int) -> int:
     """Blocks of a pool holding `cache_tokens` tokens, plus vLLM's null block."""
     if cache_tokens < block_size:
@@ -175,19 +198,7 @@ def replay(
             failed.discard(i)
         else:
             manager.free(request.request_id, time_s, probabilities[i])
-    c: CacheCounters = manager.counters
-    return ReplayResult(
-        policy=spec.label,
-        cache_tokens=cache_tokens,
-        num_blocks=num_blocks,
-        requests=c.requests + c.allocation_failures,
-        queried_tokens=c.queried_tokens + failed_prompt_tokens,
-        hit_tokens=c.hit_tokens,
-        hit_requests=c.hit_requests,
-        evictions=c.evictions,
-        allocation_failures=c.allocation_failures,
-        seconds=time.perf_counter() - started,
-    )
+    return _result(spec, cache_tokens, manager, failed_prompt_tokens, started)
 
 
 def replay_closed_loop(
@@ -259,16 +270,4 @@ def replay_closed_loop(
         manager.free(request.request_id, request.completion_s, probability)
 
     run_schedule(scripts, config, on_arrival, on_completion)
-    c = manager.counters
-    return ReplayResult(
-        policy=spec.label,
-        cache_tokens=cache_tokens,
-        num_blocks=num_blocks,
-        requests=c.requests + c.allocation_failures,
-        queried_tokens=c.queried_tokens + failed_prompt_tokens,
-        hit_tokens=c.hit_tokens,
-        hit_requests=c.hit_requests,
-        evictions=c.evictions,
-        allocation_failures=c.allocation_failures,
-        seconds=time.perf_counter() - started,
-    )
+    return _result(spec, cache_tokens, manager, failed_prompt_tokens, started)
