@@ -333,7 +333,7 @@ def run(args: argparse.Namespace) -> int:
         p.source == "model" for p in options.policies
     )
     if wants_model and model is None:
-        raise CommandError("policy 'lpc' needs a trained predictor: pass --model PATH")
+        raise CommandError("policy 'lpc' needs a trained predictor model (--model PATH)")
     factory = None
     if wants_model and model is not None:
         from lpc.learned_source import learned_source_factory

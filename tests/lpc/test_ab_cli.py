@@ -83,7 +83,7 @@ def test_exported_trace_replays_to_identical_numbers(chats: Path, tmp_path: Path
         (["--fallback-p", "2"], "--fallback-p must be in"),
         (["--trace-probabilities", "oracle"], "goes with --export-trace"),
         (["--closed-loop"], "belady needs a fixed trace"),
-        (["--policies", "lru,lpc"], "needs a trained predictor model"),
+        (["--policies", "lru,lpc", "--model", "none"], "needs a trained predictor model"),
     ],
 )
 def test_bad_flags_give_one_clear_line(chats: Path, tmp_path: Path, capsys, args, message) -> None:

@@ -171,3 +171,17 @@ def test_cache_folder_layout(tmp_path: Path, cache):
     assert list((cache.folder / "vectors").glob("shard-*.arrow"))
     index = cache.folder / "texts" / FeatureConfig().fingerprint()
     assert list(index.glob("part-*.arrow")) and (index / "feature_config.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_multi_process_pool_gives_the_single_process_vectors(tmp_path, minilm_path):
+    from predictor.embedders import SentenceTransformerEmbedder
+
+    embedder = SentenceTransformerEmbedder(minilm_path, device="cpu")
+    data = windows(24, long=True)
+    single = EmbeddingCache.open(tmp_path / "one", embedder.embedder_id, embedder.dim,
+                                 embedder=embedder).embeddings_for(data, FeatureConfig(), QUIET)
+    pooled = EmbeddingCache.open(tmp_path / "pool", embedder.embedder_id, embedder.dim,
+                                 embedder=embedder).embeddings_for(
+        data, FeatureConfig(), EmbedOptions(progress=False, devices=("cpu", "cpu")))
+    assert np.allclose(single, pooled, atol=1e-5)
