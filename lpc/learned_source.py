@@ -6,16 +6,17 @@ evaluation half's turns are usually there already; missing ones are embedded onc
 progress bar, and kept), and runs the MLP in batches — the same `Predictor` code the RPC
 server runs, so the A/B measures what would be deployed.
 
-A model trained with finish-time features (`training.finish_features`) also needs each turn's
-reply and conversation size: they come from the evaluation conversations the harness loaded
-(looked up by conversation id and turn index). Without them (a `--trace` replay) such a model
-cannot be used, and the source says so.
+A model trained with finish-time features (`training.finish_features`) also needs each
+finishing request's size and reply. Token sizes come with every replayed turn (its prompt and
+output tokens, counted by the harness's serving tokenizer — the counts `ServingTokenCounter`
+gives training); character features come from the evaluation conversations the harness loaded
+(looked up by conversation id and turn index), so a `--trace` replay cannot feed them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +25,8 @@ from lpc.workload import ScriptedTurn
 from predictor.predictor import Predictor
 from training.conversation import Conversation
 from training.embedding_cache import EmbeddingCache, EmbedOptions, EmbedStats
-from training.finish_features import finish_feature_matrix
-from training.samples import TurnSample, conversation_samples
+from training.finish_features import TOKEN_FEATURES, finish_feature_matrix
+from training.samples import TokenCounts, TurnSample, conversation_samples
 
 PREDICT_BATCH = 4096
 
@@ -41,6 +42,17 @@ class LearnedSource:
 
     def __post_init__(self) -> None:
         self._samples: dict[str, list[TurnSample]] = {}
+
+    def _features_sample(self, turn: ScriptedTurn) -> TurnSample:
+        """What the finish features read: the request's serving token counts, and, when the
+        model has character features, the conversation's text."""
+        tokens = {"request_tokens": len(turn.token_ids),
+                  "output_tokens": turn.num_output_tokens}
+        if all(name in TOKEN_FEATURES for name in self.predictor.extra_features):
+            return TurnSample(turn.conversation_id, "", turn.turn_index + 1,
+                              int(turn.has_next_turn), tuple(turn.user_prompts), "", 0,
+                              **tokens)
+        return replace(self._sample(turn), **tokens)
 
     def _sample(self, turn: ScriptedTurn) -> TurnSample:
         conversation_id = turn.conversation_id
@@ -76,11 +88,37 @@ class LearnedSource:
                                                    self.embed_options, self.stats)
             extras = None
             if self.predictor.extra_features:
-                extras = finish_feature_matrix([self._sample(t) for t in batch],
+                extras = finish_feature_matrix([self._features_sample(t) for t in batch],
                                                self.predictor.extra_features)
             out[start : start + len(batch)] = self.predictor.predict_from_embeddings(
                 embeddings, [t.turn_index + 1 for t in batch], extras)
         return [float(p) for p in out]
+
+
+class ServingTokenCounter:
+    """`training.samples.TokenCounter` over the A/B harness's own tokenisation (the serving
+    tokenizer, ChatML, max_model_len, through the on-disk token cache): the request sizes a
+    model trained with token finish features sees in training are the ones it sees replayed."""
+
+    def __init__(self, tokenizer=None, max_model_len: int | None = None,
+                 progress: bool = True) -> None:
+        from lpc.chat_tokenization import DEFAULT_MAX_MODEL_LEN, TEMPLATE_VERSION
+        from lpc.chat_tokenizers import default_chat_tokenizer
+
+        self.tokenizer = tokenizer or default_chat_tokenizer()
+        self.max_model_len = max_model_len or DEFAULT_MAX_MODEL_LEN
+        self.progress = progress
+        self.name = (f"{self.tokenizer.name}+{TEMPLATE_VERSION}"
+                     f"+max_model_len={self.max_model_len}")
+
+    def __call__(self, conversations: Sequence[Conversation]) -> TokenCounts:
+        from lpc.token_cache import tokenize_conversations_cached
+
+        tokenized = tokenize_conversations_cached(conversations, self.tokenizer,
+                                                  self.max_model_len, progress=self.progress)
+        return {(turn.conversation_id, turn.turn_index):
+                (turn.num_request_tokens, turn.num_output_tokens)
+                for conversation in tokenized.conversations for turn in conversation.turns}
 
 
 def learned_source_factory(model: Path, cache_dir: Path, embed_options: EmbedOptions,

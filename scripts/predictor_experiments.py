@@ -21,10 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from lpc.learned_source import ServingTokenCounter
 from predictor.artifact import save_artifact
 from predictor.embedders import load_embedder
 from predictor.features import FeatureConfig
 from training.embedding_cache import EmbeddingCache, EmbedOptions
+from training.finish_features import needs_token_counts
 from training.fit import FitConfig
 from training.loaders import load_conversations
 from training.locations import default_embedding_cache_dir
@@ -43,6 +45,13 @@ VARIANTS: dict[str, TrainConfig] = {
     "prompt-length": replace(PAPER, finish_features=("log_prompt_chars",)),
     "finish": replace(PAPER, finish_features=("log_context_chars", "log_reply_chars",
                                               "reply_asks", "log_prompt_chars")),
+    # the request's size in serving tokens (Qwen ChatML), what the engine counts anyway
+    "tokens": replace(PAPER, finish_features=("log_request_tokens",)),
+    "tokens-reply": replace(PAPER, finish_features=("log_request_tokens", "log_output_tokens",
+                                                    "reply_asks")),
+    "all-finish": replace(PAPER, finish_features=("log_request_tokens", "log_output_tokens",
+                                                  "log_context_chars", "log_reply_chars",
+                                                  "reply_asks", "log_prompt_chars")),
     "finish-wide": replace(PAPER, hidden_sizes=(256, 256, 256), dropout=0.1,
                            finish_features=("log_context_chars", "log_reply_chars",
                                             "reply_asks", "log_prompt_chars")),
@@ -76,6 +85,7 @@ def main() -> int:
     cache = EmbeddingCache.open(default_embedding_cache_dir(), embedder.embedder_id,
                                 embedder.dim, embedder=embedder)
     embed = EmbedOptions(progress=not args.no_progress)
+    counter = ServingTokenCounter(progress=not args.no_progress)
     results = []
     for name in names:
         for seed in seeds:
@@ -86,6 +96,8 @@ def main() -> int:
                                       data_description={"dataset": args.dataset,
                                                         "mode": args.mode, "variant": name},
                                       evaluate=not args.no_eval,
+                                      token_counter=counter if needs_token_counts(
+                                          config.finish_features) else None,
                                       log=lambda m: print(f"  {m}", file=sys.stderr))
             seconds = time.perf_counter() - started
             metrics = outcome.metrics

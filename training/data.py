@@ -15,10 +15,12 @@ import numpy as np
 from training.conversation import Conversation
 from training.samples import (
     DEFAULT_VALIDATION_FRACTION,
+    TokenCounts,
     TurnSample,
     build_samples,
     samples_fingerprint,
     validation_mask,
+    with_token_counts,
 )
 from training.split import partition_conversations
 
@@ -72,6 +74,16 @@ def split_samples(conversations: Sequence[Conversation], window_size: int,
             f"validation_fraction than {validation_fraction})")
     evaluation = build_samples(halves.eval, window_size) if with_evaluation else []
     return SampleSplit(train, validation, evaluation, len(halves.train), len(halves.eval))
+
+
+def attach_token_counts(split: SampleSplit, counts: TokenCounts) -> tuple[SampleSplit, int]:
+    """The split with serving token counts on every sample; samples without counts (turns the
+    serving engine never sees) are left out, and their number returned."""
+    train, a = with_token_counts(split.train, counts)
+    validation, b = with_token_counts(split.validation, counts)
+    evaluation, c = with_token_counts(split.evaluation, counts)
+    return SampleSplit(train, validation, evaluation, split.train_conversations,
+                       split.evaluation_conversations), a + b + c
 
 
 def positive_rate(samples: Sequence[TurnSample]) -> float:

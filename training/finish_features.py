@@ -5,7 +5,10 @@ by then the serving engine also knows the assistant's reply and the size of the 
 The paper found reply *embeddings* unhelpful with a small embedder; these are cheap scalars
 instead. Each is a named function of a `TurnSample`; a model records the names it was trained
 with (`MLPConfig.extra_features`), and whoever serves it computes the same names the same way
-(`finish_feature_matrix`). Sizes are in characters of message text, which any caller has.
+(`finish_feature_matrix`). Sizes are in characters of message text, which any caller has, or
+in the serving engine's own tokens (`TOKEN_FEATURES`: the request's prompt + output tokens,
+which the engine counts anyway); token features need samples with token counts attached
+(`training.samples.with_token_counts`), and the artifact records the tokenizer.
 
 Column order of the MLP input: embedding, finish features (in the recorded order), turn count.
 """
@@ -18,6 +21,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from training.samples import TurnSample
+
+
+def _tokens(value: int | None, name: str) -> float:
+    if value is None:
+        raise ValueError(f"finish feature {name} needs token counts on the samples "
+                         "(training.samples.with_token_counts)")
+    return math.log1p(value)
 
 
 def _ends_with_question(text: str) -> float:
@@ -34,7 +44,16 @@ FINISH_FEATURES: dict[str, Callable[[TurnSample], float]] = {
     "reply_asks": lambda s: _ends_with_question(s.reply),
     # the current user prompt's length
     "log_prompt_chars": lambda s: math.log1p(len(s.window[-1])),
+    # the finishing request's size in serving tokens: the whole conversation so far
+    "log_request_tokens": lambda s: _tokens(s.request_tokens, "log_request_tokens"),
+    # the reply's length in serving tokens
+    "log_output_tokens": lambda s: _tokens(s.output_tokens, "log_output_tokens"),
 }
+TOKEN_FEATURES = frozenset({"log_request_tokens", "log_output_tokens"})
+
+
+def needs_token_counts(names: Sequence[str]) -> bool:
+    return any(name in TOKEN_FEATURES for name in names)
 
 
 def check_finish_features(names: Sequence[str]) -> tuple[str, ...]:

@@ -25,12 +25,22 @@ from predictor.features import FeatureConfig, encode_turn_counts
 from predictor.model import DEFAULT_HIDDEN_SIZES, MLPConfig, input_matrix
 from predictor.predictor import Predictor
 from training.conversation import Conversation
-from training.data import SampleSplit, split_samples
+from training.data import SampleSplit, attach_token_counts, split_samples
 from training.embedding_cache import EmbeddingCache, EmbedOptions, EmbedStats
-from training.finish_features import check_finish_features, finish_feature_matrix
+from training.finish_features import (
+    check_finish_features,
+    finish_feature_matrix,
+    needs_token_counts,
+)
 from training.fit import FitConfig, FitResult, fit_mlp
 from training.metrics import brier_prior_corrected, classification_metrics
-from training.samples import DEFAULT_VALIDATION_FRACTION, TurnSample, labels_of, turn_counts_of
+from training.samples import (
+    DEFAULT_VALIDATION_FRACTION,
+    TokenCounter,
+    TurnSample,
+    labels_of,
+    turn_counts_of,
+)
 from training.split import SPLIT_VERSION
 from training.turns_baseline import TurnsBaseline
 
@@ -148,13 +158,25 @@ def train_predictor(
     data_description: dict[str, Any] | None = None,
     evaluate: bool = True,
     log: Log = print,
+    token_counter: TokenCounter | None = None,
 ) -> TrainingOutcome:
-    """Train on the training half of `conversations`, score on their evaluation half."""
+    """Train on the training half of `conversations`, score on their evaluation half.
+
+    `token_counter` counts requests in serving tokens; needed only by token finish features.
+    """
     embed_options = embed_options or EmbedOptions()
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     split = split_samples(conversations, config.feature_config.window_size,
                           config.validation_fraction, with_evaluation=evaluate)
+    notes: dict[str, Any] = {}
+    if needs_token_counts(config.finish_features):
+        if token_counter is None:
+            raise ValueError(f"finish features {list(config.finish_features)} need request "
+                             "sizes in serving tokens: pass a token counter")
+        split, without = attach_token_counts(split, token_counter(conversations))
+        notes["serving_tokenizer"] = token_counter.name
+        notes["samples_without_token_counts"] = without
     timings["samples_s"] = time.perf_counter() - t0
     counts = split.counts()
     log(f"samples: {counts['train_samples']} train, {counts['validation_samples']} "
@@ -196,6 +218,7 @@ def train_predictor(
             "data": data_description or {},
             "split_version": SPLIT_VERSION,
             "train_config": config.to_dict(),
+            **notes,
         },
     )
     artifact = ModelArtifact(None, metadata, result.model)

@@ -33,6 +33,7 @@ from training.log_files import LogFile, discover_logs, select_logs
 from training.pause import pause_point
 from training.pipeline import TrainConfig, evaluate_artifact, train_predictor
 from training.registry import ModelRegistry, RegistryLockedError, now_iso
+from training.samples import TokenCounter
 
 PROMOTED, KEPT, NO_NEW_DATA, LOCKED, FAILED = "promoted", "kept", "no_new_data", "locked", "failed"
 EXIT_CODES = {PROMOTED: 0, FAILED: 1, KEPT: 3, NO_NEW_DATA: 4, LOCKED: 5}
@@ -169,16 +170,17 @@ def notify_server(url: str, artifact: Path, token: str | None, timeout_s: float 
 
 
 def run_retrain(config: RetrainConfig, load_embedder: EmbedderLoader, log: Log = print,
-                now: datetime | None = None) -> RetrainOutcome:
+                now: datetime | None = None,
+                token_counter: TokenCounter | None = None) -> RetrainOutcome:
     """One daily run (see the module docstring). Never raises for expected failures: the
-    outcome's status says what happened."""
+    outcome's status says what happened. `token_counter`: for token finish features."""
     started = time.perf_counter()
     registry = ModelRegistry(config.registry_dir)
     try:
         with registry.lock():
             try:
                 outcome = _run_locked(config, registry, load_embedder, log,
-                                      now or datetime.now(UTC))
+                                      now or datetime.now(UTC), token_counter)
             except Exception as error:  # recorded, reported as a failed run
                 outcome = RetrainOutcome(FAILED, f"{type(error).__name__}: {error}",
                                          current_version=registry.current_version())
@@ -191,7 +193,7 @@ def run_retrain(config: RetrainConfig, load_embedder: EmbedderLoader, log: Log =
 
 
 def _run_locked(config: RetrainConfig, registry: ModelRegistry, load_embedder: EmbedderLoader,
-                log: Log, now: datetime) -> RetrainOutcome:
+                log: Log, now: datetime, token_counter: TokenCounter | None) -> RetrainOutcome:
     removed = registry.clean_staging()
     if removed:
         log(f"registry: removed leftovers of an interrupted run: {', '.join(removed)}")
@@ -219,7 +221,8 @@ def _run_locked(config: RetrainConfig, registry: ModelRegistry, load_embedder: E
     cache = EmbeddingCache.open(config.cache_dir, embedder.embedder_id, embedder.dim,
                                 embedder=embedder)
     outcome = train_predictor(conversations, config.train, embedder, cache, config.embed,
-                              data_description={"logs": str(config.logs_dir), **data}, log=log)
+                              data_description={"logs": str(config.logs_dir), **data}, log=log,
+                              token_counter=token_counter)
     candidate_metrics = outcome.metrics.get("evaluation", {})
     evaluation_samples = outcome.metrics["data"]["evaluation_samples"]
     pause_point("retrain-trained")
@@ -229,7 +232,8 @@ def _run_locked(config: RetrainConfig, registry: ModelRegistry, load_embedder: E
     if current_path is not None and evaluation_samples:
         try:
             current_metrics = _score_current(current_path, outcome.split.evaluation, embedder,
-                                             cache, config, load_embedder)
+                                             cache, config, load_embedder, conversations,
+                                             token_counter)
         except (ArtifactError, OSError, ValueError) as error:
             problem = f"{type(error).__name__}: {error}"
     decision = decide(candidate_metrics, current_metrics, config.metric, config.tolerance,
@@ -276,12 +280,22 @@ def _run_locked(config: RetrainConfig, registry: ModelRegistry, load_embedder: E
 
 
 def _score_current(path: Path, holdout, embedder: Embedder, cache: EmbeddingCache,
-                   config: RetrainConfig, load_embedder: EmbedderLoader) -> dict[str, Any]:
+                   config: RetrainConfig, load_embedder: EmbedderLoader,
+                   conversations: list[Conversation], token_counter: TokenCounter | None
+                   ) -> dict[str, Any]:
     """The current model's metrics on the candidate's held-out samples (its own embedder's
-    cache when it was trained on another embedder)."""
+    cache when it was trained on another embedder; token counts when it needs them)."""
     from predictor.artifact import load_artifact
+    from training.finish_features import needs_token_counts
+    from training.samples import with_token_counts
 
     metadata = load_artifact(path).metadata
+    needs_tokens = needs_token_counts(metadata.mlp_config.extra_features)
+    if needs_tokens and holdout and holdout[0].request_tokens is None:
+        if token_counter is None:
+            raise ValueError("the current model needs serving token counts and no token "
+                             "counter was given")
+        holdout, _ = with_token_counts(holdout, token_counter(conversations))
     if metadata.embedder_id != embedder.embedder_id:
         embedder = load_embedder(metadata.embedder_spec)
         cache = EmbeddingCache.open(config.cache_dir, embedder.embedder_id, embedder.dim,

@@ -10,8 +10,9 @@ Samples are made from `Conversation`s of any loader; which half of the data they
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 
@@ -30,6 +31,8 @@ class TurnSample:
     first); `turn_count` counts user turns so far, this one included (1 on the first turn).
     `reply` is the assistant's answer to this turn ("" when the data has none) and
     `context_chars` the characters of every message up to and including that reply.
+    `request_tokens` (prompt + output) and `output_tokens` are the request's size in the
+    serving engine's tokens, when a caller attached them (`with_token_counts`).
     """
 
     conversation_id: str
@@ -39,6 +42,8 @@ class TurnSample:
     window: tuple[str, ...]
     reply: str
     context_chars: int
+    request_tokens: int | None = None
+    output_tokens: int | None = None
 
     def predictor_window(self) -> ConversationWindow:
         return ConversationWindow(self.conversation_id, self.window, self.turn_count)
@@ -73,6 +78,33 @@ def conversation_samples(conversation: Conversation, window_size: int) -> list[T
             )
         )
     return samples
+
+
+# (conversation id, 0-based turn index) -> (request tokens, output tokens) in serving tokens
+TokenCounts = Mapping[tuple[str, int], tuple[int, int]]
+
+
+class TokenCounter(Protocol):
+    """Counts each user turn's request in the serving engine's tokens. Supplied by the caller
+    (the `lpc` commands pass the serving tokenizer and chat template); `name` identifies the
+    tokenizer and template and is recorded in the artifact."""
+
+    name: str
+
+    def __call__(self, conversations: Sequence[Conversation]) -> TokenCounts: ...
+
+
+def with_token_counts(samples: Sequence[TurnSample], counts: TokenCounts
+                      ) -> tuple[list[TurnSample], int]:
+    """The samples that have counts, with the counts attached, and how many had none (turns a
+    serving engine would never see, e.g. cut at its maximum model length)."""
+    kept: list[TurnSample] = []
+    for sample in samples:
+        count = counts.get((sample.conversation_id, sample.turn_count - 1))
+        if count is not None:
+            kept.append(replace(sample, request_tokens=int(count[0]),
+                                output_tokens=int(count[1])))
+    return kept, len(samples) - len(kept)
 
 
 def build_samples(conversations: Iterable[Conversation], window_size: int) -> list[TurnSample]:

@@ -67,7 +67,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lpc.cli import CommandError
-    from lpc.commands.train import cache_dir_from, setup_threads, train_config_from
+    from lpc.commands.train import (
+        cache_dir_from,
+        setup_threads,
+        token_counter_for,
+        train_config_from,
+    )
     from predictor.embedders import load_embedder
     from training.locations import default_registry_dir
     from training.retrain import RetrainConfig, run_retrain
@@ -96,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     setup_threads(args)
     log = ((lambda m: print(m, file=sys.stderr, flush=True)) if args.json
            else (lambda m: print(m, flush=True)))
-    outcome = run_retrain(config, lambda spec: load_embedder(spec, device=args.device), log)
+    outcome = run_retrain(config, lambda spec: load_embedder(spec, device=args.device), log,
+                          token_counter=token_counter_for(train_config, args))
     if args.json:
         print(json.dumps(outcome.to_dict(), indent=2))
     else:

@@ -91,8 +91,9 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
                       help="turn count scalar: log(1 + turns) (default) or raw")
     feat.add_argument("--finish-features", type=_names, default=(),
                       help="opt-in scalars known when a request finishes, comma-separated: "
+                      "log_request_tokens, log_output_tokens (serving tokens: Qwen ChatML), "
                       "log_context_chars, log_reply_chars, reply_asks, log_prompt_chars "
-                      "(default: none, the paper's inputs)")
+                      "(default: none, the paper's inputs; see docs/training.md)")
 
     fit = p.add_argument_group("training (defaults are the paper's recipe)")
     fit.add_argument("--hidden", type=_int_list, default=(128, 128, 128),
@@ -151,6 +152,17 @@ def train_config_from(args: argparse.Namespace):
     except (ValueError, FeatureConfigError) as error:
         raise CommandError(str(error)) from None
     return config, embed
+
+
+def token_counter_for(config, args: argparse.Namespace):
+    """The serving-token counter when the finish features need one, else None."""
+    from training.finish_features import needs_token_counts
+
+    if not needs_token_counts(config.finish_features):
+        return None
+    from lpc.learned_source import ServingTokenCounter
+
+    return ServingTokenCounter(progress=not args.no_progress)
 
 
 def setup_threads(args: argparse.Namespace) -> None:
@@ -250,7 +262,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     outcome = train_predictor(loaded.conversations, config, embedder, cache, embed,
-                              data_description=description, evaluate=not args.no_eval, log=log)
+                              data_description=description, evaluate=not args.no_eval, log=log,
+                              token_counter=token_counter_for(config, args))
     outcome.metrics["timings_s"]["load_s"] = round(load_s, 3)
     if args.out is not None:
         metadata = save_artifact(args.out, outcome.artifact.model, outcome.artifact.metadata,

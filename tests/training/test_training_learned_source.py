@@ -87,3 +87,43 @@ def test_a_wider_window_than_the_turns_carry_is_rebuilt(tmp_path, conversations,
     direct = predictor.predict_from_embeddings(
         cache.embeddings_for(windows, predictor.feature_config, QUIET, stats), range(1, 8))
     assert np.allclose(got, direct)
+
+
+def test_token_features_come_with_every_replayed_turn(tmp_path, conversations, embedder, cache):
+    from tests.training.test_training_pipeline import LengthCounter
+
+    config = TrainConfig(hidden_sizes=(16,), finish_features=("log_request_tokens",
+                                                              "log_output_tokens"),
+                         fit=FitConfig(max_epochs=1))
+    outcome = train_predictor(conversations[:100], config, embedder, cache, QUIET,
+                              log=lambda m: None, token_counter=LengthCounter())
+    save_artifact(tmp_path / "m", outcome.artifact.model, outcome.artifact.metadata)
+    predictor = Predictor.load(tmp_path / "m", embedder=embedder)
+    turn = scripted(conversations[0], 0)
+    turn.token_ids = list(range(50))
+    turn.num_prompt_tokens = 40
+    source = LearnedSource(predictor, cache, QUIET)  # no conversations needed
+    got = source.predict([turn])[0]
+    expected = predictor.predict_from_embeddings(
+        cache.embeddings_for([turn.user_prompts], predictor.feature_config, QUIET), [1],
+        np.log1p(np.array([[50.0, 10.0]], dtype=np.float32)))[0]
+    assert got == pytest.approx(expected)
+
+
+def test_serving_token_counts_are_the_replayed_request_sizes():
+    from lpc.chat_tokenizers import default_chat_tokenizer
+    from lpc.conversation_workload import scripted_turns
+    from lpc.learned_source import ServingTokenCounter
+    from lpc.token_cache import tokenize_conversations_cached
+    from tests.training.synthetic import synthetic_conversations
+
+    conversations = synthetic_conversations(6, seed=3)
+    counter = ServingTokenCounter(progress=False)
+    counts = counter(conversations)
+    tokenized = tokenize_conversations_cached(conversations, default_chat_tokenizer(),
+                                              progress=False)
+    for conversation, tokens in zip(conversations, tokenized.conversations, strict=True):
+        for turn in scripted_turns(conversation, tokens):
+            assert counts[(turn.conversation_id, turn.turn_index)] == (
+                len(turn.token_ids), turn.num_output_tokens)
+    assert "chatml" in counter.name

@@ -11,6 +11,7 @@ from training.data import split_samples
 from training.embedding_cache import EmbedOptions
 from training.fit import FitConfig
 from training.pipeline import TrainConfig, evaluate_artifact, sample_embeddings, train_predictor
+from training.samples import conversation_samples
 
 QUIET = EmbedOptions(progress=False)
 FAST = TrainConfig(hidden_sizes=(32, 32), fit=FitConfig(max_epochs=8, batch_size=64,
@@ -90,3 +91,30 @@ def test_config_validation_names_the_field():
         TrainConfig(finish_features=("reply_sentiment",))
     with pytest.raises(ValueError, match="validation_fraction"):
         TrainConfig(validation_fraction=1.0)
+
+
+class LengthCounter:
+    """A stand-in serving tokenizer: one token per character, requests grow turn by turn."""
+
+    name = "test-characters"
+
+    def __call__(self, conversations):
+        counts = {}
+        for c in conversations:
+            for s in conversation_samples(c, 1):
+                counts[(c.conversation_id, s.turn_count - 1)] = (s.context_chars, len(s.reply))
+        return counts
+
+
+def test_token_features_need_a_counter_and_record_it(trained, conversations):
+    _, embedder, cache = trained
+    config = TrainConfig(hidden_sizes=(16,), finish_features=("log_request_tokens",),
+                         fit=FitConfig(max_epochs=1))
+    with pytest.raises(ValueError, match="pass a token counter"):
+        train_predictor(conversations[:200], config, embedder, cache, QUIET, log=lambda m: None)
+    outcome = train_predictor(conversations[:200], config, embedder, cache, QUIET,
+                              log=lambda m: None, token_counter=LengthCounter())
+    notes = outcome.artifact.metadata.notes
+    assert notes["serving_tokenizer"] == "test-characters"
+    assert notes["samples_without_token_counts"] == 0
+    assert all(s.request_tokens == s.context_chars for s in outcome.split.evaluation)

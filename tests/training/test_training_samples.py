@@ -73,3 +73,13 @@ def test_fingerprint_changes_with_labels_and_text(conversations):
     assert base == samples_fingerprint(build_samples(conversations[:20], 5))
     assert base != samples_fingerprint(build_samples(conversations[:19], 5))
     assert base != samples_fingerprint(build_samples(conversations[1:21], 5))
+
+
+def test_token_counts_are_attached_and_turns_without_them_left_out():
+    from training.samples import with_token_counts
+
+    samples = conversation_samples(chat("a", "u1", "r1", "u2", "r2", "u3"), 5)
+    kept, without = with_token_counts(samples, {("a", 0): (10, 4), ("a", 1): (30, 6)})
+    assert [(s.request_tokens, s.output_tokens) for s in kept] == [(10, 4), (30, 6)]
+    assert without == 1
+    assert samples[0].request_tokens is None  # the originals are untouched
