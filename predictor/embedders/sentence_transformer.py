@@ -64,9 +64,13 @@ class SentenceTransformerEmbedder:
         device: str | None = None,
         prefix: str | None = None,
         max_seq_length: int | None = None,
+        max_batch_tokens: int = 4096,
     ) -> None:
         from sentence_transformers import SentenceTransformer
 
+        if max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
+        self.max_batch_tokens = max_batch_tokens
         name = str(model_id_or_path)
         self.model = SentenceTransformer(name, device=device)
         self.model.eval()
@@ -89,15 +93,39 @@ class SentenceTransformerEmbedder:
         return str(self.model.device)
 
     def embed(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        """Texts are grouped by length into forward passes of at most `batch_size` texts and
+        `max_batch_tokens` padded tokens: activation memory (and so the server's peak RSS)
+        stays bounded when many long windows arrive together."""
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if len(texts) == 0:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        vectors = self.model.encode(
-            list(texts),
-            prompt=self.prefix or None,
-            batch_size=batch_size,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
-        return np.asarray(vectors, dtype=np.float32)
+            return out
+        lengths = [min(n, self.max_input_tokens)
+                   for n in self._tokenizer.count_input_tokens(list(texts))]
+        for group in length_groups(lengths, batch_size, self.max_batch_tokens):
+            vectors = self.model.encode(
+                [texts[i] for i in group],
+                prompt=self.prefix or None,
+                batch_size=len(group),
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+            out[group] = np.asarray(vectors, dtype=np.float32)
+        return out
+
+
+def length_groups(lengths: Sequence[int], max_texts: int, max_tokens: int) -> list[list[int]]:
+    """Indices grouped longest first into batches of <= max_texts texts whose padded size
+    (texts × longest) stays <= max_tokens (a single text may exceed it alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for index in order:
+        if groups:
+            group = groups[-1]
+            longest = lengths[group[0]]
+            if len(group) < max_texts and (len(group) + 1) * longest <= max_tokens:
+                group.append(index)
+                continue
+        groups.append([index])
+    return groups
