@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from eviction.base import FreedBlocks, Release
 from eviction.priority import PriorityEvictor
+from eviction.run_heap import Run
 
 
 class FutureUses:
@@ -48,39 +49,46 @@ class FutureUses:
 
 
 class BeladyEvictor(PriorityEvictor):
+    """Blocks keyed by −(next use); a chain released together usually shares its next use
+    (the conversation's next turn), so it forms one run."""
+
     name: ClassVar[str] = "belady"
 
     def __init__(self, num_blocks: int, future: FutureUses) -> None:
         self._future = future
-        self._hash: list[bytes | None] = [None] * num_blocks
-        self._depth = [0] * num_blocks
-        self._due: list[tuple[float, int, int]] = []  # (next use, live seq, block id)
+        self._hash_of: list[bytes | None] = [None] * num_blocks
+        self._due: list[tuple[float, int, Run]] = []  # (next use, run seq, run)
         super().__init__(num_blocks)
 
-    def _forget(self, block_id: int) -> None:
-        self._hash[block_id] = None
-
-    def _schedule(self, block_id: int, now_s: float) -> None:
-        next_use = self._future.next_use(self._hash[block_id], now_s)
-        self._push(block_id, -next_use, self._depth[block_id])
-        if next_use != math.inf:
-            heapq.heappush(self._due, (next_use, self._live_seq[block_id], block_id))
+    def _queue(self, block_ids: Sequence[int], depths: Sequence[int], now_s: float) -> None:
+        next_use = self._future.next_use
+        hash_of = self._hash_of
+        uses = [next_use(hash_of[b], now_s) for b in block_ids]
+        runs = self._push_grouped(block_ids, depths, [-u for u in uses], [None] * len(uses))
+        for run in runs:
+            if run.key != -math.inf:
+                heapq.heappush(self._due, (-run.key, run.seq, run))
 
     def push_cached(self, freed: FreedBlocks, release: Release) -> None:
-        for block_id, depth, block_hash in zip(
-            freed.block_ids, freed.depths, freed.hashes, strict=True
-        ):
-            self._hash[block_id] = block_hash
-            self._depth[block_id] = depth
-            self._schedule(block_id, release.time_s)
+        hash_of = self._hash_of
+        for block_id, block_hash in zip(freed.block_ids, freed.hashes, strict=True):
+            hash_of[block_id] = block_hash
+        self._queue(freed.block_ids, freed.depths, release.time_s)
 
     def _refresh(self, now_s: float) -> None:
         """Re-date blocks whose predicted use passed without a hit."""
-        due, live = self._due, self._live_seq
+        due, state = self._due, self._state
         while due and due[0][0] < now_s:
-            _, seq, block_id = heapq.heappop(due)
-            if live[block_id] == seq:
-                self._schedule(block_id, now_s)
+            _, _, run = heapq.heappop(due)
+            stale_ids, stale_depths = [], []
+            for j in range(run.cursor, len(run.block_ids)):
+                block_id = run.block_ids[j]
+                if state[block_id] is run:
+                    self._dequeue(block_id)
+                    stale_ids.append(block_id)
+                    stale_depths.append(run.depths[j])
+            if stale_ids:
+                self._queue(stale_ids, stale_depths, now_s)
 
     def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
         if n > len(self._uncached):

@@ -1,6 +1,8 @@
 """LFU: evict the block released the fewest times since it was cached; ties go to LRU.
 
-A classic baseline: frequency survives the user's think time, recency does not.
+A classic baseline: frequency survives the user's think time, recency does not. A block's key
+is (releases since its content was cached, last release time); its last run remembers the
+count across hits.
 """
 
 from __future__ import annotations
@@ -14,23 +16,19 @@ from eviction.priority import PriorityEvictor
 class LFUEvictor(PriorityEvictor):
     name: ClassVar[str] = "lfu"
 
-    def __init__(self, num_blocks: int) -> None:
-        self._uses = [0] * num_blocks
-        super().__init__(num_blocks)
-
-    def _forget(self, block_id: int) -> None:
-        self._uses[block_id] = 0
-
-    def _count(self, freed: FreedBlocks) -> None:
-        uses = self._uses
-        for block_id in freed.block_ids:
-            uses[block_id] += 1
+    def _counted(self, freed: FreedBlocks, release: Release) -> list[tuple[int, float]]:
+        run_of = self._state
+        return [
+            (1 if run_of[b] is None else run_of[b].key[0] + 1, release.time_s)
+            for b in freed.block_ids
+        ]
 
     def push_cached(self, freed: FreedBlocks, release: Release) -> None:
-        self._count(freed)
-        uses = self._uses
-        for block_id, depth in zip(freed.block_ids, freed.depths, strict=True):
-            self._push(block_id, (uses[block_id], release.time_s), depth)
+        keys = self._counted(freed, release)
+        self._push_grouped(freed.block_ids, freed.depths, keys, [None] * len(keys))
 
     def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
-        self._count(freed)
+        for key, block_id, depth in zip(
+            self._counted(freed, release), freed.block_ids, freed.depths, strict=True
+        ):
+            self._remember(key, None, [block_id], [depth])

@@ -120,7 +120,8 @@ class BlockList:
         self._size -= 1
         return first
 
-    def popleft_n(self, n: int) -> list[int]:
+    def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
+        """Pop the first n blocks (`now_s` is accepted for the evictor interface, unused)."""
         if n > self._size:
             raise IndexError(f"cannot pop {n} blocks from a list of {self._size}")
         nxt, prv = self._next, self._prev

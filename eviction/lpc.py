@@ -14,11 +14,14 @@ since that conversation's newest prediction supersedes its older one.
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections.abc import Sequence
 from typing import ClassVar
 
 from eviction.base import FreedBlocks, Release, check_probability
 from eviction.priority import PriorityEvictor
+from eviction.run_heap import Run
 
 DEFAULT_SCALE_PER_S = 1e-2
 DEFAULT_FALLBACK_PROBABILITY = 0.5
@@ -35,6 +38,9 @@ def decayed_probability(probability: float, elapsed_s: float, scale_per_s: float
     """The paper's p·d / (p·d + 1 − p) with d = exp(−scale·elapsed)."""
     d = math.exp(-scale_per_s * elapsed_s)
     return probability * d / (probability * d + 1.0 - probability)
+
+
+SHARED = "<shared>"  # run tag of blocks released by more than one conversation
 
 
 class LPCEvictor(PriorityEvictor):
@@ -57,16 +63,8 @@ class LPCEvictor(PriorityEvictor):
         self.scale_per_s = scale_per_s
         self.fallback_probability = fallback_probability
         self.probability_floor = probability_floor
-        self._pooled_key: list[float | None] = [None] * num_blocks
-        self._owner: list[str | None] = [None] * num_blocks
-        self._shared = [False] * num_blocks
         self.fallbacks_used = 0
         super().__init__(num_blocks)
-
-    def _forget(self, block_id: int) -> None:
-        self._pooled_key[block_id] = None
-        self._owner[block_id] = None
-        self._shared[block_id] = False
 
     def key_for(self, release: Release) -> float:
         """The static key a release gives its blocks (fallback p when none was predicted)."""
@@ -76,32 +74,56 @@ class LPCEvictor(PriorityEvictor):
             p = self.fallback_probability
         return static_key(p, release.time_s, self.scale_per_s, self.probability_floor)
 
-    def _pool(self, block_id: int, key: float, conversation_id: str | None) -> float:
-        old = self._pooled_key[block_id]
-        if old is None:
-            self._owner[block_id] = conversation_id
-        elif (
-            self._shared[block_id]
-            or conversation_id is None
-            or self._owner[block_id] != conversation_id
-        ):
-            self._shared[block_id] = True
-            key = max(old, key)
-        self._pooled_key[block_id] = key
-        return key
+    def _pooled(
+        self, block_ids: Sequence[int], key: float, conversation_id: str | None
+    ) -> tuple[list[float], list[str | None]]:
+        """Per-block (key, tag) after this release: max pooling across conversations."""
+        state = self._state
+        keys: list[float] = []
+        tags: list[str | None] = []
+        for block_id in block_ids:
+            old = state[block_id]
+            if old is None or (conversation_id is not None and old.tag == conversation_id):
+                keys.append(key)
+                tags.append(conversation_id)
+            else:
+                keys.append(old.key if old.key > key else key)
+                tags.append(SHARED)
+        return keys, tags
 
     def push_cached(self, freed: FreedBlocks, release: Release) -> None:
+        block_ids = freed.block_ids
+        if not block_ids:
+            return
         key = self.key_for(release)
         conversation_id = release.conversation_id
-        pool, push = self._pool, self._push
-        for block_id, depth in zip(freed.block_ids, freed.depths, strict=True):
-            push(block_id, pool(block_id, key, conversation_id), depth)
+        state = self._state
+        run = Run(key, conversation_id, block_ids, freed.depths, self._next_seq)
+        # Fast path, one pass: blocks cached for the first time, or released again by their
+        # only conversation, all take this release's key and form a single run.
+        for block_id in block_ids:
+            old = state[block_id]
+            if old is not None and (conversation_id is None or old.tag != conversation_id):
+                break
+            state[block_id] = run
+        else:
+            self._next_seq += 1
+            self._queued += len(block_ids)
+            heapq.heappush(self._heap, (key, -freed.depths[0], run.seq, run))
+            return
+        # Some block is shared. The blocks claimed so far were new or this conversation's
+        # own, which pooling treats alike: forget the claim and pool block by block.
+        for claimed in block_ids[: block_ids.index(block_id)]:
+            state[claimed] = None
+        keys, tags = self._pooled(block_ids, key, conversation_id)
+        self._push_grouped(block_ids, freed.depths, keys, tags)
 
     def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
-        key = self.key_for(release)
-        for block_id in freed.block_ids:
-            self._pool(block_id, key, release.conversation_id)
+        keys, tags = self._pooled(freed.block_ids, self.key_for(release), release.conversation_id)
+        for i, block_id in enumerate(freed.block_ids):
+            self._remember(keys[i], tags[i], [block_id], [freed.depths[i]])
 
     def pooled_key(self, block_id: int) -> float | None:
         """The block's current static key (None when it holds no pooled metadata)."""
-        return self._pooled_key[block_id]
+        metadata = self._state[block_id]
+        return None if metadata is None else metadata.key

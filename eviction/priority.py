@@ -1,109 +1,72 @@
 """Shared machinery for policies that order cached blocks by a priority key.
 
-Uncached blocks live in a linked list in front of everything (reused first, like vLLM); cached
-blocks live in a binary heap of (priority, -depth, sequence number, block id) entries, so ties
-in priority evict the deeper block first (a child is useless without its parent), then the one
-inserted earlier. Removal is lazy: an entry is valid only while its sequence number is the
-block's live one, and the heap is rebuilt when stale entries outnumber live ones, which keeps
-every operation O(log n) amortised.
+Uncached blocks live in a linked list in front of everything (reused first, in vLLM's order);
+cached blocks live in the `RunHeap` this class extends, keyed by the policy's priority, ties
+going to the deeper block, then to the older release. A block's last run (or its ghost) is
+its metadata (key and tag) while it is in use, so a policy can pool across releases.
+Subclasses implement
+`push_cached`.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from eviction.base import Evictor
 from eviction.linked_list import BlockList
+from eviction.run_heap import Ghost, Run, RunHeap
 
-_NOT_IN_HEAP = -1
 
-
-class PriorityEvictor(Evictor):
-    """Base class: subclasses compute priorities and call `_push` for cached blocks."""
+class PriorityEvictor(RunHeap, Evictor):
+    """A run heap of cached blocks behind a list of uncached ones."""
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
         self._num_blocks = num_blocks
         self._uncached = BlockList(num_blocks)
-        self._heap: list[tuple[Any, int, int, int]] = []
-        self._live_seq = [_NOT_IN_HEAP] * num_blocks
-        self._next_seq = 0
-        self._num_cached = 0
+        RunHeap.__init__(self, num_blocks)
 
-    # -- hooks --------------------------------------------------------------------------
-    def _forget(self, block_id: int) -> None:
-        """The block was handed out and lost its content: drop per-block metadata."""
-
-    # -- interface ----------------------------------------------------------------------
     def reset(self, block_ids: Iterable[int]) -> None:
         self._uncached.clear_to(block_ids)
-        self._heap.clear()
-        self._live_seq = [_NOT_IN_HEAP] * self._num_blocks
-        self._num_cached = 0
-        for block_id in range(self._num_blocks):
-            self._forget(block_id)
+        self._clear_heap()
 
     def push_uncached(self, block_ids: Sequence[int]) -> None:
         self._uncached.prepend_n(block_ids)
 
-    def _push(self, block_id: int, priority: Any, depth: int) -> None:
-        seq = self._next_seq
-        self._next_seq = seq + 1
-        if self._live_seq[block_id] == _NOT_IN_HEAP:
-            self._num_cached += 1
-        self._live_seq[block_id] = seq
-        heapq.heappush(self._heap, (priority, -depth, seq, block_id))
-
     def remove(self, block_id: int) -> None:
-        if self._live_seq[block_id] != _NOT_IN_HEAP:
-            self._live_seq[block_id] = _NOT_IN_HEAP
-            self._num_cached -= 1
-            if len(self._heap) > 2 * self._num_cached + 1024:
-                self._compact()
-        else:
+        # The hot path of every hit: kept to a few stores (see RunHeap._dequeue).
+        state = self._state
+        run = state[block_id]
+        if type(run) is not Run:
             self._uncached.remove(block_id)
-
-    def _compact(self) -> None:
-        live = self._live_seq
-        self._heap = [entry for entry in self._heap if live[entry[3]] == entry[2]]
-        heapq.heapify(self._heap)
-
-    def _pop_cached(self, now_s: float) -> int:
-        heap, live = self._heap, self._live_seq
-        while True:
-            entry = heapq.heappop(heap)
-            block_id = entry[3]
-            if live[block_id] == entry[2]:
-                live[block_id] = _NOT_IN_HEAP
-                self._num_cached -= 1
-                self._forget(block_id)
-                return block_id
+            return
+        ghost = run.ghost
+        if ghost is None:
+            ghost = run.ghost = Ghost(run.key, run.tag)
+        state[block_id] = ghost
+        run.holes += 1
+        self._queued -= 1
 
     def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
         if n > len(self):
             raise IndexError(f"cannot pop {n} blocks: only {len(self)} are free")
-        from_uncached = min(n, len(self._uncached))
-        out = self._uncached.popleft_n(from_uncached)
-        for _ in range(n - from_uncached):
-            out.append(self._pop_cached(now_s))
+        uncached = self._uncached
+        from_uncached = min(n, len(uncached))
+        out = uncached.pop_n(from_uncached) if from_uncached else []
+        if from_uncached < n:
+            if len(self._heap) > 2 * self._queued + 1024:
+                self._rebuild()  # hits left more dead runs than live blocks
+            self._pop_into(n - from_uncached, out)
         return out
 
     def __len__(self) -> int:
-        return len(self._uncached) + self._num_cached
+        return len(self._uncached) + self._queued
 
     def __contains__(self, block_id: object) -> bool:
-        if block_id in self._uncached:
-            return True
-        return (
-            isinstance(block_id, int)
-            and 0 <= block_id < self._num_blocks
-            and self._live_seq[block_id] != _NOT_IN_HEAP
-        )
+        if not isinstance(block_id, int) or not 0 <= block_id < self._num_blocks:
+            return False
+        return self._is_queued(block_id) or block_id in self._uncached
 
     def free_block_ids(self) -> list[int]:
-        live = self._live_seq
-        cached = sorted(entry for entry in self._heap if live[entry[3]] == entry[2])
-        return list(self._uncached) + [entry[3] for entry in cached]
+        return [*self._uncached, *self._ordered()]

@@ -133,7 +133,9 @@ class PrefixCacheBlockManager:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         if max_model_len is not None and (
-            isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len <= 0
+            isinstance(max_model_len, bool)
+            or not isinstance(max_model_len, int)
+            or max_model_len <= 0
         ):
             raise ValueError(f"max_model_len must be a positive int or None, got {max_model_len!r}")
         self.num_blocks = num_blocks
@@ -241,10 +243,11 @@ class PrefixCacheBlockManager:
                 f"request {rid!r} has {num_tokens} tokens, more than max_model_len "
                 f"{self.max_model_len}"
             )
-        if prefix is None or prefix.state_version != self._version or prefix.request_id != rid:
-            prefix = self.find_computed_prefix(
-                request, prefix.block_hashes if prefix is not None and prefix.request_id == rid else None
-            )
+        if prefix is None or prefix.request_id != rid:
+            prefix = self.find_computed_prefix(request)
+        elif prefix.state_version != self._version:
+            # The pool changed since the lookup: look up again (the hashes are still valid).
+            prefix = self.find_computed_prefix(request, prefix.block_hashes)
         computed = prefix.block_ids
         ref = self._ref_count
         num_required = -(-num_tokens // self.block_size)

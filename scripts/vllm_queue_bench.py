@@ -1,7 +1,8 @@
-"""Replay the evictor benchmark's operation plan against vLLM's FreeKVCacheBlockQueue.
+"""Replay recorded free-queue calls against vLLM's FreeKVCacheBlockQueue and time them.
 
 Runs inside the vLLM virtual environment (see scripts/setup_vllm_venv.sh); `lpc bench evictor`
-calls it and reads the last line of its output, a JSON object.
+writes the calls its lru evictor received to a JSON file, calls this script on it, and reads
+the last line of its output, a JSON object with the net ns per block operation.
 """
 
 from __future__ import annotations
@@ -13,48 +14,41 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lpc.benchmarks.evictor_ops import best_of, make_plan, replay  # noqa: E402
-
-
-class VllmQueueAdapter:
-    """Drives vLLM's queue the way BlockPool does: popleft_n, append_n, remove."""
-
-    def __init__(self) -> None:
-        from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
-
-        self._queue_cls = FreeKVCacheBlockQueue
-        self._block_cls = KVCacheBlock
-
-    def warm(self, num_blocks: int) -> None:
-        self.blocks = [self._block_cls(i) for i in range(num_blocks)]
-        self.queue = self._queue_cls(self.blocks)
-        everything = self.queue.popleft_n(num_blocks)
-        self.queue.append_n(everything)
-
-    def pop_n(self, n: int) -> list[int]:
-        return [b.block_id for b in self.queue.popleft_n(n)]
-
-    def push(self, block_ids: list[int], time_s: float, probability: float) -> None:
-        blocks = self.blocks
-        self.queue.append_n([blocks[i] for i in block_ids])
-
-    def remove(self, block_id: int) -> None:
-        self.queue.remove(self.blocks[block_id])
-
-    def is_free(self, block_id: int) -> bool:
-        return self.blocks[block_id].prev_free_block is not None
+from lpc.benchmarks.evictor_ops import (
+    PUSH,
+    best_of,
+    count_block_ops,
+    dispatch_seconds,
+    time_calls,
+)
 
 
 def main() -> None:
+    from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--ops", type=int, default=1_000_000)
-    parser.add_argument("--blocks", type=int, default=20_000)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("calls", type=Path, help="JSON file written by lpc bench evictor")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    plan = make_plan(args.ops, args.blocks, args.seed)
-    seconds, done = best_of(args.runs, lambda: replay(plan, VllmQueueAdapter()))
-    print(json.dumps({"ns_per_op_gross": seconds * 1e9 / done, "block_ops": done}))
+    spec = json.loads(args.calls.read_text())
+    num_blocks = spec["num_blocks"]
+    blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+    # BlockPool hands the queue block objects: prepare them outside the timed loop.
+    calls = [
+        (k, blocks[a] if k == 1 else a, ([blocks[i] for i in a],) if k == PUSH else None)
+        for k, a in spec["calls"]
+    ]
+
+    def once() -> float:
+        for block in blocks:
+            block.prev_free_block = block.next_free_block = None
+        queue = FreeKVCacheBlockQueue(blocks)
+        return time_calls(calls, queue.popleft_n, queue.remove, queue.append_n)
+
+    seconds = best_of(args.runs, once)
+    loop = best_of(args.runs, lambda: dispatch_seconds(calls))
+    ops = count_block_ops([(k, a if k != 1 else 0, None) for k, a in spec["calls"]])
+    print(json.dumps({"ns_per_op": max(seconds - loop, 0.0) * 1e9 / ops, "block_ops": ops}))
 
 
 if __name__ == "__main__":

@@ -1,75 +1,88 @@
 """Nanoseconds per free-queue operation: our lru and lpc evictors vs vLLM's queue.
 
-vLLM's `FreeKVCacheBlockQueue` runs in vLLM's own virtual environment (its dependency pins
-clash with ours), through `scripts/vllm_queue_bench.py`, on the same seeded plan.
+Each policy is first driven through a seeded multi-turn chat plan to record the exact calls
+it receives; then fresh instances replay those calls in a tight loop, and the loop's own
+dispatch cost is subtracted. vLLM's `FreeKVCacheBlockQueue` replays the calls recorded for our
+lru (identical by construction: our lru reproduces vLLM's queue block for block) inside vLLM's
+own virtual environment (its pins clash with ours), through `scripts/vllm_queue_bench.py`.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from eviction import FreedBlocks, LPCEvictor, LRUEvictor, Release
-from lpc.benchmarks.evictor_ops import NullAdapter, OpPlan, best_of, make_plan, replay
+from eviction import Evictor, FreedBlocks, LPCEvictor, LRUEvictor, Release
+from lpc.benchmarks.evictor_ops import (
+    PUSH,
+    Call,
+    best_of,
+    count_block_ops,
+    dispatch_seconds,
+    make_plan,
+    record,
+    time_calls,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VLLM_BENCH_SCRIPT = REPO_ROOT / "scripts" / "vllm_queue_bench.py"
-
-
-class EvictorAdapter:
-    """Drives one of our evictors the way the block manager does."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def warm(self, num_blocks: int) -> None:
-        self.evictor = LRUEvictor(num_blocks) if self.name == "lru" else LPCEvictor(num_blocks)
-        self.evictor.reset(range(num_blocks))
-        # Start from a pool of cached blocks, where eviction order matters.
-        everything = self.evictor.pop_n(num_blocks)
-        self.push(everything, 0.0, 0.5)
-
-    def pop_n(self, n: int) -> list[int]:
-        return self.evictor.pop_n(n)
-
-    def push(self, block_ids: list[int], time_s: float, probability: float) -> None:
-        depths = list(range(len(block_ids) - 1, -1, -1))
-        self.evictor.push_cached(
-            FreedBlocks(block_ids, depths, [None] * len(block_ids)),
-            Release(time_s, probability, None),
-        )
-
-    def remove(self, block_id: int) -> None:
-        self.evictor.remove(block_id)
-
-    def is_free(self, block_id: int) -> bool:
-        return block_id in self.evictor
+POLICIES = {"lru": LRUEvictor, "lpc": LPCEvictor}
 
 
 @dataclass
 class EvictorBenchResult:
-    block_ops: int
+    block_ops: dict[str, int]
     runs: int
     ns_per_op: dict[str, float]
     ratios: dict[str, float]
     vllm_status: str
 
 
-def run_vllm_queue(plan_ops: int, num_blocks: int, seed: int, runs: int, python: Path) -> float:
-    """ns/op of vLLM's FreeKVCacheBlockQueue on the same plan (driver cost included)."""
-    out = subprocess.run(
-        [str(python), str(VLLM_BENCH_SCRIPT), "--ops", str(plan_ops), "--blocks",
-         str(num_blocks), "--seed", str(seed), "--runs", str(runs)],
-        check=True, capture_output=True, text=True,
-    )
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["ns_per_op_gross"])
+def _fresh(name: str, num_blocks: int) -> Evictor:
+    evictor = POLICIES[name](num_blocks)
+    evictor.reset(range(num_blocks))
+    return evictor
 
 
-def measure(plan: OpPlan, adapter, runs: int) -> float:
-    seconds, done = best_of(runs, lambda: replay(plan, adapter))
-    return seconds * 1e9 / done
+def _push_args(block_ids: list[int], meta: tuple) -> tuple[FreedBlocks, Release]:
+    n = len(block_ids)
+    return FreedBlocks(block_ids, range(n - 1, -1, -1), [None] * n), Release(*meta)
+
+
+def record_policy(name: str, plan) -> list[Call]:
+    """The calls `name` receives on the plan, with PUSH arguments prepared for our evictors."""
+    evictor = _fresh(name, plan.num_blocks)
+    calls = record(plan, evictor, lambda ids, meta: evictor.push_cached(*_push_args(ids, meta)))
+    return [(k, a, _push_args(a, b) if k == PUSH else b) for k, a, b in calls]  # type: ignore[arg-type]
+
+
+def time_policy(name: str, calls: list[Call], num_blocks: int) -> float:
+    def once() -> float:
+        evictor = _fresh(name, num_blocks)
+        return time_calls(calls, evictor.pop_n, evictor.remove, evictor.push_cached)
+
+    return once()
+
+
+def run_vllm_queue(calls: list[Call], num_blocks: int, runs: int, python: Path) -> float:
+    """Net ns/op of vLLM's FreeKVCacheBlockQueue replaying our lru's calls."""
+    plain = [[k, a if k != PUSH else list(a)] for k, a, _ in calls]
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump({"num_blocks": num_blocks, "calls": plain}, handle)
+        path = handle.name
+    try:
+        out = subprocess.run(
+            [str(python), str(VLLM_BENCH_SCRIPT), path, "--runs", str(runs)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        Path(path).unlink(missing_ok=True)
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["ns_per_op"])
 
 
 def run(
@@ -80,18 +93,24 @@ def run(
     vllm_python: Path | None = None,
 ) -> EvictorBenchResult:
     plan = make_plan(block_ops, num_blocks, seed)
-    driver = measure(plan, NullAdapter(), runs)
-    gross = {name: measure(plan, EvictorAdapter(name), runs) for name in ("lru", "lpc")}
+    ns: dict[str, float] = {}
+    ops: dict[str, int] = {}
+    recorded: dict[str, list[Call]] = {}
+    for name in POLICIES:
+        calls = recorded[name] = record_policy(name, plan)
+        ops[name] = count_block_ops(calls)
+        seconds = best_of(runs, lambda c=calls, n=name: time_policy(n, c, num_blocks))
+        loop = best_of(runs, lambda c=calls: dispatch_seconds(c))
+        ns[name] = max(seconds - loop, 0.0) * 1e9 / ops[name]
     status = "not measured: no vLLM venv (run scripts/setup_vllm_venv.sh)"
     if vllm_python is not None and vllm_python.exists():
-        gross["vllm_free_queue"] = run_vllm_queue(block_ops, num_blocks, seed, runs, vllm_python)
+        ns["vllm_free_queue"] = run_vllm_queue(recorded["lru"], num_blocks, runs, vllm_python)
+        ops["vllm_free_queue"] = ops["lru"]
         status = f"measured with {vllm_python}"
-    net = {name: max(value - driver, 0.0) for name, value in gross.items()}
-    net["driver_loop_only"] = driver
-    ratios = {"lpc_over_lru": net["lpc"] / net["lru"]}
-    if "vllm_free_queue" in net:
-        ratios["lru_over_vllm"] = net["lru"] / net["vllm_free_queue"]
-    return EvictorBenchResult(plan.num_block_ops, runs, net, ratios, status)
+    ratios = {"lpc_over_lru": ns["lpc"] / ns["lru"]}
+    if "vllm_free_queue" in ns:
+        ratios["lru_over_vllm"] = ns["lru"] / ns["vllm_free_queue"]
+    return EvictorBenchResult(ops, runs, ns, ratios, status)
 
 
 def to_json(result: EvictorBenchResult) -> str:

@@ -1,11 +1,15 @@
-"""A seeded stream of mixed free-queue operations, replayable against any evictor.
+"""A seeded multi-turn chat workload at the level of free-queue operations.
 
-Pure Python with no dependency beyond the standard library, so the same stream can be
-replayed inside vLLM's own environment against its `FreeKVCacheBlockQueue`.
+Pure Python with no dependency beyond the standard library, so the same plan can be replayed
+inside vLLM's own environment against its `FreeKVCacheBlockQueue`.
 
-The stream is a plan of counts (how many blocks to allocate, free, or touch), so it is the
-same for every policy: which blocks are popped depends on the policy, but how many are free
-never does. Operations are counted per block: popping 8 blocks is 8 operations.
+The plan is a sequence of conversation events, the way a block manager drives its free queue:
+a turn starts (the conversation's cached chain is hit block by block from the root until the
+first block the policy already evicted — each hit removes a block from the queue — then new
+blocks are popped), and a turn ends (the whole chain is released, deepest block first, with
+the conversation's id and a continuation probability). Which blocks are popped, and so how
+many hits later turns get, depends on the policy; each policy's operations are counted and
+timed on its own replay. Operations are counted per block: popping 8 blocks is 8 operations.
 """
 
 from __future__ import annotations
@@ -16,105 +20,155 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-ALLOCATE, FREE, TOUCH = 0, 1, 2
+START_TURN, END_TURN = 0, 1
 
 
 @dataclass(frozen=True)
 class OpPlan:
     num_blocks: int
-    steps: list[tuple[int, int, float]]  # (kind, count, probability)
-    num_block_ops: int
+    steps: list[tuple[int, int, int, float]]  # (kind, conversation slot, new blocks, p)
+    approx_block_ops: int
 
 
-class QueueAdapter(Protocol):
-    def warm(self, num_blocks: int) -> None: ...
+POP, REMOVE, PUSH = 0, 1, 2
+# A recorded call: (POP, n, None) | (REMOVE, block id, None) | (PUSH, block ids, (t, p, conv))
+Call = tuple[int, object, object]
+
+
+class Queue(Protocol):
+    """The three free-queue calls a block manager makes, by block id."""
+
     def pop_n(self, n: int) -> list[int]: ...
-    def push(self, block_ids: list[int], time_s: float, probability: float) -> None: ...
     def remove(self, block_id: int) -> None: ...
-    def is_free(self, block_id: int) -> bool: ...
 
 
-def make_plan(num_block_ops: int, num_blocks: int = 20_000, seed: int = 0) -> OpPlan:
-    """Allocations and frees of 1–16 blocks and single-block touches, ~40/40/20 by count."""
+def make_plan(
+    num_block_ops: int,
+    num_blocks: int = 20_000,
+    seed: int = 0,
+    max_active: int = 64,
+    max_new_blocks: int = 64,
+) -> OpPlan:
+    """Conversations of a few turns, each turn adding 1..max_new_blocks blocks to its chain."""
     rng = random.Random(seed)
-    free = num_blocks
-    steps: list[tuple[int, int, float]] = []
+    steps: list[tuple[int, int, int, float]] = []
+    in_flight: dict[int, int] = {}  # slot -> blocks its chain will hold
+    idle: dict[int, int] = {}
+    turns_left: dict[int, int] = {}
+    next_slot = 0
     ops = 0
     while ops < num_block_ops:
-        r = rng.random()
-        if r < 0.2 and free > 0:
-            steps.append((TOUCH, rng.randrange(16), 0.0))
-            free -= 1
-            ops += 1
+        if in_flight and (rng.random() < 0.5 or len(in_flight) >= max_active):
+            slot = rng.choice(list(in_flight))
+            chain = in_flight.pop(slot)
+            steps.append((END_TURN, slot, 0, rng.random()))
+            ops += chain
+            turns_left[slot] -= 1
+            if turns_left[slot] > 0:
+                idle[slot] = chain
+            else:
+                del turns_left[slot]
             continue
-        k = rng.randint(1, 16)
-        held = num_blocks - free
-        if (r < 0.6 and k <= free and free > num_blocks // 4) or k > held:
-            steps.append((ALLOCATE, k, 0.0))
-            free -= k
+        if idle and rng.random() < 0.7:
+            slot = rng.choice(list(idle))
+            chain = idle.pop(slot)
         else:
-            steps.append((FREE, k, rng.random()))
-            free += k
-        ops += k
+            slot, chain = next_slot, 0
+            next_slot += 1
+            turns_left[slot] = rng.randint(1, 8)
+        new = rng.randint(1, max_new_blocks)
+        if chain + new > num_blocks // (2 * max_active):
+            new = 1
+        steps.append((START_TURN, slot, new, 0.0))
+        in_flight[slot] = chain + new
+        ops += chain + new  # hits (removals) plus pops, at most
     return OpPlan(num_blocks, steps, ops)
 
 
-def replay(plan: OpPlan, adapter: QueueAdapter) -> tuple[float, int]:
-    """Run the plan; returns (seconds, block operations actually performed)."""
-    adapter.warm(plan.num_blocks)
-    held: list[int] = []
-    last_freed: list[int] = []
+def record(plan: OpPlan, queue: Queue, push: Callable[[list[int], tuple], None]) -> list[Call]:
+    """Drive `queue` through the plan and return the exact calls made, in order.
+
+    Like a block manager, the driver decides from its own book-keeping (reference counts and
+    whether a block was handed out again since) which chain blocks are still cached; the queue
+    is only asked to remove, pop and append. The calls depend on the policy (which blocks it
+    pops), so each policy is recorded on its own and then timed replaying its own calls.
+    """
+    num_blocks = plan.num_blocks
+    content = [0] * num_blocks  # bumped each time a block is handed out again
+    in_use = [False] * num_blocks
+    chains: dict[int, list[tuple[int, int]]] = {}
+    calls: list[Call] = []
     now = 0.0
-    done = 0
-    pop_n, push, remove, is_free = adapter.pop_n, adapter.push, adapter.remove, adapter.is_free
+    free = num_blocks
+    for kind, slot, new, p in plan.steps:
+        if kind == START_TURN:
+            hits: list[tuple[int, int]] = []
+            for block, version in chains.get(slot, ()):
+                if in_use[block] or content[block] != version:
+                    break
+                queue.remove(block)
+                calls.append((REMOVE, block, None))
+                in_use[block] = True
+                hits.append((block, version))
+            free -= len(hits)
+            new = min(new, free)
+            if new:
+                calls.append((POP, new, None))
+                for block in queue.pop_n(new):
+                    in_use[block] = True
+                    content[block] += 1
+                    hits.append((block, content[block]))
+            free -= new
+            chains[slot] = hits
+        else:
+            now += 0.05
+            released = [block for block, _ in reversed(chains[slot])]
+            for block in released:
+                in_use[block] = False
+            free += len(released)
+            if released:
+                meta = (now, p, f"c{slot}")
+                push(released, meta)
+                calls.append((PUSH, released, meta))
+    return calls
+
+
+def count_block_ops(calls: list[Call]) -> int:
+    """Blocks touched by the calls: a pop of n or a push of n blocks counts n."""
+    total = 0
+    for kind, arg, _ in calls:
+        total += arg if kind == POP else 1 if kind == REMOVE else len(arg)  # type: ignore[arg-type]
+    return total
+
+
+def time_calls(
+    calls: list[Call],
+    pop_n: Callable[[int], object],
+    remove: Callable[[object], object],
+    push: Callable[..., object],
+) -> float:
+    """Seconds to replay prepared calls: PUSH carries the target's own argument tuple."""
     clock = time.perf_counter
     start = clock()
-    for kind, count, p in plan.steps:
-        if kind == ALLOCATE:
-            held.extend(pop_n(count))
-            done += count
-        elif kind == FREE:
-            now += 0.01
-            last_freed = held[-count:]
-            del held[-count:]
-            push(last_freed, now, p)
-            done += count
+    for kind, arg, prepared in calls:
+        if kind == POP:
+            pop_n(arg)
+        elif kind == REMOVE:
+            remove(arg)
         else:
-            # A hit on a recently freed block; if the policy already reused it, the
-            # request allocates one block instead, so the free count stays policy-independent.
-            block = last_freed[count % len(last_freed)] if last_freed else -1
-            if block >= 0 and is_free(block):
-                remove(block)
-                held.append(block)
-            else:
-                held.extend(pop_n(1))
-            done += 1
-    return clock() - start, done
+            push(*prepared)  # type: ignore[misc]
+    return clock() - start
 
 
-class NullAdapter:
-    """Does the driver's bookkeeping with no queue behind it: the loop's own cost."""
+def dispatch_seconds(calls: list[Call]) -> float:
+    """The replay loop's own cost: the same calls into functions that do nothing."""
 
-    def warm(self, num_blocks: int) -> None:
-        self._next = 0
-        self._free: set[int] = set()
-
-    def pop_n(self, n: int) -> list[int]:
-        out = list(range(self._next, self._next + n))
-        self._next += n
-        return out
-
-    def push(self, block_ids: list[int], time_s: float, probability: float) -> None:
+    def nothing(*_: object) -> None:
         return None
 
-    def remove(self, block_id: int) -> None:
-        return None
-
-    def is_free(self, block_id: int) -> bool:
-        return block_id >= 0
+    return time_calls(calls, nothing, nothing, nothing)
 
 
-def best_of(runs: int, fn: Callable[[], tuple[float, int]]) -> tuple[float, int]:
-    """The fastest of `runs` timings (the least disturbed by the rest of the machine)."""
-    results = [fn() for _ in range(runs)]
-    return min(results)
+def best_of(runs: int, fn: Callable[[], float]) -> float:
+    """The fastest of `runs` timings (the one least disturbed by the rest of the machine)."""
+    return min(fn() for _ in range(runs))

@@ -1,5 +1,5 @@
 """Command modules of the `lpc` CLI, in the order `lpc --help` lists them."""
 
-from lpc.commands import bench, models, serve
+from lpc.commands import ab, bench, models, serve
 
-COMMAND_MODULES = (bench, serve, models)
+COMMAND_MODULES = (ab, bench, serve, models)

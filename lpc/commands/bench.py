@@ -10,9 +10,7 @@ BENCH_MODULES = (bench_evictor, bench_predictor)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "bench", help="benchmark a component", description=__doc__
-    )
+    parser = subparsers.add_parser("bench", help="benchmark a component", description=__doc__)
     targets = parser.add_subparsers(dest="target", metavar="<target>", required=True)
     for module in BENCH_MODULES:
         module.register(targets)

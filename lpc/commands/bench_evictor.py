@@ -13,9 +13,11 @@ def register(targets: argparse._SubParsersAction) -> None:
         "evictor",
         help="ns per operation: our lru and lpc evictors vs vLLM's free queue",
         description=(
-            "Replays one seeded stream of mixed operations (allocate, free, touch; counted per "
-            "block) against our lru and lpc evictors and, when its venv exists, vLLM's "
-            "FreeKVCacheBlockQueue. Reports ns/op net of the driver loop, best of --runs."
+            "Drives our lru and lpc evictors through one seeded multi-turn chat plan (hits remove "
+            "blocks, allocations pop them, finished turns release their chains; counted per "
+            "block), records each policy's calls and times their replay; vLLM's "
+            "FreeKVCacheBlockQueue replays the lru calls when its venv exists. Reports ns per "
+            "block operation net of the replay loop, best of --runs."
         ),
     )
     parser.add_argument("--ops", type=int, default=1_000_000, help="block operations (default 1M)")
@@ -23,7 +25,9 @@ def register(targets: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the operation plan")
     parser.add_argument("--runs", type=int, default=3, help="repetitions; the best is kept")
     parser.add_argument(
-        "--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON,
+        "--vllm-python",
+        type=Path,
+        default=DEFAULT_VLLM_PYTHON,
         help="python of the vLLM venv (default .vllm-venv/bin/python; skipped if missing)",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -41,9 +45,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(evictor_bench.to_json(result))
         return 0
-    print(f"{result.block_ops:,} block operations, best of {result.runs} runs")
+    print(f"multi-turn chat plan, best of {result.runs} runs, net of the replay loop")
     for name, ns in result.ns_per_op.items():
-        print(f"  {name:<18} {ns:8.1f} ns/op")
+        print(f"  {name:<18} {ns:8.1f} ns/op  over {result.block_ops[name]:,} block operations")
     for name, ratio in result.ratios.items():
         print(f"  {name:<18} {ratio:8.2f}x")
     print(f"  vLLM: {result.vllm_status}")

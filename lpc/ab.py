@@ -1,0 +1,142 @@
+"""The A/B grid: every policy at every cache size on one prepared workload, and comparisons.
+
+Replays are independent, so they run in worker processes (forked: the prepared workload is
+inherited, not copied through pipes). The comparisons are the paper's: relative gain over
+LRU, the share of the LRU→oracle gap closed, and the cache size each policy needs to match
+LRU's hit ratio, read off its measured curve by linear interpolation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+from lpc.policies import PolicySpec
+from lpc.simulator import PreparedWorkload, ReplayResult, replay
+
+DEFAULT_CACHE_SIZES_TOKENS = (60_000, 80_000, 100_000, 120_000, 140_000, 160_000)
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    scale_per_s: float = 1e-2
+    fallback_probability: float = 0.5
+
+
+# Worker processes receive the workload once, through the pool initializer (inherited by
+# fork); this module-level slot exists only inside those workers.
+_worker_state: tuple[PreparedWorkload, ReplaySettings] | None = None
+
+
+def _init_worker(workload: PreparedWorkload, settings: ReplaySettings) -> None:
+    global _worker_state
+    _worker_state = (workload, settings)
+
+
+def _replay_in_worker(spec: PolicySpec, cache_tokens: int) -> ReplayResult:
+    assert _worker_state is not None, "worker used before its initializer ran"
+    workload, settings = _worker_state
+    return replay(workload, spec, cache_tokens, settings.scale_per_s, settings.fallback_probability)
+
+
+def default_workers() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def run_grid(
+    workload: PreparedWorkload,
+    specs: Sequence[PolicySpec],
+    cache_sizes_tokens: Sequence[int],
+    settings: ReplaySettings,
+    workers: int = 1,
+    on_result: Callable[[ReplayResult], None] | None = None,
+) -> list[ReplayResult]:
+    """All (policy, size) replays, in policy-then-size order."""
+    jobs = [(spec, size) for spec in specs for size in cache_sizes_tokens]
+    results: dict[tuple[str, int], ReplayResult] = {}
+    if workers <= 1 or len(jobs) == 1 or "fork" not in multiprocessing.get_all_start_methods():
+        for spec, size in jobs:
+            result = replay(
+                workload, spec, size, settings.scale_per_s, settings.fallback_probability
+            )
+            results[(spec.label, size)] = result
+            if on_result:
+                on_result(result)
+    else:
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=context,
+            initializer=_init_worker,
+            initargs=(workload, settings),
+        ) as pool:
+            futures = [pool.submit(_replay_in_worker, spec, size) for spec, size in jobs]
+            for future in futures:
+                result = future.result()
+                results[(result.policy, result.cache_tokens)] = result
+                if on_result:
+                    on_result(result)
+    return [results[(spec.label, size)] for spec, size in jobs]
+
+
+@dataclass
+class Comparison:
+    """Per policy and cache size: hit ratio and how it compares with LRU and the oracle."""
+
+    sizes: list[int]
+    hit_ratio: dict[str, dict[int, float]]
+    gain_over_lru: dict[str, dict[int, float | None]] = field(default_factory=dict)
+    gap_closed: dict[str, dict[int, float | None]] = field(default_factory=dict)
+    # tokens a policy needs to match LRU's hit ratio at each size; None when it never does
+    size_for_lru_ratio: dict[str, dict[int, float | None]] = field(default_factory=dict)
+
+    def cache_saving(self, policy: str, size: int) -> float | None:
+        needed = self.size_for_lru_ratio.get(policy, {}).get(size)
+        return None if needed is None else 1.0 - needed / size
+
+
+def size_to_reach(sizes: Sequence[int], ratios: Sequence[float], target: float) -> float | None:
+    """The smallest cache size at which a measured (piecewise linear) curve reaches `target`.
+
+    Below the smallest measured size the curve is extended to the origin (an empty cache hits
+    nothing), so a policy that beats the target everywhere still gets a size, not a bound.
+    """
+    points = [(0.0, 0.0), *zip(sizes, ratios, strict=True)]
+    for (s0, r0), (s1, r1) in itertools.pairwise(points):
+        if r1 >= target:
+            if r1 == r0:
+                return float(s1)
+            return s0 + (s1 - s0) * max(0.0, target - r0) / (r1 - r0)
+    return None
+
+
+def compare(results: Sequence[ReplayResult], baseline: str = "lru") -> Comparison:
+    sizes = sorted({r.cache_tokens for r in results})
+    hit: dict[str, dict[int, float]] = {}
+    for r in results:
+        hit.setdefault(r.policy, {})[r.cache_tokens] = r.token_hit_ratio
+    comparison = Comparison(sizes, hit)
+    if baseline not in hit:
+        return comparison
+    base = hit[baseline]
+    oracle = hit.get("oracle")
+    for policy, curve in hit.items():
+        comparison.gain_over_lru[policy] = {
+            s: (curve[s] / base[s] - 1.0) if base.get(s) else None for s in curve
+        }
+        if oracle is not None:
+            comparison.gap_closed[policy] = {
+                s: ((curve[s] - base[s]) / (oracle[s] - base[s]))
+                if s in oracle and oracle[s] - base[s] > 1e-12
+                else None
+                for s in curve
+            }
+        own_sizes = sorted(curve)
+        comparison.size_for_lru_ratio[policy] = {
+            s: size_to_reach(own_sizes, [curve[x] for x in own_sizes], base[s]) for s in base
+        }
+    return comparison

@@ -1,0 +1,273 @@
+"""Replay a workload through the block manager under one policy and one cache size.
+
+Everything that does not depend on the policy is computed once in `prepare`: block hashes
+(incrementally along each conversation, since turn k+1's prompt extends turn k's sequence),
+the sorted arrival/completion events, Belady's view of the future, and every probability
+source's predictions. A replay is then a single pass over the events: at an arrival the
+manager looks up and allocates, at a completion it frees with the turn's probability. A
+request the pool cannot hold is counted as an allocation failure: it is served uncached (its
+prompt counts as queried with no hit) so that the trace stays identical for every policy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+from eviction import FutureUses
+from lpc.block_manager import CacheCounters, CacheRequest, PrefixCacheBlockManager
+from lpc.hashing import BlockHash, BlockHasher
+from lpc.policies import PolicySpec, build_evictor
+from lpc.workload import (
+    ARRIVAL,
+    COMPLETION,
+    ConversationScript,
+    ScriptedTurn,
+    WorkloadConfig,
+    WorkloadRequest,
+    run_schedule,
+)
+
+TurnKey = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class PreparedWorkload:
+    requests: list[WorkloadRequest]
+    cache_requests: list[CacheRequest]
+    events: list[tuple[float, int, int]]  # (time, kind, request index), in replay order
+    future: FutureUses
+    block_size: int
+    probabilities: dict[str, list[float | None]]  # source name -> one per request
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(r.num_prompt_tokens for r in self.cache_requests)
+
+
+def hash_turns(requests: Sequence[WorkloadRequest], hasher: BlockHasher) -> list[list[BlockHash]]:
+    """Block hashes of every request, reusing the previous turn's when it is a prefix."""
+    previous: dict[str, tuple[Sequence[int], list[BlockHash]]] = {}
+    out: list[list[BlockHash]] = []
+    for request in requests:
+        turn = request.turn
+        start: list[BlockHash] = []
+        prior = previous.get(turn.conversation_id)
+        if prior is not None:
+            tokens, hashes = prior
+            if turn.token_ids[: len(tokens)] == tokens:
+                start = hashes
+        hashes = hasher.hash_sequence(
+            turn.token_ids, turn.cache_salt, turn.lora_id, start_hashes=start
+        )
+        previous[turn.conversation_id] = (turn.token_ids, hashes)
+        out.append(hashes)
+    return out
+
+
+def prepare(
+    requests: list[WorkloadRequest],
+    block_size: int,
+    probabilities: Mapping[str, list[float | None]],
+    hash_algorithm: str = "sha256",
+) -> PreparedWorkload:
+    hasher = BlockHasher(block_size, hash_algorithm)
+    hashes = hash_turns(requests, hasher)
+    cache_requests = [
+        CacheRequest(
+            request.request_id,
+            request.turn.token_ids,
+            request.turn.num_prompt_tokens,
+            conversation_id=request.conversation_id,
+            cache_salt=request.turn.cache_salt,
+            lora_id=request.turn.lora_id,
+            block_hashes=block_hashes,
+        )
+        for request, block_hashes in zip(requests, hashes, strict=True)
+    ]
+    events = sorted(
+        [(r.arrival_s, ARRIVAL, i) for i, r in enumerate(requests)]
+        + [(r.completion_s, COMPLETION, i) for i, r in enumerate(requests)]
+    )
+    future = FutureUses()
+    for request, block_hashes in zip(requests, hashes, strict=True):
+        hit_blocks = (request.turn.num_prompt_tokens - 1) // block_size
+        future.add(request.arrival_s, block_hashes[:hit_blocks])
+    for name, values in probabilities.items():
+        if len(values) != len(requests):
+            raise ValueError(f"source {name!r} gave {len(values)} predictions for {len(requests)}")
+    return PreparedWorkload(
+        requests, cache_requests, events, future, block_size, dict(probabilities)
+    )
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    policy: str
+    cache_tokens: int
+    num_blocks: int
+    requests: int
+    queried_tokens: int
+    hit_tokens: int
+    hit_requests: int
+    evictions: int
+    allocation_failures: int
+    seconds: float
+
+    @property
+    def token_hit_ratio(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+    @property
+    def request_hit_ratio(self) -> float:
+        return self.hit_requests / self.requests if self.requests else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["token_hit_ratio"] = self.token_hit_ratio
+        d["request_hit_ratio"] = self.request_hit_ratio
+        return d
+
+
+def _result(
+    spec: PolicySpec,
+    cache_tokens: int,
+    manager: PrefixCacheBlockManager,
+    failed_prompt_tokens: int,
+    started: float,
+) -> ReplayResult:
+    """Counters of a finished replay; failed requests count as queried with no hit."""
+    c: CacheCounters = manager.counters
+    return ReplayResult(
+        policy=spec.label,
+        cache_tokens=cache_tokens,
+        num_blocks=manager.num_blocks,
+        requests=c.requests + c.allocation_failures,
+        queried_tokens=c.queried_tokens + failed_prompt_tokens,
+        hit_tokens=c.hit_tokens,
+        hit_requests=c.hit_requests,
+        evictions=c.evictions,
+        allocation_failures=c.allocation_failures,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def num_blocks_for(cache_tokens: int, block_size: int) -> int:
+    """Blocks of a pool holding `cache_tokens` tokens, plus vLLM's null block."""
+    if cache_tokens < block_size:
+        raise ValueError(f"cache of {cache_tokens} tokens holds no {block_size}-token block")
+    return cache_tokens // block_size + 1
+
+
+def replay(
+    workload: PreparedWorkload,
+    spec: PolicySpec,
+    cache_tokens: int,
+    scale_per_s: float = 1e-2,
+    fallback_probability: float = 0.5,
+) -> ReplayResult:
+    started = time.perf_counter()
+    num_blocks = num_blocks_for(cache_tokens, workload.block_size)
+    evictor = build_evictor(spec, num_blocks, scale_per_s, fallback_probability, workload.future)
+    manager = PrefixCacheBlockManager(num_blocks, workload.block_size, evictor=evictor)
+    probabilities: Sequence[float | None]
+    if spec.source is None:
+        probabilities = [None] * len(workload.requests)
+    elif spec.source == "const":
+        probabilities = [spec.constant] * len(workload.requests)
+    else:
+        try:
+            probabilities = workload.probabilities[spec.source]
+        except KeyError:
+            raise ValueError(
+                f"policy {spec.label!r} needs the {spec.source!r} probability source, "
+                f"which this workload was not prepared with"
+            ) from None
+    cache_requests = workload.cache_requests
+    failed_prompt_tokens = 0
+    failed: set[int] = set()
+    for time_s, kind, i in workload.events:
+        request = cache_requests[i]
+        if kind == ARRIVAL:
+            prefix = manager.find_computed_prefix(request, request.block_hashes)
+            if manager.allocate(request, prefix, time_s) is None:
+                failed.add(i)
+                failed_prompt_tokens += request.num_prompt_tokens
+        elif i in failed:
+            failed.discard(i)
+        else:
+            manager.free(request.request_id, time_s, probabilities[i])
+    return _result(spec, cache_tokens, manager, failed_prompt_tokens, started)
+
+
+def replay_closed_loop(
+    scripts: Iterator[ConversationScript],
+    config: WorkloadConfig,
+    spec: PolicySpec,
+    cache_tokens: int,
+    block_size: int,
+    probability_of: Callable[[ScriptedTurn], float | None],
+    scale_per_s: float = 1e-2,
+    fallback_probability: float = 0.5,
+    hash_algorithm: str = "sha256",
+) -> ReplayResult:
+    """Replay where cache hits shorten prefill and so move every later arrival.
+
+    The timeline is policy-dependent, so it is built during the replay; Belady, which needs
+    the future of a fixed trace, is not available here.
+    """
+    if spec.evictor == "belady":
+        raise ValueError("belady needs a fixed trace; it cannot run in a closed-loop replay")
+    started = time.perf_counter()
+    num_blocks = num_blocks_for(cache_tokens, block_size)
+    evictor = build_evictor(spec, num_blocks, scale_per_s, fallback_probability, None)
+    manager = PrefixCacheBlockManager(num_blocks, block_size, evictor=evictor)
+    hasher = BlockHasher(block_size, hash_algorithm)
+    known: dict[str, tuple[Sequence[int], list[BlockHash]]] = {}
+    failed: set[str] = set()
+    failed_prompt_tokens = 0
+
+    def on_arrival(request: WorkloadRequest) -> int:
+        nonlocal failed_prompt_tokens
+        turn = request.turn
+        start: list[BlockHash] = []
+        prior = known.get(turn.conversation_id)
+        if prior is not None and turn.token_ids[: len(prior[0])] == prior[0]:
+            start = prior[1]
+        hashes = hasher.hash_sequence(
+            turn.token_ids, turn.cache_salt, turn.lora_id, start_hashes=start
+        )
+        known[turn.conversation_id] = (turn.token_ids, hashes)
+        cache_request = CacheRequest(
+            request.request_id,
+            turn.token_ids,
+            turn.num_prompt_tokens,
+            conversation_id=turn.conversation_id,
+            cache_salt=turn.cache_salt,
+            lora_id=turn.lora_id,
+            block_hashes=hashes,
+        )
+        prefix = manager.find_computed_prefix(cache_request, hashes)
+        allocation = manager.allocate(cache_request, prefix, request.arrival_s)
+        if allocation is None:
+            failed.add(request.request_id)
+            failed_prompt_tokens += turn.num_prompt_tokens
+            return 0
+        return allocation.num_hit_tokens
+
+    def on_completion(request: WorkloadRequest) -> None:
+        if request.request_id in failed:
+            failed.discard(request.request_id)
+            return
+        probability = (
+            spec.constant
+            if spec.source == "const"
+            else None
+            if spec.source is None
+            else probability_of(request.turn)
+        )
+        manager.free(request.request_id, request.completion_s, probability)
+
+    run_schedule(scripts, config, on_arrival, on_completion)
+    return _result(spec, cache_tokens, manager, failed_prompt_tokens, started)

@@ -1,0 +1,300 @@
+"""Request traces as JSON lines: the format `lpc ab --trace` replays and `--export-trace` writes.
+
+One request per line (an optional first line is a header, `{"format": "lpc-trace", ...}`):
+
+    conversation_id   str, required
+    arrival_s         number >= 0, required
+    completion_s      number >= arrival_s, required
+    prompt_token_ids  [int >= 0], and output_token_ids [int >= 0]      } one of the two
+    messages          [{"role", "content"}] ending with the user turn, } forms; messages are
+    output            the assistant's reply text                       } tokenised on reading
+    request_id        str, optional (default "<conversation_id>#<turn_index>")
+    turn_index        int >= 0, optional (default: order of arrival within the conversation)
+    has_next_turn     bool, optional (default: a later request of the conversation exists)
+    user_prompts      [str], optional: the recent user prompts, current last (for predictors)
+    cache_salt        str or null, optional;  lora_id  str, int or null, optional
+    probability       number in [0, 1] or null, optional: a prediction logged by the server
+
+Real serving logs are the intended input; generated workloads export the same format, so any
+trace can be replayed by anyone with the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lpc.workload import ScriptedTurn, WorkloadRequest, compact_tokens
+
+TRACE_FORMAT = "lpc-trace"
+TRACE_VERSION = 1
+
+# (messages, output text) -> (prompt token ids, output token ids)
+MessageTokenizer = Callable[[list[dict[str, str]], str], tuple[list[int], list[int]]]
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be replayed; the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    requests: list[WorkloadRequest]
+    header: dict[str, Any]
+    logged_probabilities: list[float | None] | None  # None when no line carries one
+
+
+def _fail(path: Path, lineno: int, message: str) -> TraceError:
+    return TraceError(f"{path}:{lineno}: {message}")
+
+
+def _number(record: dict, key: str, path: Path, lineno: int) -> float:
+    value = record.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _fail(path, lineno, f"{key!r} must be a finite number, got {value!r}")
+    if value < 0:
+        raise _fail(path, lineno, f"{key!r} must be >= 0, got {value!r}")
+    return float(value)
+
+
+def _token_list(record: dict, key: str, path: Path, lineno: int) -> list[int]:
+    value = record.get(key)
+    if not isinstance(value, list):
+        raise _fail(path, lineno, f"{key!r} must be a list of token ids")
+    for i, token in enumerate(value):
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise _fail(path, lineno, f"{key}[{i}] must be an int >= 0, got {token!r}")
+    return value
+
+
+def _optional_str(record: dict, key: str, path: Path, lineno: int) -> str | None:
+    value = record.get(key)
+    if value is not None and not isinstance(value, str):
+        raise _fail(path, lineno, f"{key!r} must be a string or null, got {value!r}")
+    return value
+
+
+def read_trace(path: str | Path, tokenize: MessageTokenizer | None = None) -> Trace:
+    """Parse and validate a trace; the first problem raises `TraceError` with its line."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such trace file")
+    rows: list[tuple[int, dict]] = []
+    header: dict[str, Any] = {}
+    with path.open("rb") as handle:
+        for lineno, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                raise _fail(path, lineno, f"not valid JSON ({error})") from None
+            if not isinstance(record, dict):
+                raise _fail(path, lineno, "each line must be a JSON object")
+            if record.get("format") == TRACE_FORMAT and not rows and not header:
+                if record.get("version") != TRACE_VERSION:
+                    raise _fail(
+                        path, lineno, f"unsupported trace version {record.get('version')!r}"
+                    )
+                header = record
+                continue
+            rows.append((lineno, record))
+    if not rows:
+        raise TraceError(f"{path}: the trace holds no requests")
+
+    parsed = []
+    for lineno, record in rows:
+        conversation_id = record.get("conversation_id")
+        if not isinstance(conversation_id, str) or not conversation_id:
+            raise _fail(
+                path,
+                lineno,
+                f"'conversation_id' must be a non-empty string, got {conversation_id!r}",
+            )
+        arrival = _number(record, "arrival_s", path, lineno)
+        completion = _number(record, "completion_s", path, lineno)
+        if completion < arrival:
+            raise _fail(path, lineno, f"completion_s {completion} is before arrival_s {arrival}")
+        if "prompt_token_ids" in record:
+            prompt = _token_list(record, "prompt_token_ids", path, lineno)
+            output = (
+                _token_list(record, "output_token_ids", path, lineno)
+                if "output_token_ids" in record
+                else []
+            )
+            messages = None
+        elif "messages" in record:
+            messages = record["messages"]
+            if not isinstance(messages, list) or not all(
+                isinstance(m, dict)
+                and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)
+                for m in messages
+            ):
+                raise _fail(path, lineno, "'messages' must be a list of {role, content} strings")
+            reply = record.get("output", "")
+            if not isinstance(reply, str):
+                raise _fail(path, lineno, "'output' must be the reply text")
+            if tokenize is None:
+                raise _fail(path, lineno, "chat messages need a tokenizer to replay")
+            prompt, output = tokenize(messages, reply)
+        else:
+            raise _fail(
+                path, lineno, "needs 'prompt_token_ids' (token form) or 'messages' (chat form)"
+            )
+        if not prompt:
+            raise _fail(path, lineno, "the prompt is empty")
+        turn_index = record.get("turn_index")
+        if turn_index is not None and (
+            isinstance(turn_index, bool) or not isinstance(turn_index, int) or turn_index < 0
+        ):
+            raise _fail(path, lineno, f"'turn_index' must be an int >= 0, got {turn_index!r}")
+        has_next = record.get("has_next_turn")
+        if has_next is not None and not isinstance(has_next, bool):
+            raise _fail(
+                path, lineno, f"'has_next_turn' must be true, false or null, got {has_next!r}"
+            )
+        prompts = record.get("user_prompts")
+        if prompts is None and messages is not None:
+            prompts = [m["content"] for m in messages if m["role"] == "user"]
+        if prompts is not None and not (
+            isinstance(prompts, list) and all(isinstance(p, str) for p in prompts)
+        ):
+            raise _fail(path, lineno, "'user_prompts' must be a list of strings")
+        probability = record.get("probability")
+        if probability is not None and (
+            isinstance(probability, bool)
+            or not isinstance(probability, int | float)
+            or not 0.0 <= probability <= 1.0
+        ):
+            raise _fail(
+                path, lineno, f"'probability' must be in [0, 1] or null, got {probability!r}"
+            )
+        lora = record.get("lora_id")
+        if lora is not None and (isinstance(lora, bool) or not isinstance(lora, str | int)):
+            raise _fail(path, lineno, f"'lora_id' must be a string, int or null, got {lora!r}")
+        request_id = _optional_str(record, "request_id", path, lineno)
+        parsed.append(
+            (
+                arrival,
+                lineno,
+                conversation_id,
+                completion,
+                prompt,
+                output,
+                turn_index,
+                has_next,
+                prompts,
+                _optional_str(record, "cache_salt", path, lineno),
+                lora,
+                probability,
+                request_id,
+            )
+        )
+
+    parsed.sort(key=lambda row: (row[0], row[1]))
+    last_arrival: dict[str, float] = {}
+    for row in parsed:
+        last_arrival[row[2]] = row[0]
+    seen_turns: dict[str, int] = {}
+    seen_ids: set[str] = set()
+    requests: list[WorkloadRequest] = []
+    logged: list[float | None] = []
+    for (
+        arrival,
+        lineno,
+        conv,
+        completion,
+        prompt,
+        output,
+        turn_index,
+        has_next,
+        prompts,
+        salt,
+        lora,
+        probability,
+        request_id,
+    ) in parsed:
+        index = seen_turns.get(conv, 0) if turn_index is None else turn_index
+        seen_turns[conv] = index + 1
+        if has_next is None:
+            has_next = last_arrival[conv] > arrival
+        rid = request_id or f"{conv}#{index}"
+        if rid in seen_ids:
+            raise _fail(path, lineno, f"request id {rid!r} appears twice")
+        seen_ids.add(rid)
+        turn = ScriptedTurn(
+            conv,
+            index,
+            compact_tokens([*prompt, *output]),
+            len(prompt),
+            has_next,
+            tuple(prompts or ()),
+            salt,
+            lora,
+        )
+        requests.append(WorkloadRequest(rid, turn, arrival, completion))
+        logged.append(probability)
+    has_logged = any(p is not None for p in logged)
+    return Trace(requests, header, logged if has_logged else None)
+
+
+def trace_lines(
+    requests: Iterable[WorkloadRequest],
+    header: dict[str, Any],
+    probabilities: Sequence[float | None] | None = None,
+) -> Iterable[str]:
+    yield json.dumps({"format": TRACE_FORMAT, "version": TRACE_VERSION, **header})
+    for i, request in enumerate(requests):
+        turn = request.turn
+        record: dict[str, Any] = {
+            "request_id": request.request_id,
+            "conversation_id": turn.conversation_id,
+            "turn_index": turn.turn_index,
+            "arrival_s": request.arrival_s,
+            "completion_s": request.completion_s,
+            "has_next_turn": turn.has_next_turn,
+            "prompt_token_ids": list(turn.token_ids[: turn.num_prompt_tokens]),
+            "output_token_ids": list(turn.token_ids[turn.num_prompt_tokens :]),
+        }
+        if turn.user_prompts:
+            record["user_prompts"] = list(turn.user_prompts)
+        if turn.cache_salt is not None:
+            record["cache_salt"] = turn.cache_salt
+        if turn.lora_id is not None:
+            record["lora_id"] = turn.lora_id
+        if probabilities is not None:
+            record["probability"] = probabilities[i]
+        yield json.dumps(record, ensure_ascii=False)
+
+
+def write_trace(
+    path: str | Path,
+    requests: Sequence[WorkloadRequest],
+    header: dict[str, Any],
+    probabilities: Sequence[float | None] | None = None,
+) -> None:
+    """Write atomically (temp file + rename): a crash never leaves half a trace behind.
+
+    `probabilities`, one per request, are written as each line's `probability` (a source's
+    predictions, so that engines replaying the trace can use the same ones).
+    """
+    if probabilities is not None and len(probabilities) != len(requests):
+        raise ValueError(f"{len(probabilities)} probabilities for {len(requests)} requests")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            for line in trace_lines(requests, header, probabilities):
+                handle.write(line + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

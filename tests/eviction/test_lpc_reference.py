@@ -1,0 +1,69 @@
+"""The heap-based LPC evictor picks exactly the victims of the paper's brute-force formula."""
+
+from __future__ import annotations
+
+import pytest
+
+from eviction import LPCEvictor, Release
+from lpc.block_manager import CacheRequest, PrefixCacheBlockManager
+from tests.eviction.reference import BruteForceLPC
+from tests.lpc.streams import Allocate, random_stream
+
+
+def replay(manager: PrefixCacheBlockManager, steps) -> list:
+    trace = []
+    for step in steps:
+        if isinstance(step, Allocate):
+            prefix = manager.find_computed_prefix(step.request)
+            trace.append(manager.allocate(step.request, prefix, step.now_s))
+        elif step.request_id in manager.active_request_ids():
+            manager.free(step.request_id, step.now_s, step.probability)
+    return trace
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_lpc_matches_brute_force_reference(seed: int) -> None:
+    steps = random_stream(seed, 400)
+    fast = PrefixCacheBlockManager(
+        48, block_size=4, evictor=LPCEvictor(48, fallback_probability=0.3)
+    )
+    slow = PrefixCacheBlockManager(
+        48, block_size=4, evictor=BruteForceLPC(48, fallback_probability=0.3)
+    )
+    fast_trace = replay(fast, steps)
+    slow_trace = replay(slow, steps)
+    evictions = sum(len(a.evicted_block_ids) for a in fast_trace if a is not None)
+    assert evictions > 20, "the stream must put the pool under pressure"
+    for i, (a, b) in enumerate(zip(fast_trace, slow_trace, strict=True)):
+        assert a == b, f"seed {seed}, allocation {i}: heap {a} != reference {b}"
+    assert fast.counters == slow.counters
+
+
+def test_max_pooling_keeps_a_shared_block_alive() -> None:
+    """A block shared with a likely-to-continue conversation outlives an unshared peer."""
+    evictor = LPCEvictor(8)
+    manager = PrefixCacheBlockManager(8, block_size=2, evictor=evictor)
+    a = CacheRequest("a", [1, 2, 3, 4, 5], 4, conversation_id="A")
+    b = CacheRequest("b", [1, 2, 7, 8, 9], 4, conversation_id="B")
+    table_a = manager.allocate(a, manager.find_computed_prefix(a), 0.0).block_ids
+    table_b = manager.allocate(b, manager.find_computed_prefix(b), 0.0).block_ids
+    shared = table_a[0]
+    assert table_b[0] == shared
+    manager.free("a", 1.0, probability=0.9)  # b still holds the shared block
+    manager.free("b", 1.0, probability=0.05)
+    assert evictor.pooled_key(shared) == pytest.approx(evictor.key_for(Release(1.0, 0.9, "A")))
+    assert evictor.pooled_key(table_b[1]) == pytest.approx(evictor.key_for(Release(1.0, 0.05, "B")))
+    cached_order = [blk for blk in evictor.free_block_ids() if manager.block_hash(blk)]
+    assert cached_order.index(table_b[1]) < cached_order.index(shared)
+
+
+def test_a_conversations_newest_prediction_replaces_its_older_one() -> None:
+    evictor = LPCEvictor(8)
+    manager = PrefixCacheBlockManager(8, block_size=2, evictor=evictor)
+    first = CacheRequest("t1", [1, 2, 3], 2, conversation_id="A")
+    manager.allocate(first, None, 0.0)
+    manager.free("t1", 1.0, probability=0.9)
+    second = CacheRequest("t2", [1, 2, 3, 4, 5], 4, conversation_id="A")
+    table = manager.allocate(second, None, 2.0).block_ids
+    manager.free("t2", 3.0, probability=0.1)
+    assert evictor.pooled_key(table[0]) == pytest.approx(evictor.key_for(Release(3.0, 0.1, "A")))
