@@ -142,6 +142,12 @@ class ConversationWindow:
                 f"than the {len(prompts)} user prompts given"
             )
 
+    def to_dict(self) -> dict[str, Any]:
+        """The RPC's item shape: {"conversation_id", "user_prompts", "turn_count"}."""
+        return {"conversation_id": self.conversation_id,
+                "user_prompts": list(self.user_prompts),
+                "turn_count": self.turn_count}
+
     @property
     def turn_index(self) -> int:
         """0-based index of the current turn."""

