@@ -53,6 +53,8 @@ def register(targets: argparse._SubParsersAction) -> None:
     parser.add_argument("--server-max-wait-ms", type=float, default=5.0,
                         help="server --max-wait-ms")
     parser.add_argument("--server-max-queue", type=int, default=256, help="server --max-queue")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads, here and in the server (default: torch's)")
     parser.add_argument("--seed", type=int, default=0, help="window sampling seed")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.set_defaults(run=run)
@@ -106,7 +108,8 @@ def server_command(args: argparse.Namespace, artifact: Path, port: int) -> list[
             "--max-batch", str(args.server_max_batch),
             "--max-wait-ms", str(args.server_max_wait_ms),
             "--max-queue", str(args.server_max_queue),
-            "--embed-batch-size", str(args.batch_size)]
+            "--embed-batch-size", str(args.batch_size),
+            *(["--threads", str(args.threads)] if args.threads else [])]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,6 +126,10 @@ def run(args: argparse.Namespace) -> int:
     from predictor.server_process import ServerProcess, free_port
     from predictor.windows_file import WindowsFileError, read_windows_jsonl
 
+    if args.threads is not None:
+        if args.threads < 1:
+            raise CommandError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     sets = [s.strip() for s in args.sets.split(",") if s.strip()]
     unknown = sorted(set(sets) - set(SETS))
     if unknown or not sets:
@@ -164,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
         "artifact": str(args.artifact) if args.artifact else "untrained MLP (speed only)",
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "device": getattr(embedder, "device", "cpu"),
         "sets": {},
     }
@@ -207,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
                         windows, expected_by_set[name])
                     entry["rpc_load"] = report.as_dict()
                 result["server_peak_rss_mb"] = round(server.peak_rss_mb() or float("nan"), 1)
+                result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
                 result["server_exit_code"] = server.stop()
         except (RuntimeError, TimeoutError) as error:
             log = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
@@ -227,6 +236,8 @@ def progress(args: argparse.Namespace, message: str) -> None:
 def print_table(result: dict[str, Any]) -> None:
     print(f"embedder {result['embedder_id']} on {result['device']}, "
           f"{result['torch_threads']} torch threads; artifact: {result['artifact']}")
+    print(f"load average (1, 5, 15 min) at start: {result['load_average_at_start']} "
+          f"on {result['cpu_count']} CPUs")
     for name, entry in result["sets"].items():
         tokens = entry["input_tokens"]
         print(f"\n[{name}] {entry['source']}")

@@ -48,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="on shutdown, how long requests in flight may take to finish")
     parser.add_argument("--embed-batch-size", type=int, default=32,
                         help="texts per embedder forward pass")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's choice, one per core); "
+                             "1 can be faster on a machine shared with other busy processes")
     parser.add_argument("--token-file", type=Path, default=None,
                         help="file holding a bearer token required on /v1/* "
                              "(default: $LPC_PREDICTOR_TOKEN, else no auth)")
@@ -72,6 +75,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.artifact is None:
         raise CommandError(f"no artifact: pass --artifact or set ${ARTIFACT_ENV}")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise CommandError(f"--threads must be >= 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
     token = None
     if args.token_file is not None:
         try:

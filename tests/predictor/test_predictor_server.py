@@ -320,3 +320,16 @@ def test_server_config_validation():
         ServerConfig(token="short")
     with pytest.raises(ValueError, match="max_prompt_chars"):
         RequestLimits(max_prompt_chars=0)
+
+
+def test_client_imports_stay_light():
+    """The vLLM plugin imports the client inside vLLM's environment: no torch, no pydantic."""
+    import subprocess
+    import sys
+
+    code = ("import sys, predictor.client; heavy = [m for m in sys.modules if m.split('.')[0] "
+            "in ('torch', 'pydantic', 'fastapi', 'transformers', 'sentence_transformers')]; "
+            "print(heavy); sys.exit(1 if heavy else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 0, result.stdout + result.stderr
