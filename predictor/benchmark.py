@@ -124,6 +124,19 @@ def bench_in_process(predictor: Predictor, windows: Sequence[ConversationWindow]
             "single": single.as_dict()}, expected
 
 
+def bench_stream(predictor: Predictor, windows: Sequence[ConversationWindow]) -> dict[str, Any]:
+    """Windows in arrival order (each conversation's turns in sequence), one call each: what
+    a server sees. In `prompt_mean` mode the prompt cache starts empty and fills as it goes."""
+    predictor.predict(list(windows[:1]))  # warm-up
+    if predictor.prompt_cache is not None:
+        predictor.prompt_cache.clear()
+    result = _timed_calls(list(windows), lambda w: predictor.predict([w]),
+                          [1] * len(windows)).as_dict()
+    if predictor.prompt_cache is not None:
+        result["prompt_cache"] = asdict(predictor.prompt_cache.stats)
+    return result
+
+
 def bench_rpc_sequential(url: str, windows: Sequence[ConversationWindow],
                          token: str | None = None) -> ThroughputResult:
     """One single-window request at a time: the latency a lone caller sees."""

@@ -29,6 +29,7 @@ from predictor.features import (
     encode_turn_counts,
 )
 from predictor.model import ContinuationMLP
+from predictor.prompt_cache import PromptEmbeddingCache
 
 
 class RowwiseMLP:
@@ -92,7 +93,7 @@ class Predictor:
     """
 
     def __init__(self, artifact: ModelArtifact, embedder: Embedder,
-                 embed_batch_size: int = 32) -> None:
+                 embed_batch_size: int = 32, prompt_cache_entries: int = 20_000) -> None:
         metadata = artifact.metadata
         if metadata.embedder_id != embedder.embedder_id:
             raise EmbedderMismatchError(
@@ -112,6 +113,10 @@ class Predictor:
         self._mlp = RowwiseMLP(artifact.model)
         self._texts = WindowTextBuilder(metadata.feature_config, embedder.tokenizer,
                                         embedder.max_input_tokens)
+        # Only the prompt_mean encoding can reuse a prompt's vector across turns.
+        self.prompt_cache = (PromptEmbeddingCache(prompt_cache_entries)
+                             if metadata.feature_config.window_encoding == "prompt_mean"
+                             else None)
 
     @classmethod
     def load(cls, path: Path | str, embedder: Embedder | None = None, device: str | None = None,
@@ -141,11 +146,43 @@ class Predictor:
         return self.embedder.embedder_id
 
     def window_texts(self, windows: Sequence[ConversationWindow]) -> list[str]:
-        """The embedder input text of each window (without the embedder's prefix)."""
-        return self._texts.build(windows)
+        """The embedder input text of each window (without the embedder's prefix); in
+        `prompt_mean` mode, the texts of the window's prompts joined by newlines (for
+        inspection: each is embedded alone)."""
+        if self.prompt_cache is None:
+            return self._texts.build(windows)
+        size = self.feature_config.window_size
+        return ["\n".join(self._texts.prompt_texts(w.user_prompts[-size:])) for w in windows]
 
     def embed_windows(self, windows: Sequence[ConversationWindow]) -> np.ndarray:
-        return self.embedder.embed(self.window_texts(windows), batch_size=self.embed_batch_size)
+        if self.prompt_cache is None:
+            return self.embedder.embed(self._texts.build(windows),
+                                       batch_size=self.embed_batch_size)
+        return self._embed_prompt_means(windows)
+
+    def _embed_prompt_means(self, windows: Sequence[ConversationWindow]) -> np.ndarray:
+        assert self.prompt_cache is not None
+        size = self.feature_config.window_size
+        recent = [w.user_prompts[-size:] for w in windows]
+        vectors: dict[str, np.ndarray] = {}
+        missing = []
+        for prompt in dict.fromkeys(p for prompts in recent for p in prompts):
+            cached = self.prompt_cache.get(prompt)
+            if cached is None:
+                missing.append(prompt)
+            else:
+                vectors[prompt] = cached
+        if missing:
+            fresh = self.embedder.embed(self._texts.prompt_texts(missing),
+                                        batch_size=self.embed_batch_size)
+            for prompt, vector in zip(missing, fresh, strict=True):
+                vectors[prompt] = vector
+                self.prompt_cache.put(prompt, vector)
+        out = np.empty((len(windows), self.embedder.dim), dtype=np.float32)
+        for i, prompts in enumerate(recent):
+            mean = np.mean([vectors[p] for p in prompts], axis=0)
+            out[i] = mean / max(float(np.linalg.norm(mean)), 1e-12)
+        return out
 
     def predict(self, windows: Sequence[ConversationWindow]) -> np.ndarray:
         """float64 probabilities, one per window, in order."""

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-SETS = ("paper", "worst")
+SETS = ("paper", "worst", "stream")
 
 
 def register(targets: argparse._SubParsersAction) -> None:
@@ -24,8 +24,11 @@ def register(targets: argparse._SubParsersAction) -> None:
             "clients for --rpc-duration-s: predictions/s, latency percentiles, 503s) plus the "
             "server's peak RSS. Window sets: 'paper' (user-prompt windows sampled from the "
             "bundled ShareGPT file through the training loaders, or --windows-file) and "
-            "'worst' (synthetic windows whose text fills the 512-token budget). Without "
-            "--artifact an untrained MLP is used: speed does not depend on its weights."
+            "'worst' (synthetic windows whose text fills the 512-token budget); 'stream' "
+            "(every turn of the first --stream-conversations multi-turn ShareGPT "
+            "conversations, in order, one call each: in-process only, the set that shows the "
+            "prompt cache of --feature-mode prompt_mean). Without --artifact an untrained MLP "
+            "is used: speed does not depend on its weights."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -37,6 +40,11 @@ def register(targets: argparse._SubParsersAction) -> None:
     parser.add_argument("--worst-windows", type=int, default=32, help="windows in 'worst'")
     parser.add_argument("--sharegpt-conversations", type=int, default=3000,
                         help="ShareGPT conversations read to sample 'paper' windows from")
+    parser.add_argument("--stream-conversations", type=int, default=30,
+                        help="multi-turn ShareGPT conversations in 'stream'")
+    parser.add_argument("--feature-mode", choices=["joined", "prompt_mean"], default="joined",
+                        help="window encoding of the untrained artifact (ignored with "
+                             "--artifact, which carries its own)")
     parser.add_argument("--embedder", default="e5-small-q4", help="embedder spec")
     parser.add_argument("--artifact", type=Path, default=None,
                         help="trained artifact (default: an untrained MLP, speed only)")
@@ -87,7 +95,32 @@ def sharegpt_windows(count: int, conversations: int, seed: int) -> tuple[list, s
     return [windows[i] for i in sorted(chosen)], source
 
 
-def untrained_artifact(folder: Path, embedder, spec: str) -> Path:
+def sharegpt_stream(conversations: int) -> tuple[list, str]:
+    """Every turn of the first multi-turn ShareGPT conversations, in conversation order."""
+    from lpc.cli import CommandError
+    from predictor.features import windows_for_conversation
+
+    try:
+        from training.loaders import BUNDLED_SHAREGPT, open_conversations
+    except ImportError as error:
+        raise CommandError("the ShareGPT loader (training.loaders) is not in this checkout; "
+                           "the 'stream' set needs it") from error
+    windows, taken = [], 0
+    with open_conversations(BUNDLED_SHAREGPT) as stream:
+        for conversation in stream:
+            prompts = conversation.user_prompts()
+            if len(prompts) < 2:
+                continue
+            windows.extend(windows_for_conversation(conversation.conversation_id, prompts))
+            taken += 1
+            if taken == conversations:
+                break
+    return windows, (f"ShareGPT (bundled), all {len(windows)} turns of the first {taken} "
+                     f"conversations with 2+ user turns, in order")
+
+
+def untrained_artifact(folder: Path, embedder, spec: str, window_encoding: str = "joined"
+                       ) -> Path:
     import torch
 
     from predictor.artifact import ArtifactMetadata, save_artifact
@@ -97,7 +130,8 @@ def untrained_artifact(folder: Path, embedder, spec: str) -> Path:
     torch.manual_seed(0)
     config = MLPConfig(embedding_dim=embedder.dim)
     save_artifact(folder, ContinuationMLP(config), ArtifactMetadata(
-        embedder_id=embedder.embedder_id, feature_config=FeatureConfig(), mlp_config=config,
+        embedder_id=embedder.embedder_id,
+        feature_config=FeatureConfig(window_encoding=window_encoding), mlp_config=config,
         base_rate=0.5, embedder_spec=spec, notes={"untrained": "benchmark only"}))
     return folder
 
@@ -134,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
     unknown = sorted(set(sets) - set(SETS))
     if unknown or not sets:
         raise CommandError(f"--sets: unknown set(s) {unknown}; choose from {SETS}")
-    for flag in ("paper_windows", "worst_windows", "batch_size", "single_count", "rpc_clients"):
+    for flag in ("paper_windows", "worst_windows", "batch_size", "single_count", "rpc_clients",
+                 "stream_conversations"):
         if getattr(args, flag) <= 0:
             raise CommandError(f"--{flag.replace('_', '-')} must be positive, "
                                f"got {getattr(args, flag)}")
@@ -148,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
             else:
                 window_sets["paper"] = sharegpt_windows(args.paper_windows,
                                                         args.sharegpt_conversations, args.seed)
+        if "stream" in sets:
+            window_sets["stream"] = sharegpt_stream(args.stream_conversations)
         if "worst" in sets:
             window_sets["worst"] = (benchmark.worst_case_windows(args.worst_windows, args.seed),
                                     "synthetic: 5 prompts of 600 words each (fills the budget)")
@@ -161,7 +198,8 @@ def run(args: argparse.Namespace) -> int:
     scratch = tempfile.TemporaryDirectory(prefix="lpc-bench-predictor-")
     try:
         artifact = args.artifact or untrained_artifact(Path(scratch.name) / "untrained",
-                                                       embedder, args.embedder)
+                                                       embedder, args.embedder,
+                                                       args.feature_mode)
         predictor = Predictor.load(artifact, embedder=embedder, embed_batch_size=args.batch_size)
     except (ArtifactError, ValueError) as error:
         raise CommandError(str(error)) from error
@@ -169,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {
         "embedder_id": embedder.embedder_id,
         "artifact": str(args.artifact) if args.artifact else "untrained MLP (speed only)",
+        "window_encoding": predictor.feature_config.window_encoding,
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
@@ -177,6 +216,11 @@ def run(args: argparse.Namespace) -> int:
     }
     expected_by_set = {}
     for name, (windows, source) in window_sets.items():
+        if name == "stream":
+            progress(args, f"stream: {len(windows)} windows in order, one call each")
+            result["sets"][name] = {"source": source, "windows": len(windows),
+                                    "stream": benchmark.bench_stream(predictor, windows)}
+            continue
         progress(args, f"{name}: {len(windows)} windows; embedder and in-process stages")
         texts = predictor.window_texts(windows)
         entry: dict[str, Any] = {"source": source, "windows": len(windows),
@@ -199,6 +243,8 @@ def run(args: argparse.Namespace) -> int:
             with ServerProcess(server_command(args, artifact, port), url, log_path=log_path,
                                env=env) as server:
                 for name, (windows, _) in window_sets.items():
+                    if name == "stream":
+                        continue
                     entry = result["sets"][name]
                     progress(args, f"{name}: sequential RPC")
                     singles = windows[: args.single_count]
@@ -235,10 +281,19 @@ def progress(args: argparse.Namespace, message: str) -> None:
 
 def print_table(result: dict[str, Any]) -> None:
     print(f"embedder {result['embedder_id']} on {result['device']}, "
-          f"{result['torch_threads']} torch threads; artifact: {result['artifact']}")
+          f"{result['torch_threads']} torch threads; artifact: {result['artifact']}, "
+          f"window encoding {result['window_encoding']}")
     print(f"load average (1, 5, 15 min) at start: {result['load_average_at_start']} "
           f"on {result['cpu_count']} CPUs")
     for name, entry in result["sets"].items():
+        if name == "stream":
+            stream = entry["stream"]
+            lat = stream["latency"]
+            print(f"\n[stream] {entry['source']}")
+            print(f"  {result['window_encoding']}: {stream['items_per_s']:.2f} predictions/s, "
+                  f"p50 {lat['p50_ms']:.1f} ms, p95 {lat['p95_ms']:.1f} ms, "
+                  f"p99 {lat['p99_ms']:.1f} ms; prompt cache: {stream.get('prompt_cache')}")
+            continue
         tokens = entry["input_tokens"]
         print(f"\n[{name}] {entry['source']}")
         print(f"  input tokens per window: mean {tokens['mean']}, p50 {tokens['p50']}, "
