@@ -137,15 +137,29 @@ def bench_stream(predictor: Predictor, windows: Sequence[ConversationWindow]) ->
     return result
 
 
-def bench_rpc_sequential(url: str, windows: Sequence[ConversationWindow],
-                         token: str | None = None) -> ThroughputResult:
-    """One single-window request at a time: the latency a lone caller sees."""
+def bench_rpc_overhead(predictor: Predictor, url: str, windows: Sequence[ConversationWindow],
+                       token: str | None = None) -> dict[str, Any]:
+    """Paired latencies: each window in process, then the same window as a lone request to the
+    server, alternately. Pairing cancels the drift of a shared machine's load between stages;
+    the overhead is the median of the per-window differences."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    in_process, rpc = [], []
     with httpx.Client(base_url=url, headers=headers, timeout=120) as http:
         http.post("/v1/predict", json={"items": [window_to_json(windows[0])]})  # warm-up
-
-        def call(window: ConversationWindow) -> None:
+        predictor.predict([windows[0]])
+        for window in windows:
+            t0 = time.perf_counter()
+            predictor.predict([window])
+            t1 = time.perf_counter()
             response = http.post("/v1/predict", json={"items": [window_to_json(window)]})
+            t2 = time.perf_counter()
             response.raise_for_status()
-
-        return _timed_calls(list(windows), call, [1] * len(windows))
+            in_process.append(t1 - t0)
+            rpc.append(t2 - t1)
+    differences_ms = (np.asarray(rpc) - np.asarray(in_process)) * 1000.0
+    return {
+        "in_process_latency": asdict(LatencySummary.of_seconds(in_process)),
+        "rpc_latency": asdict(LatencySummary.of_seconds(rpc)),
+        "overhead_ms_p50": round(float(np.median(differences_ms)), 3),
+        "overhead_ms_mean": round(float(np.mean(differences_ms)), 3),
+    }

@@ -27,6 +27,10 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from predictor.runtime import prefer_passive_openmp  # noqa: E402
+
+prefer_passive_openmp()  # before torch is imported: see predictor/runtime.py
+
 from lpc.commands.bench_predictor import untrained_artifact  # noqa: E402
 from predictor.benchmark import synthetic_windows, worst_case_windows  # noqa: E402
 from predictor.embedders import load_embedder  # noqa: E402

@@ -149,6 +149,9 @@ def server_command(args: argparse.Namespace, artifact: Path, port: int) -> list[
 def run(args: argparse.Namespace) -> int:
     import os
 
+    from predictor.runtime import prefer_passive_openmp
+
+    openmp = prefer_passive_openmp()  # before torch is imported: see predictor/runtime.py
     import torch
 
     from lpc.cli import CommandError
@@ -211,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "openmp": openmp,
         "device": getattr(embedder, "device", "cpu"),
         "sets": {},
     }
@@ -246,13 +250,11 @@ def run(args: argparse.Namespace) -> int:
                     if name == "stream":
                         continue
                     entry = result["sets"][name]
-                    progress(args, f"{name}: sequential RPC")
-                    singles = windows[: args.single_count]
-                    sequential = benchmark.bench_rpc_sequential(url, singles)
-                    in_process_p50 = entry["in_process"]["single"]["latency"]["p50_ms"]
-                    entry["rpc_sequential"] = sequential.as_dict()
-                    entry["rpc_overhead_ms_p50"] = round(sequential.latency.p50_ms
-                                                         - in_process_p50, 3)
+                    progress(args, f"{name}: paired in-process / RPC latency")
+                    paired = benchmark.bench_rpc_overhead(predictor, url,
+                                                          windows[: args.single_count])
+                    entry["rpc_single"] = paired
+                    entry["rpc_overhead_ms_p50"] = paired["overhead_ms_p50"]
                     progress(args, f"{name}: {args.rpc_clients} clients for "
                                    f"{args.rpc_duration_s} s")
                     report = run_load_test(
@@ -304,8 +306,12 @@ def print_table(result: dict[str, Any]) -> None:
             ("in-process, batched", entry["in_process"]["batched"]),
             ("in-process, 1 window/call", entry["in_process"]["single"]),
         ]
-        if "rpc_sequential" in entry:
-            rows.append(("RPC, 1 window/request", entry["rpc_sequential"]))
+        if "rpc_single" in entry:
+            paired = entry["rpc_single"]
+            rows.append(("paired: in-process, 1/call", {"items_per_s": float("nan"),
+                                                       "latency": paired["in_process_latency"]}))
+            rows.append(("paired: RPC, 1/request", {"items_per_s": float("nan"),
+                                                    "latency": paired["rpc_latency"]}))
         print(f"  {'stage':<28}{'items/s':>9}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}")
         for label, stage in rows:
             lat = stage["latency"]
@@ -317,7 +323,8 @@ def print_table(result: dict[str, Any]) -> None:
             print(f"  {'RPC, ' + str(load['clients']) + ' clients':<28}"
                   f"{load['predictions_per_s']:>9.2f}{lat['p50_ms']:>10.1f}"
                   f"{lat['p95_ms']:>10.1f}{lat['p99_ms']:>10.1f}")
-            print(f"  RPC overhead at p50: {entry['rpc_overhead_ms_p50']:.2f} ms; load: "
+            print(f"  RPC overhead (median of paired differences): "
+                  f"{entry['rpc_overhead_ms_p50']:.2f} ms; load: "
                   f"{load['answered_ok']} ok, {load['overloaded_503']} 503, "
                   f"{load['lost']} lost, {load['mismatched']} mismatched")
     if "server_peak_rss_mb" in result:

@@ -66,6 +66,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
+    from predictor.runtime import prefer_passive_openmp
+
+    prefer_passive_openmp()  # before torch is imported: see predictor/runtime.py
+
     from lpc.cli import CommandError
     from predictor.artifact import ArtifactError, load_artifact
     from predictor.embedders import EmbedderLoadError, load_embedder

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 
-from predictor.artifact import ArtifactMetadata, save_artifact
 from predictor.features import FeatureConfig
-from predictor.model import ContinuationMLP, MLPConfig
+from predictor.runtime import prefer_passive_openmp
 from tests.predictor.fakes import HashingEmbedder
 
+if TYPE_CHECKING:
+    from predictor.artifact import ArtifactMetadata
+
+# Before torch is imported (this module imports it only inside functions): see runtime.py.
+prefer_passive_openmp()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -24,6 +28,11 @@ def hashing_embedder() -> HashingEmbedder:
 def make_artifact(folder: Path, embedder_id: str = "test-hashing-embedder", dim: int = 32,
                   seed: int = 0, feature_config: FeatureConfig | None = None) -> ArtifactMetadata:
     """A randomly initialised (seeded) MLP saved as an artifact: enough to test the plumbing."""
+    import torch
+
+    from predictor.artifact import ArtifactMetadata, save_artifact
+    from predictor.model import ContinuationMLP, MLPConfig
+
     torch.manual_seed(seed)
     config = MLPConfig(embedding_dim=dim)
     model = ContinuationMLP(config)
