@@ -2,7 +2,10 @@
 
 Requests wait in a FIFO of bounded size (counted in windows, not requests). A batch closes
 when it holds `max_batch` windows or when the oldest waiting request has waited `max_wait_s`;
-it runs on one worker thread while the event loop keeps accepting and queueing requests. A
+it runs on one worker thread while the event loop keeps accepting and queueing requests, and
+whatever queued meanwhile forms the next batch. So with `max_wait_s=0` (the server's default)
+a lone request is dispatched at once, with no added latency, and batches still form under
+load; a positive wait trades latency for fuller batches (worth it on a GPU, hardly on a CPU). A
 request that does not fit in the queue is refused at once (`QueueFullError` → HTTP 503): under
 overload, callers get a fast "no" and fall back to their default probability, and memory stays
 bounded. A large request may be split over consecutive batches; its answer is assembled in

@@ -64,6 +64,7 @@ class ThroughputResult:
     seconds: float
     items_per_s: float
     latency: LatencySummary  # per call (a batch, or a single item)
+    cpu_ms_per_item: float  # this process's CPU time (all threads) per item: load-independent
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,15 +72,29 @@ class ThroughputResult:
 
 def _timed_calls(calls: Sequence[Any], fn, items_per_call: Sequence[int]) -> ThroughputResult:
     latencies = []
+    cpu_started = time.process_time()
     started = time.perf_counter()
     for argument in calls:
         t0 = time.perf_counter()
         fn(argument)
         latencies.append(time.perf_counter() - t0)
     total = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
     items = int(sum(items_per_call))
     return ThroughputResult(items, round(total, 3), round(items / total, 3),
-                            LatencySummary.of_seconds(latencies))
+                            LatencySummary.of_seconds(latencies), round(cpu * 1000 / items, 2))
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far, from /proc (Linux)."""
+    import os
+    from pathlib import Path
+
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
@@ -135,6 +150,11 @@ def bench_stream(predictor: Predictor, windows: Sequence[ConversationWindow]) ->
     if predictor.prompt_cache is not None:
         result["prompt_cache"] = asdict(predictor.prompt_cache.stats)
     return result
+
+
+def tiny_windows(count: int) -> list[ConversationWindow]:
+    """One short prompt each: model time is small, so the RPC's own cost stands out."""
+    return [ConversationWindow(f"tiny-{i}", (f"hello number {i}",), 1) for i in range(count)]
 
 
 def bench_rpc_overhead(predictor: Predictor, url: str, windows: Sequence[ConversationWindow],

@@ -51,7 +51,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     max_batch: int = 32
-    max_wait_ms: float = 5.0
+    max_wait_ms: float = 0.0
     max_queue_items: int = 256
     request_timeout_s: float = 30.0
     graceful_timeout_s: float = 30.0

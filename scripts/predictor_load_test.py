@@ -54,7 +54,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--worst-case", action="store_true",
                         help="use windows that fill the 512-token budget")
     parser.add_argument("--max-batch", type=int, default=32)
-    parser.add_argument("--max-wait-ms", type=float, default=5.0)
+    parser.add_argument("--max-wait-ms", type=float, default=0.0)
     parser.add_argument("--max-queue", type=int, default=32,
                         help="server queue bound; below --clients so 503s are exercised")
     parser.add_argument("--tolerance", type=float, default=1e-5)

@@ -58,7 +58,7 @@ def register(targets: argparse._SubParsersAction) -> None:
     parser.add_argument("--rpc-duration-s", type=float, default=20.0,
                         help="length of the load stage per window set")
     parser.add_argument("--server-max-batch", type=int, default=32, help="server --max-batch")
-    parser.add_argument("--server-max-wait-ms", type=float, default=5.0,
+    parser.add_argument("--server-max-wait-ms", type=float, default=0.0,
                         help="server --max-wait-ms")
     parser.add_argument("--server-max-queue", type=int, default=256, help="server --max-queue")
     parser.add_argument("--threads", type=int, default=None,
@@ -257,11 +257,19 @@ def run(args: argparse.Namespace) -> int:
                     entry["rpc_overhead_ms_p50"] = paired["overhead_ms_p50"]
                     progress(args, f"{name}: {args.rpc_clients} clients for "
                                    f"{args.rpc_duration_s} s")
+                    cpu_before = benchmark.process_cpu_seconds(server.pid)
                     report = run_load_test(
                         LoadTestConfig(url, clients=args.rpc_clients,
                                        duration_s=args.rpc_duration_s, tolerance=1e-5),
                         windows, expected_by_set[name])
+                    cpu_after = benchmark.process_cpu_seconds(server.pid)
                     entry["rpc_load"] = report.as_dict()
+                    if cpu_before is not None and cpu_after is not None:
+                        entry["rpc_load"]["server_cpu_ms_per_prediction"] = round(
+                            (cpu_after - cpu_before) * 1000 / max(report.windows_answered, 1), 2)
+                progress(args, "RPC overhead on tiny windows (paired)")
+                result["rpc_overhead_tiny"] = benchmark.bench_rpc_overhead(
+                    predictor, url, benchmark.tiny_windows(64))
                 result["server_peak_rss_mb"] = round(server.peak_rss_mb() or float("nan"), 1)
                 result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
                 result["server_exit_code"] = server.stop()
@@ -312,20 +320,29 @@ def print_table(result: dict[str, Any]) -> None:
                                                        "latency": paired["in_process_latency"]}))
             rows.append(("paired: RPC, 1/request", {"items_per_s": float("nan"),
                                                     "latency": paired["rpc_latency"]}))
-        print(f"  {'stage':<28}{'items/s':>9}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}")
+        print(f"  {'stage':<28}{'items/s':>9}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}"
+              f"{'CPU ms/item':>13}")
         for label, stage in rows:
             lat = stage["latency"]
+            cpu = stage.get("cpu_ms_per_item", float("nan"))
             print(f"  {label:<28}{stage['items_per_s']:>9.2f}{lat['p50_ms']:>10.1f}"
-                  f"{lat['p95_ms']:>10.1f}{lat['p99_ms']:>10.1f}")
+                  f"{lat['p95_ms']:>10.1f}{lat['p99_ms']:>10.1f}{cpu:>13.1f}")
         if "rpc_load" in entry:
             load = entry["rpc_load"]
             lat = load["ok_latency"]
             print(f"  {'RPC, ' + str(load['clients']) + ' clients':<28}"
                   f"{load['predictions_per_s']:>9.2f}{lat['p50_ms']:>10.1f}"
-                  f"{lat['p95_ms']:>10.1f}{lat['p99_ms']:>10.1f}")
+                  f"{lat['p95_ms']:>10.1f}{lat['p99_ms']:>10.1f}"
+                  f"{load.get('server_cpu_ms_per_prediction', float('nan')):>13.1f}")
             print(f"  RPC overhead (median of paired differences): "
                   f"{entry['rpc_overhead_ms_p50']:.2f} ms; load: "
                   f"{load['answered_ok']} ok, {load['overloaded_503']} 503, "
                   f"{load['lost']} lost, {load['mismatched']} mismatched")
+    if "rpc_overhead_tiny" in result:
+        tiny = result["rpc_overhead_tiny"]
+        print(f"\nRPC overhead on one-short-prompt windows (64 paired calls): median "
+              f"{tiny['overhead_ms_p50']:.2f} ms (in process p50 "
+              f"{tiny['in_process_latency']['p50_ms']:.1f} ms, RPC p50 "
+              f"{tiny['rpc_latency']['p50_ms']:.1f} ms)")
     if "server_peak_rss_mb" in result:
-        print(f"\nserver peak RSS: {result['server_peak_rss_mb']} MB")
+        print(f"server peak RSS: {result['server_peak_rss_mb']} MB")

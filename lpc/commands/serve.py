@@ -32,8 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="bind address; keep loopback unless a token is set")
     parser.add_argument("--port", type=int, default=8476, help="TCP port")
     parser.add_argument("--max-batch", type=int, default=32, help="windows per model batch")
-    parser.add_argument("--max-wait-ms", type=float, default=5.0,
-                        help="longest a window waits for its batch to fill")
+    parser.add_argument("--max-wait-ms", type=float, default=0.0,
+                        help="how long a batch is held open to gather more windows; 0 "
+                             "dispatches as soon as the model is free (requests arriving "
+                             "while a batch runs form the next one); >0 helps on a GPU")
     parser.add_argument("--max-queue", type=int, default=256,
                         help="windows allowed to wait; beyond it requests get 503")
     parser.add_argument("--max-items-per-request", type=int, default=64,
