@@ -44,6 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="characters per user prompt (422 beyond)")
     parser.add_argument("--max-prompts-per-item", type=int, default=64,
                         help="user prompts per window (422 beyond; only the last N+1 are used)")
+    parser.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024,
+                        help="request body size limit, checked before parsing (413 beyond)")
     parser.add_argument("--request-timeout-s", type=float, default=30.0,
                         help="a request waiting longer gets 504")
     parser.add_argument("--graceful-timeout-s", type=float, default=30.0,
@@ -100,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
             max_items_per_request=args.max_items_per_request,
             max_prompts_per_item=args.max_prompts_per_item,
             max_prompt_chars=args.max_prompt_chars,
+            max_body_bytes=args.max_body_bytes,
         )
         config = ServerConfig(
             host=args.host, port=args.port, max_batch=args.max_batch,
