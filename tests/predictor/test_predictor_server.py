@@ -150,7 +150,8 @@ def test_invalid_payloads_get_precise_422(tiny_artifact, body, where):
 
 
 def test_raw_bodies_nan_bad_json_and_oversize(tiny_artifact):
-    limits = RequestLimits(max_items_per_request=2, max_prompt_chars=10, max_prompts_per_item=2)
+    limits = RequestLimits(max_items_per_request=2, max_prompt_chars=10, max_prompts_per_item=2,
+                           max_body_bytes=4096)
     app, config = serve(tiny_artifact, limits=limits)
     with running_server(app, config) as (url, _):
         nan = '{"items": [{"conversation_id": "c", "user_prompts": ["a"], "turn_count": NaN}]}'
