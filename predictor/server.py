@@ -152,6 +152,7 @@ def create_app(
         max_queue_items=config.max_queue_items,
         on_batch=on_batch,
         on_queue_depth=metrics.queue_depth.set,
+        max_expected_wait_s=config.request_timeout_s,
     )
 
     def publish_model() -> None:

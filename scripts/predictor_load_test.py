@@ -31,7 +31,7 @@ from predictor.runtime import prefer_passive_openmp  # noqa: E402
 
 prefer_passive_openmp()  # before torch is imported: see predictor/runtime.py
 
-from lpc.commands.bench_predictor import untrained_artifact  # noqa: E402
+from lpc.commands.bench_predictor import sharegpt_windows, untrained_artifact  # noqa: E402
 from predictor.benchmark import synthetic_windows, worst_case_windows  # noqa: E402
 from predictor.embedders import load_embedder  # noqa: E402
 from predictor.load_test import LoadTestConfig, run_load_test  # noqa: E402
@@ -50,13 +50,20 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--embedder", default="e5-small-q4")
     parser.add_argument("--artifact", type=Path, default=None)
     parser.add_argument("--windows", type=int, default=256, help="distinct windows cycled")
-    parser.add_argument("--windows-file", type=Path, default=None)
-    parser.add_argument("--worst-case", action="store_true",
-                        help="use windows that fill the 512-token budget")
+    parser.add_argument("--windows-file", type=Path, default=None,
+                        help="JSONL windows (overrides --source)")
+    parser.add_argument("--source", choices=["sharegpt", "synthetic", "worst"],
+                        default="sharegpt",
+                        help="sharegpt: user-turn windows sampled from the bundled ShareGPT "
+                             "file (through training.loaders); synthetic: chat-like random "
+                             "windows; worst: windows that fill the 512-token budget")
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--max-wait-ms", type=float, default=0.0)
     parser.add_argument("--max-queue", type=int, default=32,
                         help="server queue bound; below --clients so 503s are exercised")
+    parser.add_argument("--request-timeout-s", type=float, default=30.0,
+                        help="server --request-timeout-s (requests expected to wait longer "
+                             "are refused with 503 up front)")
     parser.add_argument("--tolerance", type=float, default=1e-5)
     parser.add_argument("--output", type=Path, default=None, help="also write the report here")
     return parser.parse_args()
@@ -73,10 +80,12 @@ def main() -> int:
     args = parse_args()
     if args.windows_file:
         windows = read_windows_jsonl(args.windows_file, args.windows)
-    elif args.worst_case:
+    elif args.source == "worst":
         windows = worst_case_windows(args.windows)
-    else:
+    elif args.source == "synthetic":
         windows = synthetic_windows(args.windows)
+    else:
+        windows, _ = sharegpt_windows(args.windows, 3000, seed=0)
     embedder = load_embedder(args.embedder)
     with tempfile.TemporaryDirectory(prefix="lpc-load-test-") as scratch:
         artifact = args.artifact or untrained_artifact(Path(scratch) / "untrained", embedder,
@@ -88,7 +97,8 @@ def main() -> int:
         command = [sys.executable, "-m", "lpc.cli", "serve", "--artifact", str(artifact),
                    "--embedder", args.embedder, "--port", str(port), "--log-level", "warning",
                    "--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms),
-                   "--max-queue", str(args.max_queue)]
+                   "--max-queue", str(args.max_queue),
+                   "--request-timeout-s", str(args.request_timeout_s)]
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
                                                            os.environ.get("PYTHONPATH")]))}
         log = Path(scratch) / "server.log"
@@ -114,6 +124,7 @@ def main() -> int:
                        "log_tail": log.read_text(errors="replace")[-1500:]},
             "embedder_id": embedder.embedder_id,
             "windows": len(windows),
+            "source": str(args.windows_file or args.source),
             "load_average_1m": os.getloadavg()[0],
             "report": report.as_dict(),
         }
