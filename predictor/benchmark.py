@@ -157,16 +157,35 @@ def tiny_windows(count: int) -> list[ConversationWindow]:
     return [ConversationWindow(f"tiny-{i}", (f"hello number {i}",), 1) for i in range(count)]
 
 
+def server_time_sums(http: httpx.Client) -> dict[str, float]:
+    """Sums and counts of the server's predict-request and model-batch latency histograms."""
+    wanted = {
+        'lpc_predictor_request_latency_seconds_sum{endpoint="predict"}': "request_s",
+        'lpc_predictor_request_latency_seconds_count{endpoint="predict"}': "requests",
+        "lpc_predictor_batch_latency_seconds_sum": "batch_s",
+        "lpc_predictor_batch_latency_seconds_count": "batches",
+    }
+    sums = dict.fromkeys(wanted.values(), 0.0)
+    for line in http.get("/metrics").text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name in wanted:
+            sums[wanted[name]] = float(value)
+    return sums
+
+
 def bench_rpc_overhead(predictor: Predictor, url: str, windows: Sequence[ConversationWindow],
                        token: str | None = None) -> dict[str, Any]:
     """Paired latencies: each window in process, then the same window as a lone request to the
-    server, alternately. Pairing cancels the drift of a shared machine's load between stages;
-    the overhead is the median of the per-window differences."""
+    server, alternately; the overhead is the median of the per-window differences (pairing
+    cancels slow drifts of a shared machine's load, not its fast noise). Also the server's own
+    overhead from its metrics: mean request time minus mean model time per batch (parsing,
+    validation, queueing, thread hand-off, serialisation), which machine noise barely moves."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     in_process, rpc = [], []
     with httpx.Client(base_url=url, headers=headers, timeout=120) as http:
         http.post("/v1/predict", json={"items": [window_to_json(windows[0])]})  # warm-up
         predictor.predict([windows[0]])
+        before = server_time_sums(http)
         for window in windows:
             t0 = time.perf_counter()
             predictor.predict([window])
@@ -176,8 +195,16 @@ def bench_rpc_overhead(predictor: Predictor, url: str, windows: Sequence[Convers
             response.raise_for_status()
             in_process.append(t1 - t0)
             rpc.append(t2 - t1)
+        after = server_time_sums(http)
     differences_ms = (np.asarray(rpc) - np.asarray(in_process)) * 1000.0
+    requests = after["requests"] - before["requests"]
+    batches = after["batches"] - before["batches"]
+    server_overhead_ms = float("nan")
+    if requests > 0 and batches > 0:
+        server_overhead_ms = 1000.0 * ((after["request_s"] - before["request_s"]) / requests
+                                       - (after["batch_s"] - before["batch_s"]) / batches)
     return {
+        "server_overhead_ms_mean": round(server_overhead_ms, 3),
         "in_process_latency": asdict(LatencySummary.of_seconds(in_process)),
         "rpc_latency": asdict(LatencySummary.of_seconds(rpc)),
         "overhead_ms_p50": round(float(np.median(differences_ms)), 3),

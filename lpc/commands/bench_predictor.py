@@ -334,14 +334,16 @@ def print_table(result: dict[str, Any]) -> None:
                   f"{load['predictions_per_s']:>9.2f}{lat['p50_ms']:>10.1f}"
                   f"{lat['p95_ms']:>10.1f}{lat['p99_ms']:>10.1f}"
                   f"{load.get('server_cpu_ms_per_prediction', float('nan')):>13.1f}")
-            print(f"  RPC overhead (median of paired differences): "
-                  f"{entry['rpc_overhead_ms_p50']:.2f} ms; load: "
+            print(f"  RPC overhead: median of paired differences "
+                  f"{entry['rpc_overhead_ms_p50']:.2f} ms, inside the server "
+                  f"{entry['rpc_single']['server_overhead_ms_mean']:.2f} ms; load: "
                   f"{load['answered_ok']} ok, {load['overloaded_503']} 503, "
                   f"{load['lost']} lost, {load['mismatched']} mismatched")
     if "rpc_overhead_tiny" in result:
         tiny = result["rpc_overhead_tiny"]
         print(f"\nRPC overhead on one-short-prompt windows (64 paired calls): median "
-              f"{tiny['overhead_ms_p50']:.2f} ms (in process p50 "
+              f"{tiny['overhead_ms_p50']:.2f} ms, inside the server "
+              f"{tiny['server_overhead_ms_mean']:.2f} ms (in process p50 "
               f"{tiny['in_process_latency']['p50_ms']:.1f} ms, RPC p50 "
               f"{tiny['rpc_latency']['p50_ms']:.1f} ms)")
     if "server_peak_rss_mb" in result:
