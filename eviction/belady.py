@@ -77,13 +77,13 @@ class BeladyEvictor(PriorityEvictor):
 
     def _refresh(self, now_s: float) -> None:
         """Re-date blocks whose predicted use passed without a hit."""
-        due, run_of = self._due, self._run_of
+        due, state = self._due, self._state
         while due and due[0][0] < now_s:
             _, _, run = heapq.heappop(due)
             stale_ids, stale_depths = [], []
             for j in range(run.cursor, len(run.block_ids)):
                 block_id = run.block_ids[j]
-                if run_of[block_id] is run and run.holds(block_id):
+                if state[block_id] is run:
                     self._dequeue(block_id)
                     stale_ids.append(block_id)
                     stale_depths.append(run.depths[j])

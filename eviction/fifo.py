@@ -16,7 +16,7 @@ class FIFOEvictor(PriorityEvictor):
     name: ClassVar[str] = "fifo"
 
     def push_cached(self, freed: FreedBlocks, release: Release) -> None:
-        run_of = self._run_of
+        run_of = self._state
         keys = []
         for block_id in freed.block_ids:
             old = run_of[block_id]

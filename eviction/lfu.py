@@ -17,7 +17,7 @@ class LFUEvictor(PriorityEvictor):
     name: ClassVar[str] = "lfu"
 
     def _counted(self, freed: FreedBlocks, release: Release) -> list[tuple[int, float]]:
-        run_of = self._run_of
+        run_of = self._state
         return [
             (1 if run_of[b] is None else run_of[b].key[0] + 1, release.time_s)
             for b in freed.block_ids

@@ -78,11 +78,11 @@ class LPCEvictor(PriorityEvictor):
         self, block_ids: Sequence[int], key: float, conversation_id: str | None
     ) -> tuple[list[float], list[str | None]]:
         """Per-block (key, tag) after this release: max pooling across conversations."""
-        run_of = self._run_of
+        state = self._state
         keys: list[float] = []
         tags: list[str | None] = []
         for block_id in block_ids:
-            old = run_of[block_id]
+            old = state[block_id]
             if old is None or (conversation_id is not None and old.tag == conversation_id):
                 keys.append(key)
                 tags.append(conversation_id)
@@ -97,17 +97,15 @@ class LPCEvictor(PriorityEvictor):
             return
         key = self.key_for(release)
         conversation_id = release.conversation_id
-        run_of = self._run_of
+        state = self._state
         run = Run(key, conversation_id, block_ids, freed.depths, self._next_seq)
         # Fast path, one pass: blocks cached for the first time, or released again by their
         # only conversation, all take this release's key and form a single run.
-        claimed = 0
         for block_id in block_ids:
-            old = run_of[block_id]
+            old = state[block_id]
             if old is not None and (conversation_id is None or old.tag != conversation_id):
                 break
-            run_of[block_id] = run
-            claimed += 1
+            state[block_id] = run
         else:
             self._next_seq += 1
             self._queued += len(block_ids)
@@ -115,8 +113,8 @@ class LPCEvictor(PriorityEvictor):
             return
         # Some block is shared. The blocks claimed so far were new or this conversation's
         # own, which pooling treats alike: forget the claim and pool block by block.
-        for block_id in block_ids[:claimed]:
-            run_of[block_id] = None
+        for claimed in block_ids[: block_ids.index(block_id)]:
+            state[claimed] = None
         keys, tags = self._pooled(block_ids, key, conversation_id)
         self._push_grouped(block_ids, freed.depths, keys, tags)
 
@@ -127,5 +125,5 @@ class LPCEvictor(PriorityEvictor):
 
     def pooled_key(self, block_id: int) -> float | None:
         """The block's current static key (None when it holds no pooled metadata)."""
-        run = self._run_of[block_id]
-        return None if run is None else run.key
+        metadata = self._state[block_id]
+        return None if metadata is None else metadata.key

@@ -2,8 +2,9 @@
 
 Uncached blocks live in a linked list in front of everything (reused first, in vLLM's order);
 cached blocks live in the `RunHeap` this class extends, keyed by the policy's priority, ties
-going to the deeper block, then to the older release. A block's last run is its metadata
-(key and tag) while it is in use, so a policy can pool across releases. Subclasses implement
+going to the deeper block, then to the older release. A block's last run (or its ghost) is
+its metadata (key and tag) while it is in use, so a policy can pool across releases.
+Subclasses implement
 `push_cached`.
 """
 
@@ -13,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from eviction.base import Evictor
 from eviction.linked_list import BlockList
-from eviction.run_heap import RunHeap
+from eviction.run_heap import Ghost, Run, RunHeap
 
 
 class PriorityEvictor(RunHeap, Evictor):
@@ -34,20 +35,18 @@ class PriorityEvictor(RunHeap, Evictor):
         self._uncached.prepend_n(block_ids)
 
     def remove(self, block_id: int) -> None:
-        run = self._run_of[block_id]
-        if run is None:
+        # The hot path of every hit: kept to a few stores (see RunHeap._dequeue).
+        state = self._state
+        run = state[block_id]
+        if type(run) is not Run:
             self._uncached.remove(block_id)
             return
-        removed = run.removed
-        if removed is None:
-            run.removed = {block_id}
-        elif block_id in removed:
-            raise KeyError(f"block {block_id} is not free")
-        else:
-            removed.add(block_id)
+        ghost = run.ghost
+        if ghost is None:
+            ghost = run.ghost = Ghost(run.key, run.tag)
+        state[block_id] = ghost
+        run.holes += 1
         self._queued -= 1
-        if len(self._heap) > 2 * self._queued + 1024:
-            self._rebuild()
 
     def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
         if n > len(self):
@@ -56,6 +55,8 @@ class PriorityEvictor(RunHeap, Evictor):
         from_uncached = min(n, len(uncached))
         out = uncached.pop_n(from_uncached) if from_uncached else []
         if from_uncached < n:
+            if len(self._heap) > 2 * self._queued + 1024:
+                self._rebuild()  # hits left more dead runs than live blocks
             self._pop_into(n - from_uncached, out)
         return out
 

@@ -7,14 +7,14 @@ of one per block. A run lists its blocks deepest first, which is also their evic
 within the run: ties in key evict the deeper block first (a child is useless without its
 parent), then the block of the older run.
 
-Each block remembers the run it was last queued in (`_run_of`), which doubles as the policy's
-per-block metadata (the run's key and `tag`), and survives the block being hit and used again
-until the block is handed out with new content. A hit (removal) records the block in its
-run's `removed` set; the cursor skips such blocks when it reaches them. A run with no removed
-blocks is popped by slicing, like a linked list; a stale head only makes its entry sort
-*earlier* than it should, never later, so re-ranking the root before each pop keeps the order
-exact. Everything is O(log runs) amortised; the heap is rebuilt when dead entries outnumber
-queued blocks.
+Each block has one slot in `_state`: the `Run` it is queued in; or, once a hit took it out
+of the heap, that run's `Ghost` (the same key and `tag`, the policy's per-block metadata,
+which must survive while the block is in use); or None once it is handed out with new
+content. A hit therefore costs one store and counts a hole in the run; the cursor skips such
+blocks when it reaches them. A run without holes is popped by
+slicing, like a linked list; a stale head only makes its entry sort *earlier* than it should,
+never later, so re-ranking the root before each pop keeps the order exact. Everything is
+O(log runs) amortised; the heap is rebuilt when dead entries outnumber queued blocks.
 
 Policies subclass `RunHeap` (through `PriorityEvictor`) so their hot paths touch these lists
 directly; the protected methods here are the heap's whole interface.
@@ -27,10 +27,20 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 
+class Ghost:
+    """The metadata of a run a block has left (or of a release that did not free it)."""
+
+    __slots__ = ("key", "tag")
+
+    def __init__(self, key: Any, tag: Any) -> None:
+        self.key = key
+        self.tag = tag
+
+
 class Run:
     """Blocks queued together under one key; `tag` is the policy's own metadata."""
 
-    __slots__ = ("block_ids", "cursor", "depths", "key", "removed", "seq", "tag")
+    __slots__ = ("block_ids", "cursor", "depths", "ghost", "holes", "key", "seq", "tag")
 
     def __init__(
         self, key: Any, tag: Any, block_ids: Sequence[int], depths: Sequence[int], seq: int
@@ -41,23 +51,15 @@ class Run:
         self.depths = depths
         self.cursor = 0
         self.seq = seq
-        self.removed: set[int] | None = None
+        self.holes = 0  # blocks removed (hit) from this run before it reached them
+        self.ghost: Ghost | None = None
 
-    def holds(self, block_id: int) -> bool:
-        """Whether the block (whose last run this is) is still queued in it."""
-        return self.removed is None or block_id not in self.removed
-
-    def head(self) -> int:
-        """Advance the cursor past removed blocks; returns it (== len when exhausted)."""
-        i = self.cursor
-        removed = self.removed
-        if removed:
-            ids = self.block_ids
-            n = len(ids)
-            while i < n and ids[i] in removed:
-                i += 1
-            self.cursor = i
-        return i
+    def left_by(self) -> Ghost:
+        """The ghost that blocks leaving this run keep as their metadata."""
+        ghost = self.ghost
+        if ghost is None:
+            ghost = self.ghost = Ghost(self.key, self.tag)
+        return ghost
 
 
 _Entry = tuple[Any, int, int, Run]
@@ -68,18 +70,29 @@ class RunHeap:
 
     def __init__(self, num_blocks: int) -> None:
         self._heap: list[_Entry] = []
-        self._run_of: list[Run | None] = [None] * num_blocks
+        self._state: list[Run | Ghost | None] = [None] * num_blocks
         self._next_seq = 0
         self._queued = 0
 
     def _clear_heap(self) -> None:
         self._heap.clear()
-        self._run_of = [None] * len(self._run_of)
+        self._state = [None] * len(self._state)
         self._queued = 0
 
     def _is_queued(self, block_id: int) -> bool:
-        run = self._run_of[block_id]
-        return run is not None and run.holds(block_id)
+        return type(self._state[block_id]) is Run
+
+    def _head(self, run: Run) -> int:
+        """Advance the run's cursor past removed blocks; returns it (== len when exhausted)."""
+        i = run.cursor
+        if run.holes:
+            state = self._state
+            ids = run.block_ids
+            n = len(ids)
+            while i < n and state[ids[i]] is not run:
+                i += 1
+            run.cursor = i
+        return i
 
     def _push_run(
         self, key: Any, tag: Any, block_ids: Sequence[int], depths: Sequence[int]
@@ -93,9 +106,9 @@ class RunHeap:
         seq = self._next_seq
         self._next_seq = seq + 1
         run = Run(key, tag, block_ids, depths, seq)
-        run_of = self._run_of
+        state = self._state
         for block_id in block_ids:
-            run_of[block_id] = run
+            state[block_id] = run
         self._queued += len(block_ids)
         heapq.heappush(self._heap, (key, -depths[0], seq, run))
         return run
@@ -122,28 +135,21 @@ class RunHeap:
     def _remember(
         self, key: Any, tag: Any, block_ids: Sequence[int], depths: Sequence[int]
     ) -> None:
-        """Attach metadata to blocks that are in use (not queued): a run that holds none."""
+        """Attach metadata to blocks that are in use (not queued)."""
         if not block_ids:
             return
-        run = Run(key, tag, block_ids, depths, -1)
-        run.removed = set(block_ids)
-        run.cursor = len(block_ids)
-        run_of = self._run_of
+        ghost = Ghost(key, tag)
+        state = self._state
         for block_id in block_ids:
-            run_of[block_id] = run
+            state[block_id] = ghost
 
     def _dequeue(self, block_id: int) -> bool:
         """Dequeue the block if it is queued (its run stays its metadata); returns whether."""
-        run = self._run_of[block_id]
-        if run is None:
+        run = self._state[block_id]
+        if type(run) is not Run:
             return False
-        removed = run.removed
-        if removed is None:
-            run.removed = {block_id}
-        elif block_id in removed:
-            return False
-        else:
-            removed.add(block_id)
+        self._state[block_id] = run.left_by()
+        run.holes += 1
         self._queued -= 1
         if len(self._heap) > 2 * self._queued + 1024:
             self._rebuild()
@@ -153,12 +159,12 @@ class RunHeap:
         """Pop the n smallest blocks into `out`, in order; they forget their runs."""
         if n > self._queued:
             raise IndexError(f"cannot pop {n} blocks: only {self._queued} are queued")
-        heap, run_of = self._heap, self._run_of
+        heap, state = self._heap, self._state
         popped = 0
         while popped < n:
             entry = heap[0]
             run = entry[3]
-            i = run.head()
+            i = self._head(run)
             ids = run.block_ids
             m = len(ids)
             if i == m:
@@ -173,7 +179,7 @@ class RunHeap:
             size = len(heap)
             key = run.key
             if (
-                run.removed is None
+                not run.holes
                 and (size < 2 or key < heap[1][0])
                 and (size < 3 or key < heap[2][0])
             ):
@@ -181,17 +187,18 @@ class RunHeap:
                 take = ids[i : i + (n - popped)]
                 out.extend(take)
                 for block_id in take:
-                    run_of[block_id] = None
+                    state[block_id] = None
                 popped += len(take)
                 i += len(take)
             else:
                 # One block, then re-rank: the next head may tie with another run.
-                run_of[ids[i]] = None
-                out.append(ids[i])
+                block_id = ids[i]
+                state[block_id] = None
+                out.append(block_id)
                 popped += 1
                 i += 1
             run.cursor = i
-            i = run.head()
+            i = self._head(run)
             if i == m:
                 heapq.heappop(heap)
             else:
@@ -209,7 +216,7 @@ class RunHeap:
     def _rebuild(self) -> None:
         entries = []
         for _, _, seq, run in self._heap:
-            i = run.head()
+            i = self._head(run)
             if i < len(run.block_ids):
                 entries.append((run.key, -run.depths[i], seq, run))
         heapq.heapify(entries)
@@ -217,12 +224,12 @@ class RunHeap:
 
     def _ordered(self) -> Iterator[int]:
         """Queued blocks in pop order, without popping (O(n log n); for tests and debugging)."""
-        run_of = self._run_of
+        state = self._state
         items = []
         for _, _, seq, run in self._heap:
             for j in range(run.cursor, len(run.block_ids)):
                 block_id = run.block_ids[j]
-                if run_of[block_id] is run and run.holds(block_id):
+                if state[block_id] is run:
                     items.append((run.key, -run.depths[j], seq, block_id))
         items.sort()
         return (item[3] for item in items)

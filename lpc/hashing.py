@@ -36,22 +36,26 @@ class MultiModalSpan:
     length: int
 
 
-def encode_tokens(token_ids: Sequence[int], what: str = "token_ids") -> bytes:
-    """Token ids as little-endian int64, rejecting anything that is not a non-negative int."""
+def encode_tokens(token_ids: Sequence[int], what: str = "token_ids", offset: int = 0) -> bytes:
+    """Token ids as little-endian int64, rejecting anything that is not a non-negative int.
+
+    Errors name the position as `what[offset + i]` (`offset`: where this slice starts).
+    """
     try:
         packed = array("q", token_ids)
     except (TypeError, OverflowError):
         for i, token in enumerate(token_ids):
             if isinstance(token, bool) or not isinstance(token, int):
                 raise TypeError(
-                    f"{what}[{i}] must be an int, got {type(token).__name__} {token!r}"
+                    f"{what}[{offset + i}] must be an int, got {type(token).__name__} {token!r}"
                 ) from None
             if not -(2**63) <= token < 2**63:
-                raise ValueError(f"{what}[{i}] = {token} does not fit in 64 bits") from None
+                message = f"{what}[{offset + i}] = {token} does not fit in 64 bits"
+                raise ValueError(message) from None
         raise
     if packed and min(packed) < 0:
         i = next(i for i, t in enumerate(packed) if t < 0)
-        raise ValueError(f"{what}[{i}] = {packed[i]} is negative; token ids are >= 0")
+        raise ValueError(f"{what}[{offset + i}] = {packed[i]} is negative; token ids are >= 0")
     if sys.byteorder != "little":  # pragma: no cover - the encoding is fixed little-endian
         packed.byteswap()
     return packed.tobytes()
@@ -118,20 +122,24 @@ class BlockHasher:
         `start_hashes` may hold the already known hashes of a prefix of the same request
         (e.g. the previous turn of a conversation), which are reused, not recomputed.
         """
-        data = encode_tokens(token_ids)
         bs = self.block_size
-        width = 8 * bs
         num_full = len(token_ids) // bs
         hashes: list[BlockHash] = list(start_hashes[:num_full])
+        first = len(hashes)
+        # Only tokens not covered by `start_hashes` are encoded (and so validated), including
+        # the partial last block, which is validated but not hashed.
+        data = encode_tokens(token_ids[first * bs :], offset=first * bs)
+        width = 8 * bs
         parent = hashes[-1] if hashes else None
         plain = lora_id is None and not mm_spans
-        for i in range(len(hashes), num_full):
+        for i in range(first, num_full):
             start = i * bs
             extra = (
                 None
                 if plain and (i > 0 or not cache_salt)
                 else self.extra_keys(start, start + bs, cache_salt, lora_id, mm_spans)
             )
-            parent = self.hash_block(parent, data[i * width : (i + 1) * width], extra)
+            offset = (i - first) * width
+            parent = self.hash_block(parent, data[offset : offset + width], extra)
             hashes.append(parent)
         return hashes

@@ -44,6 +44,8 @@ def parse_policy(text: str) -> PolicySpec:
         return PolicySpec(name, "lpc", "model")
     if name == "lpc-turns":
         return PolicySpec(name, "lpc", "turns")
+    if name == "lpc-trace":
+        return PolicySpec(name, "lpc", "trace")
     if name == "lpc-const" or name.startswith("lpc-const="):
         value = name.partition("=")[2] or "0.5"
         try:
@@ -55,7 +57,7 @@ def parse_policy(text: str) -> PolicySpec:
         return PolicySpec(name, "lpc", "const", p)
     raise ValueError(
         f"unknown policy {name!r}; choose from lru, fifo, lfu, lpc, lpc-turns, lpc-const[=P], "
-        "oracle, belady"
+        "lpc-trace, oracle, belady"
     )
 
 

@@ -25,7 +25,7 @@ def _pct(value: float | None, signed: bool = False) -> str:
     return f"{value * 100:+.1f}%" if signed else f"{value * 100:.1f}%"
 
 
-def _grid(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def text_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     line = "  ".join(
         h.ljust(w) if i == 0 else h.rjust(w)
@@ -88,7 +88,7 @@ def comparison_tables(
                 cells.append(
                     "never"
                     if needed is None
-                    else f"{_k(round(needed))} ({_pct(1 - needed / s, True)})"
+                    else f"{needed / 1000:.0f}K ({_pct(1 - needed / s, True)})"
                 )
             rows.append([p, *cells])
         tables.append(
@@ -98,7 +98,7 @@ def comparison_tables(
 
 
 def terminal_report(comparison: Comparison, policies: Sequence[str]) -> str:
-    return "\n\n".join(_grid(t, h, r) for t, h, r in comparison_tables(comparison, policies))
+    return "\n\n".join(text_table(t, h, r) for t, h, r in comparison_tables(comparison, policies))
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -120,21 +120,23 @@ def write_csv(
         writer.writerows(rows)
 
 
-def plot_hit_vs_size(
-    path: Path, comparison: Comparison, policies: Sequence[str], title: str
+def _line_plot(
+    path: Path,
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    xlabel: str,
+    title: str,
 ) -> None:
+    """One line per policy, upper bounds dashed, hit ratios in percent."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for p in policies:
-        curve = comparison.hit_ratio[p]
-        xs = sorted(curve)
-        style = "--" if p in ("oracle", "belady") else "-"
-        ax.plot([x / 1000 for x in xs], [curve[x] * 100 for x in xs], style, marker="o", label=p)
-    ax.set_xlabel("cache size (K tokens)")
+    for policy, (xs, ys) in series.items():
+        style = "--" if policy in ("oracle", "belady") else "-"
+        ax.plot(xs, [y * 100 for y in ys], style, marker="o", label=policy)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("token hit ratio (%)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -142,30 +144,28 @@ def plot_hit_vs_size(
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_hit_vs_size(
+    path: Path, comparison: Comparison, policies: Sequence[str], title: str
+) -> None:
+    series = {}
+    for p in policies:
+        curve = comparison.hit_ratio[p]
+        sizes = sorted(curve)
+        series[p] = ([s / 1000 for s in sizes], [curve[s] for s in sizes])
+    _line_plot(path, series, "cache size (K tokens)", title)
 
 
 def plot_hit_vs_think_time(
     path: Path, sweep: Mapping[float, Sequence[ReplayResult]], policies: Sequence[str], title: str
 ) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
     means = sorted(sweep)
-    for p in policies:
-        ys = [next(r.token_hit_ratio for r in sweep[m] if r.policy == p) * 100 for m in means]
-        style = "--" if p in ("oracle", "belady") else "-"
-        ax.plot(means, ys, style, marker="o", label=p)
-    ax.set_xlabel("mean think time λ_chat (s)")
-    ax.set_ylabel("token hit ratio (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    series = {
+        p: (means, [next(r.token_hit_ratio for r in sweep[m] if r.policy == p) for m in means])
+        for p in policies
+    }
+    _line_plot(path, series, "mean think time λ_chat (s)", title)
 
 
 def sweep_table(

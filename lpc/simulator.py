@@ -12,14 +12,22 @@ prompt counts as queried with no hit) so that the trace stays identical for ever
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from eviction import FutureUses
 from lpc.block_manager import CacheCounters, CacheRequest, PrefixCacheBlockManager
 from lpc.hashing import BlockHash, BlockHasher
 from lpc.policies import PolicySpec, build_evictor
-from lpc.workload import ARRIVAL, COMPLETION, WorkloadRequest
+from lpc.workload import (
+    ARRIVAL,
+    COMPLETION,
+    ConversationScript,
+    ScriptedTurn,
+    WorkloadConfig,
+    WorkloadRequest,
+    run_schedule,
+)
 
 TurnKey = tuple[str, int]
 
@@ -122,6 +130,29 @@ class ReplayResult:
         return d
 
 
+def _result(
+    spec: PolicySpec,
+    cache_tokens: int,
+    manager: PrefixCacheBlockManager,
+    failed_prompt_tokens: int,
+    started: float,
+) -> ReplayResult:
+    """Counters of a finished replay; failed requests count as queried with no hit."""
+    c: CacheCounters = manager.counters
+    return ReplayResult(
+        policy=spec.label,
+        cache_tokens=cache_tokens,
+        num_blocks=manager.num_blocks,
+        requests=c.requests + c.allocation_failures,
+        queried_tokens=c.queried_tokens + failed_prompt_tokens,
+        hit_tokens=c.hit_tokens,
+        hit_requests=c.hit_requests,
+        evictions=c.evictions,
+        allocation_failures=c.allocation_failures,
+        seconds=time.perf_counter() - started,
+    )
+
+
 def num_blocks_for(cache_tokens: int, block_size: int) -> int:
     """Blocks of a pool holding `cache_tokens` tokens, plus vLLM's null block."""
     if cache_tokens < block_size:
@@ -167,16 +198,76 @@ def replay(
             failed.discard(i)
         else:
             manager.free(request.request_id, time_s, probabilities[i])
-    c: CacheCounters = manager.counters
-    return ReplayResult(
-        policy=spec.label,
-        cache_tokens=cache_tokens,
-        num_blocks=num_blocks,
-        requests=c.requests + c.allocation_failures,
-        queried_tokens=c.queried_tokens + failed_prompt_tokens,
-        hit_tokens=c.hit_tokens,
-        hit_requests=c.hit_requests,
-        evictions=c.evictions,
-        allocation_failures=c.allocation_failures,
-        seconds=time.perf_counter() - started,
-    )
+    return _result(spec, cache_tokens, manager, failed_prompt_tokens, started)
+
+
+def replay_closed_loop(
+    scripts: Iterator[ConversationScript],
+    config: WorkloadConfig,
+    spec: PolicySpec,
+    cache_tokens: int,
+    block_size: int,
+    probability_of: Callable[[ScriptedTurn], float | None],
+    scale_per_s: float = 1e-2,
+    fallback_probability: float = 0.5,
+    hash_algorithm: str = "sha256",
+) -> ReplayResult:
+    """Replay where cache hits shorten prefill and so move every later arrival.
+
+    The timeline is policy-dependent, so it is built during the replay; Belady, which needs
+    the future of a fixed trace, is not available here.
+    """
+    if spec.evictor == "belady":
+        raise ValueError("belady needs a fixed trace; it cannot run in a closed-loop replay")
+    started = time.perf_counter()
+    num_blocks = num_blocks_for(cache_tokens, block_size)
+    evictor = build_evictor(spec, num_blocks, scale_per_s, fallback_probability, None)
+    manager = PrefixCacheBlockManager(num_blocks, block_size, evictor=evictor)
+    hasher = BlockHasher(block_size, hash_algorithm)
+    known: dict[str, tuple[Sequence[int], list[BlockHash]]] = {}
+    failed: set[str] = set()
+    failed_prompt_tokens = 0
+
+    def on_arrival(request: WorkloadRequest) -> int:
+        nonlocal failed_prompt_tokens
+        turn = request.turn
+        start: list[BlockHash] = []
+        prior = known.get(turn.conversation_id)
+        if prior is not None and turn.token_ids[: len(prior[0])] == prior[0]:
+            start = prior[1]
+        hashes = hasher.hash_sequence(
+            turn.token_ids, turn.cache_salt, turn.lora_id, start_hashes=start
+        )
+        known[turn.conversation_id] = (turn.token_ids, hashes)
+        cache_request = CacheRequest(
+            request.request_id,
+            turn.token_ids,
+            turn.num_prompt_tokens,
+            conversation_id=turn.conversation_id,
+            cache_salt=turn.cache_salt,
+            lora_id=turn.lora_id,
+            block_hashes=hashes,
+        )
+        prefix = manager.find_computed_prefix(cache_request, hashes)
+        allocation = manager.allocate(cache_request, prefix, request.arrival_s)
+        if allocation is None:
+            failed.add(request.request_id)
+            failed_prompt_tokens += turn.num_prompt_tokens
+            return 0
+        return allocation.num_hit_tokens
+
+    def on_completion(request: WorkloadRequest) -> None:
+        if request.request_id in failed:
+            failed.discard(request.request_id)
+            return
+        probability = (
+            spec.constant
+            if spec.source == "const"
+            else None
+            if spec.source is None
+            else probability_of(request.turn)
+        )
+        manager.free(request.request_id, request.completion_s, probability)
+
+    run_schedule(scripts, config, on_arrival, on_completion)
+    return _result(spec, cache_tokens, manager, failed_prompt_tokens, started)

@@ -245,9 +245,13 @@ def read_trace(path: str | Path, tokenize: MessageTokenizer | None = None) -> Tr
     return Trace(requests, header, logged if has_logged else None)
 
 
-def trace_lines(requests: Iterable[WorkloadRequest], header: dict[str, Any]) -> Iterable[str]:
+def trace_lines(
+    requests: Iterable[WorkloadRequest],
+    header: dict[str, Any],
+    probabilities: Sequence[float | None] | None = None,
+) -> Iterable[str]:
     yield json.dumps({"format": TRACE_FORMAT, "version": TRACE_VERSION, **header})
-    for request in requests:
+    for i, request in enumerate(requests):
         turn = request.turn
         record: dict[str, Any] = {
             "request_id": request.request_id,
@@ -265,19 +269,30 @@ def trace_lines(requests: Iterable[WorkloadRequest], header: dict[str, Any]) -> 
             record["cache_salt"] = turn.cache_salt
         if turn.lora_id is not None:
             record["lora_id"] = turn.lora_id
+        if probabilities is not None:
+            record["probability"] = probabilities[i]
         yield json.dumps(record, ensure_ascii=False)
 
 
 def write_trace(
-    path: str | Path, requests: Sequence[WorkloadRequest], header: dict[str, Any]
+    path: str | Path,
+    requests: Sequence[WorkloadRequest],
+    header: dict[str, Any],
+    probabilities: Sequence[float | None] | None = None,
 ) -> None:
-    """Write atomically (temp file + rename): a crash never leaves half a trace behind."""
+    """Write atomically (temp file + rename): a crash never leaves half a trace behind.
+
+    `probabilities`, one per request, are written as each line's `probability` (a source's
+    predictions, so that engines replaying the trace can use the same ones).
+    """
+    if probabilities is not None and len(probabilities) != len(requests):
+        raise ValueError(f"{len(probabilities)} probabilities for {len(requests)} requests")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for line in trace_lines(requests, header):
+            for line in trace_lines(requests, header, probabilities):
                 handle.write(line + "\n")
         os.replace(tmp, path)
     except BaseException:

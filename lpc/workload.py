@@ -204,3 +204,27 @@ def open_loop_requests(
 def compact_tokens(token_ids: Iterable[int]) -> array:
     """Token ids as a 4-byte array (a trace holds millions of them)."""
     return array("I", token_ids)
+
+
+def observed_think_times(requests: Sequence[WorkloadRequest]) -> list[float]:
+    """Gaps between a reply's completion and the same conversation's next arrival."""
+    last_completion: dict[str, float] = {}
+    gaps = []
+    for request in sorted(requests, key=lambda r: r.arrival_s):
+        previous = last_completion.get(request.conversation_id)
+        if previous is not None:
+            gaps.append(request.arrival_s - previous)
+        last_completion[request.conversation_id] = request.completion_s
+    return gaps
+
+
+def estimated_scale_per_s(requests: Sequence[WorkloadRequest], default: float = 1e-2) -> float:
+    """LPC's decay scale from observed think times: 1 / their mean.
+
+    With exponential return gaps of mean μ, p·d/(p·d + 1 − p) with d = exp(−τ/μ) is exactly the
+    posterior that a conversation silent for τ seconds still continues, so 1/μ is the scale the
+    decay formula assumes. In a deployment the gaps come from yesterday's logs, like the
+    retraining data; `default` applies when no conversation has two turns.
+    """
+    gaps = [g for g in observed_think_times(requests) if g > 0]
+    return 1.0 / (sum(gaps) / len(gaps)) if gaps else default

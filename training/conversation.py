@@ -29,12 +29,21 @@ class Message:
 class Conversation:
     """An ordered chat: optional system messages first, then user/assistant turns.
 
-    `conversation_id` is stable across runs (it keys the train/evaluation split and traces).
+    `conversation_id` is stable across runs (it keys traces). `group_id` names the chat a
+    conversation is a piece of when the data splits one chat into several records (ShareGPT's
+    `X_0, X_1, …` segments, Chatbot-Arena's two answers to one question); pieces of one chat
+    must land on the same side of the train/evaluation split, so the split reads `split_key`.
     """
 
     conversation_id: str
     messages: tuple[Message, ...]
     source: str = ""
+    group_id: str | None = None
+
+    @property
+    def split_key(self) -> str:
+        """What the train/evaluation split hashes: the group id, else the conversation id."""
+        return self.group_id if self.group_id is not None else self.conversation_id
 
     def user_prompts(self) -> list[str]:
         """The user messages, oldest first."""

@@ -99,3 +99,40 @@ def test_bad_latency_model() -> None:
         LatencyModel(prefill_tokens_per_s=0)
     with pytest.raises(ValueError, match="overhead_s"):
         LatencyModel(overhead_s=float("nan"))
+
+
+def test_closed_loop_replay_hits_more_than_a_cold_cache_and_refuses_belady() -> None:
+    from lpc.policies import parse_policy
+    from lpc.probability import OracleSource
+    from lpc.simulator import replay_closed_loop
+
+    convs = conversations(80, seed=8)
+    latency = LatencyModel(prefill_tokens_per_s=500.0, closed_loop=True)
+    config = WorkloadConfig(duration_s=None, max_active_conversations=10, latency=latency)
+    oracle = OracleSource()
+
+    def run(policy: str, tokens: int):
+        return replay_closed_loop(
+            draw_scripts(convs, config), config, parse_policy(policy), tokens, 16,
+            lambda turn: oracle.predict([turn])[0],
+        )
+
+    small, large = run("lru", 2000), run("lru", 60000)
+    assert small.requests == large.requests == sum(len(c) for c in convs)
+    assert large.token_hit_ratio > small.token_hit_ratio
+    assert run("oracle", 8000).token_hit_ratio >= run("lru", 8000).token_hit_ratio - 0.02
+    with pytest.raises(ValueError, match="belady needs a fixed trace"):
+        run("belady", 8000)
+
+
+def test_estimated_scale_is_one_over_the_mean_observed_think_time() -> None:
+    from lpc.workload import estimated_scale_per_s, observed_think_times
+
+    convs = conversations(3000, seed=6, max_turns=8)
+    for mean in (50.0, 200.0):
+        config = WorkloadConfig(mean_think_time_s=mean, duration_s=None, max_active_conversations=300)
+        requests = open_loop_requests(convs, config)
+        gaps = observed_think_times(requests)
+        assert all(g > 0 for g in gaps)
+        assert estimated_scale_per_s(requests) == pytest.approx(1 / mean, rel=0.06)
+    assert estimated_scale_per_s([], default=0.01) == 0.01

@@ -1,0 +1,454 @@
+"""`lpc ab` end to end: data → workload → predictions → replays → comparisons → files.
+
+The CLI parses flags into `ABOptions`; everything else happens here, so the whole pipeline is
+also a library call (`run_ab(options)`), e.g. for notebooks and tests.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from lpc import __version__
+from lpc.ab import DEFAULT_CACHE_SIZES_TOKENS, Comparison, ReplaySettings, compare, run_grid
+from lpc.policies import DEFAULT_POLICIES, PolicySpec, parse_policies
+from lpc.probability import OracleSource, ProbabilitySource, TurnsSource
+from lpc.report import (
+    comparison_tables,
+    markdown_table,
+    plot_hit_vs_size,
+    plot_hit_vs_think_time,
+    sweep_table,
+    terminal_report,
+    text_table,
+    write_csv,
+    write_json,
+)
+from lpc.simulator import PreparedWorkload, ReplayResult, prepare, replay_closed_loop
+from lpc.workload import (
+    ScriptedTurn,
+    WorkloadConfig,
+    WorkloadRequest,
+    draw_scripts,
+    estimated_scale_per_s,
+    open_loop_requests,
+)
+
+# source name -> builds a source once the training half is known
+ModelSourceFactory = Callable[["ABContext"], ProbabilitySource]
+
+
+@dataclass(frozen=True)
+class ABOptions:
+    dataset: str = "sharegpt"
+    data_format: str | None = None
+    mode: str | None = None
+    trace: Path | None = None
+    policies: tuple[PolicySpec, ...] = field(
+        default_factory=lambda: tuple(parse_policies(",".join(DEFAULT_POLICIES)))
+    )
+    cache_sizes_tokens: tuple[int, ...] = DEFAULT_CACHE_SIZES_TOKENS
+    block_size: int = 16
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    max_model_len: int = 32768
+    scale_per_s: float | None = 1e-2  # None: estimated from the workload's think times
+    fallback_probability: float | None = None  # None: the training half's continuation rate
+    think_time_sweep_s: tuple[float, ...] = ()
+    sweep_cache_tokens: int = 160_000
+    export_trace: Path | None = None
+    trace_probabilities: str | None = None
+    out_dir: Path = Path("results/ab")
+    workers: int = 2
+    progress: bool = True
+
+
+@dataclass
+class ABContext:
+    """What the pipeline learned before replaying: shared with probability-source factories."""
+
+    train_turn_counts: list[int]
+    base_rate: float
+    load_summary: str = ""
+
+
+@dataclass
+class ABOutcome:
+    options: ABOptions
+    workload_summary: dict[str, Any]
+    results: list[ReplayResult]
+    comparison: Comparison
+    sweep: dict[float, list[ReplayResult]]
+    timings_s: dict[str, float]
+    files: dict[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "lpc_version": __version__,
+            "workload": self.workload_summary,
+            "settings": {
+                "policies": [p.label for p in self.options.policies],
+                "cache_sizes_tokens": list(self.options.cache_sizes_tokens),
+                "block_size": self.options.block_size,
+                "scale_per_s": self.options.scale_per_s or "auto",
+                "think_time_sweep_s": list(self.options.think_time_sweep_s),
+                "sweep_cache_tokens": self.options.sweep_cache_tokens,
+            },
+            "results": [r.to_dict() for r in self.results],
+            "comparison": {
+                "hit_ratio": self.comparison.hit_ratio,
+                "gain_over_lru": self.comparison.gain_over_lru,
+                "gap_closed": self.comparison.gap_closed,
+                "size_for_lru_ratio": self.comparison.size_for_lru_ratio,
+            },
+            "think_time_sweep": {str(k): [r.to_dict() for r in v] for k, v in self.sweep.items()},
+            "timings_s": self.timings_s,
+            "files": self.files,
+        }
+
+
+def _sources_needed(policies: Sequence[PolicySpec], extra: str | None) -> set[str]:
+    names = {p.source for p in policies if p.source not in (None, "const")}
+    if extra:
+        names.add(extra)
+    return names  # type: ignore[return-value]
+
+
+def _build_sources(
+    names: set[str], context: ABContext, model_factory: ModelSourceFactory | None
+) -> dict[str, ProbabilitySource]:
+    sources: dict[str, ProbabilitySource] = {}
+    for name in sorted(names):
+        if name == "oracle":
+            sources[name] = OracleSource()
+        elif name == "turns":
+            sources[name] = TurnsSource.fit(context.train_turn_counts)
+        elif name == "model":
+            if model_factory is None:
+                raise ValueError("policy 'lpc' needs a trained predictor model (--model PATH)")
+            sources[name] = model_factory(context)
+        elif name == "trace":
+            continue  # filled from the trace's logged probabilities
+        else:
+            raise ValueError(f"unknown probability source {name!r}")
+    return sources
+
+
+def run_ab(
+    options: ABOptions,
+    model_factory: ModelSourceFactory | None = None,
+    log: Callable[[str], None] = print,
+) -> ABOutcome:
+    from lpc.chat_tokenizers import default_chat_tokenizer
+    from lpc.conversation_workload import load_split, message_tokenizer, scripted_conversations
+    from lpc.trace import read_trace, write_trace
+
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    tokenizer = default_chat_tokenizer()
+    needs_train = bool(
+        _sources_needed(options.policies, options.trace_probabilities) - {"oracle", "trace"}
+    )
+    needs_train = needs_train or options.fallback_probability is None
+    dataset = None
+    if options.trace is None or needs_train:
+        dataset = load_split(options.dataset, options.data_format, options.mode)
+        log(
+            f"data: {dataset.load_summary.splitlines()[0]}; "
+            f"split {len(dataset.train)} train / {len(dataset.eval)} evaluation"
+        )
+    timings["load_s"] = time.perf_counter() - started
+
+    train_counts = [c.num_user_turns for c in dataset.train if c.num_user_turns] if dataset else []
+    base_rate = TurnsSource.fit(train_counts).base_rate if train_counts else 0.5
+    context = ABContext(train_counts, base_rate, dataset.load_summary if dataset else "")
+    fallback = base_rate if options.fallback_probability is None else options.fallback_probability
+
+    def scripts(config: WorkloadConfig):
+        assert dataset is not None
+        return scripted_conversations(
+            dataset.eval, tokenizer, config.seed, options.max_model_len, options.progress
+        )
+
+    def generated_requests(config: WorkloadConfig) -> list[WorkloadRequest]:
+        return open_loop_requests(scripts(config), config)
+
+    t0 = time.perf_counter()
+    logged: list[float | None] | None = None
+    if options.trace is not None:
+        trace = read_trace(options.trace, message_tokenizer(tokenizer))
+        requests, logged = trace.requests, trace.logged_probabilities
+        source_desc = f"trace {options.trace}"
+    else:
+        if options.workload.latency.closed_loop:
+            requests = []
+        else:
+            requests = generated_requests(options.workload)
+        source_desc = f"{options.dataset} evaluation half"
+    timings["workload_s"] = time.perf_counter() - t0
+
+    names = _sources_needed(options.policies, options.trace_probabilities)
+    sources = _build_sources(names, context, model_factory)
+
+    def settings_for(reqs: Sequence[WorkloadRequest]) -> ReplaySettings:
+        scale = options.scale_per_s
+        if scale is None:
+            scale = estimated_scale_per_s(reqs)
+        return ReplaySettings(scale, fallback)
+
+    out = options.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    files: dict[str, str] = {}
+
+    def predictions(reqs: list[WorkloadRequest]) -> dict[str, list[float | None]]:
+        turns = [r.turn for r in reqs]
+        values = {name: source.predict(turns) for name, source in sources.items()}
+        if "trace" in names:
+            if logged is None:
+                raise ValueError("policy lpc-trace needs a trace whose lines carry 'probability'")
+            values["trace"] = logged
+        return values
+
+    results: list[ReplayResult]
+    t0 = time.perf_counter()
+    if options.workload.latency.closed_loop:
+        if dataset is None:
+            raise ValueError(
+                "a closed-loop replay generates its timeline: it cannot replay --trace"
+            )
+        settings = settings_for(open_loop_requests(scripts(options.workload), options.workload))
+        results = _closed_loop_grid(options, lambda: scripts(options.workload), sources, settings)
+        summary = {"source": source_desc, "closed_loop": True}
+        summary["scale_per_s"] = settings.scale_per_s
+        timings["predict_s"] = 0.0
+    else:
+        values = predictions(requests)
+        timings["predict_s"] = time.perf_counter() - t0
+        if options.export_trace is not None:
+            probability = (
+                values.get(options.trace_probabilities) if options.trace_probabilities else None
+            )
+            write_trace(
+                options.export_trace, requests, _trace_header(options, source_desc), probability
+            )
+            files["trace"] = str(options.export_trace)
+            log(f"trace: wrote {len(requests)} requests to {options.export_trace}")
+        workload = prepare(requests, options.block_size, values)
+        settings = settings_for(requests)
+        summary = _summary(workload, requests, options, source_desc)
+        log(
+            f"workload: {summary['requests']} requests from "
+            f"{summary['conversations']} conversations, "
+            f"{summary['prompt_tokens']:,} prompt tokens over {summary['span_s']:.0f} s"
+        )
+        summary["scale_per_s"] = settings.scale_per_s
+        t0 = time.perf_counter()
+        results = _grid(workload, options, settings, "replaying")
+        timings["replay_s"] = time.perf_counter() - t0
+
+    sweep: dict[float, list[ReplayResult]] = {}
+    sweep_scales: dict[float, float] = {}
+    if options.think_time_sweep_s:
+        if dataset is None or options.trace is not None:
+            raise ValueError("a think-time sweep generates workloads: it cannot run on --trace")
+        t0 = time.perf_counter()
+        for mean in options.think_time_sweep_s:
+            config = WorkloadConfig(
+                mean,
+                options.workload.max_active_conversations,
+                options.workload.duration_s,
+                options.workload.seed,
+                options.workload.latency,
+            )
+            reqs = generated_requests(config)
+            workload = prepare(reqs, options.block_size, predictions(reqs))
+            sweep_settings = settings_for(reqs)
+            sweep_scales[mean] = sweep_settings.scale_per_s
+            sweep[mean] = _grid(
+                workload,
+                options,
+                sweep_settings,
+                f"λ={mean:g}s",
+                sizes=(options.sweep_cache_tokens,),
+            )
+        timings["sweep_s"] = time.perf_counter() - t0
+
+    comparison = compare(results)
+    if sweep_scales:
+        summary["sweep_scale_per_s"] = {str(k): v for k, v in sweep_scales.items()}
+    timings["total_s"] = time.perf_counter() - started
+    outcome = ABOutcome(options, summary, results, comparison, sweep, timings, files)
+    _write_files(outcome, out)
+    return outcome
+
+
+def _grid(
+    workload: PreparedWorkload,
+    options: ABOptions,
+    settings: ReplaySettings,
+    desc: str,
+    sizes: Sequence[int] | None = None,
+) -> list[ReplayResult]:
+    sizes = tuple(sizes or options.cache_sizes_tokens)
+    total = len(options.policies) * len(sizes)
+    with tqdm(total=total, desc=desc, unit="run", disable=not options.progress) as bar:
+        return run_grid(
+            workload, options.policies, sizes, settings, options.workers, lambda _: bar.update()
+        )
+
+
+def _closed_loop_grid(
+    options: ABOptions,
+    conversations: Callable[[], Iterator[list[ScriptedTurn]]],
+    sources: dict[str, ProbabilitySource],
+    settings: ReplaySettings,
+) -> list[ReplayResult]:
+    """Each policy builds its own timeline, so each replays the scripts from the start."""
+    cache: dict[tuple[str, int], dict[str, float | None]] = {}
+
+    def probability_of(source: str) -> Callable[[ScriptedTurn], float | None]:
+        def lookup(turn: ScriptedTurn) -> float | None:
+            key = (turn.conversation_id, turn.turn_index)
+            if key not in cache:
+                cache[key] = {name: s.predict([turn])[0] for name, s in sources.items()}
+            return cache[key].get(source)
+
+        return lookup
+
+    results = []
+    jobs = [(p, s) for p in options.policies for s in options.cache_sizes_tokens]
+    for spec, size in tqdm(jobs, desc="closed loop", unit="run", disable=not options.progress):
+        results.append(
+            replay_closed_loop(
+                draw_scripts(conversations(), options.workload),
+                options.workload,
+                spec,
+                size,
+                options.block_size,
+                probability_of(spec.source or ""),
+                settings.scale_per_s,
+                settings.fallback_probability,
+            )
+        )
+    return results
+
+
+def _trace_header(options: ABOptions, source: str) -> dict[str, Any]:
+    w = options.workload
+    return {
+        "created_by": f"lpc {__version__}",
+        "source": source,
+        "tokenizer": "qwen (ChatML)",
+        "mean_think_time_s": w.mean_think_time_s,
+        "max_active_conversations": w.max_active_conversations,
+        "duration_s": w.duration_s,
+        "seed": w.seed,
+        "latency": asdict(w.latency),
+        "probability_source": options.trace_probabilities,
+    }
+
+
+def _summary(
+    workload: PreparedWorkload, requests: list[WorkloadRequest], options: ABOptions, source: str
+) -> dict[str, Any]:
+    span = max((r.completion_s for r in requests), default=0.0)
+    return {
+        "source": source,
+        "requests": len(requests),
+        "conversations": len({r.conversation_id for r in requests}),
+        "prompt_tokens": workload.num_prompt_tokens,
+        "span_s": span,
+        "mean_think_time_s": options.workload.mean_think_time_s,
+        "max_active_conversations": options.workload.max_active_conversations,
+        "duration_s": options.workload.duration_s,
+        "seed": options.workload.seed,
+        "block_size": options.block_size,
+        "closed_loop": False,
+    }
+
+
+def _write_files(outcome: ABOutcome, out: Path) -> None:
+    policies = [p.label for p in outcome.options.policies]
+    files = outcome.files
+    write_csv(out / "results.csv", outcome.results)
+    files["csv"] = str(out / "results.csv")
+    plot_hit_vs_size(
+        out / "hit_ratio_vs_cache_size.png",
+        outcome.comparison,
+        policies,
+        "Token hit ratio vs cache size",
+    )
+    files["plot_cache_size"] = str(out / "hit_ratio_vs_cache_size.png")
+    if outcome.sweep:
+        rows = [r for results in outcome.sweep.values() for r in results]
+        write_csv(out / "think_time_sweep.csv", rows)
+        plot_hit_vs_think_time(
+            out / "hit_ratio_vs_think_time.png",
+            outcome.sweep,
+            policies,
+            f"Token hit ratio vs λ_chat at {outcome.options.sweep_cache_tokens // 1000}K tokens",
+        )
+        files["sweep_csv"] = str(out / "think_time_sweep.csv")
+        files["plot_think_time"] = str(out / "hit_ratio_vs_think_time.png")
+    files["markdown"] = str(out / "report.md")
+    files["json"] = str(out / "results.json")
+    (out / "report.md").write_text(markdown_report(outcome))
+    write_json(out / "results.json", outcome.to_json())
+
+
+def markdown_report(outcome: ABOutcome) -> str:
+    s = outcome.workload_summary
+    policies = [p.label for p in outcome.options.policies]
+    lines = [
+        "# LPC A/B replay",
+        "",
+        f"Workload: {s.get('source')}"
+        + (
+            f", {s['requests']} requests from {s['conversations']} conversations, "
+            f"{s['prompt_tokens']:,} prompt tokens; λ_chat {s['mean_think_time_s']:g} s, "
+            f"N_conv {s['max_active_conversations']}, window {s['duration_s']} s, "
+            f"seed {s['seed']}, "
+            f"block size {s['block_size']}."
+            if "requests" in s
+            else " (closed loop)."
+        ),
+        "",
+    ]
+    for title, header, rows in comparison_tables(outcome.comparison, policies):
+        lines += [f"## {title}", "", markdown_table(header, rows), ""]
+    lines += ["![hit ratio vs cache size](hit_ratio_vs_cache_size.png)", ""]
+    if outcome.sweep:
+        header, rows = sweep_table(outcome.sweep, policies)
+        lines += [
+            f"## Hit ratio vs λ_chat at {outcome.options.sweep_cache_tokens // 1000}K tokens "
+            "(gain over LRU)",
+            "",
+            markdown_table(header, rows),
+            "",
+            "![hit ratio vs think time](hit_ratio_vs_think_time.png)",
+            "",
+        ]
+    lines += ["## Timings", "", *(f"- {k}: {v:.1f}" for k, v in outcome.timings_s.items()), ""]
+    return "\n".join(lines)
+
+
+def summary_text(outcome: ABOutcome) -> str:
+    policies = [p.label for p in outcome.options.policies]
+    text = terminal_report(outcome.comparison, policies)
+    if outcome.sweep:
+        header, rows = sweep_table(outcome.sweep, policies)
+        text += "\n\n" + text_table(
+            f"Token hit ratio vs λ_chat at {outcome.options.sweep_cache_tokens // 1000}K tokens",
+            header,
+            rows,
+        )
+    return text
+
+
+def outcome_json(outcome: ABOutcome) -> str:
+    return json.dumps(outcome.to_json(), indent=2, default=str)

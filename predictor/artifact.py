@@ -1,0 +1,276 @@
+"""A trained predictor on disk: a folder with `model.safetensors` and `metadata.json`.
+
+The folder is the unit the daily retraining job promotes and the server loads, so two things
+matter: a reader must never see a half-written artifact (we write a temporary sibling folder,
+fsync, then rename it into place), and a loader must refuse an artifact it cannot use, saying
+exactly why (missing file, truncated or corrupt weights, checksum mismatch, unsupported format
+version, other embedder, other embedding size) instead of predicting garbage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from predictor.features import FeatureConfig, FeatureConfigError
+from predictor.model import ContinuationMLP, MLPConfig
+
+ARTIFACT_FORMAT_VERSION = 1
+SUPPORTED_FORMAT_VERSIONS = frozenset({1})
+WEIGHTS_FILE = "model.safetensors"
+METADATA_FILE = "metadata.json"
+
+
+class ArtifactError(Exception):
+    """Base class: the artifact at `path` cannot be used."""
+
+
+class ArtifactMissingError(ArtifactError, FileNotFoundError):
+    """The folder, its weights or its metadata do not exist."""
+
+
+class ArtifactCorruptError(ArtifactError):
+    """Unreadable metadata, truncated or unparsable weights, weights not matching metadata."""
+
+
+class ArtifactChecksumError(ArtifactCorruptError):
+    """The weights' sha256 differs from the one recorded at save time."""
+
+
+class ArtifactVersionError(ArtifactError):
+    """Written in a format version this code does not read."""
+
+
+class ArtifactIncompatibleError(ArtifactError):
+    """A sound artifact that does not fit the embedder it is to be used with."""
+
+
+class EmbedderMismatchError(ArtifactIncompatibleError):
+    """Trained on another embedder's vectors."""
+
+
+class DimensionMismatchError(ArtifactIncompatibleError):
+    """Expects embeddings of another size."""
+
+
+@dataclass(frozen=True)
+class ArtifactMetadata:
+    embedder_id: str
+    feature_config: FeatureConfig
+    mlp_config: MLPConfig
+    base_rate: float  # share of positive labels in the training data
+    metrics: dict[str, Any] = field(default_factory=dict)
+    training_data_fingerprint: str = ""
+    embedder_spec: str = "e5-small-q4"  # how `load_embedder` finds the embedder again
+    created_at: str = ""
+    notes: dict[str, Any] = field(default_factory=dict)
+    format_version: int = ARTIFACT_FORMAT_VERSION
+    weights_sha256: str = ""  # filled in by save_artifact
+    weights_bytes: int = 0  # filled in by save_artifact
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.embedder_id, str) or not self.embedder_id:
+            raise ValueError(f"ArtifactMetadata.embedder_id must be a non-empty string, "
+                             f"got {self.embedder_id!r}")
+        if (not isinstance(self.base_rate, int | float) or isinstance(self.base_rate, bool)
+                or not 0.0 <= float(self.base_rate) <= 1.0):
+            raise ValueError(f"ArtifactMetadata.base_rate must be a number in [0, 1], "
+                             f"got {self.base_rate!r}")
+        if not isinstance(self.metrics, dict):
+            raise ValueError(f"ArtifactMetadata.metrics must be a dict, got {self.metrics!r}")
+
+    @property
+    def input_dim(self) -> int:
+        return self.mlp_config.input_dim
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.mlp_config.embedding_dim
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["feature_config"] = self.feature_config.to_dict()
+        data["feature_fingerprint"] = self.feature_config.fingerprint()
+        data["mlp_config"] = self.mlp_config.to_dict()
+        data["input_dim"] = self.input_dim
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ArtifactMetadata:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["feature_config"] = FeatureConfig.from_dict(data["feature_config"])
+        values["mlp_config"] = MLPConfig.from_dict(data["mlp_config"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class ModelArtifact:
+    path: Path | None
+    metadata: ArtifactMetadata
+    model: ContinuationMLP  # in eval mode
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: Path, payload: bytes) -> None:
+    with path.open("wb") as handle:
+        handle.write(payload)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def save_artifact(
+    folder: Path | str, model: ContinuationMLP, metadata: ArtifactMetadata,
+    overwrite: bool = False,
+) -> ArtifactMetadata:
+    """Write `model` and `metadata` (checksum and size filled in) to `folder`, atomically.
+
+    An existing folder is an error unless `overwrite`; then it is moved aside and deleted after
+    the new one is in place (a concurrent reader may briefly find no folder, never a partial
+    one). Returns the metadata as written.
+    """
+    from safetensors.torch import save as save_tensors
+
+    folder = Path(folder)
+    if model.config != metadata.mlp_config:
+        raise ValueError(f"model config {model.config} differs from metadata "
+                         f"{metadata.mlp_config}")
+    if folder.exists() and not overwrite:
+        raise FileExistsError(f"{folder} exists; pass overwrite=True to replace it")
+    state = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
+    weights = save_tensors(state, metadata={"format": "pt"})
+    metadata = dataclasses.replace(
+        metadata,
+        format_version=ARTIFACT_FORMAT_VERSION,
+        weights_sha256=hashlib.sha256(weights).hexdigest(),
+        weights_bytes=len(weights),
+        created_at=metadata.created_at or datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+    try:
+        text = json.dumps(metadata.to_dict(), indent=2, sort_keys=True, allow_nan=False)
+    except ValueError as error:
+        raise ValueError(f"metadata is not strict JSON (NaN or infinity in metrics?): "
+                         f"{error}") from error
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    try:
+        _write_durably(staging / WEIGHTS_FILE, weights)
+        _write_durably(staging / METADATA_FILE, (text + "\n").encode("utf-8"))
+        staging.chmod(0o755)
+        _fsync_folder(staging)
+        retired = None
+        if folder.exists():
+            retired = folder.parent / f".{folder.name}.old-{os.getpid()}-{time.time_ns()}"
+            folder.rename(retired)
+        staging.rename(folder)
+        _fsync_folder(folder.parent)
+        if retired is not None:
+            shutil.rmtree(retired, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return metadata
+
+
+def _read_metadata(folder: Path) -> ArtifactMetadata:
+    path = folder / METADATA_FILE
+    if not path.is_file():
+        raise ArtifactMissingError(f"artifact {folder}: {METADATA_FILE} is missing")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ArtifactCorruptError(f"artifact {folder}: {METADATA_FILE} is not valid JSON "
+                                   f"({error})") from error
+    if not isinstance(data, dict):
+        raise ArtifactCorruptError(f"artifact {folder}: {METADATA_FILE} is not a JSON object")
+    version = data.get("format_version")
+    if version not in SUPPORTED_FORMAT_VERSIONS:
+        raise ArtifactVersionError(
+            f"artifact {folder}: format version {version!r} is not supported "
+            f"(this code reads {sorted(SUPPORTED_FORMAT_VERSIONS)})"
+        )
+    try:
+        return ArtifactMetadata.from_dict(data)
+    except KeyError as error:
+        raise ArtifactCorruptError(f"artifact {folder}: {METADATA_FILE} lacks field "
+                                   f"{error.args[0]!r}") from error
+    except (TypeError, ValueError, FeatureConfigError) as error:
+        raise ArtifactCorruptError(f"artifact {folder}: {METADATA_FILE} is invalid: "
+                                   f"{error}") from error
+
+
+def _read_weights(folder: Path, metadata: ArtifactMetadata) -> bytes:
+    path = folder / WEIGHTS_FILE
+    if not path.is_file():
+        raise ArtifactMissingError(f"artifact {folder}: {WEIGHTS_FILE} is missing")
+    weights = path.read_bytes()
+    if len(weights) != metadata.weights_bytes:
+        raise ArtifactCorruptError(
+            f"artifact {folder}: {WEIGHTS_FILE} has {len(weights)} bytes, metadata records "
+            f"{metadata.weights_bytes} (truncated or replaced)"
+        )
+    digest = hashlib.sha256(weights).hexdigest()
+    if digest != metadata.weights_sha256:
+        raise ArtifactChecksumError(
+            f"artifact {folder}: {WEIGHTS_FILE} sha256 {digest[:12]}… differs from the "
+            f"recorded {metadata.weights_sha256[:12]}…"
+        )
+    return weights
+
+
+def load_artifact(
+    folder: Path | str,
+    expected_embedder_id: str | None = None,
+    expected_embedding_dim: int | None = None,
+) -> ModelArtifact:
+    """Load and verify an artifact; raises a subclass of `ArtifactError` naming the problem."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load as load_tensors
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ArtifactMissingError(f"artifact {folder} does not exist")
+    metadata = _read_metadata(folder)
+    weights = _read_weights(folder, metadata)
+    try:
+        state = load_tensors(weights)
+    except (SafetensorError, ValueError, RuntimeError) as error:
+        raise ArtifactCorruptError(f"artifact {folder}: {WEIGHTS_FILE} cannot be parsed "
+                                   f"({error})") from error
+    model = ContinuationMLP(metadata.mlp_config)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as error:
+        raise ArtifactCorruptError(f"artifact {folder}: weights do not match the recorded MLP "
+                                   f"config {metadata.mlp_config}: {error}") from error
+    model.eval()
+    if expected_embedder_id is not None and metadata.embedder_id != expected_embedder_id:
+        raise EmbedderMismatchError(
+            f"artifact {folder} was trained on embedder {metadata.embedder_id!r}, "
+            f"not {expected_embedder_id!r}"
+        )
+    if expected_embedding_dim is not None and metadata.embedding_dim != expected_embedding_dim:
+        raise DimensionMismatchError(
+            f"artifact {folder} expects {metadata.embedding_dim}-dim embeddings, the embedder "
+            f"gives {expected_embedding_dim}"
+        )
+    if not math.isfinite(metadata.base_rate):
+        raise ArtifactCorruptError(f"artifact {folder}: base_rate is not finite")
+    return ModelArtifact(folder, metadata, model)

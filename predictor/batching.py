@@ -1,0 +1,205 @@
+"""Dynamic micro-batching: many small concurrent requests, one embedding call per batch.
+
+Requests wait in a FIFO of bounded size (counted in windows, not requests). A batch closes
+when it holds `max_batch` windows or when the oldest waiting request has waited `max_wait_s`;
+it runs on one worker thread while the event loop keeps accepting and queueing requests. A
+request that does not fit in the queue is refused at once (`QueueFullError` → HTTP 503): under
+overload, callers get a fast "no" and fall back to their default probability, and memory stays
+bounded. A large request may be split over consecutive batches; its answer is assembled in
+order.
+
+The function that predicts is looked up for every batch, so a model swapped in between
+batches takes effect atomically: no batch mixes two models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from predictor.features import ConversationWindow
+
+PredictFn = Callable[[Sequence[ConversationWindow]], np.ndarray]
+
+
+class QueueFullError(Exception):
+    """The request would push the queue past its bound."""
+
+
+class BatcherStoppedError(Exception):
+    """The batcher is shutting down and takes no new work."""
+
+
+@dataclass
+class _Job:
+    windows: list[ConversationWindow]
+    future: asyncio.Future
+    enqueued_at: float
+    results: np.ndarray = field(init=False)
+    next_index: int = 0  # first window not yet handed to a batch
+    done_count: int = 0
+
+    def __post_init__(self) -> None:
+        self.results = np.empty(len(self.windows), dtype=np.float64)
+
+    @property
+    def remaining(self) -> int:
+        return len(self.windows) - self.next_index
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    size: int
+    seconds: float
+
+
+class MicroBatcher:
+    def __init__(
+        self,
+        predict: Callable[[], PredictFn],
+        max_batch: int,
+        max_wait_s: float,
+        max_queue_items: int,
+        on_batch: Callable[[BatchRecord], None] | None = None,
+        on_queue_depth: Callable[[int], None] | None = None,
+    ) -> None:
+        """`predict()` returns the function to use for the next batch (see module doc)."""
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if not max_wait_s >= 0:
+            raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
+        if max_queue_items < 1:
+            raise ValueError(f"max_queue_items must be >= 1, got {max_queue_items}")
+        self._predict = predict
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        self.max_queue_items = max_queue_items
+        self._on_batch = on_batch or (lambda record: None)
+        self._on_queue_depth = on_queue_depth or (lambda depth: None)
+        self._jobs: deque[_Job] = deque()
+        self._queued_items = 0
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._accepting = False
+
+    @property
+    def queued_items(self) -> int:
+        """Windows waiting for a batch (the one running is not counted)."""
+        return self._queued_items
+
+    async def start(self) -> None:
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
+        self._accepting = True
+        self._task = asyncio.create_task(self._run(), name="micro-batcher")
+
+    async def stop(self) -> None:
+        """Refuse new work, finish everything queued, then stop the worker."""
+        self._accepting = False
+        if self._wakeup is not None:
+            self._wakeup.set()
+        if self._task is not None:
+            await self._task
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+    async def submit(self, windows: Sequence[ConversationWindow]) -> np.ndarray:
+        """Probabilities for `windows`, in order. Raises QueueFullError when over the bound."""
+        return await self.enqueue(windows)
+
+    def enqueue(self, windows: Sequence[ConversationWindow]) -> asyncio.Future:
+        """Queue `windows` now (or raise QueueFullError) and return the future of their
+        probabilities. Cancelling the future drops the windows not yet batched."""
+        if not self._accepting or self._wakeup is None:
+            raise BatcherStoppedError("the predictor is shutting down")
+        if self._queued_items + len(windows) > self.max_queue_items:
+            raise QueueFullError(
+                f"queue holds {self._queued_items} windows, bound {self.max_queue_items}"
+            )
+        job = _Job(list(windows), asyncio.get_running_loop().create_future(), time.monotonic())
+        self._jobs.append(job)
+        self._queued_items += len(job.windows)
+        self._on_queue_depth(self._queued_items)
+        self._wakeup.set()
+        return job.future
+
+    def _take_batch(self) -> list[tuple[_Job, int, int]]:
+        """Up to max_batch windows from the head of the queue, as (job, start, end) slices."""
+        batch: list[tuple[_Job, int, int]] = []
+        room = self.max_batch
+        while self._jobs and room > 0:
+            job = self._jobs[0]
+            if job.future.done():  # cancelled or timed out while waiting: skip its windows
+                self._queued_items -= job.remaining
+                self._jobs.popleft()
+                continue
+            take = min(room, job.remaining)
+            batch.append((job, job.next_index, job.next_index + take))
+            job.next_index += take
+            room -= take
+            self._queued_items -= take
+            if job.remaining == 0:
+                self._jobs.popleft()
+        self._on_queue_depth(self._queued_items)
+        return batch
+
+    async def _wait_for_batch(self) -> None:
+        """Return when a batch should close: full, oldest waited max_wait_s, or stopping."""
+        assert self._wakeup is not None
+        while not self._jobs:
+            if not self._accepting:
+                return
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        while self._accepting and self._queued_items < self.max_batch:
+            deadline = self._jobs[0].enqueued_at + self.max_wait_s
+            delay = deadline - time.monotonic()
+            if delay <= 0:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout=delay)
+            except TimeoutError:
+                return
+            if not self._jobs:
+                return
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wait_for_batch()
+            if not self._jobs:
+                if not self._accepting:
+                    return
+                continue
+            batch = self._take_batch()
+            if not batch:
+                continue
+            windows = [w for job, start, end in batch for w in job.windows[start:end]]
+            predict = self._predict()
+            started = time.perf_counter()
+            try:
+                probabilities = await loop.run_in_executor(self._executor, predict, windows)
+                if len(probabilities) != len(windows):
+                    raise RuntimeError(f"predictor returned {len(probabilities)} probabilities "
+                                       f"for {len(windows)} windows")
+            except Exception as error:  # the batch fails, the server does not
+                for job, _, _ in batch:
+                    if not job.future.done():
+                        job.future.set_exception(error)
+                continue
+            self._on_batch(BatchRecord(len(windows), time.perf_counter() - started))
+            offset = 0
+            for job, start, end in batch:
+                job.results[start:end] = probabilities[offset : offset + end - start]
+                offset += end - start
+                job.done_count += end - start
+                if job.done_count == len(job.windows) and not job.future.done():
+                    job.future.set_result(job.results)

@@ -1,0 +1,152 @@
+"""Client of the prediction RPC for the inference side: never raises, never waits long.
+
+The evictor consumes a prediction only when a request finishes, and falls back to its
+configured probability when there is none. So `predict` returns None on any failure (timeout,
+refused connection, 503 overloaded, other HTTP errors, a malformed answer, bad input) within
+its deadline, and counts what went wrong in `stats` for monitoring.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+
+from predictor.features import ConversationWindow
+from predictor.rpc_schema import window_to_json
+
+Item = ConversationWindow | Mapping[str, Any]
+
+
+@dataclass
+class ClientStats:
+    calls: int = 0  # predict() calls
+    successes: int = 0
+    failures: int = 0  # calls that returned None; the kinds below add up to it
+    timeouts: int = 0
+    connection_errors: int = 0
+    overloaded: int = 0  # HTTP 503
+    http_errors: int = 0  # any other non-200 status
+    malformed: int = 0  # 200 with an answer we cannot use
+    invalid_input: int = 0  # items we could not serialise
+    last_error: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class PredictorClient:
+    """`predict(items)` → probabilities in order, or None. Thread-safe.
+
+    Items over `max_items_per_request` go out as several requests, in sequence, all within
+    the one `timeout_s` deadline.
+    """
+
+    def __init__(self, base_url: str, timeout_s: float = 1.0, token: str | None = None,
+                 max_items_per_request: int = 64,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        if max_items_per_request < 1:
+            raise ValueError(f"max_items_per_request must be >= 1, got {max_items_per_request}")
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = float(timeout_s)
+        self.max_items_per_request = max_items_per_request
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, transport=transport,
+                                  timeout=self.timeout_s)
+        self._lock = threading.Lock()
+        self.stats = ClientStats()
+
+    def __enter__(self) -> PredictorClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _fail(self, kind: str, message: str) -> None:
+        with self._lock:
+            self.stats.failures += 1
+            setattr(self.stats, kind, getattr(self.stats, kind) + 1)
+            self.stats.last_error = message
+
+    def predict(self, items: Sequence[Item]) -> list[float] | None:
+        with self._lock:
+            self.stats.calls += 1
+        try:
+            payload = [window_to_json(i) if isinstance(i, ConversationWindow) else dict(i)
+                       for i in items]
+        except (TypeError, ValueError) as error:
+            self._fail("invalid_input", f"cannot serialise items: {error}")
+            return None
+        if not payload:
+            with self._lock:
+                self.stats.successes += 1
+            return []
+        deadline = time.monotonic() + self.timeout_s
+        answer: list[float] = []
+        for start in range(0, len(payload), self.max_items_per_request):
+            chunk = payload[start : start + self.max_items_per_request]
+            probabilities = self._post(chunk, deadline)
+            if probabilities is None:
+                return None
+            answer.extend(probabilities)
+        with self._lock:
+            self.stats.successes += 1
+        return answer
+
+    def _post(self, chunk: list[dict[str, Any]], deadline: float) -> list[float] | None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            self._fail("timeouts", "deadline passed before the request was sent")
+            return None
+        try:
+            response = self._http.post("/v1/predict", json={"items": chunk},
+                                       timeout=httpx.Timeout(remaining))
+        except httpx.TimeoutException as error:
+            self._fail("timeouts", f"timeout: {error!r}")
+            return None
+        except (httpx.TransportError, OSError) as error:
+            self._fail("connection_errors", f"transport: {error!r}")
+            return None
+        except Exception as error:  # anything else still must not reach the caller
+            self._fail("connection_errors", f"unexpected: {error!r}")
+            return None
+        if response.status_code == 503:
+            self._fail("overloaded", f"503: {response.text[:200]}")
+            return None
+        if response.status_code != 200:
+            self._fail("http_errors", f"{response.status_code}: {response.text[:200]}")
+            return None
+        try:
+            probabilities = response.json()["probabilities"]
+        except (ValueError, KeyError, TypeError) as error:
+            self._fail("malformed", f"unreadable answer: {error!r}")
+            return None
+        if (not isinstance(probabilities, list) or len(probabilities) != len(chunk)
+                or not all(_is_probability(p) for p in probabilities)):
+            self._fail("malformed", f"expected {len(chunk)} probabilities in [0, 1], "
+                                    f"got {str(probabilities)[:200]}")
+            return None
+        return [float(p) for p in probabilities]
+
+    def health(self) -> dict[str, Any] | None:
+        """The server's /healthz answer, or None when it does not answer in time."""
+        try:
+            response = self._http.get("/healthz")
+            return response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, OSError, ValueError):
+            return None
+
+
+def _is_probability(value: Any) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and 0.0 <= value <= 1.0)

@@ -1,0 +1,111 @@
+"""The prediction RPC's JSON shapes and the limits that bound one request.
+
+Request (`POST /v1/predict`):
+
+    {"items": [{"conversation_id": "c1", "user_prompts": ["older", "current"],
+                "turn_count": 7}, ...]}
+
+Response: `{"probabilities": [0.83, ...], "model": {...}}`, one probability per item, in order.
+
+Validation is strict (no "7" for 7, no 7.0, no true) so a caller's bug surfaces as a 422 that
+says which field of which item is wrong, instead of a silently coerced prediction. Every size
+is bounded: items per request, prompts per item, characters per prompt, id length, and the
+body itself (checked before parsing).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from predictor.features import ConversationWindow
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    max_items_per_request: int = 64
+    max_prompts_per_item: int = 64
+    max_prompt_chars: int = 65_536
+    max_conversation_id_chars: int = 256
+    max_turn_count: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"RequestLimits.{name} must be a positive integer, "
+                                 f"got {value!r}")
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Largest body a valid request can have (4 bytes per character is UTF-8's worst
+        case, JSON escapes can double that), plus slack for the JSON structure."""
+        per_item = (self.max_prompts_per_item * (self.max_prompt_chars * 8 + 8)
+                    + self.max_conversation_id_chars * 8 + 128)
+        return min(self.max_items_per_request * per_item + 1024, 256 * 1024 * 1024)
+
+
+def request_model(limits: RequestLimits) -> type[BaseModel]:
+    """The pydantic model of a predict request under `limits`."""
+    prompt = Annotated[str, StringConstraints(max_length=limits.max_prompt_chars)]
+
+    class PredictItem(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+
+        conversation_id: str = Field(max_length=limits.max_conversation_id_chars)
+        user_prompts: list[prompt] = Field(min_length=1, max_length=limits.max_prompts_per_item)
+        turn_count: int = Field(ge=1, le=limits.max_turn_count)
+
+        @model_validator(mode="after")
+        def turn_count_covers_prompts(self) -> PredictItem:
+            if self.turn_count < len(self.user_prompts):
+                raise ValueError(f"turn_count {self.turn_count} is less than the "
+                                 f"{len(self.user_prompts)} user_prompts given")
+            return self
+
+        def window(self) -> ConversationWindow:
+            return ConversationWindow(self.conversation_id, tuple(self.user_prompts),
+                                      self.turn_count)
+
+    class PredictRequest(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+
+        items: list[PredictItem] = Field(min_length=1, max_length=limits.max_items_per_request)
+
+        def windows(self) -> list[ConversationWindow]:
+            return [item.window() for item in self.items]
+
+    return PredictRequest
+
+
+class ReloadRequest(BaseModel):
+    """`POST /v1/reload`: load `artifact` (default: the artifact the server started with)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    artifact: str | None = None
+
+
+def window_to_json(window: ConversationWindow) -> dict[str, Any]:
+    return {"conversation_id": window.conversation_id,
+            "user_prompts": list(window.user_prompts),
+            "turn_count": window.turn_count}
+
+
+def validation_details(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """pydantic errors trimmed to what a caller needs: where, what, and the offending type."""
+    details = []
+    for error in errors:
+        entry = {"loc": list(error.get("loc", ())), "msg": error.get("msg", ""),
+                 "type": error.get("type", "")}
+        value = error.get("input")
+        if isinstance(value, float) and not math.isfinite(value):
+            entry["input"] = repr(value)  # NaN and infinities are not JSON
+        elif isinstance(value, bool | int | float) or value is None:
+            entry["input"] = value
+        else:
+            entry["input_type"] = type(value).__name__
+        details.append(entry)
+    return details

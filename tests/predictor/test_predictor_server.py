@@ -1,0 +1,322 @@
+"""The prediction RPC end to end: real uvicorn on loopback, the real client, real artifacts.
+
+The hashing test embedder makes each window's vector depend on that window alone, and the
+Predictor's MLP is evaluated row by row, so answers through the server must equal in-process
+`Predictor.predict` bit for bit, whatever the micro-batcher grouped together.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from predictor.client import PredictorClient
+from predictor.features import ConversationWindow
+from predictor.predictor import Predictor
+from predictor.rpc_schema import RequestLimits
+from predictor.server import ServerConfig, create_app
+from tests.predictor.conftest import make_artifact
+from tests.predictor.fakes import HashingEmbedder
+from tests.predictor.server_harness import running_server
+
+TOKEN = "s3cret-token"
+
+
+def sample_windows(n: int, seed: int = 0) -> list[ConversationWindow]:
+    rng = np.random.default_rng(seed)
+    vocabulary = ["cache", "prefix", "block", "why", "how", "python", "代码", "évict", "?", "ok"]
+    windows = []
+    for i in range(n):
+        prompts = tuple(" ".join(rng.choice(vocabulary, size=rng.integers(1, 12)))
+                        for _ in range(rng.integers(1, 8)))
+        windows.append(ConversationWindow(f"conv-{seed}-{i}", prompts,
+                                          len(prompts) + int(rng.integers(0, 5))))
+    return windows
+
+
+class SlowPredictor(Predictor):
+    """Sleeps per batch so that tests can fill the queue or catch requests in flight."""
+
+    delay_s = 0.3
+
+    def predict(self, windows):
+        self.started_windows = getattr(self, "started_windows", 0) + len(windows)
+        time.sleep(self.delay_s)
+        return super().predict(windows)
+
+
+@pytest.fixture
+def reference(tiny_artifact: Path) -> Predictor:
+    return Predictor.load(tiny_artifact, embedder=HashingEmbedder())
+
+
+def serve(artifact: Path, predictor_class=Predictor, **config_changes):
+    config = ServerConfig(**{"max_wait_ms": 5.0, **config_changes})
+    predictor = predictor_class.load(artifact, embedder=HashingEmbedder())
+    return create_app(config, predictor, artifact_path=artifact), config
+
+
+def test_batched_and_concurrent_answers_equal_in_process(tiny_artifact, reference):
+    app, config = serve(tiny_artifact, max_batch=16)
+    windows = sample_windows(120)
+    expected = reference.predict(windows)
+    with running_server(app, config) as (url, _):
+        with PredictorClient(url, timeout_s=10) as client:
+            assert client.predict(windows[:40]) == expected[:40].tolist()
+            assert client.predict(windows) == expected.tolist()  # split into 64 + 56
+            assert client.predict([]) == []
+        answers: dict[int, list[float] | None] = {}
+
+        def worker(k: int) -> None:
+            with PredictorClient(url, timeout_s=10) as own:
+                for j in range(k, len(windows), 12):
+                    answers[j] = own.predict([windows[j]])
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [answers[j][0] for j in range(len(windows))] == expected.tolist()
+        metrics = httpx.get(url + "/metrics").text
+    batch_count = _metric(metrics, "lpc_predictor_batch_size_count")
+    predictions = _metric(metrics, "lpc_predictor_predictions_total")
+    assert predictions == 40 + 120 + 120
+    assert batch_count < 2 + 5 + 120  # concurrent singles were batched together
+
+
+def _metric(text: str, name: str, labels: str = "") -> float:
+    for line in text.splitlines():
+        if line.startswith(name + labels + " ") or line.startswith(name + "{" + labels):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name}{labels} not in metrics")
+
+
+def test_dict_items_and_model_info(tiny_artifact, reference):
+    app, config = serve(tiny_artifact)
+    with running_server(app, config) as (url, _), PredictorClient(url) as client:
+        item = {"conversation_id": "x", "user_prompts": ["hi"], "turn_count": 1}
+        expected = reference.predict([ConversationWindow("x", ("hi",), 1)])
+        assert client.predict([item]) == expected.tolist()
+        health = client.health()
+    assert health["status"] == "ok"
+    assert health["model"]["embedder_id"] == "test-hashing-embedder"
+    assert health["model"]["generation"] == 1
+
+
+VALID = {"conversation_id": "c", "user_prompts": ["a", "b"], "turn_count": 2}
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ({"items": []}, ["items"]),
+        ({}, ["items"]),
+        ({"items": [VALID], "extra": 1}, ["extra"]),
+        ({"items": [{**VALID, "turn_count": "2"}]}, ["items", 0, "turn_count"]),
+        ({"items": [{**VALID, "turn_count": 2.0}]}, ["items", 0, "turn_count"]),
+        ({"items": [{**VALID, "turn_count": True}]}, ["items", 0, "turn_count"]),
+        ({"items": [{**VALID, "turn_count": -3}]}, ["items", 0, "turn_count"]),
+        ({"items": [{**VALID, "turn_count": 1}]}, ["items", 0]),
+        ({"items": [{**VALID, "user_prompts": []}]}, ["items", 0, "user_prompts"]),
+        ({"items": [{**VALID, "user_prompts": ["a", 7]}]}, ["items", 0, "user_prompts", 1]),
+        ({"items": [{**VALID, "user_prompts": "ab"}]}, ["items", 0, "user_prompts"]),
+        ({"items": [{**VALID, "conversation_id": 5}]}, ["items", 0, "conversation_id"]),
+        ({"items": [VALID, {"user_prompts": ["a"], "turn_count": 1}]},
+         ["items", 1, "conversation_id"]),
+        ({"items": [{**VALID, "user_prompts": ["x" * 101]}]}, ["items", 0, "user_prompts", 0]),
+        ({"items": [VALID] * 9}, ["items"]),
+        ({"items": [{**VALID, "user_prompts": ["a"] * 5, "turn_count": 5}]},
+         ["items", 0, "user_prompts"]),
+        ([VALID], []),
+    ],
+)
+def test_invalid_payloads_get_precise_422(tiny_artifact, body, where):
+    limits = RequestLimits(max_items_per_request=8, max_prompt_chars=100, max_prompts_per_item=4)
+    app, config = serve(tiny_artifact, limits=limits)
+    with running_server(app, config) as (url, _):
+        response = httpx.post(url + "/v1/predict", json=body)
+        assert response.status_code == 422, response.text
+        detail = response.json()["detail"]
+        assert any(d["loc"][: len(where)] == where for d in detail), detail
+        assert all(d["msg"] for d in detail)
+        assert httpx.get(url + "/healthz").status_code == 200
+
+
+def test_raw_bodies_nan_bad_json_and_oversize(tiny_artifact):
+    limits = RequestLimits(max_items_per_request=2, max_prompt_chars=10, max_prompts_per_item=2)
+    app, config = serve(tiny_artifact, limits=limits)
+    with running_server(app, config) as (url, _):
+        nan = '{"items": [{"conversation_id": "c", "user_prompts": ["a"], "turn_count": NaN}]}'
+        response = httpx.post(url + "/v1/predict", content=nan)
+        assert response.status_code == 422
+        assert response.json()["detail"][0]["loc"] == ["items", 0, "turn_count"]
+        inf = nan.replace("NaN", "Infinity")
+        assert httpx.post(url + "/v1/predict", content=inf).status_code == 422
+        broken = httpx.post(url + "/v1/predict", content=b"{not json")
+        assert broken.status_code == 422 and broken.json()["detail"][0]["type"] == "json_invalid"
+        huge = b'{"items": [' + b" " * (limits.max_body_bytes + 10) + b"]}"
+        assert httpx.post(url + "/v1/predict", content=huge).status_code == 413
+        metrics = httpx.get(url + "/metrics").text
+    assert _metric(metrics, "lpc_predictor_errors_total", '{kind="invalid"}') == 3
+    assert _metric(metrics, "lpc_predictor_requests_total",
+                   '{endpoint="predict",status="422"}') == 3
+
+
+def test_overload_answers_503_and_the_server_stays_healthy(tiny_artifact, reference):
+    app, config = serve(tiny_artifact, SlowPredictor, max_batch=2, max_queue_items=4)
+    windows = sample_windows(24, seed=3)
+    expected = reference.predict(windows)
+    statuses: list[int] = [0] * len(windows)
+    bodies: list[dict] = [{}] * len(windows)
+    with running_server(app, config) as (url, _):
+        def worker(j: int) -> None:
+            body = {"items": [json.loads(json.dumps({
+                "conversation_id": windows[j].conversation_id,
+                "user_prompts": list(windows[j].user_prompts),
+                "turn_count": windows[j].turn_count}))]}
+            response = httpx.post(url + "/v1/predict", json=body, timeout=30)
+            statuses[j] = response.status_code
+            bodies[j] = response.json()
+
+        threads = [threading.Thread(target=worker, args=(j,)) for j in range(len(windows))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert httpx.get(url + "/healthz").json()["status"] == "ok"
+        metrics = httpx.get(url + "/metrics").text
+    assert set(statuses) == {200, 503}
+    for j, status in enumerate(statuses):
+        if status == 200:
+            assert bodies[j]["probabilities"] == [expected[j]]
+        else:
+            assert bodies[j]["detail"] == "overloaded"
+    assert _metric(metrics, "lpc_predictor_errors_total", '{kind="overloaded"}') == \
+        statuses.count(503)
+    assert _metric(metrics, "lpc_predictor_queue_depth") == 0
+
+
+def test_bearer_token(tiny_artifact, reference):
+    app, config = serve(tiny_artifact, token=TOKEN)
+    window = sample_windows(1)
+    with running_server(app, config) as (url, _):
+        body = {"items": [{"conversation_id": "c", "user_prompts": ["a"], "turn_count": 1}]}
+        assert httpx.post(url + "/v1/predict", json=body).status_code == 401
+        wrong = {"Authorization": "Bearer nope-nope-nope"}
+        assert httpx.post(url + "/v1/predict", json=body, headers=wrong).status_code == 401
+        assert httpx.post(url + "/v1/reload", json={}).status_code == 401
+        with PredictorClient(url, token=TOKEN) as client:
+            assert client.predict(window) == reference.predict(window).tolist()
+        with PredictorClient(url) as anonymous:
+            assert anonymous.predict(window) is None
+            assert anonymous.stats.http_errors == 1
+        assert httpx.get(url + "/healthz").status_code == 200
+        assert "lpc_predictor_requests_total" in httpx.get(url + "/metrics").text
+
+
+def test_reload_swaps_the_model_between_batches(tmp_path, tiny_artifact, reference):
+    app, config = serve(tiny_artifact)
+    promoted = tmp_path / "promoted"
+    make_artifact(promoted, seed=7)
+    fresh = Predictor.load(promoted, embedder=HashingEmbedder())
+    windows = sample_windows(5)
+    with running_server(app, config) as (url, _), PredictorClient(url, timeout_s=10) as client:
+        assert client.predict(windows) == reference.predict(windows).tolist()
+        response = httpx.post(url + "/v1/reload", json={"artifact": str(promoted)})
+        assert response.status_code == 200, response.text
+        assert response.json()["model"]["generation"] == 2
+        assert client.predict(windows) == fresh.predict(windows).tolist()
+        broken = tmp_path / "broken"
+        make_artifact(broken, seed=8)
+        (broken / "model.safetensors").write_bytes(b"junk")
+        failed = httpx.post(url + "/v1/reload", json={"artifact": str(broken)})
+        assert failed.status_code == 409 and "still serving generation 2" in failed.text
+        outside = httpx.post(url + "/v1/reload", json={"artifact": "/etc"})
+        assert outside.status_code == 403
+        assert client.predict(windows) == fresh.predict(windows).tolist()
+        back = httpx.post(url + "/v1/reload", json={})  # bare reload: the startup artifact
+        assert back.status_code == 200
+        assert client.predict(windows) == reference.predict(windows).tolist()
+        metrics = httpx.get(url + "/metrics").text
+    assert _metric(metrics, "lpc_predictor_reloads_total", '{outcome="ok"}') == 2
+    assert _metric(metrics, "lpc_predictor_reloads_total", '{outcome="failed"}') == 1
+
+
+def test_graceful_shutdown_finishes_requests_in_flight(tiny_artifact, reference):
+    app, config = serve(tiny_artifact, SlowPredictor, max_batch=4)
+    windows = sample_windows(8, seed=5)
+    expected = reference.predict(windows).tolist()
+    results: dict[int, list[float] | None] = {}
+    with running_server(app, config) as (url, server):
+        def worker(j: int) -> None:
+            with PredictorClient(url, timeout_s=20) as client:
+                results[j] = client.predict([windows[j]])
+
+        threads = [threading.Thread(target=worker, args=(j,)) for j in range(len(windows))]
+        for t in threads:
+            t.start()
+        predictor, batcher = app.state.slot.current, app.state.batcher
+        deadline = time.monotonic() + 20
+        while getattr(predictor, "started_windows", 0) + batcher.queued_items < len(windows):
+            assert time.monotonic() < deadline, "requests never reached the server"
+            time.sleep(0.005)
+        server.should_exit = True
+        for t in threads:
+            t.join()
+    assert [results[j][0] for j in range(len(windows))] == expected
+
+
+def test_client_never_raises(tiny_artifact):
+    with PredictorClient("http://127.0.0.1:9", timeout_s=0.5) as refused:
+        assert refused.predict(sample_windows(2)) is None
+        assert refused.stats.connection_errors == 1 and refused.stats.failures == 1
+
+    def junk(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b"not json")
+
+    def wrong_length(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"probabilities": [0.5, 0.5, 0.5]})
+
+    def out_of_range(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"probabilities": [1.5]})
+
+    def server_error(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(500, json={"detail": "boom"})
+
+    def timeout(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("slow", request=request)
+
+    for handler, kind in [(junk, "malformed"), (wrong_length, "malformed"),
+                          (out_of_range, "malformed"), (server_error, "http_errors"),
+                          (timeout, "timeouts")]:
+        client = PredictorClient("http://predictor", transport=httpx.MockTransport(handler))
+        assert client.predict(sample_windows(1)) is None
+        assert getattr(client.stats, kind) == 1 and client.stats.failures == 1
+    bad_item = PredictorClient("http://predictor", transport=httpx.MockTransport(junk))
+    assert bad_item.predict([object()]) is None
+    assert bad_item.stats.invalid_input == 1
+
+
+def test_client_times_out_against_a_slow_server(tiny_artifact):
+    app, config = serve(tiny_artifact, SlowPredictor)
+    with running_server(app, config) as (url, _), PredictorClient(url, timeout_s=0.05) as client:
+        assert client.predict(sample_windows(1)) is None
+        assert client.stats.timeouts == 1
+
+
+def test_server_config_validation():
+    with pytest.raises(ValueError, match="max_batch"):
+        ServerConfig(max_batch=0)
+    with pytest.raises(ValueError, match="max_wait_ms"):
+        ServerConfig(max_wait_ms=float("nan"))
+    with pytest.raises(ValueError, match="token"):
+        ServerConfig(token="short")
+    with pytest.raises(ValueError, match="max_prompt_chars"):
+        RequestLimits(max_prompt_chars=0)
