@@ -110,7 +110,14 @@ class PredictionBoard:
 
     @property
     def pending(self) -> int:
+        """Requests asked for and not yet taken (answered or not)."""
         return len(self._answers)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests whose prediction has not come back yet."""
+        with self._lock:
+            return sum(1 for answer in self._answers.values() if answer is _PENDING)
 
     def _run(self) -> None:
         while True:

@@ -382,7 +382,9 @@ def stats() -> dict[str, Any]:
         return {"registered": False}
     runtime = registration.runtime
     out: dict[str, Any] = {"registered": True, **runtime.stats.snapshot()}
-    out["pending_predictions"] = runtime.board.pending if runtime.board is not None else 0
+    board = runtime.board
+    out["pending_predictions"] = board.pending if board is not None else 0
+    out["predictions_in_flight"] = board.in_flight if board is not None else 0
     client_stats = getattr(runtime.client, "stats", None)
     if client_stats is not None and hasattr(client_stats, "as_dict"):
         out["predictor_client"] = client_stats.as_dict()
