@@ -150,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         help="before each free, wait up to this long for predictions in flight (a real request "
         "lasts seconds, so its prediction is usually back when it ends); 0: never wait",
     )
+    parser.add_argument(
+        "--drain-predictions-s",
+        type=float,
+        default=0.0,
+        help="after the plugin's replay, wait up to this long for predictions still in flight "
+        "before reading its counters (so failures and timeouts are counted)",
+    )
     args = parser.parse_args(argv)
     if args.stock_output is None and args.plugin_output is None:
         parser.error("give --stock-output, --plugin-output or both")
@@ -177,15 +184,19 @@ def main(argv: list[str] | None = None) -> int:
                 stats_log_interval_s=0.0,
             )
             vllm_plugin.register(config=config, clock=clock)
+
+            def wait_for_predictions(timeout_s: float) -> None:
+                deadline = time.monotonic() + timeout_s
+                while vllm_plugin.stats()["predictions_in_flight"]:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.001)
+
             before_free = None
             if args.await_predictions_s > 0:
 
                 def before_free() -> None:
-                    deadline = time.monotonic() + args.await_predictions_s
-                    while vllm_plugin.stats()["predictions_in_flight"]:
-                        if time.monotonic() > deadline:
-                            break
-                        time.sleep(0.001)
+                    wait_for_predictions(args.await_predictions_s)
 
             try:
                 with args.plugin_output.open("w", encoding="utf-8") as sink:
@@ -198,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                         args.outcomes_only,
                         before_free,
                     )
+                wait_for_predictions(args.drain_predictions_s)
                 summary["plugin_stats"] = vllm_plugin.stats()
             finally:
                 vllm_plugin.unregister()

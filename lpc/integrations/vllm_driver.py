@@ -90,24 +90,3 @@ def run_driver(
         raise DriverFailed(f"the vLLM plugin driver failed (exit {done.returncode}):\n{tail}")
     summary = json.loads(done.stderr.strip().splitlines()[-1])
     return DriverRun(_records(stock_out), _records(plugin_out), summary, wall)
-
-
-def run_in_vllm(python: Path, code: str, env: Mapping[str, str] | None = None) -> str:
-    """Run a snippet in vLLM's venv with the repository importable; returns its stdout."""
-    environment = dict(os.environ)
-    environment["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO_ROOT), *([environment["PYTHONPATH"]] if environment.get("PYTHONPATH") else [])]
-    )
-    environment.update(env or {})
-    done = subprocess.run(
-        [str(python), "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO_ROOT,
-        env=environment,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise DriverFailed(f"snippet failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return done.stdout
