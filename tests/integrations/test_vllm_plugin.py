@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -38,11 +41,15 @@ from lpc.integrations.release_plan import (
     constant_plan,
     random_plan,
 )
-from lpc.integrations.vllm_driver import DriverFailed, DriverRun, run_driver
+from lpc.integrations.vllm_driver import REPO_ROOT, DriverFailed, DriverRun, run_driver
+from lpc.probability import OracleSource
+from lpc.trace import write_trace
+from lpc.workload import WorkloadConfig, open_loop_requests
 from tests.integrations.fake_predictor import fake_predictor
 from tests.integrations.planned import planned_lpc
 from tests.integrations.report import REPORT
 from tests.integrations.snippets import SnippetFailed, entry_point_site, run_snippet
+from tests.lpc.synthetic import conversations
 
 pytestmark = pytest.mark.vllm
 
@@ -371,3 +378,53 @@ def test_predictions_back_in_time_drive_eviction(
         f"({seen['requests']} batched calls for {seen['items']} items); vLLM+plugin == our "
         f"manager fed the same probabilities"
     )
+
+
+# -- end to end: an A/B trace through real vLLM ---------------------------------------------
+def test_trace_replay_hit_ratios_agree_with_our_replay(vllm_python: Path, tmp_path: Path) -> None:
+    """scripts/vllm_trace_ab.py on a trace written by lpc.trace.write_trace, with logged
+    probabilities (a fifth of them missing: the fallback), at two cache sizes."""
+    requests = open_loop_requests(
+        conversations(400, seed=5),
+        WorkloadConfig(duration_s=900, max_active_conversations=40, seed=3),
+    )
+    rng = random.Random(1)
+    oracle = OracleSource().predict([r.turn for r in requests])
+    probabilities = [None if rng.random() < 0.2 else p for p in oracle]
+    trace = tmp_path / "trace.jsonl"
+    write_trace(trace, requests, {"source": "synthetic chats"}, probabilities)
+    for cache_tokens in (6000, 20000):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "scripts/vllm_trace_ab.py",
+                str(trace),
+                "--cache-tokens",
+                str(cache_tokens),
+                "--json",
+                "--vllm-python",
+                str(vllm_python),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            cwd=REPO_ROOT,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        result = json.loads(done.stdout)
+        rows = {row["policy"]: row for row in result["rows"]}
+        assert result["agree"]
+        for row in rows.values():
+            assert abs(row["difference_points"]) <= 0.1
+            assert row["vllm_evictions"] > 0, "a cache that never evicts compares nothing"
+        assert rows["lpc-trace"]["vllm_hit_ratio"] != rows["lru"]["vllm_hit_ratio"]
+        assert result["plugin_stats"]["fallbacks_used"] > 0
+        REPORT.append(
+            f"trace {result['requests']} requests, {cache_tokens} tokens: "
+            + "; ".join(
+                f"{p} ours {100 * r['ours_hit_ratio']:.3f}% vLLM {100 * r['vllm_hit_ratio']:.3f}%"
+                f" (diff {r['difference_points']:+.4f} pts)"
+                for p, r in rows.items()
+            )
+        )
