@@ -428,3 +428,27 @@ def test_trace_replay_hit_ratios_agree_with_our_replay(vllm_python: Path, tmp_pa
                 for p, r in rows.items()
             )
         )
+
+
+REGISTER_TWICE = """
+import vllm.v1.core.block_pool as pool
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from lpc.integrations import vllm_plugin
+stock_queue, stock_free = pool.FreeKVCacheBlockQueue, KVCacheManager.free
+vllm_plugin.register()
+queue, free = pool.FreeKVCacheBlockQueue, KVCacheManager.free
+vllm_plugin.register()  # vLLM may load plugins more than once per process
+assert (pool.FreeKVCacheBlockQueue, KVCacheManager.free) == (queue, free), "patched twice"
+try:
+    vllm_plugin.register(clock=lambda: 0.0)
+except RuntimeError as error:
+    print("RECONFIGURE:", error)
+vllm_plugin.unregister()
+assert (pool.FreeKVCacheBlockQueue, KVCacheManager.free) == (stock_queue, stock_free)
+print("RESTORED")
+"""
+
+
+def test_registration_is_idempotent_and_reversible(vllm_python: Path) -> None:
+    out = run_snippet(vllm_python, REGISTER_TWICE)
+    assert "RECONFIGURE: the LPC plugin is already registered" in out and "RESTORED" in out
