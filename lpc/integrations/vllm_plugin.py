@@ -41,7 +41,7 @@ from lpc.integrations import vllm_compat
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
 from lpc.integrations.metrics import MetricsServer, start_metrics_server
 from lpc.integrations.predictions import PredictionBoard, PredictionClient
-from lpc.integrations.request_hints import NO_HINTS, RequestHints, parse_hints
+from lpc.integrations.request_hints import RequestHints, parse_hints
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.vllm_queue import Clock, LPCFreeBlockQueue, QueueRuntime, bind_queue_class
 
@@ -101,7 +101,7 @@ class PluginRuntime:
         rid = request.request_id
         hints = self.hints.pop(rid, None)
         if hints is None:
-            hints = self.hints_for(request) if request.sampling_params is not None else NO_HINTS
+            hints = self.hints_for(request)
         probability = hints.probability
         if probability is not None:
             counter = "probabilities_from_request"
@@ -138,7 +138,7 @@ class PluginRuntime:
 class _Registration:
     runtime: PluginRuntime
     originals: list[tuple[Any, str, Any]]  # (owner, attribute, original value or _ABSENT)
-    metrics: MetricsServer | None
+    metrics: MetricsServer | None = None
 
 
 _REGISTRATION: _Registration | None = None
@@ -303,14 +303,14 @@ def register(
             if client is not None
             else None
         )
-        registration = _Registration(None, [], None)  # type: ignore[arg-type]
         queues = QueueRuntime(
             config,
             counters,
             clock if clock is not None else time.monotonic,
-            activate=functools.partial(_activate, registration),
+            # Late-bound: the registration is complete before any queue is built.
+            activate=lambda: _activate(registration),
         )
-        registration.runtime = PluginRuntime(config, counters, queues, client, board)
+        registration = _Registration(PluginRuntime(config, counters, queues, client, board), [])
 
         block_pool = modules["block_pool"]
         pool_class = block_pool.BlockPool

@@ -452,3 +452,36 @@ print("RESTORED")
 def test_registration_is_idempotent_and_reversible(vllm_python: Path) -> None:
     out = run_snippet(vllm_python, REGISTER_TWICE)
     assert "RECONFIGURE: the LPC plugin is already registered" in out and "RESTORED" in out
+
+
+METRICS_IN_ENGINE = """
+import socket, urllib.request, torch
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from lpc.integrations import vllm_plugin
+from lpc.integrations.config import PluginConfig
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+url = f"http://127.0.0.1:{port}/metrics"
+vllm_plugin.register(config=PluginConfig(metrics_port=port))
+try:
+    urllib.request.urlopen(url, timeout=5)
+    print("SERVED BEFORE ANY POOL")
+except OSError:
+    print("NOT SERVED BEFORE ANY POOL")
+config = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
+    ["layer0"], FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+KVCacheManager(config, max_model_len=64, scheduler_block_size=4, hash_block_size=4,
+               enable_caching=True)
+print(urllib.request.urlopen(url, timeout=5).read().decode())
+vllm_plugin.unregister()
+"""
+
+
+def test_metrics_are_served_by_the_process_that_owns_the_cache(vllm_python: Path) -> None:
+    """vLLM registers plugins in its API server and workers too: only the process that
+    builds a block pool (the engine core) may bind the metrics port."""
+    out = run_snippet(vllm_python, METRICS_IN_ENGINE)
+    assert "NOT SERVED BEFORE ANY POOL" in out
+    assert "lpc_releases_total 0.0" in out and "lpc_evictions_total" in out
