@@ -114,3 +114,11 @@ def test_a_broken_trace_names_its_line(tmp_path: Path, chats: Path, capsys) -> N
     code = main(["ab", "--trace", str(trace), "--dataset", str(chats), "--policies", "lru,oracle", "--out", str(tmp_path / "o"), "--no-progress"])
     assert code == 2
     assert "bad.jsonl:2: not valid JSON" in capsys.readouterr().err
+
+
+def test_bench_evictor_reports_json(capsys) -> None:
+    assert main(["bench", "evictor", "--ops", "20000", "--blocks", "2000", "--runs", "1", "--vllm-python", "/nonexistent", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result["ns_per_op"]) == {"lru", "lpc"}
+    assert result["block_ops"]["lru"] > 10000 and result["ratios"]["lpc_over_lru"] > 0
+    assert "not measured" in result["vllm_status"]
