@@ -48,7 +48,7 @@ def register(targets: argparse._SubParsersAction) -> None:
     parser.add_argument("--embedder", default="e5-small-q4", help="embedder spec")
     parser.add_argument("--artifact", type=Path, default=None,
                         help="trained artifact (default: an untrained MLP, speed only)")
-    parser.add_argument("--batch-size", type=int, default=32,
+    parser.add_argument("--batch-size", type=int, default=8,
                         help="texts per embedder call in the batched stages")
     parser.add_argument("--single-count", type=int, default=16,
                         help="windows timed one call each (latency stages)")

@@ -50,8 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="a request waiting longer gets 504")
     parser.add_argument("--graceful-timeout-s", type=float, default=30.0,
                         help="on shutdown, how long requests in flight may take to finish")
-    parser.add_argument("--embed-batch-size", type=int, default=32,
-                        help="texts per embedder forward pass")
+    parser.add_argument("--embed-batch-size", type=int, default=8,
+                        help="texts per embedder forward pass (8 suits a CPU; raise on a GPU)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (default: torch's choice, one per core); "
                              "1 can be faster on a machine shared with other busy processes")
