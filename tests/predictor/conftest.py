@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,7 +16,6 @@ if TYPE_CHECKING:
 
 # Before torch is imported (this module imports it only inside functions): see runtime.py.
 prefer_passive_openmp()
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture
