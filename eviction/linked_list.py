@@ -18,7 +18,7 @@ class BlockList:
     branch for an empty list or for the ends.
     """
 
-    __slots__ = ("_head", "_next", "_prev", "_size", "_tail")
+    __slots__ = ("_head", "_next", "_prev", "_tail", "size")
 
     def __init__(self, capacity: int) -> None:
         if capacity < 0:
@@ -29,10 +29,10 @@ class BlockList:
         self._prev = [_DETACHED] * (capacity + 2)
         self._next[self._head] = self._tail
         self._prev[self._tail] = self._head
-        self._size = 0
+        self.size = 0
 
     def __len__(self) -> int:
-        return self._size
+        return self.size
 
     def __contains__(self, block_id: object) -> bool:
         return (
@@ -54,7 +54,7 @@ class BlockList:
             self._next[i] = self._prev[i] = _DETACHED
         self._next[self._head] = self._tail
         self._prev[self._tail] = self._head
-        self._size = 0
+        self.size = 0
         self.append_n(list(block_ids))
 
     def append_n(self, block_ids: Sequence[int]) -> None:
@@ -70,7 +70,7 @@ class BlockList:
             last = b
         nxt[last] = tail
         prv[tail] = last
-        self._size += len(block_ids)
+        self.size += len(block_ids)
 
     def append(self, block_id: int) -> None:
         nxt, prv = self._next, self._prev
@@ -80,7 +80,7 @@ class BlockList:
         nxt[last] = block_id
         nxt[block_id] = tail
         prv[tail] = block_id
-        self._size += 1
+        self.size += 1
 
     def prepend_n(self, block_ids: Sequence[int]) -> None:
         """Put blocks at the head, keeping their order (the first one ends up first)."""
@@ -95,7 +95,7 @@ class BlockList:
             prev = b
         nxt[prev] = first
         prv[first] = prev
-        self._size += len(block_ids)
+        self.size += len(block_ids)
 
     def remove(self, block_id: int) -> None:
         nxt, prv = self._next, self._prev
@@ -106,7 +106,7 @@ class BlockList:
         nxt[p] = n
         prv[n] = p
         nxt[block_id] = prv[block_id] = _DETACHED
-        self._size -= 1
+        self.size -= 1
 
     def popleft(self) -> int:
         nxt, prv = self._next, self._prev
@@ -117,13 +117,13 @@ class BlockList:
         nxt[self._head] = n
         prv[n] = self._head
         nxt[first] = prv[first] = _DETACHED
-        self._size -= 1
+        self.size -= 1
         return first
 
     def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
         """Pop the first n blocks (`now_s` is accepted for the evictor interface, unused)."""
-        if n > self._size:
-            raise IndexError(f"cannot pop {n} blocks from a list of {self._size}")
+        if n > self.size:
+            raise IndexError(f"cannot pop {n} blocks from a list of {self.size}")
         nxt, prv = self._next, self._prev
         out = []
         node = nxt[self._head]
@@ -134,5 +134,5 @@ class BlockList:
             node = following
         nxt[self._head] = node
         prv[node] = self._head
-        self._size -= n
+        self.size -= n
         return out

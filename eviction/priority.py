@@ -45,23 +45,24 @@ class PriorityEvictor(RunHeap, Evictor):
         if ghost is None:
             ghost = run.ghost = Ghost(run.key, run.tag)
         state[block_id] = ghost
-        run.holes += 1
+        run.live -= 1
         self._queued -= 1
 
     def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
-        if n > len(self):
-            raise IndexError(f"cannot pop {n} blocks: only {len(self)} are free")
         uncached = self._uncached
-        from_uncached = min(n, len(uncached))
+        from_uncached = uncached.size
+        if n <= from_uncached:
+            return uncached.pop_n(n)
+        if n > from_uncached + self._queued:
+            raise IndexError(f"cannot pop {n} blocks: only {len(self)} are free")
         out = uncached.pop_n(from_uncached) if from_uncached else []
-        if from_uncached < n:
-            if len(self._heap) > 2 * self._queued + 1024:
-                self._rebuild()  # hits left more dead runs than live blocks
-            self._pop_into(n - from_uncached, out)
+        if len(self._heap) > 2 * self._queued + 1024:
+            self._rebuild()  # hits left more dead runs than live blocks
+        self._pop_into(n - from_uncached, out)
         return out
 
     def __len__(self) -> int:
-        return len(self._uncached) + self._queued
+        return self._uncached.size + self._queued
 
     def __contains__(self, block_id: object) -> bool:
         if not isinstance(block_id, int) or not 0 <= block_id < self._num_blocks:

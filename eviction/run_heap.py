@@ -10,11 +10,12 @@ parent), then the block of the older run.
 Each block has one slot in `_state`: the `Run` it is queued in; or, once a hit took it out
 of the heap, that run's `Ghost` (the same key and `tag`, the policy's per-block metadata,
 which must survive while the block is in use); or None once it is handed out with new
-content. A hit therefore costs one store and counts a hole in the run; the cursor skips such
-blocks when it reaches them. A run without holes is popped by
-slicing, like a linked list; a stale head only makes its entry sort *earlier* than it should,
-never later, so re-ranking the root before each pop keeps the order exact. Everything is
-O(log runs) amortised; the heap is rebuilt when dead entries outnumber queued blocks.
+content. A hit therefore costs one store and one count (the run's `live` blocks); the cursor
+skips such blocks when it reaches them, and a run with no live block left is dropped at once.
+A run whose remaining blocks are all live is popped by slicing, like a linked list; a stale
+head only makes its entry sort *earlier* than it should, never later, so re-ranking the root
+before each pop keeps the order exact. Everything is O(log runs) amortised; the heap is
+rebuilt when dead entries outnumber queued blocks.
 
 Policies subclass `RunHeap` (through `PriorityEvictor`) so their hot paths touch these lists
 directly; the protected methods here are the heap's whole interface.
@@ -40,7 +41,7 @@ class Ghost:
 class Run:
     """Blocks queued together under one key; `tag` is the policy's own metadata."""
 
-    __slots__ = ("block_ids", "cursor", "depths", "ghost", "holes", "key", "seq", "tag")
+    __slots__ = ("block_ids", "cursor", "depths", "ghost", "key", "live", "seq", "tag")
 
     def __init__(
         self, key: Any, tag: Any, block_ids: Sequence[int], depths: Sequence[int], seq: int
@@ -51,7 +52,7 @@ class Run:
         self.depths = depths
         self.cursor = 0
         self.seq = seq
-        self.holes = 0  # blocks removed (hit) from this run before it reached them
+        self.live = len(block_ids)  # blocks still queued in this run (not popped, not hit)
         self.ghost: Ghost | None = None
 
     def left_by(self) -> Ghost:
@@ -85,13 +86,17 @@ class RunHeap:
     def _head(self, run: Run) -> int:
         """Advance the run's cursor past removed blocks; returns it (== len when exhausted)."""
         i = run.cursor
-        if run.holes:
-            state = self._state
-            ids = run.block_ids
-            n = len(ids)
-            while i < n and state[ids[i]] is not run:
-                i += 1
-            run.cursor = i
+        ids = run.block_ids
+        n = len(ids)
+        if run.live == n - i:
+            return i  # nothing ahead of the cursor was hit
+        if run.live == 0:
+            run.cursor = n
+            return n
+        state = self._state
+        while state[ids[i]] is not run:
+            i += 1
+        run.cursor = i
         return i
 
     def _push_run(
@@ -149,7 +154,7 @@ class RunHeap:
         if type(run) is not Run:
             return False
         self._state[block_id] = run.left_by()
-        run.holes += 1
+        run.live -= 1
         self._queued -= 1
         if len(self._heap) > 2 * self._queued + 1024:
             self._rebuild()
@@ -164,9 +169,11 @@ class RunHeap:
         while popped < n:
             entry = heap[0]
             run = entry[3]
-            i = self._head(run)
             ids = run.block_ids
             m = len(ids)
+            i = run.cursor
+            if run.live != m - i:
+                i = self._head(run)
             if i == m:
                 heapq.heappop(heap)
                 continue
@@ -179,17 +186,18 @@ class RunHeap:
             size = len(heap)
             key = run.key
             if (
-                not run.holes
+                run.live == m - i
                 and (size < 2 or key < heap[1][0])
                 and (size < 3 or key < heap[2][0])
             ):
-                # No holes and strictly the smallest key: take a slice, no comparisons.
+                # All live and strictly the smallest key: take a slice, no comparisons.
                 take = ids[i : i + (n - popped)]
                 out.extend(take)
                 for block_id in take:
                     state[block_id] = None
                 popped += len(take)
                 i += len(take)
+                run.live -= len(take)
             else:
                 # One block, then re-rank: the next head may tie with another run.
                 block_id = ids[i]
@@ -197,8 +205,10 @@ class RunHeap:
                 out.append(block_id)
                 popped += 1
                 i += 1
+                run.live -= 1
             run.cursor = i
-            i = self._head(run)
+            if run.live != m - i:
+                i = self._head(run)
             if i == m:
                 heapq.heappop(heap)
             else:

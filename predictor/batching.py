@@ -2,7 +2,10 @@
 
 Requests wait in a FIFO of bounded size (counted in windows, not requests). A batch closes
 when it holds `max_batch` windows or when the oldest waiting request has waited `max_wait_s`;
-it runs on one worker thread while the event loop keeps accepting and queueing requests. A
+it runs on one worker thread while the event loop keeps accepting and queueing requests, and
+whatever queued meanwhile forms the next batch. So with `max_wait_s=0` (the server's default)
+a lone request is dispatched at once, with no added latency, and batches still form under
+load; a positive wait trades latency for fuller batches (worth it on a GPU, hardly on a CPU). A
 request that does not fit in the queue is refused at once (`QueueFullError` → HTTP 503): under
 overload, callers get a fast "no" and fall back to their default probability, and memory stays
 bounded. A large request may be split over consecutive batches; its answer is assembled in
@@ -68,8 +71,14 @@ class MicroBatcher:
         max_queue_items: int,
         on_batch: Callable[[BatchRecord], None] | None = None,
         on_queue_depth: Callable[[int], None] | None = None,
+        max_expected_wait_s: float | None = None,
     ) -> None:
-        """`predict()` returns the function to use for the next batch (see module doc)."""
+        """`predict()` returns the function to use for the next batch (see module doc).
+
+        `max_expected_wait_s`: also refuse a request when the windows ahead of it would take
+        longer than this at the measured speed (a moving average of seconds per window), so
+        a caller gets a fast 503 instead of a late timeout when the model is slower than the
+        queue bound assumes (a shared CPU, long windows)."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if not max_wait_s >= 0:
@@ -80,6 +89,8 @@ class MicroBatcher:
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.max_queue_items = max_queue_items
+        self.max_expected_wait_s = max_expected_wait_s
+        self.seconds_per_window: float | None = None  # moving average, None until measured
         self._on_batch = on_batch or (lambda record: None)
         self._on_queue_depth = on_queue_depth or (lambda depth: None)
         self._jobs: deque[_Job] = deque()
@@ -123,12 +134,26 @@ class MicroBatcher:
             raise QueueFullError(
                 f"queue holds {self._queued_items} windows, bound {self.max_queue_items}"
             )
+        if self.max_expected_wait_s is not None and self.seconds_per_window is not None:
+            expected = (self._queued_items + self.max_batch + len(windows)) \
+                * self.seconds_per_window
+            if expected > self.max_expected_wait_s:
+                raise QueueFullError(
+                    f"expected wait {expected:.1f} s exceeds {self.max_expected_wait_s:.1f} s "
+                    f"({self._queued_items} windows queued)"
+                )
         job = _Job(list(windows), asyncio.get_running_loop().create_future(), time.monotonic())
         self._jobs.append(job)
         self._queued_items += len(job.windows)
         self._on_queue_depth(self._queued_items)
         self._wakeup.set()
         return job.future
+
+    def _observe_speed(self, seconds_per_window: float) -> None:
+        if self.seconds_per_window is None:
+            self.seconds_per_window = seconds_per_window
+        else:
+            self.seconds_per_window += 0.2 * (seconds_per_window - self.seconds_per_window)
 
     def _take_batch(self) -> list[tuple[_Job, int, int]]:
         """Up to max_batch windows from the head of the queue, as (job, start, end) slices."""
@@ -195,7 +220,9 @@ class MicroBatcher:
                     if not job.future.done():
                         job.future.set_exception(error)
                 continue
-            self._on_batch(BatchRecord(len(windows), time.perf_counter() - started))
+            elapsed = time.perf_counter() - started
+            self._observe_speed(elapsed / len(windows))
+            self._on_batch(BatchRecord(len(windows), elapsed))
             offset = 0
             for job, start, end in batch:
                 job.results[start:end] = probabilities[offset : offset + end - start]

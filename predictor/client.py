@@ -4,6 +4,9 @@ The evictor consumes a prediction only when a request finishes, and falls back t
 configured probability when there is none. So `predict` returns None on any failure (timeout,
 refused connection, 503 overloaded, other HTTP errors, a malformed answer, bad input) within
 its deadline, and counts what went wrong in `stats` for monitoring.
+
+It imports only httpx and numpy (through `predictor.features`), so it also runs inside an
+inference engine's environment (the vLLM plugin imports it there).
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from typing import Any
 import httpx
 
 from predictor.features import ConversationWindow
-from predictor.rpc_schema import window_to_json
 
 Item = ConversationWindow | Mapping[str, Any]
 
@@ -82,7 +84,7 @@ class PredictorClient:
         with self._lock:
             self.stats.calls += 1
         try:
-            payload = [window_to_json(i) if isinstance(i, ConversationWindow) else dict(i)
+            payload = [i.to_dict() if isinstance(i, ConversationWindow) else dict(i)
                        for i in items]
         except (TypeError, ValueError) as error:
             self._fail("invalid_input", f"cannot serialise items: {error}")

@@ -16,6 +16,11 @@ Rules (REFERENCE.md §1, with the edge cases the paper leaves open decided here)
 - Prompts are joined oldest→newest with `prompt_separator`. Re-tokenising the joined text can
   differ by a token or two at the cuts, so the final text is counted again and, while it is
   over budget, the content budget shrinks by the excess and the text is rebuilt.
+- `window_encoding="prompt_mean"` (an option, not the paper's rule: cheaper to serve) embeds
+  each prompt alone — cut to the same per-prompt share, head and tail — and averages the
+  unit vectors of the window's prompts (re-normalised). A prompt's vector then depends on the
+  prompt alone, so it is computed once and cached (`prompt_cache.py`): each new turn embeds
+  one short text instead of the whole window. A model must be trained in the mode it serves.
 - The turn count is the number of user turns so far including the current one (1 on the first
   prompt). It enters the MLP as log(1 + turn count) by default: counts are heavy-tailed
   (most conversations are short, a few run to hundreds of turns) and the log keeps the scalar
@@ -38,6 +43,10 @@ from predictor.embedders.base import EmbedderTokenizer
 FEATURE_RULES_VERSION = 1
 SHARE_POLICIES = ("even", "redistribute")
 TURN_COUNT_ENCODINGS = ("log1p", "raw")
+WINDOW_ENCODINGS = ("joined", "prompt_mean")
+# Fields added after the first release enter the fingerprint only when set away from their
+# default, so fingerprints (and embedding caches keyed by them) of older configs stay valid.
+_LATER_FIELDS_DEFAULTS = {"window_encoding": "joined"}
 MAX_BUDGET_RETRIES = 16
 
 
@@ -55,6 +64,7 @@ class FeatureConfig:
     elision: str = " "
     turn_count_encoding: Literal["log1p", "raw"] = "log1p"
     rules_version: int = FEATURE_RULES_VERSION
+    window_encoding: Literal["joined", "prompt_mean"] = "joined"
 
     def __post_init__(self) -> None:
         def bad(field: str, why: str) -> FeatureConfigError:
@@ -80,6 +90,8 @@ class FeatureConfig:
             raise bad("share_policy", f"must be one of {SHARE_POLICIES}")
         if self.turn_count_encoding not in TURN_COUNT_ENCODINGS:
             raise bad("turn_count_encoding", f"must be one of {TURN_COUNT_ENCODINGS}")
+        if self.window_encoding not in WINDOW_ENCODINGS:
+            raise bad("window_encoding", f"must be one of {WINDOW_ENCODINGS}")
         for name in ("prompt_separator", "elision"):
             if not isinstance(getattr(self, name), str):
                 raise bad(name, "must be a string")
@@ -104,7 +116,9 @@ class FeatureConfig:
 
     def fingerprint(self) -> str:
         """Stable across processes and versions of Python: sha256 of canonical JSON."""
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        data = {k: v for k, v in self.to_dict().items()
+                if k not in _LATER_FIELDS_DEFAULTS or v != _LATER_FIELDS_DEFAULTS[k]}
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
 
@@ -141,6 +155,12 @@ class ConversationWindow:
                 f"conversation {self.conversation_id!r}: turn_count {self.turn_count} is less "
                 f"than the {len(prompts)} user prompts given"
             )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The RPC's item shape: {"conversation_id", "user_prompts", "turn_count"}."""
+        return {"conversation_id": self.conversation_id,
+                "user_prompts": list(self.user_prompts),
+                "turn_count": self.turn_count}
 
     @property
     def turn_index(self) -> int:
@@ -244,6 +264,23 @@ class WindowTextBuilder:
             for i in over:
                 content_budget[i] -= counts[i] - self.budget
                 texts[i] = self._compose(recent[i], spans, content_budget[i])
+        return texts
+
+    def prompt_texts(self, prompts: Sequence[str]) -> list[str]:
+        """`prompt_mean` mode: each prompt alone, cut to one slot's share of the budget."""
+        spans = self.tokenizer.token_spans(list(prompts))
+        share = split_evenly(self.budget - self.overhead, self.config.window_size)
+        texts = [cut_head_tail(p, s, share, self.config.head_fraction, self.config.elision)
+                 for p, s in zip(prompts, spans, strict=True)]
+        limit = share + self.overhead
+        for _ in range(MAX_BUDGET_RETRIES):
+            counts = self.tokenizer.count_input_tokens(texts)
+            over = [i for i, n in enumerate(counts) if n > limit]
+            if not over:
+                break
+            for i in over:
+                texts[i] = cut_head_tail(prompts[i], spans[i], share - (counts[i] - limit),
+                                         self.config.head_fraction, self.config.elision)
         return texts
 
     def _compose(self, prompts: Sequence[str], spans: Mapping[str, list[tuple[int, int]]],

@@ -31,20 +31,14 @@ class RequestLimits:
     max_prompt_chars: int = 65_536
     max_conversation_id_chars: int = 256
     max_turn_count: int = 1_000_000
+    # Checked before parsing, so a huge body is refused (413) without being held in memory.
+    max_body_bytes: int = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"RequestLimits.{name} must be a positive integer, "
                                  f"got {value!r}")
-
-    @property
-    def max_body_bytes(self) -> int:
-        """Largest body a valid request can have (4 bytes per character is UTF-8's worst
-        case, JSON escapes can double that), plus slack for the JSON structure."""
-        per_item = (self.max_prompts_per_item * (self.max_prompt_chars * 8 + 8)
-                    + self.max_conversation_id_chars * 8 + 128)
-        return min(self.max_items_per_request * per_item + 1024, 256 * 1024 * 1024)
 
 
 def request_model(limits: RequestLimits) -> type[BaseModel]:
@@ -89,9 +83,7 @@ class ReloadRequest(BaseModel):
 
 
 def window_to_json(window: ConversationWindow) -> dict[str, Any]:
-    return {"conversation_id": window.conversation_id,
-            "user_prompts": list(window.user_prompts),
-            "turn_count": window.turn_count}
+    return window.to_dict()
 
 
 def validation_details(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:

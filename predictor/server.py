@@ -51,7 +51,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     max_batch: int = 32
-    max_wait_ms: float = 5.0
+    max_wait_ms: float = 0.0
     max_queue_items: int = 256
     request_timeout_s: float = 30.0
     graceful_timeout_s: float = 30.0
@@ -152,6 +152,7 @@ def create_app(
         max_queue_items=config.max_queue_items,
         on_batch=on_batch,
         on_queue_depth=metrics.queue_depth.set,
+        max_expected_wait_s=config.request_timeout_s,
     )
 
     def publish_model() -> None:

@@ -29,6 +29,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("calls", type=Path, help="JSON file written by lpc bench evictor")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--mode",
+        choices=["time", "setup", "replay", "dispatch"],
+        default="time",
+        help="time (default): print ns/op; the others run once, for instruction counting",
+    )
     args = parser.parse_args()
     spec = json.loads(args.calls.read_text())
     num_blocks = spec["num_blocks"]
@@ -45,6 +51,12 @@ def main() -> None:
         queue = FreeKVCacheBlockQueue(blocks)
         return time_calls(calls, queue.popleft_n, queue.remove, queue.append_n)
 
+    if args.mode != "time":
+        if args.mode == "replay":
+            once()
+        elif args.mode == "dispatch":
+            dispatch_seconds(calls)
+        return
     seconds = best_of(args.runs, once)
     loop = best_of(args.runs, lambda: dispatch_seconds(calls))
     ops = count_block_ops([(k, a if k != 1 else 0, None) for k, a in spec["calls"]])

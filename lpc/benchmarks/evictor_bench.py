@@ -39,6 +39,9 @@ class EvictorBenchResult:
     ns_per_op: dict[str, float]
     ratios: dict[str, float]
     vllm_status: str
+    instructions_per_op: dict[str, float] | None = None
+    instruction_ratios: dict[str, float] | None = None
+    instruction_block_ops: int | None = None
 
 
 def _fresh(name: str, num_blocks: int) -> Evictor:
@@ -91,6 +94,7 @@ def run(
     seed: int = 0,
     runs: int = 3,
     vllm_python: Path | None = None,
+    instruction_ops: int = 0,
 ) -> EvictorBenchResult:
     plan = make_plan(block_ops, num_blocks, seed)
     ns: dict[str, float] = {}
@@ -110,7 +114,79 @@ def run(
     ratios = {"lpc_over_lru": ns["lpc"] / ns["lru"]}
     if "vllm_free_queue" in ns:
         ratios["lru_over_vllm"] = ns["lru"] / ns["vllm_free_queue"]
-    return EvictorBenchResult(ops, runs, ns, ratios, status)
+    result = EvictorBenchResult(ops, runs, ns, ratios, status)
+    if instruction_ops > 0:
+        per_op, instruction_ratios, counted = count_instructions(
+            instruction_ops, num_blocks, seed, vllm_python
+        )
+        result.instructions_per_op = per_op
+        result.instruction_ratios = instruction_ratios
+        result.instruction_block_ops = counted
+    return result
+
+
+def count_instructions(
+    block_ops: int, num_blocks: int, seed: int, vllm_python: Path | None
+) -> tuple[dict[str, float], dict[str, float], int]:
+    """Queue instructions per block operation (callgrind), our policies and vLLM's queue."""
+    import sys
+
+    from lpc.benchmarks.instruction_count import net_instructions
+
+    plan_args = ["--ops", str(block_ops), "--blocks", str(num_blocks), "--seed", str(seed)]
+    per_op: dict[str, float] = {}
+    ops = {
+        name: count_block_ops(record_policy(name, make_plan(block_ops, num_blocks, seed)))
+        for name in POLICIES
+    }
+    for name in POLICIES:
+
+        def argv(mode: str, name: str = name) -> list[str]:
+            return [
+                sys.executable,
+                "-m",
+                "lpc.benchmarks.evictor_worker",
+                "--policy",
+                name,
+                "--mode",
+                mode,
+                *plan_args,
+            ]
+
+        queue, _ = net_instructions(argv)
+        per_op[name] = queue / ops[name]
+    if vllm_python is not None and vllm_python.exists():
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
+            dump = handle.name
+        try:
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "lpc.benchmarks.evictor_worker",
+                    "--policy",
+                    "lru",
+                    "--mode",
+                    "setup",
+                    "--dump",
+                    dump,
+                    *plan_args,
+                ],
+                check=True,
+                capture_output=True,
+            )
+
+            def vllm_argv(mode: str) -> list[str]:
+                return [str(vllm_python), str(VLLM_BENCH_SCRIPT), dump, "--mode", mode]
+
+            queue, _ = net_instructions(vllm_argv)
+            per_op["vllm_free_queue"] = queue / ops["lru"]
+        finally:
+            Path(dump).unlink(missing_ok=True)
+    ratios = {"lpc_over_lru": per_op["lpc"] / per_op["lru"]}
+    if "vllm_free_queue" in per_op:
+        ratios["lru_over_vllm"] = per_op["lru"] / per_op["vllm_free_queue"]
+    return per_op, ratios, ops["lru"]
 
 
 def to_json(result: EvictorBenchResult) -> str:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from lpc.commands import bench_evictor
+from lpc.commands import bench_evictor, bench_predictor
 
-BENCH_MODULES = (bench_evictor,)
+BENCH_MODULES = (bench_evictor, bench_predictor)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

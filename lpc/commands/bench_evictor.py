@@ -30,6 +30,14 @@ def register(targets: argparse._SubParsersAction) -> None:
         default=DEFAULT_VLLM_PYTHON,
         help="python of the vLLM venv (default .vllm-venv/bin/python; skipped if missing)",
     )
+    parser.add_argument(
+        "--instructions",
+        type=int,
+        default=0,
+        metavar="OPS",
+        help="also count instructions per operation with valgrind's callgrind on an OPS-operation "
+        "plan (e.g. 300000): a measure the machine's load cannot move (default: off)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.set_defaults(run=run)
 
@@ -41,7 +49,16 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("ops", "blocks", "runs"):
         if getattr(args, flag) <= 0:
             raise CommandError(f"--{flag} must be positive, got {getattr(args, flag)}")
-    result = evictor_bench.run(args.ops, args.blocks, args.seed, args.runs, args.vllm_python)
+    if args.instructions < 0:
+        raise CommandError(f"--instructions must be >= 0, got {args.instructions}")
+    if args.instructions:
+        from lpc.benchmarks.instruction_count import valgrind_available
+
+        if not valgrind_available():
+            raise CommandError("--instructions needs valgrind (apt-get install valgrind)")
+    result = evictor_bench.run(
+        args.ops, args.blocks, args.seed, args.runs, args.vllm_python, args.instructions
+    )
     if args.json:
         print(evictor_bench.to_json(result))
         return 0
@@ -51,4 +68,12 @@ def run(args: argparse.Namespace) -> int:
     for name, ratio in result.ratios.items():
         print(f"  {name:<18} {ratio:8.2f}x")
     print(f"  vLLM: {result.vllm_status}")
+    if result.instructions_per_op:
+        print(
+            f"instructions per operation (callgrind, {result.instruction_block_ops:,} operations)"
+        )
+        for name, count in result.instructions_per_op.items():
+            print(f"  {name:<18} {count:8.0f}")
+        for name, ratio in (result.instruction_ratios or {}).items():
+            print(f"  {name:<18} {ratio:8.2f}x")
     return 0

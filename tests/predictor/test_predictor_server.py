@@ -150,7 +150,8 @@ def test_invalid_payloads_get_precise_422(tiny_artifact, body, where):
 
 
 def test_raw_bodies_nan_bad_json_and_oversize(tiny_artifact):
-    limits = RequestLimits(max_items_per_request=2, max_prompt_chars=10, max_prompts_per_item=2)
+    limits = RequestLimits(max_items_per_request=2, max_prompt_chars=10, max_prompts_per_item=2,
+                           max_body_bytes=4096)
     app, config = serve(tiny_artifact, limits=limits)
     with running_server(app, config) as (url, _):
         nan = '{"items": [{"conversation_id": "c", "user_prompts": ["a"], "turn_count": NaN}]}'
@@ -320,3 +321,16 @@ def test_server_config_validation():
         ServerConfig(token="short")
     with pytest.raises(ValueError, match="max_prompt_chars"):
         RequestLimits(max_prompt_chars=0)
+
+
+def test_client_imports_stay_light():
+    """The vLLM plugin imports the client inside vLLM's environment: no torch, no pydantic."""
+    import subprocess
+    import sys
+
+    code = ("import sys, predictor.client; heavy = [m for m in sys.modules if m.split('.')[0] "
+            "in ('torch', 'pydantic', 'fastapi', 'transformers', 'sentence_transformers')]; "
+            "print(heavy); sys.exit(1 if heavy else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,42 @@
+"""Instructions executed, counted by valgrind's callgrind: a speed measure that load can't move.
+
+Wall-clock nanoseconds on a shared machine vary by 2× between runs; callgrind counts the
+instructions a program executes, the same on every run for the same binary and inputs. The
+benchmark runs a replay three ways (setup only, setup + the timed loop, setup + the loop's
+dispatch into no-op functions) and keeps the difference, the queue's own instructions.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+
+_COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
+MODES = ("setup", "replay", "dispatch")
+
+
+def valgrind_available() -> bool:
+    return shutil.which("valgrind") is not None
+
+
+def callgrind_instructions(argv: Sequence[str]) -> int:
+    """Instructions `argv` executes under callgrind (its whole run)."""
+    completed = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    match = _COLLECTED.search(completed.stderr)
+    if completed.returncode != 0 or match is None:
+        tail = (completed.stderr or completed.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"callgrind run failed ({completed.returncode}): {' | '.join(tail)}")
+    return int(match.group(1))
+
+
+def net_instructions(argv_for_mode) -> tuple[int, int]:
+    """(queue instructions, loop instructions): replay − dispatch, and dispatch − setup."""
+    counts = {mode: callgrind_instructions(argv_for_mode(mode)) for mode in MODES}
+    return counts["replay"] - counts["dispatch"], counts["dispatch"] - counts["setup"]

@@ -1,0 +1,129 @@
+"""`lpc serve`: run the batched prediction RPC for a trained predictor artifact."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+ARTIFACT_ENV = "LPC_PREDICTOR_ARTIFACT"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve continuation predictions over HTTP (batched, for inference engines)",
+        description=(
+            "Serves POST /v1/predict (batched windows in, probabilities out), POST /v1/reload "
+            "(swap in a promoted artifact without dropping requests), GET /healthz and GET "
+            "/metrics (Prometheus). Requests from concurrent callers are micro-batched; past "
+            "the queue bound the server answers 503 so callers fall back at once. SIGINT or "
+            "SIGTERM stops accepting, finishes requests in flight, then exits. "
+            "See docs/predictor.md."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--artifact", type=Path, default=os.environ.get(ARTIFACT_ENV),
+                        help=f"predictor artifact folder (or ${ARTIFACT_ENV})")
+    parser.add_argument("--embedder", default=None,
+                        help="embedder spec; default: the one the artifact was trained with")
+    parser.add_argument("--device", default=None, help="torch device (default: GPU if any)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="bind address; keep loopback unless a token is set")
+    parser.add_argument("--port", type=int, default=8476, help="TCP port")
+    parser.add_argument("--max-batch", type=int, default=32, help="windows per model batch")
+    parser.add_argument("--max-wait-ms", type=float, default=0.0,
+                        help="how long a batch is held open to gather more windows; 0 "
+                             "dispatches as soon as the model is free (requests arriving "
+                             "while a batch runs form the next one); >0 helps on a GPU")
+    parser.add_argument("--max-queue", type=int, default=256,
+                        help="windows allowed to wait; beyond it requests get 503")
+    parser.add_argument("--max-items-per-request", type=int, default=64,
+                        help="windows per request (422 beyond)")
+    parser.add_argument("--max-prompt-chars", type=int, default=65536,
+                        help="characters per user prompt (422 beyond)")
+    parser.add_argument("--max-prompts-per-item", type=int, default=64,
+                        help="user prompts per window (422 beyond; only the last N+1 are used)")
+    parser.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024,
+                        help="request body size limit, checked before parsing (413 beyond)")
+    parser.add_argument("--request-timeout-s", type=float, default=30.0,
+                        help="a request waiting longer gets 504")
+    parser.add_argument("--graceful-timeout-s", type=float, default=30.0,
+                        help="on shutdown, how long requests in flight may take to finish")
+    parser.add_argument("--embed-batch-size", type=int, default=8,
+                        help="texts per embedder forward pass (8 suits a CPU; raise on a GPU)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's choice, one per core); "
+                             "1 can be faster on a machine shared with other busy processes")
+    parser.add_argument("--token-file", type=Path, default=None,
+                        help="file holding a bearer token required on /v1/* "
+                             "(default: $LPC_PREDICTOR_TOKEN, else no auth)")
+    parser.add_argument("--model-root", type=Path, default=None,
+                        help="reloads may load artifacts only under this folder "
+                             "(default: the artifact's parent)")
+    parser.add_argument("--log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug"],
+                        help="uvicorn log level")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from predictor.runtime import prefer_passive_openmp
+
+    prefer_passive_openmp()  # before torch is imported: see predictor/runtime.py
+
+    from lpc.cli import CommandError
+    from predictor.artifact import ArtifactError, load_artifact
+    from predictor.embedders import EmbedderLoadError, load_embedder
+    from predictor.predictor import Predictor
+    from predictor.rpc_schema import RequestLimits
+    from predictor.server import ServerConfig, create_app, token_from_environment, uvicorn_server
+
+    if args.artifact is None:
+        raise CommandError(f"no artifact: pass --artifact or set ${ARTIFACT_ENV}")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise CommandError(f"--threads must be >= 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
+    token = None
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text(encoding="utf-8").strip()
+        except OSError as error:
+            raise CommandError(f"--token-file {args.token_file}: {error}") from error
+    else:
+        token = token_from_environment()
+    try:
+        limits = RequestLimits(
+            max_items_per_request=args.max_items_per_request,
+            max_prompts_per_item=args.max_prompts_per_item,
+            max_prompt_chars=args.max_prompt_chars,
+            max_body_bytes=args.max_body_bytes,
+        )
+        config = ServerConfig(
+            host=args.host, port=args.port, max_batch=args.max_batch,
+            max_wait_ms=args.max_wait_ms, max_queue_items=args.max_queue,
+            request_timeout_s=args.request_timeout_s, graceful_timeout_s=args.graceful_timeout_s,
+            token=token, limits=limits, model_root=args.model_root,
+        )
+    except ValueError as error:
+        raise CommandError(str(error)) from error
+    if args.host not in ("127.0.0.1", "localhost", "::1") and token is None:
+        print(f"lpc serve: warning: listening on {args.host} without a token",
+              file=sys.stderr)
+    try:
+        artifact = load_artifact(args.artifact)
+        embedder = load_embedder(args.embedder or artifact.metadata.embedder_spec,
+                                 device=args.device)
+        predictor = Predictor(artifact, embedder, embed_batch_size=args.embed_batch_size)
+    except (ArtifactError, EmbedderLoadError, ValueError) as error:
+        raise CommandError(str(error)) from error
+    app = create_app(config, predictor, artifact_path=args.artifact)
+    print(f"lpc serve: {embedder.embedder_id} + {args.artifact} on "
+          f"http://{config.host}:{config.port}", file=sys.stderr, flush=True)
+    uvicorn_server(app, config, log_level=args.log_level).run()
+    return 0

@@ -1,0 +1,239 @@
+"""The serving plugin's configuration: environment variables or a TOML/JSON file, validated.
+
+A plugin is loaded by the engine, not called by the operator, so its settings come from the
+process environment: `LPC_CONFIG=/path/to/lpc.toml` (or `.json`) names a file, and `LPC_*`
+variables override single fields of it. Everything is validated when the plugin loads, and a
+bad value stops the engine with a message naming the variable (or file and key) and the value,
+instead of surfacing later as odd eviction.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from eviction.lpc import (
+    DEFAULT_FALLBACK_PROBABILITY,
+    DEFAULT_PROBABILITY_FLOOR,
+    DEFAULT_SCALE_PER_S,
+)
+
+CONFIG_FILE_VARIABLE = "LPC_CONFIG"
+
+
+class PluginConfigError(ValueError):
+    """A setting that cannot be used; the message names where it came from and its value."""
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """Everything the serving plugin can be told.
+
+    `scale_per_s`, `fallback_probability` and `probability_floor` are `LPCEvictor`'s. The
+    predictor fields say where asynchronous predictions come from (None: only probabilities
+    carried by requests, else the fallback). `max_pending_predictions` bounds the predictions
+    in flight or waiting to be consumed, so a slow predictor cannot grow memory without bound.
+    `stats_log_interval_s` spaces the plugin's counter log lines (0: never). `metrics_port`
+    serves the counters in Prometheus text format on `metrics_host` (None: no server).
+    """
+
+    scale_per_s: float = DEFAULT_SCALE_PER_S
+    fallback_probability: float = DEFAULT_FALLBACK_PROBABILITY
+    probability_floor: float = DEFAULT_PROBABILITY_FLOOR
+    predictor_url: str | None = None
+    predictor_timeout_s: float = 0.5
+    predictor_token: str | None = None
+    max_pending_predictions: int = 4096
+    max_prediction_batch: int = 64
+    stats_log_interval_s: float = 60.0
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        for spec in _FIELDS.values():
+            spec.check(spec.name, getattr(self, spec.name))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings, with the predictor token masked (for logs and `stats()`)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if out["predictor_token"]:
+            out["predictor_token"] = "***"
+        return out
+
+
+# -- field parsing and validation ------------------------------------------------------------
+def _finite(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise PluginConfigError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _check_scale(name: str, value: Any) -> None:
+    if _finite(name, value) < 0:
+        raise PluginConfigError(f"{name} must be >= 0, got {value!r}")
+
+
+def _check_probability(name: str, value: Any) -> None:
+    if not 0.0 <= _finite(name, value) <= 1.0:
+        raise PluginConfigError(f"{name} must be in [0, 1], got {value!r}")
+
+
+def _check_floor(name: str, value: Any) -> None:
+    if not 0.0 < _finite(name, value) < 0.5:
+        raise PluginConfigError(f"{name} must be in (0, 0.5), got {value!r}")
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if not _finite(name, value) > 0:
+        raise PluginConfigError(f"{name} must be > 0, got {value!r}")
+
+
+def _check_non_negative(name: str, value: Any) -> None:
+    if _finite(name, value) < 0:
+        raise PluginConfigError(f"{name} must be >= 0, got {value!r}")
+
+
+def _check_count(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PluginConfigError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _check_url(name: str, value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+        raise PluginConfigError(f"{name} must be an http:// or https:// URL, got {value!r}")
+
+
+def _check_optional_str(name: str, value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise PluginConfigError(f"{name} must be a non-empty string, got {value!r}")
+
+
+def _check_port(name: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise PluginConfigError(f"{name} must be a port number in [1, 65535], got {value!r}")
+
+
+def _check_host(name: str, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise PluginConfigError(f"{name} must be a host name or address, got {value!r}")
+
+
+def _parse_float(text: str) -> float:
+    return float(text)
+
+
+def _parse_int(text: str) -> int:
+    return int(text)
+
+
+def _parse_optional_int(text: str) -> int | None:
+    return None if text.strip().lower() in ("", "none", "off") else int(text)
+
+
+def _parse_optional_str(text: str) -> str | None:
+    return text or None
+
+
+@dataclass(frozen=True)
+class _FieldSpec:
+    name: str
+    variable: str  # the environment variable that sets it
+    parse: Callable[[str], Any]  # environment text -> value (file values arrive typed)
+    check: Callable[[str, Any], None]
+
+
+_FIELDS: dict[str, _FieldSpec] = {
+    spec.name: spec
+    for spec in (
+        _FieldSpec("scale_per_s", "LPC_SCALE", _parse_float, _check_scale),
+        _FieldSpec("fallback_probability", "LPC_FALLBACK_P", _parse_float, _check_probability),
+        _FieldSpec("probability_floor", "LPC_PROBABILITY_FLOOR", _parse_float, _check_floor),
+        _FieldSpec("predictor_url", "LPC_PREDICTOR_URL", _parse_optional_str, _check_url),
+        _FieldSpec("predictor_timeout_s", "LPC_PREDICTOR_TIMEOUT_S", _parse_float, _check_positive),
+        _FieldSpec(
+            "predictor_token", "LPC_PREDICTOR_TOKEN", _parse_optional_str, _check_optional_str
+        ),
+        _FieldSpec(
+            "max_pending_predictions", "LPC_MAX_PENDING_PREDICTIONS", _parse_int, _check_count
+        ),
+        _FieldSpec("max_prediction_batch", "LPC_MAX_PREDICTION_BATCH", _parse_int, _check_count),
+        _FieldSpec(
+            "stats_log_interval_s", "LPC_STATS_LOG_INTERVAL_S", _parse_float, _check_non_negative
+        ),
+        _FieldSpec("metrics_port", "LPC_METRICS_PORT", _parse_optional_int, _check_port),
+        _FieldSpec("metrics_host", "LPC_METRICS_HOST", str, _check_host),
+    )
+}
+ENVIRONMENT_VARIABLES: dict[str, str] = {spec.variable: spec.name for spec in _FIELDS.values()}
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    """The settings in a TOML or JSON file: a flat table keyed by field name."""
+    if not path.is_file():
+        raise PluginConfigError(f"{CONFIG_FILE_VARIABLE}={path}: no such file")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".toml":
+            with path.open("rb") as handle:
+                data: Any = tomllib.load(handle)
+        elif suffix == ".json":
+            data = json.loads(path.read_text(encoding="utf-8"))
+        else:
+            raise PluginConfigError(
+                f"{CONFIG_FILE_VARIABLE}={path}: use a .toml or .json file, got {suffix!r}"
+            )
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise PluginConfigError(f"{path}: cannot parse ({error})") from None
+    if isinstance(data, dict) and isinstance(data.get("lpc"), dict) and len(data) == 1:
+        data = data["lpc"]  # a `[lpc]` table is accepted too
+    if not isinstance(data, dict):
+        raise PluginConfigError(f"{path}: expected a table of settings, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(_FIELDS))
+    if unknown:
+        raise PluginConfigError(
+            f"{path}: unknown setting(s) {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(_FIELDS)}"
+        )
+    return data
+
+
+def load_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
+    """Defaults, then the `LPC_CONFIG` file, then `LPC_*` variables; validated at each step."""
+    environ = os.environ if environ is None else environ
+    config = PluginConfig()
+    file_name = environ.get(CONFIG_FILE_VARIABLE)
+    if file_name:
+        path = Path(file_name)
+        values = _read_file(path)
+        for key, value in values.items():
+            try:
+                _FIELDS[key].check(key, value)
+            except PluginConfigError as error:
+                raise PluginConfigError(f"{path}: {error}") from None
+        config = replace(config, **values)
+    overrides: dict[str, Any] = {}
+    for variable, name in ENVIRONMENT_VARIABLES.items():
+        text = environ.get(variable)
+        if text is None:
+            continue
+        spec = _FIELDS[name]
+        try:
+            value = spec.parse(text.strip())
+        except ValueError:
+            raise PluginConfigError(f"{variable}={text!r}: not a valid value for {name}") from None
+        try:
+            spec.check(name, value)
+        except PluginConfigError as error:
+            raise PluginConfigError(f"{variable}={text!r}: {error}") from None
+        overrides[name] = value
+    return replace(config, **overrides) if overrides else config

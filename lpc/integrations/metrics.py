@@ -1,0 +1,85 @@
+"""The plugin's counters in Prometheus text format, on a port of their own.
+
+vLLM serves its own /metrics from the API server process, but eviction runs in the engine
+core process, whose counters that endpoint cannot see; so the plugin serves them itself, on
+`LPC_METRICS_PORT` (loopback by default), from the process that owns the KV cache. The
+collector reads the counters at scrape time: nothing is done on the eviction hot path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger("vllm.plugins.lpc")
+
+# counter name -> help text (exported as lpc_<name>_total)
+COUNTERS: dict[str, str] = {
+    "releases": "Requests that released their KV blocks",
+    "probabilities_from_request": "Releases whose probability the request carried",
+    "predictions_used": "Releases that used an asynchronous prediction",
+    "fallbacks_used": "Releases that used the fallback probability",
+    "predictions_requested": "Predictions asked of the predictor",
+    "predictions_answered": "Predictions the predictor answered",
+    "predictions_late": "Predictions not back when their request released its blocks",
+    "predictions_dropped": "Predictions not asked because too many were pending",
+    "predictor_calls": "Batched calls to the predictor",
+    "predictor_failures": "Predictor calls that failed (error, timeout, overload)",
+    "invalid_hints": "Requests whose LPC fields were malformed and ignored",
+    "evictions": "Cached blocks evicted to be reused",
+    "cached_blocks_released": "Cached blocks released to the evictor",
+    "uncached_blocks_released": "Blocks without a hash released (reused first)",
+    "shared_blocks_released": "Cached blocks released while other requests hold them",
+}
+
+
+class _Collector:
+    def __init__(self, read: Callable[[], dict[str, Any]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        data = self._read()
+        if not data.get("registered"):
+            return
+        for name, help_text in COUNTERS.items():
+            yield CounterMetricFamily(f"lpc_{name}", help_text, value=data.get(name, 0))
+        yield GaugeMetricFamily(
+            "lpc_pending_predictions",
+            "Predictions asked for and not yet consumed",
+            value=data.get("pending_predictions", 0),
+        )
+
+
+@dataclass
+class MetricsServer:
+    server: Any
+    thread: Any
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def start_metrics_server(
+    read: Callable[[], dict[str, Any]], host: str, port: int
+) -> MetricsServer | None:
+    """Serve the counters on host:port; None (with a warning) when the port is taken."""
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+    except ImportError as error:
+        raise RuntimeError(
+            f"LPC_METRICS_PORT is set but prometheus_client is not installed ({error})"
+        ) from None
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(read))
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as error:
+        logger.warning("LPC metrics not served on %s:%d: %s", host, port, error)
+        return None
+    logger.info("LPC metrics served at http://%s:%d/metrics", host, port)
+    return MetricsServer(server, thread)

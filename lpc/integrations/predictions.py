@@ -1,0 +1,178 @@
+"""Asynchronous continuation predictions, asked for when a request starts, read when it ends.
+
+LPC needs a request's probability only when the request releases its blocks, seconds after
+it was scheduled, so the prediction runs beside inference: `ask` queues the request's item
+and returns at once, one worker thread sends everything queued as one batch to the predictor,
+and `take` at release time returns the answer if it is there and None otherwise (the caller
+then uses its fallback p). Nothing on the engine's hot path ever waits for the predictor.
+
+Memory stays bounded: at most `max_pending` requests are queued, in flight or answered but
+not yet taken; beyond that a request simply gets no prediction (`predictions_dropped`).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from lpc.integrations.stats import PluginStats
+
+logger = logging.getLogger(__name__)
+
+_PENDING = object()  # asked for, no answer yet
+_STOP = object()
+
+
+class PredictionClient(Protocol):
+    """The predictor RPC client's contract (`predictor.client.PredictorClient`).
+
+    `predict` returns one probability per item, in order, or None on any failure (timeout,
+    refused connection, overload, malformed answer) within its own deadline; it never raises.
+    """
+
+    def predict(self, items: Sequence[Mapping[str, Any]]) -> list[float] | None: ...
+
+
+class PredictionBoard:
+    """Predictions keyed by request id, filled in by one background worker."""
+
+    def __init__(
+        self,
+        client: PredictionClient,
+        stats: PluginStats,
+        max_pending: int = 4096,
+        max_batch: int = 64,
+    ) -> None:
+        if max_pending < 1 or max_batch < 1:
+            raise ValueError("max_pending and max_batch must be >= 1")
+        self._client = client
+        self._stats = stats
+        self._max_pending = max_pending
+        self._max_batch = max_batch
+        self._lock = threading.Lock()
+        # request id -> _PENDING or the probability (None: the predictor failed)
+        self._answers: dict[str, object] = {}
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        # Started by the first `ask`: vLLM registers plugins in processes that never serve.
+        self._worker: threading.Thread | None = None
+
+    def ask(self, request_id: str, item: Mapping[str, Any]) -> bool:
+        """Queue a prediction for the request; False when it was already asked or is dropped."""
+        with self._lock:
+            if request_id in self._answers:
+                return False
+            if len(self._answers) >= self._max_pending:
+                dropped = True
+            else:
+                dropped = False
+                self._answers[request_id] = _PENDING
+                if self._worker is None:
+                    self._worker = threading.Thread(
+                        target=self._run, name="lpc-predictions", daemon=True
+                    )
+                    self._worker.start()
+        if dropped:
+            self._stats.add(predictions_dropped=1)
+            return False
+        self._stats.add(predictions_requested=1)
+        self._queue.put((request_id, item))
+        return True
+
+    def has(self, request_id: str) -> bool:
+        """Whether a prediction for the request is pending or waiting to be taken."""
+        return request_id in self._answers
+
+    def take(self, request_id: str) -> float | None:
+        """The request's prediction if it has arrived, else None; forgets the request."""
+        with self._lock:
+            answer = self._answers.pop(request_id, None)
+        if answer is _PENDING:
+            # The worker will find no entry when the answer comes, and drop it.
+            self._stats.add(predictions_late=1)
+            return None
+        return answer  # type: ignore[return-value]
+
+    def forget(self, request_id: str) -> None:
+        """Drop the request's entry without counting it (it will never be released)."""
+        with self._lock:
+            self._answers.pop(request_id, None)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the worker after the batch it is sending (for tests and orderly shutdown)."""
+        with self._lock:
+            worker = self._worker
+        if worker is not None:
+            self._queue.put(_STOP)
+            worker.join(timeout_s)
+
+    @property
+    def pending(self) -> int:
+        """Requests asked for and not yet taken (answered or not)."""
+        return len(self._answers)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests whose prediction has not come back yet."""
+        with self._lock:
+            return sum(1 for answer in self._answers.values() if answer is _PENDING)
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is _STOP:
+                return
+            batch = [first]
+            stop = False
+            while len(batch) < self._max_batch:
+                try:
+                    entry = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if entry is _STOP:
+                    stop = True
+                    break
+                batch.append(entry)
+            self._answer(batch)  # type: ignore[arg-type]
+            if stop:
+                return
+
+    def _answer(self, batch: list[tuple[str, Mapping[str, Any]]]) -> None:
+        with self._lock:
+            # Requests released while queued need no answer.
+            live = [(rid, item) for rid, item in batch if self._answers.get(rid) is _PENDING]
+        if not live:
+            return
+        try:
+            probabilities = self._client.predict([item for _, item in live])
+        except Exception:  # the client must not raise; if it does, never kill the worker
+            logger.exception("the predictor client raised; treating it as a failed call")
+            probabilities = None
+        if probabilities is not None and not _valid_answer(probabilities, len(live)):
+            logger.warning(
+                "the predictor answered %.200r for %d items; ignoring the answer",
+                probabilities,
+                len(live),
+            )
+            probabilities = None
+        with self._lock:
+            for i, (rid, _) in enumerate(live):
+                if self._answers.get(rid) is _PENDING:
+                    self._answers[rid] = None if probabilities is None else probabilities[i]
+        if probabilities is None:
+            self._stats.add(predictor_calls=1, predictor_failures=1)
+        else:
+            self._stats.add(predictor_calls=1, predictions_answered=len(live))
+
+
+def _valid_answer(probabilities: object, count: int) -> bool:
+    return (
+        isinstance(probabilities, list)
+        and len(probabilities) == count
+        and all(
+            isinstance(p, int | float) and not isinstance(p, bool) and 0.0 <= p <= 1.0
+            for p in probabilities
+        )
+    )

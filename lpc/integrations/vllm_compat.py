@@ -1,0 +1,154 @@
+"""Is the installed vLLM the one the plugin was built against? Checked before patching.
+
+The plugin replaces an internal class and wraps internal methods, and vLLM's internals move
+between releases. A plugin that patched a vLLM whose internals had changed would not fail:
+it would silently evict in the wrong order, or not at all. So registration first checks the
+version (pinned) and then the exact shape of everything it touches — the queue's methods,
+the signatures it wraps, the block fields it reads, the lookup of the queue class at
+`BlockPool` construction — and refuses to load, listing every mismatch, otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from types import ModuleType
+from typing import Any
+
+SUPPORTED_VLLM_VERSION = "0.33.0"
+ALLOW_UNTESTED_VARIABLE = "LPC_VLLM_ALLOW_UNTESTED"
+
+# The queue methods BlockPool and vLLM's offloading call; the adapter implements exactly these.
+QUEUE_METHODS = (
+    "popleft",
+    "popleft_n",
+    "remove",
+    "append",
+    "append_n",
+    "prepend_n",
+    "get_all_free_blocks",
+    "iter_blocks_after",
+)
+# (owner, method) -> parameter names (self included) of everything the plugin wraps or calls.
+WRAPPED_SIGNATURES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("FreeKVCacheBlockQueue", "__init__"): ("self", "blocks"),
+    ("BlockPool", "free_blocks"): ("self", "ordered_blocks"),
+    ("KVCacheManager", "free"): ("self", "request"),
+    ("KVCacheManager", "pop_blocks_for_free"): ("self", "request"),
+}
+BLOCK_FIELDS = ("block_id", "ref_cnt", "pool", "is_null")
+BLOCK_PROPERTIES = ("block_hash", "block_hash_num_tokens")
+
+
+class IncompatibleVllmError(RuntimeError):
+    """The installed vLLM is not one the plugin can patch safely."""
+
+
+def check_version(version: str, allow_untested: bool) -> str | None:
+    """None when supported; else the problem (a warning when `allow_untested`)."""
+    if version == SUPPORTED_VLLM_VERSION:
+        return None
+    problem = (
+        f"vLLM {version} is installed; the LPC plugin is pinned to vLLM "
+        f"{SUPPORTED_VLLM_VERSION} (it replaces vLLM internals that change between releases)"
+    )
+    if not allow_untested:
+        raise IncompatibleVllmError(
+            f"{problem}. Install vllm=={SUPPORTED_VLLM_VERSION}, or set "
+            f"{ALLOW_UNTESTED_VARIABLE}=1 to load it anyway if every structural check passes."
+        )
+    return problem
+
+
+def _parameters(function: Any) -> tuple[str, ...]:
+    return tuple(inspect.signature(function).parameters)
+
+
+def structural_problems(
+    block_pool: ModuleType,
+    kv_cache_utils: ModuleType,
+    kv_cache_manager: ModuleType,
+    request_module: ModuleType,
+    sampling_params: ModuleType,
+) -> list[str]:
+    """Everything about these vLLM modules that differs from what the plugin expects."""
+    problems: list[str] = []
+    owners = {
+        "FreeKVCacheBlockQueue": getattr(kv_cache_utils, "FreeKVCacheBlockQueue", None),
+        "BlockPool": getattr(block_pool, "BlockPool", None),
+        "KVCacheManager": getattr(kv_cache_manager, "KVCacheManager", None),
+    }
+    for name, owner in owners.items():
+        if owner is None:
+            problems.append(f"vllm has no {name}")
+
+    queue = owners["FreeKVCacheBlockQueue"]
+    if queue is not None:
+        public = {
+            name
+            for name, value in vars(queue).items()
+            if not name.startswith("_") and callable(value)
+        }
+        missing = sorted(set(QUEUE_METHODS) - public)
+        unknown = sorted(public - set(QUEUE_METHODS))
+        if missing:
+            problems.append(f"FreeKVCacheBlockQueue lacks {', '.join(missing)}")
+        if unknown:
+            problems.append(
+                f"FreeKVCacheBlockQueue has methods the LPC queue does not implement: "
+                f"{', '.join(unknown)}"
+            )
+    if getattr(block_pool, "FreeKVCacheBlockQueue", None) is not queue:
+        problems.append("vllm.v1.core.block_pool no longer imports FreeKVCacheBlockQueue by name")
+    pool = owners["BlockPool"]
+    if pool is not None:
+        init_names = pool.__init__.__code__.co_names
+        if "FreeKVCacheBlockQueue" not in init_names:
+            problems.append("BlockPool.__init__ no longer builds a FreeKVCacheBlockQueue")
+        if "free_block_queue" not in init_names:
+            problems.append("BlockPool.__init__ no longer stores self.free_block_queue")
+
+    for (owner_name, method), expected in WRAPPED_SIGNATURES.items():
+        owner = owners.get(owner_name)
+        function = getattr(owner, method, None) if owner is not None else None
+        if function is None:
+            problems.append(f"{owner_name}.{method} is missing")
+            continue
+        actual = _parameters(function)
+        if actual != expected:
+            problems.append(
+                f"{owner_name}.{method} takes ({', '.join(actual)}), expected "
+                f"({', '.join(expected)})"
+            )
+    manager = owners["KVCacheManager"]
+    allocate = getattr(manager, "allocate_slots", None) if manager is not None else None
+    if allocate is None:
+        problems.append("KVCacheManager.allocate_slots is missing")
+    elif _parameters(allocate)[:2] != ("self", "request"):
+        problems.append("KVCacheManager.allocate_slots no longer takes the request first")
+
+    block = getattr(kv_cache_utils, "KVCacheBlock", None)
+    if block is None:
+        problems.append("vllm has no KVCacheBlock")
+    else:
+        is_dataclass = dataclasses.is_dataclass(block)
+        names = {f.name for f in dataclasses.fields(block)} if is_dataclass else set()
+        for name in BLOCK_FIELDS:
+            if name not in names:
+                problems.append(f"KVCacheBlock has no field {name}")
+        for name in BLOCK_PROPERTIES:
+            if not isinstance(getattr(block, name, None), property):
+                problems.append(f"KVCacheBlock.{name} is not a property")
+
+    request = getattr(request_module, "Request", None)
+    if request is None or "sampling_params" not in inspect.signature(request).parameters:
+        problems.append("vllm.v1.request.Request no longer takes sampling_params")
+    params = getattr(sampling_params, "SamplingParams", None)
+    declared = (
+        set(getattr(params, "__struct_fields__", ())) | set(getattr(params, "__annotations__", {}))
+        if params is not None
+        else set()
+    )
+    if "extra_args" not in declared:
+        problems.append("SamplingParams has no extra_args")
+    return problems

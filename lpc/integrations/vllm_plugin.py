@@ -1,0 +1,392 @@
+"""The vLLM plugin: LPC eviction in vLLM 0.33.0's prefix cache.
+
+vLLM loads it through the `vllm.general_plugins` entry point (`lpc`, allow-listed with
+`VLLM_PLUGINS=lpc`) in every process before the engine core builds its scheduler, so
+`register()` runs before any `BlockPool` exists. It then:
+
+1. checks that the installed vLLM is the pinned one and has exactly the internals it patches
+   (`vllm_compat`), refusing to load otherwise;
+2. replaces `vllm.v1.core.block_pool.FreeKVCacheBlockQueue`, which `BlockPool` looks up when
+   it is built, with `LPCFreeBlockQueue`, an adapter driving `eviction.lpc.LPCEvictor`;
+3. wraps `KVCacheManager.free` and `pop_blocks_for_free` (a request releases its blocks) to
+   tell the queues the release's probability, time and conversation, and `BlockPool.free_blocks`
+   to report the cached blocks a release gives up while other requests still hold them
+   (max pooling needs them);
+4. when a predictor is configured, wraps `KVCacheManager.allocate_slots` to ask for the
+   request's prediction the first time it is scheduled, without waiting for it.
+
+A release's probability is, in order: the request's `extra_args["lpc_probability"]`; the
+asynchronous prediction for its `lpc_conversation_id` if it has arrived; the fallback p.
+Time comes from an injectable clock (default `time.monotonic`).
+
+Process-wide state: `_REGISTRATION` holds the one active registration (its runtime and the
+original attributes it replaced); a plugin that patches classes inherently has one. Patched
+methods act only on pools whose queue is LPC's, so a pool built before registration (or after
+`unregister()`) behaves exactly as stock vLLM.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from eviction.base import Release
+from lpc.integrations import vllm_compat
+from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
+from lpc.integrations.metrics import MetricsServer, start_metrics_server
+from lpc.integrations.predictions import PredictionBoard, PredictionClient
+from lpc.integrations.request_hints import RequestHints, parse_hints
+from lpc.integrations.stats import PluginStats
+from lpc.integrations.vllm_queue import Clock, LPCFreeBlockQueue, QueueRuntime, bind_queue_class
+
+# A child of vLLM's logger, so the plugin's lines appear in vLLM's log with its format.
+logger = logging.getLogger("vllm.plugins.lpc")
+
+MAX_LOGGED_INVALID_HINTS = 20
+
+
+@dataclass
+class PluginRuntime:
+    """Everything the patched methods need; one per registration."""
+
+    config: PluginConfig
+    stats: PluginStats
+    queues: QueueRuntime
+    client: PredictionClient | None
+    board: PredictionBoard | None
+    hints: dict[str, RequestHints] = field(default_factory=dict)  # requests seen scheduled
+    deferred: dict[int, Release] = field(default_factory=dict)  # id(block) -> its release
+    next_log_s: float = 0.0
+
+    @property
+    def clock(self) -> Clock:
+        return self.queues.clock
+
+    def hints_for(self, request: Any) -> RequestHints:
+        params = request.sampling_params
+        hints = parse_hints(params.extra_args if params is not None else None)
+        if hints.problems:
+            self.stats.add(invalid_hints=1)
+            if self.stats.invalid_hints <= MAX_LOGGED_INVALID_HINTS:
+                logger.warning(
+                    "request %s: ignoring malformed LPC fields: %s",
+                    request.request_id,
+                    "; ".join(hints.problems),
+                )
+        return hints
+
+    def on_scheduled(self, request: Any) -> None:
+        """Ask for the request's prediction the first time it is scheduled (never waits)."""
+        rid = request.request_id
+        hints = self.hints.get(rid)
+        if hints is None:
+            hints = self.hints[rid] = self.hints_for(request)
+        board = self.board
+        if (
+            board is not None
+            and hints.probability is None
+            and hints.can_predict
+            and not board.has(rid)
+        ):
+            board.ask(rid, hints.prediction_item())
+
+    def release_for(self, request: Any) -> Release:
+        """The probability, time and conversation of a request releasing its blocks."""
+        rid = request.request_id
+        hints = self.hints.pop(rid, None)
+        if hints is None:
+            hints = self.hints_for(request)
+        probability = hints.probability
+        if probability is not None:
+            counter = "probabilities_from_request"
+            if self.board is not None:
+                self.board.forget(rid)
+        else:
+            probability = self.board.take(rid) if self.board is not None else None
+            counter = "fallbacks_used" if probability is None else "predictions_used"
+        self.stats.add(releases=1, **{counter: 1})
+        now = self.clock()
+        if self.config.stats_log_interval_s and now >= self.next_log_s:
+            if self.next_log_s:
+                logger.info("%s", self.stats.summary())
+            self.next_log_s = now + self.config.stats_log_interval_s
+        return Release(now, probability, hints.conversation_id or rid)
+
+    def defer(self, blocks: list[Any], release: Release) -> None:
+        """Blocks popped for a deferred free: remember their release until they are freed."""
+        for block in blocks:
+            self.deferred[id(block)] = release
+
+    def deferred_release(self, blocks: list[Any]) -> Release | None:
+        if not self.deferred:
+            return None
+        found = None
+        for block in blocks:
+            release = self.deferred.pop(id(block), None)
+            if found is None:
+                found = release
+        return found
+
+
+@dataclass
+class _Registration:
+    runtime: PluginRuntime
+    originals: list[tuple[Any, str, Any]]  # (owner, attribute, original value or _ABSENT)
+    metrics: MetricsServer | None = None
+
+
+_REGISTRATION: _Registration | None = None
+_ABSENT = object()  # an attribute the class inherited rather than defined
+_LOCK = threading.Lock()
+
+
+def _runtime_of(pool: Any) -> PluginRuntime | None:
+    """The active runtime if this pool's queue is LPC's (else the pool is stock vLLM)."""
+    registration = _REGISTRATION
+    if registration is None or not isinstance(pool.free_block_queue, LPCFreeBlockQueue):
+        return None
+    return registration.runtime
+
+
+def _wrap_manager_free(original: Any) -> Any:
+    @functools.wraps(original)
+    def free(self: Any, request: Any) -> None:
+        runtime = _runtime_of(self.block_pool)
+        if runtime is None:
+            return original(self, request)
+        with runtime.queues.releasing(runtime.release_for(request)):
+            return original(self, request)
+
+    return free
+
+
+def _wrap_pop_blocks_for_free(original: Any) -> Any:
+    @functools.wraps(original)
+    def pop_blocks_for_free(self: Any, request: Any) -> list[Any]:
+        runtime = _runtime_of(self.block_pool)
+        if runtime is None:
+            return original(self, request)
+        release = runtime.release_for(request)
+        blocks = original(self, request)
+        runtime.defer(blocks, release)
+        return blocks
+
+    return pop_blocks_for_free
+
+
+def _wrap_free_blocks(original: Any) -> Any:
+    @functools.wraps(original)
+    def free_blocks(self: Any, ordered_blocks: Any) -> None:
+        runtime = _runtime_of(self)
+        if runtime is None:
+            return original(self, ordered_blocks)
+        blocks = ordered_blocks if isinstance(ordered_blocks, list) else list(ordered_blocks)
+        queues = runtime.queues
+        release = queues.active_release() or runtime.deferred_release(blocks)
+        if release is None:
+            release = Release(queues.clock(), None, None)
+        # Cached blocks whose count stays above zero: this release shares them with others.
+        shared = [
+            block
+            for block in blocks
+            if block.ref_cnt > 1
+            and block.block_hash is not None
+            and not block.is_null
+            and (block.pool is None or block.pool is self)
+        ]
+        with queues.releasing(release):
+            original(self, blocks)
+        if shared:
+            self.free_block_queue.note_shared_release(shared, release)
+        return None
+
+    return free_blocks
+
+
+def _wrap_allocate_slots(original: Any) -> Any:
+    @functools.wraps(original)
+    def allocate_slots(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        blocks = original(self, request, *args, **kwargs)
+        if blocks is not None:
+            runtime = _runtime_of(self.block_pool)
+            if runtime is not None:
+                runtime.on_scheduled(request)
+        return blocks
+
+    return allocate_slots
+
+
+def make_predictor_client(config: PluginConfig) -> PredictionClient | None:
+    """The project's predictor RPC client for `config.predictor_url` (None when unset)."""
+    if config.predictor_url is None:
+        return None
+    try:
+        client_module = importlib.import_module("predictor.client")
+    except ImportError as error:
+        raise PluginConfigError(
+            f"LPC_PREDICTOR_URL is {config.predictor_url!r} but the predictor client cannot be "
+            f"imported ({error}); install the client's dependencies in vLLM's environment "
+            "(`pip install httpx`) or unset LPC_PREDICTOR_URL to use the fallback p only"
+        ) from None
+    return client_module.PredictorClient(
+        config.predictor_url, timeout_s=config.predictor_timeout_s, token=config.predictor_token
+    )
+
+
+def _import_vllm() -> dict[str, Any]:
+    names = {
+        "vllm": "vllm",
+        "block_pool": "vllm.v1.core.block_pool",
+        "kv_cache_utils": "vllm.v1.core.kv_cache_utils",
+        "kv_cache_manager": "vllm.v1.core.kv_cache_manager",
+        "request_module": "vllm.v1.request",
+        "sampling_params": "vllm.sampling_params",
+    }
+    return {key: importlib.import_module(module) for key, module in names.items()}
+
+
+def register(
+    config: PluginConfig | None = None,
+    clock: Clock | None = None,
+    predictor_client: PredictionClient | None = None,
+) -> None:
+    """Install LPC eviction into vLLM (the `vllm.general_plugins` entry point).
+
+    Idempotent: vLLM may load plugins several times per process; a call without arguments
+    while registered does nothing. Arguments (for tests and embedding) override the
+    environment's configuration, the clock and the predictor client; changing them requires
+    `unregister()` first. Raises `IncompatibleVllmError` on a vLLM it cannot patch safely and
+    `PluginConfigError` on a bad setting.
+    """
+    global _REGISTRATION
+    with _LOCK:
+        if _REGISTRATION is not None:
+            if config is not None or clock is not None or predictor_client is not None:
+                raise RuntimeError(
+                    "the LPC plugin is already registered; unregister() before registering "
+                    "it with another configuration, clock or predictor client"
+                )
+            return
+        modules = _import_vllm()
+        allow_untested = os.environ.get(vllm_compat.ALLOW_UNTESTED_VARIABLE) == "1"
+        untested = vllm_compat.check_version(modules["vllm"].__version__, allow_untested)
+        problems = vllm_compat.structural_problems(
+            modules["block_pool"],
+            modules["kv_cache_utils"],
+            modules["kv_cache_manager"],
+            modules["request_module"],
+            modules["sampling_params"],
+        )
+        if problems:
+            raise vllm_compat.IncompatibleVllmError(
+                f"cannot load the LPC plugin into vLLM {modules['vllm'].__version__}: "
+                + "; ".join(problems)
+            )
+        if untested:
+            logger.warning(
+                "%s; loading anyway (%s=1)", untested, vllm_compat.ALLOW_UNTESTED_VARIABLE
+            )
+
+        config = config if config is not None else load_config()
+        counters = PluginStats()
+        client = predictor_client if predictor_client is not None else make_predictor_client(config)
+        board = (
+            PredictionBoard(
+                client, counters, config.max_pending_predictions, config.max_prediction_batch
+            )
+            if client is not None
+            else None
+        )
+        queues = QueueRuntime(
+            config,
+            counters,
+            clock if clock is not None else time.monotonic,
+            # Late-bound: the registration is complete before any queue is built.
+            activate=lambda: _activate(registration),
+        )
+        registration = _Registration(PluginRuntime(config, counters, queues, client, board), [])
+
+        block_pool = modules["block_pool"]
+        pool_class = block_pool.BlockPool
+        manager_class = modules["kv_cache_manager"].KVCacheManager
+        patches: list[tuple[Any, str, Any]] = [
+            (block_pool, "FreeKVCacheBlockQueue", bind_queue_class(queues)),
+            (pool_class, "free_blocks", _wrap_free_blocks(pool_class.free_blocks)),
+            (manager_class, "free", _wrap_manager_free(manager_class.free)),
+            (
+                manager_class,
+                "pop_blocks_for_free",
+                _wrap_pop_blocks_for_free(manager_class.pop_blocks_for_free),
+            ),
+        ]
+        if board is not None:
+            allocate = _wrap_allocate_slots(manager_class.allocate_slots)
+            patches.append((manager_class, "allocate_slots", allocate))
+        for owner, name, value in patches:
+            registration.originals.append((owner, name, owner.__dict__.get(name, _ABSENT)))
+            setattr(owner, name, value)
+        _REGISTRATION = registration
+    logger.info(
+        "LPC eviction plugin registered in vLLM %s (pid %d): %s",
+        modules["vllm"].__version__,
+        os.getpid(),
+        ", ".join(f"{k}={v}" for k, v in config.as_dict().items()),
+    )
+
+
+def _activate(registration: _Registration) -> None:
+    """Called when the first LPC queue is built, i.e. in the process that owns the KV cache.
+
+    vLLM loads plugins in every process (API server, engine core, workers); only the engine
+    core builds block pools, so the metrics server starts here rather than in `register()`.
+    """
+    config = registration.runtime.config
+    if config.metrics_port is not None and registration.metrics is None:
+        registration.metrics = start_metrics_server(stats, config.metrics_host, config.metrics_port)
+    logger.info("LPC eviction active in pid %d", os.getpid())
+
+
+def unregister() -> None:
+    """Restore stock vLLM for pools built from now on (tests, or a process switching modes)."""
+    global _REGISTRATION
+    with _LOCK:
+        registration = _REGISTRATION
+        if registration is None:
+            return
+        for owner, name, original in reversed(registration.originals):
+            if original is _ABSENT:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+        if registration.runtime.board is not None:
+            registration.runtime.board.close()
+        if registration.metrics is not None:
+            registration.metrics.close()
+        _REGISTRATION = None
+
+
+def is_registered() -> bool:
+    return _REGISTRATION is not None
+
+
+def stats() -> dict[str, Any]:
+    """The plugin's counters, the predictor client's own counters and the configuration."""
+    registration = _REGISTRATION
+    if registration is None:
+        return {"registered": False}
+    runtime = registration.runtime
+    out: dict[str, Any] = {"registered": True, **runtime.stats.snapshot()}
+    board = runtime.board
+    out["pending_predictions"] = board.pending if board is not None else 0
+    out["predictions_in_flight"] = board.in_flight if board is not None else 0
+    client_stats = getattr(runtime.client, "stats", None)
+    if client_stats is not None and hasattr(client_stats, "as_dict"):
+        out["predictor_client"] = client_stats.as_dict()
+    out["config"] = runtime.config.as_dict()
+    return out

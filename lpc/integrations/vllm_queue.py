@@ -1,0 +1,203 @@
+"""vLLM's free-block queue, ordered by LPC instead of LRU: an adapter over `LPCEvictor`.
+
+vLLM's `BlockPool` keeps every free block in a `FreeKVCacheBlockQueue` and evicts by popping
+its front. `LPCFreeBlockQueue` offers the same methods on the same `KVCacheBlock` objects but
+keeps no order of its own: it maps blocks to their ids and drives `eviction.lpc.LPCEvictor`,
+the one implementation of LPC's ordering (static key logit(p) + scale·t, max pooling, deeper
+block first on ties, blocks without a hash before every cached one).
+
+What the queue cannot see — the probability, time and conversation of a release — comes from
+the release context the plugin sets while vLLM frees a request (`QueueRuntime.releasing`).
+Blocks appended outside any release (e.g. `BlockPool.unpin_blocks`) get the fallback p at the
+current time.
+
+This module imports nothing from vLLM: blocks are duck-typed (`block_id`, `block_hash`,
+`block_hash_num_tokens`), so it is tested with real `KVCacheBlock`s in vLLM's venv and reads
+the same everywhere.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from eviction.base import FreedBlocks, Release
+from eviction.lpc import LPCEvictor
+from lpc.integrations.config import PluginConfig
+from lpc.integrations.stats import PluginStats
+
+Clock = Callable[[], float]
+
+
+@dataclass
+class QueueRuntime:
+    """What every LPC queue of a process shares: configuration, clock, counters, context."""
+
+    config: PluginConfig
+    stats: PluginStats
+    clock: Clock = time.monotonic
+    activate: Callable[[], None] | None = None  # called once, when the first queue is built
+    _release: ContextVar[Release | None] = field(
+        default_factory=lambda: ContextVar("lpc_release", default=None)
+    )
+    _active: bool = False
+
+    def queue_built(self) -> None:
+        if not self._active:
+            self._active = True
+            if self.activate is not None:
+                self.activate()
+
+    def active_release(self) -> Release | None:
+        """The release being freed now, if any."""
+        return self._release.get()
+
+    def current_release(self) -> Release:
+        """The release being freed now, or an anonymous one (fallback p, current time)."""
+        release = self._release.get()
+        return release if release is not None else Release(self.clock(), None, None)
+
+    @contextmanager
+    def releasing(self, release: Release) -> Iterator[None]:
+        """Blocks freed inside this block carry `release`'s probability, time and conversation."""
+        token = self._release.set(release)
+        try:
+            yield
+        finally:
+            self._release.reset(token)
+
+    def new_evictor(self, num_blocks: int) -> LPCEvictor:
+        c = self.config
+        return LPCEvictor(num_blocks, c.scale_per_s, c.fallback_probability, c.probability_floor)
+
+
+def block_depth(block: Any) -> int:
+    """A block's depth in its sequence, in tokens its hash covers (0 when unknown).
+
+    `LPCEvictor` compares depths only with each other, to evict the deeper of two blocks with
+    equal keys, so the token count (block index + 1 times the block size) orders blocks
+    exactly as their index does, without knowing the group's block size.
+    """
+    tokens = block.block_hash_num_tokens
+    return tokens if tokens is not None else 0
+
+
+class LPCFreeBlockQueue:
+    """A drop-in for vLLM 0.33's `FreeKVCacheBlockQueue` that evicts by LPC.
+
+    vLLM builds it as `FreeKVCacheBlockQueue(blocks)` with only the block list, so the
+    shared `QueueRuntime` is a class attribute of the subclass `bind_queue_class` makes at
+    registration. Block ids must be the blocks' positions in the list (vLLM's invariant).
+    """
+
+    runtime: ClassVar[QueueRuntime]
+
+    def __init__(self, blocks: list[Any]) -> None:
+        for index, block in enumerate(blocks):
+            if block.block_id != index:
+                raise ValueError(
+                    f"block at position {index} has id {block.block_id}; the LPC queue needs "
+                    "block ids equal to their positions in the pool"
+                )
+        self._blocks = list(blocks)
+        self._evictor = self.runtime.new_evictor(len(blocks))
+        self._evictor.reset(range(len(blocks)))
+        self.runtime.queue_built()
+
+    # -- what BlockPool calls ------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._evictor)
+
+    def popleft(self) -> Any:
+        if not len(self._evictor):
+            raise ValueError("No free blocks available")
+        block = self._blocks[self._evictor.pop()]
+        if block.block_hash is not None:
+            self.runtime.stats.add(evictions=1)
+        return block
+
+    def popleft_n(self, n: int) -> list[Any]:
+        if n == 0:
+            return []
+        if n > len(self._evictor):
+            raise ValueError(f"cannot pop {n} blocks: only {len(self._evictor)} are free")
+        blocks = self._blocks
+        popped = [blocks[i] for i in self._evictor.pop_n(n)]
+        evicted = sum(1 for block in popped if block.block_hash is not None)
+        if evicted:
+            self.runtime.stats.add(evictions=evicted)
+        return popped
+
+    def remove(self, block: Any) -> None:
+        try:
+            self._evictor.remove(block.block_id)
+        except KeyError:
+            raise RuntimeError(f"remove() called on a block that is not free: {block}") from None
+
+    def append(self, block: Any) -> None:
+        self.append_n([block])
+
+    def append_n(self, blocks: Sequence[Any]) -> None:
+        """Blocks with a hash whose last holder released them, the sequence's tail first."""
+        if not blocks:
+            return
+        self._evictor.push_cached(_freed(blocks), self.runtime.current_release())
+        self.runtime.stats.add(cached_blocks_released=len(blocks))
+
+    def prepend_n(self, blocks: Sequence[Any]) -> None:
+        """Blocks without a hash: reused before any cached block, in the given order."""
+        if not blocks:
+            return
+        self._evictor.push_uncached([block.block_id for block in blocks])
+        self.runtime.stats.add(uncached_blocks_released=len(blocks))
+
+    def get_all_free_blocks(self) -> list[Any]:
+        blocks = self._blocks
+        return [blocks[i] for i in self._evictor.free_block_ids()]
+
+    def iter_blocks_after(self, cursor: Any | None) -> Iterator[Any]:
+        """Free blocks in eviction order after `cursor` (all when None, none if it is not free).
+
+        O(n log n) per call: the order is materialised from the heap. vLLM calls this only
+        from the CPU-offloading connector's lazy mode.
+        """
+        order = self._evictor.free_block_ids()
+        start = 0
+        if cursor is not None:
+            try:
+                start = order.index(cursor.block_id) + 1
+            except ValueError:
+                return
+        blocks = self._blocks
+        for i in order[start:]:
+            yield blocks[i]
+
+    # -- what the plugin adds --------------------------------------------------------------
+    def note_shared_release(self, blocks: Sequence[Any], release: Release) -> None:
+        """Cached blocks this release gave up while other requests still hold them."""
+        if blocks:
+            self._evictor.note_shared_release(_freed(blocks), release)
+            self.runtime.stats.add(shared_blocks_released=len(blocks))
+
+    @property
+    def evictor(self) -> LPCEvictor:
+        return self._evictor
+
+
+def _freed(blocks: Sequence[Any]) -> FreedBlocks:
+    # Fresh lists: the evictor keeps references to them.
+    return FreedBlocks(
+        [block.block_id for block in blocks],
+        [block_depth(block) for block in blocks],
+        [block.block_hash for block in blocks],
+    )
+
+
+def bind_queue_class(runtime: QueueRuntime) -> type[LPCFreeBlockQueue]:
+    """The queue class `BlockPool` will instantiate, bound to this process's runtime."""
+    return type("LPCFreeKVCacheBlockQueue", (LPCFreeBlockQueue,), {"runtime": runtime})

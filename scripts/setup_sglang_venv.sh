@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Set up ./.sglang-venv with SGLang 0.5.23 for the LPC strategy's tests; idempotent.
+#
+# SGLang lives in its OWN venv (its pins clash with the project's). Only what its plugin
+# loader, eviction-policy registry and argument parser import is installed: sglang --no-deps
+# plus the pinned packages of scripts/sglang-0.5.23-requirements.txt. SGLang's serving
+# runtime (CUDA kernels, and torchvision, which has no CPU wheel here) is not, so its
+# RadixCache cannot be imported in this venv; see docs/serving.md. Torch goes in first,
+# pinned (override with LPC_TORCH_SPEC), so pip never pulls a CUDA build on a CPU machine.
+#
+# Exit status 0: ready; 1: SGLang could not be installed, and the last line printed says why
+# ("setup_sglang_venv: FAILED: <reason>").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sglang_version=0.5.23
+python_bin=${PYTHON:-python3}
+torch_spec=${LPC_TORCH_SPEC:-torch==2.13.0}
+venv=.sglang-venv
+requirements=scripts/sglang-${sglang_version}-requirements.txt
+log=$(mktemp "${TMPDIR:-/tmp}/lpc-setup-sglang-venv.XXXXXX")
+
+fail() {
+    echo "setup_sglang_venv: FAILED: $*" >&2
+    exit 1
+}
+
+last_error() {  # the most telling line of the log, for the failure message
+    local line
+    line=$(grep -E "^ERROR" "$log" | head -n 1 || true)
+    [ -n "$line" ] || line=$(grep -E "Error|error:" "$log" | tail -n 1 || true)
+    [ -n "$line" ] || line=$(grep -v "^\s*$" "$log" | tail -n 1 || true)
+    echo "${line:-no output} (full log: $log)"
+}
+
+works() {  # does the venv import what the LPC strategy's tests need, at the pinned version?
+    if [ ! -x "$venv/bin/python" ]; then
+        echo "$venv/bin/python does not exist" >>"$log"
+        return 1
+    fi
+    "$venv/bin/python" - >>"$log" 2>&1 <<PY
+import sglang
+assert sglang.__version__ == "$sglang_version", sglang.__version__
+import sglang.srt.plugins, sglang.srt.mem_cache.utils, sglang.srt.arg_groups.choices
+import sglang.srt.mem_cache.evict_policy, sglang.srt.server_args
+PY
+}
+
+if works; then
+    echo "setup_sglang_venv: $venv already has SGLang $sglang_version ($(readlink -f "$venv"))"
+    rm -f "$log"
+    exit 0
+fi
+if [ -L "$venv" ]; then
+    fail "$venv is a symlink to $(readlink -f "$venv"), which does not import SGLang" \
+        "$sglang_version: $(last_error); fix that venv or remove the link"
+fi
+command -v "$python_bin" >/dev/null || fail "no $python_bin to create the venv with (set PYTHON)"
+if ! "$python_bin" -c 'import sys; sys.exit(not (3, 10) <= sys.version_info[:2] < (3, 14))'; then
+    fail "SGLang $sglang_version wheels need Python 3.10-3.13; $python_bin is $("$python_bin" --version 2>&1)"
+fi
+if [ ! -x "$venv/bin/python" ]; then
+    echo "setup_sglang_venv: creating $venv with $("$python_bin" --version 2>&1)"
+    "$python_bin" -m venv --clear "$venv" >>"$log" 2>&1 || fail "python -m venv: $(last_error)"
+fi
+pip=("$venv/bin/python" -m pip install --quiet)
+if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
+    echo "setup_sglang_venv: installing $torch_spec first"
+    "${pip[@]}" "$torch_spec" >>"$log" 2>&1 || fail "pip install $torch_spec: $(last_error)"
+fi
+echo "setup_sglang_venv: installing sglang==$sglang_version (--no-deps) and $requirements"
+"${pip[@]}" --no-deps "sglang==$sglang_version" -r "$requirements" >>"$log" 2>&1 \
+    || fail "pip install sglang==$sglang_version: $(last_error)"
+works || fail "SGLang $sglang_version installed but its imports fail: $(last_error)"
+echo "setup_sglang_venv: $venv is ready with SGLang $sglang_version"
+rm -f "$log"

@@ -1,0 +1,143 @@
+"""A stand-in for SGLang 0.5.23's `RadixCache`, built from its documented eviction contract.
+
+SGLang's real `RadixCache` cannot be imported here: its module pulls in SGLang's whole
+runtime (model configs, MoE runners, kernels), including torchvision, which has no CPU wheel
+on this machine (see docs/serving.md). This is NOT SGLang's code; it is a small radix tree
+that keeps exactly the contract a `get_priority` strategy sees:
+
+- a node has `priority`, `last_access_time`, `lock_ref`, `parent`, `children`, a token `key`;
+- `insert(tokens, priority)` walks the path from the root, setting `last_access_time` to the
+  insert's time and `priority = max(priority, request priority)` on every node of the path;
+  a new leaf takes the request's priority; splitting a node at a partial match gives the new
+  parent its child's priority (and hit count);
+- `match(tokens)` refreshes `last_access_time` on the matched path (splitting like insert);
+- `evict(n)` heapifies the evictable leaves (no children, `lock_ref == 0`, not the root) by
+  `(strategy.get_priority(node), node)` — nodes compare by `last_access_time` on ties — pops
+  the smallest, deletes it, and pushes its parent when that became an evictable leaf.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+class Node:
+    _ids = itertools.count()
+
+    def __init__(self, key: tuple[int, ...], priority: int, now: float) -> None:
+        self.id = next(self._ids)
+        self.key = key
+        self.children: dict[int, Node] = {}
+        self.parent: Node | None = None
+        self.lock_ref = 0
+        self.priority = priority
+        self.last_access_time = now
+        self.hit_count = 0
+
+    def __lt__(self, other: Node) -> bool:
+        return self.last_access_time < other.last_access_time
+
+    def __repr__(self) -> str:
+        return f"Node({self.key[:4]}..., p={self.priority}, t={self.last_access_time})"
+
+
+class StandInRadixCache:
+    def __init__(self, strategy: Any, clock: Callable[[], float]) -> None:
+        self.strategy = strategy
+        self.clock = clock
+        self.root = Node((), -sys.maxsize, clock())
+        self.root.lock_ref = 1
+
+    def _split(self, child: Node, at: int) -> Node:
+        parent = child.parent
+        assert parent is not None
+        new = Node(child.key[:at], child.priority, child.last_access_time)
+        new.hit_count = child.hit_count
+        new.parent = parent
+        new.lock_ref = child.lock_ref
+        parent.children[new.key[0]] = new
+        child.key = child.key[at:]
+        child.parent = new
+        new.children[child.key[0]] = child
+        return new
+
+    def _walk(self, tokens: Sequence[int], on_node: Callable[[Node], None]) -> tuple[Node, int]:
+        node, done = self.root, 0
+        on_node(node)
+        while done < len(tokens) and tokens[done] in node.children:
+            child = node.children[tokens[done]]
+            shared = 0
+            while (
+                shared < len(child.key)
+                and done + shared < len(tokens)
+                and child.key[shared] == tokens[done + shared]
+            ):
+                shared += 1
+            if shared < len(child.key):
+                child = self._split(child, shared)
+            on_node(child)
+            node, done = child, done + shared
+        return node, done
+
+    def insert(self, tokens: Sequence[int], priority: int = 0) -> Node:
+        now = self.clock()
+
+        def touch(node: Node) -> None:
+            node.last_access_time = now
+            node.priority = max(node.priority, priority)
+
+        node, done = self._walk(tuple(tokens), touch)
+        if done < len(tokens):
+            leaf = Node(tuple(tokens[done:]), priority, now)
+            leaf.parent = node
+            node.children[leaf.key[0]] = leaf
+            node = leaf
+        return node
+
+    def match(self, tokens: Sequence[int]) -> tuple[Node, int]:
+        now = self.clock()
+
+        def touch(node: Node) -> None:
+            node.last_access_time = now
+
+        return self._walk(tuple(tokens), touch)
+
+    def lock(self, node: Node, delta: int) -> None:
+        while node is not self.root:
+            node.lock_ref += delta
+            assert node.lock_ref >= 0
+            node = node.parent  # type: ignore[assignment]
+
+    def evictable_leaves(self) -> list[Node]:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node is not self.root and not node.children and node.lock_ref == 0:
+                out.append(node)
+        return out
+
+    def evict(
+        self, num_tokens: int, observe: Callable[[Node, list[Node]], None] | None = None
+    ) -> list[Node]:
+        """Evict at least `num_tokens` tokens; `observe(victim, candidates)` sees each choice."""
+        heap = [(self.strategy.get_priority(n), n) for n in self.evictable_leaves()]
+        heapq.heapify(heap)
+        evicted: list[Node] = []
+        freed = 0
+        while freed < num_tokens and heap:
+            if observe is not None:
+                observe(heap[0][1], [n for _, n in heap])
+            _, node = heapq.heappop(heap)
+            parent = node.parent
+            assert parent is not None
+            del parent.children[node.key[0]]
+            evicted.append(node)
+            freed += len(node.key)
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (self.strategy.get_priority(parent), parent))
+        return evicted

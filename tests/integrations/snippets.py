@@ -1,0 +1,70 @@
+"""Running a short snippet in an engine's own venv, with the repository (and more) importable.
+
+Each engine lives in its own venv (their pins clash with ours): vLLM's python is
+`LPC_VLLM_PYTHON` or `.vllm-venv/bin/python`, SGLang's `LPC_SGLANG_PYTHON` or
+`.sglang-venv/bin/python` (scripts/setup_sglang_venv.sh).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+from lpc.integrations.vllm_driver import REPO_ROOT
+
+
+class SnippetFailed(RuntimeError):
+    """The snippet exited with an error; the message ends with its stderr."""
+
+
+def sglang_python_path() -> Path:
+    configured = os.environ.get("LPC_SGLANG_PYTHON")
+    return Path(configured) if configured else REPO_ROOT / ".sglang-venv" / "bin" / "python"
+
+
+def run_snippet(
+    python: Path,
+    code: str,
+    env: Mapping[str, str] | None = None,
+    extra_path: Path | None = None,
+    timeout_s: float = 600,
+) -> str:
+    """The snippet's stdout. The caller's LPC_*, VLLM_* and SGLANG_* variables are not passed
+    on, so a developer's shell cannot change what a test checks."""
+    paths = [str(REPO_ROOT), *([str(extra_path)] if extra_path is not None else [])]
+    environment = {
+        k: v for k, v in os.environ.items() if not k.startswith(("LPC_", "VLLM_", "SGLANG_"))
+    }
+    environment["PYTHONPATH"] = os.pathsep.join(paths)
+    environment.update(env or {})
+    done = subprocess.run(
+        [str(python), "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=REPO_ROOT,
+        env=environment,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SnippetFailed(f"snippet failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def entry_point_site(tmp_path: Path, group: str) -> Path:
+    """A throwaway distribution declaring our pyproject's `lpc` entry point of `group`, so the
+    engine's own plugin loader finds it without installing anything into its venv."""
+    import tomllib
+
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    value = pyproject["project"]["entry-points"][group]["lpc"]
+    dist = tmp_path / "lpc_entry_point_check-0.0.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: lpc-entry-point-check\nVersion: 0.0\n"
+    )
+    with (dist / "entry_points.txt").open("a") as handle:
+        handle.write(f"[{group}]\nlpc = {value}\n")
+    return tmp_path

@@ -1,0 +1,155 @@
+"""LPC as an SGLang eviction strategy.
+
+SGLang 0.5.23's `RadixCache` cannot be imported on this CPU-only machine (its module pulls
+in SGLang's runtime, including torchvision, which has no CPU wheel here; docs/serving.md),
+so eviction order is checked on `radix_standin.StandInRadixCache`, a radix tree built from
+the contract `get_priority` sees. What does run against real SGLang 0.5.23 (marked `sglang`,
+in .sglang-venv): loading the plugin through SGLang's entry-point loader, the policy
+registry building our strategy from `--radix-eviction-policy-config`, SGLang's own argument
+parser accepting `--radix-eviction-policy lpc`, and the scenarios below run with the
+strategy object SGLang's registry returns.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eviction.lpc import static_key
+from lpc.integrations.sglang_strategy import (
+    LPCStrategy,
+    priority_to_probability,
+    probability_to_priority,
+)
+from tests.integrations import sglang_scenarios
+from tests.integrations.report import REPORT
+from tests.integrations.snippets import entry_point_site, run_snippet
+
+EXPECTED_ORDER = ["B", "C", "D", "A"]  # by logit(p) + 0.01 t; LRU would say A, C, B, D
+EXPECTED_POOLED_ORDER = ["Y", "Z", "X", "system"]
+
+
+def test_priority_carries_p_in_parts_per_million() -> None:
+    assert probability_to_priority(0.83) == 830_000
+    assert probability_to_priority(0.0) == 1 and probability_to_priority(1.0) == 999_999
+    assert priority_to_probability(830_000) == 0.83
+    assert priority_to_probability(0) is None, "SGLang's 'no priority' means no prediction"
+    assert priority_to_probability(None) is None and priority_to_probability(-5) is None
+    # SGLang bumps the prompt part of a checkpoint by one; beyond the range clamps.
+    assert priority_to_probability(1_000_000) == 0.999999
+    with pytest.raises(ValueError):
+        probability_to_priority(1.5)
+
+
+class _Node:
+    def __init__(self, priority: int, last_access_time: float) -> None:
+        self.priority = priority
+        self.last_access_time = last_access_time
+
+
+def test_get_priority_is_lpcs_static_key() -> None:
+    strategy = LPCStrategy(scale_per_s=0.02, fallback_probability=0.3)
+    assert strategy.get_priority(_Node(830_000, 50.0)) == pytest.approx(
+        static_key(0.83, 50.0, 0.02, 1e-6)
+    )
+    assert strategy.get_priority(_Node(0, 50.0)) == pytest.approx(static_key(0.3, 50.0, 0.02, 1e-6))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"scale_per_s": -1}, "scale_per_s must be a finite number >= 0, got -1"),
+        ({"fallback_probability": 2}, "fallback_probability must be in [0, 1], got 2"),
+        ({"probability_floor": 0.7}, "probability_floor must be in (0, 0.5), got 0.7"),
+    ],
+)
+def test_bad_policy_config_names_the_field(kwargs: dict, fragment: str) -> None:
+    with pytest.raises(ValueError) as error:
+        LPCStrategy(**kwargs)
+    assert "lpc eviction policy" in str(error.value) and fragment in str(error.value)
+
+
+def test_leaves_are_evicted_by_lpc_key_not_recency() -> None:
+    assert sglang_scenarios.order_by_key(LPCStrategy())["order"] == EXPECTED_ORDER
+
+
+def test_a_shared_prefix_carries_the_max_p() -> None:
+    result = sglang_scenarios.max_pooling(LPCStrategy())
+    assert result["order"] == EXPECTED_POOLED_ORDER
+    assert result["shared_priority"] == probability_to_priority(0.9)
+    assert result["shared_key"] == pytest.approx(static_key(0.9, 1010.0, 1e-2, 1e-6))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_eviction_takes_the_lowest_decayed_probability(seed: int) -> None:
+    result = sglang_scenarios.evicts_lowest_decayed_probability(LPCStrategy(), seed)
+    assert result["checked"] > 10 and result["violations"] == []
+
+
+# -- against real SGLang 0.5.23 ------------------------------------------------------------
+REAL_SGLANG = """
+import argparse, json
+from sglang.srt.plugins import load_plugins
+load_plugins()
+import sglang
+from sglang.srt.arg_groups.choices import RADIX_EVICTION_POLICY_CHOICES
+from sglang.srt.mem_cache.evict_policy import EvictionStrategy
+from sglang.srt.mem_cache.utils import get_eviction_strategy
+from sglang.srt.server_args import ServerArgs
+out = {"version": sglang.__version__, "choices": list(RADIX_EVICTION_POLICY_CHOICES)}
+parser = argparse.ArgumentParser(exit_on_error=False)
+ServerArgs.add_cli_args(parser)
+try:
+    args = parser.parse_args(["--model-path", "m", "--radix-eviction-policy", "lpc",
+                              "--radix-eviction-policy-config", '{"scale_per_s": 0.01}'])
+    out["cli"] = [args.radix_eviction_policy, args.radix_eviction_policy_config]
+except (SystemExit, argparse.ArgumentError) as error:
+    out["cli"] = str(error)
+if "lpc" in RADIX_EVICTION_POLICY_CHOICES:
+    strategy = get_eviction_strategy("lpc", args.radix_eviction_policy_config)
+    out["strategy"] = [type(strategy).__name__, isinstance(strategy, EvictionStrategy),
+                       strategy.scale_per_s, strategy.fallback_probability]
+    try:
+        get_eviction_strategy("lpc", {"scale": 1})
+    except TypeError as error:
+        out["unknown_key"] = str(error)
+    from tests.integrations import sglang_scenarios as s
+    out["order"] = s.order_by_key(strategy)["order"]
+    out["pooled"] = s.max_pooling(strategy)["order"]
+    out["decayed"] = [s.evicts_lowest_decayed_probability(strategy, seed)["violations"]
+                      for seed in range(20)]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.sglang
+def test_real_sglang_loads_and_uses_the_strategy(sglang_python: Path, tmp_path: Path) -> None:
+    site = entry_point_site(tmp_path, "sglang.srt.plugins")
+    out = json.loads(
+        run_snippet(sglang_python, REAL_SGLANG, {"SGLANG_PLUGINS": "lpc"}, site).splitlines()[-1]
+    )
+    assert out["version"] == "0.5.23"
+    assert "lpc" in out["choices"]
+    assert out["cli"] == ["lpc", {"scale_per_s": 0.01}]
+    assert out["strategy"] == ["LPCStrategy", True, 0.01, 0.5]
+    assert "unexpected keyword argument 'scale'" in out["unknown_key"]
+    assert out["order"] == EXPECTED_ORDER and out["pooled"] == EXPECTED_POOLED_ORDER
+    assert out["decayed"] == [[]] * 20
+    REPORT.append(
+        f"SGLang {out['version']}: plugin loaded by SGLang's entry-point loader; "
+        f"--radix-eviction-policy lpc accepted by SGLang's parser; its registry built "
+        f"{out['strategy'][0]}; eviction order {out['order']} and pooled {out['pooled']} on the "
+        "RadixCache stand-in (SGLang's RadixCache does not import on this machine)"
+    )
+
+
+@pytest.mark.sglang
+def test_without_the_plugin_sglang_rejects_the_policy(sglang_python: Path, tmp_path: Path) -> None:
+    site = entry_point_site(tmp_path, "sglang.srt.plugins")
+    out = json.loads(
+        run_snippet(sglang_python, REAL_SGLANG, {"SGLANG_PLUGINS": "other"}, site).splitlines()[-1]
+    )
+    assert "lpc" not in out["choices"]
+    assert "invalid choice: 'lpc'" in out["cli"]

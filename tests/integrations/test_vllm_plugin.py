@@ -1,0 +1,487 @@
+"""The LPC plugin inside real vLLM 0.33.0's KVCacheManager, against stock vLLM and our manager.
+
+Each seed's stream (2,000 operations of multi-tenant multi-turn chat, lpc.difftest.streams) is
+replayed by scripts/vllm_plugin_replay.py in vLLM's venv: on stock vLLM, then with the plugin
+registered. Requests carry their probability and conversation in `SamplingParams.extra_args`
+and the plugin's clock reads the step number, strictly increasing, so two releases never tie.
+
+- parity: with one constant p, vLLM with the plugin equals stock vLLM at every step (block
+  tables, hits, evictions, the free queue's order, the cached set);
+- agreement: with per-request probabilities and conversations, vLLM with the plugin equals
+  our `PrefixCacheBlockManager` + `LPCEvictor` fed the same probabilities, conversations and
+  times, at every step — and differs from stock vLLM, or agreement would prove nothing;
+- the tie rule: with equal release times, LPC evicts the deeper block first, which LRU does
+  not; the plugin still agrees with our manager;
+- loading through vLLM's own plugin machinery, refusing an incompatible vLLM, and serving on
+  with the fallback p while a predictor on 127.0.0.1 is down or hangs.
+
+Marked `vllm`: `pytest -m vllm tests/integrations` after `bash scripts/setup_vllm_plugin.sh`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lpc.difftest.checks import first_divergence, replay_totals
+from lpc.difftest.ops import OUTCOME_FIELDS, Stream
+from lpc.difftest.replay import replay_stream
+from lpc.difftest.streams import generate_stream
+from lpc.integrations.release_plan import (
+    PluginSettings,
+    ReleasePlan,
+    RequestPlan,
+    constant_plan,
+    random_plan,
+)
+from lpc.integrations.vllm_driver import REPO_ROOT, DriverFailed, DriverRun, run_driver
+from lpc.probability import OracleSource
+from lpc.trace import write_trace
+from lpc.workload import WorkloadConfig, open_loop_requests
+from tests.integrations.fake_predictor import fake_predictor
+from tests.integrations.planned import planned_lpc
+from tests.integrations.report import REPORT
+from tests.integrations.snippets import SnippetFailed, entry_point_site, run_snippet
+from tests.lpc.synthetic import conversations
+
+pytestmark = pytest.mark.vllm
+
+NUM_SEEDS = int(os.environ.get("LPC_VLLM_PLUGIN_SEEDS", "20"))
+STEPS = 2000
+SEEDS = range(NUM_SEEDS)
+SETTINGS = PluginSettings(scale_per_s=1e-2, fallback_probability=0.5)
+CONSTANT_P = 0.7
+
+
+@pytest.fixture(scope="module")
+def streams() -> dict[int, Stream]:
+    return {seed: generate_stream(seed) for seed in SEEDS}
+
+
+def _run(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory, *args, **kwargs) -> DriverRun:
+    try:
+        return run_driver(
+            vllm_python, *args, workdir=tmp_path_factory.mktemp("vllm-plugin"), **kwargs
+        )
+    except DriverFailed as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def parity_run(vllm_python: Path, streams: dict[int, Stream], tmp_path_factory) -> DriverRun:
+    """Stock vLLM and vLLM with the plugin, one constant p, conversations still varied."""
+    plans = {s.config.name: constant_plan(s, CONSTANT_P, seed) for seed, s in streams.items()}
+    return _run(vllm_python, tmp_path_factory, list(streams.values()), plans, settings=SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def agreement_plans(streams: dict[int, Stream]) -> dict[str, ReleasePlan]:
+    return {s.config.name: random_plan(s, seed) for seed, s in streams.items()}
+
+
+@pytest.fixture(scope="module")
+def agreement_run(
+    vllm_python: Path, streams: dict[int, Stream], agreement_plans, tmp_path_factory
+) -> DriverRun:
+    return _run(
+        vllm_python, tmp_path_factory, list(streams.values()), agreement_plans, settings=SETTINGS
+    )
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_constant_p_is_stock_vllm_step_by_step(
+    seed: int, streams: dict[int, Stream], parity_run: DriverRun
+) -> None:
+    stream = streams[seed]
+    name = stream.config.name
+    stock, plugin = parity_run.stock[name], parity_run.plugin[name]
+    divergence = first_divergence(stream, plugin, stock)
+    if divergence is not None:
+        pytest.fail(divergence.message("stock vLLM").replace("ours=", "plugin="), pytrace=False)
+    totals = replay_totals(stream, stock)
+    assert totals.hit_requests > 0 and totals.evictions > 0, "a trivial stream proves nothing"
+    summary = parity_run.summary
+    REPORT.append(
+        f"parity seed {seed:2d} ({stream.config.num_blocks - 1} usable blocks, block size "
+        f"{stream.config.block_size}): plugin == stock at all {len(stream.ops)} steps; "
+        f"{totals.summary()}; stock {summary['stock_seconds'][name]:.2f}s, "
+        f"plugin {summary['plugin_seconds'][name]:.2f}s"
+    )
+
+
+def test_parity_covers_every_release(streams: dict[int, Stream], parity_run: DriverRun) -> None:
+    stats = parity_run.summary["plugin_stats"]
+    held_frees = sum(1 for s in streams.values() for r in parity_run.stock[s.config.name] if r.held)
+    assert stats["releases"] == held_frees
+    assert stats["probabilities_from_request"] == held_frees and stats["fallbacks_used"] == 0
+    assert stats["shared_blocks_released"] > 0, "max pooling was never exercised"
+    REPORT.append(
+        f"parity total: {NUM_SEEDS} seeds x {STEPS} steps identical; plugin counted "
+        f"{stats['releases']} releases, {stats['evictions']} evictions, "
+        f"{stats['shared_blocks_released']} shared-block releases; driver wall "
+        f"{parity_run.wall_seconds:.1f}s (vLLM import {parity_run.summary['import_seconds']}s)"
+    )
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_per_request_p_matches_our_lpc_manager(
+    seed: int,
+    streams: dict[int, Stream],
+    agreement_plans: dict[str, ReleasePlan],
+    agreement_run: DriverRun,
+) -> None:
+    stream = streams[seed]
+    name = stream.config.name
+    start = time.perf_counter()
+    ours = list(replay_stream(stream, planned_lpc(agreement_plans[name], SETTINGS)))
+    our_seconds = time.perf_counter() - start
+    divergence = first_divergence(stream, ours, agreement_run.plugin[name])
+    if divergence is not None:
+        pytest.fail(divergence.message("vLLM+plugin"), pytrace=False)
+    totals = replay_totals(stream, ours)
+    REPORT.append(
+        f"agreement seed {seed:2d}: plugin == our LPC manager at all {len(stream.ops)} steps; "
+        f"{totals.summary()}; vLLM+plugin {agreement_run.summary['plugin_seconds'][name]:.2f}s, "
+        f"ours {our_seconds:.2f}s"
+    )
+
+
+def test_per_request_p_changes_what_vllm_evicts(
+    streams: dict[int, Stream], agreement_run: DriverRun
+) -> None:
+    """Otherwise agreement with our manager would also hold for a plugin that did nothing."""
+    differing = []
+    for seed, stream in streams.items():
+        name = stream.config.name
+        d = first_divergence(
+            stream, agreement_run.plugin[name], agreement_run.stock[name], OUTCOME_FIELDS
+        )
+        if d is not None:
+            differing.append((seed, d.step))
+    assert len(differing) == len(streams), f"only {differing} differ from stock vLLM"
+    stats = agreement_run.summary["plugin_stats"]
+    assert stats["fallbacks_used"] > 0 and stats["probabilities_from_request"] > 0
+    REPORT.append(
+        f"agreement total: {NUM_SEEDS} seeds x {STEPS} steps identical to our manager; every "
+        f"seed differs from stock vLLM (first at steps {[step for _, step in differing][:8]}...)"
+        f"; p from request {stats['probabilities_from_request']}, fallback "
+        f"{stats['fallbacks_used']}"
+    )
+
+
+def test_equal_release_times_break_ties_deepest_first(
+    vllm_python: Path, streams: dict[int, Stream], tmp_path_factory
+) -> None:
+    """Why the parity test's clock strictly increases: at equal keys LPC evicts the deeper
+    block first (then the older release), while LRU evicts the earlier release first."""
+    seeds = list(SEEDS)[:3]
+    chosen = [streams[seed] for seed in seeds]
+    plans = {}
+    for seed, stream in zip(seeds, chosen, strict=True):
+        plan = constant_plan(stream, CONSTANT_P, seed)
+        plans[stream.config.name] = ReleasePlan(plan.requests, times=[0.0] * len(stream.ops))
+    run = _run(vllm_python, tmp_path_factory, chosen, plans, settings=SETTINGS)
+    for stream in chosen:
+        name = stream.config.name
+        plan = plans[name]
+        assert first_divergence(stream, run.plugin[name], run.stock[name]) is not None
+        ours = list(replay_stream(stream, planned_lpc(plan, SETTINGS)))
+        divergence = first_divergence(stream, ours, run.plugin[name])
+        assert divergence is None, divergence.message("vLLM+plugin")
+
+
+LOAD_AND_BUILD = """
+import json, torch
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+config = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
+    ["layer0"], FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+manager = KVCacheManager(config, max_model_len=64, scheduler_block_size=4, hash_block_size=4,
+                         enable_caching=True)
+print(json.dumps({"queue": type(manager.block_pool.free_block_queue).__name__}))
+"""
+
+
+def test_vllm_loads_the_plugin_from_its_entry_point(vllm_python: Path, tmp_path: Path) -> None:
+    site = entry_point_site(tmp_path, "vllm.general_plugins")
+    loaded = run_snippet(vllm_python, LOAD_AND_BUILD, {"VLLM_PLUGINS": "lpc"}, extra_path=site)
+    assert json.loads(loaded.splitlines()[-1]) == {"queue": "LPCFreeKVCacheBlockQueue"}
+    other = run_snippet(vllm_python, LOAD_AND_BUILD, {"VLLM_PLUGINS": "other"}, extra_path=site)
+    assert json.loads(other.splitlines()[-1]) == {"queue": "FreeKVCacheBlockQueue"}
+
+
+def test_a_bad_setting_stops_vllm_with_a_clear_message(vllm_python: Path, tmp_path: Path) -> None:
+    site = entry_point_site(tmp_path, "vllm.general_plugins")
+    with pytest.raises(SnippetFailed) as error:
+        run_snippet(
+            vllm_python, LOAD_AND_BUILD, {"VLLM_PLUGINS": "lpc", "LPC_FALLBACK_P": "1.5"}, site
+        )
+    assert "PluginConfigError: LPC_FALLBACK_P='1.5': fallback_probability must be in [0, 1]" in str(
+        error.value
+    )
+
+
+REGISTER_ON_ALTERED_VLLM = """
+import vllm, vllm.v1.core.kv_cache_utils as utils, vllm.v1.core.block_pool as pool
+from lpc.integrations import vllm_plugin
+from lpc.integrations.vllm_compat import IncompatibleVllmError
+{alteration}
+try:
+    vllm_plugin.register()
+except IncompatibleVllmError as error:
+    print("REFUSED:", error)
+else:
+    print("LOADED", pool.FreeKVCacheBlockQueue.__name__)
+"""
+
+
+@pytest.mark.parametrize(
+    ("alteration", "env", "expected"),
+    [
+        (
+            "vllm.__version__ = '0.34.0'",
+            {},
+            "REFUSED: vLLM 0.34.0 is installed; the LPC plugin is pinned",
+        ),
+        ("vllm.__version__ = '0.34.0'", {"LPC_VLLM_ALLOW_UNTESTED": "1"}, "LOADED LPCFree"),
+        (
+            "utils.FreeKVCacheBlockQueue.pop_lru_n = lambda self, n: None",
+            {},
+            "REFUSED: cannot load the LPC plugin into vLLM 0.33.0: FreeKVCacheBlockQueue has "
+            "methods the LPC queue does not implement: pop_lru_n",
+        ),
+        (
+            "pool.BlockPool.free_blocks = lambda self, blocks, now: None",
+            {},
+            "BlockPool.free_blocks takes (self, blocks, now), expected (self, ordered_blocks)",
+        ),
+    ],
+    ids=["version", "untested-version-allowed", "new-queue-method", "changed-signature"],
+)
+def test_an_incompatible_vllm_is_refused(
+    vllm_python: Path, alteration: str, env: dict, expected: str
+) -> None:
+    out = run_snippet(vllm_python, REGISTER_ON_ALTERED_VLLM.format(alteration=alteration), env)
+    assert expected in out, out
+
+
+# -- the predictor down, hanging, or answering ---------------------------------------------
+PREDICTOR_SEEDS = (0, 1)
+
+
+def _prompt_plans(streams: dict[int, Stream]) -> dict[str, ReleasePlan]:
+    """No probability in the requests: each asks the predictor (it carries user prompts)."""
+    return {
+        streams[seed].config.name: constant_plan(streams[seed], None, seed, with_prompts=True)
+        for seed in PREDICTOR_SEEDS
+    }
+
+
+def _assert_served_like_stock(streams: dict[int, Stream], run: DriverRun) -> int:
+    """With every release on the fallback p, the plugin is LRU: vLLM served exactly as stock."""
+    held = 0
+    for seed in PREDICTOR_SEEDS:
+        stream = streams[seed]
+        name = stream.config.name
+        divergence = first_divergence(stream, run.plugin[name], run.stock[name])
+        assert divergence is None, divergence.message("stock vLLM")
+        held += sum(1 for r in run.stock[name] if r.held)
+    return held
+
+
+@pytest.mark.parametrize("mode", ["down", "hang"])
+def test_vllm_keeps_serving_when_the_predictor_fails(
+    mode: str, vllm_python: Path, streams: dict[int, Stream], tmp_path_factory
+) -> None:
+    with fake_predictor(mode) as (url, seen):
+        run = _run(
+            vllm_python,
+            tmp_path_factory,
+            [streams[seed] for seed in PREDICTOR_SEEDS],
+            _prompt_plans(streams),
+            settings=SETTINGS,
+            extra_args=[
+                "--predictor-url",
+                url,
+                "--predictor-timeout-s",
+                "0.3",
+                "--drain-predictions-s",
+                "20",
+            ],
+        )
+    held = _assert_served_like_stock(streams, run)
+    stats = run.summary["plugin_stats"]
+    client = stats["predictor_client"]
+    assert stats["releases"] == held and stats["fallbacks_used"] == held
+    assert stats["predictions_used"] == 0 and stats["predictions_requested"] > 0
+    assert stats["predictor_failures"] >= 1 and client["failures"] >= 1
+    if mode == "down":
+        assert client["connection_errors"] >= 1 and seen["requests"] == 0
+    else:
+        assert client["timeouts"] >= 1 and seen["requests"] >= 1
+        # Releases went ahead while predictions were in flight: nothing waited for them.
+        assert stats["predictions_late"] > 0
+    REPORT.append(
+        f"predictor {mode}: {held} releases all on the fallback p, vLLM+plugin == stock vLLM at "
+        f"every step; predictions asked {stats['predictions_requested']}, late "
+        f"{stats['predictions_late']}, failed calls {stats['predictor_failures']} (client: "
+        f"timeouts {client['timeouts']}, connection errors {client['connection_errors']}); "
+        f"plugin replay {sum(run.summary['plugin_seconds'].values()):.2f}s"
+    )
+
+
+def _probability_of(conversation_id: str) -> float:
+    return (0.1, 0.35, 0.6, 0.85, 0.97)[int(conversation_id.split("-")[1]) % 5]
+
+
+def test_predictions_back_in_time_drive_eviction(
+    vllm_python: Path, streams: dict[int, Stream], tmp_path_factory
+) -> None:
+    """A predictor that answers: the plugin uses its probabilities, exactly as our manager
+    fed the same probabilities would."""
+    plans = _prompt_plans(streams)
+    with fake_predictor("up", lambda item: _probability_of(item["conversation_id"])) as (url, seen):
+        run = _run(
+            vllm_python,
+            tmp_path_factory,
+            [streams[seed] for seed in PREDICTOR_SEEDS],
+            plans,
+            settings=SETTINGS,
+            extra_args=["--predictor-url", url, "--await-predictions-s", "20"],
+        )
+    stats = run.summary["plugin_stats"]
+    assert stats["fallbacks_used"] == 0 and stats["predictions_used"] == stats["releases"] > 0
+    assert seen["items"] == stats["predictions_requested"]
+    for seed in PREDICTOR_SEEDS:
+        stream = streams[seed]
+        name = stream.config.name
+        predicted = ReleasePlan(
+            {
+                rid: RequestPlan(_probability_of(r.conversation_id), r.conversation_id)
+                for rid, r in plans[name].requests.items()
+            }
+        )
+        ours = list(replay_stream(stream, planned_lpc(predicted, SETTINGS)))
+        divergence = first_divergence(stream, ours, run.plugin[name])
+        assert divergence is None, divergence.message("vLLM+plugin")
+    REPORT.append(
+        f"predictor up: {stats['predictions_used']} releases used predictions "
+        f"({seen['requests']} batched calls for {seen['items']} items); vLLM+plugin == our "
+        f"manager fed the same probabilities"
+    )
+
+
+# -- end to end: an A/B trace through real vLLM ---------------------------------------------
+def test_trace_replay_hit_ratios_agree_with_our_replay(vllm_python: Path, tmp_path: Path) -> None:
+    """scripts/vllm_trace_ab.py on a trace written by lpc.trace.write_trace, with logged
+    probabilities (a fifth of them missing: the fallback), at two cache sizes."""
+    requests = open_loop_requests(
+        conversations(400, seed=5),
+        WorkloadConfig(duration_s=900, max_active_conversations=40, seed=3),
+    )
+    rng = random.Random(1)
+    oracle = OracleSource().predict([r.turn for r in requests])
+    probabilities = [None if rng.random() < 0.2 else p for p in oracle]
+    trace = tmp_path / "trace.jsonl"
+    write_trace(trace, requests, {"source": "synthetic chats"}, probabilities)
+    for cache_tokens in (6000, 20000):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "scripts/vllm_trace_ab.py",
+                str(trace),
+                "--cache-tokens",
+                str(cache_tokens),
+                "--json",
+                "--vllm-python",
+                str(vllm_python),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            cwd=REPO_ROOT,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        result = json.loads(done.stdout)
+        rows = {row["policy"]: row for row in result["rows"]}
+        assert result["agree"]
+        for row in rows.values():
+            assert abs(row["difference_points"]) <= 0.1
+            assert row["vllm_evictions"] > 0, "a cache that never evicts compares nothing"
+        assert rows["lpc-trace"]["vllm_hit_ratio"] != rows["lru"]["vllm_hit_ratio"]
+        assert result["plugin_stats"]["fallbacks_used"] > 0
+        REPORT.append(
+            f"trace {result['requests']} requests, {cache_tokens} tokens: "
+            + "; ".join(
+                f"{p} ours {100 * r['ours_hit_ratio']:.3f}% vLLM {100 * r['vllm_hit_ratio']:.3f}%"
+                f" (diff {r['difference_points']:+.4f} pts)"
+                for p, r in rows.items()
+            )
+        )
+
+
+REGISTER_TWICE = """
+import vllm.v1.core.block_pool as pool
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from lpc.integrations import vllm_plugin
+stock_queue, stock_free = pool.FreeKVCacheBlockQueue, KVCacheManager.free
+vllm_plugin.register()
+queue, free = pool.FreeKVCacheBlockQueue, KVCacheManager.free
+vllm_plugin.register()  # vLLM may load plugins more than once per process
+assert (pool.FreeKVCacheBlockQueue, KVCacheManager.free) == (queue, free), "patched twice"
+try:
+    vllm_plugin.register(clock=lambda: 0.0)
+except RuntimeError as error:
+    print("RECONFIGURE:", error)
+vllm_plugin.unregister()
+assert (pool.FreeKVCacheBlockQueue, KVCacheManager.free) == (stock_queue, stock_free)
+print("RESTORED")
+"""
+
+
+def test_registration_is_idempotent_and_reversible(vllm_python: Path) -> None:
+    out = run_snippet(vllm_python, REGISTER_TWICE)
+    assert "RECONFIGURE: the LPC plugin is already registered" in out and "RESTORED" in out
+
+
+METRICS_IN_ENGINE = """
+import socket, urllib.request, torch
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from lpc.integrations import vllm_plugin
+from lpc.integrations.config import PluginConfig
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+url = f"http://127.0.0.1:{port}/metrics"
+vllm_plugin.register(config=PluginConfig(metrics_port=port))
+try:
+    urllib.request.urlopen(url, timeout=5)
+    print("SERVED BEFORE ANY POOL")
+except OSError:
+    print("NOT SERVED BEFORE ANY POOL")
+config = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
+    ["layer0"], FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+KVCacheManager(config, max_model_len=64, scheduler_block_size=4, hash_block_size=4,
+               enable_caching=True)
+print(urllib.request.urlopen(url, timeout=5).read().decode())
+vllm_plugin.unregister()
+"""
+
+
+def test_metrics_are_served_by_the_process_that_owns_the_cache(vllm_python: Path) -> None:
+    """vLLM registers plugins in its API server and workers too: only the process that
+    builds a block pool (the engine core) may bind the metrics port."""
+    out = run_snippet(vllm_python, METRICS_IN_ENGINE)
+    assert "NOT SERVED BEFORE ANY POOL" in out
+    assert "lpc_releases_total 0.0" in out and "lpc_evictions_total" in out

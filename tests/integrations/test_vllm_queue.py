@@ -1,0 +1,178 @@
+"""The LPC free queue without vLLM: its contract, and LRU order under one constant p.
+
+The queue only reads `block_id`, `block_hash` and `block_hash_num_tokens` from vLLM's
+blocks, so plain objects with those fields stand in for `KVCacheBlock` here; the tests
+against real vLLM are in test_vllm_plugin.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eviction import LRUEvictor, Release
+from eviction.base import FreedBlocks
+from lpc.integrations.config import PluginConfig
+from lpc.integrations.stats import PluginStats
+from lpc.integrations.vllm_queue import QueueRuntime, bind_queue_class
+
+
+@dataclass
+class Block:
+    block_id: int
+    block_hash: bytes | None = None
+    block_hash_num_tokens: int | None = None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_queue(num_blocks: int = 10, clock: Clock | None = None, **config):
+    runtime = QueueRuntime(PluginConfig(**config), PluginStats(), clock or Clock())
+    blocks = [Block(i) for i in range(num_blocks)]
+    return bind_queue_class(runtime)(blocks), blocks, runtime
+
+
+def ids(blocks) -> list[int]:
+    return [b.block_id for b in blocks]
+
+
+def cache(block: Block, depth: int) -> Block:
+    block.block_hash = bytes([block.block_id, depth])
+    block.block_hash_num_tokens = (depth + 1) * 16
+    return block
+
+
+def test_starts_in_id_order_and_pops_from_the_front() -> None:
+    queue, blocks, _ = make_queue(5)
+    assert queue.num_free_blocks == 5 and ids(queue.get_all_free_blocks()) == [0, 1, 2, 3, 4]
+    assert queue.popleft() is blocks[0]
+    assert ids(queue.popleft_n(2)) == [1, 2] and queue.popleft_n(0) == []
+    assert queue.num_free_blocks == 2
+
+
+def test_errors_match_vllms() -> None:
+    queue, blocks, _ = make_queue(2)
+    queue.popleft_n(2)
+    with pytest.raises(ValueError, match="No free blocks"):
+        queue.popleft()
+    with pytest.raises(ValueError, match="cannot pop 1"):
+        queue.popleft_n(1)
+    with pytest.raises(RuntimeError, match="not free"):
+        queue.remove(blocks[0])
+    with pytest.raises(ValueError, match="ids equal to their positions"):
+        bind_queue_class(QueueRuntime(PluginConfig(), PluginStats()))([Block(1), Block(0)])
+
+
+def test_uncached_blocks_go_first_cached_ones_by_release() -> None:
+    clock = Clock()
+    queue, blocks, runtime = make_queue(8, clock)
+    taken = queue.popleft_n(8)
+    a = [cache(taken[i], d) for i, d in ((2, 1), (1, 0))]  # one request, tail first
+    with runtime.releasing(Release(10.0, 0.9, "conv-a")):
+        queue.append_n(a)
+    with runtime.releasing(Release(20.0, 0.1, "conv-b")):
+        queue.append_n([cache(taken[3], 0)])
+    queue.prepend_n([taken[5], taken[6]])
+    # Uncached first (as prepended), then LPC's key: logit(0.1) + 0.2 < logit(0.9) + 0.1.
+    assert ids(queue.get_all_free_blocks()) == [5, 6, 3, 2, 1]
+    assert ids(queue.iter_blocks_after(None)) == [5, 6, 3, 2, 1]
+    assert ids(queue.iter_blocks_after(blocks[3])) == [2, 1]
+    assert list(queue.iter_blocks_after(blocks[7])) == [], "a cursor that is not free ends it"
+    queue.remove(blocks[3])
+    popped = queue.popleft_n(4)
+    assert ids(popped) == [5, 6, 2, 1]
+    assert runtime.stats.evictions == 2 and runtime.stats.cached_blocks_released == 3
+    assert runtime.stats.uncached_blocks_released == 2
+
+
+def test_outside_a_release_blocks_get_the_fallback_at_the_clock() -> None:
+    clock = Clock()
+    queue, _, runtime = make_queue(4, clock, fallback_probability=0.5)
+    taken = queue.popleft_n(4)
+    with runtime.releasing(Release(100.0, 0.5, "c")):
+        queue.append_n([cache(taken[0], 0)])
+    clock.now = 50.0
+    queue.append(cache(taken[1], 0))  # e.g. BlockPool.unpin_blocks: no release context
+    assert ids(queue.get_all_free_blocks()) == [1, 0]
+    assert queue.evictor.pooled_key(1) == pytest.approx(0.5)
+
+
+def test_shared_releases_pool_by_max() -> None:
+    queue, _, runtime = make_queue(4)
+    taken = queue.popleft_n(4)
+    shared = cache(taken[0], 0)
+    queue.note_shared_release([shared], Release(100.0, 0.99, "conv-a"))  # still held by b
+    with runtime.releasing(Release(101.0, 0.01, "conv-b")):
+        queue.append_n([shared])
+    key_a = queue.evictor.key_for(Release(100.0, 0.99, "x"))
+    assert queue.evictor.pooled_key(0) == pytest.approx(key_a)
+    assert runtime.stats.shared_blocks_released == 1
+
+
+def test_activation_runs_once_per_runtime() -> None:
+    calls = []
+    runtime = QueueRuntime(PluginConfig(), PluginStats(), activate=lambda: calls.append(1))
+    queue_class = bind_queue_class(runtime)
+    queue_class([Block(0)])
+    queue_class([Block(0), Block(1)])
+    assert calls == [1]
+
+
+# -- with one constant p and strictly increasing release times, LPC is LRU ---------------------
+operation = st.one_of(
+    st.tuples(st.just("alloc"), st.integers(1, 6)),
+    st.tuples(st.just("free"), st.integers(0, 10**6)),
+    st.tuples(st.just("hit"), st.integers(0, 10**6)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(operation, max_size=120), p=st.floats(0.0, 1.0))
+def test_constant_p_orders_like_vllms_lru(ops, p: float) -> None:
+    """Drive the queue and LRUEvictor (vLLM's queue, block for block) with the same calls."""
+    clock = Clock()
+    queue, _, runtime = make_queue(24, clock)
+    lru = LRUEvictor(24)
+    lru.reset(range(24))
+    held: list[list[Block]] = []  # "requests": their blocks, in allocation order
+    for step, (kind, arg) in enumerate(ops, 1):
+        clock.now = float(step)
+        if kind == "alloc" and arg <= queue.num_free_blocks:
+            got = queue.popleft_n(arg)
+            assert ids(got) == lru.pop_n(arg)
+            for b in got:
+                b.block_hash = None  # lazy eviction: a popped block loses its content
+            # Some blocks get a hash, as full blocks do.
+            for depth, b in enumerate(got):
+                if (b.block_id + step) % 3:
+                    cache(b, depth)
+            held.append(got)
+        elif kind == "free" and held:
+            table = held.pop(arg % len(held))
+            tail_first = table[::-1]
+            uncached = [b for b in tail_first if b.block_hash is None]
+            cached = [b for b in tail_first if b.block_hash is not None]
+            with runtime.releasing(Release(clock.now, p, f"c{arg % 3}")):
+                queue.prepend_n(uncached)
+                queue.append_n(cached)
+            lru.push_uncached(ids(uncached))
+            lru.push_cached(
+                FreedBlocks(ids(cached), [0] * len(cached), [None] * len(cached)), Release(0)
+            )
+        elif kind == "hit":
+            free_cached = [b for b in queue.get_all_free_blocks() if b.block_hash is not None]
+            if free_cached:
+                block = free_cached[arg % len(free_cached)]
+                queue.remove(block)
+                lru.remove(block.block_id)
+                held.append([block])
+        assert ids(queue.get_all_free_blocks()) == lru.free_block_ids()
