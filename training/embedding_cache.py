@@ -10,11 +10,13 @@ Layout, under `<root>/v1/<embedder namespace>/`:
 - `texts/<feature fingerprint>/part-*.arrow`: (`window_key`, `text_key`): which text a
   window's prompts become under one feature configuration (`window_key` hashes the prompts).
 
-So a cached vector is keyed by the embedder id, the feature configuration and the data itself
-(a window's prompts); a data set's fingerprint (`training.samples.samples_fingerprint`) names
-the rows of one training set. Keying vectors by text means two feature configurations that
-give a window the same text share its vector (most short windows under `even` and
-`redistribute`).
+With `window_encoding="prompt_mean"` the unit is a single prompt (indexed as a one-prompt
+window) and a window's vector is the re-normalised mean of its prompts' vectors, as the
+predictor serves it. So a cached vector is keyed by the embedder id, the feature configuration
+and the data itself (a window's prompts); a data set's fingerprint
+(`training.samples.samples_fingerprint`) names the rows of one training set. Keying vectors
+by text means two feature configurations that give a window the same text share its vector
+(most short windows under `even` and `redistribute`).
 
 Never stale: the namespace is derived from the embedder id, and when a namespace is opened
 with an embedder, the probe texts are embedded again and compared with the stored vectors; an
@@ -434,11 +436,34 @@ class EmbeddingCache:
         stats: EmbedStats | None = None,
     ) -> np.ndarray:
         """float32 (len(windows), dim): the embedding of each window's prompts (oldest first;
-        only the last `config.window_size` are used), computing and caching what is missing."""
+        only the last `config.window_size` are used), computing and caching what is missing.
+
+        `window_encoding="prompt_mean"` embeds each prompt alone (cached like a one-prompt
+        window) and returns the re-normalised mean of a window's prompt vectors, exactly as
+        `predictor.Predictor` serves it."""
         options = options or EmbedOptions()
         stats = stats if stats is not None else EmbedStats()
         size = config.window_size
         recent = [tuple(w[-size:]) for w in windows]
+        if config.window_encoding == "prompt_mean":
+            return self._prompt_means(recent, config, options, stats)
+        return self._vectors_of(recent, config, options, stats)
+
+    def _prompt_means(self, recent: list[tuple[str, ...]], config: FeatureConfig,
+                      options: EmbedOptions, stats: EmbedStats) -> np.ndarray:
+        prompts = list(dict.fromkeys(p for window in recent for p in window))
+        vectors = self._vectors_of([(p,) for p in prompts], config, options, stats)
+        row = {p: i for i, p in enumerate(prompts)}
+        out = np.empty((len(recent), self.dim), dtype=np.float32)
+        for i, window in enumerate(recent):
+            mean = np.mean([vectors[row[p]] for p in window], axis=0)
+            out[i] = mean / max(float(np.linalg.norm(mean)), 1e-12)
+        return out
+
+    def _vectors_of(self, recent: list[tuple[str, ...]], config: FeatureConfig,
+                    options: EmbedOptions, stats: EmbedStats) -> np.ndarray:
+        """One cached vector per unit: a window (joined) or a single prompt (prompt_mean)."""
+        windows = recent
         keys = [window_key(w) for w in recent]
         index = self.text_index(config)
         missing = [i for i, k in enumerate(keys)
@@ -472,9 +497,12 @@ class EmbeddingCache:
             for start in range(0, len(unique), options.chunk_windows):
                 chunk = unique[start : start + options.chunk_windows]
                 t0 = time.perf_counter()
-                texts = builder.build([
-                    ConversationWindow("w", recent[first_row[k]], len(recent[first_row[k]]))
-                    for k in chunk])
+                if config.window_encoding == "prompt_mean":  # units are single prompts
+                    texts = builder.prompt_texts([recent[first_row[k]][0] for k in chunk])
+                else:
+                    texts = builder.build([
+                        ConversationWindow("w", recent[first_row[k]], len(recent[first_row[k]]))
+                        for k in chunk])
                 tkeys = [text_key(t) for t in texts]
                 stats.build_seconds += time.perf_counter() - t0
                 stats.texts_built += len(texts)

@@ -185,3 +185,22 @@ def test_a_multi_process_pool_gives_the_single_process_vectors(tmp_path, minilm_
                                  embedder=embedder).embeddings_for(
         data, FeatureConfig(), EmbedOptions(progress=False, devices=("cpu", "cpu")))
     assert np.allclose(single, pooled, atol=1e-5)
+
+
+def test_prompt_mean_windows_are_what_the_predictor_serves(tmp_path, cache, embedder):
+    from predictor.features import ConversationWindow
+    from predictor.predictor import Predictor
+    from tests.predictor.conftest import make_artifact
+
+    config = FeatureConfig(window_encoding="prompt_mean")
+    make_artifact(tmp_path / "m", dim=embedder.dim, feature_config=config)
+    predictor = Predictor.load(tmp_path / "m", embedder=embedder)
+    data = windows(9, long=True) + windows(4)
+    served = predictor.embed_windows([ConversationWindow("x", w, len(w)) for w in data])
+    stats = EmbedStats()
+    cached = cache.embeddings_for(data, config, QUIET, stats)
+    assert np.allclose(served, cached, atol=1e-6)
+    assert stats.windows == len({p for w in data for p in w})  # one unit per distinct prompt
+    again = EmbedStats()
+    cache.embeddings_for(data[:3], config, QUIET, again)
+    assert again.texts_embedded == 0
