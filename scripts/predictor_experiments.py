@@ -38,6 +38,9 @@ VARIANTS: dict[str, TrainConfig] = {
     "paper": PAPER,
     "paper-raw-turns": replace(PAPER, feature_config=FeatureConfig(turn_count_encoding="raw")),
     "paper-no-weighting": replace(PAPER, fit=FitConfig(class_weighting="none")),
+    # the paper leaves batch size and stopping open: smaller batches, more patience
+    "paper-b64": replace(PAPER, fit=FitConfig(batch_size=64, patience=10)),
+    "paper-b1024": replace(PAPER, fit=FitConfig(batch_size=1024, patience=10)),
     "redistribute": replace(PAPER, feature_config=FeatureConfig(share_policy="redistribute")),
     # finish-time scalars (training.finish_features), one group at a time, then together
     "context": replace(PAPER, finish_features=("log_context_chars",)),
@@ -52,6 +55,12 @@ VARIANTS: dict[str, TrainConfig] = {
     "all-finish": replace(PAPER, finish_features=("log_request_tokens", "log_output_tokens",
                                                   "log_context_chars", "log_reply_chars",
                                                   "reply_asks", "log_prompt_chars")),
+    "tokens-reply-wide": replace(PAPER, hidden_sizes=(256, 256, 256), dropout=0.1,
+                                 finish_features=("log_request_tokens", "log_output_tokens",
+                                                  "reply_asks")),
+    "tokens-reply-long": replace(PAPER, fit=FitConfig(patience=10, max_epochs=40),
+                                 finish_features=("log_request_tokens", "log_output_tokens",
+                                                  "reply_asks")),
     "finish-wide": replace(PAPER, hidden_sizes=(256, 256, 256), dropout=0.1,
                            finish_features=("log_context_chars", "log_reply_chars",
                                             "reply_asks", "log_prompt_chars")),
