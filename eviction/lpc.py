@@ -72,7 +72,10 @@ class LPCEvictor(PriorityEvictor):
         if p is None:
             self.fallbacks_used += 1
             p = self.fallback_probability
-        return static_key(p, release.time_s, self.scale_per_s, self.probability_floor)
+        # static_key(), inlined: this runs once per release on the eviction hot path.
+        floor = self.probability_floor
+        p = floor if p < floor else (1.0 - floor if p > 1.0 - floor else p)
+        return math.log(p / (1.0 - p)) + self.scale_per_s * release.time_s
 
     def _pooled(
         self, block_ids: Sequence[int], key: float, conversation_id: str | None

@@ -212,7 +212,13 @@ class RunHeap:
             if i == m:
                 heapq.heappop(heap)
             else:
-                self._replace_root((key, -depths[i], run.seq, run))
+                # _replace_root, inlined (once per sweep).
+                entry = (key, -depths[i], run.seq, run)
+                size = len(heap)
+                if (size < 2 or entry <= heap[1]) and (size < 3 or entry <= heap[2]):
+                    heap[0] = entry
+                else:
+                    heapq.heapreplace(heap, entry)
         self._queued -= popped
 
     def _replace_root(self, entry: _Entry) -> None:

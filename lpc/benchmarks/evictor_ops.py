@@ -97,6 +97,7 @@ def record(plan: OpPlan, queue: Queue, push: Callable[[list[int], tuple], None])
     content = [0] * num_blocks  # bumped each time a block is handed out again
     in_use = [False] * num_blocks
     chains: dict[int, list[tuple[int, int]]] = {}
+    names: dict[int, str] = {}  # one id object per conversation, as a server would hold it
     calls: list[Call] = []
     now = 0.0
     free = num_blocks
@@ -127,7 +128,10 @@ def record(plan: OpPlan, queue: Queue, push: Callable[[list[int], tuple], None])
                 in_use[block] = False
             free += len(released)
             if released:
-                meta = (now, p, f"c{slot}")
+                name = names.get(slot)
+                if name is None:
+                    name = names[slot] = f"c{slot}"
+                meta = (now, p, name)
                 push(released, meta)
                 calls.append((PUSH, released, meta))
     return calls
