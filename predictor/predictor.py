@@ -30,6 +30,12 @@ from predictor.features import (
 )
 from predictor.model import ContinuationMLP, input_matrix
 from predictor.prompt_cache import PromptEmbeddingCache
+from predictor.request_features import (
+    check_servable,
+    needs_request_tokens,
+    request_feature_matrix,
+    unservable_features,
+)
 
 
 class RowwiseMLP:
@@ -92,8 +98,9 @@ class Predictor:
     (longer padded rows, worse cache use); a GPU wants larger batches.
 
     `predict` builds each window's text (features.py), embeds the batch in one call, appends
-    the encoded turn count and runs the MLP. `predict_from_embeddings` skips the first two
-    steps for callers that cached embeddings (training, the A/B harness).
+    the encoded turn count (and, for a model trained with finish features a request carries,
+    those features: `predictor.request_features`) and runs the MLP. `predict_from_embeddings`
+    skips the first two steps for callers that cached embeddings (training, the A/B harness).
     """
 
     def __init__(self, artifact: ModelArtifact, embedder: Embedder,
@@ -193,16 +200,38 @@ class Predictor:
         """Finish-time scalars the model needs besides the window (none for the paper's)."""
         return self.artifact.metadata.mlp_config.extra_features
 
+    @property
+    def unservable_features(self) -> tuple[str, ...]:
+        """The model's finish features that windows cannot supply (`predict` refuses them)."""
+        return unservable_features(self.extra_features)
+
+    @property
+    def needs_request_tokens(self) -> bool:
+        """Whether `predict` needs each window's `request_tokens`."""
+        return needs_request_tokens(self.extra_features)
+
+    def check_servable(self) -> None:
+        """Raise `UnservableFeaturesError` (a ValueError naming the features) unless `predict`
+        can compute every finish feature of the model from windows; the server calls it before
+        serving a model, so a model it cannot serve is refused at start, not per request."""
+        check_servable(self.extra_features, f"artifact {self.artifact.path}")
+
     def predict(self, windows: Sequence[ConversationWindow]) -> np.ndarray:
-        """float64 probabilities, one per window, in order."""
+        """float64 probabilities, one per window, in order.
+
+        A model with finish features gets them from the windows (`request_tokens`, the current
+        prompt) through the formulas training used; one needing features only known once a
+        request has finished raises `UnservableFeaturesError` (use `predict_from_embeddings`
+        with the features computed), and a window lacking `request_tokens` its model needs
+        raises `MissingRequestTokensError` — both before anything is embedded."""
+        extras = None
         if self.extra_features:
-            raise ValueError(
-                f"artifact {self.artifact.path} needs finish-time features "
-                f"{list(self.extra_features)} besides the window; use predict_from_embeddings")
+            self.check_servable()
+            extras = request_feature_matrix(windows, self.extra_features)
         if len(windows) == 0:
             return np.zeros(0, dtype=np.float64)
         embeddings = self.embed_windows(windows)
-        return self.predict_from_embeddings(embeddings, [w.turn_count for w in windows])
+        return self.predict_from_embeddings(embeddings, [w.turn_count for w in windows], extras)
 
     def predict_from_embeddings(self, embeddings: np.ndarray,
                                 turn_counts: Sequence[int] | np.ndarray,

@@ -20,14 +20,15 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from predictor.request_features import log_prompt_chars, log_request_tokens
 from training.samples import TurnSample
 
 
-def _tokens(value: int | None, name: str) -> float:
+def _tokens(value: int | None, name: str) -> int:
     if value is None:
         raise ValueError(f"finish feature {name} needs token counts on the samples "
                          "(training.samples.with_token_counts)")
-    return math.log1p(value)
+    return value
 
 
 def _ends_with_question(text: str) -> float:
@@ -42,12 +43,14 @@ FINISH_FEATURES: dict[str, Callable[[TurnSample], float]] = {
     "log_reply_chars": lambda s: math.log1p(len(s.reply)),
     # the reply ends with a question to the user
     "reply_asks": lambda s: _ends_with_question(s.reply),
-    # the current user prompt's length
-    "log_prompt_chars": lambda s: math.log1p(len(s.window[-1])),
-    # the finishing request's size in serving tokens: the whole conversation so far
-    "log_request_tokens": lambda s: _tokens(s.request_tokens, "log_request_tokens"),
+    # the current user prompt's length (formula shared with serving: predictor.request_features)
+    "log_prompt_chars": lambda s: log_prompt_chars(s.window[-1]),
+    # the finishing request's size in serving tokens: the whole conversation so far (formula
+    # shared with serving, which gets the count at scheduling time: predictor.request_features)
+    "log_request_tokens": lambda s: log_request_tokens(
+        _tokens(s.request_tokens, "log_request_tokens")),
     # the reply's length in serving tokens
-    "log_output_tokens": lambda s: _tokens(s.output_tokens, "log_output_tokens"),
+    "log_output_tokens": lambda s: math.log1p(_tokens(s.output_tokens, "log_output_tokens")),
 }
 TOKEN_FEATURES = frozenset({"log_request_tokens", "log_output_tokens"})
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pytest
 
-from predictor.features import FeatureConfig
+from predictor.features import ConversationWindow, FeatureConfig
 from predictor.runtime import prefer_passive_openmp
 from tests.predictor.fakes import HashingEmbedder
 
@@ -24,7 +25,8 @@ def hashing_embedder() -> HashingEmbedder:
 
 
 def make_artifact(folder: Path, embedder_id: str = "test-hashing-embedder", dim: int = 32,
-                  seed: int = 0, feature_config: FeatureConfig | None = None) -> ArtifactMetadata:
+                  seed: int = 0, feature_config: FeatureConfig | None = None,
+                  extra_features: tuple[str, ...] = ()) -> ArtifactMetadata:
     """A randomly initialised (seeded) MLP saved as an artifact: enough to test the plumbing."""
     import torch
 
@@ -32,7 +34,7 @@ def make_artifact(folder: Path, embedder_id: str = "test-hashing-embedder", dim:
     from predictor.model import ContinuationMLP, MLPConfig
 
     torch.manual_seed(seed)
-    config = MLPConfig(embedding_dim=dim)
+    config = MLPConfig(embedding_dim=dim, extra_features=extra_features)
     model = ContinuationMLP(config)
     metadata = ArtifactMetadata(
         embedder_id=embedder_id,
@@ -50,6 +52,59 @@ def make_artifact(folder: Path, embedder_id: str = "test-hashing-embedder", dim:
 def tiny_artifact(tmp_path: Path) -> Path:
     folder = tmp_path / "artifact"
     make_artifact(folder)
+    return folder
+
+
+def token_windows(n: int, seed: int = 0) -> list[ConversationWindow]:
+    """Windows carrying `request_tokens` (log-uniform, 10 to 50,000 tokens)."""
+    rng = np.random.default_rng(seed)
+    vocabulary = ["cache", "prefix", "block", "why", "how", "python", "代码", "évict", "?", "ok"]
+    windows = []
+    for i in range(n):
+        prompts = tuple(" ".join(rng.choice(vocabulary, size=rng.integers(1, 12)))
+                        for _ in range(rng.integers(1, 8)))
+        windows.append(ConversationWindow(
+            f"tokens-{seed}-{i}", prompts, len(prompts) + int(rng.integers(0, 5)),
+            int(np.exp(rng.uniform(np.log(10), np.log(50_000))))))
+    return windows
+
+
+def train_request_tokens_artifact(folder: Path, embedder: HashingEmbedder) -> ArtifactMetadata:
+    """A small MLP trained the way `training.pipeline` trains one with the
+    `log_request_tokens` finish feature (same input rows, same fit), on windows whose label is
+    "the request is under 1,000 tokens": a model whose answers hinge on request_tokens."""
+    from predictor.artifact import ArtifactMetadata, save_artifact
+    from predictor.features import WindowTextBuilder
+    from predictor.model import MLPConfig
+    from training.fit import FitConfig, fit_mlp
+    from training.pipeline import model_inputs
+    from training.samples import TurnSample
+
+    names = ("log_request_tokens",)
+    config = FeatureConfig()
+    windows = token_windows(480, seed=11)
+    samples = [TurnSample(w.conversation_id, w.conversation_id, w.turn_count,
+                          int(w.request_tokens < 1_000), w.user_prompts[-config.window_size:],
+                          "", 0, request_tokens=w.request_tokens) for w in windows]
+    texts = WindowTextBuilder(config, embedder.tokenizer, embedder.max_input_tokens).build(windows)
+    inputs = model_inputs(embedder.embed(texts), samples, config, names)
+    labels = np.array([s.label for s in samples])
+    mlp_config = MLPConfig(embedding_dim=embedder.dim, hidden_sizes=(16, 16),
+                           extra_features=names)
+    fit = fit_mlp(inputs[:400], labels[:400], inputs[400:], labels[400:], mlp_config,
+                  FitConfig(max_epochs=6, batch_size=64, learning_rate=1e-2))
+    metadata = ArtifactMetadata(
+        embedder_id=embedder.embedder_id, feature_config=config, mlp_config=mlp_config,
+        base_rate=float(labels.mean()), training_data_fingerprint="fixture",
+        embedder_spec="test", notes={"serving_tokenizer": "test-tokenizer+chatml"})
+    return save_artifact(folder, fit.model, metadata)
+
+
+@pytest.fixture(scope="session")
+def request_tokens_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model trained in-test with extra_features=("log_request_tokens",), once a session."""
+    folder = tmp_path_factory.mktemp("request-tokens") / "artifact"
+    train_request_tokens_artifact(folder, HashingEmbedder())
     return folder
 
 
