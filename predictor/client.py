@@ -5,6 +5,12 @@ configured probability when there is none. So `predict` returns None on any fail
 refused connection, 503 overloaded, other HTTP errors, a malformed answer, bad input) within
 its deadline, and counts what went wrong in `stats` for monitoring.
 
+Items are `ConversationWindow`s (sent as `to_dict()`: with `request_tokens` when set) or
+mappings of the RPC's item shape, sent as they are, every key included: `conversation_id`,
+`user_prompts`, `turn_count` and, for a model trained with `log_request_tokens` (the shipped
+one), `request_tokens` — the request's prompt tokens as the serving engine counts them, with
+the tokenizer and chat template the model was trained with. The server validates them (422).
+
 It imports only httpx and numpy (through `predictor.features`), so it also runs inside an
 inference engine's environment (the vLLM plugin imports it there).
 """
@@ -81,6 +87,7 @@ class PredictorClient:
             self.stats.last_error = message
 
     def predict(self, items: Sequence[Item]) -> list[float] | None:
+        """One probability per item, in order, or None (see the module doc for items)."""
         with self._lock:
             self.stats.calls += 1
         try:

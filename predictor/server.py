@@ -11,6 +11,9 @@ Why it is shaped this way:
   call per batch is what makes CPU serving affordable.
 - A retraining job promotes a new artifact without a restart: `POST /v1/reload` loads it
   beside the running model (requests keep flowing) and swaps it in between two batches.
+- A model trained with finish features is served only if every one of them can be computed
+  from the request (`predictor.request_features`: `request_tokens`, the current prompt);
+  otherwise it is refused when the server starts or the reload is asked for, never per request.
 - Binds 127.0.0.1 unless told otherwise; a bearer token can be required for /v1/*.
 """
 
@@ -19,24 +22,35 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from fastapi import FastAPI, Request, Response
 from pydantic import ValidationError
 
 from predictor.artifact import ArtifactError, load_artifact
-from predictor.batching import BatcherStoppedError, BatchRecord, MicroBatcher, QueueFullError
+from predictor.batching import (
+    BatcherStoppedError,
+    BatchRecord,
+    MicroBatcher,
+    PredictFn,
+    QueueFullError,
+)
+from predictor.features import ConversationWindow
 from predictor.predictor import Predictor
+from predictor.request_features import check_servable, windows_without_request_tokens
 from predictor.rpc_schema import (
     ReloadRequest,
     RequestLimits,
+    missing_request_tokens_details,
     request_model,
     validation_details,
 )
@@ -111,12 +125,41 @@ class ModelSlot:
             "base_rate": metadata.base_rate,
             "feature_fingerprint": metadata.feature_config.fingerprint(),
             "created_at": metadata.created_at,
+            "extra_features": list(predictor.extra_features),
+            # What request_tokens must be counted with, for a model that reads them.
+            "serving_tokenizer": metadata.notes.get("serving_tokenizer"),
         }
 
 
+def batch_predict(predictor: Predictor) -> PredictFn:
+    """`predictor.predict` for one batch, tolerant of windows queued for another model.
+
+    Requests are checked against the model in service when they arrive. A model swapped in
+    while they wait may need `request_tokens` some of them lack; rather than failing the whole
+    batch (and every other caller in it), those windows get NaN, which the endpoint answers
+    with the same 422 an arriving request gets. Rows are independent (row-wise MLP), so the
+    others get exactly what `predict` alone gives."""
+    if not predictor.needs_request_tokens:
+        return predictor.predict
+
+    def predict(windows: Sequence[ConversationWindow]) -> np.ndarray:
+        missing = set(windows_without_request_tokens(windows))
+        if not missing:
+            return predictor.predict(windows)
+        out = np.full(len(windows), np.nan)
+        kept = [i for i in range(len(windows)) if i not in missing]
+        if kept:
+            out[kept] = predictor.predict([windows[i] for i in kept])
+        return out
+
+    return predict
+
+
 def load_for_reload(path: Path, current: Predictor) -> Predictor:
-    """The predictor for a promoted artifact, reusing the running embedder when it matches."""
+    """The predictor for a promoted artifact, reusing the running embedder when it matches
+    (and refusing an artifact the server cannot serve before loading any embedder for it)."""
     artifact = load_artifact(path)
+    check_servable(artifact.metadata.mlp_config.extra_features, f"artifact {path}")
     if artifact.metadata.embedder_id == current.embedder_id:
         return Predictor(artifact, current.embedder, current.embed_batch_size)
     return Predictor.load(path, embed_batch_size=current.embed_batch_size)
@@ -133,7 +176,11 @@ def create_app(
     artifact_path: Path | None = None,
     reload_loader: Callable[[Path, Predictor], Predictor] = load_for_reload,
 ) -> FastAPI:
-    """The FastAPI app serving `predictor` (`artifact_path` is what a bare reload reloads)."""
+    """The FastAPI app serving `predictor` (`artifact_path` is what a bare reload reloads).
+
+    Raises `UnservableFeaturesError` (a ValueError) for a model whose finish features a
+    prediction request cannot carry."""
+    predictor.check_servable()
     metrics = ServerMetrics()
     slot = ModelSlot(predictor, artifact_path)
     PredictRequest = request_model(config.limits)
@@ -146,7 +193,7 @@ def create_app(
         metrics.predictions.inc(record.size)
 
     batcher = MicroBatcher(
-        predict=lambda: slot.current.predict,
+        predict=lambda: batch_predict(slot.current),
         max_batch=config.max_batch,
         max_wait_s=config.max_wait_ms / 1000.0,
         max_queue_items=config.max_queue_items,
@@ -229,8 +276,14 @@ def create_app(
         except ValidationError as invalid:
             return finish("predict", started, _json(
                 422, {"detail": validation_details(invalid.errors())}), "invalid")
+        windows = parsed.windows()
+        if slot.current.needs_request_tokens:
+            missing = windows_without_request_tokens(windows)
+            if missing:
+                return finish("predict", started, _json(
+                    422, {"detail": missing_request_tokens_details(missing)}), "invalid")
         try:
-            pending = batcher.enqueue(parsed.windows())
+            pending = batcher.enqueue(windows)
             probabilities = await asyncio.wait_for(pending, timeout=config.request_timeout_s)
         except QueueFullError as full:
             return finish("predict", started, _json(
@@ -246,6 +299,12 @@ def create_app(
             return finish("predict", started, _json(
                 500, {"detail": f"prediction failed: {type(failure).__name__}: {failure}"}),
                 "prediction_failed")
+        # NaN: a model needing request_tokens was swapped in while these waited (batch_predict)
+        unanswered = [i for i in windows_without_request_tokens(windows)
+                      if math.isnan(probabilities[i])]
+        if unanswered:
+            return finish("predict", started, _json(
+                422, {"detail": missing_request_tokens_details(unanswered)}), "invalid")
         return finish("predict", started, _json(
             200, {"probabilities": probabilities.tolist()}))
 
@@ -277,6 +336,7 @@ def create_app(
         async with reload_lock:
             try:
                 fresh = await asyncio.to_thread(reload_loader, target, slot.current)
+                fresh.check_servable()
             except (ArtifactError, OSError, ValueError) as failure:
                 metrics.reloads.labels("failed").inc()
                 return finish("reload", started, _json(

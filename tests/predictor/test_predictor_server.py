@@ -8,8 +8,10 @@ Predictor's MLP is evaluated row by row, so answers through the server must equa
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -19,9 +21,10 @@ import pytest
 from predictor.client import PredictorClient
 from predictor.features import ConversationWindow
 from predictor.predictor import Predictor
+from predictor.request_features import UnservableFeaturesError
 from predictor.rpc_schema import RequestLimits
-from predictor.server import ServerConfig, create_app
-from tests.predictor.conftest import make_artifact
+from predictor.server import ServerConfig, batch_predict, create_app
+from tests.predictor.conftest import make_artifact, token_windows
 from tests.predictor.fakes import HashingEmbedder
 from tests.predictor.server_harness import running_server
 
@@ -124,6 +127,12 @@ VALID = {"conversation_id": "c", "user_prompts": ["a", "b"], "turn_count": 2}
         ({"items": [{**VALID, "turn_count": True}]}, ["items", 0, "turn_count"]),
         ({"items": [{**VALID, "turn_count": -3}]}, ["items", 0, "turn_count"]),
         ({"items": [{**VALID, "turn_count": 1}]}, ["items", 0]),
+        ({"items": [{**VALID, "request_tokens": "12"}]}, ["items", 0, "request_tokens"]),
+        ({"items": [{**VALID, "request_tokens": 12.0}]}, ["items", 0, "request_tokens"]),
+        ({"items": [{**VALID, "request_tokens": True}]}, ["items", 0, "request_tokens"]),
+        ({"items": [VALID, {**VALID, "request_tokens": -1}]}, ["items", 1, "request_tokens"]),
+        ({"items": [{**VALID, "request_tokens": 10**12}]}, ["items", 0, "request_tokens"]),
+        ({"items": [{**VALID, "request_token": 12}]}, ["items", 0, "request_token"]),
         ({"items": [{**VALID, "user_prompts": []}]}, ["items", 0, "user_prompts"]),
         ({"items": [{**VALID, "user_prompts": ["a", 7]}]}, ["items", 0, "user_prompts", 1]),
         ({"items": [{**VALID, "user_prompts": "ab"}]}, ["items", 0, "user_prompts"]),
@@ -334,3 +343,135 @@ def test_client_imports_stay_light():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- models trained with log_request_tokens ------------------------------------------------
+def test_request_tokens_answers_equal_in_process(request_tokens_artifact):
+    """Batched, split and concurrent requests carry each item's request_tokens through to the
+    model: every answer is the in-process `Predictor.predict` answer, bit for bit."""
+    app, config = serve(request_tokens_artifact, max_batch=8)
+    windows = token_windows(90, seed=7)
+    expected = Predictor.load(request_tokens_artifact, embedder=HashingEmbedder()).predict(windows)
+    with running_server(app, config) as (url, _):
+        with PredictorClient(url, timeout_s=10) as client:
+            assert client.predict(windows) == expected.tolist()  # 64 + 26, batches of 8
+            assert client.predict([w.to_dict() for w in windows[:5]]) == expected[:5].tolist()
+            health = client.health()
+        answers: dict[int, list[float] | None] = {}
+
+        def worker(k: int) -> None:
+            with PredictorClient(url, timeout_s=10) as own:
+                for j in range(k, len(windows), 9):
+                    answers[j] = own.predict([windows[j]])
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(9)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert [answers[j][0] for j in range(len(windows))] == expected.tolist()
+    assert health["model"]["extra_features"] == ["log_request_tokens"]
+    assert health["model"]["serving_tokenizer"] == "test-tokenizer+chatml"
+
+
+def test_items_without_request_tokens_get_a_422_naming_them(request_tokens_artifact):
+    app, config = serve(request_tokens_artifact)
+    with_tokens = {**VALID, "request_tokens": 40}
+    with running_server(app, config) as (url, _):
+        body = {"items": [with_tokens, VALID, with_tokens, {**VALID, "request_tokens": None}]}
+        response = httpx.post(url + "/v1/predict", json=body)
+        assert response.status_code == 422, response.text
+        detail = response.json()["detail"]
+        assert [d["loc"] for d in detail] == [["items", 1, "request_tokens"],
+                                              ["items", 3, "request_tokens"]]
+        assert all("this model needs request_tokens" in d["msg"] for d in detail)
+        with PredictorClient(url) as client:
+            assert client.predict([VALID]) is None and client.stats.http_errors == 1
+            assert client.predict([with_tokens]) is not None
+        metrics = httpx.get(url + "/metrics").text
+    assert _metric(metrics, "lpc_predictor_errors_total", '{kind="invalid"}') == 2
+
+
+def test_a_model_without_extra_features_ignores_request_tokens(tiny_artifact, reference):
+    app, config = serve(tiny_artifact)
+    windows = token_windows(6, seed=2)
+    bare = [ConversationWindow(w.conversation_id, w.user_prompts, w.turn_count)
+            for w in windows]
+    with running_server(app, config) as (url, _), PredictorClient(url) as client:
+        assert client.predict(windows) == reference.predict(bare).tolist()
+
+
+def test_models_needing_finish_only_features_are_refused(tmp_path, tiny_artifact):
+    unservable = tmp_path / "unservable"
+    make_artifact(unservable, extra_features=("log_request_tokens", "reply_asks"))
+    predictor = Predictor.load(unservable, embedder=HashingEmbedder())
+    with pytest.raises(UnservableFeaturesError, match=r"\['reply_asks'\]"):
+        create_app(ServerConfig(), predictor, artifact_path=unservable)
+    # ...and on reload, where the running model keeps serving.
+    served = tmp_path / "served"
+    shutil.copytree(tiny_artifact, served)
+    app, config = serve(served)
+    with running_server(app, config) as (url, _):
+        response = httpx.post(url + "/v1/reload", json={"artifact": str(unservable)})
+        assert response.status_code == 409
+        assert "still serving generation 1" in response.text and "reply_asks" in response.text
+        assert httpx.get(url + "/healthz").json()["model"]["generation"] == 1
+
+
+def test_reload_to_a_request_tokens_model_mid_queue(tmp_path, tiny_artifact,
+                                                   request_tokens_artifact):
+    """Windows validated for the old model but batched for a new one that needs
+    request_tokens get the 422 an arriving request would; the rest of their batch (here one
+    batch of two) is answered."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    shutil.copytree(tiny_artifact, old)
+    shutil.copytree(request_tokens_artifact, new)
+
+    class Slower(SlowPredictor):
+        delay_s = 1.0
+
+    app, config = serve(old, Slower, max_batch=2, max_queue_items=8)
+    first, lacking, carrying = token_windows(3, seed=9)
+    lacking = replace(lacking, request_tokens=None)
+    fresh = Predictor.load(new, embedder=HashingEmbedder())
+    responses: dict[str, httpx.Response] = {}
+    with running_server(app, config) as (url, _):
+        def post(name: str, window: ConversationWindow) -> None:
+            responses[name] = httpx.post(url + "/v1/predict", timeout=30,
+                                         json={"items": [window.to_dict()]})
+
+        slow = app.state.slot.current
+        threads = [threading.Thread(target=post, args=("first", first))]
+        threads[0].start()
+        deadline = time.monotonic() + 20
+        while getattr(slow, "started_windows", 0) < 1:  # the old model is busy with `first`
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        for name, window in (("lacking", lacking), ("carrying", carrying)):
+            threads.append(threading.Thread(target=post, args=(name, window)))
+            threads[-1].start()
+        while app.state.batcher.queued_items < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        reload = httpx.post(url + "/v1/reload", json={"artifact": str(new)})
+        assert reload.status_code == 200, reload.text
+        assert getattr(slow, "started_windows", 0) == 1, "the swap came too late to test"
+        for t in threads:
+            t.join()
+    assert responses["first"].status_code == 200
+    lacking_answer = responses["lacking"]
+    assert lacking_answer.status_code == 422, lacking_answer.text
+    assert lacking_answer.json()["detail"][0]["loc"] == ["items", 0, "request_tokens"]
+    assert responses["carrying"].json() == {"probabilities": fresh.predict([carrying]).tolist()}
+
+
+def test_batch_predict_answers_the_windows_it_can(tiny_artifact, request_tokens_artifact):
+    predictor = Predictor.load(request_tokens_artifact, embedder=HashingEmbedder())
+    windows = token_windows(5, seed=3)
+    windows[1] = replace(windows[1], request_tokens=None)
+    answers = batch_predict(predictor)(windows)
+    assert np.isnan(answers[1])
+    kept = [0, 2, 3, 4]
+    assert np.array_equal(answers[kept], predictor.predict([windows[i] for i in kept]))
+    plain = Predictor.load(tiny_artifact, embedder=HashingEmbedder())
+    assert batch_predict(plain) == plain.predict  # nothing to check for such a model
