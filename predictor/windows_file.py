@@ -1,5 +1,6 @@
 """Conversation windows as JSON Lines: one `{"conversation_id", "user_prompts", "turn_count"}`
-object per line (the RPC's item shape), so a benchmark input can be saved and replayed."""
+object per line, with `"request_tokens"` when known (the RPC's item shape), so a benchmark input
+can be saved and replayed."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def read_windows_jsonl(path: Path | str, limit: int | None = None) -> list[Conve
                 prompts = record["user_prompts"]
                 turn_count = record.get("turn_count", len(prompts))
                 windows.append(ConversationWindow(str(record["conversation_id"]),
-                                                  tuple(prompts), turn_count))
+                                                  tuple(prompts), turn_count,
+                                                  record.get("request_tokens")))
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
                 raise WindowsFileError(f"{path}:{number}: {type(error).__name__}: "
                                        f"{error}") from error

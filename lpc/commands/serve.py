@@ -6,7 +6,20 @@ import argparse
 import os
 from pathlib import Path
 
+from training.locations import SHIPPED_MODEL_NAME, shipped_model_dir
+
 ARTIFACT_ENV = "LPC_PREDICTOR_ARTIFACT"
+
+
+def artifact_from(args: argparse.Namespace) -> Path | None:
+    """--artifact, else $LPC_PREDICTOR_ARTIFACT, else the shipped model when present: with no
+    flag, a checkout serves the model committed with the code."""
+    if args.artifact is not None:
+        return args.artifact
+    configured = os.environ.get(ARTIFACT_ENV, "").strip()
+    if configured:
+        return Path(configured)
+    return shipped_model_dir()
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,8 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--artifact", type=Path, default=os.environ.get(ARTIFACT_ENV),
-                        help=f"predictor artifact folder (or ${ARTIFACT_ENV})")
+    parser.add_argument("--artifact", type=Path, default=None,
+                        help=f"predictor artifact folder; without the flag, ${ARTIFACT_ENV}, "
+                             f"else the shipped model models/{SHIPPED_MODEL_NAME} if present. "
+                             "A model trained with log_request_tokens (the shipped one) needs "
+                             "request_tokens in every item; one with finish features a request "
+                             "cannot carry is refused at start")
     parser.add_argument("--embedder", default=None,
                         help="embedder spec; default: the one the artifact was trained with")
     parser.add_argument("--device", default=None, help="torch device (default: GPU if any)")
@@ -78,11 +95,14 @@ def run(args: argparse.Namespace) -> int:
     from predictor.artifact import ArtifactError, load_artifact
     from predictor.embedders import EmbedderLoadError, load_embedder
     from predictor.predictor import Predictor
+    from predictor.request_features import check_servable
     from predictor.rpc_schema import RequestLimits
     from predictor.server import ServerConfig, create_app, token_from_environment, uvicorn_server
 
-    if args.artifact is None:
-        raise CommandError(f"no artifact: pass --artifact or set ${ARTIFACT_ENV}")
+    artifact_path = artifact_from(args)
+    if artifact_path is None:
+        raise CommandError(f"no artifact: pass --artifact or set ${ARTIFACT_ENV} (the shipped "
+                           f"model models/{SHIPPED_MODEL_NAME} is not in this checkout)")
     if args.threads is not None:
         if args.threads < 1:
             raise CommandError(f"--threads must be >= 1, got {args.threads}")
@@ -116,14 +136,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"lpc serve: warning: listening on {args.host} without a token",
               file=sys.stderr)
     try:
-        artifact = load_artifact(args.artifact)
+        artifact = load_artifact(artifact_path)
+        # Before the embedder loads: an unservable model is refused at once.
+        check_servable(artifact.metadata.mlp_config.extra_features, f"artifact {artifact_path}")
         embedder = load_embedder(args.embedder or artifact.metadata.embedder_spec,
                                  device=args.device)
         predictor = Predictor(artifact, embedder, embed_batch_size=args.embed_batch_size)
     except (ArtifactError, EmbedderLoadError, ValueError) as error:
         raise CommandError(str(error)) from error
-    app = create_app(config, predictor, artifact_path=args.artifact)
-    print(f"lpc serve: {embedder.embedder_id} + {args.artifact} on "
+    app = create_app(config, predictor, artifact_path=artifact_path)
+    print(f"lpc serve: {embedder.embedder_id} + {artifact_path} on "
           f"http://{config.host}:{config.port}", file=sys.stderr, flush=True)
     uvicorn_server(app, config, log_level=args.log_level).run()
     return 0

@@ -18,7 +18,7 @@ from predictor.client import PredictorClient
 from predictor.predictor import Predictor
 from predictor.server_process import ServerProcess, free_port
 from predictor.windows_file import read_windows_jsonl, write_windows_jsonl
-from tests.predictor.conftest import make_artifact
+from tests.predictor.conftest import make_artifact, token_windows
 from tests.predictor.test_predictor_server import sample_windows
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -44,12 +44,33 @@ def test_import_e5_is_a_quick_no_op_when_present(imported_e5, capsys):
 
 def test_serve_rejects_bad_configuration(tiny_artifact, capsys, monkeypatch):
     monkeypatch.delenv("LPC_PREDICTOR_ARTIFACT", raising=False)
+    monkeypatch.setattr("lpc.commands.serve.shipped_model_dir", lambda: None)
     assert main(["serve"]) == 2
     assert "no artifact" in capsys.readouterr().err
     assert main(["serve", "--artifact", str(tiny_artifact), "--max-batch", "0"]) == 2
     assert "ServerConfig.max_batch" in capsys.readouterr().err
     assert main(["serve", "--artifact", str(tiny_artifact / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_serve_defaults_to_the_environment_then_the_shipped_model(tmp_path, capsys,
+                                                                  monkeypatch):
+    """Which artifact `lpc serve` picks, seen through the refusal of models it cannot serve
+    (named with their features before any embedder loads: their spec "test" loads none)."""
+    shipped, configured = tmp_path / "shipped", tmp_path / "configured"
+    make_artifact(shipped, extra_features=("log_request_tokens", "log_output_tokens"))
+    make_artifact(configured, extra_features=("log_reply_chars",))
+    monkeypatch.setattr("lpc.commands.serve.shipped_model_dir", lambda: shipped)
+    monkeypatch.delenv("LPC_PREDICTOR_ARTIFACT", raising=False)
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert f"artifact {shipped} needs finish-time features ['log_output_tokens']" in err
+    monkeypatch.setenv("LPC_PREDICTOR_ARTIFACT", str(configured))
+    assert main(["serve"]) == 2
+    assert f"artifact {configured} needs finish-time features ['log_reply_chars']" in \
+        capsys.readouterr().err
+    assert main(["serve", "--artifact", str(shipped)]) == 2
+    assert f"artifact {shipped} needs" in capsys.readouterr().err
 
 
 def test_bench_predictor_rejects_unknown_sets(capsys):
@@ -62,6 +83,9 @@ def test_windows_file_round_trip(tmp_path):
     path = tmp_path / "w.jsonl"
     assert write_windows_jsonl(path, windows) == 5
     assert read_windows_jsonl(path) == windows
+    with_tokens = token_windows(3)
+    write_windows_jsonl(path, with_tokens)
+    assert read_windows_jsonl(path) == with_tokens
     path.write_text('{"conversation_id": "a", "user_prompts": []}\n')
     with pytest.raises(ValueError, match=r"w\.jsonl:1"):
         read_windows_jsonl(path)
