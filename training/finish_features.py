@@ -30,6 +30,12 @@ def _tokens(value: int | None, name: str) -> float:
     return math.log1p(value)
 
 
+def _prompt_tokens(sample: TurnSample) -> int | None:
+    if sample.request_tokens is None or sample.output_tokens is None:
+        return None
+    return sample.request_tokens - sample.output_tokens
+
+
 def _ends_with_question(text: str) -> float:
     stripped = text.rstrip()
     return float(stripped.endswith("?") or stripped.endswith("？"))
@@ -48,8 +54,11 @@ FINISH_FEATURES: dict[str, Callable[[TurnSample], float]] = {
     "log_request_tokens": lambda s: _tokens(s.request_tokens, "log_request_tokens"),
     # the reply's length in serving tokens
     "log_output_tokens": lambda s: _tokens(s.output_tokens, "log_output_tokens"),
+    # the request's prompt in serving tokens (history + the new user message): unlike the two
+    # above, known when the engine first schedules the request (vLLM's num_prompt_tokens)
+    "log_prompt_tokens": lambda s: _tokens(_prompt_tokens(s), "log_prompt_tokens"),
 }
-TOKEN_FEATURES = frozenset({"log_request_tokens", "log_output_tokens"})
+TOKEN_FEATURES = frozenset({"log_request_tokens", "log_output_tokens", "log_prompt_tokens"})
 
 
 def needs_token_counts(names: Sequence[str]) -> bool:
