@@ -58,7 +58,7 @@ class ABOptions:
     block_size: int = 16
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     max_model_len: int = 32768
-    scale_per_s: float | None = 1e-2  # None: estimated from the workload's think times
+    scale_per_s: float | None = None  # None: estimated from the workload's think times
     fallback_probability: float | None = None  # None: the training half's continuation rate
     think_time_sweep_s: tuple[float, ...] = ()
     sweep_cache_tokens: int = 160_000
@@ -408,6 +408,13 @@ def _write_files(outcome: ABOutcome, out: Path) -> None:
     write_json(out / "results.json", outcome.to_json())
 
 
+def _scale_text(used: float | None, configured: float | None) -> str:
+    if used is None:
+        return "n/a"
+    how = "estimated from the observed think times" if configured is None else "fixed"
+    return f"{used:.4g} per second ({how})"
+
+
 def markdown_report(outcome: ABOutcome) -> str:
     s = outcome.workload_summary
     policies = [p.label for p in outcome.options.policies]
@@ -424,6 +431,8 @@ def markdown_report(outcome: ABOutcome) -> str:
             if "requests" in s
             else " (closed loop)."
         ),
+        "",
+        f"LPC decay scale: {_scale_text(s.get('scale_per_s'), outcome.options.scale_per_s)}.",
         "",
     ]
     for title, header, rows in comparison_tables(outcome.comparison, policies):

@@ -50,6 +50,15 @@ VARIANTS: dict[str, TrainConfig] = {
                                               "reply_asks", "log_prompt_chars")),
     # the request's size in serving tokens (Qwen ChatML), what the engine counts anyway
     "tokens": replace(PAPER, finish_features=("log_request_tokens",)),
+    # the prompt's size alone: known when the engine first schedules the request
+    "prompt-tokens": replace(PAPER, finish_features=("log_prompt_tokens",)),
+    "prompt-tokens-chars": replace(PAPER, finish_features=("log_prompt_tokens",
+                                                           "log_prompt_chars")),
+    "prompt-tokens-wide": replace(PAPER, hidden_sizes=(256, 256, 256), dropout=0.1,
+                                  finish_features=("log_prompt_tokens",)),
+    "prompt-tokens-raw-turns": replace(
+        PAPER, feature_config=FeatureConfig(turn_count_encoding="raw"),
+        finish_features=("log_prompt_tokens",)),
     "tokens-reply": replace(PAPER, finish_features=("log_request_tokens", "log_output_tokens",
                                                     "reply_asks")),
     "all-finish": replace(PAPER, finish_features=("log_request_tokens", "log_output_tokens",

@@ -24,11 +24,21 @@ from predictor.request_features import log_prompt_chars, log_request_tokens
 from training.samples import TurnSample
 
 
-def _tokens(value: int | None, name: str) -> int:
+def _count(value: int | None, name: str) -> int:
     if value is None:
         raise ValueError(f"finish feature {name} needs token counts on the samples "
                          "(training.samples.with_token_counts)")
     return value
+
+
+def _tokens(value: int | None, name: str) -> float:
+    return math.log1p(_count(value, name))
+
+
+def _prompt_tokens(sample: TurnSample) -> int | None:
+    if sample.request_tokens is None or sample.output_tokens is None:
+        return None
+    return sample.request_tokens - sample.output_tokens
 
 
 def _ends_with_question(text: str) -> float:
@@ -48,11 +58,14 @@ FINISH_FEATURES: dict[str, Callable[[TurnSample], float]] = {
     # the finishing request's size in serving tokens: the whole conversation so far (formula
     # shared with serving, which gets the count at scheduling time: predictor.request_features)
     "log_request_tokens": lambda s: log_request_tokens(
-        _tokens(s.request_tokens, "log_request_tokens")),
+        _count(s.request_tokens, "log_request_tokens")),
     # the reply's length in serving tokens
-    "log_output_tokens": lambda s: math.log1p(_tokens(s.output_tokens, "log_output_tokens")),
+    "log_output_tokens": lambda s: _tokens(s.output_tokens, "log_output_tokens"),
+    # the request's prompt in serving tokens (history + the new user message): unlike the two
+    # above, known when the engine first schedules the request (vLLM's num_prompt_tokens)
+    "log_prompt_tokens": lambda s: _tokens(_prompt_tokens(s), "log_prompt_tokens"),
 }
-TOKEN_FEATURES = frozenset({"log_request_tokens", "log_output_tokens"})
+TOKEN_FEATURES = frozenset({"log_request_tokens", "log_output_tokens", "log_prompt_tokens"})
 
 
 def needs_token_counts(names: Sequence[str]) -> bool:
