@@ -5,10 +5,10 @@ configured probability when there is none. So `predict` returns None on any fail
 refused connection, 503 overloaded, other HTTP errors, a malformed answer, bad input) within
 its deadline, and counts what went wrong in `stats` for monitoring.
 
-Items are `ConversationWindow`s (sent as `to_dict()`: with `request_tokens` when set) or
+Items are `ConversationWindow`s (sent as `to_dict()`: with `prompt_tokens` when set) or
 mappings of the RPC's item shape, sent as they are, every key included: `conversation_id`,
-`user_prompts`, `turn_count` and, for a model trained with `log_request_tokens` (the shipped
-one), `request_tokens` — the request's prompt tokens as the serving engine counts them, with
+`user_prompts`, `turn_count` and, for a model trained with `log_prompt_tokens` (the shipped
+one), `prompt_tokens` — the request's prompt tokens as the serving engine counts them, with
 the tokenizer and chat template the model was trained with. The server validates them (422).
 
 It imports only httpx and numpy (through `predictor.features`), so it also runs inside an

@@ -127,17 +127,17 @@ class ConversationWindow:
     """One prediction's input: a conversation's user prompts so far (oldest first, current
     last; older ones may be omitted) and how many user turns it has had, current included.
 
-    `request_tokens` is the size of the request being predicted in the serving engine's
-    tokens: its whole prompt (the conversation so far plus the new user message, as the
-    engine's tokenizer and chat template count it; vLLM's `Request.num_prompt_tokens`). Only
-    models trained with the `log_request_tokens` finish feature read it
-    (`predictor.request_features`); it travels with the window so that the RPC, the
-    micro-batcher and `Predictor.predict` carry it per item without a parallel list."""
+    `prompt_tokens` is the prompt of the request being predicted in the serving engine's
+    tokens: the conversation so far plus the new user message, as the engine's tokenizer and
+    chat template count it (vLLM's `Request.num_prompt_tokens`; in training, a sample's
+    `request_tokens - output_tokens`). Only models trained with the `log_prompt_tokens` finish
+    feature read it (`predictor.request_features`); it travels with the window so that the
+    RPC, the micro-batcher and `Predictor.predict` carry it per item without a parallel list."""
 
     conversation_id: str
     user_prompts: tuple[str, ...]
     turn_count: int
-    request_tokens: int | None = None
+    prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.conversation_id, str):
@@ -163,23 +163,23 @@ class ConversationWindow:
                 f"conversation {self.conversation_id!r}: turn_count {self.turn_count} is less "
                 f"than the {len(prompts)} user prompts given"
             )
-        tokens = self.request_tokens
+        tokens = self.prompt_tokens
         if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool)):
-            raise TypeError(f"conversation {self.conversation_id!r}: request_tokens must be int "
+            raise TypeError(f"conversation {self.conversation_id!r}: prompt_tokens must be int "
                             f"or None, got {type(tokens).__name__}")
         if tokens is not None and tokens < 0:
-            raise ValueError(f"conversation {self.conversation_id!r}: request_tokens must be "
+            raise ValueError(f"conversation {self.conversation_id!r}: prompt_tokens must be "
                              f">= 0, got {tokens}")
 
     def to_dict(self) -> dict[str, Any]:
         """The RPC's item shape: {"conversation_id", "user_prompts", "turn_count"}, plus
-        "request_tokens" when set (left out otherwise, so the item stays what older servers,
+        "prompt_tokens" when set (left out otherwise, so the item stays what older servers,
         which refuse unknown fields, accept)."""
         item: dict[str, Any] = {"conversation_id": self.conversation_id,
                                 "user_prompts": list(self.user_prompts),
                                 "turn_count": self.turn_count}
-        if self.request_tokens is not None:
-            item["request_tokens"] = self.request_tokens
+        if self.prompt_tokens is not None:
+            item["prompt_tokens"] = self.prompt_tokens
         return item
 
     @property

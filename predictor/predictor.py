@@ -32,7 +32,7 @@ from predictor.model import ContinuationMLP, input_matrix
 from predictor.prompt_cache import PromptEmbeddingCache
 from predictor.request_features import (
     check_servable,
-    needs_request_tokens,
+    needs_prompt_tokens,
     request_feature_matrix,
     unservable_features,
 )
@@ -206,9 +206,9 @@ class Predictor:
         return unservable_features(self.extra_features)
 
     @property
-    def needs_request_tokens(self) -> bool:
-        """Whether `predict` needs each window's `request_tokens`."""
-        return needs_request_tokens(self.extra_features)
+    def needs_prompt_tokens(self) -> bool:
+        """Whether `predict` needs each window's `prompt_tokens`."""
+        return needs_prompt_tokens(self.extra_features)
 
     def check_servable(self) -> None:
         """Raise `UnservableFeaturesError` (a ValueError naming the features) unless `predict`
@@ -219,11 +219,11 @@ class Predictor:
     def predict(self, windows: Sequence[ConversationWindow]) -> np.ndarray:
         """float64 probabilities, one per window, in order.
 
-        A model with finish features gets them from the windows (`request_tokens`, the current
+        A model with finish features gets them from the windows (`prompt_tokens`, the current
         prompt) through the formulas training used; one needing features only known once a
         request has finished raises `UnservableFeaturesError` (use `predict_from_embeddings`
-        with the features computed), and a window lacking `request_tokens` its model needs
-        raises `MissingRequestTokensError` — both before anything is embedded."""
+        with the features computed), and a window lacking `prompt_tokens` its model needs
+        raises `MissingPromptTokensError` — both before anything is embedded."""
         extras = None
         if self.extra_features:
             self.check_servable()

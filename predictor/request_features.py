@@ -2,13 +2,14 @@
 
 A model may be trained with scalar finish features besides the window (`MLPConfig
 .extra_features`; `training.finish_features` names them all and computes them over training
-samples). Most of them (the reply, its length in tokens, the size of the whole exchange) exist
-only once the request has finished, after the serving engine asked for its prediction. Two are
+samples). Most of them exist only once the request has finished, after the serving engine
+asked for its prediction: the reply, its length in tokens (`log_output_tokens`), the request's
+prompt + output tokens (`log_request_tokens`), the characters of the whole exchange. Two are
 known when the engine first schedules the request, so a prediction request can carry them:
 
-- `log_request_tokens`: log(1 + the request's prompt tokens), i.e. the whole conversation so
+- `log_prompt_tokens`: log(1 + the request's prompt tokens), i.e. the whole conversation so
   far plus the new user message as the serving engine tokenizes it (vLLM:
-  `Request.num_prompt_tokens`). It is sent as the window's `request_tokens`, and must be counted
+  `Request.num_prompt_tokens`). It is sent as the window's `prompt_tokens`, and must be counted
   with the tokenizer and chat template the model was trained with (the artifact records them
   in `notes["serving_tokenizer"]`).
 - `log_prompt_chars`: log(1 + the length of the current user prompt in characters), read from
@@ -28,12 +29,12 @@ import numpy as np
 
 from predictor.features import ConversationWindow
 
-REQUEST_TOKENS_FEATURE = "log_request_tokens"
+PROMPT_TOKENS_FEATURE = "log_prompt_tokens"
 
 
-def log_request_tokens(request_tokens: int) -> float:
-    """The `log_request_tokens` feature of a request with this many prompt tokens."""
-    return math.log1p(request_tokens)
+def log_prompt_tokens(prompt_tokens: int) -> float:
+    """The `log_prompt_tokens` feature of a request with this many prompt tokens."""
+    return math.log1p(prompt_tokens)
 
 
 def log_prompt_chars(current_prompt: str) -> float:
@@ -45,21 +46,21 @@ class UnservableFeaturesError(ValueError):
     """A model needs finish features that a prediction request cannot carry."""
 
 
-class MissingRequestTokensError(ValueError):
-    """A window lacks the `request_tokens` its model needs."""
+class MissingPromptTokensError(ValueError):
+    """A window lacks the `prompt_tokens` its model needs."""
 
 
-def _window_request_tokens(window: ConversationWindow) -> float:
-    if window.request_tokens is None:
-        raise MissingRequestTokensError(
-            f"conversation {window.conversation_id!r}: the window has no request_tokens, and "
-            f"the model's {REQUEST_TOKENS_FEATURE} feature needs them")
-    return log_request_tokens(window.request_tokens)
+def _window_prompt_tokens(window: ConversationWindow) -> float:
+    if window.prompt_tokens is None:
+        raise MissingPromptTokensError(
+            f"conversation {window.conversation_id!r}: the window has no prompt_tokens, and "
+            f"the model's {PROMPT_TOKENS_FEATURE} feature needs them")
+    return log_prompt_tokens(window.prompt_tokens)
 
 
 # name -> the feature of one window; the names are training.finish_features' names.
 REQUEST_FEATURES: dict[str, Callable[[ConversationWindow], float]] = {
-    REQUEST_TOKENS_FEATURE: _window_request_tokens,
+    PROMPT_TOKENS_FEATURE: _window_prompt_tokens,
     "log_prompt_chars": lambda window: log_prompt_chars(window.user_prompts[-1]),
 }
 
@@ -80,28 +81,28 @@ def check_servable(names: Sequence[str], what: str) -> None:
             f"may use only {sorted(REQUEST_FEATURES)}")
 
 
-def needs_request_tokens(names: Sequence[str]) -> bool:
-    return REQUEST_TOKENS_FEATURE in names
+def needs_prompt_tokens(names: Sequence[str]) -> bool:
+    return PROMPT_TOKENS_FEATURE in names
 
 
-def windows_without_request_tokens(windows: Sequence[ConversationWindow]) -> list[int]:
-    """Indices of the windows whose `request_tokens` is unset."""
-    return [i for i, window in enumerate(windows) if window.request_tokens is None]
+def windows_without_prompt_tokens(windows: Sequence[ConversationWindow]) -> list[int]:
+    """Indices of the windows whose `prompt_tokens` is unset."""
+    return [i for i, window in enumerate(windows) if window.prompt_tokens is None]
 
 
 def request_feature_matrix(windows: Sequence[ConversationWindow],
                            names: Sequence[str]) -> np.ndarray:
     """float32 (len(windows), len(names)), filled like `training.finish_features
     .finish_feature_matrix` fills it for the same turns. Raises `UnservableFeaturesError` or
-    `MissingRequestTokensError` (naming the windows) when the windows cannot supply them."""
+    `MissingPromptTokensError` (naming the windows) when the windows cannot supply them."""
     check_servable(names, "the model")
-    if needs_request_tokens(names):
-        missing = windows_without_request_tokens(windows)
+    if needs_prompt_tokens(names):
+        missing = windows_without_prompt_tokens(windows)
         if missing:
             shown = ", ".join(f"{i} ({windows[i].conversation_id!r})" for i in missing[:5])
-            raise MissingRequestTokensError(
-                f"{len(missing)} window(s) have no request_tokens, which this model needs for "
-                f"its {REQUEST_TOKENS_FEATURE} feature: {shown}"
+            raise MissingPromptTokensError(
+                f"{len(missing)} window(s) have no prompt_tokens, which this model needs for "
+                f"its {PROMPT_TOKENS_FEATURE} feature: {shown}"
                 + (", ..." if len(missing) > 5 else ""))
     functions = [REQUEST_FEATURES[name] for name in names]
     out = np.empty((len(windows), len(functions)), dtype=np.float32)

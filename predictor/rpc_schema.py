@@ -3,13 +3,15 @@
 Request (`POST /v1/predict`):
 
     {"items": [{"conversation_id": "c1", "user_prompts": ["older", "current"],
-                "turn_count": 7, "request_tokens": 1532}, ...]}
+                "turn_count": 7, "prompt_tokens": 1532}, ...]}
 
 Response: `{"probabilities": [0.83, ...]}`, one probability per item, in order.
 
-`request_tokens` (optional, an int >= 0) is the request's prompt size in the serving engine's
-tokens (`ConversationWindow.request_tokens`); a model trained with `log_request_tokens` needs
-it (the server answers 422 for an item without it), any other model ignores it.
+`prompt_tokens` (optional, an int >= 0) is the request's prompt size in the serving engine's
+tokens (`ConversationWindow.prompt_tokens`, vLLM's `num_prompt_tokens`: the prompt alone, not
+the prompt + output that training's `request_tokens` counts); a model trained with
+`log_prompt_tokens` needs it (the server answers 422 for an item without it), any other model
+ignores it.
 
 Validation is strict (no "7" for 7, no 7.0, no true) so a caller's bug surfaces as a 422 that
 says which field of which item is wrong, instead of a silently coerced prediction. Every size
@@ -26,7 +28,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from predictor.features import ConversationWindow
-from predictor.request_features import REQUEST_TOKENS_FEATURE
+from predictor.request_features import PROMPT_TOKENS_FEATURE
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class RequestLimits:
     max_conversation_id_chars: int = 256
     max_turn_count: int = 1_000_000
     # Far beyond any context window; bounds what a feature formula is ever asked to take.
-    max_request_tokens: int = 100_000_000
+    max_prompt_tokens: int = 100_000_000
     # Checked before parsing, so a huge body is refused (413) without being held in memory.
     max_body_bytes: int = 16 * 1024 * 1024
 
@@ -58,7 +60,7 @@ def request_model(limits: RequestLimits) -> type[BaseModel]:
         conversation_id: str = Field(max_length=limits.max_conversation_id_chars)
         user_prompts: list[prompt] = Field(min_length=1, max_length=limits.max_prompts_per_item)
         turn_count: int = Field(ge=1, le=limits.max_turn_count)
-        request_tokens: int | None = Field(default=None, ge=0, le=limits.max_request_tokens)
+        prompt_tokens: int | None = Field(default=None, ge=0, le=limits.max_prompt_tokens)
 
         @model_validator(mode="after")
         def turn_count_covers_prompts(self) -> PredictItem:
@@ -69,7 +71,7 @@ def request_model(limits: RequestLimits) -> type[BaseModel]:
 
         def window(self) -> ConversationWindow:
             return ConversationWindow(self.conversation_id, tuple(self.user_prompts),
-                                      self.turn_count, self.request_tokens)
+                                      self.turn_count, self.prompt_tokens)
 
     class PredictRequest(BaseModel):
         model_config = ConfigDict(extra="forbid", strict=True)
@@ -111,10 +113,10 @@ def validation_details(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return details
 
 
-def missing_request_tokens_details(indices: list[int]) -> list[dict[str, Any]]:
+def missing_prompt_tokens_details(indices: list[int]) -> list[dict[str, Any]]:
     """422 details, in `validation_details`' shape, for items the model in service cannot
-    predict because they lack `request_tokens` (valid JSON, but not enough for this model)."""
-    return [{"loc": ["items", i, "request_tokens"],
-             "msg": "this model needs request_tokens (the request's prompt tokens, counted by "
-                    f"the serving engine) for its {REQUEST_TOKENS_FEATURE} feature",
+    predict because they lack `prompt_tokens` (valid JSON, but not enough for this model)."""
+    return [{"loc": ["items", i, "prompt_tokens"],
+             "msg": "this model needs prompt_tokens (the request's prompt tokens, counted by "
+                    f"the serving engine) for its {PROMPT_TOKENS_FEATURE} feature",
              "type": "missing"} for i in indices]

@@ -12,7 +12,7 @@ Why it is shaped this way:
 - A retraining job promotes a new artifact without a restart: `POST /v1/reload` loads it
   beside the running model (requests keep flowing) and swaps it in between two batches.
 - A model trained with finish features is served only if every one of them can be computed
-  from the request (`predictor.request_features`: `request_tokens`, the current prompt);
+  from the request (`predictor.request_features`: `prompt_tokens`, the current prompt);
   otherwise it is refused when the server starts or the reload is asked for, never per request.
 - Binds 127.0.0.1 unless told otherwise; a bearer token can be required for /v1/*.
 """
@@ -46,11 +46,11 @@ from predictor.batching import (
 )
 from predictor.features import ConversationWindow
 from predictor.predictor import Predictor
-from predictor.request_features import check_servable, windows_without_request_tokens
+from predictor.request_features import check_servable, windows_without_prompt_tokens
 from predictor.rpc_schema import (
     ReloadRequest,
     RequestLimits,
-    missing_request_tokens_details,
+    missing_prompt_tokens_details,
     request_model,
     validation_details,
 )
@@ -126,7 +126,7 @@ class ModelSlot:
             "feature_fingerprint": metadata.feature_config.fingerprint(),
             "created_at": metadata.created_at,
             "extra_features": list(predictor.extra_features),
-            # What request_tokens must be counted with, for a model that reads them.
+            # What prompt_tokens must be counted with, for a model that reads them.
             "serving_tokenizer": metadata.notes.get("serving_tokenizer"),
         }
 
@@ -135,15 +135,15 @@ def batch_predict(predictor: Predictor) -> PredictFn:
     """`predictor.predict` for one batch, tolerant of windows queued for another model.
 
     Requests are checked against the model in service when they arrive. A model swapped in
-    while they wait may need `request_tokens` some of them lack; rather than failing the whole
+    while they wait may need `prompt_tokens` some of them lack; rather than failing the whole
     batch (and every other caller in it), those windows get NaN, which the endpoint answers
     with the same 422 an arriving request gets. Rows are independent (row-wise MLP), so the
     others get exactly what `predict` alone gives."""
-    if not predictor.needs_request_tokens:
+    if not predictor.needs_prompt_tokens:
         return predictor.predict
 
     def predict(windows: Sequence[ConversationWindow]) -> np.ndarray:
-        missing = set(windows_without_request_tokens(windows))
+        missing = set(windows_without_prompt_tokens(windows))
         if not missing:
             return predictor.predict(windows)
         out = np.full(len(windows), np.nan)
@@ -277,11 +277,11 @@ def create_app(
             return finish("predict", started, _json(
                 422, {"detail": validation_details(invalid.errors())}), "invalid")
         windows = parsed.windows()
-        if slot.current.needs_request_tokens:
-            missing = windows_without_request_tokens(windows)
+        if slot.current.needs_prompt_tokens:
+            missing = windows_without_prompt_tokens(windows)
             if missing:
                 return finish("predict", started, _json(
-                    422, {"detail": missing_request_tokens_details(missing)}), "invalid")
+                    422, {"detail": missing_prompt_tokens_details(missing)}), "invalid")
         try:
             pending = batcher.enqueue(windows)
             probabilities = await asyncio.wait_for(pending, timeout=config.request_timeout_s)
@@ -299,12 +299,12 @@ def create_app(
             return finish("predict", started, _json(
                 500, {"detail": f"prediction failed: {type(failure).__name__}: {failure}"}),
                 "prediction_failed")
-        # NaN: a model needing request_tokens was swapped in while these waited (batch_predict)
-        unanswered = [i for i in windows_without_request_tokens(windows)
+        # NaN: a model needing prompt_tokens was swapped in while these waited (batch_predict)
+        unanswered = [i for i in windows_without_prompt_tokens(windows)
                       if math.isnan(probabilities[i])]
         if unanswered:
             return finish("predict", started, _json(
-                422, {"detail": missing_request_tokens_details(unanswered)}), "invalid")
+                422, {"detail": missing_prompt_tokens_details(unanswered)}), "invalid")
         return finish("predict", started, _json(
             200, {"probabilities": probabilities.tolist()}))
 

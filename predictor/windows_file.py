@@ -1,5 +1,5 @@
 """Conversation windows as JSON Lines: one `{"conversation_id", "user_prompts", "turn_count"}`
-object per line, with `"request_tokens"` when known (the RPC's item shape), so a benchmark input
+object per line, with `"prompt_tokens"` when known (the RPC's item shape), so a benchmark input
 can be saved and replayed."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def read_windows_jsonl(path: Path | str, limit: int | None = None) -> list[Conve
                 turn_count = record.get("turn_count", len(prompts))
                 windows.append(ConversationWindow(str(record["conversation_id"]),
                                                   tuple(prompts), turn_count,
-                                                  record.get("request_tokens")))
+                                                  record.get("prompt_tokens")))
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
                 raise WindowsFileError(f"{path}:{number}: {type(error).__name__}: "
                                        f"{error}") from error

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from predictor.request_features import log_prompt_chars, log_request_tokens
+from predictor.request_features import log_prompt_chars, log_prompt_tokens
 from training.samples import TurnSample
 
 
@@ -55,15 +55,15 @@ FINISH_FEATURES: dict[str, Callable[[TurnSample], float]] = {
     "reply_asks": lambda s: _ends_with_question(s.reply),
     # the current user prompt's length (formula shared with serving: predictor.request_features)
     "log_prompt_chars": lambda s: log_prompt_chars(s.window[-1]),
-    # the finishing request's size in serving tokens: the whole conversation so far (formula
-    # shared with serving, which gets the count at scheduling time: predictor.request_features)
-    "log_request_tokens": lambda s: log_request_tokens(
-        _count(s.request_tokens, "log_request_tokens")),
+    # the finishing request's size in serving tokens: the whole conversation so far
+    "log_request_tokens": lambda s: _tokens(s.request_tokens, "log_request_tokens"),
     # the reply's length in serving tokens
     "log_output_tokens": lambda s: _tokens(s.output_tokens, "log_output_tokens"),
     # the request's prompt in serving tokens (history + the new user message): unlike the two
-    # above, known when the engine first schedules the request (vLLM's num_prompt_tokens)
-    "log_prompt_tokens": lambda s: _tokens(_prompt_tokens(s), "log_prompt_tokens"),
+    # above, known when the engine first schedules the request (vLLM's num_prompt_tokens), so
+    # a prediction request carries it (formula shared with serving: predictor.request_features)
+    "log_prompt_tokens": lambda s: log_prompt_tokens(
+        _count(_prompt_tokens(s), "log_prompt_tokens")),
 }
 TOKEN_FEATURES = frozenset({"log_request_tokens", "log_output_tokens", "log_prompt_tokens"})
 

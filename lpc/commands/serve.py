@@ -39,8 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--artifact", type=Path, default=None,
                         help=f"predictor artifact folder; without the flag, ${ARTIFACT_ENV}, "
                              f"else the shipped model models/{SHIPPED_MODEL_NAME} if present. "
-                             "A model trained with log_request_tokens (the shipped one) needs "
-                             "request_tokens in every item; one with finish features a request "
+                             "A model trained with log_prompt_tokens (the shipped one) needs "
+                             "prompt_tokens in every item; one with finish features a request "
                              "cannot carry is refused at start")
     parser.add_argument("--embedder", default=None,
                         help="embedder spec; default: the one the artifact was trained with")

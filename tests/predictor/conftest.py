@@ -14,6 +14,7 @@ from tests.predictor.fakes import HashingEmbedder
 
 if TYPE_CHECKING:
     from predictor.artifact import ArtifactMetadata
+    from training.samples import TurnSample
 
 # Before torch is imported (this module imports it only inside functions): see runtime.py.
 prefer_passive_openmp()
@@ -56,7 +57,7 @@ def tiny_artifact(tmp_path: Path) -> Path:
 
 
 def token_windows(n: int, seed: int = 0) -> list[ConversationWindow]:
-    """Windows carrying `request_tokens` (log-uniform, 10 to 50,000 tokens)."""
+    """Windows carrying `prompt_tokens` (log-uniform, 10 to 50,000 tokens)."""
     rng = np.random.default_rng(seed)
     vocabulary = ["cache", "prefix", "block", "why", "how", "python", "代码", "évict", "?", "ok"]
     windows = []
@@ -69,23 +70,34 @@ def token_windows(n: int, seed: int = 0) -> list[ConversationWindow]:
     return windows
 
 
-def train_request_tokens_artifact(folder: Path, embedder: HashingEmbedder) -> ArtifactMetadata:
+def turn_sample(window: ConversationWindow, label: int = 0) -> TurnSample:
+    """The training sample of the turn a window with `prompt_tokens` describes. Training knows
+    the finished request: its prompt + output tokens (`request_tokens`) and output tokens (an
+    arbitrary count here), and derives the prompt tokens from them (no reply text needed)."""
+    from training.samples import TurnSample
+
+    assert window.prompt_tokens is not None
+    output_tokens = 1 + window.prompt_tokens * 7919 % 500
+    return TurnSample(window.conversation_id, window.conversation_id, window.turn_count, label,
+                      window.user_prompts[-FeatureConfig().window_size:], "", 0,
+                      request_tokens=window.prompt_tokens + output_tokens,
+                      output_tokens=output_tokens)
+
+
+def train_prompt_tokens_artifact(folder: Path, embedder: HashingEmbedder) -> ArtifactMetadata:
     """A small MLP trained the way `training.pipeline` trains one with the
-    `log_request_tokens` finish feature (same input rows, same fit), on windows whose label is
-    "the request is under 1,000 tokens": a model whose answers hinge on request_tokens."""
+    `log_prompt_tokens` finish feature (same input rows, same fit), on windows whose label is
+    "the prompt is under 1,000 tokens": a model whose answers hinge on prompt_tokens."""
     from predictor.artifact import ArtifactMetadata, save_artifact
     from predictor.features import WindowTextBuilder
     from predictor.model import MLPConfig
     from training.fit import FitConfig, fit_mlp
     from training.pipeline import model_inputs
-    from training.samples import TurnSample
 
-    names = ("log_request_tokens",)
+    names = ("log_prompt_tokens",)
     config = FeatureConfig()
     windows = token_windows(480, seed=11)
-    samples = [TurnSample(w.conversation_id, w.conversation_id, w.turn_count,
-                          int(w.request_tokens < 1_000), w.user_prompts[-config.window_size:],
-                          "", 0, request_tokens=w.request_tokens) for w in windows]
+    samples = [turn_sample(w, int(w.prompt_tokens < 1_000)) for w in windows]
     texts = WindowTextBuilder(config, embedder.tokenizer, embedder.max_input_tokens).build(windows)
     inputs = model_inputs(embedder.embed(texts), samples, config, names)
     labels = np.array([s.label for s in samples])
@@ -101,10 +113,10 @@ def train_request_tokens_artifact(folder: Path, embedder: HashingEmbedder) -> Ar
 
 
 @pytest.fixture(scope="session")
-def request_tokens_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A model trained in-test with extra_features=("log_request_tokens",), once a session."""
-    folder = tmp_path_factory.mktemp("request-tokens") / "artifact"
-    train_request_tokens_artifact(folder, HashingEmbedder())
+def prompt_tokens_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model trained in-test with extra_features=("log_prompt_tokens",), once a session."""
+    folder = tmp_path_factory.mktemp("prompt-tokens") / "artifact"
+    train_prompt_tokens_artifact(folder, HashingEmbedder())
     return folder
 
 

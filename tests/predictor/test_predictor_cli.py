@@ -58,8 +58,8 @@ def test_serve_defaults_to_the_environment_then_the_shipped_model(tmp_path, caps
     """Which artifact `lpc serve` picks, seen through the refusal of models it cannot serve
     (named with their features before any embedder loads: their spec "test" loads none)."""
     shipped, configured = tmp_path / "shipped", tmp_path / "configured"
-    make_artifact(shipped, extra_features=("log_request_tokens", "log_output_tokens"))
-    make_artifact(configured, extra_features=("log_reply_chars",))
+    make_artifact(shipped, extra_features=("log_prompt_tokens", "log_output_tokens"))
+    make_artifact(configured, extra_features=("log_request_tokens",))
     monkeypatch.setattr("lpc.commands.serve.shipped_model_dir", lambda: shipped)
     monkeypatch.delenv("LPC_PREDICTOR_ARTIFACT", raising=False)
     assert main(["serve"]) == 2
@@ -67,7 +67,7 @@ def test_serve_defaults_to_the_environment_then_the_shipped_model(tmp_path, caps
     assert f"artifact {shipped} needs finish-time features ['log_output_tokens']" in err
     monkeypatch.setenv("LPC_PREDICTOR_ARTIFACT", str(configured))
     assert main(["serve"]) == 2
-    assert f"artifact {configured} needs finish-time features ['log_reply_chars']" in \
+    assert f"artifact {configured} needs finish-time features ['log_request_tokens']" in \
         capsys.readouterr().err
     assert main(["serve", "--artifact", str(shipped)]) == 2
     assert f"artifact {shipped} needs" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Finish features from the request: windows carry `request_tokens`, `Predictor.predict`
+"""Finish features from the request: windows carry `prompt_tokens`, `Predictor.predict`
 computes the features with training's formulas, and refuses what a request cannot supply."""
 
 from __future__ import annotations
@@ -16,81 +16,76 @@ from predictor.features import ConversationWindow
 from predictor.predictor import Predictor
 from predictor.request_features import (
     REQUEST_FEATURES,
-    MissingRequestTokensError,
+    MissingPromptTokensError,
     UnservableFeaturesError,
     request_feature_matrix,
     unservable_features,
 )
-from tests.predictor.conftest import make_artifact, token_windows
+from tests.predictor.conftest import make_artifact, token_windows, turn_sample
 from tests.predictor.fakes import HashingEmbedder
 from training.finish_features import FINISH_FEATURES, finish_feature_matrix
-from training.samples import TurnSample
 
 
-def as_sample(window: ConversationWindow) -> TurnSample:
-    """The training sample of the turn a window describes (no reply: not needed here)."""
-    return TurnSample(window.conversation_id, window.conversation_id, window.turn_count, 0,
-                      window.user_prompts[-5:], "", 0, request_tokens=window.request_tokens)
-
-
-def test_windows_carry_request_tokens_strictly():
+def test_windows_carry_prompt_tokens_strictly():
     window = ConversationWindow("c", ("hi",), 1, 17)
     assert window.to_dict() == {"conversation_id": "c", "user_prompts": ["hi"], "turn_count": 1,
-                                "request_tokens": 17}
-    assert "request_tokens" not in ConversationWindow("c", ("hi",), 1).to_dict()
-    assert ConversationWindow("c", ("hi",), 1, 0).request_tokens == 0
+                                "prompt_tokens": 17}
+    assert "prompt_tokens" not in ConversationWindow("c", ("hi",), 1).to_dict()
+    assert ConversationWindow("c", ("hi",), 1, 0).prompt_tokens == 0
     for bad, error in [(True, TypeError), (3.0, TypeError), ("3", TypeError), (-1, ValueError)]:
-        with pytest.raises(error, match="request_tokens"):
+        with pytest.raises(error, match="prompt_tokens"):
             ConversationWindow("c", ("hi",), 1, bad)
 
 
-@pytest.mark.parametrize("names", [("log_request_tokens",), ("log_prompt_chars",),
-                                   ("log_prompt_chars", "log_request_tokens")])
+@pytest.mark.parametrize("names", [("log_prompt_tokens",), ("log_prompt_chars",),
+                                   ("log_prompt_chars", "log_prompt_tokens")])
 def test_serving_computes_exactly_what_training_computes(names):
     windows = [*token_windows(40, seed=2), ConversationWindow("empty", ("a", ""), 2, 0)]
     served = request_feature_matrix(windows, names)
-    trained = finish_feature_matrix([as_sample(w) for w in windows], names)
+    trained = finish_feature_matrix([turn_sample(w) for w in windows], names)
     assert served.dtype == trained.dtype == np.float32
     assert np.array_equal(served, trained)
 
 
 def test_every_request_feature_is_a_training_feature():
+    assert set(REQUEST_FEATURES) == {"log_prompt_tokens", "log_prompt_chars"}
     assert set(REQUEST_FEATURES) <= set(FINISH_FEATURES)
-    assert unservable_features(("log_request_tokens", "log_output_tokens", "reply_asks",
-                                "log_prompt_chars", "log_context_chars", "log_reply_chars")) == \
-        ("log_output_tokens", "reply_asks", "log_context_chars", "log_reply_chars")
+    # log_request_tokens counts prompt + output: known only at finish, like the reply.
+    assert unservable_features(tuple(FINISH_FEATURES)) == tuple(
+        name for name in FINISH_FEATURES if name not in REQUEST_FEATURES)
+    assert "log_request_tokens" in unservable_features(tuple(FINISH_FEATURES))
 
 
-def test_missing_request_tokens_are_named_before_anything_is_embedded(tmp_path):
-    make_artifact(tmp_path / "m", extra_features=("log_request_tokens",))
+def test_missing_prompt_tokens_are_named_before_anything_is_embedded(tmp_path):
+    make_artifact(tmp_path / "m", extra_features=("log_prompt_tokens",))
     embedder = HashingEmbedder()
     predictor = Predictor.load(tmp_path / "m", embedder=embedder)
-    assert predictor.needs_request_tokens and predictor.unservable_features == ()
+    assert predictor.needs_prompt_tokens and predictor.unservable_features == ()
     windows = [ConversationWindow("has", ("a",), 1, 5), ConversationWindow("lacks", ("b",), 1)]
-    with pytest.raises(MissingRequestTokensError, match=r"1 \('lacks'\)"):
+    with pytest.raises(MissingPromptTokensError, match=r"1 \('lacks'\)"):
         predictor.predict(windows)
     assert embedder.calls == []
 
 
-def test_predict_equals_the_training_path_and_reads_request_tokens(request_tokens_artifact):
+def test_predict_equals_the_training_path_and_reads_prompt_tokens(prompt_tokens_artifact):
     embedder = HashingEmbedder()
-    predictor = Predictor.load(request_tokens_artifact, embedder=embedder)
+    predictor = Predictor.load(prompt_tokens_artifact, embedder=embedder)
     windows = token_windows(30, seed=5)
     served = predictor.predict(windows)
-    extras = finish_feature_matrix([as_sample(w) for w in windows], predictor.extra_features)
+    extras = finish_feature_matrix([turn_sample(w) for w in windows], predictor.extra_features)
     embeddings = embedder.embed(predictor.window_texts(windows))
     expected = predictor.predict_from_embeddings(embeddings, [w.turn_count for w in windows],
                                                  extras)
     assert np.array_equal(served, expected)
     # The model learnt "short requests continue": same windows, only the count differs.
-    short = predictor.predict([replace(w, request_tokens=50) for w in windows])
-    long = predictor.predict([replace(w, request_tokens=40_000) for w in windows])
+    short = predictor.predict([replace(w, prompt_tokens=50) for w in windows])
+    long = predictor.predict([replace(w, prompt_tokens=40_000) for w in windows])
     assert np.all(short > long) and short.mean() > 0.8 and long.mean() < 0.2
 
 
-def test_a_model_without_extra_features_ignores_request_tokens(tiny_artifact):
+def test_a_model_without_extra_features_ignores_prompt_tokens(tiny_artifact):
     predictor = Predictor.load(tiny_artifact, embedder=HashingEmbedder())
-    assert not predictor.needs_request_tokens
+    assert not predictor.needs_prompt_tokens
     windows = token_windows(10, seed=1)
     bare = [ConversationWindow(w.conversation_id, w.user_prompts, w.turn_count)
             for w in windows]
@@ -98,7 +93,7 @@ def test_a_model_without_extra_features_ignores_request_tokens(tiny_artifact):
 
 
 def test_features_known_only_at_finish_are_refused_by_name(tmp_path):
-    make_artifact(tmp_path / "m", extra_features=("log_request_tokens", "log_output_tokens"))
+    make_artifact(tmp_path / "m", extra_features=("log_prompt_tokens", "log_output_tokens"))
     predictor = Predictor(load_artifact(tmp_path / "m"), HashingEmbedder())
     assert predictor.unservable_features == ("log_output_tokens",)
     with pytest.raises(UnservableFeaturesError, match=r"\['log_output_tokens'\]"):

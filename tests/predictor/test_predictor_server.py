@@ -127,12 +127,12 @@ VALID = {"conversation_id": "c", "user_prompts": ["a", "b"], "turn_count": 2}
         ({"items": [{**VALID, "turn_count": True}]}, ["items", 0, "turn_count"]),
         ({"items": [{**VALID, "turn_count": -3}]}, ["items", 0, "turn_count"]),
         ({"items": [{**VALID, "turn_count": 1}]}, ["items", 0]),
-        ({"items": [{**VALID, "request_tokens": "12"}]}, ["items", 0, "request_tokens"]),
-        ({"items": [{**VALID, "request_tokens": 12.0}]}, ["items", 0, "request_tokens"]),
-        ({"items": [{**VALID, "request_tokens": True}]}, ["items", 0, "request_tokens"]),
-        ({"items": [VALID, {**VALID, "request_tokens": -1}]}, ["items", 1, "request_tokens"]),
-        ({"items": [{**VALID, "request_tokens": 10**12}]}, ["items", 0, "request_tokens"]),
-        ({"items": [{**VALID, "request_token": 12}]}, ["items", 0, "request_token"]),
+        ({"items": [{**VALID, "prompt_tokens": "12"}]}, ["items", 0, "prompt_tokens"]),
+        ({"items": [{**VALID, "prompt_tokens": 12.0}]}, ["items", 0, "prompt_tokens"]),
+        ({"items": [{**VALID, "prompt_tokens": True}]}, ["items", 0, "prompt_tokens"]),
+        ({"items": [VALID, {**VALID, "prompt_tokens": -1}]}, ["items", 1, "prompt_tokens"]),
+        ({"items": [{**VALID, "prompt_tokens": 10**12}]}, ["items", 0, "prompt_tokens"]),
+        ({"items": [{**VALID, "request_tokens": 12}]}, ["items", 0, "request_tokens"]),
         ({"items": [{**VALID, "user_prompts": []}]}, ["items", 0, "user_prompts"]),
         ({"items": [{**VALID, "user_prompts": ["a", 7]}]}, ["items", 0, "user_prompts", 1]),
         ({"items": [{**VALID, "user_prompts": "ab"}]}, ["items", 0, "user_prompts"]),
@@ -345,13 +345,13 @@ def test_client_imports_stay_light():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-# -- models trained with log_request_tokens ------------------------------------------------
-def test_request_tokens_answers_equal_in_process(request_tokens_artifact):
-    """Batched, split and concurrent requests carry each item's request_tokens through to the
+# -- models trained with log_prompt_tokens ------------------------------------------------
+def test_prompt_tokens_answers_equal_in_process(prompt_tokens_artifact):
+    """Batched, split and concurrent requests carry each item's prompt_tokens through to the
     model: every answer is the in-process `Predictor.predict` answer, bit for bit."""
-    app, config = serve(request_tokens_artifact, max_batch=8)
+    app, config = serve(prompt_tokens_artifact, max_batch=8)
     windows = token_windows(90, seed=7)
-    expected = Predictor.load(request_tokens_artifact, embedder=HashingEmbedder()).predict(windows)
+    expected = Predictor.load(prompt_tokens_artifact, embedder=HashingEmbedder()).predict(windows)
     with running_server(app, config) as (url, _):
         with PredictorClient(url, timeout_s=10) as client:
             assert client.predict(windows) == expected.tolist()  # 64 + 26, batches of 8
@@ -370,21 +370,21 @@ def test_request_tokens_answers_equal_in_process(request_tokens_artifact):
         for t in threads:
             t.join()
     assert [answers[j][0] for j in range(len(windows))] == expected.tolist()
-    assert health["model"]["extra_features"] == ["log_request_tokens"]
+    assert health["model"]["extra_features"] == ["log_prompt_tokens"]
     assert health["model"]["serving_tokenizer"] == "test-tokenizer+chatml"
 
 
-def test_items_without_request_tokens_get_a_422_naming_them(request_tokens_artifact):
-    app, config = serve(request_tokens_artifact)
-    with_tokens = {**VALID, "request_tokens": 40}
+def test_items_without_prompt_tokens_get_a_422_naming_them(prompt_tokens_artifact):
+    app, config = serve(prompt_tokens_artifact)
+    with_tokens = {**VALID, "prompt_tokens": 40}
     with running_server(app, config) as (url, _):
-        body = {"items": [with_tokens, VALID, with_tokens, {**VALID, "request_tokens": None}]}
+        body = {"items": [with_tokens, VALID, with_tokens, {**VALID, "prompt_tokens": None}]}
         response = httpx.post(url + "/v1/predict", json=body)
         assert response.status_code == 422, response.text
         detail = response.json()["detail"]
-        assert [d["loc"] for d in detail] == [["items", 1, "request_tokens"],
-                                              ["items", 3, "request_tokens"]]
-        assert all("this model needs request_tokens" in d["msg"] for d in detail)
+        assert [d["loc"] for d in detail] == [["items", 1, "prompt_tokens"],
+                                              ["items", 3, "prompt_tokens"]]
+        assert all("this model needs prompt_tokens" in d["msg"] for d in detail)
         with PredictorClient(url) as client:
             assert client.predict([VALID]) is None and client.stats.http_errors == 1
             assert client.predict([with_tokens]) is not None
@@ -392,7 +392,7 @@ def test_items_without_request_tokens_get_a_422_naming_them(request_tokens_artif
     assert _metric(metrics, "lpc_predictor_errors_total", '{kind="invalid"}') == 2
 
 
-def test_a_model_without_extra_features_ignores_request_tokens(tiny_artifact, reference):
+def test_a_model_without_extra_features_ignores_prompt_tokens(tiny_artifact, reference):
     app, config = serve(tiny_artifact)
     windows = token_windows(6, seed=2)
     bare = [ConversationWindow(w.conversation_id, w.user_prompts, w.turn_count)
@@ -403,7 +403,7 @@ def test_a_model_without_extra_features_ignores_request_tokens(tiny_artifact, re
 
 def test_models_needing_finish_only_features_are_refused(tmp_path, tiny_artifact):
     unservable = tmp_path / "unservable"
-    make_artifact(unservable, extra_features=("log_request_tokens", "reply_asks"))
+    make_artifact(unservable, extra_features=("log_prompt_tokens", "reply_asks"))
     predictor = Predictor.load(unservable, embedder=HashingEmbedder())
     with pytest.raises(UnservableFeaturesError, match=r"\['reply_asks'\]"):
         create_app(ServerConfig(), predictor, artifact_path=unservable)
@@ -418,21 +418,21 @@ def test_models_needing_finish_only_features_are_refused(tmp_path, tiny_artifact
         assert httpx.get(url + "/healthz").json()["model"]["generation"] == 1
 
 
-def test_reload_to_a_request_tokens_model_mid_queue(tmp_path, tiny_artifact,
-                                                   request_tokens_artifact):
+def test_reload_to_a_prompt_tokens_model_mid_queue(tmp_path, tiny_artifact,
+                                                   prompt_tokens_artifact):
     """Windows validated for the old model but batched for a new one that needs
-    request_tokens get the 422 an arriving request would; the rest of their batch (here one
+    prompt_tokens get the 422 an arriving request would; the rest of their batch (here one
     batch of two) is answered."""
     old, new = tmp_path / "old", tmp_path / "new"
     shutil.copytree(tiny_artifact, old)
-    shutil.copytree(request_tokens_artifact, new)
+    shutil.copytree(prompt_tokens_artifact, new)
 
     class Slower(SlowPredictor):
         delay_s = 1.0
 
     app, config = serve(old, Slower, max_batch=2, max_queue_items=8)
     first, lacking, carrying = token_windows(3, seed=9)
-    lacking = replace(lacking, request_tokens=None)
+    lacking = replace(lacking, prompt_tokens=None)
     fresh = Predictor.load(new, embedder=HashingEmbedder())
     responses: dict[str, httpx.Response] = {}
     with running_server(app, config) as (url, _):
@@ -461,14 +461,14 @@ def test_reload_to_a_request_tokens_model_mid_queue(tmp_path, tiny_artifact,
     assert responses["first"].status_code == 200
     lacking_answer = responses["lacking"]
     assert lacking_answer.status_code == 422, lacking_answer.text
-    assert lacking_answer.json()["detail"][0]["loc"] == ["items", 0, "request_tokens"]
+    assert lacking_answer.json()["detail"][0]["loc"] == ["items", 0, "prompt_tokens"]
     assert responses["carrying"].json() == {"probabilities": fresh.predict([carrying]).tolist()}
 
 
-def test_batch_predict_answers_the_windows_it_can(tiny_artifact, request_tokens_artifact):
-    predictor = Predictor.load(request_tokens_artifact, embedder=HashingEmbedder())
+def test_batch_predict_answers_the_windows_it_can(tiny_artifact, prompt_tokens_artifact):
+    predictor = Predictor.load(prompt_tokens_artifact, embedder=HashingEmbedder())
     windows = token_windows(5, seed=3)
-    windows[1] = replace(windows[1], request_tokens=None)
+    windows[1] = replace(windows[1], prompt_tokens=None)
     answers = batch_predict(predictor)(windows)
     assert np.isnan(answers[1])
     kept = [0, 2, 3, 4]
