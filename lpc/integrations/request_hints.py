@@ -42,16 +42,22 @@ class RequestHints:
         """Whether a predictor has what it needs (a conversation and its prompts)."""
         return self.conversation_id is not None and bool(self.user_prompts)
 
-    def prediction_item(self) -> dict[str, Any]:
-        """The predictor RPC's item: {conversation_id, user_prompts, turn_count}."""
+    def prediction_item(self, prompt_tokens: int | None = None) -> dict[str, Any]:
+        """The predictor RPC's item: {conversation_id, user_prompts, turn_count}, plus
+        `prompt_tokens` when given: the request's prompt tokens as the engine counts them,
+        which a model trained with `log_prompt_tokens` needs (the engine knows the count, the
+        API layer setting the hints does not, so it is not a hint)."""
         if not self.can_predict:
             raise ValueError("a prediction needs a conversation id and user prompts")
         turn_count = self.turn_count if self.turn_count is not None else len(self.user_prompts)
-        return {
+        item: dict[str, Any] = {
             "conversation_id": self.conversation_id,
             "user_prompts": list(self.user_prompts),
             "turn_count": max(turn_count, len(self.user_prompts)),
         }
+        if prompt_tokens is not None:
+            item["prompt_tokens"] = prompt_tokens
+        return item
 
 
 NO_HINTS = RequestHints()

@@ -13,7 +13,9 @@ vLLM loads it through the `vllm.general_plugins` entry point (`lpc`, allow-liste
    to report the cached blocks a release gives up while other requests still hold them
    (max pooling needs them);
 4. when a predictor is configured, wraps `KVCacheManager.allocate_slots` to ask for the
-   request's prediction the first time it is scheduled, without waiting for it.
+   request's prediction the first time it is scheduled, without waiting for it; the item
+   carries the request's `num_prompt_tokens` as `prompt_tokens` (models trained with
+   `log_prompt_tokens` need it, others ignore it).
 
 A release's probability is, in order: the request's `extra_args["lpc_probability"]`; the
 asynchronous prediction for its `lpc_conversation_id` if it has arrived; the fallback p.
@@ -94,7 +96,7 @@ class PluginRuntime:
             and hints.can_predict
             and not board.has(rid)
         ):
-            board.ask(rid, hints.prediction_item())
+            board.ask(rid, hints.prediction_item(engine_prompt_tokens(request)))
 
     def release_for(self, request: Any) -> Release:
         """The probability, time and conversation of a request releasing its blocks."""
@@ -144,6 +146,16 @@ class _Registration:
 _REGISTRATION: _Registration | None = None
 _ABSENT = object()  # an attribute the class inherited rather than defined
 _LOCK = threading.Lock()
+
+
+def engine_prompt_tokens(request: Any) -> int | None:
+    """The request's prompt size in the engine's tokens (vLLM's `Request.num_prompt_tokens`:
+    the conversation so far plus the new message, through the chat template), or None when
+    absent or not a count; registration checks vLLM sets it, and a request is never failed."""
+    count = getattr(request, "num_prompt_tokens", None)
+    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+        return count
+    return None
 
 
 def _runtime_of(pool: Any) -> PluginRuntime | None:

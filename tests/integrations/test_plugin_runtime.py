@@ -28,17 +28,22 @@ class Params:
 class Request:
     request_id: str
     sampling_params: Params | None = field(default_factory=Params)
+    num_prompt_tokens: Any = 12  # vLLM's count of the prompt's tokens
 
 
 class Answers:
+    def __init__(self) -> None:
+        self.items: list[Mapping[str, Any]] = []
+
     def predict(self, items: Sequence[Mapping[str, Any]]) -> list[float]:
+        self.items.extend(items)
         return [0.9 for _ in items]
 
 
-def runtime_with(board: bool = True) -> PluginRuntime:
+def runtime_with(board: bool = True, client: Any = None) -> PluginRuntime:
     stats = PluginStats()
     queues = QueueRuntime(PluginConfig(), stats, clock=lambda: 42.0)
-    client = Answers() if board else None
+    client = (client or Answers()) if board else None
     return PluginRuntime(
         PluginConfig(), stats, queues, client, PredictionBoard(client, stats) if board else None
     )
@@ -83,6 +88,56 @@ def test_a_request_is_asked_for_once_however_often_it_is_scheduled() -> None:
     assert runtime.stats.predictions_requested == 1
     runtime.release_for(request)
     runtime.board.close()
+
+
+def test_the_item_carries_the_prompt_token_count() -> None:
+    client = Answers()
+    runtime = runtime_with(client=client)
+    hints = {"lpc_conversation_id": "d", "lpc_user_prompts": ["x", "y"], "lpc_turn_count": 3}
+    for rid, count in [("r1", 731), ("r2", 0), ("r3", None), ("r4", True), ("r5", -4)]:
+        runtime.on_scheduled(Request(rid, Params(hints), num_prompt_tokens=count))
+    wait_for(runtime)
+    item = {"conversation_id": "d", "user_prompts": ["x", "y"], "turn_count": 3}
+    # Not a count (absent, a bool, negative): the item goes without it, the request is served.
+    assert client.items == [
+        {**item, "prompt_tokens": 731},
+        {**item, "prompt_tokens": 0},
+        item,
+        item,
+        item,
+    ]
+    runtime.board.close()
+
+
+def test_the_real_server_predicts_from_the_plugins_items(tmp_path) -> None:
+    """The item the plugin sends, through the real client and `lpc serve`'s app, reaches a
+    model trained with log_prompt_tokens: the release gets exactly `Predictor.predict`'s p
+    for the window with the request's prompt token count."""
+    from predictor.features import ConversationWindow
+    from predictor.predictor import Predictor
+    from predictor.server import ServerConfig, create_app
+    from tests.predictor.conftest import make_artifact
+    from tests.predictor.fakes import HashingEmbedder
+    from tests.predictor.server_harness import running_server
+
+    make_artifact(tmp_path / "model", extra_features=("log_prompt_tokens",))
+    predictor = Predictor.load(tmp_path / "model", embedder=HashingEmbedder())
+    config = ServerConfig()
+    with running_server(create_app(config, predictor), config) as (url, _):
+        client = make_predictor_client(PluginConfig(predictor_url=url, predictor_timeout_s=10))
+        runtime = runtime_with(client=client)
+        hints = {"lpc_conversation_id": "c-9", "lpc_user_prompts": ["hi", "and then?"]}
+        requests = [Request(f"r{n}", Params(hints), num_prompt_tokens=n) for n in (40, 4000)]
+        for request in requests:
+            runtime.on_scheduled(request)
+        wait_for(runtime)
+        released = [runtime.release_for(request).probability for request in requests]
+        runtime.board.close()
+        client.close()
+    expected = predictor.predict([ConversationWindow("c-9", ("hi", "and then?"), 2, n)
+                                  for n in (40, 4000)])
+    assert released == expected.tolist() and released[0] != released[1]
+    assert runtime.stats.predictions_used == 2
 
 
 def test_malformed_fields_are_counted_and_the_request_served() -> None:

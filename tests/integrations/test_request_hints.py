@@ -44,6 +44,13 @@ def test_prediction_item_matches_the_rpc_schema() -> None:
         ).prediction_item()["turn_count"]
         == 2
     )
+    # The engine's prompt token count, when the plugin has it, rides along for the model.
+    assert hints.prediction_item(prompt_tokens=96) == {
+        "conversation_id": "c",
+        "user_prompts": ["a", "b"],
+        "turn_count": 7,
+        "prompt_tokens": 96,
+    }
     assert not parse_hints({"lpc_conversation_id": "c"}).can_predict
     with pytest.raises(ValueError):
         parse_hints({"lpc_conversation_id": "c"}).prediction_item()

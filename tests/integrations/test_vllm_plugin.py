@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from lpc.difftest.checks import first_divergence, replay_totals
-from lpc.difftest.ops import OUTCOME_FIELDS, Stream
+from lpc.difftest.ops import OUTCOME_FIELDS, NewRequest, Stream
 from lpc.difftest.replay import replay_stream
 from lpc.difftest.streams import generate_stream
 from lpc.integrations.release_plan import (
@@ -264,8 +264,20 @@ else:
             {},
             "BlockPool.free_blocks takes (self, blocks, now), expected (self, ordered_blocks)",
         ),
+        (
+            "import vllm.v1.request as r\n"
+            "r.Request.__init__ = lambda self, request_id, sampling_params, **kw: None",
+            {},
+            "vllm.v1.request.Request no longer sets num_prompt_tokens",
+        ),
     ],
-    ids=["version", "untested-version-allowed", "new-queue-method", "changed-signature"],
+    ids=[
+        "version",
+        "untested-version-allowed",
+        "new-queue-method",
+        "changed-signature",
+        "no-prompt-token-count",
+    ],
 )
 def test_an_incompatible_vllm_is_refused(
     vllm_python: Path, alteration: str, env: dict, expected: str
@@ -347,9 +359,15 @@ def test_predictions_back_in_time_drive_eviction(
     vllm_python: Path, streams: dict[int, Stream], tmp_path_factory
 ) -> None:
     """A predictor that answers: the plugin uses its probabilities, exactly as our manager
-    fed the same probabilities would."""
+    fed the same probabilities would; each item carries its request's prompt size."""
     plans = _prompt_plans(streams)
-    with fake_predictor("up", lambda item: _probability_of(item["conversation_id"])) as (url, seen):
+    items: list[dict] = []
+
+    def answer(item: dict) -> float:
+        items.append(item)
+        return _probability_of(item["conversation_id"])
+
+    with fake_predictor("up", answer) as (url, seen):
         run = _run(
             vllm_python,
             tmp_path_factory,
@@ -360,7 +378,17 @@ def test_predictions_back_in_time_drive_eviction(
         )
     stats = run.summary["plugin_stats"]
     assert stats["fallbacks_used"] == 0 and stats["predictions_used"] == stats["releases"] > 0
-    assert seen["items"] == stats["predictions_requested"]
+    assert seen["items"] == stats["predictions_requested"] == len(items)
+    # vLLM's Request.num_prompt_tokens, sent as prompt_tokens: the op's prompt length (the
+    # prompt text ends with the request id, which the two streams may share).
+    prompt_lengths: dict[str, set[int]] = {}
+    for seed in PREDICTOR_SEEDS:
+        for op in streams[seed].ops:
+            if isinstance(op, NewRequest):
+                prompt_lengths.setdefault(op.request_id, set()).add(len(op.prompt))
+    for item in items:
+        request_id = item["user_prompts"][-1].rsplit(" in ", 1)[1]
+        assert item["prompt_tokens"] in prompt_lengths[request_id], item
     for seed in PREDICTOR_SEEDS:
         stream = streams[seed]
         name = stream.config.name
