@@ -41,7 +41,10 @@ def worst_case_windows(count: int, seed: int = 0, prompts_per_window: int = 5,
     for i in range(count):
         prompts = tuple(" ".join(rng.choice(_SYNTHETIC_WORDS, size=words_per_prompt))
                         for _ in range(prompts_per_window))
-        windows.append(ConversationWindow(f"worst-{seed}-{i}", prompts, prompts_per_window))
+        # a 5-turn chat of long prompts is thousands of serving tokens; the size only feeds a
+        # model's log_prompt_tokens input and does not change the cost being measured
+        windows.append(ConversationWindow(f"worst-{seed}-{i}", prompts, prompts_per_window,
+                                          prompt_tokens=prompts_per_window * words_per_prompt))
     return windows
 
 
@@ -54,7 +57,8 @@ def synthetic_windows(count: int, seed: int = 0) -> list[ConversationWindow]:
         kept = min(turns, int(rng.integers(1, 7)))
         prompts = tuple(" ".join(rng.choice(_SYNTHETIC_WORDS, size=int(rng.integers(3, 151))))
                         for _ in range(kept))
-        windows.append(ConversationWindow(f"synthetic-{seed}-{i}", prompts, turns))
+        windows.append(ConversationWindow(f"synthetic-{seed}-{i}", prompts, turns,
+                                          prompt_tokens=sum(len(p.split()) for p in prompts)))
     return windows
 
 
@@ -154,7 +158,8 @@ def bench_stream(predictor: Predictor, windows: Sequence[ConversationWindow]) ->
 
 def tiny_windows(count: int) -> list[ConversationWindow]:
     """One short prompt each: model time is small, so the RPC's own cost stands out."""
-    return [ConversationWindow(f"tiny-{i}", (f"hello number {i}",), 1) for i in range(count)]
+    return [ConversationWindow(f"tiny-{i}", (f"hello number {i}",), 1, prompt_tokens=16)
+            for i in range(count)]
 
 
 def server_time_sums(http: httpx.Client) -> dict[str, float]:

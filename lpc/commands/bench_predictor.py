@@ -68,6 +68,29 @@ def register(targets: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+class _PromptCounter:
+    """Each turn's serving prompt size (Qwen ChatML, as the shipped model was trained): a
+    model with the `log_prompt_tokens` feature needs it on its windows, others ignore it."""
+
+    def __init__(self) -> None:
+        from lpc.chat_tokenization import DEFAULT_MAX_MODEL_LEN, ChatTemplate
+        from lpc.chat_tokenizers import default_chat_tokenizer
+
+        self._template = ChatTemplate(default_chat_tokenizer())  # built once: it is slow
+        self._max_model_len = DEFAULT_MAX_MODEL_LEN
+
+    def attach(self, conversation, windows: list) -> list:
+        """The windows with their turn's count; turns beyond the max_model_len cut keep none."""
+        from dataclasses import replace
+
+        from lpc.chat_tokenization import conversation_tokens
+
+        turns = conversation_tokens(conversation, self._template, self._max_model_len).turns
+        counts = [turn.num_prompt_tokens for turn in turns]
+        return [replace(w, prompt_tokens=counts[w.turn_count - 1])
+                if w.turn_count - 1 < len(counts) else w for w in windows]
+
+
 def sharegpt_windows(count: int, conversations: int, seed: int) -> tuple[list, str]:
     """Windows sampled from the bundled ShareGPT file, read only through training.loaders."""
     import numpy as np
@@ -81,13 +104,14 @@ def sharegpt_windows(count: int, conversations: int, seed: int) -> tuple[list, s
         raise CommandError("the ShareGPT loader (training.loaders) is not in this checkout; "
                            "pass --windows-file FILE.jsonl for the 'paper' set") from error
     keep = FeatureConfig().window_size
+    counter = _PromptCounter()
     windows = []
     with open_conversations(BUNDLED_SHAREGPT, limit=conversations) as stream:
         for conversation in stream:
             prompts = conversation.user_prompts()
             if prompts:
-                windows.extend(windows_for_conversation(conversation.conversation_id, prompts,
-                                                        keep_last=keep))
+                windows.extend(counter.attach(conversation, windows_for_conversation(
+                    conversation.conversation_id, prompts, keep_last=keep)))
     rng = np.random.default_rng(seed)
     chosen = rng.choice(len(windows), size=min(count, len(windows)), replace=False)
     source = (f"ShareGPT (bundled), {len(windows)} user-turn windows of the first "
@@ -105,13 +129,15 @@ def sharegpt_stream(conversations: int) -> tuple[list, str]:
     except ImportError as error:
         raise CommandError("the ShareGPT loader (training.loaders) is not in this checkout; "
                            "the 'stream' set needs it") from error
+    counter = _PromptCounter()
     windows, taken = [], 0
     with open_conversations(BUNDLED_SHAREGPT) as stream:
         for conversation in stream:
             prompts = conversation.user_prompts()
             if len(prompts) < 2:
                 continue
-            windows.extend(windows_for_conversation(conversation.conversation_id, prompts))
+            windows.extend(counter.attach(conversation, windows_for_conversation(
+                conversation.conversation_id, prompts)))
             taken += 1
             if taken == conversations:
                 break

@@ -99,6 +99,6 @@ def test_token_finish_features_read_the_attached_counts():
     matrix = finish_feature_matrix(kept, names)
     expected = [[math.log1p(10), math.log1p(4), math.log1p(6)],
                 [math.log1p(30), math.log1p(6), math.log1p(24)]]
-    assert matrix.ravel().tolist() == pytest.approx(sum(expected, []), rel=1e-6)
+    assert matrix.ravel().tolist() == pytest.approx([v for row in expected for v in row], rel=1e-6)
     with pytest.raises(ValueError, match="log_prompt_tokens needs token counts"):
         finish_feature_matrix(samples[:1], ("log_prompt_tokens",))
