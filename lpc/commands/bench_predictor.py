@@ -69,7 +69,7 @@ def register(targets: argparse._SubParsersAction) -> None:
 
 
 class _PromptCounter:
-    """Each turn's serving prompt size (Qwen ChatML, as the shipped model was trained): a
+    """Each turn's serving prompt size (Qwen ChatML, as `lpc train` counts it on ShareGPT): a
     model with the `log_prompt_tokens` feature needs it on its windows, others ignore it."""
 
     def __init__(self) -> None:
