@@ -41,6 +41,8 @@ VARIANTS: dict[str, TrainConfig] = {
     # the paper leaves batch size and stopping open: smaller batches, more patience
     "paper-b64": replace(PAPER, fit=FitConfig(batch_size=64, patience=10)),
     "paper-b1024": replace(PAPER, fit=FitConfig(batch_size=1024, patience=10)),
+    # issue-4 stretch: each prompt embedded alone, the window = the mean of its prompts' vectors
+    "prompt-mean": replace(PAPER, feature_config=FeatureConfig(window_encoding="prompt_mean")),
     "redistribute": replace(PAPER, feature_config=FeatureConfig(share_policy="redistribute")),
     # finish-time scalars (training.finish_features), one group at a time, then together
     "context": replace(PAPER, finish_features=("log_context_chars",)),
@@ -81,6 +83,8 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="sharegpt")
     parser.add_argument("--mode", default=None)
+    parser.add_argument("--limit", type=int, default=None,
+                        help="only the first N records of the data set (quick comparisons)")
     parser.add_argument("--variants", default="paper,context,reply,prompt-length,finish",
                         help=f"comma-separated, from: {', '.join(VARIANTS)}")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds per variant")
@@ -98,7 +102,7 @@ def main() -> int:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     options = {} if args.mode is None else {"mode": args.mode}
-    conversations = load_conversations(args.dataset, **options).conversations
+    conversations = load_conversations(args.dataset, limit=args.limit, **options).conversations
     embedder = load_embedder(args.embedder)
     cache = EmbeddingCache.open(default_embedding_cache_dir(), embedder.embedder_id,
                                 embedder.dim, embedder=embedder)
