@@ -23,7 +23,7 @@ $lpc train --mode merge --embed-only "${embed[@]}"
 $python scripts/predictor_experiments.py --variants paper,paper-b64,paper-b1024,paper-raw-turns \
     --seeds 0,1,2 --json "$out/predictor-paper-variants.json"
 $python scripts/predictor_experiments.py \
-    --variants context,prompt-tokens,prompt-tokens-chars,prompt-tokens-wide,prompt-tokens-raw-turns,tokens,tokens-reply,all-finish \
+    --variants prompt-mean,context,prompt-tokens,prompt-tokens-chars,prompt-tokens-wide,prompt-tokens-raw-turns,tokens,tokens-reply,all-finish \
     --json "$out/predictor-variants.json" --save-dir "$out/variants"
 $python scripts/predictor_experiments.py --mode merge --variants paper,prompt-tokens \
     --json "$out/variants-merge.json" --save-dir "$out/variants-merge"
@@ -36,6 +36,8 @@ for variant in context prompt-tokens tokens tokens-reply all-finish; do
     $lpc ab --model "$out/variants/$variant" --policies lru,lpc,oracle --scale 0.01 \
         --out "$out/ab-variant-$variant" --json > "$out/ab-variant-$variant.json"
 done
+$lpc ab --model "$out/variants/prompt-mean" --policies lru,lpc,oracle \
+    --out "$out/ab-variant-prompt-mean" --json > "$out/ab-variant-prompt-mean.json"
 # ... and on whole conversations (merge mode).
 for variant in paper prompt-tokens; do
     $lpc ab --mode merge --model "$out/variants-merge/$variant" \
