@@ -542,12 +542,13 @@ class TextEncoder:
                 raise EmbeddingCacheError(
                     "several devices need a sentence-transformers embedder, not "
                     f"{self.embedder.embedder_id!r}")
-            self._pool = self.embedder.model.start_multi_process_pool(list(devices))
+            self._pool = self.embedder.library_model().start_multi_process_pool(list(devices))
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         if self._pool is not None:
-            self.embedder.model.stop_multi_process_pool(self._pool)  # type: ignore[attr-defined]
+            self.embedder.library_model().stop_multi_process_pool(  # type: ignore[attr-defined]
+                self._pool)
             self._pool = None
 
     def encode(self, texts: list[str]) -> np.ndarray:
@@ -555,7 +556,7 @@ class TextEncoder:
         ordered = [texts[i] for i in order]
         if self._pool is not None:
             embedder = self.embedder
-            vectors = np.asarray(embedder.model.encode(  # type: ignore[attr-defined]
+            vectors = np.asarray(embedder.library_model().encode(  # type: ignore[attr-defined]
                 ordered, prompt=embedder.prefix or None,  # type: ignore[attr-defined]
                 batch_size=self.options.batch_size, pool=self._pool, convert_to_numpy=True,
                 show_progress_bar=False), dtype=np.float32)

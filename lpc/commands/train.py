@@ -248,8 +248,11 @@ def run(args: argparse.Namespace) -> int:
     if args.embed_only:
         from training.data import split_samples
 
-        split = split_samples(loaded.conversations, config.feature_config.window_size,
-                              config.validation_fraction)
+        try:
+            split = split_samples(loaded.conversations, config.feature_config.window_size,
+                                  config.validation_fraction)
+        except ValueError as error:  # too little data for a training and a validation part
+            raise CommandError(f"--dataset {args.dataset}: {error}") from None
         stats = EmbedStats()
         for samples in (split.training_half, split.evaluation):
             sample_embeddings(cache, samples, config.feature_config, embed, stats)
@@ -261,9 +264,12 @@ def run(args: argparse.Namespace) -> int:
               f"{summary['seconds']:.1f} s")
         return 0
 
-    outcome = train_predictor(loaded.conversations, config, embedder, cache, embed,
-                              data_description=description, evaluate=not args.no_eval, log=log,
-                              token_counter=token_counter_for(config, args))
+    try:
+        outcome = train_predictor(loaded.conversations, config, embedder, cache, embed,
+                                  data_description=description, evaluate=not args.no_eval,
+                                  log=log, token_counter=token_counter_for(config, args))
+    except ValueError as error:  # the data cannot make the samples the recipe needs
+        raise CommandError(f"--dataset {args.dataset}: {error}") from None
     outcome.metrics["timings_s"]["load_s"] = round(load_s, 3)
     if args.out is not None:
         metadata = save_artifact(args.out, outcome.artifact.model, outcome.artifact.metadata,

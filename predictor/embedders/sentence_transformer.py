@@ -192,6 +192,8 @@ class SentenceTransformerEmbedder:
             self.engine = _LibraryEncoder(folder, device, max_seq_length, self.prefix)
         self.max_batch_tokens = max_batch_tokens
         self.max_input_tokens = self.engine.max_seq_length
+        self._folder = folder
+        self._library_model = None
         self.embedder_id = f"{_weights_id(name, folder)}+{prefix_label(self.prefix)}"
         self._tokenizer = FastTokenizerAdapter(self.engine.counting_tokenizer, self.prefix)
         probe = self.engine.encode([self.prefix + "dimension probe"])
@@ -208,6 +210,22 @@ class SentenceTransformerEmbedder:
     @property
     def uses_library(self) -> bool:
         return isinstance(self.engine, _LibraryEncoder)
+
+    def library_model(self):
+        """These weights as a sentence-transformers `SentenceTransformer`, for what only the
+        library offers (its multi-process pool, which spreads embedding over devices). The
+        engine's own model when it is the library; else loaded once, on the CPU, with the
+        same maximum input length (the pool moves it to each worker's device)."""
+        if isinstance(self.engine, _LibraryEncoder):
+            return self.engine.model
+        if self._library_model is None:
+            from sentence_transformers import SentenceTransformer
+
+            model = SentenceTransformer(str(self._folder), device="cpu")
+            model.eval()
+            model.max_seq_length = self.max_input_tokens
+            self._library_model = model
+        return self._library_model
 
     def embed(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
         if batch_size <= 0:

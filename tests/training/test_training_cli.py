@@ -89,3 +89,13 @@ def test_retrain_exit_codes(workspace, capsys):
 def test_bad_flags_give_one_clear_line(args, message, capsys):
     assert main(args) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [[], ["--embed-only"]])
+def test_too_little_data_is_one_clear_line(workspace, tmp_path, capsys, extra):
+    data = write_openai_jsonl(tmp_path / "two.jsonl", synthetic_conversations(2, seed=1))
+    code = main(["train", "--dataset", str(data), "--embedder", str(workspace["embedder"]),
+                 "--no-progress", "--out", str(tmp_path / "m"), *extra])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"--dataset {data}:" in err and "samples" in err and "Traceback" not in err
