@@ -23,7 +23,6 @@ import asyncio
 import hmac
 import json
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -56,7 +55,6 @@ from predictor.rpc_schema import (
 )
 from predictor.server_metrics import ServerMetrics
 
-TOKEN_ENV = "LPC_PREDICTOR_TOKEN"
 DEFAULT_PORT = 8476
 
 
@@ -360,11 +358,6 @@ def create_app(
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return app
-
-
-def token_from_environment() -> str | None:
-    token = os.environ.get(TOKEN_ENV, "").strip()
-    return token or None
 
 
 def uvicorn_server(app, config: ServerConfig, log_level: str = "info"):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -74,18 +73,15 @@ def run(args: argparse.Namespace) -> int:
         train_config_from,
     )
     from predictor.embedders import load_embedder
+    from predictor.tokens import read_bearer_token
     from training.locations import default_registry_dir
     from training.retrain import RetrainConfig, run_retrain
 
     train_config, embed = train_config_from(args)
-    token = None
-    if args.notify_token_file is not None:
-        try:
-            token = args.notify_token_file.read_text(encoding="utf-8").strip()
-        except OSError as error:
-            raise CommandError(f"--notify-token-file: {error}") from None
-    else:
-        token = os.environ.get("LPC_PREDICTOR_TOKEN", "").strip() or None
+    try:
+        token = read_bearer_token(args.notify_token_file, "--notify-token-file")
+    except ValueError as error:
+        raise CommandError(str(error)) from None
     try:
         config = RetrainConfig(
             logs_dir=args.logs, registry_dir=args.registry or default_registry_dir(),

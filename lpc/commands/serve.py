@@ -97,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     from predictor.predictor import Predictor
     from predictor.request_features import check_servable
     from predictor.rpc_schema import RequestLimits
-    from predictor.server import ServerConfig, create_app, token_from_environment, uvicorn_server
+    from predictor.server import ServerConfig, create_app, uvicorn_server
+    from predictor.tokens import read_bearer_token
 
     artifact_path = artifact_from(args)
     if artifact_path is None:
@@ -109,14 +110,10 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    token = None
-    if args.token_file is not None:
-        try:
-            token = args.token_file.read_text(encoding="utf-8").strip()
-        except OSError as error:
-            raise CommandError(f"--token-file {args.token_file}: {error}") from error
-    else:
-        token = token_from_environment()
+    try:
+        token = read_bearer_token(args.token_file, "--token-file")
+    except ValueError as error:
+        raise CommandError(str(error)) from None
     try:
         limits = RequestLimits(
             max_items_per_request=args.max_items_per_request,
