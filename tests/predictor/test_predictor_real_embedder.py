@@ -17,9 +17,8 @@ from predictor.client import PredictorClient
 from predictor.features import ConversationWindow
 from predictor.predictor import Predictor
 from predictor.server import ServerConfig, create_app
-from tests.predictor.conftest import make_artifact
+from tests.predictor.conftest import make_artifact, sample_windows
 from tests.predictor.server_harness import running_server
-from tests.predictor.test_predictor_server import sample_windows
 
 
 @pytest.fixture

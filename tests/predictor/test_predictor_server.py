@@ -24,23 +24,11 @@ from predictor.predictor import Predictor
 from predictor.request_features import UnservableFeaturesError
 from predictor.rpc_schema import RequestLimits
 from predictor.server import ServerConfig, batch_predict, create_app
-from tests.predictor.conftest import make_artifact, token_windows
+from tests.predictor.conftest import make_artifact, sample_windows, token_windows
 from tests.predictor.fakes import HashingEmbedder
 from tests.predictor.server_harness import running_server
 
 TOKEN = "s3cret-token"
-
-
-def sample_windows(n: int, seed: int = 0) -> list[ConversationWindow]:
-    rng = np.random.default_rng(seed)
-    vocabulary = ["cache", "prefix", "block", "why", "how", "python", "代码", "évict", "?", "ok"]
-    windows = []
-    for i in range(n):
-        prompts = tuple(" ".join(rng.choice(vocabulary, size=rng.integers(1, 12)))
-                        for _ in range(rng.integers(1, 8)))
-        windows.append(ConversationWindow(f"conv-{seed}-{i}", prompts,
-                                          len(prompts) + int(rng.integers(0, 5))))
-    return windows
 
 
 class SlowPredictor(Predictor):
