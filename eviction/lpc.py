@@ -41,6 +41,7 @@ def decayed_probability(probability: float, elapsed_s: float, scale_per_s: float
 
 
 SHARED = "<shared>"  # run tag of blocks released by more than one conversation
+_NO_TAG = object()  # equal to no tag: what an anonymous release compares blocks' tags with
 
 
 class LPCEvictor(PriorityEvictor):
@@ -100,13 +101,15 @@ class LPCEvictor(PriorityEvictor):
             return
         key = self.key_for(release)
         conversation_id = release.conversation_id
+        # An anonymous release owns no block: its tag matches none.
+        own_tag = _NO_TAG if conversation_id is None else conversation_id
         state = self._state
         run = Run(key, conversation_id, block_ids, freed.depths, self._next_seq)
         # Fast path, one pass: blocks cached for the first time, or released again by their
         # only conversation, all take this release's key and form a single run.
         for block_id in block_ids:
             old = state[block_id]
-            if old is not None and (conversation_id is None or old.tag != conversation_id):
+            if old is not None and old.tag != own_tag:
                 break
             state[block_id] = run
         else:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from eviction.base import Evictor
 from eviction.linked_list import BlockList
-from eviction.run_heap import Ghost, Run, RunHeap
+from eviction.run_heap import Ghost, RunHeap
 
 
 class PriorityEvictor(RunHeap, Evictor):
@@ -35,13 +35,14 @@ class PriorityEvictor(RunHeap, Evictor):
         self._uncached.prepend_n(block_ids)
 
     def remove(self, block_id: int) -> None:
-        # The hot path of every hit: kept to a few stores (see RunHeap._dequeue).
+        # The hot path of every hit: a few stores (RunHeap._dequeue, inlined).
         state = self._state
         run = state[block_id]
-        if type(run) is not Run:
+        try:
+            ghost = run.ghost  # only a queued block's state (a Run) has a ghost slot
+        except AttributeError:
             self._uncached.remove(block_id)
             return
-        ghost = run.ghost
         if ghost is None:
             ghost = run.ghost = Ghost(run.key, run.tag)
         state[block_id] = ghost

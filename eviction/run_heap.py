@@ -11,11 +11,12 @@ Each block has one slot in `_state`: the `Run` it is queued in; or, once a hit t
 of the heap, that run's `Ghost` (the same key and `tag`, the policy's per-block metadata,
 which must survive while the block is in use); or None once it is handed out with new
 content. A hit therefore costs one store and one count (the run's `live` blocks); the cursor
-skips such blocks when it reaches them, and a run with no live block left is dropped at once.
-A run whose remaining blocks are all live is popped by slicing, like a linked list; a stale
-head only makes its entry sort *earlier* than it should, never later, so re-ranking the root
-before each pop keeps the order exact. Everything is O(log runs) amortised; the heap is
-rebuilt when dead entries outnumber queued blocks.
+skips such blocks when it reaches them, and a run with no live block left is dropped when it
+reaches the root. An entry's rank goes stale as its head moves on, which only makes it sort
+*earlier* than it should, never later; so a root whose key is strictly below its children's
+is the true minimum and its blocks are taken by slicing, like a linked list, and only a tie
+on the key needs the root re-ranked. Everything is O(log runs) amortised; the heap is rebuilt
+when dead entries outnumber queued blocks.
 
 Policies subclass `RunHeap` (through `PriorityEvictor`) so their hot paths touch these lists
 directly; the protected methods here are the heap's whole interface.
@@ -161,65 +162,75 @@ class RunHeap:
         return True
 
     def _pop_into(self, n: int, out: list[int]) -> None:
-        """Pop the n smallest blocks into `out`, in order; they forget their runs."""
+        """Pop the n smallest blocks into `out`, in order; they forget their runs.
+
+        An entry's rank (its head's depth) only breaks ties between equal keys, and it goes
+        stale as the head moves on, always in the direction that sorts the entry earlier.
+        So a root whose key is strictly below its children's is the true minimum whatever
+        the ranks say, and its blocks are taken at once; only a tie on the key re-ranks the
+        root, exactly, before a single block is taken.
+        """
         if n > self._queued:
             raise IndexError(f"cannot pop {n} blocks: only {self._queued} are queued")
         heap, state = self._heap, self._state
-        popped = 0
-        while popped < n:
+        need = n
+        while need:
             entry = heap[0]
             run = entry[3]
+            live = run.live
+            if not live:
+                heapq.heappop(heap)  # every block of the run was hit since
+                continue
+            key = entry[0]
+            size = len(heap)
             ids = run.block_ids
             m = len(ids)
             i = run.cursor
-            if run.live != m - i:
-                i = self._head(run)
-            if i == m:
+            if (size < 2 or key < heap[1][0]) and (size < 3 or key < heap[2][0]):
+                # Strictly the smallest key: the run's live blocks go first, in order.
+                if live == m - i:
+                    j = i + need if i + need < m else m
+                    take = ids[i:j]
+                    out.extend(take)
+                    for block_id in take:
+                        state[block_id] = None
+                    taken = j - i
+                else:
+                    taken = 0
+                    j = i
+                    while j < m and taken < need:
+                        block_id = ids[j]
+                        j += 1
+                        if state[block_id] is run:
+                            state[block_id] = None
+                            out.append(block_id)
+                            taken += 1
+                need -= taken
+                run.live = live = live - taken
+                run.cursor = j
+                if live:
+                    break  # `need` is met
                 heapq.heappop(heap)
                 continue
-            depths = run.depths
-            if -depths[i] != entry[1]:
-                # The head was hit since the entry was written: re-rank the run first.
-                self._replace_root((run.key, -depths[i], run.seq, run))
+            # A tie on the key: rank the root exactly, then take one block.
+            if live != m - i:
+                i = self._head(run)
+            rank = -run.depths[i]
+            if rank != entry[1]:
+                self._replace_root((key, rank, run.seq, run))
                 if heap[0][3] is not run:
                     continue
-            size = len(heap)
-            key = run.key
-            if (
-                run.live == m - i
-                and (size < 2 or key < heap[1][0])
-                and (size < 3 or key < heap[2][0])
-            ):
-                # All live and strictly the smallest key: take a slice, no comparisons.
-                take = ids[i : i + (n - popped)]
-                out.extend(take)
-                for block_id in take:
-                    state[block_id] = None
-                popped += len(take)
-                i += len(take)
-                run.live -= len(take)
-            else:
-                # One block, then re-rank: the next head may tie with another run.
-                block_id = ids[i]
-                state[block_id] = None
-                out.append(block_id)
-                popped += 1
-                i += 1
-                run.live -= 1
-            run.cursor = i
-            if run.live != m - i:
-                i = self._head(run)
-            if i == m:
+            block_id = ids[i]
+            state[block_id] = None
+            out.append(block_id)
+            need -= 1
+            run.live = live = live - 1
+            run.cursor = i + 1
+            if not live:
                 heapq.heappop(heap)
-            else:
-                # _replace_root, inlined (once per sweep).
-                entry = (key, -depths[i], run.seq, run)
-                size = len(heap)
-                if (size < 2 or entry <= heap[1]) and (size < 3 or entry <= heap[2]):
-                    heap[0] = entry
-                else:
-                    heapq.heapreplace(heap, entry)
-        self._queued -= popped
+                continue
+            self._replace_root((key, -run.depths[self._head(run)], run.seq, run))
+        self._queued -= n
 
     def _replace_root(self, entry: _Entry) -> None:
         heap = self._heap
