@@ -1,35 +1,45 @@
 """Nanoseconds per free-queue operation: our lru and lpc evictors vs vLLM's queue.
 
 Each policy is first driven through a seeded multi-turn chat plan to record the exact calls
-it receives; then fresh instances replay those calls in a tight loop, and the loop's own
-dispatch cost is subtracted. vLLM's `FreeKVCacheBlockQueue` replays the calls recorded for our
-lru (identical by construction: our lru reproduces vLLM's queue block for block) inside vLLM's
-own virtual environment (its pins clash with ours), through `scripts/vllm_queue_bench.py`.
+it receives (the plan grows until every policy receives at least the requested number of
+block operations). The calls go to a file, and every implementation replays its file in a
+fresh process of its own, in interleaved rounds: our evictors through `evictor_worker`,
+vLLM's `FreeKVCacheBlockQueue` through `scripts/vllm_queue_bench.py` inside vLLM's virtual
+environment (its pins clash with ours), replaying the calls recorded for our lru (identical
+by construction: our lru reproduces vLLM's queue block for block). Both sides run the same
+timing code, so the only difference left is the queue.
+
+Two figures per implementation: the headline ns per operation includes the Python call
+that makes it (a block manager pays it; only the replay loop's own iteration is
+subtracted), and the body figure subtracts a no-op call per operation as well.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from eviction import Evictor, FreedBlocks, LPCEvictor, LRUEvictor, Release
+from eviction import Evictor, FreedBlocks, Release
 from lpc.benchmarks.evictor_ops import (
-    PUSH,
     Call,
-    best_of,
+    OpPlan,
+    ReplayTiming,
     count_block_ops,
-    dispatch_seconds,
     make_plan,
     record,
-    time_calls,
+    write_calls,
 )
+from lpc.benchmarks.evictor_worker import POLICIES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VLLM_BENCH_SCRIPT = REPO_ROOT / "scripts" / "vllm_queue_bench.py"
-POLICIES = {"lru": LRUEvictor, "lpc": LPCEvictor}
+VLLM = "vllm_free_queue"
+REPEATS_PER_PROCESS = 3
 
 
 @dataclass
@@ -38,9 +48,13 @@ class EvictorBenchResult:
     runs: int
     ns_per_op: dict[str, float]
     ratios: dict[str, float]
+    body_ns_per_op: dict[str, float]
+    body_ratios: dict[str, float]
     vllm_status: str
     instructions_per_op: dict[str, float] | None = None
     instruction_ratios: dict[str, float] | None = None
+    body_instructions_per_op: dict[str, float] | None = None
+    body_instruction_ratios: dict[str, float] | None = None
     instruction_block_ops: int | None = None
 
 
@@ -50,42 +64,74 @@ def _fresh(name: str, num_blocks: int) -> Evictor:
     return evictor
 
 
-def _push_args(block_ids: list[int], meta: tuple) -> tuple[FreedBlocks, Release]:
-    n = len(block_ids)
-    return FreedBlocks(block_ids, range(n - 1, -1, -1), [None] * n), Release(*meta)
-
-
-def record_policy(name: str, plan) -> list[Call]:
-    """The calls `name` receives on the plan, with PUSH arguments prepared for our evictors."""
+def record_policy(name: str, plan: OpPlan) -> list[Call]:
+    """The calls `name` receives on the plan; PUSH keeps (time, p, conversation)."""
     evictor = _fresh(name, plan.num_blocks)
-    calls = record(plan, evictor, lambda ids, meta: evictor.push_cached(*_push_args(ids, meta)))
-    return [(k, a, _push_args(a, b) if k == PUSH else b) for k, a, b in calls]  # type: ignore[arg-type]
+
+    def push(block_ids: list[int], meta: tuple) -> None:
+        n = len(block_ids)
+        freed = FreedBlocks(block_ids, range(n - 1, -1, -1), [None] * n)
+        evictor.push_cached(freed, Release(*meta))
+
+    return record(plan, evictor, push)
 
 
-def time_policy(name: str, calls: list[Call], num_blocks: int) -> float:
-    def once() -> float:
-        evictor = _fresh(name, num_blocks)
-        return time_calls(calls, evictor.pop_n, evictor.remove, evictor.push_cached)
+def record_at_least(
+    block_ops: int, num_blocks: int, seed: int, attempts: int = 8
+) -> tuple[int, dict[str, list[Call]]]:
+    """Each policy's calls on the smallest plan (grown from `block_ops`) giving every policy
+    at least `block_ops` block operations: a plan's size is an upper bound on its operations
+    (hits end at the first evicted block), so it is scaled by what it fell short."""
+    target = block_ops
+    for _ in range(attempts):
+        plan = make_plan(target, num_blocks, seed)
+        recorded = {name: record_policy(name, plan) for name in POLICIES}
+        fewest = min(count_block_ops(calls) for calls in recorded.values())
+        if fewest >= block_ops:
+            return num_blocks, recorded
+        target = int(target * block_ops / max(fewest, 1) * 1.02) + 1
+    raise RuntimeError(f"could not reach {block_ops} block operations in {attempts} plans")
 
-    return once()
+
+def _run_json(argv: Sequence[str]) -> dict:
+    completed = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+    if completed.returncode != 0:
+        tail = " | ".join((completed.stderr or completed.stdout).strip().splitlines()[-3:])
+        raise RuntimeError(f"{' '.join(argv[:4])} … failed ({completed.returncode}): {tail}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def run_vllm_queue(calls: list[Call], num_blocks: int, runs: int, python: Path) -> float:
-    """Net ns/op of vLLM's FreeKVCacheBlockQueue replaying our lru's calls."""
-    plain = [[k, a if k != PUSH else list(a)] for k, a, _ in calls]
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        json.dump({"num_blocks": num_blocks, "calls": plain}, handle)
-        path = handle.name
-    try:
-        out = subprocess.run(
-            [str(python), str(VLLM_BENCH_SCRIPT), path, "--runs", str(runs)],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-    finally:
-        Path(path).unlink(missing_ok=True)
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["ns_per_op"])
+def worker_argv(policy: str, calls_file: Path, mode: str = "time") -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "lpc.benchmarks.evictor_worker",
+        "--policy",
+        policy,
+        "--calls",
+        str(calls_file),
+        "--mode",
+        mode,
+    ]
+
+
+def vllm_argv(python: Path, calls_file: Path, mode: str = "time") -> list[str]:
+    return [str(python), str(VLLM_BENCH_SCRIPT), str(calls_file), "--mode", mode]
+
+
+def _ratios(per_op: dict[str, float]) -> dict[str, float]:
+    ratios = {"lpc_over_lru": per_op["lpc"] / per_op["lru"]}
+    if VLLM in per_op:
+        ratios["lru_over_vllm"] = per_op["lru"] / per_op[VLLM]
+    return ratios
+
+
+def _write_call_files(directory: Path, num_blocks: int, recorded: dict[str, list[Call]]):
+    files = {}
+    for name, calls in recorded.items():
+        files[name] = directory / f"{name}-calls.json"
+        write_calls(files[name], num_blocks, calls)
+    return files
 
 
 def run(
@@ -96,97 +142,75 @@ def run(
     vllm_python: Path | None = None,
     instruction_ops: int = 0,
 ) -> EvictorBenchResult:
-    plan = make_plan(block_ops, num_blocks, seed)
-    ns: dict[str, float] = {}
-    ops: dict[str, int] = {}
-    recorded: dict[str, list[Call]] = {}
-    for name in POLICIES:
-        calls = recorded[name] = record_policy(name, plan)
-        ops[name] = count_block_ops(calls)
-        seconds = best_of(runs, lambda c=calls, n=name: time_policy(n, c, num_blocks))
-        loop = best_of(runs, lambda c=calls: dispatch_seconds(c))
-        ns[name] = max(seconds - loop, 0.0) * 1e9 / ops[name]
-    status = "not measured: no vLLM venv (run scripts/setup_vllm_venv.sh)"
-    if vllm_python is not None and vllm_python.exists():
-        ns["vllm_free_queue"] = run_vllm_queue(recorded["lru"], num_blocks, runs, vllm_python)
-        ops["vllm_free_queue"] = ops["lru"]
-        status = f"measured with {vllm_python}"
-    ratios = {"lpc_over_lru": ns["lpc"] / ns["lru"]}
-    if "vllm_free_queue" in ns:
-        ratios["lru_over_vllm"] = ns["lru"] / ns["vllm_free_queue"]
-    result = EvictorBenchResult(ops, runs, ns, ratios, status)
+    """`runs` rounds; each round replays every implementation in a fresh process."""
+    num_blocks, recorded = record_at_least(block_ops, num_blocks, seed)
+    has_vllm = vllm_python is not None and vllm_python.exists()
+    with tempfile.TemporaryDirectory(prefix="lpc-bench-") as tmp:
+        files = _write_call_files(Path(tmp), num_blocks, recorded)
+        argvs = {name: worker_argv(name, files[name]) for name in POLICIES}
+        if has_vllm:
+            argvs[VLLM] = vllm_argv(vllm_python, files["lru"])  # type: ignore[arg-type]
+        best: dict[str, ReplayTiming] = {}
+        for _ in range(runs):
+            for name, argv in argvs.items():
+                timing = ReplayTiming(**_run_json([*argv, "--repeats", str(REPEATS_PER_PROCESS)]))
+                old = best.get(name)
+                if old is not None:
+                    timing = ReplayTiming(
+                        min(old.seconds, timing.seconds),
+                        min(old.loop_seconds, timing.loop_seconds),
+                        min(old.noop_call_seconds, timing.noop_call_seconds),
+                        timing.block_ops,
+                    )
+                best[name] = timing
+    ops = {name: timing.block_ops for name, timing in best.items()}
+    ns = {n: max(t.seconds - t.loop_seconds, 0.0) * 1e9 / t.block_ops for n, t in best.items()}
+    body = {
+        n: max(t.seconds - t.noop_call_seconds, 0.0) * 1e9 / t.block_ops for n, t in best.items()
+    }
+    status = (
+        f"measured with {vllm_python}"
+        if has_vllm
+        else "not measured: no vLLM venv (run scripts/setup_vllm_venv.sh)"
+    )
+    result = EvictorBenchResult(ops, runs, ns, _ratios(ns), body, _ratios(body), status)
     if instruction_ops > 0:
-        per_op, instruction_ratios, counted = count_instructions(
-            instruction_ops, num_blocks, seed, vllm_python
-        )
-        result.instructions_per_op = per_op
-        result.instruction_ratios = instruction_ratios
-        result.instruction_block_ops = counted
+        count_instructions(result, instruction_ops, num_blocks, seed, vllm_python)
     return result
 
 
 def count_instructions(
-    block_ops: int, num_blocks: int, seed: int, vllm_python: Path | None
-) -> tuple[dict[str, float], dict[str, float], int]:
-    """Queue instructions per block operation (callgrind), our policies and vLLM's queue."""
-    import sys
+    result: EvictorBenchResult,
+    block_ops: int,
+    num_blocks: int,
+    seed: int,
+    vllm_python: Path | None,
+) -> None:
+    """Instructions per block operation (callgrind), ours and vLLM's queue, into `result`."""
+    from lpc.benchmarks.instruction_count import callgrind_instructions
 
-    from lpc.benchmarks.instruction_count import net_instructions
-
-    plan_args = ["--ops", str(block_ops), "--blocks", str(num_blocks), "--seed", str(seed)]
-    per_op: dict[str, float] = {}
-    ops = {
-        name: count_block_ops(record_policy(name, make_plan(block_ops, num_blocks, seed)))
-        for name in POLICIES
-    }
-    for name in POLICIES:
-
-        def argv(mode: str, name: str = name) -> list[str]:
-            return [
-                sys.executable,
-                "-m",
-                "lpc.benchmarks.evictor_worker",
-                "--policy",
-                name,
-                "--mode",
-                mode,
-                *plan_args,
-            ]
-
-        queue, _ = net_instructions(argv)
-        per_op[name] = queue / ops[name]
-    if vllm_python is not None and vllm_python.exists():
-        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
-            dump = handle.name
-        try:
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "lpc.benchmarks.evictor_worker",
-                    "--policy",
-                    "lru",
-                    "--mode",
-                    "setup",
-                    "--dump",
-                    dump,
-                    *plan_args,
-                ],
-                check=True,
-                capture_output=True,
-            )
-
-            def vllm_argv(mode: str) -> list[str]:
-                return [str(vllm_python), str(VLLM_BENCH_SCRIPT), dump, "--mode", mode]
-
-            queue, _ = net_instructions(vllm_argv)
-            per_op["vllm_free_queue"] = queue / ops["lru"]
-        finally:
-            Path(dump).unlink(missing_ok=True)
-    ratios = {"lpc_over_lru": per_op["lpc"] / per_op["lru"]}
-    if "vllm_free_queue" in per_op:
-        ratios["lru_over_vllm"] = per_op["lru"] / per_op["vllm_free_queue"]
-    return per_op, ratios, ops["lru"]
+    num_blocks, recorded = record_at_least(block_ops, num_blocks, seed)
+    ops = {name: count_block_ops(calls) for name, calls in recorded.items()}
+    with tempfile.TemporaryDirectory(prefix="lpc-bench-") as tmp:
+        files = _write_call_files(Path(tmp), num_blocks, recorded)
+        argv_for = {
+            name: (lambda mode, n=name: worker_argv(n, files[n], mode)) for name in POLICIES
+        }
+        if vllm_python is not None and vllm_python.exists():
+            argv_for[VLLM] = lambda mode: vllm_argv(vllm_python, files["lru"], mode)
+            ops[VLLM] = ops["lru"]
+        modes = ("replay", "loop", "dispatch")
+        counts = {
+            name: {mode: callgrind_instructions(argv(mode)) for mode in modes}
+            for name, argv in argv_for.items()
+        }
+    per_op = {n: (c["replay"] - c["loop"]) / ops[n] for n, c in counts.items()}
+    body = {n: (c["replay"] - c["dispatch"]) / ops[n] for n, c in counts.items()}
+    result.instructions_per_op = per_op
+    result.instruction_ratios = _ratios(per_op)
+    result.body_instructions_per_op = body
+    result.body_instruction_ratios = _ratios(body)
+    result.instruction_block_ops = ops["lru"]
 
 
 def to_json(result: EvictorBenchResult) -> str:

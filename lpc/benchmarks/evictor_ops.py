@@ -14,10 +14,12 @@ timed on its own replay. Operations are counted per block: popping 8 blocks is 8
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 START_TURN, END_TURN = 0, 1
@@ -164,8 +166,22 @@ def time_calls(
     return clock() - start
 
 
+def loop_seconds(calls: list[Call]) -> float:
+    """The replay loop alone: the same iteration and branches, no call."""
+    clock = time.perf_counter
+    start = clock()
+    for kind, _arg, _prepared in calls:
+        if kind == POP:  # noqa: SIM114 (the same branches as time_calls, without the calls)
+            pass
+        elif kind == REMOVE:
+            pass
+        else:
+            pass
+    return clock() - start
+
+
 def dispatch_seconds(calls: list[Call]) -> float:
-    """The replay loop's own cost: the same calls into functions that do nothing."""
+    """The loop plus a call per operation into a function that does nothing."""
 
     def nothing(*_: object) -> None:
         return None
@@ -176,3 +192,58 @@ def dispatch_seconds(calls: list[Call]) -> float:
 def best_of(runs: int, fn: Callable[[], float]) -> float:
     """The fastest of `runs` timings (the one least disturbed by the rest of the machine)."""
     return min(fn() for _ in range(runs))
+
+
+@dataclass(frozen=True)
+class ReplayTiming:
+    """Best-of-n seconds for one replay, for the bare loop, and for the loop with no-op calls.
+
+    `seconds − loop_seconds` is the operations' cost as a block manager pays it, the Python
+    call included; `seconds − noop_call_seconds` is their bodies alone.
+    """
+
+    seconds: float
+    loop_seconds: float
+    noop_call_seconds: float
+    block_ops: int
+
+
+Methods = tuple[Callable[[int], object], Callable[[object], object], Callable[..., object]]
+
+
+def measure(calls: list[Call], fresh: Callable[[], Methods], repeats: int) -> ReplayTiming:
+    """Time `repeats` replays, each on a fresh queue from `fresh()`, and both baselines."""
+
+    def once() -> float:
+        return time_calls(calls, *fresh())
+
+    return ReplayTiming(
+        seconds=best_of(repeats, once),
+        loop_seconds=best_of(repeats, lambda: loop_seconds(calls)),
+        noop_call_seconds=best_of(repeats, lambda: dispatch_seconds(calls)),
+        block_ops=count_block_ops(calls),
+    )
+
+
+def write_calls(path: str | Path, num_blocks: int, calls: list[Call]) -> None:
+    """Recorded calls as JSON: PUSH keeps its block ids and (time, p, conversation)."""
+    plain = [
+        [kind, list(arg) if kind == PUSH else arg, list(meta) if kind == PUSH else None]  # type: ignore[call-overload,arg-type]
+        for kind, arg, meta in calls
+    ]
+    Path(path).write_text(json.dumps({"num_blocks": num_blocks, "calls": plain}))
+
+
+def read_calls(path: str | Path) -> tuple[int, list[Call]]:
+    """(pool size, calls) from a file `write_calls` wrote, checked as it is read."""
+    try:
+        spec = json.loads(Path(path).read_text())
+        num_blocks = int(spec["num_blocks"])
+        calls: list[Call] = []
+        for kind, arg, meta in spec["calls"]:
+            if kind not in (POP, REMOVE, PUSH):
+                raise ValueError(f"unknown call kind {kind!r}")
+            calls.append((kind, arg, tuple(meta) if kind == PUSH else None))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path}: not a recorded call file ({error})") from error
+    return num_blocks, calls

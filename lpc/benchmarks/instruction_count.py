@@ -2,8 +2,9 @@
 
 Wall-clock nanoseconds on a shared machine vary by 2× between runs; callgrind counts the
 instructions a program executes, the same on every run for the same binary and inputs. The
-benchmark runs a replay three ways (setup only, setup + the timed loop, setup + the loop's
-dispatch into no-op functions) and keeps the difference, the queue's own instructions.
+benchmark runs each replay process three ways (the replay; the loop alone; the loop with a
+no-op call per operation, each after the same setup) and keeps the differences: the queue's
+instructions with and without the calls that reach it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import subprocess
 from collections.abc import Sequence
 
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
-MODES = ("setup", "replay", "dispatch")
 
 
 def valgrind_available() -> bool:
@@ -34,9 +34,3 @@ def callgrind_instructions(argv: Sequence[str]) -> int:
         tail = (completed.stderr or completed.stdout).strip().splitlines()[-3:]
         raise RuntimeError(f"callgrind run failed ({completed.returncode}): {' | '.join(tail)}")
     return int(match.group(1))
-
-
-def net_instructions(argv_for_mode) -> tuple[int, int]:
-    """(queue instructions, loop instructions): replay − dispatch, and dispatch − setup."""
-    counts = {mode: callgrind_instructions(argv_for_mode(mode)) for mode in MODES}
-    return counts["replay"] - counts["dispatch"], counts["dispatch"] - counts["setup"]

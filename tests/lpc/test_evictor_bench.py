@@ -1,0 +1,83 @@
+"""The evictor benchmark's plumbing: enough operations, faithful call files, fair replays."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lpc.benchmarks.evictor_bench import record_at_least
+from lpc.benchmarks.evictor_ops import PUSH, REMOVE, count_block_ops, read_calls, write_calls
+from lpc.benchmarks.evictor_worker import fresh_methods, main, prepare
+
+
+def test_the_plan_grows_until_every_policy_gets_the_operations_asked_for() -> None:
+    _, recorded = record_at_least(30_000, 2_000, seed=1)
+    counts = {name: count_block_ops(calls) for name, calls in recorded.items()}
+    assert set(counts) == {"lru", "lpc"}
+    assert min(counts.values()) >= 30_000
+
+
+def test_call_files_round_trip(tmp_path: Path) -> None:
+    _, recorded = record_at_least(5_000, 500, seed=2)
+    path = tmp_path / "calls.json"
+    write_calls(path, 500, recorded["lpc"])
+    num_blocks, calls = read_calls(path)
+    assert num_blocks == 500
+    assert calls == [
+        (kind, list(arg) if kind == PUSH else arg, tuple(meta) if kind == PUSH else None)
+        for kind, arg, meta in recorded["lpc"]
+    ]
+
+
+@pytest.mark.parametrize(
+    "content", ["not json", '{"calls": []}', '{"num_blocks": 4, "calls": [[7, 1, null]]}']
+)
+def test_a_bad_call_file_names_itself(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=r"bad\.json: not a recorded call file"):
+        read_calls(path)
+
+
+def test_replayed_ids_are_the_pools_own_objects(tmp_path: Path) -> None:
+    _, recorded = record_at_least(5_000, 500, seed=3)
+    path = tmp_path / "calls.json"
+    write_calls(path, 500, recorded["lru"])
+    num_blocks, raw = read_calls(path)
+    seen: dict[int, int] = {}
+    for kind, arg, _ in prepare(raw, num_blocks):
+        ids = arg if kind == PUSH else [arg] if kind == REMOVE else []
+        for block_id in ids:  # type: ignore[union-attr]
+            assert seen.setdefault(block_id, id(block_id)) == id(block_id)
+    assert len(seen) > 100
+
+
+def test_a_replay_ends_where_the_recording_did(tmp_path: Path) -> None:
+    """The prepared calls drive a fresh evictor through the recorded run, every pop valid."""
+    _, recorded = record_at_least(5_000, 500, seed=4)
+    for policy, calls in recorded.items():
+        path = tmp_path / f"{policy}.json"
+        write_calls(path, 500, calls)
+        num_blocks, raw = read_calls(path)
+        pop_n, remove, push = fresh_methods(policy, num_blocks)
+        evictor = pop_n.__self__  # type: ignore[attr-defined]
+        for kind, arg, prepared in prepare(raw, num_blocks):
+            if kind == PUSH:
+                push(*prepared)  # type: ignore[misc]
+            elif kind == REMOVE:
+                remove(arg)
+            else:
+                assert len(pop_n(arg)) == arg
+        assert len(evictor) == len(evictor.free_block_ids())
+
+
+def test_the_worker_prints_one_timing_record(tmp_path: Path, capsys) -> None:
+    _, recorded = record_at_least(3_000, 400, seed=5)
+    path = tmp_path / "lpc.json"
+    write_calls(path, 400, recorded["lpc"])
+    main(["--policy", "lpc", "--calls", str(path), "--repeats", "1"])
+    timing = json.loads(capsys.readouterr().out)
+    assert timing["block_ops"] == count_block_ops(recorded["lpc"])
+    assert timing["seconds"] > timing["loop_seconds"] > 0
