@@ -33,34 +33,42 @@ POLICIES: dict[str, type[Evictor]] = {"lru": LRUEvictor, "lpc": LPCEvictor}
 MODES = ("time", "setup", "replay", "loop", "dispatch")
 
 
-def prepare(calls: list[Call], num_blocks: int) -> list[Call]:
-    """Our evictors' arguments, with every block id one of the pool's own int objects.
+class Replayer:
+    """One evictor, reset before each replay, and the calls prepared for it.
 
-    A block manager's ids all come from its pool (popped, then held in block tables), so a
-    queue sees the same few thousand int objects over and over, as vLLM's queue sees its
-    block objects; ids parsed from JSON would be a million distinct objects instead.
-    PUSH calls carry the blocks deepest first and the release.
+    A block manager's block ids are the evictor's own int objects: it pops them, holds them
+    in block tables and hands the same objects back, just as vLLM's queue sees only its own
+    block objects. So the prepared calls use the ids this evictor hands out, not ids parsed
+    from JSON (a million distinct objects) nor a second copy of the pool's ids. PUSH calls
+    carry the blocks deepest first and the release.
     """
-    pool_ids = list(range(num_blocks))
-    prepared: list[Call] = []
-    for kind, arg, meta in calls:
-        if kind == PUSH:
-            ids = [pool_ids[b] for b in arg]  # type: ignore[attr-defined]
-            n = len(ids)
-            freed = FreedBlocks(ids, range(n - 1, -1, -1), [None] * n)
-            prepared.append((kind, ids, (freed, Release(*meta))))  # type: ignore[misc]
-        elif kind == REMOVE:
-            prepared.append((kind, pool_ids[arg], None))  # type: ignore[index]
-        else:
-            prepared.append((kind, arg, None))
-    return prepared
 
+    def __init__(self, policy: str, num_blocks: int, calls: list[Call]) -> None:
+        self.evictor = POLICIES[policy](num_blocks)
+        self.evictor.reset(range(num_blocks))
+        self.pool_ids = sorted(self.evictor.pop_n(num_blocks))
+        self.calls = self._prepare(calls)
 
-def fresh_methods(policy: str, num_blocks: int) -> Methods:
-    """A new evictor with every block free and uncached; its three free-queue calls."""
-    evictor = POLICIES[policy](num_blocks)
-    evictor.reset(range(num_blocks))
-    return evictor.pop_n, evictor.remove, evictor.push_cached
+    def _prepare(self, calls: list[Call]) -> list[Call]:
+        pool_ids = self.pool_ids
+        prepared: list[Call] = []
+        for kind, arg, meta in calls:
+            if kind == PUSH:
+                ids = [pool_ids[b] for b in arg]  # type: ignore[attr-defined]
+                n = len(ids)
+                freed = FreedBlocks(ids, range(n - 1, -1, -1), [None] * n)
+                prepared.append((kind, ids, (freed, Release(*meta))))  # type: ignore[misc]
+            elif kind == REMOVE:
+                prepared.append((kind, pool_ids[arg], None))  # type: ignore[index]
+            else:
+                prepared.append((kind, arg, None))
+        return prepared
+
+    def fresh(self) -> Methods:
+        """The evictor with every block free and uncached again; its three free-queue calls."""
+        evictor = self.evictor
+        evictor.reset(self.pool_ids)
+        return evictor.pop_n, evictor.remove, evictor.push_cached
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -71,12 +79,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="replays per timing; best kept")
     args = parser.parse_args(argv)
     num_blocks, raw = read_calls(args.calls)
-    calls = prepare(raw, num_blocks)
+    replayer = Replayer(args.policy, num_blocks, raw)
+    calls = replayer.calls
     if args.mode == "time":
-        timing = measure(calls, lambda: fresh_methods(args.policy, num_blocks), args.repeats)
-        print(json.dumps(asdict(timing)))
+        print(json.dumps(asdict(measure(calls, replayer.fresh, args.repeats))))
     elif args.mode != "setup":
-        methods = fresh_methods(args.policy, num_blocks)  # in every counted mode alike
+        methods = replayer.fresh()  # in every counted mode alike
         if args.mode == "replay":
             time_calls(calls, *methods)
         elif args.mode == "loop":

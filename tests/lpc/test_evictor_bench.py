@@ -9,7 +9,7 @@ import pytest
 
 from lpc.benchmarks.evictor_bench import record_at_least
 from lpc.benchmarks.evictor_ops import PUSH, REMOVE, count_block_ops, read_calls, write_calls
-from lpc.benchmarks.evictor_worker import fresh_methods, main, prepare
+from lpc.benchmarks.evictor_worker import Replayer, main
 
 
 def test_the_plan_grows_until_every_policy_gets_the_operations_asked_for() -> None:
@@ -41,36 +41,44 @@ def test_a_bad_call_file_names_itself(tmp_path: Path, content: str) -> None:
         read_calls(path)
 
 
-def test_replayed_ids_are_the_pools_own_objects(tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", ["lru", "lpc"])
+def test_replayed_ids_are_the_evictors_own_objects(tmp_path: Path, policy: str) -> None:
     _, recorded = record_at_least(5_000, 500, seed=3)
     path = tmp_path / "calls.json"
-    write_calls(path, 500, recorded["lru"])
-    num_blocks, raw = read_calls(path)
-    seen: dict[int, int] = {}
-    for kind, arg, _ in prepare(raw, num_blocks):
+    write_calls(path, 500, recorded[policy])
+    replayer = Replayer(policy, *read_calls(path))
+    pop_n, _, _ = replayer.fresh()
+    own = {id(block_id) for block_id in pop_n(500)}
+    replayer.fresh()
+    for kind, arg, _ in replayer.calls:
         ids = arg if kind == PUSH else [arg] if kind == REMOVE else []
-        for block_id in ids:  # type: ignore[union-attr]
-            assert seen.setdefault(block_id, id(block_id)) == id(block_id)
-    assert len(seen) > 100
+        assert {id(block_id) for block_id in ids} <= own  # type: ignore[union-attr]
 
 
-def test_a_replay_ends_where_the_recording_did(tmp_path: Path) -> None:
-    """The prepared calls drive a fresh evictor through the recorded run, every pop valid."""
+def test_a_replay_runs_the_recording_again_after_every_reset(tmp_path: Path) -> None:
+    """The prepared calls drive the evictor through the recorded run, every pop valid,
+    and a reset makes the next replay pop exactly the same blocks."""
     _, recorded = record_at_least(5_000, 500, seed=4)
     for policy, calls in recorded.items():
         path = tmp_path / f"{policy}.json"
         write_calls(path, 500, calls)
-        num_blocks, raw = read_calls(path)
-        pop_n, remove, push = fresh_methods(policy, num_blocks)
-        evictor = pop_n.__self__  # type: ignore[attr-defined]
-        for kind, arg, prepared in prepare(raw, num_blocks):
-            if kind == PUSH:
-                push(*prepared)  # type: ignore[misc]
-            elif kind == REMOVE:
-                remove(arg)
-            else:
-                assert len(pop_n(arg)) == arg
-        assert len(evictor) == len(evictor.free_block_ids())
+        replayer = Replayer(policy, *read_calls(path))
+        replays = []
+        for _ in range(2):
+            pop_n, remove, push = replayer.fresh()
+            popped = []
+            for kind, arg, prepared in replayer.calls:
+                if kind == PUSH:
+                    push(*prepared)  # type: ignore[misc]
+                elif kind == REMOVE:
+                    remove(arg)
+                else:
+                    popped.append(pop_n(arg))
+                    assert len(popped[-1]) == arg
+            evictor = replayer.evictor
+            assert len(evictor) == len(evictor.free_block_ids())
+            replays.append(popped)
+        assert replays[0] == replays[1]
 
 
 def test_the_worker_prints_one_timing_record(tmp_path: Path, capsys) -> None:
