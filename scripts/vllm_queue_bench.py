@@ -10,9 +10,7 @@ process of its own.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -20,11 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lpc.benchmarks.evictor_ops import (
     PUSH,
     REMOVE,
-    dispatch_seconds,
-    loop_seconds,
-    measure,
+    REPLAY_MODES,
     read_calls,
-    time_calls,
+    run_mode,
 )
 
 
@@ -36,7 +32,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="replays per timing; best kept")
     parser.add_argument(
         "--mode",
-        choices=["time", "setup", "replay", "loop", "dispatch"],
+        choices=REPLAY_MODES,
         default="time",
         help="time (default): print the timing; the others run once, for instruction counting",
     )
@@ -59,17 +55,7 @@ def main() -> None:
         queue = FreeKVCacheBlockQueue(blocks)
         return queue.popleft_n, queue.remove, queue.append_n
 
-    if args.mode == "time":
-        timing = asdict(measure(calls, fresh, args.repeats))
-        print(json.dumps(timing))
-    elif args.mode != "setup":
-        methods = fresh()  # in every counted mode alike
-        if args.mode == "replay":
-            time_calls(calls, *methods)
-        elif args.mode == "loop":
-            loop_seconds(calls)
-        else:
-            dispatch_seconds(calls)
+    run_mode(args.mode, calls, fresh, args.repeats)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import json
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -223,6 +223,28 @@ def measure(calls: list[Call], fresh: Callable[[], Methods], repeats: int) -> Re
         noop_call_seconds=best_of(repeats, lambda: dispatch_seconds(calls)),
         block_ops=count_block_ops(calls),
     )
+
+
+REPLAY_MODES = ("time", "setup", "replay", "loop", "dispatch")
+
+
+def run_mode(mode: str, calls: list[Call], fresh: Callable[[], Methods], repeats: int) -> None:
+    """What a replay process does: `time` prints its `ReplayTiming` as one JSON line; the
+    others run once, for instruction counting: `setup` stops once the calls are prepared,
+    and after a fresh queue (in every counted mode alike) `replay` replays the calls, `loop`
+    runs the replay loop alone, `dispatch` the loop with a no-op call per operation."""
+    if mode == "time":
+        print(json.dumps(asdict(measure(calls, fresh, repeats))))
+        return
+    if mode == "setup":
+        return
+    methods = fresh()
+    if mode == "replay":
+        time_calls(calls, *methods)
+    elif mode == "loop":
+        loop_seconds(calls)
+    else:
+        dispatch_seconds(calls)
 
 
 def write_calls(path: str | Path, num_blocks: int, calls: list[Call]) -> None:

@@ -13,24 +13,19 @@ per operation.
 from __future__ import annotations
 
 import argparse
-import json
-from dataclasses import asdict
 
 from eviction import Evictor, FreedBlocks, LPCEvictor, LRUEvictor, Release
 from lpc.benchmarks.evictor_ops import (
     PUSH,
     REMOVE,
+    REPLAY_MODES,
     Call,
     Methods,
-    dispatch_seconds,
-    loop_seconds,
-    measure,
     read_calls,
-    time_calls,
+    run_mode,
 )
 
 POLICIES: dict[str, type[Evictor]] = {"lru": LRUEvictor, "lpc": LPCEvictor}
-MODES = ("time", "setup", "replay", "loop", "dispatch")
 
 
 class Replayer:
@@ -75,22 +70,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--policy", choices=sorted(POLICIES), required=True)
     parser.add_argument("--calls", required=True, help="JSON file of recorded calls")
-    parser.add_argument("--mode", choices=MODES, default="time")
+    parser.add_argument("--mode", choices=REPLAY_MODES, default="time")
     parser.add_argument("--repeats", type=int, default=3, help="replays per timing; best kept")
     args = parser.parse_args(argv)
     num_blocks, raw = read_calls(args.calls)
     replayer = Replayer(args.policy, num_blocks, raw)
-    calls = replayer.calls
-    if args.mode == "time":
-        print(json.dumps(asdict(measure(calls, replayer.fresh, args.repeats))))
-    elif args.mode != "setup":
-        methods = replayer.fresh()  # in every counted mode alike
-        if args.mode == "replay":
-            time_calls(calls, *methods)
-        elif args.mode == "loop":
-            loop_seconds(calls)
-        else:
-            dispatch_seconds(calls)
+    run_mode(args.mode, replayer.calls, replayer.fresh, args.repeats)
 
 
 if __name__ == "__main__":
