@@ -9,6 +9,7 @@ instructions with and without the calls that reach it.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -22,12 +23,18 @@ def valgrind_available() -> bool:
 
 
 def callgrind_instructions(argv: Sequence[str]) -> int:
-    """Instructions `argv` executes under callgrind (its whole run)."""
+    """Instructions `argv` executes under callgrind (its whole run).
+
+    String hashing is seeded per process, and a large import (vLLM's pulls in torch) executes
+    millions of instructions more or fewer with the seed; a fixed seed makes the modes of one
+    replay, whose differences are the measure, run the same setup instruction for instruction.
+    """
     completed = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
         capture_output=True,
         text=True,
         check=False,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
     )
     match = _COLLECTED.search(completed.stderr)
     if completed.returncode != 0 or match is None:
