@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
 from eviction import Evictor, FreedBlocks, Release
 from lpc.benchmarks.evictor_ops import (
     Call,
@@ -141,6 +143,7 @@ def run(
     runs: int = 3,
     vllm_python: Path | None = None,
     instruction_ops: int = 0,
+    progress: bool = True,
 ) -> EvictorBenchResult:
     """`runs` rounds; each round replays every implementation in a fresh process."""
     num_blocks, recorded = record_at_least(block_ops, num_blocks, seed)
@@ -151,18 +154,18 @@ def run(
         if has_vllm:
             argvs[VLLM] = vllm_argv(vllm_python, files["lru"])  # type: ignore[arg-type]
         best: dict[str, ReplayTiming] = {}
-        for _ in range(runs):
-            for name, argv in argvs.items():
-                timing = ReplayTiming(**_run_json([*argv, "--repeats", str(REPEATS_PER_PROCESS)]))
-                old = best.get(name)
-                if old is not None:
-                    timing = ReplayTiming(
-                        min(old.seconds, timing.seconds),
-                        min(old.loop_seconds, timing.loop_seconds),
-                        min(old.noop_call_seconds, timing.noop_call_seconds),
-                        timing.block_ops,
-                    )
-                best[name] = timing
+        replays = [(name, argv) for _ in range(runs) for name, argv in argvs.items()]
+        for name, argv in tqdm(replays, desc="replays", unit="process", disable=not progress):
+            timing = ReplayTiming(**_run_json([*argv, "--repeats", str(REPEATS_PER_PROCESS)]))
+            old = best.get(name)
+            if old is not None:
+                timing = ReplayTiming(
+                    min(old.seconds, timing.seconds),
+                    min(old.loop_seconds, timing.loop_seconds),
+                    min(old.noop_call_seconds, timing.noop_call_seconds),
+                    timing.block_ops,
+                )
+            best[name] = timing
     ops = {name: timing.block_ops for name, timing in best.items()}
     ns = {n: max(t.seconds - t.loop_seconds, 0.0) * 1e9 / t.block_ops for n, t in best.items()}
     body = {
@@ -175,7 +178,7 @@ def run(
     )
     result = EvictorBenchResult(ops, runs, ns, _ratios(ns), body, _ratios(body), status)
     if instruction_ops > 0:
-        count_instructions(result, instruction_ops, num_blocks, seed, vllm_python)
+        count_instructions(result, instruction_ops, num_blocks, seed, vllm_python, progress)
     return result
 
 
@@ -185,6 +188,7 @@ def count_instructions(
     num_blocks: int,
     seed: int,
     vllm_python: Path | None,
+    progress: bool = True,
 ) -> None:
     """Instructions per block operation (callgrind), ours and vLLM's queue, into `result`."""
     from lpc.benchmarks.instruction_count import callgrind_instructions
@@ -199,11 +203,10 @@ def count_instructions(
         if vllm_python is not None and vllm_python.exists():
             argv_for[VLLM] = lambda mode: vllm_argv(vllm_python, files["lru"], mode)
             ops[VLLM] = ops["lru"]
-        modes = ("replay", "loop", "dispatch")
-        counts = {
-            name: {mode: callgrind_instructions(argv(mode)) for mode in modes}
-            for name, argv in argv_for.items()
-        }
+        jobs = [(name, mode) for name in argv_for for mode in ("replay", "loop", "dispatch")]
+        counts: dict[str, dict[str, int]] = {name: {} for name in argv_for}
+        for name, mode in tqdm(jobs, desc="callgrind", unit="process", disable=not progress):
+            counts[name][mode] = callgrind_instructions(argv_for[name](mode))
     per_op = {n: (c["replay"] - c["loop"]) / ops[n] for n, c in counts.items()}
     body = {n: (c["replay"] - c["dispatch"]) / ops[n] for n, c in counts.items()}
     result.instructions_per_op = per_op

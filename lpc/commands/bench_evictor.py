@@ -45,6 +45,7 @@ def register(targets: argparse._SubParsersAction) -> None:
         help="also count instructions per operation with valgrind's callgrind on an OPS-operation "
         "plan (e.g. 300000): a measure the machine's load cannot move (default: off)",
     )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.set_defaults(run=run)
 
@@ -64,7 +65,13 @@ def run(args: argparse.Namespace) -> int:
         if not valgrind_available():
             raise CommandError("--instructions needs valgrind (apt-get install valgrind)")
     result = evictor_bench.run(
-        args.ops, args.blocks, args.seed, args.runs, args.vllm_python, args.instructions
+        args.ops,
+        args.blocks,
+        args.seed,
+        args.runs,
+        args.vllm_python,
+        args.instructions,
+        progress=not args.no_progress,
     )
     if args.json:
         print(evictor_bench.to_json(result))

@@ -117,7 +117,7 @@ def test_a_broken_trace_names_its_line(tmp_path: Path, chats: Path, capsys) -> N
 
 
 def test_bench_evictor_reports_json(capsys) -> None:
-    assert main(["bench", "evictor", "--ops", "20000", "--blocks", "2000", "--runs", "1", "--vllm-python", "/nonexistent", "--json"]) == 0
+    assert main(["bench", "evictor", "--ops", "20000", "--blocks", "2000", "--runs", "1", "--vllm-python", "/nonexistent", "--no-progress", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert set(result["ns_per_op"]) == {"lru", "lpc"}
     assert min(result["block_ops"].values()) >= 20000 and result["ratios"]["lpc_over_lru"] > 0
