@@ -9,16 +9,11 @@ from pathlib import Path
 TOKEN_ENV = "LPC_PREDICTOR_TOKEN"
 
 
-def token_from_environment() -> str | None:
-    token = os.environ.get(TOKEN_ENV, "").strip()
-    return token or None
-
-
 def read_bearer_token(token_file: Path | None, flag: str) -> str | None:
     """The token in `token_file` (given by `flag`), else $LPC_PREDICTOR_TOKEN, else None.
     ValueError naming the flag and the file when the file cannot be read."""
     if token_file is None:
-        return token_from_environment()
+        return os.environ.get(TOKEN_ENV, "").strip() or None
     try:
         return token_file.read_text(encoding="utf-8").strip()
     except OSError as error:
