@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from eviction import Evictor, FreedBlocks, Release
+from eviction import FreedBlocks, Release
 from lpc.benchmarks.evictor_ops import (
     Call,
     OpPlan,
@@ -36,7 +36,7 @@ from lpc.benchmarks.evictor_ops import (
     record,
     write_calls,
 )
-from lpc.benchmarks.evictor_worker import POLICIES
+from lpc.benchmarks.evictor_worker import POLICIES, new_evictor
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VLLM_BENCH_SCRIPT = REPO_ROOT / "scripts" / "vllm_queue_bench.py"
@@ -60,15 +60,9 @@ class EvictorBenchResult:
     instruction_block_ops: int | None = None
 
 
-def _fresh(name: str, num_blocks: int) -> Evictor:
-    evictor = POLICIES[name](num_blocks)
-    evictor.reset(range(num_blocks))
-    return evictor
-
-
 def record_policy(name: str, plan: OpPlan) -> list[Call]:
     """The calls `name` receives on the plan; PUSH keeps (time, p, conversation)."""
-    evictor = _fresh(name, plan.num_blocks)
+    evictor = new_evictor(name, plan.num_blocks)
 
     def push(block_ids: list[int], meta: tuple) -> None:
         n = len(block_ids)

@@ -28,6 +28,13 @@ from lpc.benchmarks.evictor_ops import (
 POLICIES: dict[str, type[Evictor]] = {"lru": LRUEvictor, "lpc": LPCEvictor}
 
 
+def new_evictor(policy: str, num_blocks: int) -> Evictor:
+    """The policy's evictor with every block free and uncached."""
+    evictor = POLICIES[policy](num_blocks)
+    evictor.reset(range(num_blocks))
+    return evictor
+
+
 class Replayer:
     """One evictor, reset before each replay, and the calls prepared for it.
 
@@ -39,8 +46,7 @@ class Replayer:
     """
 
     def __init__(self, policy: str, num_blocks: int, calls: list[Call]) -> None:
-        self.evictor = POLICIES[policy](num_blocks)
-        self.evictor.reset(range(num_blocks))
+        self.evictor = new_evictor(policy, num_blocks)
         self.pool_ids = sorted(self.evictor.pop_n(num_blocks))
         self.calls = self._prepare(calls)
 
