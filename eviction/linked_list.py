@@ -111,7 +111,7 @@ class BlockList:
         nxt = node.next
         prev.next = nxt
         nxt.prev = prev
-        node.prev = node.next = None
+        node.prev = None
         self.size -= 1
 
     def popleft(self) -> int:
@@ -121,7 +121,7 @@ class BlockList:
         nxt = node.next
         self._head.next = nxt
         nxt.prev = self._head
-        node.prev = node.next = None
+        node.prev = None
         self.size -= 1
         return node.block_id
 
@@ -133,9 +133,8 @@ class BlockList:
         node = self._head.next
         for _ in range(n):
             out.append(node.block_id)
-            following = node.next
-            node.prev = node.next = None
-            node = following
+            node.prev = None
+            node = node.next
         self._head.next = node
         node.prev = self._head
         self.size -= n
