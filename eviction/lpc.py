@@ -42,6 +42,7 @@ def decayed_probability(probability: float, elapsed_s: float, scale_per_s: float
 
 SHARED = "<shared>"  # run tag of blocks released by more than one conversation
 _NO_TAG = object()  # equal to no tag: what an anonymous release compares blocks' tags with
+_new_object = object.__new__
 
 
 class LPCEvictor(PriorityEvictor):
@@ -73,10 +74,7 @@ class LPCEvictor(PriorityEvictor):
         if p is None:
             self.fallbacks_used += 1
             p = self.fallback_probability
-        # static_key(), inlined: this runs once per release on the eviction hot path.
-        floor = self.probability_floor
-        p = floor if p < floor else (1.0 - floor if p > 1.0 - floor else p)
-        return math.log(p / (1.0 - p)) + self.scale_per_s * release.time_s
+        return static_key(p, release.time_s, self.scale_per_s, self.probability_floor)
 
     def _pooled(
         self, block_ids: Sequence[int], key: float, conversation_id: str | None
@@ -99,12 +97,29 @@ class LPCEvictor(PriorityEvictor):
         block_ids = freed.block_ids
         if not block_ids:
             return
-        key = self.key_for(release)
+        # key_for(release), inlined: this runs once per release on the eviction hot path.
+        p = release.probability
+        if p is None:
+            self.fallbacks_used += 1
+            p = self.fallback_probability
+        floor = self.probability_floor
+        p = floor if p < floor else (1.0 - floor if p > 1.0 - floor else p)
+        key = math.log(p / (1.0 - p)) + self.scale_per_s * release.time_s
         conversation_id = release.conversation_id
         # An anonymous release owns no block: its tag matches none.
         own_tag = _NO_TAG if conversation_id is None else conversation_id
         state = self._state
-        run = Run(key, conversation_id, block_ids, freed.depths, self._next_seq)
+        # Run(key, conversation_id, block_ids, freed.depths, seq), built without the Python
+        # frame of Run.__init__ (a third of a release's fixed cost); every slot is set here.
+        run = _new_object(Run)
+        run.key = key
+        run.tag = conversation_id
+        run.block_ids = block_ids
+        run.depths = freed.depths
+        run.cursor = 0
+        run.seq = self._next_seq
+        run.live = len(block_ids)
+        run.ghost = None
         # Fast path, one pass: blocks cached for the first time, or released again by their
         # only conversation, all take this release's key and form a single run.
         for block_id in block_ids:
@@ -115,7 +130,13 @@ class LPCEvictor(PriorityEvictor):
         else:
             self._next_seq += 1
             self._queued += len(block_ids)
-            heapq.heappush(self._heap, (key, -freed.depths[0], run.seq, run))
+            self._num_runs += 1
+            # RunHeap._enqueue, inlined: a new key is the common case.
+            queued = self._at.setdefault(key, run)
+            if queued is run:
+                heapq.heappush(self._heap, key)
+            else:
+                self._tie(key, queued, run)
             return
         # Some block is shared. The blocks claimed so far were new or this conversation's
         # own, which pooling treats alike: forget the claim and pool block by block.

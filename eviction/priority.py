@@ -1,11 +1,10 @@
 """Shared machinery for policies that order cached blocks by a priority key.
 
-Uncached blocks live in a linked list in front of everything (reused first, in vLLM's order);
-cached blocks live in the `RunHeap` this class extends, keyed by the policy's priority, ties
-going to the deeper block, then to the older release. A block's last run (or its ghost) is
-its metadata (key and tag) while it is in use, so a policy can pool across releases.
-Subclasses implement
-`push_cached`.
+The `RunHeap` this class extends keeps uncached blocks in a linked list in front of everything
+(reused first, in vLLM's order) and cached blocks in a heap keyed by the policy's priority,
+ties going to the deeper block, then to the older release. A block's last run (or its ghost)
+is its metadata (key and tag) while it is in use, so a policy can pool across releases.
+Subclasses implement `push_cached`.
 """
 
 from __future__ import annotations
@@ -13,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from eviction.base import Evictor
-from eviction.linked_list import BlockList
 from eviction.run_heap import Ghost, RunHeap
+
+_new_object = object.__new__
 
 
 class PriorityEvictor(RunHeap, Evictor):
@@ -24,7 +24,6 @@ class PriorityEvictor(RunHeap, Evictor):
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
         self._num_blocks = num_blocks
-        self._uncached = BlockList(num_blocks)
         RunHeap.__init__(self, num_blocks)
 
     def reset(self, block_ids: Iterable[int]) -> None:
@@ -43,24 +42,13 @@ class PriorityEvictor(RunHeap, Evictor):
         except AttributeError:
             self._uncached.remove(block_id)
             return
-        if ghost is None:
-            ghost = run.ghost = Ghost(run.key, run.tag)
+        if ghost is None:  # the run's first hit: Ghost(run.key, run.tag), without its frame
+            ghost = run.ghost = _new_object(Ghost)
+            ghost.key = run.key
+            ghost.tag = run.tag
         state[block_id] = ghost
         run.live -= 1
         self._queued -= 1
-
-    def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
-        uncached = self._uncached
-        from_uncached = uncached.size
-        if n <= from_uncached:
-            return uncached.pop_n(n)
-        if n > from_uncached + self._queued:
-            raise IndexError(f"cannot pop {n} blocks: only {len(self)} are free")
-        out = uncached.pop_n(from_uncached) if from_uncached else []
-        if len(self._heap) > 2 * self._queued + 1024:
-            self._rebuild()  # hits left more dead runs than live blocks
-        self._pop_into(n - from_uncached, out)
-        return out
 
     def __len__(self) -> int:
         return self._uncached.size + self._queued

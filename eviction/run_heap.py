@@ -2,21 +2,26 @@
 
 A request releases a whole chain of blocks at once, and the policies here give most of them
 the same key (LPC: one prediction and one release time for the whole request). So the heap
-holds one entry per run — (key, −depth of the run's head, run sequence number, run) — instead
-of one per block. A run lists its blocks deepest first, which is also their eviction order
-within the run: ties in key evict the deeper block first (a child is useless without its
-parent), then the block of the older run.
+orders runs, not blocks. A run lists its blocks deepest first, which is also their eviction
+order within the run: ties in key evict the deeper block first (a child is useless without
+its parent), then the block of the older run.
+
+The heap holds bare keys, each once, and `_at` maps a key to what is queued under it: one
+`Run` (the common case), or a `Tie` of runs that share the key. Keys compare in one step,
+where (key, rank, seq) tuples took two comparisons and a tuple walk at every level of every
+pop. A key at the root is strictly below every other key, so a lone run there hands out its
+blocks by slicing, like a linked list. Inside a `Tie`, runs are ordered by (−depth of the
+run's head, run sequence number); a rank goes stale as its head moves past hit blocks, which
+only makes it sort *earlier* than it should, never later, so the tie's root is re-ranked
+exactly before each block it gives.
 
 Each block has one slot in `_state`: the `Run` it is queued in; or, once a hit took it out
 of the heap, that run's `Ghost` (the same key and `tag`, the policy's per-block metadata,
 which must survive while the block is in use); or None once it is handed out with new
 content. A hit therefore costs one store and one count (the run's `live` blocks); the cursor
 skips such blocks when it reaches them, and a run with no live block left is dropped when it
-reaches the root. An entry's rank goes stale as its head moves on, which only makes it sort
-*earlier* than it should, never later; so a root whose key is strictly below its children's
-is the true minimum and its blocks are taken by slicing, like a linked list, and only a tie
-on the key needs the root re-ranked. Everything is O(log runs) amortised; the heap is rebuilt
-when dead entries outnumber queued blocks.
+reaches the root. Everything is O(log runs) amortised; the heap is rebuilt when dead runs
+outnumber queued blocks.
 
 Policies subclass `RunHeap` (through `PriorityEvictor`) so their hot paths touch these lists
 directly; the protected methods here are the heap's whole interface.
@@ -26,7 +31,9 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeAlias
+
+from eviction.linked_list import BlockList
 
 
 class Ghost:
@@ -64,22 +71,33 @@ class Run:
         return ghost
 
 
-_Entry = tuple[Any, int, int, Run]
+Key: TypeAlias = Any  # hashable and totally ordered: a float, or a tuple of them
+
+
+class Tie(list):
+    """Runs queued under one key, a min-heap of (−depth of head, run sequence number, run)."""
+
+    __slots__ = ()
 
 
 class RunHeap:
-    """Blocks ordered by (key, −depth, run age), with O(1) membership by block id."""
+    """Uncached blocks, then cached ones by (key, −depth, run age); O(1) membership by id."""
 
     def __init__(self, num_blocks: int) -> None:
-        self._heap: list[_Entry] = []
+        self._uncached = BlockList(num_blocks)  # reused before any run, in vLLM's order
+        self._heap: list[Key] = []
+        self._at: dict[Key, Run | Tie] = {}
         self._state: list[Run | Ghost | None] = [None] * num_blocks
         self._next_seq = 0
         self._queued = 0
+        self._num_runs = 0  # runs under the keys in the heap, dead ones included
 
     def _clear_heap(self) -> None:
         self._heap.clear()
+        self._at.clear()
         self._state = [None] * len(self._state)
         self._queued = 0
+        self._num_runs = 0
 
     def _is_queued(self, block_id: int) -> bool:
         return type(self._state[block_id]) is Run
@@ -100,8 +118,28 @@ class RunHeap:
         run.cursor = i
         return i
 
+    def _enqueue(self, key: Key, run: Run) -> None:
+        """Put a new run under its key (the caller has pointed its blocks' slots at it)."""
+        self._num_runs += 1
+        queued = self._at.setdefault(key, run)
+        if queued is run:
+            heapq.heappush(self._heap, key)
+        else:
+            self._tie(key, queued, run)
+
+    def _tie(self, key: Key, queued: Run | Tie, run: Run) -> None:
+        """A new run joins the runs already queued under its key."""
+        if type(queued) is Run:
+            queued = self._at[key] = Tie([(self._rank(queued), queued.seq, queued)])
+        heapq.heappush(queued, (-run.depths[0], run.seq, run))
+
+    def _rank(self, run: Run) -> int:
+        """The run's exact rank in a tie: −depth of its head (0 once it has no live block)."""
+        i = self._head(run)
+        return -run.depths[i] if i < len(run.block_ids) else 0
+
     def _push_run(
-        self, key: Any, tag: Any, block_ids: Sequence[int], depths: Sequence[int]
+        self, key: Key, tag: Any, block_ids: Sequence[int], depths: Sequence[int]
     ) -> Run | None:
         """Queue blocks that are not queued now and share `key`, listed deepest first.
 
@@ -116,14 +154,14 @@ class RunHeap:
         for block_id in block_ids:
             state[block_id] = run
         self._queued += len(block_ids)
-        heapq.heappush(self._heap, (key, -depths[0], seq, run))
+        self._enqueue(key, run)
         return run
 
     def _push_grouped(
         self,
         block_ids: Sequence[int],
         depths: Sequence[int],
-        keys: Sequence[Any],
+        keys: Sequence[Key],
         tags: Sequence[Any],
     ) -> list[Run]:
         """Queue blocks with per-block keys and tags, grouping equal neighbours into runs."""
@@ -139,7 +177,7 @@ class RunHeap:
         return runs
 
     def _remember(
-        self, key: Any, tag: Any, block_ids: Sequence[int], depths: Sequence[int]
+        self, key: Key, tag: Any, block_ids: Sequence[int], depths: Sequence[int]
     ) -> None:
         """Attach metadata to blocks that are in use (not queued)."""
         if not block_ids:
@@ -157,106 +195,140 @@ class RunHeap:
         self._state[block_id] = run.left_by()
         run.live -= 1
         self._queued -= 1
-        if len(self._heap) > 2 * self._queued + 1024:
+        if self._num_runs > 2 * self._queued + 1024:
             self._rebuild()
         return True
 
-    def _pop_into(self, n: int, out: list[int]) -> None:
-        """Pop the n smallest blocks into `out`, in order; they forget their runs.
+    def _drop_root(self) -> None:
+        """The root key has nothing queued under it any more."""
+        del self._at[heapq.heappop(self._heap)]
 
-        An entry's rank (its head's depth) only breaks ties between equal keys, and it goes
-        stale as the head moves on, always in the direction that sorts the entry earlier.
-        So a root whose key is strictly below its children's is the true minimum whatever
-        the ranks say, and its blocks are taken at once; only a tie on the key re-ranks the
-        root, exactly, before a single block is taken.
+    def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
+        """The next n blocks to reuse: uncached ones first, then the smallest keys in order.
+
+        Popped cached blocks forget their runs. One frame for the whole call: this is the
+        allocation path of every request.
         """
-        if n > self._queued:
-            raise IndexError(f"cannot pop {n} blocks: only {self._queued} are queued")
-        heap, state = self._heap, self._state
-        need = n
+        uncached = self._uncached
+        from_uncached = uncached.size
+        if n <= from_uncached:
+            return uncached.pop_n(n)
+        if n > from_uncached + self._queued:
+            raise IndexError(f"cannot pop {n} blocks: only {from_uncached + self._queued} are free")
+        out = uncached.pop_n(from_uncached) if from_uncached else []
+        if self._num_runs > 2 * self._queued + 1024:
+            self._rebuild()  # hits left more dead runs than live blocks
+        heap, at, state = self._heap, self._at, self._state
+        need = n - from_uncached
+        self._queued -= need
         while need:
-            entry = heap[0]
-            run = entry[3]
-            live = run.live
-            if not live:
-                heapq.heappop(heap)  # every block of the run was hit since
+            run = at[heap[0]]
+            if type(run) is Tie:
+                need -= self._pop_tied(run, need, out)
                 continue
-            key = entry[0]
-            size = len(heap)
+            # The only run under the smallest key: its live blocks go first, in order.
+            live = run.live
+            if not live:  # every block of the run was hit since
+                self._num_runs -= 1
+                self._drop_root()
+                continue
             ids = run.block_ids
             m = len(ids)
             i = run.cursor
-            if (size < 2 or key < heap[1][0]) and (size < 3 or key < heap[2][0]):
-                # Strictly the smallest key: the run's live blocks go first, in order.
-                if live == m - i:
-                    j = i + need if i + need < m else m
-                    take = ids[i:j]
-                    out.extend(take)
-                    for block_id in take:
+            if live == m - i:
+                j = i + need if i + need < m else m
+                take = ids[i:j]
+                out.extend(take)
+                for block_id in take:
+                    state[block_id] = None
+                taken = j - i
+            else:
+                taken = 0
+                j = i
+                while j < m and taken < need:
+                    block_id = ids[j]
+                    j += 1
+                    if state[block_id] is run:
                         state[block_id] = None
-                    taken = j - i
-                else:
-                    taken = 0
-                    j = i
-                    while j < m and taken < need:
-                        block_id = ids[j]
-                        j += 1
-                        if state[block_id] is run:
-                            state[block_id] = None
-                            out.append(block_id)
-                            taken += 1
-                need -= taken
-                run.live = live = live - taken
-                run.cursor = j
-                if live:
-                    break  # `need` is met
-                heapq.heappop(heap)
+                        out.append(block_id)
+                        taken += 1
+            need -= taken
+            run.live = live = live - taken
+            run.cursor = j
+            if live:
+                break  # `need` is met
+            self._num_runs -= 1
+            self._drop_root()
+        return out
+
+    def _pop_tied(self, tie: Tie, need: int, out: list[int]) -> int:
+        """Take up to `need` blocks from the runs tied at the root key; returns how many.
+
+        Each block goes to the run with the deepest head, then the oldest run: the tie's root
+        is re-ranked exactly (its rank may be stale, never late) before it gives a block.
+        """
+        state = self._state
+        taken = 0
+        while taken < need:
+            rank, seq, run = tie[0]
+            if not run.live:
+                heapq.heappop(tie)
+                self._num_runs -= 1
+                if len(tie) == 1:  # a lone run again: back to the slicing path
+                    self._at[self._heap[0]] = tie[0][2]
+                    break
                 continue
-            # A tie on the key: rank the root exactly, then take one block.
-            if live != m - i:
-                i = self._head(run)
-            rank = -run.depths[i]
-            if rank != entry[1]:
-                self._replace_root((key, rank, run.seq, run))
-                if heap[0][3] is not run:
-                    continue
-            block_id = ids[i]
+            i = self._head(run)
+            exact = -run.depths[i]
+            if exact != rank:
+                heapq.heapreplace(tie, (exact, seq, run))
+                continue
+            block_id = run.block_ids[i]
             state[block_id] = None
             out.append(block_id)
-            need -= 1
-            run.live = live = live - 1
+            taken += 1
+            run.live -= 1
             run.cursor = i + 1
-            if not live:
-                heapq.heappop(heap)
-                continue
-            self._replace_root((key, -run.depths[self._head(run)], run.seq, run))
-        self._queued -= n
-
-    def _replace_root(self, entry: _Entry) -> None:
-        heap = self._heap
-        size = len(heap)
-        if (size < 2 or entry <= heap[1]) and (size < 3 or entry <= heap[2]):
-            heap[0] = entry
-        else:
-            heapq.heapreplace(heap, entry)
+            if run.live:
+                heapq.heapreplace(tie, (self._rank(run), seq, run))
+        return taken
 
     def _rebuild(self) -> None:
-        entries = []
-        for _, _, seq, run in self._heap:
-            i = self._head(run)
-            if i < len(run.block_ids):
-                entries.append((run.key, -run.depths[i], seq, run))
-        heapq.heapify(entries)
-        self._heap = entries
+        """Drop the runs every block of which was hit, and the keys left with none."""
+        at: dict[Key, Run | Tie] = {}
+        num_runs = 0
+        for key, queued in self._at.items():
+            runs = [queued] if type(queued) is Run else [entry[2] for entry in queued]
+            live = [run for run in runs if self._head(run) < len(run.block_ids)]
+            if len(live) == 1:
+                at[key] = live[0]
+            elif live:
+                tie = Tie((self._rank(run), run.seq, run) for run in live)
+                heapq.heapify(tie)
+                at[key] = tie
+            num_runs += len(live)
+        self._at = at
+        self._heap = list(at)
+        heapq.heapify(self._heap)
+        self._num_runs = num_runs
+
+    def _runs(self) -> Iterator[Run]:
+        """Every run under a key in the heap (dead ones included), in no order."""
+        for queued in self._at.values():
+            if type(queued) is Run:
+                yield queued
+            else:
+                for entry in queued:
+                    yield entry[2]
 
     def _ordered(self) -> Iterator[int]:
         """Queued blocks in pop order, without popping (O(n log n); for tests and debugging)."""
         state = self._state
         items = []
-        for _, _, seq, run in self._heap:
+        for run in self._runs():
             for j in range(run.cursor, len(run.block_ids)):
                 block_id = run.block_ids[j]
                 if state[block_id] is run:
-                    items.append((run.key, -run.depths[j], seq, block_id))
+                    items.append((run.key, -run.depths[j], run.seq, block_id))
         items.sort()
         return (item[3] for item in items)

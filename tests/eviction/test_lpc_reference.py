@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from eviction import LPCEvictor, Release
+from eviction import FreedBlocks, LPCEvictor, Release
+from eviction.run_heap import Run
 from lpc.block_manager import CacheRequest, PrefixCacheBlockManager
 from tests.eviction.reference import BruteForceLPC
-from tests.lpc.streams import Allocate, random_stream
+from tests.lpc.streams import Allocate, Free, random_stream
 
 
 def replay(manager: PrefixCacheBlockManager, steps) -> list:
@@ -21,9 +24,27 @@ def replay(manager: PrefixCacheBlockManager, steps) -> list:
     return trace
 
 
+def with_tied_keys(steps: list) -> list:
+    """The stream with releases at whole seconds and only two probabilities (one of them the
+    fallback), so that many runs share a key and the tie rules decide the victims."""
+    return [
+        dataclasses.replace(
+            step,
+            now_s=float(int(step.now_s)),
+            probability=None if int(step.now_s) % 2 else 0.3,
+        )
+        if isinstance(step, Free)
+        else step
+        for step in steps
+    ]
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["distinct-keys", "tied-keys"])
 @pytest.mark.parametrize("seed", range(20))
-def test_lpc_matches_brute_force_reference(seed: int) -> None:
+def test_lpc_matches_brute_force_reference(seed: int, tied: bool) -> None:
     steps = random_stream(seed, 400)
+    if tied:
+        steps = with_tied_keys(steps)
     fast = PrefixCacheBlockManager(
         48, block_size=4, evictor=LPCEvictor(48, fallback_probability=0.3)
     )
@@ -67,3 +88,16 @@ def test_a_conversations_newest_prediction_replaces_its_older_one() -> None:
     table = manager.allocate(second, None, 2.0).block_ids
     manager.free("t2", 3.0, probability=0.1)
     assert evictor.pooled_key(table[0]) == pytest.approx(evictor.key_for(Release(3.0, 0.1, "A")))
+
+
+def test_a_released_run_has_every_slot_set() -> None:
+    """The release path builds its Run slot by slot (no __init__ frame): none may be missed."""
+    evictor = LPCEvictor(8)
+    evictor.reset(range(8))
+    blocks = evictor.pop_n(3)
+    evictor.push_cached(FreedBlocks(blocks, [2, 1, 0], [None] * 3), Release(1.0, 0.4, "A"))
+    run = evictor._state[blocks[0]]
+    assert type(run) is Run
+    reference = Run(run.key, "A", blocks, [2, 1, 0], run.seq)
+    for slot in Run.__slots__:
+        assert getattr(run, slot) == getattr(reference, slot), slot
