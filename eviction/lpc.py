@@ -129,8 +129,7 @@ class LPCEvictor(PriorityEvictor):
             state[block_id] = run
         else:
             self._next_seq += 1
-            self._queued += len(block_ids)
-            self._num_runs += 1
+            self._queued += run.live
             # RunHeap._enqueue, inlined: a new key is the common case.
             queued = self._at.setdefault(key, run)
             if queued is run:

@@ -20,8 +20,8 @@ of the heap, that run's `Ghost` (the same key and `tag`, the policy's per-block 
 which must survive while the block is in use); or None once it is handed out with new
 content. A hit therefore costs one store and one count (the run's `live` blocks); the cursor
 skips such blocks when it reaches them, and a run with no live block left is dropped when it
-reaches the root. Everything is O(log runs) amortised; the heap is rebuilt when dead runs
-outnumber queued blocks.
+reaches the root. Everything is O(log runs) amortised; the heap is rebuilt when its keys
+outnumber twice the queued blocks (dead runs piled up).
 
 Policies subclass `RunHeap` (through `PriorityEvictor`) so their hot paths touch these lists
 directly; the protected methods here are the heap's whole interface.
@@ -34,6 +34,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, TypeAlias
 
 from eviction.linked_list import BlockList
+
+heappop = heapq.heappop
 
 
 class Ghost:
@@ -90,14 +92,12 @@ class RunHeap:
         self._state: list[Run | Ghost | None] = [None] * num_blocks
         self._next_seq = 0
         self._queued = 0
-        self._num_runs = 0  # runs under the keys in the heap, dead ones included
 
     def _clear_heap(self) -> None:
         self._heap.clear()
         self._at.clear()
         self._state = [None] * len(self._state)
         self._queued = 0
-        self._num_runs = 0
 
     def _is_queued(self, block_id: int) -> bool:
         return type(self._state[block_id]) is Run
@@ -120,7 +120,6 @@ class RunHeap:
 
     def _enqueue(self, key: Key, run: Run) -> None:
         """Put a new run under its key (the caller has pointed its blocks' slots at it)."""
-        self._num_runs += 1
         queued = self._at.setdefault(key, run)
         if queued is run:
             heapq.heappush(self._heap, key)
@@ -195,13 +194,9 @@ class RunHeap:
         self._state[block_id] = run.left_by()
         run.live -= 1
         self._queued -= 1
-        if self._num_runs > 2 * self._queued + 1024:
+        if len(self._heap) > 2 * self._queued + 1024:
             self._rebuild()
         return True
-
-    def _drop_root(self) -> None:
-        """The root key has nothing queued under it any more."""
-        del self._at[heapq.heappop(self._heap)]
 
     def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
         """The next n blocks to reuse: uncached ones first, then the smallest keys in order.
@@ -216,7 +211,7 @@ class RunHeap:
         if n > from_uncached + self._queued:
             raise IndexError(f"cannot pop {n} blocks: only {from_uncached + self._queued} are free")
         out = uncached.pop_n(from_uncached) if from_uncached else []
-        if self._num_runs > 2 * self._queued + 1024:
+        if len(self._heap) > 2 * self._queued + 1024:
             self._rebuild()  # hits left more dead runs than live blocks
         heap, at, state = self._heap, self._at, self._state
         need = n - from_uncached
@@ -229,8 +224,7 @@ class RunHeap:
             # The only run under the smallest key: its live blocks go first, in order.
             live = run.live
             if not live:  # every block of the run was hit since
-                self._num_runs -= 1
-                self._drop_root()
+                del at[heappop(heap)]
                 continue
             ids = run.block_ids
             m = len(ids)
@@ -257,8 +251,7 @@ class RunHeap:
             run.cursor = j
             if live:
                 break  # `need` is met
-            self._num_runs -= 1
-            self._drop_root()
+            del at[heappop(heap)]  # the run is used up: its key leaves the heap
         return out
 
     def _pop_tied(self, tie: Tie, need: int, out: list[int]) -> int:
@@ -273,7 +266,6 @@ class RunHeap:
             rank, seq, run = tie[0]
             if not run.live:
                 heapq.heappop(tie)
-                self._num_runs -= 1
                 if len(tie) == 1:  # a lone run again: back to the slicing path
                     self._at[self._heap[0]] = tie[0][2]
                     break
@@ -296,7 +288,6 @@ class RunHeap:
     def _rebuild(self) -> None:
         """Drop the runs every block of which was hit, and the keys left with none."""
         at: dict[Key, Run | Tie] = {}
-        num_runs = 0
         for key, queued in self._at.items():
             runs = [queued] if type(queued) is Run else [entry[2] for entry in queued]
             live = [run for run in runs if self._head(run) < len(run.block_ids)]
@@ -306,11 +297,9 @@ class RunHeap:
                 tie = Tie((self._rank(run), run.seq, run) for run in live)
                 heapq.heapify(tie)
                 at[key] = tie
-            num_runs += len(live)
         self._at = at
         self._heap = list(at)
         heapq.heapify(self._heap)
-        self._num_runs = num_runs
 
     def _runs(self) -> Iterator[Run]:
         """Every run under a key in the heap (dead ones included), in no order."""
