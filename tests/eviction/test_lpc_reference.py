@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from eviction import FreedBlocks, LPCEvictor, Release
-from eviction.run_heap import Run
+from eviction.run_heap import Ghost, Run
 from lpc.block_manager import CacheRequest, PrefixCacheBlockManager
 from tests.eviction.reference import BruteForceLPC
 from tests.lpc.streams import Allocate, Free, random_stream
@@ -90,8 +90,9 @@ def test_a_conversations_newest_prediction_replaces_its_older_one() -> None:
     assert evictor.pooled_key(table[0]) == pytest.approx(evictor.key_for(Release(3.0, 0.1, "A")))
 
 
-def test_a_released_run_has_every_slot_set() -> None:
-    """The release path builds its Run slot by slot (no __init__ frame): none may be missed."""
+def test_released_runs_and_their_ghosts_have_every_slot_set() -> None:
+    """The release and hit paths build Run and Ghost slot by slot (no __init__ frame): none
+    may be missed."""
     evictor = LPCEvictor(8)
     evictor.reset(range(8))
     blocks = evictor.pop_n(3)
@@ -101,3 +102,8 @@ def test_a_released_run_has_every_slot_set() -> None:
     reference = Run(run.key, "A", blocks, [2, 1, 0], run.seq)
     for slot in Run.__slots__:
         assert getattr(run, slot) == getattr(reference, slot), slot
+    evictor.remove(blocks[0])
+    ghost = evictor._state[blocks[0]]
+    assert type(ghost) is Ghost and run.ghost is ghost
+    for slot in Ghost.__slots__:
+        assert getattr(ghost, slot) == getattr(Ghost(run.key, "A"), slot), slot
