@@ -21,7 +21,7 @@ which must survive while the block is in use); or None once it is handed out wit
 content. A hit therefore costs one store and one count (the run's `live` blocks); the cursor
 skips such blocks when it reaches them, and a run with no live block left is dropped when it
 reaches the root. Everything is O(log runs) amortised; the heap is rebuilt when its keys
-outnumber twice the queued blocks (dead runs piled up).
+exceed twice the queued blocks plus 1,024 (runs whose every block was hit piled up).
 
 Policies subclass `RunHeap` (through `PriorityEvictor`) so their hot paths touch these lists
 directly; the protected methods here are the heap's whole interface.
@@ -35,7 +35,7 @@ from typing import Any, TypeAlias
 
 from eviction.linked_list import BlockList
 
-heappop = heapq.heappop
+heappop = heapq.heappop  # one global load on the pop path, per used-up run
 
 
 class Ghost:
