@@ -225,18 +225,16 @@ def measure(calls: list[Call], fresh: Callable[[], Methods], repeats: int) -> Re
     )
 
 
-REPLAY_MODES = ("time", "setup", "replay", "loop", "dispatch")
+REPLAY_MODES = ("time", "replay", "loop", "dispatch")
 
 
 def run_mode(mode: str, calls: list[Call], fresh: Callable[[], Methods], repeats: int) -> None:
     """What a replay process does: `time` prints its `ReplayTiming` as one JSON line; the
-    others run once, for instruction counting: `setup` stops once the calls are prepared,
-    and after a fresh queue (in every counted mode alike) `replay` replays the calls, `loop`
-    runs the replay loop alone, `dispatch` the loop with a no-op call per operation."""
+    others run once, for instruction counting: after a fresh queue (in every counted mode
+    alike) `replay` replays the calls, `loop` runs the replay loop alone, `dispatch` the loop
+    with a no-op call per operation."""
     if mode == "time":
         print(json.dumps(asdict(measure(calls, fresh, repeats))))
-        return
-    if mode == "setup":
         return
     methods = fresh()
     if mode == "replay":

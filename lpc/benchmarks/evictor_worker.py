@@ -4,10 +4,9 @@
 
 `lpc bench evictor` runs every implementation this way, ours here and vLLM's queue through
 `scripts/vllm_queue_bench.py`, so each is timed in a fresh interpreter that holds only its own
-calls. The other modes run once, for instruction counting (see instruction_count): `setup`
-loads and prepares the calls and stops; after the same setup and a fresh evictor, `replay`
-replays them, `loop` runs the replay loop alone, and `dispatch` the loop with a no-op call
-per operation.
+calls. The other modes run once, for instruction counting (see instruction_count): after
+the same setup and a fresh evictor, `replay` replays the calls, `loop` runs the replay loop
+alone, and `dispatch` the loop with a no-op call per operation.
 """
 
 from __future__ import annotations
