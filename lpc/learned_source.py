@@ -46,12 +46,18 @@ class LearnedSource:
     def _features_sample(self, turn: ScriptedTurn) -> TurnSample:
         """What the finish features read: the request's serving token counts, and, when the
         model has character features, the conversation's text."""
-        tokens = {"request_tokens": len(turn.token_ids),
-                  "output_tokens": turn.num_output_tokens}
+        tokens = {"request_tokens": len(turn.token_ids), "output_tokens": turn.num_output_tokens}
         if all(name in TOKEN_FEATURES for name in self.predictor.extra_features):
-            return TurnSample(turn.conversation_id, "", turn.turn_index + 1,
-                              int(turn.has_next_turn), tuple(turn.user_prompts), "", 0,
-                              **tokens)
+            return TurnSample(
+                turn.conversation_id,
+                "",
+                turn.turn_index + 1,
+                int(turn.has_next_turn),
+                tuple(turn.user_prompts),
+                "",
+                0,
+                **tokens,
+            )
         return replace(self._sample(turn), **tokens)
 
     def _sample(self, turn: ScriptedTurn) -> TurnSample:
@@ -62,7 +68,8 @@ class LearnedSource:
                 raise ValueError(
                     f"the model needs finish-time features {list(self.predictor.extra_features)}"
                     f" but conversation {conversation_id!r} is not among the loaded ones (a "
-                    "trace replay has no replies to compute them from)")
+                    "trace replay has no replies to compute them from)"
+                )
             window_size = self.predictor.feature_config.window_size
             self._samples[conversation_id] = conversation_samples(conversation, window_size)
         return self._samples[conversation_id][turn.turn_index]
@@ -84,14 +91,17 @@ class LearnedSource:
         out = np.empty(len(turns), dtype=np.float64)
         for start in range(0, len(turns), PREDICT_BATCH):
             batch = turns[start : start + PREDICT_BATCH]
-            embeddings = self.cache.embeddings_for(self._windows(batch), config,
-                                                   self.embed_options, self.stats)
+            embeddings = self.cache.embeddings_for(
+                self._windows(batch), config, self.embed_options, self.stats
+            )
             extras = None
             if self.predictor.extra_features:
-                extras = finish_feature_matrix([self._features_sample(t) for t in batch],
-                                               self.predictor.extra_features)
+                extras = finish_feature_matrix(
+                    [self._features_sample(t) for t in batch], self.predictor.extra_features
+                )
             out[start : start + len(batch)] = self.predictor.predict_from_embeddings(
-                embeddings, [t.turn_index + 1 for t in batch], extras)
+                embeddings, [t.turn_index + 1 for t in batch], extras
+            )
         return [float(p) for p in out]
 
 
@@ -100,43 +110,58 @@ class ServingTokenCounter:
     tokenizer, ChatML, max_model_len, through the on-disk token cache): the request sizes a
     model trained with token finish features sees in training are the ones it sees replayed."""
 
-    def __init__(self, tokenizer=None, max_model_len: int | None = None,
-                 progress: bool = True) -> None:
+    def __init__(
+        self, tokenizer=None, max_model_len: int | None = None, progress: bool = True
+    ) -> None:
         from lpc.chat_tokenization import DEFAULT_MAX_MODEL_LEN, TEMPLATE_VERSION
         from lpc.chat_tokenizers import default_chat_tokenizer
 
         self.tokenizer = tokenizer or default_chat_tokenizer()
         self.max_model_len = max_model_len or DEFAULT_MAX_MODEL_LEN
         self.progress = progress
-        self.name = (f"{self.tokenizer.name}+{TEMPLATE_VERSION}"
-                     f"+max_model_len={self.max_model_len}")
+        self.name = f"{self.tokenizer.name}+{TEMPLATE_VERSION}+max_model_len={self.max_model_len}"
 
     def __call__(self, conversations: Sequence[Conversation]) -> TokenCounts:
         from lpc.token_cache import tokenize_conversations_cached
 
-        tokenized = tokenize_conversations_cached(conversations, self.tokenizer,
-                                                  self.max_model_len, progress=self.progress)
-        return {(turn.conversation_id, turn.turn_index):
-                (turn.num_request_tokens, turn.num_output_tokens)
-                for conversation in tokenized.conversations for turn in conversation.turns}
+        tokenized = tokenize_conversations_cached(
+            conversations, self.tokenizer, self.max_model_len, progress=self.progress
+        )
+        return {
+            (turn.conversation_id, turn.turn_index): (
+                turn.num_request_tokens,
+                turn.num_output_tokens,
+            )
+            for conversation in tokenized.conversations
+            for turn in conversation.turns
+        }
 
 
-def learned_source_factory(model: Path, cache_dir: Path, embed_options: EmbedOptions,
-                           device: str | None = None, log=print):
+def learned_source_factory(
+    model: Path, cache_dir: Path, embed_options: EmbedOptions, device: str | None = None, log=print
+):
     """A `ModelSourceFactory` for `lpc.ab_pipeline.run_ab`: loads the predictor (and its
     embedder) when the harness needs it, with the evaluation conversations for lookups."""
 
     def factory(context) -> LearnedSource:
         predictor = Predictor.load(model, device=device)
         metadata = predictor.artifact.metadata
-        cache = EmbeddingCache.open(cache_dir, predictor.embedder_id, predictor.embedder.dim,
-                                    embedder=predictor.embedder)
+        cache = EmbeddingCache.open(
+            cache_dir, predictor.embedder_id, predictor.embedder.dim, embedder=predictor.embedder
+        )
         evaluation = getattr(context, "eval_conversations", None) or []
-        log(f"model: {model} ({metadata.embedder_id}; "
-            + (f"evaluation MCC {metadata.metrics['evaluation']['mcc']:.3f}, "
-               f"AUC {metadata.metrics['evaluation']['roc_auc']:.3f}"
-               if "evaluation" in metadata.metrics else "no held-out metrics") + ")")
-        return LearnedSource(predictor, cache, embed_options,
-                             {c.conversation_id: c for c in evaluation})
+        log(
+            f"model: {model} ({metadata.embedder_id}; "
+            + (
+                f"evaluation MCC {metadata.metrics['evaluation']['mcc']:.3f}, "
+                f"AUC {metadata.metrics['evaluation']['roc_auc']:.3f}"
+                if "evaluation" in metadata.metrics
+                else "no held-out metrics"
+            )
+            + ")"
+        )
+        return LearnedSource(
+            predictor, cache, embed_options, {c.conversation_id: c for c in evaluation}
+        )
 
     return factory

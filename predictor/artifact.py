@@ -80,12 +80,17 @@ class ArtifactMetadata:
 
     def __post_init__(self) -> None:
         if not isinstance(self.embedder_id, str) or not self.embedder_id:
-            raise ValueError(f"ArtifactMetadata.embedder_id must be a non-empty string, "
-                             f"got {self.embedder_id!r}")
-        if (not isinstance(self.base_rate, int | float) or isinstance(self.base_rate, bool)
-                or not 0.0 <= float(self.base_rate) <= 1.0):
-            raise ValueError(f"ArtifactMetadata.base_rate must be a number in [0, 1], "
-                             f"got {self.base_rate!r}")
+            raise ValueError(
+                f"ArtifactMetadata.embedder_id must be a non-empty string, got {self.embedder_id!r}"
+            )
+        if (
+            not isinstance(self.base_rate, int | float)
+            or isinstance(self.base_rate, bool)
+            or not 0.0 <= float(self.base_rate) <= 1.0
+        ):
+            raise ValueError(
+                f"ArtifactMetadata.base_rate must be a number in [0, 1], got {self.base_rate!r}"
+            )
         if not isinstance(self.metrics, dict):
             raise ValueError(f"ArtifactMetadata.metrics must be a dict, got {self.metrics!r}")
 
@@ -137,7 +142,9 @@ def _write_durably(path: Path, payload: bytes) -> None:
 
 
 def save_artifact(
-    folder: Path | str, model: ContinuationMLP, metadata: ArtifactMetadata,
+    folder: Path | str,
+    model: ContinuationMLP,
+    metadata: ArtifactMetadata,
     overwrite: bool = False,
 ) -> ArtifactMetadata:
     """Write `model` and `metadata` (checksum and size filled in) to `folder`, atomically.
@@ -150,8 +157,7 @@ def save_artifact(
 
     folder = Path(folder)
     if model.config != metadata.mlp_config:
-        raise ValueError(f"model config {model.config} differs from metadata "
-                         f"{metadata.mlp_config}")
+        raise ValueError(f"model config {model.config} differs from metadata {metadata.mlp_config}")
     if folder.exists() and not overwrite:
         raise FileExistsError(f"{folder} exists; pass overwrite=True to replace it")
     state = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
@@ -166,8 +172,9 @@ def save_artifact(
     try:
         text = json.dumps(metadata.to_dict(), indent=2, sort_keys=True, allow_nan=False)
     except ValueError as error:
-        raise ValueError(f"metadata is not strict JSON (NaN or infinity in metrics?): "
-                         f"{error}") from error
+        raise ValueError(
+            f"metadata is not strict JSON (NaN or infinity in metrics?): {error}"
+        ) from error
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
@@ -196,8 +203,9 @@ def _read_metadata(folder: Path) -> ArtifactMetadata:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ArtifactCorruptError(f"artifact {folder}: {METADATA_FILE} is not valid JSON "
-                                   f"({error})") from error
+        raise ArtifactCorruptError(
+            f"artifact {folder}: {METADATA_FILE} is not valid JSON ({error})"
+        ) from error
     if not isinstance(data, dict):
         raise ArtifactCorruptError(f"artifact {folder}: {METADATA_FILE} is not a JSON object")
     version = data.get("format_version")
@@ -209,11 +217,13 @@ def _read_metadata(folder: Path) -> ArtifactMetadata:
     try:
         return ArtifactMetadata.from_dict(data)
     except KeyError as error:
-        raise ArtifactCorruptError(f"artifact {folder}: {METADATA_FILE} lacks field "
-                                   f"{error.args[0]!r}") from error
+        raise ArtifactCorruptError(
+            f"artifact {folder}: {METADATA_FILE} lacks field {error.args[0]!r}"
+        ) from error
     except (TypeError, ValueError, FeatureConfigError) as error:
-        raise ArtifactCorruptError(f"artifact {folder}: {METADATA_FILE} is invalid: "
-                                   f"{error}") from error
+        raise ArtifactCorruptError(
+            f"artifact {folder}: {METADATA_FILE} is invalid: {error}"
+        ) from error
 
 
 def _read_weights(folder: Path, metadata: ArtifactMetadata) -> bytes:
@@ -252,14 +262,17 @@ def load_artifact(
     try:
         state = load_tensors(weights)
     except (SafetensorError, ValueError, RuntimeError) as error:
-        raise ArtifactCorruptError(f"artifact {folder}: {WEIGHTS_FILE} cannot be parsed "
-                                   f"({error})") from error
+        raise ArtifactCorruptError(
+            f"artifact {folder}: {WEIGHTS_FILE} cannot be parsed ({error})"
+        ) from error
     model = ContinuationMLP(metadata.mlp_config)
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as error:
-        raise ArtifactCorruptError(f"artifact {folder}: weights do not match the recorded MLP "
-                                   f"config {metadata.mlp_config}: {error}") from error
+        raise ArtifactCorruptError(
+            f"artifact {folder}: weights do not match the recorded MLP "
+            f"config {metadata.mlp_config}: {error}"
+        ) from error
     model.eval()
     if expected_embedder_id is not None and metadata.embedder_id != expected_embedder_id:
         raise EmbedderMismatchError(

@@ -135,8 +135,9 @@ class MicroBatcher:
                 f"queue holds {self._queued_items} windows, bound {self.max_queue_items}"
             )
         if self.max_expected_wait_s is not None and self.seconds_per_window is not None:
-            expected = (self._queued_items + self.max_batch + len(windows)) \
-                * self.seconds_per_window
+            expected = (
+                self._queued_items + self.max_batch + len(windows)
+            ) * self.seconds_per_window
             if expected > self.max_expected_wait_s:
                 raise QueueFullError(
                     f"expected wait {expected:.1f} s exceeds {self.max_expected_wait_s:.1f} s "
@@ -213,8 +214,10 @@ class MicroBatcher:
             try:
                 probabilities = await loop.run_in_executor(self._executor, predict, windows)
                 if len(probabilities) != len(windows):
-                    raise RuntimeError(f"predictor returned {len(probabilities)} probabilities "
-                                       f"for {len(windows)} windows")
+                    raise RuntimeError(
+                        f"predictor returned {len(probabilities)} probabilities "
+                        f"for {len(windows)} windows"
+                    )
             except Exception as error:  # the batch fails, the server does not
                 for job, _, _ in batch:
                     if not job.future.done():

@@ -28,23 +28,32 @@ _SYNTHETIC_TEXT = (
     "think write again prefix reuse saves prefill time model server request token latency "
     "Warum ist der Himmel blau Erklärung bitte ausführlich 你好 请 解释 一下 缓存 的 原理 "
     "как работает кэш объясни подробно pourquoi la mémoire est limitée ¿cómo funciona? "
-    "def main(): return sorted(items, key=lambda x: x[1]) # comment {\"json\": [1, 2, 3]}"
+    'def main(): return sorted(items, key=lambda x: x[1]) # comment {"json": [1, 2, 3]}'
 )
 _SYNTHETIC_WORDS = tuple(_SYNTHETIC_TEXT.split(" "))
 
 
-def worst_case_windows(count: int, seed: int = 0, prompts_per_window: int = 5,
-                       words_per_prompt: int = 600) -> list[ConversationWindow]:
+def worst_case_windows(
+    count: int, seed: int = 0, prompts_per_window: int = 5, words_per_prompt: int = 600
+) -> list[ConversationWindow]:
     """Windows whose every prompt is longer than its share: each text fills the budget."""
     rng = np.random.default_rng(seed)
     windows = []
     for i in range(count):
-        prompts = tuple(" ".join(rng.choice(_SYNTHETIC_WORDS, size=words_per_prompt))
-                        for _ in range(prompts_per_window))
+        prompts = tuple(
+            " ".join(rng.choice(_SYNTHETIC_WORDS, size=words_per_prompt))
+            for _ in range(prompts_per_window)
+        )
         # a 5-turn chat of long prompts is thousands of serving tokens; the size only feeds a
         # model's log_prompt_tokens input and does not change the cost being measured
-        windows.append(ConversationWindow(f"worst-{seed}-{i}", prompts, prompts_per_window,
-                                          prompt_tokens=prompts_per_window * words_per_prompt))
+        windows.append(
+            ConversationWindow(
+                f"worst-{seed}-{i}",
+                prompts,
+                prompts_per_window,
+                prompt_tokens=prompts_per_window * words_per_prompt,
+            )
+        )
     return windows
 
 
@@ -55,10 +64,18 @@ def synthetic_windows(count: int, seed: int = 0) -> list[ConversationWindow]:
     for i in range(count):
         turns = int(rng.integers(1, 13))
         kept = min(turns, int(rng.integers(1, 7)))
-        prompts = tuple(" ".join(rng.choice(_SYNTHETIC_WORDS, size=int(rng.integers(3, 151))))
-                        for _ in range(kept))
-        windows.append(ConversationWindow(f"synthetic-{seed}-{i}", prompts, turns,
-                                          prompt_tokens=sum(len(p.split()) for p in prompts)))
+        prompts = tuple(
+            " ".join(rng.choice(_SYNTHETIC_WORDS, size=int(rng.integers(3, 151))))
+            for _ in range(kept)
+        )
+        windows.append(
+            ConversationWindow(
+                f"synthetic-{seed}-{i}",
+                prompts,
+                turns,
+                prompt_tokens=sum(len(p.split()) for p in prompts),
+            )
+        )
     return windows
 
 
@@ -85,8 +102,13 @@ def _timed_calls(calls: Sequence[Any], fn, items_per_call: Sequence[int]) -> Thr
     total = time.perf_counter() - started
     cpu = time.process_time() - cpu_started
     items = int(sum(items_per_call))
-    return ThroughputResult(items, round(total, 3), round(items / total, 3),
-                            LatencySummary.of_seconds(latencies), round(cpu * 1000 / items, 2))
+    return ThroughputResult(
+        items,
+        round(total, 3),
+        round(items / total, 3),
+        LatencySummary.of_seconds(latencies),
+        round(cpu * 1000 / items, 2),
+    )
 
 
 def process_cpu_seconds(pid: int) -> float | None:
@@ -108,25 +130,31 @@ def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
 def token_counts(predictor: Predictor, texts: Sequence[str]) -> dict[str, float]:
     """Tokens the embedder is fed per window (prefix and special tokens included)."""
     counts = np.asarray(predictor.embedder.tokenizer.count_input_tokens(list(texts)))
-    return {"mean": round(float(counts.mean()), 1), "p50": float(np.median(counts)),
-            "max": int(counts.max()), "min": int(counts.min())}
+    return {
+        "mean": round(float(counts.mean()), 1),
+        "p50": float(np.median(counts)),
+        "max": int(counts.max()),
+        "min": int(counts.min()),
+    }
 
 
-def bench_embedder(embedder: Embedder, texts: Sequence[str], batch_size: int,
-                   single_count: int) -> dict[str, Any]:
+def bench_embedder(
+    embedder: Embedder, texts: Sequence[str], batch_size: int, single_count: int
+) -> dict[str, Any]:
     """Batched throughput over all texts, and one-text-per-call latency on the first few."""
     embedder.embed(list(texts[:2]), batch_size=batch_size)  # warm-up
     batches = _chunks(list(texts), batch_size)
-    batched = _timed_calls(batches, lambda b: embedder.embed(b, batch_size=batch_size),
-                           [len(b) for b in batches])
+    batched = _timed_calls(
+        batches, lambda b: embedder.embed(b, batch_size=batch_size), [len(b) for b in batches]
+    )
     singles = list(texts[:single_count])
-    single = _timed_calls(singles, lambda t: embedder.embed([t], batch_size=1),
-                          [1] * len(singles))
+    single = _timed_calls(singles, lambda t: embedder.embed([t], batch_size=1), [1] * len(singles))
     return {"batch_size": batch_size, "batched": batched.as_dict(), "single": single.as_dict()}
 
 
-def bench_in_process(predictor: Predictor, windows: Sequence[ConversationWindow],
-                     batch_size: int, single_count: int) -> tuple[dict[str, Any], np.ndarray]:
+def bench_in_process(
+    predictor: Predictor, windows: Sequence[ConversationWindow], batch_size: int, single_count: int
+) -> tuple[dict[str, Any], np.ndarray]:
     """Single-window latency and batched throughput of `Predictor.predict`; also returns the
     probabilities of all windows (the expected answers for the RPC stages)."""
     predictor.predict(list(windows[:2]))  # warm-up
@@ -139,8 +167,11 @@ def bench_in_process(predictor: Predictor, windows: Sequence[ConversationWindow]
     batched = _timed_calls(batches, run_batch, [len(b) for b in batches])
     singles = list(windows[:single_count])
     single = _timed_calls(singles, lambda w: predictor.predict([w]), [1] * len(singles))
-    return {"batch_size": batch_size, "batched": batched.as_dict(),
-            "single": single.as_dict()}, expected
+    return {
+        "batch_size": batch_size,
+        "batched": batched.as_dict(),
+        "single": single.as_dict(),
+    }, expected
 
 
 def bench_stream(predictor: Predictor, windows: Sequence[ConversationWindow]) -> dict[str, Any]:
@@ -149,8 +180,9 @@ def bench_stream(predictor: Predictor, windows: Sequence[ConversationWindow]) ->
     predictor.predict(list(windows[:1]))  # warm-up
     if predictor.prompt_cache is not None:
         predictor.prompt_cache.clear()
-    result = _timed_calls(list(windows), lambda w: predictor.predict([w]),
-                          [1] * len(windows)).as_dict()
+    result = _timed_calls(
+        list(windows), lambda w: predictor.predict([w]), [1] * len(windows)
+    ).as_dict()
     if predictor.prompt_cache is not None:
         result["prompt_cache"] = asdict(predictor.prompt_cache.stats)
     return result
@@ -158,8 +190,10 @@ def bench_stream(predictor: Predictor, windows: Sequence[ConversationWindow]) ->
 
 def tiny_windows(count: int) -> list[ConversationWindow]:
     """One short prompt each: model time is small, so the RPC's own cost stands out."""
-    return [ConversationWindow(f"tiny-{i}", (f"hello number {i}",), 1, prompt_tokens=16)
-            for i in range(count)]
+    return [
+        ConversationWindow(f"tiny-{i}", (f"hello number {i}",), 1, prompt_tokens=16)
+        for i in range(count)
+    ]
 
 
 def server_time_sums(http: httpx.Client) -> dict[str, float]:
@@ -178,8 +212,9 @@ def server_time_sums(http: httpx.Client) -> dict[str, float]:
     return sums
 
 
-def bench_rpc_overhead(predictor: Predictor, url: str, windows: Sequence[ConversationWindow],
-                       token: str | None = None) -> dict[str, Any]:
+def bench_rpc_overhead(
+    predictor: Predictor, url: str, windows: Sequence[ConversationWindow], token: str | None = None
+) -> dict[str, Any]:
     """Paired latencies: each window in process, then the same window as a lone request to the
     server, alternately; the overhead is the median of the per-window differences (pairing
     cancels slow drifts of a shared machine's load, not its fast noise). Also the server's own
@@ -206,8 +241,10 @@ def bench_rpc_overhead(predictor: Predictor, url: str, windows: Sequence[Convers
     batches = after["batches"] - before["batches"]
     server_overhead_ms = float("nan")
     if requests > 0 and batches > 0:
-        server_overhead_ms = 1000.0 * ((after["request_s"] - before["request_s"]) / requests
-                                       - (after["batch_s"] - before["batch_s"]) / batches)
+        server_overhead_ms = 1000.0 * (
+            (after["request_s"] - before["request_s"]) / requests
+            - (after["batch_s"] - before["batch_s"]) / batches
+        )
     return {
         "server_overhead_ms_mean": round(server_overhead_ms, 3),
         "in_process_latency": asdict(LatencySummary.of_seconds(in_process)),

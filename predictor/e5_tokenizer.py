@@ -44,17 +44,21 @@ def uncovered_character_class(pieces: tuple[str, ...]) -> str:
 
 def build_e5_tokenizer(vocabulary: E5Vocabulary, normalization: dict[int, str]) -> Tokenizer:
     """The fast tokenizer for the e5 vocabulary and code-point normalisation table."""
-    vocab = [(piece, float(score)) for piece, score in zip(vocabulary.pieces, vocabulary.scores,
-                                                            strict=True)]
+    vocab = [
+        (piece, float(score))
+        for piece, score in zip(vocabulary.pieces, vocabulary.scores, strict=True)
+    ]
     tokenizer = Tokenizer(models.Unigram(vocab, unk_id=vocabulary.unk_id, byte_fallback=False))
     charsmap = build_precompiled_charsmap({chr(cp): out for cp, out in normalization.items()})
     tokenizer.normalizer = normalizers.Sequence(
         [normalizers.Precompiled(charsmap), normalizers.Replace(Regex(" {2,}"), " ")]
     )
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True),
-        pre_tokenizers.Split(Regex(uncovered_character_class(vocabulary.pieces)), "isolated"),
-    ])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True),
+            pre_tokenizers.Split(Regex(uncovered_character_class(vocabulary.pieces)), "isolated"),
+        ]
+    )
     tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
     bos = vocabulary.pieces[vocabulary.bos_id]
     eos = vocabulary.pieces[vocabulary.eos_id]

@@ -68,9 +68,7 @@ class FeatureConfig:
 
     def __post_init__(self) -> None:
         def bad(field: str, why: str) -> FeatureConfigError:
-            return FeatureConfigError(
-                f"FeatureConfig.{field} {why}, got {getattr(self, field)!r}"
-            )
+            return FeatureConfigError(f"FeatureConfig.{field} {why}, got {getattr(self, field)!r}")
 
         for name in ("num_previous_prompts", "token_budget", "rules_version"):
             value = getattr(self, name)
@@ -116,8 +114,11 @@ class FeatureConfig:
 
     def fingerprint(self) -> str:
         """Stable across processes and versions of Python: sha256 of canonical JSON."""
-        data = {k: v for k, v in self.to_dict().items()
-                if k not in _LATER_FIELDS_DEFAULTS or v != _LATER_FIELDS_DEFAULTS[k]}
+        data = {
+            k: v
+            for k, v in self.to_dict().items()
+            if k not in _LATER_FIELDS_DEFAULTS or v != _LATER_FIELDS_DEFAULTS[k]
+        }
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
@@ -145,19 +146,24 @@ class ConversationWindow:
                 f"conversation_id must be str, got {type(self.conversation_id).__name__}"
             )
         if isinstance(self.user_prompts, str) or not isinstance(self.user_prompts, Iterable):
-            raise TypeError("user_prompts must be a sequence of str, got "
-                            f"{type(self.user_prompts).__name__}")
+            raise TypeError(
+                f"user_prompts must be a sequence of str, got {type(self.user_prompts).__name__}"
+            )
         prompts = tuple(self.user_prompts)
         object.__setattr__(self, "user_prompts", prompts)
         if not prompts:
             raise ValueError(f"conversation {self.conversation_id!r}: user_prompts is empty")
         for i, prompt in enumerate(prompts):
             if not isinstance(prompt, str):
-                raise TypeError(f"conversation {self.conversation_id!r}: user_prompts[{i}] "
-                                f"must be str, got {type(prompt).__name__}")
+                raise TypeError(
+                    f"conversation {self.conversation_id!r}: user_prompts[{i}] "
+                    f"must be str, got {type(prompt).__name__}"
+                )
         if not isinstance(self.turn_count, int) or isinstance(self.turn_count, bool):
-            raise TypeError(f"conversation {self.conversation_id!r}: turn_count must be int, "
-                            f"got {type(self.turn_count).__name__}")
+            raise TypeError(
+                f"conversation {self.conversation_id!r}: turn_count must be int, "
+                f"got {type(self.turn_count).__name__}"
+            )
         if self.turn_count < len(prompts):
             raise ValueError(
                 f"conversation {self.conversation_id!r}: turn_count {self.turn_count} is less "
@@ -165,19 +171,24 @@ class ConversationWindow:
             )
         tokens = self.prompt_tokens
         if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool)):
-            raise TypeError(f"conversation {self.conversation_id!r}: prompt_tokens must be int "
-                            f"or None, got {type(tokens).__name__}")
+            raise TypeError(
+                f"conversation {self.conversation_id!r}: prompt_tokens must be int "
+                f"or None, got {type(tokens).__name__}"
+            )
         if tokens is not None and tokens < 0:
-            raise ValueError(f"conversation {self.conversation_id!r}: prompt_tokens must be "
-                             f">= 0, got {tokens}")
+            raise ValueError(
+                f"conversation {self.conversation_id!r}: prompt_tokens must be >= 0, got {tokens}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The RPC's item shape: {"conversation_id", "user_prompts", "turn_count"}, plus
         "prompt_tokens" when set (left out otherwise, so the item stays what older servers,
         which refuse unknown fields, accept)."""
-        item: dict[str, Any] = {"conversation_id": self.conversation_id,
-                                "user_prompts": list(self.user_prompts),
-                                "turn_count": self.turn_count}
+        item: dict[str, Any] = {
+            "conversation_id": self.conversation_id,
+            "user_prompts": list(self.user_prompts),
+            "turn_count": self.turn_count,
+        }
         if self.prompt_tokens is not None:
             item["prompt_tokens"] = self.prompt_tokens
         return item
@@ -243,8 +254,9 @@ def water_fill(lengths: Sequence[int], content_budget: int) -> list[int]:
     return shares
 
 
-def cut_head_tail(text: str, spans: Sequence[tuple[int, int]], share: int,
-                  head_fraction: float, elision: str) -> str:
+def cut_head_tail(
+    text: str, spans: Sequence[tuple[int, int]], share: int, head_fraction: float, elision: str
+) -> str:
     """`text` if it fits in `share` tokens, else its first and last tokens joined by `elision`."""
     if len(spans) <= share:
         return text
@@ -262,8 +274,9 @@ def cut_head_tail(text: str, spans: Sequence[tuple[int, int]], share: int,
 class WindowTextBuilder:
     """Builds the embedder input text of each window under the token budget."""
 
-    def __init__(self, config: FeatureConfig, tokenizer: EmbedderTokenizer,
-                 max_input_tokens: int) -> None:
+    def __init__(
+        self, config: FeatureConfig, tokenizer: EmbedderTokenizer, max_input_tokens: int
+    ) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.budget = min(config.token_budget, max_input_tokens)
@@ -290,8 +303,10 @@ class WindowTextBuilder:
         """`prompt_mean` mode: each prompt alone, cut to one slot's share of the budget."""
         spans = self.tokenizer.token_spans(list(prompts))
         share = split_evenly(self.budget - self.overhead, self.config.window_size)
-        texts = [cut_head_tail(p, s, share, self.config.head_fraction, self.config.elision)
-                 for p, s in zip(prompts, spans, strict=True)]
+        texts = [
+            cut_head_tail(p, s, share, self.config.head_fraction, self.config.elision)
+            for p, s in zip(prompts, spans, strict=True)
+        ]
         limit = share + self.overhead
         for _ in range(MAX_BUDGET_RETRIES):
             counts = self.tokenizer.count_input_tokens(texts)
@@ -299,12 +314,21 @@ class WindowTextBuilder:
             if not over:
                 break
             for i in over:
-                texts[i] = cut_head_tail(prompts[i], spans[i], share - (counts[i] - limit),
-                                         self.config.head_fraction, self.config.elision)
+                texts[i] = cut_head_tail(
+                    prompts[i],
+                    spans[i],
+                    share - (counts[i] - limit),
+                    self.config.head_fraction,
+                    self.config.elision,
+                )
         return texts
 
-    def _compose(self, prompts: Sequence[str], spans: Mapping[str, list[tuple[int, int]]],
-                 content_budget: int) -> str:
+    def _compose(
+        self,
+        prompts: Sequence[str],
+        spans: Mapping[str, list[tuple[int, int]]],
+        content_budget: int,
+    ) -> str:
         config = self.config
         if config.share_policy == "even":
             shares = [split_evenly(content_budget, config.window_size)] * len(prompts)

@@ -24,5 +24,11 @@ class LatencySummary:
             return cls(0, nan, nan, nan, nan, nan)
         ms = np.asarray(seconds, dtype=np.float64) * 1000.0
         p50, p95, p99 = np.percentile(ms, [50, 95, 99])
-        return cls(len(ms), round(float(ms.mean()), 3), round(float(p50), 3),
-                   round(float(p95), 3), round(float(p99), 3), round(float(ms.max()), 3))
+        return cls(
+            len(ms),
+            round(float(ms.mean()), 3),
+            round(float(p50), 3),
+            round(float(p95), 3),
+            round(float(p99), 3),
+            round(float(ms.max()), 3),
+        )

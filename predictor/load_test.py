@@ -70,8 +70,13 @@ class LoadTestReport:
 
     @property
     def passed(self) -> bool:
-        return (self.lost == 0 and self.mismatched == 0 and self.transport_errors == 0
-                and not self.other_status and self.healthy_after)
+        return (
+            self.lost == 0
+            and self.mismatched == 0
+            and self.transport_errors == 0
+            and not self.other_status
+            and self.healthy_after
+        )
 
 
 class _Tally:
@@ -89,8 +94,11 @@ class _Tally:
         self.overloaded_seconds: list[float] = []
 
 
-def run_load_test(config: LoadTestConfig, windows: Sequence[ConversationWindow],
-                  expected: Sequence[float] | np.ndarray) -> LoadTestReport:
+def run_load_test(
+    config: LoadTestConfig,
+    windows: Sequence[ConversationWindow],
+    expected: Sequence[float] | np.ndarray,
+) -> LoadTestReport:
     """Drive the server at `config.url` with `windows`; `expected[i]` is window i's answer."""
     if len(windows) != len(expected) or not windows:
         raise ValueError("windows and expected must be non-empty and of equal length")
@@ -116,8 +124,7 @@ def run_load_test(config: LoadTestConfig, windows: Sequence[ConversationWindow],
 
     def client(index: int) -> None:
         cursor = index * 7919 % len(windows)
-        with httpx.Client(base_url=config.url, headers=headers,
-                          timeout=config.timeout_s) as http:
+        with httpx.Client(base_url=config.url, headers=headers, timeout=config.timeout_s) as http:
             ready.wait(timeout=300)
             go.wait(timeout=300)
             deadline = clock["deadline"]
@@ -126,8 +133,9 @@ def run_load_test(config: LoadTestConfig, windows: Sequence[ConversationWindow],
                 cursor = (cursor + config.items_per_request) % len(windows)
                 sent_at = time.perf_counter()
                 try:
-                    response = http.post("/v1/predict",
-                                         json={"items": [payloads[i] for i in chosen]})
+                    response = http.post(
+                        "/v1/predict", json={"items": [payloads[i] for i in chosen]}
+                    )
                 except httpx.HTTPError:
                     with tally.lock:
                         tally.transport += 1
@@ -145,8 +153,9 @@ def run_load_test(config: LoadTestConfig, windows: Sequence[ConversationWindow],
                     continue
                 answer = np.asarray(response.json().get("probabilities", []), dtype=np.float64)
                 want = expected[chosen]
-                error = (float(np.max(np.abs(answer - want))) if answer.shape == want.shape
-                         else math.inf)
+                error = (
+                    float(np.max(np.abs(answer - want))) if answer.shape == want.shape else math.inf
+                )
                 with tally.lock:
                     tally.ok += 1
                     tally.windows += len(chosen)
@@ -155,8 +164,9 @@ def run_load_test(config: LoadTestConfig, windows: Sequence[ConversationWindow],
                     if error > config.tolerance:
                         tally.mismatched += 1
 
-    threads = [threading.Thread(target=client, args=(i,), name=f"load-{i}")
-               for i in range(config.clients)]
+    threads = [
+        threading.Thread(target=client, args=(i,), name=f"load-{i}") for i in range(config.clients)
+    ]
     for thread in threads:
         thread.start()
     ready.wait(timeout=300)

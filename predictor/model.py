@@ -35,16 +35,18 @@ class MLPConfig:
         if not all(isinstance(n, str) and n for n in self.extra_features) or len(
             set(self.extra_features)
         ) != len(self.extra_features):
-            raise ValueError(f"MLPConfig.extra_features must be distinct non-empty names, "
-                             f"got {self.extra_features!r}")
+            raise ValueError(
+                f"MLPConfig.extra_features must be distinct non-empty names, "
+                f"got {self.extra_features!r}"
+            )
         if not isinstance(self.embedding_dim, int) or self.embedding_dim < 1:
-            raise ValueError(f"MLPConfig.embedding_dim must be a positive integer, "
-                             f"got {self.embedding_dim!r}")
-        if not self.hidden_sizes or any(
-            not isinstance(h, int) or h < 1 for h in self.hidden_sizes
-        ):
-            raise ValueError(f"MLPConfig.hidden_sizes must be positive integers, "
-                             f"got {self.hidden_sizes!r}")
+            raise ValueError(
+                f"MLPConfig.embedding_dim must be a positive integer, got {self.embedding_dim!r}"
+            )
+        if not self.hidden_sizes or any(not isinstance(h, int) or h < 1 for h in self.hidden_sizes):
+            raise ValueError(
+                f"MLPConfig.hidden_sizes must be positive integers, got {self.hidden_sizes!r}"
+            )
         if not 0.0 <= float(self.dropout) < 1.0:
             raise ValueError(f"MLPConfig.dropout must be in [0, 1), got {self.dropout!r}")
 
@@ -64,9 +66,12 @@ class MLPConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MLPConfig:
-        return cls(int(data["embedding_dim"]), tuple(int(h) for h in data["hidden_sizes"]),
-                   float(data.get("dropout", 0.0)),
-                   tuple(str(n) for n in data.get("extra_features", ())))
+        return cls(
+            int(data["embedding_dim"]),
+            tuple(int(h) for h in data["hidden_sizes"]),
+            float(data.get("dropout", 0.0)),
+            tuple(str(n) for n in data.get("extra_features", ())),
+        )
 
 
 class ContinuationMLP(nn.Module):
@@ -88,31 +93,41 @@ class ContinuationMLP(nn.Module):
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """(n, input_dim) float32 → (n,) logits."""
         if inputs.ndim != 2 or inputs.shape[1] != self.config.input_dim:
-            raise ValueError(f"expected inputs of shape (n, {self.config.input_dim}), "
-                             f"got {tuple(inputs.shape)}")
+            raise ValueError(
+                f"expected inputs of shape (n, {self.config.input_dim}), got {tuple(inputs.shape)}"
+            )
         return self.layers(inputs).squeeze(-1)
 
 
-def input_matrix(embeddings: np.ndarray, encoded_turns: np.ndarray | Sequence[float],
-                 extras: np.ndarray | None = None) -> np.ndarray:
+def input_matrix(
+    embeddings: np.ndarray,
+    encoded_turns: np.ndarray | Sequence[float],
+    extras: np.ndarray | None = None,
+) -> np.ndarray:
     """float32 rows: embedding (n, d), extra features (n, k) if any, encoded turn column."""
     embeddings = np.asarray(embeddings, dtype=np.float32)
     turns = np.asarray(encoded_turns, dtype=np.float32).reshape(-1, 1)
     if embeddings.ndim != 2 or embeddings.shape[0] != turns.shape[0]:
-        raise ValueError(f"embeddings {embeddings.shape} and turn counts {turns.shape[0]} "
-                         "do not line up")
+        raise ValueError(
+            f"embeddings {embeddings.shape} and turn counts {turns.shape[0]} do not line up"
+        )
     parts = [embeddings]
     if extras is not None:
         extras = np.asarray(extras, dtype=np.float32)
         if extras.ndim != 2 or extras.shape[0] != embeddings.shape[0]:
-            raise ValueError(f"extra features {extras.shape} do not line up with "
-                             f"{embeddings.shape[0]} embeddings")
+            raise ValueError(
+                f"extra features {extras.shape} do not line up with "
+                f"{embeddings.shape[0]} embeddings"
+            )
         parts.append(extras)
     parts.append(turns)
     return np.concatenate(parts, axis=1)
 
 
-def mlp_inputs(embeddings: np.ndarray, encoded_turns: np.ndarray | Sequence[float],
-               extras: np.ndarray | None = None) -> torch.Tensor:
+def mlp_inputs(
+    embeddings: np.ndarray,
+    encoded_turns: np.ndarray | Sequence[float],
+    extras: np.ndarray | None = None,
+) -> torch.Tensor:
     """`input_matrix` as a tensor: the MLP's input."""
     return torch.from_numpy(input_matrix(embeddings, encoded_turns, extras))

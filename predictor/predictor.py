@@ -45,8 +45,9 @@ class RowwiseMLP:
         import torch
 
         linears = [m for m in model.layers if isinstance(m, torch.nn.Linear)]
-        self.weights = [np.ascontiguousarray(m.weight.detach().cpu().numpy().T, np.float32)
-                        for m in linears]
+        self.weights = [
+            np.ascontiguousarray(m.weight.detach().cpu().numpy().T, np.float32) for m in linears
+        ]
         self.biases = [m.bias.detach().cpu().numpy().astype(np.float32) for m in linears]
         self.input_dim = self.weights[0].shape[0]
         # Fixed buffers: same shapes and addresses on every row, so the same kernels run.
@@ -57,8 +58,7 @@ class RowwiseMLP:
     def logits(self, inputs: np.ndarray) -> np.ndarray:
         inputs = np.asarray(inputs, dtype=np.float32)
         if inputs.ndim != 2 or inputs.shape[1] != self.input_dim:
-            raise ValueError(f"expected inputs of shape (n, {self.input_dim}), "
-                             f"got {inputs.shape}")
+            raise ValueError(f"expected inputs of shape (n, {self.input_dim}), got {inputs.shape}")
         out = np.empty(inputs.shape[0], dtype=np.float32)
         with self._lock:
             self._fill(inputs, out)
@@ -103,8 +103,13 @@ class Predictor:
     skips the first two steps for callers that cached embeddings (training, the A/B harness).
     """
 
-    def __init__(self, artifact: ModelArtifact, embedder: Embedder,
-                 embed_batch_size: int = 8, prompt_cache_entries: int = 20_000) -> None:
+    def __init__(
+        self,
+        artifact: ModelArtifact,
+        embedder: Embedder,
+        embed_batch_size: int = 8,
+        prompt_cache_entries: int = 20_000,
+    ) -> None:
         metadata = artifact.metadata
         if metadata.embedder_id != embedder.embedder_id:
             raise EmbedderMismatchError(
@@ -122,16 +127,24 @@ class Predictor:
         self.embedder = embedder
         self.embed_batch_size = embed_batch_size
         self._mlp = RowwiseMLP(artifact.model)
-        self._texts = WindowTextBuilder(metadata.feature_config, embedder.tokenizer,
-                                        embedder.max_input_tokens)
+        self._texts = WindowTextBuilder(
+            metadata.feature_config, embedder.tokenizer, embedder.max_input_tokens
+        )
         # Only the prompt_mean encoding can reuse a prompt's vector across turns.
-        self.prompt_cache = (PromptEmbeddingCache(prompt_cache_entries)
-                             if metadata.feature_config.window_encoding == "prompt_mean"
-                             else None)
+        self.prompt_cache = (
+            PromptEmbeddingCache(prompt_cache_entries)
+            if metadata.feature_config.window_encoding == "prompt_mean"
+            else None
+        )
 
     @classmethod
-    def load(cls, path: Path | str, embedder: Embedder | None = None, device: str | None = None,
-             embed_batch_size: int = 8) -> Predictor:
+    def load(
+        cls,
+        path: Path | str,
+        embedder: Embedder | None = None,
+        device: str | None = None,
+        embed_batch_size: int = 8,
+    ) -> Predictor:
         """Load the artifact at `path`; without `embedder`, load the one its metadata names."""
         if embedder is None:
             from predictor.embedders import load_embedder
@@ -139,8 +152,9 @@ class Predictor:
             artifact = load_artifact(path)
             embedder = load_embedder(artifact.metadata.embedder_spec, device=device)
         else:
-            artifact = load_artifact(path, expected_embedder_id=embedder.embedder_id,
-                                     expected_embedding_dim=embedder.dim)
+            artifact = load_artifact(
+                path, expected_embedder_id=embedder.embedder_id, expected_embedding_dim=embedder.dim
+            )
         return cls(artifact, embedder, embed_batch_size)
 
     @property
@@ -167,8 +181,7 @@ class Predictor:
 
     def embed_windows(self, windows: Sequence[ConversationWindow]) -> np.ndarray:
         if self.prompt_cache is None:
-            return self.embedder.embed(self._texts.build(windows),
-                                       batch_size=self.embed_batch_size)
+            return self.embedder.embed(self._texts.build(windows), batch_size=self.embed_batch_size)
         return self._embed_prompt_means(windows)
 
     def _embed_prompt_means(self, windows: Sequence[ConversationWindow]) -> np.ndarray:
@@ -184,8 +197,9 @@ class Predictor:
             else:
                 vectors[prompt] = cached
         if missing:
-            fresh = self.embedder.embed(self._texts.prompt_texts(missing),
-                                        batch_size=self.embed_batch_size)
+            fresh = self.embedder.embed(
+                self._texts.prompt_texts(missing), batch_size=self.embed_batch_size
+            )
             for prompt, vector in zip(missing, fresh, strict=True):
                 vectors[prompt] = vector
                 self.prompt_cache.put(prompt, vector)
@@ -233,23 +247,30 @@ class Predictor:
         embeddings = self.embed_windows(windows)
         return self.predict_from_embeddings(embeddings, [w.turn_count for w in windows], extras)
 
-    def predict_from_embeddings(self, embeddings: np.ndarray,
-                                turn_counts: Sequence[int] | np.ndarray,
-                                extras: np.ndarray | None = None) -> np.ndarray:
+    def predict_from_embeddings(
+        self,
+        embeddings: np.ndarray,
+        turn_counts: Sequence[int] | np.ndarray,
+        extras: np.ndarray | None = None,
+    ) -> np.ndarray:
         """float64 probabilities for precomputed window embeddings and their turn counts
         (and, for a model trained with them, its `extra_features` columns, shape (n, k))."""
         embeddings = np.asarray(embeddings, dtype=np.float32)
         if embeddings.ndim != 2 or embeddings.shape[1] != self.artifact.metadata.embedding_dim:
-            raise ValueError(f"embeddings must have shape (n, "
-                             f"{self.artifact.metadata.embedding_dim}), got {embeddings.shape}")
+            raise ValueError(
+                f"embeddings must have shape (n, "
+                f"{self.artifact.metadata.embedding_dim}), got {embeddings.shape}"
+            )
         turns = encode_turn_counts(turn_counts, self.feature_config)
         if turns.shape[0] != embeddings.shape[0]:
             raise ValueError(f"{embeddings.shape[0]} embeddings but {turns.shape[0]} turn counts")
         needed = len(self.extra_features)
         if needed and (extras is None or np.shape(extras) != (embeddings.shape[0], needed)):
-            raise ValueError(f"this model needs extra features {list(self.extra_features)}: "
-                             f"an array of shape ({embeddings.shape[0]}, {needed}), got "
-                             f"{None if extras is None else np.shape(extras)}")
+            raise ValueError(
+                f"this model needs extra features {list(self.extra_features)}: "
+                f"an array of shape ({embeddings.shape[0]}, {needed}), got "
+                f"{None if extras is None else np.shape(extras)}"
+            )
         if not needed and extras is not None:
             raise ValueError("this model takes no extra features")
         inputs = input_matrix(embeddings, turns, extras)

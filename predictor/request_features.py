@@ -54,7 +54,8 @@ def _window_prompt_tokens(window: ConversationWindow) -> float:
     if window.prompt_tokens is None:
         raise MissingPromptTokensError(
             f"conversation {window.conversation_id!r}: the window has no prompt_tokens, and "
-            f"the model's {PROMPT_TOKENS_FEATURE} feature needs them")
+            f"the model's {PROMPT_TOKENS_FEATURE} feature needs them"
+        )
     return log_prompt_tokens(window.prompt_tokens)
 
 
@@ -78,7 +79,8 @@ def check_servable(names: Sequence[str], what: str) -> None:
         raise UnservableFeaturesError(
             f"{what} needs finish-time features {list(missing)} that a prediction request "
             f"cannot carry (they are known only once the request has finished); a served model "
-            f"may use only {sorted(REQUEST_FEATURES)}")
+            f"may use only {sorted(REQUEST_FEATURES)}"
+        )
 
 
 def needs_prompt_tokens(names: Sequence[str]) -> bool:
@@ -90,8 +92,9 @@ def windows_without_prompt_tokens(windows: Sequence[ConversationWindow]) -> list
     return [i for i, window in enumerate(windows) if window.prompt_tokens is None]
 
 
-def request_feature_matrix(windows: Sequence[ConversationWindow],
-                           names: Sequence[str]) -> np.ndarray:
+def request_feature_matrix(
+    windows: Sequence[ConversationWindow], names: Sequence[str]
+) -> np.ndarray:
     """float32 (len(windows), len(names)), filled like `training.finish_features
     .finish_feature_matrix` fills it for the same turns. Raises `UnservableFeaturesError` or
     `MissingPromptTokensError` (naming the windows) when the windows cannot supply them."""
@@ -103,7 +106,8 @@ def request_feature_matrix(windows: Sequence[ConversationWindow],
             raise MissingPromptTokensError(
                 f"{len(missing)} window(s) have no prompt_tokens, which this model needs for "
                 f"its {PROMPT_TOKENS_FEATURE} feature: {shown}"
-                + (", ..." if len(missing) > 5 else ""))
+                + (", ..." if len(missing) > 5 else "")
+            )
     functions = [REQUEST_FEATURES[name] for name in names]
     out = np.empty((len(windows), len(functions)), dtype=np.float32)
     for i, window in enumerate(windows):

@@ -46,8 +46,7 @@ class RequestLimits:
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"RequestLimits.{name} must be a positive integer, "
-                                 f"got {value!r}")
+                raise ValueError(f"RequestLimits.{name} must be a positive integer, got {value!r}")
 
 
 def request_model(limits: RequestLimits) -> type[BaseModel]:
@@ -65,13 +64,16 @@ def request_model(limits: RequestLimits) -> type[BaseModel]:
         @model_validator(mode="after")
         def turn_count_covers_prompts(self) -> PredictItem:
             if self.turn_count < len(self.user_prompts):
-                raise ValueError(f"turn_count {self.turn_count} is less than the "
-                                 f"{len(self.user_prompts)} user_prompts given")
+                raise ValueError(
+                    f"turn_count {self.turn_count} is less than the "
+                    f"{len(self.user_prompts)} user_prompts given"
+                )
             return self
 
         def window(self) -> ConversationWindow:
-            return ConversationWindow(self.conversation_id, tuple(self.user_prompts),
-                                      self.turn_count, self.prompt_tokens)
+            return ConversationWindow(
+                self.conversation_id, tuple(self.user_prompts), self.turn_count, self.prompt_tokens
+            )
 
     class PredictRequest(BaseModel):
         model_config = ConfigDict(extra="forbid", strict=True)
@@ -100,8 +102,11 @@ def validation_details(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """pydantic errors trimmed to what a caller needs: where, what, and the offending type."""
     details = []
     for error in errors:
-        entry = {"loc": list(error.get("loc", ())), "msg": error.get("msg", ""),
-                 "type": error.get("type", "")}
+        entry = {
+            "loc": list(error.get("loc", ())),
+            "msg": error.get("msg", ""),
+            "type": error.get("type", ""),
+        }
         value = error.get("input")
         if isinstance(value, float) and not math.isfinite(value):
             entry["input"] = repr(value)  # NaN and infinities are not JSON
@@ -116,7 +121,12 @@ def validation_details(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def missing_prompt_tokens_details(indices: list[int]) -> list[dict[str, Any]]:
     """422 details, in `validation_details`' shape, for items the model in service cannot
     predict because they lack `prompt_tokens` (valid JSON, but not enough for this model)."""
-    return [{"loc": ["items", i, "prompt_tokens"],
-             "msg": "this model needs prompt_tokens (the request's prompt tokens, counted by "
-                    f"the serving engine) for its {PROMPT_TOKENS_FEATURE} feature",
-             "type": "missing"} for i in indices]
+    return [
+        {
+            "loc": ["items", i, "prompt_tokens"],
+            "msg": "this model needs prompt_tokens (the request's prompt tokens, counted by "
+            f"the serving engine) for its {PROMPT_TOKENS_FEATURE} feature",
+            "type": "missing",
+        }
+        for i in indices
+    ]

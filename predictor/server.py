@@ -164,8 +164,12 @@ def load_for_reload(path: Path, current: Predictor) -> Predictor:
 
 
 def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
-    return Response(json.dumps(payload, allow_nan=False), status_code=status,
-                    media_type="application/json", headers=headers)
+    return Response(
+        json.dumps(payload, allow_nan=False),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
 
 
 def create_app(
@@ -182,7 +186,7 @@ def create_app(
     metrics = ServerMetrics()
     slot = ModelSlot(predictor, artifact_path)
     PredictRequest = request_model(config.limits)
-    model_root = (config.model_root or (artifact_path.parent if artifact_path else None))
+    model_root = config.model_root or (artifact_path.parent if artifact_path else None)
     reload_lock = asyncio.Lock()
 
     def on_batch(record: BatchRecord) -> None:
@@ -214,14 +218,16 @@ def create_app(
             # uvicorn calls this after in-flight requests finished (or the grace period ended).
             await batcher.stop()
 
-    app = FastAPI(title="LPC predictor", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(
+        title="LPC predictor", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.metrics = metrics
     app.state.slot = slot
     app.state.batcher = batcher
 
-    def finish(endpoint: str, started: float, response: Response,
-               error_kind: str | None = None) -> Response:
+    def finish(
+        endpoint: str, started: float, response: Response, error_kind: str | None = None
+    ) -> Response:
         metrics.requests.labels(endpoint, str(response.status_code)).inc()
         metrics.request_latency.labels(endpoint).observe(time.perf_counter() - started)
         if error_kind:
@@ -233,32 +239,55 @@ def create_app(
             return None
         header = request.headers.get("authorization", "")
         scheme, _, supplied = header.partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(supplied.strip().encode(),
-                                                              config.token.encode()):
+        if scheme.lower() == "bearer" and hmac.compare_digest(
+            supplied.strip().encode(), config.token.encode()
+        ):
             return None
-        return _json(401, {"detail": "missing or wrong bearer token"},
-                     {"WWW-Authenticate": "Bearer"})
+        return _json(
+            401, {"detail": "missing or wrong bearer token"}, {"WWW-Authenticate": "Bearer"}
+        )
 
     async def read_json(request: Request, endpoint: str, started: float):
         """The parsed body, or the error Response to send."""
         limit = config.limits.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            return None, finish(endpoint, started, _json(
-                413, {"detail": f"body of {declared} bytes exceeds the {limit}-byte limit"}),
-                "body_too_large")
+            return None, finish(
+                endpoint,
+                started,
+                _json(413, {"detail": f"body of {declared} bytes exceeds the {limit}-byte limit"}),
+                "body_too_large",
+            )
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > limit:
-                return None, finish(endpoint, started, _json(
-                    413, {"detail": f"body exceeds the {limit}-byte limit"}), "body_too_large")
+                return None, finish(
+                    endpoint,
+                    started,
+                    _json(413, {"detail": f"body exceeds the {limit}-byte limit"}),
+                    "body_too_large",
+                )
         try:
             return json.loads(body), None
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            return None, finish(endpoint, started, _json(
-                422, {"detail": [{"loc": ["body"], "msg": f"body is not valid JSON: {error}",
-                                  "type": "json_invalid"}]}), "invalid")
+            return None, finish(
+                endpoint,
+                started,
+                _json(
+                    422,
+                    {
+                        "detail": [
+                            {
+                                "loc": ["body"],
+                                "msg": f"body is not valid JSON: {error}",
+                                "type": "json_invalid",
+                            }
+                        ]
+                    },
+                ),
+                "invalid",
+            )
 
     @app.post("/v1/predict")
     async def predict(request: Request) -> Response:
@@ -272,39 +301,62 @@ def create_app(
         try:
             parsed = PredictRequest.model_validate(payload)
         except ValidationError as invalid:
-            return finish("predict", started, _json(
-                422, {"detail": validation_details(invalid.errors())}), "invalid")
+            return finish(
+                "predict",
+                started,
+                _json(422, {"detail": validation_details(invalid.errors())}),
+                "invalid",
+            )
         windows = parsed.windows()
         if slot.current.needs_prompt_tokens:
             missing = windows_without_prompt_tokens(windows)
             if missing:
-                return finish("predict", started, _json(
-                    422, {"detail": missing_prompt_tokens_details(missing)}), "invalid")
+                return finish(
+                    "predict",
+                    started,
+                    _json(422, {"detail": missing_prompt_tokens_details(missing)}),
+                    "invalid",
+                )
         try:
             pending = batcher.enqueue(windows)
             probabilities = await asyncio.wait_for(pending, timeout=config.request_timeout_s)
         except QueueFullError as full:
-            return finish("predict", started, _json(
-                503, {"detail": "overloaded", "reason": str(full)}, {"Retry-After": "1"}),
-                "overloaded")
+            return finish(
+                "predict",
+                started,
+                _json(503, {"detail": "overloaded", "reason": str(full)}, {"Retry-After": "1"}),
+                "overloaded",
+            )
         except BatcherStoppedError:
-            return finish("predict", started, _json(503, {"detail": "shutting down"}),
-                          "shutting_down")
+            return finish(
+                "predict", started, _json(503, {"detail": "shutting down"}), "shutting_down"
+            )
         except TimeoutError:
-            return finish("predict", started, _json(
-                504, {"detail": f"no answer within {config.request_timeout_s} s"}), "timeout")
+            return finish(
+                "predict",
+                started,
+                _json(504, {"detail": f"no answer within {config.request_timeout_s} s"}),
+                "timeout",
+            )
         except Exception as failure:  # a failed batch: report it, keep serving
-            return finish("predict", started, _json(
-                500, {"detail": f"prediction failed: {type(failure).__name__}: {failure}"}),
-                "prediction_failed")
+            return finish(
+                "predict",
+                started,
+                _json(500, {"detail": f"prediction failed: {type(failure).__name__}: {failure}"}),
+                "prediction_failed",
+            )
         # NaN: a model needing prompt_tokens was swapped in while these waited (batch_predict)
-        unanswered = [i for i in windows_without_prompt_tokens(windows)
-                      if math.isnan(probabilities[i])]
+        unanswered = [
+            i for i in windows_without_prompt_tokens(windows) if math.isnan(probabilities[i])
+        ]
         if unanswered:
-            return finish("predict", started, _json(
-                422, {"detail": missing_prompt_tokens_details(unanswered)}), "invalid")
-        return finish("predict", started, _json(
-            200, {"probabilities": probabilities.tolist()}))
+            return finish(
+                "predict",
+                started,
+                _json(422, {"detail": missing_prompt_tokens_details(unanswered)}),
+                "invalid",
+            )
+        return finish("predict", started, _json(200, {"probabilities": probabilities.tolist()}))
 
     @app.post("/v1/reload")
     async def reload(request: Request) -> Response:
@@ -318,28 +370,47 @@ def create_app(
         try:
             parsed = ReloadRequest.model_validate(payload if payload is not None else {})
         except ValidationError as invalid:
-            return finish("reload", started, _json(
-                422, {"detail": validation_details(invalid.errors())}), "invalid")
+            return finish(
+                "reload",
+                started,
+                _json(422, {"detail": validation_details(invalid.errors())}),
+                "invalid",
+            )
         # A bare reload re-reads the path the server started with: typically the registry's
         # "current" link, repointed by a promotion. Links are followed at load time only.
         target = Path(parsed.artifact) if parsed.artifact else artifact_path
         if target is None:
-            return finish("reload", started, _json(
-                422, {"detail": "no artifact given and the server was not started from one"}),
-                "invalid")
+            return finish(
+                "reload",
+                started,
+                _json(422, {"detail": "no artifact given and the server was not started from one"}),
+                "invalid",
+            )
         if model_root is not None and not target.resolve().is_relative_to(model_root.resolve()):
-            return finish("reload", started, _json(
-                403, {"detail": f"{target} is outside the model root {model_root}"}),
-                "forbidden")
+            return finish(
+                "reload",
+                started,
+                _json(403, {"detail": f"{target} is outside the model root {model_root}"}),
+                "forbidden",
+            )
         async with reload_lock:
             try:
                 fresh = await asyncio.to_thread(reload_loader, target, slot.current)
                 fresh.check_servable()
             except (ArtifactError, OSError, ValueError) as failure:
                 metrics.reloads.labels("failed").inc()
-                return finish("reload", started, _json(
-                    409, {"detail": f"reload failed, still serving generation "
-                                    f"{slot.generation}: {failure}"}), "reload_failed")
+                return finish(
+                    "reload",
+                    started,
+                    _json(
+                        409,
+                        {
+                            "detail": f"reload failed, still serving generation "
+                            f"{slot.generation}: {failure}"
+                        },
+                    ),
+                    "reload_failed",
+                )
             slot.swap(fresh, target)
             publish_model()
             metrics.reloads.labels("ok").inc()
@@ -348,8 +419,13 @@ def create_app(
     @app.get("/healthz")
     async def healthz() -> Response:
         started = time.perf_counter()
-        return finish("healthz", started, _json(200, {
-            "status": "ok", "queue_depth": batcher.queued_items, "model": slot.describe()}))
+        return finish(
+            "healthz",
+            started,
+            _json(
+                200, {"status": "ok", "queue_depth": batcher.queued_items, "model": slot.describe()}
+            ),
+        )
 
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:
@@ -365,7 +441,14 @@ def uvicorn_server(app, config: ServerConfig, log_level: str = "info"):
     (stop accepting, finish in-flight requests within graceful_timeout_s, drain the queue)."""
     import uvicorn
 
-    return uvicorn.Server(uvicorn.Config(
-        app, host=config.host, port=config.port, log_level=log_level, access_log=False,
-        timeout_graceful_shutdown=config.graceful_timeout_s, lifespan="on",
-    ))
+    return uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=log_level,
+            access_log=False,
+            timeout_graceful_shutdown=config.graceful_timeout_s,
+            lifespan="on",
+        )
+    )

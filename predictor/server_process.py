@@ -38,8 +38,14 @@ def peak_rss_mb(pid: int) -> float | None:
 class ServerProcess:
     """`with ServerProcess(cmd, url) as server:` — healthy on entry, SIGTERM-stopped on exit."""
 
-    def __init__(self, command: Sequence[str], url: str, startup_timeout_s: float = 300.0,
-                 log_path: Path | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        command: Sequence[str],
+        url: str,
+        startup_timeout_s: float = 300.0,
+        log_path: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.command = list(command)
         self.url = url.rstrip("/")
         self.startup_timeout_s = startup_timeout_s
@@ -51,13 +57,16 @@ class ServerProcess:
 
     def __enter__(self) -> ServerProcess:
         self._log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
-        self.process = subprocess.Popen(self.command, stdout=self._log, stderr=self._log,
-                                        env=self.env)
+        self.process = subprocess.Popen(
+            self.command, stdout=self._log, stderr=self._log, env=self.env
+        )
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode} during "
-                                   f"startup (log: {self.log_path})")
+                raise RuntimeError(
+                    f"server exited with {self.process.returncode} during "
+                    f"startup (log: {self.log_path})"
+                )
             try:
                 if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
                     return self

@@ -29,12 +29,18 @@ def read_windows_jsonl(path: Path | str, limit: int | None = None) -> list[Conve
                     raise TypeError("not a JSON object")
                 prompts = record["user_prompts"]
                 turn_count = record.get("turn_count", len(prompts))
-                windows.append(ConversationWindow(str(record["conversation_id"]),
-                                                  tuple(prompts), turn_count,
-                                                  record.get("prompt_tokens")))
+                windows.append(
+                    ConversationWindow(
+                        str(record["conversation_id"]),
+                        tuple(prompts),
+                        turn_count,
+                        record.get("prompt_tokens"),
+                    )
+                )
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
-                raise WindowsFileError(f"{path}:{number}: {type(error).__name__}: "
-                                       f"{error}") from error
+                raise WindowsFileError(
+                    f"{path}:{number}: {type(error).__name__}: {error}"
+                ) from error
             if limit is not None and len(windows) >= limit:
                 break
     if not windows:

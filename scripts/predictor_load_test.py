@@ -41,29 +41,46 @@ from predictor.windows_file import read_windows_jsonl  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--duration-s", type=float, default=30.0)
-    parser.add_argument("--max-requests", type=int, default=None,
-                        help="stop after this many requests even before --duration-s")
+    parser.add_argument(
+        "--max-requests",
+        type=int,
+        default=None,
+        help="stop after this many requests even before --duration-s",
+    )
     parser.add_argument("--embedder", default="e5-small-q4")
     parser.add_argument("--artifact", type=Path, default=None)
     parser.add_argument("--windows", type=int, default=256, help="distinct windows cycled")
-    parser.add_argument("--windows-file", type=Path, default=None,
-                        help="JSONL windows (overrides --source)")
-    parser.add_argument("--source", choices=["sharegpt", "synthetic", "worst"],
-                        default="sharegpt",
-                        help="sharegpt: user-turn windows sampled from the bundled ShareGPT "
-                             "file (through training.loaders); synthetic: chat-like random "
-                             "windows; worst: windows that fill the 512-token budget")
+    parser.add_argument(
+        "--windows-file", type=Path, default=None, help="JSONL windows (overrides --source)"
+    )
+    parser.add_argument(
+        "--source",
+        choices=["sharegpt", "synthetic", "worst"],
+        default="sharegpt",
+        help="sharegpt: user-turn windows sampled from the bundled ShareGPT "
+        "file (through training.loaders); synthetic: chat-like random "
+        "windows; worst: windows that fill the 512-token budget",
+    )
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--max-wait-ms", type=float, default=0.0)
-    parser.add_argument("--max-queue", type=int, default=32,
-                        help="server queue bound; below --clients so 503s are exercised")
-    parser.add_argument("--request-timeout-s", type=float, default=30.0,
-                        help="server --request-timeout-s (requests expected to wait longer "
-                             "are refused with 503 up front)")
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=32,
+        help="server queue bound; below --clients so 503s are exercised",
+    )
+    parser.add_argument(
+        "--request-timeout-s",
+        type=float,
+        default=30.0,
+        help="server --request-timeout-s (requests expected to wait longer "
+        "are refused with 503 up front)",
+    )
     parser.add_argument("--tolerance", type=float, default=1e-5)
     parser.add_argument("--output", type=Path, default=None, help="also write the report here")
     return parser.parse_args()
@@ -88,26 +105,55 @@ def main() -> int:
         windows, _ = sharegpt_windows(args.windows, 3000, seed=0)
     embedder = load_embedder(args.embedder)
     with tempfile.TemporaryDirectory(prefix="lpc-load-test-") as scratch:
-        artifact = args.artifact or untrained_artifact(Path(scratch) / "untrained", embedder,
-                                                       args.embedder)
+        artifact = args.artifact or untrained_artifact(
+            Path(scratch) / "untrained", embedder, args.embedder
+        )
         print(f"expected answers for {len(windows)} windows (in process)", file=sys.stderr)
         expected = Predictor.load(artifact, embedder=embedder).predict(windows)
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        command = [sys.executable, "-m", "lpc.cli", "serve", "--artifact", str(artifact),
-                   "--embedder", args.embedder, "--port", str(port), "--log-level", "warning",
-                   "--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms),
-                   "--max-queue", str(args.max_queue),
-                   "--request-timeout-s", str(args.request_timeout_s)]
-        env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
-                                                           os.environ.get("PYTHONPATH")]))}
+        command = [
+            sys.executable,
+            "-m",
+            "lpc.cli",
+            "serve",
+            "--artifact",
+            str(artifact),
+            "--embedder",
+            args.embedder,
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--max-batch",
+            str(args.max_batch),
+            "--max-wait-ms",
+            str(args.max_wait_ms),
+            "--max-queue",
+            str(args.max_queue),
+            "--request-timeout-s",
+            str(args.request_timeout_s),
+        ]
+        env = {
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])
+            )
+        }
         log = Path(scratch) / "server.log"
         print(f"starting {' '.join(command[1:])}", file=sys.stderr)
         with ServerProcess(command, url, log_path=log, env=env) as server:
             print(f"{args.clients} clients for {args.duration_s} s", file=sys.stderr)
-            report = run_load_test(LoadTestConfig(
-                url, clients=args.clients, duration_s=args.duration_s,
-                max_requests=args.max_requests, tolerance=args.tolerance), windows, expected)
+            report = run_load_test(
+                LoadTestConfig(
+                    url,
+                    clients=args.clients,
+                    duration_s=args.duration_s,
+                    max_requests=args.max_requests,
+                    tolerance=args.tolerance,
+                ),
+                windows,
+                expected,
+            )
             import httpx
 
             metrics = httpx.get(url + "/metrics", timeout=10).text
@@ -118,10 +164,14 @@ def main() -> int:
         overloaded_metric = metric_value(metrics, 'lpc_predictor_errors_total{kind="overloaded"}')
         result = {
             "passed": report.passed and overloaded_metric == report.overloaded_503,
-            "server": {"command": " ".join(command[1:]), "peak_rss_mb": rss,
-                       "overloaded_counted_by_server": overloaded_metric,
-                       "stop_seconds": round(stop_s, 2), "exit_code": exit_code,
-                       "log_tail": log.read_text(errors="replace")[-1500:]},
+            "server": {
+                "command": " ".join(command[1:]),
+                "peak_rss_mb": rss,
+                "overloaded_counted_by_server": overloaded_metric,
+                "stop_seconds": round(stop_s, 2),
+                "exit_code": exit_code,
+                "log_tail": log.read_text(errors="replace")[-1500:],
+            },
             "embedder_id": embedder.embedder_id,
             "windows": len(windows),
             "source": str(args.windows_file or args.source),

@@ -136,7 +136,7 @@ class VllmReplay:
         self.requests[op.request_id] = request
         (table,) = self.manager.get_block_ids(op.request_id)
         hit_blocks = computed.get_block_ids()[0]
-        fresh = table[len(hit_blocks):]
+        fresh = table[len(hit_blocks) :]
         if table[: len(hit_blocks)] != hit_blocks:
             raise DriverError(f"step {step}: block table {table} does not start with {hit_blocks}")
         # Cross-check: exactly the fresh blocks that held a hash were evicted, in pop order.
@@ -242,11 +242,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input", type=Path, help="JSON-lines stream (default: stdin)")
     parser.add_argument("--output", type=Path, help="where to write the records (default: stdout)")
     parser.add_argument(
-        "--allow-other-version", action="store_true",
+        "--allow-other-version",
+        action="store_true",
         help=f"run even if the installed vLLM is not {EXPECTED_VLLM_VERSION}",
     )
     parser.add_argument(
-        "--check", action="store_true",
+        "--check",
+        action="store_true",
         help="only import what the replay needs and report the vLLM version",
     )
     args = parser.parse_args(argv)

@@ -69,31 +69,80 @@ class Expected:
     cached: tuple[int, ...]
 
 
-START = Expected("empty pool: block 0 is the null block", None, None, (),
-                 (1, 2, 3, 4, 5, 6, 7, 8, 9, 10), ())
+START = Expected(
+    "empty pool: block 0 is the null block", None, None, (), (1, 2, 3, 4, 5, 6, 7, 8, 9, 10), ()
+)
 COMMON = (
-    Expected("Times 1-2: request 0, 15 prompt + 2 output tokens: 4 full blocks cached",
-             0, (1, 2, 3, 4, 5), (), (6, 7, 8, 9, 10), (1, 2, 3, 4)),
-    Expected("Time 3: request 1 hits 2 blocks (its 3rd matches only 2 of 4 tokens)",
-             8, (1, 2, 6, 7), (), (8, 9, 10), (1, 2, 3, 4, 6)),
-    Expected("Time 4: free request 0: unhashed 5 to the front, cached 4, 3 to the tail",
-             None, None, (), (5, 8, 9, 10, 4, 3), (1, 2, 3, 4, 6)),
-    Expected("Time 5: free request 1: unhashed 7 to the front, cached 6, 2, 1 to the tail",
-             None, None, (), (7, 5, 8, 9, 10, 4, 3, 6, 2, 1), (1, 2, 3, 4, 6)),
+    Expected(
+        "Times 1-2: request 0, 15 prompt + 2 output tokens: 4 full blocks cached",
+        0,
+        (1, 2, 3, 4, 5),
+        (),
+        (6, 7, 8, 9, 10),
+        (1, 2, 3, 4),
+    ),
+    Expected(
+        "Time 3: request 1 hits 2 blocks (its 3rd matches only 2 of 4 tokens)",
+        8,
+        (1, 2, 6, 7),
+        (),
+        (8, 9, 10),
+        (1, 2, 3, 4, 6),
+    ),
+    Expected(
+        "Time 4: free request 0: unhashed 5 to the front, cached 4, 3 to the tail",
+        None,
+        None,
+        (),
+        (5, 8, 9, 10, 4, 3),
+        (1, 2, 3, 4, 6),
+    ),
+    Expected(
+        "Time 5: free request 1: unhashed 7 to the front, cached 6, 2, 1 to the tail",
+        None,
+        None,
+        (),
+        (7, 5, 8, 9, 10, 4, 3, 6, 2, 1),
+        (1, 2, 3, 4, 6),
+    ),
 )
 WITH_29_TOKENS = (
     *COMMON,
-    Expected("Time 6: request 2 (29 tokens) hits 1-3, takes 7 5 8 9 10: no eviction",
-             12, (1, 2, 3, 7, 5, 8, 9, 10), (), (4, 6), (1, 2, 3, 4, 5, 6, 7, 8, 9)),
-    Expected("Time 7: request 3 (5 tokens) evicts 4 then 6, least recently used first",
-             0, (4, 6), (4, 6), (), (1, 2, 3, 4, 5, 7, 8, 9)),
+    Expected(
+        "Time 6: request 2 (29 tokens) hits 1-3, takes 7 5 8 9 10: no eviction",
+        12,
+        (1, 2, 3, 7, 5, 8, 9, 10),
+        (),
+        (4, 6),
+        (1, 2, 3, 4, 5, 6, 7, 8, 9),
+    ),
+    Expected(
+        "Time 7: request 3 (5 tokens) evicts 4 then 6, least recently used first",
+        0,
+        (4, 6),
+        (4, 6),
+        (),
+        (1, 2, 3, 4, 5, 7, 8, 9),
+    ),
 )
 WITH_33_TOKENS = (
     *COMMON,
-    Expected("Time 6: request 2 (33 tokens) needs one block more and evicts 4, as the doc",
-             12, (1, 2, 3, 7, 5, 8, 9, 10, 4), (4,), (6,), (1, 2, 3, 5, 6, 7, 8, 9, 10)),
-    Expected("Time 7: request 3 needs 2 blocks, 1 is free: refused, nothing changes",
-             0, None, (), (6,), (1, 2, 3, 5, 6, 7, 8, 9, 10)),
+    Expected(
+        "Time 6: request 2 (33 tokens) needs one block more and evicts 4, as the doc",
+        12,
+        (1, 2, 3, 7, 5, 8, 9, 10, 4),
+        (4,),
+        (6,),
+        (1, 2, 3, 5, 6, 7, 8, 9, 10),
+    ),
+    Expected(
+        "Time 7: request 3 needs 2 blocks, 1 is free: refused, nothing changes",
+        0,
+        None,
+        (),
+        (6,),
+        (1, 2, 3, 5, 6, 7, 8, 9, 10),
+    ),
 )
 CASES = {29: WITH_29_TOKENS, 33: WITH_33_TOKENS}
 
@@ -124,9 +173,7 @@ class Walk:
         return None, None, ()
 
     def check(self, outcome: Outcome, expected: Expected) -> None:
-        assert outcome == (expected.hit_tokens, expected.block_ids, expected.evicted), (
-            expected.what
-        )
+        assert outcome == (expected.hit_tokens, expected.block_ids, expected.evicted), expected.what
         m = self.manager
         assert tuple(m.evictor.free_block_ids()) == expected.free_queue, expected.what
         cached = tuple(b for b in range(NUM_BLOCKS) if m.block_hash(b) is not None)
@@ -166,7 +213,9 @@ def test_replayed_stream_matches_the_table(request_2_tokens: int) -> None:
     records = list(replay_stream(stream))
     for record, expected in zip(records, (START, *CASES[request_2_tokens]), strict=True):
         assert (record.hit_tokens, record.block_ids, record.evicted) == (
-            expected.hit_tokens, expected.block_ids, expected.evicted
+            expected.hit_tokens,
+            expected.block_ids,
+            expected.evicted,
         ), expected.what
         assert (record.free_queue, record.cached) == (expected.free_queue, expected.cached), (
             expected.what

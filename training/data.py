@@ -54,13 +54,17 @@ class SampleSplit:
             "evaluation_samples": len(self.evaluation),
             "train_positive_rate": round(positives(self.train) / max(len(self.train), 1), 6),
             "evaluation_positive_rate": round(
-                positives(self.evaluation) / max(len(self.evaluation), 1), 6),
+                positives(self.evaluation) / max(len(self.evaluation), 1), 6
+            ),
         }
 
 
-def split_samples(conversations: Sequence[Conversation], window_size: int,
-                  validation_fraction: float = DEFAULT_VALIDATION_FRACTION,
-                  with_evaluation: bool = True) -> SampleSplit:
+def split_samples(
+    conversations: Sequence[Conversation],
+    window_size: int,
+    validation_fraction: float = DEFAULT_VALIDATION_FRACTION,
+    with_evaluation: bool = True,
+) -> SampleSplit:
     """Samples of the training half (cut into train/validation) and of the evaluation half."""
     halves = partition_conversations(conversations)
     training = build_samples(halves.train, window_size)
@@ -71,7 +75,8 @@ def split_samples(conversations: Sequence[Conversation], window_size: int,
         raise ValueError(
             f"the training half gives {len(train)} training and {len(validation)} validation "
             f"samples; both must be non-empty (more conversations, or another "
-            f"validation_fraction than {validation_fraction})")
+            f"validation_fraction than {validation_fraction})"
+        )
     evaluation = build_samples(halves.eval, window_size) if with_evaluation else []
     return SampleSplit(train, validation, evaluation, len(halves.train), len(halves.eval))
 
@@ -82,8 +87,9 @@ def attach_token_counts(split: SampleSplit, counts: TokenCounts) -> tuple[Sample
     train, a = with_token_counts(split.train, counts)
     validation, b = with_token_counts(split.validation, counts)
     evaluation, c = with_token_counts(split.evaluation, counts)
-    return SampleSplit(train, validation, evaluation, split.train_conversations,
-                       split.evaluation_conversations), a + b + c
+    return SampleSplit(
+        train, validation, evaluation, split.train_conversations, split.evaluation_conversations
+    ), a + b + c
 
 
 def positive_rate(samples: Sequence[TurnSample]) -> float:

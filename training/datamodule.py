@@ -17,24 +17,34 @@ from torch.utils.data import DataLoader, TensorDataset
 class ArrayDataModule(pl.LightningDataModule):
     """Training and validation arrays → loaders (`batch_size` rows, training shuffled)."""
 
-    def __init__(self, train_inputs: np.ndarray, train_labels: np.ndarray,
-                 val_inputs: np.ndarray, val_labels: np.ndarray, batch_size: int = 256,
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        train_inputs: np.ndarray,
+        train_labels: np.ndarray,
+        val_inputs: np.ndarray,
+        val_labels: np.ndarray,
+        batch_size: int = 256,
+        seed: int = 0,
+    ) -> None:
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        for name, inputs, labels in (("training", train_inputs, train_labels),
-                                     ("validation", val_inputs, val_labels)):
+        for name, inputs, labels in (
+            ("training", train_inputs, train_labels),
+            ("validation", val_inputs, val_labels),
+        ):
             if len(inputs) != len(labels):
                 raise ValueError(f"{name}: {len(inputs)} input rows but {len(labels)} labels")
             if len(inputs) == 0:
                 raise ValueError(f"{name}: no samples")
-        self.train_set = TensorDataset(torch.from_numpy(np.ascontiguousarray(train_inputs,
-                                                                             np.float32)),
-                                       torch.from_numpy(np.asarray(train_labels, np.float32)))
-        self.val_set = TensorDataset(torch.from_numpy(np.ascontiguousarray(val_inputs,
-                                                                           np.float32)),
-                                     torch.from_numpy(np.asarray(val_labels, np.float32)))
+        self.train_set = TensorDataset(
+            torch.from_numpy(np.ascontiguousarray(train_inputs, np.float32)),
+            torch.from_numpy(np.asarray(train_labels, np.float32)),
+        )
+        self.val_set = TensorDataset(
+            torch.from_numpy(np.ascontiguousarray(val_inputs, np.float32)),
+            torch.from_numpy(np.asarray(val_labels, np.float32)),
+        )
         self.batch_size = batch_size
         self.seed = seed
 
@@ -44,8 +54,9 @@ class ArrayDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         generator = torch.Generator().manual_seed(self.seed)
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True,
-                          generator=generator)
+        return DataLoader(
+            self.train_set, batch_size=self.batch_size, shuffle=True, generator=generator
+        )
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=4096, shuffle=False)

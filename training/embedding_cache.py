@@ -90,8 +90,9 @@ class EmbedOptions:
             devices = tuple(self.devices)
             object.__setattr__(self, "devices", devices)
             if not devices or not all(isinstance(d, str) and d for d in devices):
-                raise ValueError(f"EmbedOptions.devices must be non-empty device names, "
-                                 f"got {self.devices!r}")
+                raise ValueError(
+                    f"EmbedOptions.devices must be non-empty device names, got {self.devices!r}"
+                )
 
 
 @dataclass
@@ -211,8 +212,9 @@ class VectorStore:
         flat = table.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
         vectors = np.asarray(flat, dtype=np.float32).reshape(len(keys), -1)
         if len(keys) and vectors.shape[1] != self.dim:
-            raise EmbeddingCacheError(f"{path}: vectors of size {vectors.shape[1]}, the "
-                                      f"namespace holds {self.dim}")
+            raise EmbeddingCacheError(
+                f"{path}: vectors of size {vectors.shape[1]}, the namespace holds {self.dim}"
+            )
         self._offsets.append(self._size)
         self._blocks.append(vectors)
         for row, key in enumerate(keys):
@@ -244,8 +246,9 @@ class VectorStore:
 
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         if vectors.shape != (len(keys), self.dim):
-            raise EmbeddingCacheError(f"expected vectors of shape ({len(keys)}, {self.dim}), "
-                                      f"got {vectors.shape}")
+            raise EmbeddingCacheError(
+                f"expected vectors of shape ({len(keys)}, {self.dim}), got {vectors.shape}"
+            )
         column = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), self.dim)
         table = pa.table({"text_key": _key_array(keys), "vector": column})
         name = _unique_name("shard")
@@ -284,8 +287,7 @@ class TextIndex:
     def add(self, window_keys: Sequence[bytes], text_keys: Sequence[bytes]) -> None:
         import pyarrow as pa
 
-        table = pa.table({"window_key": _key_array(window_keys),
-                          "text_key": _key_array(text_keys)})
+        table = pa.table({"window_key": _key_array(window_keys), "text_key": _key_array(text_keys)})
         name = _unique_name("part")
         _write_table_atomically(self.folder / name, table)
         for w, t in zip(window_keys, text_keys, strict=True):
@@ -306,8 +308,9 @@ class EmbeddingCache:
     `verify=True` asks for the probe check up front.
     """
 
-    def __init__(self, folder: Path, embedder_id: str, dim: int,
-                 embedder_factory: EmbedderFactory | None) -> None:
+    def __init__(
+        self, folder: Path, embedder_id: str, dim: int, embedder_factory: EmbedderFactory | None
+    ) -> None:
         self.folder = folder
         self.embedder_id = embedder_id
         self.dim = dim
@@ -317,9 +320,15 @@ class EmbeddingCache:
         self._text_indexes: dict[str, TextIndex] = {}
 
     @classmethod
-    def open(cls, root: Path | str, embedder_id: str, dim: int,
-             embedder_factory: EmbedderFactory | None = None, verify: bool = False,
-             embedder: Embedder | None = None) -> EmbeddingCache:
+    def open(
+        cls,
+        root: Path | str,
+        embedder_id: str,
+        dim: int,
+        embedder_factory: EmbedderFactory | None = None,
+        verify: bool = False,
+        embedder: Embedder | None = None,
+    ) -> EmbeddingCache:
         """The cache of `embedder_id` under `root` (created when missing).
 
         Pass `embedder` when it is already loaded, else `embedder_factory` to load it lazily.
@@ -332,7 +341,8 @@ class EmbeddingCache:
             if embedder.embedder_id != embedder_id or embedder.dim != dim:
                 raise EmbeddingCacheError(
                     f"embedder {embedder.embedder_id!r} ({embedder.dim}-dim) does not match "
-                    f"the cache asked for: {embedder_id!r} ({dim}-dim)")
+                    f"the cache asked for: {embedder_id!r} ({dim}-dim)"
+                )
             embedder_factory = lambda: embedder  # noqa: E731
         folder = Path(root) / CACHE_FORMAT_VERSION / namespace_name(embedder_id)
         folder.mkdir(parents=True, exist_ok=True)
@@ -356,8 +366,9 @@ class EmbeddingCache:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as error:
-            raise EmbeddingCacheError(f"{path} is unreadable ({error}); delete the folder "
-                                      f"{self.folder} to rebuild it") from error
+            raise EmbeddingCacheError(
+                f"{path} is unreadable ({error}); delete the folder {self.folder} to rebuild it"
+            ) from error
         return data if isinstance(data, dict) else None
 
     def _check_namespace_file(self) -> None:
@@ -367,7 +378,8 @@ class EmbeddingCache:
         if data.get("embedder_id") != self.embedder_id or data.get("dim") != self.dim:
             raise EmbeddingCacheError(
                 f"{self._namespace_path()} belongs to embedder {data.get('embedder_id')!r} "
-                f"({data.get('dim')}-dim), not {self.embedder_id!r} ({self.dim}-dim)")
+                f"({data.get('dim')}-dim), not {self.embedder_id!r} ({self.dim}-dim)"
+            )
 
     def embedder(self) -> Embedder:
         """The embedder, loaded on first use and checked against the namespace's probes."""
@@ -375,12 +387,14 @@ class EmbeddingCache:
             if self._factory is None:
                 raise EmbeddingCacheError(
                     f"the cache for {self.embedder_id!r} needs the embedder to compute missing "
-                    "vectors, and none was given")
+                    "vectors, and none was given"
+                )
             embedder = self._factory()
             if embedder.embedder_id != self.embedder_id or embedder.dim != self.dim:
                 raise EmbeddingCacheError(
                     f"the embedder loaded is {embedder.embedder_id!r} ({embedder.dim}-dim), "
-                    f"the cache is for {self.embedder_id!r} ({self.dim}-dim)")
+                    f"the cache is for {self.embedder_id!r} ({self.dim}-dim)"
+                )
             self._embedder = embedder
             self._verify_probe()
         return self._embedder
@@ -392,14 +406,19 @@ class EmbeddingCache:
         if data is not None:
             stored = np.asarray(data.get("probe_vectors", []), dtype=np.float32)
             agree = stored.shape == probes.shape and all(
-                _cosine(a, b) >= PROBE_MIN_COSINE for a, b in zip(stored, probes, strict=True))
+                _cosine(a, b) >= PROBE_MIN_COSINE for a, b in zip(stored, probes, strict=True)
+            )
             if agree:
                 return
             retired = self.folder.with_name(f"{self.folder.name}.stale-{time.time_ns()}")
             self.folder.rename(retired)
-            logger.warning("embedding cache %s: the embedder %r no longer gives the vectors it "
-                           "gave when the cache was written; moved the old vectors to %s",
-                           self.folder, self.embedder_id, retired)
+            logger.warning(
+                "embedding cache %s: the embedder %r no longer gives the vectors it "
+                "gave when the cache was written; moved the old vectors to %s",
+                self.folder,
+                self.embedder_id,
+                retired,
+            )
             self.folder.mkdir(parents=True)
             self.vectors = VectorStore(self.folder / "vectors", self.dim)
             self._text_indexes = {}
@@ -422,8 +441,9 @@ class EmbeddingCache:
             folder.mkdir(parents=True, exist_ok=True)
             config_file = folder / "feature_config.json"
             if not config_file.exists():
-                config_file.write_text(json.dumps(config.to_dict(), indent=1) + "\n",
-                                       encoding="utf-8")
+                config_file.write_text(
+                    json.dumps(config.to_dict(), indent=1) + "\n", encoding="utf-8"
+                )
             self._text_indexes[fingerprint] = TextIndex(folder)
         return self._text_indexes[fingerprint]
 
@@ -449,8 +469,13 @@ class EmbeddingCache:
             return self._prompt_means(recent, config, options, stats)
         return self._vectors_of(recent, config, options, stats)
 
-    def _prompt_means(self, recent: list[tuple[str, ...]], config: FeatureConfig,
-                      options: EmbedOptions, stats: EmbedStats) -> np.ndarray:
+    def _prompt_means(
+        self,
+        recent: list[tuple[str, ...]],
+        config: FeatureConfig,
+        options: EmbedOptions,
+        stats: EmbedStats,
+    ) -> np.ndarray:
         prompts = list(dict.fromkeys(p for window in recent for p in window))
         vectors = self._vectors_of([(p,) for p in prompts], config, options, stats)
         row = {p: i for i, p in enumerate(prompts)}
@@ -460,19 +485,28 @@ class EmbeddingCache:
             out[i] = mean / max(float(np.linalg.norm(mean)), 1e-12)
         return out
 
-    def _vectors_of(self, recent: list[tuple[str, ...]], config: FeatureConfig,
-                    options: EmbedOptions, stats: EmbedStats) -> np.ndarray:
+    def _vectors_of(
+        self,
+        recent: list[tuple[str, ...]],
+        config: FeatureConfig,
+        options: EmbedOptions,
+        stats: EmbedStats,
+    ) -> np.ndarray:
         """One cached vector per unit: a window (joined) or a single prompt (prompt_mean)."""
         windows = recent
         keys = [window_key(w) for w in recent]
         index = self.text_index(config)
-        missing = [i for i, k in enumerate(keys)
-                   if (t := index.get(k)) is None or t not in self.vectors]
+        missing = [
+            i for i, k in enumerate(keys) if (t := index.get(k)) is None or t not in self.vectors
+        ]
         if missing:
             self.vectors.refresh()
             index.refresh()
-            missing = [i for i, k in enumerate(keys)
-                       if (t := index.get(k)) is None or t not in self.vectors]
+            missing = [
+                i
+                for i, k in enumerate(keys)
+                if (t := index.get(k)) is None or t not in self.vectors
+            ]
         stats.windows += len(windows)
         stats.windows_cached += len(windows) - len(missing)
         if missing:
@@ -480,8 +514,15 @@ class EmbeddingCache:
         text_keys = [index.get(k) for k in keys]
         return self.vectors.get_many(text_keys)  # type: ignore[arg-type]
 
-    def _fill(self, recent: list[tuple[str, ...]], keys: list[bytes], missing: list[int],
-              config: FeatureConfig, options: EmbedOptions, stats: EmbedStats) -> None:
+    def _fill(
+        self,
+        recent: list[tuple[str, ...]],
+        keys: list[bytes],
+        missing: list[int],
+        config: FeatureConfig,
+        options: EmbedOptions,
+        stats: EmbedStats,
+    ) -> None:
         from predictor.features import ConversationWindow
 
         embedder = self.embedder()
@@ -491,8 +532,14 @@ class EmbeddingCache:
         first_row = {}
         for i in missing:
             first_row.setdefault(keys[i], i)
-        bar = tqdm(total=len(unique), desc="embedding windows", unit="win",
-                   disable=not options.progress, dynamic_ncols=True, mininterval=2.0)
+        bar = tqdm(
+            total=len(unique),
+            desc="embedding windows",
+            unit="win",
+            disable=not options.progress,
+            dynamic_ncols=True,
+            mininterval=2.0,
+        )
         with bar, TextEncoder(embedder, options) as encoder:
             for start in range(0, len(unique), options.chunk_windows):
                 chunk = unique[start : start + options.chunk_windows]
@@ -500,9 +547,12 @@ class EmbeddingCache:
                 if config.window_encoding == "prompt_mean":  # units are single prompts
                     texts = builder.prompt_texts([recent[first_row[k]][0] for k in chunk])
                 else:
-                    texts = builder.build([
-                        ConversationWindow("w", recent[first_row[k]], len(recent[first_row[k]]))
-                        for k in chunk])
+                    texts = builder.build(
+                        [
+                            ConversationWindow("w", recent[first_row[k]], len(recent[first_row[k]]))
+                            for k in chunk
+                        ]
+                    )
                 tkeys = [text_key(t) for t in texts]
                 stats.build_seconds += time.perf_counter() - t0
                 stats.texts_built += len(texts)
@@ -541,14 +591,16 @@ class TextEncoder:
             if not isinstance(self.embedder, SentenceTransformerEmbedder):
                 raise EmbeddingCacheError(
                     "several devices need a sentence-transformers embedder, not "
-                    f"{self.embedder.embedder_id!r}")
+                    f"{self.embedder.embedder_id!r}"
+                )
             self._pool = self.embedder.library_model().start_multi_process_pool(list(devices))
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         if self._pool is not None:
             self.embedder.library_model().stop_multi_process_pool(  # type: ignore[attr-defined]
-                self._pool)
+                self._pool
+            )
             self._pool = None
 
     def encode(self, texts: list[str]) -> np.ndarray:
@@ -556,10 +608,17 @@ class TextEncoder:
         ordered = [texts[i] for i in order]
         if self._pool is not None:
             embedder = self.embedder
-            vectors = np.asarray(embedder.library_model().encode(  # type: ignore[attr-defined]
-                ordered, prompt=embedder.prefix or None,  # type: ignore[attr-defined]
-                batch_size=self.options.batch_size, pool=self._pool, convert_to_numpy=True,
-                show_progress_bar=False), dtype=np.float32)
+            vectors = np.asarray(
+                embedder.library_model().encode(  # type: ignore[attr-defined]
+                    ordered,
+                    prompt=embedder.prefix or None,  # type: ignore[attr-defined]
+                    batch_size=self.options.batch_size,
+                    pool=self._pool,
+                    convert_to_numpy=True,
+                    show_progress_bar=False,
+                ),
+                dtype=np.float32,
+            )
         else:
             vectors = self.embedder.embed(ordered, batch_size=self.options.batch_size)
         out = np.empty((len(texts), vectors.shape[1]), dtype=np.float32)

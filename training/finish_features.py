@@ -26,8 +26,10 @@ from training.samples import TurnSample
 
 def _count(value: int | None, name: str) -> int:
     if value is None:
-        raise ValueError(f"finish feature {name} needs token counts on the samples "
-                         "(training.samples.with_token_counts)")
+        raise ValueError(
+            f"finish feature {name} needs token counts on the samples "
+            "(training.samples.with_token_counts)"
+        )
     return value
 
 
@@ -63,7 +65,8 @@ FINISH_FEATURES: dict[str, Callable[[TurnSample], float]] = {
     # above, known when the engine first schedules the request (vLLM's num_prompt_tokens), so
     # a prediction request carries it (formula shared with serving: predictor.request_features)
     "log_prompt_tokens": lambda s: log_prompt_tokens(
-        _count(_prompt_tokens(s), "log_prompt_tokens")),
+        _count(_prompt_tokens(s), "log_prompt_tokens")
+    ),
 }
 TOKEN_FEATURES = frozenset({"log_request_tokens", "log_output_tokens", "log_prompt_tokens"})
 
@@ -77,8 +80,9 @@ def check_finish_features(names: Sequence[str]) -> tuple[str, ...]:
     names = tuple(names)
     for name in names:
         if name not in FINISH_FEATURES:
-            raise ValueError(f"unknown finish feature {name!r}; known: "
-                             f"{', '.join(FINISH_FEATURES)}")
+            raise ValueError(
+                f"unknown finish feature {name!r}; known: {', '.join(FINISH_FEATURES)}"
+            )
     if len(set(names)) != len(names):
         raise ValueError(f"finish features listed twice: {names}")
     return names

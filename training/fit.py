@@ -53,8 +53,9 @@ class FitConfig:
             raise bad("class_weighting", f"must be one of {CLASS_WEIGHTINGS}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise bad("seed", "must be an integer")
-        if self.num_threads is not None and (not isinstance(self.num_threads, int)
-                                             or self.num_threads < 1):
+        if self.num_threads is not None and (
+            not isinstance(self.num_threads, int) or self.num_threads < 1
+        ):
             raise bad("num_threads", "must be a positive integer or None")
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,29 +91,41 @@ def _quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")
 
 
-def fit_mlp(train_inputs: np.ndarray, train_labels: np.ndarray, val_inputs: np.ndarray,
-            val_labels: np.ndarray, mlp_config: MLPConfig, config: FitConfig) -> FitResult:
+def fit_mlp(
+    train_inputs: np.ndarray,
+    train_labels: np.ndarray,
+    val_inputs: np.ndarray,
+    val_labels: np.ndarray,
+    mlp_config: MLPConfig,
+    config: FitConfig,
+) -> FitResult:
     """Train a `ContinuationMLP` on precomputed inputs; return the lowest-val-loss weights."""
     import torch
 
     if train_inputs.shape[1] != mlp_config.input_dim:
-        raise ValueError(f"inputs have {train_inputs.shape[1]} columns, the MLP expects "
-                         f"{mlp_config.input_dim}")
+        raise ValueError(
+            f"inputs have {train_inputs.shape[1]} columns, the MLP expects {mlp_config.input_dim}"
+        )
     _quiet_lightning()
     started = time.perf_counter()
     threads = torch.get_num_threads()
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     try:
-        return _fit(train_inputs, train_labels, val_inputs, val_labels, mlp_config, config,
-                    started)
+        return _fit(train_inputs, train_labels, val_inputs, val_labels, mlp_config, config, started)
     finally:
         torch.set_num_threads(threads)
 
 
-def _fit(train_inputs: np.ndarray, train_labels: np.ndarray, val_inputs: np.ndarray,
-         val_labels: np.ndarray, mlp_config: MLPConfig, config: FitConfig,
-         started: float) -> FitResult:
+def _fit(
+    train_inputs: np.ndarray,
+    train_labels: np.ndarray,
+    val_inputs: np.ndarray,
+    val_labels: np.ndarray,
+    mlp_config: MLPConfig,
+    config: FitConfig,
+    started: float,
+) -> FitResult:
     import lightning.pytorch as pl
     import torch
     from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
@@ -121,10 +134,14 @@ def _fit(train_inputs: np.ndarray, train_labels: np.ndarray, val_inputs: np.ndar
     from training.lightning_module import ContinuationModule, balanced_class_weights
 
     pl.seed_everything(config.seed, workers=True, verbose=False)
-    data = ArrayDataModule(train_inputs, train_labels, val_inputs, val_labels,
-                           config.batch_size, config.seed)
-    weights = (balanced_class_weights(data.train_labels)
-               if config.class_weighting == "balanced" else (1.0, 1.0))
+    data = ArrayDataModule(
+        train_inputs, train_labels, val_inputs, val_labels, config.batch_size, config.seed
+    )
+    weights = (
+        balanced_class_weights(data.train_labels)
+        if config.class_weighting == "balanced"
+        else (1.0, 1.0)
+    )
     module = ContinuationModule(mlp_config, config.learning_rate, weights)
     losses: list[float] = []
 
@@ -134,17 +151,25 @@ def _fit(train_inputs: np.ndarray, train_labels: np.ndarray, val_inputs: np.ndar
                 losses.append(float(trainer.callback_metrics["val_loss"]))
 
     with tempfile.TemporaryDirectory(prefix="lpc-train-") as folder:
-        checkpoint = ModelCheckpoint(dirpath=folder, monitor="val_loss", mode="min",
-                                     save_top_k=1, save_weights_only=True,
-                                     filename="best-{epoch}")
+        checkpoint = ModelCheckpoint(
+            dirpath=folder,
+            monitor="val_loss",
+            mode="min",
+            save_top_k=1,
+            save_weights_only=True,
+            filename="best-{epoch}",
+        )
         trainer = pl.Trainer(
             accelerator=config.accelerator,
             devices=config.devices,
             strategy=config.strategy,
             max_epochs=config.max_epochs,
             deterministic=True,
-            callbacks=[checkpoint, EarlyStopping("val_loss", patience=config.patience,
-                                                 mode="min"), RecordValLoss()],
+            callbacks=[
+                checkpoint,
+                EarlyStopping("val_loss", patience=config.patience, mode="min"),
+                RecordValLoss(),
+            ],
             logger=False,
             enable_progress_bar=config.progress,
             enable_model_summary=False,

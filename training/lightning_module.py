@@ -39,8 +39,12 @@ class ContinuationModule(pl.LightningModule):
     early stopping.
     """
 
-    def __init__(self, mlp_config: MLPConfig, learning_rate: float = 5e-4,
-                 class_weights: tuple[float, float] = (1.0, 1.0)) -> None:
+    def __init__(
+        self,
+        mlp_config: MLPConfig,
+        learning_rate: float = 5e-4,
+        class_weights: tuple[float, float] = (1.0, 1.0),
+    ) -> None:
         super().__init__()
         if not learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {learning_rate!r}")
@@ -65,8 +69,15 @@ class ContinuationModule(pl.LightningModule):
     def validation_step(self, batch, batch_idx: int) -> None:
         inputs, labels = batch
         loss = self.weighted_loss(self(inputs), labels)
-        self.log("val_loss", loss, on_step=False, on_epoch=True, prog_bar=True,
-                 batch_size=labels.numel(), sync_dist=True)
+        self.log(
+            "val_loss",
+            loss,
+            on_step=False,
+            on_epoch=True,
+            prog_bar=True,
+            batch_size=labels.numel(),
+            sync_dist=True,
+        )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.learning_rate)

@@ -59,14 +59,20 @@ def discover_logs(folder: Path) -> list[LogFile]:
     found = []
     for path in folder.rglob("*"):
         relative = path.relative_to(folder).as_posix()
-        if (not path.is_file() or path.suffix.lower() not in DATA_SUFFIXES
-                or any(part.startswith(".") for part in Path(relative).parts)):
+        if (
+            not path.is_file()
+            or path.suffix.lower() not in DATA_SUFFIXES
+            or any(part.startswith(".") for part in Path(relative).parts)
+        ):
             continue
         stat = path.stat()
         named = date_from_name(relative)
         date = named or datetime.fromtimestamp(stat.st_mtime, UTC)
-        found.append(LogFile(path, relative, date, "name" if named else "mtime",
-                             stat.st_size, stat.st_mtime_ns))
+        found.append(
+            LogFile(
+                path, relative, date, "name" if named else "mtime", stat.st_size, stat.st_mtime_ns
+            )
+        )
     return sorted(found, key=lambda f: (f.date, f.relative))
 
 
@@ -86,8 +92,9 @@ class LogSelection:
         }
 
 
-def select_logs(logs: Sequence[LogFile], seen: Iterable[str], now: datetime,
-                window_days: float) -> LogSelection:
+def select_logs(
+    logs: Sequence[LogFile], seen: Iterable[str], now: datetime, window_days: float
+) -> LogSelection:
     """New files (not in `seen`) plus files dated within `window_days` before `now`."""
     if not window_days > 0:
         raise ValueError(f"window_days must be > 0, got {window_days!r}")

@@ -30,8 +30,9 @@ class ClassificationMetrics:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
-def classification_metrics(labels: np.ndarray, probabilities: np.ndarray,
-                           threshold: float = 0.5) -> ClassificationMetrics:
+def classification_metrics(
+    labels: np.ndarray, probabilities: np.ndarray, threshold: float = 0.5
+) -> ClassificationMetrics:
     """MCC, macro-F1, ROC-AUC, Brier and accuracy of `probabilities` against 0/1 `labels`."""
     from sklearn.metrics import (
         accuracy_score,
@@ -72,8 +73,9 @@ def prior_shift(probabilities: np.ndarray, from_rate: float, to_rate: float) -> 
     return 1.0 / (1.0 + np.exp(-(np.log(p / (1 - p)) + shift)))
 
 
-def brier_prior_corrected(labels: np.ndarray, probabilities: np.ndarray,
-                          weighted_rate: float, base_rate: float) -> float:
+def brier_prior_corrected(
+    labels: np.ndarray, probabilities: np.ndarray, weighted_rate: float, base_rate: float
+) -> float:
     """Brier score after undoing class weighting (the model saw positives at `weighted_rate`,
     0.5 for balanced weights; the data has `base_rate`)."""
     from sklearn.metrics import brier_score_loss

@@ -61,14 +61,16 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.embedder_spec, str) or not self.embedder_spec:
-            raise ValueError(f"TrainConfig.embedder_spec must be a non-empty string, "
-                             f"got {self.embedder_spec!r}")
+            raise ValueError(
+                f"TrainConfig.embedder_spec must be a non-empty string, got {self.embedder_spec!r}"
+            )
         if not 0.0 < self.validation_fraction < 1.0:
-            raise ValueError(f"TrainConfig.validation_fraction must be in (0, 1), "
-                             f"got {self.validation_fraction!r}")
+            raise ValueError(
+                f"TrainConfig.validation_fraction must be in (0, 1), "
+                f"got {self.validation_fraction!r}"
+            )
         try:
-            object.__setattr__(self, "finish_features",
-                               check_finish_features(self.finish_features))
+            object.__setattr__(self, "finish_features", check_finish_features(self.finish_features))
         except ValueError as error:
             raise ValueError(f"TrainConfig.finish_features: {error}") from None
         MLPConfig(hidden_sizes=self.hidden_sizes, dropout=self.dropout)  # validates both
@@ -98,45 +100,62 @@ class TrainingOutcome:
     split: SampleSplit
 
 
-def sample_embeddings(cache: EmbeddingCache, samples: Sequence[TurnSample],
-                      config: FeatureConfig, options: EmbedOptions,
-                      stats: EmbedStats | None = None) -> np.ndarray:
+def sample_embeddings(
+    cache: EmbeddingCache,
+    samples: Sequence[TurnSample],
+    config: FeatureConfig,
+    options: EmbedOptions,
+    stats: EmbedStats | None = None,
+) -> np.ndarray:
     return cache.embeddings_for([s.window for s in samples], config, options, stats)
 
 
-def model_inputs(embeddings: np.ndarray, samples: Sequence[TurnSample],
-                 feature_config: FeatureConfig, finish_features: Sequence[str]) -> np.ndarray:
+def model_inputs(
+    embeddings: np.ndarray,
+    samples: Sequence[TurnSample],
+    feature_config: FeatureConfig,
+    finish_features: Sequence[str],
+) -> np.ndarray:
     """The MLP input rows of `samples` (see `predictor.model.input_matrix`)."""
     turns = encode_turn_counts(turn_counts_of(samples), feature_config)
     extras = finish_feature_matrix(samples, finish_features) if finish_features else None
     return input_matrix(embeddings, turns, extras)
 
 
-def predict_samples(predictor: Predictor, embeddings: np.ndarray,
-                    samples: Sequence[TurnSample]) -> np.ndarray:
+def predict_samples(
+    predictor: Predictor, embeddings: np.ndarray, samples: Sequence[TurnSample]
+) -> np.ndarray:
     """Probabilities for samples whose window embeddings are given, as the server computes
     them (row by row), with the model's finish features when it has any."""
-    extras = (finish_feature_matrix(samples, predictor.extra_features)
-              if predictor.extra_features else None)
+    extras = (
+        finish_feature_matrix(samples, predictor.extra_features)
+        if predictor.extra_features
+        else None
+    )
     return predictor.predict_from_embeddings(embeddings, turn_counts_of(samples), extras)
 
 
 def _json_safe(metrics: dict[str, Any]) -> dict[str, Any]:
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-            for k, v in metrics.items()}
+    return {
+        k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+        for k, v in metrics.items()
+    }
 
 
-def score(labels: np.ndarray, probabilities: np.ndarray, train_rate: float,
-          weighted_rate: float) -> dict[str, Any]:
+def score(
+    labels: np.ndarray, probabilities: np.ndarray, train_rate: float, weighted_rate: float
+) -> dict[str, Any]:
     """The held-out metrics of one predictor (JSON-ready)."""
     metrics = classification_metrics(labels, probabilities).to_dict()
     metrics["brier_prior_corrected"] = round(
-        brier_prior_corrected(labels, probabilities, weighted_rate, train_rate), 6)
+        brier_prior_corrected(labels, probabilities, weighted_rate, train_rate), 6
+    )
     return _json_safe(metrics)
 
 
-def turns_ablation(evaluation: Sequence[TurnSample],
-                   conversations_turns: Sequence[int]) -> dict[str, Any]:
+def turns_ablation(
+    evaluation: Sequence[TurnSample], conversations_turns: Sequence[int]
+) -> dict[str, Any]:
     """LPC_turns on the evaluation half: majority label per turn-count bin (the paper's), and
     the bin's mean rate (what `lpc-turns` feeds the evictor)."""
     labels = labels_of(evaluation)
@@ -144,8 +163,9 @@ def turns_ablation(evaluation: Sequence[TurnSample],
     out = {}
     for name, majority in (("majority", True), ("rate", False)):
         baseline = TurnsBaseline.fit(conversations_turns, majority=majority)
-        out[name] = _json_safe(classification_metrics(labels, baseline.predict_counts(counts))
-                               .to_dict())
+        out[name] = _json_safe(
+            classification_metrics(labels, baseline.predict_counts(counts)).to_dict()
+        )
     return out
 
 
@@ -167,44 +187,63 @@ def train_predictor(
     embed_options = embed_options or EmbedOptions()
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    split = split_samples(conversations, config.feature_config.window_size,
-                          config.validation_fraction, with_evaluation=evaluate)
+    split = split_samples(
+        conversations,
+        config.feature_config.window_size,
+        config.validation_fraction,
+        with_evaluation=evaluate,
+    )
     notes: dict[str, Any] = {}
     if needs_token_counts(config.finish_features):
         if token_counter is None:
-            raise ValueError(f"finish features {list(config.finish_features)} need request "
-                             "sizes in serving tokens: pass a token counter")
+            raise ValueError(
+                f"finish features {list(config.finish_features)} need request "
+                "sizes in serving tokens: pass a token counter"
+            )
         split, without = attach_token_counts(split, token_counter(conversations))
         notes["serving_tokenizer"] = token_counter.name
         notes["samples_without_token_counts"] = without
     timings["samples_s"] = time.perf_counter() - t0
     counts = split.counts()
-    log(f"samples: {counts['train_samples']} train, {counts['validation_samples']} "
+    log(
+        f"samples: {counts['train_samples']} train, {counts['validation_samples']} "
         f"validation, {counts['evaluation_samples']} evaluation "
-        f"(positive rate {counts['train_positive_rate']:.3f} in train)")
+        f"(positive rate {counts['train_positive_rate']:.3f} in train)"
+    )
 
     stats = EmbedStats()
     t0 = time.perf_counter()
     feature_config = config.feature_config
     train_emb = sample_embeddings(cache, split.train, feature_config, embed_options, stats)
     val_emb = sample_embeddings(cache, split.validation, feature_config, embed_options, stats)
-    eval_emb = (sample_embeddings(cache, split.evaluation, feature_config, embed_options, stats)
-                if evaluate and split.evaluation else None)
+    eval_emb = (
+        sample_embeddings(cache, split.evaluation, feature_config, embed_options, stats)
+        if evaluate and split.evaluation
+        else None
+    )
     timings["embed_s"] = time.perf_counter() - t0
-    log(f"embeddings: {stats.windows_cached} of {stats.windows} windows cached, "
+    log(
+        f"embeddings: {stats.windows_cached} of {stats.windows} windows cached, "
         f"{stats.texts_embedded} texts embedded"
-        + (f" ({stats.texts_per_second:.1f} texts/s)" if stats.texts_embedded else ""))
+        + (f" ({stats.texts_per_second:.1f} texts/s)" if stats.texts_embedded else "")
+    )
 
     t0 = time.perf_counter()
     mlp_config = config.mlp_config(embedder.dim)
     finish = config.finish_features
     result = fit_mlp(
-        model_inputs(train_emb, split.train, feature_config, finish), labels_of(split.train),
+        model_inputs(train_emb, split.train, feature_config, finish),
+        labels_of(split.train),
         model_inputs(val_emb, split.validation, feature_config, finish),
-        labels_of(split.validation), mlp_config, config.fit)
+        labels_of(split.validation),
+        mlp_config,
+        config.fit,
+    )
     timings["fit_s"] = time.perf_counter() - t0
-    log(f"fit: {result.epochs_run} epochs, best epoch {result.best_epoch + 1} "
-        f"(validation loss {result.best_val_loss:.4f}), {result.seconds:.1f} s")
+    log(
+        f"fit: {result.epochs_run} epochs, best epoch {result.best_epoch + 1} "
+        f"(validation loss {result.best_val_loss:.4f}), {result.seconds:.1f} s"
+    )
 
     train_rate = float(labels_of(split.training_half).mean())
     metadata = ArtifactMetadata(
@@ -231,13 +270,16 @@ def train_predictor(
     metrics["validation"] = score(labels_of(split.validation), val_p, train_rate, weighted_rate)
     if eval_emb is not None:
         eval_p = predict_samples(predictor, eval_emb, split.evaluation)
-        metrics["evaluation"] = score(labels_of(split.evaluation), eval_p, train_rate,
-                                      weighted_rate)
+        metrics["evaluation"] = score(
+            labels_of(split.evaluation), eval_p, train_rate, weighted_rate
+        )
         train_conversation_turns = _conversation_turns(split.training_half)
         metrics["turns_ablation"] = turns_ablation(split.evaluation, train_conversation_turns)
         e = metrics["evaluation"]
-        log(f"evaluation half: MCC {e['mcc']:.4f}, macro-F1 {e['macro_f1']:.4f}, "
-            f"AUC {e['roc_auc']:.4f}, Brier {e['brier']:.4f}")
+        log(
+            f"evaluation half: MCC {e['mcc']:.4f}, macro-F1 {e['macro_f1']:.4f}, "
+            f"AUC {e['roc_auc']:.4f}, Brier {e['brier']:.4f}"
+        )
     timings["evaluate_s"] = time.perf_counter() - t0
     metrics["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
     metrics["embedding"] = stats.to_dict()
@@ -259,13 +301,17 @@ def _conversation_turns(samples: Sequence[TurnSample]) -> list[int]:
     return list(turns.values())
 
 
-def evaluate_artifact(path: Path, samples: Sequence[TurnSample], cache: EmbeddingCache,
-                      embed_options: EmbedOptions | None = None,
-                      embedder: Embedder | None = None) -> dict[str, Any]:
+def evaluate_artifact(
+    path: Path,
+    samples: Sequence[TurnSample],
+    cache: EmbeddingCache,
+    embed_options: EmbedOptions | None = None,
+    embedder: Embedder | None = None,
+) -> dict[str, Any]:
     """Score a saved artifact on `samples` (through the embedding cache of its embedder)."""
     predictor = Predictor.load(path, embedder=embedder)
-    embeddings = sample_embeddings(cache, samples, predictor.feature_config,
-                                   embed_options or EmbedOptions())
+    embeddings = sample_embeddings(
+        cache, samples, predictor.feature_config, embed_options or EmbedOptions()
+    )
     probabilities = predict_samples(predictor, embeddings, samples)
     return classification_metrics(labels_of(samples), probabilities).to_dict()
-

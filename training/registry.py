@@ -85,8 +85,11 @@ class ModelRegistry:
         """Published versions, oldest first."""
         if not self.root.is_dir():
             return []
-        found = [(int(m.group(1)), p.name) for p in self.root.iterdir()
-                 if p.is_dir() and not p.is_symlink() and (m := VERSION_PATTERN.match(p.name))]
+        found = [
+            (int(m.group(1)), p.name)
+            for p in self.root.iterdir()
+            if p.is_dir() and not p.is_symlink() and (m := VERSION_PATTERN.match(p.name))
+        ]
         return [name for _, name in sorted(found)]
 
     def path_of(self, version: str) -> Path:
@@ -118,8 +121,11 @@ class ModelRegistry:
         path = self.root / HISTORY
         if not path.is_file():
             return []
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
-                if line.strip()]
+        return [
+            json.loads(line)
+            for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()
+        ]
 
     def state(self) -> dict[str, Any]:
         path = self.root / STATE
@@ -141,8 +147,15 @@ class ModelRegistry:
         if self.root.is_dir():
             for path in self.root.iterdir():
                 # save_artifact's own temporary folders are named ".<staging name>.tmp-*"
-                if path.name.startswith((STAGING_PREFIX, f".{STAGING_PREFIX}", f".{CURRENT}.",
-                                         f".{HISTORY}.", f".{STATE}.")):
+                if path.name.startswith(
+                    (
+                        STAGING_PREFIX,
+                        f".{STAGING_PREFIX}",
+                        f".{CURRENT}.",
+                        f".{HISTORY}.",
+                        f".{STATE}.",
+                    )
+                ):
                     if path.is_dir() and not path.is_symlink():
                         shutil.rmtree(path, ignore_errors=True)
                     else:
@@ -155,8 +168,12 @@ class ModelRegistry:
         number = int(VERSION_PATTERN.match(versions[-1]).group(1)) + 1 if versions else 1
         return f"v{number:04d}"
 
-    def publish(self, model: ContinuationMLP, metadata: ArtifactMetadata,
-                registry_notes: dict[str, Any] | None = None) -> str:
+    def publish(
+        self,
+        model: ContinuationMLP,
+        metadata: ArtifactMetadata,
+        registry_notes: dict[str, Any] | None = None,
+    ) -> str:
         """Save a new version (never visible half-written) and return its name."""
         self.ensure()
         notes = dict(metadata.notes)
@@ -195,8 +212,7 @@ class ModelRegistry:
 
     def save_state(self, state: dict[str, Any]) -> None:
         self.ensure()
-        write_text_atomically(self.root / STATE, json.dumps(state, indent=2, sort_keys=True)
-                              + "\n")
+        write_text_atomically(self.root / STATE, json.dumps(state, indent=2, sort_keys=True) + "\n")
 
     def prune(self, keep: int) -> list[str]:
         """Delete all but the newest `keep` versions, never the current one."""

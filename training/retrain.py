@@ -75,8 +75,7 @@ class RetrainConfig:
             raise bad("min_evaluation_samples", "must be a positive integer")
         if not isinstance(self.keep_versions, int) or self.keep_versions < 1:
             raise bad("keep_versions", "must be a positive integer")
-        if self.notify_url is not None and not self.notify_url.startswith(("http://",
-                                                                           "https://")):
+        if self.notify_url is not None and not self.notify_url.startswith(("http://", "https://")):
             raise bad("notify_url", "must start with http:// or https://")
 
 
@@ -117,30 +116,42 @@ class Decision:
     reason: str
 
 
-def decide(candidate: dict[str, Any], current: dict[str, Any] | None, metric: str,
-           tolerance: float, evaluation_samples: int, min_samples: int,
-           current_problem: str | None = None) -> Decision:
+def decide(
+    candidate: dict[str, Any],
+    current: dict[str, Any] | None,
+    metric: str,
+    tolerance: float,
+    evaluation_samples: int,
+    min_samples: int,
+    current_problem: str | None = None,
+) -> Decision:
     """Promote unless the candidate is worse than the current model by more than tolerance."""
     if current_problem is not None:
         return Decision(True, f"the current model cannot be used ({current_problem})")
     if current is None:
         return Decision(True, "no current model")
     if evaluation_samples < min_samples:
-        return Decision(False, f"only {evaluation_samples} held-out samples (< {min_samples}): "
-                               "too few to judge, keeping the current model")
+        return Decision(
+            False,
+            f"only {evaluation_samples} held-out samples (< {min_samples}): "
+            "too few to judge, keeping the current model",
+        )
     new, old = candidate.get(metric), current.get(metric)
     if new is None or old is None:
         return Decision(False, f"{metric} is undefined on the held-out samples (one class only)")
     delta = new - old
-    verdict = (f"candidate {metric} {new:.4f} vs current {old:.4f} "
-               f"(Δ {delta:+.4f}, tolerance {tolerance:.4f})")
+    verdict = (
+        f"candidate {metric} {new:.4f} vs current {old:.4f} "
+        f"(Δ {delta:+.4f}, tolerance {tolerance:.4f})"
+    )
     if delta >= -tolerance:
         return Decision(True, f"not worse: {verdict}")
     return Decision(False, f"worse: {verdict}")
 
 
-def load_logged_conversations(files: list[LogFile], data_format: str | None,
-                              mode: str | None) -> tuple[list[Conversation], dict[str, Any]]:
+def load_logged_conversations(
+    files: list[LogFile], data_format: str | None, mode: str | None
+) -> tuple[list[Conversation], dict[str, Any]]:
     """Conversations of the selected files; a conversation in several files: newest wins."""
     from training.loaders import load_conversations
 
@@ -153,8 +164,7 @@ def load_logged_conversations(files: list[LogFile], data_format: str | None,
             by_id.pop(conversation.conversation_id, None)
             by_id[conversation.conversation_id] = conversation
         reports[log.relative] = result.report.conversations_produced
-    return list(by_id.values()), {"conversations_per_file": reports,
-                                  "conversations": len(by_id)}
+    return list(by_id.values()), {"conversations_per_file": reports, "conversations": len(by_id)}
 
 
 def notify_server(url: str, artifact: Path, token: str | None, timeout_s: float = 60.0) -> str:
@@ -162,16 +172,24 @@ def notify_server(url: str, artifact: Path, token: str | None, timeout_s: float 
     import httpx
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    response = httpx.post(url.rstrip("/") + "/v1/reload", json={"artifact": str(artifact)},
-                          headers=headers, timeout=timeout_s)
+    response = httpx.post(
+        url.rstrip("/") + "/v1/reload",
+        json={"artifact": str(artifact)},
+        headers=headers,
+        timeout=timeout_s,
+    )
     if response.status_code != 200:
         raise RuntimeError(f"reload answered {response.status_code}: {response.text[:300]}")
     return response.text
 
 
-def run_retrain(config: RetrainConfig, load_embedder: EmbedderLoader, log: Log = print,
-                now: datetime | None = None,
-                token_counter: TokenCounter | None = None) -> RetrainOutcome:
+def run_retrain(
+    config: RetrainConfig,
+    load_embedder: EmbedderLoader,
+    log: Log = print,
+    now: datetime | None = None,
+    token_counter: TokenCounter | None = None,
+) -> RetrainOutcome:
     """One daily run (see the module docstring). Never raises for expected failures: the
     outcome's status says what happened. `token_counter`: for token finish features."""
     started = time.perf_counter()
@@ -179,21 +197,32 @@ def run_retrain(config: RetrainConfig, load_embedder: EmbedderLoader, log: Log =
     try:
         with registry.lock():
             try:
-                outcome = _run_locked(config, registry, load_embedder, log,
-                                      now or datetime.now(UTC), token_counter)
+                outcome = _run_locked(
+                    config, registry, load_embedder, log, now or datetime.now(UTC), token_counter
+                )
             except Exception as error:  # recorded, reported as a failed run
-                outcome = RetrainOutcome(FAILED, f"{type(error).__name__}: {error}",
-                                         current_version=registry.current_version())
-                registry.append_history({"event": "retrain", "status": FAILED,
-                                         "reason": outcome.reason})
+                outcome = RetrainOutcome(
+                    FAILED,
+                    f"{type(error).__name__}: {error}",
+                    current_version=registry.current_version(),
+                )
+                registry.append_history(
+                    {"event": "retrain", "status": FAILED, "reason": outcome.reason}
+                )
     except RegistryLockedError as error:
         outcome = RetrainOutcome(LOCKED, str(error))
     outcome.seconds = time.perf_counter() - started
     return outcome
 
 
-def _run_locked(config: RetrainConfig, registry: ModelRegistry, load_embedder: EmbedderLoader,
-                log: Log, now: datetime, token_counter: TokenCounter | None) -> RetrainOutcome:
+def _run_locked(
+    config: RetrainConfig,
+    registry: ModelRegistry,
+    load_embedder: EmbedderLoader,
+    log: Log,
+    now: datetime,
+    token_counter: TokenCounter | None,
+) -> RetrainOutcome:
     removed = registry.clean_staging()
     if removed:
         log(f"registry: removed leftovers of an interrupted run: {', '.join(removed)}")
@@ -203,26 +232,46 @@ def _run_locked(config: RetrainConfig, registry: ModelRegistry, load_embedder: E
     data = selection.describe()
     current_version = registry.current_version()
     if not selection.new_files and not config.force:
-        return RetrainOutcome(NO_NEW_DATA, f"no new log files in {config.logs_dir} since the "
-                              "last run (pass --force to retrain anyway)", None,
-                              current_version, data=data)
+        return RetrainOutcome(
+            NO_NEW_DATA,
+            f"no new log files in {config.logs_dir} since the "
+            "last run (pass --force to retrain anyway)",
+            None,
+            current_version,
+            data=data,
+        )
     if not selection.files:
-        return RetrainOutcome(NO_NEW_DATA, f"no log files in {config.logs_dir} dated within "
-                              f"the last {config.window_days:g} days", None, current_version,
-                              data=data)
-    log(f"logs: {len(selection.files)} files ({len(selection.new_files)} new) since "
-        f"{selection.window_start:%Y-%m-%d}")
-    conversations, loaded = load_logged_conversations(selection.files, config.data_format,
-                                                      config.mode)
+        return RetrainOutcome(
+            NO_NEW_DATA,
+            f"no log files in {config.logs_dir} dated within the last {config.window_days:g} days",
+            None,
+            current_version,
+            data=data,
+        )
+    log(
+        f"logs: {len(selection.files)} files ({len(selection.new_files)} new) since "
+        f"{selection.window_start:%Y-%m-%d}"
+    )
+    conversations, loaded = load_logged_conversations(
+        selection.files, config.data_format, config.mode
+    )
     data.update(loaded)
     pause_point("retrain-loaded")
 
     embedder = load_embedder(config.train.embedder_spec)
-    cache = EmbeddingCache.open(config.cache_dir, embedder.embedder_id, embedder.dim,
-                                embedder=embedder)
-    outcome = train_predictor(conversations, config.train, embedder, cache, config.embed,
-                              data_description={"logs": str(config.logs_dir), **data}, log=log,
-                              token_counter=token_counter)
+    cache = EmbeddingCache.open(
+        config.cache_dir, embedder.embedder_id, embedder.dim, embedder=embedder
+    )
+    outcome = train_predictor(
+        conversations,
+        config.train,
+        embedder,
+        cache,
+        config.embed,
+        data_description={"logs": str(config.logs_dir), **data},
+        log=log,
+        token_counter=token_counter,
+    )
     candidate_metrics = outcome.metrics.get("evaluation", {})
     evaluation_samples = outcome.metrics["data"]["evaluation_samples"]
     pause_point("retrain-trained")
@@ -231,43 +280,76 @@ def _run_locked(config: RetrainConfig, registry: ModelRegistry, load_embedder: E
     current_path = registry.current_path()
     if current_path is not None and evaluation_samples:
         try:
-            current_metrics = _score_current(current_path, outcome.split.evaluation, embedder,
-                                             cache, config, load_embedder, conversations,
-                                             token_counter)
+            current_metrics = _score_current(
+                current_path,
+                outcome.split.evaluation,
+                embedder,
+                cache,
+                config,
+                load_embedder,
+                conversations,
+                token_counter,
+            )
         except (ArtifactError, OSError, ValueError) as error:
             problem = f"{type(error).__name__}: {error}"
-    decision = decide(candidate_metrics, current_metrics, config.metric, config.tolerance,
-                      evaluation_samples, config.min_evaluation_samples, problem)
+    decision = decide(
+        candidate_metrics,
+        current_metrics,
+        config.metric,
+        config.tolerance,
+        evaluation_samples,
+        config.min_evaluation_samples,
+        problem,
+    )
     log(f"decision: {'promote' if decision.promote else 'keep current'}: {decision.reason}")
 
-    version = registry.publish(outcome.artifact.model, outcome.artifact.metadata, {
-        "decision": PROMOTED if decision.promote else KEPT,
-        "reason": decision.reason,
-        "metric": config.metric,
-        "tolerance": config.tolerance,
-        "compared_with": current_version,
-        "current_metrics": current_metrics,
-    })
+    version = registry.publish(
+        outcome.artifact.model,
+        outcome.artifact.metadata,
+        {
+            "decision": PROMOTED if decision.promote else KEPT,
+            "reason": decision.reason,
+            "metric": config.metric,
+            "tolerance": config.tolerance,
+            "compared_with": current_version,
+            "current_metrics": current_metrics,
+        },
+    )
     if decision.promote:
         registry.promote(version)
     status = PROMOTED if decision.promote else KEPT
-    registry.append_history({
-        "event": "retrain", "status": status, "version": version, "reason": decision.reason,
-        "compared_with": current_version, "candidate_metrics": candidate_metrics,
-        "current_metrics": current_metrics, "new_files": data["new_files"],
-        "files": len(selection.files),
-    })
-    registry.save_state({
-        "last_run_at": now_iso(),
-        "seen_files": sorted(f.identity for f in logs),
-        "last_version": version,
-    })
+    registry.append_history(
+        {
+            "event": "retrain",
+            "status": status,
+            "version": version,
+            "reason": decision.reason,
+            "compared_with": current_version,
+            "candidate_metrics": candidate_metrics,
+            "current_metrics": current_metrics,
+            "new_files": data["new_files"],
+            "files": len(selection.files),
+        }
+    )
+    registry.save_state(
+        {
+            "last_run_at": now_iso(),
+            "seen_files": sorted(f.identity for f in logs),
+            "last_version": version,
+        }
+    )
     pruned = registry.prune(config.keep_versions)
     if pruned:
         log(f"registry: pruned {', '.join(pruned)}")
-    result = RetrainOutcome(status, decision.reason, version,
-                            registry.current_version(), candidate_metrics, current_metrics,
-                            data)
+    result = RetrainOutcome(
+        status,
+        decision.reason,
+        version,
+        registry.current_version(),
+        candidate_metrics,
+        current_metrics,
+        data,
+    )
     if decision.promote and config.notify_url:
         try:
             notify_server(config.notify_url, registry.current_link, config.notify_token)
@@ -279,10 +361,16 @@ def _run_locked(config: RetrainConfig, registry: ModelRegistry, load_embedder: E
     return result
 
 
-def _score_current(path: Path, holdout, embedder: Embedder, cache: EmbeddingCache,
-                   config: RetrainConfig, load_embedder: EmbedderLoader,
-                   conversations: list[Conversation], token_counter: TokenCounter | None
-                   ) -> dict[str, Any]:
+def _score_current(
+    path: Path,
+    holdout,
+    embedder: Embedder,
+    cache: EmbeddingCache,
+    config: RetrainConfig,
+    load_embedder: EmbedderLoader,
+    conversations: list[Conversation],
+    token_counter: TokenCounter | None,
+) -> dict[str, Any]:
     """The current model's metrics on the candidate's held-out samples (its own embedder's
     cache when it was trained on another embedder; token counts when it needs them)."""
     from predictor.artifact import load_artifact
@@ -293,11 +381,13 @@ def _score_current(path: Path, holdout, embedder: Embedder, cache: EmbeddingCach
     needs_tokens = needs_token_counts(metadata.mlp_config.extra_features)
     if needs_tokens and holdout and holdout[0].request_tokens is None:
         if token_counter is None:
-            raise ValueError("the current model needs serving token counts and no token "
-                             "counter was given")
+            raise ValueError(
+                "the current model needs serving token counts and no token counter was given"
+            )
         holdout, _ = with_token_counts(holdout, token_counter(conversations))
     if metadata.embedder_id != embedder.embedder_id:
         embedder = load_embedder(metadata.embedder_spec)
-        cache = EmbeddingCache.open(config.cache_dir, embedder.embedder_id, embedder.dim,
-                                    embedder=embedder)
+        cache = EmbeddingCache.open(
+            config.cache_dir, embedder.embedder_id, embedder.dim, embedder=embedder
+        )
     return evaluate_artifact(path, holdout, cache, config.embed, embedder)

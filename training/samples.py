@@ -94,16 +94,16 @@ class TokenCounter(Protocol):
     def __call__(self, conversations: Sequence[Conversation]) -> TokenCounts: ...
 
 
-def with_token_counts(samples: Sequence[TurnSample], counts: TokenCounts
-                      ) -> tuple[list[TurnSample], int]:
+def with_token_counts(
+    samples: Sequence[TurnSample], counts: TokenCounts
+) -> tuple[list[TurnSample], int]:
     """The samples that have counts, with the counts attached, and how many had none (turns a
     serving engine would never see, e.g. cut at its maximum model length)."""
     kept: list[TurnSample] = []
     for sample in samples:
         count = counts.get((sample.conversation_id, sample.turn_count - 1))
         if count is not None:
-            kept.append(replace(sample, request_tokens=int(count[0]),
-                                output_tokens=int(count[1])))
+            kept.append(replace(sample, request_tokens=int(count[0]), output_tokens=int(count[1])))
     return kept, len(samples) - len(kept)
 
 
@@ -152,8 +152,11 @@ def samples_fingerprint(samples: Sequence[TurnSample]) -> str:
     """SHA-256 over every sample's identity, label and window text: names a training set."""
     digest = hashlib.sha256()
     for s in samples:
-        digest.update(f"{len(s.conversation_id)}:{s.conversation_id}|{s.turn_count}|"
-                      f"{s.label}|".encode("utf-8", "surrogatepass"))
+        digest.update(
+            f"{len(s.conversation_id)}:{s.conversation_id}|{s.turn_count}|{s.label}|".encode(
+                "utf-8", "surrogatepass"
+            )
+        )
         for prompt in s.window:
             encoded = prompt.encode("utf-8", "surrogatepass")
             digest.update(len(encoded).to_bytes(8, "little"))

@@ -28,8 +28,12 @@ class TurnsBaseline:
     majority: bool = False
 
     @classmethod
-    def fit(cls, turn_counts: Iterable[int], max_turn_bin: int = DEFAULT_MAX_TURN_BIN,
-            majority: bool = False) -> Self:
+    def fit(
+        cls,
+        turn_counts: Iterable[int],
+        max_turn_bin: int = DEFAULT_MAX_TURN_BIN,
+        majority: bool = False,
+    ) -> Self:
         """Fit on the user-turn counts of whole conversations (one count per conversation)."""
         if max_turn_bin < 1:
             raise ValueError(f"max_turn_bin must be >= 1, got {max_turn_bin}")
@@ -52,5 +56,6 @@ class TurnsBaseline:
         return float(rate >= 0.5) if self.majority else rate
 
     def predict_counts(self, turn_counts: Sequence[int] | np.ndarray) -> np.ndarray:
-        return np.fromiter((self.rate(int(c)) for c in turn_counts), dtype=np.float64,
-                           count=len(turn_counts))
+        return np.fromiter(
+            (self.rate(int(c)) for c in turn_counts), dtype=np.float64, count=len(turn_counts)
+        )

@@ -32,37 +32,70 @@ def register(targets: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--sets", default="paper,worst",
-                        help="comma-separated window sets: paper, worst, stream")
-    parser.add_argument("--windows-file", type=Path, default=None,
-                        help="JSONL windows for the 'paper' set instead of ShareGPT")
+    parser.add_argument(
+        "--sets", default="paper,worst", help="comma-separated window sets: paper, worst, stream"
+    )
+    parser.add_argument(
+        "--windows-file",
+        type=Path,
+        default=None,
+        help="JSONL windows for the 'paper' set instead of ShareGPT",
+    )
     parser.add_argument("--paper-windows", type=int, default=96, help="windows in 'paper'")
     parser.add_argument("--worst-windows", type=int, default=32, help="windows in 'worst'")
-    parser.add_argument("--sharegpt-conversations", type=int, default=3000,
-                        help="ShareGPT conversations read to sample 'paper' windows from")
-    parser.add_argument("--stream-conversations", type=int, default=30,
-                        help="multi-turn ShareGPT conversations in 'stream'")
-    parser.add_argument("--feature-mode", choices=["joined", "prompt_mean"], default="joined",
-                        help="window encoding of the untrained artifact (ignored with "
-                             "--artifact, which carries its own)")
+    parser.add_argument(
+        "--sharegpt-conversations",
+        type=int,
+        default=3000,
+        help="ShareGPT conversations read to sample 'paper' windows from",
+    )
+    parser.add_argument(
+        "--stream-conversations",
+        type=int,
+        default=30,
+        help="multi-turn ShareGPT conversations in 'stream'",
+    )
+    parser.add_argument(
+        "--feature-mode",
+        choices=["joined", "prompt_mean"],
+        default="joined",
+        help="window encoding of the untrained artifact (ignored with "
+        "--artifact, which carries its own)",
+    )
     parser.add_argument("--embedder", default="e5-small-q4", help="embedder spec")
-    parser.add_argument("--artifact", type=Path, default=None,
-                        help="trained artifact (default: an untrained MLP, speed only)")
-    parser.add_argument("--batch-size", type=int, default=8,
-                        help="texts per embedder call in the batched stages")
-    parser.add_argument("--single-count", type=int, default=16,
-                        help="windows timed one call each (latency stages)")
+    parser.add_argument(
+        "--artifact",
+        type=Path,
+        default=None,
+        help="trained artifact (default: an untrained MLP, speed only)",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=8, help="texts per embedder call in the batched stages"
+    )
+    parser.add_argument(
+        "--single-count", type=int, default=16, help="windows timed one call each (latency stages)"
+    )
     parser.add_argument("--no-rpc", action="store_true", help="skip the server stages")
-    parser.add_argument("--rpc-clients", type=int, default=16,
-                        help="concurrent closed-loop clients in the load stage")
-    parser.add_argument("--rpc-duration-s", type=float, default=20.0,
-                        help="length of the load stage per window set")
+    parser.add_argument(
+        "--rpc-clients",
+        type=int,
+        default=16,
+        help="concurrent closed-loop clients in the load stage",
+    )
+    parser.add_argument(
+        "--rpc-duration-s", type=float, default=20.0, help="length of the load stage per window set"
+    )
     parser.add_argument("--server-max-batch", type=int, default=32, help="server --max-batch")
-    parser.add_argument("--server-max-wait-ms", type=float, default=0.0,
-                        help="server --max-wait-ms")
+    parser.add_argument(
+        "--server-max-wait-ms", type=float, default=0.0, help="server --max-wait-ms"
+    )
     parser.add_argument("--server-max-queue", type=int, default=256, help="server --max-queue")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads, here and in the server (default: torch's)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads, here and in the server (default: torch's)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="window sampling seed")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.set_defaults(run=run)
@@ -87,8 +120,12 @@ class _PromptCounter:
 
         turns = conversation_tokens(conversation, self._template, self._max_model_len).turns
         counts = [turn.num_prompt_tokens for turn in turns]
-        return [replace(w, prompt_tokens=counts[w.turn_count - 1])
-                if w.turn_count - 1 < len(counts) else w for w in windows]
+        return [
+            replace(w, prompt_tokens=counts[w.turn_count - 1])
+            if w.turn_count - 1 < len(counts)
+            else w
+            for w in windows
+        ]
 
 
 def sharegpt_windows(count: int, conversations: int, seed: int) -> tuple[list, str]:
@@ -101,8 +138,10 @@ def sharegpt_windows(count: int, conversations: int, seed: int) -> tuple[list, s
     try:
         from training.loaders import BUNDLED_SHAREGPT, open_conversations
     except ImportError as error:
-        raise CommandError("the ShareGPT loader (training.loaders) is not in this checkout; "
-                           "pass --windows-file FILE.jsonl for the 'paper' set") from error
+        raise CommandError(
+            "the ShareGPT loader (training.loaders) is not in this checkout; "
+            "pass --windows-file FILE.jsonl for the 'paper' set"
+        ) from error
     keep = FeatureConfig().window_size
     counter = _PromptCounter()
     windows = []
@@ -110,12 +149,20 @@ def sharegpt_windows(count: int, conversations: int, seed: int) -> tuple[list, s
         for conversation in stream:
             prompts = conversation.user_prompts()
             if prompts:
-                windows.extend(counter.attach(conversation, windows_for_conversation(
-                    conversation.conversation_id, prompts, keep_last=keep)))
+                windows.extend(
+                    counter.attach(
+                        conversation,
+                        windows_for_conversation(
+                            conversation.conversation_id, prompts, keep_last=keep
+                        ),
+                    )
+                )
     rng = np.random.default_rng(seed)
     chosen = rng.choice(len(windows), size=min(count, len(windows)), replace=False)
-    source = (f"ShareGPT (bundled), {len(windows)} user-turn windows of the first "
-              f"{conversations} conversations, {len(chosen)} sampled (seed {seed})")
+    source = (
+        f"ShareGPT (bundled), {len(windows)} user-turn windows of the first "
+        f"{conversations} conversations, {len(chosen)} sampled (seed {seed})"
+    )
     return [windows[i] for i in sorted(chosen)], source
 
 
@@ -127,8 +174,10 @@ def sharegpt_stream(conversations: int) -> tuple[list, str]:
     try:
         from training.loaders import BUNDLED_SHAREGPT, open_conversations
     except ImportError as error:
-        raise CommandError("the ShareGPT loader (training.loaders) is not in this checkout; "
-                           "the 'stream' set needs it") from error
+        raise CommandError(
+            "the ShareGPT loader (training.loaders) is not in this checkout; "
+            "the 'stream' set needs it"
+        ) from error
     counter = _PromptCounter()
     windows, taken = [], 0
     with open_conversations(BUNDLED_SHAREGPT) as stream:
@@ -136,17 +185,21 @@ def sharegpt_stream(conversations: int) -> tuple[list, str]:
             prompts = conversation.user_prompts()
             if len(prompts) < 2:
                 continue
-            windows.extend(counter.attach(conversation, windows_for_conversation(
-                conversation.conversation_id, prompts)))
+            windows.extend(
+                counter.attach(
+                    conversation, windows_for_conversation(conversation.conversation_id, prompts)
+                )
+            )
             taken += 1
             if taken == conversations:
                 break
-    return windows, (f"ShareGPT (bundled), all {len(windows)} turns of the first {taken} "
-                     f"conversations with 2+ user turns, in order")
+    return windows, (
+        f"ShareGPT (bundled), all {len(windows)} turns of the first {taken} "
+        f"conversations with 2+ user turns, in order"
+    )
 
 
-def untrained_artifact(folder: Path, embedder, spec: str, window_encoding: str = "joined"
-                       ) -> Path:
+def untrained_artifact(folder: Path, embedder, spec: str, window_encoding: str = "joined") -> Path:
     import torch
 
     from predictor.artifact import ArtifactMetadata, save_artifact
@@ -155,21 +208,45 @@ def untrained_artifact(folder: Path, embedder, spec: str, window_encoding: str =
 
     torch.manual_seed(0)
     config = MLPConfig(embedding_dim=embedder.dim)
-    save_artifact(folder, ContinuationMLP(config), ArtifactMetadata(
-        embedder_id=embedder.embedder_id,
-        feature_config=FeatureConfig(window_encoding=window_encoding), mlp_config=config,
-        base_rate=0.5, embedder_spec=spec, notes={"untrained": "benchmark only"}))
+    save_artifact(
+        folder,
+        ContinuationMLP(config),
+        ArtifactMetadata(
+            embedder_id=embedder.embedder_id,
+            feature_config=FeatureConfig(window_encoding=window_encoding),
+            mlp_config=config,
+            base_rate=0.5,
+            embedder_spec=spec,
+            notes={"untrained": "benchmark only"},
+        ),
+    )
     return folder
 
 
 def server_command(args: argparse.Namespace, artifact: Path, port: int) -> list[str]:
-    return [sys.executable, "-m", "lpc.cli", "serve", "--artifact", str(artifact),
-            "--embedder", args.embedder, "--port", str(port), "--log-level", "warning",
-            "--max-batch", str(args.server_max_batch),
-            "--max-wait-ms", str(args.server_max_wait_ms),
-            "--max-queue", str(args.server_max_queue),
-            "--embed-batch-size", str(args.batch_size),
-            *(["--threads", str(args.threads)] if args.threads else [])]
+    return [
+        sys.executable,
+        "-m",
+        "lpc.cli",
+        "serve",
+        "--artifact",
+        str(artifact),
+        "--embedder",
+        args.embedder,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--max-batch",
+        str(args.server_max_batch),
+        "--max-wait-ms",
+        str(args.server_max_wait_ms),
+        "--max-queue",
+        str(args.server_max_queue),
+        "--embed-batch-size",
+        str(args.batch_size),
+        *(["--threads", str(args.threads)] if args.threads else []),
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -197,26 +274,38 @@ def run(args: argparse.Namespace) -> int:
     unknown = sorted(set(sets) - set(SETS))
     if unknown or not sets:
         raise CommandError(f"--sets: unknown set(s) {unknown}; choose from {SETS}")
-    for flag in ("paper_windows", "worst_windows", "batch_size", "single_count", "rpc_clients",
-                 "stream_conversations"):
+    for flag in (
+        "paper_windows",
+        "worst_windows",
+        "batch_size",
+        "single_count",
+        "rpc_clients",
+        "stream_conversations",
+    ):
         if getattr(args, flag) <= 0:
-            raise CommandError(f"--{flag.replace('_', '-')} must be positive, "
-                               f"got {getattr(args, flag)}")
+            raise CommandError(
+                f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}"
+            )
 
     window_sets: dict[str, tuple[list, str]] = {}
     try:
         if "paper" in sets:
             if args.windows_file is not None:
-                window_sets["paper"] = (read_windows_jsonl(args.windows_file, args.paper_windows),
-                                        f"windows file {args.windows_file}")
+                window_sets["paper"] = (
+                    read_windows_jsonl(args.windows_file, args.paper_windows),
+                    f"windows file {args.windows_file}",
+                )
             else:
-                window_sets["paper"] = sharegpt_windows(args.paper_windows,
-                                                        args.sharegpt_conversations, args.seed)
+                window_sets["paper"] = sharegpt_windows(
+                    args.paper_windows, args.sharegpt_conversations, args.seed
+                )
         if "stream" in sets:
             window_sets["stream"] = sharegpt_stream(args.stream_conversations)
         if "worst" in sets:
-            window_sets["worst"] = (benchmark.worst_case_windows(args.worst_windows, args.seed),
-                                    "synthetic: 5 prompts of 600 words each (fills the budget)")
+            window_sets["worst"] = (
+                benchmark.worst_case_windows(args.worst_windows, args.seed),
+                "synthetic: 5 prompts of 600 words each (fills the budget)",
+            )
     except (WindowsFileError, OSError) as error:
         raise CommandError(str(error)) from error
 
@@ -226,9 +315,9 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(error)) from error
     scratch = tempfile.TemporaryDirectory(prefix="lpc-bench-predictor-")
     try:
-        artifact = args.artifact or untrained_artifact(Path(scratch.name) / "untrained",
-                                                       embedder, args.embedder,
-                                                       args.feature_mode)
+        artifact = args.artifact or untrained_artifact(
+            Path(scratch.name) / "untrained", embedder, args.embedder, args.feature_mode
+        )
         predictor = Predictor.load(artifact, embedder=embedder, embed_batch_size=args.batch_size)
     except (ArtifactError, ValueError) as error:
         raise CommandError(str(error)) from error
@@ -248,54 +337,74 @@ def run(args: argparse.Namespace) -> int:
     for name, (windows, source) in window_sets.items():
         if name == "stream":
             progress(args, f"stream: {len(windows)} windows in order, one call each")
-            result["sets"][name] = {"source": source, "windows": len(windows),
-                                    "stream": benchmark.bench_stream(predictor, windows)}
+            result["sets"][name] = {
+                "source": source,
+                "windows": len(windows),
+                "stream": benchmark.bench_stream(predictor, windows),
+            }
             continue
         progress(args, f"{name}: {len(windows)} windows; embedder and in-process stages")
         texts = predictor.window_texts(windows)
-        entry: dict[str, Any] = {"source": source, "windows": len(windows),
-                                 "input_tokens": benchmark.token_counts(predictor, texts)}
-        entry["embedder"] = benchmark.bench_embedder(embedder, texts, args.batch_size,
-                                                     args.single_count)
+        entry: dict[str, Any] = {
+            "source": source,
+            "windows": len(windows),
+            "input_tokens": benchmark.token_counts(predictor, texts),
+        }
+        entry["embedder"] = benchmark.bench_embedder(
+            embedder, texts, args.batch_size, args.single_count
+        )
         entry["in_process"], expected_by_set[name] = benchmark.bench_in_process(
-            predictor, windows, args.batch_size, args.single_count)
+            predictor, windows, args.batch_size, args.single_count
+        )
         result["sets"][name] = entry
 
     if not args.no_rpc:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         repo_root = str(Path(__file__).resolve().parents[2])
-        env = {"PYTHONPATH": os.pathsep.join(filter(None, [repo_root,
-                                                           os.environ.get("PYTHONPATH")]))}
+        env = {
+            "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")]))
+        }
         progress(args, "starting lpc serve")
         log_path = Path(scratch.name) / "server.log"
         try:
-            with ServerProcess(server_command(args, artifact, port), url, log_path=log_path,
-                               env=env) as server:
+            with ServerProcess(
+                server_command(args, artifact, port), url, log_path=log_path, env=env
+            ) as server:
                 for name, (windows, _) in window_sets.items():
                     if name == "stream":
                         continue
                     entry = result["sets"][name]
                     progress(args, f"{name}: paired in-process / RPC latency")
-                    paired = benchmark.bench_rpc_overhead(predictor, url,
-                                                          windows[: args.single_count])
+                    paired = benchmark.bench_rpc_overhead(
+                        predictor, url, windows[: args.single_count]
+                    )
                     entry["rpc_single"] = paired
                     entry["rpc_overhead_ms_p50"] = paired["overhead_ms_p50"]
-                    progress(args, f"{name}: {args.rpc_clients} clients for "
-                                   f"{args.rpc_duration_s} s")
+                    progress(
+                        args, f"{name}: {args.rpc_clients} clients for {args.rpc_duration_s} s"
+                    )
                     cpu_before = benchmark.process_cpu_seconds(server.pid)
                     report = run_load_test(
-                        LoadTestConfig(url, clients=args.rpc_clients,
-                                       duration_s=args.rpc_duration_s, tolerance=1e-5),
-                        windows, expected_by_set[name])
+                        LoadTestConfig(
+                            url,
+                            clients=args.rpc_clients,
+                            duration_s=args.rpc_duration_s,
+                            tolerance=1e-5,
+                        ),
+                        windows,
+                        expected_by_set[name],
+                    )
                     cpu_after = benchmark.process_cpu_seconds(server.pid)
                     entry["rpc_load"] = report.as_dict()
                     if cpu_before is not None and cpu_after is not None:
                         entry["rpc_load"]["server_cpu_ms_per_prediction"] = round(
-                            (cpu_after - cpu_before) * 1000 / max(report.windows_answered, 1), 2)
+                            (cpu_after - cpu_before) * 1000 / max(report.windows_answered, 1), 2
+                        )
                 progress(args, "RPC overhead on tiny windows (paired)")
                 result["rpc_overhead_tiny"] = benchmark.bench_rpc_overhead(
-                    predictor, url, benchmark.tiny_windows(64))
+                    predictor, url, benchmark.tiny_windows(64)
+                )
                 result["server_peak_rss_mb"] = round(server.peak_rss_mb() or float("nan"), 1)
                 result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
                 result["server_exit_code"] = server.stop()
@@ -316,24 +425,32 @@ def progress(args: argparse.Namespace, message: str) -> None:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print(f"embedder {result['embedder_id']} on {result['device']}, "
-          f"{result['torch_threads']} torch threads; artifact: {result['artifact']}, "
-          f"window encoding {result['window_encoding']}")
-    print(f"load average (1, 5, 15 min) at start: {result['load_average_at_start']} "
-          f"on {result['cpu_count']} CPUs")
+    print(
+        f"embedder {result['embedder_id']} on {result['device']}, "
+        f"{result['torch_threads']} torch threads; artifact: {result['artifact']}, "
+        f"window encoding {result['window_encoding']}"
+    )
+    print(
+        f"load average (1, 5, 15 min) at start: {result['load_average_at_start']} "
+        f"on {result['cpu_count']} CPUs"
+    )
     for name, entry in result["sets"].items():
         if name == "stream":
             stream = entry["stream"]
             lat = stream["latency"]
             print(f"\n[stream] {entry['source']}")
-            print(f"  {result['window_encoding']}: {stream['items_per_s']:.2f} predictions/s, "
-                  f"p50 {lat['p50_ms']:.1f} ms, p95 {lat['p95_ms']:.1f} ms, "
-                  f"p99 {lat['p99_ms']:.1f} ms; prompt cache: {stream.get('prompt_cache')}")
+            print(
+                f"  {result['window_encoding']}: {stream['items_per_s']:.2f} predictions/s, "
+                f"p50 {lat['p50_ms']:.1f} ms, p95 {lat['p95_ms']:.1f} ms, "
+                f"p99 {lat['p99_ms']:.1f} ms; prompt cache: {stream.get('prompt_cache')}"
+            )
             continue
         tokens = entry["input_tokens"]
         print(f"\n[{name}] {entry['source']}")
-        print(f"  input tokens per window: mean {tokens['mean']}, p50 {tokens['p50']}, "
-              f"max {tokens['max']}")
+        print(
+            f"  input tokens per window: mean {tokens['mean']}, p50 {tokens['p50']}, "
+            f"max {tokens['max']}"
+        )
         rows = [
             ("embedder, batched", entry["embedder"]["batched"]),
             ("embedder, 1 text/call", entry["embedder"]["single"]),
@@ -342,35 +459,53 @@ def print_table(result: dict[str, Any]) -> None:
         ]
         if "rpc_single" in entry:
             paired = entry["rpc_single"]
-            rows.append(("paired: in-process, 1/call", {"items_per_s": float("nan"),
-                                                       "latency": paired["in_process_latency"]}))
-            rows.append(("paired: RPC, 1/request", {"items_per_s": float("nan"),
-                                                    "latency": paired["rpc_latency"]}))
-        print(f"  {'stage':<28}{'items/s':>9}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}"
-              f"{'CPU ms/item':>13}")
+            rows.append(
+                (
+                    "paired: in-process, 1/call",
+                    {"items_per_s": float("nan"), "latency": paired["in_process_latency"]},
+                )
+            )
+            rows.append(
+                (
+                    "paired: RPC, 1/request",
+                    {"items_per_s": float("nan"), "latency": paired["rpc_latency"]},
+                )
+            )
+        print(
+            f"  {'stage':<28}{'items/s':>9}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}"
+            f"{'CPU ms/item':>13}"
+        )
         for label, stage in rows:
             lat = stage["latency"]
             cpu = stage.get("cpu_ms_per_item", float("nan"))
-            print(f"  {label:<28}{stage['items_per_s']:>9.2f}{lat['p50_ms']:>10.1f}"
-                  f"{lat['p95_ms']:>10.1f}{lat['p99_ms']:>10.1f}{cpu:>13.1f}")
+            print(
+                f"  {label:<28}{stage['items_per_s']:>9.2f}{lat['p50_ms']:>10.1f}"
+                f"{lat['p95_ms']:>10.1f}{lat['p99_ms']:>10.1f}{cpu:>13.1f}"
+            )
         if "rpc_load" in entry:
             load = entry["rpc_load"]
             lat = load["ok_latency"]
-            print(f"  {'RPC, ' + str(load['clients']) + ' clients':<28}"
-                  f"{load['predictions_per_s']:>9.2f}{lat['p50_ms']:>10.1f}"
-                  f"{lat['p95_ms']:>10.1f}{lat['p99_ms']:>10.1f}"
-                  f"{load.get('server_cpu_ms_per_prediction', float('nan')):>13.1f}")
-            print(f"  RPC overhead: median of paired differences "
-                  f"{entry['rpc_overhead_ms_p50']:.2f} ms, inside the server "
-                  f"{entry['rpc_single']['server_overhead_ms_mean']:.2f} ms; load: "
-                  f"{load['answered_ok']} ok, {load['overloaded_503']} 503, "
-                  f"{load['lost']} lost, {load['mismatched']} mismatched")
+            print(
+                f"  {'RPC, ' + str(load['clients']) + ' clients':<28}"
+                f"{load['predictions_per_s']:>9.2f}{lat['p50_ms']:>10.1f}"
+                f"{lat['p95_ms']:>10.1f}{lat['p99_ms']:>10.1f}"
+                f"{load.get('server_cpu_ms_per_prediction', float('nan')):>13.1f}"
+            )
+            print(
+                f"  RPC overhead: median of paired differences "
+                f"{entry['rpc_overhead_ms_p50']:.2f} ms, inside the server "
+                f"{entry['rpc_single']['server_overhead_ms_mean']:.2f} ms; load: "
+                f"{load['answered_ok']} ok, {load['overloaded_503']} 503, "
+                f"{load['lost']} lost, {load['mismatched']} mismatched"
+            )
     if "rpc_overhead_tiny" in result:
         tiny = result["rpc_overhead_tiny"]
-        print(f"\nRPC overhead on one-short-prompt windows (64 paired calls): median "
-              f"{tiny['overhead_ms_p50']:.2f} ms, inside the server "
-              f"{tiny['server_overhead_ms_mean']:.2f} ms (in process p50 "
-              f"{tiny['in_process_latency']['p50_ms']:.1f} ms, RPC p50 "
-              f"{tiny['rpc_latency']['p50_ms']:.1f} ms)")
+        print(
+            f"\nRPC overhead on one-short-prompt windows (64 paired calls): median "
+            f"{tiny['overhead_ms_p50']:.2f} ms, inside the server "
+            f"{tiny['server_overhead_ms_mean']:.2f} ms (in process p50 "
+            f"{tiny['in_process_latency']['p50_ms']:.1f} ms, RPC p50 "
+            f"{tiny['rpc_latency']['p50_ms']:.1f} ms)"
+        )
     if "server_peak_rss_mb" in result:
         print(f"server peak RSS: {result['server_peak_rss_mb']} MB")

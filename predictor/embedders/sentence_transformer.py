@@ -133,8 +133,7 @@ class _TransformersEncoder:
 class _LibraryEncoder:
     """The sentence-transformers library, for model shapes `_TransformersEncoder` lacks."""
 
-    def __init__(self, folder: Path, device: str, max_seq_length: int | None,
-                 prefix: str) -> None:
+    def __init__(self, folder: Path, device: str, max_seq_length: int | None, prefix: str) -> None:
         from sentence_transformers import SentenceTransformer
 
         self.model = SentenceTransformer(str(folder), device=device)
@@ -148,8 +147,9 @@ class _LibraryEncoder:
 
     def encode(self, texts: list[str]) -> np.ndarray:
         # `texts` already carry the prefix (the embedder adds it for both engines).
-        vectors = self.model.encode(texts, batch_size=len(texts), convert_to_numpy=True,
-                                    show_progress_bar=False)
+        vectors = self.model.encode(
+            texts, batch_size=len(texts), convert_to_numpy=True, show_progress_bar=False
+        )
         return np.asarray(vectors, dtype=np.float32)
 
 
@@ -181,13 +181,20 @@ class SentenceTransformerEmbedder:
         folder = _resolve_folder(name)
         device = device or _default_device()
         spec = None if use_library else read_folder_spec(folder)
-        prompts = spec.prompts if spec else json.loads(
-            (folder / "config_sentence_transformers.json").read_text(encoding="utf-8")
-        ).get("prompts", {}) if (folder / "config_sentence_transformers.json").is_file() else {}
+        prompts = (
+            spec.prompts
+            if spec
+            else json.loads(
+                (folder / "config_sentence_transformers.json").read_text(encoding="utf-8")
+            ).get("prompts", {})
+            if (folder / "config_sentence_transformers.json").is_file()
+            else {}
+        )
         self.prefix = _default_prefix(prompts or {}, name) if prefix is None else prefix
         if spec is not None:
             self.engine: _TransformersEncoder | _LibraryEncoder = _TransformersEncoder(
-                spec, device, max_seq_length)
+                spec, device, max_seq_length
+            )
         else:
             self.engine = _LibraryEncoder(folder, device, max_seq_length, self.prefix)
         self.max_batch_tokens = max_batch_tokens
@@ -233,8 +240,9 @@ class SentenceTransformerEmbedder:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if len(texts) == 0:
             return out
-        lengths = [min(n, self.max_input_tokens)
-                   for n in self._tokenizer.count_input_tokens(list(texts))]
+        lengths = [
+            min(n, self.max_input_tokens) for n in self._tokenizer.count_input_tokens(list(texts))
+        ]
         for group in length_groups(lengths, batch_size, self.max_batch_tokens):
             out[group] = self.engine.encode([self.prefix + texts[i] for i in group])
         return out

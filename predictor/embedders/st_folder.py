@@ -55,15 +55,21 @@ def read_folder_spec(folder: Path) -> FolderSpec | None:
     transformer_path = folder / modules[0].get("path", "")
     pooling_path = folder / modules[types.index(POOLING)].get("path", "")
     pooling = _read_json(pooling_path / "config.json")
-    modes = [name for name in LEAN_POOLING_MODES
-             if pooling.get(f"pooling_mode_{name}_tokens" if name != "cls" else
-                            "pooling_mode_cls_token")]
-    others = [k for k, v in pooling.items()
-              if k.startswith("pooling_mode_") and v and not any(m in k for m in modes)]
+    modes = [
+        name
+        for name in LEAN_POOLING_MODES
+        if pooling.get(f"pooling_mode_{name}_tokens" if name != "cls" else "pooling_mode_cls_token")
+    ]
+    others = [
+        k
+        for k, v in pooling.items()
+        if k.startswith("pooling_mode_") and v and not any(m in k for m in modes)
+    ]
     if len(modes) != 1 or others or pooling.get("include_prompt", True) is False:
         return None
     bert_config = _read_json(transformer_path / "sentence_bert_config.json") or _read_json(
-        folder / "sentence_bert_config.json")
+        folder / "sentence_bert_config.json"
+    )
     prompts = _read_json(folder / "config_sentence_transformers.json").get("prompts") or {}
     return FolderSpec(
         transformer_path=transformer_path,

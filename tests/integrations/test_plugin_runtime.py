@@ -134,8 +134,9 @@ def test_the_real_server_predicts_from_the_plugins_items(tmp_path) -> None:
         released = [runtime.release_for(request).probability for request in requests]
         runtime.board.close()
         client.close()
-    expected = predictor.predict([ConversationWindow("c-9", ("hi", "and then?"), 2, n)
-                                  for n in (40, 4000)])
+    expected = predictor.predict(
+        [ConversationWindow("c-9", ("hi", "and then?"), 2, n) for n in (40, 4000)]
+    )
     assert released == expected.tolist() and released[0] != released[1]
     assert runtime.stats.predictions_used == 2
 

@@ -10,7 +10,20 @@ import pytest
 
 from lpc.cli import main
 
-WORDS = ["cache", "block", "prefix", "token", "user", "reply", "think", "pause", "model", "serve", "evict", "heap"]
+WORDS = [
+    "cache",
+    "block",
+    "prefix",
+    "token",
+    "user",
+    "reply",
+    "think",
+    "pause",
+    "model",
+    "serve",
+    "evict",
+    "heap",
+]
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +35,18 @@ def chats(tmp_path_factory) -> Path:
         for c in range(400):
             messages = []
             for _ in range(rng.randint(1, 6)):
-                messages.append({"role": "user", "content": " ".join(rng.choices(WORDS, k=rng.randint(20, 200)))})
-                messages.append({"role": "assistant", "content": " ".join(rng.choices(WORDS, k=rng.randint(20, 300)))})
+                messages.append(
+                    {
+                        "role": "user",
+                        "content": " ".join(rng.choices(WORDS, k=rng.randint(20, 200))),
+                    }
+                )
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": " ".join(rng.choices(WORDS, k=rng.randint(20, 300))),
+                    }
+                )
             handle.write(json.dumps({"id": f"chat{c}", "messages": messages}) + "\n")
     return path
 
@@ -36,9 +59,25 @@ def run_json(args: list[str], capsys) -> dict:
 def test_generated_run_writes_every_report(chats: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
     result = run_json(
-        ["ab", "--dataset", str(chats), "--duration", "600", "--max-active", "30",
-         "--cache-sizes", "3000,6000,12000", "--policies", "lru,lpc-turns,lpc-const,oracle,belady",
-         "--think-time-sweep", "50,100", "--sweep-cache-size", "6000", "--out", str(out)],
+        [
+            "ab",
+            "--dataset",
+            str(chats),
+            "--duration",
+            "600",
+            "--max-active",
+            "30",
+            "--cache-sizes",
+            "3000,6000,12000",
+            "--policies",
+            "lru,lpc-turns,lpc-const,oracle,belady",
+            "--think-time-sweep",
+            "50,100",
+            "--sweep-cache-size",
+            "6000",
+            "--out",
+            str(out),
+        ],
         capsys,
     )
     assert result["workload"]["requests"] > 50
@@ -47,8 +86,14 @@ def test_generated_run_writes_every_report(chats: Path, tmp_path: Path, capsys) 
     for size in ("3000", "6000", "12000"):
         assert hit["belady"][size] >= max(v[size] for v in hit.values()) - 1e-12
         assert abs(hit["lpc-const"][size] - hit["lru"][size]) < 0.005
-    for name in ("results.csv", "report.md", "results.json", "hit_ratio_vs_cache_size.png",
-                 "think_time_sweep.csv", "hit_ratio_vs_think_time.png"):
+    for name in (
+        "results.csv",
+        "report.md",
+        "results.json",
+        "hit_ratio_vs_cache_size.png",
+        "think_time_sweep.csv",
+        "hit_ratio_vs_think_time.png",
+    ):
         assert (out / name).stat().st_size > 0, name
     assert "Share of the LRU→oracle gap closed" in (out / "report.md").read_text()
 
@@ -57,14 +102,37 @@ def test_exported_trace_replays_to_identical_numbers(chats: Path, tmp_path: Path
     trace = tmp_path / "trace.jsonl"
     common = ["--cache-sizes", "3000,9000", "--policies", "lru,lpc-turns,oracle,belady"]
     generated = run_json(
-        ["ab", "--dataset", str(chats), "--duration", "500", "--max-active", "20",
-         "--export-trace", str(trace), "--trace-probabilities", "turns",
-         "--out", str(tmp_path / "a"), *common],
+        [
+            "ab",
+            "--dataset",
+            str(chats),
+            "--duration",
+            "500",
+            "--max-active",
+            "20",
+            "--export-trace",
+            str(trace),
+            "--trace-probabilities",
+            "turns",
+            "--out",
+            str(tmp_path / "a"),
+            *common,
+        ],
         capsys,
     )
     replayed = run_json(
-        ["ab", "--trace", str(trace), "--dataset", str(chats), "--out", str(tmp_path / "b"),
-         *common[:2], "--policies", "lru,lpc-turns,lpc-trace,oracle,belady"],
+        [
+            "ab",
+            "--trace",
+            str(trace),
+            "--dataset",
+            str(chats),
+            "--out",
+            str(tmp_path / "b"),
+            *common[:2],
+            "--policies",
+            "lru,lpc-turns,lpc-trace,oracle,belady",
+        ],
         capsys,
     )
     strip = lambda results: {(r["policy"], r["cache_tokens"]): r["hit_tokens"] for r in results}  # noqa: E731
@@ -110,16 +178,52 @@ def test_bad_values_are_rejected_by_the_parser(capsys, args, message) -> None:
 
 def test_a_broken_trace_names_its_line(tmp_path: Path, chats: Path, capsys) -> None:
     trace = tmp_path / "bad.jsonl"
-    trace.write_text('{"conversation_id": "a", "arrival_s": 0, "completion_s": 1, "prompt_token_ids": [1]}\n{oops\n')
-    code = main(["ab", "--trace", str(trace), "--dataset", str(chats), "--policies", "lru,oracle", "--out", str(tmp_path / "o"), "--no-progress"])
+    trace.write_text(
+        '{"conversation_id": "a", "arrival_s": 0, "completion_s": 1, "prompt_token_ids": [1]}\n{oops\n'
+    )
+    code = main(
+        [
+            "ab",
+            "--trace",
+            str(trace),
+            "--dataset",
+            str(chats),
+            "--policies",
+            "lru,oracle",
+            "--out",
+            str(tmp_path / "o"),
+            "--no-progress",
+        ]
+    )
     assert code == 2
     assert "bad.jsonl:2: not valid JSON" in capsys.readouterr().err
 
 
 def test_bench_evictor_reports_json(capsys) -> None:
-    assert main(["bench", "evictor", "--ops", "20000", "--blocks", "2000", "--runs", "1", "--vllm-python", "/nonexistent", "--no-progress", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "evictor",
+                "--ops",
+                "20000",
+                "--blocks",
+                "2000",
+                "--runs",
+                "1",
+                "--vllm-python",
+                "/nonexistent",
+                "--no-progress",
+                "--json",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     assert set(result["ns_per_op"]) == {"lru", "lpc"}
     assert min(result["block_ops"].values()) >= 20000 and result["ratios"]["lpc_over_lru"] > 0
-    assert set(result["body_ns_per_op"]) == {"lru", "lpc"} and result["body_ratios"]["lpc_over_lru"] > 0
+    assert (
+        set(result["body_ns_per_op"]) == {"lru", "lpc"}
+        and result["body_ratios"]["lpc_over_lru"] > 0
+    )
     assert "not measured" in result["vllm_status"]

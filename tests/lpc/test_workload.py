@@ -113,7 +113,11 @@ def test_closed_loop_replay_hits_more_than_a_cold_cache_and_refuses_belady() -> 
 
     def run(policy: str, tokens: int):
         return replay_closed_loop(
-            draw_scripts(convs, config), config, parse_policy(policy), tokens, 16,
+            draw_scripts(convs, config),
+            config,
+            parse_policy(policy),
+            tokens,
+            16,
             lambda turn: oracle.predict([turn])[0],
         )
 
@@ -130,7 +134,9 @@ def test_estimated_scale_is_one_over_the_mean_observed_think_time() -> None:
 
     convs = conversations(3000, seed=6, max_turns=8)
     for mean in (50.0, 200.0):
-        config = WorkloadConfig(mean_think_time_s=mean, duration_s=None, max_active_conversations=300)
+        config = WorkloadConfig(
+            mean_think_time_s=mean, duration_s=None, max_active_conversations=300
+        )
         requests = open_loop_requests(convs, config)
         gaps = observed_think_times(requests)
         assert all(g > 0 for g in gaps)

@@ -25,9 +25,14 @@ def hashing_embedder() -> HashingEmbedder:
     return HashingEmbedder()
 
 
-def make_artifact(folder: Path, embedder_id: str = "test-hashing-embedder", dim: int = 32,
-                  seed: int = 0, feature_config: FeatureConfig | None = None,
-                  extra_features: tuple[str, ...] = ()) -> ArtifactMetadata:
+def make_artifact(
+    folder: Path,
+    embedder_id: str = "test-hashing-embedder",
+    dim: int = 32,
+    seed: int = 0,
+    feature_config: FeatureConfig | None = None,
+    extra_features: tuple[str, ...] = (),
+) -> ArtifactMetadata:
     """A randomly initialised (seeded) MLP saved as an artifact: enough to test the plumbing."""
     import torch
 
@@ -62,10 +67,15 @@ def sample_windows(n: int, seed: int = 0, prefix: str = "conv") -> list[Conversa
     vocabulary = ["cache", "prefix", "block", "why", "how", "python", "代码", "évict", "?", "ok"]
     windows = []
     for i in range(n):
-        prompts = tuple(" ".join(rng.choice(vocabulary, size=rng.integers(1, 12)))
-                        for _ in range(rng.integers(1, 8)))
-        windows.append(ConversationWindow(f"{prefix}-{seed}-{i}", prompts,
-                                          len(prompts) + int(rng.integers(0, 5))))
+        prompts = tuple(
+            " ".join(rng.choice(vocabulary, size=rng.integers(1, 12)))
+            for _ in range(rng.integers(1, 8))
+        )
+        windows.append(
+            ConversationWindow(
+                f"{prefix}-{seed}-{i}", prompts, len(prompts) + int(rng.integers(0, 5))
+            )
+        )
     return windows
 
 
@@ -74,8 +84,10 @@ def token_windows(n: int, seed: int = 0) -> list[ConversationWindow]:
     from dataclasses import replace
 
     rng = np.random.default_rng([seed, 1])
-    return [replace(w, prompt_tokens=int(np.exp(rng.uniform(np.log(10), np.log(50_000)))))
-            for w in sample_windows(n, seed, prefix="tokens")]
+    return [
+        replace(w, prompt_tokens=int(np.exp(rng.uniform(np.log(10), np.log(50_000)))))
+        for w in sample_windows(n, seed, prefix="tokens")
+    ]
 
 
 def turn_sample(window: ConversationWindow, label: int = 0) -> TurnSample:
@@ -86,10 +98,17 @@ def turn_sample(window: ConversationWindow, label: int = 0) -> TurnSample:
 
     assert window.prompt_tokens is not None
     output_tokens = 1 + window.prompt_tokens * 7919 % 500
-    return TurnSample(window.conversation_id, window.conversation_id, window.turn_count, label,
-                      window.user_prompts[-FeatureConfig().window_size:], "", 0,
-                      request_tokens=window.prompt_tokens + output_tokens,
-                      output_tokens=output_tokens)
+    return TurnSample(
+        window.conversation_id,
+        window.conversation_id,
+        window.turn_count,
+        label,
+        window.user_prompts[-FeatureConfig().window_size :],
+        "",
+        0,
+        request_tokens=window.prompt_tokens + output_tokens,
+        output_tokens=output_tokens,
+    )
 
 
 def train_prompt_tokens_artifact(folder: Path, embedder: HashingEmbedder) -> ArtifactMetadata:
@@ -109,14 +128,24 @@ def train_prompt_tokens_artifact(folder: Path, embedder: HashingEmbedder) -> Art
     texts = WindowTextBuilder(config, embedder.tokenizer, embedder.max_input_tokens).build(windows)
     inputs = model_inputs(embedder.embed(texts), samples, config, names)
     labels = np.array([s.label for s in samples])
-    mlp_config = MLPConfig(embedding_dim=embedder.dim, hidden_sizes=(16, 16),
-                           extra_features=names)
-    fit = fit_mlp(inputs[:400], labels[:400], inputs[400:], labels[400:], mlp_config,
-                  FitConfig(max_epochs=6, batch_size=64, learning_rate=1e-2))
+    mlp_config = MLPConfig(embedding_dim=embedder.dim, hidden_sizes=(16, 16), extra_features=names)
+    fit = fit_mlp(
+        inputs[:400],
+        labels[:400],
+        inputs[400:],
+        labels[400:],
+        mlp_config,
+        FitConfig(max_epochs=6, batch_size=64, learning_rate=1e-2),
+    )
     metadata = ArtifactMetadata(
-        embedder_id=embedder.embedder_id, feature_config=config, mlp_config=mlp_config,
-        base_rate=float(labels.mean()), training_data_fingerprint="fixture",
-        embedder_spec="test", notes={"serving_tokenizer": "test-tokenizer+chatml"})
+        embedder_id=embedder.embedder_id,
+        feature_config=config,
+        mlp_config=mlp_config,
+        base_rate=float(labels.mean()),
+        training_data_fingerprint="fixture",
+        embedder_spec="test",
+        notes={"serving_tokenizer": "test-tokenizer+chatml"},
+    )
     return save_artifact(folder, fit.model, metadata)
 
 

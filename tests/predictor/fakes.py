@@ -31,8 +31,9 @@ class WhitespaceTokenizer:
 class HashingEmbedder:
     """Bag of hashed words, L2-normalised; `embed` calls are counted to check batching."""
 
-    def __init__(self, dim: int = 32, max_input_tokens: int = 512,
-                 embedder_id: str = "test-hashing-embedder") -> None:
+    def __init__(
+        self, dim: int = 32, max_input_tokens: int = 512, embedder_id: str = "test-hashing-embedder"
+    ) -> None:
         self.dim = dim
         self.max_input_tokens = max_input_tokens
         self.embedder_id = embedder_id

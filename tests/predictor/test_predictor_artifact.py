@@ -31,8 +31,9 @@ from tests.predictor.conftest import make_artifact
 def test_round_trip_preserves_weights_and_metadata(tmp_path: Path):
     folder = tmp_path / "a"
     written = make_artifact(folder, feature_config=FeatureConfig(num_previous_prompts=2))
-    loaded = load_artifact(folder, expected_embedder_id="test-hashing-embedder",
-                           expected_embedding_dim=32)
+    loaded = load_artifact(
+        folder, expected_embedder_id="test-hashing-embedder", expected_embedding_dim=32
+    )
     assert loaded.metadata == written
     assert loaded.metadata.feature_config.num_previous_prompts == 2
     assert loaded.metadata.input_dim == 33
@@ -43,8 +44,16 @@ def test_round_trip_preserves_weights_and_metadata(tmp_path: Path):
         assert torch.equal(loaded.model.state_dict()[name], tensor)
     assert not loaded.model.training
     data = json.loads((folder / METADATA_FILE).read_text())
-    for key in ("embedder_id", "feature_config", "input_dim", "base_rate", "metrics",
-                "training_data_fingerprint", "format_version", "weights_sha256"):
+    for key in (
+        "embedder_id",
+        "feature_config",
+        "input_dim",
+        "base_rate",
+        "metrics",
+        "training_data_fingerprint",
+        "format_version",
+        "weights_sha256",
+    ):
         assert key in data
 
 
@@ -80,8 +89,9 @@ def test_a_crash_while_writing_leaves_nothing_loadable(tmp_path: Path, monkeypat
 
 def test_metrics_must_be_strict_json(tmp_path: Path):
     model = ContinuationMLP(MLPConfig(embedding_dim=4))
-    metadata = ArtifactMetadata("e", FeatureConfig(), MLPConfig(embedding_dim=4), 0.5,
-                                metrics={"mcc": float("nan")})
+    metadata = ArtifactMetadata(
+        "e", FeatureConfig(), MLPConfig(embedding_dim=4), 0.5, metrics={"mcc": float("nan")}
+    )
     with pytest.raises(ValueError, match="NaN"):
         save_artifact(tmp_path / "a", model, metadata)
 
@@ -122,8 +132,11 @@ def test_flipped_byte_fails_the_checksum(tiny_artifact: Path):
 
 def test_unparsable_weights_with_matching_checksum(tiny_artifact: Path):
     garbage = b"\x00" * 64
-    _rewrite_metadata(tiny_artifact, weights_bytes=len(garbage),
-                      weights_sha256=__import__("hashlib").sha256(garbage).hexdigest())
+    _rewrite_metadata(
+        tiny_artifact,
+        weights_bytes=len(garbage),
+        weights_sha256=__import__("hashlib").sha256(garbage).hexdigest(),
+    )
     (tiny_artifact / WEIGHTS_FILE).write_bytes(garbage)
     with pytest.raises(ArtifactCorruptError, match="cannot be parsed"):
         load_artifact(tiny_artifact)
@@ -180,7 +193,11 @@ def test_mlp_shape_and_inputs():
     model = ContinuationMLP().eval()
     linears = [m for m in model.layers if isinstance(m, torch.nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linears] == [
-        (385, 128), (128, 128), (128, 128), (128, 1)]
+        (385, 128),
+        (128, 128),
+        (128, 128),
+        (128, 1),
+    ]
     inputs = mlp_inputs(np.zeros((3, 384), np.float32), [0.5, 1.0, 2.0])
     assert inputs.shape == (3, 385) and inputs[2, 384] == 2.0
     assert model(inputs).shape == (3,)

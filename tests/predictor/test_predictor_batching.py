@@ -40,8 +40,9 @@ def test_concurrent_requests_share_batches_and_keep_order():
     model = RecordingModel()
 
     async def scenario():
-        batcher = MicroBatcher(lambda: model.predict, max_batch=8, max_wait_s=0.05,
-                               max_queue_items=100)
+        batcher = MicroBatcher(
+            lambda: model.predict, max_batch=8, max_wait_s=0.05, max_queue_items=100
+        )
         await batcher.start()
         groups = [windows(3, tag=f"g{k}-") for k in range(4)]
         answers = await asyncio.gather(*(batcher.submit(g) for g in groups))
@@ -58,8 +59,9 @@ def test_a_large_request_is_split_over_batches():
     model = RecordingModel()
 
     async def scenario():
-        batcher = MicroBatcher(lambda: model.predict, max_batch=4, max_wait_s=0.0,
-                               max_queue_items=100)
+        batcher = MicroBatcher(
+            lambda: model.predict, max_batch=4, max_wait_s=0.0, max_queue_items=100
+        )
         await batcher.start()
         answer = await batcher.submit(windows(10))
         await batcher.stop()
@@ -74,8 +76,13 @@ def test_queue_bound_refuses_whole_requests():
 
     async def scenario():
         depths = []
-        batcher = MicroBatcher(lambda: model.predict, max_batch=2, max_wait_s=0.0,
-                               max_queue_items=5, on_queue_depth=depths.append)
+        batcher = MicroBatcher(
+            lambda: model.predict,
+            max_batch=2,
+            max_wait_s=0.0,
+            max_queue_items=5,
+            on_queue_depth=depths.append,
+        )
         await batcher.start()
         first = asyncio.ensure_future(batcher.submit(windows(2, "a")))
         await asyncio.sleep(0.05)  # the first batch is running, the queue is empty
@@ -96,8 +103,9 @@ def test_a_failing_batch_fails_its_requests_only():
     model = RecordingModel(fail_on=1)
 
     async def scenario():
-        batcher = MicroBatcher(lambda: model.predict, max_batch=2, max_wait_s=0.0,
-                               max_queue_items=10)
+        batcher = MicroBatcher(
+            lambda: model.predict, max_batch=2, max_wait_s=0.0, max_queue_items=10
+        )
         await batcher.start()
         with pytest.raises(RuntimeError, match="exploded"):
             await batcher.submit(windows(2))
@@ -112,8 +120,9 @@ def test_cancelled_requests_are_not_computed():
     model = RecordingModel(delay_s=0.1)
 
     async def scenario():
-        batcher = MicroBatcher(lambda: model.predict, max_batch=1, max_wait_s=0.0,
-                               max_queue_items=10)
+        batcher = MicroBatcher(
+            lambda: model.predict, max_batch=1, max_wait_s=0.0, max_queue_items=10
+        )
         await batcher.start()
         first = batcher.enqueue(windows(1, "a"))
         await asyncio.sleep(0.02)
@@ -130,8 +139,9 @@ def test_stop_drains_the_queue_then_refuses():
     model = RecordingModel(delay_s=0.05)
 
     async def scenario():
-        batcher = MicroBatcher(lambda: model.predict, max_batch=2, max_wait_s=1.0,
-                               max_queue_items=10)
+        batcher = MicroBatcher(
+            lambda: model.predict, max_batch=2, max_wait_s=1.0, max_queue_items=10
+        )
         await batcher.start()
         pending = [batcher.enqueue(windows(1, f"x{k}")) for k in range(5)]
         await batcher.stop()
@@ -148,8 +158,9 @@ def test_the_model_is_looked_up_per_batch():
     current = {"model": old}
 
     async def scenario():
-        batcher = MicroBatcher(lambda: current["model"].predict, max_batch=4, max_wait_s=0.0,
-                               max_queue_items=10)
+        batcher = MicroBatcher(
+            lambda: current["model"].predict, max_batch=4, max_wait_s=0.0, max_queue_items=10
+        )
         await batcher.start()
         await batcher.submit(windows(2))
         current["model"] = new
@@ -162,8 +173,9 @@ def test_the_model_is_looked_up_per_batch():
 
 def test_wrong_answer_length_is_an_error():
     async def scenario():
-        batcher = MicroBatcher(lambda: (lambda batch: np.zeros(1)), max_batch=4,
-                               max_wait_s=0.0, max_queue_items=10)
+        batcher = MicroBatcher(
+            lambda: lambda batch: np.zeros(1), max_batch=4, max_wait_s=0.0, max_queue_items=10
+        )
         await batcher.start()
         with pytest.raises(RuntimeError, match="returned 1 probabilities for 2"):
             await batcher.submit(windows(2))
@@ -176,8 +188,13 @@ def test_requests_that_would_time_out_are_refused_up_front():
     model = RecordingModel(delay_s=0.05)  # 0.05 s per batch of 1 window
 
     async def scenario():
-        batcher = MicroBatcher(lambda: model.predict, max_batch=1, max_wait_s=0.0,
-                               max_queue_items=100, max_expected_wait_s=0.3)
+        batcher = MicroBatcher(
+            lambda: model.predict,
+            max_batch=1,
+            max_wait_s=0.0,
+            max_queue_items=100,
+            max_expected_wait_s=0.3,
+        )
         await batcher.start()
         await batcher.submit(windows(1))  # measures ~0.05 s per window
         assert batcher.seconds_per_window is not None

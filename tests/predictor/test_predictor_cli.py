@@ -52,8 +52,7 @@ def test_serve_rejects_bad_configuration(tiny_artifact, capsys, monkeypatch):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_serve_defaults_to_the_environment_then_the_shipped_model(tmp_path, capsys,
-                                                                  monkeypatch):
+def test_serve_defaults_to_the_environment_then_the_shipped_model(tmp_path, capsys, monkeypatch):
     """Which artifact `lpc serve` picks, seen through the refusal of models it cannot serve
     (named with their features before any embedder loads: their spec "test" loads none)."""
     shipped, configured = tmp_path / "shipped", tmp_path / "configured"
@@ -66,8 +65,10 @@ def test_serve_defaults_to_the_environment_then_the_shipped_model(tmp_path, caps
     assert f"artifact {shipped} needs finish-time features ['log_output_tokens']" in err
     monkeypatch.setenv("LPC_PREDICTOR_ARTIFACT", str(configured))
     assert main(["serve"]) == 2
-    assert f"artifact {configured} needs finish-time features ['log_request_tokens']" in \
-        capsys.readouterr().err
+    assert (
+        f"artifact {configured} needs finish-time features ['log_request_tokens']"
+        in capsys.readouterr().err
+    )
     assert main(["serve", "--artifact", str(shipped)]) == 2
     assert f"artifact {shipped} needs" in capsys.readouterr().err
 
@@ -93,9 +94,26 @@ def test_windows_file_round_trip(tmp_path):
 def test_bench_predictor_in_process_stages(tmp_path, capsys):
     windows_file = tmp_path / "w.jsonl"
     write_windows_jsonl(windows_file, sample_windows(4))
-    code = main(["bench", "predictor", "--embedder", MINILM, "--sets", "paper",
-                 "--windows-file", str(windows_file), "--paper-windows", "4",
-                 "--single-count", "1", "--batch-size", "4", "--no-rpc", "--json"])
+    code = main(
+        [
+            "bench",
+            "predictor",
+            "--embedder",
+            MINILM,
+            "--sets",
+            "paper",
+            "--windows-file",
+            str(windows_file),
+            "--paper-windows",
+            "4",
+            "--single-count",
+            "1",
+            "--batch-size",
+            "4",
+            "--no-rpc",
+            "--json",
+        ]
+    )
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     paper = result["sets"]["paper"]
@@ -113,11 +131,24 @@ def test_lpc_serve_child_process_end_to_end(tmp_path, minilm_embedder):
     windows = sample_windows(20, seed=4)
     expected = Predictor.load(artifact, embedder=minilm_embedder).predict(windows)
     port = free_port()
-    command = [sys.executable, "-m", "lpc.cli", "serve", "--artifact", str(artifact),
-               "--embedder", MINILM, "--port", str(port), "--log-level", "warning"]
+    command = [
+        sys.executable,
+        "-m",
+        "lpc.cli",
+        "serve",
+        "--artifact",
+        str(artifact),
+        "--embedder",
+        MINILM,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     env = {"PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1"}
-    with ServerProcess(command, f"http://127.0.0.1:{port}", env=env,
-                       log_path=tmp_path / "server.log") as server:
+    with ServerProcess(
+        command, f"http://127.0.0.1:{port}", env=env, log_path=tmp_path / "server.log"
+    ) as server:
         with PredictorClient(f"http://127.0.0.1:{port}", timeout_s=60) as client:
             answer = client.predict(windows)
         assert server.peak_rss_mb() > 0
@@ -127,10 +158,23 @@ def test_lpc_serve_child_process_end_to_end(tmp_path, minilm_embedder):
 
 
 def test_lpc_serve_help_lists_every_flag():
-    result = subprocess.run([sys.executable, "-m", "lpc.cli", "serve", "--help"],
-                            capture_output=True, text=True, cwd=REPO_ROOT,
-                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    result = subprocess.run(
+        [sys.executable, "-m", "lpc.cli", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
     assert result.returncode == 0
-    for flag in ("--artifact", "--host", "--max-batch", "--max-wait-ms", "--max-queue",
-                 "--token-file", "--model-root", "--threads", "--graceful-timeout-s"):
+    for flag in (
+        "--artifact",
+        "--host",
+        "--max-batch",
+        "--max-wait-ms",
+        "--max-queue",
+        "--token-file",
+        "--model-root",
+        "--threads",
+        "--graceful-timeout-s",
+    ):
         assert flag in result.stdout

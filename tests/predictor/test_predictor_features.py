@@ -80,8 +80,9 @@ def test_redistribute_gives_unused_tokens_to_long_prompts():
 
 
 def test_budget_is_capped_by_the_embedder_input_limit():
-    (text,) = build(FeatureConfig(), ConversationWindow.from_prompts("c", [words("w", 1000)]),
-                    max_tokens=128)
+    (text,) = build(
+        FeatureConfig(), ConversationWindow.from_prompts("c", [words("w", 1000)]), max_tokens=128
+    )
     # (128 − 3) // 5 = 25 tokens.
     assert len(text.split()) == 25
 
@@ -97,8 +98,10 @@ class DriftingTokenizer(WhitespaceTokenizer):
     differently: the builder must still hold the final text to the budget."""
 
     def count_input_tokens(self, texts):
-        return [n + t.count("\n") * 3 for n, t in
-                zip(super().count_input_tokens(texts), texts, strict=True)]
+        return [
+            n + t.count("\n") * 3
+            for n, t in zip(super().count_input_tokens(texts), texts, strict=True)
+        ]
 
 
 def test_final_count_is_enforced_when_rejoined_text_grows():
@@ -180,8 +183,9 @@ def test_windows_for_conversation_one_per_turn():
 
 def test_encode_turn_counts():
     config = FeatureConfig()
-    np.testing.assert_allclose(encode_turn_counts([1, 2, 100], config),
-                               np.log1p([1, 2, 100]).astype(np.float32))
+    np.testing.assert_allclose(
+        encode_turn_counts([1, 2, 100], config), np.log1p([1, 2, 100]).astype(np.float32)
+    )
     raw = FeatureConfig(turn_count_encoding="raw")
     assert encode_turn_counts([3], raw).tolist() == [3.0]
     with pytest.raises(ValueError):

@@ -38,9 +38,13 @@ def load(tiny_artifact, clients: int, duration_s: float, max_queue: int):
     windows = sample_windows(200, seed=11)
     expected = Predictor.load(tiny_artifact, embedder=HashingEmbedder()).predict(windows)
     with running_server(app, config) as (url, _):
-        report = run_load_test(LoadTestConfig(url, clients=clients, duration_s=duration_s,
-                                              overload_backoff_s=0.02, tolerance=0.0),
-                               windows, expected)
+        report = run_load_test(
+            LoadTestConfig(
+                url, clients=clients, duration_s=duration_s, overload_backoff_s=0.02, tolerance=0.0
+            ),
+            windows,
+            expected,
+        )
     print(json.dumps(report.as_dict(), default=str))  # shown with -rA or -s
     return report
 

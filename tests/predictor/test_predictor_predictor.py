@@ -52,8 +52,10 @@ def test_each_probability_depends_on_its_own_window_only(tiny_artifact, hashing_
     embeddings = rng.normal(size=(50, 32)).astype(np.float32)
     turns = rng.integers(1, 30, size=50)
     batch = predictor.predict_from_embeddings(embeddings, turns)
-    rows = [predictor.predict_from_embeddings(embeddings[i : i + 1], turns[i : i + 1])[0]
-            for i in range(50)]
+    rows = [
+        predictor.predict_from_embeddings(embeddings[i : i + 1], turns[i : i + 1])[0]
+        for i in range(50)
+    ]
     assert np.array_equal(batch, np.array(rows))
 
 

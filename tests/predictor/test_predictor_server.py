@@ -125,12 +125,16 @@ VALID = {"conversation_id": "c", "user_prompts": ["a", "b"], "turn_count": 2}
         ({"items": [{**VALID, "user_prompts": ["a", 7]}]}, ["items", 0, "user_prompts", 1]),
         ({"items": [{**VALID, "user_prompts": "ab"}]}, ["items", 0, "user_prompts"]),
         ({"items": [{**VALID, "conversation_id": 5}]}, ["items", 0, "conversation_id"]),
-        ({"items": [VALID, {"user_prompts": ["a"], "turn_count": 1}]},
-         ["items", 1, "conversation_id"]),
+        (
+            {"items": [VALID, {"user_prompts": ["a"], "turn_count": 1}]},
+            ["items", 1, "conversation_id"],
+        ),
         ({"items": [{**VALID, "user_prompts": ["x" * 101]}]}, ["items", 0, "user_prompts", 0]),
         ({"items": [VALID] * 9}, ["items"]),
-        ({"items": [{**VALID, "user_prompts": ["a"] * 5, "turn_count": 5}]},
-         ["items", 0, "user_prompts"]),
+        (
+            {"items": [{**VALID, "user_prompts": ["a"] * 5, "turn_count": 5}]},
+            ["items", 0, "user_prompts"],
+        ),
         ([VALID], []),
     ],
 )
@@ -147,8 +151,9 @@ def test_invalid_payloads_get_precise_422(tiny_artifact, body, where):
 
 
 def test_raw_bodies_nan_bad_json_and_oversize(tiny_artifact):
-    limits = RequestLimits(max_items_per_request=2, max_prompt_chars=10, max_prompts_per_item=2,
-                           max_body_bytes=4096)
+    limits = RequestLimits(
+        max_items_per_request=2, max_prompt_chars=10, max_prompts_per_item=2, max_body_bytes=4096
+    )
     app, config = serve(tiny_artifact, limits=limits)
     with running_server(app, config) as (url, _):
         nan = '{"items": [{"conversation_id": "c", "user_prompts": ["a"], "turn_count": NaN}]}'
@@ -163,8 +168,9 @@ def test_raw_bodies_nan_bad_json_and_oversize(tiny_artifact):
         assert httpx.post(url + "/v1/predict", content=huge).status_code == 413
         metrics = httpx.get(url + "/metrics").text
     assert _metric(metrics, "lpc_predictor_errors_total", '{kind="invalid"}') == 3
-    assert _metric(metrics, "lpc_predictor_requests_total",
-                   '{endpoint="predict",status="422"}') == 3
+    assert (
+        _metric(metrics, "lpc_predictor_requests_total", '{endpoint="predict",status="422"}') == 3
+    )
 
 
 def test_overload_answers_503_and_the_server_stays_healthy(tiny_artifact, reference):
@@ -174,11 +180,21 @@ def test_overload_answers_503_and_the_server_stays_healthy(tiny_artifact, refere
     statuses: list[int] = [0] * len(windows)
     bodies: list[dict] = [{}] * len(windows)
     with running_server(app, config) as (url, _):
+
         def worker(j: int) -> None:
-            body = {"items": [json.loads(json.dumps({
-                "conversation_id": windows[j].conversation_id,
-                "user_prompts": list(windows[j].user_prompts),
-                "turn_count": windows[j].turn_count}))]}
+            body = {
+                "items": [
+                    json.loads(
+                        json.dumps(
+                            {
+                                "conversation_id": windows[j].conversation_id,
+                                "user_prompts": list(windows[j].user_prompts),
+                                "turn_count": windows[j].turn_count,
+                            }
+                        )
+                    )
+                ]
+            }
             response = httpx.post(url + "/v1/predict", json=body, timeout=30)
             statuses[j] = response.status_code
             bodies[j] = response.json()
@@ -196,8 +212,9 @@ def test_overload_answers_503_and_the_server_stays_healthy(tiny_artifact, refere
             assert bodies[j]["probabilities"] == [expected[j]]
         else:
             assert bodies[j]["detail"] == "overloaded"
-    assert _metric(metrics, "lpc_predictor_errors_total", '{kind="overloaded"}') == \
-        statuses.count(503)
+    assert _metric(metrics, "lpc_predictor_errors_total", '{kind="overloaded"}') == statuses.count(
+        503
+    )
     assert _metric(metrics, "lpc_predictor_queue_depth") == 0
 
 
@@ -253,6 +270,7 @@ def test_graceful_shutdown_finishes_requests_in_flight(tiny_artifact, reference)
     expected = reference.predict(windows).tolist()
     results: dict[int, list[float] | None] = {}
     with running_server(app, config) as (url, server):
+
         def worker(j: int) -> None:
             with PredictorClient(url, timeout_s=20) as client:
                 results[j] = client.predict([windows[j]])
@@ -291,9 +309,13 @@ def test_client_never_raises(tiny_artifact):
     def timeout(request: httpx.Request) -> httpx.Response:
         raise httpx.ReadTimeout("slow", request=request)
 
-    for handler, kind in [(junk, "malformed"), (wrong_length, "malformed"),
-                          (out_of_range, "malformed"), (server_error, "http_errors"),
-                          (timeout, "timeouts")]:
+    for handler, kind in [
+        (junk, "malformed"),
+        (wrong_length, "malformed"),
+        (out_of_range, "malformed"),
+        (server_error, "http_errors"),
+        (timeout, "timeouts"),
+    ]:
         client = PredictorClient("http://predictor", transport=httpx.MockTransport(handler))
         assert client.predict(sample_windows(1)) is None
         assert getattr(client.stats, kind) == 1 and client.stats.failures == 1
@@ -325,11 +347,17 @@ def test_client_imports_stay_light():
     import subprocess
     import sys
 
-    code = ("import sys, predictor.client; heavy = [m for m in sys.modules if m.split('.')[0] "
-            "in ('torch', 'pydantic', 'fastapi', 'transformers', 'sentence_transformers')]; "
-            "print(heavy); sys.exit(1 if heavy else 0)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parents[2])
+    code = (
+        "import sys, predictor.client; heavy = [m for m in sys.modules if m.split('.')[0] "
+        "in ('torch', 'pydantic', 'fastapi', 'transformers', 'sentence_transformers')]; "
+        "print(heavy); sys.exit(1 if heavy else 0)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -370,8 +398,10 @@ def test_items_without_prompt_tokens_get_a_422_naming_them(prompt_tokens_artifac
         response = httpx.post(url + "/v1/predict", json=body)
         assert response.status_code == 422, response.text
         detail = response.json()["detail"]
-        assert [d["loc"] for d in detail] == [["items", 1, "prompt_tokens"],
-                                              ["items", 3, "prompt_tokens"]]
+        assert [d["loc"] for d in detail] == [
+            ["items", 1, "prompt_tokens"],
+            ["items", 3, "prompt_tokens"],
+        ]
         assert all("this model needs prompt_tokens" in d["msg"] for d in detail)
         with PredictorClient(url) as client:
             assert client.predict([VALID]) is None and client.stats.http_errors == 1
@@ -383,8 +413,7 @@ def test_items_without_prompt_tokens_get_a_422_naming_them(prompt_tokens_artifac
 def test_a_model_without_extra_features_ignores_prompt_tokens(tiny_artifact, reference):
     app, config = serve(tiny_artifact)
     windows = token_windows(6, seed=2)
-    bare = [ConversationWindow(w.conversation_id, w.user_prompts, w.turn_count)
-            for w in windows]
+    bare = [ConversationWindow(w.conversation_id, w.user_prompts, w.turn_count) for w in windows]
     with running_server(app, config) as (url, _), PredictorClient(url) as client:
         assert client.predict(windows) == reference.predict(bare).tolist()
 
@@ -406,8 +435,7 @@ def test_models_needing_finish_only_features_are_refused(tmp_path, tiny_artifact
         assert httpx.get(url + "/healthz").json()["model"]["generation"] == 1
 
 
-def test_reload_to_a_prompt_tokens_model_mid_queue(tmp_path, tiny_artifact,
-                                                   prompt_tokens_artifact):
+def test_reload_to_a_prompt_tokens_model_mid_queue(tmp_path, tiny_artifact, prompt_tokens_artifact):
     """Windows validated for the old model but batched for a new one that needs
     prompt_tokens get the 422 an arriving request would; the rest of their batch (here one
     batch of two) is answered."""
@@ -424,9 +452,11 @@ def test_reload_to_a_prompt_tokens_model_mid_queue(tmp_path, tiny_artifact,
     fresh = Predictor.load(new, embedder=HashingEmbedder())
     responses: dict[str, httpx.Response] = {}
     with running_server(app, config) as (url, _):
+
         def post(name: str, window: ConversationWindow) -> None:
-            responses[name] = httpx.post(url + "/v1/predict", timeout=30,
-                                         json={"items": [window.to_dict()]})
+            responses[name] = httpx.post(
+                url + "/v1/predict", timeout=30, json={"items": [window.to_dict()]}
+            )
 
         slow = app.state.slot.current
         threads = [threading.Thread(target=post, args=("first", first))]

@@ -21,8 +21,9 @@ def embedder() -> HashingEmbedder:
 
 @pytest.fixture
 def cache(tmp_path: Path, embedder: HashingEmbedder) -> EmbeddingCache:
-    return EmbeddingCache.open(tmp_path / "cache", embedder.embedder_id, embedder.dim,
-                               embedder=embedder)
+    return EmbeddingCache.open(
+        tmp_path / "cache", embedder.embedder_id, embedder.dim, embedder=embedder
+    )
 
 
 @pytest.fixture(scope="session")

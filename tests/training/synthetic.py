@@ -13,14 +13,27 @@ from pathlib import Path
 
 from training.conversation import Conversation, Message
 
-TOPICS = ("python", "cooking", "travel", "music", "finance", "garden", "physics", "poetry",
-          "chess", "history", "football", "weather")
+TOPICS = (
+    "python",
+    "cooking",
+    "travel",
+    "music",
+    "finance",
+    "garden",
+    "physics",
+    "poetry",
+    "chess",
+    "history",
+    "football",
+    "weather",
+)
 GO_ON = ("next", "then", "also")  # words that hash apart in the tests' fake embedder
 GOODBYE = ("bye", "goodbye", "cheers")
 
 
-def synthetic_conversations(count: int, seed: int = 0, prefix: str = "c",
-                            noise: float = 0.1) -> list[Conversation]:
+def synthetic_conversations(
+    count: int, seed: int = 0, prefix: str = "c", noise: float = 0.1
+) -> list[Conversation]:
     rng = random.Random(seed)
     conversations = []
     for i in range(count):
@@ -43,6 +56,13 @@ def write_openai_jsonl(path: Path, conversations: list[Conversation]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as handle:
         for c in conversations:
-            handle.write(json.dumps({"id": c.conversation_id, "messages": [
-                {"role": m.role, "content": m.content} for m in c.messages]}) + "\n")
+            handle.write(
+                json.dumps(
+                    {
+                        "id": c.conversation_id,
+                        "messages": [{"role": m.role, "content": m.content} for m in c.messages],
+                    }
+                )
+                + "\n"
+            )
     return path

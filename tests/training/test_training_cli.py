@@ -34,8 +34,17 @@ def run_json(args: list[str], capsys, expect: int = 0) -> dict:
 
 
 def train_args(workspace) -> list[str]:
-    return ["train", "--dataset", str(workspace["data"]), "--embedder",
-            str(workspace["embedder"]), "--epochs", "3", "--hidden", "32"]
+    return [
+        "train",
+        "--dataset",
+        str(workspace["data"]),
+        "--embedder",
+        str(workspace["embedder"]),
+        "--epochs",
+        "3",
+        "--hidden",
+        "32",
+    ]
 
 
 def test_train_writes_an_artifact_with_metrics_then_reuses_the_cache(workspace, capsys):
@@ -59,10 +68,26 @@ def test_ab_runs_the_learned_policy(workspace, capsys):
     model = workspace["root"] / "model"
     if not model.exists():
         run_json([*train_args(workspace), "--out", str(model)], capsys)
-    result = run_json(["ab", "--dataset", str(workspace["data"]), "--model", str(model),
-                       "--policies", "lru,lpc,oracle", "--cache-sizes", "2000,4000",
-                       "--duration", "all", "--max-active", "10",
-                       "--out", str(workspace["root"] / "ab")], capsys)
+    result = run_json(
+        [
+            "ab",
+            "--dataset",
+            str(workspace["data"]),
+            "--model",
+            str(model),
+            "--policies",
+            "lru,lpc,oracle",
+            "--cache-sizes",
+            "2000,4000",
+            "--duration",
+            "all",
+            "--max-active",
+            "10",
+            "--out",
+            str(workspace["root"] / "ab"),
+        ],
+        capsys,
+    )
     hit = result["comparison"]["hit_ratio"]
     assert set(hit) == {"lru", "lpc", "oracle"}
     assert all(0 <= v <= 1 for v in hit["lpc"].values())
@@ -71,21 +96,36 @@ def test_ab_runs_the_learned_policy(workspace, capsys):
 def test_retrain_exit_codes(workspace, capsys):
     logs = workspace["root"] / "logs"
     write_openai_jsonl(logs / "chats-2025-06-01.jsonl", synthetic_conversations(70, seed=5))
-    args = ["retrain", "--logs", str(logs), "--registry", str(workspace["root"] / "daily"),
-            "--embedder", str(workspace["embedder"]), "--epochs", "2", "--hidden", "16",
-            "--window-days", "100000"]
+    args = [
+        "retrain",
+        "--logs",
+        str(logs),
+        "--registry",
+        str(workspace["root"] / "daily"),
+        "--embedder",
+        str(workspace["embedder"]),
+        "--epochs",
+        "2",
+        "--hidden",
+        "16",
+        "--window-days",
+        "100000",
+    ]
     first = run_json(args, capsys, expect=0)
     assert first["status"] == "promoted" and first["version"] == "v0001"
     second = run_json(args, capsys, expect=4)
     assert second["status"] == "no_new_data"
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["train", "--finish-features", "mood"], "unknown finish feature 'mood'"),
-    (["train", "--validation-fraction", "2"], "validation_fraction"),
-    (["train", "--out", ".", "--no-promote"], "--no-promote is for the registry"),
-    (["ab", "--model", "/nonexistent/model"], "is not an artifact folder"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train", "--finish-features", "mood"], "unknown finish feature 'mood'"),
+        (["train", "--validation-fraction", "2"], "validation_fraction"),
+        (["train", "--out", ".", "--no-promote"], "--no-promote is for the registry"),
+        (["ab", "--model", "/nonexistent/model"], "is not an artifact folder"),
+    ],
+)
 def test_bad_flags_give_one_clear_line(args, message, capsys):
     assert main(args) == 2
     assert message in capsys.readouterr().err
@@ -94,8 +134,19 @@ def test_bad_flags_give_one_clear_line(args, message, capsys):
 @pytest.mark.parametrize("extra", [[], ["--embed-only"]])
 def test_too_little_data_is_one_clear_line(workspace, tmp_path, capsys, extra):
     data = write_openai_jsonl(tmp_path / "two.jsonl", synthetic_conversations(2, seed=1))
-    code = main(["train", "--dataset", str(data), "--embedder", str(workspace["embedder"]),
-                 "--no-progress", "--out", str(tmp_path / "m"), *extra])
+    code = main(
+        [
+            "train",
+            "--dataset",
+            str(data),
+            "--embedder",
+            str(workspace["embedder"]),
+            "--no-progress",
+            "--out",
+            str(tmp_path / "m"),
+            *extra,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert f"--dataset {data}:" in err and "samples" in err and "Traceback" not in err

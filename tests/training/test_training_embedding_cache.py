@@ -79,8 +79,9 @@ def test_an_embedder_changed_behind_the_same_id_retires_the_cache(tmp_path, cach
     config = FeatureConfig()
     old = cache.embeddings_for(windows(4), config, QUIET)
     changed = ChangedEmbedder(dim=embedder.dim)
-    reopened = EmbeddingCache.open(tmp_path / "cache", changed.embedder_id, changed.dim,
-                                   embedder=changed)
+    reopened = EmbeddingCache.open(
+        tmp_path / "cache", changed.embedder_id, changed.dim, embedder=changed
+    )
     new = reopened.embeddings_for(windows(4), config, QUIET)
     assert not np.allclose(old, new)
     assert np.allclose(new, np.roll(old, 1, axis=1))
@@ -90,8 +91,13 @@ def test_an_embedder_changed_behind_the_same_id_retires_the_cache(tmp_path, cach
 def test_verify_on_open_catches_a_change_without_missing_vectors(tmp_path, cache, embedder):
     cache.embeddings_for(windows(3), FeatureConfig(), QUIET)
     changed = ChangedEmbedder(dim=embedder.dim)
-    lazy = EmbeddingCache.open(tmp_path / "cache", changed.embedder_id, changed.dim,
-                               embedder_factory=lambda: changed, verify=True)
+    lazy = EmbeddingCache.open(
+        tmp_path / "cache",
+        changed.embedder_id,
+        changed.dim,
+        embedder_factory=lambda: changed,
+        verify=True,
+    )
     assert len(lazy.vectors) == 0
 
 
@@ -154,8 +160,9 @@ def test_namespaces_are_per_embedder(tmp_path, embedder):
 def test_several_devices_need_a_sentence_transformers_embedder(tmp_path, embedder):
     cache = EmbeddingCache.open(tmp_path, embedder.embedder_id, embedder.dim, embedder=embedder)
     with pytest.raises(EmbeddingCacheError, match="sentence-transformers"):
-        cache.embeddings_for(windows(2), FeatureConfig(),
-                             EmbedOptions(progress=False, devices=("cpu", "cpu")))
+        cache.embeddings_for(
+            windows(2), FeatureConfig(), EmbedOptions(progress=False, devices=("cpu", "cpu"))
+        )
 
 
 def test_options_are_validated():
@@ -179,11 +186,12 @@ def test_a_multi_process_pool_gives_the_single_process_vectors(tmp_path, minilm_
 
     embedder = SentenceTransformerEmbedder(minilm_path, device="cpu")
     data = windows(24, long=True)
-    single = EmbeddingCache.open(tmp_path / "one", embedder.embedder_id, embedder.dim,
-                                 embedder=embedder).embeddings_for(data, FeatureConfig(), QUIET)
-    pooled = EmbeddingCache.open(tmp_path / "pool", embedder.embedder_id, embedder.dim,
-                                 embedder=embedder).embeddings_for(
-        data, FeatureConfig(), EmbedOptions(progress=False, devices=("cpu", "cpu")))
+    single = EmbeddingCache.open(
+        tmp_path / "one", embedder.embedder_id, embedder.dim, embedder=embedder
+    ).embeddings_for(data, FeatureConfig(), QUIET)
+    pooled = EmbeddingCache.open(
+        tmp_path / "pool", embedder.embedder_id, embedder.dim, embedder=embedder
+    ).embeddings_for(data, FeatureConfig(), EmbedOptions(progress=False, devices=("cpu", "cpu")))
     assert np.allclose(single, pooled, atol=1e-5)
 
 

@@ -28,8 +28,9 @@ def test_same_seed_same_model_bit_for_bit():
     fit = FitConfig(max_epochs=4, batch_size=64, seed=3)
     a = fit_mlp(x, y, vx, vy, CONFIG, fit)
     b = fit_mlp(x, y, vx, vy, CONFIG, fit)
-    for (name, pa), (_, pb) in zip(a.model.state_dict().items(), b.model.state_dict().items(),
-                                   strict=True):
+    for (name, pa), (_, pb) in zip(
+        a.model.state_dict().items(), b.model.state_dict().items(), strict=True
+    ):
         assert torch.equal(pa, pb), name
     c = fit_mlp(x, y, vx, vy, CONFIG, FitConfig(max_epochs=4, batch_size=64, seed=4))
     assert not torch.equal(a.model.layers[0].weight, c.model.layers[0].weight)
@@ -39,8 +40,14 @@ def test_keeps_the_checkpoint_with_the_lowest_validation_loss():
     x, y = toy(300, 0)
     vx, vy = toy(100, 1)
     # a large learning rate overfits: validation loss rises after its minimum
-    result = fit_mlp(x, y, vx, vy, MLPConfig(embedding_dim=8, hidden_sizes=(128, 128)),
-                     FitConfig(max_epochs=8, patience=8, batch_size=32, learning_rate=3e-2))
+    result = fit_mlp(
+        x,
+        y,
+        vx,
+        vy,
+        MLPConfig(embedding_dim=8, hidden_sizes=(128, 128)),
+        FitConfig(max_epochs=8, patience=8, batch_size=32, learning_rate=3e-2),
+    )
     assert result.epochs_run == len(result.val_losses)
     assert result.best_epoch == int(np.argmin(result.val_losses))
     assert result.best_val_loss == min(result.val_losses)
@@ -49,23 +56,32 @@ def test_keeps_the_checkpoint_with_the_lowest_validation_loss():
     module = ContinuationModule(result.model.config, class_weights=result.class_weights)
     module.model = result.model
     with torch.no_grad():
-        loss = module.weighted_loss(result.model(torch.from_numpy(vx)),
-                                    torch.from_numpy(vy.astype(np.float32)))
+        loss = module.weighted_loss(
+            result.model(torch.from_numpy(vx)), torch.from_numpy(vy.astype(np.float32))
+        )
     assert float(loss) == pytest.approx(result.best_val_loss, rel=1e-4)
 
 
 def test_early_stopping_ends_before_max_epochs():
     x, y = toy(300, 0)
     vx, vy = toy(100, 1)
-    result = fit_mlp(x, y, vx, vy, CONFIG,
-                     FitConfig(max_epochs=20, patience=1, batch_size=16, learning_rate=5e-2))
+    result = fit_mlp(
+        x,
+        y,
+        vx,
+        vy,
+        CONFIG,
+        FitConfig(max_epochs=20, patience=1, batch_size=16, learning_rate=5e-2),
+    )
     assert result.epochs_run < 20
 
 
 def test_learns_and_up_weights_the_minority_class():
     x, y = toy(1000, 0)
     vx, vy = toy(300, 1)
-    result = fit_mlp(x, y, vx, vy, CONFIG, FitConfig(max_epochs=8, batch_size=64, learning_rate=5e-3))
+    result = fit_mlp(
+        x, y, vx, vy, CONFIG, FitConfig(max_epochs=8, batch_size=64, learning_rate=5e-3)
+    )
     w0, w1 = result.class_weights
     assert y.mean() > 0.6 and w0 > 1 > w1
     with torch.no_grad():

@@ -33,8 +33,10 @@ def test_discover_uses_names_then_mtimes_and_skips_other_files(tmp_path):
     touch(tmp_path / "notes.txt")
     touch(tmp_path / ".hidden" / "c-2025-06-01.jsonl")
     logs = discover_logs(tmp_path)
-    assert [(f.relative, f.date_from) for f in logs] == [("a-2025-06-10.jsonl", "name"),
-                                                         ("nested/b.json", "mtime")]
+    assert [(f.relative, f.date_from) for f in logs] == [
+        ("a-2025-06-10.jsonl", "name"),
+        ("nested/b.json", "mtime"),
+    ]
     with pytest.raises(FileNotFoundError):
         discover_logs(tmp_path / "missing")
 
@@ -53,9 +55,11 @@ def test_selection_is_new_files_plus_the_window(tmp_path):
     logs = discover_logs(tmp_path)
     second = select_logs(logs, seen, NOW, window_days=28)
     assert [f.relative for f in second.new_files] == ["new-2025-06-30.jsonl"]
-    assert [f.relative for f in second.files] == ["recent-2025-06-20.jsonl",
-                                                  "today-2025-06-29.jsonl",
-                                                  "new-2025-06-30.jsonl"]
+    assert [f.relative for f in second.files] == [
+        "recent-2025-06-20.jsonl",
+        "today-2025-06-29.jsonl",
+        "new-2025-06-30.jsonl",
+    ]
     assert second.skipped_old == 1
 
 

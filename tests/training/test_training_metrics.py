@@ -44,8 +44,10 @@ def test_prior_shift_keeps_order_and_fixes_calibration():
     assert np.array_equal(np.argsort(p), np.argsort(shifted))
     assert prior_shift(np.array([0.5]), 0.5, 0.7)[0] == pytest.approx(0.7)
     labels = (rng.uniform(size=200) < 0.7).astype(int)
-    assert brier_prior_corrected(labels, np.full(200, 0.5), 0.5, 0.7) < classification_metrics(
-        labels, np.full(200, 0.5)).brier
+    assert (
+        brier_prior_corrected(labels, np.full(200, 0.5), 0.5, 0.7)
+        < classification_metrics(labels, np.full(200, 0.5)).brier
+    )
 
 
 def test_rejects_mismatched_or_invalid_input():

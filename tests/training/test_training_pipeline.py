@@ -14,8 +14,9 @@ from training.pipeline import TrainConfig, evaluate_artifact, sample_embeddings,
 from training.samples import conversation_samples
 
 QUIET = EmbedOptions(progress=False)
-FAST = TrainConfig(hidden_sizes=(32, 32), fit=FitConfig(max_epochs=8, batch_size=64,
-                                                        learning_rate=1e-2))
+FAST = TrainConfig(
+    hidden_sizes=(32, 32), fit=FitConfig(max_epochs=8, batch_size=64, learning_rate=1e-2)
+)
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +25,9 @@ def trained(tmp_path_factory, conversations):
     from training.embedding_cache import EmbeddingCache
 
     embedder = HashingEmbedder(dim=32)
-    cache = EmbeddingCache.open(tmp_path_factory.mktemp("cache"), embedder.embedder_id,
-                                embedder.dim, embedder=embedder)
+    cache = EmbeddingCache.open(
+        tmp_path_factory.mktemp("cache"), embedder.embedder_id, embedder.dim, embedder=embedder
+    )
     outcome = train_predictor(conversations, FAST, embedder, cache, QUIET, log=lambda m: None)
     return outcome, embedder, cache
 
@@ -46,37 +48,46 @@ def test_training_never_sees_the_evaluation_half(trained, conversations):
     split = split_samples(conversations, 5)
     assert outcome.artifact.metadata.training_data_fingerprint == split.fingerprint()
     assert not {s.split_key for s in outcome.split.training_half} & {
-        s.split_key for s in outcome.split.evaluation}
+        s.split_key for s in outcome.split.evaluation
+    }
     data = outcome.metrics["data"]
     assert data["train_samples"] + data["validation_samples"] == len(split.training_half)
 
 
 def test_saved_artifact_serves_the_numbers_it_reports(tmp_path, trained):
     outcome, embedder, cache = trained
-    metadata = save_artifact(tmp_path / "model", outcome.artifact.model,
-                             outcome.artifact.metadata)
+    metadata = save_artifact(tmp_path / "model", outcome.artifact.model, outcome.artifact.metadata)
     assert metadata.base_rate == pytest.approx(
-        np.mean([s.label for s in outcome.split.training_half]))
+        np.mean([s.label for s in outcome.split.training_half])
+    )
     predictor = Predictor.load(tmp_path / "model", embedder=embedder)
     samples = outcome.split.evaluation[:40]
     served = predictor.predict([s.predictor_window() for s in samples])
     cached = predictor.predict_from_embeddings(
         sample_embeddings(cache, samples, predictor.feature_config, QUIET),
-        [s.turn_count for s in samples])
+        [s.turn_count for s in samples],
+    )
     assert np.allclose(served, cached, atol=1e-6)
-    metrics = evaluate_artifact(tmp_path / "model", outcome.split.evaluation, cache, QUIET,
-                                embedder)
+    metrics = evaluate_artifact(
+        tmp_path / "model", outcome.split.evaluation, cache, QUIET, embedder
+    )
     assert metrics["mcc"] == pytest.approx(outcome.metrics["evaluation"]["mcc"])
-    assert load_artifact(tmp_path / "model").metadata.metrics["evaluation"] == \
-        outcome.metrics["evaluation"]
+    assert (
+        load_artifact(tmp_path / "model").metadata.metrics["evaluation"]
+        == outcome.metrics["evaluation"]
+    )
 
 
 def test_finish_features_are_recorded_and_required(tmp_path, trained, conversations):
     _, embedder, cache = trained
-    config = TrainConfig(hidden_sizes=(16,), finish_features=("log_reply_chars", "reply_asks"),
-                         fit=FitConfig(max_epochs=1))
-    outcome = train_predictor(conversations[:200], config, embedder, cache, QUIET,
-                              log=lambda m: None)
+    config = TrainConfig(
+        hidden_sizes=(16,),
+        finish_features=("log_reply_chars", "reply_asks"),
+        fit=FitConfig(max_epochs=1),
+    )
+    outcome = train_predictor(
+        conversations[:200], config, embedder, cache, QUIET, log=lambda m: None
+    )
     mlp = outcome.artifact.metadata.mlp_config
     assert mlp.extra_features == ("log_reply_chars", "reply_asks")
     assert mlp.input_dim == embedder.dim + 3
@@ -108,12 +119,20 @@ class LengthCounter:
 
 def test_token_features_need_a_counter_and_record_it(trained, conversations):
     _, embedder, cache = trained
-    config = TrainConfig(hidden_sizes=(16,), finish_features=("log_request_tokens",),
-                         fit=FitConfig(max_epochs=1))
+    config = TrainConfig(
+        hidden_sizes=(16,), finish_features=("log_request_tokens",), fit=FitConfig(max_epochs=1)
+    )
     with pytest.raises(ValueError, match="pass a token counter"):
         train_predictor(conversations[:200], config, embedder, cache, QUIET, log=lambda m: None)
-    outcome = train_predictor(conversations[:200], config, embedder, cache, QUIET,
-                              log=lambda m: None, token_counter=LengthCounter())
+    outcome = train_predictor(
+        conversations[:200],
+        config,
+        embedder,
+        cache,
+        QUIET,
+        log=lambda m: None,
+        token_counter=LengthCounter(),
+    )
     notes = outcome.artifact.metadata.notes
     assert notes["serving_tokenizer"] == "test-characters"
     assert notes["samples_without_token_counts"] == 0

@@ -74,14 +74,18 @@ def test_staging_leftovers_are_never_versions_and_get_cleaned(tmp_path):
     (tmp_path / ".current.tmp-1-2").symlink_to("v0001")
     assert registry.versions() == ["v0001"]
     assert sorted(registry.clean_staging()) == sorted(
-        [".incoming-123-456", "..incoming-123-456.tmp-abc", ".current.tmp-1-2"])
+        [".incoming-123-456", "..incoming-123-456.tmp-abc", ".current.tmp-1-2"]
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v0001"]
 
 
 def test_lock_is_exclusive_and_released(tmp_path):
     registry = ModelRegistry(tmp_path)
-    with (registry.lock(), pytest.raises(RegistryLockedError, match="locked by another run"),
-          ModelRegistry(tmp_path).lock()):
+    with (
+        registry.lock(),
+        pytest.raises(RegistryLockedError, match="locked by another run"),
+        ModelRegistry(tmp_path).lock(),
+    ):
         pass
     with registry.lock():  # released on exit
         pass

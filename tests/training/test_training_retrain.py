@@ -28,11 +28,13 @@ from training.retrain import (
     run_retrain,
 )
 
-GOOD = TrainConfig(hidden_sizes=(32, 32),
-                   fit=FitConfig(max_epochs=8, batch_size=64, learning_rate=1e-2))
+GOOD = TrainConfig(
+    hidden_sizes=(32, 32), fit=FitConfig(max_epochs=8, batch_size=64, learning_rate=1e-2)
+)
 # barely trained: close to a coin flip on the held-out half
-BAD = TrainConfig(hidden_sizes=(32, 32),
-                  fit=FitConfig(max_epochs=1, batch_size=64, learning_rate=1e-6))
+BAD = TrainConfig(
+    hidden_sizes=(32, 32), fit=FitConfig(max_epochs=1, batch_size=64, learning_rate=1e-6)
+)
 
 
 NOW = datetime(2025, 6, 3, 3, 0, tzinfo=UTC)
@@ -48,14 +50,21 @@ def fake_loader(spec: str) -> HashingEmbedder:
 
 
 def config(tmp_path: Path, train: TrainConfig = GOOD, **kwargs) -> RetrainConfig:
-    return RetrainConfig(logs_dir=tmp_path / "logs", registry_dir=tmp_path / "registry",
-                         cache_dir=tmp_path / "cache", train=train,
-                         embed=EmbedOptions(progress=False), **kwargs)
+    return RetrainConfig(
+        logs_dir=tmp_path / "logs",
+        registry_dir=tmp_path / "registry",
+        cache_dir=tmp_path / "cache",
+        train=train,
+        embed=EmbedOptions(progress=False),
+        **kwargs,
+    )
 
 
 def add_log(tmp_path: Path, day: int, count: int = 300) -> Path:
-    return write_openai_jsonl(tmp_path / "logs" / f"chats-2025-06-{day:02d}.jsonl",
-                              synthetic_conversations(count, seed=day, prefix=f"d{day}-"))
+    return write_openai_jsonl(
+        tmp_path / "logs" / f"chats-2025-06-{day:02d}.jsonl",
+        synthetic_conversations(count, seed=day, prefix=f"d{day}-"),
+    )
 
 
 def test_promotes_then_rejects_a_worse_model_then_has_nothing_to_do(tmp_path):
@@ -136,17 +145,22 @@ def test_a_running_server_reloads_the_promoted_model_without_dropping_requests(t
     served = Predictor.load(registry.current_link, embedder=HashingEmbedder(dim=32))
     server_config = ServerConfig(model_root=registry.root)
     app = create_app(server_config, served, artifact_path=registry.current_link)
-    item = {"conversation_id": "c", "user_prompts": ["python chess next next next"],
-            "turn_count": 1}
+    item = {
+        "conversation_id": "c",
+        "user_prompts": ["python chess next next next"],
+        "turn_count": 1,
+    }
     statuses: list[int] = []
     stop = threading.Event()
 
     with running_server(app, server_config) as (url, _):
+
         def keep_asking() -> None:
             with httpx.Client(timeout=30) as client:
                 while not stop.is_set():
-                    statuses.append(client.post(f"{url}/v1/predict",
-                                                json={"items": [item]}).status_code)
+                    statuses.append(
+                        client.post(f"{url}/v1/predict", json={"items": [item]}).status_code
+                    )
 
         before = httpx.get(f"{url}/healthz").json()["model"]
         worker = threading.Thread(target=keep_asking)

@@ -29,10 +29,19 @@ print(retrain(config(Path(sys.argv[1]), force=True)).status, flush=True)
 def run_until(point: str, tmp_path: Path, timeout_s: float = 600.0) -> None:
     """Start a retrain in a subprocess, wait until it pauses at `point`, SIGKILL it."""
     marker = tmp_path / "paused"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "LPC_PAUSE_AT": point,
-           "LPC_PAUSE_FILE": str(marker)}
-    process = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path)], cwd=REPO,
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "LPC_PAUSE_AT": point,
+        "LPC_PAUSE_FILE": str(marker),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + timeout_s
     try:
         while not marker.exists():
@@ -79,6 +88,7 @@ def test_killed_job_leaves_the_current_model_loadable(tmp_path, point):
     # the kernel released the dead job's lock; the next run cleans up and goes on
     recovered = retrain(config(tmp_path, force=True))
     assert recovered.status != LOCKED and recovered.status == PROMOTED
-    assert not [p for p in registry.root.iterdir() if p.name.startswith((".incoming",
-                                                                         "..incoming"))]
+    assert not [
+        p for p in registry.root.iterdir() if p.name.startswith((".incoming", "..incoming"))
+    ]
     load_artifact(registry.current_link)

@@ -18,8 +18,9 @@ from training.split import split_of
 
 def chat(cid: str, *texts: str, group: str | None = None) -> Conversation:
     roles = ["user", "assistant"] * len(texts)
-    return Conversation(cid, tuple(Message(r, t) for r, t in zip(roles, texts, strict=False)),
-                        group_id=group)
+    return Conversation(
+        cid, tuple(Message(r, t) for r, t in zip(roles, texts, strict=False)), group_id=group
+    )
 
 
 def test_one_sample_per_user_turn_and_label_is_has_another_user_turn():
@@ -39,8 +40,15 @@ def test_window_keeps_the_last_prompts_oldest_first():
 
 
 def test_context_counts_every_message_up_to_the_reply():
-    c = Conversation("a", (Message("system", "sys"), Message("user", "hello"),
-                           Message("assistant", "hi!"), Message("user", "more")))
+    c = Conversation(
+        "a",
+        (
+            Message("system", "sys"),
+            Message("user", "hello"),
+            Message("assistant", "hi!"),
+            Message("user", "more"),
+        ),
+    )
     first, second = conversation_samples(c, 5)
     assert first.context_chars == len("sys") + len("hello") + len("hi!")
     assert second.context_chars == first.context_chars + len("more")
@@ -50,8 +58,7 @@ def test_validation_is_stable_grouped_and_near_its_fraction():
     keys = [f"key{i}" for i in range(4000)]
     share = sum(is_validation(k, 0.1) for k in keys) / len(keys)
     assert 0.08 < share < 0.12
-    assert [is_validation(k, 0.1) for k in keys[:50]] == [is_validation(k, 0.1)
-                                                         for k in keys[:50]]
+    assert [is_validation(k, 0.1) for k in keys[:50]] == [is_validation(k, 0.1) for k in keys[:50]]
     pieces = [chat("x_0", "a", "b", group="x"), chat("x_1", "c", "d", group="x")]
     mask = validation_mask(build_samples(pieces, 5), 0.5)
     assert len(set(mask.tolist())) == 1  # pieces of one chat land together
@@ -66,7 +73,8 @@ def test_split_never_puts_an_evaluation_conversation_in_training(conversations):
     assert all(split_of(k) == "train" for k in training_keys)
     assert all(split_of(k) == "eval" for k in evaluation_keys)
     assert len(split.training_half) + len(split.evaluation) == sum(
-        c.num_user_turns for c in conversations)
+        c.num_user_turns for c in conversations
+    )
 
 
 def test_fingerprint_changes_with_labels_and_text(conversations):
@@ -97,8 +105,10 @@ def test_token_finish_features_read_the_attached_counts():
     kept, _ = with_token_counts(samples, {("a", 0): (10, 4), ("a", 1): (30, 6)})
     names = ("log_request_tokens", "log_output_tokens", "log_prompt_tokens")
     matrix = finish_feature_matrix(kept, names)
-    expected = [[math.log1p(10), math.log1p(4), math.log1p(6)],
-                [math.log1p(30), math.log1p(6), math.log1p(24)]]
+    expected = [
+        [math.log1p(10), math.log1p(4), math.log1p(6)],
+        [math.log1p(30), math.log1p(6), math.log1p(24)],
+    ]
     assert matrix.ravel().tolist() == pytest.approx([v for row in expected for v in row], rel=1e-6)
     with pytest.raises(ValueError, match="log_prompt_tokens needs token counts"):
         finish_feature_matrix(samples[:1], ("log_prompt_tokens",))

@@ -49,7 +49,11 @@ def run_vllm_replay(python: Path, streams: Sequence[Stream], workdir: Path) -> V
     start = time.perf_counter()
     done = subprocess.run(
         [str(python), str(DRIVER), "--input", str(source), "--output", str(sink)],
-        capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S, cwd=REPO_ROOT, check=False,
+        capture_output=True,
+        text=True,
+        timeout=DRIVER_TIMEOUT_S,
+        cwd=REPO_ROOT,
+        check=False,
     )
     wall = time.perf_counter() - start
     if done.returncode != 0:
@@ -62,8 +66,11 @@ def run_vllm_replay(python: Path, streams: Sequence[Stream], workdir: Path) -> V
             record = StepRecord.from_json(line)
             records[record.stream].append(record)
     return VllmRun(
-        records, summary["vllm_version"], summary["import_seconds"],
-        summary["seconds_per_stream"], wall,
+        records,
+        summary["vllm_version"],
+        summary["import_seconds"],
+        summary["seconds_per_stream"],
+        wall,
     )
 
 
