@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from lpc import __version__
 from lpc.ab import DEFAULT_CACHE_SIZES_TOKENS, Comparison, ReplaySettings, compare, run_grid
+from lpc.errors import InvalidInputError
 from lpc.policies import DEFAULT_POLICIES, PolicySpec, parse_policies
 from lpc.probability import OracleSource, ProbabilitySource, TurnsSource
 from lpc.report import (
@@ -161,7 +162,7 @@ def run_ab(
     if options.trace is None or needs_train:
         dataset = load_split(options.dataset, options.data_format, options.mode)
         log(
-            f"data: {dataset.load_summary.splitlines()[0]}; "
+            f"data: {'; '.join(dataset.load_summary.splitlines())}; "
             f"split {len(dataset.train)} train / {len(dataset.eval)} evaluation"
         )
     timings["load_s"] = time.perf_counter() - started
@@ -217,7 +218,9 @@ def run_ab(
         values = {name: source.predict(turns) for name, source in sources.items()}
         if "trace" in names:
             if logged is None:
-                raise ValueError("policy lpc-trace needs a trace whose lines carry 'probability'")
+                raise InvalidInputError(
+                    "policy lpc-trace needs a trace whose lines carry 'probability'"
+                )
             values["trace"] = logged
         return values
 

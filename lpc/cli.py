@@ -12,22 +12,35 @@ from collections.abc import Sequence
 
 from lpc import __version__
 from lpc.commands import COMMAND_MODULES
+from lpc.errors import CommandError, UserError
 
-
-class CommandError(Exception):
-    """A user-facing failure: printed as one line, exit status 2, no traceback."""
+__all__ = ["CommandError", "build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lpc",
+        allow_abbrev=False,
         description="Learned prefix-cache eviction: A/B replay, predictor service, training.",
     )
     parser.add_argument("--version", action="version", version=f"lpc {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="<command>", required=True)
     for module in COMMAND_MODULES:
         module.register(subparsers)
+    for sub in all_parsers(parser):
+        # `--model` must not silently become `--model-root`: only whole flag names count.
+        sub.allow_abbrev = False
     return parser
+
+
+def all_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parser and every sub-parser below it, depth first."""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
+                found.extend(all_parsers(sub))
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -35,7 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except CommandError as error:
+    except (
+        UserError
+    ) as error:  # bad input: one line; anything else is a bug and keeps its traceback
         print(f"lpc {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -36,7 +36,7 @@ def load_split(
 ) -> SplitDataset:
     """Load conversations (bundled ShareGPT: `source="sharegpt"`) and split them in halves."""
     options = {} if mode is None else {"mode": mode}
-    result = load_conversations(source, format=data_format, **options)
+    result = load_conversations(source, format=data_format, **options).require_conversations()
     halves = partition_conversations(result.conversations)
     return SplitDataset(source, halves.train, halves.eval, result.report.summary())
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lpc.errors import InvalidInputError
 from lpc.workload import ScriptedTurn
 from predictor.predictor import Predictor
 from training.conversation import Conversation
@@ -65,7 +66,7 @@ class LearnedSource:
         if conversation_id not in self._samples:
             conversation = self.conversations.get(conversation_id)
             if conversation is None:
-                raise ValueError(
+                raise InvalidInputError(
                     f"the model needs finish-time features {list(self.predictor.extra_features)}"
                     f" but conversation {conversation_id!r} is not among the loaded ones (a "
                     "trace replay has no replies to compute them from)"

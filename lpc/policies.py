@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eviction import Evictor, FutureUses, make_evictor
+from lpc.errors import InvalidInputError
 
 HEURISTICS = ("lru", "fifo", "lfu")
 DEFAULT_POLICIES = ("lru", "fifo", "lfu", "lpc-turns", "oracle", "belady")
@@ -57,11 +58,11 @@ def parse_policy(text: str) -> PolicySpec:
         try:
             p = float(value)
         except ValueError:
-            raise ValueError(f"policy {name!r}: {value!r} is not a number") from None
+            raise InvalidInputError(f"policy {name!r}: {value!r} is not a number") from None
         if not 0.0 <= p <= 1.0:
-            raise ValueError(f"policy {name!r}: p must be in [0, 1]")
+            raise InvalidInputError(f"policy {name!r}: p must be in [0, 1]")
         return PolicySpec(name, "lpc", "const", p)
-    raise ValueError(
+    raise InvalidInputError(
         f"unknown policy {name!r}; choose from lru, fifo, lfu, lpc, lpc-turns, lpc-const[=P], "
         "lpc-trace, oracle, belady"
     )
@@ -70,11 +71,11 @@ def parse_policy(text: str) -> PolicySpec:
 def parse_policies(text: str) -> list[PolicySpec]:
     specs = [parse_policy(part) for part in text.split(",") if part.strip()]
     if not specs:
-        raise ValueError("no policy given")
+        raise InvalidInputError("no policy given")
     labels = [spec.label for spec in specs]
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
     if duplicates:
-        raise ValueError(f"policy listed twice: {', '.join(duplicates)}")
+        raise InvalidInputError(f"policy listed twice: {', '.join(duplicates)}")
     return specs
 
 

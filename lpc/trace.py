@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lpc.errors import UserError
 from lpc.workload import ScriptedTurn, WorkloadRequest, compact_tokens
 
 TRACE_FORMAT = "lpc-trace"
@@ -39,7 +40,7 @@ TRACE_VERSION = 1
 MessageTokenizer = Callable[[list[dict[str, str]], str], tuple[list[int], list[int]]]
 
 
-class TraceError(ValueError):
+class TraceError(UserError, ValueError):
     """A trace file that cannot be replayed; the message names the file, line and field."""
 
 

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from predictor.errors import UserError
 from predictor.features import FeatureConfig, FeatureConfigError
 from predictor.model import ContinuationMLP, MLPConfig
 
@@ -31,7 +32,7 @@ WEIGHTS_FILE = "model.safetensors"
 METADATA_FILE = "metadata.json"
 
 
-class ArtifactError(Exception):
+class ArtifactError(UserError):
     """Base class: the artifact at `path` cannot be used."""
 
 

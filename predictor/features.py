@@ -39,6 +39,7 @@ from typing import Any, Literal
 import numpy as np
 
 from predictor.embedders.base import EmbedderTokenizer
+from predictor.errors import UserError
 
 FEATURE_RULES_VERSION = 1
 SHARE_POLICIES = ("even", "redistribute")
@@ -50,7 +51,7 @@ _LATER_FIELDS_DEFAULTS = {"window_encoding": "joined"}
 MAX_BUDGET_RETRIES = 16
 
 
-class FeatureConfigError(ValueError):
+class FeatureConfigError(UserError, ValueError):
     """A feature configuration field has a bad value (the message names field and value)."""
 
 

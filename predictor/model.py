@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from predictor.errors import InvalidInputError
+
 DEFAULT_HIDDEN_SIZES = (128, 128, 128)
 
 
@@ -35,20 +37,20 @@ class MLPConfig:
         if not all(isinstance(n, str) and n for n in self.extra_features) or len(
             set(self.extra_features)
         ) != len(self.extra_features):
-            raise ValueError(
+            raise InvalidInputError(
                 f"MLPConfig.extra_features must be distinct non-empty names, "
                 f"got {self.extra_features!r}"
             )
         if not isinstance(self.embedding_dim, int) or self.embedding_dim < 1:
-            raise ValueError(
+            raise InvalidInputError(
                 f"MLPConfig.embedding_dim must be a positive integer, got {self.embedding_dim!r}"
             )
         if not self.hidden_sizes or any(not isinstance(h, int) or h < 1 for h in self.hidden_sizes):
-            raise ValueError(
+            raise InvalidInputError(
                 f"MLPConfig.hidden_sizes must be positive integers, got {self.hidden_sizes!r}"
             )
         if not 0.0 <= float(self.dropout) < 1.0:
-            raise ValueError(f"MLPConfig.dropout must be in [0, 1), got {self.dropout!r}")
+            raise InvalidInputError(f"MLPConfig.dropout must be in [0, 1), got {self.dropout!r}")
 
     @property
     def input_dim(self) -> int:

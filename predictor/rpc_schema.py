@@ -27,6 +27,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from predictor.errors import InvalidInputError
 from predictor.features import ConversationWindow
 from predictor.request_features import PROMPT_TOKENS_FEATURE
 
@@ -46,7 +47,9 @@ class RequestLimits:
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"RequestLimits.{name} must be a positive integer, got {value!r}")
+                raise InvalidInputError(
+                    f"RequestLimits.{name} must be a positive integer, got {value!r}"
+                )
 
 
 def request_model(limits: RequestLimits) -> type[BaseModel]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from predictor.errors import InvalidInputError
+
 TOKEN_ENV = "LPC_PREDICTOR_TOKEN"
 
 
@@ -17,4 +19,4 @@ def read_bearer_token(token_file: Path | None, flag: str) -> str | None:
     try:
         return token_file.read_text(encoding="utf-8").strip()
     except OSError as error:
-        raise ValueError(f"{flag} {token_file}: {error}") from None
+        raise InvalidInputError(f"{flag} {token_file}: {error}") from None

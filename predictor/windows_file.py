@@ -8,11 +8,12 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from predictor.errors import UserError
 from predictor.features import ConversationWindow
 from predictor.rpc_schema import window_to_json
 
 
-class WindowsFileError(ValueError):
+class WindowsFileError(UserError, ValueError):
     """A line of a windows file is not a valid window (the message names file and line)."""
 
 

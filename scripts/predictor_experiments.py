@@ -103,7 +103,9 @@ VARIANTS: dict[str, TrainConfig] = {
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        allow_abbrev=False,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--dataset", default="sharegpt")
     parser.add_argument("--mode", default=None)

@@ -42,7 +42,9 @@ from predictor.windows_file import read_windows_jsonl  # noqa: E402
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        allow_abbrev=False,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--duration-s", type=float, default=30.0)

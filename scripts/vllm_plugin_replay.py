@@ -131,7 +131,7 @@ def _streams(path: Path) -> Iterator[Stream]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--input", type=Path, required=True, help="JSON-lines operation streams")
     parser.add_argument("--plans", type=Path, help="release plans (lpc.integrations.release_plan)")
     parser.add_argument("--stock-output", type=Path, help="records of stock vLLM")

@@ -27,7 +27,7 @@ from lpc.benchmarks.evictor_ops import (
 def main() -> None:
     from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__)
     parser.add_argument("calls", type=Path, help="JSON file written by lpc bench evictor")
     parser.add_argument("--repeats", type=int, default=3, help="replays per timing; best kept")
     parser.add_argument(

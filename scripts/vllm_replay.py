@@ -238,7 +238,7 @@ def replay_all(vllm: Any, streams: Iterable[Stream], out: IO[str]) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--input", type=Path, help="JSON-lines stream (default: stdin)")
     parser.add_argument("--output", type=Path, help="where to write the records (default: stdout)")
     parser.add_argument(

@@ -107,7 +107,9 @@ def compare(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        allow_abbrev=False,
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("trace", type=Path, help="JSONL trace (lpc ab --export-trace)")
     parser.add_argument("--cache-tokens", type=int, required=True, help="KV cache size in tokens")

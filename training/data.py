@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from predictor.errors import InvalidInputError
 from training.conversation import Conversation
 from training.samples import (
     DEFAULT_VALIDATION_FRACTION,
@@ -72,7 +73,7 @@ def split_samples(
     train = [s for s, v in zip(training, mask, strict=True) if not v]
     validation = [s for s, v in zip(training, mask, strict=True) if v]
     if not train or not validation:
-        raise ValueError(
+        raise InvalidInputError(
             f"the training half gives {len(train)} training and {len(validation)} validation "
             f"samples; both must be non-empty (more conversations, or another "
             f"validation_fraction than {validation_fraction})"

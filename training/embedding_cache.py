@@ -45,6 +45,7 @@ import numpy as np
 from tqdm import tqdm
 
 from predictor.embedders.base import Embedder
+from predictor.errors import InvalidInputError, UserError
 from predictor.features import FeatureConfig, WindowTextBuilder
 
 logger = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ NAMESPACE_FILE = "namespace.json"
 EmbedderFactory = Callable[[], Embedder]
 
 
-class EmbeddingCacheError(RuntimeError):
+class EmbeddingCacheError(UserError, RuntimeError):
     """The cache cannot be used as asked (wrong vector size, unreadable namespace, …)."""
 
 
@@ -85,12 +86,14 @@ class EmbedOptions:
         for name in ("batch_size", "chunk_windows"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"EmbedOptions.{name} must be a positive integer, got {value!r}")
+                raise InvalidInputError(
+                    f"EmbedOptions.{name} must be a positive integer, got {value!r}"
+                )
         if self.devices is not None:
             devices = tuple(self.devices)
             object.__setattr__(self, "devices", devices)
             if not devices or not all(isinstance(d, str) and d for d in devices):
-                raise ValueError(
+                raise InvalidInputError(
                     f"EmbedOptions.devices must be non-empty device names, got {self.devices!r}"
                 )
 

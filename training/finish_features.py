@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from predictor.errors import InvalidInputError
 from predictor.request_features import log_prompt_chars, log_prompt_tokens
 from training.samples import TurnSample
 
@@ -80,11 +81,11 @@ def check_finish_features(names: Sequence[str]) -> tuple[str, ...]:
     names = tuple(names)
     for name in names:
         if name not in FINISH_FEATURES:
-            raise ValueError(
+            raise InvalidInputError(
                 f"unknown finish feature {name!r}; known: {', '.join(FINISH_FEATURES)}"
             )
     if len(set(names)) != len(names):
-        raise ValueError(f"finish features listed twice: {names}")
+        raise InvalidInputError(f"finish features listed twice: {names}")
     return names
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from predictor.errors import InvalidInputError
 from predictor.model import ContinuationMLP, MLPConfig
 
 CLASS_WEIGHTINGS = ("balanced", "none")
@@ -41,7 +42,7 @@ class FitConfig:
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"FitConfig.{name} {why}, got {getattr(self, name)!r}")
+            return InvalidInputError(f"FitConfig.{name} {why}, got {getattr(self, name)!r}")
 
         if not isinstance(self.learning_rate, int | float) or not self.learning_rate > 0:
             raise bad("learning_rate", "must be a number > 0")

@@ -21,6 +21,7 @@ import numpy as np
 from predictor.artifact import ArtifactMetadata, ModelArtifact
 from predictor.embedders import DEFAULT_EMBEDDER_SPEC
 from predictor.embedders.base import Embedder
+from predictor.errors import InvalidInputError
 from predictor.features import FeatureConfig, encode_turn_counts
 from predictor.model import DEFAULT_HIDDEN_SIZES, MLPConfig, input_matrix
 from predictor.predictor import Predictor
@@ -61,18 +62,18 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.embedder_spec, str) or not self.embedder_spec:
-            raise ValueError(
+            raise InvalidInputError(
                 f"TrainConfig.embedder_spec must be a non-empty string, got {self.embedder_spec!r}"
             )
         if not 0.0 < self.validation_fraction < 1.0:
-            raise ValueError(
+            raise InvalidInputError(
                 f"TrainConfig.validation_fraction must be in (0, 1), "
                 f"got {self.validation_fraction!r}"
             )
         try:
             object.__setattr__(self, "finish_features", check_finish_features(self.finish_features))
         except ValueError as error:
-            raise ValueError(f"TrainConfig.finish_features: {error}") from None
+            raise InvalidInputError(f"TrainConfig.finish_features: {error}") from None
         MLPConfig(hidden_sizes=self.hidden_sizes, dropout=self.dropout)  # validates both
 
     def mlp_config(self, embedding_dim: int) -> MLPConfig:
@@ -169,6 +170,24 @@ def turns_ablation(
     return out
 
 
+def check_both_labels(samples: Sequence[TurnSample]) -> None:
+    """Refuse, before any embedding or fitting, samples that are all one label: the classifier
+    and its metrics need both (sklearn would only fail at the end with "Input contains NaN")."""
+    labels = {s.label for s in samples}
+    if len(labels) == 1:
+        (label,) = labels
+        meaning = (
+            "every conversation continues after each of its turns"
+            if label
+            else "no conversation has a second user turn"
+        )
+        raise InvalidInputError(
+            f"all {len(samples)} training samples are label {label} ({meaning}); a "
+            "continuation predictor needs both labels: use conversations with several user "
+            "turns as well as ones that end"
+        )
+
+
 def train_predictor(
     conversations: Sequence[Conversation],
     config: TrainConfig,
@@ -193,6 +212,7 @@ def train_predictor(
         config.validation_fraction,
         with_evaluation=evaluate,
     )
+    check_both_labels(split.train + split.validation)
     notes: dict[str, Any] = {}
     if needs_token_counts(config.finish_features):
         if token_counter is None:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from predictor.artifact import ArtifactMetadata, load_artifact, save_artifact
+from predictor.errors import UserError
 from predictor.model import ContinuationMLP
 from training.pause import pause_point
 
@@ -45,7 +46,7 @@ LOCK = ".lock"
 STAGING_PREFIX = ".incoming-"
 
 
-class RegistryError(RuntimeError):
+class RegistryError(UserError, RuntimeError):
     """The registry cannot do what was asked (bad folder, unknown version, …)."""
 
 

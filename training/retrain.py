@@ -27,6 +27,7 @@ from typing import Any
 
 from predictor.artifact import ArtifactError
 from predictor.embedders.base import Embedder
+from predictor.errors import InvalidInputError
 from training.conversation import Conversation
 from training.embedding_cache import EmbeddingCache, EmbedOptions
 from training.log_files import LogFile, discover_logs, select_logs
@@ -63,7 +64,7 @@ class RetrainConfig:
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"RetrainConfig.{name} {why}, got {getattr(self, name)!r}")
+            return InvalidInputError(f"RetrainConfig.{name} {why}, got {getattr(self, name)!r}")
 
         if not self.window_days > 0:
             raise bad("window_days", "must be > 0")

@@ -72,7 +72,7 @@ class Replayer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__)
     parser.add_argument("--policy", choices=sorted(POLICIES), required=True)
     parser.add_argument("--calls", required=True, help="JSON file of recorded calls")
     parser.add_argument("--mode", choices=REPLAY_MODES, default="time")

@@ -247,7 +247,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def model_path_from(args: argparse.Namespace) -> Path | None:
     """--model, else the shipped model when present; None for 'none' or no model at all."""
-    from lpc.cli import CommandError
+    from lpc.errors import CommandError
     from training.locations import shipped_model_dir
 
     if args.model is None:
@@ -262,14 +262,15 @@ def model_path_from(args: argparse.Namespace) -> Path | None:
 
 def options_from(args: argparse.Namespace, model_available: bool = False):
     from lpc.ab_pipeline import ABOptions
-    from lpc.cli import CommandError
+    from lpc.errors import CommandError, InvalidInputError
     from lpc.policies import default_policies, parse_policies
     from lpc.workload import LatencyModel, WorkloadConfig
 
+    # An empty --policies is a mistake to report, not a request for the defaults.
+    text = ",".join(default_policies(model_available)) if args.policies is None else args.policies
     try:
-        text = args.policies or ",".join(default_policies(model_available))
         policies = tuple(parse_policies(text))
-    except ValueError as error:
+    except InvalidInputError as error:
         raise CommandError(f"--policies: {error}") from None
     if args.duration == "all":
         duration = None
@@ -290,6 +291,10 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
         raise CommandError("belady needs a fixed trace: drop it from --policies with --closed-loop")
     if args.closed_loop and args.trace:
         raise CommandError("--closed-loop generates its own timeline; it cannot replay --trace")
+    if args.sweep and args.trace:
+        raise CommandError("--think-time-sweep generates workloads; it cannot replay --trace")
+    if not args.trace and any(p.source == "trace" for p in policies):
+        raise CommandError("policy lpc-trace replays a trace's logged probabilities: add --trace")
     latency = LatencyModel(
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         time_per_output_token_s=args.time_per_output_token,
@@ -318,14 +323,20 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
     )
 
 
+def check_out_dir(out: Path) -> None:
+    """--out must be a folder or not exist yet: checked before minutes of replay, not after."""
+    from lpc.errors import CommandError
+
+    existing = next((p for p in (out, *out.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise CommandError(f"--out {out}: {existing} exists and is not a folder")
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
 
     from lpc.ab_pipeline import outcome_json, run_ab, summary_text
-    from lpc.cli import CommandError
-    from lpc.trace import TraceError
-    from predictor.artifact import ArtifactError
-    from predictor.embedders import EmbedderLoadError
+    from lpc.errors import CommandError
 
     model = model_path_from(args)
     options = options_from(args, model_available=model is not None)
@@ -344,12 +355,10 @@ def run(args: argparse.Namespace) -> int:
         factory = learned_source_factory(
             model, default_embedding_cache_dir(), EmbedOptions(progress=options.progress), log=log
         )
-    try:
-        outcome = run_ab(options, model_factory=factory, log=log)
-    except TraceError as error:
-        raise CommandError(str(error)) from None
-    except (ValueError, ArtifactError, EmbedderLoadError) as error:
-        raise CommandError(str(error)) from None
+    check_out_dir(options.out_dir)
+    # Bad data, traces, models and embedders raise `UserError`s, which the CLI shows as one
+    # line; anything else escaping run_ab is a bug and keeps its traceback.
+    outcome = run_ab(options, model_factory=factory, log=log)
     if args.json:
         print(outcome_json(outcome))
         return 0

@@ -52,7 +52,7 @@ def register(targets: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lpc.benchmarks import evictor_bench
-    from lpc.cli import CommandError
+    from lpc.errors import CommandError
 
     for flag in ("ops", "blocks", "runs"):
         if getattr(args, flag) <= 0:

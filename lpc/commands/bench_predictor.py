@@ -65,9 +65,12 @@ def register(targets: argparse._SubParsersAction) -> None:
     parser.add_argument("--embedder", default="e5-small-q4", help="embedder spec")
     parser.add_argument(
         "--artifact",
+        "--model",
+        dest="artifact",
         type=Path,
         default=None,
-        help="trained artifact (default: an untrained MLP, speed only)",
+        help="trained artifact folder (--model is the same flag; default: an untrained MLP, "
+        "speed only)",
     )
     parser.add_argument(
         "--batch-size", type=int, default=8, help="texts per embedder call in the batched stages"
@@ -132,7 +135,7 @@ def sharegpt_windows(count: int, conversations: int, seed: int) -> tuple[list, s
     """Windows sampled from the bundled ShareGPT file, read only through training.loaders."""
     import numpy as np
 
-    from lpc.cli import CommandError
+    from lpc.errors import CommandError
     from predictor.features import FeatureConfig, windows_for_conversation
 
     try:
@@ -168,7 +171,7 @@ def sharegpt_windows(count: int, conversations: int, seed: int) -> tuple[list, s
 
 def sharegpt_stream(conversations: int) -> tuple[list, str]:
     """Every turn of the first multi-turn ShareGPT conversations, in conversation order."""
-    from lpc.cli import CommandError
+    from lpc.errors import CommandError
     from predictor.features import windows_for_conversation
 
     try:
@@ -257,14 +260,13 @@ def run(args: argparse.Namespace) -> int:
     openmp = prefer_passive_openmp()  # before torch is imported: see predictor/runtime.py
     import torch
 
-    from lpc.cli import CommandError
+    from lpc.errors import CommandError
     from predictor import benchmark
-    from predictor.artifact import ArtifactError
-    from predictor.embedders import EmbedderLoadError, load_embedder
+    from predictor.embedders import load_embedder
     from predictor.load_test import LoadTestConfig, run_load_test
     from predictor.predictor import Predictor
     from predictor.server_process import ServerProcess, free_port
-    from predictor.windows_file import WindowsFileError, read_windows_jsonl
+    from predictor.windows_file import read_windows_jsonl
 
     if args.threads is not None:
         if args.threads < 1:
@@ -306,21 +308,16 @@ def run(args: argparse.Namespace) -> int:
                 benchmark.worst_case_windows(args.worst_windows, args.seed),
                 "synthetic: 5 prompts of 600 words each (fills the budget)",
             )
-    except (WindowsFileError, OSError) as error:
+    except OSError as error:  # a windows file or data file that cannot be read
         raise CommandError(str(error)) from error
 
-    try:
-        embedder = load_embedder(args.embedder)
-    except EmbedderLoadError as error:
-        raise CommandError(str(error)) from error
+    # Embedder, artifact and windows-file problems are `UserError`s: one line from the CLI.
+    embedder = load_embedder(args.embedder)
     scratch = tempfile.TemporaryDirectory(prefix="lpc-bench-predictor-")
-    try:
-        artifact = args.artifact or untrained_artifact(
-            Path(scratch.name) / "untrained", embedder, args.embedder, args.feature_mode
-        )
-        predictor = Predictor.load(artifact, embedder=embedder, embed_batch_size=args.batch_size)
-    except (ArtifactError, ValueError) as error:
-        raise CommandError(str(error)) from error
+    artifact = args.artifact or untrained_artifact(
+        Path(scratch.name) / "untrained", embedder, args.embedder, args.feature_mode
+    )
+    predictor = Predictor.load(artifact, embedder=embedder, embed_batch_size=args.batch_size)
 
     result: dict[str, Any] = {
         "embedder_id": embedder.embedder_id,

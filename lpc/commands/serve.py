@@ -38,11 +38,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--artifact",
+        "--model",
+        dest="artifact",
         type=Path,
         default=None,
-        help=f"predictor artifact folder; without the flag, ${ARTIFACT_ENV}, "
+        help=f"predictor artifact folder (--model is the same flag); without it, ${ARTIFACT_ENV}, "
         f"else the shipped model models/{SHIPPED_MODEL_NAME} if present. "
-        "A model trained with log_prompt_tokens (the shipped one) needs "
+        "A model trained with the opt-in log_prompt_tokens finish feature (not the shipped "
+        "one) needs "
         "prompt_tokens in every item; one with finish features a request "
         "cannot carry is refused at start",
     )
@@ -143,9 +146,9 @@ def run(args: argparse.Namespace) -> int:
 
     prefer_passive_openmp()  # before torch is imported: see predictor/runtime.py
 
-    from lpc.cli import CommandError
-    from predictor.artifact import ArtifactError, load_artifact
-    from predictor.embedders import EmbedderLoadError, load_embedder
+    from lpc.errors import CommandError, InvalidInputError
+    from predictor.artifact import load_artifact
+    from predictor.embedders import load_embedder
     from predictor.predictor import Predictor
     from predictor.request_features import check_servable
     from predictor.rpc_schema import RequestLimits
@@ -158,16 +161,15 @@ def run(args: argparse.Namespace) -> int:
             f"no artifact: pass --artifact or set ${ARTIFACT_ENV} (the shipped "
             f"model models/{SHIPPED_MODEL_NAME} is not in this checkout)"
         )
+    if args.embed_batch_size < 1:
+        raise CommandError(f"--embed-batch-size must be >= 1, got {args.embed_batch_size}")
     if args.threads is not None:
         if args.threads < 1:
             raise CommandError(f"--threads must be >= 1, got {args.threads}")
         import torch
 
         torch.set_num_threads(args.threads)
-    try:
-        token = read_bearer_token(args.token_file, "--token-file")
-    except ValueError as error:
-        raise CommandError(str(error)) from None
+    token = read_bearer_token(args.token_file, "--token-file")  # UserError when unreadable
     try:
         limits = RequestLimits(
             max_items_per_request=args.max_items_per_request,
@@ -187,20 +189,20 @@ def run(args: argparse.Namespace) -> int:
             limits=limits,
             model_root=args.model_root,
         )
+    except InvalidInputError as error:  # RequestLimits names the bad field
+        raise CommandError(str(error)) from None
     except ValueError as error:
-        raise CommandError(str(error)) from error
+        # ServerConfig validates its fields with ValueError (names the field); nothing else
+        # runs in this call, so a ValueError here is a bad flag value, not a bug elsewhere.
+        raise CommandError(str(error)) from None
     if args.host not in ("127.0.0.1", "localhost", "::1") and token is None:
         print(f"lpc serve: warning: listening on {args.host} without a token", file=sys.stderr)
-    try:
-        artifact = load_artifact(artifact_path)
-        # Before the embedder loads: an unservable model is refused at once.
-        check_servable(artifact.metadata.mlp_config.extra_features, f"artifact {artifact_path}")
-        embedder = load_embedder(
-            args.embedder or artifact.metadata.embedder_spec, device=args.device
-        )
-        predictor = Predictor(artifact, embedder, embed_batch_size=args.embed_batch_size)
-    except (ArtifactError, EmbedderLoadError, ValueError) as error:
-        raise CommandError(str(error)) from error
+    # Artifact, servability and embedder problems are `UserError`s: one line from the CLI.
+    artifact = load_artifact(artifact_path)
+    # Before the embedder loads: an unservable model is refused at once.
+    check_servable(artifact.metadata.mlp_config.extra_features, f"artifact {artifact_path}")
+    embedder = load_embedder(args.embedder or artifact.metadata.embedder_spec, device=args.device)
+    predictor = Predictor(artifact, embedder, embed_batch_size=args.embed_batch_size)
     app = create_app(config, predictor, artifact_path=artifact_path)
     print(
         f"lpc serve: {embedder.embedder_id} + {artifact_path} on "

@@ -199,8 +199,8 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def train_config_from(args: argparse.Namespace):
-    """`TrainConfig` and `EmbedOptions` from the shared flags (CommandError when invalid)."""
-    from lpc.cli import CommandError
+    """`TrainConfig` and `EmbedOptions` from the shared flags (`UserError` when invalid)."""
+    from lpc.errors import CommandError, InvalidInputError
     from predictor.features import FeatureConfig, FeatureConfigError
     from training.embedding_cache import EmbedOptions
     from training.fit import FitConfig
@@ -243,7 +243,7 @@ def train_config_from(args: argparse.Namespace):
             chunk_windows=args.chunk_windows,
             progress=not args.no_progress,
         )
-    except (ValueError, FeatureConfigError) as error:
+    except (InvalidInputError, FeatureConfigError) as error:  # what the config classes raise
         raise CommandError(str(error)) from None
     return config, embed
 
@@ -321,11 +321,11 @@ def _log(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from lpc.cli import CommandError
+    from lpc.errors import CommandError, InvalidInputError, UserError
     from predictor.artifact import save_artifact
-    from predictor.embedders import EmbedderLoadError, load_embedder
-    from training.embedding_cache import EmbeddingCache, EmbeddingCacheError, EmbedStats
-    from training.loaders import LoaderError, load_conversations
+    from predictor.embedders import load_embedder
+    from training.embedding_cache import EmbeddingCache, EmbedStats
+    from training.loaders import load_conversations
     from training.locations import default_registry_dir
     from training.pipeline import sample_embeddings, train_predictor
     from training.registry import ModelRegistry
@@ -342,18 +342,18 @@ def run(args: argparse.Namespace) -> int:
         options = {} if args.mode is None else {"mode": args.mode}
         loaded = load_conversations(
             args.dataset, format=args.data_format, limit=args.limit, **options
-        )
-    except (LoaderError, ValueError, OSError) as error:
+        ).require_conversations()
+    except (UserError, OSError) as error:  # bad data, or a file that cannot be read
         raise CommandError(f"--dataset {args.dataset}: {error}") from None
     load_s = time.perf_counter() - started
-    log(f"data: {loaded.report.summary().splitlines()[0]} ({load_s:.1f} s)")
+    log(f"data: {'; '.join(loaded.report.summary().splitlines())} ({load_s:.1f} s)")
     try:
         embedder = load_embedder(args.embedder, device=args.device)
         cache = EmbeddingCache.open(
             cache_dir_from(args), embedder.embedder_id, embedder.dim, embedder=embedder
         )
-    except (EmbedderLoadError, EmbeddingCacheError, OSError) as error:
-        raise CommandError(str(error)) from None
+    except OSError as error:  # the cache folder cannot be made or read
+        raise CommandError(f"embedding cache {cache_dir_from(args)}: {error}") from None
     description = {
         "dataset": args.dataset,
         "format": loaded.report.format,
@@ -364,12 +364,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.embed_only:
         from training.data import split_samples
+        from training.pipeline import check_both_labels
 
         try:
             split = split_samples(
                 loaded.conversations, config.feature_config.window_size, config.validation_fraction
             )
-        except ValueError as error:  # too little data for a training and a validation part
+            check_both_labels(split.train + split.validation)
+        except InvalidInputError as error:  # too little data, or one label only
             raise CommandError(f"--dataset {args.dataset}: {error}") from None
         stats = EmbedStats()
         for samples in (split.training_half, split.evaluation):
@@ -400,7 +402,7 @@ def run(args: argparse.Namespace) -> int:
             log=log,
             token_counter=token_counter_for(config, args),
         )
-    except ValueError as error:  # the data cannot make the samples the recipe needs
+    except InvalidInputError as error:  # too little data, or one label only
         raise CommandError(f"--dataset {args.dataset}: {error}") from None
     outcome.metrics["timings_s"]["load_s"] = round(load_s, 3)
     if args.out is not None:

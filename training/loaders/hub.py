@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from predictor.errors import InvalidInputError
 from training.loaders.readers import RawRecord, RecordPosition
 from training.loaders.report import DatasetUnavailableError
 
@@ -19,10 +20,10 @@ DEFAULT_SPLIT = "train"
 def parse_hub_source(source: str) -> tuple[str, str]:
     """(dataset id, split) of `hf:<dataset id>[:split]`; the split defaults to `train`."""
     if not source.startswith(HUB_PREFIX):
-        raise ValueError(f"a hub source starts with {HUB_PREFIX!r}, got {source!r}")
+        raise InvalidInputError(f"a hub source starts with {HUB_PREFIX!r}, got {source!r}")
     dataset_id, _, split = source[len(HUB_PREFIX) :].partition(":")
     if not dataset_id or "/" not in dataset_id:
-        raise ValueError(
+        raise InvalidInputError(
             f"expected hf:<owner>/<dataset>[:split], e.g. hf:lmsys/lmsys-chat-1m:train; "
             f"got {source!r}"
         )

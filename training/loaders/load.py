@@ -13,6 +13,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, closing, contextmanager
 from pathlib import Path
 
+from predictor.errors import InvalidInputError
 from training.conversation import Conversation
 from training.loaders.arena import ARENA
 from training.loaders.cleaning import RecordProblem, normalise_messages
@@ -31,6 +32,7 @@ from training.loaders.readers import (
 )
 from training.loaders.record_format import ParsedRecord, RecordFormat
 from training.loaders.report import (
+    DatasetNotFoundError,
     LoadReport,
     LoadResult,
     MalformedRecordError,
@@ -88,20 +90,22 @@ def open_conversations(
     """Like `load_conversations`, but yields conversations one by one (for data too large to
     hold at once). The stream's `report` is complete once the stream is exhausted."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"limit must be a positive int or None, got {limit!r}")
+        raise InvalidInputError(f"limit must be a positive int or None, got {limit!r}")
     if max_message_chars is not None and (
         isinstance(max_message_chars, bool)
         or not isinstance(max_message_chars, int)
         or max_message_chars < 1
     ):
-        raise ValueError(
+        raise InvalidInputError(
             f"max_message_chars must be a positive int or None, got {max_message_chars!r}"
         )
     if format is not None and format not in FORMATS:
-        raise ValueError(f"unknown format {format!r}; known: {', '.join(FORMATS)}")
+        raise InvalidInputError(f"unknown format {format!r}; known: {', '.join(FORMATS)}")
     if isinstance(source, str) and source == BUNDLED_SHAREGPT:
         if format not in (None, SHAREGPT.name):
-            raise ValueError(f"the bundled ShareGPT file is in format 'sharegpt', not {format!r}")
+            raise InvalidInputError(
+                f"the bundled ShareGPT file is in format 'sharegpt', not {format!r}"
+            )
         name = "sharegpt (bundled ShareGPT_V3_unfiltered_cleaned_split.json)"
         fmt: RecordFormat = SHAREGPT
         records: RecordSource = _bundled_sharegpt_records
@@ -274,12 +278,12 @@ def _data_files(path: Path) -> list[Path]:
             p for p in path.iterdir() if p.is_file() and p.suffix.lower() in DATA_FILE_SUFFIXES
         )
         if not files:
-            raise FileNotFoundError(
+            raise DatasetNotFoundError(
                 f"{path}: no data files ({', '.join(DATA_FILE_SUFFIXES)}) in this folder"
             )
         return files
     if not path.exists():
-        raise FileNotFoundError(
+        raise DatasetNotFoundError(
             f"{path}: no such file or folder (for the bundled ShareGPT data pass 'sharegpt', "
             f"for the hub 'hf:<dataset id>')"
         )

@@ -72,6 +72,11 @@ def detect_layout(path: Path) -> str:
         return PARQUET
     if path.suffix == ".parquet":
         raise MalformedFileError(f"{path}: named .parquet but does not start with Parquet magic")
+    binary = _binary_evidence(head)
+    if binary:
+        raise MalformedFileError(
+            f"{path}: not JSON Lines, a JSON array or Parquet ({binary}; starts with {head[:8]!r})"
+        )
     text = head.decode("utf-8", errors="replace").lstrip(_BOM + " \t\r\n")
     if not text:
         raise MalformedFileError(f"{path}: the file is empty (or only whitespace)")
@@ -82,6 +87,21 @@ def detect_layout(path: Path) -> str:
     raise MalformedFileError(
         f"{path}: not JSON Lines, a JSON array or Parquet (starts with {text[:20]!r})"
     )
+
+
+def _binary_evidence(head: bytes) -> str | None:
+    """Why these first bytes are binary data rather than JSON text, or None when they may be text.
+
+    JSON text never holds a NUL byte, and a dump with a few bad bytes (which the readers
+    replace and count) is still mostly valid UTF-8; a PNG, a zip or a model file is not.
+    """
+    if b"\x00" in head:
+        return "binary data: it holds NUL bytes"
+    _, replacements = decode_utf8(head[:-4] if len(head) >= 4096 else head)  # a cut character
+    invalid = sum(n for _, n in replacements)
+    if invalid > max(8, len(head) // 16):
+        return f"binary data: {invalid} of its first {len(head)} bytes are not UTF-8 text"
+    return None
 
 
 def decode_utf8(data: bytes | memoryview) -> tuple[str, list[tuple[int, int]]]:

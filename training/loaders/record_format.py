@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from predictor.errors import InvalidInputError
 from training.loaders.cleaning import RecordProblem
 from training.loaders.readers import RecordPosition
 from training.loaders.report import LoadReport
@@ -61,5 +62,5 @@ class RecordFormat:
             return self.modes[0]
         if mode not in self.modes:
             allowed = ", ".join(repr(m) for m in self.modes if m is not None) or "none"
-            raise ValueError(f"format {self.name!r} accepts mode {allowed}; got {mode!r}")
+            raise InvalidInputError(f"format {self.name!r} accepts mode {allowed}; got {mode!r}")
         return mode

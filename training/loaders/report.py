@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
+from predictor.errors import UserError
 from training.conversation import Conversation
 
 MAX_PROBLEM_EXAMPLES = 20
@@ -43,7 +44,7 @@ MALFORMED_REASONS = frozenset(
 )
 
 
-class LoaderError(Exception):
+class LoaderError(UserError):
     """Base class of the errors the conversation loaders raise."""
 
 
@@ -66,6 +67,14 @@ class MalformedFileError(LoaderError, ValueError):
 
 class UnknownFormatError(LoaderError, ValueError):
     """The format was not given and could not be recognised from the first record."""
+
+
+class DatasetNotFoundError(LoaderError, FileNotFoundError):
+    """A local dataset path that does not exist, or a folder with no data files in it."""
+
+
+class EmptyDatasetError(LoaderError, ValueError):
+    """A load that produced no usable conversation; the message says what it skipped and why."""
 
 
 class DatasetUnavailableError(LoaderError, RuntimeError):
@@ -189,3 +198,13 @@ class LoadResult:
 
     def __len__(self) -> int:
         return len(self.conversations)
+
+    def require_conversations(self) -> LoadResult:
+        """This result, or `EmptyDatasetError` when the load produced no conversation: the
+        message says, on one line, what was read and what was skipped, cleaned or cut, and
+        where the first problem was."""
+        if self.conversations:
+            return self
+        summary = "; ".join(self.report.summary().splitlines())
+        first = f"; first problem: {self.report.problems[0]}" if self.report.problems else ""
+        raise EmptyDatasetError(f"no usable conversations in {summary}{first}")
