@@ -324,10 +324,11 @@ def run(args: argparse.Namespace) -> int:
     from lpc.errors import CommandError, InvalidInputError, UserError
     from predictor.artifact import save_artifact
     from predictor.embedders import load_embedder
+    from training.data import split_samples
     from training.embedding_cache import EmbeddingCache, EmbedStats
     from training.loaders import load_conversations
     from training.locations import default_registry_dir
-    from training.pipeline import sample_embeddings, train_predictor
+    from training.pipeline import check_both_labels, sample_embeddings, train_predictor
     from training.registry import ModelRegistry
 
     config, embed = train_config_from(args)
@@ -347,6 +348,13 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--dataset {args.dataset}: {error}") from None
     load_s = time.perf_counter() - started
     log(f"data: {'; '.join(loaded.report.summary().splitlines())} ({load_s:.1f} s)")
+    try:  # before the embedder loads: data that cannot train is refused in seconds
+        split = split_samples(
+            loaded.conversations, config.feature_config.window_size, config.validation_fraction
+        )
+        check_both_labels(split.train + split.validation)
+    except InvalidInputError as error:  # too little data, or one label only
+        raise CommandError(f"--dataset {args.dataset}: {error}") from None
     try:
         embedder = load_embedder(args.embedder, device=args.device)
         cache = EmbeddingCache.open(
@@ -363,16 +371,6 @@ def run(args: argparse.Namespace) -> int:
     }
 
     if args.embed_only:
-        from training.data import split_samples
-        from training.pipeline import check_both_labels
-
-        try:
-            split = split_samples(
-                loaded.conversations, config.feature_config.window_size, config.validation_fraction
-            )
-            check_both_labels(split.train + split.validation)
-        except InvalidInputError as error:  # too little data, or one label only
-            raise CommandError(f"--dataset {args.dataset}: {error}") from None
         stats = EmbedStats()
         for samples in (split.training_half, split.evaluation):
             sample_embeddings(cache, samples, config.feature_config, embed, stats)

@@ -208,3 +208,35 @@ def test_layout_comes_from_the_content_not_the_name(tmp_path):
     other.write_text("a,b\n")
     with pytest.raises(MalformedFileError, match="not JSON Lines"):
         detect_layout(other)
+
+
+@pytest.mark.parametrize("data_format", [None, "sharegpt", "lmsys", "arena", "openai"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)) * 4,  # NUL bytes
+        bytes(range(128, 256)) * 8 + b"\n" + bytes(range(192, 256)) * 4,  # no NUL, not UTF-8
+    ],
+    ids=["png", "high-bytes"],
+)
+def test_a_binary_file_named_jsonl_is_not_json_lines(tmp_path, data_format, content):
+    """Not '0 conversations, N records skipped': one error naming the file, for every format."""
+    from training.loaders import load_conversations
+
+    path = tmp_path / "picture.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(MalformedFileError, match=r"picture\.jsonl: not JSON Lines.*binary data"):
+        load_conversations(str(path), format=data_format)
+
+
+def test_a_few_bad_bytes_in_json_lines_are_still_repaired(tmp_path):
+    """The binary check leaves real dumps alone: a record with one bad byte is kept."""
+    from training.loaders import load_conversations
+
+    record = {"id": "a", "conversations": [{"from": "human", "value": "caf\u00e9 ?"}]}
+    line = json.dumps(record, ensure_ascii=False).encode().replace("\u00e9".encode(), b"\xe9")
+    path = tmp_path / "dump.jsonl"
+    path.write_bytes(line + b"\n")
+    result = load_conversations(str(path))
+    assert len(result.conversations) == 1
+    assert result.report.invalid_utf8_bytes_replaced == 1

@@ -1,0 +1,218 @@
+"""Bad input through the real CLI process: one line on stderr, exit status 2, no traceback;
+a bug (any other exception) keeps its traceback instead of passing for bad input."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lpc import cli
+from lpc.errors import CommandError, UserError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PNG_BYTES = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)) * 4 + b"\nIEND\xaeB`\x82\n"
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "lpc.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=env,
+        timeout=300,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], verb: str, *words: str):
+    errors = [line for line in result.stderr.splitlines() if line.startswith(f"lpc {verb}: ")]
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert len(errors) == 1 and errors[0].startswith(f"lpc {verb}: error: "), result.stderr
+    for word in words:
+        assert word in errors[0], errors[0]
+    assert result.stderr.strip() == errors[0], "stderr holds more than the error line"
+    return errors[0]
+
+
+@pytest.fixture
+def bad_data(tmp_path: Path) -> dict[str, Path]:
+    png = tmp_path / "picture.jsonl"
+    png.write_bytes(PNG_BYTES)
+    assistant_only = tmp_path / "assistant_only.jsonl"
+    assistant_only.write_text(
+        "".join(
+            json.dumps({"id": f"c{i}", "conversations": [{"from": "gpt", "value": "hello"}]}) + "\n"
+            for i in range(3)
+        )
+    )
+    single_turn = tmp_path / "single_turn.jsonl"
+    single_turn.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"c{i}",
+                    "conversations": [
+                        {"from": "human", "value": f"question {i}"},
+                        {"from": "gpt", "value": "answer"},
+                    ],
+                }
+            )
+            + "\n"
+            for i in range(60)
+        )
+    )
+    empty_folder = tmp_path / "empty"
+    empty_folder.mkdir()
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    return {
+        "png": png,
+        "assistant_only": assistant_only,
+        "single_turn": single_turn,
+        "empty_folder": empty_folder,
+        "a_file": a_file,
+    }
+
+
+def test_ab_missing_dataset(tmp_path: Path):
+    result = run_cli("ab", "--dataset", str(tmp_path / "nonexistent"), "--out", str(tmp_path))
+    assert_one_line_error(result, "ab", "nonexistent", "no such file or folder")
+
+
+def test_ab_empty_folder(bad_data, tmp_path: Path):
+    result = run_cli("ab", "--dataset", str(bad_data["empty_folder"]), "--out", str(tmp_path))
+    assert_one_line_error(result, "ab", "no data files")
+
+
+def test_ab_hub_dataset_offline(tmp_path: Path):
+    result = run_cli("ab", "--dataset", "hf:nosuch/dataset", "--out", str(tmp_path / "out"))
+    assert_one_line_error(result, "ab", "nosuch/dataset")
+
+
+def test_ab_out_is_a_file(bad_data):
+    result = run_cli("ab", "--out", str(bad_data["a_file"]), "--no-progress")
+    assert_one_line_error(result, "ab", "--out", "not a folder")
+
+
+def test_ab_out_below_a_file(bad_data):
+    result = run_cli("ab", "--out", str(bad_data["a_file"] / "ab"), "--no-progress")
+    assert_one_line_error(result, "ab", "--out", "not a folder")
+
+
+def test_ab_empty_policies(tmp_path: Path):
+    result = run_cli("ab", "--policies", "", "--out", str(tmp_path))
+    assert_one_line_error(result, "ab", "--policies", "no policy given")
+
+
+def test_ab_binary_file_as_jsonl(bad_data, tmp_path: Path):
+    """Every format's loader refuses it (tests/training/test_loaders_readers.py); one CLI run."""
+    result = run_cli(
+        "ab", "--dataset", str(bad_data["png"]), "--format", "lmsys", "--out", str(tmp_path)
+    )
+    assert_one_line_error(result, "ab", "picture.jsonl", "not JSON Lines")
+
+
+@pytest.mark.parametrize("verb", ["ab", "train"])
+def test_no_usable_conversation_is_refused_with_what_was_skipped(bad_data, tmp_path, verb):
+    out = tmp_path / "out"
+    result = run_cli(verb, "--dataset", str(bad_data["assistant_only"]), "--out", str(out))
+    assert_one_line_error(
+        result, verb, "no usable conversations", "3 records read", "no_user_message 3"
+    )
+
+
+def test_train_refuses_samples_of_one_label(bad_data, tmp_path: Path):
+    out = tmp_path / "model"
+    result = run_cli("train", "--dataset", str(bad_data["single_turn"]), "--out", str(out))
+    assert_one_line_error(result, "train", "all 26 training samples are label 0")
+    assert not out.exists()
+
+
+def test_serve_model_is_checked_not_abbreviated(bad_data, tmp_path: Path):
+    corrupt = tmp_path / "corrupt-model"
+    corrupt.mkdir()
+    (corrupt / "metadata.json").write_text("{ not json")
+    result = run_cli("serve", "--model", str(corrupt), "--port", "0")
+    assert_one_line_error(result, "serve", "corrupt-model")
+
+
+def test_flag_prefixes_are_not_expanded(tmp_path: Path):
+    result = run_cli("serve", "--model-r", str(tmp_path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "unrecognized arguments: --model-r" in result.stderr
+
+
+def test_no_parser_abbreviates_flags():
+    parsers = cli.all_parsers(cli.build_parser())
+    assert len(parsers) > 8  # lpc, its verbs and their sub-verbs
+    assert all(not p.allow_abbrev for p in parsers)
+
+
+def _main_running(run, monkeypatch) -> int:
+    """`cli.main` with the parsed `lpc ab` arguments but this `run`."""
+    args = cli.build_parser().parse_args(["ab"])
+    args.run = run
+    parser = argparse.ArgumentParser()
+    monkeypatch.setattr(parser, "parse_args", lambda argv: args)
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    return cli.main([])
+
+
+def test_a_user_error_is_one_line_exit_2(capsys, monkeypatch):
+    def fail(_: argparse.Namespace) -> int:
+        raise CommandError("--flag: what is wrong")
+
+    assert _main_running(fail, monkeypatch) == 2
+    assert capsys.readouterr().err == "lpc ab: error: --flag: what is wrong\n"
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    """A ValueError that is not a UserError is a bug: main lets it propagate."""
+
+    def buggy(_: argparse.Namespace) -> int:
+        raise ValueError("an internal invariant broke")
+
+    with pytest.raises(ValueError, match="internal invariant"):
+        _main_running(buggy, monkeypatch)
+
+
+def test_input_errors_are_user_errors():
+    from lpc.trace import TraceError
+    from predictor.artifact import ArtifactError
+    from predictor.embedders import EmbedderLoadError
+    from predictor.features import FeatureConfigError
+    from training.loaders import (
+        DatasetNotFoundError,
+        DatasetUnavailableError,
+        EmptyDatasetError,
+        LoaderError,
+        MalformedFileError,
+    )
+
+    for error in (
+        TraceError,
+        ArtifactError,
+        EmbedderLoadError,
+        FeatureConfigError,
+        LoaderError,
+        DatasetNotFoundError,
+        DatasetUnavailableError,
+        EmptyDatasetError,
+        MalformedFileError,
+        CommandError,
+    ):
+        assert issubclass(error, UserError), error
+    assert not issubclass(ValueError, UserError)
