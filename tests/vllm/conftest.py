@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-from vllm_support import REPORT, DriverFailed, VllmRun, run_vllm_replay, vllm_python_path
 
 from lpc.difftest.ops import Stream
+from tests.vllm.vllm_support import REPORT, DriverFailed, VllmRun, run_vllm_replay, vllm_python_path
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Sequence
 
 import pytest
-from vllm_support import REPORT, VllmRun
 
 from eviction import Evictor, FIFOEvictor, FreedBlocks, LRUEvictor, Release
 from lpc.difftest.checks import (
@@ -30,6 +29,7 @@ from lpc.difftest.docs_example import docs_example_stream
 from lpc.difftest.ops import OUTCOME_FIELDS, Stream
 from lpc.difftest.replay import replay_stream
 from lpc.difftest.streams import generate_stream
+from tests.vllm.vllm_support import REPORT, VllmRun
 
 pytestmark = pytest.mark.vllm
 
