@@ -7,9 +7,10 @@ its deadline, and counts what went wrong in `stats` for monitoring.
 
 Items are `ConversationWindow`s (sent as `to_dict()`: with `prompt_tokens` when set) or
 mappings of the RPC's item shape, sent as they are, every key included: `conversation_id`,
-`user_prompts`, `turn_count` and, for a model trained with `log_prompt_tokens` (the shipped
-one), `prompt_tokens` — the request's prompt tokens as the serving engine counts them, with
-the tokenizer and chat template the model was trained with. The server validates them (422).
+`user_prompts`, `turn_count` and, for a model trained with the opt-in `log_prompt_tokens`
+finish feature (the shipped model is not: it has no finish features), `prompt_tokens` — the
+request's prompt tokens as the serving engine counts them, with the tokenizer and chat
+template the model was trained with. The server validates them (422).
 
 It imports only httpx and numpy (through `predictor.features`), so it also runs inside an
 inference engine's environment (the vLLM plugin imports it there).

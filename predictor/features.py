@@ -1,6 +1,7 @@
 """The predictor's input: a conversation window, the text the embedder sees, the turn scalar.
 
-Rules (REFERENCE.md §1, with the edge cases the paper leaves open decided here):
+Rules (the LPC paper's predictor input, docs/predictor.md "Features", with the edge cases the
+paper leaves open decided here):
 - A window holds the user prompts so far, oldest first, current last; only the last
   N+1 (N = `num_previous_prompts`, 4) are used. Assistant replies are never used.
 - The token budget (512) is the embedder's whole input, counted in the embedder's own

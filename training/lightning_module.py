@@ -35,8 +35,8 @@ class ContinuationModule(pl.LightningModule):
     """`ContinuationMLP` + weighted BCE-with-logits + Adam.
 
     Batches are `(inputs, labels)`: inputs of shape (n, mlp_config.input_dim) as built by
-    `training.inputs`, labels 0/1 floats. `val_loss` (same weighting) drives checkpointing and
-    early stopping.
+    `training.pipeline.model_inputs` (`predictor.model.input_matrix`), labels 0/1 floats.
+    `val_loss` (same weighting) drives checkpointing and early stopping.
     """
 
     def __init__(

@@ -105,7 +105,9 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
         ".cache/lpc/embeddings in the checkout)",
     )
 
-    feat = p.add_argument_group("features (REFERENCE.md §1; defaults are the paper's)")
+    feat = p.add_argument_group(
+        'features (docs/predictor.md "Features"; defaults are the paper\'s)'
+    )
     feat.add_argument(
         "--previous-prompts",
         type=int,
@@ -135,10 +137,11 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
         "--finish-features",
         type=_names,
         default=(),
-        help="opt-in scalars known when a request finishes, comma-separated: "
-        "log_request_tokens, log_output_tokens (serving tokens: Qwen ChatML), "
-        "log_context_chars, log_reply_chars, reply_asks, log_prompt_chars "
-        "(default: none, the paper's inputs; see docs/training.md)",
+        help="opt-in scalars known when a request finishes, comma-separated, any of: "
+        "log_context_chars, log_reply_chars, reply_asks, log_prompt_chars, "
+        "log_request_tokens, log_output_tokens, log_prompt_tokens (the last three in serving "
+        "tokens: Qwen ChatML; only log_prompt_tokens and log_prompt_chars can be served) "
+        "(default: none, the paper's inputs; see docs/training.md §5)",
     )
 
     fit = p.add_argument_group("training (defaults are the paper's recipe)")

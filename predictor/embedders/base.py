@@ -1,6 +1,7 @@
 """The contract every embedder meets, and a tokenizer adapter shared by the implementations.
 
-Features are counted "in the embedder's own tokenizer" (REFERENCE.md §1), so an embedder
+Features are counted in the embedder's own tokenizer (the paper's rule; docs/predictor.md
+"Features"), so an embedder
 exposes its tokenizer through `EmbedderTokenizer`: token character spans (to cut a prompt at
 token boundaries) and the number of tokens the model is actually fed (prefix and special
 tokens included), so a window's text can be held to the token budget exactly.

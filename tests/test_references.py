@@ -1,0 +1,250 @@
+"""Every reference in the code's text and the docs resolves: module paths (`training.x.y`),
+markdown files (`docs/x.md`), numbered sections (`docs/x.md §3`) and finish-feature names.
+
+A docstring, help text or doc that points at a module, file, section or feature that does not
+exist sends a reader nowhere; this test fails on the first such pointer, naming where it is.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from pathlib import Path
+
+import pytest
+
+from lpc.cli import build_parser
+from lpc.commands import train as train_command
+from predictor.request_features import REQUEST_FEATURES
+from training.finish_features import FINISH_FEATURES
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("lpc", "predictor", "training", "eviction")
+SOURCE_FOLDERS = (*PACKAGES, "scripts", "tests")
+MODULE_PATH = re.compile(r"(?<![\w./-])(?:lpc|predictor|training|eviction)(?:\.[A-Za-z_]\w*)+")
+MARKDOWN_FILE = re.compile(r"(?<![\w/.-])([\w./-]*[\w-]\.md)\b")
+SECTION = re.compile(r"(?<![\w/.-])([\w./-]*[\w-]\.md)\)?\s*§\s*(\d+)(?:\s*[–-]\s*(\d+))?")
+BARE_SECTION = re.compile(r"(?<![\w.)])§\s*(\d+)(?:\s*[–-]\s*(\d+))?")
+NAMED_SECTION = re.compile(r"(?<![\w/.-])([\w./-]*[\w-]\.md),?\s+\"([^\"\n]+)\"")
+# Files named in the text that the code writes (the A/B report), not documents to read.
+GENERATED_MARKDOWN = {"report.md"}
+FILE_SUFFIXES = ("md", "py", "toml", "json", "jsonl", "yaml", "yml", "txt", "csv", "png", "sh")
+# This file's own examples of broken references are not references.
+SELF = Path(__file__).resolve()
+FEATURE_NAME = re.compile(r"`(log_[a-z_]+|reply_asks)`")
+
+
+def python_files() -> list[Path]:
+    return sorted(
+        p
+        for folder in SOURCE_FOLDERS
+        for p in (REPO_ROOT / folder).rglob("*.py")
+        if ".venv" not in p.parts and p.resolve() != SELF
+    )
+
+
+def markdown_files() -> list[Path]:
+    return [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+
+
+def python_texts(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every string literal and comment: docstrings, help texts, messages."""
+    texts = []
+    source = path.read_text(encoding="utf-8")
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            texts.append((token.start[0], token.string))
+        elif token.type == tokenize.STRING:
+            try:
+                value = ast.literal_eval(token.string)
+            except (ValueError, SyntaxError):  # an f-string: its literal parts are enough
+                value = token.string
+            texts.append((token.start[0], value if isinstance(value, str) else str(value)))
+    return texts
+
+
+def markdown_texts(path: Path) -> list[tuple[int, str]]:
+    """(first line, text) of each paragraph: a reference may wrap onto the next line."""
+    paragraphs, start, lines = [], 1, []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            if not lines:
+                start = number
+            lines.append(line)
+        elif lines:
+            paragraphs.append((start, "\n".join(lines)))
+            lines = []
+    if lines:
+        paragraphs.append((start, "\n".join(lines)))
+    return paragraphs
+
+
+def all_texts() -> list[tuple[Path, int, str]]:
+    found = []
+    for path in python_files():
+        found.extend((path, line, text) for line, text in python_texts(path))
+    for path in markdown_files():
+        found.extend((path, line, text) for line, text in markdown_texts(path))
+    return found
+
+
+def predictor_instance_attribute(dotted: str) -> bool:
+    """`predictor.base_rate` in prose is an attribute of a `Predictor` held in a variable
+    named `predictor`, when no module of that name exists and the class defines it."""
+    parts = dotted.split(".")
+    if parts[0] != "predictor" or len(parts) != 2:
+        return False
+    source = (REPO_ROOT / "predictor" / "predictor.py").read_text(encoding="utf-8")
+    name = re.escape(parts[1])
+    return re.search(rf"(def {name}\(|self\.{name}\b)", source) is not None
+
+
+def module_path_exists(dotted: str) -> bool:
+    """A package or module path, optionally followed by names the module defines or imports."""
+    if predictor_instance_attribute(dotted):
+        return True
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        base = REPO_ROOT.joinpath(*parts[:cut])
+        if base.with_suffix(".py").is_file():
+            source = base.with_suffix(".py").read_text(encoding="utf-8")
+        elif (base / "__init__.py").is_file():
+            source = (base / "__init__.py").read_text(encoding="utf-8")
+        else:
+            continue
+        rest = parts[cut:]
+        if not rest:
+            return True
+        # The first name after the module must be defined or imported there (the rest are
+        # attributes of it: fields, methods, which the module text names too).
+        return all(re.search(rf"\b{re.escape(name)}\b", source) for name in rest)
+    return False
+
+
+def markdown_target(name: str, cited_in: Path) -> Path | None:
+    for base in (cited_in.parent, REPO_ROOT, REPO_ROOT / "docs"):
+        candidate = (base / name).resolve()
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def headings(path: Path) -> set[str]:
+    text = path.read_text(encoding="utf-8")
+    return {h.strip() for h in re.findall(r"^#{1,6}\s+(.+)$", text, flags=re.MULTILINE)}
+
+
+def numbered_sections(path: Path) -> set[int]:
+    text = path.read_text(encoding="utf-8")
+    return {int(n) for n in re.findall(r"^#{1,6}\s+(\d+)\.", text, flags=re.MULTILINE)}
+
+
+def sections_cited(start: str, end: str | None) -> range:
+    return range(int(start), int(end or start) + 1)
+
+
+def where(path: Path, line: int, text: str = "", offset: int = 0) -> str:
+    return f"{path.relative_to(REPO_ROOT)}:{line + text[:offset].count(chr(10))}"
+
+
+def test_module_paths_exist():
+    missing = []
+    for path, line, text in all_texts():
+        for match in MODULE_PATH.finditer(text):
+            dotted = match.group(0).rstrip(".")
+            if dotted.rsplit(".", 1)[-1] in FILE_SUFFIXES:
+                continue  # a file name such as lpc.toml
+            if not module_path_exists(dotted):
+                missing.append(f"{where(path, line, text, match.start())}: {dotted}")
+    assert not missing, "references to modules that do not exist:\n" + "\n".join(missing)
+
+
+def test_markdown_files_exist():
+    missing = []
+    for path, line, text in all_texts():
+        for match in MARKDOWN_FILE.finditer(text):
+            if Path(match.group(1)).name in GENERATED_MARKDOWN:
+                continue
+            if markdown_target(match.group(1), path) is None:
+                missing.append(f"{where(path, line, text, match.start())}: {match.group(1)}")
+    assert not missing, "references to markdown files that do not exist:\n" + "\n".join(missing)
+
+
+def test_sections_exist():
+    missing = []
+    for path, line, text in all_texts():
+        for match in SECTION.finditer(text):
+            at = where(path, line, text, match.start())
+            target = markdown_target(match.group(1), path)
+            if target is None:
+                missing.append(f"{at}: {match.group(0)} (no such file)")
+                continue
+            wanted = set(sections_cited(match.group(2), match.group(3)))
+            if wanted - numbered_sections(target):
+                missing.append(f"{at}: {match.group(0)} (no section {wanted})")
+        for match in NAMED_SECTION.finditer(text):
+            target = markdown_target(match.group(1), path)
+            if target is not None and match.group(2) not in headings(target):
+                at = where(path, line, text, match.start())
+                missing.append(f"{at}: {match.group(0)} (no such heading)")
+        if path.suffix != ".md":
+            continue
+        # A bare § in a markdown file is a section of that same file.
+        for match in BARE_SECTION.finditer(text):
+            if re.search(r"\.md\)?\s*$", text[: match.start()]):
+                continue  # checked above against its file
+            wanted = set(sections_cited(match.group(1), match.group(2)))
+            if wanted - numbered_sections(path):
+                at = where(path, line, text, match.start())
+                missing.append(f"{at}: {match.group(0)} (no section {wanted})")
+    assert not missing, "references to sections that do not exist:\n" + "\n".join(missing)
+
+
+def test_finish_feature_names_exist():
+    """Backticked feature names in docs and docstrings are registered finish features."""
+    missing = []
+    for path, line, text in all_texts():
+        for match in FEATURE_NAME.finditer(text):
+            if match.group(1) not in FINISH_FEATURES:
+                missing.append(f"{where(path, line, text, match.start())}: {match.group(1)}")
+    assert not missing, "finish features that do not exist:\n" + "\n".join(missing)
+    assert set(REQUEST_FEATURES) <= set(FINISH_FEATURES)
+
+
+def test_finish_features_help_lists_exactly_the_registry():
+    parser = build_parser()
+    train = next(a for a in parser._actions if a.dest == "command").choices[
+        train_command.register.__module__.rsplit(".", 1)[1]
+    ]
+    (action,) = [a for a in train._actions if "--finish-features" in a.option_strings]
+    listed = set(re.findall(r"\b(log_[a-z_]+|reply_asks)\b", action.help))
+    assert listed == set(FINISH_FEATURES)
+
+
+@pytest.mark.parametrize(
+    "text, ok",
+    [
+        ("see `training.inputs`", False),
+        ("see `training.pipeline.model_inputs`", True),
+        ("REFERENCE.md §1", False),
+        ("docs/training.md §5", True),
+        ("docs/training.md §42", False),
+        ('docs/predictor.md "Features"', True),
+        ('docs/predictor.md "Feature rules"', False),
+    ],
+)
+def test_the_checks_catch_what_they_should(text, ok):
+    """The scanners themselves: a broken pointer of each kind is found, a good one is not."""
+    problems = [m.group(0) for m in MODULE_PATH.finditer(text) if not module_path_exists(m[0])]
+    for match in SECTION.finditer(text):
+        target = markdown_target(match.group(1), REPO_ROOT / "README.md")
+        wanted = set(sections_cited(match.group(2), match.group(3)))
+        if target is None or wanted - numbered_sections(target):
+            problems.append(match.group(0))
+    for match in NAMED_SECTION.finditer(text):
+        target = markdown_target(match.group(1), REPO_ROOT / "README.md")
+        if target is None or match.group(2) not in headings(target):
+            problems.append(match.group(0))
+    assert (not problems) == ok, problems
