@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
 
             def wait_for_predictions(timeout_s: float) -> None:
                 deadline = time.monotonic() + timeout_s
-                while vllm_plugin.stats()["predictions_in_flight"]:
+                while vllm_plugin.stats_snapshot()["predictions_in_flight"]:
                     if time.monotonic() > deadline:
                         break
                     time.sleep(0.001)
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                         before_free,
                     )
                 wait_for_predictions(args.drain_predictions_s)
-                summary["plugin_stats"] = vllm_plugin.stats()
+                summary["plugin_stats"] = vllm_plugin.stats_snapshot()
             finally:
                 vllm_plugin.unregister()
     except (vllm_replay.DriverError, ImportError, ValueError) as exc:

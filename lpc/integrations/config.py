@@ -60,7 +60,7 @@ class PluginConfig:
             spec.check(spec.name, getattr(self, spec.name))
 
     def as_dict(self) -> dict[str, Any]:
-        """The settings, with the predictor token masked (for logs and `stats()`)."""
+        """The settings, with the predictor token masked (for logs and `stats_snapshot()`)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         if out["predictor_token"]:
             out["predictor_token"] = "***"

@@ -19,7 +19,8 @@ class PluginStats:
     prediction had arrived), `fallbacks_used` (neither: the configured fallback p). A release
     falls back when no prediction was asked for, when it was late (`predictions_late`), when
     its predictor call failed (`predictor_failures` counts failed calls of `predictor_calls`,
-    errors and timeouts alike; the client's own breakdown is `stats()["predictor_client"]`),
+    errors and timeouts alike; the client's own breakdown is
+    `stats_snapshot()["predictor_client"]`),
     or when too many were pending (`predictions_dropped`). `invalid_hints` counts requests
     whose LPC fields were malformed and ignored. Block counters: `evictions` (a cached block
     handed out again), `cached_blocks_released`, `uncached_blocks_released` and

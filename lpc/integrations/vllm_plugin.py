@@ -21,10 +21,25 @@ A release's probability is, in order: the request's `extra_args["lpc_probability
 asynchronous prediction for its `lpc_conversation_id` if it has arrived; the fallback p.
 Time comes from an injectable clock (default `time.monotonic`).
 
-Process-wide state: `_REGISTRATION` holds the one active registration (its runtime and the
-original attributes it replaced); a plugin that patches classes inherently has one. Patched
-methods act only on pools whose queue is LPC's, so a pool built before registration (or after
-`unregister()`) behaves exactly as stock vLLM.
+Call flow. A release (time, probability, conversation) is made once per request, in
+`PluginRuntime.release_for`, and reaches the LPC queue by one of three routes, depending on
+how vLLM frees the request's blocks:
+
+    vLLM call (patched)                   the plugin                      route of the release
+    KVCacheManager.allocate_slots         first scheduling: board.ask     none (prediction -> board)
+    KVCacheManager.free(request)          release_for, original free      1. a ContextVar, set by
+      -> BlockPool.free_blocks(blocks)    queues.active_release()            QueueRuntime.releasing
+    KVCacheManager.pop_blocks_for_free    release_for now; vLLM frees     2. deferred_releases, by
+      ... later free_blocks(blocks)       take_deferred_release(blocks)      id(block); then route 1
+    BlockPool.free_blocks, ref_cnt > 1    blocks others still hold        3. note_shared_release
+    FreeKVCacheBlockQueue (replaced)      first queue built: _activate    (the queue reads route 1)
+
+Patched methods find their `PluginRuntime` through `_runtime_of(pool)`, which reads the
+module-level `_REGISTRATION`: the one active registration (its runtime and the original
+attributes it replaced); a plugin that patches classes inherently has one. They act only on
+pools whose queue is LPC's, so a pool built before registration (or after `unregister()`)
+behaves exactly as stock vLLM. `stats_snapshot()` reads the same registration: it is what the
+metrics server and callers in the process see.
 """
 
 from __future__ import annotations
@@ -63,7 +78,8 @@ class PluginRuntime:
     client: PredictionClient | None
     board: PredictionBoard | None
     hints: dict[str, RequestHints] = field(default_factory=dict)  # requests seen scheduled
-    deferred: dict[int, Release] = field(default_factory=dict)  # id(block) -> its release
+    # id(block) -> the release of the request whose deferred free (pop_blocks_for_free) popped it
+    deferred_releases: dict[int, Release] = field(default_factory=dict)
     next_log_s: float = 0.0
 
     @property
@@ -120,17 +136,18 @@ class PluginRuntime:
             self.next_log_s = now + self.config.stats_log_interval_s
         return Release(now, probability, hints.conversation_id or rid)
 
-    def defer(self, blocks: list[Any], release: Release) -> None:
+    def hold_for_deferred_free(self, blocks: list[Any], release: Release) -> None:
         """Blocks popped for a deferred free: remember their release until they are freed."""
         for block in blocks:
-            self.deferred[id(block)] = release
+            self.deferred_releases[id(block)] = release
 
-    def deferred_release(self, blocks: list[Any]) -> Release | None:
-        if not self.deferred:
+    def take_deferred_release(self, blocks: list[Any]) -> Release | None:
+        """The release held for these blocks (forgotten once taken), or None."""
+        if not self.deferred_releases:
             return None
         found = None
         for block in blocks:
-            release = self.deferred.pop(id(block), None)
+            release = self.deferred_releases.pop(id(block), None)
             if found is None:
                 found = release
         return found
@@ -186,7 +203,7 @@ def _wrap_pop_blocks_for_free(original: Any) -> Any:
             return original(self, request)
         release = runtime.release_for(request)
         blocks = original(self, request)
-        runtime.defer(blocks, release)
+        runtime.hold_for_deferred_free(blocks, release)
         return blocks
 
     return pop_blocks_for_free
@@ -200,7 +217,7 @@ def _wrap_free_blocks(original: Any) -> Any:
             return original(self, ordered_blocks)
         blocks = ordered_blocks if isinstance(ordered_blocks, list) else list(ordered_blocks)
         queues = runtime.queues
-        release = queues.active_release() or runtime.deferred_release(blocks)
+        release = queues.active_release() or runtime.take_deferred_release(blocks)
         if release is None:
             release = Release(queues.clock(), None, None)
         # Cached blocks whose count stays above zero: this release shares them with others.
@@ -360,7 +377,11 @@ def _activate(registration: _Registration) -> None:
     """
     config = registration.runtime.config
     if config.metrics_port is not None and registration.metrics is None:
-        registration.metrics = start_metrics_server(stats, config.metrics_host, config.metrics_port)
+        # The server reads the whole snapshot (counters, client, configuration), not only
+        # `runtime.stats`, the plugin's counters.
+        registration.metrics = start_metrics_server(
+            stats_snapshot, config.metrics_host, config.metrics_port
+        )
     logger.info("LPC eviction active in pid %d", os.getpid())
 
 
@@ -387,7 +408,7 @@ def is_registered() -> bool:
     return _REGISTRATION is not None
 
 
-def stats() -> dict[str, Any]:
+def stats_snapshot() -> dict[str, Any]:
     """The plugin's counters, the predictor client's own counters and the configuration."""
     registration = _REGISTRATION
     if registration is None:

@@ -153,9 +153,9 @@ def test_deferred_frees_keep_their_requests_release() -> None:
     runtime = runtime_with(board=False)
     blocks = [object(), object()]
     release = runtime.release_for(Request("r", Params({"lpc_probability": 0.8})))
-    runtime.defer(blocks, release)
-    assert runtime.deferred_release(list(reversed(blocks))) is release
-    assert runtime.deferred == {} and runtime.deferred_release(blocks) is None
+    runtime.hold_for_deferred_free(blocks, release)
+    assert runtime.take_deferred_release(list(reversed(blocks))) is release
+    assert runtime.deferred_releases == {} and runtime.take_deferred_release(blocks) is None
 
 
 def test_a_configured_predictor_needs_its_client(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -189,4 +189,4 @@ def test_the_real_client_is_built_from_the_settings() -> None:
 def test_stats_before_registration() -> None:
     if vllm_plugin.is_registered():
         pytest.skip("registered in this process")
-    assert vllm_plugin.stats() == {"registered": False}
+    assert vllm_plugin.stats_snapshot() == {"registered": False}
