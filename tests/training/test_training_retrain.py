@@ -119,7 +119,8 @@ def test_a_failure_is_reported_and_recorded(tmp_path):
     (tmp_path / "logs" / "chats-2025-06-01.jsonl").write_text('{"messages": "oops"}\n')
     outcome = retrain(config(tmp_path))
     assert (outcome.status, outcome.exit_code) == (FAILED, 1)
-    assert "ValueError" in outcome.reason
+    # The reason names the error's type and what was wrong with the data.
+    assert outcome.reason.startswith("InvalidInputError: the training half gives 0 training")
     assert ModelRegistry(tmp_path / "registry").history()[-1]["status"] == FAILED
 
 
