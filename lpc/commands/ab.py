@@ -337,9 +337,11 @@ def run(args: argparse.Namespace) -> int:
 
     from lpc.ab_pipeline import outcome_json, run_ab, summary_text
     from lpc.errors import CommandError
+    from training.loaders import check_source
 
     model = model_path_from(args)
     options = options_from(args, model_available=model is not None)
+    check_source(options.dataset)  # a missing path fails in a second, not after the setup
     log = (lambda message: print(message, file=sys.stderr)) if args.json else print
     wants_model = options.trace_probabilities == "model" or any(
         p.source == "model" for p in options.policies

@@ -329,12 +329,16 @@ def run(args: argparse.Namespace) -> int:
     from predictor.embedders import load_embedder
     from training.data import split_samples
     from training.embedding_cache import EmbeddingCache, EmbedStats
-    from training.loaders import load_conversations
+    from training.loaders import check_source, load_conversations
     from training.locations import default_registry_dir
     from training.pipeline import check_both_labels, sample_embeddings, train_predictor
     from training.registry import ModelRegistry
 
     config, embed = train_config_from(args)
+    try:
+        check_source(args.dataset)
+    except UserError as error:
+        raise CommandError(f"--dataset {args.dataset}: {error}") from None
     if args.out is not None and args.no_promote:
         raise CommandError("--no-promote is for the registry; --out writes a plain folder")
     if args.out is not None and args.out.exists() and not args.overwrite:

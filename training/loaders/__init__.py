@@ -11,6 +11,7 @@ from training.loaders.load import (
     DEFAULT_MAX_MESSAGE_CHARS,
     FORMATS,
     ConversationStream,
+    check_source,
     load_conversations,
     open_conversations,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "MalformedRecordError",
     "SkipReason",
     "UnknownFormatError",
+    "check_source",
     "load_conversations",
     "open_conversations",
     "sharegpt_base_id",

@@ -78,6 +78,15 @@ def load_conversations(
     return LoadResult(conversations, stream.report)
 
 
+def check_source(source: str | os.PathLike[str]) -> None:
+    """Raise `DatasetNotFoundError` at once for a local path that does not exist or a folder
+    with no data files, so a command fails before its slow setup rather than after; the
+    bundled file and hub ids are checked when loaded."""
+    if isinstance(source, str) and (source == BUNDLED_SHAREGPT or source.startswith(HUB_PREFIX)):
+        return
+    _data_files(Path(source))
+
+
 def open_conversations(
     source: str | os.PathLike[str],
     format: str | None = None,
