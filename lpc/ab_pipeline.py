@@ -165,6 +165,11 @@ def run_ab(
             f"data: {'; '.join(dataset.load_summary.splitlines())}; "
             f"split {len(dataset.train)} train / {len(dataset.eval)} evaluation"
         )
+        if options.trace is None and not dataset.eval:
+            raise InvalidInputError(
+                f"{options.dataset}: no conversation falls in the evaluation half (of "
+                f"{len(dataset.train)}): the replay would have no requests; give more conversations"
+            )
     timings["load_s"] = time.perf_counter() - started
 
     train_counts = [c.num_user_turns for c in dataset.train if c.num_user_turns] if dataset else []

@@ -134,6 +134,16 @@ def test_no_usable_conversation_is_refused_with_what_was_skipped(bad_data, tmp_p
     )
 
 
+def test_ab_refuses_an_empty_evaluation_half(tmp_path: Path):
+    """One conversation, hashed into the training half: nothing to replay, not a 0 % table."""
+    turns = [{"from": r, "value": v} for r, v in [("human", "q1"), ("gpt", "a"), ("human", "q2")]]
+    data = tmp_path / "one.jsonl"
+    data.write_text(json.dumps({"id": "x1", "conversations": turns}) + "\n")
+    result = run_cli("ab", "--dataset", str(data), "--policies", "lru", "--out", str(tmp_path))
+    assert_one_line_error(result, "ab", "no conversation falls in the evaluation half")
+    assert not (tmp_path / "results.csv").exists()
+
+
 def test_train_refuses_samples_of_one_label(bad_data, tmp_path: Path):
     out = tmp_path / "model"
     result = run_cli("train", "--dataset", str(bad_data["single_turn"]), "--out", str(out))
