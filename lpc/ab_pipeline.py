@@ -167,8 +167,8 @@ def run_ab(
         )
         if options.trace is None and not dataset.eval:
             raise InvalidInputError(
-                f"{options.dataset}: no conversation falls in the evaluation half (of "
-                f"{len(dataset.train)}): the replay would have no requests; give more conversations"
+                f"{options.dataset}: all {len(dataset.train)} conversations fall in the training "
+                "half, none in the evaluation half the replay uses; give more conversations"
             )
     timings["load_s"] = time.perf_counter() - started
 

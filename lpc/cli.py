@@ -48,9 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except (
-        UserError
-    ) as error:  # bad input: one line; anything else is a bug and keeps its traceback
+    # Bad input is one line and exit 2; any other exception is a bug and keeps its traceback.
+    except UserError as error:
         print(f"lpc {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -72,7 +72,7 @@ class TrainConfig:
             )
         try:
             object.__setattr__(self, "finish_features", check_finish_features(self.finish_features))
-        except ValueError as error:
+        except InvalidInputError as error:
             raise InvalidInputError(f"TrainConfig.finish_features: {error}") from None
         MLPConfig(hidden_sizes=self.hidden_sizes, dropout=self.dropout)  # validates both
 

@@ -45,9 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"predictor artifact folder (--model is the same flag); without it, ${ARTIFACT_ENV}, "
         f"else the shipped model models/{SHIPPED_MODEL_NAME} if present. "
         "A model trained with the opt-in log_prompt_tokens finish feature (not the shipped "
-        "one) needs "
-        "prompt_tokens in every item; one with finish features a request "
-        "cannot carry is refused at start",
+        "one) needs prompt_tokens in every item; one with finish features a request cannot "
+        "carry is refused at start",
     )
     parser.add_argument(
         "--embedder",

@@ -140,7 +140,7 @@ def test_ab_refuses_an_empty_evaluation_half(tmp_path: Path):
     data = tmp_path / "one.jsonl"
     data.write_text(json.dumps({"id": "x1", "conversations": turns}) + "\n")
     result = run_cli("ab", "--dataset", str(data), "--policies", "lru", "--out", str(tmp_path))
-    assert_one_line_error(result, "ab", "no conversation falls in the evaluation half")
+    assert_one_line_error(result, "ab", "none in the evaluation half")
     assert not (tmp_path / "results.csv").exists()
 
 
