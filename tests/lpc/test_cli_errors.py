@@ -73,6 +73,8 @@ def bad_data(tmp_path: Path) -> dict[str, Path]:
             + "\n"
             for i in range(60)
         )
+        + json.dumps({"id": "reply", "conversations": [{"from": "gpt", "value": "hi"}]})
+        + "\n"
     )
     empty_folder = tmp_path / "empty"
     empty_folder.mkdir()
@@ -149,6 +151,10 @@ def test_train_refuses_samples_of_one_label(bad_data, tmp_path: Path):
     result = run_cli("train", "--dataset", str(bad_data["single_turn"]), "--out", str(out))
     assert_one_line_error(result, "train", "all 26 training samples are label 0")
     assert not out.exists()
+    # The load's summary line shows what was skipped and cleaned, not only the counts.
+    (data_line,) = [line for line in result.stdout.splitlines() if line.startswith("data: ")]
+    assert "61 records read, 60 conversations; skipped: no_user_message 1" in data_line
+    assert "cleaned: leading assistant messages dropped 1" in data_line
 
 
 def test_serve_model_is_checked_not_abbreviated(bad_data, tmp_path: Path):
