@@ -124,6 +124,11 @@ class MicroBatcher:
         return self._queued_items
 
     @property
+    def accepting(self) -> bool:
+        """Started and not stopping: `enqueue` takes work."""
+        return self._accepting
+
+    @property
     def queued_tokens(self) -> int:
         """Tokens (window costs) waiting for a batch (the one running is not counted)."""
         return self._queued_tokens
@@ -181,19 +186,10 @@ class MicroBatcher:
         )
         if costs.shape != (len(windows),) or np.any(costs < 1):
             raise ValueError(f"tokens must be {len(windows)} integers >= 1, got {tokens!r}")
-        if self._queued_items + len(windows) > self.max_queue_items:
-            raise QueueFullError(
-                f"queue holds {self._queued_items} windows, bound {self.max_queue_items}"
-            )
         work = int(costs.sum())
-        if self.max_expected_wait_s is not None:
-            expected = self.expected_wait_s(work)
-            if expected is not None and expected > self.max_expected_wait_s:
-                raise QueueFullError(
-                    f"expected wait {expected:.2f} s exceeds {self.max_expected_wait_s:.2f} s "
-                    f"({self._queued_items} windows of {self._queued_tokens} tokens queued, "
-                    f"this request {work})"
-                )
+        refusal = self.refusal(len(windows), work)
+        if refusal is not None:
+            raise QueueFullError(refusal)
         job = _Job(
             list(windows), costs, asyncio.get_running_loop().create_future(), time.monotonic()
         )
@@ -204,9 +200,31 @@ class MicroBatcher:
         self._wakeup.set()
         return job.future
 
+    def refusal(self, windows: int = 1, tokens: int = 1) -> str | None:
+        """Why a request of `windows` windows costing `tokens` would be refused now, or None.
+        With the defaults: whether every request would be (the server asks before reading
+        a body, so that refusing under overload costs next to nothing)."""
+        if self._queued_items + windows > self.max_queue_items:
+            return f"queue holds {self._queued_items} windows, bound {self.max_queue_items}"
+        if self.max_expected_wait_s is not None:
+            expected = self.expected_wait_s(tokens)
+            if expected is not None and expected > self.max_expected_wait_s:
+                return (
+                    f"expected wait {expected:.2f} s exceeds {self.max_expected_wait_s:.2f} s "
+                    f"({self._queued_items} windows of {self._queued_tokens} tokens queued, "
+                    f"this request {tokens})"
+                )
+        return None
+
     def _observe_speed(self, seconds: float, windows: int, tokens: int) -> None:
+        """Moving averages that rise fast (half way to a slower batch) and fall slowly (a
+        tenth of the way to a faster one): a machine that slows down is believed at once,
+        one that speeds up only once it has shown it for a while."""
+
         def moving(average: float | None, sample: float) -> float:
-            return sample if average is None else average + 0.2 * (sample - average)
+            if average is None:
+                return sample
+            return average + (0.5 if sample > average else 0.1) * (sample - average)
 
         self.seconds_per_window = moving(self.seconds_per_window, seconds / windows)
         self.seconds_per_token = moving(self.seconds_per_token, seconds / tokens)

@@ -114,6 +114,11 @@ async def window_tokens(windows: list[ConversationWindow], state: ServerState) -
 
 @rpc_router.post("/predict")
 async def predict(request: Request, state: State) -> Response:
+    # Under overload every request is refused, whatever it holds: say so before reading,
+    # parsing and validating its body, so that refusing stays cheap for the event loop.
+    refusal = state.batcher.refusal() if state.batcher.accepting else None
+    if refusal is not None:
+        raise Overloaded(refusal)
     windows = parse_windows(await read_json_body(request, state.config.limits), state)
     tokens = await window_tokens(windows, state)
     timeout_s = state.config.request_timeout_s

@@ -629,3 +629,38 @@ def test_admission_wait_defaults_to_half_the_timeout_and_is_checked():
     for bad in (0, -1, 9, float("nan"), True):
         with pytest.raises(ValueError, match="max_expected_wait_s"):
             ServerConfig(request_timeout_s=8, max_expected_wait_s=bad)
+
+
+def test_under_overload_the_body_is_not_even_read(tiny_artifact):
+    """When no request could be admitted, the refusal comes before the body is parsed: a
+    503 even for a body that is not JSON (cheap refusals keep the event loop free)."""
+
+    class Slower(SlowPredictor):
+        delay_s = 1.0
+
+    app, config = serve(tiny_artifact, Slower, max_batch=1, max_queue_items=1)
+    window = {"items": [VALID]}
+    with running_server(app, config) as (url, _):
+        busy = [
+            threading.Thread(
+                target=httpx.post,
+                args=(url + "/v1/predict",),
+                kwargs={"json": window, "timeout": 30},
+            )
+            for _ in range(2)
+        ]
+        busy[0].start()
+        deadline = time.monotonic() + 20
+        while getattr(app.state.slot.current, "started_windows", 0) < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        busy[1].start()
+        while app.state.batcher.queued_items < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        refused = httpx.post(url + "/v1/predict", content=b"{not json")
+        assert refused.status_code == 503 and refused.json()["detail"] == "overloaded"
+        assert "queue holds 1 windows" in refused.json()["reason"]
+        for thread in busy:
+            thread.join()
+        assert httpx.post(url + "/v1/predict", content=b"{not json").status_code == 422
