@@ -11,6 +11,14 @@ overload, callers get a fast "no" and fall back to their default probability, an
 bounded. A large request may be split over consecutive batches; its answer is assembled in
 order.
 
+Admission by work: a bound in windows does not bound the wait, since one window may cost
+fifty times another (a 512-token window against a ten-token first turn). So the caller may
+give each window its cost in tokens (the embedder's input, `predictor.admission`); the
+batcher learns seconds per token from the batches it runs (a moving average, and never less
+than the batch running now has already taken), and refuses a request (`QueueFullError`, at
+once) when the estimated model time ahead of it plus its own exceeds `max_expected_wait_s`.
+Without costs, every window costs 1 and the rule counts windows.
+
 The function that predicts is looked up for every batch, so a model swapped in between
 batches takes effect atomically: no batch mixes two models.
 """
@@ -42,6 +50,7 @@ class BatcherStoppedError(Exception):
 @dataclass
 class _Job:
     windows: list[ConversationWindow]
+    tokens: np.ndarray  # int64 cost of each window
     future: asyncio.Future
     enqueued_at: float
     results: np.ndarray = field(init=False)
@@ -54,6 +63,10 @@ class _Job:
     @property
     def remaining(self) -> int:
         return len(self.windows) - self.next_index
+
+    @property
+    def remaining_tokens(self) -> int:
+        return int(self.tokens[self.next_index :].sum())
 
 
 @dataclass(frozen=True)
@@ -75,10 +88,10 @@ class MicroBatcher:
     ) -> None:
         """`predict()` returns the function to use for the next batch (see module doc).
 
-        `max_expected_wait_s`: also refuse a request when the windows ahead of it would take
-        longer than this at the measured speed (a moving average of seconds per window), so
-        a caller gets a fast 503 instead of a late timeout when the model is slower than the
-        queue bound assumes (a shared CPU, long windows)."""
+        `max_expected_wait_s`: also refuse a request when the work ahead of it and its own
+        would take longer than this at the measured speed (see the module doc), so a caller
+        gets a fast 503 instead of a late timeout when the model is slower than the queue
+        bound assumes (a shared CPU, long windows)."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if not max_wait_s >= 0:
@@ -90,11 +103,16 @@ class MicroBatcher:
         self.max_wait_s = max_wait_s
         self.max_queue_items = max_queue_items
         self.max_expected_wait_s = max_expected_wait_s
-        self.seconds_per_window: float | None = None  # moving average, None until measured
+        # Moving averages over batches, None until the first batch has finished.
+        self.seconds_per_window: float | None = None
+        self.seconds_per_token: float | None = None
         self._on_batch = on_batch or (lambda record: None)
         self._on_queue_depth = on_queue_depth or (lambda depth: None)
         self._jobs: deque[_Job] = deque()
         self._queued_items = 0
+        self._queued_tokens = 0
+        self._running_tokens = 0  # the batch on the worker thread, 0 when idle
+        self._running_since = 0.0
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -104,6 +122,32 @@ class MicroBatcher:
     def queued_items(self) -> int:
         """Windows waiting for a batch (the one running is not counted)."""
         return self._queued_items
+
+    @property
+    def accepting(self) -> bool:
+        """Started and not stopping: `enqueue` takes work."""
+        return self._accepting
+
+    @property
+    def queued_tokens(self) -> int:
+        """Tokens (window costs) waiting for a batch (the one running is not counted)."""
+        return self._queued_tokens
+
+    def expected_wait_s(self, tokens: int = 0) -> float | None:
+        """Estimated seconds until a request costing `tokens` would be answered if queued
+        now: the rest of the running batch, everything queued, then its own windows. The
+        speed is the moving average of seconds per token, raised to what the running batch
+        has already taken per token when that is more. None before any speed is known."""
+        speed = self.seconds_per_token
+        elapsed = 0.0
+        if self._running_tokens:
+            elapsed = time.monotonic() - self._running_since
+            taken = elapsed / self._running_tokens
+            speed = taken if speed is None else max(speed, taken)
+        if speed is None:
+            return None
+        running_left = self._running_tokens * speed - elapsed
+        return running_left + (self._queued_tokens + tokens) * speed
 
     async def start(self) -> None:
         self._wakeup = asyncio.Event()
@@ -121,40 +165,69 @@ class MicroBatcher:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
-    async def submit(self, windows: Sequence[ConversationWindow]) -> np.ndarray:
+    async def submit(
+        self, windows: Sequence[ConversationWindow], tokens: Sequence[int] | None = None
+    ) -> np.ndarray:
         """Probabilities for `windows`, in order. Raises QueueFullError when over the bound."""
-        return await self.enqueue(windows)
+        return await self.enqueue(windows, tokens)
 
-    def enqueue(self, windows: Sequence[ConversationWindow]) -> asyncio.Future:
+    def enqueue(
+        self, windows: Sequence[ConversationWindow], tokens: Sequence[int] | None = None
+    ) -> asyncio.Future:
         """Queue `windows` now (or raise QueueFullError) and return the future of their
-        probabilities. Cancelling the future drops the windows not yet batched."""
+        probabilities. `tokens`: each window's cost (default 1 each). Cancelling the future
+        drops the windows not yet batched."""
         if not self._accepting or self._wakeup is None:
             raise BatcherStoppedError("the predictor is shutting down")
-        if self._queued_items + len(windows) > self.max_queue_items:
-            raise QueueFullError(
-                f"queue holds {self._queued_items} windows, bound {self.max_queue_items}"
-            )
-        if self.max_expected_wait_s is not None and self.seconds_per_window is not None:
-            expected = (
-                self._queued_items + self.max_batch + len(windows)
-            ) * self.seconds_per_window
-            if expected > self.max_expected_wait_s:
-                raise QueueFullError(
-                    f"expected wait {expected:.1f} s exceeds {self.max_expected_wait_s:.1f} s "
-                    f"({self._queued_items} windows queued)"
-                )
-        job = _Job(list(windows), asyncio.get_running_loop().create_future(), time.monotonic())
+        costs = (
+            np.ones(len(windows), dtype=np.int64)
+            if tokens is None
+            else np.asarray(tokens, dtype=np.int64)
+        )
+        if costs.shape != (len(windows),) or np.any(costs < 1):
+            raise ValueError(f"tokens must be {len(windows)} integers >= 1, got {tokens!r}")
+        work = int(costs.sum())
+        refusal = self.refusal(len(windows), work)
+        if refusal is not None:
+            raise QueueFullError(refusal)
+        job = _Job(
+            list(windows), costs, asyncio.get_running_loop().create_future(), time.monotonic()
+        )
         self._jobs.append(job)
         self._queued_items += len(job.windows)
+        self._queued_tokens += work
         self._on_queue_depth(self._queued_items)
         self._wakeup.set()
         return job.future
 
-    def _observe_speed(self, seconds_per_window: float) -> None:
-        if self.seconds_per_window is None:
-            self.seconds_per_window = seconds_per_window
-        else:
-            self.seconds_per_window += 0.2 * (seconds_per_window - self.seconds_per_window)
+    def refusal(self, windows: int = 1, tokens: int = 1) -> str | None:
+        """Why a request of `windows` windows costing `tokens` would be refused now, or None.
+        With the defaults: whether every request would be (the server asks before reading
+        a body, so that refusing under overload costs next to nothing)."""
+        if self._queued_items + windows > self.max_queue_items:
+            return f"queue holds {self._queued_items} windows, bound {self.max_queue_items}"
+        if self.max_expected_wait_s is not None:
+            expected = self.expected_wait_s(tokens)
+            if expected is not None and expected > self.max_expected_wait_s:
+                return (
+                    f"expected wait {expected:.2f} s exceeds {self.max_expected_wait_s:.2f} s "
+                    f"({self._queued_items} windows of {self._queued_tokens} tokens queued, "
+                    f"this request {tokens})"
+                )
+        return None
+
+    def _observe_speed(self, seconds: float, windows: int, tokens: int) -> None:
+        """Moving averages that rise fast (half way to a slower batch) and fall slowly (a
+        tenth of the way to a faster one): a machine that slows down is believed at once,
+        one that speeds up only once it has shown it for a while."""
+
+        def moving(average: float | None, sample: float) -> float:
+            if average is None:
+                return sample
+            return average + (0.5 if sample > average else 0.1) * (sample - average)
+
+        self.seconds_per_window = moving(self.seconds_per_window, seconds / windows)
+        self.seconds_per_token = moving(self.seconds_per_token, seconds / tokens)
 
     def _take_batch(self) -> list[tuple[_Job, int, int]]:
         """Up to max_batch windows from the head of the queue, as (job, start, end) slices."""
@@ -164,10 +237,12 @@ class MicroBatcher:
             job = self._jobs[0]
             if job.future.done():  # cancelled or timed out while waiting: skip its windows
                 self._queued_items -= job.remaining
+                self._queued_tokens -= job.remaining_tokens
                 self._jobs.popleft()
                 continue
             take = min(room, job.remaining)
             batch.append((job, job.next_index, job.next_index + take))
+            self._queued_tokens -= int(job.tokens[job.next_index : job.next_index + take].sum())
             job.next_index += take
             room -= take
             self._queued_items -= take
@@ -209,8 +284,10 @@ class MicroBatcher:
             if not batch:
                 continue
             windows = [w for job, start, end in batch for w in job.windows[start:end]]
+            tokens = sum(int(job.tokens[start:end].sum()) for job, start, end in batch)
             predict = self._predict()
             started = time.perf_counter()
+            self._running_tokens, self._running_since = tokens, time.monotonic()
             try:
                 probabilities = await loop.run_in_executor(self._executor, predict, windows)
                 if len(probabilities) != len(windows):
@@ -223,8 +300,10 @@ class MicroBatcher:
                     if not job.future.done():
                         job.future.set_exception(error)
                 continue
+            finally:
+                self._running_tokens = 0
             elapsed = time.perf_counter() - started
-            self._observe_speed(elapsed / len(windows))
+            self._observe_speed(elapsed, len(windows), tokens)
             self._on_batch(BatchRecord(len(windows), elapsed))
             offset = 0
             for job, start, end in batch:

@@ -1,16 +1,21 @@
 """Closed-loop load against a running prediction server, with every answer checked.
 
 Each of `clients` threads sends a request, waits for the answer, and sends the next, until
-`duration_s` has passed (or `max_requests` were sent). Every request ends in exactly one
-outcome: 200 with the expected probabilities, 200 with wrong ones (mismatched), 503
-(overloaded, the documented answer past the queue bound; the client backs off briefly, as a
-caller that falls back and asks again on its next request would), another status, or a
-transport failure. "Lost" requests are those with no answer at all; the acceptance is zero
-lost, zero mismatched, and a healthy server afterwards.
+`duration_s` has passed (or `max_requests` were sent). A request carries `items_per_request`
+windows, or, with `max_items_per_request`, a number drawn uniformly from that range (seeded
+per client, so runs repeat): mixed request sizes, the load admission by work is for.
+
+Every request ends in exactly one outcome: 200 with the expected probabilities, 200 with
+wrong ones (mismatched), 503 (overloaded, the documented answer past the queue bound; the
+client backs off briefly, as a caller that falls back and asks again on its next request
+would), another status (a 504 among them), or a transport failure. "Lost" requests are those
+with no answer at all; the acceptance is zero lost, zero mismatched, and a healthy server
+afterwards.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -34,6 +39,7 @@ class LoadTestConfig:
     duration_s: float = 30.0
     max_requests: int | None = None
     items_per_request: int = 1
+    max_items_per_request: int | None = None  # draw each request's size in [items, max]
     timeout_s: float = 60.0  # generous: a slow answer is not a lost one
     overload_backoff_s: float = 0.1
     tolerance: float = 0.0  # max |server − expected| accepted as equal
@@ -42,6 +48,10 @@ class LoadTestConfig:
     def __post_init__(self) -> None:
         if self.clients < 1 or self.items_per_request < 1:
             raise ValueError("clients and items_per_request must be >= 1")
+        if self.max_items_per_request is not None and (
+            self.max_items_per_request < self.items_per_request
+        ):
+            raise ValueError("max_items_per_request must be >= items_per_request")
         if not (self.duration_s > 0 and math.isfinite(self.duration_s)):
             raise ValueError(f"duration_s must be a finite number > 0, got {self.duration_s!r}")
 
@@ -103,7 +113,9 @@ def run_load_test(
     if len(windows) != len(expected) or not windows:
         raise ValueError("windows and expected must be non-empty and of equal length")
     expected = np.asarray(expected, dtype=np.float64)
-    payloads = [window_to_json(w) for w in windows]
+    # Serialised once: encoding a request is then a join, so that clients hammering an
+    # overloaded server spend their CPU on sending rather than on building JSON.
+    payloads = [json.dumps(window_to_json(w)) for w in windows]
     tally = _Tally()
     headers = {"Authorization": f"Bearer {config.token}"} if config.token else {}
     budget = [config.max_requests]
@@ -124,17 +136,23 @@ def run_load_test(
 
     def client(index: int) -> None:
         cursor = index * 7919 % len(windows)
+        sizes = np.random.default_rng([index, 17])
+        largest = config.max_items_per_request or config.items_per_request
         with httpx.Client(base_url=config.url, headers=headers, timeout=config.timeout_s) as http:
             ready.wait(timeout=300)
             go.wait(timeout=300)
             deadline = clock["deadline"]
             while time.monotonic() < deadline and take_ticket():
-                chosen = [(cursor + k) % len(windows) for k in range(config.items_per_request)]
-                cursor = (cursor + config.items_per_request) % len(windows)
+                count = int(sizes.integers(config.items_per_request, largest + 1))
+                chosen = [(cursor + k) % len(windows) for k in range(count)]
+                cursor = (cursor + count) % len(windows)
                 sent_at = time.perf_counter()
                 try:
+                    body = '{"items": [' + ", ".join(payloads[i] for i in chosen) + "]}"
                     response = http.post(
-                        "/v1/predict", json={"items": [payloads[i] for i in chosen]}
+                        "/v1/predict",
+                        content=body.encode(),
+                        headers={"Content-Type": "application/json"},
                     )
                 except httpx.HTTPError:
                     with tally.lock:

@@ -16,7 +16,7 @@ ignores it.
 Validation is strict (no "7" for 7, no 7.0, no true) so a caller's bug surfaces as a 422 that
 says which field of which item is wrong, instead of a silently coerced prediction. Every size
 is bounded: items per request, prompts per item, characters per prompt, id length, and the
-body itself (checked before parsing).
+body itself and its JSON nesting depth (both checked before parsing).
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ class RequestLimits:
     max_prompt_tokens: int = 100_000_000
     # Checked before parsing, so a huge body is refused (413) without being held in memory.
     max_body_bytes: int = 16 * 1024 * 1024
+    # Checked on the raw bytes before parsing: a request nests 4 levels deep; JSON nested
+    # thousands deep would exhaust the parser's recursion (server_body.py).
+    max_json_depth: int = 32
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():

@@ -4,13 +4,22 @@ A per-app `CollectorRegistry` (not the process-global default) keeps two servers
 process (tests) from sharing counters. Names, all prefixed `lpc_predictor_`:
 
 - `requests_total{endpoint,status}`       HTTP requests by endpoint and status code
+- `error_responses_total{endpoint,status,status_class}`  every 4xx/5xx answer, whoever gave
+                                          it (auth, body reader, endpoint, an unhandled
+                                          exception, routing): `endpoint` is predict,
+                                          reload, healthz, metrics or unmatched;
+                                          `status_class` 4xx or 5xx
 - `request_latency_seconds{endpoint}`     histogram, arrival to response
 - `batch_size`                            histogram of windows per model batch
 - `batch_latency_seconds`                 histogram of model time per batch
 - `queue_depth`                           gauge, windows waiting for a batch
 - `predictions_total`                     windows answered
 - `errors_total{kind}`                    overloaded, invalid, unauthorized, timeout,
-                                          prediction_failed, reload_failed, body_too_large
+                                          prediction_failed, reload_failed, body_too_large,
+                                          forbidden, shutting_down, internal (an unhandled
+                                          exception)
+- `expected_wait_seconds`                 gauge, the estimated wait of a request arriving
+                                          now (what admission bounds; 0 before measured)
 - `model_info{embedder_id,weights_sha256,artifact}`  gauge = 1 for the model being served
 - `reloads_total{outcome}`                model swaps (ok / failed)
 """
@@ -48,6 +57,12 @@ class ServerMetrics:
             ["endpoint", "status"],
             registry=self.registry,
         )
+        self.error_responses = Counter(
+            prefix + "error_responses",
+            "4xx and 5xx answers by endpoint, status and status class",
+            ["endpoint", "status", "status_class"],
+            registry=self.registry,
+        )
         self.request_latency = Histogram(
             prefix + "request_latency_seconds",
             "Request latency, arrival to response",
@@ -69,6 +84,12 @@ class ServerMetrics:
         )
         self.queue_depth = Gauge(
             prefix + "queue_depth", "Windows waiting for a batch", registry=self.registry
+        )
+        self.expected_wait = Gauge(
+            prefix + "expected_wait_seconds",
+            "Estimated wait of a request arriving now: the running batch's rest and the "
+            "queue, in model time (what admission bounds)",
+            registry=self.registry,
         )
         self.predictions = Counter(
             prefix + "predictions", "Windows answered", registry=self.registry

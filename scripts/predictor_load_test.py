@@ -8,6 +8,12 @@ report; exit status 0 on pass, 1 on fail.
 
     python scripts/predictor_load_test.py --clients 64 --duration-s 30 --max-queue 32
 
+Mixed request sizes, the load admission by work is for (the server learns its speed on
+short windows first, then gets 1-8 windows of 512 tokens per request):
+
+    python scripts/predictor_load_test.py --source worst --max-items-per-request 8 \
+        --max-queue 256 --warmup-s 10
+
 Without --artifact an untrained MLP is used (what is tested is the serving path, not the
 model). Real embedders batch with tiny float differences (~1e-7) depending on what shares a
 batch, so answers are compared with --tolerance (default 1e-5); the pytest version with a
@@ -34,6 +40,7 @@ prefer_passive_openmp()  # before torch is imported: see predictor/runtime.py
 from lpc.commands.bench_predictor import sharegpt_windows, untrained_artifact  # noqa: E402
 from predictor.benchmark import synthetic_windows, worst_case_windows  # noqa: E402
 from predictor.embedders import load_embedder  # noqa: E402
+from predictor.features import ConversationWindow  # noqa: E402
 from predictor.load_test import LoadTestConfig, run_load_test  # noqa: E402
 from predictor.predictor import Predictor  # noqa: E402
 from predictor.server_process import ServerProcess, free_port  # noqa: E402
@@ -68,6 +75,23 @@ def parse_args() -> argparse.Namespace:
         "file (through training.loaders); synthetic: chat-like random "
         "windows; worst: windows that fill the 512-token budget",
     )
+    parser.add_argument(
+        "--items-per-request", type=int, default=1, help="windows per request (the fewest)"
+    )
+    parser.add_argument(
+        "--max-items-per-request",
+        type=int,
+        default=None,
+        help="draw each request's window count uniformly from --items-per-request to this",
+    )
+    parser.add_argument(
+        "--warmup-s",
+        type=float,
+        default=0.0,
+        help="first run this long with short single-window requests (first turns of a few "
+        "words, 4 clients), "
+        "so the server has learned its speed on short windows when the load starts",
+    )
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--max-wait-ms", type=float, default=0.0)
     parser.add_argument(
@@ -80,12 +104,20 @@ def parse_args() -> argparse.Namespace:
         "--request-timeout-s",
         type=float,
         default=30.0,
-        help="server --request-timeout-s (requests expected to wait longer "
-        "are refused with 503 up front)",
+        help="server --request-timeout-s (a request whose estimated wait exceeds half of "
+        "it is refused with 503 at once)",
     )
     parser.add_argument("--tolerance", type=float, default=1e-5)
     parser.add_argument("--output", type=Path, default=None, help="also write the report here")
     return parser.parse_args()
+
+
+def short_windows(count: int) -> list[ConversationWindow]:
+    """First turns of at most 8 words: what a server that just started mostly sees."""
+    return [
+        ConversationWindow(f"warmup-{i}", (" ".join(w.user_prompts[-1].split()[:8]),), 1)
+        for i, w in enumerate(synthetic_windows(count, seed=1))
+    ]
 
 
 def metric_value(text: str, series: str) -> float:
@@ -111,7 +143,10 @@ def main() -> int:
             Path(scratch) / "untrained", embedder, args.embedder
         )
         print(f"expected answers for {len(windows)} windows (in process)", file=sys.stderr)
-        expected = Predictor.load(artifact, embedder=embedder).predict(windows)
+        reference = Predictor.load(artifact, embedder=embedder)
+        expected = reference.predict(windows)
+        warmup_windows = short_windows(64) if args.warmup_s > 0 else []
+        warmup_expected = reference.predict(warmup_windows) if warmup_windows else None
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         command = [
@@ -144,6 +179,16 @@ def main() -> int:
         log = Path(scratch) / "server.log"
         print(f"starting {' '.join(command[1:])}", file=sys.stderr)
         with ServerProcess(command, url, log_path=log, env=env) as server:
+            warmup = None
+            if warmup_windows:
+                print(f"warm-up: short windows for {args.warmup_s} s", file=sys.stderr)
+                warmup = run_load_test(
+                    LoadTestConfig(
+                        url, clients=4, duration_s=args.warmup_s, tolerance=args.tolerance
+                    ),
+                    warmup_windows,
+                    warmup_expected,
+                )
             print(f"{args.clients} clients for {args.duration_s} s", file=sys.stderr)
             report = run_load_test(
                 LoadTestConfig(
@@ -151,6 +196,8 @@ def main() -> int:
                     clients=args.clients,
                     duration_s=args.duration_s,
                     max_requests=args.max_requests,
+                    items_per_request=args.items_per_request,
+                    max_items_per_request=args.max_items_per_request,
                     tolerance=args.tolerance,
                 ),
                 windows,
@@ -164,8 +211,12 @@ def main() -> int:
             exit_code = server.stop()
             stop_s = time.monotonic() - started
         overloaded_metric = metric_value(metrics, 'lpc_predictor_errors_total{kind="overloaded"}')
+        warmup_overloaded = warmup.overloaded_503 if warmup else 0
+        warmup_passed = warmup is None or warmup.passed
         result = {
-            "passed": report.passed and overloaded_metric == report.overloaded_503,
+            "passed": warmup_passed
+            and report.passed
+            and overloaded_metric == report.overloaded_503 + warmup_overloaded,
             "server": {
                 "command": " ".join(command[1:]),
                 "peak_rss_mb": rss,
@@ -178,6 +229,7 @@ def main() -> int:
             "windows": len(windows),
             "source": str(args.windows_file or args.source),
             "load_average_1m": os.getloadavg()[0],
+            "warmup": warmup.as_dict() if warmup else None,
             "report": report.as_dict(),
         }
     text = json.dumps(result, indent=2, default=str)

@@ -1,4 +1,5 @@
-"""MicroBatcher without HTTP: batch sizes, order, splitting, bounds, failures, draining."""
+"""MicroBatcher without HTTP: batch sizes, order, splitting, bounds, failures, draining, and
+admission by work (the tokens each window costs)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import time
 import numpy as np
 import pytest
 
+from predictor.admission import MAX_CHARS_PER_TOKEN, WindowTokenEstimator
 from predictor.batching import BatcherStoppedError, MicroBatcher, QueueFullError
-from predictor.features import ConversationWindow
+from predictor.features import ConversationWindow, FeatureConfig, WindowTextBuilder
+from tests.predictor.conftest import sample_windows
+from tests.predictor.fakes import HashingEmbedder, WhitespaceTokenizer
 
 
 def windows(n: int, tag: str = "w") -> list[ConversationWindow]:
@@ -207,3 +211,174 @@ def test_requests_that_would_time_out_are_refused_up_front():
         await batcher.stop()
 
     run(scenario())
+
+
+class TokenTimedModel:
+    """Takes `seconds_per_token` × the tokens of each window (one token per character of its
+    conversation id, so tests choose a window's cost by naming it)."""
+
+    def __init__(self, seconds_per_token: float) -> None:
+        self.seconds_per_token = seconds_per_token
+        self.batches: list[int] = []
+
+    def predict(self, batch):
+        self.batches.append(len(batch))
+        time.sleep(self.seconds_per_token * sum(len(w.conversation_id) for w in batch))
+        return np.array([w.turn_count / 1000 for w in batch])
+
+
+def sized(n: int, tokens: int, tag: str) -> list[ConversationWindow]:
+    return [ConversationWindow(f"{tag}{i}".ljust(tokens, "."), ("p",), i + 1) for i in range(n)]
+
+
+def cost(windows_: list[ConversationWindow]) -> list[int]:
+    return [len(w.conversation_id) for w in windows_]
+
+
+def test_admission_counts_tokens_so_long_windows_learned_on_short_ones_are_refused():
+    """Speed learned on 10-token windows; a burst of 1,000-token requests is then admitted
+    only as far as their tokens fit in the bound at that speed. Counted in windows (two per
+    request, far below the 1,000-window bound), all of them would be."""
+    model = TokenTimedModel(seconds_per_token=1e-4)
+
+    async def scenario():
+        batcher = MicroBatcher(
+            lambda: model.predict,
+            max_batch=4,
+            max_wait_s=0.0,
+            max_queue_items=1000,
+            max_expected_wait_s=5.0,
+        )
+        await batcher.start()
+        for k in range(5):
+            short = sized(4, 10, f"s{k}-")
+            await batcher.submit(short, cost(short))
+        learned = batcher.seconds_per_token
+        admitted, reasons = [], []
+        for k in range(100):  # no await in between: nothing runs, nothing is learned
+            burst = sized(2, 500, f"l{k}-")
+            try:
+                admitted.append(batcher.enqueue(burst, cost(burst)))
+            except QueueFullError as full:
+                reasons.append(str(full))
+        queued_tokens = batcher.queued_tokens
+        for pending in admitted:  # not computed: the test is about admission
+            pending.cancel()
+        await batcher.stop()
+        return learned, len(admitted), reasons, queued_tokens
+
+    learned, admitted, reasons, queued_tokens = run(scenario())
+    assert learned >= 1e-4  # sleeping never takes less than asked
+    fits = 0
+    while 0.0 + (fits * 1000 + 1000) * learned <= 5.0:  # the rule, with the learned speed
+        fits += 1
+    assert admitted == fits < 100 and queued_tokens == 1000 * fits
+    assert len(reasons) == 100 - fits and all("expected wait" in r for r in reasons)
+
+
+def test_windows_default_to_one_token_each_and_costs_are_checked():
+    async def scenario():
+        batcher = MicroBatcher(
+            lambda: RecordingModel().predict, max_batch=2, max_wait_s=0.0, max_queue_items=10
+        )
+        await batcher.start()
+        with pytest.raises(ValueError, match="tokens must be 2 integers >= 1"):
+            batcher.enqueue(windows(2), [1])
+        with pytest.raises(ValueError, match="tokens must be 2 integers >= 1"):
+            batcher.enqueue(windows(2), [3, 0])
+        pending = batcher.enqueue(windows(3))
+        assert batcher.queued_tokens == 3
+        await pending
+        assert batcher.queued_tokens == 0
+        await batcher.stop()
+
+    run(scenario())
+
+
+def test_a_running_batch_slower_than_learned_raises_the_estimate():
+    """The estimate never assumes less than the batch on the worker has already taken per
+    token, so a model that slows down is refused from before its slow batch finishes."""
+    model = TokenTimedModel(seconds_per_token=5e-2)  # a 20-token batch: 1 s
+
+    async def scenario():
+        batcher = MicroBatcher(
+            lambda: model.predict,
+            max_batch=1,
+            max_wait_s=0.0,
+            max_queue_items=100,
+            max_expected_wait_s=10.0,
+        )
+        await batcher.start()
+        batcher.seconds_per_token = 1e-4  # as if learned on a faster model
+        slow = batcher.enqueue(sized(1, 20, "b"), [20])
+        await asyncio.sleep(0.2)
+        during = batcher.expected_wait_s(100)
+        average = batcher.seconds_per_token
+        await slow
+        await batcher.stop()
+        return during, average
+
+    during, average = run(scenario())
+    assert average == 1e-4, "the slow batch finished before the check: nothing was tested"
+    assert during >= 100 * 0.2 / 20  # the 0.2 s per 20 tokens already taken, not 100 x 1e-4
+
+
+# -- the cost of a window: WindowTokenEstimator --------------------------------------------
+@pytest.mark.parametrize(
+    "config",
+    [
+        FeatureConfig(),
+        FeatureConfig(share_policy="redistribute"),
+        FeatureConfig(token_budget=64),
+    ],
+    ids=["even", "redistribute", "small-budget"],
+)
+def test_window_tokens_match_the_built_embedder_inputs(config):
+    embedder = HashingEmbedder()
+    estimator = WindowTokenEstimator.for_model(config, embedder.tokenizer, 512)
+    rng = np.random.default_rng(5)
+    vocabulary = ["cache", "prefix", "block", "why", "代码", "évict"]
+    mixed = sample_windows(60, seed=4) + [
+        ConversationWindow(
+            f"m{i}",
+            tuple(" ".join(rng.choice(vocabulary, size=rng.integers(0, 400))) for _ in range(6)),
+            9,
+        )
+        for i in range(60)
+    ]
+    built = WindowTextBuilder(config, embedder.tokenizer, 512).build(mixed)
+    actual = np.array(embedder.tokenizer.count_input_tokens(built))
+    estimated = estimator.window_tokens(mixed)
+    assert estimated.dtype == np.int64 and np.all(estimated >= 3)
+    # Exact here: the separators and elisions are whitespace, no tokens to this tokenizer
+    # (a subword tokenizer may count a few more at the joins).
+    assert estimated.tolist() == actual.tolist()
+
+
+def test_prompt_mean_windows_pay_the_overhead_per_prompt_and_long_prompts_their_share():
+    embedder = HashingEmbedder()
+    config = FeatureConfig(window_encoding="prompt_mean")
+    estimator = WindowTokenEstimator.for_model(config, embedder.tokenizer, 512)
+    share = (512 - 3) // 5
+    two = ConversationWindow("c", ("a b c", "d e"), 2)
+    assert estimator.window_tokens([two]).tolist() == [(3 + 3) + (3 + 2)]
+    # Longer than share x MAX_CHARS_PER_TOKEN characters: charged the share, not tokenized
+    # (one "word" here, one token, so the estimate is an upper bound).
+    huge = ConversationWindow("h", ("x" * (share * MAX_CHARS_PER_TOKEN + 1),), 1)
+    assert estimator.window_tokens([huge]).tolist() == [3 + share]
+    assert estimator.chars_to_count([huge, two]) == len("a b c") + len("d e")
+
+
+def test_a_failing_tokenizer_charges_the_most_a_window_can_cost():
+    class BusyTokenizer(WhitespaceTokenizer):
+        calls = 0
+
+        def count_input_tokens(self, texts):
+            self.calls += 1
+            if self.calls > 1:  # the first call (the overhead) works
+                raise RuntimeError("Already borrowed")
+            return super().count_input_tokens(texts)
+
+    estimator = WindowTokenEstimator.for_model(FeatureConfig(), BusyTokenizer(), 512)
+    window = ConversationWindow("c", ("a", "b"), 2)
+    assert estimator.window_tokens([window]).tolist() == [3 + 2 * ((512 - 3) // 5)]

@@ -11,8 +11,11 @@ from __future__ import annotations
 import json
 import time
 
+import httpx
+import numpy as np
 import pytest
 
+from predictor.features import ConversationWindow
 from predictor.load_test import LoadTestConfig, run_load_test
 from predictor.predictor import Predictor
 from predictor.server import ServerConfig, create_app
@@ -68,3 +71,85 @@ def test_short_load_with_overload(tiny_artifact):
 def test_sixty_four_clients_for_thirty_seconds(tiny_artifact):
     report = load(tiny_artifact, clients=64, duration_s=30.0, max_queue=32)
     check(report, 64)
+
+
+# -- admission by work: mixed request sizes ------------------------------------------------
+class TokenPacedEmbedder(HashingEmbedder):
+    """The hashing embedder (answers exact and deterministic) that also spends
+    `seconds_per_token` for every token it is fed, as a transformer's time grows with its
+    input: a 512-token window costs fifty times a first turn of a few words."""
+
+    def __init__(self, seconds_per_token: float) -> None:
+        super().__init__()
+        self.seconds_per_token = seconds_per_token
+
+    def embed(self, texts, batch_size: int = 32):
+        time.sleep(self.seconds_per_token * sum(self.tokenizer.count_input_tokens(texts)))
+        return super().embed(texts, batch_size)
+
+
+def long_windows(n: int, seed: int = 0) -> list[ConversationWindow]:
+    """Five prompts of 300 words each: every window fills the 512-token budget."""
+    rng = np.random.default_rng(seed)
+    vocabulary = ["cache", "prefix", "block", "eviction", "window", "token", "model", "why"]
+    return [
+        ConversationWindow(
+            f"long-{seed}-{i}",
+            tuple(" ".join(rng.choice(vocabulary, size=300)) for _ in range(5)),
+            5 + i % 7,
+        )
+        for i in range(n)
+    ]
+
+
+def mixed_load(tiny_artifact, clients: int, long_s: float, request_timeout_s: float):
+    """Learn the model's speed on short single-window requests, then send bursts of 1-8
+    long windows per request: the load where counting windows let a wait past the timeout
+    in. Returns (short phase report, long phase report)."""
+    predictor = Predictor.load(tiny_artifact, embedder=TokenPacedEmbedder(30e-6))
+    config = ServerConfig(max_batch=8, request_timeout_s=request_timeout_s)
+    app = create_app(config, predictor, artifact_path=tiny_artifact)
+    reference = Predictor.load(tiny_artifact, embedder=HashingEmbedder())
+    short, long = sample_windows(200, seed=12), long_windows(64, seed=13)
+    with running_server(app, config) as (url, _):
+        phases = []
+        for windows, duration_s, clients_now, largest in (
+            (short, 1.0, 16, 1),
+            (long, long_s, clients, 8),
+        ):
+            report = run_load_test(
+                LoadTestConfig(
+                    url,
+                    clients=clients_now,
+                    duration_s=duration_s,
+                    max_items_per_request=largest,
+                    overload_backoff_s=0.02,
+                    tolerance=0.0,
+                ),
+                windows,
+                reference.predict(windows),
+            )
+            print(json.dumps(report.as_dict(), default=str))  # shown with -rA or -s
+            phases.append(report)
+        metrics = httpx.get(url + "/metrics").text
+    return phases[0], phases[1], metrics
+
+
+def check_mixed(short, long, metrics: str) -> None:
+    assert short.passed and short.answered_ok > 0
+    assert long.lost == 0 and long.mismatched == 0 and long.transport_errors == 0
+    assert long.other_status == {}, long.other_status  # no 504: overload was refused at once
+    assert long.answered_ok > 0 and long.overloaded_503 > 0
+    assert long.healthy_after and long.health_after["queue_depth"] == 0
+    assert 'lpc_predictor_errors_total{kind="timeout"}' not in metrics
+
+
+def test_mixed_sizes_overload_is_refused_at_once_never_timed_out(tiny_artifact):
+    short, long, metrics = mixed_load(tiny_artifact, clients=64, long_s=2.5, request_timeout_s=2.0)
+    check_mixed(short, long, metrics)
+
+
+@pytest.mark.slow
+def test_mixed_sizes_sixty_four_clients_for_thirty_seconds(tiny_artifact):
+    short, long, metrics = mixed_load(tiny_artifact, clients=64, long_s=30.0, request_timeout_s=5.0)
+    check_mixed(short, long, metrics)

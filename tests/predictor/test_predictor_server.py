@@ -493,3 +493,174 @@ def test_batch_predict_answers_the_windows_it_can(tiny_artifact, prompt_tokens_a
     assert np.array_equal(answers[kept], predictor.predict([windows[i] for i in kept]))
     plain = Predictor.load(tiny_artifact, embedder=HashingEmbedder())
     assert batch_predict(plain) == plain.predict  # nothing to check for such a model
+
+
+# -- bounded JSON nesting, and every error answer counted -----------------------------------
+DEEP = 10_000
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"items": ' + b"[" * DEEP + b"]" * DEEP + b"}",
+        b'{"items": [{"conversation_id": "c", "user_prompts": ["a"], "turn_count": 1}], '
+        b'"extra": ' + b'[{"k": ' * DEEP + b"1" + b"}]" * DEEP + b"}",
+    ],
+    ids=["inside-items", "in-an-extra-field"],
+)
+def test_deeply_nested_bodies_get_a_422_not_a_500(tiny_artifact, body):
+    app, config = serve(tiny_artifact)
+    with running_server(app, config) as (url, _):
+        response = httpx.post(url + "/v1/predict", content=body)
+        assert response.status_code == 422, response.text
+        (detail,) = response.json()["detail"]
+        assert detail["loc"] == ["body"] and detail["type"] == "json_too_deep"
+        assert "\n" not in detail["msg"] and "deeper than 32 levels" in detail["msg"]
+        reload = httpx.post(url + "/v1/reload", content=b"[" * DEEP)
+        assert reload.status_code == 422 and reload.json()["detail"][0]["type"] == "json_too_deep"
+        assert httpx.get(url + "/healthz").status_code == 200
+        metrics = httpx.get(url + "/metrics").text
+    assert _metric(metrics, "lpc_predictor_errors_total", '{kind="invalid"}') == 2
+    assert (
+        _metric(
+            metrics,
+            "lpc_predictor_error_responses_total",
+            '{endpoint="predict",status="422",status_class="4xx"}',
+        )
+        == 1
+    )
+    assert "internal" not in metrics
+
+
+def test_the_nesting_limit_is_a_request_limit(tiny_artifact):
+    limits = RequestLimits(max_json_depth=3)  # a predict body nests 4 deep
+    app, config = serve(tiny_artifact, limits=limits)
+    with running_server(app, config) as (url, _):
+        body = b'{"items": [{"conversation_id": "c", "user_prompts": ["a"], "turn_count": 1}]}'
+        response = httpx.post(url + "/v1/predict", content=body)
+        assert response.status_code == 422
+        where = body.index(b'["a"]')
+        assert f"byte {where} opens level 4" in response.json()["detail"][0]["msg"]
+        assert httpx.post(url + "/v1/reload", json={}).status_code == 200  # 1 level
+
+
+def reference_depth_offset(body: bytes, max_depth: int) -> int | None:
+    """A byte-by-byte JSON scanner: where first_too_deep must agree."""
+    depth, inside, escaped = 0, False, False
+    for offset, byte in enumerate(body):
+        char = chr(byte)
+        if inside:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                inside = False
+        elif char == '"':
+            inside = True
+        elif char in "[{":
+            depth += 1
+            if depth > max_depth:
+                return offset
+        elif char in "]}":
+            depth -= 1
+    return None
+
+
+def test_first_too_deep_agrees_with_a_byte_scanner_on_json_and_its_prefixes(monkeypatch):
+    import random
+
+    import predictor.server_body as server_body
+
+    rng = random.Random(3)
+
+    def value(level: int):
+        if level > 6 or rng.random() < 0.3:
+            return rng.choice(['a"[{\\', '\\"]', "}}", 1, None, "\\\\", 'x\\\\"'])
+        if rng.random() < 0.5:
+            return [value(level + 1) for _ in range(rng.randint(0, 3))]
+        return {f'k"[{i}\\': value(level + 1) for i in range(rng.randint(0, 3))}
+
+    bodies = [json.dumps(value(0)).encode() for _ in range(150)]
+    for chunk_bytes in (1 << 20, 5, 2, 1):  # chunk boundaries inside escapes and strings
+        monkeypatch.setattr(server_body, "SCAN_CHUNK_BYTES", chunk_bytes)
+        for body in bodies:
+            for cut in range(0, len(body) + 1, max(1, len(body) // 9)):
+                for max_depth in (0, 1, 2, 4):
+                    assert server_body.first_too_deep(body[:cut], max_depth) == (
+                        reference_depth_offset(body[:cut], max_depth)
+                    ), (body[:cut], max_depth, chunk_bytes)
+
+
+def test_every_error_answer_is_counted_by_status_and_class(tiny_artifact):
+    def exploding_loader(path, current):
+        raise RuntimeError("disk on fire")  # not a reload failure the endpoint expects
+
+    config = ServerConfig(token=TOKEN, limits=RequestLimits(max_body_bytes=1024))
+    predictor = Predictor.load(tiny_artifact, embedder=HashingEmbedder())
+    app = create_app(config, predictor, tiny_artifact, reload_loader=exploding_loader)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with running_server(app, config) as (url, _):
+        assert httpx.post(url + "/v1/predict", json={"items": [VALID]}).status_code == 401
+        big = httpx.post(url + "/v1/predict", content=b" " * 2048, headers=auth)
+        assert big.status_code == 413
+        assert httpx.post(url + "/v1/predict", json={}, headers=auth).status_code == 422
+        assert httpx.get(url + "/nowhere").status_code == 404
+        assert httpx.get(url + "/v1/predict").status_code == 405
+        boom = httpx.post(url + "/v1/reload", json={}, headers=auth)
+        assert boom.status_code == 500
+        assert httpx.post(url + "/v1/predict", json={"items": [VALID]}, headers=auth).is_success
+        metrics = httpx.get(url + "/metrics").text
+
+    def errors(endpoint: str, status: int) -> float:
+        labels = f'{{endpoint="{endpoint}",status="{status}",status_class="{status // 100}xx"}}'
+        return _metric(metrics, "lpc_predictor_error_responses_total", labels)
+
+    assert errors("predict", 401) == errors("predict", 413) == errors("predict", 422) == 1
+    assert errors("unmatched", 404) == errors("predict", 405) == errors("reload", 500) == 1
+    assert _metric(metrics, "lpc_predictor_errors_total", '{kind="internal"}') == 1
+    assert _metric(metrics, "lpc_predictor_requests_total", '{endpoint="reload",status="500"}') == 1
+    assert 'status="200"' not in metrics.split("lpc_predictor_error_responses_total", 1)[1]
+
+
+def test_admission_wait_defaults_to_half_the_timeout_and_is_checked():
+    assert ServerConfig(request_timeout_s=8).admission_wait_s == 4
+    assert ServerConfig(request_timeout_s=8, max_expected_wait_s=6).admission_wait_s == 6
+    for bad in (0, -1, 9, float("nan"), True):
+        with pytest.raises(ValueError, match="max_expected_wait_s"):
+            ServerConfig(request_timeout_s=8, max_expected_wait_s=bad)
+
+
+def test_under_overload_the_body_is_not_even_read(tiny_artifact):
+    """When no request could be admitted, the refusal comes before the body is parsed: a
+    503 even for a body that is not JSON (cheap refusals keep the event loop free)."""
+
+    class Slower(SlowPredictor):
+        delay_s = 1.0
+
+    app, config = serve(tiny_artifact, Slower, max_batch=1, max_queue_items=1)
+    window = {"items": [VALID]}
+    with running_server(app, config) as (url, _):
+        busy = [
+            threading.Thread(
+                target=httpx.post,
+                args=(url + "/v1/predict",),
+                kwargs={"json": window, "timeout": 30},
+            )
+            for _ in range(2)
+        ]
+        busy[0].start()
+        deadline = time.monotonic() + 20
+        while getattr(app.state.slot.current, "started_windows", 0) < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        busy[1].start()
+        while app.state.batcher.queued_items < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        refused = httpx.post(url + "/v1/predict", content=b"{not json")
+        assert refused.status_code == 503 and refused.json()["detail"] == "overloaded"
+        assert "queue holds 1 windows" in refused.json()["reason"]
+        for thread in busy:
+            thread.join()
+        assert httpx.post(url + "/v1/predict", content=b"{not json").status_code == 422

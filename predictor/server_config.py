@@ -1,0 +1,62 @@
+"""The prediction server's settings (`lpc serve`'s flags), checked when they are made."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from predictor.rpc_schema import RequestLimits
+
+DEFAULT_PORT = 8476
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    max_batch: int = 32
+    max_wait_ms: float = 0.0
+    max_queue_items: int = 256
+    request_timeout_s: float = 30.0
+    graceful_timeout_s: float = 30.0
+    token: str | None = field(default=None, repr=False)
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    model_root: Path | None = None  # reloads may only load artifacts under this folder
+    # Admission: refuse (503) a request whose estimated wait exceeds this. None: half the
+    # request timeout, so an estimate off by up to 2x still answers before the timeout.
+    max_expected_wait_s: float | None = None
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"ServerConfig.{name} {why}, got {getattr(self, name)!r}")
+
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise bad("port", "must be an integer in [0, 65535]")
+        for name in ("max_batch", "max_queue_items"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise bad(name, "must be a positive integer")
+        for name in ("max_wait_ms", "request_timeout_s", "graceful_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not 0 <= value < float("inf"):
+                raise bad(name, "must be a finite number >= 0")
+        if self.request_timeout_s == 0:
+            raise bad("request_timeout_s", "must be > 0")
+        wait = self.max_expected_wait_s
+        if wait is not None and (
+            not isinstance(wait, int | float)
+            or isinstance(wait, bool)
+            or not math.isfinite(wait)
+            or not 0 < wait <= self.request_timeout_s
+        ):
+            raise bad("max_expected_wait_s", "must be > 0 and <= request_timeout_s")
+        if self.token is not None and len(self.token) < 8:
+            raise ValueError("ServerConfig.token must be at least 8 characters")
+
+    @property
+    def admission_wait_s(self) -> float:
+        """The estimated wait past which a request is refused at once (503)."""
+        if self.max_expected_wait_s is not None:
+            return float(self.max_expected_wait_s)
+        return self.request_timeout_s / 2

@@ -1,0 +1,188 @@
+"""The prediction RPC's endpoints, as routers over one `ServerState`.
+
+`rpc_router` (`/v1/predict`, `/v1/reload`) requires the bearer token through a router
+dependency, checked before the body is read; `ops_router` (`/healthz`, `/metrics`) needs none.
+Endpoints raise the typed refusals of `server_errors` and return only their 200s: statuses,
+bodies and error counts are decided there, request counts in `server_middleware`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request, Response
+from pydantic import BaseModel, ValidationError
+
+from predictor.artifact import ArtifactError
+from predictor.batching import BatcherStoppedError, MicroBatcher, QueueFullError
+from predictor.features import ConversationWindow
+from predictor.predictor import Predictor
+from predictor.request_features import windows_without_prompt_tokens
+from predictor.rpc_schema import ReloadRequest, missing_prompt_tokens_details, validation_details
+from predictor.server_body import read_json_body
+from predictor.server_config import ServerConfig
+from predictor.server_errors import (
+    Forbidden,
+    InvalidRequest,
+    Overloaded,
+    PredictionFailed,
+    PredictTimeout,
+    ReloadFailed,
+    ShuttingDown,
+    Unauthorized,
+    json_response,
+)
+from predictor.server_metrics import ServerMetrics
+from predictor.server_model import ModelSlot
+
+# Tokenizing more characters than this to estimate a request's cost moves off the event loop
+# (a few milliseconds), so one large request does not stall every other caller's admission.
+INLINE_ESTIMATE_CHARS = 16_384
+
+
+@dataclass
+class ServerState:
+    """Everything the endpoints share, owned by one app (`app.state.server`)."""
+
+    config: ServerConfig
+    slot: ModelSlot
+    batcher: MicroBatcher
+    metrics: ServerMetrics
+    predict_request: type[BaseModel]  # rpc_schema.request_model(config.limits)
+    artifact_path: Path | None  # what a bare reload reloads
+    model_root: Path | None  # reloads may only load artifacts under this folder
+    reload_loader: Callable[[Path, Predictor], Predictor]
+    reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def publish_model(self) -> None:
+        info = self.slot.describe()
+        self.metrics.set_model(info["embedder_id"], info["weights_sha256"], info["artifact"] or "")
+
+
+async def server_state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+State = Annotated[ServerState, Depends(server_state)]
+
+
+async def require_token(request: Request) -> None:
+    """Raise `Unauthorized` unless the configured bearer token (if any) was sent; compared
+    in constant time."""
+    token = request.app.state.server.config.token
+    if token is None:
+        return
+    scheme, _, supplied = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        supplied.strip().encode(), token.encode()
+    ):
+        raise Unauthorized()
+
+
+rpc_router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+ops_router = APIRouter()
+
+
+def parse_windows(payload: object, state: ServerState) -> list[ConversationWindow]:
+    """The request's windows, or `InvalidRequest` naming each bad field (and each item the
+    model in service cannot predict for lack of `prompt_tokens`)."""
+    try:
+        parsed = state.predict_request.model_validate(payload)
+    except ValidationError as invalid:
+        raise InvalidRequest(validation_details(invalid.errors())) from None
+    windows = parsed.windows()
+    if state.slot.current.needs_prompt_tokens:
+        missing = windows_without_prompt_tokens(windows)
+        if missing:
+            raise InvalidRequest(missing_prompt_tokens_details(missing))
+    return windows
+
+
+async def window_tokens(windows: list[ConversationWindow], state: ServerState) -> list[int]:
+    """Each window's cost in embedder tokens (`predictor.admission`)."""
+    estimator = state.slot.estimator
+    if estimator.chars_to_count(windows) <= INLINE_ESTIMATE_CHARS:
+        return estimator.window_tokens(windows).tolist()
+    return (await asyncio.to_thread(estimator.window_tokens, windows)).tolist()
+
+
+@rpc_router.post("/predict")
+async def predict(request: Request, state: State) -> Response:
+    # Under overload every request is refused, whatever it holds: say so before reading,
+    # parsing and validating its body, so that refusing stays cheap for the event loop.
+    refusal = state.batcher.refusal() if state.batcher.accepting else None
+    if refusal is not None:
+        raise Overloaded(refusal)
+    windows = parse_windows(await read_json_body(request, state.config.limits), state)
+    tokens = await window_tokens(windows, state)
+    timeout_s = state.config.request_timeout_s
+    try:
+        pending = state.batcher.enqueue(windows, tokens)
+        probabilities = await asyncio.wait_for(pending, timeout=timeout_s)
+    except QueueFullError as full:
+        raise Overloaded(str(full)) from None
+    except BatcherStoppedError:
+        raise ShuttingDown() from None
+    except TimeoutError:
+        raise PredictTimeout(f"no answer within {timeout_s} s") from None
+    except Exception as failure:  # a failed batch: report it, keep serving
+        raise PredictionFailed(
+            f"prediction failed: {type(failure).__name__}: {failure}"
+        ) from failure
+    # NaN: a model needing prompt_tokens was swapped in while these waited (batch_predict)
+    unanswered = [i for i in windows_without_prompt_tokens(windows) if math.isnan(probabilities[i])]
+    if unanswered:
+        raise InvalidRequest(missing_prompt_tokens_details(unanswered))
+    return json_response(200, {"probabilities": probabilities.tolist()})
+
+
+@rpc_router.post("/reload")
+async def reload(request: Request, state: State) -> Response:
+    payload = await read_json_body(request, state.config.limits)
+    try:
+        parsed = ReloadRequest.model_validate(payload if payload is not None else {})
+    except ValidationError as invalid:
+        raise InvalidRequest(validation_details(invalid.errors())) from None
+    # A bare reload re-reads the path the server started with: typically the registry's
+    # "current" link, repointed by a promotion. Links are followed at load time only.
+    target = Path(parsed.artifact) if parsed.artifact else state.artifact_path
+    if target is None:
+        raise InvalidRequest("no artifact given and the server was not started from one")
+    root = state.model_root
+    if root is not None and not target.resolve().is_relative_to(root.resolve()):
+        raise Forbidden(f"{target} is outside the model root {root}")
+    slot = state.slot
+    async with state.reload_lock:
+        try:
+            fresh = await asyncio.to_thread(state.reload_loader, target, slot.current)
+            fresh.check_servable()
+        except (ArtifactError, OSError, ValueError) as failure:
+            state.metrics.reloads.labels("failed").inc()
+            raise ReloadFailed(
+                f"reload failed, still serving generation {slot.generation}: {failure}"
+            ) from None
+        slot.swap(fresh, target)
+        state.publish_model()
+        state.metrics.reloads.labels("ok").inc()
+    return json_response(200, {"model": slot.describe()})
+
+
+@ops_router.get("/healthz")
+async def healthz(state: State) -> Response:
+    return json_response(
+        200,
+        {"status": "ok", "queue_depth": state.batcher.queued_items, "model": state.slot.describe()},
+    )
+
+
+@ops_router.get("/metrics")
+async def metrics(state: State) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
