@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from predictor.errors import InvalidInputError
 from predictor.rpc_schema import RequestLimits
 
 DEFAULT_PORT = 8476
@@ -28,8 +29,8 @@ class ServerConfig:
     max_expected_wait_s: float | None = None
 
     def __post_init__(self) -> None:
-        def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"ServerConfig.{name} {why}, got {getattr(self, name)!r}")
+        def bad(name: str, why: str) -> InvalidInputError:
+            return InvalidInputError(f"ServerConfig.{name} {why}, got {getattr(self, name)!r}")
 
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise bad("port", "must be an integer in [0, 65535]")
@@ -52,7 +53,7 @@ class ServerConfig:
         ):
             raise bad("max_expected_wait_s", "must be > 0 and <= request_timeout_s")
         if self.token is not None and len(self.token) < 8:
-            raise ValueError("ServerConfig.token must be at least 8 characters")
+            raise InvalidInputError("ServerConfig.token must be at least 8 characters")
 
     @property
     def admission_wait_s(self) -> float:

@@ -188,11 +188,7 @@ def run(args: argparse.Namespace) -> int:
             limits=limits,
             model_root=args.model_root,
         )
-    except InvalidInputError as error:  # RequestLimits names the bad field
-        raise CommandError(str(error)) from None
-    except ValueError as error:
-        # ServerConfig validates its fields with ValueError (names the field); nothing else
-        # runs in this call, so a ValueError here is a bad flag value, not a bug elsewhere.
+    except InvalidInputError as error:  # RequestLimits and ServerConfig name the bad field
         raise CommandError(str(error)) from None
     if args.host not in ("127.0.0.1", "localhost", "::1") and token is None:
         print(f"lpc serve: warning: listening on {args.host} without a token", file=sys.stderr)
