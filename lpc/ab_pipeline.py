@@ -446,6 +446,16 @@ def _closed_loop_grid(
 
 def _trace_header(options: ABOptions, source: str) -> dict[str, Any]:
     w = options.workload
+    if options.trace is not None:
+        # A re-exported trace: its timeline came from the trace and the latency model.
+        return {
+            "created_by": f"lpc {__version__}",
+            "source": source,
+            "latency": asdict(w.latency),
+            "horizon_s": options.horizon_s,
+            "max_model_len": options.max_model_len,
+            "probability_source": options.trace_probabilities,
+        }
     return {
         "created_by": f"lpc {__version__}",
         "source": source,
