@@ -644,6 +644,8 @@ def _markdown_trace_report(outcome: ABOutcome) -> str:
 def summary_text(outcome: ABOutcome) -> str:
     policies = [p.label for p in outcome.options.policies]
     text = terminal_report(outcome.comparison, policies)
+    if "trace" in outcome.workload_summary:
+        text = "\n".join(trace_description(outcome.workload_summary)) + "\n\n" + text
     if outcome.sweep:
         header, rows = sweep_table(outcome.sweep, policies)
         text += "\n\n" + text_table(
