@@ -170,7 +170,7 @@ def run_ab(
     from lpc.chat_tokenizers import default_chat_tokenizer
     from lpc.conversation_workload import load_split, message_tokenizer, scripted_conversations
     from lpc.trace import write_trace
-    from lpc.traces.load import TraceOptions, load_trace, resolve_trace
+    from lpc.traces.load import TraceOptions, load_trace, trace_format_of
     from lpc.traces.timeline import split_in_time, training_turn_counts
 
     timings: dict[str, float] = {}
@@ -182,7 +182,16 @@ def run_ab(
         or (TRACE_MAX_MODEL_LEN if is_trace else DATASET_MAX_MODEL_LEN),
     )
     if options.trace is not None:
-        resolve_trace(options.trace)  # a missing file fails before any data set is loaded
+        # A missing file, or the learned model on a trace without text, fails before any
+        # data set is loaded.
+        fmt = trace_format_of(options.trace, options.trace_format)
+        if fmt != "lpc" and "model" in _sources_needed(
+            options.policies, options.trace_probabilities
+        ):
+            raise ValueError(
+                f"the learned predictor reads user prompts; a {fmt} trace has no text "
+                "(use lpc-turns, or an lpc trace in chat form)"
+            )
     tokenizer = default_chat_tokenizer()
     needs_train = bool(
         _sources_needed(options.policies, options.trace_probabilities) - {"oracle", "trace"}
@@ -241,6 +250,7 @@ def run_ab(
         )
         requests, logged = trace.requests, trace.logged_probabilities
         source_desc = f"{trace.format} trace {trace.path}"
+
         options = replace(
             options,
             block_size=options.block_size or trace.trace_block_size or 16,

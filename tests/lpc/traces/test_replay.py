@@ -153,3 +153,10 @@ def test_a_bailian_trace_replays_end_to_end(tmp_path: Path) -> None:
         "eval_requests": 3,
     }
     assert "Conversations from chat ids" in (tmp_path / "o" / "report.md").read_text()
+
+
+def test_the_learned_predictor_is_refused_on_a_trace_without_text(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "slice.jsonl", bundled_lines()[:20])
+    options = ABOptions(trace=path, policies=tuple(parse_policies("lru,lpc")), progress=False)
+    with pytest.raises(ValueError, match="a mooncake trace has no text"):
+        run_ab(options, log=lambda _: None)
