@@ -30,7 +30,7 @@ def test_infinite_cache_matches_the_hash_ids_at_block_size_512() -> None:
 
 
 def test_infinite_cache_matches_the_hash_ids_at_block_size_16_on_a_slice(tmp_path: Path) -> None:
-    lines = bundled_lines()[:1500]
+    lines = bundled_lines()[:600]
     direct = direct_infinite_hit_ratio([json.loads(line) for line in lines])
     path = write_lines(tmp_path / "slice.jsonl", lines)
     assert abs(infinite_cache_hit_ratio(path, 16) - direct) < 0.005
