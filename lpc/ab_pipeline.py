@@ -9,14 +9,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from lpc import __version__
-from lpc.ab import DEFAULT_CACHE_SIZES_TOKENS, Comparison, ReplaySettings, compare, run_grid
+from lpc.ab import (
+    DEFAULT_CACHE_SIZES_TOKENS,
+    TRACE_CACHE_SIZES_TOKENS,
+    Comparison,
+    ReplaySettings,
+    compare,
+    run_grid,
+)
 from lpc.errors import InvalidInputError
 from lpc.policies import DEFAULT_POLICIES, PolicySpec, parse_policies
 from lpc.probability import OracleSource, ProbabilitySource, TurnsSource
@@ -32,6 +39,9 @@ from lpc.report import (
     write_json,
 )
 from lpc.simulator import PreparedWorkload, ReplayResult, prepare, replay_closed_loop
+from lpc.traces.expand import check_block_size
+from lpc.traces.linkage import DEFAULT_SHARED_FANOUT
+from lpc.traces.timeline import DEFAULT_HORIZON_S, DEFAULT_SPLIT_AT
 from lpc.workload import (
     ScriptedTurn,
     WorkloadConfig,
@@ -42,6 +52,10 @@ from lpc.workload import (
 )
 from training.conversation import Conversation
 
+DATASET_MAX_MODEL_LEN = 32768
+# Production traces come from long-context models (Kimi serves 128K); a longer prompt is cut.
+TRACE_MAX_MODEL_LEN = 131072
+
 # source name -> builds a source once the training half is known
 ModelSourceFactory = Callable[["ABContext"], ProbabilitySource]
 
@@ -51,14 +65,19 @@ class ABOptions:
     dataset: str = "sharegpt"
     data_format: str | None = None
     mode: str | None = None
-    trace: Path | None = None
+    trace: Path | None = None  # a file, or the name of a bundled trace ("mooncake")
+    trace_format: str | None = None  # None: recognised from the first line
+    split_at: float | None = None  # traces: fraction (< 1) or seconds; None: 0.5
+    horizon_s: float = DEFAULT_HORIZON_S  # traces: the oracle's continuation horizon
+    shared_fanout: int = DEFAULT_SHARED_FANOUT  # traces: prefix linkage's shared-block fan-out
     policies: tuple[PolicySpec, ...] = field(
         default_factory=lambda: tuple(parse_policies(",".join(DEFAULT_POLICIES)))
     )
-    cache_sizes_tokens: tuple[int, ...] = DEFAULT_CACHE_SIZES_TOKENS
-    block_size: int = 16
+    # None: DEFAULT_CACHE_SIZES_TOKENS, or TRACE_CACHE_SIZES_TOKENS for a trace
+    cache_sizes_tokens: tuple[int, ...] | None = None
+    block_size: int | None = None  # None: 16, or an imported trace's own block size
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
-    max_model_len: int = 32768
+    max_model_len: int | None = None  # None: 32768, or TRACE_MAX_MODEL_LEN for a trace
     scale_per_s: float | None = None  # None: estimated from the workload's think times
     fallback_probability: float | None = None  # None: the training half's continuation rate
     think_time_sweep_s: tuple[float, ...] = ()
@@ -98,6 +117,7 @@ class ABOutcome:
                 "policies": [p.label for p in self.options.policies],
                 "cache_sizes_tokens": list(self.options.cache_sizes_tokens),
                 "block_size": self.options.block_size,
+                "max_model_len": self.options.max_model_len,
                 "scale_per_s": self.options.scale_per_s or "auto",
                 "think_time_sweep_s": list(self.options.think_time_sweep_s),
                 "sweep_cache_tokens": self.options.sweep_cache_tokens,
@@ -107,6 +127,7 @@ class ABOutcome:
                 "hit_ratio": self.comparison.hit_ratio,
                 "gain_over_lru": self.comparison.gain_over_lru,
                 "gap_closed": self.comparison.gap_closed,
+                "gap_closed_belady": self.comparison.gap_closed_belady,
                 "size_for_lru_ratio": self.comparison.size_for_lru_ratio,
             },
             "think_time_sweep": {str(k): [r.to_dict() for r in v] for k, v in self.sweep.items()},
@@ -133,7 +154,9 @@ def _build_sources(
             sources[name] = TurnsSource.fit(context.train_turn_counts)
         elif name == "model":
             if model_factory is None:
-                raise ValueError("policy 'lpc' needs a trained predictor model (--model PATH)")
+                raise InvalidInputError(
+                    "policy 'lpc' needs a trained predictor model (--model PATH)"
+                )
             sources[name] = model_factory(context)
         elif name == "trace":
             continue  # filled from the trace's logged probabilities
@@ -149,17 +172,42 @@ def run_ab(
 ) -> ABOutcome:
     from lpc.chat_tokenizers import default_chat_tokenizer
     from lpc.conversation_workload import load_split, message_tokenizer, scripted_conversations
-    from lpc.trace import read_trace, write_trace
+    from lpc.trace import write_trace
+    from lpc.traces.load import TraceOptions, load_trace, trace_format_of
+    from lpc.traces.timeline import split_in_time, training_turn_counts
 
     timings: dict[str, float] = {}
     started = time.perf_counter()
+    is_trace = options.trace is not None
+    options = replace(
+        options,
+        max_model_len=options.max_model_len
+        or (TRACE_MAX_MODEL_LEN if is_trace else DATASET_MAX_MODEL_LEN),
+    )
+    if options.trace is not None:
+        # A missing file, or the learned model on a trace without text, fails before any
+        # data set is loaded.
+        fmt = trace_format_of(options.trace, options.trace_format)
+        if fmt != "lpc" and "model" in _sources_needed(
+            options.policies, options.trace_probabilities
+        ):
+            raise InvalidInputError(
+                f"the learned predictor reads user prompts; a {fmt} trace has no text "
+                "(use lpc-turns, or an lpc trace in chat form)"
+            )
     tokenizer = default_chat_tokenizer()
     needs_train = bool(
         _sources_needed(options.policies, options.trace_probabilities) - {"oracle", "trace"}
     )
     needs_train = needs_train or options.fallback_probability is None
+    trace_has_training_part = is_trace and options.split_at != 0
+    if trace_has_training_part:
+        # A trace's own training part fits turns and the fallback; only a learned model
+        # needs the chat data set (its evaluation conversations). A trace split at 0 has no
+        # training part: the data set's training half fits them, as for generated workloads.
+        needs_train = "model" in _sources_needed(options.policies, options.trace_probabilities)
     dataset = None
-    if options.trace is None or needs_train:
+    if not is_trace or needs_train:
         dataset = load_split(options.dataset, options.data_format, options.mode)
         log(
             f"data: {'; '.join(dataset.load_summary.splitlines())}; "
@@ -193,16 +241,70 @@ def run_ab(
 
     t0 = time.perf_counter()
     logged: list[float | None] | None = None
+    trace_info: dict[str, Any] = {}
+    first_counted = 0
     if options.trace is not None:
-        trace = read_trace(options.trace, message_tokenizer(tokenizer))
+        assert options.max_model_len is not None
+        trace = load_trace(
+            options.trace,
+            TraceOptions(
+                options.trace_format,
+                options.workload.latency,
+                options.horizon_s,
+                options.max_model_len,
+                options.shared_fanout,
+            ),
+            message_tokenizer(tokenizer),
+        )
         requests, logged = trace.requests, trace.logged_probabilities
-        source_desc = f"trace {options.trace}"
+        source_desc = f"{trace.format} trace {trace.path}"
+
+        options = replace(
+            options,
+            block_size=options.block_size or trace.trace_block_size or 16,
+            cache_sizes_tokens=options.cache_sizes_tokens or TRACE_CACHE_SIZES_TOKENS,
+        )
+        split = split_in_time(
+            requests, DEFAULT_SPLIT_AT if options.split_at is None else options.split_at
+        )
+        first_counted = split.first_eval
+        if trace_has_training_part:
+            counts = training_turn_counts(requests, split)
+            base_rate = TurnsSource.fit(counts).base_rate
+            context.train_turn_counts, context.base_rate = counts, base_rate
+            if options.fallback_probability is None:
+                fallback = base_rate
+        trace_info = {**trace.info, "split": split.to_dict()}
+        if trace.info.get("skipped_last_lines"):
+            log(f"trace: skipped a cut last line of {trace.path}")
+        if trace.info.get("cut_to_max_model_len"):
+            log(
+                f"trace: cut {trace.info['cut_to_max_model_len']} requests longer than "
+                f"--max-model-len {options.max_model_len} tokens"
+            )
+        if "linkage" in trace.info:
+            link = trace.info["linkage"]
+            log(
+                f"trace: prefix linkage joined {link['linked_requests']} of "
+                f"{link['requests']} requests into {link['conversations']} conversations "
+                f"({link['multi_turn_conversations']} with several turns)"
+            )
+        log(
+            f"trace: training part {split.train_requests} requests before "
+            f"{split.cut_s - split.start_s:.0f} s, evaluation part "
+            f"{split.eval_requests} requests (hit ratios count these)"
+        )
     else:
         if options.workload.latency.closed_loop:
             requests = []
         else:
             requests = generated_requests(options.workload)
         source_desc = f"{options.dataset} evaluation half"
+    options = replace(
+        options,
+        block_size=options.block_size or 16,
+        cache_sizes_tokens=options.cache_sizes_tokens or DEFAULT_CACHE_SIZES_TOKENS,
+    )
     timings["workload_s"] = time.perf_counter() - t0
 
     names = _sources_needed(options.policies, options.trace_probabilities)
@@ -211,7 +313,8 @@ def run_ab(
     def settings_for(reqs: Sequence[WorkloadRequest]) -> ReplaySettings:
         scale = options.scale_per_s
         if scale is None:
-            scale = estimated_scale_per_s(reqs)
+            # A trace's scale comes from its training part, like the other fitted values.
+            scale = estimated_scale_per_s(reqs[:first_counted] if first_counted else reqs)
         return ReplaySettings(scale, fallback)
 
     out = options.out_dir
@@ -233,7 +336,7 @@ def run_ab(
     t0 = time.perf_counter()
     if options.workload.latency.closed_loop:
         if dataset is None:
-            raise ValueError(
+            raise InvalidInputError(
                 "a closed-loop replay generates its timeline: it cannot replay --trace"
             )
         settings = settings_for(open_loop_requests(scripts(options.workload), options.workload))
@@ -253,13 +356,21 @@ def run_ab(
             )
             files["trace"] = str(options.export_trace)
             log(f"trace: wrote {len(requests)} requests to {options.export_trace}")
-        workload = prepare(requests, options.block_size, values)
+        assert options.block_size is not None
+        if trace_info and trace.trace_block_size:
+            check_block_size(options.block_size, trace.trace_block_size)
+        workload = prepare(requests, options.block_size, values, first_counted=first_counted)
         settings = settings_for(requests)
         summary = _summary(workload, requests, options, source_desc)
+        if trace_info:
+            summary["trace"] = trace_info
+            _check_sizes(options, summary["peak_in_flight_tokens"], log)
         log(
             f"workload: {summary['requests']} requests from "
             f"{summary['conversations']} conversations, "
             f"{summary['prompt_tokens']:,} prompt tokens over {summary['span_s']:.0f} s"
+            + (" (counted: the evaluation part)" if first_counted else "")
+            + f"; peak in flight {summary['peak_in_flight_tokens']:,} tokens"
         )
         summary["scale_per_s"] = settings.scale_per_s
         t0 = time.perf_counter()
@@ -270,7 +381,9 @@ def run_ab(
     sweep_scales: dict[float, float] = {}
     if options.think_time_sweep_s:
         if dataset is None or options.trace is not None:
-            raise ValueError("a think-time sweep generates workloads: it cannot run on --trace")
+            raise InvalidInputError(
+                "a think-time sweep generates workloads: it cannot run on --trace"
+            )
         t0 = time.perf_counter()
         for mean in options.think_time_sweep_s:
             config = WorkloadConfig(
@@ -355,6 +468,16 @@ def _closed_loop_grid(
 
 def _trace_header(options: ABOptions, source: str) -> dict[str, Any]:
     w = options.workload
+    if options.trace is not None:
+        # A re-exported trace: its timeline came from the trace and the latency model.
+        return {
+            "created_by": f"lpc {__version__}",
+            "source": source,
+            "latency": asdict(w.latency),
+            "horizon_s": options.horizon_s,
+            "max_model_len": options.max_model_len,
+            "probability_source": options.trace_probabilities,
+        }
     return {
         "created_by": f"lpc {__version__}",
         "source": source,
@@ -368,21 +491,38 @@ def _trace_header(options: ABOptions, source: str) -> dict[str, Any]:
     }
 
 
+def _check_sizes(options: ABOptions, peak_in_flight: int, log: Callable[[str], None]) -> None:
+    """Warn about cache sizes below twice the peak in-flight tokens: there the running
+    requests alone fill the cache, and allocation failures, not eviction, set the hit ratio."""
+    small = [s for s in options.cache_sizes_tokens or () if s < 2 * peak_in_flight]
+    if small:
+        log(
+            f"warning: cache sizes {', '.join(f'{s:,}' for s in small)} are below twice the "
+            f"peak in-flight tokens ({peak_in_flight:,}): requests in flight fill them"
+        )
+
+
 def _summary(
     workload: PreparedWorkload, requests: list[WorkloadRequest], options: ABOptions, source: str
 ) -> dict[str, Any]:
-    span = max((r.completion_s for r in requests), default=0.0)
+    # The span of the trace itself: arrivals may be epoch timestamps, not seconds from 0.
+    start = min((r.arrival_s for r in requests), default=0.0)
+    span = max((r.completion_s for r in requests), default=0.0) - start
+    counted = requests[workload.first_counted :]
     return {
         "source": source,
-        "requests": len(requests),
-        "conversations": len({r.conversation_id for r in requests}),
+        "requests": len(counted),
+        "conversations": len({r.conversation_id for r in counted}),
         "prompt_tokens": workload.num_prompt_tokens,
+        "replayed_requests": len(requests),
+        "peak_in_flight_tokens": workload.peak_in_flight_tokens,
         "span_s": span,
         "mean_think_time_s": options.workload.mean_think_time_s,
         "max_active_conversations": options.workload.max_active_conversations,
         "duration_s": options.workload.duration_s,
         "seed": options.workload.seed,
         "block_size": options.block_size,
+        "max_model_len": options.max_model_len,
         "closed_loop": False,
     }
 
@@ -426,6 +566,8 @@ def _scale_text(used: float | None, configured: float | None) -> str:
 def markdown_report(outcome: ABOutcome) -> str:
     s = outcome.workload_summary
     policies = [p.label for p in outcome.options.policies]
+    if "trace" in s:
+        return _markdown_trace_report(outcome)
     lines = [
         "# LPC A/B replay",
         "",
@@ -461,9 +603,71 @@ def markdown_report(outcome: ABOutcome) -> str:
     return "\n".join(lines)
 
 
+def trace_description(summary: dict[str, Any]) -> list[str]:
+    """The trace's import, split and linkage in sentences (markdown report and terminal)."""
+    t = summary["trace"]
+    split = t["split"]
+    lines = [
+        f"Trace: {summary['source']} ({t['format']}), {summary['replayed_requests']} requests "
+        f"over {summary['span_s']:.0f} s, replayed at block size {summary['block_size']}.",
+        f"Split at {split['cut_after_start_s']:.0f} s: "
+        f"{split['train_requests']} training requests warm the cache, hit ratios count the "
+        f"{split['eval_requests']} evaluation requests ({summary['prompt_tokens']:,} prompt "
+        "tokens).",
+        f"Peak in-flight tokens: {summary['peak_in_flight_tokens']:,}.",
+    ]
+    if "linkage" in t:
+        link = t["linkage"]
+        lines.append(
+            f"Prefix linkage (shared-block fan-out {link['shared_fanout']}): "
+            f"{link['linked_requests']} of {link['requests']} requests "
+            f"({link['linked_share']:.1%}) continue an earlier one; "
+            f"{link['conversations']} conversations, {link['multi_turn_conversations']} with "
+            f"several turns (at most {link['max_turns']}); {link['branched_parents']} requests "
+            f"continued more than once; {link['shared_blocks']} shared blocks."
+        )
+    if "orphans" in t:
+        lines.append(
+            f"Conversations from chat ids; {t['orphans']} requests whose parent is not in the "
+            f"trace start their own. Types: {t.get('types')}."
+        )
+    if "horizon_s" in t:
+        lines.append(
+            f"Oracle label: next request of the conversation within {t['horizon_s']:g} s of "
+            f"completion; {t['continuing_labels']} requests continue, of which "
+            f"{t['censored_labels']} are censored at the trace's end (counted as continuing)."
+        )
+    if t.get("cut_to_max_model_len"):
+        lines.append(
+            f"{t['cut_to_max_model_len']} requests cut to --max-model-len "
+            f"{summary.get('max_model_len')} tokens."
+        )
+    if t.get("skipped_last_lines"):
+        lines.append("A cut last line was skipped.")
+    return lines
+
+
+def _markdown_trace_report(outcome: ABOutcome) -> str:
+    s = outcome.workload_summary
+    policies = [p.label for p in outcome.options.policies]
+    lines = ["# LPC A/B replay of a request trace", ""]
+    lines += [*(f"- {line}" for line in trace_description(s)), ""]
+    lines += [
+        f"LPC decay scale: {_scale_text(s.get('scale_per_s'), outcome.options.scale_per_s)}.",
+        "",
+    ]
+    for title, header, rows in comparison_tables(outcome.comparison, policies):
+        lines += [f"## {title}", "", markdown_table(header, rows), ""]
+    lines += ["![hit ratio vs cache size](hit_ratio_vs_cache_size.png)", ""]
+    lines += ["## Timings", "", *(f"- {k}: {v:.1f}" for k, v in outcome.timings_s.items()), ""]
+    return "\n".join(lines)
+
+
 def summary_text(outcome: ABOutcome) -> str:
     policies = [p.label for p in outcome.options.policies]
     text = terminal_report(outcome.comparison, policies)
+    if "trace" in outcome.workload_summary:
+        text = "\n".join(trace_description(outcome.workload_summary)) + "\n\n" + text
     if outcome.sweep:
         header, rows = sweep_table(outcome.sweep, policies)
         text += "\n\n" + text_table(

@@ -12,17 +12,48 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eviction import Evictor, FutureUses, make_evictor
+from eviction import EVICTORS, Evictor, FutureUses, make_evictor
 from lpc.errors import InvalidInputError
 
 HEURISTICS = ("lru", "fifo", "lfu")
+# Evictors that need a probability source or the future are not plain heuristics.
+_NOT_HEURISTICS = ("lpc", "belady")
 DEFAULT_POLICIES = ("lru", "fifo", "lfu", "lpc-turns", "oracle", "belady")
 # With a trained predictor at hand (the shipped model or --model), learned LPC joins them.
 DEFAULT_POLICIES_WITH_MODEL = ("lru", "fifo", "lfu", "lpc-turns", "lpc", "oracle", "belady")
 
 
+# On a request trace (no text, so no learned predictor): every heuristic the evictor registry
+# holds, LPC with turns and with a constant p, and both upper bounds.
+TRACE_POLICY_CANDIDATES = (
+    "lru",
+    "fifo",
+    "lfu",
+    "s3fifo",
+    "sieve",
+    "arc",
+    "lpc-turns",
+    "lpc-const",
+    "oracle",
+    "belady",
+)
+
+
 def default_policies(model_available: bool) -> tuple[str, ...]:
     return DEFAULT_POLICIES_WITH_MODEL if model_available else DEFAULT_POLICIES
+
+
+def default_trace_policies() -> tuple[str, ...]:
+    """The trace candidates whose evictor is registered (`eviction.EVICTORS`)."""
+    return tuple(name for name in TRACE_POLICY_CANDIDATES if _is_known(name))
+
+
+def _is_known(name: str) -> bool:
+    try:
+        spec = parse_policy(name)
+    except ValueError:
+        return False
+    return spec.evictor in EVICTORS
 
 
 @dataclass(frozen=True)
@@ -41,7 +72,7 @@ class PolicySpec:
 
 def parse_policy(text: str) -> PolicySpec:
     name = text.strip()
-    if name in HEURISTICS:
+    if name in HEURISTICS or (name in EVICTORS and name not in _NOT_HEURISTICS):
         return PolicySpec(name, name)
     if name == "belady":
         return PolicySpec(name, "belady")

@@ -16,6 +16,8 @@ from lpc.simulator import ReplayResult
 
 
 def _k(size: int) -> str:
+    if size >= 1_000_000:
+        return f"{size / 1e6:g}M"
     return f"{size / 1000:g}K"
 
 
@@ -79,6 +81,18 @@ def comparison_tables(
                 ],
             )
         )
+    if comparison.gap_closed_belady:
+        tables.append(
+            (
+                "Share of the LRU→Belady gap closed",
+                header,
+                [
+                    [p, *(_pct(comparison.gap_closed_belady[p].get(s)) for s in sizes)]
+                    for p in others
+                    if p != "belady"
+                ],
+            )
+        )
     if comparison.size_for_lru_ratio:
         rows = []
         for p in others:
@@ -88,7 +102,7 @@ def comparison_tables(
                 cells.append(
                     "never"
                     if needed is None
-                    else f"{needed / 1000:.0f}K ({_pct(1 - needed / s, True)})"
+                    else f"{_k(round(needed, -3))} ({_pct(1 - needed / s, True)})"
                 )
             rows.append([p, *cells])
         tables.append(

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from eviction import FutureUses
 from lpc.block_manager import CacheCounters, CacheRequest, PrefixCacheBlockManager
 from lpc.hashing import BlockHash, BlockHasher
 from lpc.policies import PolicySpec, build_evictor
+from lpc.traces.expand import SyntheticTokens, synthetic_block_hashes
 from lpc.workload import (
     ARRIVAL,
     COMPLETION,
@@ -40,14 +41,38 @@ class PreparedWorkload:
     future: FutureUses
     block_size: int
     probabilities: dict[str, list[float | None]]  # source name -> one per request
+    # Hit ratios count requests from this index on (a trace's evaluation part); earlier ones
+    # only warm the cache.
+    first_counted: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:
-        return sum(r.num_prompt_tokens for r in self.cache_requests)
+        return sum(r.num_prompt_tokens for r in self.cache_requests[self.first_counted :])
+
+    @property
+    def peak_in_flight_tokens(self) -> int:
+        """The most tokens requests hold at once (arrival to completion): a cache smaller
+        than this cannot even hold the running requests, let alone a prefix cache."""
+        held = peak = 0
+        for _, kind, i in self.events:
+            if kind == ARRIVAL:
+                held += len(self.cache_requests[i].token_ids)
+                peak = max(peak, held)
+            else:
+                held -= len(self.cache_requests[i].token_ids)
+        return peak
 
 
 def hash_turns(requests: Sequence[WorkloadRequest], hasher: BlockHasher) -> list[list[BlockHash]]:
-    """Block hashes of every request, reusing the previous turn's when it is a prefix."""
+    """Block hashes of every request, reusing the previous turn's when it is a prefix.
+
+    Requests expanded from a trace's block ids are hashed per distinct trace block instead
+    (`lpc.traces.expand`): the same hashes, without touching each token.
+    """
+    if requests and all(isinstance(r.turn.token_ids, SyntheticTokens) for r in requests):
+        if any(r.turn.cache_salt or r.turn.lora_id is not None for r in requests):
+            raise ValueError("trace requests expanded from block ids carry no salt or LoRA")
+        return synthetic_block_hashes([r.turn.token_ids for r in requests], hasher)
     previous: dict[str, tuple[Sequence[int], list[BlockHash]]] = {}
     out: list[list[BlockHash]] = []
     for request in requests:
@@ -71,7 +96,10 @@ def prepare(
     block_size: int,
     probabilities: Mapping[str, list[float | None]],
     hash_algorithm: str = "sha256",
+    first_counted: int = 0,
 ) -> PreparedWorkload:
+    """Everything policy-independent, once. Requests [0, first_counted) warm the cache but
+    are not counted in hit ratios."""
     hasher = BlockHasher(block_size, hash_algorithm)
     hashes = hash_turns(requests, hasher)
     cache_requests = [
@@ -98,7 +126,7 @@ def prepare(
         if len(values) != len(requests):
             raise ValueError(f"source {name!r} gave {len(values)} predictions for {len(requests)}")
     return PreparedWorkload(
-        requests, cache_requests, events, future, block_size, dict(probabilities)
+        requests, cache_requests, events, future, block_size, dict(probabilities), first_counted
     )
 
 
@@ -136,19 +164,23 @@ def _result(
     manager: PrefixCacheBlockManager,
     failed_prompt_tokens: int,
     started: float,
+    baseline: CacheCounters | None = None,
 ) -> ReplayResult:
-    """Counters of a finished replay; failed requests count as queried with no hit."""
+    """Counters of a finished replay, minus `baseline` (the counters when counting began);
+    failed requests count as queried with no hit."""
     c: CacheCounters = manager.counters
+    b = baseline or CacheCounters()
+    failures = c.allocation_failures - b.allocation_failures
     return ReplayResult(
         policy=spec.label,
         cache_tokens=cache_tokens,
         num_blocks=manager.num_blocks,
-        requests=c.requests + c.allocation_failures,
-        queried_tokens=c.queried_tokens + failed_prompt_tokens,
-        hit_tokens=c.hit_tokens,
-        hit_requests=c.hit_requests,
-        evictions=c.evictions,
-        allocation_failures=c.allocation_failures,
+        requests=c.requests - b.requests + failures,
+        queried_tokens=c.queried_tokens - b.queried_tokens + failed_prompt_tokens,
+        hit_tokens=c.hit_tokens - b.hit_tokens,
+        hit_requests=c.hit_requests - b.hit_requests,
+        evictions=c.evictions - b.evictions,
+        allocation_failures=failures,
         seconds=time.perf_counter() - started,
     )
 
@@ -187,18 +219,26 @@ def replay(
     cache_requests = workload.cache_requests
     failed_prompt_tokens = 0
     failed: set[int] = set()
+    first_counted = workload.first_counted
+    baseline: CacheCounters | None = None if first_counted else CacheCounters()
     for time_s, kind, i in workload.events:
         request = cache_requests[i]
         if kind == ARRIVAL:
+            if baseline is None and i >= first_counted:
+                # Requests are in arrival order: every later arrival is counted.
+                baseline = replace(manager.counters)
             prefix = manager.find_computed_prefix(request, request.block_hashes)
             if manager.allocate(request, prefix, time_s) is None:
                 failed.add(i)
-                failed_prompt_tokens += request.num_prompt_tokens
+                if i >= first_counted:
+                    failed_prompt_tokens += request.num_prompt_tokens
         elif i in failed:
             failed.discard(i)
         else:
             manager.free(request.request_id, time_s, probabilities[i])
-    return _result(spec, cache_tokens, manager, failed_prompt_tokens, started)
+    if baseline is None:
+        baseline = replace(manager.counters)
+    return _result(spec, cache_tokens, manager, failed_prompt_tokens, started, baseline)
 
 
 def replay_closed_loop(

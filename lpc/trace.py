@@ -5,9 +5,12 @@ One request per line (an optional first line is a header, `{"format": "lpc-trace
     conversation_id   str, required
     arrival_s         number >= 0, required
     completion_s      number >= arrival_s, required
-    prompt_token_ids  [int >= 0], and output_token_ids [int >= 0]      } one of the two
+    prompt_token_ids  [int >= 0], and output_token_ids [int >= 0]      } one of three
     messages          [{"role", "content"}] ending with the user turn, } forms; messages are
     output            the assistant's reply text                       } tokenised on reading
+    hash_ids          [int >= 0] one per block of the header's `hash_block_size` prompt
+                      tokens, with input_length and output_length (the block-hash form of
+                      imported production traces; expanded by `lpc.traces.expand`)
     request_id        str, optional (default "<conversation_id>#<turn_index>")
     turn_index        int >= 0, optional (default: order of arrival within the conversation)
     has_next_turn     bool, optional (default: a later request of the conversation exists)
@@ -16,7 +19,8 @@ One request per line (an optional first line is a header, `{"format": "lpc-trace
     probability       number in [0, 1] or null, optional: a prediction logged by the server
 
 Real serving logs are the intended input; generated workloads export the same format, so any
-trace can be replayed by anyone with the same numbers.
+trace can be replayed by anyone with the same numbers. Files may be gzip-compressed; a cut last
+line (a log still being written) is skipped and counted.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lpc.errors import UserError
+from lpc.traces import fields
+from lpc.traces.expand import SyntheticTokens, expand_requests
+from lpc.traces.jsonl import TraceError, read_json_lines
 from lpc.workload import ScriptedTurn, WorkloadRequest, compact_tokens
 
 TRACE_FORMAT = "lpc-trace"
@@ -40,8 +46,7 @@ TRACE_VERSION = 1
 MessageTokenizer = Callable[[list[dict[str, str]], str], tuple[list[int], list[int]]]
 
 
-class TraceError(UserError, ValueError):
-    """A trace file that cannot be replayed; the message names the file, line and field."""
+__all__ = ["Trace", "TraceError", "read_trace", "trace_lines", "write_trace"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,8 @@ class Trace:
     requests: list[WorkloadRequest]
     header: dict[str, Any]
     logged_probabilities: list[float | None] | None  # None when no line carries one
+    hash_block_size: int | None = None  # the block-hash form's block size; None: token ids
+    skipped_last_lines: int = 0  # a cut last line, skipped
 
 
 def _fail(path: Path, lineno: int, message: str) -> TraceError:
@@ -84,30 +91,27 @@ def _optional_str(record: dict, key: str, path: Path, lineno: int) -> str | None
 def read_trace(path: str | Path, tokenize: MessageTokenizer | None = None) -> Trace:
     """Parse and validate a trace; the first problem raises `TraceError` with its line."""
     path = Path(path)
-    if not path.is_file():
-        raise TraceError(f"{path}: no such trace file")
+    lines = read_json_lines(path)
     rows: list[tuple[int, dict]] = []
     header: dict[str, Any] = {}
-    with path.open("rb") as handle:
-        for lineno, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as error:
-                raise _fail(path, lineno, f"not valid JSON ({error})") from None
-            if not isinstance(record, dict):
-                raise _fail(path, lineno, "each line must be a JSON object")
-            if record.get("format") == TRACE_FORMAT and not rows and not header:
-                if record.get("version") != TRACE_VERSION:
-                    raise _fail(
-                        path, lineno, f"unsupported trace version {record.get('version')!r}"
-                    )
-                header = record
-                continue
-            rows.append((lineno, record))
+    for lineno, record in lines.records:
+        if record.get("format") == TRACE_FORMAT and not rows and not header:
+            if record.get("version") != TRACE_VERSION:
+                raise _fail(path, lineno, f"unsupported trace version {record.get('version')!r}")
+            header = record
+            continue
+        rows.append((lineno, record))
     if not rows:
         raise TraceError(f"{path}: the trace holds no requests")
+    hash_block_size = header.get("hash_block_size")
+    if hash_block_size is not None and (
+        isinstance(hash_block_size, bool)
+        or not isinstance(hash_block_size, int)
+        or hash_block_size < 1
+    ):
+        raise TraceError(
+            f"{path}: header 'hash_block_size' must be an int >= 1, got {hash_block_size!r}"
+        )
 
     parsed = []
     for lineno, record in rows:
@@ -122,7 +126,20 @@ def read_trace(path: str | Path, tokenize: MessageTokenizer | None = None) -> Tr
         completion = _number(record, "completion_s", path, lineno)
         if completion < arrival:
             raise _fail(path, lineno, f"completion_s {completion} is before arrival_s {arrival}")
-        if "prompt_token_ids" in record:
+        hash_form = None
+        if "hash_ids" in record:
+            if hash_block_size is None:
+                raise _fail(path, lineno, "'hash_ids' needs 'hash_block_size' in the header line")
+            num_prompt = fields.count(record, "input_length", path, lineno, minimum=1)
+            num_output = fields.count(record, "output_length", path, lineno)
+            ids = fields.hash_ids(record, path, lineno, num_prompt, hash_block_size)
+            hash_form = (ids, num_prompt, num_output)
+            prompt, output, messages = [0], [], None
+        elif hash_block_size is not None:
+            raise _fail(
+                path, lineno, "a trace with 'hash_block_size' needs 'hash_ids' on every line"
+            )
+        elif "prompt_token_ids" in record:
             prompt = _token_list(record, "prompt_token_ids", path, lineno)
             output = (
                 _token_list(record, "output_token_ids", path, lineno)
@@ -196,10 +213,17 @@ def read_trace(path: str | Path, tokenize: MessageTokenizer | None = None) -> Tr
                 lora,
                 probability,
                 request_id,
+                hash_form,
             )
         )
 
     parsed.sort(key=lambda row: (row[0], row[1]))
+    expanded: list[SyntheticTokens] = []
+    if hash_block_size is not None:
+        forms = [row[13] for row in parsed]
+        expanded = expand_requests(
+            [f[0] for f in forms], [f[1] for f in forms], [f[2] for f in forms], hash_block_size
+        )
     last_arrival: dict[str, float] = {}
     for row in parsed:
         last_arrival[row[2]] = row[0]
@@ -221,6 +245,7 @@ def read_trace(path: str | Path, tokenize: MessageTokenizer | None = None) -> Tr
         lora,
         probability,
         request_id,
+        hash_form,
     ) in parsed:
         index = seen_turns.get(conv, 0) if turn_index is None else turn_index
         seen_turns[conv] = index + 1
@@ -230,11 +255,12 @@ def read_trace(path: str | Path, tokenize: MessageTokenizer | None = None) -> Tr
         if rid in seen_ids:
             raise _fail(path, lineno, f"request id {rid!r} appears twice")
         seen_ids.add(rid)
+        tokens = expanded[len(requests)] if hash_form else compact_tokens([*prompt, *output])
         turn = ScriptedTurn(
             conv,
             index,
-            compact_tokens([*prompt, *output]),
-            len(prompt),
+            tokens,
+            hash_form[1] if hash_form else len(prompt),
             has_next,
             tuple(prompts or ()),
             salt,
@@ -243,7 +269,9 @@ def read_trace(path: str | Path, tokenize: MessageTokenizer | None = None) -> Tr
         requests.append(WorkloadRequest(rid, turn, arrival, completion))
         logged.append(probability)
     has_logged = any(p is not None for p in logged)
-    return Trace(requests, header, logged if has_logged else None)
+    return Trace(
+        requests, header, logged if has_logged else None, hash_block_size, lines.skipped_last_lines
+    )
 
 
 def trace_lines(
@@ -251,7 +279,21 @@ def trace_lines(
     header: dict[str, Any],
     probabilities: Sequence[float | None] | None = None,
 ) -> Iterable[str]:
-    yield json.dumps({"format": TRACE_FORMAT, "version": TRACE_VERSION, **header})
+    requests = list(requests)
+    block_sizes = {
+        r.turn.token_ids.trace_block_size
+        for r in requests
+        if isinstance(r.turn.token_ids, SyntheticTokens)
+    }
+    if len(block_sizes) > 1 or (
+        block_sizes
+        and len(requests) != sum(isinstance(r.turn.token_ids, SyntheticTokens) for r in requests)
+    ):
+        raise ValueError("a trace is written in one form: all token ids or all hash ids")
+    head = {"format": TRACE_FORMAT, "version": TRACE_VERSION, **header}
+    if block_sizes:
+        head["hash_block_size"] = block_sizes.pop()
+    yield json.dumps(head)
     for i, request in enumerate(requests):
         turn = request.turn
         record: dict[str, Any] = {
@@ -261,9 +303,15 @@ def trace_lines(
             "arrival_s": request.arrival_s,
             "completion_s": request.completion_s,
             "has_next_turn": turn.has_next_turn,
-            "prompt_token_ids": list(turn.token_ids[: turn.num_prompt_tokens]),
-            "output_token_ids": list(turn.token_ids[turn.num_prompt_tokens :]),
         }
+        tokens = turn.token_ids
+        if isinstance(tokens, SyntheticTokens):
+            record["input_length"] = tokens.num_prompt_tokens
+            record["output_length"] = tokens.num_output_tokens
+            record["hash_ids"] = tokens.block_ids.tolist()
+        else:
+            record["prompt_token_ids"] = list(tokens[: turn.num_prompt_tokens])
+            record["output_token_ids"] = list(tokens[turn.num_prompt_tokens :])
         if turn.user_prompts:
             record["user_prompts"] = list(turn.user_prompts)
         if turn.cache_salt is not None:

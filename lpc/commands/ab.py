@@ -6,7 +6,7 @@ import argparse
 import math
 from pathlib import Path
 
-from lpc.ab import DEFAULT_CACHE_SIZES_TOKENS
+from lpc.ab import DEFAULT_CACHE_SIZES_TOKENS, TRACE_CACHE_SIZES_TOKENS
 
 DESCRIPTION = """\
 Replay a chat workload through the prefix-caching block manager once per eviction policy and
@@ -16,11 +16,19 @@ needs to match LRU's hit ratio. By default the workload is the paper's: the eval
 the bundled ShareGPT (never trained on), exponential think times (mean 100 s), at most 200
 active conversations, a 20-minute window. Writes a table to the terminal and CSV, markdown,
 JSON and PNG plots to --out.
+
+With --trace it replays a request trace instead: a production trace (Mooncake, Alibaba
+Bailian; `--trace mooncake` is the bundled one hour of Kimi chat traffic) or the project's own
+JSONL format. The cache warms up on the trace's first part (--split-at) and hit ratios count
+the rest; completion times come from the latency model, the oracle's label from --horizon.
+Formats, prefix linkage and errors: docs/traces.md.
 """
 
 POLICY_HELP = (
     "comma-separated policies (default: lru,fifo,lfu,lpc-turns,oracle,belady, and lpc when a "
-    "predictor model is available). lru, fifo, lfu: heuristics (lru is "
+    "predictor model is available; on a --trace: lru,fifo,lfu, every other registered "
+    "heuristic (s3fifo, sieve, arc), lpc-turns,lpc-const,oracle,belady). lru, fifo, lfu: "
+    "heuristics (lru is "
     "vLLM's); lpc: LPC with the learned predictor (--model); lpc-turns: LPC with the "
     "turns-only ablation fitted on the training half; lpc-const[=P]: LPC with one constant p; "
     "lpc-trace: LPC with the 'probability' logged in a --trace; oracle: LPC with the true label; "
@@ -49,13 +57,13 @@ def _positive_float(text: str) -> float:
 
 
 def _sizes(text: str) -> tuple[int, ...]:
-    """`60000,80000` or `60K:160K:20K` (start:stop:step, inclusive)."""
+    """`60000,80000`, `2M,4M` or `60K:160K:20K` (start:stop:step, inclusive)."""
 
     def tokens(part: str) -> int:
         part = part.strip().upper()
-        scale = 1000 if part.endswith("K") else 1
+        scale = {"K": 1000, "M": 1_000_000}.get(part[-1:], 1)
         try:
-            value = int(float(part.rstrip("K")) * scale)
+            value = int(float(part.rstrip("KM")) * scale)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{part!r} is not a size in tokens") from None
         if value <= 0:
@@ -74,6 +82,22 @@ def _sizes(text: str) -> tuple[int, ...]:
     if not values:
         raise argparse.ArgumentTypeError("no cache size given")
     return values
+
+
+def _size_text(sizes: tuple[int, ...]) -> str:
+    return ",".join(f"{s / 1e6:g}M" if s >= 1_000_000 else f"{s / 1000:g}K" for s in sizes)
+
+
+def _split_at(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a fraction in [0, 1) or seconds >= 1, got {text}"
+        )
+    return value
 
 
 def _scale(text: str) -> float | None:
@@ -114,14 +138,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     data.add_argument(
         "--trace",
         type=Path,
-        help="replay this JSONL request trace instead of generating a workload "
-        "(format: docs/traces.md)",
+        help="replay this request trace instead of generating a workload: a JSONL file (gzip "
+        "or plain; Mooncake, Bailian or lpc format) or a bundled trace, 'mooncake' (the Mooncake "
+        "conversation trace) or 'mooncake-synthetic' (docs/traces.md)",
+    )
+    data.add_argument(
+        "--trace-format",
+        choices=["mooncake", "bailian", "lpc"],
+        help="format of --trace (default: recognised from its first line)",
+    )
+    data.add_argument(
+        "--split-at",
+        type=_split_at,
+        default=None,
+        help="with --trace: requests before this point are the training part (they warm the "
+        "cache and fit lpc-turns), the rest are counted; a fraction of the trace's span (< 1) "
+        "or seconds after its first arrival; 0 counts every request (default: 0.5)",
+    )
+    data.add_argument(
+        "--horizon",
+        type=_positive_float,
+        default=1800.0,
+        help="with an imported --trace: the oracle's label is 'this conversation's next "
+        "request arrives within this many seconds of completion' (default: %(default)s)",
+    )
+    data.add_argument(
+        "--shared-fanout",
+        type=_positive_int,
+        default=8,
+        help="Mooncake prefix linkage: a block followed by this many distinct blocks is a "
+        "shared system prompt or document and links nothing (default: %(default)s)",
     )
     data.add_argument(
         "--max-model-len",
         type=_positive_int,
-        default=32768,
-        help="cut conversations at this many tokens (default: %(default)s)",
+        default=None,
+        help="cut conversations (or trace requests, with a warning) at this many tokens "
+        "(default: 32768; 131072 for a --trace)",
     )
 
     work = p.add_argument_group("workload (the paper's method)")
@@ -172,14 +225,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pol.add_argument(
         "--cache-sizes",
         type=_sizes,
-        default=DEFAULT_CACHE_SIZES_TOKENS,
-        help="cache sizes in tokens: a list (60000,80000) or a range (60K:160K:20K; default)",
+        default=None,
+        help="cache sizes in tokens: a list (60000,80000, 2M) or a range (60K:160K:20K); "
+        f"default {_size_text(DEFAULT_CACHE_SIZES_TOKENS)}, on a --trace "
+        f"{_size_text(TRACE_CACHE_SIZES_TOKENS)}",
     )
     pol.add_argument(
         "--block-size",
         type=_positive_int,
-        default=16,
-        help="tokens per KV block (default: %(default)s)",
+        default=None,
+        help="tokens per KV block (default: 16; an imported trace replays at its own block "
+        "size, 512 for Mooncake and 16 for Bailian; it must divide the trace's)",
     )
     pol.add_argument(
         "--scale",
@@ -225,7 +281,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="folder for CSV, markdown, JSON and plots (default: %(default)s)",
     )
     out.add_argument(
-        "--export-trace", type=Path, help="write the generated workload as a JSONL trace"
+        "--export-trace",
+        type=Path,
+        help="write the replayed requests as a trace in the project's JSONL format (a "
+        "generated workload, or an imported trace in the block-hash form)",
     )
     out.add_argument(
         "--trace-probabilities",
@@ -263,11 +322,14 @@ def model_path_from(args: argparse.Namespace) -> Path | None:
 def options_from(args: argparse.Namespace, model_available: bool = False):
     from lpc.ab_pipeline import ABOptions
     from lpc.errors import CommandError, InvalidInputError
-    from lpc.policies import default_policies, parse_policies
+    from lpc.policies import default_policies, default_trace_policies, parse_policies
+    from lpc.traces.jsonl import TraceError
+    from lpc.traces.load import resolve_trace
     from lpc.workload import LatencyModel, WorkloadConfig
 
     # An empty --policies is a mistake to report, not a request for the defaults.
-    text = ",".join(default_policies(model_available)) if args.policies is None else args.policies
+    defaults = default_trace_policies() if args.trace else default_policies(model_available)
+    text = ",".join(defaults) if args.policies is None else args.policies
     try:
         policies = tuple(parse_policies(text))
     except InvalidInputError as error:
@@ -285,8 +347,13 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
         raise CommandError("--time-per-output-token must be >= 0")
     if args.trace_probabilities and not args.export_trace:
         raise CommandError("--trace-probabilities goes with --export-trace")
-    if args.trace and args.export_trace:
-        raise CommandError("--export-trace writes a generated workload; --trace replays one")
+    if args.trace is not None:
+        try:
+            resolve_trace(args.trace)  # before any data set is loaded
+        except TraceError as error:
+            raise CommandError(str(error)) from None
+    elif args.split_at is not None or args.trace_format is not None:
+        raise CommandError("--split-at and --trace-format go with --trace")
     if args.closed_loop and any(p.label == "belady" for p in policies):
         raise CommandError("belady needs a fixed trace: drop it from --policies with --closed-loop")
     if args.closed_loop and args.trace:
@@ -306,6 +373,10 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
         data_format=args.data_format,
         mode=args.mode,
         trace=args.trace,
+        trace_format=args.trace_format,
+        split_at=args.split_at,
+        horizon_s=args.horizon,
+        shared_fanout=args.shared_fanout,
         policies=policies,
         cache_sizes_tokens=args.cache_sizes,
         block_size=args.block_size,

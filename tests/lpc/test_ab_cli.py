@@ -125,6 +125,8 @@ def test_exported_trace_replays_to_identical_numbers(chats: Path, tmp_path: Path
             "ab",
             "--trace",
             str(trace),
+            "--split-at",
+            "0",  # count every request, fit lpc-turns on the data set as the generated run did
             "--dataset",
             str(chats),
             "--out",
@@ -180,6 +182,7 @@ def test_a_broken_trace_names_its_line(tmp_path: Path, chats: Path, capsys) -> N
     trace = tmp_path / "bad.jsonl"
     trace.write_text(
         '{"conversation_id": "a", "arrival_s": 0, "completion_s": 1, "prompt_token_ids": [1]}\n{oops\n'
+        '{"conversation_id": "b", "arrival_s": 2, "completion_s": 3, "prompt_token_ids": [1]}\n'
     )
     code = main(
         [

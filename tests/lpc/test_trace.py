@@ -114,7 +114,9 @@ def test_missing_labels_and_turns_are_derived_from_the_trace(tmp_path: Path) -> 
 def test_bad_lines_name_file_line_and_field(tmp_path: Path, line: str, message: str) -> None:
     path = tmp_path / "log.jsonl"
     good = '{"conversation_id": "a", "arrival_s": 0, "completion_s": 1, "prompt_token_ids": [1], "request_id": "dup"}'
-    path.write_text(good + "\n" + line + "\n")
+    # A good line after the bad one: a bad last line could be a cut one, which is skipped.
+    after = '{"conversation_id": "b", "arrival_s": 3, "completion_s": 4, "prompt_token_ids": [1]}'
+    path.write_text(good + "\n" + line + "\n" + after + "\n")
     with pytest.raises(TraceError, match=message):
         read_trace(path)
 

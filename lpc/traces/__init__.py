@@ -1,0 +1,5 @@
+"""Production request traces: importers (Mooncake, Alibaba Bailian), prefix linkage and the
+expansion of block hash ids into the token sequences the block manager replays.
+
+`lpc.traces.load.load_trace` is the entry point; `lpc.trace` stays the project's own format.
+"""

@@ -1,0 +1,56 @@
+"""Field checks shared by the trace importers: each failure names the file, line and field."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from lpc.traces.jsonl import fail
+
+
+def number(record: dict[str, Any], key: str, path: Path, lineno: int) -> float:
+    """A finite number >= 0."""
+    value = record.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise fail(path, lineno, f"{key!r} must be a finite number, got {value!r}")
+    if value < 0:
+        raise fail(path, lineno, f"{key!r} must be >= 0, got {value!r}")
+    return float(value)
+
+
+def count(record: dict[str, Any], key: str, path: Path, lineno: int, minimum: int = 0) -> int:
+    """An int >= minimum."""
+    value = record.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise fail(path, lineno, f"{key!r} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def hash_ids(
+    record: dict[str, Any],
+    path: Path,
+    lineno: int,
+    input_length: int,
+    block_size: int,
+    signed: bool = False,
+) -> list[int]:
+    """A non-empty list of ints (>= 0 unless `signed`: a 64-bit hash written as a signed
+    integer is still just an identity), one per `block_size` tokens of the prompt (the last
+    block may be partial)."""
+    value = record.get("hash_ids")
+    if not isinstance(value, list) or not value:
+        raise fail(path, lineno, f"'hash_ids' must be a non-empty list of ints, got {value!r}")
+    for i, h in enumerate(value):
+        if isinstance(h, bool) or not isinstance(h, int) or (h < 0 and not signed):
+            kind = "an int" if signed else "an int >= 0"
+            raise fail(path, lineno, f"hash_ids[{i}] must be {kind}, got {h!r}")
+    expected = -(-input_length // block_size)
+    if len(value) != expected:
+        raise fail(
+            path,
+            lineno,
+            f"'input_length' {input_length} needs {expected} blocks of {block_size} tokens, "
+            f"but 'hash_ids' has {len(value)}",
+        )
+    return value

@@ -1,0 +1,92 @@
+"""JSON Lines reading shared by every trace format: gzip or plain, and a cut last line.
+
+A log that is still being written, or was cut by a crash, ends in half a line. That line is
+skipped and counted (the caller reports the count); a broken line anywhere else is an error
+naming the file and line.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lpc.errors import UserError
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+class TraceError(UserError, ValueError):
+    """A trace file that cannot be replayed; the message names the file, line and field."""
+
+
+def fail(path: Path | str, lineno: int, message: str) -> TraceError:
+    return TraceError(f"{path}:{lineno}: {message}")
+
+
+@dataclass(frozen=True)
+class JsonLines:
+    """The JSON objects of a file, with their line numbers (1-based)."""
+
+    records: list[tuple[int, dict[str, Any]]]
+    skipped_last_lines: int  # 1 when the last line was cut mid-record, else 0
+    compressed: bool
+
+
+def read_bytes(path: Path) -> tuple[bytes, bool]:
+    """The file's content, decompressed when it starts with the gzip magic bytes.
+
+    A gzip stream cut short (a copy interrupted, a log rotated mid-write) yields what was
+    decompressed before the cut; the half line at its end is then skipped like any cut line.
+    """
+    if not path.is_file():
+        raise TraceError(f"{path}: no such trace file")
+    raw = path.read_bytes()
+    if not raw.startswith(GZIP_MAGIC):
+        return raw, False
+    chunks: list[bytes] = []
+    decompressor = zlib.decompressobj(wbits=31)
+    try:
+        chunks.append(decompressor.decompress(raw))
+        chunks.append(decompressor.flush())
+    except zlib.error as error:
+        if not chunks:
+            raise TraceError(f"{path}: not a readable gzip file ({error})") from None
+    return b"".join(chunks), True
+
+
+def first_record(path: Path) -> tuple[int, dict[str, Any]] | None:
+    """The first JSON object of the file (for recognising its format), or None."""
+    lines = read_json_lines(path)
+    return lines.records[0] if lines.records else None
+
+
+def read_json_lines(path: Path) -> JsonLines:
+    data, compressed = read_bytes(path)
+    lines = data.split(b"\n")
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    records: list[tuple[int, dict[str, Any]]] = []
+    skipped = 0
+    for index, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        lineno = index + 1
+        try:
+            record = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            if index == last:
+                skipped += 1
+                continue
+            raise fail(path, lineno, f"not valid JSON ({error})") from None
+        if not isinstance(record, dict):
+            raise fail(path, lineno, "each line must be a JSON object")
+        records.append((lineno, record))
+    return JsonLines(records, skipped, compressed)
+
+
+def gzip_bytes(data: bytes) -> bytes:
+    """Deterministic gzip (no file name, time 0), so a bundled file is reproducible."""
+    return gzip.compress(data, compresslevel=9, mtime=0)

@@ -1,0 +1,167 @@
+"""Load any supported trace into the requests a replay needs.
+
+Formats: `mooncake` (FAST'25, conversations inferred by prefix linkage), `bailian` (ATC'25,
+conversations from chat ids) and `lpc` (the project's own, `lpc.trace`). The format is
+recognised from the first line unless given; gzip or plain from the magic bytes. The name
+`mooncake` alone means the Mooncake conversation trace bundled with the package.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from lpc.trace import TRACE_FORMAT, MessageTokenizer, read_trace
+from lpc.traces.bailian import BAILIAN_BLOCK_SIZE, looks_like_bailian, parse_bailian
+from lpc.traces.expand import expand_requests
+from lpc.traces.jsonl import TraceError, read_json_lines
+from lpc.traces.linkage import DEFAULT_SHARED_FANOUT, link_by_prefix
+from lpc.traces.mooncake import MOONCAKE_BLOCK_SIZE, looks_like_mooncake, parse_mooncake
+from lpc.traces.timeline import (
+    DEFAULT_HORIZON_S,
+    complete,
+    cut_to_max_model_len,
+    horizon_labels,
+)
+from lpc.workload import LatencyModel, ScriptedTurn, WorkloadRequest
+
+TRACE_FORMATS = ("mooncake", "bailian", "lpc")
+BUNDLED_TRACES = {
+    "mooncake": "mooncake/conversation_trace.jsonl.gz",
+    "mooncake-synthetic": "mooncake/synthetic_trace.jsonl.gz",
+}
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    format: str | None = None  # None: recognised from the first line
+    latency: LatencyModel = field(default_factory=LatencyModel)
+    horizon_s: float = DEFAULT_HORIZON_S
+    max_model_len: int | None = None
+    shared_fanout: int = DEFAULT_SHARED_FANOUT
+
+
+@dataclass
+class LoadedTrace:
+    requests: list[WorkloadRequest]  # sorted by arrival
+    logged_probabilities: list[float | None] | None
+    format: str
+    path: Path
+    trace_block_size: int | None  # None: the project's token-id form
+    info: dict[str, Any]  # what the import found: skipped lines, linkage, cuts, labels
+
+
+def resolve_trace(spec: str | Path) -> Path:
+    """A file path, or the name of a bundled trace (`mooncake`)."""
+    path = Path(spec)
+    if not path.exists() and str(spec) in BUNDLED_TRACES:
+        return DATA_DIR / BUNDLED_TRACES[str(spec)]
+    if not path.is_file():
+        known = ", ".join(BUNDLED_TRACES)
+        raise TraceError(f"{path}: no such trace file (bundled traces: {known})")
+    return path
+
+
+def detect_format(path: Path, record: dict[str, Any], lineno: int) -> str:
+    if record.get("format") == TRACE_FORMAT or "conversation_id" in record:
+        return "lpc"
+    if looks_like_bailian(record):
+        return "bailian"
+    if looks_like_mooncake(record):
+        return "mooncake"
+    keys = ", ".join(sorted(record)) or "none"
+    raise TraceError(
+        f"{path}:{lineno}: unknown trace format (keys: {keys}); expected "
+        f"{', '.join(TRACE_FORMATS)} (pass --trace-format)"
+    )
+
+
+def trace_format_of(spec: str | Path, given: str | None = None) -> str:
+    """The format of a trace (`given`, or recognised from its first line)."""
+    if given is not None:
+        return given
+    path = resolve_trace(spec)
+    lines = read_json_lines(path)
+    if not lines.records:
+        raise TraceError(f"{path}: the trace holds no requests")
+    lineno, record = lines.records[0]
+    return detect_format(path, record, lineno)
+
+
+def load_trace(
+    spec: str | Path, options: TraceOptions, tokenize: MessageTokenizer | None = None
+) -> LoadedTrace:
+    path = resolve_trace(spec)
+    lines = read_json_lines(path)
+    if not lines.records:
+        raise TraceError(f"{path}: the trace holds no requests")
+    fmt = options.format or detect_format(path, lines.records[0][1], lines.records[0][0])
+    if fmt not in TRACE_FORMATS:
+        raise TraceError(f"unknown trace format {fmt!r}; choose from {', '.join(TRACE_FORMATS)}")
+    info: dict[str, Any] = {"format": fmt, "compressed": lines.compressed}
+    if fmt == "lpc":
+        trace = read_trace(path, tokenize)
+        requests, logged = trace.requests, trace.logged_probabilities
+        block_size = trace.hash_block_size
+        info["skipped_last_lines"] = trace.skipped_last_lines
+    else:
+        if fmt == "mooncake":
+            table = parse_mooncake(path, lines)
+            linkage = link_by_prefix(table["hash_ids"].tolist(), options.shared_fanout)
+            table["conversation_id"] = [f"c{table.at[i, 'line']}" for i in linkage.conversation]
+            table["turn_index"] = linkage.turn_index
+            table["parent_row"] = linkage.parent
+            table["request_id"] = [f"line{n}" for n in table["line"]]
+            info["linkage"] = linkage.stats()
+            block_size = MOONCAKE_BLOCK_SIZE
+        else:
+            table, orphans = parse_bailian(path, lines)
+            table["request_id"] = table["chat_id"].astype(str)
+            info["orphans"] = orphans
+            info["types"] = dict(Counter(table["type"]))
+            block_size = BAILIAN_BLOCK_SIZE
+        info["skipped_last_lines"] = lines.skipped_last_lines
+        requests = imported_requests(table, block_size)
+        logged = None
+        info["time_origin_s"] = float(table["arrival_s"].min())
+    if options.max_model_len is not None:
+        requests, cut = cut_to_max_model_len(requests, options.max_model_len)
+        info["cut_to_max_model_len"] = cut
+    if fmt != "lpc":
+        complete(requests, options.latency)
+        labels = horizon_labels(requests, options.horizon_s)
+        for request, label in zip(requests, labels.labels, strict=True):
+            request.turn.has_next_turn = label
+        info["horizon_s"] = options.horizon_s
+        info["censored_labels"] = labels.censored
+        info["continuing_labels"] = sum(labels.labels)
+    return LoadedTrace(requests, logged, fmt, path, block_size, info)
+
+
+def imported_requests(table: pd.DataFrame, trace_block_size: int) -> list[WorkloadRequest]:
+    """Requests of an imported table (sorted by arrival), with arrivals from 0 and completion
+    times still to be set."""
+    tokens = expand_requests(
+        table["hash_ids"].tolist(),
+        table["input_length"].tolist(),
+        table["output_length"].tolist(),
+        trace_block_size,
+    )
+    origin = float(table["arrival_s"].min())
+    requests = []
+    for request_id, conv, turn_index, arrival, seq in zip(
+        table["request_id"],
+        table["conversation_id"],
+        table["turn_index"],
+        table["arrival_s"],
+        tokens,
+        strict=True,
+    ):
+        turn = ScriptedTurn(conv, int(turn_index), seq, seq.num_prompt_tokens, False)
+        requests.append(WorkloadRequest(request_id, turn, float(arrival) - origin, float("nan")))
+    return requests
