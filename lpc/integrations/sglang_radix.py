@@ -15,6 +15,7 @@ Time. `RadixCache` stamps nodes with `time.monotonic()`, `UnifiedRadixCache` wit
 counter (`get_and_increase_time_counter`, +1 per node access). Both are replaced, while a
 cache is open, by a `FakeClock` the caller sets (trace seconds), so runs are deterministic
 and LPC's `scale_per_s` means per second in both trees; `close()` restores them.
+`sglang_clock=True` keeps UnifiedRadixCache's own counter instead (as a served SGLang runs).
 
 Request lifecycle (`arrive` / `complete`), as SGLang's scheduler does it: at arrival the
 prompt less its last token is matched (`match_prefix`, which refreshes and may split the
@@ -29,14 +30,23 @@ leaves freeing the duplicate slots of an overlap to the caller (as `_insert_cach
 from __future__ import annotations
 
 import importlib
+import os
 import types
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 RADIX = "radix"  # sglang.srt.mem_cache.radix_cache.RadixCache
 UNIFIED = "unified"  # sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache
 KINDS = (RADIX, UNIFIED)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def sglang_python_path() -> Path:
+    """SGLang's python: `LPC_SGLANG_PYTHON`, or `.sglang-venv/bin/python` of this repository."""
+    configured = os.environ.get("LPC_SGLANG_PYTHON")
+    return Path(configured) if configured else REPO_ROOT / ".sglang-venv" / "bin" / "python"
 
 
 class FakeClock:
@@ -71,6 +81,8 @@ class Held:
 
 @dataclass
 class Counters:
+    """What a replay through the cache did (tokens are KV slots: page size 1)."""
+
     requests: int = 0
     queried_tokens: int = 0
     hit_tokens: int = 0
@@ -79,7 +91,7 @@ class Counters:
     evicted_tokens: int = 0
     allocation_failures: int = 0
     evict_calls: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
+    evict_requested_tokens: int = 0  # what allocations asked evict() for; less than evicted
 
 
 class RealRadixCache:
@@ -92,6 +104,7 @@ class RealRadixCache:
         eviction_policy: str = "lru",
         eviction_policy_config: dict[str, Any] | None = None,
         clock: FakeClock | None = None,
+        sglang_clock: bool = False,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -104,7 +117,11 @@ class RealRadixCache:
         self.kind = kind
         self.clock = clock or FakeClock()
         self._restore: list[Callable[[], None]] = []
-        self._patch_time()
+        if sglang_clock:  # SGLang's own time: the tree core's counter (UnifiedRadixCache only)
+            if kind != UNIFIED:
+                raise ValueError("sglang_clock is for UnifiedRadixCache's tick counter")
+        else:
+            self._patch_time()
         self.freed: list[Any] | None = None  # slot tensors freed, while recording
 
         recorder = self
@@ -263,7 +280,7 @@ class RealRadixCache:
             return self._torch.empty((0,), dtype=self._torch.int64)
         short = need - self.allocator.available_size()
         if short > 0:
-            self.evict(short)
+            self._evict_counting(short)
         slots = self.allocator.alloc(need)
         if slots is None:
             return None
@@ -347,6 +364,20 @@ class RealRadixCache:
             if value is not None and len(value):
                 out[int(value[0])] = node
         return out
+
+    def _evict_counting(self, num_tokens: int) -> None:
+        """SGLang's eviction for an allocation, counted but not named (the replay's path)."""
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        self.freed = []
+        try:
+            result = self.cache.evict(EvictParams(num_tokens=num_tokens))
+        finally:
+            freed, self.freed = self.freed, None
+        self.counters.evict_calls += 1
+        self.counters.evict_requested_tokens += num_tokens
+        self.counters.evicted_nodes += len(freed)
+        self.counters.evicted_tokens += result.num_tokens_evicted
 
     def evict(
         self, num_tokens: int, observe: Callable[[Evicted, list[Any]], None] | None = None
