@@ -11,12 +11,15 @@ counter)]], "requests": [{"tokens", "prompt_len", "priority"}], "events": [[time
 kind (0 completion, 1 arrival), request index]]}. For each policy a fresh cache of
 `capacity_tokens` KV slots replays the events with `lpc.integrations.sglang_radix`
 (SGLang's own match, insert, lock and evict; the clock set to each event's time); OUT.json
-gets each policy's counters. The LPC strategy is registered into SGLang by calling the
-plugin's entry point, `register()`, as SGLang's loader does with SGLANG_PLUGINS=lpc.
+gets each policy's counters, with `ticks`: how far UnifiedRadixCache's own access counter
+advanced (the time unit of a served unified tree; it stays put on the trace clock). The LPC
+strategy is registered into SGLang by calling the plugin's entry point, `register()`, as
+SGLang's loader does with SGLANG_PLUGINS=lpc.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
@@ -35,6 +38,8 @@ ARRIVAL = 1
 def replay(stream: dict, policy: str, config: dict | None, clock_name: str) -> dict:
     started = time.perf_counter()
     clock = FakeClock()
+    ticks = importlib.import_module("sglang.srt.mem_cache.unified_cache.components.base")
+    ticks_before = ticks.get_and_increase_time_counter()
     requests = stream["requests"]
     held: dict[int, object] = {}
     with RealRadixCache(
@@ -63,6 +68,7 @@ def replay(stream: dict, policy: str, config: dict | None, clock_name: str) -> d
         )
         counters["strategy"] = type(cache.strategy).__name__
         counters["cache"] = type(cache.cache).__name__
+    counters["ticks"] = ticks.get_and_increase_time_counter() - ticks_before - 1
     counters["seconds"] = round(time.perf_counter() - started, 2)
     return counters
 

@@ -139,6 +139,9 @@ def compare(
             "sglang_evicted_nodes": s["evicted_nodes"],
             "sglang_evicted_tokens": s["evicted_tokens"],
             "sglang_evict_requested_tokens": s["evict_requested_tokens"],
+            "sglang_ticks": s["ticks"],
+            "sglang_mean_free_slots": s["free_slots_after_arrivals"]
+            / max(s["arrivals_after_first_eviction"], 1),
             "sglang_failures": s["allocation_failures"],
             "sglang_slots_accounted": s["slots_accounted"],
             "sglang_strategy": s["strategy"],
@@ -159,6 +162,7 @@ def compare(
         "our_block_sizes": our_block_sizes,
         "sglang_page_size": 1,
         "sglang_kind": kind,
+        "trace_seconds": workload.events[-1][0] - workload.events[0][0],
         "scale_per_s": scale_per_s,
         "fallback_probability": fallback_probability,
         "rows": rows,
@@ -253,11 +257,21 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{row['sglang']}: evicted {row['sglang_evicted_nodes']} nodes "
             f"({row['sglang_evicted_tokens']} tokens for {row['sglang_evict_requested_tokens']} "
-            f"asked), {row['sglang_failures']} allocation "
+            f"asked; {row['sglang_mean_free_slots']:.0f} slots free after an arrival "
+            f"once full, on average), {row['sglang_failures']} allocation "
             f"failures, strategy {row['sglang_strategy']}, slots accounted "
             f"{row['sglang_slots_accounted']}; ours b{sizes[0]} evicted "
             f"{row[f'ours_b{sizes[0]}_evicted_blocks']} blocks, "
             f"{row[f'ours_b{sizes[0]}_failures']} failures"
+        )
+    for row in result["rows"]:
+        if row["sglang_clock"] != "sglang":
+            continue
+        ticks = row["sglang_ticks"]
+        print(
+            f"{row['sglang']}: the access counter ran {ticks:.0f} ticks over "
+            f"{result['trace_seconds']:.0f} trace seconds "
+            f"({ticks / max(result['trace_seconds'], 1e-9):.1f} per second)"
         )
     print(f"ours {result['our_seconds']}s, SGLang {result['sglang_wall_seconds']}s")
     return 0

@@ -92,6 +92,10 @@ class Counters:
     allocation_failures: int = 0
     evict_calls: int = 0
     evict_requested_tokens: int = 0  # what allocations asked evict() for; less than evicted
+    # Once the cache has first filled (evicted): arrivals, and the free slots after each,
+    # summed: what whole-node evictions freed beyond the need, idle until later allocations.
+    arrivals_after_first_eviction: int = 0
+    free_slots_after_arrivals: int = 0
 
 
 class RealRadixCache:
@@ -304,6 +308,9 @@ class RealRadixCache:
             return None
         c.hit_tokens += prefix_len
         c.hit_requests += prefix_len > 0
+        if c.evict_calls:
+            c.arrivals_after_first_eviction += 1
+            c.free_slots_after_arrivals += self.allocator.available_size()
         slots = self._torch.cat((prefix_slots, own))
         return Held(tokens, priority, prefix_len, slots, lock)
 

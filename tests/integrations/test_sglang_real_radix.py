@@ -160,3 +160,46 @@ def test_real_cache_allocator_ends_where_it_started(real: dict, kind: str) -> No
     r = real[kind]
     assert r["slots_lost"] == [0] * len(r["slots_lost"])
     assert r["evictable_left"] == [0] * len(r["evictable_left"])
+
+
+RUST_CORE = """
+import json, warnings
+warnings.filterwarnings("ignore")
+from sglang.srt.plugins import load_plugins
+load_plugins()
+import torch
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.mem_cache.unified_cache.components import ComponentType
+from sglang.srt.mem_cache.unified_cache.tree_core_registry import select_tree_core_backend
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+pool = MHATokenToKVPool(size=64, page_size=1, dtype=torch.float16, head_num=1, head_dim=4,
+                        layer_num=1, device="cpu", enable_memory_saver=False)
+allocator = TokenToKVPoolAllocator(size=64, dtype=torch.float16, device="cpu", kvcache=pool,
+                                   need_sort=False)
+out = {}
+for policy in ("lru", "lpc"):
+    params = CacheInitParams(disable=False, req_to_token_pool=None,
+                             token_to_kv_pool_allocator=allocator, page_size=1,
+                             eviction_policy=policy, tree_components=(ComponentType.FULL,))
+    out["default_backend"] = select_tree_core_backend(params)
+    try:
+        out[policy] = type(UnifiedRadixCache(params).tree_core).__name__
+    except ValueError as error:
+        out[policy] = str(error)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.sglang
+def test_the_default_rust_tree_core_refuses_lpc(sglang_python: Path, tmp_path: Path) -> None:
+    """Why docs/serving.md says SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python: SGLang's
+    default tree core for UnifiedRadixCache is native and knows only its own policies."""
+    site = entry_point_site(tmp_path, "sglang.srt.plugins")
+    out = json.loads(
+        run_snippet(sglang_python, RUST_CORE, {"SGLANG_PLUGINS": "lpc"}, site).splitlines()[-1]
+    )
+    assert out["default_backend"] == "rust"
+    assert out["lru"] == "RustUnifiedTreeCore"
+    assert out["lpc"].startswith("Unknown eviction policy: lpc")
