@@ -113,9 +113,6 @@ class RealRadixCache:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         import torch
-        from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
         self._torch = torch
         self.kind = kind
@@ -127,6 +124,27 @@ class RealRadixCache:
         else:
             self._patch_time()
         self.freed: list[Any] | None = None  # slot tensors freed, while recording
+
+        try:
+            self._build(kind, capacity_tokens, eviction_policy, eviction_policy_config)
+        except BaseException:
+            self.close()  # a policy SGLang does not know must not leave its clock patched
+            raise
+        self.slot_token: dict[int, int] = {}
+        self.counters = Counters()
+
+    def _build(
+        self,
+        kind: str,
+        capacity_tokens: int,
+        eviction_policy: str,
+        eviction_policy_config: dict[str, Any] | None,
+    ) -> None:
+        """The allocator, the KV pool and the cache (the clock is already SGLang's)."""
+        import torch
+        from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
         recorder = self
 
@@ -179,8 +197,6 @@ class RealRadixCache:
             if kind == RADIX
             else self.cache.tree_core.eviction_strategy
         )
-        self.slot_token: dict[int, int] = {}
-        self.counters = Counters()
 
     # -- time ------------------------------------------------------------------------------
     def _patch_time(self) -> None:

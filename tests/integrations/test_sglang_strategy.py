@@ -48,7 +48,7 @@ class StandInLRU:
         return node.last_access_time  # type: ignore[attr-defined]
 
 
-def standin(strategy: object = None) -> sglang_scenarios.NewTree:
+def standin(strategy: object | None = None) -> sglang_scenarios.NewTree:
     return lambda clock: StandInRadixCache(strategy or LPCStrategy(), clock)
 
 
