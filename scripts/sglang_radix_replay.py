@@ -7,7 +7,7 @@ venv and runs this file with SGLang's python:
 
 STREAM.json: {"capacity_tokens", "kind" ("unified" or "radix"), "policies": [[label,
 policy, config, clock ("trace": each event's time; "sglang": UnifiedRadixCache's own tick
-counter)]], "requests": [{"tokens", "prompt_len", "priority"}], "events": [[time_s,
+counter)]], "requests": [{"tokens", "prompt_len", "priority", "cache_salt"}], "events": [[time_s,
 kind (0 completion, 1 arrival), request index]]}. For each policy a fresh cache of
 `capacity_tokens` KV slots replays the events with `lpc.integrations.sglang_radix`
 (SGLang's own match, insert, lock and evict; the clock set to each event's time); OUT.json
@@ -55,7 +55,12 @@ def replay(stream: dict, policy: str, config: dict | None, clock_name: str) -> d
             clock.now = time_s
             request = requests[i]
             if kind == ARRIVAL:
-                h = cache.arrive(request["tokens"], request["prompt_len"], request["priority"])
+                h = cache.arrive(
+                    request["tokens"],
+                    request["prompt_len"],
+                    request["priority"],
+                    request.get("cache_salt"),
+                )
                 if h is not None:
                     held[i] = h
             elif i in held:

@@ -90,6 +90,12 @@ def compare(
     started = time.perf_counter()
     trace = read_trace(trace_path)
     requests = trace.requests
+    for request in requests:
+        if request.turn.lora_id is not None:
+            raise TraceError(
+                f"{trace_path}: request {request.request_id} uses LoRA "
+                f"{request.turn.lora_id!r}; the SGLang replay does not load adapters"
+            )
     logged = trace.logged_probabilities or [None] * len(requests)
     ours: dict[int, dict[str, Any]] = {}
     workload = None
@@ -117,6 +123,7 @@ def compare(
                 "tokens": list(request.turn.token_ids),
                 "prompt_len": request.turn.num_prompt_tokens,
                 "priority": 0 if p is None else probability_to_priority(p),
+                "cache_salt": request.turn.cache_salt,
             }
             for request, p in zip(requests, logged, strict=True)
         ],

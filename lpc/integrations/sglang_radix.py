@@ -77,6 +77,7 @@ class Held:
     prefix_len: int
     slots: Any  # torch.Tensor: tree slots of the prefix, then the request's own
     lock: Any
+    cache_salt: str | None = None
 
 
 @dataclass
@@ -258,20 +259,20 @@ class RealRadixCache:
     def evictable_tokens(self) -> int:
         return self.cache.evictable_size()
 
-    def _key(self, tokens: Sequence[int]) -> Any:
+    def _key(self, tokens: Sequence[int], cache_salt: str | None = None) -> Any:
         from array import array
 
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
-        return RadixKey(array("q", tokens))
+        return RadixKey(array("q", tokens), cache_salt=cache_salt)
 
-    def _match(self, tokens: Sequence[int]) -> tuple[int, Any, Any]:
+    def _match(self, tokens: Sequence[int], cache_salt: str | None = None) -> tuple[int, Any, Any]:
         """(matched tokens, the node to lock, the matched path's slots) via `match_prefix`."""
         from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
 
         if not tokens:
             return 0, None, self._torch.empty((0,), dtype=self._torch.int64)
-        result = self.cache.match_prefix(MatchPrefixParams(key=self._key(tokens)))
+        result = self.cache.match_prefix(MatchPrefixParams(key=self._key(tokens, cache_salt)))
         node = result.last_device_node
         slots = self.cache.path_device_indices(node)
         assert len(slots) == result.device_prefix_len, (len(slots), result.device_prefix_len)
@@ -309,13 +310,21 @@ class RealRadixCache:
         return slots
 
     # -- operations ----------------------------------------------------------------------
-    def arrive(self, tokens: Sequence[int], prompt_len: int, priority: int) -> Held | None:
-        """A request arrives: match, lock, allocate the rest (None: it cannot be held)."""
+    def arrive(
+        self,
+        tokens: Sequence[int],
+        prompt_len: int,
+        priority: int,
+        cache_salt: str | None = None,
+    ) -> Held | None:
+        """A request arrives: match, lock, allocate the rest (None: it cannot be held).
+
+        `cache_salt` namespaces the request's tree path as SGLang's `RadixKey` does."""
         tokens = tuple(tokens)
         c = self.counters
         c.requests += 1
         c.queried_tokens += prompt_len
-        prefix_len, node, prefix_slots = self._match(tokens[: max(prompt_len - 1, 0)])
+        prefix_len, node, prefix_slots = self._match(tokens[: max(prompt_len - 1, 0)], cache_salt)
         lock = self._lock(node)
         own = self._alloc(tokens[prefix_len:])
         if own is None:
@@ -328,14 +337,14 @@ class RealRadixCache:
             c.arrivals_after_first_eviction += 1
             c.free_slots_after_arrivals += self.allocator.available_size()
         slots = self._torch.cat((prefix_slots, own))
-        return Held(tokens, priority, prefix_len, slots, lock)
+        return Held(tokens, priority, prefix_len, slots, lock, cache_salt)
 
     def complete(self, held: Held) -> None:
         """The request finishes: insert its whole sequence with its priority, then unlock."""
         from sglang.srt.mem_cache.base_prefix_cache import InsertParams
 
         params = InsertParams(
-            key=self._key(held.tokens),
+            key=self._key(held.tokens, held.cache_salt),
             value=held.slots.clone(),
             priority=held.priority,
             prev_prefix_len=held.prefix_len,

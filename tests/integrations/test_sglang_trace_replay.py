@@ -30,7 +30,8 @@ def load_script() -> ModuleType:
 
 
 def write_trace(path: Path, seed: int = 0) -> Path:
-    """Eight conversations of four turns sharing a system prompt, arrivals interleaved."""
+    """Eight conversations of four turns sharing a system prompt, arrivals interleaved; half
+    of them under a tenant's cache salt, which must keep them apart from the others."""
     rng = random.Random(seed)
     system = [rng.randrange(1000) for _ in range(40)]
     lines = []
@@ -48,6 +49,7 @@ def write_trace(path: Path, seed: int = 0) -> Path:
                     "prompt_token_ids": list(history),
                     "output_token_ids": output,
                     "probability": rng.choice([0.1, 0.5, 0.9, None]),
+                    "cache_salt": "tenant-a" if c % 2 else None,
                 }
             )
             history += output
