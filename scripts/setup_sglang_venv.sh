@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
 # Set up ./.sglang-venv with SGLang 0.5.23 for the LPC strategy's tests; idempotent.
 #
-# SGLang lives in its OWN venv (its pins clash with the project's). Only what its plugin
-# loader, eviction-policy registry and argument parser import is installed: sglang --no-deps
-# plus the pinned packages of scripts/sglang-0.5.23-requirements.txt. SGLang's serving
-# runtime (CUDA kernels, and torchvision, which has no CPU wheel here) is not, so its
-# RadixCache cannot be imported in this venv; see docs/serving.md. Torch goes in first,
-# pinned (override with LPC_TORCH_SPEC), so pip never pulls a CUDA build on a CPU machine.
+# SGLang lives in its OWN venv (its pins clash with the project's). Only what the LPC
+# strategy's tests import is installed: sglang --no-deps plus the pinned packages of
+# scripts/sglang-0.5.23-requirements.txt, enough for its plugin loader, eviction-policy
+# registry and argument parser, and for its real RadixCache and UnifiedRadixCache on CPU
+# (with a real TokenToKVPoolAllocator and MHATokenToKVPool). SGLang's serving runtime (CUDA
+# kernels, flashinfer, ...) is not installed. Torch goes in first, pinned (override with
+# LPC_TORCH_SPEC), so pip never pulls a CUDA build on a CPU machine.
+#
+# torchvision on CPU: the radix caches' import chain reaches SGLang's model configs, which
+# import torchvision (configs/nano_nemotron_vl.py -> multimodal/internvl_utils.py). The only
+# torchvision for torch 2.13.0 on PyPI (0.28.0) is a CUDA build, and its import fails in
+# torchvision._meta_registrations ("operator torchvision::nms does not exist"), which
+# registers meta kernels for compiled ops a CPU torch cannot load. The script writes a
+# one-line .pth file into the venv's site-packages that registers an empty module under
+# that name before anything imports torchvision, so every process of this venv imports the
+# real torchvision with its compiled ops (nms, roi_align, ...) off. Neither SGLang's code nor
+# torchvision's files are changed, and nothing the caches run uses those ops.
 #
 # Exit status 0: ready; 1: SGLang could not be installed, and the last line printed says why
 # ("setup_sglang_venv: FAILED: <reason>").
@@ -39,11 +50,28 @@ works() {  # does the venv import what the LPC strategy's tests need, at the pin
         return 1
     fi
     "$venv/bin/python" - >>"$log" 2>&1 <<PY
+import importlib, sys, warnings
+warnings.filterwarnings("ignore")
 import sglang
 assert sglang.__version__ == "$sglang_version", sglang.__version__
-import sglang.srt.plugins, sglang.srt.mem_cache.utils, sglang.srt.arg_groups.choices
-import sglang.srt.mem_cache.evict_policy, sglang.srt.server_args
+for name in ("sglang.srt.plugins", "sglang.srt.mem_cache.utils", "sglang.srt.arg_groups.choices",
+             "sglang.srt.mem_cache.evict_policy", "sglang.srt.server_args", "torchvision",
+             "sglang.srt.mem_cache.allocator", "sglang.srt.mem_cache.memory_pool",
+             "sglang.srt.mem_cache.radix_cache", "sglang.srt.mem_cache.unified_radix_cache"):
+    try:
+        importlib.import_module(name)
+    except Exception as error:
+        print(f"ERROR: import {name} fails: {type(error).__name__}: {error}")
+        sys.exit(1)
 PY
+}
+
+write_torchvision_shim() {  # see the header: the real torchvision, its compiled ops off
+    local site
+    site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+        || fail "cannot find $venv's site-packages"
+    echo "import sys, types; sys.modules.setdefault('torchvision._meta_registrations', types.ModuleType('torchvision._meta_registrations'))" \
+        >"$site/lpc_torchvision_cpu_shim.pth" || fail "cannot write $site/lpc_torchvision_cpu_shim.pth"
 }
 
 if works; then
@@ -71,6 +99,7 @@ fi
 echo "setup_sglang_venv: installing sglang==$sglang_version (--no-deps) and $requirements"
 "${pip[@]}" --no-deps "sglang==$sglang_version" -r "$requirements" >>"$log" 2>&1 \
     || fail "pip install sglang==$sglang_version: $(last_error)"
+write_torchvision_shim
 works || fail "SGLang $sglang_version installed but its imports fail: $(last_error)"
 echo "setup_sglang_venv: $venv is ready with SGLang $sglang_version"
 rm -f "$log"

@@ -1,15 +1,20 @@
-"""A stand-in for SGLang 0.5.23's `RadixCache`, built from its documented eviction contract.
+"""A stand-in for SGLang 0.5.23's `RadixCache`, for the fast default-suite checks.
 
-SGLang's real `RadixCache` cannot be imported here: its module pulls in SGLang's whole
-runtime (model configs, MoE runners, kernels), including torchvision, which has no CPU wheel
-on this machine (see docs/serving.md). This is NOT SGLang's code; it is a small radix tree
-that keeps exactly the contract a `get_priority` strategy sees:
+The real `RadixCache` and `UnifiedRadixCache` run only in SGLang's own venv
+(`lpc.integrations.sglang_radix`, tests marked `sglang`); this small radix tree lets the
+default suite check the strategy's eviction order in milliseconds without it. It is NOT
+SGLang's code; it keeps the contract a `get_priority` strategy sees, and the `sglang` tests
+run the same scenarios on the real caches and on this tree and require the same results:
 
 - a node has `priority`, `last_access_time`, `lock_ref`, `parent`, `children`, a token `key`;
 - `insert(tokens, priority)` walks the path from the root, setting `last_access_time` to the
   insert's time and `priority = max(priority, request priority)` on every node of the path;
   a new leaf takes the request's priority; splitting a node at a partial match gives the new
   parent its child's priority (and hit count);
+- when an insert or match ends partway into a node, the node's `last_access_time` is
+  refreshed BEFORE it is split, so the unmatched suffix (the old node, now a child of the
+  new prefix node) is refreshed too, as SGLang does; only the new prefix node takes the
+  insert's priority;
 - `match(tokens)` refreshes `last_access_time` on the matched path (splitting like insert);
 - `evict(n)` heapifies the evictable leaves (no children, `lock_ref == 0`, not the root) by
   `(strategy.get_priority(node), node)` — nodes compare by `last_access_time` on ties — pops
@@ -65,7 +70,9 @@ class StandInRadixCache:
         new.children[child.key[0]] = child
         return new
 
-    def _walk(self, tokens: Sequence[int], on_node: Callable[[Node], None]) -> tuple[Node, int]:
+    def _walk(
+        self, tokens: Sequence[int], now: float, on_node: Callable[[Node], None]
+    ) -> tuple[Node, int]:
         node, done = self.root, 0
         on_node(node)
         while done < len(tokens) and tokens[done] in node.children:
@@ -78,6 +85,7 @@ class StandInRadixCache:
             ):
                 shared += 1
             if shared < len(child.key):
+                child.last_access_time = now  # SGLang refreshes the suffix, then splits
                 child = self._split(child, shared)
             on_node(child)
             node, done = child, done + shared
@@ -90,7 +98,7 @@ class StandInRadixCache:
             node.last_access_time = now
             node.priority = max(node.priority, priority)
 
-        node, done = self._walk(tuple(tokens), touch)
+        node, done = self._walk(tuple(tokens), now, touch)
         if done < len(tokens):
             leaf = Node(tuple(tokens[done:]), priority, now)
             leaf.parent = node
@@ -104,9 +112,28 @@ class StandInRadixCache:
         def touch(node: Node) -> None:
             node.last_access_time = now
 
-        return self._walk(tuple(tokens), touch)
+        return self._walk(tuple(tokens), now, touch)
 
-    def lock(self, node: Node, delta: int) -> None:
+    def node_at(self, tokens: Sequence[int]) -> Node | None:
+        """The node whose path from the root spells exactly `tokens` (None if none does)."""
+        node, done = self.root, 0
+        while done < len(tokens):
+            child = node.children.get(tokens[done])
+            if child is None or tuple(tokens[done : done + len(child.key)]) != child.key:
+                return None
+            node, done = child, done + len(child.key)
+        return node
+
+    def lock(self, tokens: Sequence[int]) -> Node:
+        """Lock the path of `tokens`' cached prefix, as a running request does."""
+        node, _ = self.match(tokens)
+        self._add_lock(node, 1)
+        return node
+
+    def unlock(self, node: Node) -> None:
+        self._add_lock(node, -1)
+
+    def _add_lock(self, node: Node, delta: int) -> None:
         while node is not self.root:
             node.lock_ref += delta
             assert node.lock_ref >= 0

@@ -12,16 +12,14 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from lpc.integrations.sglang_radix import sglang_python_path
 from lpc.integrations.vllm_driver import REPO_ROOT
+
+__all__ = ["SnippetFailed", "entry_point_site", "run_snippet", "sglang_python_path"]
 
 
 class SnippetFailed(RuntimeError):
     """The snippet exited with an error; the message ends with its stderr."""
-
-
-def sglang_python_path() -> Path:
-    configured = os.environ.get("LPC_SGLANG_PYTHON")
-    return Path(configured) if configured else REPO_ROOT / ".sglang-venv" / "bin" / "python"
 
 
 def run_snippet(
