@@ -1,7 +1,7 @@
 """Conversations inferred from shared prefixes, for traces that carry no conversation ids.
 
-The rule (docs/traces.md, "Prefix linkage (Mooncake)"), for requests in arrival order whose block ids
-are prefix hashes (equal id at a position = equal prompt up to the end of that block):
+The rule (docs/traces.md, "Prefix linkage (Mooncake)"), for requests in arrival order whose
+block ids are prefix hashes (equal id at a position = equal prompt up to the end of that block):
 
 1. A block is *shared* when its fan-out — the number of distinct ids that follow it across
    the whole trace, counting "the prompt ends here" as one — is at least `shared_fanout`.
