@@ -28,6 +28,9 @@ class MLPConfig:
     hidden_sizes: tuple[int, ...] = DEFAULT_HIDDEN_SIZES
     dropout: float = 0.0
     extra_features: tuple[str, ...] = ()  # named scalar columns after the embedding
+    # The text model ends with the encoded turn count; an access-only model (no embedding,
+    # `predictor.access_features` as its extra features) has no such column.
+    turn_column: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
@@ -39,10 +42,12 @@ class MLPConfig:
                 f"MLPConfig.extra_features must be distinct non-empty names, "
                 f"got {self.extra_features!r}"
             )
-        if not isinstance(self.embedding_dim, int) or self.embedding_dim < 1:
+        if not isinstance(self.embedding_dim, int) or self.embedding_dim < 0:
             raise ValueError(
-                f"MLPConfig.embedding_dim must be a positive integer, got {self.embedding_dim!r}"
+                f"MLPConfig.embedding_dim must be an integer >= 0, got {self.embedding_dim!r}"
             )
+        if self.input_dim < 1:
+            raise ValueError("MLPConfig has no input: no embedding, extra features or turn column")
         if not self.hidden_sizes or any(not isinstance(h, int) or h < 1 for h in self.hidden_sizes):
             raise ValueError(
                 f"MLPConfig.hidden_sizes must be positive integers, got {self.hidden_sizes!r}"
@@ -52,8 +57,8 @@ class MLPConfig:
 
     @property
     def input_dim(self) -> int:
-        """Embedding, extra features, and the one turn-count column."""
-        return self.embedding_dim + len(self.extra_features) + 1
+        """Embedding, extra features, and the turn-count column (when it has one)."""
+        return self.embedding_dim + len(self.extra_features) + int(self.turn_column)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -62,6 +67,8 @@ class MLPConfig:
         extras = data.pop("extra_features")
         if extras:
             data["extra_features"] = list(extras)
+        if data["turn_column"]:
+            del data["turn_column"]
         return data
 
     @classmethod
@@ -71,6 +78,7 @@ class MLPConfig:
             tuple(int(h) for h in data["hidden_sizes"]),
             float(data.get("dropout", 0.0)),
             tuple(str(n) for n in data.get("extra_features", ())),
+            bool(data.get("turn_column", True)),
         )
 
 
