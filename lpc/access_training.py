@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lpc.access_table import request_table
 from lpc.ab_pipeline import TRACE_MAX_MODEL_LEN
+from lpc.access_table import request_table
 from lpc.traces.linkage import DEFAULT_SHARED_FANOUT
 from lpc.traces.timeline import DEFAULT_SPLIT_AT
 from predictor.access_features import default_feature_names, feature
@@ -75,7 +75,9 @@ def train_on_trace(options: TraceTrainOptions, out: Path | None) -> dict[str, An
         "horizon_s": options.horizon_s,
         "features": list(names),
         "hidden_sizes": list(options.fit.hidden_sizes),
-        "metrics": {k: result.metrics[k] for k in ("mlp", "gbm", "turns_only") if k in result.metrics},
+        "metrics": {
+            k: result.metrics[k] for k in ("mlp", "gbm", "turns_only") if k in result.metrics
+        },
         "samples": result.metrics["samples"],
         "epochs": result.epochs,
         "served": result.served,

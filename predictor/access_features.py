@@ -209,9 +209,7 @@ ACCESS_FEATURES: tuple[AccessFeature, ...] = (
         "shared_prefix_share",
         "arrival",
         "shared prefix tokens / prompt tokens",
-        lambda t: (t["shared_prefix_tokens"] / t["prompt_tokens"].clip(lower=1)).astype(
-            np.float64
-        ),
+        lambda t: (t["shared_prefix_tokens"] / t["prompt_tokens"].clip(lower=1)).astype(np.float64),
         lambda r, c: r.shared_prefix_tokens / max(1, r.prompt_tokens),
     ),
     AccessFeature(
@@ -243,9 +241,7 @@ ACCESS_FEATURES: tuple[AccessFeature, ...] = (
         lambda t: _log1p(
             t["arrival_s"] - t.groupby("conversation_id", sort=False)["arrival_s"].transform("min")
         ),
-        lambda r, c: _log1p(
-            0.0 if c.first_arrival_s is None else r.arrival_s - c.first_arrival_s
-        ),
+        lambda r, c: _log1p(0.0 if c.first_arrival_s is None else r.arrival_s - c.first_arrival_s),
     ),
     AccessFeature(
         "log_output_tokens",
@@ -275,9 +271,7 @@ def feature(name: str) -> AccessFeature:
 def default_feature_names(table_columns: Sequence[str]) -> tuple[str, ...]:
     """Every feature the table can feed: the type indicators only when it has types."""
     return tuple(
-        f.name
-        for f in ACCESS_FEATURES
-        if f.needs_column is None or f.needs_column in table_columns
+        f.name for f in ACCESS_FEATURES if f.needs_column is None or f.needs_column in table_columns
     )
 
 
@@ -288,7 +282,8 @@ def known_by(names: Sequence[str]) -> str:
 
 def check_table(table: pd.DataFrame, names: Sequence[str]) -> None:
     missing = [c for c in REQUEST_COLUMNS if c not in table.columns]
-    missing += sorted({f.needs_column for n in names if (f := feature(n)).needs_column} - set(table.columns))
+    needed = {f.needs_column for n in names if (f := feature(n)).needs_column}
+    missing += sorted(needed - set(table.columns))
     if missing:
         raise AccessFeatureError(f"the request table lacks column(s) {', '.join(missing)}")
     if not table["arrival_s"].is_monotonic_increasing:

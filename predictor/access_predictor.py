@@ -8,6 +8,7 @@ process and no RPC is needed. The weights are parsed with numpy (safetensors), n
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -73,9 +74,10 @@ class AccessPredictor:
         self.weights, self.biases = weights, biases
         expected = [len(self.feature_names), *metadata.mlp_config.hidden_sizes, 1]
         shapes = [w.shape for w in weights]
-        if shapes != list(zip(expected[:-1], expected[1:], strict=True)) or [
-            b.shape[0] for b in biases
-        ] != expected[1:]:
+        if (
+            shapes != list(itertools.pairwise(expected))
+            or [b.shape[0] for b in biases] != expected[1:]
+        ):
             raise ArtifactCorruptError(
                 f"artifact {path}: weight shapes {shapes} do not match the recorded "
                 f"{len(self.feature_names)} inputs and hidden sizes {expected[1:-1]}"

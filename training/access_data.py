@@ -27,7 +27,7 @@ import pandas as pd
 from predictor.access_features import feature_frame
 
 DEFAULT_ACCESS_HORIZON_S = 300.0
-DEFAULT_VALIDATION_FRACTION = 0.2
+DEFAULT_VALIDATION_FRACTION = 0.3
 
 
 def horizon_labels(table: pd.DataFrame, horizon_s: float, end_s: float) -> pd.Series:

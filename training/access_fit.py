@@ -85,9 +85,7 @@ def _fit_mlp(
     torch.manual_seed(config.seed)
     torch.set_num_threads(config.threads)
     names = samples.feature_names
-    model = ContinuationMLP(
-        MLPConfig(0, config.hidden_sizes, 0.0, tuple(names), turn_column=False)
-    )
+    model = ContinuationMLP(MLPConfig(0, config.hidden_sizes, 0.0, tuple(names), turn_column=False))
     x = torch.from_numpy(((samples.features["fit"] - mean) / std).astype(np.float32))
     y = torch.from_numpy(samples.labels["fit"].astype(np.float32))
     vx = torch.from_numpy(((samples.features["validation"] - mean) / std).astype(np.float32))
