@@ -28,10 +28,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # pandas is imported where a table is read: the engine path needs none
+    import pandas as pd
 
 KnownAt = Literal["arrival", "scheduling", "release"]
 KNOWN_AT_ORDER: dict[str, int] = {"arrival": 0, "scheduling": 1, "release": 2}
@@ -102,7 +104,7 @@ class ConversationState:
         )
 
 
-TableFn = Callable[[pd.DataFrame], pd.Series]
+TableFn = Callable[["pd.DataFrame"], "pd.Series"]
 StateFn = Callable[[RequestState, ConversationState], float]
 
 
@@ -141,9 +143,9 @@ def _mean_think_time(table: pd.DataFrame) -> pd.Series:
 
 
 def _log1p(values: pd.Series | float) -> pd.Series | float:
-    if isinstance(values, pd.Series):
-        return np.log1p(values.astype(np.float64).clip(lower=0.0))
-    return math.log1p(max(0.0, float(values)))
+    if isinstance(values, int | float):
+        return math.log1p(max(0.0, float(values)))
+    return np.log1p(values.astype(np.float64).clip(lower=0.0))
 
 
 def _new_tokens_state(r: RequestState, c: ConversationState) -> float:
@@ -292,6 +294,8 @@ def check_table(table: pd.DataFrame, names: Sequence[str]) -> None:
 
 def feature_frame(table: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
     """One column per feature, one row per request (raw: not standardised)."""
+    import pandas as pd
+
     check_table(table, names)
     return pd.DataFrame({n: feature(n).from_table(table).to_numpy(np.float64) for n in names})
 

@@ -12,9 +12,12 @@ import itertools
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from predictor.access_features import (
     AccessFeatureError,
@@ -50,13 +53,18 @@ def _layers(
         layer = by_index[index]
         if set(layer) != {"weight", "bias"}:
             raise ArtifactCorruptError(f"artifact {folder}: layer {index} lacks weight or bias")
-        weights.append(np.ascontiguousarray(layer["weight"].T, dtype=np.float64))
-        biases.append(np.asarray(layer["bias"], dtype=np.float64))
+        weights.append(np.ascontiguousarray(layer["weight"].T, dtype=np.float32))
+        biases.append(np.asarray(layer["bias"], dtype=np.float32))
     return weights, biases
 
 
 class AccessPredictor:
-    """Batched numpy forward pass of an access-only model (ReLU MLP, one logit)."""
+    """Batched numpy forward pass of an access-only model (ReLU MLP, one logit).
+
+    The matrices are tiny (k×32): a process that also runs large matrix products should
+    let this one use a single BLAS thread (`threadpoolctl.threadpool_limits(1)` or
+    OPENBLAS_NUM_THREADS=1); with several threads on a busy machine the threads' hand-offs
+    cost more than the arithmetic (docs/results.md, "Real traffic")."""
 
     def __init__(
         self,
@@ -69,8 +77,8 @@ class AccessPredictor:
         self.path = path
         self.metadata = metadata
         self.feature_names = inputs.access_names
-        self.mean = np.array([f.mean for f in inputs.access_features], dtype=np.float64)
-        self.std = np.array([f.std for f in inputs.access_features], dtype=np.float64)
+        self.mean = np.array([f.mean for f in inputs.access_features], dtype=np.float32)
+        self.scale = np.array([1.0 / f.std for f in inputs.access_features], dtype=np.float32)
         self.weights, self.biases = weights, biases
         expected = [len(self.feature_names), *metadata.mlp_config.hidden_sizes, 1]
         shapes = [w.shape for w in weights]
@@ -122,12 +130,12 @@ class AccessPredictor:
 
     def logits(self, features: np.ndarray) -> np.ndarray:
         """(n, k) raw feature values (columns in `feature_names` order) → (n,) logits."""
-        x = np.asarray(features, dtype=np.float64)
+        x = np.asarray(features, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != len(self.feature_names):
             raise ValueError(
                 f"expected features of shape (n, {len(self.feature_names)}), got {x.shape}"
             )
-        hidden = (x - self.mean) / self.std
+        hidden = (x - self.mean) * self.scale
         last = len(self.weights) - 1
         for layer, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
             hidden = hidden @ weight
@@ -137,7 +145,10 @@ class AccessPredictor:
         return hidden[:, 0]
 
     def predict(self, features: np.ndarray) -> np.ndarray:
-        return 1.0 / (1.0 + np.exp(-self.logits(features)))
+        """Probabilities (float64) in float32 arithmetic, like the torch model it was
+        trained as."""
+        logits = self.logits(features).astype(np.float64)
+        return 1.0 / (1.0 + np.exp(-logits))
 
     def predict_table(self, table: pd.DataFrame) -> np.ndarray:
         """Probabilities for every request of a request table (`REQUEST_COLUMNS`)."""

@@ -20,10 +20,13 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from predictor.features import FeatureConfig, FeatureConfigError
-from predictor.model import ContinuationMLP, MLPConfig
+from predictor.mlp_config import MLPConfig
+
+if TYPE_CHECKING:
+    from predictor.model import ContinuationMLP
 
 ARTIFACT_FORMAT_VERSION = 1
 SUPPORTED_FORMAT_VERSIONS = frozenset({1})
@@ -362,6 +365,8 @@ def load_artifact(
     """Load and verify an artifact; raises a subclass of `ArtifactError` naming the problem."""
     from safetensors import SafetensorError
     from safetensors.torch import load as load_tensors
+
+    from predictor.model import ContinuationMLP
 
     folder = Path(folder)
     if not folder.is_dir():
