@@ -26,7 +26,7 @@ import pandas as pd
 
 from predictor.access_features import feature_frame
 
-DEFAULT_ACCESS_HORIZON_S = 300.0
+DEFAULT_ACCESS_HORIZON_S = 180.0
 DEFAULT_VALIDATION_FRACTION = 0.3
 
 
