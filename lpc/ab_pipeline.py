@@ -173,7 +173,7 @@ def run_ab(
     from lpc.chat_tokenizers import default_chat_tokenizer
     from lpc.conversation_workload import load_split, message_tokenizer, scripted_conversations
     from lpc.trace import write_trace
-    from lpc.traces.load import TraceOptions, load_trace, resolve_trace
+    from lpc.traces.load import TraceOptions, load_trace, trace_format_of
     from lpc.traces.timeline import split_in_time, training_turn_counts
 
     timings: dict[str, float] = {}
@@ -185,7 +185,16 @@ def run_ab(
         or (TRACE_MAX_MODEL_LEN if is_trace else DATASET_MAX_MODEL_LEN),
     )
     if options.trace is not None:
-        resolve_trace(options.trace)  # a missing file fails before any data set is loaded
+        # A missing file, or the learned model on a trace without text, fails before any
+        # data set is loaded.
+        fmt = trace_format_of(options.trace, options.trace_format)
+        if fmt != "lpc" and "model" in _sources_needed(
+            options.policies, options.trace_probabilities
+        ):
+            raise ValueError(
+                f"the learned predictor reads user prompts; a {fmt} trace has no text "
+                "(use lpc-turns, or an lpc trace in chat form)"
+            )
     tokenizer = default_chat_tokenizer()
     needs_train = bool(
         _sources_needed(options.policies, options.trace_probabilities) - {"oracle", "trace"}
@@ -246,6 +255,7 @@ def run_ab(
         )
         requests, logged = trace.requests, trace.logged_probabilities
         source_desc = f"{trace.format} trace {trace.path}"
+
         options = replace(
             options,
             block_size=options.block_size or trace.trace_block_size or 16,
@@ -463,6 +473,16 @@ def _closed_loop_grid(
 
 def _trace_header(options: ABOptions, source: str) -> dict[str, Any]:
     w = options.workload
+    if options.trace is not None:
+        # A re-exported trace: its timeline came from the trace and the latency model.
+        return {
+            "created_by": f"lpc {__version__}",
+            "source": source,
+            "latency": asdict(w.latency),
+            "horizon_s": options.horizon_s,
+            "max_model_len": options.max_model_len,
+            "probability_source": options.trace_probabilities,
+        }
     return {
         "created_by": f"lpc {__version__}",
         "source": source,
@@ -651,6 +671,8 @@ def _markdown_trace_report(outcome: ABOutcome) -> str:
 def summary_text(outcome: ABOutcome) -> str:
     policies = [p.label for p in outcome.options.policies]
     text = terminal_report(outcome.comparison, policies)
+    if "trace" in outcome.workload_summary:
+        text = "\n".join(trace_description(outcome.workload_summary)) + "\n\n" + text
     if outcome.sweep:
         header, rows = sweep_table(outcome.sweep, policies)
         text += "\n\n" + text_table(

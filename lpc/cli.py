@@ -44,4 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # `python -m lpc.cli` runs this file as `__main__`; commands raise `lpc.cli.CommandError`,
+    # a different class from this copy's, so run the imported module's `main`.
+    from lpc.cli import main as imported_main
+
+    sys.exit(imported_main())

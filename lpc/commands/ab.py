@@ -85,7 +85,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def _size_text(sizes: tuple[int, ...]) -> str:
-    return ",".join(f"{s // 1_000_000}M" if s % 1_000_000 == 0 else f"{s // 1000}K" for s in sizes)
+    return ",".join(f"{s / 1e6:g}M" if s >= 1_000_000 else f"{s / 1000:g}K" for s in sizes)
 
 
 def _split_at(text: str) -> float:
@@ -139,7 +139,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--trace",
         type=Path,
         help="replay this request trace instead of generating a workload: a JSONL file (gzip "
-        "or plain) or 'mooncake', the bundled Mooncake conversation trace (docs/traces.md)",
+        "or plain; Mooncake, Bailian or lpc format) or a bundled trace, 'mooncake' (the Mooncake "
+        "conversation trace) or 'mooncake-synthetic' (docs/traces.md)",
     )
     data.add_argument(
         "--trace-format",
@@ -152,7 +153,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="with --trace: requests before this point are the training part (they warm the "
         "cache and fit lpc-turns), the rest are counted; a fraction of the trace's span (< 1) "
-        "or seconds after its first arrival (default: 0.5)",
+        "or seconds after its first arrival; 0 counts every request (default: 0.5)",
     )
     data.add_argument(
         "--horizon",

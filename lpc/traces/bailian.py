@@ -54,7 +54,7 @@ def parse_bailian(path: Path, lines: JsonLines) -> tuple[pd.DataFrame, int]:
                 path, lineno, f"'type' must be one of {', '.join(BAILIAN_TYPES)}, got {kind!r}"
             )
         turn = count(record, "turn", path, lineno, minimum=1)
-        ids = hash_ids(record, path, lineno, input_length, BAILIAN_BLOCK_SIZE)
+        ids = hash_ids(record, path, lineno, input_length, BAILIAN_BLOCK_SIZE, signed=True)
         rows.append((lineno, timestamp, input_length, output_length, ids, chat, parent, kind, turn))
     table = pd.DataFrame(
         rows,

@@ -28,16 +28,23 @@ def count(record: dict[str, Any], key: str, path: Path, lineno: int, minimum: in
 
 
 def hash_ids(
-    record: dict[str, Any], path: Path, lineno: int, input_length: int, block_size: int
+    record: dict[str, Any],
+    path: Path,
+    lineno: int,
+    input_length: int,
+    block_size: int,
+    signed: bool = False,
 ) -> list[int]:
-    """A non-empty list of ints >= 0, one per `block_size` tokens of the prompt (the last
+    """A non-empty list of ints (>= 0 unless `signed`: a 64-bit hash written as a signed
+    integer is still just an identity), one per `block_size` tokens of the prompt (the last
     block may be partial)."""
     value = record.get("hash_ids")
     if not isinstance(value, list) or not value:
         raise fail(path, lineno, f"'hash_ids' must be a non-empty list of ints, got {value!r}")
     for i, h in enumerate(value):
-        if isinstance(h, bool) or not isinstance(h, int) or h < 0:
-            raise fail(path, lineno, f"hash_ids[{i}] must be an int >= 0, got {h!r}")
+        if isinstance(h, bool) or not isinstance(h, int) or (h < 0 and not signed):
+            kind = "an int" if signed else "an int >= 0"
+            raise fail(path, lineno, f"hash_ids[{i}] must be {kind}, got {h!r}")
     expected = -(-input_length // block_size)
     if len(value) != expected:
         raise fail(

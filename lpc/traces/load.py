@@ -82,6 +82,18 @@ def detect_format(path: Path, record: dict[str, Any], lineno: int) -> str:
     )
 
 
+def trace_format_of(spec: str | Path, given: str | None = None) -> str:
+    """The format of a trace (`given`, or recognised from its first line)."""
+    if given is not None:
+        return given
+    path = resolve_trace(spec)
+    lines = read_json_lines(path)
+    if not lines.records:
+        raise TraceError(f"{path}: the trace holds no requests")
+    lineno, record = lines.records[0]
+    return detect_format(path, record, lineno)
+
+
 def load_trace(
     spec: str | Path, options: TraceOptions, tokenize: MessageTokenizer | None = None
 ) -> LoadedTrace:

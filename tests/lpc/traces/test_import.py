@@ -187,6 +187,8 @@ BAILIAN_FIXTURE = [
     bailian(20, -1, 1_700_000_005.0, 1, "text"),
     bailian(30, 999, 1_700_000_040.0, 4, "search"),  # parent not in the trace: an orphan
 ]
+# SipHash values as the release writes them: 64-bit, some printed as signed integers.
+BAILIAN_FIXTURE[4]["hash_ids"] = [-6_917_529_027_641_081_856, 18_446_744_073_709_551_615]
 
 
 def test_bailian_structure_follows_its_ids(tmp_path: Path) -> None:
@@ -246,3 +248,47 @@ def test_bundled_trace_loads_whole() -> None:
     assert len(trace.requests) == 12031
     assert sum(r.turn.num_prompt_tokens for r in trace.requests) == 144_793_823
     assert json.loads(bundled_lines()[0])["hash_ids"][0] == 0
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (
+            [
+                {"format": "lpc-trace", "version": 1, "hash_block_size": 0},
+                {"conversation_id": "a", "arrival_s": 0, "completion_s": 1, "hash_ids": [1]},
+            ],
+            "header 'hash_block_size' must be an int >= 1, got 0",
+        ),
+        (
+            [
+                {"format": "lpc-trace", "version": 1},
+                {"conversation_id": "a", "arrival_s": 0, "completion_s": 1, "hash_ids": [1]},
+                {"conversation_id": "a", "arrival_s": 1, "completion_s": 2, "hash_ids": [1]},
+            ],
+            "t.jsonl:2: 'hash_ids' needs 'hash_block_size' in the header line",
+        ),
+        (
+            [
+                {"format": "lpc-trace", "version": 1, "hash_block_size": 16},
+                {
+                    "conversation_id": "a",
+                    "arrival_s": 0,
+                    "completion_s": 1,
+                    "prompt_token_ids": [1],
+                },
+                {
+                    "conversation_id": "a",
+                    "arrival_s": 1,
+                    "completion_s": 2,
+                    "prompt_token_ids": [1],
+                },
+            ],
+            "t.jsonl:2: a trace with 'hash_block_size' needs 'hash_ids' on every line",
+        ),
+    ],
+)
+def test_bad_block_hash_form_lines(tmp_path: Path, lines: list, message: str) -> None:
+    with pytest.raises(TraceError) as error:
+        load_trace(write_lines(tmp_path / "t.jsonl", lines), options())
+    assert message in str(error.value)

@@ -30,7 +30,7 @@ def test_infinite_cache_matches_the_hash_ids_at_block_size_512() -> None:
 
 
 def test_infinite_cache_matches_the_hash_ids_at_block_size_16_on_a_slice(tmp_path: Path) -> None:
-    lines = bundled_lines()[:1500]
+    lines = bundled_lines()[:600]
     direct = direct_infinite_hit_ratio([json.loads(line) for line in lines])
     path = write_lines(tmp_path / "slice.jsonl", lines)
     assert abs(infinite_cache_hit_ratio(path, 16) - direct) < 0.005
@@ -99,3 +99,64 @@ def test_an_exported_trace_replays_to_identical_numbers(slice_run) -> None:
     header = json.loads(exported.read_text().split("\n", 1)[0])
     assert header["format"] == "lpc-trace" and header["hash_block_size"] == 512
     assert again["workload"]["trace"]["format"] == "lpc"
+
+
+def test_epoch_timestamps_report_the_real_span(tmp_path: Path) -> None:
+    lines = [
+        {
+            "conversation_id": "a",
+            "arrival_s": 1_700_000_000 + 10 * i,
+            "completion_s": 1_700_000_001 + 10 * i,
+            "prompt_token_ids": list(range(40 + 20 * i)),
+        }
+        for i in range(6)
+    ]
+    path = write_lines(tmp_path / "epoch.jsonl", lines)
+    outcome = run_ab(
+        ABOptions(
+            trace=path,
+            policies=tuple(parse_policies("lru,oracle")),
+            cache_sizes_tokens=(512,),
+            split_at=0.3,
+            fallback_probability=0.5,
+            workers=1,
+            progress=False,
+            out_dir=tmp_path / "o",
+        ),
+        log=lambda _: None,
+    )
+    assert outcome.workload_summary["span_s"] == pytest.approx(51.0)
+    assert outcome.workload_summary["trace"]["split"]["cut_after_start_s"] == pytest.approx(15.0)
+
+
+def test_a_bailian_trace_replays_end_to_end(tmp_path: Path) -> None:
+    from tests.lpc.traces.test_import import BAILIAN_FIXTURE
+
+    path = write_lines(tmp_path / "b.jsonl", BAILIAN_FIXTURE)
+    outcome = run_ab(
+        ABOptions(
+            trace=path,
+            policies=tuple(parse_policies("lru,lpc-turns,oracle,belady")),
+            cache_sizes_tokens=(256, 4096),
+            workers=1,
+            progress=False,
+            out_dir=tmp_path / "o",
+        ),
+        log=lambda _: None,
+    )
+    summary = outcome.workload_summary
+    assert summary["block_size"] == 16 and summary["trace"]["format"] == "bailian"
+    assert summary["trace"]["split"] == {
+        "cut_s": 20.0,
+        "cut_after_start_s": 20.0,
+        "train_requests": 3,
+        "eval_requests": 3,
+    }
+    assert "Conversations from chat ids" in (tmp_path / "o" / "report.md").read_text()
+
+
+def test_the_learned_predictor_is_refused_on_a_trace_without_text(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "slice.jsonl", bundled_lines()[:20])
+    options = ABOptions(trace=path, policies=tuple(parse_policies("lru,lpc")), progress=False)
+    with pytest.raises(ValueError, match="a mooncake trace has no text"):
+        run_ab(options, log=lambda _: None)
