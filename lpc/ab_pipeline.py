@@ -188,8 +188,10 @@ def run_ab(
         # A missing file, or the learned model on a trace without text, fails before any
         # data set is loaded.
         fmt = trace_format_of(options.trace, options.trace_format)
-        if fmt != "lpc" and "model" in _sources_needed(
-            options.policies, options.trace_probabilities
+        if (
+            fmt != "lpc"
+            and options.model_reads_text
+            and "model" in _sources_needed(options.policies, options.trace_probabilities)
         ):
             raise ValueError(
                 f"the learned predictor reads user prompts; a {fmt} trace has no text "
