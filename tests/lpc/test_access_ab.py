@@ -91,3 +91,14 @@ def test_train_trace_needs_out_and_a_valid_feature(slice_trace: Path, tmp_path, 
         main(["train", "--trace", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "m")]) == 2
     )
     assert "no such trace file" in capsys.readouterr().err
+
+
+def test_bench_access_reports_measured_figures(trained, capsys) -> None:
+    model, _ = trained
+    args = ["bench", "access", "--model", str(model), "--requests", "3000", "--single", "50"]
+    assert main([*args, "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["features"] == len(AccessPredictor.load(model).feature_names)
+    assert figures["batched_requests_per_s"] > 0 and figures["one_request_us_median"] > 0
+    assert figures["load_ms_median"] > 0 and figures["train_wall_s"] is None
+    assert main(["bench", "access", "--model", str(model), "--requests", "0"]) == 2
