@@ -102,3 +102,16 @@ def test_bench_access_reports_measured_figures(trained, capsys) -> None:
     assert figures["batched_requests_per_s"] > 0 and figures["one_request_us_median"] > 0
     assert figures["load_ms_median"] > 0 and figures["train_wall_s"] is None
     assert main(["bench", "access", "--model", str(model), "--requests", "0"]) == 2
+
+
+def test_bailian_types_reach_the_request_table(tmp_path: Path) -> None:
+    from predictor.access_features import default_feature_names, feature_frame
+    from tests.lpc.traces.test_import import BAILIAN_FIXTURE
+
+    trace = load_trace(write_lines(tmp_path / "b.jsonl", BAILIAN_FIXTURE), TraceOptions())
+    assert trace.request_types == ["text", "text", "search", "image", "file", "search"]
+    table = request_table(trace.requests, trace.request_types)
+    names = default_feature_names(list(table.columns))
+    assert "type_search" in names
+    values = feature_frame(table, names)
+    assert values["type_search"].tolist() == [0, 0, 1, 0, 0, 1]
