@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages
 
 from lpc.ab import TRACE_CACHE_SIZES_TOKENS
 from lpc.ab_pipeline import TRACE_MAX_MODEL_LEN
