@@ -34,7 +34,11 @@ def _positive_float(text: str) -> float:
 def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     from training.access_data import DEFAULT_ACCESS_HORIZON_S
 
-    g = p.add_argument_group("access-feature model on a request trace (--trace)")
+    g = p.add_argument_group(
+        "access-feature model on a request trace (--trace)",
+        "No text and no embedder: of the other flags only --hidden (default 32,32), --seed, "
+        "--threads, --out, --overwrite and --json apply (docs/training.md §8).",
+    )
     g.add_argument(
         "--trace",
         help="train an access-only model on this request trace instead of a chat data set: "
