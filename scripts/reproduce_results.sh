@@ -60,4 +60,20 @@ for think in 50 200; do
             --out "$out/ab-think$think-scale$scale" --json > "$out/ab-think$think-scale$scale.json"
     done
 done
+
+# 5. Real traffic (docs/results.md, "Real traffic"): LRU's eviction ages, the access model on
+#    the Mooncake trace (each split with a model trained on its own training part), the
+#    synthetic trace, and the access predictor's speed.
+$python scripts/lru_eviction_age.py --json > "$out/lru-eviction-age.json"
+$lpc train --trace mooncake --out "$out/access-0.5" --overwrite --json > "$out/train-access-0.5.json"
+$lpc ab --trace mooncake --model "$out/access-0.5" --out "$out/ab-trace-0.5" --json \
+    > "$out/ab-trace-0.5.json"
+for split in 0.33 0.67; do
+    $lpc train --trace mooncake --split-at "$split" --out "$out/access-$split" --overwrite \
+        --json > "$out/train-access-$split.json"
+    $lpc ab --trace mooncake --split-at "$split" --model "$out/access-$split" \
+        --out "$out/ab-trace-$split" --json > "$out/ab-trace-$split.json"
+done
+$lpc ab --trace mooncake-synthetic --out "$out/ab-synthetic" --json > "$out/ab-synthetic.json"
+$lpc bench access --train-trace mooncake --json > "$out/bench-access.json"
 echo "results in $out/"

@@ -27,9 +27,10 @@ Formats, prefix linkage and errors: docs/traces.md.
 POLICY_HELP = (
     "comma-separated policies (default: lru,fifo,lfu,lpc-turns,oracle,belady, and lpc when a "
     "predictor model is available; on a --trace: lru,fifo,lfu, every other registered "
-    "heuristic (s3fifo, sieve, arc), lpc-turns,lpc-const,oracle,belady). lru, fifo, lfu: "
-    "heuristics (lru is "
-    "vLLM's); lpc: LPC with the learned predictor (--model); lpc-turns: LPC with the "
+    "heuristic (s3fifo, sieve, arc), lpc-turns,lpc-const, lpc when an access-feature model "
+    "is available, oracle,belady). lru, fifo, lfu: heuristics (lru is vLLM's); lpc: LPC with "
+    "the learned predictor (--model; on a trace without text an access-feature model, "
+    "docs/training.md §8); lpc-turns: LPC with the "
     "turns-only ablation fitted on the training half; lpc-const[=P]: LPC with one constant p; "
     "lpc-trace: LPC with the 'probability' logged in a --trace; oracle: LPC with the true label; "
     "belady: farthest next use (oracle and belady are upper bounds)"
@@ -254,8 +255,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pol.add_argument(
         "--model",
         help="predictor artifact folder for the 'lpc' policy (default: the shipped "
-        "models/sharegpt-e5-small-q4 when present; a registry's 'current' link works too; "
-        "'none' runs without a model)",
+        "models/sharegpt-e5-small-q4 when present, on a --trace the access-feature model "
+        "models/mooncake-access; a registry's 'current' link works too; 'none' runs without "
+        "a model)",
     )
 
     sweep = p.add_argument_group("think-time sweep")
@@ -305,11 +307,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def model_path_from(args: argparse.Namespace) -> Path | None:
-    """--model, else the shipped model when present; None for 'none' or no model at all."""
+    """--model, else the shipped model when present (on a --trace the access-feature model
+    models/mooncake-access, else the text model); None for 'none' or no model at all."""
     from lpc.errors import CommandError
-    from training.locations import shipped_model_dir
+    from training.locations import SHIPPED_ACCESS_MODEL_NAME, shipped_model_dir
 
     if args.model is None:
+        if args.trace is not None:
+            return shipped_model_dir(SHIPPED_ACCESS_MODEL_NAME)
         return shipped_model_dir()
     if args.model == "none":
         return None
@@ -317,6 +322,13 @@ def model_path_from(args: argparse.Namespace) -> Path | None:
     if not path.is_dir():
         raise CommandError(f"--model {path} is not an artifact folder")
     return path
+
+
+def _with_learned_lpc(policies: tuple[str, ...]) -> tuple[str, ...]:
+    """`lpc` inserted before the upper bounds."""
+    bounds = [i for i, p in enumerate(policies) if p in ("oracle", "belady")]
+    at = bounds[0] if bounds else len(policies)
+    return (*policies[:at], "lpc", *policies[at:])
 
 
 def options_from(args: argparse.Namespace, model_available: bool = False):
@@ -328,7 +340,12 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
     from lpc.workload import LatencyModel, WorkloadConfig
 
     # An empty --policies is a mistake to report, not a request for the defaults.
-    defaults = default_trace_policies() if args.trace else default_policies(model_available)
+    if args.trace:
+        defaults = default_trace_policies()
+        if model_available:  # learned LPC (the access model) joins the trace policies
+            defaults = _with_learned_lpc(defaults)
+    else:
+        defaults = default_policies(model_available)
     text = ",".join(defaults) if args.policies is None else args.policies
     try:
         policies = tuple(parse_policies(text))
@@ -403,8 +420,19 @@ def check_out_dir(out: Path) -> None:
         raise CommandError(f"--out {out}: {existing} exists and is not a folder")
 
 
+def _is_access_model(model: Path) -> bool:
+    from lpc.errors import CommandError
+    from predictor.artifact import ArtifactError, read_metadata
+
+    try:
+        return not read_metadata(model).inputs.text_window
+    except ArtifactError as error:
+        raise CommandError(str(error)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
+    from dataclasses import replace
 
     from lpc.ab_pipeline import outcome_json, run_ab, summary_text
     from lpc.errors import CommandError
@@ -420,7 +448,12 @@ def run(args: argparse.Namespace) -> int:
     if wants_model and model is None:
         raise CommandError("policy 'lpc' needs a trained predictor model (--model PATH)")
     factory = None
-    if wants_model and model is not None:
+    if wants_model and model is not None and _is_access_model(model):
+        options = replace(options, model_reads_text=False)
+        from lpc.access_source import access_source_factory
+
+        factory = access_source_factory(model, log=log)
+    elif wants_model and model is not None:
         from lpc.learned_source import learned_source_factory
         from training.embedding_cache import EmbedOptions
         from training.locations import default_embedding_cache_dir

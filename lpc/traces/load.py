@@ -54,6 +54,7 @@ class LoadedTrace:
     path: Path
     trace_block_size: int | None  # None: the project's token-id form
     info: dict[str, Any]  # what the import found: skipped lines, linkage, cuts, labels
+    request_types: list[str] | None = None  # Bailian's `type` per request (access features)
 
 
 def resolve_trace(spec: str | Path) -> Path:
@@ -104,6 +105,7 @@ def load_trace(
     if fmt not in TRACE_FORMATS:
         raise TraceError(f"unknown trace format {fmt!r}; choose from {', '.join(TRACE_FORMATS)}")
     info: dict[str, Any] = {"format": fmt, "compressed": lines.compressed}
+    request_types: list[str] | None = None
     if fmt == "lpc":
         trace = read_trace(path, tokenize)
         requests, logged = trace.requests, trace.logged_probabilities
@@ -124,6 +126,7 @@ def load_trace(
             table["request_id"] = table["chat_id"].astype(str)
             info["orphans"] = orphans
             info["types"] = dict(Counter(table["type"]))
+            request_types = [str(t) for t in table["type"]]
             block_size = BAILIAN_BLOCK_SIZE
         info["skipped_last_lines"] = lines.skipped_last_lines
         requests = imported_requests(table, block_size)
@@ -140,7 +143,7 @@ def load_trace(
         info["horizon_s"] = options.horizon_s
         info["censored_labels"] = labels.censored
         info["continuing_labels"] = sum(labels.labels)
-    return LoadedTrace(requests, logged, fmt, path, block_size, info)
+    return LoadedTrace(requests, logged, fmt, path, block_size, info, request_types)
 
 
 def imported_requests(table: pd.DataFrame, trace_block_size: int) -> list[WorkloadRequest]:
