@@ -270,19 +270,20 @@ def finished_request(
 ) -> FinishedRequest:
     """A replayed request as the serving engine logs it when it finishes."""
     turn = request.turn
-    return FinishedRequest(
-        request_id=request.request_id,
-        arrival_s=request.arrival_s,
-        finish_s=finish_s,
-        num_prompt_tokens=cache_request.num_prompt_tokens,
-        num_cached_tokens=hit_tokens,
-        num_output_tokens=len(cache_request.token_ids) - cache_request.num_prompt_tokens,
-        block_hashes=cache_request.block_hashes or (),
-        conversation_id=turn.conversation_id,
-        turn_index=turn.turn_index,
-        probability=probability,
-        probability_source=None if probability is None else "model",
-        user_prompts=turn.user_prompts or None,
+    return FinishedRequest(  # positional: keyword arguments cost about 2 µs more
+        request.request_id,
+        request.arrival_s,
+        finish_s,
+        cache_request.num_prompt_tokens,
+        hit_tokens,
+        len(cache_request.token_ids) - cache_request.num_prompt_tokens,
+        cache_request.block_hashes or (),
+        turn.conversation_id,
+        turn.turn_index,
+        probability,
+        None if probability is None else "model",
+        None,
+        turn.user_prompts or None,
     )
 
 
