@@ -11,6 +11,10 @@ One request per line (an optional first line is a header, `{"format": "lpc-trace
     hash_ids          [int >= 0] one per block of the header's `hash_block_size` prompt
                       tokens, with input_length and output_length (the block-hash form of
                       imported production traces; expanded by `lpc.traces.expand`)
+    sequence_hash_ids the same over prompt and output tokens (a request log's form)
+    conversation_id   may be left out in the block-hash forms: inferred by prefix linkage
+    cached_tokens     int, optional: the engine's prefix-cache hit (a request log)
+    probability_source, request_type   str, optional (a request log)
     request_id        str, optional (default "<conversation_id>#<turn_index>")
     turn_index        int >= 0, optional (default: order of arrival within the conversation)
     has_next_turn     bool, optional (default: a later request of the conversation exists)
@@ -18,9 +22,10 @@ One request per line (an optional first line is a header, `{"format": "lpc-trace
     cache_salt        str or null, optional;  lora_id  str, int or null, optional
     probability       number in [0, 1] or null, optional: a prediction logged by the server
 
-Real serving logs are the intended input; generated workloads export the same format, so any
-trace can be replayed by anyone with the same numbers. Files may be gzip-compressed; a cut last
-line (a log still being written) is skipped and counted.
+Real serving logs are the intended input (`lpc.integrations.request_log` writes them: a
+folder of files, read here merged by time); generated workloads export the same format, so
+any trace can be replayed by anyone with the same numbers. Files may be gzip-compressed; a cut
+last line (a log still being written) is skipped and counted.
 """
 
 from __future__ import annotations
