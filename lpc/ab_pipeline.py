@@ -83,6 +83,8 @@ class ABOptions:
     sweep_cache_tokens: int = 160_000
     export_trace: Path | None = None
     trace_probabilities: str | None = None
+    # False for an access-feature model: it needs no chat data set on a trace
+    model_reads_text: bool = True
     out_dir: Path = Path("results/ab")
     workers: int = 2
     progress: bool = True
@@ -96,6 +98,7 @@ class ABContext:
     base_rate: float
     load_summary: str = ""
     eval_conversations: list[Conversation] = field(default_factory=list)  # for model sources
+    request_types: dict[str, str] | None = None  # trace request id -> Bailian type
 
 
 @dataclass
@@ -170,7 +173,7 @@ def run_ab(
     from lpc.chat_tokenizers import default_chat_tokenizer
     from lpc.conversation_workload import load_split, message_tokenizer, scripted_conversations
     from lpc.trace import write_trace
-    from lpc.traces.load import TraceOptions, load_trace, resolve_trace
+    from lpc.traces.load import TraceOptions, load_trace, trace_format_of
     from lpc.traces.timeline import split_in_time, training_turn_counts
 
     timings: dict[str, float] = {}
@@ -182,7 +185,18 @@ def run_ab(
         or (TRACE_MAX_MODEL_LEN if is_trace else DATASET_MAX_MODEL_LEN),
     )
     if options.trace is not None:
-        resolve_trace(options.trace)  # a missing file fails before any data set is loaded
+        # A missing file, or the learned model on a trace without text, fails before any
+        # data set is loaded.
+        fmt = trace_format_of(options.trace, options.trace_format)
+        if (
+            fmt != "lpc"
+            and options.model_reads_text
+            and "model" in _sources_needed(options.policies, options.trace_probabilities)
+        ):
+            raise ValueError(
+                f"the learned predictor reads user prompts; a {fmt} trace has no text "
+                "(use lpc-turns, or an lpc trace in chat form)"
+            )
     tokenizer = default_chat_tokenizer()
     needs_train = bool(
         _sources_needed(options.policies, options.trace_probabilities) - {"oracle", "trace"}
@@ -193,7 +207,9 @@ def run_ab(
         # A trace's own training part fits turns and the fallback; only a learned model
         # needs the chat data set (its evaluation conversations). A trace split at 0 has no
         # training part: the data set's training half fits them, as for generated workloads.
-        needs_train = "model" in _sources_needed(options.policies, options.trace_probabilities)
+        needs_train = options.model_reads_text and "model" in _sources_needed(
+            options.policies, options.trace_probabilities
+        )
     dataset = None
     if not is_trace or needs_train:
         dataset = load_split(options.dataset, options.data_format, options.mode)
@@ -241,6 +257,7 @@ def run_ab(
         )
         requests, logged = trace.requests, trace.logged_probabilities
         source_desc = f"{trace.format} trace {trace.path}"
+
         options = replace(
             options,
             block_size=options.block_size or trace.trace_block_size or 16,
@@ -257,6 +274,10 @@ def run_ab(
             if options.fallback_probability is None:
                 fallback = base_rate
         trace_info = {**trace.info, "split": split.to_dict()}
+        if trace.request_types is not None:
+            context.request_types = {
+                r.request_id: t for r, t in zip(requests, trace.request_types, strict=True)
+            }
         if trace.info.get("skipped_last_lines"):
             log(f"trace: skipped a cut last line of {trace.path}")
         if trace.info.get("cut_to_max_model_len"):
@@ -312,7 +333,15 @@ def run_ab(
 
     def predictions(reqs: list[WorkloadRequest]) -> dict[str, list[float | None]]:
         turns = [r.turn for r in reqs]
-        values = {name: source.predict(turns) for name, source in sources.items()}
+        # Sources that read a request's timing (access features) take the requests.
+        values = {
+            name: (
+                source.predict_requests(reqs)
+                if hasattr(source, "predict_requests")
+                else source.predict(turns)
+            )
+            for name, source in sources.items()
+        }
         if "trace" in names:
             if logged is None:
                 raise ValueError("policy lpc-trace needs a trace whose lines carry 'probability'")

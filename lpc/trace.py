@@ -153,11 +153,14 @@ def read_trace(path: str | Path, tokenize: MessageTokenizer | None = None) -> Tr
     if not rows:
         raise TraceError(f"{path}: the trace holds no requests")
     hash_block_size = header.get("hash_block_size")
-    if (
-        hash_block_size is not None
-        and (isinstance(hash_block_size, bool) or not isinstance(hash_block_size, int))
-    ) or (hash_block_size is not None and hash_block_size < 1):
-        raise TraceError(f"{path}: header 'hash_block_size' must be an int >= 1")
+    if hash_block_size is not None and (
+        isinstance(hash_block_size, bool)
+        or not isinstance(hash_block_size, int)
+        or hash_block_size < 1
+    ):
+        raise TraceError(
+            f"{path}: header 'hash_block_size' must be an int >= 1, got {hash_block_size!r}"
+        )
 
     parsed = []
     for path, lineno, record in rows:

@@ -20,10 +20,13 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from predictor.features import FeatureConfig, FeatureConfigError
-from predictor.model import ContinuationMLP, MLPConfig
+from predictor.mlp_config import MLPConfig
+
+if TYPE_CHECKING:
+    from predictor.model import ContinuationMLP
 
 ARTIFACT_FORMAT_VERSION = 1
 SUPPORTED_FORMAT_VERSIONS = frozenset({1})
@@ -64,6 +67,76 @@ class DimensionMismatchError(ArtifactIncompatibleError):
 
 
 @dataclass(frozen=True)
+class AccessInput:
+    """One access feature (`predictor.access_features`) and how it is standardised."""
+
+    name: str
+    mean: float
+    std: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"access feature name must be a non-empty string, got {self.name!r}")
+        for what, value in (("mean", self.mean), ("std", self.std)):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"access feature {self.name!r}: {what} must be a number")
+            if not math.isfinite(value):
+                raise ValueError(f"access feature {self.name!r}: {what} is not finite")
+        if self.std <= 0:
+            raise ValueError(f"access feature {self.name!r}: std must be > 0, got {self.std!r}")
+
+
+@dataclass(frozen=True)
+class ArtifactInputs:
+    """What a model reads: the text window (embedder + turn count), access features, or both.
+
+    Artifacts written before inputs were declared read the text window only, which is the
+    default. An access-only model needs no embedder; `horizon_s` is its label's horizon.
+    """
+
+    text_window: bool = True
+    access_features: tuple[AccessInput, ...] = ()
+    horizon_s: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "access_features", tuple(self.access_features))
+        if not self.text_window and not self.access_features:
+            raise ValueError("inputs declare neither a text window nor access features")
+        names = [f.name for f in self.access_features]
+        if len(set(names)) != len(names):
+            raise ValueError(f"inputs list an access feature twice: {names}")
+
+    @property
+    def access_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.access_features)
+
+    @property
+    def is_default(self) -> bool:
+        return self == ArtifactInputs()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "text_window": self.text_window,
+            "access_features": [dataclasses.asdict(f) for f in self.access_features],
+            "horizon_s": self.horizon_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ArtifactInputs:
+        if not isinstance(data, dict):
+            raise ValueError(f"inputs must be an object, got {data!r}")
+        features = data.get("access_features", [])
+        if not isinstance(features, list) or not all(isinstance(f, dict) for f in features):
+            raise ValueError("inputs.access_features must be a list of objects")
+        horizon = data.get("horizon_s")
+        return cls(
+            bool(data.get("text_window", True)),
+            tuple(AccessInput(f.get("name"), f.get("mean"), f.get("std")) for f in features),
+            None if horizon is None else float(horizon),
+        )
+
+
+@dataclass(frozen=True)
 class ArtifactMetadata:
     embedder_id: str
     feature_config: FeatureConfig
@@ -74,6 +147,7 @@ class ArtifactMetadata:
     embedder_spec: str = "e5-small-q4"  # how `load_embedder` finds the embedder again
     created_at: str = ""
     notes: dict[str, Any] = field(default_factory=dict)
+    inputs: ArtifactInputs = field(default_factory=ArtifactInputs)
     format_version: int = ARTIFACT_FORMAT_VERSION
     weights_sha256: str = ""  # filled in by save_artifact
     weights_bytes: int = 0  # filled in by save_artifact
@@ -93,6 +167,20 @@ class ArtifactMetadata:
             )
         if not isinstance(self.metrics, dict):
             raise ValueError(f"ArtifactMetadata.metrics must be a dict, got {self.metrics!r}")
+        mlp, inputs = self.mlp_config, self.inputs
+        if not inputs.text_window and (mlp.embedding_dim or mlp.turn_column):
+            raise ValueError(
+                "an access-only model (inputs without a text window) must have "
+                f"embedding_dim 0 and no turn column, got {mlp}"
+            )
+        if inputs.text_window and mlp.embedding_dim < 1:
+            raise ValueError("inputs declare a text window but the MLP has no embedding input")
+        access = inputs.access_names
+        if access and mlp.extra_features[-len(access) :] != access:
+            raise ValueError(
+                f"inputs.access_features {list(access)} must be the MLP's last extra features, "
+                f"got {list(mlp.extra_features)}"
+            )
 
     @property
     def input_dim(self) -> int:
@@ -108,6 +196,10 @@ class ArtifactMetadata:
         data["feature_fingerprint"] = self.feature_config.fingerprint()
         data["mlp_config"] = self.mlp_config.to_dict()
         data["input_dim"] = self.input_dim
+        if self.inputs.is_default:  # text artifacts keep their original shape
+            del data["inputs"]
+        else:
+            data["inputs"] = self.inputs.to_dict()
         return data
 
     @classmethod
@@ -116,6 +208,8 @@ class ArtifactMetadata:
         values = {k: v for k, v in data.items() if k in known}
         values["feature_config"] = FeatureConfig.from_dict(data["feature_config"])
         values["mlp_config"] = MLPConfig.from_dict(data["mlp_config"])
+        if "inputs" in data:
+            values["inputs"] = ArtifactInputs.from_dict(data["inputs"])
         return cls(**values)
 
 
@@ -245,6 +339,24 @@ def _read_weights(folder: Path, metadata: ArtifactMetadata) -> bytes:
     return weights
 
 
+def read_metadata(folder: Path | str) -> ArtifactMetadata:
+    """The verified metadata alone (e.g. to tell an access-only artifact from a text one)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ArtifactMissingError(f"artifact {folder} does not exist")
+    return _read_metadata(folder)
+
+
+def read_verified(folder: Path | str) -> tuple[ArtifactMetadata, bytes]:
+    """Metadata and checksum-verified weight bytes, without torch (the access predictor's
+    millisecond load parses the weights with numpy)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ArtifactMissingError(f"artifact {folder} does not exist")
+    metadata = _read_metadata(folder)
+    return metadata, _read_weights(folder, metadata)
+
+
 def load_artifact(
     folder: Path | str,
     expected_embedder_id: str | None = None,
@@ -253,6 +365,8 @@ def load_artifact(
     """Load and verify an artifact; raises a subclass of `ArtifactError` naming the problem."""
     from safetensors import SafetensorError
     from safetensors.torch import load as load_tensors
+
+    from predictor.model import ContinuationMLP
 
     folder = Path(folder)
     if not folder.is_dir():

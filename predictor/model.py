@@ -12,66 +12,14 @@ the module so that training can use the numerically stable BCE-with-logits loss.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-DEFAULT_HIDDEN_SIZES = (128, 128, 128)
+from predictor.mlp_config import DEFAULT_HIDDEN_SIZES, MLPConfig
 
-
-@dataclass(frozen=True)
-class MLPConfig:
-    embedding_dim: int = 384
-    hidden_sizes: tuple[int, ...] = DEFAULT_HIDDEN_SIZES
-    dropout: float = 0.0
-    extra_features: tuple[str, ...] = ()  # named scalar columns after the embedding
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
-        object.__setattr__(self, "extra_features", tuple(self.extra_features))
-        if not all(isinstance(n, str) and n for n in self.extra_features) or len(
-            set(self.extra_features)
-        ) != len(self.extra_features):
-            raise ValueError(
-                f"MLPConfig.extra_features must be distinct non-empty names, "
-                f"got {self.extra_features!r}"
-            )
-        if not isinstance(self.embedding_dim, int) or self.embedding_dim < 1:
-            raise ValueError(
-                f"MLPConfig.embedding_dim must be a positive integer, got {self.embedding_dim!r}"
-            )
-        if not self.hidden_sizes or any(not isinstance(h, int) or h < 1 for h in self.hidden_sizes):
-            raise ValueError(
-                f"MLPConfig.hidden_sizes must be positive integers, got {self.hidden_sizes!r}"
-            )
-        if not 0.0 <= float(self.dropout) < 1.0:
-            raise ValueError(f"MLPConfig.dropout must be in [0, 1), got {self.dropout!r}")
-
-    @property
-    def input_dim(self) -> int:
-        """Embedding, extra features, and the one turn-count column."""
-        return self.embedding_dim + len(self.extra_features) + 1
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["hidden_sizes"] = list(self.hidden_sizes)
-        # Absent when empty: artifacts of models without extras keep their original shape.
-        extras = data.pop("extra_features")
-        if extras:
-            data["extra_features"] = list(extras)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> MLPConfig:
-        return cls(
-            int(data["embedding_dim"]),
-            tuple(int(h) for h in data["hidden_sizes"]),
-            float(data.get("dropout", 0.0)),
-            tuple(str(n) for n in data.get("extra_features", ())),
-        )
+__all__ = ["DEFAULT_HIDDEN_SIZES", "ContinuationMLP", "MLPConfig", "input_matrix", "mlp_inputs"]
 
 
 class ContinuationMLP(nn.Module):

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from predictor.artifact import (
+    ArtifactIncompatibleError,
     DimensionMismatchError,
     EmbedderMismatchError,
     ModelArtifact,
@@ -90,6 +91,18 @@ def sigmoid(logits: np.ndarray) -> np.ndarray:
     return out
 
 
+def _check_text_model(artifact: ModelArtifact) -> None:
+    """This predictor serves text-window models only; access features come from an engine's
+    request state (`predictor.access_predictor.AccessPredictor`)."""
+    inputs = artifact.metadata.inputs
+    if not inputs.text_window or inputs.access_features:
+        raise ArtifactIncompatibleError(
+            f"artifact {artifact.path} reads access features {list(inputs.access_names)}: "
+            "load it with predictor.access_predictor.AccessPredictor (lpc ab --trace, "
+            "lpc bench access), not as a text-window predictor"
+        )
+
+
 class Predictor:
     """Continuation probability for conversation windows.
 
@@ -111,6 +124,7 @@ class Predictor:
         prompt_cache_entries: int = 20_000,
     ) -> None:
         metadata = artifact.metadata
+        _check_text_model(artifact)
         if metadata.embedder_id != embedder.embedder_id:
             raise EmbedderMismatchError(
                 f"artifact {artifact.path} was trained on embedder {metadata.embedder_id!r}, "
@@ -150,6 +164,7 @@ class Predictor:
             from predictor.embedders import load_embedder
 
             artifact = load_artifact(path)
+            _check_text_model(artifact)
             embedder = load_embedder(artifact.metadata.embedder_spec, device=device)
         else:
             artifact = load_artifact(

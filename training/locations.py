@@ -16,6 +16,7 @@ from predictor.locations import default_models_dir, repository_root
 CACHE_DIR_ENV = "LPC_CACHE_DIR"
 REGISTRY_DIR_ENV = "LPC_REGISTRY_DIR"
 SHIPPED_MODEL_NAME = "sharegpt-e5-small-q4"
+SHIPPED_ACCESS_MODEL_NAME = "mooncake-access"
 
 
 def default_cache_dir() -> Path:
@@ -41,10 +42,11 @@ def default_registry_dir() -> Path:
     return default_models_dir() / "registry"
 
 
-def shipped_model_dir() -> Path | None:
-    """The predictor committed with the code (`models/sharegpt-e5-small-q4`), if present."""
+def shipped_model_dir(name: str = SHIPPED_MODEL_NAME) -> Path | None:
+    """A predictor committed with the code (default `models/sharegpt-e5-small-q4`; the
+    access-only `models/mooncake-access` for traces), if present."""
     root = repository_root()
     if root is None:
         return None
-    folder = root / "models" / SHIPPED_MODEL_NAME
+    folder = root / "models" / name
     return folder if (folder / "metadata.json").is_file() else None

@@ -254,8 +254,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pol.add_argument(
         "--model",
         help="predictor artifact folder for the 'lpc' policy (default: the shipped "
-        "models/sharegpt-e5-small-q4 when present; a registry's 'current' link works too; "
-        "'none' runs without a model)",
+        "models/sharegpt-e5-small-q4 when present, on a --trace the access-feature model "
+        "models/mooncake-access; a registry's 'current' link works too; 'none' runs without "
+        "a model)",
     )
 
     sweep = p.add_argument_group("think-time sweep")
@@ -305,11 +306,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def model_path_from(args: argparse.Namespace) -> Path | None:
-    """--model, else the shipped model when present; None for 'none' or no model at all."""
+    """--model, else the shipped model when present (on a --trace the access-feature model
+    models/mooncake-access, else the text model); None for 'none' or no model at all."""
     from lpc.cli import CommandError
-    from training.locations import shipped_model_dir
+    from training.locations import SHIPPED_ACCESS_MODEL_NAME, shipped_model_dir
 
     if args.model is None:
+        if args.trace is not None:
+            return shipped_model_dir(SHIPPED_ACCESS_MODEL_NAME)
         return shipped_model_dir()
     if args.model == "none":
         return None
@@ -317,6 +321,13 @@ def model_path_from(args: argparse.Namespace) -> Path | None:
     if not path.is_dir():
         raise CommandError(f"--model {path} is not an artifact folder")
     return path
+
+
+def _with_learned_lpc(policies: tuple[str, ...]) -> tuple[str, ...]:
+    """`lpc` inserted before the upper bounds."""
+    bounds = [i for i, p in enumerate(policies) if p in ("oracle", "belady")]
+    at = bounds[0] if bounds else len(policies)
+    return (*policies[:at], "lpc", *policies[at:])
 
 
 def options_from(args: argparse.Namespace, model_available: bool = False):
@@ -328,7 +339,12 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
     from lpc.workload import LatencyModel, WorkloadConfig
 
     try:
-        defaults = default_trace_policies() if args.trace else default_policies(model_available)
+        if args.trace:
+            defaults = default_trace_policies()
+            if model_available:  # learned LPC (the access model) joins the trace policies
+                defaults = _with_learned_lpc(defaults)
+        else:
+            defaults = default_policies(model_available)
         text = args.policies or ",".join(defaults)
         policies = tuple(parse_policies(text))
     except ValueError as error:
@@ -389,8 +405,19 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
     )
 
 
+def _is_access_model(model: Path) -> bool:
+    from lpc.cli import CommandError
+    from predictor.artifact import ArtifactError, read_metadata
+
+    try:
+        return not read_metadata(model).inputs.text_window
+    except ArtifactError as error:
+        raise CommandError(str(error)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
+    from dataclasses import replace
 
     from lpc.ab_pipeline import outcome_json, run_ab, summary_text
     from lpc.cli import CommandError
@@ -407,7 +434,12 @@ def run(args: argparse.Namespace) -> int:
     if wants_model and model is None:
         raise CommandError("policy 'lpc' needs a trained predictor model (--model PATH)")
     factory = None
-    if wants_model and model is not None:
+    if wants_model and model is not None and _is_access_model(model):
+        options = replace(options, model_reads_text=False)
+        from lpc.access_source import access_source_factory
+
+        factory = access_source_factory(model, log=log)
+    elif wants_model and model is not None:
         from lpc.learned_source import learned_source_factory
         from training.embedding_cache import EmbedOptions
         from training.locations import default_embedding_cache_dir

@@ -98,6 +98,8 @@ def run_check(args: argparse.Namespace) -> int:
             "training_data_fingerprint",
             "feature_fingerprint",
             "metrics",
+            "inputs",  # only in artifacts that read access features
         ):
-            print(f"  {key}: {metadata[key]}")
+            if key in metadata:
+                print(f"  {key}: {metadata[key]}")
     return 0

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from lpc.commands import train_trace
+
 DESCRIPTION = """\
 Train LPC's continuation predictor the paper's way: one sample per user turn (label: does the
 conversation have another user turn), the training half of the data only (the evaluation half,
@@ -16,6 +18,12 @@ lowest validation loss. Reports MCC, macro-F1, ROC-AUC and Brier on the evaluati
 to the turns-only ablation, and writes the artifact into a versioned registry (or --out).
 The first run on a data set embeds every turn (long on a CPU; resumable, progress shown);
 later runs read the embedding cache. See docs/training.md.
+
+With --trace it trains an access-only model instead (no text, no embedder): features of how
+users come back (turn depth, request sizes, think times) from a request trace's training
+part, labelled "the conversation's next request arrives within --horizon", scored on the
+evaluation part beside a turns-only and a gradient-boosted reference. See docs/training.md
+("Access-feature models").
 """
 
 
@@ -145,8 +153,7 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     fit.add_argument(
         "--hidden",
         type=_int_list,
-        default=(128, 128, 128),
-        help="hidden layer sizes (default: 128,128,128)",
+        help="hidden layer sizes (default: 128,128,128; with --trace 32,32)",
     )
     fit.add_argument("--dropout", type=float, default=0.0, help="dropout (default: 0)")
     fit.add_argument("--lr", type=float, default=5e-4, help="Adam learning rate (default: 5e-4)")
@@ -231,7 +238,7 @@ def train_config_from(args: argparse.Namespace):
         config = TrainConfig(
             embedder_spec=args.embedder,
             feature_config=features,
-            hidden_sizes=args.hidden,
+            hidden_sizes=args.hidden or (128, 128, 128),
             dropout=args.dropout,
             finish_features=args.finish_features,
             validation_fraction=args.validation_fraction,
@@ -281,6 +288,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_data_arguments(p)
     add_training_arguments(p)
+    train_trace.add_trace_arguments(p)
     out = p.add_argument_group("output")
     out.add_argument(
         "--registry",
@@ -330,6 +338,8 @@ def run(args: argparse.Namespace) -> int:
     from training.pipeline import sample_embeddings, train_predictor
     from training.registry import ModelRegistry
 
+    if args.trace is not None:
+        return train_trace.run_trace(args)
     config, embed = train_config_from(args)
     if args.out is not None and args.no_promote:
         raise CommandError("--no-promote is for the registry; --out writes a plain folder")

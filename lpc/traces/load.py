@@ -55,6 +55,7 @@ class LoadedTrace:
     path: Path
     trace_block_size: int | None  # None: the project's token-id form
     info: dict[str, Any]  # what the import found: skipped lines, linkage, cuts, labels
+    request_types: list[str] | None = None  # Bailian's `type` per request (access features)
 
 
 def resolve_trace(spec: str | Path) -> Path:
@@ -83,6 +84,20 @@ def detect_format(path: Path, record: dict[str, Any], lineno: int) -> str:
     )
 
 
+def trace_format_of(spec: str | Path, given: str | None = None) -> str:
+    """The format of a trace (`given`, or recognised from its first line)."""
+    if given is not None:
+        return given
+    path = resolve_trace(spec)
+    if path.is_dir():
+        return "lpc"  # a folder is a request log (`load_trace`)
+    lines = read_json_lines(path)
+    if not lines.records:
+        raise TraceError(f"{path}: the trace holds no requests")
+    lineno, record = lines.records[0]
+    return detect_format(path, record, lineno)
+
+
 def load_trace(
     spec: str | Path, options: TraceOptions, tokenize: MessageTokenizer | None = None
 ) -> LoadedTrace:
@@ -100,6 +115,7 @@ def load_trace(
     if fmt not in TRACE_FORMATS:
         raise TraceError(f"unknown trace format {fmt!r}; choose from {', '.join(TRACE_FORMATS)}")
     info: dict[str, Any] = {"format": fmt, "compressed": compressed}
+    request_types: list[str] | None = None
     request_log = False
     if fmt == "lpc":
         trace = read_trace(path, tokenize)
@@ -124,6 +140,7 @@ def load_trace(
             table["request_id"] = table["chat_id"].astype(str)
             info["orphans"] = orphans
             info["types"] = dict(Counter(table["type"]))
+            request_types = [str(t) for t in table["type"]]
             block_size = BAILIAN_BLOCK_SIZE
         info["skipped_last_lines"] = lines.skipped_last_lines
         requests = imported_requests(table, block_size)
@@ -141,7 +158,7 @@ def load_trace(
         info["horizon_s"] = options.horizon_s
         info["censored_labels"] = labels.censored
         info["continuing_labels"] = sum(labels.labels)
-    return LoadedTrace(requests, logged, fmt, path, block_size, info)
+    return LoadedTrace(requests, logged, fmt, path, block_size, info, request_types)
 
 
 def request_log_summary(trace: Trace) -> dict[str, Any]:

@@ -248,3 +248,47 @@ def test_bundled_trace_loads_whole() -> None:
     assert len(trace.requests) == 12031
     assert sum(r.turn.num_prompt_tokens for r in trace.requests) == 144_793_823
     assert json.loads(bundled_lines()[0])["hash_ids"][0] == 0
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (
+            [
+                {"format": "lpc-trace", "version": 1, "hash_block_size": 0},
+                {"conversation_id": "a", "arrival_s": 0, "completion_s": 1, "hash_ids": [1]},
+            ],
+            "header 'hash_block_size' must be an int >= 1, got 0",
+        ),
+        (
+            [
+                {"format": "lpc-trace", "version": 1},
+                {"conversation_id": "a", "arrival_s": 0, "completion_s": 1, "hash_ids": [1]},
+                {"conversation_id": "a", "arrival_s": 1, "completion_s": 2, "hash_ids": [1]},
+            ],
+            "t.jsonl:2: 'hash_ids' needs 'hash_block_size' in the header line",
+        ),
+        (
+            [
+                {"format": "lpc-trace", "version": 1, "hash_block_size": 16},
+                {
+                    "conversation_id": "a",
+                    "arrival_s": 0,
+                    "completion_s": 1,
+                    "prompt_token_ids": [1],
+                },
+                {
+                    "conversation_id": "a",
+                    "arrival_s": 1,
+                    "completion_s": 2,
+                    "prompt_token_ids": [1],
+                },
+            ],
+            "t.jsonl:2: a trace with 'hash_block_size' needs 'hash_ids' or 'sequence_hash_ids' on every line",
+        ),
+    ],
+)
+def test_bad_block_hash_form_lines(tmp_path: Path, lines: list, message: str) -> None:
+    with pytest.raises(TraceError) as error:
+        load_trace(write_lines(tmp_path / "t.jsonl", lines), options())
+    assert message in str(error.value)

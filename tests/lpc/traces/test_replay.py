@@ -30,7 +30,7 @@ def test_infinite_cache_matches_the_hash_ids_at_block_size_512() -> None:
 
 
 def test_infinite_cache_matches_the_hash_ids_at_block_size_16_on_a_slice(tmp_path: Path) -> None:
-    lines = bundled_lines()[:1500]
+    lines = bundled_lines()[:600]
     direct = direct_infinite_hit_ratio([json.loads(line) for line in lines])
     path = write_lines(tmp_path / "slice.jsonl", lines)
     assert abs(infinite_cache_hit_ratio(path, 16) - direct) < 0.005
@@ -153,3 +153,10 @@ def test_a_bailian_trace_replays_end_to_end(tmp_path: Path) -> None:
         "eval_requests": 3,
     }
     assert "Conversations from chat ids" in (tmp_path / "o" / "report.md").read_text()
+
+
+def test_the_learned_predictor_is_refused_on_a_trace_without_text(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "slice.jsonl", bundled_lines()[:20])
+    options = ABOptions(trace=path, policies=tuple(parse_policies("lru,lpc")), progress=False)
+    with pytest.raises(ValueError, match="a mooncake trace has no text"):
+        run_ab(options, log=lambda _: None)

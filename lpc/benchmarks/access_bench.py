@@ -1,0 +1,171 @@
+"""Speed of the access-only predictor in process, and of training one on a trace.
+
+Measured: the artifact's load (read, checksum, parse; no torch, no embedder), the batched
+forward pass (requests per second over feature rows), one request from an engine's state
+(features computed from `RequestState` + `ConversationState`, then the forward pass: what a
+plugin pays per finishing request), features for a whole request table (pandas, the A/B's and
+training's path), and optionally the wall time of `lpc train --trace` in a fresh process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from predictor.access_features import ConversationState, RequestState
+from predictor.access_predictor import AccessPredictor
+
+
+@dataclass
+class AccessBenchResult:
+    model: str
+    features: int
+    hidden_sizes: list[int]
+    load_ms_median: float
+    batch_size: int
+    batched_requests_per_s: float
+    one_forward_us_median: float
+    one_request_us_median: float  # features from engine state + forward pass
+    one_request_us_p99: float
+    table_features_requests_per_s: float | None
+    train_wall_s: float | None
+    train_command: str | None
+    load_average: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def _states(n: int, seed: int) -> list[tuple[RequestState, ConversationState]]:
+    """Plausible requests: a few turns in, prompts of 1K–100K tokens, think times of minutes."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        turns = int(rng.integers(0, 8))
+        prompt = int(rng.integers(1_000, 100_000))
+        arrival = float(rng.uniform(1_000, 3_600))
+        conversation = ConversationState(
+            turns,
+            arrival - float(rng.uniform(0, 900)) if turns else None,
+            arrival - float(rng.exponential(200)) if turns else None,
+            prompt // 2,
+            int(rng.integers(10, 1_000)),
+            float(rng.exponential(200)) * turns,
+            turns,
+            float(rng.exponential(200)) if turns > 1 else 0.0,
+        )
+        request = RequestState(
+            arrival, prompt, prompt // 2 if turns else 0, int(rng.integers(10, 2_000)), arrival + 5
+        )
+        out.append((request, conversation))
+    return out
+
+
+def _time_per_call_us(fn, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        fn()
+        times.append((time.perf_counter_ns() - t0) / 1_000)
+    return times
+
+
+def run(
+    model: Path,
+    requests: int = 200_000,
+    batch_size: int = 1024,
+    single: int = 20_000,
+    train_trace: str | None = None,
+    seed: int = 0,
+) -> AccessBenchResult:
+    loads = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        predictor = AccessPredictor.load(model)
+        loads.append((time.perf_counter() - t0) * 1_000)
+    states = _states(2_000, seed)
+    rows = predictor.feature_matrix(states)
+    matrix = rows[np.random.default_rng(seed).integers(0, len(rows), requests)]
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1):  # tiny matrices: one BLAS thread (see AccessPredictor)
+        predictor.predict(matrix[:batch_size])  # warm-up
+        t0 = time.perf_counter()
+        for start in range(0, requests, batch_size):
+            predictor.predict(matrix[start : start + batch_size])
+        batched = requests / (time.perf_counter() - t0)
+
+    one_row = rows[:1]
+    forward = _time_per_call_us(lambda: predictor.predict(one_row), single)
+    one = []
+    for i in range(single):
+        request, conversation = states[i % len(states)]
+        t = time.perf_counter_ns()
+        predictor.predict_one(request, conversation)
+        one.append((time.perf_counter_ns() - t) / 1_000)
+
+    table_rate = None
+    try:
+        import pandas as pd
+
+        table = pd.DataFrame(
+            {
+                "conversation_id": [f"c{i % 3000}" for i in range(20_000)],
+                "arrival_s": np.arange(20_000, dtype=np.float64),
+                "completion_s": np.arange(20_000, dtype=np.float64) + 5,
+                "prompt_tokens": 5_000 + np.arange(20_000) % 7_000,
+                "output_tokens": 300,
+                "shared_prefix_tokens": 1000,
+            }
+        )
+        t0 = time.perf_counter()
+        predictor.predict_table(table)
+        table_rate = len(table) / (time.perf_counter() - t0)
+    except ImportError:  # pragma: no cover - pandas is a dependency
+        pass
+
+    train_wall = None
+    command = None
+    if train_trace is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            argv = [
+                sys.executable,
+                "-m",
+                "lpc.cli",
+                "train",
+                "--trace",
+                train_trace,
+                "--out",
+                str(Path(tmp) / "model"),
+                "--json",
+            ]
+            command = " ".join(["lpc", *argv[3:-3], "--out", "DIR", "--json"])
+            t0 = time.perf_counter()
+            subprocess.run(argv, check=True, capture_output=True)
+            train_wall = time.perf_counter() - t0
+
+    one.sort()
+    return AccessBenchResult(
+        model=str(model),
+        features=len(predictor.feature_names),
+        hidden_sizes=list(predictor.metadata.mlp_config.hidden_sizes),
+        load_ms_median=statistics.median(loads),
+        batch_size=batch_size,
+        batched_requests_per_s=batched,
+        one_forward_us_median=statistics.median(forward),
+        one_request_us_median=statistics.median(one),
+        one_request_us_p99=one[int(0.99 * (len(one) - 1))],
+        table_features_requests_per_s=table_rate,
+        train_wall_s=train_wall,
+        train_command=command,
+        load_average=os.getloadavg()[0],
+    )

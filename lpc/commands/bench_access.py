@@ -1,0 +1,81 @@
+"""`lpc bench access`: the access-only predictor's speed in process, and its training time."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(targets: argparse._SubParsersAction) -> None:
+    parser = targets.add_parser(
+        "access",
+        help="access-only predictor: load time, requests/s batched, µs for one request",
+        description=(
+            "Loads the access-only artifact (default: the shipped models/mooncake-access) 20 "
+            "times, then measures the batched numpy forward pass over --requests feature rows "
+            "in batches of --batch-size, one request at a time from an engine's state "
+            "(features + forward pass), and features for a 20,000-row request table. With "
+            "--train-trace it also times `lpc train --trace TRACE` in a fresh process."
+        ),
+    )
+    parser.add_argument("--model", type=Path, help="access-only artifact folder")
+    parser.add_argument(
+        "--requests", type=int, default=200_000, help="rows for the batched figure (default 200000)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=1024, help="rows per forward pass (default 1024)"
+    )
+    parser.add_argument(
+        "--single", type=int, default=20_000, help="one-request calls timed (default 20000)"
+    )
+    parser.add_argument(
+        "--train-trace",
+        metavar="TRACE",
+        help="also time `lpc train --trace TRACE --out DIR` end to end (e.g. mooncake)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from lpc.benchmarks import access_bench
+    from lpc.cli import CommandError
+    from predictor.artifact import ArtifactError
+    from training.locations import SHIPPED_ACCESS_MODEL_NAME, shipped_model_dir
+
+    for flag in ("requests", "batch_size", "single"):
+        if getattr(args, flag) <= 0:
+            name = flag.replace("_", "-")
+            raise CommandError(f"--{name} must be positive, got {getattr(args, flag)}")
+    model = args.model or shipped_model_dir(SHIPPED_ACCESS_MODEL_NAME)
+    if model is None:
+        raise CommandError("no access-only model: pass --model FOLDER")
+    try:
+        result = access_bench.run(
+            model, args.requests, args.batch_size, args.single, args.train_trace
+        )
+    except ArtifactError as error:
+        raise CommandError(str(error)) from None
+    if args.json:
+        print(result.to_json())
+        return 0
+    print(f"model {result.model}: {result.features} features, hidden {result.hidden_sizes}")
+    print(f"  load (read, sha256, parse; no torch)   {result.load_ms_median:10.2f} ms")
+    print(
+        f"  batched forward pass ({result.batch_size}/batch)     "
+        f"{result.batched_requests_per_s:10,.0f} requests/s"
+    )
+    print(f"  one row, forward pass only             {result.one_forward_us_median:10.1f} µs")
+    print(
+        f"  one request from engine state          {result.one_request_us_median:10.1f} µs "
+        f"(p99 {result.one_request_us_p99:.1f})"
+    )
+    if result.table_features_requests_per_s is not None:
+        print(
+            f"  request table → features → p          "
+            f"{result.table_features_requests_per_s:10,.0f} requests/s"
+        )
+    if result.train_wall_s is not None:
+        print(f"  {result.train_command}: {result.train_wall_s:.1f} s wall")
+    print(f"  load average {result.load_average:.1f}")
+    return 0

@@ -1,0 +1,155 @@
+"""`lpc train --trace`: the flags and the run of access-only training on a request trace."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+
+def _split_at(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a fraction in (0, 1) or seconds >= 1, got {text}"
+        )
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def add_trace_arguments(p: argparse.ArgumentParser) -> None:
+    from training.access_data import DEFAULT_ACCESS_HORIZON_S
+
+    g = p.add_argument_group("access-feature model on a request trace (--trace)")
+    g.add_argument(
+        "--trace",
+        help="train an access-only model on this request trace instead of a chat data set: "
+        "a JSONL file (gzip or plain) or a bundled one ('mooncake'); see docs/traces.md",
+    )
+    g.add_argument(
+        "--trace-format",
+        choices=["mooncake", "bailian", "lpc"],
+        help="format of --trace (default: recognised from its first line)",
+    )
+    g.add_argument(
+        "--split-at",
+        type=_split_at,
+        default=0.5,
+        help="requests before this point are the training part (its last --validation-share "
+        "by time validates), the rest the evaluation part; a fraction of the span (< 1) or "
+        "seconds after the first arrival (default: %(default)s, as lpc ab)",
+    )
+    g.add_argument(
+        "--horizon",
+        type=_positive_float,
+        default=DEFAULT_ACCESS_HORIZON_S,
+        help="label: the conversation's next request arrives within this many seconds of the "
+        "request's completion; requests whose horizon runs past the end of their part's data "
+        "with no next request are dropped (default: %(default)g, from LRU's eviction age at "
+        "the default Mooncake cache sizes; docs/training.md)",
+    )
+    g.add_argument(
+        "--validation-share",
+        type=float,
+        default=0.3,
+        help="share of the training part's time span, at its end, used for validation "
+        "(default: %(default)s)",
+    )
+    g.add_argument(
+        "--access-features",
+        help="comma-separated access features (default: every one the trace can feed; "
+        "names in docs/training.md)",
+    )
+
+
+def _print_report(report: dict) -> None:
+    split = report["split"]
+    print(
+        f"trace {report['trace']} ({report['format']}): {report['requests']} requests; "
+        f"training part before {split['cut_after_start_s']:.0f} s; horizon "
+        f"{report['horizon_s']:g} s"
+    )
+    for part, counts in report["samples"].items():
+        print(
+            f"  {part}: {counts['samples']} samples ({counts['positive_rate']:.1%} continue), "
+            f"{counts['censored']} censored and dropped"
+        )
+    print(f"features: {', '.join(report['features'])}")
+    print()
+    print(f"{'evaluation part':<26}{'AUC':>8}{'MCC':>8}{'macro-F1':>10}{'Brier':>8}")
+    labels = {
+        "mlp": f"MLP {'x'.join(map(str, report['hidden_sizes']))} (served)",
+        "gbm": "gradient boosting (ref.)",
+        "turns_only": "turns only",
+    }
+    for key, label in labels.items():
+        m = report["metrics"].get(key)
+        if m:
+            print(
+                f"{label:<26}{m['roc_auc']:>8.3f}{m['mcc']:>8.3f}{m['macro_f1']:>10.3f}"
+                f"{m['brier']:>8.3f}"
+            )
+    for note in report["notes"]:
+        print(f"note: {note}")
+    t = report["timings_s"]
+    print(
+        f"\nepochs {report['epochs']}; load {t['load_s']:.1f} s, fit {t['fit_s']:.1f} s, "
+        f"total {t['total_s']:.1f} s"
+    )
+    if "out" in report:
+        print(f"wrote {report['out']}")
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    from lpc.access_training import TraceTrainOptions, train_on_trace
+    from lpc.cli import CommandError
+    from lpc.traces.jsonl import TraceError
+    from predictor.access_features import AccessFeatureError
+    from training.access_fit import AccessFitConfig
+
+    if args.out is None:
+        raise CommandError("--trace writes an access-only model: give --out FOLDER")
+    if args.out.exists() and not args.overwrite:
+        raise CommandError(f"--out {args.out} exists; pass --overwrite to replace it")
+    if not 0 < args.validation_share < 1:
+        raise CommandError(f"--validation-share must be in (0, 1), got {args.validation_share}")
+    features = None
+    if args.access_features:
+        features = tuple(n.strip() for n in args.access_features.split(",") if n.strip())
+    options = TraceTrainOptions(
+        trace=args.trace,
+        trace_format=args.trace_format,
+        split_at=args.split_at,
+        horizon_s=args.horizon,
+        validation_fraction=args.validation_share,
+        features=features,
+        fit=AccessFitConfig(
+            hidden_sizes=tuple(args.hidden) if args.hidden else AccessFitConfig.hidden_sizes,
+            seed=args.seed,
+            threads=args.threads or AccessFitConfig.threads,
+        ),
+    )
+    try:
+        report = train_on_trace(options, Path(args.out))
+    except (TraceError, AccessFeatureError, ValueError) as error:
+        raise CommandError(str(error)) from None
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        print()
+    else:
+        _print_report(report)
+    return 0

@@ -1,0 +1,47 @@
+"""How long LRU keeps a released block on a trace, per cache size (the access model's horizon).
+
+    python scripts/lru_eviction_age.py [--trace mooncake] [--split-at 0.5] [--json]
+
+Replays the trace under LRU at each default trace cache size and prints the median and
+quartiles of the time from a block's release to its eviction, over evictions in the
+evaluation part (docs/training.md §8, docs/results.md "Real traffic").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from lpc.ab import TRACE_CACHE_SIZES_TOKENS
+from lpc.ab_pipeline import TRACE_MAX_MODEL_LEN
+from lpc.eviction_age import lru_eviction_ages
+from lpc.simulator import prepare
+from lpc.traces.load import TraceOptions, load_trace
+from lpc.traces.timeline import split_in_time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", default="mooncake", help="trace file or bundled name")
+    parser.add_argument("--split-at", type=float, default=0.5, help="as lpc ab --split-at")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    args = parser.parse_args()
+    trace = load_trace(args.trace, TraceOptions(max_model_len=TRACE_MAX_MODEL_LEN))
+    split = split_in_time(trace.requests, args.split_at)
+    workload = prepare(
+        trace.requests, trace.trace_block_size or 16, {}, first_counted=split.first_eval
+    )
+    rows = [lru_eviction_ages(workload, size).to_dict() for size in TRACE_CACHE_SIZES_TOKENS]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    print(f"{'cache tokens':>13} {'evictions':>10} {'p25 s':>8} {'median s':>9} {'p75 s':>8}")
+    for r in rows:
+        print(
+            f"{r['cache_tokens']:>13,} {r['evictions']:>10,} {r['p25_s']:>8.0f} "
+            f"{r['median_s']:>9.0f} {r['p75_s']:>8.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

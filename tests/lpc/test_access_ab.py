@@ -1,0 +1,93 @@
+"""`lpc train --trace` end to end on a slice of the bundled Mooncake trace, and the access
+model as learned LPC's source in `lpc ab --trace`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lpc.access_table import common_prefix_tokens, request_table
+from lpc.cli import main
+from lpc.traces.load import TraceOptions, load_trace
+from predictor.access_predictor import AccessPredictor
+from tests.lpc.traces.helpers import bundled_lines, write_lines
+
+SLICE_LINES = 2500  # about 12 minutes of traffic
+
+
+@pytest.fixture(scope="module")
+def slice_trace(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("trace")
+    return write_lines(folder / "slice.jsonl", bundled_lines()[:SLICE_LINES])
+
+
+@pytest.fixture(scope="module")
+def trained(slice_trace: Path, tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("model") / "access"
+    args = ["train", "--trace", str(slice_trace), "--horizon", "60", "--out", str(out)]
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert main([*args, "--hidden", "8,8", "--json"]) == 0
+    return out, json.loads(buffer.getvalue())
+
+
+def test_common_prefix_tokens() -> None:
+    assert common_prefix_tokens([1, 2, 3, 4], [1, 2, 9]) == 2
+    assert common_prefix_tokens([1, 2], [1, 2, 3]) == 2
+    assert common_prefix_tokens([], [1]) == 0
+
+
+def test_shared_prefix_of_linked_requests(slice_trace: Path) -> None:
+    trace = load_trace(slice_trace, TraceOptions())
+    table = request_table(trace.requests[:400])
+    first_turns = table.groupby("conversation_id").cumcount() == 0
+    assert (table.loc[first_turns, "shared_prefix_tokens"] == 0).all()
+    later = table.loc[~first_turns]
+    assert len(later) > 0 and (later["shared_prefix_tokens"] > 0).all()
+    assert (later["shared_prefix_tokens"] <= later["prompt_tokens"]).all()
+
+
+def test_train_on_a_trace_end_to_end(trained) -> None:
+    out, report = trained
+    assert report["horizon_s"] == 60 and report["hidden_sizes"] == [8, 8]
+    assert set(report["metrics"]) == {"mlp", "gbm", "turns_only"}
+    for metrics in report["metrics"].values():
+        assert {"roc_auc", "mcc", "macro_f1", "brier"} <= set(metrics)
+    split = report["split"]
+    assert split["train_requests"] + split["eval_requests"] == SLICE_LINES
+    assert all(counts["censored"] >= 0 for counts in report["samples"].values())
+    predictor = AccessPredictor.load(out)
+    assert predictor.feature_names == tuple(report["features"])
+
+
+def test_ab_runs_learned_lpc_from_the_access_model(slice_trace: Path, trained, tmp_path) -> None:
+    import contextlib
+    import io
+
+    model, _ = trained
+    buffer = io.StringIO()
+    args = ["ab", "--trace", str(slice_trace), "--model", str(model), "--policies", "lru,lpc"]
+    args += ["--cache-sizes", "1000000,2000000", "--out", str(tmp_path), "--no-progress"]
+    with contextlib.redirect_stdout(buffer):
+        assert main([*args, "--json", "--workers", "1"]) == 0
+    outcome = json.loads(buffer.getvalue())
+    policies = {r["policy"] for r in outcome["results"]}
+    assert policies == {"lru", "lpc"}
+    assert all(0 <= r["token_hit_ratio"] <= 1 for r in outcome["results"])
+
+
+def test_train_trace_needs_out_and_a_valid_feature(slice_trace: Path, tmp_path, capsys) -> None:
+    assert main(["train", "--trace", str(slice_trace)]) == 2
+    assert "give --out FOLDER" in capsys.readouterr().err
+    args = ["train", "--trace", str(slice_trace), "--out", str(tmp_path / "m")]
+    assert main([*args, "--access-features", "log_turn,log_shoe_size"]) == 2
+    assert "unknown access feature 'log_shoe_size'" in capsys.readouterr().err
+    assert (
+        main(["train", "--trace", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "m")]) == 2
+    )
+    assert "no such trace file" in capsys.readouterr().err
