@@ -249,7 +249,12 @@ def replay(
         if request_log is not None:
             request_log.append(
                 finished_request(
-                    workload.requests[i], request, time_s, hit_tokens.pop(i, 0), probabilities[i]
+                    workload.requests[i],
+                    request,
+                    time_s,
+                    hit_tokens.pop(i, 0),
+                    probabilities[i],
+                    arrival_order=i,
                 )
             )
     if baseline is None:
@@ -267,6 +272,7 @@ def finished_request(
     finish_s: float,
     hit_tokens: int,
     probability: float | None,
+    arrival_order: int | None = None,
 ) -> FinishedRequest:
     """A replayed request as the serving engine logs it when it finishes."""
     turn = request.turn
@@ -284,6 +290,7 @@ def finished_request(
         None if probability is None else "model",
         None,
         turn.user_prompts or None,
+        arrival_order,
     )
 
 

@@ -14,6 +14,7 @@ One request per line (an optional first line is a header, `{"format": "lpc-trace
     sequence_hash_ids the same over prompt and output tokens (a request log's form)
     conversation_id   may be left out in the block-hash forms: inferred by prefix linkage
     cached_tokens     int, optional: the engine's prefix-cache hit (a request log)
+    arrival_order     int, optional: breaks ties of equal arrival_s within a file
     probability_source, request_type   str, optional (a request log)
     request_id        str, optional (default "<conversation_id>#<turn_index>")
     turn_index        int >= 0, optional (default: order of arrival within the conversation)
@@ -279,6 +280,9 @@ def read_trace(path: str | Path, tokenize: MessageTokenizer | None = None) -> Tr
             )
         for key in ("probability_source", "request_type"):
             _optional_str(record, key, path, lineno)
+        arrival_order = record.get("arrival_order", 0)
+        if isinstance(arrival_order, bool) or not isinstance(arrival_order, int):
+            raise _fail(path, lineno, f"'arrival_order' must be an int, got {arrival_order!r}")
         parsed.append(
             (
                 arrival,
@@ -297,10 +301,11 @@ def read_trace(path: str | Path, tokenize: MessageTokenizer | None = None) -> Tr
                 hash_form,
                 cached_tokens,
                 str(path),
+                arrival_order,
             )
         )
 
-    parsed.sort(key=lambda row: (row[0], row[15], row[1]))
+    parsed.sort(key=lambda row: (row[0], row[15], row[16], row[1]))
     expanded: list[SyntheticTokens] = []
     inferred: dict[int, tuple[str, int]] = {}
     if hash_block_size is not None:
@@ -337,6 +342,7 @@ def read_trace(path: str | Path, tokenize: MessageTokenizer | None = None) -> Tr
         hash_form,
         _cached,
         _file,
+        _order,
     ) in parsed:
         if conv is None:
             conv, linked_turn = inferred[len(requests)]

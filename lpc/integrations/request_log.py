@@ -76,6 +76,9 @@ class FinishedRequest:
     probability_source: str | None = None  # client, model or fallback
     request_type: str | None = None
     user_prompts: tuple[str, ...] | None = None  # written only with record_text
+    # The order this process looked requests up in its prefix cache: a replay breaks ties
+    # of equal arrival times by it (clocks with coarse ticks, or traces with ms timestamps).
+    arrival_order: int | None = None
 
 
 @dataclass(frozen=True)
@@ -375,6 +378,8 @@ class RequestLogWriter:
         if record.turn_index is not None:
             out["turn_index"] = record.turn_index
         out["arrival_s"] = record.arrival_s
+        if record.arrival_order is not None:
+            out["arrival_order"] = record.arrival_order
         out["completion_s"] = finish_s
         out["input_length"] = record.num_prompt_tokens
         out["output_length"] = record.num_output_tokens

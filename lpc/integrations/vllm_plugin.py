@@ -137,7 +137,8 @@ class PluginRuntime:
             self.next_log_s = now + self.config.stats_log_interval_s
         source = _PROBABILITY_SOURCES[counter]
         if self.request_log is not None:
-            self.request_log.finished(request, hints, probability, source)
+            used = probability if probability is not None else self.config.fallback_probability
+            self.request_log.finished(request, hints, used, source)
         return Release(now, probability, hints.conversation_id or rid), source
 
     def defer(self, blocks: list[Any], release: Release) -> None:

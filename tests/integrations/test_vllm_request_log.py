@@ -15,6 +15,7 @@ import json
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,95 @@ def test_prompt_text_only_when_asked(vllm_python: Path, tmp_path: Path) -> None:
     text = "".join(p.read_text() for p in logs.glob("requests-*.jsonl"))
     assert result["plugin_stats"]["request_log_records_written"] == result["requests"]
     assert "quokkaphrase" in text
+
+
+@pytest.mark.slow
+def test_mooncake_through_vllm_logs_retrain_and_replay(
+    vllm_python: Path, tmp_path: Path, capsys
+) -> None:
+    """End to end on real traffic: the bundled Mooncake trace (one hour, moved to start
+    yesterday, so the daily job's window holds it) through vLLM + plugin writes request logs;
+    `lpc retrain --logs` trains an access-only model on them; `lpc ab --trace` on the same
+    logs reproduces vLLM's hit ratio."""
+    from lpc.traces.load import TraceOptions, load_trace
+    from lpc.workload import WorkloadRequest
+    from predictor.access_predictor import AccessPredictor
+
+    day_s = 86_400.0
+    base_s = (time.time() // day_s - 1) * day_s  # yesterday 00:00 UTC
+    imported = load_trace("mooncake", TraceOptions()).requests
+    moved = [
+        WorkloadRequest(r.request_id, r.turn, r.arrival_s + base_s, r.completion_s + base_s)
+        for r in imported
+    ]
+    trace = tmp_path / "mooncake.jsonl"
+    write_trace(trace, moved, {"source": "bundled Mooncake conversation trace"})
+    logs = tmp_path / "logs"
+    cache_tokens = 2_500_000  # above the slice's peak in-flight tokens: no allocation fails
+    done = subprocess.run(
+        [
+            sys.executable,
+            "scripts/vllm_trace_ab.py",
+            str(trace),
+            "--cache-tokens",
+            str(cache_tokens),
+            "--block-size",
+            "512",
+            "--json",
+            "--vllm-python",
+            str(vllm_python),
+            "--request-log-dir",
+            str(logs),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=REPO_ROOT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    plugin = {row["policy"]: row for row in result["rows"]}["lpc-trace"]
+    assert plugin["vllm_evictions"] > 0 and plugin["vllm_failures"] == 0
+    assert result["plugin_stats"]["request_log_records_written"] == len(moved)
+
+    code = main(
+        [
+            "ab",
+            "--no-progress",
+            "--trace",
+            str(logs),
+            "--split-at",
+            "0",
+            "--policies",
+            "lpc-trace",
+            "--cache-sizes",
+            str(cache_tokens),
+            "--scale",
+            "0.01",
+            "--fallback-p",
+            "0.5",
+            "--out",
+            str(tmp_path / "ab"),
+            "--json",
+        ]
+    )
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    engine = report["workload"]["trace"]["request_log"]
+    replayed = next(iter(report["comparison"]["hit_ratio"]["lpc-trace"].values()))
+    assert engine["engine_token_hit_ratio"] == pytest.approx(plugin["vllm_hit_ratio"], abs=1e-12)
+    assert abs(replayed - plugin["vllm_hit_ratio"]) * 100 <= 0.1
+
+    registry = tmp_path / "registry"
+    code = main(["retrain", "--logs", str(logs), "--registry", str(registry), "--json"])
+    outcome = json.loads(capsys.readouterr().out)
+    assert code == 0 and outcome["status"] == "promoted", outcome
+    model = AccessPredictor.load(registry / "current")
+    REPORT.append(
+        f"Mooncake trace ({len(moved)} requests, {cache_tokens} tokens, block 512) through "
+        f"vLLM+plugin: vLLM {100 * plugin['vllm_hit_ratio']:.3f}%, replayed log "
+        f"{100 * replayed:.3f}%; retrain on the log: {outcome['data']['samples']} samples, "
+        f"candidate AUC {outcome['candidate_metrics'].get('roc_auc')}, features "
+        f"{', '.join(model.feature_names)}"
+    )
