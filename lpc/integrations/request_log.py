@@ -161,11 +161,8 @@ class BlockIds:
     def of(self, block_hash: bytes | int) -> int:
         found = self._memo.get(block_hash)
         if found is None:
-            data = (
-                block_hash
-                if isinstance(block_hash, bytes)
-                else block_hash.to_bytes(16, "little", signed=True)
-            )
+            # An int hash (any size) by its decimal digits, prefixed apart from bytes hashes.
+            data = block_hash if isinstance(block_hash, bytes) else b"int:%d" % block_hash
             found = self._keyed(data)
             if len(self._memo) >= self._memo_size:
                 self._memo.clear()
@@ -216,8 +213,8 @@ def utc_day(time_s: float) -> str:
 class RequestLogWriter:
     """Appends finished requests to the log folder from a background thread.
 
-    `append` is the only method the serving path calls: a `put_nowait` on a bounded queue.
-    `close` drains what is queued (up to `timeout_s`) and stops the thread.
+    `append` is the only method the serving path calls: a length check and an append to a
+    bounded deque. `close` writes what is queued (up to `timeout_s`) and stops the thread.
     """
 
     def __init__(
