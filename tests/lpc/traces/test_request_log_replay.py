@@ -117,3 +117,18 @@ def test_lpc_ab_replays_a_log_folder(tmp_path: Path, capsys) -> None:
     assert engine["engine_token_hit_ratio"] == pytest.approx(first.token_hit_ratio, abs=0)
     replayed = report["comparison"]["hit_ratio"]["lpc-trace"]
     assert list(replayed.values()) == [pytest.approx(first.token_hit_ratio, abs=1e-12)]
+
+
+def test_a_bad_log_folder_is_one_clear_error(tmp_path: Path) -> None:
+    from lpc.trace import read_trace
+    from lpc.traces.jsonl import TraceError
+
+    with pytest.raises(TraceError, match=r"the folder holds no \.jsonl or \.jsonl\.gz trace files"):
+        read_trace(tmp_path)
+    line = {"input_length": 20, "output_length": 0, "sequence_hash_ids": [1, 2]}
+    for name, block_size in (("a.jsonl", 16), ("b.jsonl", 32)):
+        header = {"format": "lpc-trace", "version": 1, "hash_block_size": block_size}
+        rows = [header, {**line, "arrival_s": 1, "completion_s": 2, "request_id": name}]
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(TraceError, match=r"b.jsonl:1: 'hash_block_size' 32 differs from 16"):
+        read_trace(tmp_path)
