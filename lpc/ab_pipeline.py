@@ -300,6 +300,13 @@ def run_ab(
                 f"{link['requests']} requests into {link['conversations']} conversations "
                 f"({link['multi_turn_conversations']} with several turns)"
             )
+        if "request_log" in trace.info:
+            engine = trace.info["request_log"]
+            log(
+                f"trace: request log of {engine['requests']} requests in {engine['files']} "
+                f"file(s); the engine's own token hit ratio "
+                f"{engine['engine_token_hit_ratio']:.2%}"
+            )
         log(
             f"trace: training part {split.train_requests} requests before "
             f"{split.cut_s - split.start_s:.0f} s, evaluation part "
@@ -644,6 +651,13 @@ def trace_description(summary: dict[str, Any]) -> list[str]:
             f"{link['conversations']} conversations, {link['multi_turn_conversations']} with "
             f"several turns (at most {link['max_turns']}); {link['branched_parents']} requests "
             f"continued more than once; {link['shared_blocks']} shared blocks."
+        )
+    if "request_log" in t:
+        engine = t["request_log"]
+        lines.append(
+            f"Request log: {engine['requests']} requests in {engine['files']} file(s); the "
+            f"engine's token hit ratio over all of them {engine['engine_token_hit_ratio']:.2%} "
+            f"({engine['cached_tokens']} of {engine['prompt_tokens']} prompt tokens cached)."
         )
     if "orphans" in t:
         lines.append(

@@ -78,8 +78,15 @@ class PlannedReplay(vllm_replay.VllmReplay):
             extra = plan.request(self._current.request_id).extra_args()
             return real(**kwargs, extra_args=extra or None)
 
+        real_request = vllm.Request
+
+        def request(**kwargs: Any) -> Any:
+            # Arrivals on the plan's clock, like releases: a request log is on one timeline.
+            return real_request(**{**kwargs, "arrival_time": clock.now})
+
         namespace = types.SimpleNamespace(**vars(vllm))
         namespace.SamplingParams = sampling_params
+        namespace.Request = request
         super().__init__(namespace, stream.config)
 
     def _new(self, step: int, op: NewRequest) -> StepRecord:
@@ -157,6 +164,13 @@ def main(argv: list[str] | None = None) -> int:
         help="after the plugin's replay, wait up to this long for predictions still in flight "
         "before reading its counters (so failures and timeouts are counted)",
     )
+    parser.add_argument(
+        "--request-log-dir", help="the plugin logs finished requests here (LPC_REQUEST_LOG_DIR)"
+    )
+    parser.add_argument(
+        "--request-log-text", action="store_true", help="the log records user prompts"
+    )
+    parser.add_argument("--request-log-salt", help="the request log's deployment key")
     args = parser.parse_args(argv)
     if args.stock_output is None and args.plugin_output is None:
         parser.error("give --stock-output, --plugin-output or both")
@@ -182,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
                 predictor_url=args.predictor_url,
                 predictor_timeout_s=args.predictor_timeout_s,
                 stats_log_interval_s=0.0,
+                request_log_dir=args.request_log_dir,
+                request_log_text=args.request_log_text,
+                request_log_salt=args.request_log_salt,
             )
             vllm_plugin.register(config=config, clock=clock)
 
@@ -210,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                         before_free,
                     )
                 wait_for_predictions(args.drain_predictions_s)
+                vllm_plugin.flush_request_log()
                 summary["plugin_stats"] = vllm_plugin.stats_snapshot()
             finally:
                 vllm_plugin.unregister()

@@ -41,6 +41,7 @@ def compare(
     scale_per_s: float,
     fallback_probability: float,
     vllm_python: Path,
+    driver_args: list[str] | None = None,
 ) -> dict[str, Any]:
     """Both replays of the trace; the rows of the comparison and what it cost."""
     started = time.perf_counter()
@@ -64,7 +65,7 @@ def compare(
             {stream.config.name: plan},
             Path(workdir),
             settings,
-            extra_args=["--outcomes-only"],
+            extra_args=["--outcomes-only", *(driver_args or [])],
         )
     vllm = {
         "lru": hit_totals(stream, run.stock[stream.config.name]),
@@ -124,14 +125,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--vllm-python", type=Path, default=None, help="python of vLLM's venv (.vllm-venv)"
     )
+    parser.add_argument(
+        "--request-log-dir",
+        type=Path,
+        help="the plugin writes its request log here (replay it with lpc ab --trace DIR)",
+    )
+    parser.add_argument(
+        "--request-log-text", action="store_true", help="the request log records user prompts"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     python = args.vllm_python or vllm_python_path()
     if not python.exists():
         print(f"vllm_trace_ab: no vLLM python at {python}; run scripts/setup_vllm_venv.sh")
         return 2
+    driver_args = []
+    if args.request_log_dir is not None:
+        driver_args += ["--request-log-dir", str(args.request_log_dir.resolve())]
+    if args.request_log_text:
+        driver_args.append("--request-log-text")
     result = compare(
-        args.trace, args.cache_tokens, args.block_size, args.scale, args.fallback_p, python
+        args.trace,
+        args.cache_tokens,
+        args.block_size,
+        args.scale,
+        args.fallback_p,
+        python,
+        driver_args,
     )
     worst = max(abs(row["difference_points"]) for row in result["rows"])
     result["agree"] = worst <= args.tolerance_points

@@ -192,7 +192,15 @@ def fit_access_model(samples: AccessSamples, config: AccessFitConfig) -> AccessF
 def save_access_model(
     folder: Path, result: AccessFitResult, fingerprint: str, notes: dict[str, Any]
 ) -> ArtifactMetadata:
-    metadata = ArtifactMetadata(
+    metadata = access_metadata(result, fingerprint, notes)
+    return save_artifact(folder, result.model, metadata, overwrite=True)
+
+
+def access_metadata(
+    result: AccessFitResult, fingerprint: str, notes: dict[str, Any]
+) -> ArtifactMetadata:
+    """The artifact metadata of a fitted access model (the registry saves it itself)."""
+    return ArtifactMetadata(
         embedder_id=ACCESS_EMBEDDER_ID,
         feature_config=_unused_feature_config(),
         mlp_config=result.model.config,
@@ -203,7 +211,6 @@ def save_access_model(
         notes={**notes, "report_notes": result.notes},
         inputs=result.inputs,
     )
-    return save_artifact(folder, result.model, metadata, overwrite=True)
 
 
 def _unused_feature_config():

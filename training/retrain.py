@@ -12,6 +12,11 @@ One run, under the registry's lock:
    probabilities); either way publish it as a new version that records the decision and why;
 6. tell a running `lpc serve` to reload (`notify_url`), which swaps models between batches.
 
+Request logs: when every selected file is a serving engine's request log (no text), steps 3
+and 4 are a `LogTrainer`'s, injected by the caller (`lpc.log_retrain`): an access-only
+candidate fitted on the days before the newest and judged, with the current model, on the
+newest day; the decision, publishing and reload are the same.
+
 Outcome statuses map to exit codes (`EXIT_CODES`), so cron and systemd can tell a promotion
 from a kept model, a run with nothing to do, a run blocked by another one, and a failure.
 """
@@ -23,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from predictor.artifact import ArtifactError
 from predictor.embedders.base import Embedder
@@ -42,6 +47,26 @@ METRICS = ("roc_auc", "mcc", "macro_f1")
 
 Log = Callable[[str], None]
 EmbedderLoader = Callable[[str], Embedder]
+
+
+@dataclass
+class LogCandidate:
+    """A candidate trained from request logs, and the current model's score beside it."""
+
+    model: Any  # ContinuationMLP
+    metadata: Any  # ArtifactMetadata
+    metrics: dict[str, Any]
+    evaluation_samples: int
+    current_metrics: dict[str, Any] | None
+    current_problem: str | None
+    data: dict[str, Any]
+
+
+class LogTrainer(Protocol):
+    """Trains on request log files (the caller knows their format; training does not)."""
+
+    def handles(self, paths: list[Path]) -> bool: ...
+    def train(self, paths: list[Path], current: Path | None) -> LogCandidate: ...
 
 
 @dataclass(frozen=True)
@@ -190,16 +215,24 @@ def run_retrain(
     log: Log = print,
     now: datetime | None = None,
     token_counter: TokenCounter | None = None,
+    log_trainer: LogTrainer | None = None,
 ) -> RetrainOutcome:
     """One daily run (see the module docstring). Never raises for expected failures: the
-    outcome's status says what happened. `token_counter`: for token finish features."""
+    outcome's status says what happened. `token_counter`: for token finish features;
+    `log_trainer`: trains on request logs when the selected files are ones."""
     started = time.perf_counter()
     registry = ModelRegistry(config.registry_dir)
     try:
         with registry.lock():
             try:
                 outcome = _run_locked(
-                    config, registry, load_embedder, log, now or datetime.now(UTC), token_counter
+                    config,
+                    registry,
+                    load_embedder,
+                    log,
+                    now or datetime.now(UTC),
+                    token_counter,
+                    log_trainer,
                 )
             except Exception as error:  # recorded, reported as a failed run
                 outcome = RetrainOutcome(
@@ -223,6 +256,7 @@ def _run_locked(
     log: Log,
     now: datetime,
     token_counter: TokenCounter | None,
+    log_trainer: LogTrainer | None = None,
 ) -> RetrainOutcome:
     removed = registry.clean_staging()
     if removed:
@@ -253,46 +287,57 @@ def _run_locked(
         f"logs: {len(selection.files)} files ({len(selection.new_files)} new) since "
         f"{selection.window_start:%Y-%m-%d}"
     )
-    conversations, loaded = load_logged_conversations(
-        selection.files, config.data_format, config.mode
-    )
-    data.update(loaded)
-    pause_point("retrain-loaded")
+    paths = [f.path for f in selection.files]
+    if log_trainer is not None and log_trainer.handles(paths):
+        log("logs are request logs: training an access-only model (no text)")
+        candidate = log_trainer.train(paths, registry.current_path())
+        pause_point("retrain-trained")
+        data.update(candidate.data)
+        artifact_model, artifact_metadata = candidate.model, candidate.metadata
+        candidate_metrics, evaluation_samples = candidate.metrics, candidate.evaluation_samples
+        current_metrics, problem = candidate.current_metrics, candidate.current_problem
+    else:
+        conversations, loaded = load_logged_conversations(
+            selection.files, config.data_format, config.mode
+        )
+        data.update(loaded)
+        pause_point("retrain-loaded")
 
-    embedder = load_embedder(config.train.embedder_spec)
-    cache = EmbeddingCache.open(
-        config.cache_dir, embedder.embedder_id, embedder.dim, embedder=embedder
-    )
-    outcome = train_predictor(
-        conversations,
-        config.train,
-        embedder,
-        cache,
-        config.embed,
-        data_description={"logs": str(config.logs_dir), **data},
-        log=log,
-        token_counter=token_counter,
-    )
-    candidate_metrics = outcome.metrics.get("evaluation", {})
-    evaluation_samples = outcome.metrics["data"]["evaluation_samples"]
-    pause_point("retrain-trained")
+        embedder = load_embedder(config.train.embedder_spec)
+        cache = EmbeddingCache.open(
+            config.cache_dir, embedder.embedder_id, embedder.dim, embedder=embedder
+        )
+        outcome = train_predictor(
+            conversations,
+            config.train,
+            embedder,
+            cache,
+            config.embed,
+            data_description={"logs": str(config.logs_dir), **data},
+            log=log,
+            token_counter=token_counter,
+        )
+        artifact_model, artifact_metadata = outcome.artifact.model, outcome.artifact.metadata
+        candidate_metrics = outcome.metrics.get("evaluation", {})
+        evaluation_samples = outcome.metrics["data"]["evaluation_samples"]
+        pause_point("retrain-trained")
 
-    current_metrics, problem = None, None
-    current_path = registry.current_path()
-    if current_path is not None and evaluation_samples:
-        try:
-            current_metrics = _score_current(
-                current_path,
-                outcome.split.evaluation,
-                embedder,
-                cache,
-                config,
-                load_embedder,
-                conversations,
-                token_counter,
-            )
-        except (ArtifactError, OSError, ValueError) as error:
-            problem = f"{type(error).__name__}: {error}"
+        current_metrics, problem = None, None
+        current_path = registry.current_path()
+        if current_path is not None and evaluation_samples:
+            try:
+                current_metrics = _score_current(
+                    current_path,
+                    outcome.split.evaluation,
+                    embedder,
+                    cache,
+                    config,
+                    load_embedder,
+                    conversations,
+                    token_counter,
+                )
+            except (ArtifactError, OSError, ValueError) as error:
+                problem = f"{type(error).__name__}: {error}"
     decision = decide(
         candidate_metrics,
         current_metrics,
@@ -305,8 +350,8 @@ def _run_locked(
     log(f"decision: {'promote' if decision.promote else 'keep current'}: {decision.reason}")
 
     version = registry.publish(
-        outcome.artifact.model,
-        outcome.artifact.metadata,
+        artifact_model,
+        artifact_metadata,
         {
             "decision": PROMOTED if decision.promote else KEPT,
             "reason": decision.reason,

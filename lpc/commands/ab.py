@@ -140,7 +140,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--trace",
         type=Path,
         help="replay this request trace instead of generating a workload: a JSONL file (gzip "
-        "or plain; Mooncake, Bailian or lpc format) or a bundled trace, 'mooncake' (the Mooncake "
+        "or plain; Mooncake, Bailian or lpc format), a folder of lpc files (the serving plugin's "
+        "request logs, merged by time) or a bundled trace, 'mooncake' (the Mooncake "
         "conversation trace) or 'mooncake-synthetic' (docs/traces.md)",
     )
     data.add_argument(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from lpc.commands import bench_access, bench_evictor, bench_predictor
+from lpc.commands import bench_access, bench_evictor, bench_log, bench_predictor
 
-BENCH_MODULES = (bench_evictor, bench_predictor, bench_access)
+BENCH_MODULES = (bench_evictor, bench_predictor, bench_access, bench_log)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

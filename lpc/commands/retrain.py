@@ -19,6 +19,11 @@ kept as a new registry version that records the decision and why. One run at a t
 in the registry); all writes are atomic. With --notify-url, a running `lpc serve` is told to
 reload the promoted model (it swaps models between batches, dropping no request).
 
+When the selected files are the serving plugin's request logs (requests-YYYY-MM-DD-pid*.jsonl,
+LPC_REQUEST_LOG_DIR), they hold no text: the candidate is an access-only model (as lpc train
+--trace), fitted on the days before the newest and judged, beside the current model, on the
+newest day; labels by --horizon, censored at the logs' end.
+
 exit status: 0 promoted, 3 kept the current model, 4 no new data, 5 another run holds the
 lock, 1 failed, 2 bad arguments. See docs/training.md and scripts/lpc-retrain.*.
 """
@@ -52,6 +57,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also train on files dated within this many days (default: %(default)s)",
     )
     data.add_argument("--force", action="store_true", help="retrain even when no log file is new")
+    data.add_argument(
+        "--horizon",
+        type=float,
+        default=180.0,
+        help="request logs: label = the conversation's next request within this many seconds "
+        "of the request's completion (default: %(default)g, as lpc train --trace)",
+    )
     judge = p.add_argument_group("promotion")
     judge.add_argument(
         "--registry",
@@ -139,11 +151,19 @@ def run(args: argparse.Namespace) -> int:
         if args.json
         else (lambda m: print(m, flush=True))
     )
+    if not args.horizon > 0:
+        raise CommandError(f"--horizon must be > 0 seconds, got {args.horizon}")
+    from lpc.log_retrain import RequestLogTrainer
+    from training.access_fit import AccessFitConfig
+
     outcome = run_retrain(
         config,
         lambda spec: load_embedder(spec, device=args.device),
         log,
         token_counter=token_counter_for(train_config, args),
+        log_trainer=RequestLogTrainer(
+            horizon_s=args.horizon, fit=AccessFitConfig(seed=train_config.fit.seed)
+        ),
     )
     if args.json:
         print(json.dumps(outcome.to_dict(), indent=2))

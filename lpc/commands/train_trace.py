@@ -44,7 +44,8 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--trace",
         help="train an access-only model on this request trace instead of a chat data set: "
-        "a JSONL file (gzip or plain) or a bundled one ('mooncake'); see docs/traces.md",
+        "a JSONL file (gzip or plain), a folder of request logs or a bundled one ('mooncake'); "
+        "see docs/traces.md",
     )
     g.add_argument(
         "--trace-format",

@@ -41,6 +41,11 @@ class PluginConfig:
     in flight or waiting to be consumed, so a slow predictor cannot grow memory without bound.
     `stats_log_interval_s` spaces the plugin's counter log lines (0: never). `metrics_port`
     serves the counters in Prometheus text format on `metrics_host` (None: no server).
+    `request_log_dir` turns on the request log (`request_log`: one `lpc` trace line per
+    finished request, for replays and retraining): daily files per process, rotated at
+    `request_log_max_file_mb`; prompt text only with `request_log_text`; block ids keyed by
+    `request_log_salt` (None: a random key kept in the folder); at most
+    `request_log_queue_size` records waiting (more are dropped and counted, never waited for).
     """
 
     scale_per_s: float = DEFAULT_SCALE_PER_S
@@ -54,6 +59,11 @@ class PluginConfig:
     stats_log_interval_s: float = 60.0
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    request_log_dir: str | None = None
+    request_log_max_file_mb: float = 256.0
+    request_log_text: bool = False
+    request_log_salt: str | None = None
+    request_log_queue_size: int = 65536
 
     def __post_init__(self) -> None:
         for spec in _FIELDS.values():
@@ -62,8 +72,9 @@ class PluginConfig:
     def as_dict(self) -> dict[str, Any]:
         """The settings, with the predictor token masked (for logs and `stats_snapshot()`)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        if out["predictor_token"]:
-            out["predictor_token"] = "***"
+        for secret in ("predictor_token", "request_log_salt"):
+            if out[secret]:
+                out[secret] = "***"
         return out
 
 
@@ -128,6 +139,20 @@ def _check_host(name: str, value: Any) -> None:
         raise PluginConfigError(f"{name} must be a host name or address, got {value!r}")
 
 
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise PluginConfigError(f"{name} must be true or false, got {value!r}")
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(text)
+
+
 def _parse_float(text: str) -> float:
     return float(text)
 
@@ -172,6 +197,22 @@ _FIELDS: dict[str, _FieldSpec] = {
         ),
         _FieldSpec("metrics_port", "LPC_METRICS_PORT", _parse_optional_int, _check_port),
         _FieldSpec("metrics_host", "LPC_METRICS_HOST", str, _check_host),
+        _FieldSpec(
+            "request_log_dir", "LPC_REQUEST_LOG_DIR", _parse_optional_str, _check_optional_str
+        ),
+        _FieldSpec(
+            "request_log_max_file_mb",
+            "LPC_REQUEST_LOG_MAX_FILE_MB",
+            _parse_float,
+            _check_positive,
+        ),
+        _FieldSpec("request_log_text", "LPC_REQUEST_LOG_TEXT", _parse_bool, _check_bool),
+        _FieldSpec(
+            "request_log_salt", "LPC_REQUEST_LOG_SALT", _parse_optional_str, _check_optional_str
+        ),
+        _FieldSpec(
+            "request_log_queue_size", "LPC_REQUEST_LOG_QUEUE_SIZE", _parse_int, _check_count
+        ),
     )
 }
 ENVIRONMENT_VARIABLES: dict[str, str] = {spec.variable: spec.name for spec in _FIELDS.values()}

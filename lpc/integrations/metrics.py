@@ -33,6 +33,12 @@ COUNTERS: dict[str, str] = {
     "uncached_blocks_released": "Blocks without a hash released (reused first)",
     "shared_blocks_released": "Cached blocks released while other requests hold them",
 }
+# Exported only when the request log is on (`request_log_dir`).
+REQUEST_LOG_COUNTERS: dict[str, str] = {
+    "request_log_records_written": "Finished requests written to the request log",
+    "request_log_records_dropped": "Finished requests the request log dropped (queue or disk)",
+    "request_log_bytes_written": "Bytes written to the request log",
+}
 
 
 class _Collector:
@@ -47,6 +53,9 @@ class _Collector:
             return
         for name, help_text in COUNTERS.items():
             yield CounterMetricFamily(f"lpc_{name}", help_text, value=data.get(name, 0))
+        for name, help_text in REQUEST_LOG_COUNTERS.items():
+            if name in data:
+                yield CounterMetricFamily(f"lpc_{name}", help_text, value=data[name])
         yield GaugeMetricFamily(
             "lpc_pending_predictions",
             "Predictions asked for and not yet consumed",

@@ -39,7 +39,9 @@ def trace_stream(
                 f"request {request.request_id} uses LoRA {request.turn.lora_id!r}; the vLLM "
                 "replay does not load adapters"
             )
-        plan.requests[request.request_id] = RequestPlan(probability, request.conversation_id)
+        plan.requests[request.request_id] = RequestPlan(
+            probability, request.conversation_id, tuple(request.turn.user_prompts)
+        )
     for time_s, kind, i in workload.events:
         request = workload.requests[i]
         if kind == ARRIVAL:

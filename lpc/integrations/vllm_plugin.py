@@ -12,7 +12,10 @@ vLLM loads it through the `vllm.general_plugins` entry point (`lpc`, allow-liste
    tell the queues the release's probability, time and conversation, and `BlockPool.free_blocks`
    to report the cached blocks a release gives up while other requests still hold them
    (max pooling needs them);
-4. when a predictor is configured, wraps `KVCacheManager.allocate_slots` to ask for the
+4. with `request_log_dir` set, appends a line per finished request to the request log
+   (`plugin_request_log`, `request_log`; a background writer, never waited for) and wraps
+   `KVCacheManager.get_computed_blocks` to note each request's prefix-cache hit;
+5. when a predictor is configured, wraps `KVCacheManager.allocate_slots` to ask for the
    request's prediction the first time it is scheduled, without waiting for it; the item
    carries the request's `num_prompt_tokens` as `prompt_tokens` (models trained with
    `log_prompt_tokens` need it, others ignore it).
@@ -57,6 +60,7 @@ from eviction.base import Release
 from lpc.integrations import vllm_compat
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
 from lpc.integrations.metrics import MetricsServer, start_metrics_server
+from lpc.integrations.plugin_request_log import PluginRequestLog
 from lpc.integrations.predictions import PredictionBoard, PredictionClient
 from lpc.integrations.request_hints import RequestHints, parse_hints
 from lpc.integrations.stats import PluginStats
@@ -66,6 +70,11 @@ from lpc.integrations.vllm_queue import Clock, LPCFreeBlockQueue, QueueRuntime, 
 logger = logging.getLogger("vllm.plugins.lpc")
 
 MAX_LOGGED_INVALID_HINTS = 20
+_PROBABILITY_SOURCES = {
+    "probabilities_from_request": "client",
+    "predictions_used": "model",
+    "fallbacks_used": "fallback",
+}
 
 
 @dataclass
@@ -81,6 +90,7 @@ class PluginRuntime:
     # id(block) -> the release of the request whose deferred free (pop_blocks_for_free) popped it
     deferred_releases: dict[int, Release] = field(default_factory=dict)
     next_log_s: float = 0.0
+    request_log: PluginRequestLog | None = None  # None: no request log configured
 
     @property
     def clock(self) -> Clock:
@@ -116,6 +126,11 @@ class PluginRuntime:
 
     def release_for(self, request: Any) -> Release:
         """The probability, time and conversation of a request releasing its blocks."""
+        return self.release_and_source(request)[0]
+
+    def release_and_source(self, request: Any) -> tuple[Release, str]:
+        """`release_for`, and where its probability came from (client, model, fallback);
+        a finished request is appended to the request log here."""
         rid = request.request_id
         hints = self.hints.pop(rid, None)
         if hints is None:
@@ -133,8 +148,14 @@ class PluginRuntime:
         if self.config.stats_log_interval_s and now >= self.next_log_s:
             if self.next_log_s:
                 logger.info("%s", self.stats.summary())
+                if self.request_log is not None:
+                    logger.info("%s", self.request_log.summary())
             self.next_log_s = now + self.config.stats_log_interval_s
-        return Release(now, probability, hints.conversation_id or rid)
+        source = _PROBABILITY_SOURCES[counter]
+        if self.request_log is not None:
+            used = probability if probability is not None else self.config.fallback_probability
+            self.request_log.finished(request, hints, used, source)
+        return Release(now, probability, hints.conversation_id or rid), source
 
     def hold_for_deferred_free(self, blocks: list[Any], release: Release) -> None:
         """Blocks popped for a deferred free: remember their release until they are freed."""
@@ -251,6 +272,18 @@ def _wrap_allocate_slots(original: Any) -> Any:
     return allocate_slots
 
 
+def _wrap_get_computed_blocks(original: Any) -> Any:
+    @functools.wraps(original)
+    def get_computed_blocks(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, request, *args, **kwargs)
+        runtime = _runtime_of(self.block_pool)
+        if runtime is not None and runtime.request_log is not None:
+            runtime.request_log.note_computed(request, result[1], self.block_pool)
+        return result
+
+    return get_computed_blocks
+
+
 def make_predictor_client(config: PluginConfig) -> PredictionClient | None:
     """The project's predictor RPC client for `config.predictor_url` (None when unset)."""
     if config.predictor_url is None:
@@ -339,7 +372,11 @@ def register(
             # Late-bound: the registration is complete before any queue is built.
             activate=lambda: _activate(registration),
         )
-        registration = _Registration(PluginRuntime(config, counters, queues, client, board), [])
+        runtime = PluginRuntime(config, counters, queues, client, board)
+        if config.request_log_dir is not None:
+            # An injected clock stamps finish times too, so a replay's log is on its timeline.
+            runtime.request_log = PluginRequestLog(config, clock or time.time)
+        registration = _Registration(runtime, [])
 
         block_pool = modules["block_pool"]
         pool_class = block_pool.BlockPool
@@ -357,6 +394,9 @@ def register(
         if board is not None:
             allocate = _wrap_allocate_slots(manager_class.allocate_slots)
             patches.append((manager_class, "allocate_slots", allocate))
+        if runtime.request_log is not None:
+            computed = _wrap_get_computed_blocks(manager_class.get_computed_blocks)
+            patches.append((manager_class, "get_computed_blocks", computed))
         for owner, name, value in patches:
             registration.originals.append((owner, name, owner.__dict__.get(name, _ABSENT)))
             setattr(owner, name, value)
@@ -401,11 +441,21 @@ def unregister() -> None:
             registration.runtime.board.close()
         if registration.metrics is not None:
             registration.metrics.close()
+        if registration.runtime.request_log is not None:
+            registration.runtime.request_log.close()
         _REGISTRATION = None
 
 
 def is_registered() -> bool:
     return _REGISTRATION is not None
+
+
+def flush_request_log(timeout_s: float = 5.0) -> bool:
+    """Wait until the request log has written (or dropped) every finished request so far."""
+    registration = _REGISTRATION
+    if registration is None or registration.runtime.request_log is None:
+        return True
+    return registration.runtime.request_log.flush(timeout_s)
 
 
 def stats_snapshot() -> dict[str, Any]:
@@ -415,6 +465,8 @@ def stats_snapshot() -> dict[str, Any]:
         return {"registered": False}
     runtime = registration.runtime
     out: dict[str, Any] = {"registered": True, **runtime.stats.snapshot()}
+    if runtime.request_log is not None:
+        out.update({f"request_log_{k}": v for k, v in runtime.request_log.counters().items()})
     board = runtime.board
     out["pending_predictions"] = board.pending if board is not None else 0
     out["predictions_in_flight"] = board.in_flight if board is not None else 0

@@ -7,7 +7,10 @@ of first appearance). Distinct blocks therefore never share a token, equal ids s
 theirs, and any replay block size b that divides B sees exactly the prefix sharing the ids
 state: b-token blocks inside a shared B-token block are shared, nothing else is. A prompt's
 last block is partial (only `input_length mod B` of its tokens). Output tokens follow the
-prompt and are unique to their request (numbered after every prompt token).
+prompt and are unique to their request (numbered after every prompt token) — unless the ids
+cover the output too (`covers_output`: a request log's `sequence_hash_ids`, where the engine
+hashed the reply's blocks, which the next turn's prompt repeats); then every token comes from
+its block's id alike.
 
 `SyntheticTokens` is a lazy `Sequence[int]`: it stores the ids, not the ~145M tokens of a real
 trace. `synthetic_block_hashes` computes each request's chain of block hashes with the block
@@ -32,6 +35,7 @@ class SyntheticTokens(Sequence[int]):
 
     __slots__ = (
         "block_ids",
+        "covers_output",
         "num_output_tokens",
         "num_prompt_tokens",
         "output_base",
@@ -45,13 +49,15 @@ class SyntheticTokens(Sequence[int]):
         num_prompt_tokens: int,
         num_output_tokens: int,
         output_base: int,
+        covers_output: bool = False,
     ) -> None:
-        if len(block_ids) != -(-num_prompt_tokens // trace_block_size):
+        covered = num_prompt_tokens + (num_output_tokens if covers_output else 0)
+        if len(block_ids) != -(-covered // trace_block_size):
             raise ValueError(
-                f"{len(block_ids)} block ids for {num_prompt_tokens} prompt tokens in blocks of "
-                f"{trace_block_size}"
+                f"{len(block_ids)} block ids for {covered} tokens in blocks of {trace_block_size}"
             )
-        self.block_ids = block_ids  # dense ids, one per trace block of the prompt
+        self.block_ids = block_ids  # dense ids, one per trace block of the prompt (or sequence)
+        self.covers_output = covers_output
         self.trace_block_size = trace_block_size
         self.num_prompt_tokens = num_prompt_tokens
         self.num_output_tokens = num_output_tokens
@@ -60,9 +66,14 @@ class SyntheticTokens(Sequence[int]):
     def __len__(self) -> int:
         return self.num_prompt_tokens + self.num_output_tokens
 
+    @property
+    def num_covered_tokens(self) -> int:
+        """The tokens the block ids stand for (prompt, or prompt and output)."""
+        return self.num_prompt_tokens + (self.num_output_tokens if self.covers_output else 0)
+
     def _values(self, start: int, stop: int) -> np.ndarray:
         positions = np.arange(start, stop, dtype=np.int64)
-        prompt = positions < self.num_prompt_tokens
+        prompt = positions < self.num_covered_tokens
         bs = self.trace_block_size
         ids = np.frombuffer(self.block_ids, dtype=np.uint32).astype(np.int64)
         out = np.empty(len(positions), dtype=np.int64)
@@ -97,6 +108,7 @@ class SyntheticTokens(Sequence[int]):
                 and self.num_prompt_tokens == other.num_prompt_tokens
                 and self.num_output_tokens == other.num_output_tokens
                 and self.output_base == other.output_base
+                and self.covers_output == other.covers_output
                 and self.block_ids == other.block_ids
             )
         return NotImplemented
@@ -123,15 +135,25 @@ def expand_requests(
     input_lengths: Sequence[int],
     output_lengths: Sequence[int],
     trace_block_size: int,
+    covers_output: Sequence[bool] | None = None,
 ) -> list[SyntheticTokens]:
-    """Token sequences of requests given in replay order (the order fixes the numbering)."""
+    """Token sequences of requests given in replay order (the order fixes the numbering).
+
+    `covers_output[i]`: request i's ids cover its output too (default: the prompt only).
+    """
     dense = DenseIds()
     mapped = [dense.map(ids) for ids in hash_ids]
     output_base = len(dense) * trace_block_size
+    covers = covers_output if covers_output is not None else [False] * len(mapped)
     tokens = []
-    for ids, num_prompt, num_output in zip(mapped, input_lengths, output_lengths, strict=True):
-        tokens.append(SyntheticTokens(ids, trace_block_size, num_prompt, num_output, output_base))
-        output_base += num_output
+    for ids, num_prompt, num_output, covered in zip(
+        mapped, input_lengths, output_lengths, covers, strict=True
+    ):
+        tokens.append(
+            SyntheticTokens(ids, trace_block_size, num_prompt, num_output, output_base, covered)
+        )
+        if not covered:
+            output_base += num_output
     return tokens
 
 
@@ -160,7 +182,7 @@ def synthetic_block_hashes(
         trace_bs = tokens.trace_block_size
         check_block_size(bs, trace_bs)
         per_block = trace_bs // bs
-        full_in_prompt = tokens.num_prompt_tokens // bs
+        full_in_prompt = tokens.num_covered_tokens // bs
         hashes: list[BlockHash] = []
         parent: BlockHash | None = None
         for k, block_id in enumerate(tokens.block_ids):

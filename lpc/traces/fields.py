@@ -34,23 +34,26 @@ def hash_ids(
     input_length: int,
     block_size: int,
     signed: bool = False,
+    key: str = "hash_ids",
+    length_name: str = "'input_length'",
 ) -> list[int]:
     """A non-empty list of ints (>= 0 unless `signed`: a 64-bit hash written as a signed
     integer is still just an identity), one per `block_size` tokens of the prompt (the last
-    block may be partial)."""
-    value = record.get("hash_ids")
+    block may be partial); `sequence_hash_ids` cover prompt and output
+    (`length_name` says which length `input_length` holds, for the message)."""
+    value = record.get(key)
     if not isinstance(value, list) or not value:
-        raise fail(path, lineno, f"'hash_ids' must be a non-empty list of ints, got {value!r}")
+        raise fail(path, lineno, f"{key!r} must be a non-empty list of ints, got {value!r}")
     for i, h in enumerate(value):
         if isinstance(h, bool) or not isinstance(h, int) or (h < 0 and not signed):
             kind = "an int" if signed else "an int >= 0"
-            raise fail(path, lineno, f"hash_ids[{i}] must be {kind}, got {h!r}")
+            raise fail(path, lineno, f"{key}[{i}] must be {kind}, got {h!r}")
     expected = -(-input_length // block_size)
     if len(value) != expected:
         raise fail(
             path,
             lineno,
-            f"'input_length' {input_length} needs {expected} blocks of {block_size} tokens, "
-            f"but 'hash_ids' has {len(value)}",
+            f"{length_name} {input_length} needs {expected} blocks of {block_size} tokens, "
+            f"but {key!r} has {len(value)}",
         )
     return value

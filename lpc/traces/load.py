@@ -15,7 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-from lpc.trace import TRACE_FORMAT, MessageTokenizer, read_trace
+from lpc.integrations.request_log import LOG_SOURCE
+from lpc.trace import TRACE_FORMAT, MessageTokenizer, Trace, read_trace
 from lpc.traces.bailian import BAILIAN_BLOCK_SIZE, looks_like_bailian, parse_bailian
 from lpc.traces.expand import expand_requests
 from lpc.traces.jsonl import TraceError, read_json_lines
@@ -58,11 +59,12 @@ class LoadedTrace:
 
 
 def resolve_trace(spec: str | Path) -> Path:
-    """A file path, or the name of a bundled trace (`mooncake`)."""
+    """A file path, a folder of `lpc` trace files (a request log), or the name of a bundled
+    trace (`mooncake`)."""
     path = Path(spec)
     if not path.exists() and str(spec) in BUNDLED_TRACES:
         return DATA_DIR / BUNDLED_TRACES[str(spec)]
-    if not path.is_file():
+    if not path.is_file() and not path.is_dir():
         known = ", ".join(BUNDLED_TRACES)
         raise TraceError(f"{path}: no such trace file (bundled traces: {known})")
     return path
@@ -87,6 +89,8 @@ def trace_format_of(spec: str | Path, given: str | None = None) -> str:
     if given is not None:
         return given
     path = resolve_trace(spec)
+    if path.is_dir():
+        return "lpc"  # a folder is a request log (`load_trace`)
     lines = read_json_lines(path)
     if not lines.records:
         raise TraceError(f"{path}: the trace holds no requests")
@@ -98,19 +102,29 @@ def load_trace(
     spec: str | Path, options: TraceOptions, tokenize: MessageTokenizer | None = None
 ) -> LoadedTrace:
     path = resolve_trace(spec)
-    lines = read_json_lines(path)
-    if not lines.records:
-        raise TraceError(f"{path}: the trace holds no requests")
-    fmt = options.format or detect_format(path, lines.records[0][1], lines.records[0][0])
+    if path.is_dir():
+        if options.format not in (None, "lpc"):
+            raise TraceError(f"{path}: a folder is read as `lpc` trace files (a request log)")
+        fmt, compressed = "lpc", False
+    else:
+        lines = read_json_lines(path)
+        if not lines.records:
+            raise TraceError(f"{path}: the trace holds no requests")
+        fmt = options.format or detect_format(path, lines.records[0][1], lines.records[0][0])
+        compressed = lines.compressed
     if fmt not in TRACE_FORMATS:
         raise TraceError(f"unknown trace format {fmt!r}; choose from {', '.join(TRACE_FORMATS)}")
-    info: dict[str, Any] = {"format": fmt, "compressed": lines.compressed}
+    info: dict[str, Any] = {"format": fmt, "compressed": compressed}
     request_types: list[str] | None = None
+    request_log = False
     if fmt == "lpc":
         trace = read_trace(path, tokenize)
         requests, logged = trace.requests, trace.logged_probabilities
         block_size = trace.hash_block_size
         info["skipped_last_lines"] = trace.skipped_last_lines
+        request_log = trace.header.get("source") == LOG_SOURCE
+        if request_log:
+            info["request_log"] = request_log_summary(trace)
     else:
         if fmt == "mooncake":
             table = parse_mooncake(path, lines)
@@ -135,8 +149,9 @@ def load_trace(
     if options.max_model_len is not None:
         requests, cut = cut_to_max_model_len(requests, options.max_model_len)
         info["cut_to_max_model_len"] = cut
-    if fmt != "lpc":
-        complete(requests, options.latency)
+    if fmt != "lpc" or request_log:
+        if not request_log:  # a request log has the engine's own finish times
+            complete(requests, options.latency)
         labels = horizon_labels(requests, options.horizon_s)
         for request, label in zip(requests, labels.labels, strict=True):
             request.turn.has_next_turn = label
@@ -144,6 +159,21 @@ def load_trace(
         info["censored_labels"] = labels.censored
         info["continuing_labels"] = sum(labels.labels)
     return LoadedTrace(requests, logged, fmt, path, block_size, info, request_types)
+
+
+def request_log_summary(trace: Trace) -> dict[str, Any]:
+    """What the serving engine saw, from its own log: the hit ratio a faithful replay of the
+    log reproduces (Σ cached tokens / Σ prompt tokens, every request)."""
+    prompt = sum(r.turn.num_prompt_tokens for r in trace.requests)
+    cached = sum(c or 0 for c in trace.logged_cached_tokens or [])
+    return {
+        "files": trace.header.get("files", 1),
+        "requests": len(trace.requests),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "engine_token_hit_ratio": cached / prompt if prompt else 0.0,
+        "key_fingerprint": trace.header.get("key_fingerprint"),
+    }
 
 
 def imported_requests(table: pd.DataFrame, trace_block_size: int) -> list[WorkloadRequest]:

@@ -77,12 +77,14 @@ def cut_to_max_model_len(
         tokens = turn.token_ids
         if isinstance(tokens, SyntheticTokens):
             bs = tokens.trace_block_size
+            covered = num_prompt + (num_output if tokens.covers_output else 0)
             cut_tokens = SyntheticTokens(
-                tokens.block_ids[: -(-num_prompt // bs)],
+                tokens.block_ids[: -(-covered // bs)],
                 bs,
                 num_prompt,
                 num_output,
                 tokens.output_base,
+                tokens.covers_output,
             )
         else:
             cut_tokens = compact_tokens(

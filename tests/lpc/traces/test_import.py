@@ -284,7 +284,7 @@ def test_bundled_trace_loads_whole() -> None:
                     "prompt_token_ids": [1],
                 },
             ],
-            "t.jsonl:2: a trace with 'hash_block_size' needs 'hash_ids' on every line",
+            "t.jsonl:2: a trace with 'hash_block_size' needs 'hash_ids' or 'sequence_hash_ids' on every line",
         ),
     ],
 )

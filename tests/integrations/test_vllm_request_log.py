@@ -1,0 +1,244 @@
+"""The plugin's request log inside real vLLM 0.33.0: what vLLM+plugin served, replayed.
+
+scripts/vllm_trace_ab.py replays a trace through vLLM's KVCacheManager with the plugin, which
+logs every finished request (from vLLM's `Request`: arrival, prompt and output tokens, block
+hashes; its prefix-cache hit from `get_computed_blocks`; the probability it used). Then
+`lpc ab --trace LOGDIR` replays the log: it must reproduce vLLM+plugin's hit ratio, and the
+log must hold no prompt text unless asked.
+
+Marked `vllm`: `pytest -m vllm tests/integrations` after `bash scripts/setup_vllm_plugin.sh`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lpc.cli import main
+from lpc.integrations.vllm_driver import REPO_ROOT
+from lpc.probability import OracleSource
+from lpc.trace import write_trace
+from lpc.workload import ScriptedTurn, WorkloadConfig, open_loop_requests
+from tests.integrations.report import REPORT
+from tests.lpc.synthetic import conversations
+
+pytestmark = pytest.mark.vllm
+
+CACHE_TOKENS = 20_000
+SCALE = 1e-2
+
+
+def secret_word(conversation_id: str, turn: int) -> str:
+    return f"quokkaphrase{conversation_id}x{turn}"
+
+
+def trace_with_prompts(path: Path, count: int) -> Path:
+    """Synthetic chats whose user prompts hold words the log must not contain by default;
+    a fifth of the probabilities missing (the plugin's fallback)."""
+    scripts = [
+        [
+            ScriptedTurn(
+                t.conversation_id,
+                t.turn_index,
+                t.token_ids,
+                t.num_prompt_tokens,
+                t.has_next_turn,
+                tuple(secret_word(t.conversation_id, k) for k in range(t.turn_index + 1)),
+            )
+            for t in conversation
+        ]
+        for conversation in conversations(count, seed=5)
+    ]
+    requests = open_loop_requests(
+        scripts, WorkloadConfig(duration_s=900, max_active_conversations=40, seed=3)
+    )
+    rng = random.Random(1)
+    oracle = OracleSource().predict([r.turn for r in requests])
+    probabilities = [None if rng.random() < 0.2 else p for p in oracle]
+    write_trace(path, requests, {"source": "synthetic chats"}, probabilities)
+    return path
+
+
+def vllm_with_log(trace: Path, logs: Path, vllm_python: Path, *extra: str) -> dict:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "scripts/vllm_trace_ab.py",
+            str(trace),
+            "--cache-tokens",
+            str(CACHE_TOKENS),
+            "--scale",
+            str(SCALE),
+            "--json",
+            "--vllm-python",
+            str(vllm_python),
+            "--request-log-dir",
+            str(logs),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=REPO_ROOT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_the_plugin_s_log_replays_to_vllm_s_hit_ratio(
+    vllm_python: Path, tmp_path: Path, capsys
+) -> None:
+    trace = trace_with_prompts(tmp_path / "trace.jsonl", 400)
+    logs = tmp_path / "logs"
+    result = vllm_with_log(trace, logs, vllm_python)
+    plugin = {row["policy"]: row for row in result["rows"]}["lpc-trace"]
+    stats = result["plugin_stats"]
+    requests = result["requests"]
+    assert stats["request_log_records_written"] == requests
+    assert stats["request_log_records_dropped"] == 0
+    text = "".join(p.read_text() for p in logs.glob("requests-*.jsonl"))
+    assert stats["request_log_bytes_written"] == len(text.encode())
+    assert "quokkaphrase" not in text  # no prompt text by default
+
+    code = main(
+        [
+            "ab",
+            "--no-progress",
+            "--trace",
+            str(logs),
+            "--split-at",
+            "0",
+            "--policies",
+            "lpc-trace,lru",
+            "--cache-sizes",
+            str(CACHE_TOKENS),
+            "--scale",
+            str(SCALE),
+            "--fallback-p",
+            "0.5",
+            "--out",
+            str(tmp_path / "ab"),
+            "--json",
+        ]
+    )
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    engine = report["workload"]["trace"]["request_log"]
+    replayed = next(iter(report["comparison"]["hit_ratio"]["lpc-trace"].values()))
+    # The log's own cached tokens are vLLM's hits, and replaying the log reproduces them.
+    assert engine["engine_token_hit_ratio"] == pytest.approx(plugin["vllm_hit_ratio"], abs=1e-12)
+    assert abs(replayed - plugin["vllm_hit_ratio"]) * 100 <= 0.1
+    REPORT.append(
+        f"request log of vLLM+plugin ({requests} requests, {CACHE_TOKENS} tokens): vLLM "
+        f"{100 * plugin['vllm_hit_ratio']:.3f}%, the log's cached tokens "
+        f"{100 * engine['engine_token_hit_ratio']:.3f}%, lpc ab --trace on the log "
+        f"{100 * replayed:.3f}%; {stats['request_log_bytes_written']} bytes"
+    )
+
+
+def test_prompt_text_only_when_asked(vllm_python: Path, tmp_path: Path) -> None:
+    trace = trace_with_prompts(tmp_path / "trace.jsonl", 40)
+    logs = tmp_path / "logs"
+    result = vllm_with_log(trace, logs, vllm_python, "--request-log-text")
+    text = "".join(p.read_text() for p in logs.glob("requests-*.jsonl"))
+    assert result["plugin_stats"]["request_log_records_written"] == result["requests"]
+    assert "quokkaphrase" in text
+
+
+@pytest.mark.slow
+def test_mooncake_through_vllm_logs_retrain_and_replay(
+    vllm_python: Path, tmp_path: Path, capsys
+) -> None:
+    """End to end on real traffic: the bundled Mooncake trace (one hour, moved to start
+    yesterday, so the daily job's window holds it) through vLLM + plugin writes request logs;
+    `lpc retrain --logs` trains an access-only model on them; `lpc ab --trace` on the same
+    logs reproduces vLLM's hit ratio."""
+    from lpc.traces.load import TraceOptions, load_trace
+    from lpc.workload import WorkloadRequest
+    from predictor.access_predictor import AccessPredictor
+
+    day_s = 86_400.0
+    base_s = (time.time() // day_s - 1) * day_s  # yesterday 00:00 UTC
+    imported = load_trace("mooncake", TraceOptions()).requests
+    moved = [
+        WorkloadRequest(r.request_id, r.turn, r.arrival_s + base_s, r.completion_s + base_s)
+        for r in imported
+    ]
+    trace = tmp_path / "mooncake.jsonl"
+    write_trace(trace, moved, {"source": "bundled Mooncake conversation trace"})
+    logs = tmp_path / "logs"
+    cache_tokens = 2_500_000  # above the slice's peak in-flight tokens: no allocation fails
+    done = subprocess.run(
+        [
+            sys.executable,
+            "scripts/vllm_trace_ab.py",
+            str(trace),
+            "--cache-tokens",
+            str(cache_tokens),
+            "--block-size",
+            "512",
+            "--json",
+            "--vllm-python",
+            str(vllm_python),
+            "--request-log-dir",
+            str(logs),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=REPO_ROOT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    plugin = {row["policy"]: row for row in result["rows"]}["lpc-trace"]
+    assert plugin["vllm_evictions"] > 0 and plugin["vllm_failures"] == 0
+    assert result["plugin_stats"]["request_log_records_written"] == len(moved)
+
+    code = main(
+        [
+            "ab",
+            "--no-progress",
+            "--trace",
+            str(logs),
+            "--split-at",
+            "0",
+            "--policies",
+            "lpc-trace",
+            "--cache-sizes",
+            str(cache_tokens),
+            "--scale",
+            "0.01",
+            "--fallback-p",
+            "0.5",
+            "--out",
+            str(tmp_path / "ab"),
+            "--json",
+        ]
+    )
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    engine = report["workload"]["trace"]["request_log"]
+    replayed = next(iter(report["comparison"]["hit_ratio"]["lpc-trace"].values()))
+    assert engine["engine_token_hit_ratio"] == pytest.approx(plugin["vllm_hit_ratio"], abs=1e-12)
+    assert abs(replayed - plugin["vllm_hit_ratio"]) * 100 <= 0.1
+
+    registry = tmp_path / "registry"
+    code = main(["retrain", "--logs", str(logs), "--registry", str(registry), "--json"])
+    outcome = json.loads(capsys.readouterr().out)
+    assert code == 0 and outcome["status"] == "promoted", outcome
+    model = AccessPredictor.load(registry / "current")
+    REPORT.append(
+        f"Mooncake trace ({len(moved)} requests, {cache_tokens} tokens, block 512) through "
+        f"vLLM+plugin: vLLM {100 * plugin['vllm_hit_ratio']:.3f}%, replayed log "
+        f"{100 * replayed:.3f}%; retrain on the log: {outcome['data']['samples']} samples, "
+        f"candidate AUC {outcome['candidate_metrics'].get('roc_auc')}, features "
+        f"{', '.join(model.feature_names)}"
+    )
