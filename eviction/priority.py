@@ -60,3 +60,10 @@ class PriorityEvictor(RunHeap, Evictor):
 
     def free_block_ids(self) -> list[int]:
         return [*self._uncached, *self._ordered()]
+
+    def check_invariants(self) -> None:
+        Evictor.check_invariants(self)
+        RunHeap.check_invariants(self)
+        self._uncached.check_invariants()
+        for block_id in self._uncached:
+            assert not self._is_queued(block_id), f"block {block_id} is uncached and queued"

@@ -301,6 +301,75 @@ class RunHeap:
         self._heap = list(at)
         heapq.heapify(self._heap)
 
+    def check_invariants(self) -> None:
+        """Assert the rules the heap's fast paths rest on (for tests; O(blocks + runs)).
+
+        - the heap holds each key of `_at` once, in heap order;
+        - a `Tie` holds at least two runs (one collapses back to a lone `Run`), each under
+          its own key and sequence number, in heap order, and a stored rank is never later
+          than the run's exact rank (ranks go stale only towards sorting earlier);
+        - a run lists its blocks deepest first (what makes stale ranks early, never late);
+        - a run's `live` counts exactly its blocks at or after the cursor whose slot points
+          at it, and no block before the cursor does: so `live == m − cursor` really means
+          no hit lies ahead of the cursor, the fact the slicing pop path trusts;
+        - every slot that holds a run points at a run queued under that run's key, and
+          `_queued` is the number of such slots.
+        """
+        heap, at, state = self._heap, self._at, self._state
+        assert sorted(heap) == sorted(at) and len(set(heap)) == len(heap), (
+            "run heap: the heap's keys and the key → run map disagree"
+        )
+        for k in range(1, len(heap)):
+            assert not heap[k] < heap[(k - 1) // 2], f"run heap: key {heap[k]!r} breaks heap order"
+        queued_runs: set[int] = set()
+        for key, queued in at.items():
+            if type(queued) is Tie:
+                assert len(queued) >= 2, f"run heap: the tie under {key!r} has one run left"
+                for k in range(1, len(queued)):
+                    assert not queued[k] < queued[(k - 1) // 2], (
+                        f"run heap: the tie under {key!r} breaks heap order"
+                    )
+                for rank, seq, run in queued:
+                    assert seq == run.seq, f"run heap: run {run.seq} is tied under seq {seq}"
+                    assert rank <= self._exact_rank(run), (
+                        f"run heap: run {run.seq} under {key!r} has a rank later than its "
+                        f"exact one ({rank} > {self._exact_rank(run)})"
+                    )
+                runs = [entry[2] for entry in queued]
+            else:
+                runs = [queued]
+            for run in runs:
+                assert run.key == key, f"run heap: run {run.seq} is queued under a foreign key"
+                assert id(run) not in queued_runs, f"run heap: run {run.seq} is queued twice"
+                queued_runs.add(id(run))
+                self._check_run(run)
+        slots = [b for b, s in enumerate(state) if type(s) is Run]
+        for b in slots:
+            assert id(state[b]) in queued_runs, f"run heap: block {b} points at an unqueued run"
+        assert len(slots) == self._queued, (
+            f"run heap: {len(slots)} blocks are queued but the count says {self._queued}"
+        )
+
+    def _check_run(self, run: Run) -> None:
+        ids, depths, state = run.block_ids, run.depths, self._state
+        assert len(ids) == len(depths), f"run heap: run {run.seq} has ids and depths unequal"
+        assert all(depths[j] >= depths[j + 1] for j in range(len(depths) - 1)), (
+            f"run heap: run {run.seq} does not list its blocks deepest first"
+        )
+        assert not any(state[b] is run for b in ids[: run.cursor]), (
+            f"run heap: run {run.seq} has a queued block behind its cursor"
+        )
+        live = sum(1 for b in ids[run.cursor :] if state[b] is run)
+        assert run.live == live, f"run heap: run {run.seq} counts {run.live} live, has {live}"
+
+    def _exact_rank(self, run: Run) -> int:
+        """`_rank` without moving the cursor: −depth of the first live block, 0 if none."""
+        state = self._state
+        for j in range(run.cursor, len(run.block_ids)):
+            if state[run.block_ids[j]] is run:
+                return -run.depths[j]
+        return 0
+
     def _runs(self) -> Iterator[Run]:
         """Every run under a key in the heap (dead ones included), in no order."""
         for queued in self._at.values():
