@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from lpc.ab import DEFAULT_CACHE_SIZES_TOKENS
+from lpc.policies import policy_help
 
 DESCRIPTION = """\
 Replay a chat workload through the prefix-caching block manager once per eviction policy and
@@ -18,14 +19,7 @@ active conversations, a 20-minute window. Writes a table to the terminal and CSV
 JSON and PNG plots to --out.
 """
 
-POLICY_HELP = (
-    "comma-separated policies (default: lru,fifo,lfu,lpc-turns,oracle,belady, and lpc when a "
-    "predictor model is available). lru, fifo, lfu: heuristics (lru is "
-    "vLLM's); lpc: LPC with the learned predictor (--model); lpc-turns: LPC with the "
-    "turns-only ablation fitted on the training half; lpc-const[=P]: LPC with one constant p; "
-    "lpc-trace: LPC with the 'probability' logged in a --trace; oracle: LPC with the true label; "
-    "belady: farthest next use (oracle and belady are upper bounds)"
-)
+POLICY_HELP = policy_help()  # built from the policy registry
 
 
 def _positive_int(text: str) -> int:
