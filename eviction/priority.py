@@ -12,9 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from eviction.base import Evictor
-from eviction.run_heap import Ghost, RunHeap
-
-_new_object = object.__new__
+from eviction.run_heap import RunHeap
 
 
 class PriorityEvictor(RunHeap, Evictor):
@@ -32,23 +30,6 @@ class PriorityEvictor(RunHeap, Evictor):
 
     def push_uncached(self, block_ids: Sequence[int]) -> None:
         self._uncached.prepend_n(block_ids)
-
-    def remove(self, block_id: int) -> None:
-        # The hot path of every hit: a few stores (RunHeap._dequeue, inlined).
-        state = self._state
-        run = state[block_id]
-        try:
-            ghost = run.ghost  # only a queued block's state (a Run) has a ghost slot
-        except AttributeError:
-            self._uncached.remove(block_id)
-            return
-        if ghost is None:  # the run's first hit: Ghost(run.key, run.tag), without its frame
-            ghost = run.ghost = _new_object(Ghost)
-            ghost.key = run.key
-            ghost.tag = run.tag
-        state[block_id] = ghost
-        run.live -= 1
-        self._queued -= 1
 
     def __len__(self) -> int:
         return self._uncached.size + self._queued

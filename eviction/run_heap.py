@@ -20,8 +20,9 @@ of the heap, that run's `Ghost` (the same key and `tag`, the policy's per-block 
 which must survive while the block is in use); or None once it is handed out with new
 content. A hit therefore costs one store and one count (the run's `live` blocks); the cursor
 skips such blocks when it reaches them, and a run with no live block left is dropped when it
-reaches the root. Everything is O(log runs) amortised; the heap is rebuilt when its keys
-exceed twice the queued blocks plus 1,024 (runs whose every block was hit piled up).
+reaches the root. Everything is O(log runs) amortised; `pop_n` rebuilds the heap when its
+keys exceed twice the queued blocks plus 1,024 (runs whose every block was hit piled up; hits
+add no keys, so between pops the excess grows only by the releases since).
 
 Policies subclass `RunHeap` (through `PriorityEvictor`) so their hot paths touch these lists
 directly; the protected methods here are the heap's whole interface.
@@ -64,13 +65,6 @@ class Run:
         self.seq = seq
         self.live = len(block_ids)  # blocks still queued in this run (not popped, not hit)
         self.ghost: Ghost | None = None
-
-    def left_by(self) -> Ghost:
-        """The ghost that blocks leaving this run keep as their metadata."""
-        ghost = self.ghost
-        if ghost is None:
-            ghost = self.ghost = Ghost(self.key, self.tag)
-        return ghost
 
 
 Key: TypeAlias = Any  # hashable and totally ordered: a float, or a tuple of them
@@ -118,8 +112,17 @@ class RunHeap:
         run.cursor = i
         return i
 
-    def _enqueue(self, key: Key, run: Run) -> None:
-        """Put a new run under its key (the caller has pointed its blocks' slots at it)."""
+    def _new_run(self, key: Key, tag: Any, block_ids: Sequence[int], depths: Sequence[int]) -> Run:
+        """A run with the next sequence number, not queued yet: point its blocks' slots at
+        it, then `_enqueue` it (a policy may build one before it knows it will queue it)."""
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        return Run(key, tag, block_ids, depths, seq)
+
+    def _enqueue(self, run: Run) -> None:
+        """Queue a new run under its key (the caller has pointed its blocks' slots at it)."""
+        self._queued += run.live
+        key = run.key
         queued = self._at.setdefault(key, run)
         if queued is run:
             heapq.heappush(self._heap, key)
@@ -146,14 +149,11 @@ class RunHeap:
         """
         if not block_ids:
             return None
-        seq = self._next_seq
-        self._next_seq = seq + 1
-        run = Run(key, tag, block_ids, depths, seq)
+        run = self._new_run(key, tag, block_ids, depths)
         state = self._state
         for block_id in block_ids:
             state[block_id] = run
-        self._queued += len(block_ids)
-        self._enqueue(key, run)
+        self._enqueue(run)
         return run
 
     def _push_grouped(
@@ -186,17 +186,30 @@ class RunHeap:
         for block_id in block_ids:
             state[block_id] = ghost
 
-    def _dequeue(self, block_id: int) -> bool:
-        """Dequeue the block if it is queued (its run stays its metadata); returns whether."""
-        run = self._state[block_id]
-        if type(run) is not Run:
-            return False
-        self._state[block_id] = run.left_by()
+    def remove(self, block_id: int) -> None:
+        """Take a free block out: a queued one leaves its run, whose ghost (same key and tag)
+        becomes its metadata; an uncached one leaves the list.
+
+        The one dequeue, for hits and for any policy that re-queues a block. It does not check
+        for a rebuild: a hit adds no key to the heap, so `pop_n`'s check bounds the dead keys
+        (on `lpc bench evictor` the check here cost a third of the hit path: 782 against 739
+        instructions per block operation).
+        """
+        state = self._state
+        run = state[block_id]
+        # Only a Run has a `ghost` slot. A try is free in Python 3.11 while nothing is raised,
+        # and saves 5.5 % of the block operation on `lpc bench evictor` over testing
+        # `type(run) is Run` (callgrind: 739 against 782 instructions per operation).
+        try:
+            ghost = run.ghost
+        except AttributeError:
+            self._uncached.remove(block_id)
+            return
+        if ghost is None:  # the run's first hit
+            ghost = run.ghost = Ghost(run.key, run.tag)
+        state[block_id] = ghost
         run.live -= 1
         self._queued -= 1
-        if len(self._heap) > 2 * self._queued + 1024:
-            self._rebuild()
-        return True
 
     def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
         """The next n blocks to reuse: uncached ones first, then the smallest keys in order.
