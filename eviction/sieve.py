@@ -1,7 +1,7 @@
 """SIEVE: one FIFO queue, a visited bit per block, and a hand that sweeps from tail to head.
 
 Zhang, Yang, Yue, Vigfusson, Rashmi, "SIEVE is simpler than LRU: an efficient turn-key
-eviction algorithm for web caches", NSDI 2024, Figure 3, followed step by step:
+eviction algorithm for web caches", NSDI 2024; its pseudo-code, followed step by step:
 
     hit(x):     x.visited = 1
     insert(x):  insert x at the head, x.visited = 0
