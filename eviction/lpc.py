@@ -94,7 +94,17 @@ class LPCEvictor(PriorityEvictor):
         block_ids = freed.block_ids
         if not block_ids:
             return
-        key = self.key_for(release)
+        # key_for(release), inlined: its two frames (key_for, static_key) and min/max calls
+        # are 5.1 % of the block operation on `lpc bench evictor` (callgrind, default plan:
+        # 706 against 744 instructions per operation). The brute-force reference tests pin
+        # the two copies to the same victims.
+        p = release.probability
+        if p is None:
+            self.fallbacks_used += 1
+            p = self.fallback_probability
+        floor = self.probability_floor
+        p = floor if p < floor else (1.0 - floor if p > 1.0 - floor else p)
+        key = math.log(p / (1.0 - p)) + self.scale_per_s * release.time_s
         conversation_id = release.conversation_id
         # An anonymous release owns no block: its tag matches none.
         own_tag = _NO_TAG if conversation_id is None else conversation_id

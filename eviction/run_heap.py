@@ -192,19 +192,14 @@ class RunHeap:
 
         The one dequeue, for hits and for any policy that re-queues a block. It does not check
         for a rebuild: a hit adds no key to the heap, so `pop_n`'s check bounds the dead keys
-        (on `lpc bench evictor` a check here cost a quarter of the block operation: 975
-        against 739 instructions per operation, callgrind).
+        (on `lpc bench evictor` a check here cost a quarter of the block operation, callgrind).
         """
         state = self._state
         run = state[block_id]
-        # Only a Run has a `ghost` slot. A try is free in Python 3.11 while nothing is raised,
-        # and saves 5.5 % of the block operation on `lpc bench evictor` over testing
-        # `type(run) is Run` (callgrind: 739 against 782 instructions per operation).
-        try:
-            ghost = run.ghost
-        except AttributeError:
+        if type(run) is not Run:  # a ghost or None: the block is not queued, so uncached
             self._uncached.remove(block_id)
             return
+        ghost = run.ghost
         if ghost is None:  # the run's first hit
             ghost = run.ghost = Ghost(run.key, run.tag)
         state[block_id] = ghost
