@@ -7,36 +7,26 @@ for the contract a block manager relies on.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
+from eviction.arc import ARCEvictor
 from eviction.base import Evictor, FreedBlocks, Release, check_probability
 from eviction.belady import BeladyEvictor, FutureUses
 from eviction.fifo import FIFOEvictor
 from eviction.lfu import LFUEvictor
 from eviction.lpc import LPCEvictor, decayed_probability, static_key
 from eviction.lru import LRUEvictor
+from eviction.registry import POLICIES, PolicyEntry, make_evictor, policy_names
+from eviction.s3fifo import S3FIFOEvictor
+from eviction.sieve import SieveEvictor
 
-EVICTORS: dict[str, Callable[..., Evictor]] = {
-    LRUEvictor.name: LRUEvictor,
-    LPCEvictor.name: LPCEvictor,
-    FIFOEvictor.name: FIFOEvictor,
-    LFUEvictor.name: LFUEvictor,
-    BeladyEvictor.name: BeladyEvictor,
-}
-
-
-def make_evictor(name: str, num_blocks: int, **options: Any) -> Evictor:
-    """Build the policy registered as `name` for a pool of `num_blocks` blocks."""
-    try:
-        factory = EVICTORS[name]
-    except KeyError:
-        known = ", ".join(sorted(EVICTORS))
-        raise ValueError(f"unknown eviction policy {name!r}; known: {known}") from None
-    return factory(num_blocks, **options)
+# Name -> factory, read from the registry (kept for callers that only build evictors).
+EVICTORS: dict[str, Callable[..., Evictor]] = {name: e.factory for name, e in POLICIES.items()}
 
 
 __all__ = [
     "EVICTORS",
+    "POLICIES",
+    "ARCEvictor",
     "BeladyEvictor",
     "Evictor",
     "FIFOEvictor",
@@ -45,9 +35,13 @@ __all__ = [
     "LFUEvictor",
     "LPCEvictor",
     "LRUEvictor",
+    "PolicyEntry",
     "Release",
+    "S3FIFOEvictor",
+    "SieveEvictor",
     "check_probability",
     "decayed_probability",
     "make_evictor",
+    "policy_names",
     "static_key",
 ]

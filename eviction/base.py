@@ -105,4 +105,19 @@ class Evictor(ABC):
 
     @abstractmethod
     def free_block_ids(self) -> list[int]:
-        """All free blocks in eviction order (for tests and debugging; O(n log n) at most)."""
+        """All free blocks in eviction order (for tests and debugging; not a hot path)."""
+
+    def check_invariants(self) -> None:
+        """Assert the evictor's internal consistency (for tests; O(n) or more).
+
+        The base checks what every policy owes the block manager: the eviction order lists
+        each free block once, agrees with `len` and with membership. Policies with their own
+        structures extend it with the rules those structures rest on.
+        """
+        order = self.free_block_ids()
+        assert len(order) == len(set(order)), f"{self.name}: a block is listed free twice"
+        assert len(order) == len(self), (
+            f"{self.name}: len() is {len(self)} but {len(order)} blocks are listed free"
+        )
+        for block_id in order:
+            assert block_id in self, f"{self.name}: free block {block_id} fails membership"

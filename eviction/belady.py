@@ -84,7 +84,7 @@ class BeladyEvictor(PriorityEvictor):
             for j in range(run.cursor, len(run.block_ids)):
                 block_id = run.block_ids[j]
                 if state[block_id] is run:
-                    self._dequeue(block_id)
+                    self.remove(block_id)
                     stale_ids.append(block_id)
                     stale_depths.append(run.depths[j])
             if stale_ids:

@@ -139,3 +139,18 @@ class BlockList:
         node.prev = self._head
         self.size -= n
         return out
+
+    def check_invariants(self) -> None:
+        """Assert the links agree both ways and `size` counts them (for tests; O(capacity))."""
+        seen = 0
+        node = self._head
+        while node.next is not self._tail:
+            nxt = node.next
+            assert nxt.prev is node, f"block list: block {nxt.block_id}'s links disagree"
+            node = nxt
+            seen += 1
+            assert seen <= len(self._nodes), "block list: the links form a cycle"
+        assert self._tail.prev is node, "block list: the tail's link is stale"
+        assert seen == self.size, f"block list: {seen} linked blocks but size says {self.size}"
+        linked = sum(1 for n in self._nodes if n.prev is not None)
+        assert linked == seen, "block list: an unlinked block still holds a link"

@@ -39,3 +39,7 @@ class LRUEvictor(BlockList, Evictor):
 
     def free_block_ids(self) -> list[int]:
         return list(self)
+
+    def check_invariants(self) -> None:
+        Evictor.check_invariants(self)
+        BlockList.check_invariants(self)

@@ -12,9 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from eviction.base import Evictor
-from eviction.run_heap import Ghost, RunHeap
-
-_new_object = object.__new__
+from eviction.run_heap import RunHeap
 
 
 class PriorityEvictor(RunHeap, Evictor):
@@ -33,23 +31,6 @@ class PriorityEvictor(RunHeap, Evictor):
     def push_uncached(self, block_ids: Sequence[int]) -> None:
         self._uncached.prepend_n(block_ids)
 
-    def remove(self, block_id: int) -> None:
-        # The hot path of every hit: a few stores (RunHeap._dequeue, inlined).
-        state = self._state
-        run = state[block_id]
-        try:
-            ghost = run.ghost  # only a queued block's state (a Run) has a ghost slot
-        except AttributeError:
-            self._uncached.remove(block_id)
-            return
-        if ghost is None:  # the run's first hit: Ghost(run.key, run.tag), without its frame
-            ghost = run.ghost = _new_object(Ghost)
-            ghost.key = run.key
-            ghost.tag = run.tag
-        state[block_id] = ghost
-        run.live -= 1
-        self._queued -= 1
-
     def __len__(self) -> int:
         return self._uncached.size + self._queued
 
@@ -60,3 +41,10 @@ class PriorityEvictor(RunHeap, Evictor):
 
     def free_block_ids(self) -> list[int]:
         return [*self._uncached, *self._ordered()]
+
+    def check_invariants(self) -> None:
+        Evictor.check_invariants(self)
+        RunHeap.check_invariants(self)
+        self._uncached.check_invariants()
+        for block_id in self._uncached:
+            assert not self._is_queued(block_id), f"block {block_id} is uncached and queued"

@@ -20,8 +20,9 @@ of the heap, that run's `Ghost` (the same key and `tag`, the policy's per-block 
 which must survive while the block is in use); or None once it is handed out with new
 content. A hit therefore costs one store and one count (the run's `live` blocks); the cursor
 skips such blocks when it reaches them, and a run with no live block left is dropped when it
-reaches the root. Everything is O(log runs) amortised; the heap is rebuilt when its keys
-exceed twice the queued blocks plus 1,024 (runs whose every block was hit piled up).
+reaches the root. Everything is O(log runs) amortised; `pop_n` rebuilds the heap when its
+keys exceed twice the queued blocks plus 1,024 (runs whose every block was hit piled up; hits
+add no keys, so between pops the excess grows only by the releases since).
 
 Policies subclass `RunHeap` (through `PriorityEvictor`) so their hot paths touch these lists
 directly; the protected methods here are the heap's whole interface.
@@ -64,13 +65,6 @@ class Run:
         self.seq = seq
         self.live = len(block_ids)  # blocks still queued in this run (not popped, not hit)
         self.ghost: Ghost | None = None
-
-    def left_by(self) -> Ghost:
-        """The ghost that blocks leaving this run keep as their metadata."""
-        ghost = self.ghost
-        if ghost is None:
-            ghost = self.ghost = Ghost(self.key, self.tag)
-        return ghost
 
 
 Key: TypeAlias = Any  # hashable and totally ordered: a float, or a tuple of them
@@ -118,8 +112,17 @@ class RunHeap:
         run.cursor = i
         return i
 
-    def _enqueue(self, key: Key, run: Run) -> None:
-        """Put a new run under its key (the caller has pointed its blocks' slots at it)."""
+    def _new_run(self, key: Key, tag: Any, block_ids: Sequence[int], depths: Sequence[int]) -> Run:
+        """A run with the next sequence number, not queued yet: point its blocks' slots at
+        it, then `_enqueue` it (a policy may build one before it knows it will queue it)."""
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        return Run(key, tag, block_ids, depths, seq)
+
+    def _enqueue(self, run: Run) -> None:
+        """Queue a new run under its key (the caller has pointed its blocks' slots at it)."""
+        self._queued += run.live
+        key = run.key
         queued = self._at.setdefault(key, run)
         if queued is run:
             heapq.heappush(self._heap, key)
@@ -146,14 +149,11 @@ class RunHeap:
         """
         if not block_ids:
             return None
-        seq = self._next_seq
-        self._next_seq = seq + 1
-        run = Run(key, tag, block_ids, depths, seq)
+        run = self._new_run(key, tag, block_ids, depths)
         state = self._state
         for block_id in block_ids:
             state[block_id] = run
-        self._queued += len(block_ids)
-        self._enqueue(key, run)
+        self._enqueue(run)
         return run
 
     def _push_grouped(
@@ -186,17 +186,25 @@ class RunHeap:
         for block_id in block_ids:
             state[block_id] = ghost
 
-    def _dequeue(self, block_id: int) -> bool:
-        """Dequeue the block if it is queued (its run stays its metadata); returns whether."""
-        run = self._state[block_id]
-        if type(run) is not Run:
-            return False
-        self._state[block_id] = run.left_by()
+    def remove(self, block_id: int) -> None:
+        """Take a free block out: a queued one leaves its run, whose ghost (same key and tag)
+        becomes its metadata; an uncached one leaves the list.
+
+        The one dequeue, for hits and for any policy that re-queues a block. It does not check
+        for a rebuild: a hit adds no key to the heap, so `pop_n`'s check bounds the dead keys
+        (on `lpc bench evictor` a check here cost a quarter of the block operation, callgrind).
+        """
+        state = self._state
+        run = state[block_id]
+        if type(run) is not Run:  # a ghost or None: the block is not queued, so uncached
+            self._uncached.remove(block_id)
+            return
+        ghost = run.ghost
+        if ghost is None:  # the run's first hit
+            ghost = run.ghost = Ghost(run.key, run.tag)
+        state[block_id] = ghost
         run.live -= 1
         self._queued -= 1
-        if len(self._heap) > 2 * self._queued + 1024:
-            self._rebuild()
-        return True
 
     def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
         """The next n blocks to reuse: uncached ones first, then the smallest keys in order.
@@ -300,6 +308,75 @@ class RunHeap:
         self._at = at
         self._heap = list(at)
         heapq.heapify(self._heap)
+
+    def check_invariants(self) -> None:
+        """Assert the rules the heap's fast paths rest on (for tests; O(blocks + runs)).
+
+        - the heap holds each key of `_at` once, in heap order;
+        - a `Tie` holds at least two runs (one collapses back to a lone `Run`), each under
+          its own key and sequence number, in heap order, and a stored rank is never later
+          than the run's exact rank (ranks go stale only towards sorting earlier);
+        - a run lists its blocks deepest first (what makes stale ranks early, never late);
+        - a run's `live` counts exactly its blocks at or after the cursor whose slot points
+          at it, and no block before the cursor does: so `live == m − cursor` really means
+          no hit lies ahead of the cursor, the fact the slicing pop path trusts;
+        - every slot that holds a run points at a run queued under that run's key, and
+          `_queued` is the number of such slots.
+        """
+        heap, at, state = self._heap, self._at, self._state
+        assert sorted(heap) == sorted(at) and len(set(heap)) == len(heap), (
+            "run heap: the heap's keys and the key → run map disagree"
+        )
+        for k in range(1, len(heap)):
+            assert not heap[k] < heap[(k - 1) // 2], f"run heap: key {heap[k]!r} breaks heap order"
+        queued_runs: set[int] = set()
+        for key, queued in at.items():
+            if type(queued) is Tie:
+                assert len(queued) >= 2, f"run heap: the tie under {key!r} has one run left"
+                for k in range(1, len(queued)):
+                    assert not queued[k] < queued[(k - 1) // 2], (
+                        f"run heap: the tie under {key!r} breaks heap order"
+                    )
+                for rank, seq, run in queued:
+                    assert seq == run.seq, f"run heap: run {run.seq} is tied under seq {seq}"
+                    assert rank <= self._exact_rank(run), (
+                        f"run heap: run {run.seq} under {key!r} has a rank later than its "
+                        f"exact one ({rank} > {self._exact_rank(run)})"
+                    )
+                runs = [entry[2] for entry in queued]
+            else:
+                runs = [queued]
+            for run in runs:
+                assert run.key == key, f"run heap: run {run.seq} is queued under a foreign key"
+                assert id(run) not in queued_runs, f"run heap: run {run.seq} is queued twice"
+                queued_runs.add(id(run))
+                self._check_run(run)
+        slots = [b for b, s in enumerate(state) if type(s) is Run]
+        for b in slots:
+            assert id(state[b]) in queued_runs, f"run heap: block {b} points at an unqueued run"
+        assert len(slots) == self._queued, (
+            f"run heap: {len(slots)} blocks are queued but the count says {self._queued}"
+        )
+
+    def _check_run(self, run: Run) -> None:
+        ids, depths, state = run.block_ids, run.depths, self._state
+        assert len(ids) == len(depths), f"run heap: run {run.seq} has ids and depths unequal"
+        assert all(depths[j] >= depths[j + 1] for j in range(len(depths) - 1)), (
+            f"run heap: run {run.seq} does not list its blocks deepest first"
+        )
+        assert not any(state[b] is run for b in ids[: run.cursor]), (
+            f"run heap: run {run.seq} has a queued block behind its cursor"
+        )
+        live = sum(1 for b in ids[run.cursor :] if state[b] is run)
+        assert run.live == live, f"run heap: run {run.seq} counts {run.live} live, has {live}"
+
+    def _exact_rank(self, run: Run) -> int:
+        """`_rank` without moving the cursor: −depth of the first live block, 0 if none."""
+        state = self._state
+        for j in range(run.cursor, len(run.block_ids)):
+            if state[run.block_ids[j]] is run:
+                return -run.depths[j]
+        return 0
 
     def _runs(self) -> Iterator[Run]:
         """Every run under a key in the heap (dead ones included), in no order."""

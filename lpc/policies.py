@@ -1,23 +1,20 @@
 """Named policies for the A/B harness: an evictor plus, for LPC, a probability source.
 
-lru, fifo, lfu      the heuristics (lru is vLLM's)
-lpc-turns           LPC fed the turns-only ablation
-lpc-const[=P]       LPC with one constant p (a sanity check: it should track lru)
-lpc                 LPC fed the learned predictor
-oracle              LPC fed the true label (upper bound, not deployable)
-belady              evict the block used farthest in the future (upper bound)
+Every eviction policy in `eviction.registry` is selectable by its name. LPC, the learned one,
+is named by the probability source that feeds it (`LPC_VARIANTS`): lpc (the learned
+predictor), lpc-turns (the turns-only ablation), lpc-const[=P] (one constant p, a sanity
+check that should track lru), lpc-trace (a trace's logged p) and oracle (the true label, an
+upper bound). The help text and error messages are built from these two tables.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eviction import EVICTORS, Evictor, FutureUses, make_evictor
+from eviction import POLICIES, Evictor, FutureUses, make_evictor, policy_names
 from lpc.errors import InvalidInputError
 
-HEURISTICS = ("lru", "fifo", "lfu")
-# Evictors that need a probability source or the future are not plain heuristics.
-_NOT_HEURISTICS = ("lpc", "belady")
+HEURISTICS = policy_names("heuristic")
 DEFAULT_POLICIES = ("lru", "fifo", "lfu", "lpc-turns", "oracle", "belady")
 # With a trained predictor at hand (the shipped model or --model), learned LPC joins them.
 DEFAULT_POLICIES_WITH_MODEL = ("lru", "fifo", "lfu", "lpc-turns", "lpc", "oracle", "belady")
@@ -44,7 +41,7 @@ def default_policies(model_available: bool) -> tuple[str, ...]:
 
 
 def default_trace_policies() -> tuple[str, ...]:
-    """The trace candidates whose evictor is registered (`eviction.EVICTORS`)."""
+    """The trace candidates whose evictor is registered (`eviction.POLICIES`)."""
     return tuple(name for name in TRACE_POLICY_CANDIDATES if _is_known(name))
 
 
@@ -53,7 +50,31 @@ def _is_known(name: str) -> bool:
         spec = parse_policy(name)
     except ValueError:
         return False
-    return spec.evictor in EVICTORS
+    return spec.evictor in POLICIES
+
+
+@dataclass(frozen=True)
+class LPCVariant:
+    """LPC fed one probability source; `upper_bound` when the source is not deployable."""
+
+    name: str
+    source: str
+    description: str
+    upper_bound: bool = False
+
+
+LPC_VARIANTS: dict[str, LPCVariant] = {
+    v.name: v
+    for v in (
+        LPCVariant("lpc", "model", "LPC with the learned predictor (--model)"),
+        LPCVariant(
+            "lpc-turns", "turns", "LPC with the turns-only ablation fitted on the training half"
+        ),
+        LPCVariant("lpc-const", "const", "LPC with one constant p (lpc-const=P, default 0.5)"),
+        LPCVariant("lpc-trace", "trace", "LPC with the 'probability' logged in a --trace"),
+        LPCVariant("oracle", "oracle", "LPC with the true label", upper_bound=True),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -67,25 +88,50 @@ class PolicySpec:
 
     @property
     def is_upper_bound(self) -> bool:
-        return self.label in ("oracle", "belady")
+        variant = LPC_VARIANTS.get(self.label.partition("=")[0])
+        if variant is not None:
+            return variant.upper_bound
+        return POLICIES[self.evictor].kind == "upper bound"
+
+
+def selectable_names() -> list[str]:
+    """Every name `parse_policy` accepts, as a user would type it."""
+    names = [name for name, entry in POLICIES.items() if entry.kind != "learned"]
+    names += [f"{name}[=P]" if v.source == "const" else name for name, v in LPC_VARIANTS.items()]
+    return names
+
+
+def policy_help() -> str:
+    """`lpc ab --policies` help: the defaults, then every policy with its one-line summary."""
+    heuristics = "; ".join(f"{n}: {POLICIES[n].description}" for n in HEURISTICS)
+    learned = "; ".join(
+        f"{'lpc-const[=P]' if v.source == 'const' else n}: {v.description}"
+        for n, v in LPC_VARIANTS.items()
+        if not v.upper_bound
+    )
+    bounds = [f"{n}: {v.description}" for n, v in LPC_VARIANTS.items() if v.upper_bound]
+    bounds += [f"{n}: {POLICIES[n].description}" for n in policy_names("upper bound")]
+    return (
+        f"comma-separated policies (default: {','.join(DEFAULT_POLICIES)}, and lpc when a "
+        "predictor model is available; on a --trace: "
+        f"{','.join(TRACE_POLICY_CANDIDATES)}, with lpc before the upper bounds when an "
+        "access-feature model is available (docs/training.md §8)). "
+        f"Heuristics: {heuristics}. Learned: {learned}. "
+        f"Upper bounds (not deployable): {'; '.join(bounds)}"
+    )
 
 
 def parse_policy(text: str) -> PolicySpec:
     name = text.strip()
-    if name in HEURISTICS or (name in EVICTORS and name not in _NOT_HEURISTICS):
+    entry = POLICIES.get(name)
+    if entry is not None and entry.kind != "learned":
         return PolicySpec(name, name)
-    if name == "belady":
-        return PolicySpec(name, "belady")
-    if name == "oracle":
-        return PolicySpec(name, "lpc", "oracle")
-    if name == "lpc":
-        return PolicySpec(name, "lpc", "model")
-    if name == "lpc-turns":
-        return PolicySpec(name, "lpc", "turns")
-    if name == "lpc-trace":
-        return PolicySpec(name, "lpc", "trace")
-    if name == "lpc-const" or name.startswith("lpc-const="):
-        value = name.partition("=")[2] or "0.5"
+    base, has_value, value = name.partition("=")
+    variant = LPC_VARIANTS.get(base)
+    if variant is not None and (not has_value or variant.source == "const"):
+        if variant.source != "const":
+            return PolicySpec(name, "lpc", variant.source)
+        value = value or "0.5"
         try:
             p = float(value)
         except ValueError:
@@ -93,10 +139,7 @@ def parse_policy(text: str) -> PolicySpec:
         if not 0.0 <= p <= 1.0:
             raise InvalidInputError(f"policy {name!r}: p must be in [0, 1]")
         return PolicySpec(name, "lpc", "const", p)
-    raise InvalidInputError(
-        f"unknown policy {name!r}; choose from lru, fifo, lfu, lpc, lpc-turns, lpc-const[=P], "
-        "lpc-trace, oracle, belady"
-    )
+    raise InvalidInputError(f"unknown policy {name!r}; choose from {', '.join(selectable_names())}")
 
 
 def parse_policies(text: str) -> list[PolicySpec]:
@@ -121,8 +164,8 @@ def build_evictor(
         return make_evictor(
             "lpc", num_blocks, scale_per_s=scale_per_s, fallback_probability=fallback_probability
         )
-    if spec.evictor == "belady":
+    if POLICIES[spec.evictor].kind == "upper bound":
         if future is None:
-            raise ValueError("belady needs the whole trace's future (an open-loop replay)")
-        return make_evictor("belady", num_blocks, future=future)
+            raise ValueError(f"{spec.evictor} needs the whole trace's future (an open-loop replay)")
+        return make_evictor(spec.evictor, num_blocks, future=future)
     return make_evictor(spec.evictor, num_blocks)

@@ -382,7 +382,7 @@ def read_trace(path: str | Path, tokenize: MessageTokenizer | None = None) -> Tr
 
 def _inferred_conversations(parsed: list[tuple], block_size: int) -> dict[int, tuple[str, int]]:
     """Conversation id and turn of each hash-form line without a `conversation_id`, by
-    prefix linkage over the prompts' block ids (docs/traces.md, "Prefix linkage")."""
+    prefix linkage over the prompts' block ids (docs/traces.md, "Prefix linkage (Mooncake)")."""
     rows = [i for i, row in enumerate(parsed) if row[2] is None]
     if not rows:
         return {}

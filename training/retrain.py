@@ -219,7 +219,7 @@ def run_retrain(
 ) -> RetrainOutcome:
     """One daily run (see the module docstring). Never raises for expected failures: the
     outcome's status says what happened. `token_counter`: for token finish features;
-    `log_trainer`: trains on request logs when the selected files are ones."""
+    log_trainer: trains on request logs when the selected files are ones."""
     started = time.perf_counter()
     registry = ModelRegistry(config.registry_dir)
     try:

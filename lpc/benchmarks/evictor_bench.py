@@ -1,4 +1,4 @@
-"""Nanoseconds per free-queue operation: our lru and lpc evictors vs vLLM's queue.
+"""Nanoseconds per free-queue operation: our evictors (lru and lpc by default) vs vLLM's queue.
 
 Each policy is first driven through a seeded multi-turn chat plan to record the exact calls
 it receives (the plan grows until every policy receives at least the requested number of
@@ -36,7 +36,7 @@ from lpc.benchmarks.evictor_ops import (
     record,
     write_calls,
 )
-from lpc.benchmarks.evictor_worker import POLICIES, new_evictor
+from lpc.benchmarks.evictor_worker import DEFAULT_TIMED_POLICIES, new_evictor
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VLLM_BENCH_SCRIPT = REPO_ROOT / "scripts" / "vllm_queue_bench.py"
@@ -73,7 +73,11 @@ def record_policy(name: str, plan: OpPlan) -> list[Call]:
 
 
 def record_at_least(
-    block_ops: int, num_blocks: int, seed: int, attempts: int = 8
+    block_ops: int,
+    num_blocks: int,
+    seed: int,
+    attempts: int = 8,
+    policies: Sequence[str] = DEFAULT_TIMED_POLICIES,
 ) -> tuple[int, dict[str, list[Call]]]:
     """Each policy's calls on the smallest plan (grown from `block_ops`) giving every policy
     at least `block_ops` block operations: a plan's size is an upper bound on its operations
@@ -81,7 +85,7 @@ def record_at_least(
     target = block_ops
     for _ in range(attempts):
         plan = make_plan(target, num_blocks, seed)
-        recorded = {name: record_policy(name, plan) for name in POLICIES}
+        recorded = {name: record_policy(name, plan) for name in policies}
         fewest = min(count_block_ops(calls) for calls in recorded.values())
         if fewest >= block_ops:
             return num_blocks, recorded
@@ -116,7 +120,10 @@ def vllm_argv(python: Path, calls_file: Path, mode: str = "time") -> list[str]:
 
 
 def _ratios(per_op: dict[str, float]) -> dict[str, float]:
-    ratios = {"lpc_over_lru": per_op["lpc"] / per_op["lru"]}
+    """Each policy over lru (lru is always timed), and lru over vLLM's queue when measured."""
+    ratios = {
+        f"{n}_over_lru": v / per_op["lru"] for n, v in per_op.items() if n not in ("lru", VLLM)
+    }
     if VLLM in per_op:
         ratios["lru_over_vllm"] = per_op["lru"] / per_op[VLLM]
     return ratios
@@ -138,13 +145,18 @@ def run(
     vllm_python: Path | None = None,
     instruction_ops: int = 0,
     progress: bool = True,
+    policies: Sequence[str] = DEFAULT_TIMED_POLICIES,
 ) -> EvictorBenchResult:
-    """`runs` rounds; each round replays every implementation in a fresh process."""
-    num_blocks, recorded = record_at_least(block_ops, num_blocks, seed)
+    """`runs` rounds; each round replays every implementation in a fresh process.
+
+    lru is always timed: it is the baseline of every ratio, and vLLM's queue replays its calls.
+    """
+    policies = ["lru", *(name for name in policies if name != "lru")]
+    num_blocks, recorded = record_at_least(block_ops, num_blocks, seed, policies=policies)
     has_vllm = vllm_python is not None and vllm_python.exists()
     with tempfile.TemporaryDirectory(prefix="lpc-bench-") as tmp:
         files = _write_call_files(Path(tmp), num_blocks, recorded)
-        argvs = {name: worker_argv(name, files[name]) for name in POLICIES}
+        argvs = {name: worker_argv(name, files[name]) for name in policies}
         if has_vllm:
             argvs[VLLM] = vllm_argv(vllm_python, files["lru"])  # type: ignore[arg-type]
         best: dict[str, ReplayTiming] = {}
@@ -172,7 +184,9 @@ def run(
     )
     result = EvictorBenchResult(ops, runs, ns, _ratios(ns), body, _ratios(body), status)
     if instruction_ops > 0:
-        count_instructions(result, instruction_ops, num_blocks, seed, vllm_python, progress)
+        count_instructions(
+            result, instruction_ops, num_blocks, seed, vllm_python, progress, policies
+        )
     return result
 
 
@@ -183,16 +197,17 @@ def count_instructions(
     seed: int,
     vllm_python: Path | None,
     progress: bool = True,
+    policies: Sequence[str] = DEFAULT_TIMED_POLICIES,
 ) -> None:
     """Instructions per block operation (callgrind), ours and vLLM's queue, into `result`."""
     from lpc.benchmarks.instruction_count import callgrind_instructions
 
-    num_blocks, recorded = record_at_least(block_ops, num_blocks, seed)
+    num_blocks, recorded = record_at_least(block_ops, num_blocks, seed, policies=policies)
     ops = {name: count_block_ops(calls) for name, calls in recorded.items()}
     with tempfile.TemporaryDirectory(prefix="lpc-bench-") as tmp:
         files = _write_call_files(Path(tmp), num_blocks, recorded)
         argv_for = {
-            name: (lambda mode, n=name: worker_argv(n, files[n], mode)) for name in POLICIES
+            name: (lambda mode, n=name: worker_argv(n, files[n], mode)) for name in policies
         }
         if vllm_python is not None and vllm_python.exists():
             argv_for[VLLM] = lambda mode: vllm_argv(vllm_python, files["lru"], mode)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from eviction import Evictor, FreedBlocks, LPCEvictor, LRUEvictor, Release
+from eviction import POLICIES, Evictor, FreedBlocks, Release, make_evictor
 from lpc.benchmarks.evictor_ops import (
     PUSH,
     REMOVE,
@@ -24,12 +24,14 @@ from lpc.benchmarks.evictor_ops import (
     run_mode,
 )
 
-POLICIES: dict[str, type[Evictor]] = {"lru": LRUEvictor, "lpc": LPCEvictor}
+# Every registered policy a deployment could run (upper bounds need a trace's future).
+TIMEABLE_POLICIES = tuple(name for name, e in POLICIES.items() if e.kind != "upper bound")
+DEFAULT_TIMED_POLICIES = ("lru", "lpc")
 
 
 def new_evictor(policy: str, num_blocks: int) -> Evictor:
     """The policy's evictor with every block free and uncached."""
-    evictor = POLICIES[policy](num_blocks)
+    evictor = make_evictor(policy, num_blocks)
     evictor.reset(range(num_blocks))
     return evictor
 
@@ -73,7 +75,7 @@ class Replayer:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__)
-    parser.add_argument("--policy", choices=sorted(POLICIES), required=True)
+    parser.add_argument("--policy", choices=TIMEABLE_POLICIES, required=True)
     parser.add_argument("--calls", required=True, help="JSON file of recorded calls")
     parser.add_argument("--mode", choices=REPLAY_MODES, default="time")
     parser.add_argument("--repeats", type=int, default=3, help="replays per timing; best kept")

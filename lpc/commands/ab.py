@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from lpc.ab import DEFAULT_CACHE_SIZES_TOKENS, TRACE_CACHE_SIZES_TOKENS
+from lpc.policies import policy_help
 
 DESCRIPTION = """\
 Replay a chat workload through the prefix-caching block manager once per eviction policy and
@@ -24,17 +25,7 @@ the rest; completion times come from the latency model, the oracle's label from 
 Formats, prefix linkage and errors: docs/traces.md.
 """
 
-POLICY_HELP = (
-    "comma-separated policies (default: lru,fifo,lfu,lpc-turns,oracle,belady, and lpc when a "
-    "predictor model is available; on a --trace: lru,fifo,lfu, every other registered "
-    "heuristic (s3fifo, sieve, arc), lpc-turns,lpc-const, lpc when an access-feature model "
-    "is available, oracle,belady). lru, fifo, lfu: heuristics (lru is vLLM's); lpc: LPC with "
-    "the learned predictor (--model; on a trace without text an access-feature model, "
-    "docs/training.md §8); lpc-turns: LPC with the "
-    "turns-only ablation fitted on the training half; lpc-const[=P]: LPC with one constant p; "
-    "lpc-trace: LPC with the 'probability' logged in a --trace; oracle: LPC with the true label; "
-    "belady: farthest next use (oracle and belady are upper bounds)"
-)
+POLICY_HELP = policy_help()  # built from the policy registry
 
 
 def _positive_int(text: str) -> int:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eviction import EVICTORS, FutureUses, make_evictor
+from eviction import POLICIES, FutureUses, make_evictor
 from lpc.block_manager import (
     CacheRequest,
     PrefixCacheBlockManager,
@@ -22,7 +22,7 @@ from tests.lpc.streams import Allocate, random_stream
 
 
 def manager_with(policy: str, num_blocks: int = 40, block_size: int = 4) -> PrefixCacheBlockManager:
-    options = {"future": FutureUses()} if policy == "belady" else {}
+    options = {"future": FutureUses()} if POLICIES[policy].kind == "upper bound" else {}
     return PrefixCacheBlockManager(
         num_blocks, block_size, evictor=make_evictor(policy, num_blocks, **options)
     )
@@ -38,7 +38,7 @@ def snapshot(manager: PrefixCacheBlockManager) -> tuple:
     )
 
 
-@pytest.mark.parametrize("policy", sorted(EVICTORS))
+@pytest.mark.parametrize("policy", list(POLICIES))
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_invariants_hold_at_every_step(policy: str, seed: int) -> None:
@@ -63,6 +63,7 @@ def test_invariants_hold_at_every_step(policy: str, seed: int) -> None:
         elif step.request_id in manager.active_request_ids():
             manager.free(step.request_id, step.now_s, step.probability)
         manager.check_invariants()
+        manager.evictor.check_invariants()
     assert manager.counters.hit_tokens <= manager.counters.queried_tokens
 
 

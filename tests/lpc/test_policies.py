@@ -1,0 +1,88 @@
+"""Every registered policy is selectable by name wherever a policy is selected."""
+
+from __future__ import annotations
+
+import pytest
+
+from eviction import POLICIES, make_evictor
+from lpc.benchmarks.evictor_worker import TIMEABLE_POLICIES
+from lpc.cli import build_parser, main
+from lpc.policies import LPC_VARIANTS, parse_policies, parse_policy, policy_help
+from tests.lpc.test_ab_cli import chats, run_json  # noqa: F401 (a fixture)
+
+
+def test_every_registered_policy_has_a_description_and_a_kind() -> None:
+    for name, entry in POLICIES.items():
+        assert entry.name == name
+        assert entry.description and "\n" not in entry.description
+        assert entry.kind in ("heuristic", "learned", "upper bound")
+
+
+@pytest.mark.parametrize("name", [n for n, e in POLICIES.items() if e.kind != "learned"])
+def test_every_non_learned_policy_parses_under_its_own_name(name: str) -> None:
+    spec = parse_policy(name)
+    assert (spec.label, spec.evictor, spec.source) == (name, name, None)
+    assert spec.is_upper_bound == (POLICIES[name].kind == "upper bound")
+
+
+def test_the_help_names_every_policy_and_variant() -> None:
+    text = policy_help()
+    for name in [*POLICIES, *LPC_VARIANTS]:
+        assert name in text, name
+    ab_help = build_parser()._subparsers._group_actions[0].choices["ab"].format_help()
+    assert "s3fifo" in ab_help and "sieve" in ab_help and "arc" in ab_help
+
+
+def test_unknown_policy_lists_every_choice() -> None:
+    with pytest.raises(ValueError, match="unknown policy 'mru'") as error:
+        parse_policy("mru")
+    for name in ("s3fifo", "sieve", "arc", "lpc-const[=P]", "oracle", "belady"):
+        assert name in str(error.value)
+
+
+def test_the_lpc_variants_keep_their_sources() -> None:
+    specs = parse_policies("lpc,lpc-turns,lpc-trace,oracle,lpc-const=0.25")
+    assert [(s.evictor, s.source) for s in specs] == [
+        ("lpc", "model"),
+        ("lpc", "turns"),
+        ("lpc", "trace"),
+        ("lpc", "oracle"),
+        ("lpc", "const"),
+    ]
+    assert [s.is_upper_bound for s in specs] == [False, False, False, True, False]
+    with pytest.raises(ValueError, match=r"unknown policy 'lpc-turns=0\.3'"):
+        parse_policy("lpc-turns=0.3")
+
+
+def test_the_benchmark_can_time_every_deployable_policy() -> None:
+    assert set(TIMEABLE_POLICIES) == {n for n, e in POLICIES.items() if e.kind != "upper bound"}
+    for name in TIMEABLE_POLICIES:
+        make_evictor(name, 4)  # built from the pool size alone
+
+
+def test_bench_rejects_a_policy_it_cannot_time(capsys) -> None:
+    assert main(["bench", "evictor", "--policies", "belady", "--no-progress"]) == 2
+    assert "cannot time belady" in capsys.readouterr().err
+
+
+def test_ab_runs_the_new_baselines_by_name(chats, capsys) -> None:  # noqa: F811
+    result = run_json(
+        [
+            "ab",
+            "--dataset",
+            str(chats),
+            "--duration",
+            "300",
+            "--max-active",
+            "20",
+            "--cache-sizes",
+            "3000,12000",
+            "--policies",
+            "lru,s3fifo,sieve,arc",
+        ],
+        capsys,
+    )
+    hit = result["comparison"]["hit_ratio"]
+    assert set(hit) == {"lru", "s3fifo", "sieve", "arc"}
+    for name in ("s3fifo", "sieve", "arc"):
+        assert 0.0 < hit[name]["3000"] <= hit[name]["12000"] + 1e-12, name
