@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
 from lpc.ab import DEFAULT_CACHE_SIZES_TOKENS, TRACE_CACHE_SIZES_TOKENS
+from lpc.commands.arg_types import positive_float, positive_int, split_at
 from lpc.policies import policy_help
 
 DESCRIPTION = """\
@@ -26,26 +26,6 @@ Formats, prefix linkage and errors: docs/traces.md.
 """
 
 POLICY_HELP = policy_help()  # built from the policy registry
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -80,25 +60,13 @@ def _size_text(sizes: tuple[int, ...]) -> str:
     return ",".join(f"{s / 1e6:g}M" if s >= 1_000_000 else f"{s / 1000:g}K" for s in sizes)
 
 
-def _split_at(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(
-            f"must be a fraction in [0, 1) or seconds >= 1, got {text}"
-        )
-    return value
-
-
 def _scale(text: str) -> float | None:
     """A positive number, or 'auto' (None): 1 / the workload's mean observed think time."""
-    return None if text == "auto" else _positive_float(text)
+    return None if text == "auto" else positive_float(text)
 
 
 def _floats(text: str) -> tuple[float, ...]:
-    return tuple(_positive_float(p) for p in text.split(",") if p.strip())
+    return tuple(positive_float(p) for p in text.split(",") if p.strip())
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -142,7 +110,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     data.add_argument(
         "--split-at",
-        type=_split_at,
+        type=split_at,
         default=None,
         help="with --trace: requests before this point are the training part (they warm the "
         "cache and fit lpc-turns), the rest are counted; a fraction of the trace's span (< 1) "
@@ -150,21 +118,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     data.add_argument(
         "--horizon",
-        type=_positive_float,
+        type=positive_float,
         default=1800.0,
         help="with an imported --trace: the oracle's label is 'this conversation's next "
         "request arrives within this many seconds of completion' (default: %(default)s)",
     )
     data.add_argument(
         "--shared-fanout",
-        type=_positive_int,
+        type=positive_int,
         default=8,
         help="Mooncake prefix linkage: a block followed by this many distinct blocks is a "
         "shared system prompt or document and links nothing (default: %(default)s)",
     )
     data.add_argument(
         "--max-model-len",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="cut conversations (or trace requests, with a warning) at this many tokens "
         "(default: 32768; 131072 for a --trace)",
@@ -175,13 +143,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--think-time",
         "--lambda-chat",
         dest="think_time",
-        type=_positive_float,
+        type=positive_float,
         default=100.0,
         help="mean user think time λ_chat in seconds (default: %(default)s)",
     )
     work.add_argument(
         "--max-active",
-        type=_positive_int,
+        type=positive_int,
         default=200,
         help="at most this many active conversations, N_conv (default: %(default)s)",
     )
@@ -202,7 +170,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     work.add_argument(
         "--prefill-tokens-per-s",
-        type=_positive_float,
+        type=positive_float,
         default=8000.0,
         help="latency model: prefill speed (default: %(default)s)",
     )
@@ -225,7 +193,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     pol.add_argument(
         "--block-size",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="tokens per KV block (default: 16; an imported trace replays at its own block "
         "size, 512 for Mooncake and 16 for Bailian; it must divide the trace's)",
@@ -262,7 +230,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     sweep.add_argument(
         "--sweep-cache-size",
-        type=_positive_int,
+        type=positive_int,
         default=160_000,
         help="cache size in tokens for the sweep (default: %(default)s, the paper's 40 GB)",
     )
@@ -287,7 +255,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     out.add_argument(
         "--workers",
-        type=_positive_int,
+        type=positive_int,
         default=2,
         help="parallel replay processes (default: %(default)s)",
     )
@@ -347,7 +315,7 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
         duration = None
     else:
         try:
-            duration = _positive_float(args.duration)
+            duration = positive_float(args.duration)
         except argparse.ArgumentTypeError as error:
             raise CommandError(f"--duration: {error} (or 'all')") from None
     if args.fallback_p is not None and not 0.0 <= args.fallback_p <= 1.0:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from lpc.commands import train_trace
+from lpc.commands.arg_types import positive_int
 
 DESCRIPTION = """\
 Train LPC's continuation predictor the paper's way: one sample per user turn (label: does the
@@ -25,16 +26,6 @@ part, labelled "the conversation's next request arrives within --horizon", score
 evaluation part beside a turns-only and a gradient-boosted reference. See docs/training.md
 ("Access-feature models").
 """
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -70,7 +61,7 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
     )
     data.add_argument("--mode", help="ShareGPT: separate (default) or merge; Arena: a or both")
     data.add_argument(
-        "--limit", type=_positive_int, help="use only the first N conversations (quick experiments)"
+        "--limit", type=positive_int, help="use only the first N conversations (quick experiments)"
     )
 
 
@@ -93,18 +84,18 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     )
     emb.add_argument(
         "--embed-batch-size",
-        type=_positive_int,
+        type=positive_int,
         default=32,
         help="texts per embedder forward pass (default: %(default)s)",
     )
     emb.add_argument(
         "--chunk-windows",
-        type=_positive_int,
+        type=positive_int,
         default=2048,
         help="windows per resumable unit of embedding work (default: %(default)s)",
     )
     emb.add_argument(
-        "--threads", type=_positive_int, help="torch CPU threads (default: torch's choice)"
+        "--threads", type=positive_int, help="torch CPU threads (default: torch's choice)"
     )
     emb.add_argument(
         "--cache-dir",
@@ -124,7 +115,7 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     )
     feat.add_argument(
         "--token-budget",
-        type=_positive_int,
+        type=positive_int,
         default=512,
         help="embedder tokens per window (default: %(default)s)",
     )
@@ -162,19 +153,19 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     fit.add_argument("--lr", type=float, default=5e-4, help="Adam learning rate (default: 5e-4)")
     fit.add_argument(
         "--epochs",
-        type=_positive_int,
+        type=positive_int,
         default=20,
         help="at most this many epochs (default: %(default)s)",
     )
     fit.add_argument(
         "--patience",
-        type=_positive_int,
+        type=positive_int,
         default=5,
         help="stop after this many epochs without a better validation loss (default: %(default)s)",
     )
     fit.add_argument(
         "--batch-size",
-        type=_positive_int,
+        type=positive_int,
         default=256,
         help="samples per optimiser step (default: %(default)s)",
     )

@@ -4,33 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
+from lpc.commands.arg_types import positive_float, split_at
 from lpc.errors import UserError
-
-
-def _split_at(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(
-            f"must be a fraction in (0, 1) or seconds >= 1, got {text}"
-        )
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
 
 
 def add_trace_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,7 +32,7 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--split-at",
-        type=_split_at,
+        type=split_at,
         default=0.5,
         help="requests before this point are the training part (its last --validation-share "
         "by time validates), the rest the evaluation part; a fraction of the span (< 1) or "
@@ -62,7 +40,7 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--horizon",
-        type=_positive_float,
+        type=positive_float,
         default=DEFAULT_ACCESS_HORIZON_S,
         help="label: the conversation's next request arrives within this many seconds of the "
         "request's completion; requests whose horizon runs past the end of their part's data "
