@@ -458,6 +458,107 @@ def test_trace_replay_hit_ratios_agree_with_our_replay(vllm_python: Path, tmp_pa
         )
 
 
+# -- an access-only model in the plugin's process ---------------------------------------------
+SHIPPED_ACCESS_MODEL = REPO_ROOT / "models" / "mooncake-access"
+
+
+def mooncake_sample(path: Path, one_in: int = 40) -> int:
+    """Whole conversations of the bundled Mooncake trace (one in `one_in`, by a stable hash,
+    as scripts/sample_conversations.py keeps them), written as a project-format trace."""
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    from sample_conversations import keep
+
+    from lpc.traces.load import TraceOptions, load_trace
+
+    requests = [
+        r
+        for r in load_trace("mooncake", TraceOptions()).requests
+        if keep(r.conversation_id, one_in)
+    ]
+    write_trace(path, requests, {"source": f"bundled Mooncake, one conversation in {one_in}"})
+    return len(requests)
+
+
+def test_access_model_in_process_equals_our_replay_exactly(
+    vllm_python: Path, tmp_path: Path, capsys
+) -> None:
+    """vLLM + plugin predicting every release with the shipped access-only model, from vLLM's
+    request state and its conversation table, evicts exactly as `lpc ab --trace --policies
+    lpc --model` replays it (the features from the trace table): equal hit tokens."""
+    from lpc.cli import main
+
+    trace = tmp_path / "mooncake-sample.jsonl"
+    requests = mooncake_sample(trace)
+    cache_tokens = 300_000
+    done = subprocess.run(
+        [
+            sys.executable,
+            "scripts/vllm_trace_ab.py",
+            str(trace),
+            "--cache-tokens",
+            str(cache_tokens),
+            "--block-size",
+            "512",
+            "--access-model",
+            str(SHIPPED_ACCESS_MODEL),
+            "--json",
+            "--vllm-python",
+            str(vllm_python),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO_ROOT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    rows = {row["policy"]: row for row in result["rows"]}
+    plugin = rows["lpc"]
+    assert plugin["vllm_hit_tokens"] == plugin["ours_hit_tokens"]
+    assert plugin["vllm_evictions"] == plugin["ours_evictions"] > 0
+    assert plugin["vllm_hit_tokens"] != rows["lru"]["vllm_hit_tokens"], "p changed nothing"
+    stats = result["plugin_stats"]
+    assert stats["predictions_in_process"] == stats["releases"] == requests
+    assert stats["fallbacks_used"] == 0 and stats["predictor_calls"] == 0
+
+    code = main(
+        [
+            "ab",
+            "--no-progress",
+            "--trace",
+            str(trace),
+            "--split-at",
+            "0",
+            "--policies",
+            "lpc",
+            "--model",
+            str(SHIPPED_ACCESS_MODEL),
+            "--cache-sizes",
+            str(cache_tokens),
+            "--block-size",
+            "512",
+            "--scale",
+            "0.01",
+            "--fallback-p",
+            "0.5",
+            "--out",
+            str(tmp_path / "ab"),
+            "--json",
+        ]
+    )
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    replayed = report["comparison"]["hit_ratio"]["lpc"][str(cache_tokens)]
+    assert replayed == plugin["vllm_hit_ratio"]
+    REPORT.append(
+        f"access model in process: Mooncake sample ({requests} requests, {cache_tokens} tokens, "
+        f"block 512): vLLM+plugin {100 * plugin['vllm_hit_ratio']:.4f}% == lpc ab "
+        f"{100 * replayed:.4f}% (LRU {100 * rows['lru']['vllm_hit_ratio']:.4f}%); "
+        f"{stats['predictions_in_process']} predictions in process"
+    )
+
+
 REGISTER_TWICE = """
 import vllm.v1.core.block_pool as pool
 from vllm.v1.core.kv_cache_manager import KVCacheManager
