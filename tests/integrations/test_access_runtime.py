@@ -3,7 +3,6 @@ from engine state equal to the trace table's, the load error, and reload on a fa
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 import sys
@@ -25,9 +24,7 @@ from lpc.integrations.vllm_queue import QueueRuntime
 from lpc.workload import ScriptedTurn, WorkloadRequest
 from predictor.access_features import RequestState
 from predictor.access_predictor import AccessPredictor
-
-REPO = Path(__file__).resolve().parents[2]
-SHIPPED = REPO / "models" / "mooncake-access"
+from tests.integrations.access_models import SHIPPED, publish
 
 
 # -- the conversation table --------------------------------------------------------------------
@@ -193,31 +190,6 @@ def test_settings_come_from_the_environment() -> None:
     assert config.conversation_table_max_tokens == 9000
     with pytest.raises(PluginConfigError, match="LPC_CONVERSATION_TABLE_SIZE"):
         load_config({"LPC_CONVERSATION_TABLE_SIZE": "0"})
-
-
-def publish(registry: Path, version: str, bias: float | None = None) -> Path:
-    """Copy the shipped artifact as a registry version and point `current` at it; with `bias`,
-    change its output bias (and its checksum) so it predicts differently."""
-    folder = registry / version
-    shutil.copytree(SHIPPED, folder)
-    if bias is not None:
-        import hashlib
-
-        from safetensors.numpy import load_file, save_file
-
-        state = load_file(folder / "model.safetensors")
-        last = max(k for k in state if k.endswith(".bias"))
-        state[last] = state[last] + np.float32(bias)
-        save_file(state, folder / "model.safetensors")
-        data = (folder / "model.safetensors").read_bytes()
-        meta = json.loads((folder / "metadata.json").read_text())
-        meta["weights_sha256"] = hashlib.sha256(data).hexdigest()
-        meta["weights_bytes"] = len(data)
-        (folder / "metadata.json").write_text(json.dumps(meta))
-    link = registry / "current.tmp"
-    link.symlink_to(version)
-    link.replace(registry / "current")
-    return folder
 
 
 def test_a_promoted_model_is_picked_up_on_schedule(tmp_path: Path) -> None:
