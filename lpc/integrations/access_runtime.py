@@ -134,10 +134,12 @@ class AccessRuntime:
         table = self.table
         entry = table.entry(conversation_id, completion_s) if conversation_id else None
         conversation = entry.state if entry is not None else EMPTY_CONVERSATION
-        tokens = self.needs_tokens
+        # Prompt then output, converted once: the prompt's shared prefix reads its first
+        # `prompt_tokens`, and the whole is what the conversation's next request compares with.
+        tokens = token_array(request.all_token_ids) if self.needs_tokens else None
         shared = 0
-        if tokens and entry is not None:
-            shared = shared_prefix_tokens(entry.last_tokens, token_array(request.prompt_token_ids))
+        if tokens is not None and entry is not None:
+            shared = shared_prefix_tokens(entry.last_tokens, tokens, prompt_tokens)
         params = request.sampling_params
         extra = params.extra_args if params is not None else None
         kind = extra.get(REQUEST_TYPE_KEY) if isinstance(extra, dict) else None
@@ -152,12 +154,7 @@ class AccessRuntime:
         probability = self.predictor.predict_one(state, conversation)
         is_finished = getattr(request, "is_finished", None)
         if conversation_id and (is_finished is None or is_finished()):
-            table.finished(
-                conversation_id,
-                state,
-                completion_s,
-                token_array(request.all_token_ids) if tokens else None,
-            )
+            table.finished(conversation_id, state, completion_s, tokens)
         return probability
 
     def counters(self) -> dict[str, Any]:

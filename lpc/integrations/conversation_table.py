@@ -114,12 +114,15 @@ def token_array(token_ids: Any) -> array | None:
         return None
 
 
-def shared_prefix_tokens(previous: array | None, prompt: array | None) -> int:
-    """Longest common prefix of the previous request's tokens and this prompt (0 if unknown);
-    the same value `lpc.access_table.common_prefix_tokens` computes for a trace table."""
+def shared_prefix_tokens(
+    previous: array | None, prompt: array | None, prompt_tokens: int | None = None
+) -> int:
+    """Longest common prefix of the previous request's tokens and this prompt (0 if unknown):
+    the same value `lpc.access_table.common_prefix_tokens` computes for a trace table.
+    `prompt` may run on past the prompt (its output) when `prompt_tokens` says where it ends."""
     if previous is None or prompt is None:
         return 0
-    n = min(len(previous), len(prompt))
+    n = min(len(previous), len(prompt) if prompt_tokens is None else prompt_tokens)
     if n == 0:
         return 0
     a = np.frombuffer(previous, dtype=np.int32 if previous.typecode == "i" else np.int64)[:n]
