@@ -131,6 +131,24 @@ class AccessRuntime:
     ) -> float:
         """p of a request releasing its blocks at `completion_s`; a finished request then
         becomes its conversation's latest (a preempted one comes back and is not recorded)."""
+        return self._release(request, conversation_id, completion_s, prompt_tokens, True)
+
+    def record_release(
+        self, request: Any, conversation_id: str | None, completion_s: float, prompt_tokens: int
+    ) -> None:
+        """Keep a finished request's conversation history complete when its p came from
+        elsewhere (the request's own `lpc_probability`): nothing is predicted."""
+        if conversation_id:
+            self._release(request, conversation_id, completion_s, prompt_tokens, False)
+
+    def _release(
+        self,
+        request: Any,
+        conversation_id: str | None,
+        completion_s: float,
+        prompt_tokens: int,
+        predict: bool,
+    ) -> float:
         table = self.table
         entry = table.entry(conversation_id, completion_s) if conversation_id else None
         conversation = entry.state if entry is not None else EMPTY_CONVERSATION
@@ -151,7 +169,7 @@ class AccessRuntime:
             completion_s,
             kind if isinstance(kind, str) else None,
         )
-        probability = self.predictor.predict_one(state, conversation)
+        probability = self.predictor.predict_one(state, conversation) if predict else 0.0
         is_finished = getattr(request, "is_finished", None)
         if conversation_id and (is_finished is None or is_finished()):
             table.finished(conversation_id, state, completion_s, tokens)

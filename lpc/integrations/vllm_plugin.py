@@ -41,7 +41,8 @@ vLLM's `Request` and the plugin's `ConversationTable`):
                                    or the injected clock)
     cached tokens                  `get_computed_blocks` (request log)  scheduling
 
-A finished request then replaces its conversation's entry (a preempted one does not).
+A finished request then replaces its conversation's entry (a preempted one does not), also
+when it carried its own `lpc_probability`, so the conversation's history stays complete.
 
 Call flow. A release (time, probability, conversation) is made once per request, in
 `PluginRuntime.release_for`, and reaches the LPC queue by one of three routes, depending on
@@ -163,6 +164,13 @@ class PluginRuntime:
             counter = "probabilities_from_request"
             if self.board is not None:
                 self.board.forget(rid)
+            if self.access is not None:
+                self.access.record_release(
+                    request,
+                    hints.conversation_id,
+                    self.wall_clock(),
+                    engine_prompt_tokens(request) or 0,
+                )
         elif self.access is not None:
             probability = self.access_probability(request, hints)
             counter = "predictions_used"

@@ -230,3 +230,34 @@ def test_a_promoted_model_is_picked_up_on_schedule(tmp_path: Path) -> None:
     release(5)
     assert stats.access_model_reload_failures == 1  # counted once per failed artifact
     assert stats.predictions_in_process == 6 and stats.predictions_used == 6
+
+
+def test_a_text_artifact_stays_with_the_predictor_rpc() -> None:
+    text_model = str(SHIPPED.parent / "sharegpt-e5-small-q4")
+    with pytest.raises(PluginConfigError, match=r"LPC_ACCESS_MODEL.*text.*LPC_PREDICTOR_URL"):
+        load_access_runtime(PluginConfig(access_model=text_model), PluginStats(), 0.0)
+    config = PluginConfig(access_model=text_model, predictor_url="http://127.0.0.1:8476")
+    assert load_access_runtime(config, PluginStats(), 0.0) is None
+
+
+def test_requests_carrying_p_still_feed_the_conversation_history() -> None:
+    stats = PluginStats()
+    config = PluginConfig(access_model=str(SHIPPED), access_model_reload_s=0.0)
+    runtime = PluginRuntime(config, stats, QueueRuntime(config, stats, lambda: 0.0), None, None)
+    runtime.access = load_access_runtime(config, stats, 0.0)
+    assert runtime.access is not None
+    runtime.wall_clock = lambda: 10.0
+    first = FakeRequest("r0", 1.0, [1, 2, 3], [4, 5], "c")
+    first.sampling_params.extra_args["lpc_probability"] = 0.9
+    assert runtime.release_and_source(first)[1] == "client"
+    assert stats.predictions_in_process == 0
+    state = runtime.access.table.state("c", 10.0)
+    assert (state.requests_so_far, state.last_completion_s, state.last_output_tokens) == (
+        1,
+        10.0,
+        2,
+    )
+    runtime.wall_clock = lambda: 30.0
+    second = FakeRequest("r1", 20.0, [1, 2, 3, 4, 9], [7], "c")
+    assert runtime.release_and_source(second)[1] == "model"
+    assert runtime.access.table.state("c", 30.0).think_time_sum_s == 10.0
