@@ -230,6 +230,26 @@ def test_a_bad_setting_stops_vllm_with_a_clear_message(vllm_python: Path, tmp_pa
     )
 
 
+def test_a_corrupt_access_model_stops_vllm_with_a_clear_message(
+    vllm_python: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    corrupt = tmp_path / "corrupt-model"
+    shutil.copytree(REPO_ROOT / "models" / "mooncake-access", corrupt)
+    (corrupt / "model.safetensors").write_bytes(b"not weights")
+    site = entry_point_site(tmp_path, "vllm.general_plugins")
+    with pytest.raises(SnippetFailed) as error:
+        run_snippet(
+            vllm_python,
+            LOAD_AND_BUILD,
+            {"VLLM_PLUGINS": "lpc", "LPC_ACCESS_MODEL": str(corrupt)},
+            site,
+        )
+    assert f"PluginConfigError: LPC_ACCESS_MODEL (access_model) = '{corrupt}'" in str(error.value)
+    assert "corrupt" in str(error.value)
+
+
 REGISTER_ON_ALTERED_VLLM = """
 import vllm, vllm.v1.core.kv_cache_utils as utils, vllm.v1.core.block_pool as pool
 from lpc.integrations import vllm_plugin
