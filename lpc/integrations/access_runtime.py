@@ -18,6 +18,7 @@ and warns once per failed artifact.
 from __future__ import annotations
 
 import logging
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,26 @@ def artifact_pointer(path: Path) -> ArtifactPointer:
 def reads_text(path: Path) -> bool:
     """Whether the artifact at `path` also reads a text window (served through the RPC)."""
     return bool(read_metadata(resolve_artifact(path)).inputs.text_window)
+
+
+def engine_tokens(request: Any) -> array | None:
+    """The request's prompt then output token ids, compactly. From the prompt's plain list and
+    the (short) output: iterating vLLM's `all_token_ids` wrapper costs twice as much."""
+    prompt = getattr(request, "prompt_token_ids", None)
+    if not isinstance(prompt, list):
+        return token_array(request.all_token_ids)
+    tokens = token_array(prompt)
+    if tokens is None:
+        return None
+    output = request.output_token_ids
+    try:
+        tokens.extend(output)
+    except OverflowError:
+        tokens = array("q", tokens)
+        tokens.extend(output)
+    except TypeError:
+        return None
+    return tokens
 
 
 @dataclass
@@ -154,7 +175,7 @@ class AccessRuntime:
         conversation = entry.state if entry is not None else EMPTY_CONVERSATION
         # Prompt then output, converted once: the prompt's shared prefix reads its first
         # `prompt_tokens`, and the whole is what the conversation's next request compares with.
-        tokens = token_array(request.all_token_ids) if self.needs_tokens else None
+        tokens = engine_tokens(request) if self.needs_tokens else None
         shared = 0
         if tokens is not None and entry is not None:
             shared = shared_prefix_tokens(entry.last_tokens, tokens, prompt_tokens)
