@@ -35,6 +35,7 @@ COUNTERS: dict[str, str] = {
     "predictions_in_process": "Releases whose p the in-process access model computed",
     "access_model_reloads": "Promoted access models swapped in",
     "access_model_reload_failures": "Promoted access models that could not be loaded",
+    "access_prediction_errors": "Releases the access model could not read (fallback p)",
 }
 # Exported only when the request log is on (`request_log_dir`).
 REQUEST_LOG_COUNTERS: dict[str, str] = {

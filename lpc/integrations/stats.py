@@ -27,8 +27,8 @@ class PluginStats:
     `shared_blocks_released` (released by one request while others still hold them).
     With an access-only model in process: `predictions_in_process` (releases whose p it
     computed; they count as `predictions_used` too), `access_model_reloads` (a promoted model
-    swapped in) and `access_model_reload_failures` (one that could not be loaded: the old one
-    stays).
+    swapped in), `access_model_reload_failures` (one that could not be loaded: the old one
+    stays) and `access_prediction_errors` (a request it could not read: the fallback p).
     """
 
     releases: int = 0
@@ -49,6 +49,7 @@ class PluginStats:
     predictions_in_process: int = 0
     access_model_reloads: int = 0
     access_model_reload_failures: int = 0
+    access_prediction_errors: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **deltas: int) -> None:

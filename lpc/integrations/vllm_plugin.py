@@ -173,7 +173,7 @@ class PluginRuntime:
                 )
         elif self.access is not None:
             probability = self.access_probability(request, hints)
-            counter = "predictions_used"
+            counter = "fallbacks_used" if probability is None else "predictions_used"
         else:
             probability = self.board.take(rid) if self.board is not None else None
             counter = "fallbacks_used" if probability is None else "predictions_used"
@@ -191,19 +191,30 @@ class PluginRuntime:
             self.request_log.finished(request, hints, used, source)
         return Release(now, probability, hints.conversation_id or rid), source
 
-    def access_probability(self, request: Any, hints: RequestHints) -> float:
-        """The access-only model's p for this release, computed here (microseconds)."""
+    def access_probability(self, request: Any, hints: RequestHints) -> float | None:
+        """The access-only model's p for this release, computed here (microseconds); None
+        (the fallback p) if the request cannot be read: a request is never failed."""
         access = self.access
         assert access is not None
         access.maybe_reload(self.clock())
         if self.board is not None:
             self.board.forget(request.request_id)
-        probability = access.predict_release(
-            request,
-            hints.conversation_id,
-            self.wall_clock(),
-            engine_prompt_tokens(request) or 0,
-        )
+        try:
+            probability = access.predict_release(
+                request,
+                hints.conversation_id,
+                self.wall_clock(),
+                engine_prompt_tokens(request) or 0,
+            )
+        except Exception as error:
+            self.stats.add(access_prediction_errors=1)
+            if self.stats.access_prediction_errors == 1:
+                logger.warning(
+                    "request %s: the access model cannot predict it (%r); fallback p",
+                    request.request_id,
+                    error,
+                )
+            return None
         self.stats.add(predictions_in_process=1)
         return probability
 

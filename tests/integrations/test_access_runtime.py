@@ -261,3 +261,15 @@ def test_requests_carrying_p_still_feed_the_conversation_history() -> None:
     second = FakeRequest("r1", 20.0, [1, 2, 3, 4, 9], [7], "c")
     assert runtime.release_and_source(second)[1] == "model"
     assert runtime.access.table.state("c", 30.0).think_time_sum_s == 10.0
+
+
+def test_a_request_the_model_cannot_read_gets_the_fallback() -> None:
+    stats = PluginStats()
+    config = PluginConfig(access_model=str(SHIPPED), access_model_reload_s=0.0)
+    runtime = PluginRuntime(config, stats, QueueRuntime(config, stats, lambda: 0.0), None, None)
+    runtime.access = load_access_runtime(config, stats, 0.0)
+    broken = FakeRequest("r0", 1.0, [1, 2, 3], [4], "c")
+    broken.arrival_time = None  # type: ignore[assignment]
+    release, source = runtime.release_and_source(broken)
+    assert (release.probability, source) == (None, "fallback")
+    assert stats.access_prediction_errors == 1 and stats.fallbacks_used == 1
