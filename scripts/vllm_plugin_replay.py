@@ -171,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         "--request-log-text", action="store_true", help="the log records user prompts"
     )
     parser.add_argument("--request-log-salt", help="the request log's deployment key")
+    parser.add_argument(
+        "--access-model",
+        help="the plugin predicts with this access-only artifact in process (LPC_ACCESS_MODEL)",
+    )
     args = parser.parse_args(argv)
     if args.stock_output is None and args.plugin_output is None:
         parser.error("give --stock-output, --plugin-output or both")
@@ -199,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                 request_log_dir=args.request_log_dir,
                 request_log_text=args.request_log_text,
                 request_log_salt=args.request_log_salt,
+                access_model=args.access_model,
             )
             vllm_plugin.register(config=config, clock=clock)
 

@@ -11,6 +11,11 @@ is the request's continuation probability, and a missing or null one means the f
 prints, for LRU (stock vLLM) and LPC (the plugin, `lpc-trace` in our replay), the token hit
 ratio of `lpc.simulator.replay` and of real vLLM's `KVCacheManager`, and exits with status 1
 if any pair differs by more than --tolerance-points.
+
+With `--access-model DIR` (an access-only artifact) the LPC row is `lpc` instead: the plugin
+computes each release's p in process from vLLM's request state and its conversation table,
+and our replay takes the model's p from the trace's table (`lpc.access_source`), as
+`lpc ab --trace ... --policies lpc --model DIR` does; the trace's own probabilities are unused.
 """
 
 from __future__ import annotations
@@ -42,18 +47,30 @@ def compare(
     fallback_probability: float,
     vllm_python: Path,
     driver_args: list[str] | None = None,
+    access_model: Path | None = None,
 ) -> dict[str, Any]:
     """Both replays of the trace; the rows of the comparison and what it cost."""
     started = time.perf_counter()
     trace = read_trace(trace_path)
     requests = trace.requests
     logged = trace.logged_probabilities or [None] * len(requests)
-    workload = prepare(requests, block_size, {"trace": logged})
+    sources: dict[str, list[float | None]] = {"trace": logged}
+    lpc_label = "lpc-trace"
+    if access_model is not None:
+        from lpc.access_source import AccessSource
+        from predictor.access_predictor import AccessPredictor
+
+        source = AccessSource(AccessPredictor.load(access_model))
+        sources["model"] = source.predict_requests(requests)
+        logged = [None] * len(requests)  # the plugin predicts every release itself
+        lpc_label = "lpc"
+        driver_args = [*(driver_args or []), "--access-model", str(access_model.resolve())]
+    workload = prepare(requests, block_size, sources)
     ours = {
         label: replay(
             workload, parse_policy(label), cache_tokens, scale_per_s, fallback_probability
         )
-        for label in ("lru", "lpc-trace")
+        for label in ("lru", lpc_label)
     }
     our_seconds = time.perf_counter() - started
     stream, plan = trace_stream(workload, cache_tokens, logged)
@@ -69,10 +86,10 @@ def compare(
         )
     vllm = {
         "lru": hit_totals(stream, run.stock[stream.config.name]),
-        "lpc-trace": hit_totals(stream, run.plugin[stream.config.name]),
+        lpc_label: hit_totals(stream, run.plugin[stream.config.name]),
     }
     rows = []
-    for label, engine in (("lru", "stock vLLM"), ("lpc-trace", "vLLM + LPC plugin")):
+    for label, engine in (("lru", "stock vLLM"), (lpc_label, "vLLM + LPC plugin")):
         a, b = ours[label], vllm[label]
         rows.append(
             {
@@ -133,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--request-log-text", action="store_true", help="the request log records user prompts"
     )
+    parser.add_argument(
+        "--access-model",
+        type=Path,
+        help="an access-only artifact: the plugin predicts with it in process (row `lpc`)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     python = args.vllm_python or vllm_python_path()
@@ -152,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         args.fallback_p,
         python,
         driver_args,
+        args.access_model,
     )
     worst = max(abs(row["difference_points"]) for row in result["rows"])
     result["agree"] = worst <= args.tolerance_points

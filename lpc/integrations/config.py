@@ -46,6 +46,12 @@ class PluginConfig:
     `request_log_max_file_mb`; prompt text only with `request_log_text`; block ids keyed by
     `request_log_salt` (None: a random key kept in the folder); at most
     `request_log_queue_size` records waiting (more are dropped and counted, never waited for).
+    `access_model` is an access-only artifact folder (or a registry folder, whose `current`
+    is followed) the plugin predicts with in process at each release; it looks for a newly
+    promoted one at most every `access_model_reload_s` (0: never). The conversation table
+    that feeds it holds at most `conversation_table_size` conversations and
+    `conversation_table_max_tokens` previous-request tokens (least recently updated evicted
+    first) and forgets a conversation idle longer than `conversation_expiry_s`.
     """
 
     scale_per_s: float = DEFAULT_SCALE_PER_S
@@ -64,6 +70,11 @@ class PluginConfig:
     request_log_text: bool = False
     request_log_salt: str | None = None
     request_log_queue_size: int = 65536
+    access_model: str | None = None
+    access_model_reload_s: float = 60.0
+    conversation_table_size: int = 100_000
+    conversation_expiry_s: float = 3600.0
+    conversation_table_max_tokens: int = 50_000_000
 
     def __post_init__(self) -> None:
         for spec in _FIELDS.values():
@@ -212,6 +223,25 @@ _FIELDS: dict[str, _FieldSpec] = {
         ),
         _FieldSpec(
             "request_log_queue_size", "LPC_REQUEST_LOG_QUEUE_SIZE", _parse_int, _check_count
+        ),
+        _FieldSpec("access_model", "LPC_ACCESS_MODEL", _parse_optional_str, _check_optional_str),
+        _FieldSpec(
+            "access_model_reload_s",
+            "LPC_ACCESS_MODEL_RELOAD_S",
+            _parse_float,
+            _check_non_negative,
+        ),
+        _FieldSpec(
+            "conversation_table_size", "LPC_CONVERSATION_TABLE_SIZE", _parse_int, _check_count
+        ),
+        _FieldSpec(
+            "conversation_expiry_s", "LPC_CONVERSATION_EXPIRY_S", _parse_float, _check_positive
+        ),
+        _FieldSpec(
+            "conversation_table_max_tokens",
+            "LPC_CONVERSATION_TABLE_MAX_TOKENS",
+            _parse_int,
+            _check_count,
         ),
     )
 }

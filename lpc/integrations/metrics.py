@@ -32,6 +32,10 @@ COUNTERS: dict[str, str] = {
     "cached_blocks_released": "Cached blocks released to the evictor",
     "uncached_blocks_released": "Blocks without a hash released (reused first)",
     "shared_blocks_released": "Cached blocks released while other requests hold them",
+    "predictions_in_process": "Releases whose p the in-process access model computed",
+    "access_model_reloads": "Promoted access models swapped in",
+    "access_model_reload_failures": "Promoted access models that could not be loaded",
+    "access_prediction_errors": "Releases the access model could not read (fallback p)",
 }
 # Exported only when the request log is on (`request_log_dir`).
 REQUEST_LOG_COUNTERS: dict[str, str] = {
@@ -61,6 +65,12 @@ class _Collector:
             "Predictions asked for and not yet consumed",
             value=data.get("pending_predictions", 0),
         )
+        if "conversations" in data:  # an access-only model runs in process
+            yield GaugeMetricFamily(
+                "lpc_conversations",
+                "Conversations in the access model's table",
+                value=data["conversations"],
+            )
 
 
 @dataclass

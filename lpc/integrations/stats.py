@@ -25,6 +25,10 @@ class PluginStats:
     whose LPC fields were malformed and ignored. Block counters: `evictions` (a cached block
     handed out again), `cached_blocks_released`, `uncached_blocks_released` and
     `shared_blocks_released` (released by one request while others still hold them).
+    With an access-only model in process: `predictions_in_process` (releases whose p it
+    computed; they count as `predictions_used` too), `access_model_reloads` (a promoted model
+    swapped in), `access_model_reload_failures` (one that could not be loaded: the old one
+    stays) and `access_prediction_errors` (a request it could not read: the fallback p).
     """
 
     releases: int = 0
@@ -42,6 +46,10 @@ class PluginStats:
     cached_blocks_released: int = 0
     uncached_blocks_released: int = 0
     shared_blocks_released: int = 0
+    predictions_in_process: int = 0
+    access_model_reloads: int = 0
+    access_model_reload_failures: int = 0
+    access_prediction_errors: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **deltas: int) -> None:
@@ -62,6 +70,8 @@ class PluginStats:
             f"predicted {s['predictions_used']}, fallback {s['fallbacks_used']}); predictions "
             f"requested {s['predictions_requested']}, late {s['predictions_late']}, dropped "
             f"{s['predictions_dropped']}, predictor failures {s['predictor_failures']}; "
+            f"in process {s['predictions_in_process']} (model reloads "
+            f"{s['access_model_reloads']}, failed {s['access_model_reload_failures']}); "
             f"evictions {s['evictions']}"
         )
 

@@ -38,6 +38,8 @@ WRAPPED_SIGNATURES: dict[tuple[str, str], tuple[str, ...]] = {
 }
 BLOCK_FIELDS = ("block_id", "ref_cnt", "pool", "is_null")
 BLOCK_PROPERTIES = ("block_hash", "block_hash_num_tokens")
+# What the in-process access model reads from a releasing request (`access_runtime`).
+ACCESS_REQUEST_FIELDS = ("arrival_time", "prompt_token_ids", "output_token_ids")
 
 
 class IncompatibleVllmError(RuntimeError):
@@ -150,6 +152,13 @@ def structural_problems(
             "vllm.v1.request.Request no longer sets num_prompt_tokens (sent to the "
             "predictor as prompt_tokens)"
         )
+    if request is not None:
+        names = getattr(getattr(request.__init__, "__code__", None), "co_names", ())
+        for name in ACCESS_REQUEST_FIELDS:
+            if name not in names:
+                problems.append(
+                    f"vllm.v1.request.Request no longer sets {name} (an access model's input)"
+                )
     params = getattr(sampling_params, "SamplingParams", None)
     declared = (
         set(getattr(params, "__struct_fields__", ())) | set(getattr(params, "__annotations__", {}))

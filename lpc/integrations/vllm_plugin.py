@@ -20,9 +20,29 @@ vLLM loads it through the `vllm.general_plugins` entry point (`lpc`, allow-liste
    carries the request's `num_prompt_tokens` as `prompt_tokens` (models trained with
    `log_prompt_tokens` need it, others ignore it).
 
-A release's probability is, in order: the request's `extra_args["lpc_probability"]`; the
-asynchronous prediction for its `lpc_conversation_id` if it has arrived; the fallback p.
-Time comes from an injectable clock (default `time.monotonic`).
+A release's probability is, in order: the request's `extra_args["lpc_probability"]`; with
+an access-only model configured (`access_model`), the model's p computed in process at the
+release (`access_runtime`; no RPC); the asynchronous prediction for its
+`lpc_conversation_id` if it has arrived; the fallback p. Time comes from an injectable clock
+(default `time.monotonic`).
+
+When the access features' inputs are known to the plugin (all read at the release, from
+vLLM's `Request` and the plugin's `ConversationTable`):
+
+    value                          vLLM source                         known at
+    arrival time                   `Request.arrival_time` (epoch s)     arrival
+    prompt tokens                  `Request.num_prompt_tokens`          arrival
+    shared prefix with previous    `Request.prompt_token_ids` vs the    arrival
+                                   table's previous prompt + output
+    conversation id                `extra_args["lpc_conversation_id"]`  arrival
+    turn, think times, age         the conversation's table entry       arrival
+    output tokens                  `Request.num_output_tokens`          release
+    completion time                the plugin's wall clock (epoch s,    release
+                                   or the injected clock)
+    cached tokens                  `get_computed_blocks` (request log)  scheduling
+
+A finished request then replaces its conversation's entry (a preempted one does not), also
+when it carried its own `lpc_probability`, so the conversation's history stays complete.
 
 Call flow. A release (time, probability, conversation) is made once per request, in
 `PluginRuntime.release_for`, and reaches the LPC queue by one of three routes, depending on
@@ -58,6 +78,7 @@ from typing import Any
 
 from eviction.base import Release
 from lpc.integrations import vllm_compat
+from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
 from lpc.integrations.metrics import MetricsServer, start_metrics_server
 from lpc.integrations.plugin_request_log import PluginRequestLog
@@ -91,6 +112,9 @@ class PluginRuntime:
     deferred_releases: dict[int, Release] = field(default_factory=dict)
     next_log_s: float = 0.0
     request_log: PluginRequestLog | None = None  # None: no request log configured
+    access: AccessRuntime | None = None  # None: no access-only model in process
+    # Stamps completions for the access features, on the timeline of vLLM's arrival times.
+    wall_clock: Clock = time.time
 
     @property
     def clock(self) -> Clock:
@@ -140,6 +164,16 @@ class PluginRuntime:
             counter = "probabilities_from_request"
             if self.board is not None:
                 self.board.forget(rid)
+            if self.access is not None:
+                self.access.record_release(
+                    request,
+                    hints.conversation_id,
+                    self.wall_clock(),
+                    engine_prompt_tokens(request) or 0,
+                )
+        elif self.access is not None:
+            probability = self.access_probability(request, hints)
+            counter = "fallbacks_used" if probability is None else "predictions_used"
         else:
             probability = self.board.take(rid) if self.board is not None else None
             counter = "fallbacks_used" if probability is None else "predictions_used"
@@ -156,6 +190,33 @@ class PluginRuntime:
             used = probability if probability is not None else self.config.fallback_probability
             self.request_log.finished(request, hints, used, source)
         return Release(now, probability, hints.conversation_id or rid), source
+
+    def access_probability(self, request: Any, hints: RequestHints) -> float | None:
+        """The access-only model's p for this release, computed here (microseconds); None
+        (the fallback p) if the request cannot be read: a request is never failed."""
+        access = self.access
+        assert access is not None
+        access.maybe_reload(self.clock())
+        if self.board is not None:
+            self.board.forget(request.request_id)
+        try:
+            probability = access.predict_release(
+                request,
+                hints.conversation_id,
+                self.wall_clock(),
+                engine_prompt_tokens(request) or 0,
+            )
+        except Exception as error:
+            self.stats.add(access_prediction_errors=1)
+            if self.stats.access_prediction_errors == 1:
+                logger.warning(
+                    "request %s: the access model cannot predict it (%r); fallback p",
+                    request.request_id,
+                    error,
+                )
+            return None
+        self.stats.add(predictions_in_process=1)
+        return probability
 
     def hold_for_deferred_free(self, blocks: list[Any], release: Release) -> None:
         """Blocks popped for a deferred free: remember their release until they are freed."""
@@ -373,6 +434,9 @@ def register(
             activate=lambda: _activate(registration),
         )
         runtime = PluginRuntime(config, counters, queues, client, board)
+        # An injected clock stamps completions too, so arrivals and releases share a timeline.
+        runtime.wall_clock = clock or time.time
+        runtime.access = load_access_runtime(config, counters, queues.clock())
         if config.request_log_dir is not None:
             # An injected clock stamps finish times too, so a replay's log is on its timeline.
             runtime.request_log = PluginRequestLog(config, clock or time.time)
@@ -468,6 +532,8 @@ def stats_snapshot() -> dict[str, Any]:
     if runtime.request_log is not None:
         out.update({f"request_log_{k}": v for k, v in runtime.request_log.counters().items()})
     board = runtime.board
+    if runtime.access is not None:
+        out.update(runtime.access.counters())
     out["pending_predictions"] = board.pending if board is not None else 0
     out["predictions_in_flight"] = board.in_flight if board is not None else 0
     client_stats = getattr(runtime.client, "stats", None)

@@ -230,6 +230,26 @@ def test_a_bad_setting_stops_vllm_with_a_clear_message(vllm_python: Path, tmp_pa
     )
 
 
+def test_a_corrupt_access_model_stops_vllm_with_a_clear_message(
+    vllm_python: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    corrupt = tmp_path / "corrupt-model"
+    shutil.copytree(REPO_ROOT / "models" / "mooncake-access", corrupt)
+    (corrupt / "model.safetensors").write_bytes(b"not weights")
+    site = entry_point_site(tmp_path, "vllm.general_plugins")
+    with pytest.raises(SnippetFailed) as error:
+        run_snippet(
+            vllm_python,
+            LOAD_AND_BUILD,
+            {"VLLM_PLUGINS": "lpc", "LPC_ACCESS_MODEL": str(corrupt)},
+            site,
+        )
+    assert f"PluginConfigError: LPC_ACCESS_MODEL (access_model) = '{corrupt}'" in str(error.value)
+    assert "corrupt" in str(error.value)
+
+
 REGISTER_ON_ALTERED_VLLM = """
 import vllm, vllm.v1.core.kv_cache_utils as utils, vllm.v1.core.block_pool as pool
 from lpc.integrations import vllm_plugin
@@ -456,6 +476,224 @@ def test_trace_replay_hit_ratios_agree_with_our_replay(vllm_python: Path, tmp_pa
                 for p, r in rows.items()
             )
         )
+
+
+# -- an access-only model in the plugin's process ---------------------------------------------
+SHIPPED_ACCESS_MODEL = REPO_ROOT / "models" / "mooncake-access"
+
+
+def mooncake_sample(path: Path, one_in: int = 40) -> int:
+    """Whole conversations of the bundled Mooncake trace (one in `one_in`, by a stable hash,
+    as scripts/sample_conversations.py keeps them), written as a project-format trace."""
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    from sample_conversations import keep
+
+    from lpc.traces.load import TraceOptions, load_trace
+
+    requests = [
+        r
+        for r in load_trace("mooncake", TraceOptions()).requests
+        if keep(r.conversation_id, one_in)
+    ]
+    write_trace(path, requests, {"source": f"bundled Mooncake, one conversation in {one_in}"})
+    return len(requests)
+
+
+def test_access_model_in_process_equals_our_replay_exactly(
+    vllm_python: Path, tmp_path: Path, capsys
+) -> None:
+    """vLLM + plugin predicting every release with the shipped access-only model, from vLLM's
+    request state and its conversation table, evicts exactly as `lpc ab --trace --policies
+    lpc --model` replays it (the features from the trace table): equal hit tokens."""
+    from lpc.cli import main
+
+    trace = tmp_path / "mooncake-sample.jsonl"
+    requests = mooncake_sample(trace)
+    cache_tokens = 300_000
+    done = subprocess.run(
+        [
+            sys.executable,
+            "scripts/vllm_trace_ab.py",
+            str(trace),
+            "--cache-tokens",
+            str(cache_tokens),
+            "--block-size",
+            "512",
+            "--access-model",
+            str(SHIPPED_ACCESS_MODEL),
+            "--json",
+            "--vllm-python",
+            str(vllm_python),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO_ROOT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    rows = {row["policy"]: row for row in result["rows"]}
+    plugin = rows["lpc"]
+    assert plugin["vllm_hit_tokens"] == plugin["ours_hit_tokens"]
+    assert plugin["vllm_evictions"] == plugin["ours_evictions"] > 0
+    assert plugin["vllm_hit_tokens"] != rows["lru"]["vllm_hit_tokens"], "p changed nothing"
+    stats = result["plugin_stats"]
+    assert stats["predictions_in_process"] == stats["releases"] == requests
+    assert stats["fallbacks_used"] == 0 and stats["predictor_calls"] == 0
+
+    code = main(
+        [
+            "ab",
+            "--no-progress",
+            "--trace",
+            str(trace),
+            "--split-at",
+            "0",
+            "--policies",
+            "lpc",
+            "--model",
+            str(SHIPPED_ACCESS_MODEL),
+            "--cache-sizes",
+            str(cache_tokens),
+            "--block-size",
+            "512",
+            "--scale",
+            "0.01",
+            "--fallback-p",
+            "0.5",
+            "--out",
+            str(tmp_path / "ab"),
+            "--json",
+        ]
+    )
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    replayed = report["comparison"]["hit_ratio"]["lpc"][str(cache_tokens)]
+    assert replayed == plugin["vllm_hit_ratio"]
+    REPORT.append(
+        f"access model in process: Mooncake sample ({requests} requests, {cache_tokens} tokens, "
+        f"block 512): vLLM+plugin {100 * plugin['vllm_hit_ratio']:.4f}% == lpc ab "
+        f"{100 * replayed:.4f}% (LRU {100 * rows['lru']['vllm_hit_ratio']:.4f}%); "
+        f"{stats['predictions_in_process']} predictions in process"
+    )
+
+
+PROMOTE_MID_TRACE = """
+import json, os
+from pathlib import Path
+import vllm_plugin_replay as driver
+import vllm_replay
+from lpc.difftest.ops import read_streams
+from lpc.integrations import vllm_plugin
+from lpc.integrations.config import PluginConfig
+from lpc.integrations.release_plan import read_plans
+
+work, registry = Path(os.environ["WORK"]), Path(os.environ["REGISTRY"])
+promote_at_s = float(os.environ["PROMOTE_AT_S"])
+plans, settings = read_plans(work / "plans.json")
+with (work / "streams.jsonl").open() as lines:
+    streams = list(read_streams(lines))
+vllm = vllm_replay.load_vllm(allow_other_version=False)
+clock = driver.StepClock()
+vllm_plugin.register(
+    config=PluginConfig(
+        scale_per_s=settings.scale_per_s,
+        fallback_probability=settings.fallback_probability,
+        stats_log_interval_s=0.0,
+        access_model=str(registry),
+        access_model_reload_s=1e-6,
+    ),
+    clock=clock,
+)
+
+def before_free():
+    # The daily job promotes v0002 while the engine serves: `current` is repointed.
+    if clock.now >= promote_at_s and os.readlink(registry / "current") != "v0002":
+        link = registry / "current.tmp"
+        link.symlink_to("v0002")
+        link.replace(registry / "current")
+
+with (work / "plugin.jsonl").open("w") as sink:
+    driver.replay(vllm, streams, plans, clock, sink, True, before_free)
+print(json.dumps(vllm_plugin.stats_snapshot()))
+vllm_plugin.unregister()
+"""
+
+
+def test_a_model_promoted_mid_trace_is_swapped_in(vllm_python: Path, tmp_path: Path) -> None:
+    """A registry's `current` repointed halfway through the Mooncake sample: the plugin in
+    real vLLM swaps the new model in at its next release, and evicts exactly as our replay
+    with the old model's p before the promotion and the new one's after."""
+    from lpc.access_source import AccessSource
+    from lpc.difftest.ops import StepRecord, streams_to_jsonl
+    from lpc.integrations.release_plan import write_plans
+    from lpc.integrations.trace_stream import hit_totals, trace_stream
+    from lpc.policies import parse_policy
+    from lpc.simulator import prepare, replay
+    from lpc.trace import read_trace
+    from predictor.access_predictor import AccessPredictor
+    from tests.integrations.access_models import publish
+
+    trace_path = tmp_path / "mooncake-sample.jsonl"
+    mooncake_sample(trace_path)
+    requests = read_trace(trace_path).requests
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    publish(registry, "v0001")
+    publish(registry, "v0002", bias=-4.0)
+    (registry / "current").unlink()
+    (registry / "current").symlink_to("v0001")
+    completions = sorted(r.completion_s for r in requests)
+    promote_at_s = completions[len(completions) // 2]
+
+    old, new = (AccessSource(AccessPredictor.load(registry / v)) for v in ("v0001", "v0002"))
+    p_old, p_new = old.predict_requests(requests), new.predict_requests(requests)
+    mixed = [
+        b if r.completion_s >= promote_at_s else a
+        for r, a, b in zip(requests, p_old, p_new, strict=True)
+    ]
+    cache_tokens, block_size = 300_000, 512
+    ours = {
+        name: replay(
+            prepare(requests, block_size, {"model": values}),
+            parse_policy("lpc"),
+            cache_tokens,
+            SETTINGS.scale_per_s,
+            SETTINGS.fallback_probability,
+        )
+        for name, values in (("mixed", mixed), ("old", p_old))
+    }
+    assert ours["mixed"].hit_tokens != ours["old"].hit_tokens, "the promotion changed nothing"
+
+    workload = prepare(requests, block_size, {"model": mixed})
+    stream, plan = trace_stream(workload, cache_tokens, [None] * len(requests))
+    (tmp_path / "streams.jsonl").write_text(streams_to_jsonl([stream]), encoding="utf-8")
+    write_plans(tmp_path / "plans.json", {stream.config.name: plan}, SETTINGS)
+    out = run_snippet(
+        vllm_python,
+        PROMOTE_MID_TRACE,
+        env={
+            "WORK": str(tmp_path),
+            "REGISTRY": str(registry),
+            "PROMOTE_AT_S": repr(promote_at_s),
+        },
+        extra_path=REPO_ROOT / "scripts",
+    )
+    stats = json.loads(out.strip().splitlines()[-1])
+    assert stats["access_model_reloads"] == 1 and stats["access_model_reload_failures"] == 0
+    assert stats["access_model_path"].endswith("v0002")
+    assert stats["predictions_in_process"] == len(requests)
+    with (tmp_path / "plugin.jsonl").open(encoding="utf-8") as lines:
+        records = [StepRecord.from_json(line) for line in lines]
+    vllm = hit_totals(stream, records)
+    assert vllm.hit_tokens == ours["mixed"].hit_tokens
+    assert vllm.evictions == ours["mixed"].evictions
+    REPORT.append(
+        f"promotion mid-trace at {promote_at_s:.0f} s: the plugin swapped v0001 -> v0002 once; "
+        f"vLLM hit tokens {vllm.hit_tokens} == our replay with the switch "
+        f"(without it: {ours['old'].hit_tokens})"
+    )
 
 
 REGISTER_TWICE = """

@@ -1,0 +1,226 @@
+"""An access-only model inside the plugin: a probability per release, in process, no RPC.
+
+At a release the plugin builds the request's `RequestState` from vLLM's request (arrival,
+prompt and output tokens, the prefix it shares with its conversation's previous request) and
+reads the `ConversationState` its conversation's finished requests left in the
+`ConversationTable`; the registry's engine-state forms (`predictor.access_features`) turn them
+into the model's inputs, and `AccessPredictor` computes p in microseconds. Feature code is
+never duplicated here.
+
+Reload: the configured path is an artifact folder or a registry folder (its `current` link is
+followed, as `training.registry` promotes by repointing it). At most every `reload_s` seconds
+a release compares the resolved folder and its metadata's modification time with the loaded
+model's; on a change it loads the new model (about a millisecond: numpy, no torch) and swaps it
+in with one assignment. A failed load keeps the old model, counts `access_model_reload_failures`
+and warns once per failed artifact.
+"""
+
+from __future__ import annotations
+
+import logging
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lpc.integrations.config import PluginConfig, PluginConfigError
+from lpc.integrations.conversation_table import (
+    EMPTY_CONVERSATION,
+    ConversationTable,
+    shared_prefix_tokens,
+    token_array,
+)
+from lpc.integrations.stats import PluginStats
+from predictor.access_features import RequestState
+from predictor.access_predictor import AccessPredictor
+from predictor.artifact import METADATA_FILE, read_metadata
+from predictor.errors import UserError
+
+logger = logging.getLogger("vllm.plugins.lpc")
+
+REQUEST_TYPE_KEY = "lpc_request_type"  # as the request log reads it
+SHARED_PREFIX_FEATURES = frozenset({"log_shared_prefix_tokens", "shared_prefix_share"})
+ArtifactPointer = tuple[str, int]  # (resolved folder, metadata mtime in ns)
+
+
+def resolve_artifact(path: Path) -> Path:
+    """The artifact folder `path` names: a registry's `current`, or `path` itself."""
+    current = path / "current"
+    if current.is_symlink() or (current.is_dir() and not (path / METADATA_FILE).exists()):
+        return current.resolve()
+    return path.resolve()
+
+
+def artifact_pointer(path: Path) -> ArtifactPointer:
+    folder = resolve_artifact(path)
+    return str(folder), (folder / METADATA_FILE).stat().st_mtime_ns
+
+
+def reads_text(path: Path) -> bool:
+    """Whether the artifact at `path` also reads a text window (served through the RPC)."""
+    return bool(read_metadata(resolve_artifact(path)).inputs.text_window)
+
+
+def engine_tokens(request: Any) -> array | None:
+    """The request's prompt then output token ids, compactly. From the prompt's plain list and
+    the (short) output: iterating vLLM's `all_token_ids` wrapper costs twice as much."""
+    prompt = getattr(request, "prompt_token_ids", None)
+    if not isinstance(prompt, list):
+        return token_array(request.all_token_ids)
+    tokens = token_array(prompt)
+    if tokens is None:
+        return None
+    output = request.output_token_ids
+    try:
+        tokens.extend(output)
+    except OverflowError:
+        tokens = array("q", tokens)
+        tokens.extend(output)
+    except TypeError:
+        return None
+    return tokens
+
+
+@dataclass
+class AccessRuntime:
+    """The loaded access model, its conversation table and its reload schedule."""
+
+    path: Path  # as configured
+    predictor: AccessPredictor
+    pointer: ArtifactPointer
+    table: ConversationTable
+    stats: PluginStats
+    reload_s: float
+    next_check_s: float = 0.0
+    failed_pointer: ArtifactPointer | None = None
+
+    @classmethod
+    def load(cls, config: PluginConfig, stats: PluginStats, now_s: float) -> AccessRuntime:
+        """Load `config.access_model`; one `PluginConfigError` naming the setting and path."""
+        assert config.access_model is not None
+        path = Path(config.access_model)
+        try:
+            pointer = artifact_pointer(path)
+            predictor = AccessPredictor.load(pointer[0])
+        except (OSError, UserError, ValueError) as error:
+            raise PluginConfigError(
+                f"LPC_ACCESS_MODEL (access_model) = {config.access_model!r}: cannot load an "
+                f"access-only model there ({error})"
+            ) from None
+        table = ConversationTable(
+            config.conversation_table_size,
+            config.conversation_expiry_s,
+            config.conversation_table_max_tokens,
+        )
+        reload_s = config.access_model_reload_s
+        return cls(path, predictor, pointer, table, stats, reload_s, now_s + reload_s)
+
+    @property
+    def needs_tokens(self) -> bool:
+        return not SHARED_PREFIX_FEATURES.isdisjoint(self.predictor.feature_names)
+
+    def maybe_reload(self, now_s: float) -> None:
+        """Swap in a newly promoted model if one is due to be looked for and has appeared."""
+        if not self.reload_s or now_s < self.next_check_s:
+            return
+        self.next_check_s = now_s + self.reload_s
+        try:
+            pointer = artifact_pointer(self.path)
+        except OSError:
+            pointer = None
+        if pointer is None or pointer == self.pointer or pointer == self.failed_pointer:
+            return
+        try:
+            predictor = AccessPredictor.load(pointer[0])
+        except (OSError, UserError, ValueError) as error:
+            self.failed_pointer = pointer
+            self.stats.add(access_model_reload_failures=1)
+            logger.warning(
+                "access model %s: cannot load %s, keeping %s (%s)",
+                self.path,
+                pointer[0],
+                self.pointer[0],
+                error,
+            )
+            return
+        self.predictor, self.pointer, self.failed_pointer = predictor, pointer, None
+        self.stats.add(access_model_reloads=1)
+        logger.info("access model reloaded from %s", pointer[0])
+
+    def predict_release(
+        self, request: Any, conversation_id: str | None, completion_s: float, prompt_tokens: int
+    ) -> float:
+        """p of a request releasing its blocks at `completion_s`; a finished request then
+        becomes its conversation's latest (a preempted one comes back and is not recorded)."""
+        return self._release(request, conversation_id, completion_s, prompt_tokens, True)
+
+    def record_release(
+        self, request: Any, conversation_id: str | None, completion_s: float, prompt_tokens: int
+    ) -> None:
+        """Keep a finished request's conversation history complete when its p came from
+        elsewhere (the request's own `lpc_probability`): nothing is predicted."""
+        if conversation_id:
+            self._release(request, conversation_id, completion_s, prompt_tokens, False)
+
+    def _release(
+        self,
+        request: Any,
+        conversation_id: str | None,
+        completion_s: float,
+        prompt_tokens: int,
+        predict: bool,
+    ) -> float:
+        table = self.table
+        entry = table.entry(conversation_id, completion_s) if conversation_id else None
+        conversation = entry.state if entry is not None else EMPTY_CONVERSATION
+        # Prompt then output, converted once: the prompt's shared prefix reads its first
+        # `prompt_tokens`, and the whole is what the conversation's next request compares with.
+        tokens = engine_tokens(request) if self.needs_tokens else None
+        shared = 0
+        if tokens is not None and entry is not None:
+            shared = shared_prefix_tokens(entry.last_tokens, tokens, prompt_tokens)
+        params = request.sampling_params
+        extra = params.extra_args if params is not None else None
+        kind = extra.get(REQUEST_TYPE_KEY) if isinstance(extra, dict) else None
+        state = RequestState(
+            float(request.arrival_time),
+            prompt_tokens,
+            shared,
+            int(request.num_output_tokens),
+            completion_s,
+            kind if isinstance(kind, str) else None,
+        )
+        probability = self.predictor.predict_one(state, conversation) if predict else 0.0
+        is_finished = getattr(request, "is_finished", None)
+        if conversation_id and (is_finished is None or is_finished()):
+            table.finished(conversation_id, state, completion_s, tokens)
+        return probability
+
+    def counters(self) -> dict[str, Any]:
+        return {**self.table.counters(), "access_model_path": self.pointer[0]}
+
+
+def load_access_runtime(
+    config: PluginConfig, stats: PluginStats, now_s: float
+) -> AccessRuntime | None:
+    """The in-process access model `config` names, or None: none named, or the artifact reads
+    text too (it is served through the predictor RPC, which must then be configured)."""
+    if config.access_model is None:
+        return None
+    path = Path(config.access_model)
+    try:
+        text = reads_text(path)
+    except (OSError, UserError, ValueError) as error:
+        raise PluginConfigError(
+            f"LPC_ACCESS_MODEL (access_model) = {config.access_model!r}: cannot read the "
+            f"artifact there ({error})"
+        ) from None
+    if text:
+        if config.predictor_url is None:
+            raise PluginConfigError(
+                f"LPC_ACCESS_MODEL (access_model) = {config.access_model!r} reads a text "
+                "window: it is served by `lpc serve`; set LPC_PREDICTOR_URL to it"
+            )
+        logger.info("model %s reads text: predictions through the predictor RPC", path)
+        return None
+    return AccessRuntime.load(config, stats, now_s)
