@@ -13,6 +13,19 @@ the prompt + output that training's `request_tokens` counts); a model trained wi
 `log_prompt_tokens` needs it (the server answers 422 for an item without it), any other model
 ignores it.
 
+An access-only model (`predictor.access_predictor`) reads no text: each of its items carries
+the values of the access features the model reads (names in `/healthz`'s
+`model.access_features`), raw, before standardisation, exactly as
+`predictor.access_features.feature_row(names, request, conversation)` computes them from the
+engine's request and conversation state:
+
+    {"items": [{"conversation_id": "c1",
+                "access_features": {"log_turn": 1.0986, "log_prompt_tokens": 7.3, ...}}, ...]}
+
+Every feature the model reads must be given and no other (422 naming the item and feature);
+an item of the other kind than the model in service (`access_features` for a text model,
+`user_prompts` for an access model) is a 422 that says which kind the model takes.
+
 Validation is strict (no "7" for 7, no 7.0, no true) so a caller's bug surfaces as a 422 that
 says which field of which item is wrong, instead of a silently coerced prediction. Every size
 is bounded: items per request, prompts per item, characters per prompt, id length, and the
@@ -27,6 +40,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from predictor.access_features import FEATURES_BY_NAME
 from predictor.errors import InvalidInputError
 from predictor.features import ConversationWindow
 from predictor.request_features import PROMPT_TOKENS_FEATURE
@@ -90,6 +104,91 @@ def request_model(limits: RequestLimits) -> type[BaseModel]:
             return [item.window() for item in self.items]
 
     return PredictRequest
+
+
+ACCESS_ITEM_FIELD = "access_features"
+TEXT_ITEM_FIELDS = frozenset({"user_prompts", "turn_count", "prompt_tokens"})
+
+
+def access_request_model(limits: RequestLimits) -> type[BaseModel]:
+    """The pydantic model of a predict request for an access-only model under `limits`
+    (which feature names an item must hold depends on the model: `access_item_details`)."""
+    value = Annotated[float, Field(allow_inf_nan=False)]
+
+    class AccessItem(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+
+        conversation_id: str | None = Field(
+            default=None, max_length=limits.max_conversation_id_chars
+        )
+        access_features: dict[str, value] = Field(max_length=len(FEATURES_BY_NAME))
+
+    class AccessPredictRequest(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+
+        items: list[AccessItem] = Field(min_length=1, max_length=limits.max_items_per_request)
+
+        def feature_rows(self, names: tuple[str, ...]) -> list[list[float]]:
+            return [[item.access_features[n] for n in names] for item in self.items]
+
+    return AccessPredictRequest
+
+
+def access_item_details(
+    items: list[dict[str, float]], names: tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """422 details for items whose feature names differ from the model's (`names`): each
+    unknown name and each missing one, at `items.i.access_features.name`."""
+    details = []
+    for i, given in enumerate(items):
+        loc = ["items", i, ACCESS_ITEM_FIELD]
+        for name in given:
+            if name not in names:
+                details.append(
+                    {
+                        "loc": [*loc, name],
+                        "msg": f"this model does not read {name!r}; it reads {list(names)}",
+                        "type": "extra_forbidden",
+                    }
+                )
+        for name in names:
+            if name not in given:
+                details.append(
+                    {
+                        "loc": [*loc, name],
+                        "msg": f"this model reads {name!r} (it reads {list(names)})",
+                        "type": "missing",
+                    }
+                )
+    return details
+
+
+def wrong_kind_details(payload: object, access_model: bool) -> list[dict[str, Any]]:
+    """422 details for items of the other kind than the model in service: an item holding
+    `access_features` sent to a text model, or one without it sent to an access model."""
+    items = payload.get("items") if isinstance(payload, dict) else None
+    if not isinstance(items, list):
+        return []
+    if access_model:
+        msg = (
+            "the model in service is access-only: an item carries access_features (the "
+            "values of the features it reads), not user_prompts and turn_count"
+        )
+    else:
+        msg = (
+            "the model in service reads text windows: an item carries user_prompts and "
+            "turn_count, not access_features (those are for an access-only model)"
+        )
+    return [
+        {"loc": ["items", i], "msg": msg, "type": "wrong_model_kind"}
+        for i, item in enumerate(items)
+        if isinstance(item, dict)
+        and (
+            ACCESS_ITEM_FIELD not in item and not TEXT_ITEM_FIELDS.isdisjoint(item)
+            if access_model
+            else ACCESS_ITEM_FIELD in item
+        )
+    ]
 
 
 class ReloadRequest(BaseModel):

@@ -11,6 +11,8 @@ Why it is shaped this way:
   call per batch is what makes CPU serving affordable. A request is admitted by the work it
   brings (its windows' tokens, admission.py), so overload is a 503 at once, not a timeout.
 - A retraining job promotes a new artifact without a restart (server_model.py).
+- An access-only model (no embedder) is served from the same endpoints: its items carry
+  access feature values (rpc_schema.py) and each request is one small forward pass.
 - Binds 127.0.0.1 unless told otherwise; a bearer token can be required for /v1/*.
 
 The app is assembled here from parts with one job each: settings (server_config.py), the
@@ -29,12 +31,18 @@ from fastapi import FastAPI
 
 from predictor.batching import BatchRecord, MicroBatcher
 from predictor.predictor import Predictor
-from predictor.rpc_schema import request_model
+from predictor.rpc_schema import access_request_model, request_model
 from predictor.server_config import DEFAULT_PORT, ServerConfig
 from predictor.server_errors import RpcError, rpc_error_handler
 from predictor.server_metrics import ServerMetrics
 from predictor.server_middleware import RequestMetricsMiddleware
-from predictor.server_model import ModelSlot, batch_predict, load_for_reload
+from predictor.server_model import (
+    ModelSlot,
+    ServedModel,
+    batch_predict,
+    load_for_reload,
+    load_served_model,
+)
 from predictor.server_routes import ServerState, ops_router, rpc_router
 
 __all__ = [
@@ -44,21 +52,24 @@ __all__ = [
     "batch_predict",
     "create_app",
     "load_for_reload",
+    "load_served_model",
     "uvicorn_server",
 ]
 
 
 def create_app(
     config: ServerConfig,
-    predictor: Predictor,
+    predictor: ServedModel,
     artifact_path: Path | None = None,
-    reload_loader: Callable[[Path, Predictor], Predictor] = load_for_reload,
+    reload_loader: Callable[[Path, ServedModel], ServedModel] = load_for_reload,
 ) -> FastAPI:
-    """The FastAPI app serving `predictor` (`artifact_path` is what a bare reload reloads).
+    """The FastAPI app serving `predictor`, a text `Predictor` or an access-only
+    `AccessPredictor` (`artifact_path` is what a bare reload reloads).
 
-    Raises `UnservableFeaturesError` (a ValueError) for a model whose finish features a
+    Raises `UnservableFeaturesError` (a ValueError) for a text model whose finish features a
     prediction request cannot carry."""
-    predictor.check_servable()
+    if isinstance(predictor, Predictor):
+        predictor.check_servable()
     metrics = ServerMetrics()
     slot = ModelSlot(predictor, artifact_path)
 
@@ -83,6 +94,7 @@ def create_app(
         batcher=batcher,
         metrics=metrics,
         predict_request=request_model(config.limits),
+        access_request=access_request_model(config.limits),
         artifact_path=artifact_path,
         model_root=config.model_root or (artifact_path.parent if artifact_path else None),
         reload_loader=reload_loader,

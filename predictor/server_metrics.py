@@ -20,7 +20,9 @@ process (tests) from sharing counters. Names, all prefixed `lpc_predictor_`:
                                           exception)
 - `expected_wait_seconds`                 gauge, the estimated wait of a request arriving
                                           now (what admission bounds; 0 before measured)
-- `model_info{embedder_id,weights_sha256,artifact}`  gauge = 1 for the model being served
+- `model_info{embedder_id,weights_sha256,artifact,kind}`  gauge = 1 for the model being
+                                          served; `kind` text or access (access-only,
+                                          `embedder_id` none)
 - `reloads_total{outcome}`                model swaps (ok / failed)
 """
 
@@ -100,16 +102,16 @@ class ServerMetrics:
         self.model_info = Gauge(
             prefix + "model_info",
             "The model being served (value 1)",
-            ["embedder_id", "weights_sha256", "artifact"],
+            ["embedder_id", "weights_sha256", "artifact", "kind"],
             registry=self.registry,
         )
         self.reloads = Counter(
             prefix + "reloads", "Model swaps by outcome", ["outcome"], registry=self.registry
         )
 
-    def set_model(self, embedder_id: str, weights_sha256: str, artifact: str) -> None:
+    def set_model(self, embedder_id: str, weights_sha256: str, artifact: str, kind: str) -> None:
         self.model_info.clear()
-        self.model_info.labels(embedder_id, weights_sha256, artifact).set(1)
+        self.model_info.labels(embedder_id, weights_sha256, artifact, kind).set(1)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -11,20 +11,29 @@ from __future__ import annotations
 import asyncio
 import hmac
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ValidationError
 
+from predictor.access_predictor import AccessPredictor
 from predictor.artifact import ArtifactError
 from predictor.batching import BatcherStoppedError, MicroBatcher, QueueFullError
 from predictor.features import ConversationWindow
 from predictor.predictor import Predictor
 from predictor.request_features import windows_without_prompt_tokens
-from predictor.rpc_schema import ReloadRequest, missing_prompt_tokens_details, validation_details
+from predictor.rpc_schema import (
+    ReloadRequest,
+    access_item_details,
+    missing_prompt_tokens_details,
+    validation_details,
+    wrong_kind_details,
+)
 from predictor.server_body import read_json_body
 from predictor.server_config import ServerConfig
 from predictor.server_errors import (
@@ -39,7 +48,7 @@ from predictor.server_errors import (
     json_response,
 )
 from predictor.server_metrics import ServerMetrics
-from predictor.server_model import ModelSlot
+from predictor.server_model import ModelSlot, ServedModel
 
 # Tokenizing more characters than this to estimate a request's cost moves off the event loop
 # (a few milliseconds), so one large request does not stall every other caller's admission.
@@ -55,14 +64,17 @@ class ServerState:
     batcher: MicroBatcher
     metrics: ServerMetrics
     predict_request: type[BaseModel]  # rpc_schema.request_model(config.limits)
+    access_request: type[BaseModel]  # rpc_schema.access_request_model(config.limits)
     artifact_path: Path | None  # what a bare reload reloads
     model_root: Path | None  # reloads may only load artifacts under this folder
-    reload_loader: Callable[[Path, Predictor], Predictor]
+    reload_loader: Callable[[Path, ServedModel], ServedModel]
     reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def publish_model(self) -> None:
         info = self.slot.describe()
-        self.metrics.set_model(info["embedder_id"], info["weights_sha256"], info["artifact"] or "")
+        self.metrics.set_model(
+            info["embedder_id"], info["weights_sha256"], info["artifact"] or "", info["kind"]
+        )
 
 
 async def server_state(request: Request) -> ServerState:
@@ -92,6 +104,9 @@ ops_router = APIRouter()
 def parse_windows(payload: object, state: ServerState) -> list[ConversationWindow]:
     """The request's windows, or `InvalidRequest` naming each bad field (and each item the
     model in service cannot predict for lack of `prompt_tokens`)."""
+    wrong_kind = wrong_kind_details(payload, access_model=False)
+    if wrong_kind:
+        raise InvalidRequest(wrong_kind)
     try:
         parsed = state.predict_request.model_validate(payload)
     except ValidationError as invalid:
@@ -102,6 +117,29 @@ def parse_windows(payload: object, state: ServerState) -> list[ConversationWindo
         if missing:
             raise InvalidRequest(missing_prompt_tokens_details(missing))
     return windows
+
+
+def predict_access(payload: object, model: AccessPredictor, state: ServerState) -> np.ndarray:
+    """Probabilities for an access-only model's items, computed here in one batched forward
+    pass (microseconds: no queue, no worker thread, and no reload can swap the model
+    mid-request); `InvalidRequest` names each bad item, field and feature name."""
+    wrong_kind = wrong_kind_details(payload, access_model=True)
+    if wrong_kind:
+        raise InvalidRequest(wrong_kind)
+    try:
+        parsed = state.access_request.model_validate(payload)
+    except ValidationError as invalid:
+        raise InvalidRequest(validation_details(invalid.errors())) from None
+    names = model.feature_names
+    bad_names = access_item_details([item.access_features for item in parsed.items], names)
+    if bad_names:
+        raise InvalidRequest(bad_names)
+    started = time.perf_counter()
+    probabilities = model.predict(np.array(parsed.feature_rows(names), dtype=np.float64))
+    state.metrics.batch_latency.observe(time.perf_counter() - started)
+    state.metrics.batch_size.observe(len(probabilities))
+    state.metrics.predictions.inc(len(probabilities))
+    return probabilities
 
 
 async def window_tokens(windows: list[ConversationWindow], state: ServerState) -> list[int]:
@@ -119,7 +157,12 @@ async def predict(request: Request, state: State) -> Response:
     refusal = state.batcher.refusal() if state.batcher.accepting else None
     if refusal is not None:
         raise Overloaded(refusal)
-    windows = parse_windows(await read_json_body(request, state.config.limits), state)
+    payload = await read_json_body(request, state.config.limits)
+    model = state.slot.current
+    if isinstance(model, AccessPredictor):
+        probabilities = predict_access(payload, model, state)
+        return json_response(200, {"probabilities": probabilities.tolist()})
+    windows = parse_windows(payload, state)
     tokens = await window_tokens(windows, state)
     timeout_s = state.config.request_timeout_s
     try:
@@ -139,6 +182,19 @@ async def predict(request: Request, state: State) -> Response:
     unanswered = [i for i in windows_without_prompt_tokens(windows) if math.isnan(probabilities[i])]
     if unanswered:
         raise InvalidRequest(missing_prompt_tokens_details(unanswered))
+    swapped = np.flatnonzero(np.isnan(probabilities)).tolist()
+    if swapped:  # an access-only model was swapped in while these waited (batch_predict)
+        raise InvalidRequest(
+            [
+                {
+                    "loc": ["items", i],
+                    "msg": "an access-only model was swapped in while this item waited: "
+                    "send access_features instead",
+                    "type": "wrong_model_kind",
+                }
+                for i in swapped
+            ]
+        )
     return json_response(200, {"probabilities": probabilities.tolist()})
 
 
@@ -161,7 +217,8 @@ async def reload(request: Request, state: State) -> Response:
     async with state.reload_lock:
         try:
             fresh = await asyncio.to_thread(state.reload_loader, target, slot.current)
-            fresh.check_servable()
+            if isinstance(fresh, Predictor):  # an access model reads only what items carry
+                fresh.check_servable()
         except (ArtifactError, OSError, ValueError) as failure:
             state.metrics.reloads.labels("failed").inc()
             raise ReloadFailed(

@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "serve",
         help="serve continuation predictions over HTTP (batched, for inference engines)",
         description=(
-            "Serves POST /v1/predict (batched windows in, probabilities out), POST /v1/reload "
+            "Serves POST /v1/predict (batched windows, or access features for an access-only "
+            "model, in; probabilities out), POST /v1/reload "
             "(swap in a promoted artifact without dropping requests), GET /healthz and GET "
             "/metrics (Prometheus). Requests from concurrent callers are micro-batched; past "
             "the queue bound the server answers 503 so callers fall back at once. SIGINT or "
@@ -46,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"else the shipped model models/{SHIPPED_MODEL_NAME} if present. "
         "A model trained with the opt-in log_prompt_tokens finish feature (not the shipped "
         "one) needs prompt_tokens in every item; one with finish features a request cannot "
-        "carry is refused at start",
+        "carry is refused at start. An access-only model (lpc train --trace, lpc retrain "
+        "--logs) is served without an embedder: its items carry access_features",
     )
     parser.add_argument(
         "--embedder",
@@ -151,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     from predictor.predictor import Predictor
     from predictor.request_features import check_servable
     from predictor.rpc_schema import RequestLimits
-    from predictor.server import ServerConfig, create_app, uvicorn_server
+    from predictor.server import ServerConfig, create_app, load_served_model, uvicorn_server
     from predictor.tokens import read_bearer_token
 
     artifact_path = artifact_from(args)
@@ -193,15 +195,22 @@ def run(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and token is None:
         print(f"lpc serve: warning: listening on {args.host} without a token", file=sys.stderr)
     # Artifact, servability and embedder problems are `UserError`s: one line from the CLI.
-    artifact = load_artifact(artifact_path)
-    # Before the embedder loads: an unservable model is refused at once.
-    check_servable(artifact.metadata.mlp_config.extra_features, f"artifact {artifact_path}")
-    embedder = load_embedder(args.embedder or artifact.metadata.embedder_spec, device=args.device)
-    predictor = Predictor(artifact, embedder, embed_batch_size=args.embed_batch_size)
+    access_model = load_served_model(artifact_path)  # an access-only model: no embedder
+    if access_model is None:
+        artifact = load_artifact(artifact_path)
+        # Before the embedder loads: an unservable model is refused at once.
+        check_servable(artifact.metadata.mlp_config.extra_features, f"artifact {artifact_path}")
+        spec = args.embedder or artifact.metadata.embedder_spec
+        embedder = load_embedder(spec, device=args.device)
+        predictor = Predictor(artifact, embedder, embed_batch_size=args.embed_batch_size)
+        serving = f"{embedder.embedder_id} + {artifact_path}"
+    else:
+        predictor = access_model
+        features = ", ".join(access_model.feature_names)
+        serving = f"access-only model {artifact_path} (features: {features})"
     app = create_app(config, predictor, artifact_path=artifact_path)
     print(
-        f"lpc serve: {embedder.embedder_id} + {artifact_path} on "
-        f"http://{config.host}:{config.port}",
+        f"lpc serve: {serving} on http://{config.host}:{config.port}",
         file=sys.stderr,
         flush=True,
     )

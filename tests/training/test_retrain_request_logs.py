@@ -87,3 +87,46 @@ def test_retrain_trains_on_request_logs_and_judges_on_the_newest_day(
         first["candidate_metrics"]["roc_auc"], abs=1e-4
     )  # the current model scored on the newest-day samples it was judged on (numpy vs torch)
     assert forced["reason"].startswith(("not worse", "worse"))
+
+
+def test_a_promotion_reloads_a_running_server_holding_an_access_model(
+    request_logs: Path, tmp_path: Path, capsys
+) -> None:
+    """`lpc retrain --logs --notify-url` reaches a running `lpc serve` that holds the current
+    access-only model: it swaps in the promoted version and answers with it."""
+    import httpx
+
+    from predictor.access_features import ConversationState, RequestState, feature_row
+    from predictor.server import ServerConfig, create_app
+    from tests.predictor.server_harness import running_server
+
+    registry = tmp_path / "registry"
+    code, first = retrain(request_logs, registry, capsys)
+    assert code == 0 and first["status"] == "promoted", first
+    served = AccessPredictor.load(registry / "current")
+    config = ServerConfig(model_root=registry)
+    app = create_app(config, served, artifact_path=registry / "current")
+    names = served.feature_names
+    request, conversation = RequestState(1000.0, 300, 120, 60), ConversationState()
+    values = feature_row(names, request, conversation)
+    item = {"conversation_id": "c", "access_features": dict(zip(names, values, strict=True))}
+
+    with running_server(app, config) as (url, _):
+        before = httpx.get(f"{url}/healthz").json()["model"]
+        code, second = retrain(
+            request_logs,
+            registry,
+            capsys,
+            *("--force", "--seed", "1", "--tolerance", "0.5", "--notify-url", url),
+        )
+        after = httpx.get(f"{url}/healthz").json()["model"]
+        answer = httpx.post(f"{url}/v1/predict", json={"items": [item]}).json()
+
+    assert code == 0 and second["status"] == "promoted", second
+    assert second["notified"] is True and second["version"] != first["version"]
+    promoted = AccessPredictor.load(registry / second["version"])
+    assert before["kind"] == after["kind"] == "access"
+    assert after["generation"] == before["generation"] + 1
+    assert after["weights_sha256"] == promoted.metadata.weights_sha256
+    assert after["weights_sha256"] != before["weights_sha256"]
+    assert answer["probabilities"] == [promoted.predict_one(request, conversation)]
