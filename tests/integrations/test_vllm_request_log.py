@@ -159,10 +159,16 @@ def test_mooncake_through_vllm_logs_retrain_and_replay(
     """End to end on real traffic: the bundled Mooncake trace (one hour, moved to start
     yesterday, so the daily job's window holds it) through vLLM + plugin writes request logs;
     `lpc retrain --logs` trains an access-only model on them; `lpc ab --trace` on the same
-    logs reproduces vLLM's hit ratio."""
+    logs reproduces vLLM's hit ratio; a running `lpc serve` (holding the shipped access model)
+    reloads the model the job promotes."""
+    import httpx
+
     from lpc.traces.load import TraceOptions, load_trace
     from lpc.workload import WorkloadRequest
     from predictor.access_predictor import AccessPredictor
+    from predictor.server import ServerConfig, create_app
+    from tests.integrations.access_models import SHIPPED
+    from tests.predictor.server_harness import running_server
 
     day_s = 86_400.0
     base_s = (time.time() // day_s - 1) * day_s  # yesterday 00:00 UTC
@@ -231,14 +237,25 @@ def test_mooncake_through_vllm_logs_retrain_and_replay(
     assert abs(replayed - plugin["vllm_hit_ratio"]) * 100 <= 0.1
 
     registry = tmp_path / "registry"
-    code = main(["retrain", "--logs", str(logs), "--registry", str(registry), "--json"])
-    outcome = json.loads(capsys.readouterr().out)
+    registry.mkdir()
+    served = AccessPredictor.load(SHIPPED)
+    config = ServerConfig(model_root=registry)  # reloads may load only the registry's versions
+    with running_server(create_app(config, served, artifact_path=SHIPPED), config) as (url, _):
+        before = httpx.get(f"{url}/healthz").json()["model"]
+        retrain = ["retrain", "--logs", str(logs), "--registry", str(registry), "--json"]
+        code = main([*retrain, "--notify-url", url])
+        outcome = json.loads(capsys.readouterr().out)
+        after = httpx.get(f"{url}/healthz").json()["model"]
     assert code == 0 and outcome["status"] == "promoted", outcome
     model = AccessPredictor.load(registry / "current")
+    assert outcome["notified"] is True
+    assert after["generation"] == before["generation"] + 1
+    assert after["weights_sha256"] == model.metadata.weights_sha256 != before["weights_sha256"]
     REPORT.append(
         f"Mooncake trace ({len(moved)} requests, {cache_tokens} tokens, block 512) through "
         f"vLLM+plugin: vLLM {100 * plugin['vllm_hit_ratio']:.3f}%, replayed log "
         f"{100 * replayed:.3f}%; retrain on the log: {outcome['data']['samples']} samples, "
         f"candidate AUC {outcome['candidate_metrics'].get('roc_auc')}, features "
-        f"{', '.join(model.feature_names)}"
+        f"{', '.join(model.feature_names)}; lpc serve reloaded it (generation "
+        f"{before['generation']} -> {after['generation']})"
     )
