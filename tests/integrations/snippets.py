@@ -7,15 +7,23 @@ Each engine lives in its own venv (their pins clash with ours): vLLM's python is
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from lpc.integrations.sglang_radix import sglang_python_path
 from lpc.integrations.vllm_driver import REPO_ROOT
 
-__all__ = ["SnippetFailed", "entry_point_site", "run_snippet", "sglang_python_path"]
+__all__ = [
+    "SnippetFailed",
+    "entry_point_site",
+    "run_snippet",
+    "run_vllm_trace_ab",
+    "sglang_python_path",
+]
 
 
 class SnippetFailed(RuntimeError):
@@ -66,3 +74,29 @@ def entry_point_site(tmp_path: Path, group: str) -> Path:
     with (dist / "entry_points.txt").open("a") as handle:
         handle.write(f"[{group}]\nlpc = {value}\n")
     return tmp_path
+
+
+def run_vllm_trace_ab(
+    trace: Path, vllm_python: Path, cache_tokens: int, *extra: str, timeout_s: float = 1800
+) -> dict:
+    """`scripts/vllm_trace_ab.py --json` on `trace`: our replay beside vLLM + plugin, parsed."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "scripts/vllm_trace_ab.py",
+            str(trace),
+            "--cache-tokens",
+            str(cache_tokens),
+            "--json",
+            "--vllm-python",
+            str(vllm_python),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=REPO_ROOT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads(done.stdout)

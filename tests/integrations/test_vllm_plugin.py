@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,7 +47,12 @@ from lpc.workload import WorkloadConfig, open_loop_requests
 from tests.integrations.fake_predictor import fake_predictor
 from tests.integrations.planned import planned_lpc
 from tests.integrations.report import REPORT
-from tests.integrations.snippets import SnippetFailed, entry_point_site, run_snippet
+from tests.integrations.snippets import (
+    SnippetFailed,
+    entry_point_site,
+    run_snippet,
+    run_vllm_trace_ab,
+)
 from tests.lpc.synthetic import conversations
 
 pytestmark = pytest.mark.vllm
@@ -442,25 +446,7 @@ def test_trace_replay_hit_ratios_agree_with_our_replay(vllm_python: Path, tmp_pa
     trace = tmp_path / "trace.jsonl"
     write_trace(trace, requests, {"source": "synthetic chats"}, probabilities)
     for cache_tokens in (6000, 20000):
-        done = subprocess.run(
-            [
-                sys.executable,
-                "scripts/vllm_trace_ab.py",
-                str(trace),
-                "--cache-tokens",
-                str(cache_tokens),
-                "--json",
-                "--vllm-python",
-                str(vllm_python),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=1800,
-            cwd=REPO_ROOT,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        result = json.loads(done.stdout)
+        result = run_vllm_trace_ab(trace, vllm_python, cache_tokens)
         rows = {row["policy"]: row for row in result["rows"]}
         assert result["agree"]
         for row in rows.values():
@@ -510,29 +496,13 @@ def test_access_model_in_process_equals_our_replay_exactly(
     trace = tmp_path / "mooncake-sample.jsonl"
     requests = mooncake_sample(trace)
     cache_tokens = 300_000
-    done = subprocess.run(
-        [
-            sys.executable,
-            "scripts/vllm_trace_ab.py",
-            str(trace),
-            "--cache-tokens",
-            str(cache_tokens),
-            "--block-size",
-            "512",
-            "--access-model",
-            str(SHIPPED_ACCESS_MODEL),
-            "--json",
-            "--vllm-python",
-            str(vllm_python),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO_ROOT,
-        check=False,
+    result = run_vllm_trace_ab(
+        trace,
+        vllm_python,
+        cache_tokens,
+        *("--block-size", "512", "--access-model", str(SHIPPED_ACCESS_MODEL)),
+        timeout_s=600,
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    result = json.loads(done.stdout)
     rows = {row["policy"]: row for row in result["rows"]}
     plugin = rows["lpc"]
     assert plugin["vllm_hit_tokens"] == plugin["ours_hit_tokens"]

@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from lpc.cli import main
-from lpc.integrations.vllm_driver import REPO_ROOT
 from lpc.probability import OracleSource
 from lpc.trace import write_trace
 from lpc.workload import ScriptedTurn, WorkloadConfig, open_loop_requests
 from tests.integrations.report import REPORT
+from tests.integrations.snippets import run_vllm_trace_ab
 from tests.lpc.synthetic import conversations
 
 pytestmark = pytest.mark.vllm
@@ -66,30 +64,12 @@ def trace_with_prompts(path: Path, count: int) -> Path:
 
 
 def vllm_with_log(trace: Path, logs: Path, vllm_python: Path, *extra: str) -> dict:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "scripts/vllm_trace_ab.py",
-            str(trace),
-            "--cache-tokens",
-            str(CACHE_TOKENS),
-            "--scale",
-            str(SCALE),
-            "--json",
-            "--vllm-python",
-            str(vllm_python),
-            "--request-log-dir",
-            str(logs),
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        cwd=REPO_ROOT,
-        check=False,
+    return run_vllm_trace_ab(
+        trace,
+        vllm_python,
+        CACHE_TOKENS,
+        *("--scale", str(SCALE), "--request-log-dir", str(logs), *extra),
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return json.loads(done.stdout)
 
 
 def test_the_plugin_s_log_replays_to_vllm_s_hit_ratio(
@@ -181,29 +161,9 @@ def test_mooncake_through_vllm_logs_retrain_and_replay(
     write_trace(trace, moved, {"source": "bundled Mooncake conversation trace"})
     logs = tmp_path / "logs"
     cache_tokens = 2_500_000  # above the slice's peak in-flight tokens: no allocation fails
-    done = subprocess.run(
-        [
-            sys.executable,
-            "scripts/vllm_trace_ab.py",
-            str(trace),
-            "--cache-tokens",
-            str(cache_tokens),
-            "--block-size",
-            "512",
-            "--json",
-            "--vllm-python",
-            str(vllm_python),
-            "--request-log-dir",
-            str(logs),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        cwd=REPO_ROOT,
-        check=False,
+    result = run_vllm_trace_ab(
+        trace, vllm_python, cache_tokens, *("--block-size", "512", "--request-log-dir", str(logs))
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    result = json.loads(done.stdout)
     plugin = {row["policy"]: row for row in result["rows"]}["lpc-trace"]
     assert plugin["vllm_evictions"] > 0 and plugin["vllm_failures"] == 0
     assert result["plugin_stats"]["request_log_records_written"] == len(moved)
