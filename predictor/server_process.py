@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def lpc_serve_command(artifact: Path, embedder: str, port: int, *options: str) -> list[str]:
+    """`python -m lpc.cli serve` for `artifact` on `port`, warnings-only log, plus `options`
+    (batching, queue, timeouts): the one command line the benchmark and the load test run."""
+    return [
+        sys.executable,
+        *("-m", "lpc.cli", "serve", "--artifact", str(artifact), "--embedder", embedder),
+        *("--port", str(port), "--log-level", "warning", *options),
+    ]
 
 
 def peak_rss_mb(pid: int) -> float | None:

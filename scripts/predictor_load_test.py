@@ -43,7 +43,7 @@ from predictor.embedders import load_embedder  # noqa: E402
 from predictor.features import ConversationWindow  # noqa: E402
 from predictor.load_test import LoadTestConfig, run_load_test  # noqa: E402
 from predictor.predictor import Predictor  # noqa: E402
-from predictor.server_process import ServerProcess, free_port  # noqa: E402
+from predictor.server_process import ServerProcess, free_port, lpc_serve_command  # noqa: E402
 from predictor.windows_file import read_windows_jsonl  # noqa: E402
 
 
@@ -149,28 +149,15 @@ def main() -> int:
         warmup_expected = reference.predict(warmup_windows) if warmup_windows else None
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        command = [
-            sys.executable,
-            "-m",
-            "lpc.cli",
-            "serve",
-            "--artifact",
-            str(artifact),
-            "--embedder",
+        command = lpc_serve_command(
+            artifact,
             args.embedder,
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-            "--max-batch",
-            str(args.max_batch),
-            "--max-wait-ms",
-            str(args.max_wait_ms),
-            "--max-queue",
-            str(args.max_queue),
-            "--request-timeout-s",
-            str(args.request_timeout_s),
-        ]
+            port,
+            *("--max-batch", str(args.max_batch)),
+            *("--max-wait-ms", str(args.max_wait_ms)),
+            *("--max-queue", str(args.max_queue)),
+            *("--request-timeout-s", str(args.request_timeout_s)),
+        )
         env = {
             "PYTHONPATH": os.pathsep.join(
                 filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])

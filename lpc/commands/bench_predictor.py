@@ -227,29 +227,18 @@ def untrained_artifact(folder: Path, embedder, spec: str, window_encoding: str =
 
 
 def server_command(args: argparse.Namespace, artifact: Path, port: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "lpc.cli",
-        "serve",
-        "--artifact",
-        str(artifact),
-        "--embedder",
+    from predictor.server_process import lpc_serve_command
+
+    return lpc_serve_command(
+        artifact,
         args.embedder,
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--max-batch",
-        str(args.server_max_batch),
-        "--max-wait-ms",
-        str(args.server_max_wait_ms),
-        "--max-queue",
-        str(args.server_max_queue),
-        "--embed-batch-size",
-        str(args.batch_size),
+        port,
+        *("--max-batch", str(args.server_max_batch)),
+        *("--max-wait-ms", str(args.server_max_wait_ms)),
+        *("--max-queue", str(args.server_max_queue)),
+        *("--embed-batch-size", str(args.batch_size)),
         *(["--threads", str(args.threads)] if args.threads else []),
-    ]
+    )
 
 
 def run(args: argparse.Namespace) -> int:
