@@ -72,6 +72,25 @@ def vllm_with_log(trace: Path, logs: Path, vllm_python: Path, *extra: str) -> di
     )
 
 
+def replay_log(
+    logs: Path, policies: str, cache_tokens: int, scale: float, tmp_path: Path, capsys
+) -> tuple[dict, float]:
+    """`lpc ab --trace <logs>` from the first request: the log's own engine figures and the
+    replayed `lpc-trace` hit ratio."""
+    code = main(
+        [
+            *("ab", "--no-progress", "--trace", str(logs), "--split-at", "0"),
+            *("--policies", policies, "--cache-sizes", str(cache_tokens)),
+            *("--scale", str(scale), "--fallback-p", "0.5", "--out", str(tmp_path / "ab")),
+            "--json",
+        ]
+    )
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    engine = report["workload"]["trace"]["request_log"]
+    return engine, next(iter(report["comparison"]["hit_ratio"]["lpc-trace"].values()))
+
+
 def test_the_plugin_s_log_replays_to_vllm_s_hit_ratio(
     vllm_python: Path, tmp_path: Path, capsys
 ) -> None:
@@ -87,31 +106,7 @@ def test_the_plugin_s_log_replays_to_vllm_s_hit_ratio(
     assert stats["request_log_bytes_written"] == len(text.encode())
     assert "quokkaphrase" not in text  # no prompt text by default
 
-    code = main(
-        [
-            "ab",
-            "--no-progress",
-            "--trace",
-            str(logs),
-            "--split-at",
-            "0",
-            "--policies",
-            "lpc-trace,lru",
-            "--cache-sizes",
-            str(CACHE_TOKENS),
-            "--scale",
-            str(SCALE),
-            "--fallback-p",
-            "0.5",
-            "--out",
-            str(tmp_path / "ab"),
-            "--json",
-        ]
-    )
-    assert code == 0
-    report = json.loads(capsys.readouterr().out)
-    engine = report["workload"]["trace"]["request_log"]
-    replayed = next(iter(report["comparison"]["hit_ratio"]["lpc-trace"].values()))
+    engine, replayed = replay_log(logs, "lpc-trace,lru", CACHE_TOKENS, SCALE, tmp_path, capsys)
     # The log's own cached tokens are vLLM's hits, and replaying the log reproduces them.
     assert engine["engine_token_hit_ratio"] == pytest.approx(plugin["vllm_hit_ratio"], abs=1e-12)
     assert abs(replayed - plugin["vllm_hit_ratio"]) * 100 <= 0.1
@@ -168,31 +163,7 @@ def test_mooncake_through_vllm_logs_retrain_and_replay(
     assert plugin["vllm_evictions"] > 0 and plugin["vllm_failures"] == 0
     assert result["plugin_stats"]["request_log_records_written"] == len(moved)
 
-    code = main(
-        [
-            "ab",
-            "--no-progress",
-            "--trace",
-            str(logs),
-            "--split-at",
-            "0",
-            "--policies",
-            "lpc-trace",
-            "--cache-sizes",
-            str(cache_tokens),
-            "--scale",
-            "0.01",
-            "--fallback-p",
-            "0.5",
-            "--out",
-            str(tmp_path / "ab"),
-            "--json",
-        ]
-    )
-    assert code == 0
-    report = json.loads(capsys.readouterr().out)
-    engine = report["workload"]["trace"]["request_log"]
-    replayed = next(iter(report["comparison"]["hit_ratio"]["lpc-trace"].values()))
+    engine, replayed = replay_log(logs, "lpc-trace", cache_tokens, 0.01, tmp_path, capsys)
     assert engine["engine_token_hit_ratio"] == pytest.approx(plugin["vllm_hit_ratio"], abs=1e-12)
     assert abs(replayed - plugin["vllm_hit_ratio"]) * 100 <= 0.1
 
