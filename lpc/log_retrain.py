@@ -1,18 +1,31 @@
-"""The daily job on the serving engine's own request logs: an access-only candidate.
+"""The daily job on trace files: an access-only candidate, judged on a time-ordered split.
 
-`lpc retrain --logs DIR` hands the files it selected here when they are request logs
-(`lpc.integrations.request_log`; they hold no text, so the candidate is an access-only model,
-as `lpc train --trace` trains). The newest UTC day of the logs is the evaluation part: the
-candidate fits on the days before it and is judged on it, beside the current model, on the
-same samples. Labels: the conversation's next request within the horizon of this one's
-completion, censored (dropped) where the horizon runs past the data's end.
+`lpc retrain --logs DIR` hands the files it selected here when they are trace files —
+recognised by content (`lpc.traces.files`): Mooncake, Bailian or the project's JSONL, the
+serving plugin's request logs included. They hold no text, so the candidate is an access-only
+model, as `lpc train --trace` trains it. The files are read as one trace
+(`load_trace_files` says how each format's files combine).
+
+The time-ordered split (never shuffled across the cut): when the trace's times are absolute
+UTC times (epoch seconds: request logs, project JSONL stamped with `time.time()`) and span two
+UTC days or more, the newest UTC day is the evaluation part, so yesterday's model is judged on
+today's traffic. Otherwise (Mooncake's ms from the trace's start, Bailian's relative seconds,
+or a single day), the evaluation part is the trace's last half in time (`split_in_time` at
+0.5, as `lpc train --trace` and `lpc ab`). `split_at` overrides both, with `lpc train
+--trace`'s meaning (a fraction of the span below 1, else seconds after the first arrival).
+
+Labels: the conversation's next request within the horizon of this one's completion. A request
+without a next one whose horizon runs past the end of the data it is labelled from is
+censored: dropped and counted (`samples.<part>.censored`), never labelled "ended". The
+current model is scored on the candidate's evaluation samples; one these samples cannot feed
+(a text model, or an access feature the trace lacks) is reported as unusable, which promotes
+the candidate with that reason (`training.retrain.decide`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,9 +34,10 @@ import numpy as np
 
 from lpc.ab_pipeline import TRACE_MAX_MODEL_LEN
 from lpc.access_table import request_table
-from lpc.integrations.request_log import FILE_PATTERN
-from lpc.traces.load import TraceOptions, load_trace
-from lpc.traces.timeline import split_in_time
+from lpc.errors import UserError
+from lpc.traces.files import load_trace_files, trace_format_by_content
+from lpc.traces.load import LoadedTrace, TraceOptions
+from lpc.traces.timeline import DEFAULT_SPLIT_AT, TimeSplit, split_in_time
 from predictor.access_features import default_feature_names
 from training.access_data import (
     DEFAULT_ACCESS_HORIZON_S,
@@ -34,36 +48,101 @@ from training.access_fit import AccessFitConfig, access_metadata, fit_access_mod
 from training.metrics import classification_metrics
 from training.retrain import LogCandidate
 
+# Epoch seconds from 2000-01-01 UTC on are absolute times: no relative trace (ms or seconds
+# from its own start) runs for thirty years.
+ABSOLUTE_TIMES_FROM_S = 946_684_800.0
+DAY_S = 86_400.0
+
+
+class MixedLogsError(UserError):
+    """A logs folder holding files the job cannot train on together."""
+
+
+def trace_format_of_files(paths: list[Path]) -> str | None:
+    """The trace format shared by every file, None when none is a trace file; a mix of
+    conversation and trace files, or of trace formats, raises naming one file of each."""
+    formats = {path: trace_format_by_content(path) for path in paths}
+    traces = {p: f for p, f in formats.items() if f is not None}
+    if not traces:
+        gzipped = next((p for p in paths if p.name.endswith(".gz")), None)
+        if gzipped is not None:
+            raise MixedLogsError(
+                f"{gzipped}: a gzip file that is not a trace (Mooncake, Bailian or the "
+                "project's JSONL); conversation logs are read uncompressed"
+            )
+        return None
+    if len(traces) < len(paths):
+        conversation = next(p for p, f in formats.items() if f is None)
+        trace, fmt = next(iter(traces.items()))
+        raise MixedLogsError(
+            f"--logs mixes conversation files and trace files (e.g. {conversation} and "
+            f"{trace}, a {fmt} trace): give each kind a folder of its own"
+        )
+    by_format = {f: p for p, f in traces.items()}
+    if len(by_format) > 1:
+        examples = ", ".join(f"{p} ({f})" for f, p in sorted(by_format.items()))
+        raise MixedLogsError(
+            f"--logs mixes trace formats ({examples}): one folder holds one format"
+        )
+    return next(iter(by_format))
+
 
 @dataclass(frozen=True)
-class RequestLogTrainer:
-    """Trains and judges an access-only candidate on request log files (`retrain`'s hook)."""
+class EvaluationSplit:
+    """Where the trace is cut, and by which rule (reported with the outcome)."""
+
+    split: TimeSplit
+    rule: str
+    evaluation_day: str | None  # the UTC day judged on, when the rule is the newest day
+    absolute_times: bool
+
+
+def time_ordered_split(trace: LoadedTrace, split_at: float | None) -> EvaluationSplit:
+    """The cut between training and evaluation part (the module docstring's rule)."""
+    requests = trace.requests
+    origin_s = float(trace.info.get("time_origin_s", 0.0))  # imported traces start at 0
+    first_s = origin_s + requests[0].arrival_s
+    last_s = origin_s + requests[-1].arrival_s
+    absolute = first_s >= ABSOLUTE_TIMES_FROM_S
+    if split_at is not None:
+        return EvaluationSplit(
+            split_in_time(requests, split_at), f"--split-at {split_at:g}", None, absolute
+        )
+    if absolute:
+        day_start_s = (last_s // DAY_S) * DAY_S
+        if day_start_s - first_s >= 1:
+            day = dt.datetime.fromtimestamp(day_start_s, dt.UTC).strftime("%Y-%m-%d")
+            split = split_in_time(requests, day_start_s - first_s)
+            return EvaluationSplit(split, "newest UTC day", day, absolute)
+    rule = f"last {1 - DEFAULT_SPLIT_AT:.0%} of the span in time" + (
+        " (a single UTC day)" if absolute else " (relative times)"
+    )
+    return EvaluationSplit(split_in_time(requests, DEFAULT_SPLIT_AT), rule, None, absolute)
+
+
+@dataclass(frozen=True)
+class TraceLogTrainer:
+    """Trains and judges an access-only candidate on trace files (`retrain`'s hook)."""
 
     horizon_s: float = DEFAULT_ACCESS_HORIZON_S
     validation_fraction: float = DEFAULT_VALIDATION_FRACTION
+    split_at: float | None = None  # None: the module docstring's rule
     fit: AccessFitConfig = field(default_factory=AccessFitConfig)
 
     @staticmethod
     def handles(paths: list[Path]) -> bool:
-        """Whether every selected file is a request log (by its name)."""
-        return bool(paths) and all(
-            FILE_PATTERN.match(p.name.removesuffix(".gz")) is not None for p in paths
-        )
+        """Whether the selected files are trace files (by content; a mix raises)."""
+        return bool(paths) and trace_format_of_files(paths) is not None
 
     def train(self, paths: list[Path], current: Path | None) -> LogCandidate:
-        with tempfile.TemporaryDirectory(prefix="lpc-retrain-logs-") as folder:
-            for i, path in enumerate(paths):  # the selection only, read as one folder
-                (Path(folder) / f"{i:05d}-{path.name}").symlink_to(path.resolve())
-            trace = load_trace(
-                folder, TraceOptions(horizon_s=self.horizon_s, max_model_len=TRACE_MAX_MODEL_LEN)
-            )
-        requests = trace.requests
-        newest_day = max(FILE_PATTERN.match(p.name.removesuffix(".gz")).group(1) for p in paths)
-        day_start_s = dt.datetime.fromisoformat(newest_day).replace(tzinfo=dt.UTC).timestamp()
-        offset_s = day_start_s - requests[0].arrival_s
-        # One day of logs only: judge on its second half instead.
-        split = split_in_time(requests, offset_s if offset_s >= 1 else 0.5)
-        table = request_table(requests, None)
+        fmt = trace_format_of_files(paths)
+        assert fmt is not None, "train() is called only when handles() said yes"
+        trace = load_trace_files(
+            paths, fmt, TraceOptions(horizon_s=self.horizon_s, max_model_len=TRACE_MAX_MODEL_LEN)
+        )
+        chosen = time_ordered_split(trace, self.split_at)
+        split = chosen.split
+        table = request_table(trace.requests, trace.request_types)
         names = default_feature_names(list(table.columns))
         samples = access_samples(
             table, names, split.cut_s, self.horizon_s, self.validation_fraction
@@ -72,16 +151,24 @@ class RequestLogTrainer:
         fingerprint = hashlib.sha256(
             "\n".join(sorted(p.name for p in paths)).encode() + f":{split.cut_s}".encode()
         ).hexdigest()[:16]
-        evaluation = {
-            "evaluation_day": newest_day if offset_s >= 1 else None,
+        evaluation: dict[str, Any] = {
+            "trace_format": fmt,
+            "trace_files": len(paths),
+            "split_rule": chosen.rule,
+            "absolute_times": chosen.absolute_times,
+            "evaluation_day": chosen.evaluation_day,
             "split": split.to_dict(),
             "horizon_s": self.horizon_s,
             "samples": result.metrics["samples"],
-            "requests": len(requests),
-            "engine_token_hit_ratio": trace.info["request_log"]["engine_token_hit_ratio"],
+            "requests": len(trace.requests),
+            "skipped_last_lines": trace.info.get("skipped_last_lines", 0),
         }
+        if "request_log" in trace.info:
+            evaluation["engine_token_hit_ratio"] = trace.info["request_log"][
+                "engine_token_hit_ratio"
+            ]
         metadata = access_metadata(
-            result, fingerprint, {"request_logs": [p.name for p in paths], **evaluation}
+            result, fingerprint, {"trace_files": [p.name for p in paths], **evaluation}
         )
         current_metrics, problem = None, None
         if current is not None:
@@ -103,7 +190,7 @@ def _score_current(
     path: Path, table: Any, cut_s: float, horizon_s: float, validation_fraction: float
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The current model's metrics on the candidate's evaluation samples, or why it has none
-    (a text model: the logs hold no text)."""
+    (a text model: traces hold no text; an access feature the trace cannot feed)."""
     from predictor.access_predictor import AccessPredictor
     from predictor.artifact import ArtifactError
 

@@ -1,7 +1,8 @@
 """Which logged conversations the daily job trains on: new files plus a window of older ones.
 
 Logs are files in one folder (searched recursively), in any format the loaders read (`.json`,
-`.jsonl`, `.ndjson`, `.parquet`: ShareGPT, LMSys, Chatbot-Arena, OpenAI messages). A file's
+`.jsonl`, `.ndjson`, `.parquet`: ShareGPT, LMSys, Chatbot-Arena, OpenAI messages), or trace
+files (`.jsonl`, `.jsonl.gz`: Mooncake, Bailian, the project's JSONL; `lpc.log_retrain`). A file's
 date is the first `YYYY-MM-DD` or `YYYYMMDD` in its name (e.g. `chats-2025-06-01.jsonl`,
 `20250601/part-0.parquet` counts the folder name too), else its modification time. The job
 remembers which files (path, size, modification time) it has trained on; a file it has not
@@ -23,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 DATA_SUFFIXES = (".json", ".jsonl", ".ndjson", ".parquet")
+GZIP_SUFFIXES = (".jsonl.gz",)  # trace files (Mooncake ships gzip); recognised by content
 DATE_IN_NAME = re.compile(r"(?<!\d)(20\d{2}|19\d{2})-?(0[1-9]|1[0-2])-?(0[1-9]|[12]\d|3[01])(?!\d)")
 
 
@@ -39,6 +41,12 @@ class LogFile:
     def identity(self) -> str:
         """What `state.json` remembers: a changed file is a new file."""
         return f"{self.relative}|{self.size}|{self.mtime_ns}"
+
+
+def is_log_file(name: str) -> bool:
+    """A conversation file's suffix, or a gzip-compressed JSON lines file (a trace)."""
+    name = name.lower()
+    return Path(name).suffix in DATA_SUFFIXES or name.endswith(GZIP_SUFFIXES)
 
 
 def date_from_name(relative: str) -> datetime | None:
@@ -61,7 +69,7 @@ def discover_logs(folder: Path) -> list[LogFile]:
         relative = path.relative_to(folder).as_posix()
         if (
             not path.is_file()
-            or path.suffix.lower() not in DATA_SUFFIXES
+            or not is_log_file(path.name)
             or any(part.startswith(".") for part in Path(relative).parts)
         ):
             continue

@@ -12,13 +12,16 @@ One run, under the registry's lock:
    probabilities); either way publish it as a new version that records the decision and why;
 6. tell a running `lpc serve` to reload (`notify_url`), which swaps models between batches.
 
-Request logs: when every selected file is a serving engine's request log (no text), steps 3
-and 4 are a `LogTrainer`'s, injected by the caller (`lpc.log_retrain`): an access-only
-candidate fitted on the days before the newest and judged, with the current model, on the
-newest day; the decision, publishing and reload are the same.
+Trace files: when the selected files are request traces (no text: Mooncake, Bailian, the
+project's JSONL, the serving engine's request logs), steps 3 and 4 are a `LogTrainer`'s,
+injected by the caller (`lpc.log_retrain`): an access-only candidate fitted on the trace's
+earlier part and judged, with the current model, on its later part (a time-ordered split);
+the decision, publishing and reload are the same.
 
 Outcome statuses map to exit codes (`EXIT_CODES`), so cron and systemd can tell a promotion
-from a kept model, a run with nothing to do, a run blocked by another one, and a failure.
+from a kept model, a run with nothing to do, a run blocked by another one, log files that
+cannot be read (bad input: the reason names the file and line; nothing is written but the
+history line) and a failure.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any, Protocol
 
 from predictor.artifact import ArtifactError
 from predictor.embedders.base import Embedder
-from predictor.errors import InvalidInputError
+from predictor.errors import InvalidInputError, UserError
 from training.conversation import Conversation
 from training.embedding_cache import EmbeddingCache, EmbedOptions
 from training.log_files import LogFile, discover_logs, select_logs
@@ -42,7 +45,8 @@ from training.registry import ModelRegistry, RegistryLockedError, now_iso
 from training.samples import TokenCounter
 
 PROMOTED, KEPT, NO_NEW_DATA, LOCKED, FAILED = "promoted", "kept", "no_new_data", "locked", "failed"
-EXIT_CODES = {PROMOTED: 0, FAILED: 1, KEPT: 3, NO_NEW_DATA: 4, LOCKED: 5}
+BAD_INPUT = "bad_input"
+EXIT_CODES = {PROMOTED: 0, FAILED: 1, BAD_INPUT: 2, KEPT: 3, NO_NEW_DATA: 4, LOCKED: 5}
 METRICS = ("roc_auc", "mcc", "macro_f1")
 
 Log = Callable[[str], None]
@@ -63,10 +67,18 @@ class LogCandidate:
 
 
 class LogTrainer(Protocol):
-    """Trains on request log files (the caller knows their format; training does not)."""
+    """Trains on trace files (the caller knows their formats; training does not).
+
+    `handles` says whether the selected files are its kind (raising a `UserError` for a
+    folder it cannot take, e.g. a mix of kinds); `train` raises a `UserError` for a file it
+    cannot read, naming the file and line."""
 
     def handles(self, paths: list[Path]) -> bool: ...
     def train(self, paths: list[Path], current: Path | None) -> LogCandidate: ...
+
+
+class BadLogsError(Exception):
+    """The selected log files cannot be trained on (a `UserError` while reading them)."""
 
 
 @dataclass(frozen=True)
@@ -219,7 +231,7 @@ def run_retrain(
 ) -> RetrainOutcome:
     """One daily run (see the module docstring). Never raises for expected failures: the
     outcome's status says what happened. `token_counter`: for token finish features;
-    log_trainer: trains on request logs when the selected files are ones."""
+    log_trainer: trains on trace files when the selected files are ones."""
     started = time.perf_counter()
     registry = ModelRegistry(config.registry_dir)
     try:
@@ -233,6 +245,13 @@ def run_retrain(
                     now or datetime.now(UTC),
                     token_counter,
                     log_trainer,
+                )
+            except BadLogsError as error:  # recorded; the files are left for a fixed rerun
+                outcome = RetrainOutcome(
+                    BAD_INPUT, str(error), current_version=registry.current_version()
+                )
+                registry.append_history(
+                    {"event": "retrain", "status": BAD_INPUT, "reason": outcome.reason}
                 )
             except Exception as error:  # recorded, reported as a failed run
                 outcome = RetrainOutcome(
@@ -288,18 +307,28 @@ def _run_locked(
         f"{selection.window_start:%Y-%m-%d}"
     )
     paths = [f.path for f in selection.files]
-    if log_trainer is not None and log_trainer.handles(paths):
-        log("logs are request logs: training an access-only model (no text)")
-        candidate = log_trainer.train(paths, registry.current_path())
+    try:
+        traces = log_trainer is not None and log_trainer.handles(paths)
+    except UserError as error:
+        raise BadLogsError(str(error)) from None
+    if traces:
+        log("logs are trace files: training an access-only model (no text)")
+        try:
+            candidate = log_trainer.train(paths, registry.current_path())
+        except UserError as error:  # a file that cannot be read, a split or horizon too long
+            raise BadLogsError(str(error)) from None
         pause_point("retrain-trained")
         data.update(candidate.data)
         artifact_model, artifact_metadata = candidate.model, candidate.metadata
         candidate_metrics, evaluation_samples = candidate.metrics, candidate.evaluation_samples
         current_metrics, problem = candidate.current_metrics, candidate.current_problem
     else:
-        conversations, loaded = load_logged_conversations(
-            selection.files, config.data_format, config.mode
-        )
+        try:
+            conversations, loaded = load_logged_conversations(
+                selection.files, config.data_format, config.mode
+            )
+        except UserError as error:  # a loader names the file and what is wrong in it
+            raise BadLogsError(str(error)) from None
         data.update(loaded)
         pause_point("retrain-loaded")
 

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from lpc.commands.arg_types import split_at
 from lpc.commands.train import add_training_arguments
 
 DESCRIPTION = """\
@@ -19,13 +20,21 @@ kept as a new registry version that records the decision and why. One run at a t
 in the registry); all writes are atomic. With --notify-url, a running `lpc serve` is told to
 reload the promoted model (it swaps models between batches, dropping no request).
 
-When the selected files are the serving plugin's request logs (requests-YYYY-MM-DD-pid*.jsonl,
-LPC_REQUEST_LOG_DIR), they hold no text: the candidate is an access-only model (as lpc train
---trace), fitted on the days before the newest and judged, beside the current model, on the
-newest day; labels by --horizon, censored at the logs' end.
+When the selected files are request traces, recognised by content (Mooncake, Bailian or the
+project's JSONL, the serving plugin's request logs requests-YYYY-MM-DD-pid*.jsonl included;
+.jsonl or .jsonl.gz), they hold no text: the candidate is an access-only model (as lpc train
+--trace) and the files are read as one trace of one format (project JSONL merged by time,
+Mooncake files in date order on one clock, Bailian merged by timestamp). The split is in
+time, never shuffled: with absolute UTC times spanning two days or more, the newest UTC day
+is the evaluation part (yesterday's model judged on today's traffic); otherwise the last half
+of the span (--split-at changes it). Labels by --horizon; a request whose horizon runs past
+the data's end is censored (dropped and counted, never labelled "ended"). A current model the
+trace cannot feed (a text model) is reported and the candidate promoted. A folder mixing
+conversation and trace files, or trace formats, is refused (exit 2).
 
 exit status: 0 promoted, 3 kept the current model, 4 no new data, 5 another run holds the
-lock, 1 failed, 2 bad arguments. See docs/training.md and scripts/lpc-retrain.*.
+lock, 1 failed, 2 bad arguments or log files that cannot be read (the message names the file
+and line). See docs/training.md and scripts/lpc-retrain.*.
 """
 
 
@@ -41,13 +50,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--logs",
         type=Path,
         required=True,
-        help="folder of logged conversations (searched recursively)",
+        help="folder of logged conversations or of trace files (searched recursively)",
     )
     data.add_argument(
         "--format",
         dest="data_format",
         choices=["sharegpt", "lmsys", "arena", "openai"],
-        help="format of the log files (default: recognised per file)",
+        help="format of conversation log files (default: recognised per file; trace "
+        "files are always recognised by content)",
     )
     data.add_argument("--mode", help="ShareGPT: separate or merge; Arena: a or both")
     data.add_argument(
@@ -61,8 +71,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--horizon",
         type=float,
         default=180.0,
-        help="request logs: label = the conversation's next request within this many seconds "
-        "of the request's completion (default: %(default)g, as lpc train --trace)",
+        help="trace files: label = the conversation's next request arrives within this many "
+        "seconds of the request's completion (default: %(default)g, as lpc train --trace)",
+    )
+    data.add_argument(
+        "--split-at",
+        type=split_at,
+        help="trace files: requests before this point are the training part, the rest the "
+        "evaluation part; a fraction of the span (< 1) or seconds after the first arrival, as "
+        "lpc train --trace (default: the newest UTC day when the trace's times are absolute "
+        "UTC times spanning two days or more, else 0.5)",
     )
     judge = p.add_argument_group("promotion")
     judge.add_argument(
@@ -153,18 +171,23 @@ def run(args: argparse.Namespace) -> int:
     )
     if not args.horizon > 0:
         raise CommandError(f"--horizon must be > 0 seconds, got {args.horizon}")
-    from lpc.log_retrain import RequestLogTrainer
+    from lpc.log_retrain import TraceLogTrainer
     from training.access_fit import AccessFitConfig
+    from training.retrain import BAD_INPUT
 
     outcome = run_retrain(
         config,
         lambda spec: load_embedder(spec, device=args.device),
         log,
         token_counter=token_counter_for(train_config, args),
-        log_trainer=RequestLogTrainer(
-            horizon_s=args.horizon, fit=AccessFitConfig(seed=train_config.fit.seed)
+        log_trainer=TraceLogTrainer(
+            horizon_s=args.horizon,
+            split_at=args.split_at,
+            fit=AccessFitConfig(seed=train_config.fit.seed),
         ),
     )
+    if outcome.status == BAD_INPUT and not args.json:
+        raise CommandError(outcome.reason)  # one line, exit 2
     if args.json:
         print(json.dumps(outcome.to_dict(), indent=2))
     else:

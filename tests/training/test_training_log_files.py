@@ -30,12 +30,15 @@ def test_dates_from_names():
 def test_discover_uses_names_then_mtimes_and_skips_other_files(tmp_path):
     touch(tmp_path / "a-2025-06-10.jsonl")
     touch(tmp_path / "nested" / "b.json", mtime=datetime(2025, 6, 20, tzinfo=UTC))
+    touch(tmp_path / "trace-2025-06-25.jsonl.gz")  # a gzip trace file
     touch(tmp_path / "notes.txt")
+    touch(tmp_path / "old.json.gz")
     touch(tmp_path / ".hidden" / "c-2025-06-01.jsonl")
     logs = discover_logs(tmp_path)
     assert [(f.relative, f.date_from) for f in logs] == [
         ("a-2025-06-10.jsonl", "name"),
         ("nested/b.json", "mtime"),
+        ("trace-2025-06-25.jsonl.gz", "name"),
     ]
     with pytest.raises(FileNotFoundError):
         discover_logs(tmp_path / "missing")

@@ -17,6 +17,7 @@ from training.fit import FitConfig
 from training.pipeline import TrainConfig
 from training.registry import ModelRegistry
 from training.retrain import (
+    BAD_INPUT,
     EXIT_CODES,
     FAILED,
     KEPT,
@@ -132,7 +133,7 @@ def test_decision_rules():
     assert not few.promote and "too few" in few.reason
     broken = decide({"roc_auc": 0.6}, None, "roc_auc", 0.01, 500, 200, "checksum mismatch")
     assert broken.promote and "checksum" in broken.reason
-    assert EXIT_CODES == {PROMOTED: 0, FAILED: 1, KEPT: 3, NO_NEW_DATA: 4, LOCKED: 5}
+    assert EXIT_CODES == {PROMOTED: 0, FAILED: 1, BAD_INPUT: 2, KEPT: 3, NO_NEW_DATA: 4, LOCKED: 5}
 
 
 def test_a_running_server_reloads_the_promoted_model_without_dropping_requests(tmp_path):

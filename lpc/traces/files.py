@@ -1,0 +1,177 @@
+"""Several trace files read as one trace: the daily job's folder of logs.
+
+A file is a trace file by its content (its first line: Mooncake, Bailian or the project's
+JSON lines; gzip or plain by the magic bytes), not by its name. One folder holds one format.
+How files of that format are combined:
+
+- `lpc` (the project's JSONL, the serving plugin's request logs included): merged by time, as
+  `load_trace` reads a folder (`arrival_s` of every file is on one clock).
+- `mooncake`: concatenated in the given (date) order and linked by prefix as one trace; the
+  files must share one clock (ms from one start), so each file's first timestamp must not be
+  before the previous file's last one. A file that restarts the clock is another trace.
+- `bailian`: concatenated and sorted by `timestamp`, so a `parent_chat_id` in an earlier file
+  joins its conversation; `chat_id`s are unique across the files.
+
+Every error names the file and line it was found in, never a temporary copy.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import tempfile
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from lpc.trace import TRACE_FORMAT
+from lpc.traces.bailian import looks_like_bailian
+from lpc.traces.jsonl import GZIP_MAGIC, TraceError, read_json_lines
+from lpc.traces.load import LoadedTrace, TraceOptions, load_trace
+from lpc.traces.mooncake import looks_like_mooncake
+
+LPC_TRACE_KEYS = frozenset({"arrival_s", "completion_s"})
+
+
+def trace_format_by_content(path: Path) -> str | None:
+    """`mooncake`, `bailian` or `lpc` when the file's first line is a request (or header) of
+    that trace format; None for anything else (a conversation file, unreadable JSON)."""
+    if path.suffix.lower() in (".json", ".parquet"):
+        return None  # a JSON document or a table: conversation loaders' formats only
+    try:
+        with path.open("rb") as raw:
+            compressed = raw.read(2) == GZIP_MAGIC
+        opener = gzip.open if compressed else open
+        with opener(path, "rb") as handle:
+            line = b""
+            for line in handle:
+                if line.strip():
+                    break
+    except (OSError, EOFError, zlib.error):
+        return None
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    if record.get("format") == TRACE_FORMAT or record.keys() >= LPC_TRACE_KEYS:
+        return "lpc"
+    if looks_like_bailian(record):
+        return "bailian"
+    if looks_like_mooncake(record):
+        return "mooncake"
+    return None
+
+
+def load_trace_files(
+    paths: Sequence[Path], trace_format: str, options: TraceOptions
+) -> LoadedTrace:
+    """The files (oldest first, all of `trace_format`) as one trace; see the module
+    docstring for how each format's files are combined."""
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise TraceError("no trace files given")
+    options = replace(options, format=trace_format)
+    if len(paths) == 1:
+        trace = load_trace(paths[0], options)
+        trace.info["files"] = 1
+        return trace
+    with tempfile.TemporaryDirectory(prefix="lpc-trace-files-") as folder:
+        if trace_format == "lpc":
+            links = {}
+            for i, path in enumerate(paths):  # the given files only, read as one folder
+                link = Path(folder) / f"{i:05d}-{path.name}"
+                link.symlink_to(path.resolve())
+                links[str(link)] = path
+            trace = _with_real_names(lambda: load_trace(folder, options), links)
+        else:
+            combined = Path(folder) / "combined.jsonl"
+            origin, skipped = _concatenate(paths, trace_format, combined)
+            trace = _with_real_names(
+                lambda: load_trace(combined, options), {}, str(combined), origin
+            )
+            trace.info["skipped_last_lines"] = skipped
+    trace.info["files"] = len(paths)
+    trace.path = paths[-1].parent
+    return trace
+
+
+def _concatenate(
+    paths: list[Path], trace_format: str, out: Path
+) -> tuple[dict[int, tuple[Path, int]], int]:
+    """Write the files' records into one JSONL file; return where each of its lines came from
+    (for error messages) and the cut last lines skipped."""
+    origin: dict[int, tuple[Path, int]] = {}
+    skipped = 0
+    previous: tuple[Path, int, float] | None = None  # file, line, timestamp of the last record
+    chats: dict[Any, tuple[Path, int]] = {}
+    with out.open("w", encoding="utf-8") as handle:
+        for path in paths:
+            lines = read_json_lines(path)  # a broken line raises with this file's name
+            skipped += lines.skipped_last_lines
+            for lineno, record in lines.records:
+                if trace_format == "mooncake":
+                    previous = _check_one_clock(path, lineno, record, previous)
+                elif "chat_id" in record:
+                    chat = record["chat_id"]
+                    if isinstance(chat, int | str) and chat in chats:
+                        first_path, first_line = chats[chat]
+                        raise TraceError(
+                            f"{path}:{lineno}: 'chat_id' {chat!r} already appeared in "
+                            f"{first_path}:{first_line}"
+                        )
+                    if isinstance(chat, int | str):
+                        chats[chat] = (path, lineno)
+                handle.write(json.dumps(record) + "\n")
+                origin[len(origin) + 1] = (path, lineno)
+    return origin, skipped
+
+
+def _check_one_clock(
+    path: Path, lineno: int, record: dict, previous: tuple[Path, int, float] | None
+) -> tuple[Path, int, float] | None:
+    timestamp = record.get("timestamp")
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int | float):
+        return previous  # the Mooncake parser names the bad field
+    if previous is not None and previous[0] != path and timestamp < previous[2]:
+        raise TraceError(
+            f"{path}:{lineno}: 'timestamp' {timestamp} is before {previous[0]}'s last "
+            f"{previous[2]:g} (line {previous[1]}): Mooncake files of one folder are read as "
+            "one trace on one clock, in date order; a file whose clock starts again is "
+            "another trace (give it a folder of its own)"
+        )
+    return path, lineno, float(timestamp)
+
+
+_LOCATION = re.compile(r"(?P<path>\S+?):(?P<line>\d+):")
+
+
+def _with_real_names(
+    load: Callable[[], LoadedTrace],
+    links: dict[str, Path],
+    combined: str | None = None,
+    origin: dict[int, tuple[Path, int]] | None = None,
+) -> LoadedTrace:
+    """Run `load`, rewriting a temporary file's name (and line) in its error to the real
+    file's: `links` maps a symbolic link to its file, `origin` a line of the `combined`
+    file to the file and line it was copied from."""
+    try:
+        return load()
+    except TraceError as error:
+        message = str(error)
+        for link, path in links.items():
+            message = message.replace(link, str(path))
+        if combined is not None and origin is not None:
+
+            def real(match: re.Match) -> str:
+                where = origin.get(int(match["line"]))
+                if match["path"] != combined or where is None:
+                    return match.group(0)
+                return f"{where[0]}:{where[1]}:"
+
+            message = _LOCATION.sub(real, message).replace(combined, "the files read as one trace")
+        raise TraceError(message) from None
