@@ -30,7 +30,8 @@ is the evaluation part (yesterday's model judged on today's traffic); otherwise 
 of the span (--split-at changes it). Labels by --horizon; a request whose horizon runs past
 the data's end is censored (dropped and counted, never labelled "ended"). A current model the
 trace cannot feed (a text model) is reported and the candidate promoted. A folder mixing
-conversation and trace files, or trace formats, is refused (exit 2).
+conversation and trace files, or trace formats, is refused (exit 2). Of the embedder and
+training flags, trace files use only --hidden (default 32,32), --seed and --threads.
 
 exit status: 0 promoted, 3 kept the current model, 4 no new data, 5 another run holds the
 lock, 1 failed, 2 bad arguments or log files that cannot be read (the message names the file
@@ -183,7 +184,11 @@ def run(args: argparse.Namespace) -> int:
         log_trainer=TraceLogTrainer(
             horizon_s=args.horizon,
             split_at=args.split_at,
-            fit=AccessFitConfig(seed=train_config.fit.seed),
+            fit=AccessFitConfig(
+                hidden_sizes=tuple(args.hidden) if args.hidden else AccessFitConfig.hidden_sizes,
+                seed=args.seed,
+                threads=args.threads or AccessFitConfig.threads,
+            ),
         ),
     )
     if outcome.status == BAD_INPUT and not args.json:

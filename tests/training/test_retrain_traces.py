@@ -313,6 +313,16 @@ def test_mooncake_files_are_read_as_one_trace_on_one_clock(tmp_path: Path, capsy
     assert "one clock" in err
 
 
+def test_the_cli_passes_split_at_and_hidden_to_the_trace_path(tmp_path: Path, capsys):
+    write_mooncake(tmp_path / "logs" / "t.jsonl", chats(HOURS_4_S, 80, seed=8))
+    extra = ("--json", "--split-at", "0.6", "--hidden", "8", "--seed", "1")
+    code, outcome = cli(tmp_path / "logs", tmp_path / "registry", capsys, *extra)
+    assert (code, outcome["status"]) == (0, PROMOTED), outcome["reason"]
+    assert outcome["data"]["split_rule"] == "--split-at 0.6"
+    model = AccessPredictor.load(tmp_path / "registry" / "current")
+    assert model.metadata.mlp_config.hidden_sizes == (8,)
+
+
 def test_the_split_rule(tmp_path: Path) -> None:
     """Absolute times over two UTC days: the newest day; one day, or relative times: the
     last half; --split-at: as lpc train --trace."""
