@@ -347,3 +347,25 @@ def test_the_split_rule(tmp_path: Path) -> None:
     given = time_ordered_split(trace, 0.8)
     assert given.rule == "--split-at 0.8"
     assert given.split.cut_s == pytest.approx(trace.requests[0].arrival_s + 0.8 * span)
+
+
+@pytest.mark.slow
+def test_the_bundled_mooncake_trace_twice(tmp_path: Path, capsys) -> None:
+    """docs/training.md's measured run: the first run promotes, the second (--force) trains
+    the same candidate and scores the current model on the same samples."""
+    import shutil
+
+    from lpc.traces.load import BUNDLED_TRACES, DATA_DIR
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    shutil.copy(DATA_DIR / BUNDLED_TRACES["mooncake"], logs)
+    code, first = cli(logs, tmp_path / "registry", capsys, "--json")
+    assert (code, first["status"], first["reason"]) == (0, PROMOTED, "no current model")
+    assert first["data"]["trace_format"] == "mooncake" and first["data"]["requests"] == 12_031
+    assert first["data"]["samples"]["evaluation"]["censored"] > 0
+    code, second = cli(logs, tmp_path / "registry", capsys, "--json", "--force")
+    assert (code, second["status"]) == (0, PROMOTED) and second["reason"].startswith("not worse")
+    assert second["current_metrics"]["roc_auc"] == pytest.approx(
+        first["candidate_metrics"]["roc_auc"], abs=1e-4
+    )
