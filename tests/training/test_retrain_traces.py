@@ -274,6 +274,28 @@ def test_a_bad_line_names_its_file_and_line_and_exits_2(
     assert (code, outcome["status"], outcome["exit_code"]) == (2, BAD_INPUT, 2)
 
 
+def test_errors_in_combined_files_name_the_real_file(tmp_path: Path) -> None:
+    """Several files are read through a temporary folder or file; errors never name it."""
+    from lpc.traces.jsonl import TraceError
+    from tests.training.trace_logs import write_lpc
+
+    requests = chats(HOURS_4_S, 30, seed=9)
+    options = TraceOptions(horizon_s=HORIZON_S)
+    write_lpc(tmp_path / "lpc" / "a.jsonl", requests[:20])
+    second = write_lpc(tmp_path / "lpc" / "b.jsonl", requests[20:])
+    lines = second.read_text().splitlines()
+    lines[2] = json.dumps({**json.loads(lines[2]), "completion_s": -1})
+    second.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceError, match=rf"^{re.escape(str(second))}:3: 'completion_s'"):
+        load_trace_files(sorted((tmp_path / "lpc").iterdir()), "lpc", options)
+
+    write_bailian(tmp_path / "bailian" / "a.jsonl", requests[:20])
+    again = write_bailian(tmp_path / "bailian" / "b.jsonl", requests[:25])  # 20 repeated
+    first = tmp_path / "bailian" / "a.jsonl"
+    with pytest.raises(TraceError, match=rf"^{re.escape(str(again))}:1: 'chat_id' .* {first}"):
+        load_trace_files([first, again], "bailian", options)
+
+
 def test_a_folder_mixing_conversation_and_trace_files_is_refused(tmp_path: Path, capsys):
     logs = tmp_path / "logs"
     write_openai_jsonl(logs / "chats-2025-06-01.jsonl", synthetic_conversations(20, seed=1))
