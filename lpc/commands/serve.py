@@ -148,10 +148,10 @@ def run(args: argparse.Namespace) -> int:
     prefer_passive_openmp()  # before torch is imported: see predictor/runtime.py
 
     from lpc.errors import CommandError, InvalidInputError
+    from predictor.access_features import check_servable
     from predictor.artifact import load_artifact
     from predictor.embedders import load_embedder
     from predictor.predictor import Predictor
-    from predictor.request_features import check_servable
     from predictor.rpc_schema import RequestLimits
     from predictor.server import ServerConfig, create_app, load_served_model, uvicorn_server
     from predictor.tokens import read_bearer_token
