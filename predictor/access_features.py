@@ -157,6 +157,9 @@ class Feature:
     from_window: WindowFn | None = field(default=None, repr=False)
     sample_needs_token_counts: bool = False  # from_sample reads the serving token counts
     window_field: str | None = None  # the optional RPC item field from_window reads
+    # from_state reads `shared_prefix_tokens`, which an engine gets by comparing token ids
+    # with the conversation's previous request (the plugin keeps them only when needed)
+    needs_token_ids: bool = False
 
 
 AccessFeature = Feature  # the name the access entries below are written with
@@ -256,6 +259,7 @@ ACCESS_FEATURES: tuple[AccessFeature, ...] = (
         "reusable prefix, the most any cache could hit (0 for a first request)",
         lambda t: _log1p(t["shared_prefix_tokens"]),
         lambda r, c: _log1p(r.shared_prefix_tokens),
+        needs_token_ids=True,
     ),
     AccessFeature(
         "shared_prefix_share",
@@ -263,6 +267,7 @@ ACCESS_FEATURES: tuple[AccessFeature, ...] = (
         "shared prefix tokens / prompt tokens",
         lambda t: (t["shared_prefix_tokens"] / t["prompt_tokens"].clip(lower=1)).astype(np.float64),
         lambda r, c: r.shared_prefix_tokens / max(1, r.prompt_tokens),
+        needs_token_ids=True,
     ),
     AccessFeature(
         "log_think_time_s",

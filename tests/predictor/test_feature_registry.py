@@ -151,6 +151,7 @@ def test_a_toy_feature_reaches_the_plugin(toy_access_model) -> None:
     runtime = AccessRuntime.load(
         PluginConfig(access_model=str(toy_access_model)), PluginStats(), now_s=0.0
     )
+    assert not runtime.needs_tokens  # neither log_turn's record nor the toy's reads token ids
     engine = replay_releases(runtime, requests)
     model = runtime.predictor
     # The plugin computes the toy from engine state; the table computes it from the trace.
