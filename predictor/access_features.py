@@ -358,7 +358,7 @@ class FeatureError(InvalidInputError):
     feature reads."""
 
 
-AccessFeatureError = FeatureError
+AccessFeatureError = FeatureError  # its name before text features joined the registry
 
 
 class UnservableFeaturesError(UserError, ValueError):
