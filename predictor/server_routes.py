@@ -179,8 +179,7 @@ async def predict(request: Request, state: State) -> Response:
         ) from failure
     # NaN: a model needing a field these lack was swapped in while they waited (batch_predict)
     swapped = np.flatnonzero(np.isnan(probabilities)).tolist()
-    unanswered = missing_field_details(windows, computable_on("window"), swapped)
-    if unanswered:
+    if swapped and (unanswered := missing_field_details(windows, computable_on("window"), swapped)):
         raise InvalidRequest(unanswered)
     if swapped:  # an access-only model was swapped in while these waited (batch_predict)
         raise InvalidRequest(
