@@ -16,6 +16,7 @@ from pathlib import Path
 from lpc.access_table import request_table
 from lpc.errors import InvalidInputError
 from lpc.workload import ScriptedTurn, WorkloadRequest
+from predictor.access_features import feature
 from predictor.access_predictor import AccessPredictor
 
 
@@ -36,7 +37,7 @@ class AccessSource:
         if not requests:
             return []
         types = None
-        if any(n.startswith("type_") for n in self.predictor.feature_names):
+        if any(feature(n).needs_column == "type" for n in self.predictor.feature_names):
             if self.request_types is None:
                 raise InvalidInputError(
                     f"model {self.predictor.path} reads request types, which this trace lacks"

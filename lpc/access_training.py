@@ -18,7 +18,7 @@ from lpc.ab_pipeline import TRACE_MAX_MODEL_LEN
 from lpc.access_table import request_table
 from lpc.traces.linkage import DEFAULT_SHARED_FANOUT
 from lpc.traces.timeline import DEFAULT_SPLIT_AT
-from predictor.access_features import default_feature_names, feature
+from predictor.access_features import check_names, default_feature_names
 from training.access_data import (
     DEFAULT_ACCESS_HORIZON_S,
     DEFAULT_VALIDATION_FRACTION,
@@ -57,9 +57,13 @@ def train_on_trace(options: TraceTrainOptions, out: Path | None) -> dict[str, An
     split = split_in_time(trace.requests, options.split_at)
     table = request_table(trace.requests, trace.request_types)
     loaded_s = time.perf_counter() - started
-    names = options.features or default_feature_names(list(table.columns))
-    for name in names:
-        feature(name)  # unknown names fail here, with the list of known ones
+    # unknown names, and names a table or an engine cannot compute, fail here by name
+    names = check_names(
+        options.features or default_feature_names(list(table.columns)),
+        "--access-features",
+        "table",
+        "state",
+    )
     samples = access_samples(
         table, names, split.cut_s, options.horizon_s, options.validation_fraction
     )

@@ -6,8 +6,9 @@ evaluation half's turns are usually there already; missing ones are embedded onc
 progress bar, and kept), and runs the MLP in batches — the same `Predictor` code the RPC
 server runs, so the A/B measures what would be deployed.
 
-A model trained with finish-time features (`training.finish_features`) also needs each
-finishing request's size and reply. Token sizes come with every replayed turn (its prompt and
+A model trained with extra features (the feature registry, `predictor.access_features`,
+computes them from a training sample: `sample_matrix`) also needs each finishing request's
+size and reply. Token sizes come with every replayed turn (its prompt and
 output tokens, counted by the harness's serving tokenizer — the counts `ServingTokenCounter`
 gives training); character features come from the evaluation conversations the harness loaded
 (looked up by conversation id and turn index), so a `--trace` replay cannot feed them.
@@ -23,10 +24,10 @@ import numpy as np
 
 from lpc.errors import InvalidInputError
 from lpc.workload import ScriptedTurn
+from predictor.access_features import feature, sample_matrix
 from predictor.predictor import Predictor
 from training.conversation import Conversation
 from training.embedding_cache import EmbeddingCache, EmbedOptions, EmbedStats
-from training.finish_features import TOKEN_FEATURES, finish_feature_matrix
 from training.samples import TokenCounts, TurnSample, conversation_samples
 
 PREDICT_BATCH = 4096
@@ -48,7 +49,7 @@ class LearnedSource:
         """What the finish features read: the request's serving token counts, and, when the
         model has character features, the conversation's text."""
         tokens = {"request_tokens": len(turn.token_ids), "output_tokens": turn.num_output_tokens}
-        if all(name in TOKEN_FEATURES for name in self.predictor.extra_features):
+        if all(feature(n).sample_needs_token_counts for n in self.predictor.extra_features):
             return TurnSample(
                 turn.conversation_id,
                 "",
@@ -97,7 +98,7 @@ class LearnedSource:
             )
             extras = None
             if self.predictor.extra_features:
-                extras = finish_feature_matrix(
+                extras = sample_matrix(
                     [self._features_sample(t) for t in batch], self.predictor.extra_features
                 )
             out[start : start + len(batch)] = self.predictor.predict_from_embeddings(

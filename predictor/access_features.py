@@ -1,20 +1,29 @@
-"""Access features: what a serving engine knows about *how* a conversation uses the cache.
+"""The feature registry: every scalar input of every model, one record per feature.
 
-One registry, one record per feature. Each record says when a real engine knows the value
-(`arrival`: when the request arrives; `scheduling`: when it is scheduled and its cache hit is
-known; `release`: when it finishes and frees its blocks, which is when LPC consumes the
-prediction) and computes it two ways that must agree:
+Each record names a feature, says when a real engine knows its value (`arrival`: when the
+request arrives; `scheduling`: when it is scheduled and its cache hit is known; `release`:
+when it finishes and frees its blocks, which is when LPC consumes the prediction) and how it
+is computed on each path that can feed it; a path whose computation a record lacks cannot use
+that feature, and asking for it there is an error that names it (`check_computable`):
 
-- from a trace table (training): `from_table(table)` on a pandas frame with one row per request
-  and the `REQUEST_COLUMNS` below, sorted by arrival; a row reads only earlier rows of its
-  conversation (groupby + shift), never a later one;
-- from an engine's state (serving): `from_state(request, conversation)` with the request's own
-  `RequestState` and the `ConversationState` its earlier requests left behind.
+- `from_table(table)` (path "table"): training an access model, and the trace replay, on a
+  pandas frame with one row per request and the `REQUEST_COLUMNS` below, sorted by arrival; a
+  row reads only earlier rows of its conversation (groupby + shift), never a later one;
+- `from_state(request, conversation)` (path "state"): the vLLM plugin and `lpc bench access`,
+  from the request's own `RequestState` and the `ConversationState` its earlier requests left
+  behind; an access model's RPC item carries these values by name (`rpc_schema`);
+- `from_sample(sample)` (path "sample"): training a text model, and the conversation replay,
+  from one user turn (`predictor.text_features.TextSample`);
+- `from_window(window)` (path "window"): `lpc serve`, from a text prediction request's
+  `ConversationWindow` (reading its optional `window_field`, e.g. `prompt_tokens`).
 
-Values that span decades (token counts, seconds) are log1p-scaled; the artifact stores the
-mean and standard deviation each input is standardised with. Nothing here reads an artefact
-only a data set has (a segment cut, a label, a later request): a feature must be computable
-by an engine at the time its record names.
+Computations of one feature on different paths must agree number for number (tests check
+each pair). Values that span decades (token counts, seconds, characters) are log1p-scaled; an
+access artifact stores the mean and standard deviation each input is standardised with.
+Nothing here reads an artefact only a data set has (a segment cut, a label, a later request):
+a feature must be computable by an engine at the time its record names. Adding a feature is
+one entry in `ACCESS_FEATURES` or `TEXT_FEATURES`; training, the artifact checks, the RPC
+schema, the replays, the plugin and the CLI help all read `FEATURES_BY_NAME`.
 
 The prefix a request shares with its conversation's previous request (`shared_prefix_tokens`)
 is the engine-side definition of "reusable prefix": the actual cache hit depends on the policy
@@ -32,10 +41,22 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from predictor.errors import InvalidInputError
+from predictor.errors import InvalidInputError, UserError
+from predictor.text_features import (
+    MissingPromptTokensError,
+    TextSample,
+    ends_with_question,
+    log_prompt_chars,
+    log_prompt_tokens,
+    sample_count,
+    sample_prompt_tokens,
+    window_prompt_tokens,
+)
 
 if TYPE_CHECKING:  # pandas is imported where a table is read: the engine path needs none
     import pandas as pd
+
+    from predictor.features import ConversationWindow
 
 KnownAt = Literal["arrival", "scheduling", "release"]
 KNOWN_AT_ORDER: dict[str, int] = {"arrival": 0, "scheduling": 1, "release": 2}
@@ -108,16 +129,40 @@ class ConversationState:
 
 TableFn = Callable[["pd.DataFrame"], "pd.Series"]
 StateFn = Callable[[RequestState, ConversationState], float]
+SampleFn = Callable[[TextSample], float]
+WindowFn = Callable[["ConversationWindow"], float]
+
+# The paths a feature can be computed on, as the errors name them.
+FeaturePath = Literal["table", "state", "sample", "window"]
+PATHS: dict[str, str] = {
+    "table": "a trace table (training an access model, the trace replay)",
+    "state": "an engine's request state (the plugin, an access model's RPC item)",
+    "sample": "a text training sample (training a text model, the conversation replay)",
+    "window": "a text prediction request's window (lpc serve, Predictor.predict)",
+}
 
 
 @dataclass(frozen=True)
-class AccessFeature:
+class Feature:
+    """One model input: its name, when an engine knows it, and its computations per path
+    (None: the feature cannot be used on that path)."""
+
     name: str
     known_at: KnownAt
     description: str
-    from_table: TableFn = field(repr=False)
-    from_state: StateFn = field(repr=False)
+    from_table: TableFn | None = field(default=None, repr=False)
+    from_state: StateFn | None = field(default=None, repr=False)
     needs_column: str | None = None  # an optional column the table must hold
+    from_sample: SampleFn | None = field(default=None, repr=False)
+    from_window: WindowFn | None = field(default=None, repr=False)
+    sample_needs_token_counts: bool = False  # from_sample reads the serving token counts
+    window_field: str | None = None  # the optional RPC item field from_window reads
+    # from_state reads `shared_prefix_tokens`, which an engine gets by comparing token ids
+    # with the conversation's previous request (the plugin keeps them only when needed)
+    needs_token_ids: bool = False
+
+
+AccessFeature = Feature  # the name the access entries below are written with
 
 
 # --- table helpers: every one reads the row itself and earlier rows of its conversation ----
@@ -192,6 +237,12 @@ ACCESS_FEATURES: tuple[AccessFeature, ...] = (
         "log1p(prompt tokens)",
         lambda t: _log1p(t["prompt_tokens"]),
         lambda r, c: _log1p(r.prompt_tokens),
+        # the whole conversation so far + the new user message, as the serving engine
+        # tokenizes it (vLLM's num_prompt_tokens; a sample's request - output tokens)
+        from_sample=lambda s: log_prompt_tokens(sample_prompt_tokens(s)),
+        from_window=lambda w: log_prompt_tokens(window_prompt_tokens(w)),
+        sample_needs_token_counts=True,
+        window_field="prompt_tokens",
     ),
     AccessFeature(
         "log_new_tokens",
@@ -208,6 +259,7 @@ ACCESS_FEATURES: tuple[AccessFeature, ...] = (
         "reusable prefix, the most any cache could hit (0 for a first request)",
         lambda t: _log1p(t["shared_prefix_tokens"]),
         lambda r, c: _log1p(r.shared_prefix_tokens),
+        needs_token_ids=True,
     ),
     AccessFeature(
         "shared_prefix_share",
@@ -215,6 +267,7 @@ ACCESS_FEATURES: tuple[AccessFeature, ...] = (
         "shared prefix tokens / prompt tokens",
         lambda t: (t["shared_prefix_tokens"] / t["prompt_tokens"].clip(lower=1)).astype(np.float64),
         lambda r, c: r.shared_prefix_tokens / max(1, r.prompt_tokens),
+        needs_token_ids=True,
     ),
     AccessFeature(
         "log_think_time_s",
@@ -253,29 +306,138 @@ ACCESS_FEATURES: tuple[AccessFeature, ...] = (
         "log1p(output tokens of this request)",
         lambda t: _log1p(t["output_tokens"]),
         lambda r, c: _log1p(r.output_tokens),
+        from_sample=lambda s: math.log1p(sample_count(s.output_tokens, "log_output_tokens")),
+        sample_needs_token_counts=True,
     ),
     *(_type_feature(kind) for kind in REQUEST_TYPES),
 )
-FEATURES_BY_NAME: dict[str, AccessFeature] = {f.name: f for f in ACCESS_FEATURES}
+# The text model's scalar extras: computed from a training sample, and those a prediction
+# request carries also from its window. (`log_prompt_tokens` and `log_output_tokens` are text
+# extras too; their records above hold every computation.)
+TEXT_FEATURES: tuple[Feature, ...] = (
+    Feature(
+        "log_context_chars",
+        "release",
+        "log1p(characters of every message up to and including the reply): the conversation's size",
+        from_sample=lambda s: math.log1p(s.context_chars),
+    ),
+    Feature(
+        "log_reply_chars",
+        "release",
+        "log1p(characters of the assistant's reply)",
+        from_sample=lambda s: math.log1p(len(s.reply)),
+    ),
+    Feature(
+        "reply_asks",
+        "release",
+        "1 if the reply ends with a question to the user, else 0",
+        from_sample=lambda s: ends_with_question(s.reply),
+    ),
+    Feature(
+        "log_prompt_chars",
+        "arrival",
+        "log1p(characters of the current user prompt)",
+        from_sample=lambda s: log_prompt_chars(s.window[-1]),
+        from_window=lambda w: log_prompt_chars(w.user_prompts[-1]),
+    ),
+    Feature(
+        "log_request_tokens",
+        "release",
+        "log1p(prompt + output tokens of the finishing request): the conversation so far",
+        from_sample=lambda s: math.log1p(sample_count(s.request_tokens, "log_request_tokens")),
+        sample_needs_token_counts=True,
+    ),
+)
+# Every feature by name: the one table every path looks features up in.
+FEATURES_BY_NAME: dict[str, Feature] = {f.name: f for f in (*ACCESS_FEATURES, *TEXT_FEATURES)}
 TURNS_ONLY = ("log_turn",)
 
 
-class AccessFeatureError(InvalidInputError):
-    """An unknown feature name, or a table that lacks what a feature reads."""
+class FeatureError(InvalidInputError):
+    """An unknown feature name, a feature a path cannot compute, or a table that lacks what a
+    feature reads."""
 
 
-def feature(name: str) -> AccessFeature:
+AccessFeatureError = FeatureError  # its name before text features joined the registry
+
+
+class UnservableFeaturesError(UserError, ValueError):
+    """A text model needs features that a prediction request cannot carry."""
+
+
+def feature(name: str) -> Feature:
     try:
         return FEATURES_BY_NAME[name]
     except KeyError:
         known = ", ".join(FEATURES_BY_NAME)
-        raise AccessFeatureError(f"unknown access feature {name!r}; known: {known}") from None
+        raise FeatureError(f"unknown feature {name!r}; known: {known}") from None
+
+
+def computable_on(*paths: FeaturePath) -> tuple[str, ...]:
+    """The names of every feature all of `paths` can compute, in registry order."""
+    return tuple(
+        n
+        for n, f in FEATURES_BY_NAME.items()
+        if all(getattr(f, f"from_{path}") is not None for path in paths)
+    )
+
+
+def not_computable(names: Sequence[str], path: FeaturePath) -> tuple[str, ...]:
+    """The names among `names` that `path` cannot compute (unknown names raise)."""
+    return tuple(n for n in names if getattr(feature(n), f"from_{path}") is None)
+
+
+def check_computable(names: Sequence[str], path: FeaturePath, what: str = "the model") -> None:
+    """`FeatureError` naming every feature among `names` that `path` cannot compute."""
+    missing = not_computable(names, path)
+    if missing:
+        raise FeatureError(
+            f"{what} reads feature(s) {list(missing)}, which cannot be computed from "
+            f"{PATHS[path]}; the features that can: {', '.join(computable_on(path))}"
+        )
+
+
+def check_names(names: Sequence[str], what: str, *paths: FeaturePath) -> tuple[str, ...]:
+    """The names as a tuple: registered, distinct and computable on each of `paths`;
+    otherwise `FeatureError` starting with `what` (e.g. "--access-features")."""
+    names = tuple(names)
+    for name in names:
+        if name not in FEATURES_BY_NAME:
+            known = ", ".join(computable_on(*paths))
+            raise FeatureError(f"{what}: unknown feature {name!r}; known: {known}")
+    if len(set(names)) != len(names):
+        raise FeatureError(f"{what}: features listed twice: {list(names)}")
+    for path in paths:
+        check_computable(names, path, what)
+    return names
+
+
+def check_servable(names: Sequence[str], what: str) -> None:
+    """Raise `UnservableFeaturesError` (starting with `what`, e.g. "artifact X") when a text
+    model with these features cannot be served from prediction requests' windows."""
+    missing = not_computable(names, "window")
+    if missing:
+        raise UnservableFeaturesError(
+            f"{what} needs finish-time features {list(missing)} that a prediction request "
+            f"cannot carry (they are known only once the request has finished); a served text "
+            f"model may use only {list(computable_on('window'))}"
+        )
+
+
+def features_help(*paths: FeaturePath) -> str:
+    """'name (known at), ...' for every feature all of `paths` compute: what CLI help lists."""
+    return ", ".join(f"{n} ({feature(n).known_at})" for n in computable_on(*paths))
 
 
 def default_feature_names(table_columns: Sequence[str]) -> tuple[str, ...]:
-    """Every feature the table can feed: the type indicators only when it has types."""
+    """Every access feature the table can feed (a table and an engine compute it): the type
+    indicators only when it has types."""
     return tuple(
-        f.name for f in ACCESS_FEATURES if f.needs_column is None or f.needs_column in table_columns
+        f.name
+        for f in FEATURES_BY_NAME.values()
+        if f.from_table is not None
+        and f.from_state is not None
+        and (f.needs_column is None or f.needs_column in table_columns)
     )
 
 
@@ -285,13 +447,14 @@ def known_by(names: Sequence[str]) -> str:
 
 
 def check_table(table: pd.DataFrame, names: Sequence[str]) -> None:
+    check_computable(names, "table")
     missing = [c for c in REQUEST_COLUMNS if c not in table.columns]
     needed = {f.needs_column for n in names if (f := feature(n)).needs_column}
     missing += sorted(needed - set(table.columns))
     if missing:
-        raise AccessFeatureError(f"the request table lacks column(s) {', '.join(missing)}")
+        raise FeatureError(f"the request table lacks column(s) {', '.join(missing)}")
     if not table["arrival_s"].is_monotonic_increasing:
-        raise AccessFeatureError("the request table must be sorted by arrival_s")
+        raise FeatureError("the request table must be sorted by arrival_s")
 
 
 def feature_frame(table: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
@@ -306,4 +469,57 @@ def feature_row(
     names: Sequence[str], request: RequestState, conversation: ConversationState
 ) -> list[float]:
     """The same values for one request from an engine's state."""
+    check_computable(names, "state")
     return [feature(n).from_state(request, conversation) for n in names]
+
+
+def needs_token_counts(names: Sequence[str]) -> bool:
+    """Whether the samples must carry serving token counts for these features."""
+    return any(feature(n).sample_needs_token_counts for n in names)
+
+
+def sample_matrix(samples: Sequence[TextSample], names: Sequence[str]) -> np.ndarray:
+    """float32 (len(samples), len(names)): the features of training samples."""
+    functions = [feature(n).from_sample for n in check_names(names, "the model", "sample")]
+    out = np.empty((len(samples), len(functions)), dtype=np.float32)
+    for i, sample in enumerate(samples):
+        for j, function in enumerate(functions):
+            out[i, j] = function(sample)
+    return out
+
+
+def window_fields(names: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Optional window field -> the features among `names` that read it (e.g.
+    {"prompt_tokens": ("log_prompt_tokens",)}): what a text model's RPC items must carry."""
+    fields: dict[str, tuple[str, ...]] = {}
+    for name in names:
+        field_name = feature(name).window_field
+        if field_name is not None:
+            fields[field_name] = (*fields.get(field_name, ()), name)
+    return fields
+
+
+def windows_lacking(windows: Sequence[ConversationWindow], field_name: str) -> list[int]:
+    """Indices of the windows whose optional `field_name` is unset."""
+    return [i for i, window in enumerate(windows) if getattr(window, field_name) is None]
+
+
+def window_matrix(windows: Sequence[ConversationWindow], names: Sequence[str]) -> np.ndarray:
+    """float32 (len(windows), len(names)), the same numbers `sample_matrix` gives for the same
+    turns. Raises `UnservableFeaturesError`, or `MissingPromptTokensError` naming the windows
+    that lack a field the features read."""
+    check_servable(names, "the model")
+    for field_name, readers in window_fields(names).items():
+        missing = windows_lacking(windows, field_name)
+        if missing:
+            shown = ", ".join(f"{i} ({windows[i].conversation_id!r})" for i in missing[:5])
+            raise MissingPromptTokensError(
+                f"{len(missing)} window(s) have no {field_name}, which this model needs for "
+                f"its {', '.join(readers)} feature: {shown}" + (", ..." if len(missing) > 5 else "")
+            )
+    functions = [feature(n).from_window for n in names]
+    out = np.empty((len(windows), len(functions)), dtype=np.float32)
+    for i, window in enumerate(windows):
+        for j, function in enumerate(functions):
+            out[i, j] = function(window)
+    return out

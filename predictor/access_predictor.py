@@ -20,10 +20,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 from predictor.access_features import (
-    AccessFeatureError,
     ConversationState,
     RequestState,
-    feature,
     feature_frame,
     feature_row,
     known_by,
@@ -32,6 +30,7 @@ from predictor.artifact import (
     ArtifactCorruptError,
     ArtifactIncompatibleError,
     ArtifactMetadata,
+    check_declared_features,
     read_verified,
 )
 
@@ -105,11 +104,7 @@ class AccessPredictor:
                 f"artifact {folder} reads a text window (embedder {metadata.embedder_id!r}): "
                 "it is not an access-only model"
             )
-        for name in inputs.access_names:
-            try:
-                feature(name)
-            except AccessFeatureError as error:
-                raise ArtifactIncompatibleError(f"artifact {folder}: {error}") from None
+        check_declared_features(metadata, folder)
         try:
             state = load_numpy(payload)
         except (SafetensorError, ValueError) as error:

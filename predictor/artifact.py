@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from predictor.access_features import FeatureError, check_names
 from predictor.errors import UserError
 from predictor.features import FeatureConfig, FeatureConfigError
 from predictor.mlp_config import MLPConfig
@@ -65,6 +66,18 @@ class EmbedderMismatchError(ArtifactIncompatibleError):
 
 class DimensionMismatchError(ArtifactIncompatibleError):
     """Expects embeddings of another size."""
+
+
+def check_declared_features(metadata: ArtifactMetadata, folder: Path | str | None) -> None:
+    """`ArtifactIncompatibleError` unless the feature registry knows every feature the model
+    reads and computes it where this kind of model gets its inputs: an engine's state for an
+    access-only model, a training sample for a text one (whose served subset the server checks
+    separately: `check_servable`)."""
+    path = "sample" if metadata.inputs.text_window else "state"
+    try:
+        check_names(metadata.feature_names, f"artifact {folder}", path)
+    except FeatureError as error:
+        raise ArtifactIncompatibleError(str(error)) from None
 
 
 @dataclass(frozen=True)
@@ -186,6 +199,12 @@ class ArtifactMetadata:
     @property
     def input_dim(self) -> int:
         return self.mlp_config.input_dim
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """The registered features (`predictor.access_features`) the model reads, in input
+        order after any embedding: stored as the MLP's `extra_features`."""
+        return self.mlp_config.extra_features
 
     @property
     def embedding_dim(self) -> int:

@@ -133,9 +133,10 @@ class ConversationWindow:
     `prompt_tokens` is the prompt of the request being predicted in the serving engine's
     tokens: the conversation so far plus the new user message, as the engine's tokenizer and
     chat template count it (vLLM's `Request.num_prompt_tokens`; in training, a sample's
-    `request_tokens - output_tokens`). Only models trained with the `log_prompt_tokens` finish
-    feature read it (`predictor.request_features`); it travels with the window so that the
-    RPC, the micro-batcher and `Predictor.predict` carry it per item without a parallel list."""
+    `request_tokens - output_tokens`). Only models trained with the `log_prompt_tokens`
+    feature read it (its record in the feature registry, `predictor.access_features`, names the
+    field); it travels with the window so that the RPC, the micro-batcher and
+    `Predictor.predict` carry it per item without a parallel list."""
 
     conversation_id: str
     user_prompts: tuple[str, ...]

@@ -2,8 +2,8 @@
 
 Input: the window embedding (384 for e5-small) with the encoded turn count appended as one more
 column (see `features.encode_turn_counts`: log(1 + turns) by default). A model trained with
-optional finish-time scalars (`MLPConfig.extra_features`, names defined by
-`training.finish_features`) takes them between the embedding and the turn column; the paper's
+optional scalars (`MLPConfig.extra_features`, records of the feature registry
+`predictor.access_features`) takes them between the embedding and the turn column; the paper's
 model has none. Output: one logit; the
 probability that the conversation continues is its sigmoid. Logits (not probabilities) leave
 the module so that training can use the numerically stable BCE-with-logits loss.

@@ -15,11 +15,18 @@ from pathlib import Path
 
 import numpy as np
 
+from predictor.access_features import (
+    check_servable,
+    not_computable,
+    window_fields,
+    window_matrix,
+)
 from predictor.artifact import (
     ArtifactIncompatibleError,
     DimensionMismatchError,
     EmbedderMismatchError,
     ModelArtifact,
+    check_declared_features,
     load_artifact,
 )
 from predictor.embedders.base import Embedder
@@ -31,12 +38,6 @@ from predictor.features import (
 )
 from predictor.model import ContinuationMLP, input_matrix
 from predictor.prompt_cache import PromptEmbeddingCache
-from predictor.request_features import (
-    check_servable,
-    needs_prompt_tokens,
-    request_feature_matrix,
-    unservable_features,
-)
 
 
 class RowwiseMLP:
@@ -101,6 +102,7 @@ def _check_text_model(artifact: ModelArtifact) -> None:
             "load it with predictor.access_predictor.AccessPredictor (lpc ab --trace, "
             "lpc bench access), not as a text-window predictor"
         )
+    check_declared_features(artifact.metadata, artifact.path)
 
 
 class Predictor:
@@ -112,7 +114,8 @@ class Predictor:
 
     `predict` builds each window's text (features.py), embeds the batch in one call, appends
     the encoded turn count (and, for a model trained with finish features a request carries,
-    those features: `predictor.request_features`) and runs the MLP. `predict_from_embeddings`
+    those features, computed from the window by the feature registry:
+    `predictor.access_features`) and runs the MLP. `predict_from_embeddings`
     skips the first two steps for callers that cached embeddings (training, the A/B harness).
     """
 
@@ -226,18 +229,18 @@ class Predictor:
 
     @property
     def extra_features(self) -> tuple[str, ...]:
-        """Finish-time scalars the model needs besides the window (none for the paper's)."""
+        """Registered features the model reads besides the window (none for the paper's)."""
         return self.artifact.metadata.mlp_config.extra_features
 
     @property
     def unservable_features(self) -> tuple[str, ...]:
         """The model's finish features that windows cannot supply (`predict` refuses them)."""
-        return unservable_features(self.extra_features)
+        return not_computable(self.extra_features, "window")
 
     @property
     def needs_prompt_tokens(self) -> bool:
         """Whether `predict` needs each window's `prompt_tokens`."""
-        return needs_prompt_tokens(self.extra_features)
+        return "prompt_tokens" in window_fields(self.extra_features)
 
     def check_servable(self) -> None:
         """Raise `UnservableFeaturesError` (a ValueError naming the features) unless `predict`
@@ -256,7 +259,7 @@ class Predictor:
         extras = None
         if self.extra_features:
             self.check_servable()
-            extras = request_feature_matrix(windows, self.extra_features)
+            extras = window_matrix(windows, self.extra_features)
         if len(windows) == 0:
             return np.zeros(0, dtype=np.float64)
         embeddings = self.embed_windows(windows)

@@ -9,15 +9,18 @@ Response: `{"probabilities": [0.83, ...]}`, one probability per item, in order.
 
 `prompt_tokens` (optional, an int >= 0) is the request's prompt size in the serving engine's
 tokens (`ConversationWindow.prompt_tokens`, vLLM's `num_prompt_tokens`: the prompt alone, not
-the prompt + output that training's `request_tokens` counts); a model trained with
-`log_prompt_tokens` needs it (the server answers 422 for an item without it), any other model
-ignores it.
+the prompt + output that training's `request_tokens` counts). Which optional fields a text
+model needs follows from the features it reads: the feature registry
+(`predictor.access_features`) names the window field each feature's window computation reads
+(`log_prompt_tokens` reads `prompt_tokens`); the server answers 422 for an item without a
+field its model needs, and any other model ignores the field.
 
 An access-only model (`predictor.access_predictor`) reads no text: each of its items carries
 the values of the access features the model reads (names in `/healthz`'s
 `model.access_features`), raw, before standardisation, exactly as
 `predictor.access_features.feature_row(names, request, conversation)` computes them from the
-engine's request and conversation state:
+engine's request and conversation state (every name must be a registered feature an engine
+computes, `access_feature_names`):
 
     {"items": [{"conversation_id": "c1",
                 "access_features": {"log_turn": 1.0986, "log_prompt_tokens": 7.3, ...}}, ...]}
@@ -40,10 +43,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from predictor.access_features import FEATURES_BY_NAME
+from predictor.access_features import computable_on, feature, window_fields, windows_lacking
 from predictor.errors import InvalidInputError
 from predictor.features import ConversationWindow
-from predictor.request_features import PROMPT_TOKENS_FEATURE
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,12 @@ ACCESS_ITEM_FIELD = "access_features"
 TEXT_ITEM_FIELDS = frozenset({"user_prompts", "turn_count", "prompt_tokens"})
 
 
+def access_feature_names() -> tuple[str, ...]:
+    """Every name an access item may carry: the registered features an engine computes from
+    its request state."""
+    return computable_on("state")
+
+
 def access_request_model(limits: RequestLimits) -> type[BaseModel]:
     """The pydantic model of a predict request for an access-only model under `limits`
     (which feature names an item must hold depends on the model: `access_item_details`)."""
@@ -121,7 +129,7 @@ def access_request_model(limits: RequestLimits) -> type[BaseModel]:
         conversation_id: str | None = Field(
             default=None, max_length=limits.max_conversation_id_chars
         )
-        access_features: dict[str, value] = Field(max_length=len(FEATURES_BY_NAME))
+        access_features: dict[str, value] = Field(max_length=len(access_feature_names()))
 
     class AccessPredictRequest(BaseModel):
         model_config = ConfigDict(extra="forbid", strict=True)
@@ -223,15 +231,23 @@ def validation_details(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return details
 
 
-def missing_prompt_tokens_details(indices: list[int]) -> list[dict[str, Any]]:
-    """422 details, in `validation_details`' shape, for items the model in service cannot
-    predict because they lack `prompt_tokens` (valid JSON, but not enough for this model)."""
-    return [
-        {
-            "loc": ["items", i, "prompt_tokens"],
-            "msg": "this model needs prompt_tokens (the request's prompt tokens, counted by "
-            f"the serving engine) for its {PROMPT_TOKENS_FEATURE} feature",
-            "type": "missing",
-        }
-        for i in indices
-    ]
+def missing_field_details(
+    windows: list[ConversationWindow], names: tuple[str, ...], among: list[int] | None = None
+) -> list[dict[str, Any]]:
+    """422 details, in `validation_details`' shape, for items (all, or the indices `among`)
+    lacking an optional field the features `names` of the model in service read (valid JSON,
+    but not enough for this model): the registry says which feature reads which field."""
+    details = []
+    for field_name, readers in window_fields(names).items():
+        described = "; ".join(f"{n}: {feature(n).description}" for n in readers)
+        for i in windows_lacking(windows, field_name):
+            if among is None or i in among:
+                details.append(
+                    {
+                        "loc": ["items", i, field_name],
+                        "msg": f"this model needs {field_name} (counted by the serving engine) "
+                        f"for its {', '.join(readers)} feature ({described})",
+                        "type": "missing",
+                    }
+                )
+    return sorted(details, key=lambda d: d["loc"][1])

@@ -1,10 +1,10 @@
 """The model in service: the slot a reload swaps, and how one batch is predicted.
 
 A retraining job promotes a new artifact without a restart: `POST /v1/reload` loads it
-beside the running model (requests keep flowing) and swaps it in between two batches. A model
-trained with finish features is served only if every one of them can be computed from the
-request (`predictor.request_features`); otherwise it is refused when the server starts or the
-reload is asked for, never per request.
+beside the running model (requests keep flowing) and swaps it in between two batches. A text model
+trained with extra features is served only if the feature registry (`predictor.access_features`)
+computes every one of them from a request's window; otherwise it is refused when the server
+starts or the reload is asked for, never per request.
 
 An access-only model (`predictor.access_predictor.AccessPredictor`, no embedder) is served too:
 its items carry access feature values instead of a window (rpc_schema.py), and it is answered
@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from predictor.access_features import check_servable, window_fields, windows_lacking
 from predictor.access_predictor import AccessPredictor
 from predictor.admission import WindowTokenEstimator
 from predictor.artifact import load_artifact, read_metadata
 from predictor.batching import PredictFn
 from predictor.features import ConversationWindow
 from predictor.predictor import Predictor
-from predictor.request_features import check_servable, windows_without_prompt_tokens
 
 ServedModel = Predictor | AccessPredictor
 DEFAULT_EMBED_BATCH_SIZE = 8  # a text model reloaded while an access model is in service
@@ -92,18 +92,19 @@ def batch_predict(predictor: ServedModel) -> PredictFn:
     """`predictor.predict` for one batch, tolerant of windows queued for another model.
 
     Requests are checked against the model in service when they arrive. A model swapped in
-    while they wait may need `prompt_tokens` some of them lack; rather than failing the whole
-    batch (and every other caller in it), those windows get NaN, which the endpoint answers
-    with the same 422 an arriving request gets. Rows are independent (row-wise MLP), so the
-    others get exactly what `predict` alone gives. Windows still queued when an access-only
-    model was swapped in get NaN likewise (it reads no windows)."""
+    while they wait may need a window field (`prompt_tokens`) some of them lack; rather than
+    failing the whole batch (and every other caller in it), those windows get NaN, which the
+    endpoint answers with the same 422 an arriving request gets. Rows are independent
+    (row-wise MLP), so the others get exactly what `predict` alone gives. Windows still queued
+    when an access-only model was swapped in get NaN likewise (it reads no windows)."""
     if isinstance(predictor, AccessPredictor):
         return lambda windows: np.full(len(windows), np.nan)
-    if not predictor.needs_prompt_tokens:
+    fields = window_fields(predictor.extra_features)
+    if not fields:
         return predictor.predict
 
     def predict(windows: Sequence[ConversationWindow]) -> np.ndarray:
-        missing = set(windows_without_prompt_tokens(windows))
+        missing = {i for name in fields for i in windows_lacking(windows, name)}
         if not missing:
             return predictor.predict(windows)
         out = np.full(len(windows), np.nan)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,16 +20,16 @@ import numpy as np
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ValidationError
 
+from predictor.access_features import computable_on
 from predictor.access_predictor import AccessPredictor
 from predictor.artifact import ArtifactError
 from predictor.batching import BatcherStoppedError, MicroBatcher, QueueFullError
 from predictor.features import ConversationWindow
 from predictor.predictor import Predictor
-from predictor.request_features import windows_without_prompt_tokens
 from predictor.rpc_schema import (
     ReloadRequest,
     access_item_details,
-    missing_prompt_tokens_details,
+    missing_field_details,
     validation_details,
     wrong_kind_details,
 )
@@ -103,7 +102,7 @@ ops_router = APIRouter()
 
 def parse_windows(payload: object, state: ServerState) -> list[ConversationWindow]:
     """The request's windows, or `InvalidRequest` naming each bad field (and each item the
-    model in service cannot predict for lack of `prompt_tokens`)."""
+    model in service cannot predict for lack of a field its features read)."""
     wrong_kind = wrong_kind_details(payload, access_model=False)
     if wrong_kind:
         raise InvalidRequest(wrong_kind)
@@ -112,10 +111,10 @@ def parse_windows(payload: object, state: ServerState) -> list[ConversationWindo
     except ValidationError as invalid:
         raise InvalidRequest(validation_details(invalid.errors())) from None
     windows = parsed.windows()
-    if state.slot.current.needs_prompt_tokens:
-        missing = windows_without_prompt_tokens(windows)
-        if missing:
-            raise InvalidRequest(missing_prompt_tokens_details(missing))
+    model = state.slot.current
+    missing = missing_field_details(windows, model.extra_features) if model.extra_features else []
+    if missing:
+        raise InvalidRequest(missing)
     return windows
 
 
@@ -178,11 +177,10 @@ async def predict(request: Request, state: State) -> Response:
         raise PredictionFailed(
             f"prediction failed: {type(failure).__name__}: {failure}"
         ) from failure
-    # NaN: a model needing prompt_tokens was swapped in while these waited (batch_predict)
-    unanswered = [i for i in windows_without_prompt_tokens(windows) if math.isnan(probabilities[i])]
-    if unanswered:
-        raise InvalidRequest(missing_prompt_tokens_details(unanswered))
+    # NaN: a model needing a field these lack was swapped in while they waited (batch_predict)
     swapped = np.flatnonzero(np.isnan(probabilities)).tolist()
+    if swapped and (unanswered := missing_field_details(windows, computable_on("window"), swapped)):
+        raise InvalidRequest(unanswered)
     if swapped:  # an access-only model was swapped in while these waited (batch_predict)
         raise InvalidRequest(
             [

@@ -22,11 +22,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lpc.learned_source import ServingTokenCounter
+from predictor.access_features import needs_token_counts
 from predictor.artifact import save_artifact
 from predictor.embedders import load_embedder
 from predictor.features import FeatureConfig
 from training.embedding_cache import EmbeddingCache, EmbedOptions
-from training.finish_features import needs_token_counts
 from training.fit import FitConfig
 from training.loaders import load_conversations
 from training.locations import default_embedding_cache_dir
@@ -44,7 +44,8 @@ VARIANTS: dict[str, TrainConfig] = {
     # issue-4 stretch: each prompt embedded alone, the window = the mean of its prompts' vectors
     "prompt-mean": replace(PAPER, feature_config=FeatureConfig(window_encoding="prompt_mean")),
     "redistribute": replace(PAPER, feature_config=FeatureConfig(share_policy="redistribute")),
-    # finish-time scalars (training.finish_features), one group at a time, then together
+    # the text model's registered scalars (predictor.access_features), one group at a time,
+    # then together
     "context": replace(PAPER, finish_features=("log_context_chars",)),
     "reply": replace(PAPER, finish_features=("log_reply_chars", "reply_asks")),
     "prompt-length": replace(PAPER, finish_features=("log_prompt_chars",)),

@@ -1,5 +1,6 @@
 """Every reference in the code's text and the docs resolves: module paths (`training.x.y`),
-markdown files (`docs/x.md`), numbered sections (`docs/x.md §3`) and finish-feature names.
+markdown files (`docs/x.md`), numbered sections (`docs/x.md §3`) and feature names (the one
+feature registry, `predictor.access_features`).
 
 A docstring, help text or doc that points at a module, file, section or feature that does not
 exist sends a reader nowhere; this test fails on the first such pointer, naming where it is.
@@ -17,9 +18,7 @@ import pytest
 
 from lpc.cli import build_parser
 from lpc.commands import train as train_command
-from predictor.access_features import FEATURES_BY_NAME as ACCESS_FEATURES
-from predictor.request_features import REQUEST_FEATURES
-from training.finish_features import FINISH_FEATURES
+from predictor.access_features import FEATURES_BY_NAME, computable_on
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("lpc", "predictor", "training", "eviction")
@@ -203,26 +202,35 @@ def test_sections_exist():
     assert not missing, "references to sections that do not exist:\n" + "\n".join(missing)
 
 
-def test_finish_feature_names_exist():
-    """Backticked feature names in docs and docstrings are registered finish or access
-    features."""
+def test_feature_names_exist():
+    """Backticked feature names in docs and docstrings are registered features."""
     missing = []
     for path, line, text in all_texts():
         for match in FEATURE_NAME.finditer(text):
-            if match.group(1) not in FINISH_FEATURES and match.group(1) not in ACCESS_FEATURES:
+            if match.group(1) not in FEATURES_BY_NAME:
                 missing.append(f"{where(path, line, text, match.start())}: {match.group(1)}")
     assert not missing, "features that do not exist:\n" + "\n".join(missing)
-    assert set(REQUEST_FEATURES) <= set(FINISH_FEATURES)
+    assert set(computable_on("window")) <= set(computable_on("sample"))
 
 
-def test_finish_features_help_lists_exactly_the_registry():
+def _train_flag_help(flag: str) -> str:
     parser = build_parser()
     train = next(a for a in parser._actions if a.dest == "command").choices[
         train_command.register.__module__.rsplit(".", 1)[1]
     ]
-    (action,) = [a for a in train._actions if "--finish-features" in a.option_strings]
-    listed = set(re.findall(r"\b(log_[a-z_]+|reply_asks)\b", action.help))
-    assert listed == set(FINISH_FEATURES)
+    (action,) = [a for a in train._actions if flag in a.option_strings]
+    return action.help
+
+
+@pytest.mark.parametrize(
+    "flag, paths", [("--finish-features", ("sample",)), ("--access-features", ("table", "state"))]
+)
+def test_train_help_lists_exactly_the_registry(flag, paths):
+    """`lpc train --help` names every feature the flag takes, with when it is known."""
+    listed = dict(
+        re.findall(r"\b([a-z][a-z_]+) \((arrival|scheduling|release)\)", _train_flag_help(flag))
+    )
+    assert listed == {n: FEATURES_BY_NAME[n].known_at for n in computable_on(*paths)}
 
 
 @pytest.mark.parametrize(

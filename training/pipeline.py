@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from predictor.access_features import check_names, needs_token_counts, sample_matrix
 from predictor.artifact import ArtifactMetadata, ModelArtifact
 from predictor.embedders import DEFAULT_EMBEDDER_SPEC
 from predictor.embedders.base import Embedder
@@ -28,11 +29,6 @@ from predictor.predictor import Predictor
 from training.conversation import Conversation
 from training.data import SampleSplit, attach_token_counts, split_samples
 from training.embedding_cache import EmbeddingCache, EmbedOptions, EmbedStats
-from training.finish_features import (
-    check_finish_features,
-    finish_feature_matrix,
-    needs_token_counts,
-)
 from training.fit import FitConfig, FitResult, fit_mlp
 from training.metrics import brier_prior_corrected, classification_metrics
 from training.samples import (
@@ -70,10 +66,11 @@ class TrainConfig:
                 f"TrainConfig.validation_fraction must be in (0, 1), "
                 f"got {self.validation_fraction!r}"
             )
-        try:
-            object.__setattr__(self, "finish_features", check_finish_features(self.finish_features))
-        except InvalidInputError as error:
-            raise InvalidInputError(f"TrainConfig.finish_features: {error}") from None
+        object.__setattr__(
+            self,
+            "finish_features",
+            check_names(self.finish_features, "TrainConfig.finish_features", "sample"),
+        )
         MLPConfig(hidden_sizes=self.hidden_sizes, dropout=self.dropout)  # validates both
 
     def mlp_config(self, embedding_dim: int) -> MLPConfig:
@@ -119,7 +116,7 @@ def model_inputs(
 ) -> np.ndarray:
     """The MLP input rows of `samples` (see `predictor.model.input_matrix`)."""
     turns = encode_turn_counts(turn_counts_of(samples), feature_config)
-    extras = finish_feature_matrix(samples, finish_features) if finish_features else None
+    extras = sample_matrix(samples, finish_features) if finish_features else None
     return input_matrix(embeddings, turns, extras)
 
 
@@ -128,11 +125,7 @@ def predict_samples(
 ) -> np.ndarray:
     """Probabilities for samples whose window embeddings are given, as the server computes
     them (row by row), with the model's finish features when it has any."""
-    extras = (
-        finish_feature_matrix(samples, predictor.extra_features)
-        if predictor.extra_features
-        else None
-    )
+    extras = sample_matrix(samples, predictor.extra_features) if predictor.extra_features else None
     return predictor.predict_from_embeddings(embeddings, turn_counts_of(samples), extras)
 
 

@@ -448,8 +448,8 @@ def _score_current(
 ) -> dict[str, Any]:
     """The current model's metrics on the candidate's held-out samples (its own embedder's
     cache when it was trained on another embedder; token counts when it needs them)."""
+    from predictor.access_features import needs_token_counts
     from predictor.artifact import load_artifact
-    from training.finish_features import needs_token_counts
     from training.samples import with_token_counts
 
     metadata = load_artifact(path).metadata

@@ -23,6 +23,8 @@ def artifact_from(args: argparse.Namespace) -> Path | None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from predictor.access_features import computable_on  # the help lists what can be served
+
     parser = subparsers.add_parser(
         "serve",
         help="serve continuation predictions over HTTP (batched, for inference engines)",
@@ -45,10 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help=f"predictor artifact folder (--model is the same flag); without it, ${ARTIFACT_ENV}, "
         f"else the shipped model models/{SHIPPED_MODEL_NAME} if present. "
-        "A model trained with the opt-in log_prompt_tokens finish feature (not the shipped "
-        "one) needs prompt_tokens in every item; one with finish features a request cannot "
-        "carry is refused at start. An access-only model (lpc train --trace, lpc retrain "
-        "--logs) is served without an embedder: its items carry access_features",
+        "A model trained with the opt-in log_prompt_tokens feature (not the shipped one) "
+        "needs prompt_tokens in every item; a text model may read only the features a request "
+        f"carries ({', '.join(computable_on('window'))}), any other is refused at start. "
+        "An access-only model (lpc train --trace, lpc retrain --logs) is served without an "
+        "embedder: its items carry access_features",
     )
     parser.add_argument(
         "--embedder",
@@ -148,10 +151,10 @@ def run(args: argparse.Namespace) -> int:
     prefer_passive_openmp()  # before torch is imported: see predictor/runtime.py
 
     from lpc.errors import CommandError, InvalidInputError
+    from predictor.access_features import check_servable
     from predictor.artifact import load_artifact
     from predictor.embedders import load_embedder
     from predictor.predictor import Predictor
-    from predictor.request_features import check_servable
     from predictor.rpc_schema import RequestLimits
     from predictor.server import ServerConfig, create_app, load_served_model, uvicorn_server
     from predictor.tokens import read_bearer_token

@@ -67,6 +67,8 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_training_arguments(p: argparse.ArgumentParser) -> None:
     """Flags shared by `lpc train` and `lpc retrain`: embedder, features, MLP, fit, cache."""
+    from predictor.access_features import computable_on, features_help  # the help lists them
+
     emb = p.add_argument_group("embedder and embedding cache")
     emb.add_argument(
         "--embedder",
@@ -136,10 +138,9 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
         "--finish-features",
         type=_names,
         default=(),
-        help="opt-in scalars known when a request finishes, comma-separated, any of: "
-        "log_context_chars, log_reply_chars, reply_asks, log_prompt_chars, "
-        "log_request_tokens, log_output_tokens, log_prompt_tokens (the last three in serving "
-        "tokens: Qwen ChatML; only log_prompt_tokens and log_prompt_chars can be served) "
+        help="opt-in registered scalars besides the window, comma-separated, any of (when an "
+        f"engine knows it): {features_help('sample')}; token counts are serving tokens (Qwen "
+        f"ChatML); a served model may use only {', '.join(computable_on('window'))} "
         "(default: none, the paper's inputs; see docs/training.md §5)",
     )
 
@@ -251,7 +252,7 @@ def train_config_from(args: argparse.Namespace):
 
 def token_counter_for(config, args: argparse.Namespace):
     """The serving-token counter when the finish features need one, else None."""
-    from training.finish_features import needs_token_counts
+    from predictor.access_features import needs_token_counts
 
     if not needs_token_counts(config.finish_features):
         return None

@@ -12,6 +12,7 @@ from lpc.errors import UserError
 
 
 def add_trace_arguments(p: argparse.ArgumentParser) -> None:
+    from predictor.access_features import features_help
     from training.access_data import DEFAULT_ACCESS_HORIZON_S
 
     g = p.add_argument_group(
@@ -56,8 +57,9 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--access-features",
-        help="comma-separated access features (default: every one the trace can feed; "
-        "names in docs/training.md)",
+        help="comma-separated access features, any of (when an engine knows it): "
+        f"{features_help('table', 'state')} (default: every one the trace can feed; "
+        "docs/training.md §8)",
     )
 
 

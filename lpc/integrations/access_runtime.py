@@ -31,7 +31,7 @@ from lpc.integrations.conversation_table import (
     token_array,
 )
 from lpc.integrations.stats import PluginStats
-from predictor.access_features import RequestState
+from predictor.access_features import RequestState, feature
 from predictor.access_predictor import AccessPredictor
 from predictor.artifact import METADATA_FILE, read_metadata
 from predictor.errors import UserError
@@ -39,7 +39,6 @@ from predictor.errors import UserError
 logger = logging.getLogger("vllm.plugins.lpc")
 
 REQUEST_TYPE_KEY = "lpc_request_type"  # as the request log reads it
-SHARED_PREFIX_FEATURES = frozenset({"log_shared_prefix_tokens", "shared_prefix_share"})
 ArtifactPointer = tuple[str, int]  # (resolved folder, metadata mtime in ns)
 
 
@@ -117,7 +116,9 @@ class AccessRuntime:
 
     @property
     def needs_tokens(self) -> bool:
-        return not SHARED_PREFIX_FEATURES.isdisjoint(self.predictor.feature_names)
+        """Whether the model reads a feature whose engine-state form needs token ids (the
+        shared prefix), as its registry record says."""
+        return any(feature(n).needs_token_ids for n in self.predictor.feature_names)
 
     def maybe_reload(self, now_s: float) -> None:
         """Swap in a newly promoted model if one is due to be looked for and has appeared."""

@@ -86,7 +86,10 @@ def test_train_trace_needs_out_and_a_valid_feature(slice_trace: Path, tmp_path, 
     assert "give --out FOLDER" in capsys.readouterr().err
     args = ["train", "--trace", str(slice_trace), "--out", str(tmp_path / "m")]
     assert main([*args, "--access-features", "log_turn,log_shoe_size"]) == 2
-    assert "unknown access feature 'log_shoe_size'" in capsys.readouterr().err
+    assert "--access-features: unknown feature 'log_shoe_size'" in capsys.readouterr().err
+    # a registered text-model feature has no trace-table computation: refused by name
+    assert main([*args, "--access-features", "log_turn,reply_asks"]) == 2
+    assert "['reply_asks'], which cannot be computed from a trace" in capsys.readouterr().err
     assert (
         main(["train", "--trace", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "m")]) == 2
     )

@@ -129,7 +129,7 @@ def test_types_only_when_the_table_has_them() -> None:
 
 
 def test_unknown_names_and_unsorted_tables_are_refused() -> None:
-    with pytest.raises(AccessFeatureError, match="unknown access feature 'nope'; known: log_turn"):
+    with pytest.raises(AccessFeatureError, match="unknown feature 'nope'; known: log_turn"):
         feature("nope")
     with pytest.raises(AccessFeatureError, match="sorted by arrival_s"):
         feature_frame(table().iloc[::-1], ["log_turn"])

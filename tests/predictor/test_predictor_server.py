@@ -18,10 +18,10 @@ import httpx
 import numpy as np
 import pytest
 
+from predictor.access_features import UnservableFeaturesError
 from predictor.client import PredictorClient
 from predictor.features import ConversationWindow
 from predictor.predictor import Predictor
-from predictor.request_features import UnservableFeaturesError
 from predictor.rpc_schema import RequestLimits
 from predictor.server import ServerConfig, batch_predict, create_app
 from tests.predictor.conftest import make_artifact, sample_windows, token_windows

@@ -159,7 +159,7 @@ def test_a_corrupt_or_mismatched_artifact_is_refused(fitted, tmp_path: Path) -> 
     meta["inputs"]["access_features"][0]["name"] = "log_shoe_size"
     meta["mlp_config"]["extra_features"][0] = "log_shoe_size"
     meta_path.write_text(json.dumps(meta))
-    with pytest.raises(ArtifactIncompatibleError, match="unknown access feature 'log_shoe_size'"):
+    with pytest.raises(ArtifactIncompatibleError, match="unknown feature 'log_shoe_size'"):
         AccessPredictor.load(folder)
 
     meta["inputs"]["access_features"][0]["std"] = 0

@@ -120,7 +120,7 @@ def test_retrain_exit_codes(workspace, capsys):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["train", "--finish-features", "mood"], "unknown finish feature 'mood'"),
+        (["train", "--finish-features", "mood"], "unknown feature 'mood'"),
         (["train", "--validation-fraction", "2"], "validation_fraction"),
         (["train", "--out", ".", "--no-promote"], "--no-promote is for the registry"),
         (["ab", "--model", "/nonexistent/model"], "is not an artifact folder"),

@@ -98,17 +98,17 @@ def test_token_counts_are_attached_and_turns_without_them_left_out():
 def test_token_finish_features_read_the_attached_counts():
     import math
 
-    from training.finish_features import finish_feature_matrix
+    from predictor.access_features import sample_matrix
     from training.samples import with_token_counts
 
     samples = conversation_samples(chat("a", "u1", "r1", "u2", "r2"), 5)
     kept, _ = with_token_counts(samples, {("a", 0): (10, 4), ("a", 1): (30, 6)})
     names = ("log_request_tokens", "log_output_tokens", "log_prompt_tokens")
-    matrix = finish_feature_matrix(kept, names)
+    matrix = sample_matrix(kept, names)
     expected = [
         [math.log1p(10), math.log1p(4), math.log1p(6)],
         [math.log1p(30), math.log1p(6), math.log1p(24)],
     ]
     assert matrix.ravel().tolist() == pytest.approx([v for row in expected for v in row], rel=1e-6)
     with pytest.raises(ValueError, match="log_prompt_tokens needs token counts"):
-        finish_feature_matrix(samples[:1], ("log_prompt_tokens",))
+        sample_matrix(samples[:1], ("log_prompt_tokens",))

@@ -1,5 +1,6 @@
-"""Finish features from the request: windows carry `prompt_tokens`, `Predictor.predict`
-computes the features with training's formulas, and refuses what a request cannot supply."""
+"""The text model's registered features from the request: windows carry `prompt_tokens`,
+`Predictor.predict` computes the features with the same registry records training reads, and
+refuses what a request cannot supply."""
 
 from __future__ import annotations
 
@@ -11,19 +12,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from predictor.access_features import (
+    FEATURES_BY_NAME,
+    MissingPromptTokensError,
+    UnservableFeaturesError,
+    computable_on,
+    not_computable,
+    sample_matrix,
+    window_matrix,
+)
 from predictor.artifact import load_artifact
 from predictor.features import ConversationWindow
 from predictor.predictor import Predictor
-from predictor.request_features import (
-    REQUEST_FEATURES,
-    MissingPromptTokensError,
-    UnservableFeaturesError,
-    request_feature_matrix,
-    unservable_features,
-)
 from tests.predictor.conftest import make_artifact, token_windows, turn_sample
 from tests.predictor.fakes import HashingEmbedder
-from training.finish_features import FINISH_FEATURES, finish_feature_matrix
 
 
 def test_windows_carry_prompt_tokens_strictly():
@@ -47,20 +49,22 @@ def test_windows_carry_prompt_tokens_strictly():
 )
 def test_serving_computes_exactly_what_training_computes(names):
     windows = [*token_windows(40, seed=2), ConversationWindow("empty", ("a", ""), 2, 0)]
-    served = request_feature_matrix(windows, names)
-    trained = finish_feature_matrix([turn_sample(w) for w in windows], names)
+    served = window_matrix(windows, names)
+    trained = sample_matrix([turn_sample(w) for w in windows], names)
     assert served.dtype == trained.dtype == np.float32
     assert np.array_equal(served, trained)
 
 
 def test_every_request_feature_is_a_training_feature():
-    assert set(REQUEST_FEATURES) == {"log_prompt_tokens", "log_prompt_chars"}
-    assert set(REQUEST_FEATURES) <= set(FINISH_FEATURES)
+    served, trained = computable_on("window"), computable_on("sample")
+    assert set(served) == {"log_prompt_tokens", "log_prompt_chars"}
+    assert set(served) <= set(trained)
     # log_request_tokens counts prompt + output: known only at finish, like the reply.
-    assert unservable_features(tuple(FINISH_FEATURES)) == tuple(
-        name for name in FINISH_FEATURES if name not in REQUEST_FEATURES
-    )
-    assert "log_request_tokens" in unservable_features(tuple(FINISH_FEATURES))
+    assert not_computable(trained, "window") == tuple(n for n in trained if n not in served)
+    assert "log_request_tokens" in not_computable(trained, "window")
+    # what a request carries is known before the request finishes; the rest is not
+    assert all(FEATURES_BY_NAME[n].known_at == "arrival" for n in served)
+    assert {FEATURES_BY_NAME[n].known_at for n in trained if n not in served} == {"release"}
 
 
 def test_missing_prompt_tokens_are_named_before_anything_is_embedded(tmp_path):
@@ -79,7 +83,7 @@ def test_predict_equals_the_training_path_and_reads_prompt_tokens(prompt_tokens_
     predictor = Predictor.load(prompt_tokens_artifact, embedder=embedder)
     windows = token_windows(30, seed=5)
     served = predictor.predict(windows)
-    extras = finish_feature_matrix([turn_sample(w) for w in windows], predictor.extra_features)
+    extras = sample_matrix([turn_sample(w) for w in windows], predictor.extra_features)
     embeddings = embedder.embed(predictor.window_texts(windows))
     expected = predictor.predict_from_embeddings(
         embeddings, [w.turn_count for w in windows], extras
@@ -112,10 +116,11 @@ def test_features_known_only_at_finish_are_refused_by_name(tmp_path):
     assert probabilities.shape == (1,)
 
 
-def test_request_features_stay_light_to_import():
-    """The formulas are shared with training; importing them must not pull in torch."""
+def test_the_feature_registry_stays_light_to_import():
+    """The records are shared by training, serving and the plugin; importing them must not
+    pull in torch (nor the server's or training's packages)."""
     code = (
-        "import sys, predictor.request_features; heavy = [m for m in sys.modules if "
+        "import sys, predictor.access_features; heavy = [m for m in sys.modules if "
         "m.split('.')[0] in ('torch', 'pydantic', 'fastapi', 'training')]; print(heavy); "
         "sys.exit(1 if heavy else 0)"
     )
