@@ -79,11 +79,15 @@ def train_on_trace(options: TraceTrainOptions, out: Path | None) -> dict[str, An
         "horizon_s": options.horizon_s,
         "features": list(names),
         "hidden_sizes": list(options.fit.hidden_sizes),
+        "ensemble": options.fit.ensemble,
+        "refit": options.fit.refit,
         "metrics": {
             k: result.metrics[k] for k in ("mlp", "gbm", "turns_only") if k in result.metrics
         },
+        "validation": result.metrics["validation"],
         "samples": result.metrics["samples"],
         "epochs": result.epochs,
+        "member_epochs": result.metrics["member_epochs"],
         "served": result.served,
         "notes": result.notes,
     }

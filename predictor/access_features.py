@@ -101,6 +101,7 @@ class ConversationState:
     think_time_sum_s: float = 0.0
     think_times: int = 0
     last_think_time_s: float = 0.0  # the gap before the latest request (0 for a first one)
+    output_tokens_sum: int = 0  # output tokens of every earlier request (known at release)
 
     def think_time_before(self, request: RequestState) -> float | None:
         """Seconds from the previous reply's completion to this arrival (None: first request;
@@ -124,6 +125,7 @@ class ConversationState:
             think_time_sum_s=self.think_time_sum_s + (think or 0.0),
             think_times=self.think_times + (think is not None),
             last_think_time_s=think or 0.0,
+            output_tokens_sum=self.output_tokens_sum + request.output_tokens,
         )
 
 
@@ -210,6 +212,16 @@ def _mean_think_state(r: RequestState, c: ConversationState) -> float:
     think = c.think_time_before(r)
     count = c.think_times + (think is not None)
     return (c.think_time_sum_s + (think or 0.0)) / count if count else 0.0
+
+
+def _mean_output_tokens_table(t: pd.DataFrame) -> pd.Series:
+    """Mean output tokens of the conversation's requests so far, this one included."""
+    total = t["output_tokens"].astype(np.float64).groupby(t["conversation_id"], sort=False).cumsum()
+    return total / (_turn_index(t) + 1)
+
+
+def _mean_output_tokens_state(r: RequestState, c: ConversationState) -> float:
+    return (c.output_tokens_sum + r.output_tokens) / (c.requests_so_far + 1)
 
 
 def _type_feature(kind: str) -> AccessFeature:
@@ -310,6 +322,15 @@ ACCESS_FEATURES: tuple[AccessFeature, ...] = (
         sample_needs_token_counts=True,
     ),
     *(_type_feature(kind) for kind in REQUEST_TYPES),
+    AccessFeature(
+        "log_mean_output_tokens",
+        "release",
+        "log1p(mean output tokens of the conversation's requests so far, this one included): "
+        "how long the replies it asks for usually are (the engine sums each finished "
+        "request's output in the conversation's state)",
+        lambda t: _log1p(_mean_output_tokens_table(t)),
+        lambda r, c: _log1p(_mean_output_tokens_state(r, c)),
+    ),
 )
 # The text model's scalar extras: computed from a training sample, and those a prediction
 # request carries also from its window. (`log_prompt_tokens` and `log_output_tokens` are text

@@ -62,6 +62,7 @@ def _states(n: int, seed: int) -> list[tuple[RequestState, ConversationState]]:
             float(rng.exponential(200)) * turns,
             turns,
             float(rng.exponential(200)) if turns > 1 else 0.0,
+            int(rng.integers(10, 1_000)) * turns,
         )
         request = RequestState(
             arrival, prompt, prompt // 2 if turns else 0, int(rng.integers(10, 2_000)), arrival + 5

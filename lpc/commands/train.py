@@ -148,7 +148,7 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     fit.add_argument(
         "--hidden",
         type=_int_list,
-        help="hidden layer sizes (default: 128,128,128; with --trace 32,32)",
+        help="hidden layer sizes (default: 128,128,128; with --trace 48,48,48 per ensemble member)",
     )
     fit.add_argument("--dropout", type=float, default=0.0, help="dropout (default: 0)")
     fit.add_argument("--lr", type=float, default=5e-4, help="Adam learning rate (default: 5e-4)")

@@ -7,18 +7,20 @@ import json
 import sys
 from pathlib import Path
 
-from lpc.commands.arg_types import positive_float, split_at
+from lpc.commands.arg_types import positive_float, positive_int, split_at
 from lpc.errors import UserError
 
 
 def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     from predictor.access_features import features_help
     from training.access_data import DEFAULT_ACCESS_HORIZON_S
+    from training.access_fit import DEFAULT_ACCESS_ENSEMBLE
 
     g = p.add_argument_group(
         "access-feature model on a request trace (--trace)",
-        "No text and no embedder: of the other flags only --hidden (default 32,32), --seed, "
-        "--threads, --out, --overwrite and --json apply (docs/training.md §8).",
+        "No text and no embedder: of the other flags only --hidden (each ensemble member's; "
+        "default 48,48,48), --seed, --threads, --out, --overwrite and --json apply "
+        "(docs/training.md §8).",
     )
     g.add_argument(
         "--trace",
@@ -56,6 +58,20 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
         "(default: %(default)s)",
     )
     g.add_argument(
+        "--ensemble",
+        type=positive_int,
+        default=DEFAULT_ACCESS_ENSEMBLE,
+        help="average this many MLPs (seeds --seed, --seed + 1, …), stored as one MLP with "
+        "block-diagonal weights (default: %(default)s)",
+    )
+    g.add_argument(
+        "--no-refit",
+        dest="refit",
+        action="store_false",
+        help="serve the members as early-stopped on the fitting slice, instead of retraining "
+        "each on the whole training part for its best epoch count",
+    )
+    g.add_argument(
         "--access-features",
         help="comma-separated access features, any of (when an engine knows it): "
         f"{features_help('table', 'state')} (default: every one the trace can feed; "
@@ -79,7 +95,7 @@ def _print_report(report: dict) -> None:
     print()
     print(f"{'evaluation part':<26}{'AUC':>8}{'MCC':>8}{'macro-F1':>10}{'Brier':>8}")
     labels = {
-        "mlp": f"MLP {'x'.join(map(str, report['hidden_sizes']))} (served)",
+        "mlp": f"MLP {report['ensemble']}×{'x'.join(map(str, report['hidden_sizes']))} (served)",
         "gbm": "gradient boosting (ref.)",
         "turns_only": "turns only",
     }
@@ -90,12 +106,18 @@ def _print_report(report: dict) -> None:
                 f"{label:<26}{m['roc_auc']:>8.3f}{m['mcc']:>8.3f}{m['macro_f1']:>10.3f}"
                 f"{m['brier']:>8.3f}"
             )
+    validation = report["validation"]
+    print(
+        f"validation slice AUC (trained on the fitting slice only): MLP "
+        f"{validation['mlp']['roc_auc']:.3f}, gradient boosting {validation['gbm']['roc_auc']:.3f}"
+    )
     for note in report["notes"]:
         print(f"note: {note}")
     t = report["timings_s"]
+    refit = " (then refitted on the whole training part)" if report["refit"] else ""
     print(
-        f"\nepochs {report['epochs']}; load {t['load_s']:.1f} s, fit {t['fit_s']:.1f} s, "
-        f"total {t['total_s']:.1f} s"
+        f"\nepochs {'/'.join(map(str, report['member_epochs']))}{refit}; "
+        f"load {t['load_s']:.1f} s, fit {t['fit_s']:.1f} s, total {t['total_s']:.1f} s"
     )
     if "out" in report:
         print(f"wrote {report['out']}")
@@ -124,6 +146,8 @@ def run_trace(args: argparse.Namespace) -> int:
         features=features,
         fit=AccessFitConfig(
             hidden_sizes=tuple(args.hidden) if args.hidden else AccessFitConfig.hidden_sizes,
+            ensemble=args.ensemble,
+            refit=args.refit,
             seed=args.seed,
             threads=args.threads or AccessFitConfig.threads,
         ),

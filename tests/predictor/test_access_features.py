@@ -72,6 +72,7 @@ def test_values_of_a_third_turn() -> None:
         "log_previous_think_time_s": math.log1p(30),
         "log_conversation_age_s": math.log1p(200),
         "log_output_tokens": math.log1p(10),
+        "log_mean_output_tokens": math.log1p((20 + 30 + 10) / 3),
         "type_image": 1.0,
         "type_text": 0.0,
     }
@@ -89,6 +90,7 @@ def test_values_of_first_turns_and_an_overlapping_branch() -> None:
     assert branch["log_think_time_s"] == 0.0
     assert branch["log_new_tokens"] == 0.0  # 75 - 70 - 9 < 0: clipped
     assert branch["type_file"] == 1.0
+    assert branch["log_mean_output_tokens"] == pytest.approx(math.log1p((9 + 3) / 2))
 
 
 def test_a_row_reads_nothing_from_later_rows() -> None:
@@ -118,6 +120,7 @@ def test_engine_state_gives_the_table_values() -> None:
         conversation = states.get(row.conversation_id, ConversationState())
         np.testing.assert_allclose(feature_row(NAMES, request, conversation), full[i])
         states[row.conversation_id] = conversation.after(request)
+    assert states["a"].output_tokens_sum == 20 + 30 + 10
 
 
 def test_types_only_when_the_table_has_them() -> None:

@@ -20,7 +20,12 @@ from predictor.artifact import (
     read_metadata,
 )
 from training.access_data import access_samples, horizon_labels
-from training.access_fit import AccessFitConfig, fit_access_model, save_access_model
+from training.access_fit import (
+    AccessFitConfig,
+    fit_access_model,
+    merge_members,
+    save_access_model,
+)
 
 COLUMNS = [
     "conversation_id",
@@ -115,6 +120,46 @@ def test_the_model_learns_the_think_time_signal(fitted) -> None:
     assert result.metrics["mlp"]["roc_auc"] > 0.65
     assert result.metrics["mlp"]["roc_auc"] > result.metrics["turns_only"]["roc_auc"]
     assert {"mcc", "macro_f1", "brier"} <= set(result.metrics["gbm"])
+
+
+def test_an_ensemble_is_one_mlp_whose_logit_is_the_members_mean() -> None:
+    import torch
+
+    from predictor.model import ContinuationMLP, MLPConfig
+
+    members = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        members.append(ContinuationMLP(MLPConfig(0, (5, 4), 0.0, NAMES, turn_column=False)))
+    merged = merge_members(members)
+    assert merged.config.hidden_sizes == (15, 12)
+    x = torch.randn(32, len(NAMES))
+    with torch.no_grad():
+        expected = torch.stack([m(x) for m in members]).mean(dim=0)
+        np.testing.assert_allclose(merged(x).numpy(), expected.numpy(), atol=1e-6)
+
+
+def test_members_are_early_stopped_then_refitted_on_the_whole_training_part(fitted) -> None:
+    samples, result = fitted
+    metrics = result.metrics
+    assert metrics["ensemble"] == 4 and len(metrics["member_epochs"]) == 4
+    assert result.model.config.hidden_sizes == (32, 32)  # four 8x8 members side by side
+    assert 0.5 < metrics["validation"]["mlp"]["roc_auc"] <= 1.0
+    assert 0.5 < metrics["validation"]["gbm"]["roc_auc"] <= 1.0
+    # Refitted: the standardisation is the whole training part's, not the fitting slice's.
+    whole = np.concatenate([samples.features["fit"], samples.features["validation"]])
+    np.testing.assert_allclose(
+        [f.mean for f in result.inputs.access_features], whole.mean(axis=0), rtol=1e-9
+    )
+    single = fit_access_model(
+        samples, AccessFitConfig(hidden_sizes=(8, 8), max_epochs=10, ensemble=1, refit=False)
+    )
+    np.testing.assert_allclose(
+        [f.mean for f in single.inputs.access_features],
+        samples.features["fit"].mean(axis=0),
+        rtol=1e-9,
+    )
+    assert single.model.config.hidden_sizes == (8, 8)
 
 
 def test_artifact_round_trip_and_numpy_matches_torch(fitted, tmp_path: Path) -> None:
