@@ -342,7 +342,10 @@ def test_the_cli_passes_split_at_and_hidden_to_the_trace_path(tmp_path: Path, ca
     assert (code, outcome["status"]) == (0, PROMOTED), outcome["reason"]
     assert outcome["data"]["split_rule"] == "--split-at 0.6"
     model = AccessPredictor.load(tmp_path / "registry" / "current")
-    assert model.metadata.mlp_config.hidden_sizes == (8,)
+    # --hidden sizes each member; the artifact stores the members as one block-diagonal MLP
+    assert model.metadata.metrics["member_hidden_sizes"] == [8]
+    ensemble = model.metadata.metrics["ensemble"]
+    assert model.metadata.mlp_config.hidden_sizes == (8 * ensemble,)
 
 
 def test_the_split_rule(tmp_path: Path) -> None:
