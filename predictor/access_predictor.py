@@ -60,10 +60,11 @@ def _layers(
 class AccessPredictor:
     """Batched numpy forward pass of an access-only model (ReLU MLP, one logit).
 
-    The matrices are tiny (k×32): a process that also runs large matrix products should
-    let this one use a single BLAS thread (`threadpoolctl.threadpool_limits(1)` or
-    OPENBLAS_NUM_THREADS=1); with several threads on a busy machine the threads' hand-offs
-    cost more than the arithmetic (docs/results.md, "Real traffic")."""
+    The matrices are small (192×192 at most for the shipped ensemble): a process that also
+    runs large matrix products should let this one use a single BLAS thread
+    (`threadpoolctl.threadpool_limits(1)` or OPENBLAS_NUM_THREADS=1); with several threads on
+    a busy machine the threads' hand-offs cost more than the arithmetic (docs/results.md,
+    "Real traffic")."""
 
     def __init__(
         self,
