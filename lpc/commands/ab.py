@@ -285,10 +285,10 @@ def model_path_from(args: argparse.Namespace) -> Path | None:
 
 
 def _with_learned_lpc(policies: tuple[str, ...]) -> tuple[str, ...]:
-    """`lpc` inserted before the upper bounds."""
+    """`lpc` and `lpc-pooled` inserted before the upper bounds."""
     bounds = [i for i, p in enumerate(policies) if p in ("oracle", "belady")]
     at = bounds[0] if bounds else len(policies)
-    return (*policies[:at], "lpc", *policies[at:])
+    return (*policies[:at], "lpc", "lpc-pooled", *policies[at:])
 
 
 def options_from(args: argparse.Namespace, model_available: bool = False):
