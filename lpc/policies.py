@@ -125,8 +125,8 @@ def policy_help() -> str:
     return (
         f"comma-separated policies (default: {','.join(DEFAULT_POLICIES)}, and lpc when a "
         "predictor model is available; on a --trace: "
-        f"{','.join(TRACE_POLICY_CANDIDATES)}, with lpc before the upper bounds when an "
-        "access-feature model is available (docs/training.md §8)). "
+        f"{','.join(TRACE_POLICY_CANDIDATES)}, with lpc and lpc-pooled before the upper bounds "
+        "when an access-feature model is available (docs/training.md §8)). "
         f"Heuristics: {heuristics}. Learned: {learned}. "
         f"Upper bounds (not deployable): {'; '.join(bounds)}"
     )
