@@ -24,8 +24,13 @@ def test_lpc_pooled_matches_brute_force_reference(
     seed: int, window_s: float, horizon_s: float
 ) -> None:
     steps = random_stream(seed, 400)
+    # The memory's size bound is left out of the reference (it has its own test below).
     fast_evictor = PooledLPCEvictor(
-        48, fallback_probability=0.3, memory_window_s=window_s, horizon_s=horizon_s
+        48,
+        fallback_probability=0.3,
+        memory_window_s=window_s,
+        horizon_s=horizon_s,
+        memory_blocks_factor=1e6,
     )
     fast = PrefixCacheBlockManager(48, block_size=4, evictor=fast_evictor)
     slow = PrefixCacheBlockManager(
@@ -107,6 +112,23 @@ def test_the_memory_forgets_content_after_its_window() -> None:
     assert evictor.pooled_key(a) != pytest.approx(static_key(0.1, 302.0, 0.01, 1e-6))
 
 
+def test_the_memory_keeps_at_most_its_bound_forgetting_the_oldest_content() -> None:
+    """A memory of two contents (factor 0.5 on a four-block pool): a third content pushes out
+    the oldest, which then no longer makes a fresh block's release shared."""
+    evictor = PooledLPCEvictor(
+        4, scale_per_s=0.0, memory_window_s=300.0, horizon_s=100.0, memory_blocks_factor=0.5
+    )
+    evictor.reset(range(4))
+    a, _, c, d = evictor.pop_n(4)
+    for t, content in ((0.0, b"first"), (1.0, b"second"), (2.0, b"third")):
+        evictor.note_shared_release(_freed([a], [content]), Release(t, 0.1, "A"))
+        assert evictor.memory_size() <= 2
+    evictor.push_cached(_freed([c], [b"first"]), Release(4.0, 0.1, "B"))  # forgotten
+    assert evictor.pooled_key(c) == pytest.approx(static_key(0.1, 4.0, 0.0, 1e-6))
+    evictor.push_cached(_freed([d], [b"third"]), Release(5.0, 0.1, "B"))  # remembered
+    assert evictor.pooled_key(d) == pytest.approx(static_key(0.5, 5.0, 0.0, 1e-6))
+
+
 def test_shared_probability_counts_reuse_within_the_horizon() -> None:
     evictor = PooledLPCEvictor(8, memory_window_s=100.0, horizon_s=10.0)
     evictor.reset(range(8))
@@ -140,8 +162,13 @@ def test_reset_forgets_the_memory_and_the_estimate() -> None:
 
 @pytest.mark.parametrize(
     "options",
-    [{"horizon_s": 0.0}, {"horizon_s": math.inf}, {"memory_window_s": 10.0, "horizon_s": 20.0}],
+    [
+        {"horizon_s": 0.0},
+        {"horizon_s": math.inf},
+        {"memory_window_s": 10.0, "horizon_s": 20.0},
+        {"memory_blocks_factor": 0.0},
+    ],
 )
 def test_bad_windows_are_refused(options: dict) -> None:
-    with pytest.raises(ValueError, match=r"horizon_s|memory_window_s"):
+    with pytest.raises(ValueError, match=r"horizon_s|memory_window_s|memory_blocks_factor"):
         PooledLPCEvictor(4, **options)
