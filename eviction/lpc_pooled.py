@@ -252,8 +252,8 @@ class PooledLPCEvictor(LPCEvictor):
                     shared_at = len(block_ids)  # every block was claimed
                     break
                 memory[block_hash] = (conversation_id, now, False)
-        if len(memory) > self.memory_max_entries:
-            self._bound_memory()
+            if len(memory) > self.memory_max_entries:
+                self._bound_memory()
         if shared_at < 0:
             self._enqueue(run)
             return
