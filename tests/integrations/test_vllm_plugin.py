@@ -600,13 +600,13 @@ def test_pooled_evictor_with_the_access_model_equals_our_replay_exactly(
     replayed = read_trace(trace).requests
     values = AccessSource(AccessPredictor.load(SHIPPED_ACCESS_MODEL)).predict_requests(replayed)
     workload = prepare(replayed, 512, {"model": values})
-    lpc = replay(workload, parse_policy("lpc"), cache_tokens, 1e-2, 0.5)
-    assert lpc.hit_tokens != plugin["vllm_hit_tokens"], "the pooled evictor changed nothing"
+    plain = replay(workload, parse_policy("lpc"), cache_tokens, 1e-2, 0.5)
+    assert plain.hit_tokens != plugin["vllm_hit_tokens"], "the pooled evictor changed nothing"
     REPORT.append(
         f"lpc-pooled in process: Mooncake synthetic sample ({requests} requests, "
         f"{cache_tokens} tokens, block 512): vLLM+plugin {100 * plugin['vllm_hit_ratio']:.4f}% "
         f"== lpc ab {100 * plugin['ours_hit_ratio']:.4f}% (lpc "
-        f"{100 * lpc.token_hit_ratio:.4f}%, LRU {100 * rows['lru']['vllm_hit_ratio']:.4f}%)"
+        f"{100 * plain.token_hit_ratio:.4f}%, LRU {100 * rows['lru']['vllm_hit_ratio']:.4f}%)"
     )
 
 
