@@ -406,7 +406,8 @@ def run(args: argparse.Namespace) -> int:
         p.source == "model" for p in options.policies
     )
     if wants_model and model is None:
-        raise CommandError("policy 'lpc' needs a trained predictor model (--model PATH)")
+        learned = [p.label for p in options.policies if p.source == "model"] or ["lpc"]
+        raise CommandError(f"policy {learned[0]!r} needs a trained predictor model (--model PATH)")
     factory = None
     if wants_model and model is not None and _is_access_model(model):
         options = replace(options, model_reads_text=False)
