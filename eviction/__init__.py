@@ -14,6 +14,7 @@ from eviction.belady import BeladyEvictor, FutureUses
 from eviction.fifo import FIFOEvictor
 from eviction.lfu import LFUEvictor
 from eviction.lpc import LPCEvictor, decayed_probability, static_key
+from eviction.lpc_pooled import PooledLPCEvictor
 from eviction.lru import LRUEvictor
 from eviction.registry import POLICIES, PolicyEntry, make_evictor, policy_names
 from eviction.s3fifo import S3FIFOEvictor
@@ -36,6 +37,7 @@ __all__ = [
     "LPCEvictor",
     "LRUEvictor",
     "PolicyEntry",
+    "PooledLPCEvictor",
     "Release",
     "S3FIFOEvictor",
     "SieveEvictor",

@@ -17,6 +17,7 @@ from eviction.belady import BeladyEvictor
 from eviction.fifo import FIFOEvictor
 from eviction.lfu import LFUEvictor
 from eviction.lpc import LPCEvictor
+from eviction.lpc_pooled import PooledLPCEvictor
 from eviction.lru import LRUEvictor
 from eviction.s3fifo import S3FIFOEvictor
 from eviction.sieve import SieveEvictor
@@ -56,6 +57,12 @@ POLICIES: dict[str, PolicyEntry] = {
         PolicyEntry("arc", ARCEvictor, "adaptive recency/frequency split (FAST'03)", "heuristic"),
         PolicyEntry(
             "lpc", LPCEvictor, "least likely to be continued first, by predicted p", "learned"
+        ),
+        PolicyEntry(
+            "lpc-pooled",
+            PooledLPCEvictor,
+            "lpc with OR pooling and an online floor for prefixes shared across conversations",
+            "learned",
         ),
         PolicyEntry(
             "belady", BeladyEvictor, "farthest next use first (needs the future)", "upper bound"

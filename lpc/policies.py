@@ -4,7 +4,9 @@ Every eviction policy in `eviction.registry` is selectable by its name. LPC, the
 is named by the probability source that feeds it (`LPC_VARIANTS`): lpc (the learned
 predictor), lpc-turns (the turns-only ablation), lpc-const[=P] (one constant p, a sanity
 check that should track lru), lpc-trace (a trace's logged p) and oracle (the true label, an
-upper bound). The help text and error messages are built from these two tables.
+upper bound); lpc-pooled is the learned predictor driving the `lpc-pooled` evictor (OR
+pooling and a shared-prefix floor, `eviction.lpc_pooled`). The help text and error messages
+are built from these two tables.
 """
 
 from __future__ import annotations
@@ -55,18 +57,27 @@ def _is_known(name: str) -> bool:
 
 @dataclass(frozen=True)
 class LPCVariant:
-    """LPC fed one probability source; `upper_bound` when the source is not deployable."""
+    """An LPC evictor fed one probability source; `upper_bound` when the source is not
+    deployable. `evictor` names the learned evictor in `eviction.POLICIES`."""
 
     name: str
     source: str
     description: str
     upper_bound: bool = False
+    evictor: str = "lpc"
 
 
 LPC_VARIANTS: dict[str, LPCVariant] = {
     v.name: v
     for v in (
         LPCVariant("lpc", "model", "LPC with the learned predictor (--model)"),
+        LPCVariant(
+            "lpc-pooled",
+            "model",
+            "the learned predictor with OR pooling across conversations and an online "
+            "floor for prefixes shared across them (eviction/lpc_pooled.py)",
+            evictor="lpc-pooled",
+        ),
         LPCVariant(
             "lpc-turns", "turns", "LPC with the turns-only ablation fitted on the training half"
         ),
@@ -114,8 +125,8 @@ def policy_help() -> str:
     return (
         f"comma-separated policies (default: {','.join(DEFAULT_POLICIES)}, and lpc when a "
         "predictor model is available; on a --trace: "
-        f"{','.join(TRACE_POLICY_CANDIDATES)}, with lpc before the upper bounds when an "
-        "access-feature model is available (docs/training.md §8)). "
+        f"{','.join(TRACE_POLICY_CANDIDATES)}, with lpc and lpc-pooled before the upper bounds "
+        "when an access-feature model is available (docs/training.md §8)). "
         f"Heuristics: {heuristics}. Learned: {learned}. "
         f"Upper bounds (not deployable): {'; '.join(bounds)}"
     )
@@ -130,7 +141,7 @@ def parse_policy(text: str) -> PolicySpec:
     variant = LPC_VARIANTS.get(base)
     if variant is not None and (not has_value or variant.source == "const"):
         if variant.source != "const":
-            return PolicySpec(name, "lpc", variant.source)
+            return PolicySpec(name, variant.evictor, variant.source)
         value = value or "0.5"
         try:
             p = float(value)
@@ -138,7 +149,7 @@ def parse_policy(text: str) -> PolicySpec:
             raise InvalidInputError(f"policy {name!r}: {value!r} is not a number") from None
         if not 0.0 <= p <= 1.0:
             raise InvalidInputError(f"policy {name!r}: p must be in [0, 1]")
-        return PolicySpec(name, "lpc", "const", p)
+        return PolicySpec(name, variant.evictor, "const", p)
     raise InvalidInputError(f"unknown policy {name!r}; choose from {', '.join(selectable_names())}")
 
 
@@ -160,9 +171,12 @@ def build_evictor(
     fallback_probability: float,
     future: FutureUses | None,
 ) -> Evictor:
-    if spec.evictor == "lpc":
+    if POLICIES[spec.evictor].kind == "learned":
         return make_evictor(
-            "lpc", num_blocks, scale_per_s=scale_per_s, fallback_probability=fallback_probability
+            spec.evictor,
+            num_blocks,
+            scale_per_s=scale_per_s,
+            fallback_probability=fallback_probability,
         )
     if POLICIES[spec.evictor].kind == "upper bound":
         if future is None:

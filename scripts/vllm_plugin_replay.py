@@ -175,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         "--access-model",
         help="the plugin predicts with this access-only artifact in process (LPC_ACCESS_MODEL)",
     )
+    parser.add_argument(
+        "--evictor",
+        default="lpc",
+        help="the plugin's learned evictor (LPC_EVICTOR): lpc or lpc-pooled",
+    )
     args = parser.parse_args(argv)
     if args.stock_output is None and args.plugin_output is None:
         parser.error("give --stock-output, --plugin-output or both")
@@ -195,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             from lpc.integrations.config import PluginConfig
 
             config = PluginConfig(
+                evictor=args.evictor,
                 scale_per_s=settings.scale_per_s,
                 fallback_probability=settings.fallback_probability,
                 predictor_url=args.predictor_url,

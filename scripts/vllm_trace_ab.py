@@ -16,6 +16,8 @@ With `--access-model DIR` (an access-only artifact) the LPC row is `lpc` instead
 computes each release's p in process from vLLM's request state and its conversation table,
 and our replay takes the model's p from the trace's table (`lpc.access_source`), as
 `lpc ab --trace ... --policies lpc --model DIR` does; the trace's own probabilities are unused.
+`--evictor lpc-pooled` runs the plugin with that evictor (LPC_EVICTOR) and our replay with
+the same one: the LPC row is then `lpc-pooled` (with `--access-model`) or `lpc-pooled-trace`.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from lpc.integrations.release_plan import PluginSettings  # noqa: E402
 from lpc.integrations.trace_stream import hit_totals, trace_stream  # noqa: E402
 from lpc.integrations.vllm_driver import run_driver, vllm_python_path  # noqa: E402
-from lpc.policies import parse_policy  # noqa: E402
+from lpc.policies import PolicySpec, parse_policy  # noqa: E402
 from lpc.simulator import prepare, replay  # noqa: E402
 from lpc.trace import read_trace  # noqa: E402
 
@@ -48,6 +50,7 @@ def compare(
     vllm_python: Path,
     driver_args: list[str] | None = None,
     access_model: Path | None = None,
+    evictor: str = "lpc",
 ) -> dict[str, Any]:
     """Both replays of the trace; the rows of the comparison and what it cost."""
     started = time.perf_counter()
@@ -65,12 +68,15 @@ def compare(
         logged = [None] * len(requests)  # the plugin predicts every release itself
         lpc_label = "lpc"
         driver_args = [*(driver_args or []), "--access-model", str(access_model.resolve())]
+    lpc_spec = parse_policy(lpc_label)
+    if evictor != "lpc":
+        lpc_label = "lpc-pooled" if lpc_label == "lpc" else f"{evictor}-trace"
+        lpc_spec = PolicySpec(lpc_label, evictor, lpc_spec.source)
+        driver_args = [*(driver_args or []), "--evictor", evictor]
     workload = prepare(requests, block_size, sources)
     ours = {
-        label: replay(
-            workload, parse_policy(label), cache_tokens, scale_per_s, fallback_probability
-        )
-        for label in ("lru", lpc_label)
+        label: replay(workload, spec, cache_tokens, scale_per_s, fallback_probability)
+        for label, spec in (("lru", parse_policy("lru")), (lpc_label, lpc_spec))
     }
     our_seconds = time.perf_counter() - started
     stream, plan = trace_stream(workload, cache_tokens, logged)
@@ -155,6 +161,12 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="an access-only artifact: the plugin predicts with it in process (row `lpc`)",
     )
+    parser.add_argument(
+        "--evictor",
+        choices=("lpc", "lpc-pooled"),
+        default="lpc",
+        help="the learned evictor of the plugin and of our LPC replay (lpc)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     python = args.vllm_python or vllm_python_path()
@@ -175,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         python,
         driver_args,
         args.access_model,
+        args.evictor,
     )
     worst = max(abs(row["difference_points"]) for row in result["rows"])
     result["agree"] = worst <= args.tolerance_points

@@ -285,10 +285,10 @@ def model_path_from(args: argparse.Namespace) -> Path | None:
 
 
 def _with_learned_lpc(policies: tuple[str, ...]) -> tuple[str, ...]:
-    """`lpc` inserted before the upper bounds."""
+    """`lpc` and `lpc-pooled` inserted before the upper bounds."""
     bounds = [i for i, p in enumerate(policies) if p in ("oracle", "belady")]
     at = bounds[0] if bounds else len(policies)
-    return (*policies[:at], "lpc", *policies[at:])
+    return (*policies[:at], "lpc", "lpc-pooled", *policies[at:])
 
 
 def options_from(args: argparse.Namespace, model_available: bool = False):
@@ -406,7 +406,8 @@ def run(args: argparse.Namespace) -> int:
         p.source == "model" for p in options.policies
     )
     if wants_model and model is None:
-        raise CommandError("policy 'lpc' needs a trained predictor model (--model PATH)")
+        learned = [p.label for p in options.policies if p.source == "model"] or ["lpc"]
+        raise CommandError(f"policy {learned[0]!r} needs a trained predictor model (--model PATH)")
     factory = None
     if wants_model and model is not None and _is_access_model(model):
         options = replace(options, model_reads_text=False)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from eviction import POLICIES, policy_names
 from eviction.lpc import (
     DEFAULT_FALLBACK_PROBABILITY,
     DEFAULT_PROBABILITY_FLOOR,
@@ -35,7 +36,10 @@ class PluginConfigError(ValueError):
 class PluginConfig:
     """Everything the serving plugin can be told.
 
-    `scale_per_s`, `fallback_probability` and `probability_floor` are `LPCEvictor`'s. The
+    `evictor` names the learned evictor the free-block queue drives (`lpc`, or `lpc-pooled`:
+    OR pooling and an online floor for prefixes shared across conversations,
+    `eviction/lpc_pooled.py`; vLLM only). `scale_per_s`, `fallback_probability` and
+    `probability_floor` are the evictor's. The
     predictor fields say where asynchronous predictions come from (None: only probabilities
     carried by requests, else the fallback). `max_pending_predictions` bounds the predictions
     in flight or waiting to be consumed, so a slow predictor cannot grow memory without bound.
@@ -54,6 +58,7 @@ class PluginConfig:
     first) and forgets a conversation idle longer than `conversation_expiry_s`.
     """
 
+    evictor: str = "lpc"
     scale_per_s: float = DEFAULT_SCALE_PER_S
     fallback_probability: float = DEFAULT_FALLBACK_PROBABILITY
     probability_floor: float = DEFAULT_PROBABILITY_FLOOR
@@ -94,6 +99,12 @@ def _finite(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise PluginConfigError(f"{name} must be a finite number, got {value!r}")
     return float(value)
+
+
+def _check_evictor(name: str, value: Any) -> None:
+    if value not in POLICIES or POLICIES[value].kind != "learned":
+        known = ", ".join(policy_names("learned"))
+        raise PluginConfigError(f"{name} must be one of {known}, got {value!r}")
 
 
 def _check_scale(name: str, value: Any) -> None:
@@ -191,6 +202,7 @@ class _FieldSpec:
 _FIELDS: dict[str, _FieldSpec] = {
     spec.name: spec
     for spec in (
+        _FieldSpec("evictor", "LPC_EVICTOR", str, _check_evictor),
         _FieldSpec("scale_per_s", "LPC_SCALE", _parse_float, _check_scale),
         _FieldSpec("fallback_probability", "LPC_FALLBACK_P", _parse_float, _check_probability),
         _FieldSpec("probability_floor", "LPC_PROBABILITY_FLOOR", _parse_float, _check_floor),

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 from eviction.base import FreedBlocks, Release
 from eviction.lpc import LPCEvictor
+from eviction.registry import make_evictor
 from lpc.integrations.config import PluginConfig
 from lpc.integrations.stats import PluginStats
 
@@ -71,8 +72,17 @@ class QueueRuntime:
             self._release.reset(token)
 
     def new_evictor(self, num_blocks: int) -> LPCEvictor:
+        """The configured learned evictor (`lpc` or `lpc-pooled`, both LPC evictors)."""
         c = self.config
-        return LPCEvictor(num_blocks, c.scale_per_s, c.fallback_probability, c.probability_floor)
+        evictor = make_evictor(
+            c.evictor,
+            num_blocks,
+            scale_per_s=c.scale_per_s,
+            fallback_probability=c.fallback_probability,
+            probability_floor=c.probability_floor,
+        )
+        assert isinstance(evictor, LPCEvictor), f"{c.evictor} is not an LPC evictor"
+        return evictor
 
 
 def block_depth(block: Any) -> int:

@@ -549,6 +549,67 @@ def test_access_model_in_process_equals_our_replay_exactly(
     )
 
 
+def synthetic_sample(path: Path, one_in: int = 20) -> int:
+    """Whole conversations of the bundled Mooncake synthetic trace (one in `one_in`), whose
+    prefixes are shared across conversations, written as a project-format trace."""
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    from sample_conversations import keep
+
+    from lpc.traces.load import TraceOptions, load_trace
+
+    requests = [
+        r
+        for r in load_trace("mooncake-synthetic", TraceOptions()).requests
+        if keep(r.conversation_id, one_in)
+    ]
+    write_trace(path, requests, {"source": f"Mooncake synthetic, one conversation in {one_in}"})
+    return len(requests)
+
+
+def test_pooled_evictor_with_the_access_model_equals_our_replay_exactly(
+    vllm_python: Path, tmp_path: Path
+) -> None:
+    """LPC_EVICTOR=lpc-pooled: vLLM + plugin predicting in process with the shipped access
+    model evicts exactly as our `lpc-pooled` replay (equal hit tokens and evictions) on a
+    trace whose prefixes are shared across conversations, where it differs from `lpc`."""
+    from lpc.access_source import AccessSource
+    from lpc.policies import parse_policy
+    from lpc.simulator import prepare, replay
+    from lpc.trace import read_trace
+    from predictor.access_predictor import AccessPredictor
+
+    trace = tmp_path / "synthetic-sample.jsonl"
+    requests = synthetic_sample(trace)
+    cache_tokens = 300_000
+    result = run_vllm_trace_ab(
+        trace,
+        vllm_python,
+        cache_tokens,
+        *("--block-size", "512", "--access-model", str(SHIPPED_ACCESS_MODEL)),
+        *("--evictor", "lpc-pooled"),
+        timeout_s=600,
+    )
+    rows = {row["policy"]: row for row in result["rows"]}
+    plugin = rows["lpc-pooled"]
+    assert plugin["vllm_hit_tokens"] == plugin["ours_hit_tokens"]
+    assert plugin["vllm_evictions"] == plugin["ours_evictions"] > 0
+    stats = result["plugin_stats"]
+    assert stats["predictions_in_process"] == stats["releases"] == requests
+    assert stats["fallbacks_used"] == 0
+
+    replayed = read_trace(trace).requests
+    values = AccessSource(AccessPredictor.load(SHIPPED_ACCESS_MODEL)).predict_requests(replayed)
+    workload = prepare(replayed, 512, {"model": values})
+    plain = replay(workload, parse_policy("lpc"), cache_tokens, 1e-2, 0.5)
+    assert plain.hit_tokens != plugin["vllm_hit_tokens"], "the pooled evictor changed nothing"
+    REPORT.append(
+        f"lpc-pooled in process: Mooncake synthetic sample ({requests} requests, "
+        f"{cache_tokens} tokens, block 512): vLLM+plugin {100 * plugin['vllm_hit_ratio']:.4f}% "
+        f"== lpc ab {100 * plugin['ours_hit_ratio']:.4f}% (lpc "
+        f"{100 * plain.token_hit_ratio:.4f}%, LRU {100 * rows['lru']['vllm_hit_ratio']:.4f}%)"
+    )
+
+
 PROMOTE_MID_TRACE = """
 import json, os
 from pathlib import Path

@@ -7,13 +7,14 @@ against real vLLM are in test_vllm_plugin.py.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eviction import LRUEvictor, Release
+from eviction import LRUEvictor, PooledLPCEvictor, Release
 from eviction.base import FreedBlocks
 from lpc.integrations.config import PluginConfig
 from lpc.integrations.stats import PluginStats
@@ -116,6 +117,20 @@ def test_shared_releases_pool_by_max() -> None:
     key_a = queue.evictor.key_for(Release(100.0, 0.99, "x"))
     assert queue.evictor.pooled_key(0) == pytest.approx(key_a)
     assert runtime.stats.shared_blocks_released == 1
+
+
+def test_the_pooled_evictor_ors_shared_releases_and_remembers_content() -> None:
+    """LPC_EVICTOR=lpc-pooled: the queue drives `PooledLPCEvictor`, which ORs two
+    conversations' p and sees the block's hash, so its memory knows the content is shared."""
+    queue, _, runtime = make_queue(4, evictor="lpc-pooled", scale_per_s=0.0)
+    assert isinstance(queue.evictor, PooledLPCEvictor)
+    taken = queue.popleft_n(4)
+    shared = cache(taken[0], 0)
+    queue.note_shared_release([shared], Release(100.0, 0.6, "conv-a"))  # still held by b
+    with runtime.releasing(Release(101.0, 0.5, "conv-b")):
+        queue.append_n([shared])
+    assert queue.evictor.pooled_key(0) == pytest.approx(math.log(0.8 / 0.2))  # 1 − 0.4·0.5
+    assert queue.evictor.memory_size() == 1
 
 
 def test_activation_runs_once_per_runtime() -> None:

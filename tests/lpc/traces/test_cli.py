@@ -51,6 +51,10 @@ def test_a_missing_trace_fails_before_any_data_is_loaded(tmp_path: Path) -> None
         (["--shared-fanout", "1"], "shared_fanout must be >= 2"),
         (["--trace-format", "bailian"], "'chat_id' must be an int or a non-empty string"),
         (["--policies", "lru,lpc", "--model", "none"], "needs a trained predictor model"),
+        (
+            ["--policies", "lru,lpc-pooled", "--model", "none"],
+            "policy 'lpc-pooled' needs a trained predictor model",
+        ),
     ],
 )
 def test_bad_trace_settings_are_one_line(tmp_path: Path, capsys, args, message) -> None:

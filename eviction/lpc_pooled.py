@@ -1,0 +1,278 @@
+"""LPC for prefixes shared across conversations: a block is worth what ANY user makes of it.
+
+Plain LPC values a block by the continuation probability of the conversations that released
+it, max-pooled. A prefix many conversations share (a system prompt, a pasted document, a
+template) is reused mostly by conversations that have not arrived yet, which no
+per-conversation probability describes: released by first turns with a low p, it ranks below
+the private blocks of long conversations released minutes earlier. This policy changes two
+things and keeps the rest of LPC (static key logit(p) + scale·t, one heap, ties deeper first,
+then older; uncached blocks first):
+
+- **OR pooling.** A release by another conversation than the block's own combines the two as
+  "either comes back": q = 1 − (1 − p_old(now))·(1 − p_new), where p_old(now) is the block's
+  decayed probability at this release (logit(p_old(now)) = k_old − scale·now), and the block
+  takes the key logit(q) + scale·now. Max pooling kept only the larger of the two. A release
+  by the block's only conversation still replaces its key (its newest prediction wins).
+- **A shared floor.** A block is *shared* at a release when another conversation released
+  the same content (block hash) within the last `memory_window_s` seconds, or the content was
+  shared at that earlier release; a hash memory remembers each content's last release
+  (conversation, time, shared) for `memory_window_s`, across evictions, so a popular prefix
+  is still recognised when it is computed again after an eviction. A shared block's
+  probability is at least `p_shared`: its key is max(pooled key, logit(p_shared) + scale·now).
+  `p_shared` is estimated online from the releases seen so far: the share of shared
+  releases after which the same content was released again within `horizon_s` (the label
+  horizon of the access model, so that p_shared and the predicted p answer the same
+  question), with one pseudo-release at 0.5 as a prior. A release is judged once
+  `horizon_s` has passed, at the next release; releases stand in for uses, since a request
+  that reuses a block releases it when it finishes.
+
+Every key is still fixed when a block is queued, so the heap stays exact between releases
+and every operation stays O(log n) (amortised O(1) more per released block for the memory
+and the judging queue, both FIFO in release time). The memory holds the hashes released in
+the last `memory_window_s` seconds, at most `memory_blocks_factor` per block of the pool
+(oldest forgotten first, so a busy engine's window ends earlier; a content forgotten before
+its judgement counts as not reused); releases are assumed to come in time order (a replay's
+events, an engine's clock), otherwise entries expire a little late. Blocks without a hash
+(a caller that does not pass them) are never shared through the memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Iterable
+from typing import ClassVar
+
+from eviction.base import FreedBlocks, Release
+from eviction.lpc import (
+    DEFAULT_FALLBACK_PROBABILITY,
+    DEFAULT_PROBABILITY_FLOOR,
+    DEFAULT_SCALE_PER_S,
+    SHARED,
+    LPCEvictor,
+)
+
+# The access model's default label horizon (training.access_data.DEFAULT_ACCESS_HORIZON_S).
+DEFAULT_SHARED_HORIZON_S = 180.0
+# How long the memory keeps a content's last release: about the longest time LRU keeps a block
+# at the largest default Mooncake cache size (510 s median at 16M tokens, docs/results.md),
+# so that the memory does not forget sharing the cache itself still shows.
+DEFAULT_MEMORY_WINDOW_S = 600.0
+# The memory holds at most this many contents per block of the pool, however busy the engine:
+# its window then ends earlier. On the Mooncake traces it peaks at 37,519 contents, 7.7 times
+# the pool at the smallest default size (2.5M tokens, 4,883 blocks), so 8 never binds there.
+DEFAULT_MEMORY_BLOCKS_FACTOR = 8.0
+SHARED_PRIOR = 0.5  # p_shared before any shared release was judged (one pseudo-release)
+
+_NO_TAG = object()  # equal to no tag: what an anonymous release compares blocks' tags with
+
+
+class PooledLPCEvictor(LPCEvictor):
+    """LPC with OR pooling across conversations and an online floor for shared prefixes."""
+
+    name: ClassVar[str] = "lpc-pooled"
+
+    def __init__(
+        self,
+        num_blocks: int,
+        scale_per_s: float = DEFAULT_SCALE_PER_S,
+        fallback_probability: float = DEFAULT_FALLBACK_PROBABILITY,
+        probability_floor: float = DEFAULT_PROBABILITY_FLOOR,
+        memory_window_s: float = DEFAULT_MEMORY_WINDOW_S,
+        horizon_s: float = DEFAULT_SHARED_HORIZON_S,
+        memory_blocks_factor: float = DEFAULT_MEMORY_BLOCKS_FACTOR,
+    ) -> None:
+        if not math.isfinite(horizon_s) or horizon_s <= 0:
+            raise ValueError(f"horizon_s must be a finite number > 0, got {horizon_s!r}")
+        if not math.isfinite(memory_window_s) or memory_window_s < horizon_s:
+            raise ValueError(
+                f"memory_window_s must be a finite number >= horizon_s ({horizon_s!r}), "
+                f"got {memory_window_s!r}"
+            )
+        if not math.isfinite(memory_blocks_factor) or memory_blocks_factor <= 0:
+            raise ValueError(
+                f"memory_blocks_factor must be a finite number > 0, got {memory_blocks_factor!r}"
+            )
+        self.memory_window_s = memory_window_s
+        self.horizon_s = horizon_s
+        # The memory's size bound: contents beyond it are forgotten oldest first, as if
+        # their window had ended.
+        self.memory_max_entries = max(1, int(memory_blocks_factor * num_blocks))
+        # content hash -> (conversation of its last release, time, shared then); oldest first
+        self._memory: OrderedDict[Hashable, tuple[str | None, float, bool]] = OrderedDict()
+        self._pending: deque[tuple[float, Hashable]] = deque()  # shared releases to judge
+        self.shared_releases_judged = 0
+        self.shared_releases_reused = 0
+        super().__init__(num_blocks, scale_per_s, fallback_probability, probability_floor)
+
+    def reset(self, block_ids: Iterable[int]) -> None:
+        super().reset(block_ids)
+        self._memory.clear()
+        self._pending.clear()
+        self.shared_releases_judged = 0
+        self.shared_releases_reused = 0
+
+    @property
+    def shared_probability(self) -> float:
+        """p_shared now: the share of judged shared releases that were reused in time."""
+        return (self.shared_releases_reused + SHARED_PRIOR) / (self.shared_releases_judged + 1)
+
+    def _advance(self, now_s: float) -> None:
+        """Judge the shared releases older than the horizon; forget contents past the window."""
+        pending, memory = self._pending, self._memory
+        cutoff = now_s - self.horizon_s
+        while pending and pending[0][0] < cutoff:
+            time_s, block_hash = pending.popleft()
+            last = memory.get(block_hash)
+            self.shared_releases_judged += 1
+            # Every release up to `cutoff` was seen, and none later than time_s + horizon_s:
+            # a later entry means the content was released again within the horizon.
+            if last is not None and last[1] > time_s:
+                self.shared_releases_reused += 1
+        cutoff = now_s - self.memory_window_s
+        while memory:
+            oldest = next(iter(memory))
+            if memory[oldest][1] >= cutoff:
+                break
+            del memory[oldest]
+
+    def _bound_memory(self) -> None:
+        """Forget the oldest contents beyond the memory's size bound (after a release)."""
+        memory = self._memory
+        for _ in range(len(memory) - self.memory_max_entries):
+            memory.popitem(last=False)
+
+    def _probability(self, release: Release) -> float:
+        """The release's p (the fallback when none was predicted), clamped to the floor."""
+        p = release.probability
+        if p is None:
+            self.fallbacks_used += 1
+            p = self.fallback_probability
+        floor = self.probability_floor
+        return floor if p < floor else (1.0 - floor if p > 1.0 - floor else p)
+
+    def _keys(
+        self, freed: FreedBlocks, release: Release, p: float
+    ) -> tuple[list[float], list[str | None]]:
+        """Per-block (key, tag) after this release of probability `p`; records it in the
+        memory (the caller has advanced the memory to the release's time)."""
+        now = release.time_s
+        floor = self.probability_floor
+        shift = self.scale_per_s * now
+        own_key = math.log(p / (1.0 - p)) + shift
+        q_shared = min(max(self.shared_probability, floor), 1.0 - floor)
+        shared_key = math.log(q_shared / (1.0 - q_shared)) + shift
+        conversation_id = release.conversation_id
+        own_tag = _NO_TAG if conversation_id is None else conversation_id
+        state, memory, pending = self._state, self._memory, self._pending
+        window = self.memory_window_s
+        keys: list[float] = []
+        tags: list[str | None] = []
+        for block_id, block_hash in zip(freed.block_ids, freed.hashes, strict=True):
+            shared = False
+            if block_hash is not None:
+                last = memory.pop(block_hash, None)
+                shared = (
+                    last is not None
+                    and now - last[1] <= window
+                    and (last[2] or last[0] != conversation_id)
+                )
+            old = state[block_id]
+            if old is None or old.tag == own_tag:
+                key = own_key
+            else:
+                # Either conversation comes back: OR of the old decayed p and the new one.
+                x = old.key - shift  # logit of the old decayed p
+                old_stays = 1.0 / (1.0 + math.exp(x)) if x < 700.0 else 0.0
+                q = 1.0 - old_stays * (1.0 - p)
+                q = floor if q < floor else (1.0 - floor if q > 1.0 - floor else q)
+                key = math.log(q / (1.0 - q)) + shift
+                shared = True
+            if shared:
+                if key < shared_key:
+                    key = shared_key
+                tags.append(SHARED)
+            else:
+                tags.append(conversation_id)
+            keys.append(key)
+            if block_hash is not None:
+                memory[block_hash] = (conversation_id, now, shared)
+                if shared:
+                    pending.append((now, block_hash))
+        return keys, tags
+
+    def push_cached(self, freed: FreedBlocks, release: Release) -> None:
+        block_ids = freed.block_ids
+        if not block_ids:
+            return
+        now = release.time_s
+        memory = self._memory
+        if memory or self._pending:
+            self._advance(now)
+        # _probability(release), inlined (the release path of every request).
+        p = release.probability
+        if p is None:
+            self.fallbacks_used += 1
+            p = self.fallback_probability
+        floor = self.probability_floor
+        p = floor if p < floor else (1.0 - floor if p > 1.0 - floor else p)
+        conversation_id = release.conversation_id
+        own_tag = _NO_TAG if conversation_id is None else conversation_id
+        state = self._state
+        run = self._new_run(
+            math.log(p / (1.0 - p)) + self.scale_per_s * now,
+            conversation_id,
+            block_ids,
+            freed.depths,
+        )
+        # Fast path: blocks new to the cache or released again by their only conversation,
+        # whose content the memory does not know as shared, all take this release's key and
+        # form a single run (the common case). First the blocks' own metadata, as in
+        # LPCEvictor, then the memory (skipped when no block carries a hash).
+        shared_at = -1
+        for block_id in block_ids:
+            old = state[block_id]
+            if old is not None and old.tag != own_tag:
+                shared_at = block_ids.index(block_id)
+                break
+            state[block_id] = run
+        hashes = freed.hashes
+        if shared_at < 0 and hashes.count(None) != len(hashes):
+            window = self.memory_window_s
+            for block_hash in hashes:
+                if block_hash is None:
+                    continue
+                last = memory.pop(block_hash, None)
+                if (
+                    last is not None
+                    and (last[2] or last[0] != conversation_id)
+                    and now - last[1] <= window
+                ):
+                    memory[block_hash] = last
+                    shared_at = len(block_ids)  # every block was claimed
+                    break
+                memory[block_hash] = (conversation_id, now, False)
+            if len(memory) > self.memory_max_entries:
+                self._bound_memory()
+        if shared_at < 0:
+            self._enqueue(run)
+            return
+        # Some block is shared. The blocks claimed so far were new or this conversation's
+        # own, which the slow path treats alike (and the memory entries just written say
+        # the same): forget the claim and key block by block.
+        for claimed in block_ids[:shared_at]:
+            state[claimed] = None
+        keys, tags = self._keys(freed, release, p)
+        self._bound_memory()
+        self._push_grouped(block_ids, freed.depths, keys, tags)
+
+    def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
+        self._advance(release.time_s)
+        keys, tags = self._keys(freed, release, self._probability(release))
+        self._bound_memory()
+        for i, block_id in enumerate(freed.block_ids):
+            self._remember(keys[i], tags[i], [block_id], [freed.depths[i]])
+
+    def memory_size(self) -> int:
+        """Contents the memory holds now (released within the window)."""
+        return len(self._memory)

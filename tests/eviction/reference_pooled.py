@@ -1,0 +1,154 @@
+"""A brute-force `lpc-pooled` evictor written straight from its definition, for differential tests.
+
+It keeps every release of every content (no memory window as a data structure, no judging
+queue) and, per block, the probability its last release gave it and that release's time; at
+every eviction it recomputes every free block's decayed probability
+p·d / (p·d + 1 − p), d = exp(−scale·(now − t)) — no static keys, no heap. p_shared at a
+release is recomputed from the whole history: shared releases older than the horizon, and
+whether the same content was released again within the horizon after each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+
+from eviction import Evictor, FreedBlocks, Release, decayed_probability
+
+FLOOR = 1e-6
+
+
+def _clamp(p: float) -> float:
+    return min(max(p, FLOOR), 1.0 - FLOOR)
+
+
+@dataclass
+class _Metadata:
+    probability: float  # the block's probability at `time_s`
+    time_s: float
+    tag: object  # the conversation of its releases, or SHARED once two conversations did
+
+
+@dataclass(frozen=True)
+class _Released:
+    conversation_id: str | None
+    time_s: float
+    shared: bool
+
+
+SHARED = object()
+
+
+class BruteForcePooledLPC(Evictor):
+    name = "lpc-pooled-reference"
+
+    def __init__(
+        self,
+        num_blocks: int,
+        scale_per_s: float = 1e-2,
+        fallback_probability: float = 0.5,
+        memory_window_s: float = 600.0,
+        horizon_s: float = 180.0,
+    ) -> None:
+        self.scale = scale_per_s
+        self.fallback = fallback_probability
+        self.window = memory_window_s
+        self.horizon = horizon_s
+        self.uncached: list[int] = []
+        self.metadata: dict[int, _Metadata] = {}
+        self.free: dict[int, tuple[int, int]] = {}  # cached free block -> (depth, push order)
+        self.history: dict[Hashable, list[_Released]] = {}  # content -> its releases, in order
+        self.order = 0
+
+    def reset(self, block_ids: Iterable[int]) -> None:
+        self.uncached = list(block_ids)
+        self.metadata.clear()
+        self.free.clear()
+        self.history.clear()
+
+    def push_uncached(self, block_ids: Sequence[int]) -> None:
+        self.uncached[0:0] = list(block_ids)
+
+    def shared_probability(self, now_s: float) -> float:
+        """(reused + 0.5) / (judged + 1) over the shared releases older than the horizon."""
+        judged = reused = 0
+        for releases in self.history.values():
+            for i, r in enumerate(releases):
+                if not r.shared or not r.time_s < now_s - self.horizon:
+                    continue
+                judged += 1
+                reused += any(
+                    r.time_s < later.time_s <= r.time_s + self.horizon
+                    for later in releases[i + 1 :]
+                )
+        return (reused + 0.5) / (judged + 1)
+
+    def _record(self, freed: FreedBlocks, release: Release) -> None:
+        now = release.time_s
+        p = _clamp(self.fallback if release.probability is None else release.probability)
+        p_shared = _clamp(self.shared_probability(now))
+        conv = release.conversation_id
+        for block_id, block_hash in zip(freed.block_ids, freed.hashes, strict=True):
+            shared = False
+            if block_hash is not None and self.history.get(block_hash):
+                last = self.history[block_hash][-1]
+                shared = now - last.time_s <= self.window and (
+                    last.shared or last.conversation_id != conv
+                )
+            old = self.metadata.get(block_id)
+            if old is None or (conv is not None and old.tag == conv):
+                q = p
+            else:
+                old_now = decayed_probability(old.probability, now - old.time_s, self.scale)
+                q = _clamp(1.0 - (1.0 - old_now) * (1.0 - p))
+                shared = True
+            if shared:
+                q = max(q, p_shared)
+            self.metadata[block_id] = _Metadata(q, now, SHARED if shared else conv)
+            if block_hash is not None:
+                self.history.setdefault(block_hash, []).append(_Released(conv, now, shared))
+
+    def push_cached(self, freed: FreedBlocks, release: Release) -> None:
+        if not freed.block_ids:
+            return
+        self._record(freed, release)
+        for block_id, depth in zip(freed.block_ids, freed.depths, strict=True):
+            self.free[block_id] = (depth, self.order)
+            self.order += 1
+
+    def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
+        self._record(freed, release)
+
+    def remove(self, block_id: int) -> None:
+        if block_id in self.free:
+            del self.free[block_id]
+        else:
+            self.uncached.remove(block_id)
+
+    def value(self, block_id: int, now_s: float) -> float:
+        m = self.metadata[block_id]
+        return decayed_probability(m.probability, now_s - m.time_s, self.scale)
+
+    def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
+        out = []
+        for _ in range(n):
+            if self.uncached:
+                out.append(self.uncached.pop(0))
+                continue
+            victim = min(
+                self.free,
+                key=lambda b: (self.value(b, now_s), -self.free[b][0], self.free[b][1]),
+            )
+            del self.free[victim]
+            del self.metadata[victim]
+            out.append(victim)
+        return out
+
+    def __len__(self) -> int:
+        return len(self.uncached) + len(self.free)
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self.free or block_id in self.uncached
+
+    def free_block_ids(self) -> list[int]:
+        return [*self.uncached, *self.free]

@@ -1,0 +1,174 @@
+"""`lpc-pooled`: OR pooling, the shared-prefix floor and its online estimate, against a
+brute-force reference and on small hand-made cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from eviction import FreedBlocks, PooledLPCEvictor, Release, static_key
+from lpc.block_manager import PrefixCacheBlockManager
+from tests.eviction.reference_pooled import BruteForcePooledLPC
+from tests.eviction.test_lpc_reference import replay
+from tests.lpc.streams import random_stream
+
+
+def _freed(blocks: list[int], hashes: list[bytes | None]) -> FreedBlocks:
+    return FreedBlocks(blocks, list(range(len(blocks) - 1, -1, -1)), hashes)
+
+
+@pytest.mark.parametrize("window_s,horizon_s", [(20.0, 10.0), (600.0, 180.0)])
+@pytest.mark.parametrize("seed", range(20))
+def test_lpc_pooled_matches_brute_force_reference(
+    seed: int, window_s: float, horizon_s: float
+) -> None:
+    steps = random_stream(seed, 400)
+    # The memory's size bound is left out of the reference (it has its own test below).
+    fast_evictor = PooledLPCEvictor(
+        48,
+        fallback_probability=0.3,
+        memory_window_s=window_s,
+        horizon_s=horizon_s,
+        memory_blocks_factor=1e6,
+    )
+    fast = PrefixCacheBlockManager(48, block_size=4, evictor=fast_evictor)
+    slow = PrefixCacheBlockManager(
+        48,
+        block_size=4,
+        evictor=BruteForcePooledLPC(
+            48, fallback_probability=0.3, memory_window_s=window_s, horizon_s=horizon_s
+        ),
+    )
+    fast_trace = replay(fast, steps)
+    slow_trace = replay(slow, steps)
+    evictions = sum(len(a.evicted_block_ids) for a in fast_trace if a is not None)
+    assert evictions > 20, "the stream must put the pool under pressure"
+    assert fast_evictor.shared_releases_judged > 0, "the stream must share prefixes"
+    for i, (a, b) in enumerate(zip(fast_trace, slow_trace, strict=True)):
+        assert a == b, f"seed {seed}, allocation {i}: heap {a} != reference {b}"
+    assert fast.counters == slow.counters
+    fast_evictor.check_invariants()
+
+
+def test_or_pooling_combines_two_conversations() -> None:
+    """Two conversations at p = 0.5 released together: either comes back with 0.75."""
+    evictor = PooledLPCEvictor(8, scale_per_s=0.01)
+    evictor.reset(range(8))
+    block = evictor.pop_n(1)
+    evictor.note_shared_release(_freed(block, [b"h"]), Release(10.0, 0.5, "A"))
+    evictor.push_cached(_freed(block, [b"h"]), Release(10.0, 0.5, "B"))
+    assert evictor.pooled_key(block[0]) == pytest.approx(static_key(0.75, 10.0, 0.01, 1e-6))
+
+
+def test_or_pooling_decays_the_older_release_first() -> None:
+    evictor = PooledLPCEvictor(8, scale_per_s=0.01)
+    evictor.reset(range(8))
+    block = evictor.pop_n(1)
+    evictor.note_shared_release(_freed(block, [b"h"]), Release(0.0, 0.6, "A"))
+    evictor.push_cached(_freed(block, [b"h"]), Release(100.0, 0.5, "B"))
+    old_now = 0.6 * math.exp(-1.0) / (0.6 * math.exp(-1.0) + 0.4)
+    expected = 1.0 - (1.0 - old_now) * 0.5  # above the floor (p_shared = 0.5)
+    assert evictor.pooled_key(block[0]) == pytest.approx(static_key(expected, 100.0, 0.01, 1e-6))
+
+
+def test_a_conversations_own_release_replaces_its_key() -> None:
+    evictor = PooledLPCEvictor(8, scale_per_s=0.01)
+    evictor.reset(range(8))
+    block = evictor.pop_n(1)
+    evictor.push_cached(_freed(block, [b"h"]), Release(0.0, 0.9, "A"))
+    evictor.remove(block[0])
+    evictor.push_cached(_freed(block, [b"h"]), Release(5.0, 0.1, "A"))
+    assert evictor.pooled_key(block[0]) == pytest.approx(static_key(0.1, 5.0, 0.01, 1e-6))
+
+
+def test_the_memory_recognises_a_shared_prefix_computed_again_after_an_eviction() -> None:
+    """Content released by A, evicted, then computed and released by B within the window is
+    shared: it takes the floor p_shared (0.5 before any judgement), not B's own low p."""
+    evictor = PooledLPCEvictor(4, scale_per_s=0.01, memory_window_s=300.0, horizon_s=100.0)
+    evictor.reset(range(4))
+    first = evictor.pop_n(1)
+    evictor.push_cached(_freed(first, [b"doc"]), Release(0.0, 0.1, "A"))
+    assert evictor.pop_n(4)[-1] == first[0]  # evicted: the block forgets its metadata
+    evictor.push_uncached([b for b in range(4) if b != first[0]])
+    again = [first[0]]
+    evictor.push_cached(_freed(again, [b"doc"]), Release(50.0, 0.1, "B"))
+    assert evictor.pooled_key(again[0]) == pytest.approx(static_key(0.5, 50.0, 0.01, 1e-6))
+    other = evictor.pop_n(1)
+    evictor.push_cached(_freed(other, [b"private"]), Release(50.0, 0.1, "B"))
+    assert evictor.pooled_key(other[0]) == pytest.approx(static_key(0.1, 50.0, 0.01, 1e-6))
+
+
+def test_the_memory_forgets_content_after_its_window() -> None:
+    evictor = PooledLPCEvictor(4, scale_per_s=0.01, memory_window_s=300.0, horizon_s=100.0)
+    evictor.reset(range(4))
+    a, b = evictor.pop_n(2)
+    evictor.note_shared_release(_freed([a], [b"doc"]), Release(0.0, 0.1, "A"))
+    assert evictor.memory_size() == 1
+    evictor.note_shared_release(_freed([b], [b"x"]), Release(301.0, 0.1, "B"))
+    assert evictor.memory_size() == 1  # "doc" expired, "x" is new
+    evictor.push_cached(_freed([a], [b"doc"]), Release(302.0, 0.1, "B"))
+    # Not shared through the memory any more, but its metadata still pools A with B.
+    assert evictor.pooled_key(a) != pytest.approx(static_key(0.1, 302.0, 0.01, 1e-6))
+
+
+def test_the_memory_keeps_at_most_its_bound_forgetting_the_oldest_content() -> None:
+    """A memory of two contents (factor 0.5 on a four-block pool): a third content pushes out
+    the oldest, which then no longer makes a fresh block's release shared."""
+    evictor = PooledLPCEvictor(
+        4, scale_per_s=0.0, memory_window_s=300.0, horizon_s=100.0, memory_blocks_factor=0.5
+    )
+    evictor.reset(range(4))
+    a, _, c, d = evictor.pop_n(4)
+    for t, content in ((0.0, b"first"), (1.0, b"second"), (2.0, b"third")):
+        evictor.note_shared_release(_freed([a], [content]), Release(t, 0.1, "A"))
+        assert evictor.memory_size() <= 2
+    evictor.push_cached(_freed([c], [b"first"]), Release(4.0, 0.1, "B"))  # forgotten
+    assert evictor.pooled_key(c) == pytest.approx(static_key(0.1, 4.0, 0.0, 1e-6))
+    evictor.push_cached(_freed([d], [b"third"]), Release(5.0, 0.1, "B"))  # remembered
+    assert evictor.pooled_key(d) == pytest.approx(static_key(0.5, 5.0, 0.0, 1e-6))
+
+
+def test_shared_probability_counts_reuse_within_the_horizon() -> None:
+    evictor = PooledLPCEvictor(8, memory_window_s=100.0, horizon_s=10.0)
+    evictor.reset(range(8))
+    blocks = evictor.pop_n(2)
+    for t, conv in ((0.0, "A"), (1.0, "B")):  # the second release of each is shared
+        evictor.note_shared_release(_freed(blocks, [b"reused", b"dropped"]), Release(t, 0.2, conv))
+    assert evictor.shared_probability == 0.5  # nothing judged yet
+    evictor.note_shared_release(_freed(blocks[:1], [b"reused"]), Release(5.0, 0.2, "C"))
+    evictor.note_shared_release(_freed([blocks[1]], [b"other"]), Release(12.0, 0.2, "C"))
+    # Judged at 12 s: "reused" (shared at 1 s, released again at 5 s) and "dropped" (not).
+    assert evictor.shared_releases_judged == 2
+    assert evictor.shared_releases_reused == 1
+    assert evictor.shared_probability == pytest.approx(1.5 / 3)
+    evictor.note_shared_release(_freed([blocks[1]], [b"other"]), Release(20.0, 0.2, "D"))
+    # The shared release of "reused" at 5 s was not released again: judged at 20 s.
+    assert evictor.shared_releases_judged == 3
+    assert evictor.shared_probability == pytest.approx(1.5 / 4)
+
+
+def test_reset_forgets_the_memory_and_the_estimate() -> None:
+    evictor = PooledLPCEvictor(4, memory_window_s=100.0, horizon_s=10.0)
+    evictor.reset(range(4))
+    a = evictor.pop_n(1)
+    evictor.note_shared_release(_freed(a, [b"h"]), Release(0.0, 0.2, "A"))
+    evictor.note_shared_release(_freed(a, [b"h"]), Release(1.0, 0.2, "B"))
+    evictor.note_shared_release(_freed(a, [b"h"]), Release(20.0, 0.2, "C"))
+    assert evictor.shared_releases_judged == 1
+    evictor.reset(range(4))
+    assert evictor.memory_size() == 0 and evictor.shared_releases_judged == 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"horizon_s": 0.0},
+        {"horizon_s": math.inf},
+        {"memory_window_s": 10.0, "horizon_s": 20.0},
+        {"memory_blocks_factor": 0.0},
+    ],
+)
+def test_bad_windows_are_refused(options: dict) -> None:
+    with pytest.raises(ValueError, match=r"horizon_s|memory_window_s|memory_blocks_factor"):
+        PooledLPCEvictor(4, **options)
