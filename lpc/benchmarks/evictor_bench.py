@@ -49,14 +49,14 @@ class EvictorBenchResult:
     block_ops: dict[str, int]
     runs: int
     ns_per_op: dict[str, float]
-    ratios: dict[str, float]
+    ratios: dict[str, float | None]  # None: the denominator's time vanished (see _ratio)
     body_ns_per_op: dict[str, float]
-    body_ratios: dict[str, float]
+    body_ratios: dict[str, float | None]
     vllm_status: str
     instructions_per_op: dict[str, float] | None = None
-    instruction_ratios: dict[str, float] | None = None
+    instruction_ratios: dict[str, float | None] | None = None
     body_instructions_per_op: dict[str, float] | None = None
-    body_instruction_ratios: dict[str, float] | None = None
+    body_instruction_ratios: dict[str, float | None] | None = None
     instruction_block_ops: int | None = None
 
 
@@ -119,13 +119,21 @@ def vllm_argv(python: Path, calls_file: Path, mode: str = "time") -> list[str]:
     return [str(python), str(VLLM_BENCH_SCRIPT), str(calls_file), "--mode", mode]
 
 
-def _ratios(per_op: dict[str, float]) -> dict[str, float]:
+def _ratio(numerator: float, denominator: float) -> float | None:
+    """None when the denominator's time vanished: on a loaded machine a body time (the
+    call minus a no-op call) can come out at or below zero and is clamped to 0."""
+    return numerator / denominator if denominator > 0 else None
+
+
+def _ratios(per_op: dict[str, float]) -> dict[str, float | None]:
     """Each policy over lru (lru is always timed), and lru over vLLM's queue when measured."""
     ratios = {
-        f"{n}_over_lru": v / per_op["lru"] for n, v in per_op.items() if n not in ("lru", VLLM)
+        f"{n}_over_lru": _ratio(v, per_op["lru"])
+        for n, v in per_op.items()
+        if n not in ("lru", VLLM)
     }
     if VLLM in per_op:
-        ratios["lru_over_vllm"] = per_op["lru"] / per_op[VLLM]
+        ratios["lru_over_vllm"] = _ratio(per_op["lru"], per_op[VLLM])
     return ratios
 
 

@@ -225,8 +225,9 @@ def test_bench_evictor_reports_json(capsys) -> None:
     result = json.loads(capsys.readouterr().out)
     assert set(result["ns_per_op"]) == {"lru", "lpc"}
     assert min(result["block_ops"].values()) >= 20000 and result["ratios"]["lpc_over_lru"] > 0
-    assert (
-        set(result["body_ns_per_op"]) == {"lru", "lpc"}
-        and result["body_ratios"]["lpc_over_lru"] > 0
-    )
+    assert set(result["body_ns_per_op"]) == {"lru", "lpc"}
+    # a body time is the call minus a no-op call: under load it can vanish, and then its
+    # ratio is reported as null rather than divided by zero
+    body_lru, body_ratio = result["body_ns_per_op"]["lru"], result["body_ratios"]["lpc_over_lru"]
+    assert body_ratio > 0 if body_lru > 0 else body_ratio is None
     assert "not measured" in result["vllm_status"]

@@ -89,3 +89,10 @@ def test_the_worker_prints_one_timing_record(tmp_path: Path, capsys) -> None:
     timing = json.loads(capsys.readouterr().out)
     assert timing["block_ops"] == count_block_ops(recorded["lpc"])
     assert timing["seconds"] > timing["loop_seconds"] > 0
+
+
+def test_a_vanished_time_gives_no_ratio_instead_of_dividing_by_zero() -> None:
+    from lpc.benchmarks.evictor_bench import _ratios
+
+    assert _ratios({"lru": 0.0, "lpc": 5.0}) == {"lpc_over_lru": None}
+    assert _ratios({"lru": 2.0, "lpc": 5.0}) == {"lpc_over_lru": 2.5}
