@@ -490,8 +490,14 @@ def feature_row(
     names: Sequence[str], request: RequestState, conversation: ConversationState
 ) -> list[float]:
     """The same values for one request from an engine's state."""
+    return [f(request, conversation) for f in state_functions(names)]
+
+
+def state_functions(names: Sequence[str]) -> list[StateFn]:
+    """The engine-state computations of these features, in order (checked once: a caller
+    that predicts at every release keeps the list)."""
     check_computable(names, "state")
-    return [feature(n).from_state(request, conversation) for n in names]
+    return [feature(n).from_state for n in names]
 
 
 def needs_token_counts(names: Sequence[str]) -> bool:

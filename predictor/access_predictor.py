@@ -25,6 +25,7 @@ from predictor.access_features import (
     feature_frame,
     feature_row,
     known_by,
+    state_functions,
 )
 from predictor.artifact import (
     ArtifactCorruptError,
@@ -80,6 +81,7 @@ class AccessPredictor:
         self.mean = np.array([f.mean for f in inputs.access_features], dtype=np.float32)
         self.scale = np.array([1.0 / f.std for f in inputs.access_features], dtype=np.float32)
         self.weights, self.biases = weights, biases
+        self._state_functions = state_functions(self.feature_names)
         expected = [len(self.feature_names), *metadata.mlp_config.hidden_sizes, 1]
         shapes = [w.shape for w in weights]
         if (
@@ -151,9 +153,19 @@ class AccessPredictor:
         return self.predict(feature_frame(table, self.feature_names).to_numpy())
 
     def predict_one(self, request: RequestState, conversation: ConversationState) -> float:
-        """One request from an engine's state (no table)."""
-        row = np.array([feature_row(self.feature_names, request, conversation)])
-        return float(self.predict(row)[0])
+        """One request from an engine's state (no table): the same arithmetic as `logits`
+        and `predict` on one row, without their shape checks and array conversions (this
+        runs at every release of a serving engine)."""
+        row = np.array([[f(request, conversation) for f in self._state_functions]], np.float32)
+        hidden = (row - self.mean) * self.scale
+        last = len(self.weights) - 1
+        for layer, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
+            hidden = hidden @ weight
+            hidden += bias
+            if layer < last:
+                np.maximum(hidden, 0.0, out=hidden)
+        logit = np.float64(hidden[0, 0])  # the sigmoid of `predict`, bit for bit
+        return float(1.0 / (1.0 + np.exp(-logit)))
 
     def feature_matrix(
         self, states: Sequence[tuple[RequestState, ConversationState]]
