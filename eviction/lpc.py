@@ -39,7 +39,7 @@ def decayed_probability(probability: float, elapsed_s: float, scale_per_s: float
 
 
 SHARED = "<shared>"  # run tag of blocks released by more than one conversation
-_NO_TAG = object()  # equal to no tag: what an anonymous release compares blocks' tags with
+NO_TAG = object()  # equal to no tag: what an anonymous release compares blocks' tags with
 
 
 class LPCEvictor(PriorityEvictor):
@@ -107,7 +107,7 @@ class LPCEvictor(PriorityEvictor):
         key = math.log(p / (1.0 - p)) + self.scale_per_s * release.time_s
         conversation_id = release.conversation_id
         # An anonymous release owns no block: its tag matches none.
-        own_tag = _NO_TAG if conversation_id is None else conversation_id
+        own_tag = NO_TAG if conversation_id is None else conversation_id
         state = self._state
         run = self._new_run(key, conversation_id, block_ids, freed.depths)
         # Fast path, one pass: blocks cached for the first time, or released again by their

@@ -48,6 +48,7 @@ from eviction.lpc import (
     DEFAULT_FALLBACK_PROBABILITY,
     DEFAULT_PROBABILITY_FLOOR,
     DEFAULT_SCALE_PER_S,
+    NO_TAG,
     SHARED,
     LPCEvictor,
 )
@@ -63,8 +64,6 @@ DEFAULT_MEMORY_WINDOW_S = 600.0
 # the pool at the smallest default size (2.5M tokens, 4,883 blocks), so 8 never binds there.
 DEFAULT_MEMORY_BLOCKS_FACTOR = 8.0
 SHARED_PRIOR = 0.5  # p_shared before any shared release was judged (one pseudo-release)
-
-_NO_TAG = object()  # equal to no tag: what an anonymous release compares blocks' tags with
 
 
 class PooledLPCEvictor(LPCEvictor):
@@ -163,7 +162,7 @@ class PooledLPCEvictor(LPCEvictor):
         q_shared = min(max(self.shared_probability, floor), 1.0 - floor)
         shared_key = math.log(q_shared / (1.0 - q_shared)) + shift
         conversation_id = release.conversation_id
-        own_tag = _NO_TAG if conversation_id is None else conversation_id
+        own_tag = NO_TAG if conversation_id is None else conversation_id
         state, memory, pending = self._state, self._memory, self._pending
         window = self.memory_window_s
         keys: list[float] = []
@@ -217,7 +216,7 @@ class PooledLPCEvictor(LPCEvictor):
         floor = self.probability_floor
         p = floor if p < floor else (1.0 - floor if p > 1.0 - floor else p)
         conversation_id = release.conversation_id
-        own_tag = _NO_TAG if conversation_id is None else conversation_id
+        own_tag = NO_TAG if conversation_id is None else conversation_id
         state = self._state
         run = self._new_run(
             math.log(p / (1.0 - p)) + self.scale_per_s * now,

@@ -133,6 +133,10 @@ class AccessPredictor:
             raise ValueError(
                 f"expected features of shape (n, {len(self.feature_names)}), got {x.shape}"
             )
+        return self._forward(x)[:, 0]
+
+    def _forward(self, x: np.ndarray) -> np.ndarray:
+        """(n, k) float32 raw features → (n, 1) logits: standardise, then the layers."""
         hidden = (x - self.mean) * self.scale
         last = len(self.weights) - 1
         for layer, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
@@ -140,7 +144,7 @@ class AccessPredictor:
             hidden += bias
             if layer < last:
                 np.maximum(hidden, 0.0, out=hidden)
-        return hidden[:, 0]
+        return hidden
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         """Probabilities (float64) in float32 arithmetic, like the torch model it was
@@ -157,14 +161,7 @@ class AccessPredictor:
         and `predict` on one row, without their shape checks and array conversions (this
         runs at every release of a serving engine)."""
         row = np.array([[f(request, conversation) for f in self._state_functions]], np.float32)
-        hidden = (row - self.mean) * self.scale
-        last = len(self.weights) - 1
-        for layer, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
-            hidden = hidden @ weight
-            hidden += bias
-            if layer < last:
-                np.maximum(hidden, 0.0, out=hidden)
-        logit = np.float64(hidden[0, 0])  # the sigmoid of `predict`, bit for bit
+        logit = np.float64(self._forward(row)[0, 0])  # the sigmoid of `predict`, bit for bit
         return float(1.0 / (1.0 + np.exp(-logit)))
 
     def feature_matrix(
