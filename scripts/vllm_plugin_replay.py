@@ -15,6 +15,7 @@ The last line on stderr is a JSON summary: versions, timings and the plugin's co
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -180,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         default="lpc",
         help="the plugin's learned evictor (LPC_EVICTOR): lpc or lpc-pooled",
     )
+    parser.add_argument(
+        "--conversation-table-max-tokens",
+        type=int,
+        help="previous-request tokens the access model's conversation table keeps "
+        "(LPC_CONVERSATION_TABLE_MAX_TOKENS; the plugin's default when not given)",
+    )
     args = parser.parse_args(argv)
     if args.stock_output is None and args.plugin_output is None:
         parser.error("give --stock-output, --plugin-output or both")
@@ -211,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
                 request_log_salt=args.request_log_salt,
                 access_model=args.access_model,
             )
+            if args.conversation_table_max_tokens is not None:
+                config = dataclasses.replace(
+                    config, conversation_table_max_tokens=args.conversation_table_max_tokens
+                )
             vllm_plugin.register(config=config, clock=clock)
 
             def wait_for_predictions(timeout_s: float) -> None:

@@ -167,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         default="lpc",
         help="the learned evictor of the plugin and of our LPC replay (lpc)",
     )
+    parser.add_argument(
+        "--conversation-table-max-tokens",
+        type=int,
+        help="previous-request tokens the plugin's conversation table keeps for the access "
+        "model (LPC_CONVERSATION_TABLE_MAX_TOKENS; the plugin's default when not given)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     python = args.vllm_python or vllm_python_path()
@@ -178,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         driver_args += ["--request-log-dir", str(args.request_log_dir.resolve())]
     if args.request_log_text:
         driver_args.append("--request-log-text")
+    if args.conversation_table_max_tokens is not None:
+        driver_args += ["--conversation-table-max-tokens", str(args.conversation_table_max_tokens)]
     result = compare(
         args.trace,
         args.cache_tokens,

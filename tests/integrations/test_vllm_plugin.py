@@ -549,6 +549,113 @@ def test_access_model_in_process_equals_our_replay_exactly(
     )
 
 
+def overlapping_conversations(requests: list) -> set[str]:
+    """Conversations with a turn that arrives before the conversation's previous turn has
+    finished: the plugin's conversation table records a request when it finishes, so there it
+    sees another previous request than the trace table, which goes by arrival."""
+    previous_completion_s: dict[str, float] = {}
+    overlapping = set()
+    for request in requests:
+        conversation = request.turn.conversation_id
+        if request.arrival_s < previous_completion_s.get(conversation, float("-inf")):
+            overlapping.add(conversation)
+        previous_completion_s[conversation] = request.completion_s
+    return overlapping
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("evictor", ["lpc", "lpc-pooled"])
+def test_access_model_in_process_on_the_whole_mooncake_trace(
+    evictor: str, vllm_python: Path, tmp_path: Path, capsys
+) -> None:
+    """The whole bundled Mooncake trace (12,031 requests, 2.5M tokens, block 512) through
+    vLLM + plugin (LPC_EVICTOR `evictor`) predicting every release in process with the
+    shipped access model.
+
+    The eviction agrees exactly: our replay fed the p the plugin used for each release (from
+    its request log) has vLLM's hit tokens and evictions. The features do not always agree:
+    `lpc ab --trace --policies lpc --model` takes a request's history from the trace table (by
+    arrival), the plugin from its conversation table (by finish), and the hour holds turns
+    that arrive before their conversation's previous turn has finished. Every p that differs
+    by more than float noise is in such a conversation; through the evictions they change,
+    the hit ratios differ. The conversation table is sized to hold the hour (at the default
+    50M tokens it evicts conversations, whose next turns then count as first turns)."""
+    from lpc.access_source import AccessSource
+    from lpc.cli import main
+    from lpc.policies import PolicySpec
+    from lpc.simulator import prepare, replay
+    from lpc.traces.load import TraceOptions, load_trace
+    from predictor.access_predictor import AccessPredictor
+
+    requests = load_trace("mooncake", TraceOptions()).requests
+    trace = tmp_path / "mooncake.jsonl"
+    write_trace(trace, requests, {"source": "bundled Mooncake conversation trace"})
+    logs = tmp_path / "logs"
+    cache_tokens = 2_500_000  # above the trace's peak in-flight tokens: no allocation fails
+    result = run_vllm_trace_ab(
+        trace,
+        vllm_python,
+        cache_tokens,
+        *("--block-size", "512", "--access-model", str(SHIPPED_ACCESS_MODEL)),
+        *("--evictor", evictor, "--request-log-dir", str(logs)),
+        *("--conversation-table-max-tokens", "200000000"),
+        timeout_s=900,
+    )
+    rows = {row["policy"]: row for row in result["rows"]}
+    plugin, lru = rows[evictor], rows["lru"]
+    assert result["requests"] == len(requests) == 12_031
+    assert plugin["vllm_failures"] == 0 and plugin["vllm_evictions"] > 0
+    assert lru["vllm_hit_tokens"] == lru["ours_hit_tokens"]
+    assert plugin["vllm_hit_tokens"] != lru["vllm_hit_tokens"], "p changed nothing"
+    stats = result["plugin_stats"]
+    assert stats["predictions_in_process"] == stats["releases"] == len(requests)
+    assert stats["fallbacks_used"] == 0 and stats["predictor_calls"] == 0
+    assert stats["conversations_evicted"] == 0 and stats["conversations_expired"] == 0
+
+    records = [
+        json.loads(line)
+        for path in sorted(logs.glob("requests-*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+    logged = {r["request_id"]: r for r in records if "request_id" in r}
+    assert len(logged) == len(requests)
+    used = [logged[r.request_id]["probability"] for r in requests]
+    workload = prepare(requests, 512, {"trace": used})
+    fed = replay(workload, PolicySpec(evictor, evictor, "trace"), cache_tokens, 1e-2, 0.5)
+    assert (fed.hit_tokens, fed.evictions) == (plugin["vllm_hit_tokens"], plugin["vllm_evictions"])
+
+    code = main(
+        [
+            *("ab", "--no-progress", "--trace", str(trace), "--split-at", "0"),
+            *("--policies", evictor, "--model", str(SHIPPED_ACCESS_MODEL)),
+            *("--cache-sizes", str(cache_tokens), "--block-size", "512", "--scale", "0.01"),
+            *("--fallback-p", "0.5", "--out", str(tmp_path / "ab"), "--json"),
+        ]
+    )
+    assert code == 0
+    replayed = json.loads(capsys.readouterr().out)["comparison"]["hit_ratio"][evictor]
+    assert replayed[str(cache_tokens)] == plugin["ours_hit_ratio"]
+
+    overlapping = overlapping_conversations(requests)
+    model_p = AccessSource(AccessPredictor.load(SHIPPED_ACCESS_MODEL)).predict_requests(requests)
+    differing = [
+        r
+        for r, ours, theirs in zip(requests, model_p, used, strict=True)
+        if abs(ours - theirs) > 1e-6
+    ]
+    assert {r.turn.conversation_id for r in differing} <= overlapping
+    REPORT.append(
+        f"{evictor} with the access model in process: whole Mooncake trace ({len(requests)} "
+        f"requests, {cache_tokens} tokens, block 512): vLLM+plugin "
+        f"{100 * plugin['vllm_hit_ratio']:.4f}% ({plugin['vllm_hit_tokens']} hit tokens, "
+        f"{plugin['vllm_evictions']} evictions) == our replay fed the plugin's p; lpc ab "
+        f"{100 * plugin['ours_hit_ratio']:.4f}% ({plugin['ours_hit_tokens']}, "
+        f"{plugin['ours_evictions']}), not equal: {len(differing)} p differ, all in the "
+        f"{len(overlapping)} conversations with overlapping turns (LRU "
+        f"{100 * lru['vllm_hit_ratio']:.4f}%)"
+    )
+
+
 def synthetic_sample(path: Path, one_in: int = 20) -> int:
     """Whole conversations of the bundled Mooncake synthetic trace (one in `one_in`), whose
     prefixes are shared across conversations, written as a project-format trace."""
