@@ -26,6 +26,20 @@ then older; uncached blocks first):
   `horizon_s` has passed, at the next release; releases stand in for uses, since a request
   that reuses a block releases it when it finishes.
 
+- **A trust gate on the model.** A model trained on other traffic can rank this traffic's
+  conversations worse than no model at all: then its p only scrambles recency. The evictor
+  scores the model online against the labels it can see: a conversation's release at t is
+  *continued* when the same conversation releases again within `horizon_s` (judged, like the
+  shared releases, at the first release after t + `horizon_s`). It keeps the model's log-loss
+  on the judged releases (p clamped to [0.001, 0.999]) and a constant's, the running share of
+  continued releases before each (with one pseudo-release at 0.5), both prequential: every
+  label is scored before it is learned from. A release uses its predicted p only once
+  `model_min_labels` releases were judged and the model's total log-loss is at most the
+  constant's minus `model_margin_nats` per judged release; otherwise it is keyed as if no
+  prediction had arrived (the fallback p), which with one p for every release is LRU's
+  order within each tier. The gate decides per release, so every key stays static;
+  `model_min_labels=None` turns it off (the predicted p is always used).
+
 Every key is still fixed when a block is queued, so the heap stays exact between releases
 and every operation stays O(log n) (amortised O(1) more per released block for the memory
 and the judging queue, both FIFO in release time). The memory holds the hashes released in
@@ -64,6 +78,12 @@ DEFAULT_MEMORY_WINDOW_S = 600.0
 # the pool at the smallest default size (2.5M tokens, 4,883 blocks), so 8 never binds there.
 DEFAULT_MEMORY_BLOCKS_FACTOR = 8.0
 SHARED_PRIOR = 0.5  # p_shared before any shared release was judged (one pseudo-release)
+# The model is trusted only after this many judged releases: with fewer, a few early labels
+# decide (on the synthetic Mooncake trace the gate flipped at its 1st, 4th and 5th).
+DEFAULT_MODEL_MIN_LABELS = 100
+DEFAULT_MODEL_MARGIN_NATS = 0.0  # the model must do at least as well as the constant
+CONTINUED_PRIOR = 0.5  # the constant before any release was judged (one pseudo-release)
+LOSS_PROBABILITY_CLAMP = 1e-3  # log-loss of a p clamped to [c, 1 − c]: one label costs ≤ 6.9 nats
 
 
 class PooledLPCEvictor(LPCEvictor):
@@ -80,6 +100,8 @@ class PooledLPCEvictor(LPCEvictor):
         memory_window_s: float = DEFAULT_MEMORY_WINDOW_S,
         horizon_s: float = DEFAULT_SHARED_HORIZON_S,
         memory_blocks_factor: float = DEFAULT_MEMORY_BLOCKS_FACTOR,
+        model_min_labels: int | None = DEFAULT_MODEL_MIN_LABELS,
+        model_margin_nats: float = DEFAULT_MODEL_MARGIN_NATS,
     ) -> None:
         if not math.isfinite(horizon_s) or horizon_s <= 0:
             raise ValueError(f"horizon_s must be a finite number > 0, got {horizon_s!r}")
@@ -92,7 +114,24 @@ class PooledLPCEvictor(LPCEvictor):
             raise ValueError(
                 f"memory_blocks_factor must be a finite number > 0, got {memory_blocks_factor!r}"
             )
+        if model_min_labels is not None and model_min_labels < 0:
+            raise ValueError(f"model_min_labels must be >= 0 or None, got {model_min_labels!r}")
+        if not math.isfinite(model_margin_nats):
+            raise ValueError(
+                f"model_margin_nats must be a finite number, got {model_margin_nats!r}"
+            )
         self.memory_window_s = memory_window_s
+        self.model_min_labels = model_min_labels
+        self.model_margin_nats = model_margin_nats
+        # Releases to judge for the trust gate: (time, conversation, predicted p), oldest
+        # first, and each conversation's last release (dropped once its last label is judged).
+        self._labels: deque[tuple[float, str, float]] = deque()
+        self._last_release_s: dict[str, float] = {}
+        self.model_labels_judged = 0
+        self.model_labels_continued = 0
+        self.model_loss_nats = 0.0
+        self.constant_loss_nats = 0.0
+        self.model_trusted = model_min_labels is None or model_min_labels == 0
         self.horizon_s = horizon_s
         # The memory's size bound: contents beyond it are forgotten oldest first, as if
         # their window had ended.
@@ -110,6 +149,13 @@ class PooledLPCEvictor(LPCEvictor):
         self._pending.clear()
         self.shared_releases_judged = 0
         self.shared_releases_reused = 0
+        self._labels.clear()
+        self._last_release_s.clear()
+        self.model_labels_judged = 0
+        self.model_labels_continued = 0
+        self.model_loss_nats = 0.0
+        self.constant_loss_nats = 0.0
+        self.model_trusted = self.model_min_labels is None or self.model_min_labels == 0
 
     @property
     def shared_probability(self) -> float:
@@ -135,6 +181,53 @@ class PooledLPCEvictor(LPCEvictor):
                 break
             del memory[oldest]
 
+    def _gated_probability(self, release: Release) -> float | None:
+        """The release's predicted p if the model is trusted now, else None (the fallback);
+        judges the releases older than the horizon first, then records this one."""
+        if self.model_min_labels is None:
+            return release.probability
+        now = release.time_s
+        labels, last_release_s = self._labels, self._last_release_s
+        cutoff = now - self.horizon_s
+        if labels and labels[0][0] < cutoff:
+            clamp = LOSS_PROBABILITY_CLAMP
+            while labels and labels[0][0] < cutoff:
+                time_s, conversation_id, p = labels.popleft()
+                # Every release up to `cutoff` was seen and none after time_s + horizon_s.
+                # (Out-of-order releases may have dropped the entry already: not continued.)
+                last_s = last_release_s.get(conversation_id, time_s)
+                if last_s == time_s:
+                    last_release_s.pop(conversation_id, None)
+                constant = (self.model_labels_continued + CONTINUED_PRIOR) / (
+                    self.model_labels_judged + 1
+                )
+                p = clamp if p < clamp else (1.0 - clamp if p > 1.0 - clamp else p)
+                if last_s > time_s:
+                    self.model_labels_continued += 1
+                    self.model_loss_nats -= math.log(p)
+                    self.constant_loss_nats -= math.log(constant)
+                else:
+                    self.model_loss_nats -= math.log(1.0 - p)
+                    self.constant_loss_nats -= math.log(1.0 - constant)
+                self.model_labels_judged += 1
+            judged = self.model_labels_judged
+            self.model_trusted = (
+                judged >= self.model_min_labels
+                and self.model_loss_nats
+                <= self.constant_loss_nats - self.model_margin_nats * judged
+            )
+        p = release.probability
+        conversation_id = release.conversation_id
+        # One label per conversation and instant (a request's blocks may come in parts).
+        if (
+            p is not None
+            and conversation_id is not None
+            and last_release_s.get(conversation_id) != now
+        ):
+            labels.append((now, conversation_id, p))
+            last_release_s[conversation_id] = now
+        return p if self.model_trusted else None
+
     def _bound_memory(self) -> None:
         """Forget the oldest contents beyond the memory's size bound (after a release)."""
         memory = self._memory
@@ -142,10 +235,12 @@ class PooledLPCEvictor(LPCEvictor):
             memory.popitem(last=False)
 
     def _probability(self, release: Release) -> float:
-        """The release's p (the fallback when none was predicted), clamped to the floor."""
-        p = release.probability
+        """The release's p (the fallback when none was predicted or the model is not trusted),
+        clamped to the floor."""
+        p = self._gated_probability(release)
         if p is None:
-            self.fallbacks_used += 1
+            if release.probability is None:
+                self.fallbacks_used += 1
             p = self.fallback_probability
         floor = self.probability_floor
         return floor if p < floor else (1.0 - floor if p > 1.0 - floor else p)
@@ -209,9 +304,10 @@ class PooledLPCEvictor(LPCEvictor):
         if memory or self._pending:
             self._advance(now)
         # _probability(release), inlined (the release path of every request).
-        p = release.probability
+        p = self._gated_probability(release)
         if p is None:
-            self.fallbacks_used += 1
+            if release.probability is None:
+                self.fallbacks_used += 1
             p = self.fallback_probability
         floor = self.probability_floor
         p = floor if p < floor else (1.0 - floor if p > 1.0 - floor else p)

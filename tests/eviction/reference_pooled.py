@@ -5,11 +5,15 @@ queue) and, per block, the probability its last release gave it and that release
 every eviction it recomputes every free block's decayed probability
 p·d / (p·d + 1 − p), d = exp(−scale·(now − t)) — no static keys, no heap. p_shared at a
 release is recomputed from the whole history: shared releases older than the horizon, and
-whether the same content was released again within the horizon after each.
+whether the same content was released again within the horizon after each. The trust gate
+is recomputed the same way: every predicted release of a conversation older than the horizon,
+in time order, labelled by whether that conversation released again within the horizon,
+scores the model's and the running constant's log-loss from scratch.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -49,6 +53,8 @@ class BruteForcePooledLPC(Evictor):
         fallback_probability: float = 0.5,
         memory_window_s: float = 600.0,
         horizon_s: float = 180.0,
+        model_min_labels: int | None = 100,
+        model_margin_nats: float = 0.0,
     ) -> None:
         self.scale = scale_per_s
         self.fallback = fallback_probability
@@ -59,12 +65,16 @@ class BruteForcePooledLPC(Evictor):
         self.free: dict[int, tuple[int, int]] = {}  # cached free block -> (depth, push order)
         self.history: dict[Hashable, list[_Released]] = {}  # content -> its releases, in order
         self.order = 0
+        self.min_labels = model_min_labels
+        self.margin = model_margin_nats
+        self.predicted: list[tuple[float, str, float]] = []  # (time, conversation, p)
 
     def reset(self, block_ids: Iterable[int]) -> None:
         self.uncached = list(block_ids)
         self.metadata.clear()
         self.free.clear()
         self.history.clear()
+        self.predicted.clear()
 
     def push_uncached(self, block_ids: Sequence[int]) -> None:
         self.uncached[0:0] = list(block_ids)
@@ -83,11 +93,39 @@ class BruteForcePooledLPC(Evictor):
                 )
         return (reused + 0.5) / (judged + 1)
 
+    def model_trusted(self, now_s: float) -> bool:
+        """Whether the model's log-loss on the releases judged by now is at most the
+        constant's (the running continued share, one pseudo-release at 0.5) minus the margin."""
+        if self.min_labels is None:
+            return True
+        judged = continued = 0
+        model_loss = constant_loss = 0.0
+        for time_s, conv, p in sorted(self.predicted, key=lambda r: r[0]):
+            if not time_s < now_s - self.horizon:
+                continue
+            y = any(c == conv and time_s < t <= time_s + self.horizon for t, c, _ in self.predicted)
+            constant = (continued + 0.5) / (judged + 1)
+            p = min(max(p, 1e-3), 1.0 - 1e-3)
+            model_loss -= math.log(p if y else 1.0 - p)
+            constant_loss -= math.log(constant if y else 1.0 - constant)
+            judged += 1
+            continued += y
+        return judged >= self.min_labels and model_loss <= constant_loss - self.margin * judged
+
     def _record(self, freed: FreedBlocks, release: Release) -> None:
         now = release.time_s
-        p = _clamp(self.fallback if release.probability is None else release.probability)
-        p_shared = _clamp(self.shared_probability(now))
+        predicted = release.probability
+        if predicted is not None and not self.model_trusted(now):
+            predicted = None
         conv = release.conversation_id
+        if (
+            release.probability is not None
+            and conv is not None
+            and (now, conv) not in {(t, c) for t, c, _ in self.predicted}
+        ):
+            self.predicted.append((now, conv, release.probability))
+        p = _clamp(self.fallback if predicted is None else predicted)
+        p_shared = _clamp(self.shared_probability(now))
         for block_id, block_hash in zip(freed.block_ids, freed.hashes, strict=True):
             shared = False
             if block_hash is not None and self.history.get(block_hash):

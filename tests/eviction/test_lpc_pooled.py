@@ -18,10 +18,16 @@ def _freed(blocks: list[int], hashes: list[bytes | None]) -> FreedBlocks:
     return FreedBlocks(blocks, list(range(len(blocks) - 1, -1, -1)), hashes)
 
 
+# The trust gate: off; on after 8 judged releases; on from the start with a negative margin
+# (the random stream's p carries no information, so only a margin lets the model back in).
+GATES = [(None, 0.0), (8, 0.0), (0, -0.2)]
+
+
+@pytest.mark.parametrize("min_labels,margin_nats", GATES)
 @pytest.mark.parametrize("window_s,horizon_s", [(20.0, 10.0), (600.0, 180.0)])
 @pytest.mark.parametrize("seed", range(20))
 def test_lpc_pooled_matches_brute_force_reference(
-    seed: int, window_s: float, horizon_s: float
+    seed: int, window_s: float, horizon_s: float, min_labels: int | None, margin_nats: float
 ) -> None:
     steps = random_stream(seed, 400)
     # The memory's size bound is left out of the reference (it has its own test below).
@@ -31,13 +37,20 @@ def test_lpc_pooled_matches_brute_force_reference(
         memory_window_s=window_s,
         horizon_s=horizon_s,
         memory_blocks_factor=1e6,
+        model_min_labels=min_labels,
+        model_margin_nats=margin_nats,
     )
     fast = PrefixCacheBlockManager(48, block_size=4, evictor=fast_evictor)
     slow = PrefixCacheBlockManager(
         48,
         block_size=4,
         evictor=BruteForcePooledLPC(
-            48, fallback_probability=0.3, memory_window_s=window_s, horizon_s=horizon_s
+            48,
+            fallback_probability=0.3,
+            memory_window_s=window_s,
+            horizon_s=horizon_s,
+            model_min_labels=min_labels,
+            model_margin_nats=margin_nats,
         ),
     )
     fast_trace = replay(fast, steps)
@@ -45,6 +58,8 @@ def test_lpc_pooled_matches_brute_force_reference(
     evictions = sum(len(a.evicted_block_ids) for a in fast_trace if a is not None)
     assert evictions > 20, "the stream must put the pool under pressure"
     assert fast_evictor.shared_releases_judged > 0, "the stream must share prefixes"
+    if min_labels is not None:
+        assert fast_evictor.model_labels_judged > 8, "the stream must judge the model"
     for i, (a, b) in enumerate(zip(fast_trace, slow_trace, strict=True)):
         assert a == b, f"seed {seed}, allocation {i}: heap {a} != reference {b}"
     assert fast.counters == slow.counters
@@ -53,7 +68,7 @@ def test_lpc_pooled_matches_brute_force_reference(
 
 def test_or_pooling_combines_two_conversations() -> None:
     """Two conversations at p = 0.5 released together: either comes back with 0.75."""
-    evictor = PooledLPCEvictor(8, scale_per_s=0.01)
+    evictor = PooledLPCEvictor(8, scale_per_s=0.01, model_min_labels=None)
     evictor.reset(range(8))
     block = evictor.pop_n(1)
     evictor.note_shared_release(_freed(block, [b"h"]), Release(10.0, 0.5, "A"))
@@ -62,7 +77,7 @@ def test_or_pooling_combines_two_conversations() -> None:
 
 
 def test_or_pooling_decays_the_older_release_first() -> None:
-    evictor = PooledLPCEvictor(8, scale_per_s=0.01)
+    evictor = PooledLPCEvictor(8, scale_per_s=0.01, model_min_labels=None)
     evictor.reset(range(8))
     block = evictor.pop_n(1)
     evictor.note_shared_release(_freed(block, [b"h"]), Release(0.0, 0.6, "A"))
@@ -73,7 +88,7 @@ def test_or_pooling_decays_the_older_release_first() -> None:
 
 
 def test_a_conversations_own_release_replaces_its_key() -> None:
-    evictor = PooledLPCEvictor(8, scale_per_s=0.01)
+    evictor = PooledLPCEvictor(8, scale_per_s=0.01, model_min_labels=None)
     evictor.reset(range(8))
     block = evictor.pop_n(1)
     evictor.push_cached(_freed(block, [b"h"]), Release(0.0, 0.9, "A"))
@@ -85,7 +100,9 @@ def test_a_conversations_own_release_replaces_its_key() -> None:
 def test_the_memory_recognises_a_shared_prefix_computed_again_after_an_eviction() -> None:
     """Content released by A, evicted, then computed and released by B within the window is
     shared: it takes the floor p_shared (0.5 before any judgement), not B's own low p."""
-    evictor = PooledLPCEvictor(4, scale_per_s=0.01, memory_window_s=300.0, horizon_s=100.0)
+    evictor = PooledLPCEvictor(
+        4, scale_per_s=0.01, model_min_labels=None, memory_window_s=300.0, horizon_s=100.0
+    )
     evictor.reset(range(4))
     first = evictor.pop_n(1)
     evictor.push_cached(_freed(first, [b"doc"]), Release(0.0, 0.1, "A"))
@@ -100,7 +117,9 @@ def test_the_memory_recognises_a_shared_prefix_computed_again_after_an_eviction(
 
 
 def test_the_memory_forgets_content_after_its_window() -> None:
-    evictor = PooledLPCEvictor(4, scale_per_s=0.01, memory_window_s=300.0, horizon_s=100.0)
+    evictor = PooledLPCEvictor(
+        4, scale_per_s=0.01, model_min_labels=None, memory_window_s=300.0, horizon_s=100.0
+    )
     evictor.reset(range(4))
     a, b = evictor.pop_n(2)
     evictor.note_shared_release(_freed([a], [b"doc"]), Release(0.0, 0.1, "A"))
@@ -116,7 +135,12 @@ def test_the_memory_keeps_at_most_its_bound_forgetting_the_oldest_content() -> N
     """A memory of two contents (factor 0.5 on a four-block pool): a third content pushes out
     the oldest, which then no longer makes a fresh block's release shared."""
     evictor = PooledLPCEvictor(
-        4, scale_per_s=0.0, memory_window_s=300.0, horizon_s=100.0, memory_blocks_factor=0.5
+        4,
+        scale_per_s=0.0,
+        memory_window_s=300.0,
+        horizon_s=100.0,
+        memory_blocks_factor=0.5,
+        model_min_labels=None,
     )
     evictor.reset(range(4))
     a, _, c, d = evictor.pop_n(4)
@@ -172,3 +196,50 @@ def test_reset_forgets_the_memory_and_the_estimate() -> None:
 def test_bad_windows_are_refused(options: dict) -> None:
     with pytest.raises(ValueError, match=r"horizon_s|memory_window_s|memory_blocks_factor"):
         PooledLPCEvictor(4, **options)
+
+
+def test_the_gate_keys_at_the_fallback_until_the_model_beats_a_constant() -> None:
+    """Releases judged after the horizon: the model's p is used only once it has at least
+    `model_min_labels` labels and a log-loss no worse than the running constant's."""
+    evictor = PooledLPCEvictor(
+        8, scale_per_s=0.0, fallback_probability=0.5, horizon_s=10.0, model_min_labels=2
+    )
+    evictor.reset(range(8))
+    blocks = evictor.pop_n(8)
+    # A continues (released again at 5 s), B does not: the model says 0.9 and 0.1, right both times.
+    evictor.push_cached(_freed([blocks[0]], [None]), Release(0.0, 0.9, "A"))
+    assert evictor.pooled_key(blocks[0]) == 0.0  # untrusted: the fallback 0.5
+    evictor.push_cached(_freed([blocks[1]], [None]), Release(1.0, 0.1, "B"))
+    evictor.push_cached(_freed([blocks[2]], [None]), Release(5.0, 0.3, "A"))
+    assert not evictor.model_trusted and evictor.model_labels_judged == 0
+    evictor.push_cached(_freed([blocks[3]], [None]), Release(12.0, 0.2, "C"))
+    assert evictor.model_labels_judged == 2 and evictor.model_labels_continued == 1
+    # model: −ln 0.9 − ln 0.9; constant: −ln 0.5 (prior) − ln(1 − 0.75)
+    assert evictor.model_loss_nats == pytest.approx(-2 * math.log(0.9))
+    assert evictor.constant_loss_nats == pytest.approx(-math.log(0.5) - math.log(0.25))
+    assert evictor.model_trusted
+    assert evictor.pooled_key(blocks[3]) == pytest.approx(static_key(0.2, 12.0, 0.0, 1e-6))
+    assert evictor.fallbacks_used == 0  # the gate is not a missing prediction
+
+
+def test_the_gate_falls_back_when_the_model_does_worse_than_a_constant() -> None:
+    evictor = PooledLPCEvictor(8, scale_per_s=0.0, horizon_s=10.0, model_min_labels=0)
+    evictor.reset(range(8))
+    blocks = evictor.pop_n(8)
+    assert evictor.model_trusted  # no labels needed: trusted until it falls behind
+    # Confidently wrong: A (p 0.05) continues, B (p 0.95) does not.
+    evictor.push_cached(_freed([blocks[0]], [None]), Release(0.0, 0.05, "A"))
+    evictor.push_cached(_freed([blocks[1]], [None]), Release(1.0, 0.95, "B"))
+    evictor.push_cached(_freed([blocks[2]], [None]), Release(5.0, 0.5, "A"))
+    evictor.push_cached(_freed([blocks[3]], [None]), Release(12.0, 0.9, "C"))
+    assert not evictor.model_trusted
+    assert evictor.pooled_key(blocks[3]) == 0.0  # the fallback 0.5
+    evictor.reset(range(8))
+    assert evictor.model_trusted and evictor.model_labels_judged == 0
+
+
+def test_a_bad_gate_is_refused() -> None:
+    with pytest.raises(ValueError, match="model_min_labels"):
+        PooledLPCEvictor(4, model_min_labels=-1)
+    with pytest.raises(ValueError, match="model_margin_nats"):
+        PooledLPCEvictor(4, model_margin_nats=math.nan)

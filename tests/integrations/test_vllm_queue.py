@@ -121,15 +121,19 @@ def test_shared_releases_pool_by_max() -> None:
 
 def test_the_pooled_evictor_ors_shared_releases_and_remembers_content() -> None:
     """LPC_EVICTOR=lpc-pooled: the queue drives `PooledLPCEvictor`, which ORs two
-    conversations' p and sees the block's hash, so its memory knows the content is shared."""
-    queue, _, runtime = make_queue(4, evictor="lpc-pooled", scale_per_s=0.0)
+    conversations' p and sees the block's hash, so its memory knows the content is shared.
+    No release was judged yet, so its trust gate keys both at the fallback p (0.5)."""
+    queue, _, runtime = make_queue(
+        4, evictor="lpc-pooled", scale_per_s=0.0, fallback_probability=0.5
+    )
     assert isinstance(queue.evictor, PooledLPCEvictor)
     taken = queue.popleft_n(4)
     shared = cache(taken[0], 0)
     queue.note_shared_release([shared], Release(100.0, 0.6, "conv-a"))  # still held by b
     with runtime.releasing(Release(101.0, 0.5, "conv-b")):
         queue.append_n([shared])
-    assert queue.evictor.pooled_key(0) == pytest.approx(math.log(0.8 / 0.2))  # 1 − 0.4·0.5
+    assert not queue.evictor.model_trusted
+    assert queue.evictor.pooled_key(0) == pytest.approx(math.log(0.75 / 0.25))  # 1 − 0.5·0.5
     assert queue.evictor.memory_size() == 1
 
 
