@@ -468,21 +468,24 @@ def test_trace_replay_hit_ratios_agree_with_our_replay(vllm_python: Path, tmp_pa
 SHIPPED_ACCESS_MODEL = REPO_ROOT / "models" / "mooncake-access"
 
 
-def mooncake_sample(path: Path, one_in: int = 40) -> int:
-    """Whole conversations of the bundled Mooncake trace (one in `one_in`, by a stable hash,
-    as scripts/sample_conversations.py keeps them), written as a project-format trace."""
+def bundled_trace_sample(path: Path, trace: str, one_in: int, source: str) -> int:
+    """Whole conversations of a bundled trace (one in `one_in`, by a stable hash, as
+    scripts/sample_conversations.py keeps them), written as a project-format trace."""
     sys.path.insert(0, str(REPO_ROOT / "scripts"))
     from sample_conversations import keep
 
     from lpc.traces.load import TraceOptions, load_trace
 
     requests = [
-        r
-        for r in load_trace("mooncake", TraceOptions()).requests
-        if keep(r.conversation_id, one_in)
+        r for r in load_trace(trace, TraceOptions()).requests if keep(r.conversation_id, one_in)
     ]
-    write_trace(path, requests, {"source": f"bundled Mooncake, one conversation in {one_in}"})
+    write_trace(path, requests, {"source": f"{source}, one conversation in {one_in}"})
     return len(requests)
+
+
+def mooncake_sample(path: Path, one_in: int = 40) -> int:
+    """The bundled Mooncake conversation trace, one conversation in `one_in`."""
+    return bundled_trace_sample(path, "mooncake", one_in, "bundled Mooncake")
 
 
 def test_access_model_in_process_equals_our_replay_exactly(
@@ -657,20 +660,9 @@ def test_access_model_in_process_on_the_whole_mooncake_trace(
 
 
 def synthetic_sample(path: Path, one_in: int = 20) -> int:
-    """Whole conversations of the bundled Mooncake synthetic trace (one in `one_in`), whose
-    prefixes are shared across conversations, written as a project-format trace."""
-    sys.path.insert(0, str(REPO_ROOT / "scripts"))
-    from sample_conversations import keep
-
-    from lpc.traces.load import TraceOptions, load_trace
-
-    requests = [
-        r
-        for r in load_trace("mooncake-synthetic", TraceOptions()).requests
-        if keep(r.conversation_id, one_in)
-    ]
-    write_trace(path, requests, {"source": f"Mooncake synthetic, one conversation in {one_in}"})
-    return len(requests)
+    """The bundled Mooncake synthetic trace (prefixes shared across conversations), one
+    conversation in `one_in`."""
+    return bundled_trace_sample(path, "mooncake-synthetic", one_in, "Mooncake synthetic")
 
 
 def test_pooled_evictor_with_the_access_model_equals_our_replay_exactly(
