@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from lpc.workload import WorkloadRequest
+from predictor.access_features import completion_order
 
 
 def common_prefix_tokens(previous: Sequence[int], prompt: Sequence[int]) -> int:
@@ -30,23 +31,25 @@ def request_table(
     requests: Sequence[WorkloadRequest], request_types: Sequence[str] | None = None
 ) -> pd.DataFrame:
     """One row per request, in the given (arrival) order. `shared_prefix_tokens` compares each
-    prompt with the conversation's previous request's prompt and output."""
+    prompt with the prompt and output of the conversation's latest request to finish before
+    this one finished, as an engine compares them at the release (`completion_order`)."""
+    completion = np.array([r.completion_s for r in requests], dtype=np.float64)
     last_tokens: dict[str, Sequence[int]] = {}
-    shared: list[int] = []
-    for request in requests:
-        turn = request.turn
+    shared = np.zeros(len(requests), dtype=np.int64)
+    for i in completion_order(completion):
+        turn = requests[i].turn
         previous = last_tokens.get(turn.conversation_id)
         prompt = turn.token_ids[: turn.num_prompt_tokens]
-        shared.append(0 if previous is None else common_prefix_tokens(previous, prompt))
+        shared[i] = 0 if previous is None else common_prefix_tokens(previous, prompt)
         last_tokens[turn.conversation_id] = turn.token_ids
     table = pd.DataFrame(
         {
             "conversation_id": [r.conversation_id for r in requests],
             "arrival_s": np.array([r.arrival_s for r in requests], dtype=np.float64),
-            "completion_s": np.array([r.completion_s for r in requests], dtype=np.float64),
+            "completion_s": completion,
             "prompt_tokens": np.array([r.turn.num_prompt_tokens for r in requests], np.int64),
             "output_tokens": np.array([r.turn.num_output_tokens for r in requests], np.int64),
-            "shared_prefix_tokens": np.array(shared, dtype=np.int64),
+            "shared_prefix_tokens": shared,
         }
     )
     if request_types is not None:

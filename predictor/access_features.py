@@ -7,8 +7,9 @@ is computed on each path that can feed it; a path whose computation a record lac
 that feature, and asking for it there is an error that names it (`check_computable`):
 
 - `from_table(table)` (path "table"): training an access model, and the trace replay, on a
-  pandas frame with one row per request and the `REQUEST_COLUMNS` below, sorted by arrival; a
-  row reads only earlier rows of its conversation (groupby + shift), never a later one;
+  pandas frame with one row per request and the `REQUEST_COLUMNS` below; `feature_frame`
+  hands it the rows in completion order, and a row reads only earlier rows of its
+  conversation (groupby + shift), i.e. the requests that finished before it, never a later one;
 - `from_state(request, conversation)` (path "state"): the vLLM plugin and `lpc bench access`,
   from the request's own `RequestState` and the `ConversationState` its earlier requests left
   behind; an access model's RPC item carries these values by name (`rpc_schema`);
@@ -30,6 +31,13 @@ is the engine-side definition of "reusable prefix": the actual cache hit depends
 and the cache size (so in a replay it would differ per policy), while the longest common
 prefix of this prompt with the previous request's prompt and output is known at arrival from
 the two token sequences alone, and is the most any policy could have hit from that request.
+
+"Previous" and "so far" mean the conversation's requests that finished before this one: an
+engine learns a request when it releases its blocks, and the prediction is used at this
+request's release. For a conversation whose turns follow one another that is every request
+that arrived before this one, known at its arrival (the `known_at` the records state); a turn
+that arrives while its predecessor still runs (a branch, a retry) counts the predecessor only
+if it finished first, and so sees, by its release, what the engine has seen by then.
 """
 
 from __future__ import annotations
@@ -167,7 +175,8 @@ class Feature:
 AccessFeature = Feature  # the name the access entries below are written with
 
 
-# --- table helpers: every one reads the row itself and earlier rows of its conversation ----
+# --- table helpers: every one reads the row itself and earlier rows of its conversation, ---
+# --- the rows coming in completion order (`feature_frame`) ---------------------------------
 
 
 def _previous(table: pd.DataFrame, column: str) -> pd.Series:
@@ -306,9 +315,10 @@ ACCESS_FEATURES: tuple[AccessFeature, ...] = (
     AccessFeature(
         "log_conversation_age_s",
         "arrival",
-        "log1p(seconds since the conversation's first arrival)",
+        "log1p(seconds since the arrival of the conversation's first finished request)",
         lambda t: _log1p(
-            t["arrival_s"] - t.groupby("conversation_id", sort=False)["arrival_s"].transform("min")
+            t["arrival_s"]
+            - t.groupby("conversation_id", sort=False)["arrival_s"].transform("first")
         ),
         lambda r, c: _log1p(0.0 if c.first_arrival_s is None else r.arrival_s - c.first_arrival_s),
     ),
@@ -478,12 +488,32 @@ def check_table(table: pd.DataFrame, names: Sequence[str]) -> None:
         raise FeatureError("the request table must be sorted by arrival_s")
 
 
+def completion_order(completion_s: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Row positions by completion time, ties in row (arrival) order: the order an engine
+    releases requests in, and so the order its conversation table learns them."""
+    completion = np.asarray(completion_s, dtype=np.float64)
+    return np.lexsort((np.arange(len(completion)), completion))
+
+
 def feature_frame(table: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
-    """One column per feature, one row per request (raw: not standardised)."""
+    """One column per feature, one row per request (raw: not standardised), in the table's
+    (arrival) order.
+
+    Each row's history is the requests of its conversation that *completed* before it: the
+    table's computations run on the rows in completion order, as an engine records a request
+    in its conversation table when the request releases its blocks and predicts at a release.
+    Where a conversation's turns do not overlap this is every request that arrived before the
+    row; where a turn arrives before its predecessor finished, the predecessor counts only if
+    it finished first, exactly as the engine-state form sees it at the release."""
     import pandas as pd
 
     check_table(table, names)
-    return pd.DataFrame({n: feature(n).from_table(table).to_numpy(np.float64) for n in names})
+    order = completion_order(table["completion_s"].to_numpy())
+    by_completion = table.iloc[order].reset_index(drop=True)
+    values = np.empty((len(table), len(names)), dtype=np.float64)
+    for j, name in enumerate(names):
+        values[order, j] = feature(name).from_table(by_completion).to_numpy(np.float64)
+    return pd.DataFrame(values, columns=list(names))
 
 
 def feature_row(

@@ -110,7 +110,8 @@ class FakeRequest:
 
 def synthetic_requests(seed: int = 4) -> list[WorkloadRequest]:
     """Multi-turn conversations whose prompts extend the previous prompt and reply, with
-    think times and occasional edits (a shorter shared prefix)."""
+    think times, occasional edits (a shorter shared prefix) and turns that arrive before the
+    previous one finished (a branch or retry: features then follow the finishing order)."""
     rng = random.Random(seed)
     out = []
     for c in range(30):
@@ -125,7 +126,10 @@ def synthetic_requests(seed: int = 4) -> list[WorkloadRequest]:
             script = ScriptedTurn(f"c{c}", turn, tuple(prompt + output), len(prompt), True)
             out.append(WorkloadRequest(f"c{c}-{turn}", script, t, done))
             tokens = prompt + output
-            t = done + rng.expovariate(1 / 60)
+            if rng.random() < 0.25:
+                t = rng.uniform(t, done)  # overlaps: may finish before this one
+            else:
+                t = done + rng.expovariate(1 / 60)
     return sorted(out, key=lambda r: r.arrival_s)
 
 
@@ -156,6 +160,9 @@ def test_engine_state_predictions_equal_the_trace_table_s() -> None:
     engine = replay_releases(runtime, requests)
     table = request_table(requests)
     assert (table["shared_prefix_tokens"] > 0).any()
+    previous_completion = table.groupby("conversation_id")["completion_s"].shift(1)
+    overlapping = table["arrival_s"] < previous_completion
+    assert overlapping.sum() >= 5
     expected = AccessPredictor.load(SHIPPED).predict_table(table)
     got = np.array([engine[r.request_id] for r in requests])
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)

@@ -1,4 +1,5 @@
-"""Access features on hand-made request tables: values, no look-ahead, engine-state parity."""
+"""Access features on hand-made request tables: values, no look-ahead (nothing from a request
+that finishes later), engine-state parity."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from predictor.access_features import (
     AccessFeatureError,
     ConversationState,
     RequestState,
+    completion_order,
     default_feature_names,
     feature,
     feature_frame,
@@ -86,41 +88,72 @@ def test_values_of_first_turns_and_an_overlapping_branch() -> None:
     assert first["log_turn"] == 0.0 and first["log_think_time_s"] == 0.0
     assert first["log_new_tokens"] == pytest.approx(math.log1p(50))
     assert first["log_shared_prefix_tokens"] == 0.0 and first["log_conversation_age_s"] == 0.0
-    branch = values.iloc[3]  # c's second request arrives before its first completes
-    assert branch["log_think_time_s"] == 0.0
-    assert branch["log_new_tokens"] == 0.0  # 75 - 70 - 9 < 0: clipped
+    # c's second request arrives at 20 s, before its first (6 s → 30 s) completes, and
+    # finishes first (25 s): at its release the engine knows no earlier request of c.
+    branch = values.iloc[3]
+    assert branch["log_turn"] == 0.0 and branch["log_think_time_s"] == 0.0
+    assert branch["log_new_tokens"] == pytest.approx(math.log1p(75))
     assert branch["type_file"] == 1.0
-    assert branch["log_mean_output_tokens"] == pytest.approx(math.log1p((9 + 3) / 2))
+    assert branch["log_mean_output_tokens"] == pytest.approx(math.log1p(3))
+    # c's first request, released at 30 s, has the branch as its predecessor.
+    first_of_c = values.iloc[2]
+    assert first_of_c["log_turn"] == pytest.approx(math.log1p(1))
+    assert first_of_c["log_think_time_s"] == 0.0  # 6 - 25 < 0: clipped
+    assert first_of_c["log_new_tokens"] == 0.0  # 70 - 75 - 3 < 0: clipped
+    assert first_of_c["log_conversation_age_s"] == 0.0  # it arrived before the branch
+    assert first_of_c["log_mean_output_tokens"] == pytest.approx(math.log1p((3 + 9) / 2))
 
 
-def test_a_row_reads_nothing_from_later_rows() -> None:
-    full = feature_frame(table(), NAMES).to_numpy()
-    for i in range(len(table())):
-        prefix = feature_frame(table().iloc[: i + 1], NAMES).to_numpy()
-        np.testing.assert_allclose(prefix[i], full[i], err_msg=f"row {i}")
-    # Changing every later row leaves a row's features unchanged.
-    changed = table()
-    changed.loc[4:, ["prompt_tokens", "output_tokens", "completion_s"]] = [999, 999, 500.0]
+def finished_by(t: pd.DataFrame, i: int) -> pd.DataFrame:
+    """The rows that completed before row `i` did (ties: earlier rows), and row `i`."""
+    position = np.arange(len(t))
+    completion = t["completion_s"].to_numpy()
+    mine = completion[i]
+    return t[(completion < mine) | ((completion == mine) & (position <= i))]
+
+
+def test_a_row_reads_nothing_from_rows_that_finish_after_it() -> None:
+    t = table()
+    full = feature_frame(t, NAMES).to_numpy()
+    for i in range(len(t)):
+        known = finished_by(t, i)
+        values = feature_frame(known, NAMES).to_numpy()
+        row = list(known.index).index(i)
+        np.testing.assert_allclose(values[row], full[i], err_msg=f"row {i}")
+    # Changing every row that finishes later leaves a row's features unchanged: row 2 (c's
+    # first request) finishes at 30 s, after rows 0, 1 and 3.
+    changed = t.copy()
+    changed.loc[4:, ["prompt_tokens", "output_tokens"]] = [999, 999]
+    changed.loc[4:, "completion_s"] = [500.0, 501.0]
     np.testing.assert_allclose(feature_frame(changed, NAMES).to_numpy()[:4], full[:4])
+    changed.loc[2, "output_tokens"] = 999  # c's first request's output: the branch never saw it
+    np.testing.assert_allclose(feature_frame(changed, NAMES).to_numpy()[3], full[3])
 
 
 def test_engine_state_gives_the_table_values() -> None:
-    t = table().drop(index=3).reset_index(drop=True)  # no overlap: one state per conversation
+    """Releasing each request at its completion, in completion order (the overlapping branch
+    included), the engine-state form gives every table value."""
+    t = table()
     full = feature_frame(t, NAMES).to_numpy()
+    rows = t.to_dict("records")  # plain Python values, as an engine holds them
     states: dict[str, ConversationState] = {}
-    for i, row in t.iterrows():
+    for i in completion_order(t["completion_s"].to_numpy()):
+        row = rows[i]
         request = RequestState(
-            row.arrival_s,
-            row.prompt_tokens,
-            row.shared_prefix_tokens,
-            row.output_tokens,
-            row.completion_s,
-            row.type,
+            row["arrival_s"],
+            row["prompt_tokens"],
+            row["shared_prefix_tokens"],
+            row["output_tokens"],
+            row["completion_s"],
+            row["type"],
         )
-        conversation = states.get(row.conversation_id, ConversationState())
-        np.testing.assert_allclose(feature_row(NAMES, request, conversation), full[i])
-        states[row.conversation_id] = conversation.after(request)
+        conversation = states.get(row["conversation_id"], ConversationState())
+        np.testing.assert_allclose(
+            feature_row(NAMES, request, conversation), full[i], err_msg=f"row {i}"
+        )
+        states[row["conversation_id"]] = conversation.after(request)
     assert states["a"].output_tokens_sum == 20 + 30 + 10
+    assert states["c"].requests_so_far == 2 and states["c"].last_completion_s == 30.0
 
 
 def test_types_only_when_the_table_has_them() -> None:
