@@ -573,16 +573,15 @@ def test_access_model_in_process_on_the_whole_mooncake_trace(
 ) -> None:
     """The whole bundled Mooncake trace (12,031 requests, 2.5M tokens, block 512) through
     vLLM + plugin (LPC_EVICTOR `evictor`) predicting every release in process with the
-    shipped access model.
+    shipped access model gives our replay's hit ratio exactly.
 
-    The eviction agrees exactly: our replay fed the p the plugin used for each release (from
-    its request log) has vLLM's hit tokens and evictions. The features do not always agree:
-    `lpc ab --trace --policies lpc --model` takes a request's history from the trace table (by
-    arrival), the plugin from its conversation table (by finish), and the hour holds turns
-    that arrive before their conversation's previous turn has finished. Every p that differs
-    by more than float noise is in such a conversation; through the evictions they change,
-    the hit ratios differ. The conversation table is sized to hold the hour (at the default
-    50M tokens it evicts conversations, whose next turns then count as first turns)."""
+    Three checks, from the inside out: the p the plugin used for each release (its request
+    log) equal the trace table's p to float noise — including the 21 conversations whose turns
+    overlap, where both forms take a request's history from the requests that finished before
+    it; our replay fed the plugin's p has vLLM's hit tokens and evictions; and `lpc ab
+    --trace --policies <evictor> --model` has them too. The conversation table is sized to
+    hold the hour (at the default 50M tokens it evicts conversations, whose next turns then
+    count as first turns)."""
     from lpc.access_source import AccessSource
     from lpc.cli import main
     from lpc.policies import PolicySpec
@@ -610,6 +609,10 @@ def test_access_model_in_process_on_the_whole_mooncake_trace(
     assert plugin["vllm_failures"] == 0 and plugin["vllm_evictions"] > 0
     assert lru["vllm_hit_tokens"] == lru["ours_hit_tokens"]
     assert plugin["vllm_hit_tokens"] != lru["vllm_hit_tokens"], "p changed nothing"
+    assert (plugin["vllm_hit_tokens"], plugin["vllm_evictions"]) == (
+        plugin["ours_hit_tokens"],
+        plugin["ours_evictions"],
+    )
     stats = result["plugin_stats"]
     assert stats["predictions_in_process"] == stats["releases"] == len(requests)
     assert stats["fallbacks_used"] == 0 and stats["predictor_calls"] == 0
@@ -640,21 +643,17 @@ def test_access_model_in_process_on_the_whole_mooncake_trace(
     assert replayed[str(cache_tokens)] == plugin["ours_hit_ratio"]
 
     overlapping = overlapping_conversations(requests)
+    assert len(overlapping) == 21
     model_p = AccessSource(AccessPredictor.load(SHIPPED_ACCESS_MODEL)).predict_requests(requests)
-    differing = [
-        r
-        for r, ours, theirs in zip(requests, model_p, used, strict=True)
-        if abs(ours - theirs) > 1e-6
-    ]
-    assert {r.turn.conversation_id for r in differing} <= overlapping
+    largest_difference = max(abs(a - b) for a, b in zip(model_p, used, strict=True))
+    assert largest_difference < 1e-6  # float32 rounding of the batched vs one-request path
     REPORT.append(
         f"{evictor} with the access model in process: whole Mooncake trace ({len(requests)} "
         f"requests, {cache_tokens} tokens, block 512): vLLM+plugin "
         f"{100 * plugin['vllm_hit_ratio']:.4f}% ({plugin['vllm_hit_tokens']} hit tokens, "
-        f"{plugin['vllm_evictions']} evictions) == our replay fed the plugin's p; lpc ab "
-        f"{100 * plugin['ours_hit_ratio']:.4f}% ({plugin['ours_hit_tokens']}, "
-        f"{plugin['ours_evictions']}), not equal: {len(differing)} p differ, all in the "
-        f"{len(overlapping)} conversations with overlapping turns (LRU "
+        f"{plugin['vllm_evictions']} evictions) == lpc ab {100 * plugin['ours_hit_ratio']:.4f}% "
+        f"== our replay fed the plugin's p; largest p difference {largest_difference:.1e} "
+        f"({len(overlapping)} conversations with overlapping turns; LRU "
         f"{100 * lru['vllm_hit_ratio']:.4f}%)"
     )
 
