@@ -6,7 +6,7 @@ default, not the 0/1 labels but the probabilities of the gradient-boosted refere
 on the same rows (distillation, `AccessFitConfig.teacher_share`): on ~2–5k noisy rows the
 trees' smoothed probabilities are an easier target than the labels, and the MLP that mimics
 them beats the label-trained MLP and comes within 0.004 AUC of the trees at every split
-(above them on the shortest training part; docs/results.md "Looking for more AUC"), while the
+(above them on the shortest training part; docs/results.md "Real traffic"), while the
 artifact stays a numpy MLP (a tree ensemble is not served). Each member first trains on the
 fitting slice, keeping the epoch with the lowest validation loss against the validation slice's
 *labels* (the validation slice is later in time than every fitting row, never shuffled across
