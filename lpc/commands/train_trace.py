@@ -75,9 +75,10 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
         "--teacher-share",
         type=float,
         default=DEFAULT_TEACHER_SHARE,
-        help="fit the MLP to this share of the gradient-boosted reference's probability "
-        "(fitted on the same training rows) plus the rest of the 0/1 label: 1 mimics the "
-        "trees, 0 trains on the labels alone (default: %(default)g; docs/results.md)",
+        help="fit the MLP to this share of the probability given by gradient-boosted trees "
+        "(the reference's kind with twice the trees, fitted on the same training rows) plus the "
+        "rest of the 0/1 label: 1 mimics the trees, 0 trains on the labels alone (default: "
+        "%(default)g; docs/results.md)",
     )
     g.add_argument(
         "--access-features",
@@ -124,9 +125,7 @@ def _print_report(report: dict) -> None:
     t = report["timings_s"]
     refit = " (then refitted on the whole training part)" if report["refit"] else ""
     if report["teacher_share"] > 0:
-        refit += (
-            f"; targets {report['teacher_share']:.0%} the gradient-boosted reference's probability"
-        )
+        refit += f"; targets {report['teacher_share']:.0%} gradient-boosted trees' probability"
     print(
         f"\nepochs {'/'.join(map(str, report['member_epochs']))}{refit}; "
         f"load {t['load_s']:.1f} s, fit {t['fit_s']:.1f} s, total {t['total_s']:.1f} s"

@@ -166,13 +166,13 @@ def test_members_are_early_stopped_then_refitted_on_the_whole_training_part(fitt
 def test_targets_mix_the_label_with_the_trees_fitted_on_the_same_rows() -> None:
     from sklearn.ensemble import HistGradientBoostingClassifier
 
-    from training.access_fit import GBM_PARAMS
+    from training.access_fit import TEACHER_GBM_PARAMS
 
     samples = access_samples(synthetic_trace(), NAMES, 3600.0, horizon_s=300.0)
     x, y = samples.features["fit"], samples.labels["fit"]
     labels_only = training_targets(x, y, AccessFitConfig(teacher_share=0.0))
     np.testing.assert_array_equal(labels_only, y.astype(np.float64))
-    teacher = HistGradientBoostingClassifier(random_state=0, **GBM_PARAMS).fit(x, y)
+    teacher = HistGradientBoostingClassifier(random_state=0, **TEACHER_GBM_PARAMS).fit(x, y)
     expected = teacher.predict_proba(x)[:, 1]
     mimic = training_targets(x, y, AccessFitConfig(teacher_share=1.0))
     np.testing.assert_allclose(mimic, expected)
