@@ -81,6 +81,7 @@ def train_on_trace(options: TraceTrainOptions, out: Path | None) -> dict[str, An
         "hidden_sizes": list(options.fit.hidden_sizes),
         "ensemble": options.fit.ensemble,
         "refit": options.fit.refit,
+        "teacher_share": options.fit.teacher_share,
         "metrics": {
             k: result.metrics[k] for k in ("mlp", "gbm", "turns_only") if k in result.metrics
         },

@@ -14,7 +14,7 @@ from lpc.errors import UserError
 def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     from predictor.access_features import features_help
     from training.access_data import DEFAULT_ACCESS_HORIZON_S
-    from training.access_fit import DEFAULT_ACCESS_ENSEMBLE
+    from training.access_fit import DEFAULT_ACCESS_ENSEMBLE, DEFAULT_TEACHER_SHARE
 
     g = p.add_argument_group(
         "access-feature model on a request trace (--trace)",
@@ -72,6 +72,15 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
         "each on the whole training part for its best epoch count",
     )
     g.add_argument(
+        "--teacher-share",
+        type=float,
+        default=DEFAULT_TEACHER_SHARE,
+        help="fit the MLP to this share of the probability given by gradient-boosted trees "
+        "(the reference's kind with twice the trees, fitted on the same training rows) plus the "
+        "rest of the 0/1 label: 1 mimics the trees, 0 trains on the labels alone (default: "
+        "%(default)g; docs/results.md)",
+    )
+    g.add_argument(
         "--access-features",
         help="comma-separated access features, any of (when an engine knows it): "
         f"{features_help('table', 'state')} (default: every one the trace can feed; "
@@ -115,6 +124,8 @@ def _print_report(report: dict) -> None:
         print(f"note: {note}")
     t = report["timings_s"]
     refit = " (then refitted on the whole training part)" if report["refit"] else ""
+    if report["teacher_share"] > 0:
+        refit += f"; targets {report['teacher_share']:.0%} gradient-boosted trees' probability"
     print(
         f"\nepochs {'/'.join(map(str, report['member_epochs']))}{refit}; "
         f"load {t['load_s']:.1f} s, fit {t['fit_s']:.1f} s, total {t['total_s']:.1f} s"
@@ -134,6 +145,8 @@ def run_trace(args: argparse.Namespace) -> int:
         raise CommandError(f"--out {args.out} exists; pass --overwrite to replace it")
     if not 0 < args.validation_share < 1:
         raise CommandError(f"--validation-share must be in (0, 1), got {args.validation_share}")
+    if not 0 <= args.teacher_share <= 1:
+        raise CommandError(f"--teacher-share must be in [0, 1], got {args.teacher_share}")
     features = None
     if args.access_features:
         features = tuple(n.strip() for n in args.access_features.split(",") if n.strip())
@@ -148,6 +161,7 @@ def run_trace(args: argparse.Namespace) -> int:
             hidden_sizes=tuple(args.hidden) if args.hidden else AccessFitConfig.hidden_sizes,
             ensemble=args.ensemble,
             refit=args.refit,
+            teacher_share=args.teacher_share,
             seed=args.seed,
             threads=args.threads or AccessFitConfig.threads,
         ),

@@ -25,6 +25,7 @@ from training.access_fit import (
     fit_access_model,
     merge_members,
     save_access_model,
+    training_targets,
 )
 
 COLUMNS = [
@@ -160,6 +161,42 @@ def test_members_are_early_stopped_then_refitted_on_the_whole_training_part(fitt
         rtol=1e-9,
     )
     assert single.model.config.hidden_sizes == (8, 8)
+
+
+def test_targets_mix_the_label_with_the_trees_fitted_on_the_same_rows() -> None:
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    from training.access_fit import TEACHER_GBM_PARAMS
+
+    samples = access_samples(synthetic_trace(), NAMES, 3600.0, horizon_s=300.0)
+    x, y = samples.features["fit"], samples.labels["fit"]
+    labels_only = training_targets(x, y, AccessFitConfig(teacher_share=0.0))
+    np.testing.assert_array_equal(labels_only, y.astype(np.float64))
+    teacher = HistGradientBoostingClassifier(random_state=0, **TEACHER_GBM_PARAMS).fit(x, y)
+    expected = teacher.predict_proba(x)[:, 1]
+    mimic = training_targets(x, y, AccessFitConfig(teacher_share=1.0))
+    np.testing.assert_allclose(mimic, expected)
+    assert mimic.min() > 0.0 and mimic.max() < 1.0  # soft: never a 0/1 label
+    half = training_targets(x, y, AccessFitConfig(teacher_share=0.5))
+    np.testing.assert_allclose(half, 0.5 * y + 0.5 * expected)
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5])
+def test_a_teacher_share_outside_zero_one_is_refused(share: float) -> None:
+    with pytest.raises(ValueError, match="teacher share must be in"):
+        AccessFitConfig(teacher_share=share)
+
+
+def test_labels_only_training_still_learns_and_says_so(fitted) -> None:
+    samples, distilled = fitted
+    assert distilled.metrics["teacher_share"] == 1.0  # the default
+    plain = fit_access_model(
+        samples, AccessFitConfig(hidden_sizes=(8, 8), max_epochs=10, teacher_share=0.0)
+    )
+    assert plain.metrics["teacher_share"] == 0.0
+    assert plain.metrics["mlp"]["roc_auc"] > 0.65
+    # Different targets, different model.
+    assert not np.allclose(plain.metrics["mlp"]["brier"], distilled.metrics["mlp"]["brier"])
 
 
 def test_artifact_round_trip_and_numpy_matches_torch(fitted, tmp_path: Path) -> None:

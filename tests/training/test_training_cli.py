@@ -124,6 +124,10 @@ def test_retrain_exit_codes(workspace, capsys):
         (["train", "--validation-fraction", "2"], "validation_fraction"),
         (["train", "--out", ".", "--no-promote"], "--no-promote is for the registry"),
         (["ab", "--model", "/nonexistent/model"], "is not an artifact folder"),
+        (
+            ["train", "--trace", "mooncake", "--out", "/nonexistent/m", "--teacher-share", "1.5"],
+            "--teacher-share must be in [0, 1], got 1.5",
+        ),
     ],
 )
 def test_bad_flags_give_one_clear_line(args, message, capsys):
