@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from predictor.access_features import feature_frame
+from predictor.access_features import completion_order, feature_frame
 from predictor.errors import InvalidInputError
 
 DEFAULT_ACCESS_HORIZON_S = 180.0
@@ -110,7 +110,11 @@ def access_samples(
     table = table.reset_index(drop=True)
     parts = time_parts(table, cut_s, validation_fraction)
     values = feature_frame(table, feature_names).to_numpy()
-    turn_index = table.groupby("conversation_id", sort=False).cumcount().to_numpy()
+    # The turns-only baseline's turn: earlier requests of the conversation that finished
+    # before this one, as the `log_turn` feature counts them.
+    order = completion_order(table["completion_s"].to_numpy())
+    turn_index = np.empty(len(table), dtype=np.int64)
+    turn_index[order] = table.iloc[order].groupby("conversation_id", sort=False).cumcount()
     end_s = float(table["arrival_s"].iloc[-1])
     ranges = {
         "fit": (0, parts.validation, parts.validation_cut_s),
