@@ -126,10 +126,8 @@ def synthetic_requests(seed: int = 4) -> list[WorkloadRequest]:
             script = ScriptedTurn(f"c{c}", turn, tuple(prompt + output), len(prompt), True)
             out.append(WorkloadRequest(f"c{c}-{turn}", script, t, done))
             tokens = prompt + output
-            if rng.random() < 0.25:
-                t = rng.uniform(t, done)  # overlaps: may finish before this one
-            else:
-                t = done + rng.expovariate(1 / 60)
+            overlaps = rng.random() < 0.25  # the next turn may finish before this one
+            t = rng.uniform(t, done) if overlaps else done + rng.expovariate(1 / 60)
     return sorted(out, key=lambda r: r.arrival_s)
 
 
