@@ -488,6 +488,31 @@ def mooncake_sample(path: Path, one_in: int = 40) -> int:
     return bundled_trace_sample(path, "mooncake", one_in, "bundled Mooncake")
 
 
+def access_model_run(
+    trace: Path, vllm_python: Path, cache_tokens: int, requests: int, evictor: str = "lpc"
+) -> tuple[dict[str, dict], dict]:
+    """`scripts/vllm_trace_ab.py` on `trace` with the shipped access model predicting every
+    release in process (LPC_EVICTOR `evictor`), checked to evict exactly as our replay: equal
+    hit tokens and evictions, every release predicted, no fallback, no RPC. Returns the rows
+    by policy and the plugin's counters."""
+    result = run_vllm_trace_ab(
+        trace,
+        vllm_python,
+        cache_tokens,
+        *("--block-size", "512", "--access-model", str(SHIPPED_ACCESS_MODEL)),
+        *("--evictor", evictor),
+        timeout_s=600,
+    )
+    rows = {row["policy"]: row for row in result["rows"]}
+    plugin = rows[evictor]
+    assert plugin["vllm_hit_tokens"] == plugin["ours_hit_tokens"]
+    assert plugin["vllm_evictions"] == plugin["ours_evictions"] > 0
+    stats = result["plugin_stats"]
+    assert stats["predictions_in_process"] == stats["releases"] == requests
+    assert stats["fallbacks_used"] == 0 and stats["predictor_calls"] == 0
+    return rows, stats
+
+
 def test_access_model_in_process_equals_our_replay_exactly(
     vllm_python: Path, tmp_path: Path, capsys
 ) -> None:
@@ -499,21 +524,9 @@ def test_access_model_in_process_equals_our_replay_exactly(
     trace = tmp_path / "mooncake-sample.jsonl"
     requests = mooncake_sample(trace)
     cache_tokens = 300_000
-    result = run_vllm_trace_ab(
-        trace,
-        vllm_python,
-        cache_tokens,
-        *("--block-size", "512", "--access-model", str(SHIPPED_ACCESS_MODEL)),
-        timeout_s=600,
-    )
-    rows = {row["policy"]: row for row in result["rows"]}
+    rows, stats = access_model_run(trace, vllm_python, cache_tokens, requests)
     plugin = rows["lpc"]
-    assert plugin["vllm_hit_tokens"] == plugin["ours_hit_tokens"]
-    assert plugin["vllm_evictions"] == plugin["ours_evictions"] > 0
     assert plugin["vllm_hit_tokens"] != rows["lru"]["vllm_hit_tokens"], "p changed nothing"
-    stats = result["plugin_stats"]
-    assert stats["predictions_in_process"] == stats["releases"] == requests
-    assert stats["fallbacks_used"] == 0 and stats["predictor_calls"] == 0
 
     code = main(
         [
@@ -679,21 +692,8 @@ def test_pooled_evictor_with_the_access_model_equals_our_replay_exactly(
     trace = tmp_path / "synthetic-sample.jsonl"
     requests = synthetic_sample(trace)
     cache_tokens = 300_000
-    result = run_vllm_trace_ab(
-        trace,
-        vllm_python,
-        cache_tokens,
-        *("--block-size", "512", "--access-model", str(SHIPPED_ACCESS_MODEL)),
-        *("--evictor", "lpc-pooled"),
-        timeout_s=600,
-    )
-    rows = {row["policy"]: row for row in result["rows"]}
+    rows, _ = access_model_run(trace, vllm_python, cache_tokens, requests, "lpc-pooled")
     plugin = rows["lpc-pooled"]
-    assert plugin["vllm_hit_tokens"] == plugin["ours_hit_tokens"]
-    assert plugin["vllm_evictions"] == plugin["ours_evictions"] > 0
-    stats = result["plugin_stats"]
-    assert stats["predictions_in_process"] == stats["releases"] == requests
-    assert stats["fallbacks_used"] == 0
 
     replayed = read_trace(trace).requests
     values = AccessSource(AccessPredictor.load(SHIPPED_ACCESS_MODEL)).predict_requests(replayed)
