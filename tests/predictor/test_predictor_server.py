@@ -26,6 +26,7 @@ from predictor.rpc_schema import RequestLimits
 from predictor.server import ServerConfig, batch_predict, create_app
 from tests.predictor.conftest import make_artifact, sample_windows, token_windows
 from tests.predictor.fakes import HashingEmbedder
+from tests.predictor.light_imports import assert_imports_light
 from tests.predictor.server_harness import running_server
 
 TOKEN = "s3cret-token"
@@ -344,21 +345,10 @@ def test_server_config_validation():
 
 def test_client_imports_stay_light():
     """The vLLM plugin imports the client inside vLLM's environment: no torch, no pydantic."""
-    import subprocess
-    import sys
-
-    code = (
-        "import sys, predictor.client; heavy = [m for m in sys.modules if m.split('.')[0] "
-        "in ('torch', 'pydantic', 'fastapi', 'transformers', 'sentence_transformers')]; "
-        "print(heavy); sys.exit(1 if heavy else 0)"
+    assert_imports_light(
+        "predictor.client",
+        ("torch", "pydantic", "fastapi", "transformers", "sentence_transformers"),
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 # -- models trained with log_prompt_tokens ------------------------------------------------

@@ -4,10 +4,7 @@ refuses what a request cannot supply."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +23,7 @@ from predictor.features import ConversationWindow
 from predictor.predictor import Predictor
 from tests.predictor.conftest import make_artifact, token_windows, turn_sample
 from tests.predictor.fakes import HashingEmbedder
+from tests.predictor.light_imports import assert_imports_light
 
 
 def test_windows_carry_prompt_tokens_strictly():
@@ -119,15 +117,4 @@ def test_features_known_only_at_finish_are_refused_by_name(tmp_path):
 def test_the_feature_registry_stays_light_to_import():
     """The records are shared by training, serving and the plugin; importing them must not
     pull in torch (nor the server's or training's packages)."""
-    code = (
-        "import sys, predictor.access_features; heavy = [m for m in sys.modules if "
-        "m.split('.')[0] in ('torch', 'pydantic', 'fastapi', 'training')]; print(heavy); "
-        "sys.exit(1 if heavy else 0)"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert_imports_light("predictor.access_features", ("torch", "pydantic", "fastapi", "training"))
