@@ -16,10 +16,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages
 
-from lpc.ab import TRACE_CACHE_SIZES_TOKENS
-from lpc.ab_pipeline import TRACE_MAX_MODEL_LEN
-from lpc.eviction_age import lru_eviction_ages
-from lpc.simulator import prepare
+from lpc.replay.ab import TRACE_CACHE_SIZES_TOKENS
+from lpc.replay.ab_pipeline import TRACE_MAX_MODEL_LEN
+from lpc.replay.eviction_age import lru_eviction_ages
+from lpc.replay.simulator import prepare
 from lpc.traces.load import TraceOptions, load_trace
 from lpc.traces.timeline import split_in_time
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lpc.learned_source import ServingTokenCounter
+from lpc.replay.learned_source import ServingTokenCounter
 from predictor.access_features import needs_token_counts
 from predictor.artifact import save_artifact
 from predictor.embedders import load_embedder

@@ -37,7 +37,7 @@ from predictor.runtime import prefer_passive_openmp  # noqa: E402
 
 prefer_passive_openmp()  # before torch is imported: see predictor/runtime.py
 
-from lpc.commands.bench_predictor import sharegpt_windows, untrained_artifact  # noqa: E402
+from lpc.cli.bench_predictor import sharegpt_windows, untrained_artifact  # noqa: E402
 from predictor.benchmark import synthetic_windows, worst_case_windows  # noqa: E402
 from predictor.embedders import load_embedder  # noqa: E402
 from predictor.features import ConversationWindow  # noqa: E402

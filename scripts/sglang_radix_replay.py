@@ -9,7 +9,7 @@ STREAM.json: {"capacity_tokens", "kind" ("unified" or "radix"), "policies": [[la
 policy, config, clock ("trace": each event's time; "sglang": UnifiedRadixCache's own tick
 counter)]], "requests": [{"tokens", "prompt_len", "priority", "cache_salt"}], "events": [[time_s,
 kind (0 completion, 1 arrival), request index]]}. For each policy a fresh cache of
-`capacity_tokens` KV slots replays the events with `lpc.integrations.sglang_radix`
+`capacity_tokens` KV slots replays the events with `lpc.drivers.sglang_radix`
 (SGLang's own match, insert, lock and evict; the clock set to each event's time); OUT.json
 gets each policy's counters, with `ticks`: how far UnifiedRadixCache's own access counter
 advanced (the time unit of a served unified tree; it stays put on the trace clock). The LPC
@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lpc.integrations.sglang_radix import FakeClock, RealRadixCache
+from lpc.drivers.sglang_radix import FakeClock, RealRadixCache
 from lpc.integrations.sglang_strategy import register
 
 ARRIVAL = 1

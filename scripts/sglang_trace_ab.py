@@ -10,7 +10,7 @@ the request's `priority` in parts per million; a missing or null one means the f
     .venv/bin/python scripts/sglang_trace_ab.py trace.jsonl --cache-tokens 60000
 
 prints, for LRU (SGLang's stock `lru` policy) and LPC (`--radix-eviction-policy lpc`;
-`lpc-trace` in our replay), the token hit ratio of `lpc.simulator.replay` (at each of
+`lpc-trace` in our replay), the token hit ratio of `lpc.replay.simulator.replay` (at each of
 --our-block-sizes) beside SGLang's `UnifiedRadixCache` (or `RadixCache`, --kind radix).
 SGLang's tree is token-granular (page size 1), evicts whole leaf nodes and pools p by max
 without decay, so it is not expected to equal our block manager; docs/serving.md explains
@@ -31,11 +31,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lpc.integrations.sglang_radix import KINDS, sglang_python_path  # noqa: E402
+from lpc.drivers.sglang_radix import KINDS, sglang_python_path  # noqa: E402
 from lpc.integrations.sglang_strategy import probability_to_priority  # noqa: E402
-from lpc.policies import parse_policy  # noqa: E402
-from lpc.simulator import prepare, replay  # noqa: E402
-from lpc.trace import TraceError, read_trace  # noqa: E402
+from lpc.replay.policies import parse_policy  # noqa: E402
+from lpc.replay.simulator import prepare, replay  # noqa: E402
+from lpc.traces.lpc_trace import TraceError, read_trace  # noqa: E402
 
 # (our policy, SGLang's policy, label, SGLang's clock): "trace" puts the trace's seconds on
 # the nodes; "sglang" keeps UnifiedRadixCache's own tick counter, as a served SGLang runs.

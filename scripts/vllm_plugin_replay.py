@@ -37,7 +37,7 @@ from lpc.difftest.ops import (  # noqa: E402
     Stream,
     read_streams,
 )
-from lpc.integrations.release_plan import (  # noqa: E402
+from lpc.drivers.release_plan import (  # noqa: E402
     PluginSettings,
     ReleasePlan,
     read_plans,
@@ -141,7 +141,7 @@ def _streams(path: Path) -> Iterator[Stream]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--input", type=Path, required=True, help="JSON-lines operation streams")
-    parser.add_argument("--plans", type=Path, help="release plans (lpc.integrations.release_plan)")
+    parser.add_argument("--plans", type=Path, help="release plans (lpc.drivers.release_plan)")
     parser.add_argument("--stock-output", type=Path, help="records of stock vLLM")
     parser.add_argument("--plugin-output", type=Path, help="records of vLLM with the LPC plugin")
     parser.add_argument(

@@ -3,18 +3,19 @@ compare both hit ratios with our own replay of the same trace.
 
 Runs in the project's venv and drives vLLM's venv (scripts/setup_vllm_venv.sh) through
 scripts/vllm_plugin_replay.py. The trace is a JSONL file as `lpc ab --export-trace` writes it
-(format: lpc/trace.py); each line's `probability` (e.g. from `--trace-probabilities turns`)
-is the request's continuation probability, and a missing or null one means the fallback p.
+(format: lpc/traces/lpc_trace.py); each line's `probability` (e.g. from `--trace-probabilities
+turns`) is the request's continuation probability, and a missing or null one means the fallback
+p.
 
     .venv/bin/python scripts/vllm_trace_ab.py trace.jsonl --cache-tokens 40000
 
 prints, for LRU (stock vLLM) and LPC (the plugin, `lpc-trace` in our replay), the token hit
-ratio of `lpc.simulator.replay` and of real vLLM's `KVCacheManager`, and exits with status 1
+ratio of `lpc.replay.simulator.replay` and of real vLLM's `KVCacheManager`, and exits with status 1
 if any pair differs by more than --tolerance-points.
 
 With `--access-model DIR` (an access-only artifact) the LPC row is `lpc` instead: the plugin
 computes each release's p in process from vLLM's request state and its conversation table,
-and our replay takes the model's p from the trace's table (`lpc.access_source`), as
+and our replay takes the model's p from the trace's table (`lpc.access.source`), as
 `lpc ab --trace ... --policies lpc --model DIR` does; the trace's own probabilities are unused.
 `--evictor lpc-pooled` runs the plugin with that evictor (LPC_EVICTOR) and our replay with
 the same one: the LPC row is then `lpc-pooled` (with `--access-model`) or `lpc-pooled-trace`.
@@ -33,12 +34,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lpc.integrations.release_plan import PluginSettings  # noqa: E402
-from lpc.integrations.trace_stream import hit_totals, trace_stream  # noqa: E402
-from lpc.integrations.vllm_driver import run_driver, vllm_python_path  # noqa: E402
-from lpc.policies import PolicySpec, parse_policy  # noqa: E402
-from lpc.simulator import prepare, replay  # noqa: E402
-from lpc.trace import read_trace  # noqa: E402
+from lpc.drivers.release_plan import PluginSettings  # noqa: E402
+from lpc.drivers.trace_stream import hit_totals, trace_stream  # noqa: E402
+from lpc.drivers.vllm_driver import run_driver, vllm_python_path  # noqa: E402
+from lpc.replay.policies import PolicySpec, parse_policy  # noqa: E402
+from lpc.replay.simulator import prepare, replay  # noqa: E402
+from lpc.traces.lpc_trace import read_trace  # noqa: E402
 
 
 def compare(
@@ -60,7 +61,7 @@ def compare(
     sources: dict[str, list[float | None]] = {"trace": logged}
     lpc_label = "lpc-trace"
     if access_model is not None:
-        from lpc.access_source import AccessSource
+        from lpc.access.source import AccessSource
         from predictor.access_predictor import AccessPredictor
 
         source = AccessSource(AccessPredictor.load(access_model))

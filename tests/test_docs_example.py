@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import pytest
 
 from eviction import LRUEvictor
-from lpc.block_manager import CacheRequest, PrefixCacheBlockManager
+from lpc.blocks.block_manager import CacheRequest, PrefixCacheBlockManager
 from lpc.difftest.docs_example import (
     BLOCK_SIZE,
     NUM_BLOCKS,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from lpc.cli import build_parser
-from lpc.commands import train as train_command
+from lpc.cli import train as train_command
+from lpc.cli.main import build_parser
 from predictor.access_features import FEATURES_BY_NAME, computable_on
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@
 Label: "the conversation's next request arrives within `horizon_s` of this one's completion".
 A cache needs exactly that, not "the conversation ever continues": a block is worth keeping
 only while the cache could still hold it, and LRU at the default Mooncake sizes evicts a
-released block 49–510 s after its release (`lpc.eviction_age`; docs/results.md), so a return
+released block 49–510 s after its release (`lpc.replay.eviction_age`; docs/results.md), so a return
 an hour later finds it gone whatever the policy.
 
 Censoring: a request without a next request whose horizon runs past the end of the data it

@@ -14,7 +14,7 @@ One run, under the registry's lock:
 
 Trace files: when the selected files are request traces (no text: Mooncake, Bailian, the
 project's JSONL, the serving engine's request logs), steps 3 and 4 are a `LogTrainer`'s,
-injected by the caller (`lpc.log_retrain`): an access-only candidate fitted on the trace's
+injected by the caller (`lpc.access.log_retrain`): an access-only candidate fitted on the trace's
 earlier part and judged, with the current model, on its later part (a time-ordered split);
 the decision, publishing and reload are the same.
 

@@ -6,7 +6,7 @@ turn k (1-based) is a positive sample iff k < T. Counts at or above `max_turn_bi
 bin; a count never seen in training gets the overall rate. `majority=True` predicts each bin's
 majority label, the paper's LPC_turns; the default predicts the bin's mean, the better
 calibrated probability for eviction. One implementation, used by training's metrics and by the
-A/B harness (`lpc.probability.TurnsSource`).
+A/B harness (`lpc.replay.probability.TurnsSource`).
 """
 
 from __future__ import annotations

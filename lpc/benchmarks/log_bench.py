@@ -33,8 +33,8 @@ from lpc.integrations.request_log import (
     RequestLogWriter,
     open_append,
 )
-from lpc.policies import parse_policy
-from lpc.simulator import PreparedWorkload, finished_request, prepare, replay
+from lpc.replay.policies import parse_policy
+from lpc.replay.simulator import PreparedWorkload, finished_request, prepare, replay
 from lpc.workload import ScriptedTurn, WorkloadRequest, compact_tokens
 
 BLOCK_SIZE = 16

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from eviction import Evictor, LRUEvictor
-from lpc.block_manager import CacheRequest, PrefixCacheBlockManager
+from lpc.blocks.block_manager import CacheRequest, PrefixCacheBlockManager
 from lpc.difftest.ops import FreeRequest, NewRequest, StepRecord, Stream
 
 StepObserver = Callable[[PrefixCacheBlockManager, StepRecord], None]

@@ -26,8 +26,8 @@ from typing import overload
 
 import numpy as np
 
+from lpc.blocks.hashing import BlockHash, BlockHasher
 from lpc.errors import InvalidInputError
-from lpc.hashing import BlockHash, BlockHasher
 
 
 class SyntheticTokens(Sequence[int]):

@@ -27,10 +27,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from lpc.trace import TRACE_FORMAT
 from lpc.traces.bailian import looks_like_bailian
 from lpc.traces.jsonl import GZIP_MAGIC, TraceError, read_json_lines
 from lpc.traces.load import LoadedTrace, TraceOptions, load_trace
+from lpc.traces.lpc_trace import TRACE_FORMAT
 from lpc.traces.mooncake import looks_like_mooncake
 
 LPC_TRACE_KEYS = frozenset({"arrival_s", "completion_s"})

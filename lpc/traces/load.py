@@ -1,7 +1,7 @@
 """Load any supported trace into the requests a replay needs.
 
 Formats: `mooncake` (FAST'25, conversations inferred by prefix linkage), `bailian` (ATC'25,
-conversations from chat ids) and `lpc` (the project's own, `lpc.trace`). The format is
+conversations from chat ids) and `lpc` (the project's own, `lpc.traces.lpc_trace`). The format is
 recognised from the first line unless given; gzip or plain from the magic bytes. The name
 `mooncake` alone means the Mooncake conversation trace bundled with the package.
 """
@@ -16,11 +16,11 @@ from typing import Any
 import pandas as pd
 
 from lpc.integrations.request_log import LOG_SOURCE
-from lpc.trace import TRACE_FORMAT, MessageTokenizer, Trace, read_trace
 from lpc.traces.bailian import BAILIAN_BLOCK_SIZE, looks_like_bailian, parse_bailian
 from lpc.traces.expand import expand_requests
 from lpc.traces.jsonl import TraceError, read_json_lines
 from lpc.traces.linkage import DEFAULT_SHARED_FANOUT, link_by_prefix
+from lpc.traces.lpc_trace import TRACE_FORMAT, MessageTokenizer, Trace, read_trace
 from lpc.traces.mooncake import MOONCAKE_BLOCK_SIZE, looks_like_mooncake, parse_mooncake
 from lpc.traces.timeline import (
     DEFAULT_HORIZON_S,

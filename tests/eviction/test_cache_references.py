@@ -7,7 +7,7 @@ import random
 import pytest
 
 from eviction import FreedBlocks, Release, make_evictor
-from lpc.block_manager import PrefixCacheBlockManager
+from lpc.blocks.block_manager import PrefixCacheBlockManager
 from tests.eviction.reference_caches import PLAIN_REFERENCES
 from tests.eviction.test_lpc_reference import replay
 from tests.lpc.streams import random_stream

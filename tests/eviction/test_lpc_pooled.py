@@ -8,7 +8,7 @@ import math
 import pytest
 
 from eviction import FreedBlocks, PooledLPCEvictor, Release, static_key
-from lpc.block_manager import PrefixCacheBlockManager
+from lpc.blocks.block_manager import PrefixCacheBlockManager
 from tests.eviction.reference_pooled import BruteForcePooledLPC
 from tests.eviction.test_lpc_reference import replay
 from tests.lpc.streams import random_stream

@@ -8,7 +8,7 @@ import pytest
 
 from eviction import FreedBlocks, LPCEvictor, Release
 from eviction.run_heap import Ghost, Run
-from lpc.block_manager import CacheRequest, PrefixCacheBlockManager
+from lpc.blocks.block_manager import CacheRequest, PrefixCacheBlockManager
 from tests.eviction.reference import BruteForceLPC
 from tests.lpc.streams import Allocate, Free, random_stream
 

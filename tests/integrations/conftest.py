@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lpc.integrations.vllm_driver import vllm_python_path
+from lpc.drivers.vllm_driver import vllm_python_path
 from tests.integrations.report import REPORT
 from tests.integrations.snippets import sglang_python_path
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from eviction import FreedBlocks, LPCEvictor, Release
-from lpc.integrations.release_plan import PluginSettings, ReleasePlan
+from lpc.drivers.release_plan import PluginSettings, ReleasePlan
 
 
 class PlannedLPCEvictor(LPCEvictor):

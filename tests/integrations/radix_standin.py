@@ -1,7 +1,7 @@
 """A stand-in for SGLang 0.5.23's `RadixCache`, for the fast default-suite checks.
 
 The real `RadixCache` and `UnifiedRadixCache` run only in SGLang's own venv
-(`lpc.integrations.sglang_radix`, tests marked `sglang`); this small radix tree lets the
+(`lpc.drivers.sglang_radix`, tests marked `sglang`); this small radix tree lets the
 default suite check the strategy's eviction order in milliseconds without it. It is NOT
 SGLang's code; it keeps the contract a `get_priority` strategy sees, and the `sglang` tests
 run the same scenarios on the real caches and on this tree and require the same results:

@@ -3,7 +3,7 @@
 Each scenario takes `new_tree(clock)`, which builds an empty radix tree reading `clock`, and
 returns what it observed as plain data. In our venv the tree is
 `radix_standin.StandInRadixCache` with our `LPCStrategy`; in SGLang's venv it is
-`lpc.integrations.sglang_radix.RealRadixCache` — SGLang's own `RadixCache` or
+`lpc.drivers.sglang_radix.RealRadixCache` — SGLang's own `RadixCache` or
 `UnifiedRadixCache`, whose strategy SGLang's registry built from the name "lpc" — and the
 tests require the same results from all three. A tree offers `insert(tokens, priority)`,
 `match(tokens)`, `lock(tokens)` / `unlock(handle)`, `node_at(tokens)`, `strategy` and

@@ -14,8 +14,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from lpc.integrations.sglang_radix import sglang_python_path
-from lpc.integrations.vllm_driver import REPO_ROOT
+from lpc.drivers.sglang_radix import sglang_python_path
+from lpc.drivers.vllm_driver import REPO_ROOT
 
 __all__ = [
     "SnippetFailed",

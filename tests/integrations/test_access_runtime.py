@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lpc.access_table import request_table
+from lpc.access.table import request_table
 from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
 from lpc.integrations.conversation_table import ConversationTable, shared_prefix_tokens

@@ -27,7 +27,7 @@ from lpc.integrations.request_log import (
     RequestLogWriter,
     open_append,
 )
-from lpc.trace import read_trace
+from lpc.traces.lpc_trace import read_trace
 
 DAY_S = 86_400.0
 T0 = 1_795_000_000.0  # 2026-11-18, mid-day UTC

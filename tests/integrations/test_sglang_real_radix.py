@@ -1,7 +1,7 @@
 """The LPC strategy inside SGLang 0.5.23's real radix caches (marked `sglang`).
 
 In SGLang's venv (scripts/setup_sglang_venv.sh), with the plugin loaded by SGLang's own
-entry-point loader (SGLANG_PLUGINS=lpc), `lpc.integrations.sglang_radix.RealRadixCache`
+entry-point loader (SGLANG_PLUGINS=lpc), `lpc.drivers.sglang_radix.RealRadixCache`
 builds SGLang's `RadixCache` and `UnifiedRadixCache` (the tree of a served full-attention
 model) on CPU with a real allocator and KV pool and `eviction_policy="lpc"`, which SGLang
 resolves through `get_eviction_strategy`. The scenarios of `sglang_scenarios` run on both and
@@ -36,7 +36,7 @@ import json, warnings
 warnings.filterwarnings("ignore")
 from sglang.srt.plugins import load_plugins
 load_plugins()
-from lpc.integrations.sglang_radix import KINDS, RealRadixCache
+from lpc.drivers.sglang_radix import KINDS, RealRadixCache
 from lpc.integrations.sglang_strategy import LPCStrategy
 from tests.integrations import sglang_scenarios as s
 

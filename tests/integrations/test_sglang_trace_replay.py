@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from lpc.integrations.vllm_driver import REPO_ROOT
+from lpc.drivers.vllm_driver import REPO_ROOT
 
 
 def load_script() -> ModuleType:

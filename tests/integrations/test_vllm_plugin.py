@@ -33,16 +33,16 @@ from lpc.difftest.checks import first_divergence, replay_totals
 from lpc.difftest.ops import OUTCOME_FIELDS, NewRequest, Stream
 from lpc.difftest.replay import replay_stream
 from lpc.difftest.streams import generate_stream
-from lpc.integrations.release_plan import (
+from lpc.drivers.release_plan import (
     PluginSettings,
     ReleasePlan,
     RequestPlan,
     constant_plan,
     random_plan,
 )
-from lpc.integrations.vllm_driver import REPO_ROOT, DriverFailed, DriverRun, run_driver
-from lpc.probability import OracleSource
-from lpc.trace import write_trace
+from lpc.drivers.vllm_driver import REPO_ROOT, DriverFailed, DriverRun, run_driver
+from lpc.replay.probability import OracleSource
+from lpc.traces.lpc_trace import write_trace
 from lpc.workload import WorkloadConfig, open_loop_requests
 from tests.integrations.fake_predictor import fake_predictor
 from tests.integrations.planned import planned_lpc
@@ -434,7 +434,7 @@ def test_predictions_back_in_time_drive_eviction(
 
 # -- end to end: an A/B trace through real vLLM ---------------------------------------------
 def test_trace_replay_hit_ratios_agree_with_our_replay(vllm_python: Path, tmp_path: Path) -> None:
-    """scripts/vllm_trace_ab.py on a trace written by lpc.trace.write_trace, with logged
+    """scripts/vllm_trace_ab.py on a trace written by lpc.traces.lpc_trace.write_trace, with logged
     probabilities (a fifth of them missing: the fallback), at two cache sizes."""
     requests = open_loop_requests(
         conversations(400, seed=5),
@@ -526,7 +526,7 @@ def test_access_model_in_process_equals_our_replay_exactly(
     """vLLM + plugin predicting every release with the shipped access-only model, from vLLM's
     request state and its conversation table, evicts exactly as `lpc ab --trace --policies
     lpc --model` replays it (the features from the trace table): equal hit tokens."""
-    from lpc.cli import main
+    from lpc.cli.main import main
 
     trace = tmp_path / "mooncake-sample.jsonl"
     requests = mooncake_sample(trace)
@@ -602,10 +602,10 @@ def test_access_model_in_process_on_the_whole_mooncake_trace(
     --trace --policies <evictor> --model` has them too. The conversation table is sized to
     hold the hour (at the default 50M tokens it evicts conversations, whose next turns then
     count as first turns)."""
-    from lpc.access_source import AccessSource
-    from lpc.cli import main
-    from lpc.policies import PolicySpec
-    from lpc.simulator import prepare, replay
+    from lpc.access.source import AccessSource
+    from lpc.cli.main import main
+    from lpc.replay.policies import PolicySpec
+    from lpc.replay.simulator import prepare, replay
     from lpc.traces.load import TraceOptions, load_trace
     from predictor.access_predictor import AccessPredictor
 
@@ -682,10 +682,10 @@ def test_pooled_evictor_with_the_access_model_equals_our_replay_exactly(
     """LPC_EVICTOR=lpc-pooled: vLLM + plugin predicting in process with the shipped access
     model evicts exactly as our `lpc-pooled` replay (equal hit tokens and evictions) on a
     trace whose prefixes are shared across conversations, where it differs from `lpc`."""
-    from lpc.access_source import AccessSource
-    from lpc.policies import parse_policy
-    from lpc.simulator import prepare, replay
-    from lpc.trace import read_trace
+    from lpc.access.source import AccessSource
+    from lpc.replay.policies import parse_policy
+    from lpc.replay.simulator import prepare, replay
+    from lpc.traces.lpc_trace import read_trace
     from predictor.access_predictor import AccessPredictor
 
     trace = tmp_path / "synthetic-sample.jsonl"
@@ -715,7 +715,7 @@ import vllm_replay
 from lpc.difftest.ops import read_streams
 from lpc.integrations import vllm_plugin
 from lpc.integrations.config import PluginConfig
-from lpc.integrations.release_plan import read_plans
+from lpc.drivers.release_plan import read_plans
 
 work, registry = Path(os.environ["WORK"]), Path(os.environ["REGISTRY"])
 promote_at_s = float(os.environ["PROMOTE_AT_S"])
@@ -753,13 +753,13 @@ def test_a_model_promoted_mid_trace_is_swapped_in(vllm_python: Path, tmp_path: P
     """A registry's `current` repointed halfway through the Mooncake sample: the plugin in
     real vLLM swaps the new model in at its next release, and evicts exactly as our replay
     with the old model's p before the promotion and the new one's after."""
-    from lpc.access_source import AccessSource
+    from lpc.access.source import AccessSource
     from lpc.difftest.ops import StepRecord, streams_to_jsonl
-    from lpc.integrations.release_plan import write_plans
-    from lpc.integrations.trace_stream import hit_totals, trace_stream
-    from lpc.policies import parse_policy
-    from lpc.simulator import prepare, replay
-    from lpc.trace import read_trace
+    from lpc.drivers.release_plan import write_plans
+    from lpc.drivers.trace_stream import hit_totals, trace_stream
+    from lpc.replay.policies import parse_policy
+    from lpc.replay.simulator import prepare, replay
+    from lpc.traces.lpc_trace import read_trace
     from predictor.access_predictor import AccessPredictor
     from tests.integrations.access_models import publish
 

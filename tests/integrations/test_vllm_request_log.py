@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from lpc.cli import main
-from lpc.probability import OracleSource
-from lpc.trace import write_trace
+from lpc.cli.main import main
+from lpc.replay.probability import OracleSource
+from lpc.traces.lpc_trace import write_trace
 from lpc.workload import ScriptedTurn, WorkloadConfig, open_loop_requests
 from tests.integrations.report import REPORT
 from tests.integrations.snippets import run_vllm_trace_ab

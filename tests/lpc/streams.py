@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from lpc.block_manager import CacheRequest
+from lpc.blocks.block_manager import CacheRequest
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from lpc.ab import ReplaySettings, compare, run_grid, size_to_reach
-from lpc.policies import parse_policies, parse_policy
-from lpc.probability import OracleSource, TurnsSource
-from lpc.simulator import prepare
+from lpc.replay.ab import ReplaySettings, compare, run_grid, size_to_reach
+from lpc.replay.policies import parse_policies, parse_policy
+from lpc.replay.probability import OracleSource, TurnsSource
+from lpc.replay.simulator import prepare
 from lpc.workload import WorkloadConfig, open_loop_requests
 from tests.lpc.synthetic import conversations
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lpc.cli import main
+from lpc.cli.main import main
 
 WORDS = [
     "cache",

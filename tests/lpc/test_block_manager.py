@@ -12,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eviction import POLICIES, FutureUses, make_evictor
-from lpc.block_manager import (
+from lpc.blocks.block_manager import (
     CacheRequest,
     PrefixCacheBlockManager,
     UnknownRequestError,
 )
-from lpc.hashing import BlockHasher
+from lpc.blocks.hashing import BlockHasher
 from tests.lpc.streams import Allocate, random_stream
 
 
@@ -81,7 +81,7 @@ def test_salts_isolate_identical_prompts() -> None:
 
 
 def test_lora_and_multimodal_keys_change_hashes() -> None:
-    from lpc.hashing import MultiModalSpan
+    from lpc.blocks.hashing import MultiModalSpan
 
     hasher = BlockHasher(4)
     tokens = list(range(12))
@@ -95,7 +95,7 @@ def test_lora_and_multimodal_keys_change_hashes() -> None:
 
 def test_hashes_are_stable_across_processes_and_releases() -> None:
     code = (
-        "from lpc.hashing import BlockHasher;"
+        "from lpc.blocks.hashing import BlockHasher;"
         "print(BlockHasher(4).hash_sequence(list(range(8)), cache_salt='s')[1].hex())"
     )
     outputs = {

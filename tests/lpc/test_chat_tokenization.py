@@ -6,15 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lpc.block_manager import CacheRequest
-from lpc.chat_tokenization import (
+from lpc.blocks.block_manager import CacheRequest
+from lpc.blocks.hashing import BlockHasher
+from lpc.chat.tokenization import (
     ChatTemplate,
     conversation_tokens,
     tokenize_conversation,
     tokenize_conversations,
 )
-from lpc.chat_tokenizers import QwenChatTokenizer
-from lpc.hashing import BlockHasher
+from lpc.chat.tokenizers import QwenChatTokenizer
 from training.conversation import Conversation, Message
 
 IM_START, IM_END = 1, 2

@@ -2,14 +2,14 @@
 
 import numpy as np
 
-from lpc import token_cache
-from lpc.chat_tokenization import tokenize_conversations
-from lpc.token_cache import (
+from lpc.chat import token_cache
+from lpc.chat.token_cache import (
     CACHE_DIR_ENV,
     conversations_fingerprint,
     default_cache_dir,
     tokenize_conversations_cached,
 )
+from lpc.chat.tokenization import tokenize_conversations
 from training.conversation import Conversation, Message
 
 

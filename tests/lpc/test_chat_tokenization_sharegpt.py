@@ -4,7 +4,7 @@ from itertools import pairwise
 
 import pytest
 
-from lpc.chat_tokenization import DEFAULT_MAX_MODEL_LEN, tokenize_conversations
+from lpc.chat.tokenization import DEFAULT_MAX_MODEL_LEN, tokenize_conversations
 from training.loaders import load_conversations
 
 NEWLINE = 198

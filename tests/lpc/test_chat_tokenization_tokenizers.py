@@ -3,8 +3,8 @@
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from lpc.chat_tokenization import tokenize_conversation
-from lpc.chat_tokenizers import (
+from lpc.chat.tokenization import tokenize_conversation
+from lpc.chat.tokenizers import (
     ChatTokenizer,
     HFChatTokenizer,
     QwenChatTokenizer,

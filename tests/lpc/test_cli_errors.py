@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lpc import cli
+from lpc.cli import main as cli
 from lpc.errors import CommandError, UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -206,7 +206,7 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
 
 
 def test_input_errors_are_user_errors():
-    from lpc.trace import TraceError
+    from lpc.traces.lpc_trace import TraceError
     from predictor.artifact import ArtifactError
     from predictor.embedders import EmbedderLoadError
     from predictor.features import FeatureConfigError

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from eviction.base import FreedBlocks, Release
-from lpc.eviction_age import AgeRecordingLRU, _summary
+from lpc.replay.eviction_age import AgeRecordingLRU, _summary
 
 
 def test_ages_are_release_to_eviction_of_cached_blocks() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from lpc.cli import main
+from lpc.cli.main import main
 
 
 def test_lpc_bench_log_reports_its_figures(capsys) -> None:

@@ -6,8 +6,8 @@ import pytest
 
 from eviction import POLICIES, make_evictor
 from lpc.benchmarks.evictor_worker import TIMEABLE_POLICIES
-from lpc.cli import build_parser, main
-from lpc.policies import LPC_VARIANTS, parse_policies, parse_policy, policy_help
+from lpc.cli.main import build_parser, main
+from lpc.replay.policies import LPC_VARIANTS, parse_policies, parse_policy, policy_help
 from tests.lpc.test_ab_cli import chats, run_json  # noqa: F401 (a fixture)
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from lpc.ab import ReplaySettings, run_grid
-from lpc.policies import parse_policies
-from lpc.probability import OracleSource, TurnsSource
-from lpc.simulator import prepare
-from lpc.trace import TraceError, read_trace, write_trace
+from lpc.replay.ab import ReplaySettings, run_grid
+from lpc.replay.policies import parse_policies
+from lpc.replay.probability import OracleSource, TurnsSource
+from lpc.replay.simulator import prepare
+from lpc.traces.lpc_trace import TraceError, read_trace, write_trace
 from lpc.workload import WorkloadConfig, open_loop_requests
 from tests.lpc.synthetic import conversations
 

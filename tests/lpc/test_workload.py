@@ -102,9 +102,9 @@ def test_bad_latency_model() -> None:
 
 
 def test_closed_loop_replay_hits_more_than_a_cold_cache_and_refuses_belady() -> None:
-    from lpc.policies import parse_policy
-    from lpc.probability import OracleSource
-    from lpc.simulator import replay_closed_loop
+    from lpc.replay.policies import parse_policy
+    from lpc.replay.probability import OracleSource
+    from lpc.replay.simulator import replay_closed_loop
 
     convs = conversations(80, seed=8)
     latency = LatencyModel(prefill_tokens_per_s=500.0, closed_loop=True)

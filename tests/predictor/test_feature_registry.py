@@ -12,8 +12,8 @@ import httpx
 import numpy as np
 import pytest
 
-from lpc.access_source import AccessSource
-from lpc.access_table import request_table
+from lpc.access.source import AccessSource
+from lpc.access.table import request_table
 from lpc.integrations.access_runtime import AccessRuntime
 from lpc.integrations.config import PluginConfig
 from lpc.integrations.stats import PluginStats
@@ -171,7 +171,7 @@ def test_a_toy_feature_reaches_text_training_and_the_cli_help(toy) -> None:
     samples = [turn_sample(w) for w in windows]
     assert np.array_equal(sample_matrix(samples, (TOY,)), window_matrix(windows, (TOY,)))
     assert sample_matrix(samples, (TOY,))[0, 0] == np.float32(windows[0].prompt_tokens / 1000)
-    from lpc.cli import build_parser
+    from lpc.cli.main import build_parser
 
     train = next(a for a in build_parser()._actions if a.dest == "command").choices["train"]
     helps = {o: a.help for a in train._actions for o in a.option_strings}

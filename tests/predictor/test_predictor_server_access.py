@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from lpc.cli import main
+from lpc.cli.main import main
 from predictor.access_features import ConversationState, RequestState, feature_row
 from predictor.access_predictor import AccessPredictor
 from predictor.features import ConversationWindow

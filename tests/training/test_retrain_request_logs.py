@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from lpc.cli import main
+from lpc.cli.main import main
 from lpc.integrations.request_log import RequestLogConfig, RequestLogWriter
-from lpc.policies import parse_policy
-from lpc.simulator import prepare, replay
+from lpc.replay.policies import parse_policy
+from lpc.replay.simulator import prepare, replay
 from lpc.workload import ScriptedTurn, WorkloadRequest, compact_tokens
 from predictor.access_predictor import AccessPredictor
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lpc.cli import main
-from lpc.log_retrain import TraceLogTrainer, time_ordered_split
+from lpc.access.log_retrain import TraceLogTrainer, time_ordered_split
+from lpc.cli.main import main
 from lpc.traces.files import load_trace_files
 from lpc.traces.load import TraceOptions
 from predictor.access_predictor import AccessPredictor

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lpc.cli import main
+from lpc.cli.main import main
 from predictor.artifact import load_artifact
 from tests.training.synthetic import synthetic_conversations, write_openai_jsonl
 

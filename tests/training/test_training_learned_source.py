@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lpc.conversation_workload import PREDICTOR_WINDOW
-from lpc.learned_source import LearnedSource
+from lpc.chat.conversation_workload import PREDICTOR_WINDOW
+from lpc.replay.learned_source import LearnedSource
 from lpc.workload import ScriptedTurn
 from predictor.artifact import save_artifact
 from predictor.predictor import Predictor
@@ -142,10 +142,10 @@ def test_token_features_come_with_every_replayed_turn(tmp_path, conversations, e
 
 
 def test_serving_token_counts_are_the_replayed_request_sizes():
-    from lpc.chat_tokenizers import default_chat_tokenizer
-    from lpc.conversation_workload import scripted_turns
-    from lpc.learned_source import ServingTokenCounter
-    from lpc.token_cache import tokenize_conversations_cached
+    from lpc.chat.conversation_workload import scripted_turns
+    from lpc.chat.token_cache import tokenize_conversations_cached
+    from lpc.chat.tokenizers import default_chat_tokenizer
+    from lpc.replay.learned_source import ServingTokenCounter
     from tests.training.synthetic import synthetic_conversations
 
     conversations = synthetic_conversations(6, seed=3)

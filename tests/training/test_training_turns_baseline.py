@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lpc.probability import TurnsSource
+from lpc.replay.probability import TurnsSource
 from lpc.workload import ScriptedTurn
 from training.turns_baseline import TurnsBaseline
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lpc.cli import main
+from lpc.cli.main import main
 from tests.lpc.traces.helpers import bundled_lines, mooncake_record, write_lines
 
 ROOT = Path(__file__).resolve().parents[3]

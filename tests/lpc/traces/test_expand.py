@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lpc.hashing import BlockHasher
+from lpc.blocks.hashing import BlockHasher
 from lpc.traces.expand import SyntheticTokens, expand_requests, synthetic_block_hashes
 
 # Three requests in blocks of 64: b extends a's first two blocks, c shares only block 0.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from eviction import EVICTORS, POLICIES
-from lpc.policies import TRACE_POLICY_CANDIDATES, default_trace_policies, parse_policy
+from lpc.replay.policies import TRACE_POLICY_CANDIDATES, default_trace_policies, parse_policy
 
 
 def test_the_trace_defaults_are_the_registered_candidates() -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lpc.ab_pipeline import ABOptions, run_ab
-from lpc.policies import parse_policies, parse_policy
-from lpc.simulator import prepare, replay
+from lpc.replay.ab_pipeline import ABOptions, run_ab
+from lpc.replay.policies import parse_policies, parse_policy
+from lpc.replay.simulator import prepare, replay
 from lpc.traces.load import TraceOptions, load_trace
 from tests.lpc.traces.helpers import bundled_lines, direct_infinite_hit_ratio, write_lines
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from lpc.cli import main
+from lpc.cli.main import main
 from lpc.integrations.request_log import RequestLogConfig, RequestLogWriter
-from lpc.policies import parse_policy
-from lpc.simulator import prepare, replay
+from lpc.replay.policies import parse_policy
+from lpc.replay.simulator import prepare, replay
 from lpc.traces.load import TraceOptions, load_trace
 from lpc.workload import WorkloadRequest
 from tests.lpc.synthetic import conversations
@@ -120,8 +120,8 @@ def test_lpc_ab_replays_a_log_folder(tmp_path: Path, capsys) -> None:
 
 
 def test_a_bad_log_folder_is_one_clear_error(tmp_path: Path) -> None:
-    from lpc.trace import read_trace
     from lpc.traces.jsonl import TraceError
+    from lpc.traces.lpc_trace import read_trace
 
     with pytest.raises(TraceError, match=r"the folder holds no \.jsonl or \.jsonl\.gz trace files"):
         read_trace(tmp_path)

@@ -16,7 +16,8 @@ from typing import Any
 from tqdm import tqdm
 
 from lpc import __version__
-from lpc.ab import (
+from lpc.errors import InvalidInputError
+from lpc.replay.ab import (
     DEFAULT_CACHE_SIZES_TOKENS,
     TRACE_CACHE_SIZES_TOKENS,
     Comparison,
@@ -24,10 +25,9 @@ from lpc.ab import (
     compare,
     run_grid,
 )
-from lpc.errors import InvalidInputError
-from lpc.policies import DEFAULT_POLICIES, PolicySpec, parse_policies
-from lpc.probability import OracleSource, ProbabilitySource, TurnsSource
-from lpc.report import (
+from lpc.replay.policies import DEFAULT_POLICIES, PolicySpec, parse_policies
+from lpc.replay.probability import OracleSource, ProbabilitySource, TurnsSource
+from lpc.replay.report import (
     comparison_tables,
     markdown_table,
     plot_hit_vs_size,
@@ -38,7 +38,7 @@ from lpc.report import (
     write_csv,
     write_json,
 )
-from lpc.simulator import PreparedWorkload, ReplayResult, prepare, replay_closed_loop
+from lpc.replay.simulator import PreparedWorkload, ReplayResult, prepare, replay_closed_loop
 from lpc.traces.expand import check_block_size
 from lpc.traces.linkage import DEFAULT_SHARED_FANOUT
 from lpc.traces.timeline import DEFAULT_HORIZON_S, DEFAULT_SPLIT_AT
@@ -173,10 +173,10 @@ def run_ab(
     model_factory: ModelSourceFactory | None = None,
     log: Callable[[str], None] = print,
 ) -> ABOutcome:
-    from lpc.chat_tokenizers import default_chat_tokenizer
-    from lpc.conversation_workload import load_split, message_tokenizer, scripted_conversations
-    from lpc.trace import write_trace
+    from lpc.chat.conversation_workload import load_split, message_tokenizer, scripted_conversations
+    from lpc.chat.tokenizers import default_chat_tokenizer
     from lpc.traces.load import TraceOptions, load_trace, trace_format_of
+    from lpc.traces.lpc_trace import write_trace
     from lpc.traces.timeline import split_in_time, training_turn_counts
 
     timings: dict[str, float] = {}

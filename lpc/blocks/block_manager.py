@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from eviction import Evictor, FreedBlocks, LRUEvictor, Release, check_probability
-from lpc.hashing import BlockHash, BlockHasher, MultiModalSpan
+from lpc.blocks.hashing import BlockHash, BlockHasher, MultiModalSpan
 
 NULL_BLOCK_ID = 0
 

@@ -109,8 +109,8 @@ class _PromptCounter:
     model with the `log_prompt_tokens` feature needs it on its windows, others ignore it."""
 
     def __init__(self) -> None:
-        from lpc.chat_tokenization import DEFAULT_MAX_MODEL_LEN, ChatTemplate
-        from lpc.chat_tokenizers import default_chat_tokenizer
+        from lpc.chat.tokenization import DEFAULT_MAX_MODEL_LEN, ChatTemplate
+        from lpc.chat.tokenizers import default_chat_tokenizer
 
         self._template = ChatTemplate(default_chat_tokenizer())  # built once: it is slow
         self._max_model_len = DEFAULT_MAX_MODEL_LEN
@@ -119,7 +119,7 @@ class _PromptCounter:
         """The windows with their turn's count; turns beyond the max_model_len cut keep none."""
         from dataclasses import replace
 
-        from lpc.chat_tokenization import conversation_tokens
+        from lpc.chat.tokenization import conversation_tokens
 
         turns = conversation_tokens(conversation, self._template, self._max_model_len).turns
         counts = [turn.num_prompt_tokens for turn in turns]

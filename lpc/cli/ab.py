@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lpc.ab import DEFAULT_CACHE_SIZES_TOKENS, TRACE_CACHE_SIZES_TOKENS
-from lpc.commands.arg_types import positive_float, positive_int, split_at
-from lpc.policies import policy_help
+from lpc.cli.arg_types import positive_float, positive_int, split_at
+from lpc.replay.ab import DEFAULT_CACHE_SIZES_TOKENS, TRACE_CACHE_SIZES_TOKENS
+from lpc.replay.policies import policy_help
 
 DESCRIPTION = """\
 Replay a chat workload through the prefix-caching block manager once per eviction policy and
@@ -292,9 +292,9 @@ def _with_learned_lpc(policies: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def options_from(args: argparse.Namespace, model_available: bool = False):
-    from lpc.ab_pipeline import ABOptions
     from lpc.errors import CommandError, InvalidInputError
-    from lpc.policies import default_policies, default_trace_policies, parse_policies
+    from lpc.replay.ab_pipeline import ABOptions
+    from lpc.replay.policies import default_policies, default_trace_policies, parse_policies
     from lpc.traces.jsonl import TraceError
     from lpc.traces.load import resolve_trace
     from lpc.workload import LatencyModel, WorkloadConfig
@@ -394,8 +394,8 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from dataclasses import replace
 
-    from lpc.ab_pipeline import outcome_json, run_ab, summary_text
     from lpc.errors import CommandError
+    from lpc.replay.ab_pipeline import outcome_json, run_ab, summary_text
     from training.loaders import check_source
 
     model = model_path_from(args)
@@ -411,11 +411,11 @@ def run(args: argparse.Namespace) -> int:
     factory = None
     if wants_model and model is not None and _is_access_model(model):
         options = replace(options, model_reads_text=False)
-        from lpc.access_source import access_source_factory
+        from lpc.access.source import access_source_factory
 
         factory = access_source_factory(model, log=log)
     elif wants_model and model is not None:
-        from lpc.learned_source import learned_source_factory
+        from lpc.replay.learned_source import learned_source_factory
         from training.embedding_cache import EmbedOptions
         from training.locations import default_embedding_cache_dir
 

@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from lpc.commands.arg_types import split_at
-from lpc.commands.train import add_training_arguments
+from lpc.cli.arg_types import split_at
+from lpc.cli.train import add_training_arguments
 
 DESCRIPTION = """\
 The daily retraining job. Trains a candidate on the conversations logged in --logs (files in
@@ -128,7 +128,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lpc.commands.train import (
+    from lpc.cli.train import (
         cache_dir_from,
         setup_threads,
         token_counter_for,
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if not args.horizon > 0:
         raise CommandError(f"--horizon must be > 0 seconds, got {args.horizon}")
-    from lpc.log_retrain import TraceLogTrainer
+    from lpc.access.log_retrain import TraceLogTrainer
     from training.access_fit import AccessFitConfig
     from training.retrain import BAD_INPUT
 

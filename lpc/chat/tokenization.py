@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from lpc.chat_tokenizers import ChatTokenizer, default_chat_tokenizer
+from lpc.chat.tokenizers import ChatTokenizer, default_chat_tokenizer
 from training.conversation import Conversation
 
 TEMPLATE_VERSION = "chatml-v1"

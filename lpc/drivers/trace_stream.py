@@ -1,6 +1,6 @@
 """A request trace as the operation stream and release plan the vLLM driver replays.
 
-Our A/B replay (`lpc.simulator.replay`) walks a prepared workload's events in order: at an
+Our A/B replay (`lpc.replay.simulator.replay`) walks a prepared workload's events in order: at an
 arrival it looks the prompt up and allocates prompt and output, at a completion it frees with
 the request's probability. The same events, turned into `lpc.difftest` operations with the
 events' times and the trace's probabilities and conversation ids as a `ReleasePlan`, make
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lpc.difftest.ops import FreeRequest, NewRequest, StepRecord, Stream, StreamConfig
-from lpc.integrations.release_plan import ReleasePlan, RequestPlan
-from lpc.simulator import PreparedWorkload, num_blocks_for
+from lpc.drivers.release_plan import ReleasePlan, RequestPlan
+from lpc.replay.simulator import PreparedWorkload, num_blocks_for
 from lpc.workload import ARRIVAL
 
 
@@ -63,7 +63,7 @@ def trace_stream(
 
 @dataclass(frozen=True)
 class HitTotals:
-    """Token hit ratio of a replay, counted as `lpc.simulator` counts it."""
+    """Token hit ratio of a replay, counted as `lpc.replay.simulator` counts it."""
 
     queried_tokens: int
     hit_tokens: int

@@ -10,9 +10,9 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from lpc.chat_tokenization import DEFAULT_MAX_MODEL_LEN, ChatTemplate, ConversationTokens
-from lpc.chat_tokenizers import ChatTokenizer
-from lpc.token_cache import tokenize_conversations_cached
+from lpc.chat.token_cache import tokenize_conversations_cached
+from lpc.chat.tokenization import DEFAULT_MAX_MODEL_LEN, ChatTemplate, ConversationTokens
+from lpc.chat.tokenizers import ChatTokenizer
 from lpc.workload import ScriptedTurn
 from training.conversation import Conversation
 from training.loaders import load_conversations

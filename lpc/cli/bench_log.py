@@ -32,7 +32,7 @@ def register(targets: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lpc.benchmarks.log_bench import run_log_bench
-    from lpc.cli import CommandError
+    from lpc.errors import CommandError
 
     for flag in ("conversations", "repeats"):
         if getattr(args, flag) <= 0:

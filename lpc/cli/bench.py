@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from lpc.commands import bench_access, bench_evictor, bench_log, bench_predictor
+from lpc.cli import bench_access, bench_evictor, bench_log, bench_predictor
 
 BENCH_MODULES = (bench_evictor, bench_predictor, bench_access, bench_log)
 

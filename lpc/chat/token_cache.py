@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lpc.chat_tokenization import (
+from lpc.chat.tokenization import (
     DEFAULT_MAX_MODEL_LEN,
     TEMPLATE_VERSION,
     ConversationTokens,
@@ -33,12 +33,12 @@ from lpc.chat_tokenization import (
     check_max_model_len,
     tokenize_conversations,
 )
-from lpc.chat_tokenizers import ChatTokenizer, default_chat_tokenizer
+from lpc.chat.tokenizers import ChatTokenizer, default_chat_tokenizer
 from training.conversation import Conversation
 
 CACHE_DIR_ENV = "LPC_CACHE_DIR"
 CACHE_FORMAT_VERSION = 1
-_REPO_ROOT = Path(__file__).resolve().parents[1]
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def default_cache_dir() -> Path:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lpc.difftest.ops import StepRecord, Stream, streams_to_jsonl
-from lpc.integrations.release_plan import PluginSettings, ReleasePlan, write_plans
+from lpc.drivers.release_plan import PluginSettings, ReleasePlan, write_plans
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout (scripts/ is not installed)
 DRIVER = REPO_ROOT / "scripts" / "vllm_plugin_replay.py"

@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from lpc.ab_pipeline import TRACE_MAX_MODEL_LEN
-from lpc.access_table import request_table
+from lpc.access.table import request_table
 from lpc.errors import UserError
+from lpc.replay.ab_pipeline import TRACE_MAX_MODEL_LEN
 from lpc.traces.files import load_trace_files, trace_format_by_content
 from lpc.traces.load import LoadedTrace, TraceOptions
 from lpc.traces.timeline import DEFAULT_SPLIT_AT, TimeSplit, split_in_time

@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from lpc.commands import train_trace
-from lpc.commands.arg_types import positive_int
+from lpc.cli import train_trace
+from lpc.cli.arg_types import positive_int
 
 DESCRIPTION = """\
 Train LPC's continuation predictor the paper's way: one sample per user turn (label: does the
@@ -256,7 +256,7 @@ def token_counter_for(config, args: argparse.Namespace):
 
     if not needs_token_counts(config.finish_features):
         return None
-    from lpc.learned_source import ServingTokenCounter
+    from lpc.replay.learned_source import ServingTokenCounter
 
     return ServingTokenCounter(progress=not args.no_progress)
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
-from lpc.policies import PolicySpec
-from lpc.simulator import PreparedWorkload, ReplayResult, replay
+from lpc.replay.policies import PolicySpec
+from lpc.replay.simulator import PreparedWorkload, ReplayResult, replay
 
 DEFAULT_CACHE_SIZES_TOKENS = (60_000, 80_000, 100_000, 120_000, 140_000, 160_000)
 # Production traces hold far more tokens. On the bundled Mooncake trace (block size 512) these

@@ -1,4 +1,4 @@
-"""The `lpc` command line: one verb per module in `lpc.commands`.
+"""The `lpc` command line: one verb per module in `lpc.cli`, in the order `lpc --help` lists them.
 
 Each command module exposes `register(subparsers)`, which adds its parser and sets `run`; heavy
 imports happen inside `run`, so `lpc --help` stays instant.
@@ -11,10 +11,12 @@ import sys
 from collections.abc import Sequence
 
 from lpc import __version__
-from lpc.commands import COMMAND_MODULES
+from lpc.cli import ab, bench, models, retrain, serve, train
 from lpc.errors import CommandError, UserError
 
 __all__ = ["CommandError", "build_parser", "main"]
+
+COMMAND_MODULES = (ab, train, retrain, serve, models, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

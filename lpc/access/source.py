@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lpc.access_table import request_table
+from lpc.access.table import request_table
 from lpc.errors import InvalidInputError
 from lpc.workload import ScriptedTurn, WorkloadRequest
 from predictor.access_features import feature
@@ -48,7 +48,7 @@ class AccessSource:
 
 
 def access_source_factory(model: Path, log: Callable[[str], None] = print):
-    """A `ModelSourceFactory` for `lpc.ab_pipeline.run_ab` over an access-only artifact."""
+    """A `ModelSourceFactory` for `lpc.replay.ab_pipeline.run_ab` over an access-only artifact."""
 
     def factory(context) -> AccessSource:
         access_model = AccessPredictor.load(model)

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from lpc.commands.arg_types import positive_float, positive_int, split_at
+from lpc.cli.arg_types import positive_float, positive_int, split_at
 from lpc.errors import UserError
 
 
@@ -135,7 +135,7 @@ def _print_report(report: dict) -> None:
 
 
 def run_trace(args: argparse.Namespace) -> int:
-    from lpc.access_training import TraceTrainOptions, train_on_trace
+    from lpc.access.training import TraceTrainOptions, train_on_trace
     from lpc.errors import CommandError
     from training.access_fit import AccessFitConfig
 

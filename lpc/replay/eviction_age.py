@@ -17,8 +17,8 @@ import numpy as np
 
 from eviction.base import FreedBlocks, Release
 from eviction.lru import LRUEvictor
-from lpc.block_manager import PrefixCacheBlockManager
-from lpc.simulator import PreparedWorkload, num_blocks_for
+from lpc.blocks.block_manager import PrefixCacheBlockManager
+from lpc.replay.simulator import PreparedWorkload, num_blocks_for
 from lpc.workload import ARRIVAL
 
 

@@ -115,8 +115,8 @@ class ServingTokenCounter:
     def __init__(
         self, tokenizer=None, max_model_len: int | None = None, progress: bool = True
     ) -> None:
-        from lpc.chat_tokenization import DEFAULT_MAX_MODEL_LEN, TEMPLATE_VERSION
-        from lpc.chat_tokenizers import default_chat_tokenizer
+        from lpc.chat.tokenization import DEFAULT_MAX_MODEL_LEN, TEMPLATE_VERSION
+        from lpc.chat.tokenizers import default_chat_tokenizer
 
         self.tokenizer = tokenizer or default_chat_tokenizer()
         self.max_model_len = max_model_len or DEFAULT_MAX_MODEL_LEN
@@ -124,7 +124,7 @@ class ServingTokenCounter:
         self.name = f"{self.tokenizer.name}+{TEMPLATE_VERSION}+max_model_len={self.max_model_len}"
 
     def __call__(self, conversations: Sequence[Conversation]) -> TokenCounts:
-        from lpc.token_cache import tokenize_conversations_cached
+        from lpc.chat.token_cache import tokenize_conversations_cached
 
         tokenized = tokenize_conversations_cached(
             conversations, self.tokenizer, self.max_model_len, progress=self.progress
@@ -142,7 +142,7 @@ class ServingTokenCounter:
 def learned_source_factory(
     model: Path, cache_dir: Path, embed_options: EmbedOptions, device: str | None = None, log=print
 ):
-    """A `ModelSourceFactory` for `lpc.ab_pipeline.run_ab`: loads the predictor (and its
+    """A `ModelSourceFactory` for `lpc.replay.ab_pipeline.run_ab`: loads the predictor (and its
     embedder) when the harness needs it, with the evaluation conversations for lookups."""
 
     def factory(context) -> LearnedSource:

@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lpc.ab import Comparison
-from lpc.simulator import ReplayResult
+from lpc.replay.ab import Comparison
+from lpc.replay.simulator import ReplayResult
 
 
 def _k(size: int) -> str:

@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass, replace
 from typing import Protocol
 
 from eviction import FutureUses
-from lpc.block_manager import CacheCounters, CacheRequest, PrefixCacheBlockManager
-from lpc.hashing import BlockHash, BlockHasher
+from lpc.blocks.block_manager import CacheCounters, CacheRequest, PrefixCacheBlockManager
+from lpc.blocks.hashing import BlockHash, BlockHasher
 from lpc.integrations.request_log import FinishedRequest
-from lpc.policies import PolicySpec, build_evictor
+from lpc.replay.policies import PolicySpec, build_evictor
 from lpc.traces.expand import SyntheticTokens, synthetic_block_hashes
 from lpc.workload import (
     ARRIVAL,
