@@ -181,6 +181,16 @@ def check_both_labels(samples: Sequence[TurnSample]) -> None:
         )
 
 
+@dataclass
+class _SplitEmbeddings:
+    """The window embeddings of a split's samples, half by half (evaluation: None when the
+    run does not evaluate or the split has no evaluation half)."""
+
+    train: np.ndarray
+    validation: np.ndarray
+    evaluation: np.ndarray | None
+
+
 def train_predictor(
     conversations: Sequence[Conversation],
     config: TrainConfig,
@@ -195,10 +205,65 @@ def train_predictor(
     """Train on the training half of `conversations`, score on their evaluation half.
 
     `token_counter` counts requests in serving tokens; needed only by token finish features.
+    Stages: samples → embeddings → fit → artifact metadata → held-out metrics; the time of
+    each timed stage goes into the metrics (`timings_s`).
     """
     embed_options = embed_options or EmbedOptions()
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
+    split, notes = _training_samples(conversations, config, evaluate, token_counter)
+    timings["samples_s"] = time.perf_counter() - t0
+    counts = split.counts()
+    log(
+        f"samples: {counts['train_samples']} train, {counts['validation_samples']} "
+        f"validation, {counts['evaluation_samples']} evaluation "
+        f"(positive rate {counts['train_positive_rate']:.3f} in train)"
+    )
+
+    stats = EmbedStats()
+    t0 = time.perf_counter()
+    embeddings = _embed_split(cache, split, config.feature_config, embed_options, evaluate, stats)
+    timings["embed_s"] = time.perf_counter() - t0
+    log(
+        f"embeddings: {stats.windows_cached} of {stats.windows} windows cached, "
+        f"{stats.texts_embedded} texts embedded"
+        + (f" ({stats.texts_per_second:.1f} texts/s)" if stats.texts_embedded else "")
+    )
+
+    t0 = time.perf_counter()
+    mlp_config = config.mlp_config(embedder.dim)
+    result = _fit_split(split, embeddings, config, mlp_config)
+    timings["fit_s"] = time.perf_counter() - t0
+    log(
+        f"fit: {result.epochs_run} epochs, best epoch {result.best_epoch + 1} "
+        f"(validation loss {result.best_val_loss:.4f}), {result.seconds:.1f} s"
+    )
+
+    train_rate = float(labels_of(split.training_half).mean())
+    metadata = _artifact_metadata(
+        config, embedder, mlp_config, split, train_rate, data_description, notes
+    )
+    predictor = Predictor(ModelArtifact(None, metadata, result.model), embedder)
+    weighted_rate = _weighted_rate(result.class_weights, train_rate)
+    t0 = time.perf_counter()
+    metrics = _held_out_metrics(
+        predictor, split, embeddings, counts, result, train_rate, weighted_rate, log
+    )
+    timings["evaluate_s"] = time.perf_counter() - t0
+    metrics["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
+    metrics["embedding"] = stats.to_dict()
+    artifact = ModelArtifact(None, replace(metadata, metrics=metrics), result.model)
+    return TrainingOutcome(artifact, metrics, result, timings, stats, split)
+
+
+def _training_samples(
+    conversations: Sequence[Conversation],
+    config: TrainConfig,
+    evaluate: bool,
+    token_counter: TokenCounter | None,
+) -> tuple[SampleSplit, dict[str, Any]]:
+    """The split samples (refused, before any embedding, when all one label), with serving
+    token counts attached when a finish feature needs them; and notes for the metadata."""
     split = split_samples(
         conversations,
         config.feature_config.window_size,
@@ -216,52 +281,56 @@ def train_predictor(
         split, without = attach_token_counts(split, token_counter(conversations))
         notes["serving_tokenizer"] = token_counter.name
         notes["samples_without_token_counts"] = without
-    timings["samples_s"] = time.perf_counter() - t0
-    counts = split.counts()
-    log(
-        f"samples: {counts['train_samples']} train, {counts['validation_samples']} "
-        f"validation, {counts['evaluation_samples']} evaluation "
-        f"(positive rate {counts['train_positive_rate']:.3f} in train)"
-    )
+    return split, notes
 
-    stats = EmbedStats()
-    t0 = time.perf_counter()
-    feature_config = config.feature_config
-    train_emb = sample_embeddings(cache, split.train, feature_config, embed_options, stats)
-    val_emb = sample_embeddings(cache, split.validation, feature_config, embed_options, stats)
-    eval_emb = (
+
+def _embed_split(
+    cache: EmbeddingCache,
+    split: SampleSplit,
+    feature_config: FeatureConfig,
+    embed_options: EmbedOptions,
+    evaluate: bool,
+    stats: EmbedStats,
+) -> _SplitEmbeddings:
+    """Embed every half through the cache (the evaluation half only when evaluating)."""
+    train = sample_embeddings(cache, split.train, feature_config, embed_options, stats)
+    validation = sample_embeddings(cache, split.validation, feature_config, embed_options, stats)
+    evaluation = (
         sample_embeddings(cache, split.evaluation, feature_config, embed_options, stats)
         if evaluate and split.evaluation
         else None
     )
-    timings["embed_s"] = time.perf_counter() - t0
-    log(
-        f"embeddings: {stats.windows_cached} of {stats.windows} windows cached, "
-        f"{stats.texts_embedded} texts embedded"
-        + (f" ({stats.texts_per_second:.1f} texts/s)" if stats.texts_embedded else "")
-    )
+    return _SplitEmbeddings(train, validation, evaluation)
 
-    t0 = time.perf_counter()
-    mlp_config = config.mlp_config(embedder.dim)
-    finish = config.finish_features
-    result = fit_mlp(
-        model_inputs(train_emb, split.train, feature_config, finish),
+
+def _fit_split(
+    split: SampleSplit, embeddings: _SplitEmbeddings, config: TrainConfig, mlp_config: MLPConfig
+) -> FitResult:
+    """Fit the MLP on the training samples; the validation samples pick the checkpoint."""
+    feature_config, finish = config.feature_config, config.finish_features
+    return fit_mlp(
+        model_inputs(embeddings.train, split.train, feature_config, finish),
         labels_of(split.train),
-        model_inputs(val_emb, split.validation, feature_config, finish),
+        model_inputs(embeddings.validation, split.validation, feature_config, finish),
         labels_of(split.validation),
         mlp_config,
         config.fit,
     )
-    timings["fit_s"] = time.perf_counter() - t0
-    log(
-        f"fit: {result.epochs_run} epochs, best epoch {result.best_epoch + 1} "
-        f"(validation loss {result.best_val_loss:.4f}), {result.seconds:.1f} s"
-    )
 
-    train_rate = float(labels_of(split.training_half).mean())
-    metadata = ArtifactMetadata(
+
+def _artifact_metadata(
+    config: TrainConfig,
+    embedder: Embedder,
+    mlp_config: MLPConfig,
+    split: SampleSplit,
+    train_rate: float,
+    data_description: dict[str, Any] | None,
+    notes: dict[str, Any],
+) -> ArtifactMetadata:
+    """What the artifact records about how it was trained (metrics are added after scoring)."""
+    return ArtifactMetadata(
         embedder_id=embedder.embedder_id,
-        feature_config=feature_config,
+        feature_config=config.feature_config,
         mlp_config=mlp_config,
         base_rate=train_rate,
         training_data_fingerprint=split.fingerprint(),
@@ -273,16 +342,27 @@ def train_predictor(
             **notes,
         },
     )
-    artifact = ModelArtifact(None, metadata, result.model)
-    predictor = Predictor(artifact, embedder)
-    weighted_rate = _weighted_rate(result.class_weights, train_rate)
 
-    t0 = time.perf_counter()
+
+def _held_out_metrics(
+    predictor: Predictor,
+    split: SampleSplit,
+    embeddings: _SplitEmbeddings,
+    counts: dict[str, Any],
+    result: FitResult,
+    train_rate: float,
+    weighted_rate: float,
+    log: Log,
+) -> dict[str, Any]:
+    """The metrics: data counts, the fit's summary, scores on the validation half and, when
+    evaluating, on the evaluation half with the turns-only ablation beside them. Predictions
+    go through `Predictor`, the serving code (`score` corrects the Brier score for the
+    weighted loss's rate)."""
     metrics: dict[str, Any] = {"data": counts, "fit": result.summary()}
-    val_p = predict_samples(predictor, val_emb, split.validation)
+    val_p = predict_samples(predictor, embeddings.validation, split.validation)
     metrics["validation"] = score(labels_of(split.validation), val_p, train_rate, weighted_rate)
-    if eval_emb is not None:
-        eval_p = predict_samples(predictor, eval_emb, split.evaluation)
+    if embeddings.evaluation is not None:
+        eval_p = predict_samples(predictor, embeddings.evaluation, split.evaluation)
         metrics["evaluation"] = score(
             labels_of(split.evaluation), eval_p, train_rate, weighted_rate
         )
@@ -293,11 +373,7 @@ def train_predictor(
             f"evaluation half: MCC {e['mcc']:.4f}, macro-F1 {e['macro_f1']:.4f}, "
             f"AUC {e['roc_auc']:.4f}, Brier {e['brier']:.4f}"
         )
-    timings["evaluate_s"] = time.perf_counter() - t0
-    metrics["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
-    metrics["embedding"] = stats.to_dict()
-    artifact = ModelArtifact(None, replace(metadata, metrics=metrics), result.model)
-    return TrainingOutcome(artifact, metrics, result, timings, stats, split)
+    return metrics
 
 
 def _weighted_rate(class_weights: tuple[float, float], rate: float) -> float:

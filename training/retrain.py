@@ -38,7 +38,7 @@ from predictor.embedders.base import Embedder
 from predictor.errors import InvalidInputError, UserError
 from training.conversation import Conversation
 from training.embedding_cache import EmbeddingCache, EmbedOptions
-from training.log_files import LogFile, discover_logs, select_logs
+from training.log_files import LogFile, LogSelection, discover_logs, select_logs
 from training.pause import pause_point
 from training.pipeline import TrainConfig, evaluate_artifact, train_predictor
 from training.registry import ModelRegistry, RegistryLockedError, now_iso
@@ -268,6 +268,33 @@ def run_retrain(
     return outcome
 
 
+@dataclass
+class _SelectedLogs:
+    """What the run found in the logs folder and chose to train on.
+
+    `found` is every log file (saved as seen once a version is published, so the next run's
+    "new" starts after them); `data` describes the selection and gathers what training adds,
+    for the report and the history; `current_version` is the model the candidate challenges.
+    """
+
+    found: list[LogFile]
+    selection: LogSelection
+    data: dict[str, Any]
+    current_version: str | None
+
+
+@dataclass
+class _ScoredCandidate:
+    """A trained candidate and the current model, scored on the same held-out samples."""
+
+    model: Any  # ContinuationMLP
+    metadata: Any  # ArtifactMetadata
+    metrics: dict[str, Any]
+    evaluation_samples: int
+    current_metrics: dict[str, Any] | None = None
+    current_problem: str | None = None  # why the current model could not be scored
+
+
 def _run_locked(
     config: RetrainConfig,
     registry: ModelRegistry,
@@ -277,31 +304,72 @@ def _run_locked(
     token_counter: TokenCounter | None,
     log_trainer: LogTrainer | None = None,
 ) -> RetrainOutcome:
+    """The run's stages, in order (see the module docstring). A `BadLogsError` or any other
+    exception propagates to `run_retrain`, which records it."""
+    logs = _pick_logs(config, registry, now, log)
+    nothing_to_do = _nothing_to_learn(config, logs)
+    if nothing_to_do is not None:
+        return nothing_to_do
+    candidate = _train_candidate(
+        config, registry, logs, load_embedder, log, token_counter, log_trainer
+    )
+    decision = _judge(config, candidate, log)
+    version = _publish(config, registry, logs, candidate, decision)
+    _record_run(config, registry, logs, candidate, decision, version, log)
+    return _report(config, registry, logs, candidate, decision, version, log)
+
+
+def _pick_logs(
+    config: RetrainConfig, registry: ModelRegistry, now: datetime, log: Log
+) -> _SelectedLogs:
+    """Clear what a killed run left in the registry, then pick the files to train on: the new
+    ones since the last run plus the window of older ones (`training.log_files`)."""
     removed = registry.clean_staging()
     if removed:
         log(f"registry: removed leftovers of an interrupted run: {', '.join(removed)}")
     state = registry.state()
-    logs = discover_logs(config.logs_dir)
-    selection = select_logs(logs, state.get("seen_files", []), now, config.window_days)
-    data = selection.describe()
-    current_version = registry.current_version()
+    found = discover_logs(config.logs_dir)
+    selection = select_logs(found, state.get("seen_files", []), now, config.window_days)
+    return _SelectedLogs(found, selection, selection.describe(), registry.current_version())
+
+
+def _nothing_to_learn(config: RetrainConfig, logs: _SelectedLogs) -> RetrainOutcome | None:
+    """The `no_new_data` outcome when there is nothing to train on (no new file and no
+    `force`, or no file in the window); None when the run goes on."""
+    selection = logs.selection
     if not selection.new_files and not config.force:
         return RetrainOutcome(
             NO_NEW_DATA,
             f"no new log files in {config.logs_dir} since the "
             "last run (pass --force to retrain anyway)",
             None,
-            current_version,
-            data=data,
+            logs.current_version,
+            data=logs.data,
         )
     if not selection.files:
         return RetrainOutcome(
             NO_NEW_DATA,
             f"no log files in {config.logs_dir} dated within the last {config.window_days:g} days",
             None,
-            current_version,
-            data=data,
+            logs.current_version,
+            data=logs.data,
         )
+    return None
+
+
+def _train_candidate(
+    config: RetrainConfig,
+    registry: ModelRegistry,
+    logs: _SelectedLogs,
+    load_embedder: EmbedderLoader,
+    log: Log,
+    token_counter: TokenCounter | None,
+    log_trainer: LogTrainer | None,
+) -> _ScoredCandidate:
+    """Train a candidate on the selected files and score the current model beside it: trace
+    files through the caller's `log_trainer`, conversations through `train_predictor`. Files
+    that cannot be read are bad input (`BadLogsError`), not a failed run."""
+    selection = logs.selection
     log(
         f"logs: {len(selection.files)} files ({len(selection.new_files)} new) since "
         f"{selection.window_start:%Y-%m-%d}"
@@ -312,118 +380,197 @@ def _run_locked(
     except UserError as error:
         raise BadLogsError(str(error)) from None
     if traces:
-        log("logs are trace files: training an access-only model (no text)")
+        return _train_on_traces(log_trainer, paths, registry, logs, log)
+    return _train_on_conversations(config, registry, logs, load_embedder, log, token_counter)
+
+
+def _train_on_traces(
+    log_trainer: LogTrainer,
+    paths: list[Path],
+    registry: ModelRegistry,
+    logs: _SelectedLogs,
+    log: Log,
+) -> _ScoredCandidate:
+    """An access-only candidate from request traces (no text); the trainer scores the current
+    model too, on the later part of the same traces."""
+    log("logs are trace files: training an access-only model (no text)")
+    try:
+        candidate = log_trainer.train(paths, registry.current_path())
+    except UserError as error:  # a file that cannot be read, a split or horizon too long
+        raise BadLogsError(str(error)) from None
+    pause_point("retrain-trained")
+    logs.data.update(candidate.data)
+    return _ScoredCandidate(
+        candidate.model,
+        candidate.metadata,
+        candidate.metrics,
+        candidate.evaluation_samples,
+        candidate.current_metrics,
+        candidate.current_problem,
+    )
+
+
+def _train_on_conversations(
+    config: RetrainConfig,
+    registry: ModelRegistry,
+    logs: _SelectedLogs,
+    load_embedder: EmbedderLoader,
+    log: Log,
+    token_counter: TokenCounter | None,
+) -> _ScoredCandidate:
+    """A candidate trained on the training half of the logged conversations, and the current
+    model scored on the candidate's evaluation half (the same samples, so the two compare)."""
+    conversations = _load_conversations(config, logs)
+    embedder = load_embedder(config.train.embedder_spec)
+    cache = EmbeddingCache.open(
+        config.cache_dir, embedder.embedder_id, embedder.dim, embedder=embedder
+    )
+    outcome = train_predictor(
+        conversations,
+        config.train,
+        embedder,
+        cache,
+        config.embed,
+        data_description={"logs": str(config.logs_dir), **logs.data},
+        log=log,
+        token_counter=token_counter,
+    )
+    candidate = _ScoredCandidate(
+        outcome.artifact.model,
+        outcome.artifact.metadata,
+        outcome.metrics.get("evaluation", {}),
+        outcome.metrics["data"]["evaluation_samples"],
+    )
+    pause_point("retrain-trained")
+
+    current_path = registry.current_path()
+    if current_path is not None and candidate.evaluation_samples:
         try:
-            candidate = log_trainer.train(paths, registry.current_path())
-        except UserError as error:  # a file that cannot be read, a split or horizon too long
-            raise BadLogsError(str(error)) from None
-        pause_point("retrain-trained")
-        data.update(candidate.data)
-        artifact_model, artifact_metadata = candidate.model, candidate.metadata
-        candidate_metrics, evaluation_samples = candidate.metrics, candidate.evaluation_samples
-        current_metrics, problem = candidate.current_metrics, candidate.current_problem
-    else:
-        try:
-            conversations, loaded = load_logged_conversations(
-                selection.files, config.data_format, config.mode
+            candidate.current_metrics = _score_current(
+                current_path,
+                outcome.split.evaluation,
+                embedder,
+                cache,
+                config,
+                load_embedder,
+                conversations,
+                token_counter,
             )
-        except UserError as error:  # a loader names the file and what is wrong in it
-            raise BadLogsError(str(error)) from None
-        data.update(loaded)
-        pause_point("retrain-loaded")
+        except (ArtifactError, OSError, ValueError) as error:
+            candidate.current_problem = f"{type(error).__name__}: {error}"
+    return candidate
 
-        embedder = load_embedder(config.train.embedder_spec)
-        cache = EmbeddingCache.open(
-            config.cache_dir, embedder.embedder_id, embedder.dim, embedder=embedder
-        )
-        outcome = train_predictor(
-            conversations,
-            config.train,
-            embedder,
-            cache,
-            config.embed,
-            data_description={"logs": str(config.logs_dir), **data},
-            log=log,
-            token_counter=token_counter,
-        )
-        artifact_model, artifact_metadata = outcome.artifact.model, outcome.artifact.metadata
-        candidate_metrics = outcome.metrics.get("evaluation", {})
-        evaluation_samples = outcome.metrics["data"]["evaluation_samples"]
-        pause_point("retrain-trained")
 
-        current_metrics, problem = None, None
-        current_path = registry.current_path()
-        if current_path is not None and evaluation_samples:
-            try:
-                current_metrics = _score_current(
-                    current_path,
-                    outcome.split.evaluation,
-                    embedder,
-                    cache,
-                    config,
-                    load_embedder,
-                    conversations,
-                    token_counter,
-                )
-            except (ArtifactError, OSError, ValueError) as error:
-                problem = f"{type(error).__name__}: {error}"
+def _load_conversations(config: RetrainConfig, logs: _SelectedLogs) -> list[Conversation]:
+    """The conversations of the selected files; what was loaded goes into the report."""
+    try:
+        conversations, loaded = load_logged_conversations(
+            logs.selection.files, config.data_format, config.mode
+        )
+    except UserError as error:  # a loader names the file and what is wrong in it
+        raise BadLogsError(str(error)) from None
+    logs.data.update(loaded)
+    pause_point("retrain-loaded")
+    return conversations
+
+
+def _judge(config: RetrainConfig, candidate: _ScoredCandidate, log: Log) -> Decision:
+    """Promote or keep (`decide`, on the configured metric and tolerance), logged."""
     decision = decide(
-        candidate_metrics,
-        current_metrics,
+        candidate.metrics,
+        candidate.current_metrics,
         config.metric,
         config.tolerance,
-        evaluation_samples,
+        candidate.evaluation_samples,
         config.min_evaluation_samples,
-        problem,
+        candidate.current_problem,
     )
     log(f"decision: {'promote' if decision.promote else 'keep current'}: {decision.reason}")
+    return decision
 
+
+def _publish(
+    config: RetrainConfig,
+    registry: ModelRegistry,
+    logs: _SelectedLogs,
+    candidate: _ScoredCandidate,
+    decision: Decision,
+) -> str:
+    """Publish the candidate as a new version whichever the decision (the version records the
+    decision and why, so a kept candidate can still be inspected), and make it current when
+    promoted. Returns the version."""
     version = registry.publish(
-        artifact_model,
-        artifact_metadata,
+        candidate.model,
+        candidate.metadata,
         {
             "decision": PROMOTED if decision.promote else KEPT,
             "reason": decision.reason,
             "metric": config.metric,
             "tolerance": config.tolerance,
-            "compared_with": current_version,
-            "current_metrics": current_metrics,
+            "compared_with": logs.current_version,
+            "current_metrics": candidate.current_metrics,
         },
     )
     if decision.promote:
         registry.promote(version)
-    status = PROMOTED if decision.promote else KEPT
+    return version
+
+
+def _record_run(
+    config: RetrainConfig,
+    registry: ModelRegistry,
+    logs: _SelectedLogs,
+    candidate: _ScoredCandidate,
+    decision: Decision,
+    version: str,
+    log: Log,
+) -> None:
+    """Record the run: a history line, every file found as seen (the next run's new files
+    start after them) and old versions pruned."""
     registry.append_history(
         {
             "event": "retrain",
-            "status": status,
+            "status": PROMOTED if decision.promote else KEPT,
             "version": version,
             "reason": decision.reason,
-            "compared_with": current_version,
-            "candidate_metrics": candidate_metrics,
-            "current_metrics": current_metrics,
-            "new_files": data["new_files"],
-            "files": len(selection.files),
+            "compared_with": logs.current_version,
+            "candidate_metrics": candidate.metrics,
+            "current_metrics": candidate.current_metrics,
+            "new_files": logs.data["new_files"],
+            "files": len(logs.selection.files),
         }
     )
     registry.save_state(
         {
             "last_run_at": now_iso(),
-            "seen_files": sorted(f.identity for f in logs),
+            "seen_files": sorted(f.identity for f in logs.found),
             "last_version": version,
         }
     )
     pruned = registry.prune(config.keep_versions)
     if pruned:
         log(f"registry: pruned {', '.join(pruned)}")
+
+
+def _report(
+    config: RetrainConfig,
+    registry: ModelRegistry,
+    logs: _SelectedLogs,
+    candidate: _ScoredCandidate,
+    decision: Decision,
+    version: str,
+    log: Log,
+) -> RetrainOutcome:
+    """The run's outcome; after a promotion, a running `lpc serve` is told to reload. A failed
+    reload is only a warning: the promotion stands and the server keeps its model."""
     result = RetrainOutcome(
-        status,
+        PROMOTED if decision.promote else KEPT,
         decision.reason,
         version,
         registry.current_version(),
-        candidate_metrics,
-        current_metrics,
-        data,
+        candidate.metrics,
+        candidate.current_metrics,
+        logs.data,
     )
     if decision.promote and config.notify_url:
         try:
