@@ -30,6 +30,7 @@ from predictor.rpc_schema import (
     ReloadRequest,
     access_item_details,
     missing_field_details,
+    out_of_range_details,
     validation_details,
     wrong_kind_details,
 )
@@ -121,7 +122,8 @@ def parse_windows(payload: object, state: ServerState) -> list[ConversationWindo
 def predict_access(payload: object, model: AccessPredictor, state: ServerState) -> np.ndarray:
     """Probabilities for an access-only model's items, computed here in one batched forward
     pass (microseconds: no queue, no worker thread, and no reload can swap the model
-    mid-request); `InvalidRequest` names each bad item, field and feature name."""
+    mid-request); `InvalidRequest` names each bad item, field and feature name, and each
+    feature value the model's float32 arithmetic overflows on."""
     wrong_kind = wrong_kind_details(payload, access_model=True)
     if wrong_kind:
         raise InvalidRequest(wrong_kind)
@@ -134,7 +136,14 @@ def predict_access(payload: object, model: AccessPredictor, state: ServerState) 
     if bad_names:
         raise InvalidRequest(bad_names)
     started = time.perf_counter()
-    probabilities = model.predict(np.array(parsed.feature_rows(names), dtype=np.float64))
+    rows = np.array(parsed.feature_rows(names), dtype=np.float64)
+    probabilities = model.predict_checked(rows)
+    out_of_range = np.flatnonzero(np.isnan(probabilities))
+    if out_of_range.size:  # float32 overflowed: no probability to give (rpc_schema.py)
+        standardised = model.standardised(rows[out_of_range])
+        raise InvalidRequest(
+            out_of_range_details(rows[out_of_range], standardised, names, out_of_range)
+        )
     state.metrics.batch_latency.observe(time.perf_counter() - started)
     state.metrics.batch_size.observe(len(probabilities))
     state.metrics.predictions.inc(len(probabilities))
