@@ -150,6 +150,20 @@ def predict_access(payload: object, model: AccessPredictor, state: ServerState) 
     return probabilities
 
 
+def probabilities_response(probabilities: np.ndarray) -> Response:
+    """The 200 of a predict request. Every probability is in [0, 1] by construction (items
+    an access model overflows on and windows a text model cannot answer are refused before
+    this); should one not be, the model is at fault, not the caller: `PredictionFailed`
+    names the items, where JSON, which has no NaN, would fail as a plain-text 500."""
+    bad = np.flatnonzero(~((probabilities >= 0.0) & (probabilities <= 1.0)))
+    if bad.size:
+        raise PredictionFailed(
+            f"prediction failed: the model gave no probability in [0, 1] for items "
+            f"{bad.tolist()} ({[repr(float(p)) for p in probabilities[bad[:8]]]})"
+        )
+    return json_response(200, {"probabilities": probabilities.tolist()})
+
+
 async def window_tokens(windows: list[ConversationWindow], state: ServerState) -> list[int]:
     """Each window's cost in embedder tokens (`predictor.admission`)."""
     estimator = state.slot.estimator
@@ -168,8 +182,7 @@ async def predict(request: Request, state: State) -> Response:
     payload = await read_json_body(request, state.config.limits)
     model = state.slot.current
     if isinstance(model, AccessPredictor):
-        probabilities = predict_access(payload, model, state)
-        return json_response(200, {"probabilities": probabilities.tolist()})
+        return probabilities_response(predict_access(payload, model, state))
     windows = parse_windows(payload, state)
     tokens = await window_tokens(windows, state)
     timeout_s = state.config.request_timeout_s
@@ -202,7 +215,7 @@ async def predict(request: Request, state: State) -> Response:
                 for i in swapped
             ]
         )
-    return json_response(200, {"probabilities": probabilities.tolist()})
+    return probabilities_response(probabilities)
 
 
 @rpc_router.post("/reload")

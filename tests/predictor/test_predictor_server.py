@@ -522,6 +522,23 @@ def test_deeply_nested_bodies_get_a_422_not_a_500(tiny_artifact, body):
     assert "internal" not in metrics
 
 
+class InfinitePredictor(Predictor):
+    """A faulty model: probabilities that are not probabilities."""
+
+    def predict(self, windows):
+        return np.where(np.arange(len(windows)) == 1, np.inf, 0.5)
+
+
+def test_a_model_answering_no_probability_is_a_json_500_naming_the_items(tiny_artifact):
+    """The last guard before JSON (which has no NaN or infinity): a plain-text 500 before."""
+    app, config = serve(tiny_artifact, InfinitePredictor)
+    with running_server(app, config) as (url, _):
+        answer = httpx.post(url + "/v1/predict", json={"items": [VALID, VALID]})
+        assert httpx.get(url + "/healthz").status_code == 200
+    assert answer.status_code == 500
+    assert "no probability in [0, 1] for items [1] (['inf'])" in answer.json()["detail"]
+
+
 def test_the_nesting_limit_is_a_request_limit(tiny_artifact):
     limits = RequestLimits(max_json_depth=3)  # a predict body nests 4 deep
     app, config = serve(tiny_artifact, limits=limits)

@@ -320,3 +320,18 @@ def test_an_artifact_with_non_finite_weights_is_refused_at_load() -> None:
     weights[1][0, 0] = np.inf
     with pytest.raises(ArtifactCorruptError, match="not a finite float32"):
         AccessPredictor(model.metadata, weights, model.biases)
+
+
+def test_a_probability_out_of_0_1_is_a_json_500_naming_the_items() -> None:
+    """The last guard before JSON: no route serialises a NaN (a plain-text 500 before)."""
+    model = AccessPredictor.load(SHIPPED)
+    items, _ = access_items(model)
+    model.predict_checked = lambda rows: np.where(np.arange(len(rows)) == 1, np.inf, 0.5)
+    config = ServerConfig()
+    app = create_app(config, model, artifact_path=SHIPPED)
+    with running_server(app, config) as (url, _):
+        answer = predict(url, items[:3])
+        metrics = httpx.get(f"{url}/metrics").text
+    assert answer.status_code == 500
+    assert "no probability in [0, 1] for items [1] (['inf'])" in answer.json()["detail"]
+    assert 'lpc_predictor_errors_total{kind="prediction_failed"} 1.0' in metrics
