@@ -522,6 +522,22 @@ def test_deeply_nested_bodies_get_a_422_not_a_500(tiny_artifact, body):
     assert "internal" not in metrics
 
 
+def test_an_integer_too_long_to_convert_is_a_422_not_a_500(tiny_artifact):
+    """Python refuses to convert an integer of more than 4300 digits (a ValueError that is
+    not a JSONDecodeError, which escaped the body reader as a plain-text 500)."""
+    app, config = serve(tiny_artifact)
+    body = b'{"items": [{"conversation_id": "c", "user_prompts": ["a"], "turn_count": %s}]}'
+    with running_server(app, config) as (url, _):
+        too_long = httpx.post(url + "/v1/predict", content=body % (b"7" * 5000))
+        long = httpx.post(url + "/v1/predict", content=body % (b"7" * 4000))
+    assert too_long.status_code == 422, too_long.text
+    (detail,) = too_long.json()["detail"]
+    assert detail["loc"] == ["body"] and detail["type"] == "json_invalid"
+    assert "4300 digits" in detail["msg"]
+    assert long.status_code == 422  # above max_turn_count, named at the field
+    assert long.json()["detail"][0]["loc"] == ["items", 0, "turn_count"]
+
+
 class InfinitePredictor(Predictor):
     """A faulty model: probabilities that are not probabilities."""
 
