@@ -325,6 +325,28 @@ def test_client_never_raises(tiny_artifact):
     assert bad_item.stats.invalid_input == 1
 
 
+def test_client_refuses_items_that_are_not_json_before_sending_any():
+    """A NaN or an infinity in an item (or a value of no JSON type) is an invalid input,
+    found before the first of the item's requests is sent (it counted as a connection
+    error, raised inside httpx's encoder)."""
+    sent = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json={"probabilities": [0.5] * len(sent[-1]["items"])})
+
+    client = PredictorClient(
+        "http://predictor", transport=httpx.MockTransport(answer), max_items_per_request=2
+    )
+    good = {"conversation_id": "c", "access_features": {"log_turn": 0.5}}
+    for bad in (float("nan"), float("inf"), -float("inf"), {1, 2}):
+        items = [good, good, {**good, "access_features": {"log_turn": bad}}]
+        assert client.predict(items) is None
+    assert client.stats.invalid_input == client.stats.failures == 4 and sent == []
+    assert client.predict([good, good, good]) == [0.5] * 3
+    assert [len(body["items"]) for body in sent] == [2, 1] and sent[1]["items"] == [good]
+
+
 def test_client_times_out_against_a_slow_server(tiny_artifact):
     app, config = serve(tiny_artifact, SlowPredictor)
     with running_server(app, config) as (url, _), PredictorClient(url, timeout_s=0.05) as client:
