@@ -81,6 +81,11 @@ class AccessPredictor:
         self.mean = np.array([f.mean for f in inputs.access_features], dtype=np.float32)
         self.scale = np.array([1.0 / f.std for f in inputs.access_features], dtype=np.float32)
         self.weights, self.biases = weights, biases
+        if not all(np.isfinite(a).all() for a in [self.mean, self.scale, *weights, *biases]):
+            raise ArtifactCorruptError(
+                f"artifact {path}: a weight, an input mean or an input 1/std is not a finite "
+                "float32 (the arithmetic the model computes in)"
+            )
         self._state_functions = state_functions(self.feature_names)
         expected = [len(self.feature_names), *metadata.mlp_config.hidden_sizes, 1]
         shapes = [w.shape for w in weights]
@@ -128,20 +133,31 @@ class AccessPredictor:
 
     def logits(self, features: np.ndarray) -> np.ndarray:
         """(n, k) raw feature values (columns in `feature_names` order) → (n,) logits."""
+        return self._forward(self._matrix(features))[:, 0]
+
+    def _matrix(self, features: np.ndarray) -> np.ndarray:
         x = np.asarray(features, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != len(self.feature_names):
             raise ValueError(
                 f"expected features of shape (n, {len(self.feature_names)}), got {x.shape}"
             )
-        return self._forward(x)[:, 0]
+        return x
 
-    def _forward(self, x: np.ndarray) -> np.ndarray:
-        """(n, k) float32 raw features → (n, 1) logits: standardise, then the layers."""
+    def _forward(self, x: np.ndarray, in_range: np.ndarray | None = None) -> np.ndarray:
+        """(n, k) float32 raw features → (n, 1) logits: standardise, then the layers. With
+        `in_range` ((n,) bool), clear the rows whose arithmetic leaves float32's range at any
+        step: the standardised input or a layer's output, checked before its ReLU (which
+        would turn a -inf into 0). inf and NaN propagate through the products, so a row that
+        passes every check never overflowed."""
         hidden = (x - self.mean) * self.scale
+        if in_range is not None:
+            in_range &= np.isfinite(hidden).all(axis=1)
         last = len(self.weights) - 1
         for layer, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
             hidden = hidden @ weight
             hidden += bias
+            if in_range is not None:
+                in_range &= np.isfinite(hidden).all(axis=1)
             if layer < last:
                 np.maximum(hidden, 0.0, out=hidden)
         return hidden
@@ -151,6 +167,26 @@ class AccessPredictor:
         trained as."""
         logits = self.logits(features).astype(np.float64)
         return 1.0 / (1.0 + np.exp(-logits))
+
+    def predict_checked(self, features: np.ndarray) -> np.ndarray:
+        """`predict`, bit for bit, except that a row the float32 arithmetic overflows on (a
+        raw value beyond float32, or one so far out that its standardised value or a layer's
+        output is) gets NaN, where `predict` gives NaN or, when the infinities happen not to
+        meet, a 0 or 1 computed from them. No warning is issued for the overflow."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            x = self._matrix(features)
+            in_range = np.ones(x.shape[0], dtype=bool)
+            logits = self._forward(x, in_range)[:, 0].astype(np.float64)
+            probabilities = 1.0 / (1.0 + np.exp(-logits))  # exp(1e38) = inf: saturates to 0
+        probabilities[~in_range] = np.nan
+        return probabilities
+
+    def standardised(self, features: np.ndarray) -> np.ndarray:
+        """(n, k) raw feature values → the model's float32 standardised inputs (inf where a
+        value, or its distance from the training mean in standard deviations, is beyond
+        float32)."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            return (self._matrix(features) - self.mean) * self.scale
 
     def predict_table(self, table: pd.DataFrame) -> np.ndarray:
         """Probabilities for every request of a request table (`REQUEST_COLUMNS`)."""

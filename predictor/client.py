@@ -10,7 +10,9 @@ mappings of the RPC's item shape, sent as they are, every key included: `convers
 `user_prompts`, `turn_count` and, for a model trained with the opt-in `log_prompt_tokens`
 finish feature (the shipped model is not: it has no finish features), `prompt_tokens` — the
 request's prompt tokens as the serving engine counts them, with the tokenizer and chat
-template the model was trained with. The server validates them (422).
+template the model was trained with. The server validates them (422). Items that are not
+JSON (a NaN or an infinity among their numbers, a value of no JSON type) are refused here,
+before anything is sent, and counted as `invalid_input`.
 
 It imports only httpx and numpy (through `predictor.features`), so it also runs inside an
 inference engine's environment (the vLLM plugin imports it there).
@@ -18,6 +20,7 @@ inference engine's environment (the vLLM plugin imports it there).
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -97,8 +100,11 @@ class PredictorClient:
         """One probability per item, in order, or None (see the module doc for items)."""
         with self._lock:
             self.stats.calls += 1
+        size = self.max_items_per_request
         try:
             payload = [i.to_dict() if isinstance(i, ConversationWindow) else dict(i) for i in items]
+            chunks = [payload[start : start + size] for start in range(0, len(payload), size)]
+            bodies = [_body(chunk) for chunk in chunks]  # all encoded before any is sent
         except (TypeError, ValueError) as error:
             self._fail("invalid_input", f"cannot serialise items: {error}")
             return None
@@ -108,9 +114,8 @@ class PredictorClient:
             return []
         deadline = time.monotonic() + self.timeout_s
         answer: list[float] = []
-        for start in range(0, len(payload), self.max_items_per_request):
-            chunk = payload[start : start + self.max_items_per_request]
-            probabilities = self._post(chunk, deadline)
+        for chunk, body in zip(chunks, bodies, strict=True):
+            probabilities = self._post(body, len(chunk), deadline)
             if probabilities is None:
                 return None
             answer.extend(probabilities)
@@ -118,14 +123,17 @@ class PredictorClient:
             self.stats.successes += 1
         return answer
 
-    def _post(self, chunk: list[dict[str, Any]], deadline: float) -> list[float] | None:
+    def _post(self, body: bytes, items: int, deadline: float) -> list[float] | None:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             self._fail("timeouts", "deadline passed before the request was sent")
             return None
         try:
             response = self._http.post(
-                "/v1/predict", json={"items": chunk}, timeout=httpx.Timeout(remaining)
+                "/v1/predict",
+                content=body,
+                headers={"Content-Type": "application/json"},
+                timeout=httpx.Timeout(remaining),
             )
         except httpx.TimeoutException as error:
             self._fail("timeouts", f"timeout: {error!r}")
@@ -149,12 +157,12 @@ class PredictorClient:
             return None
         if (
             not isinstance(probabilities, list)
-            or len(probabilities) != len(chunk)
+            or len(probabilities) != items
             or not all(_is_probability(p) for p in probabilities)
         ):
             self._fail(
                 "malformed",
-                f"expected {len(chunk)} probabilities in [0, 1], got {str(probabilities)[:200]}",
+                f"expected {items} probabilities in [0, 1], got {str(probabilities)[:200]}",
             )
             return None
         return [float(p) for p in probabilities]
@@ -166,6 +174,12 @@ class PredictorClient:
             return response.json() if response.status_code == 200 else None
         except (httpx.HTTPError, OSError, ValueError):
             return None
+
+
+def _body(items: list[dict[str, Any]]) -> bytes:
+    """A predict request's JSON, as httpx would encode it; ValueError for NaN or infinities."""
+    text = json.dumps({"items": items}, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return text.encode("utf-8")
 
 
 def _is_probability(value: Any) -> bool:

@@ -26,7 +26,11 @@ computes, `access_feature_names`):
                 "access_features": {"log_turn": 1.0986, "log_prompt_tokens": 7.3, ...}}, ...]}
 
 Every feature the model reads must be given and no other (422 naming the item and feature);
-an item of the other kind than the model in service (`access_features` for a text model,
+a value must be a number finite in float32, the arithmetic the model computes in (a 422 at the
+feature for NaN, an infinity, or |value| > 3.4e38), and one so far from the training data
+that its standardised value or a layer's output overflows float32 is a 422 at the feature
+too (`out_of_range_details`: the model has no probability for such an item); an item of the
+other kind than the model in service (`access_features` for a text model,
 `user_prompts` for an access model) is a 422 that says which kind the model takes.
 
 Validation is strict (no "7" for 7, no 7.0, no true) so a caller's bug surfaces as a 422 that
@@ -38,10 +42,20 @@ body itself and its JSON nesting depth (both checked before parsing).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+import numpy as np
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from predictor.access_features import computable_on, feature, window_fields, windows_lacking
 from predictor.errors import InvalidInputError
@@ -109,6 +123,8 @@ def request_model(limits: RequestLimits) -> type[BaseModel]:
 
 
 ACCESS_ITEM_FIELD = "access_features"
+# An access model computes in float32: a value beyond this is as infinite to it as Infinity.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 TEXT_ITEM_FIELDS = frozenset({"user_prompts", "turn_count", "prompt_tokens"})
 
 
@@ -118,10 +134,21 @@ def access_feature_names() -> tuple[str, ...]:
     return computable_on("state")
 
 
+def within_float32(value: float) -> float:
+    """`value`, or a validation error (`out_of_range`) when float32 cannot hold it."""
+    if abs(value) > FLOAT32_MAX:
+        raise PydanticCustomError(
+            "out_of_range",
+            "Input should be at most {limit} in absolute value: the model computes in float32",
+            {"limit": f"{FLOAT32_MAX:.8g}"},
+        )
+    return value
+
+
 def access_request_model(limits: RequestLimits) -> type[BaseModel]:
     """The pydantic model of a predict request for an access-only model under `limits`
     (which feature names an item must hold depends on the model: `access_item_details`)."""
-    value = Annotated[float, Field(allow_inf_nan=False)]
+    value = Annotated[float, Field(allow_inf_nan=False), AfterValidator(within_float32)]
 
     class AccessItem(BaseModel):
         model_config = ConfigDict(extra="forbid", strict=True)
@@ -168,6 +195,45 @@ def access_item_details(
                         "type": "missing",
                     }
                 )
+    return details
+
+
+def out_of_range_details(
+    rows: np.ndarray, standardised: np.ndarray, names: Sequence[str], indices: Sequence[int]
+) -> list[dict[str, Any]]:
+    """422 details for items (`indices`, with their raw `rows` and the model's `standardised`
+    inputs for them) the model's float32 arithmetic overflows on, at
+    `items.i.access_features.name`: each feature whose standardised value is beyond float32,
+    or, where a layer overflowed instead, the feature furthest from its training mean (in
+    standard deviations), which is where the item leaves the model's range."""
+    details = []
+    for i, row, z in zip(indices, rows, standardised, strict=True):
+        loc = ["items", int(i), ACCESS_ITEM_FIELD]
+        beyond = [j for j in range(len(names)) if not math.isfinite(z[j])]
+        for j in beyond:
+            details.append(
+                {
+                    "loc": [*loc, names[j]],
+                    "msg": f"{names[j]} = {float(row[j])!r} is out of the model's range: its "
+                    "standardised value ((value - mean) / std) overflows float32, the "
+                    "arithmetic the model computes in",
+                    "type": "out_of_range",
+                    "input": float(row[j]),
+                }
+            )
+        if not beyond:
+            j = int(np.argmax(np.abs(z)))
+            details.append(
+                {
+                    "loc": [*loc, names[j]],
+                    "msg": f"{names[j]} = {float(row[j])!r} is out of the model's range: "
+                    f"{float(z[j]):.3g} standard deviations from its training mean (the "
+                    "furthest of this item's features), the model's float32 arithmetic "
+                    "overflows on this item",
+                    "type": "out_of_range",
+                    "input": float(row[j]),
+                }
+            )
     return details
 
 

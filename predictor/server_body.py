@@ -82,7 +82,8 @@ def first_too_deep(body: bytes | bytearray, max_depth: int) -> int | None:
 async def read_json_body(request: Request, limits: RequestLimits) -> Any:
     """The parsed body; raises `BodyTooLarge` (413) past `max_body_bytes` (without holding
     more than that in memory) and `InvalidRequest` (422) for a body nested deeper than
-    `max_json_depth` or that is not JSON."""
+    `max_json_depth` or that is not JSON (an integer of more than 4300 digits included: Python
+    refuses to convert it, `sys.get_int_max_str_digits`)."""
     limit = limits.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -101,5 +102,5 @@ async def read_json_body(request: Request, limits: RequestLimits) -> Any:
         )
     try:
         return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, an integer too long
         raise invalid_body(f"body is not valid JSON: {error}", "json_invalid") from None

@@ -30,6 +30,7 @@ from predictor.rpc_schema import (
     ReloadRequest,
     access_item_details,
     missing_field_details,
+    out_of_range_details,
     validation_details,
     wrong_kind_details,
 )
@@ -121,7 +122,8 @@ def parse_windows(payload: object, state: ServerState) -> list[ConversationWindo
 def predict_access(payload: object, model: AccessPredictor, state: ServerState) -> np.ndarray:
     """Probabilities for an access-only model's items, computed here in one batched forward
     pass (microseconds: no queue, no worker thread, and no reload can swap the model
-    mid-request); `InvalidRequest` names each bad item, field and feature name."""
+    mid-request); `InvalidRequest` names each bad item, field and feature name, and each
+    feature value the model's float32 arithmetic overflows on."""
     wrong_kind = wrong_kind_details(payload, access_model=True)
     if wrong_kind:
         raise InvalidRequest(wrong_kind)
@@ -134,11 +136,32 @@ def predict_access(payload: object, model: AccessPredictor, state: ServerState) 
     if bad_names:
         raise InvalidRequest(bad_names)
     started = time.perf_counter()
-    probabilities = model.predict(np.array(parsed.feature_rows(names), dtype=np.float64))
+    rows = np.array(parsed.feature_rows(names), dtype=np.float64)
+    probabilities = model.predict_checked(rows)
+    out_of_range = np.flatnonzero(np.isnan(probabilities))
+    if out_of_range.size:  # float32 overflowed: no probability to give (rpc_schema.py)
+        standardised = model.standardised(rows[out_of_range])
+        raise InvalidRequest(
+            out_of_range_details(rows[out_of_range], standardised, names, out_of_range)
+        )
     state.metrics.batch_latency.observe(time.perf_counter() - started)
     state.metrics.batch_size.observe(len(probabilities))
     state.metrics.predictions.inc(len(probabilities))
     return probabilities
+
+
+def probabilities_response(probabilities: np.ndarray) -> Response:
+    """The 200 of a predict request. Every probability is in [0, 1] by construction (items
+    an access model overflows on and windows a text model cannot answer are refused before
+    this); should one not be, the model is at fault, not the caller: `PredictionFailed`
+    names the items, where JSON, which has no NaN, would fail as a plain-text 500."""
+    bad = np.flatnonzero(~((probabilities >= 0.0) & (probabilities <= 1.0)))
+    if bad.size:
+        raise PredictionFailed(
+            f"prediction failed: the model gave no probability in [0, 1] for items "
+            f"{bad.tolist()} ({[repr(float(p)) for p in probabilities[bad[:8]]]})"
+        )
+    return json_response(200, {"probabilities": probabilities.tolist()})
 
 
 async def window_tokens(windows: list[ConversationWindow], state: ServerState) -> list[int]:
@@ -159,8 +182,7 @@ async def predict(request: Request, state: State) -> Response:
     payload = await read_json_body(request, state.config.limits)
     model = state.slot.current
     if isinstance(model, AccessPredictor):
-        probabilities = predict_access(payload, model, state)
-        return json_response(200, {"probabilities": probabilities.tolist()})
+        return probabilities_response(predict_access(payload, model, state))
     windows = parse_windows(payload, state)
     tokens = await window_tokens(windows, state)
     timeout_s = state.config.request_timeout_s
@@ -193,7 +215,7 @@ async def predict(request: Request, state: State) -> Response:
                 for i in swapped
             ]
         )
-    return json_response(200, {"probabilities": probabilities.tolist()})
+    return probabilities_response(probabilities)
 
 
 @rpc_router.post("/reload")

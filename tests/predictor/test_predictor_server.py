@@ -325,6 +325,28 @@ def test_client_never_raises(tiny_artifact):
     assert bad_item.stats.invalid_input == 1
 
 
+def test_client_refuses_items_that_are_not_json_before_sending_any():
+    """A NaN or an infinity in an item (or a value of no JSON type) is an invalid input,
+    found before the first of the item's requests is sent (it counted as a connection
+    error, raised inside httpx's encoder)."""
+    sent = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json={"probabilities": [0.5] * len(sent[-1]["items"])})
+
+    client = PredictorClient(
+        "http://predictor", transport=httpx.MockTransport(answer), max_items_per_request=2
+    )
+    good = {"conversation_id": "c", "access_features": {"log_turn": 0.5}}
+    for bad in (float("nan"), float("inf"), -float("inf"), {1, 2}):
+        items = [good, good, {**good, "access_features": {"log_turn": bad}}]
+        assert client.predict(items) is None
+    assert client.stats.invalid_input == client.stats.failures == 4 and sent == []
+    assert client.predict([good, good, good]) == [0.5] * 3
+    assert [len(body["items"]) for body in sent] == [2, 1] and sent[1]["items"] == [good]
+
+
 def test_client_times_out_against_a_slow_server(tiny_artifact):
     app, config = serve(tiny_artifact, SlowPredictor)
     with running_server(app, config) as (url, _), PredictorClient(url, timeout_s=0.05) as client:
@@ -520,6 +542,39 @@ def test_deeply_nested_bodies_get_a_422_not_a_500(tiny_artifact, body):
         == 1
     )
     assert "internal" not in metrics
+
+
+def test_an_integer_too_long_to_convert_is_a_422_not_a_500(tiny_artifact):
+    """Python refuses to convert an integer of more than 4300 digits (a ValueError that is
+    not a JSONDecodeError, which escaped the body reader as a plain-text 500)."""
+    app, config = serve(tiny_artifact)
+    body = b'{"items": [{"conversation_id": "c", "user_prompts": ["a"], "turn_count": %s}]}'
+    with running_server(app, config) as (url, _):
+        too_long = httpx.post(url + "/v1/predict", content=body % (b"7" * 5000))
+        long = httpx.post(url + "/v1/predict", content=body % (b"7" * 4000))
+    assert too_long.status_code == 422, too_long.text
+    (detail,) = too_long.json()["detail"]
+    assert detail["loc"] == ["body"] and detail["type"] == "json_invalid"
+    assert "4300 digits" in detail["msg"]
+    assert long.status_code == 422  # above max_turn_count, named at the field
+    assert long.json()["detail"][0]["loc"] == ["items", 0, "turn_count"]
+
+
+class InfinitePredictor(Predictor):
+    """A faulty model: probabilities that are not probabilities."""
+
+    def predict(self, windows):
+        return np.where(np.arange(len(windows)) == 1, np.inf, 0.5)
+
+
+def test_a_model_answering_no_probability_is_a_json_500_naming_the_items(tiny_artifact):
+    """The last guard before JSON (which has no NaN or infinity): a plain-text 500 before."""
+    app, config = serve(tiny_artifact, InfinitePredictor)
+    with running_server(app, config) as (url, _):
+        answer = httpx.post(url + "/v1/predict", json={"items": [VALID, VALID]})
+        assert httpx.get(url + "/healthz").status_code == 200
+    assert answer.status_code == 500
+    assert "no probability in [0, 1] for items [1] (['inf'])" in answer.json()["detail"]
 
 
 def test_the_nesting_limit_is_a_request_limit(tiny_artifact):

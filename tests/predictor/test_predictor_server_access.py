@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import shutil
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -13,6 +15,7 @@ import pytest
 from lpc.cli.main import main
 from predictor.access_features import ConversationState, RequestState, feature_row
 from predictor.access_predictor import AccessPredictor
+from predictor.artifact import ArtifactCorruptError
 from predictor.features import ConversationWindow
 from predictor.predictor import Predictor
 from predictor.server import ServerConfig, batch_predict, create_app, load_served_model
@@ -218,3 +221,117 @@ def test_a_model_swapped_in_mid_queue_answers_waiting_text_items_422(
     window = ConversationWindow("t", ("hi",), 1)
     answers = batch_predict(model)([window, window])
     assert np.isnan(answers).all() == (kind == "access")
+
+
+# -- values the model's float32 arithmetic cannot hold (issue 25) ----------------------------
+# Beyond float32; (3e38 - mean) / std beyond it for some features; overflowing a layer.
+OUT_OF_RANGE = [1e39, 1e308, -1e39, 3e38, -3e38, -1e38]
+
+
+def test_values_the_model_overflows_on_are_422s_naming_item_and_feature() -> None:
+    """A finite value beyond float32 (1e39), or so far out that standardising it (3e38 for
+    log_turn) or a layer (-1e38 for log_prompt_tokens) overflows float32, was a plain-text
+    500 (a NaN probability is not JSON) or a 0 or 1 computed from infinities. Now such a
+    request is a 422 at the item and feature, alone or among good items; a value the float32
+    arithmetic holds (3e38 for most features, 1e30) is answered, as in process."""
+    model = AccessPredictor.load(SHIPPED)
+    names = model.feature_names
+    items, expected = access_items(model)
+    good = items[0]
+
+    def with_value(name: str, value: float) -> dict:
+        return {**good, "access_features": {**good["access_features"], name: value}}
+
+    def in_process(batch: list[dict]) -> list[float]:
+        with np.errstate(over="ignore"):  # exp(-logit) of a logit of -1e38: probability 0
+            return model.predict([[i["access_features"][n] for n in names] for i in batch])
+
+    cases = [
+        (name, value, batch)
+        for name in names
+        for value in OUT_OF_RANGE
+        for batch in ([with_value(name, value)], [good, with_value(name, value), good])
+    ]
+    far = [with_value(name, 1e30) for name in names]
+    app, config = serve_access(SHIPPED)
+    # A connection per request (a 500 closed its own), several at a time, one client.
+    fresh = httpx.Limits(max_keepalive_connections=0)
+    with (
+        running_server(app, config) as (url, _),
+        httpx.Client(base_url=url, limits=fresh, timeout=10) as http,
+        ThreadPoolExecutor(8) as pool,
+    ):
+        batches = [batch for _, _, batch in cases] + [far, items]
+        *answers, far_answer, still = pool.map(
+            lambda batch: http.post("/v1/predict", json={"items": batch}), batches
+        )
+        metrics = http.get("/metrics").text
+    refused, layer_overflow = [], {}
+    for (name, value, batch), answer in zip(cases, answers, strict=True):
+        assert answer.status_code in (200, 422), (name, value, answer.text)
+        if answer.status_code == 200:  # the arithmetic held: every item answered
+            assert answer.json()["probabilities"] == in_process(batch).tolist()
+            continue
+        refused.append((name, value))
+        (detail,) = answer.json()["detail"]
+        at = batch.index(with_value(name, value))
+        assert detail["loc"] == ["items", at, "access_features", name], (name, value)
+        assert detail["input"] == value, (name, value)
+        assert detail["type"] == "out_of_range"
+        if abs(value) > 3.5e38:  # beyond float32, whatever the model: refused by the schema
+            assert detail["msg"].startswith("Input should be at most 3.4028235e+38 in absolute")
+        else:
+            assert detail["msg"].startswith(f"{name} = {value!r} is out of the model's range")
+            if (name, value) == ("log_prompt_tokens", -1e38):
+                layer_overflow = detail
+    beyond = [value for _, value in refused if abs(value) > 3.5e38]
+    assert sorted(beyond) == sorted([1e39, 1e308, -1e39] * 2 * len(names))  # all of them
+    assert {("log_turn", 3e38), ("log_prompt_tokens", -1e38)} <= set(refused)
+    assert "standard deviations from its training mean" in layer_overflow["msg"]
+    assert far_answer.status_code == 200, far_answer.text
+    assert far_answer.json()["probabilities"] == in_process(far).tolist()
+    assert still.json()["probabilities"] == expected.tolist()
+    assert 'status="500"' not in metrics and "internal" not in metrics
+
+
+def test_predict_checked_is_predict_except_where_float32_overflows() -> None:
+    model = AccessPredictor.load(SHIPPED)
+    rows = model.feature_matrix(engine_states())
+    column = model.feature_names.index("log_prompt_tokens")
+    far = rows[:3].copy()
+    far[:, column] = [1e39, -1e38, 1e30]  # beyond float32; a layer overflows; held
+    both = np.concatenate([rows, far])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the overflow is no warning either
+        checked = model.predict_checked(both)
+        standardised = model.standardised(far)
+    with np.errstate(over="ignore", invalid="ignore"):
+        plain = model.predict(both)
+    n = len(rows)
+    assert checked[:n].tolist() == plain[:n].tolist() and checked[-1] == plain[-1]
+    assert np.isnan(checked[n : n + 2]).all()
+    assert np.isnan(plain[n]) and plain[n + 1] == 0.0  # a 0 computed from infinities
+    assert np.isinf(standardised[0, column]) and np.isfinite(standardised[1:]).all()
+
+
+def test_an_artifact_with_non_finite_weights_is_refused_at_load() -> None:
+    model = AccessPredictor.load(SHIPPED)
+    weights = [w.copy() for w in model.weights]
+    weights[1][0, 0] = np.inf
+    with pytest.raises(ArtifactCorruptError, match="not a finite float32"):
+        AccessPredictor(model.metadata, weights, model.biases)
+
+
+def test_a_probability_out_of_0_1_is_a_json_500_naming_the_items() -> None:
+    """The last guard before JSON: no route serialises a NaN (a plain-text 500 before)."""
+    model = AccessPredictor.load(SHIPPED)
+    items, _ = access_items(model)
+    model.predict_checked = lambda rows: np.where(np.arange(len(rows)) == 1, np.inf, 0.5)
+    config = ServerConfig()
+    app = create_app(config, model, artifact_path=SHIPPED)
+    with running_server(app, config) as (url, _):
+        answer = predict(url, items[:3])
+        metrics = httpx.get(f"{url}/metrics").text
+    assert answer.status_code == 500
+    assert "no probability in [0, 1] for items [1] (['inf'])" in answer.json()["detail"]
+    assert 'lpc_predictor_errors_total{kind="prediction_failed"} 1.0' in metrics
