@@ -367,7 +367,7 @@ def _train_candidate(
     log_trainer: LogTrainer | None,
 ) -> _ScoredCandidate:
     """Train a candidate on the selected files and score the current model beside it: trace
-    files through the caller's `log_trainer`, conversations through `train_predictor`. Files
+    files through the caller's log trainer, conversations through `train_predictor`. Files
     that cannot be read are bad input (`BadLogsError`), not a failed run."""
     selection = logs.selection
     log(
