@@ -112,94 +112,138 @@ def run_load_test(
     """Drive the server at `config.url` with `windows`; `expected[i]` is window i's answer."""
     if len(windows) != len(expected) or not windows:
         raise ValueError("windows and expected must be non-empty and of equal length")
-    expected = np.asarray(expected, dtype=np.float64)
-    # Serialised once: encoding a request is then a join, so that clients hammering an
-    # overloaded server spend their CPU on sending rather than on building JSON.
-    payloads = [json.dumps(window_to_json(w)) for w in windows]
-    tally = _Tally()
-    headers = {"Authorization": f"Bearer {config.token}"} if config.token else {}
-    budget = [config.max_requests]
-    # Clients are created first (an httpx client takes a while to build); the clock starts
-    # when all are ready.
-    ready = threading.Barrier(config.clients + 1)
-    go = threading.Event()
-    clock = {"deadline": 0.0}
+    run = _Run(
+        config=config,
+        expected=np.asarray(expected, dtype=np.float64),
+        # Serialised once: encoding a request is then a join, so that clients hammering an
+        # overloaded server spend their CPU on sending rather than on building JSON.
+        payloads=[json.dumps(window_to_json(w)) for w in windows],
+        headers={"Authorization": f"Bearer {config.token}"} if config.token else {},
+        tally=_Tally(),
+        budget=config.max_requests,
+        ready=threading.Barrier(config.clients + 1),
+    )
+    elapsed = _drive(run)
+    return _report(config, run.tally, elapsed, _health_after(config, run.headers))
 
-    def take_ticket() -> bool:
-        with tally.lock:
-            if budget[0] is not None:
-                if budget[0] <= 0:
-                    return False
-                budget[0] -= 1
-            tally.sent += 1
-            return True
 
-    def client(index: int) -> None:
-        cursor = index * 7919 % len(windows)
-        sizes = np.random.default_rng([index, 17])
-        largest = config.max_items_per_request or config.items_per_request
-        with httpx.Client(base_url=config.url, headers=headers, timeout=config.timeout_s) as http:
-            ready.wait(timeout=300)
-            go.wait(timeout=300)
-            deadline = clock["deadline"]
-            while time.monotonic() < deadline and take_ticket():
-                count = int(sizes.integers(config.items_per_request, largest + 1))
-                chosen = [(cursor + k) % len(windows) for k in range(count)]
-                cursor = (cursor + count) % len(windows)
-                sent_at = time.perf_counter()
-                try:
-                    body = '{"items": [' + ", ".join(payloads[i] for i in chosen) + "]}"
-                    response = http.post(
-                        "/v1/predict",
-                        content=body.encode(),
-                        headers={"Content-Type": "application/json"},
-                    )
-                except httpx.HTTPError:
-                    with tally.lock:
-                        tally.transport += 1
-                    continue
-                elapsed = time.perf_counter() - sent_at
-                if response.status_code == 503:
-                    with tally.lock:
-                        tally.overloaded += 1
-                        tally.overloaded_seconds.append(elapsed)
-                    time.sleep(config.overload_backoff_s)
-                    continue
-                if response.status_code != 200:
-                    with tally.lock:
-                        tally.other[str(response.status_code)] += 1
-                    continue
-                answer = np.asarray(response.json().get("probabilities", []), dtype=np.float64)
-                want = expected[chosen]
-                error = (
-                    float(np.max(np.abs(answer - want))) if answer.shape == want.shape else math.inf
-                )
-                with tally.lock:
-                    tally.ok += 1
-                    tally.windows += len(chosen)
-                    tally.ok_seconds.append(elapsed)
-                    tally.max_abs_error = max(tally.max_abs_error, error)
-                    if error > config.tolerance:
-                        tally.mismatched += 1
+@dataclass
+class _Run:
+    """What the client threads share. Clients are created first (an httpx client takes a
+    while to build); the clock starts when all are `ready`, and `deadline` is set before
+    `go`, so every client reads it after the start."""
 
+    config: LoadTestConfig
+    payloads: list[str]  # window i as JSON
+    expected: np.ndarray
+    headers: dict[str, str]
+    tally: _Tally
+    budget: int | None  # requests still to send (None: no bound); changed under tally.lock
+    ready: threading.Barrier
+    go: threading.Event = field(default_factory=threading.Event)
+    deadline: float = 0.0
+
+
+def _drive(run: _Run) -> float:
+    """Start the clients, release them together once all are ready, wait for them all;
+    the seconds from the release to the last client's end."""
     threads = [
-        threading.Thread(target=client, args=(i,), name=f"load-{i}") for i in range(config.clients)
+        threading.Thread(target=_client, args=(run, i), name=f"load-{i}")
+        for i in range(run.config.clients)
     ]
     for thread in threads:
         thread.start()
-    ready.wait(timeout=300)
+    run.ready.wait(timeout=300)
     started = time.monotonic()
-    clock["deadline"] = started + config.duration_s
-    go.set()
+    run.deadline = started + run.config.duration_s
+    run.go.set()
     for thread in threads:
         thread.join()
-    elapsed = time.monotonic() - started
-    health = None
+    return time.monotonic() - started
+
+
+def _take_ticket(run: _Run) -> bool:
+    """Count a request as sent, unless `max_requests` are already out."""
+    with run.tally.lock:
+        if run.budget is not None:
+            if run.budget <= 0:
+                return False
+            run.budget -= 1
+        run.tally.sent += 1
+        return True
+
+
+def _client(run: _Run, index: int) -> None:
+    """One closed-loop client: send, wait for the answer, record it, send the next. Each
+    starts at its own place in the windows and draws its request sizes from its own seeded
+    generator, so runs repeat."""
+    config, window_count = run.config, len(run.payloads)
+    cursor = index * 7919 % window_count
+    sizes = np.random.default_rng([index, 17])
+    largest = config.max_items_per_request or config.items_per_request
+    with httpx.Client(base_url=config.url, headers=run.headers, timeout=config.timeout_s) as http:
+        run.ready.wait(timeout=300)
+        run.go.wait(timeout=300)
+        deadline = run.deadline
+        while time.monotonic() < deadline and _take_ticket(run):
+            count = int(sizes.integers(config.items_per_request, largest + 1))
+            chosen = [(cursor + k) % window_count for k in range(count)]
+            cursor = (cursor + count) % window_count
+            sent_at = time.perf_counter()
+            try:
+                body = '{"items": [' + ", ".join(run.payloads[i] for i in chosen) + "]}"
+                response = http.post(
+                    "/v1/predict",
+                    content=body.encode(),
+                    headers={"Content-Type": "application/json"},
+                )
+            except httpx.HTTPError:
+                with run.tally.lock:
+                    run.tally.transport += 1
+                continue
+            _record(run, response, chosen, time.perf_counter() - sent_at)
+
+
+def _record(run: _Run, response: httpx.Response, chosen: list[int], elapsed: float) -> None:
+    """Tally one answer: a 503 (then back off briefly, as a caller that falls back would),
+    another status, or a 200 whose probabilities are compared with the expected ones."""
+    tally = run.tally
+    if response.status_code == 503:
+        with tally.lock:
+            tally.overloaded += 1
+            tally.overloaded_seconds.append(elapsed)
+        time.sleep(run.config.overload_backoff_s)
+        return
+    if response.status_code != 200:
+        with tally.lock:
+            tally.other[str(response.status_code)] += 1
+        return
+    answer = np.asarray(response.json().get("probabilities", []), dtype=np.float64)
+    want = run.expected[chosen]
+    error = float(np.max(np.abs(answer - want))) if answer.shape == want.shape else math.inf
+    with tally.lock:
+        tally.ok += 1
+        tally.windows += len(chosen)
+        tally.ok_seconds.append(elapsed)
+        tally.max_abs_error = max(tally.max_abs_error, error)
+        if error > run.config.tolerance:
+            tally.mismatched += 1
+
+
+def _health_after(config: LoadTestConfig, headers: dict[str, str]) -> dict[str, Any] | None:
+    """The server's /healthz answer after the load, or None when it gives none: a server
+    that survived the load but no longer answers has not passed."""
     try:
         reply = httpx.get(config.url + "/healthz", headers=headers, timeout=10)
-        health = reply.json() if reply.status_code == 200 else None
+        return reply.json() if reply.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
-        health = None
+        return None
+
+
+def _report(
+    config: LoadTestConfig, tally: _Tally, elapsed: float, health: dict[str, Any] | None
+) -> LoadTestReport:
+    """The tally as a report; a request with no answer of any kind counts as lost."""
     answered = tally.ok + tally.overloaded + sum(tally.other.values())
     return LoadTestReport(
         clients=config.clients,

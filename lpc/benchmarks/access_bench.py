@@ -88,72 +88,14 @@ def run(
     train_trace: str | None = None,
     seed: int = 0,
 ) -> AccessBenchResult:
-    loads = []
-    for _ in range(20):
-        t0 = time.perf_counter()
-        predictor = AccessPredictor.load(model)
-        loads.append((time.perf_counter() - t0) * 1_000)
+    """Every figure of `AccessBenchResult`, each stage a function below, in this order."""
+    predictor, loads = _load_ms(model)
     states = _states(2_000, seed)
     rows = predictor.feature_matrix(states)
-    matrix = rows[np.random.default_rng(seed).integers(0, len(rows), requests)]
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=1):  # tiny matrices: one BLAS thread (see AccessPredictor)
-        predictor.predict(matrix[:batch_size])  # warm-up
-        t0 = time.perf_counter()
-        for start in range(0, requests, batch_size):
-            predictor.predict(matrix[start : start + batch_size])
-        batched = requests / (time.perf_counter() - t0)
-
-    one_row = rows[:1]
-    forward = _time_per_call_us(lambda: predictor.predict(one_row), single)
-    one = []
-    for i in range(single):
-        request, conversation = states[i % len(states)]
-        t = time.perf_counter_ns()
-        predictor.predict_one(request, conversation)
-        one.append((time.perf_counter_ns() - t) / 1_000)
-
-    table_rate = None
-    try:
-        import pandas as pd
-
-        table = pd.DataFrame(
-            {
-                "conversation_id": [f"c{i % 3000}" for i in range(20_000)],
-                "arrival_s": np.arange(20_000, dtype=np.float64),
-                "completion_s": np.arange(20_000, dtype=np.float64) + 5,
-                "prompt_tokens": 5_000 + np.arange(20_000) % 7_000,
-                "output_tokens": 300,
-                "shared_prefix_tokens": 1000,
-            }
-        )
-        t0 = time.perf_counter()
-        predictor.predict_table(table)
-        table_rate = len(table) / (time.perf_counter() - t0)
-    except ImportError:  # pragma: no cover - pandas is a dependency
-        pass
-
-    train_wall = None
-    command = None
-    if train_trace is not None:
-        with tempfile.TemporaryDirectory() as tmp:
-            argv = [
-                sys.executable,
-                "-m",
-                "lpc.cli",
-                "train",
-                "--trace",
-                train_trace,
-                "--out",
-                str(Path(tmp) / "model"),
-                "--json",
-            ]
-            command = " ".join(["lpc", *argv[3:-3], "--out", "DIR", "--json"])
-            t0 = time.perf_counter()
-            subprocess.run(argv, check=True, capture_output=True)
-            train_wall = time.perf_counter() - t0
-
+    batched = _batched_requests_per_s(predictor, rows, requests, batch_size, seed)
+    forward, one = _one_call_us(predictor, rows, states, single)
+    table_rate = _table_requests_per_s(predictor)
+    train_wall, command = _train_wall_s(train_trace)
     one.sort()
     return AccessBenchResult(
         model=str(model),
@@ -170,3 +112,96 @@ def run(
         train_command=command,
         load_average=os.getloadavg()[0],
     )
+
+
+def _load_ms(model: Path) -> tuple[AccessPredictor, list[float]]:
+    """The artifact loaded 20 times (one load is too short to time alone); the last copy is
+    the one measured below."""
+    loads = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        predictor = AccessPredictor.load(model)
+        loads.append((time.perf_counter() - t0) * 1_000)
+    return predictor, loads
+
+
+def _batched_requests_per_s(
+    predictor: AccessPredictor, rows: np.ndarray, requests: int, batch_size: int, seed: int
+) -> float:
+    """`requests` feature rows (drawn from `rows`) in batches of `batch_size`, on one BLAS
+    thread: the matrices are tiny, and more threads only add hand-off cost (see
+    AccessPredictor)."""
+    from threadpoolctl import threadpool_limits
+
+    matrix = rows[np.random.default_rng(seed).integers(0, len(rows), requests)]
+    with threadpool_limits(limits=1):
+        predictor.predict(matrix[:batch_size])  # warm-up
+        t0 = time.perf_counter()
+        for start in range(0, requests, batch_size):
+            predictor.predict(matrix[start : start + batch_size])
+        return requests / (time.perf_counter() - t0)
+
+
+def _one_call_us(
+    predictor: AccessPredictor,
+    rows: np.ndarray,
+    states: list[tuple[RequestState, ConversationState]],
+    single: int,
+) -> tuple[list[float], list[float]]:
+    """Per-call times of one row's forward pass, and of one request from an engine's state
+    (features, then the forward pass): what a plugin pays per finishing request."""
+    one_row = rows[:1]
+    forward = _time_per_call_us(lambda: predictor.predict(one_row), single)
+    one = []
+    for i in range(single):
+        request, conversation = states[i % len(states)]
+        t = time.perf_counter_ns()
+        predictor.predict_one(request, conversation)
+        one.append((time.perf_counter_ns() - t) / 1_000)
+    return forward, one
+
+
+def _table_requests_per_s(predictor: AccessPredictor) -> float | None:
+    """Features and predictions for a whole request table (the A/B's and training's path),
+    20,000 requests of 3,000 conversations."""
+    try:
+        import pandas as pd
+
+        table = pd.DataFrame(
+            {
+                "conversation_id": [f"c{i % 3000}" for i in range(20_000)],
+                "arrival_s": np.arange(20_000, dtype=np.float64),
+                "completion_s": np.arange(20_000, dtype=np.float64) + 5,
+                "prompt_tokens": 5_000 + np.arange(20_000) % 7_000,
+                "output_tokens": 300,
+                "shared_prefix_tokens": 1000,
+            }
+        )
+        t0 = time.perf_counter()
+        predictor.predict_table(table)
+        return len(table) / (time.perf_counter() - t0)
+    except ImportError:  # pragma: no cover - pandas is a dependency
+        return None
+
+
+def _train_wall_s(train_trace: str | None) -> tuple[float | None, str | None]:
+    """Wall time of `lpc train --trace` in a fresh process (imports included, as a user
+    waits for them), and the command as printed; (None, None) without a trace."""
+    if train_trace is None:
+        return None, None
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = [
+            sys.executable,
+            "-m",
+            "lpc.cli",
+            "train",
+            "--trace",
+            train_trace,
+            "--out",
+            str(Path(tmp) / "model"),
+            "--json",
+        ]
+        command = " ".join(["lpc", *argv[3:-3], "--out", "DIR", "--json"])
+        t0 = time.perf_counter()
+        subprocess.run(argv, check=True, capture_output=True)
+        return time.perf_counter() - t0, command

@@ -5,10 +5,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lpc.cli import train_trace
 from lpc.cli.arg_types import positive_int
+
+if TYPE_CHECKING:  # the heavy modules are imported where a stage needs them
+    from predictor.artifact import ArtifactMetadata
+    from predictor.embedders.base import Embedder
+    from training.data import SampleSplit
+    from training.embedding_cache import EmbeddingCache, EmbedOptions
+    from training.loaders import LoadResult
+    from training.pipeline import TrainConfig, TrainingOutcome
 
 DESCRIPTION = """\
 Train LPC's continuation predictor the paper's way: one sample per user turn (label: does the
@@ -322,21 +334,62 @@ def _log(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    import time
-
-    from lpc.errors import CommandError, InvalidInputError, UserError
-    from predictor.artifact import save_artifact
-    from predictor.embedders import load_embedder
-    from training.data import split_samples
-    from training.embedding_cache import EmbeddingCache, EmbedStats
-    from training.loaders import check_source, load_conversations
-    from training.locations import default_registry_dir
-    from training.pipeline import check_both_labels, sample_embeddings, train_predictor
-    from training.registry import ModelRegistry
-
+    """Check the flags, load and split the data, open the embedding cache; then either fill
+    the cache only, or train, publish and report. Cheap refusals come first: a bad flag or
+    data that cannot train is refused before the embedder, the slow part, is loaded."""
     if args.trace is not None:
         return train_trace.run_trace(args)
     config, embed = train_config_from(args)
+    check_flags(args)
+    setup_threads(args)
+    plan = TrainPlan(config, embed, _log(args), time.perf_counter())
+    data = load_data(args, plan)
+    embedder, cache = open_embedding_cache(args)
+    if args.embed_only:
+        return embed_only(args, plan, data, cache)
+    outcome = train_model(args, plan, data, embedder, cache)
+    published = publish(args, outcome)
+    total = time.perf_counter() - plan.started
+    outcome.metrics["timings_s"]["total_s"] = round(total, 3)
+    print_outcome(args, outcome, published, total)
+    return 0
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """What the flags decided, needed by every stage: the configs, where progress lines go,
+    and when the run started (the reported time counts from the data's load)."""
+
+    config: TrainConfig
+    embed: EmbedOptions
+    log: Callable[[str], None]
+    started: float
+
+
+@dataclass(frozen=True)
+class TrainData:
+    """The conversations as loaded, their split into samples, and how long the load took
+    (reported with the training's own timings)."""
+
+    loaded: LoadResult
+    split: SampleSplit
+    load_s: float
+
+
+@dataclass(frozen=True)
+class Published:
+    """Where the artifact went: a plain folder (version None) or a registry version."""
+
+    where: Path
+    version: str | None
+    metadata: ArtifactMetadata
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Refuse a missing data source and contradictory output flags before anything loads."""
+    from lpc.errors import CommandError, UserError
+    from training.loaders import check_source
+
     try:
         check_source(args.dataset)
     except UserError as error:
@@ -345,9 +398,16 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--no-promote is for the registry; --out writes a plain folder")
     if args.out is not None and args.out.exists() and not args.overwrite:
         raise CommandError(f"--out {args.out} exists; pass --overwrite to replace it")
-    setup_threads(args)
-    log = _log(args)
-    started = time.perf_counter()
+
+
+def load_data(args: argparse.Namespace, plan: TrainPlan) -> TrainData:
+    """Load the conversations and split them into samples. The split is checked here, before
+    the embedder loads: data that cannot train (too little, one label) is refused in seconds."""
+    from lpc.errors import CommandError, InvalidInputError, UserError
+    from training.data import split_samples
+    from training.loaders import load_conversations
+    from training.pipeline import check_both_labels
+
     try:
         options = {} if args.mode is None else {"mode": args.mode}
         loaded = load_conversations(
@@ -355,15 +415,27 @@ def run(args: argparse.Namespace) -> int:
         ).require_conversations()
     except (UserError, OSError) as error:  # bad data, or a file that cannot be read
         raise CommandError(f"--dataset {args.dataset}: {error}") from None
-    load_s = time.perf_counter() - started
-    log(f"data: {'; '.join(loaded.report.summary().splitlines())} ({load_s:.1f} s)")
-    try:  # before the embedder loads: data that cannot train is refused in seconds
+    load_s = time.perf_counter() - plan.started
+    plan.log(f"data: {'; '.join(loaded.report.summary().splitlines())} ({load_s:.1f} s)")
+    try:
         split = split_samples(
-            loaded.conversations, config.feature_config.window_size, config.validation_fraction
+            loaded.conversations,
+            plan.config.feature_config.window_size,
+            plan.config.validation_fraction,
         )
         check_both_labels(split.train + split.validation)
     except InvalidInputError as error:  # too little data, or one label only
         raise CommandError(f"--dataset {args.dataset}: {error}") from None
+    return TrainData(loaded, split, load_s)
+
+
+def open_embedding_cache(args: argparse.Namespace) -> tuple[Embedder, EmbeddingCache]:
+    """The embedder and its cache; a cache folder that cannot be made or read is a one-line
+    error naming the folder, not a traceback."""
+    from lpc.errors import CommandError
+    from predictor.embedders import load_embedder
+    from training.embedding_cache import EmbeddingCache
+
     try:
         embedder = load_embedder(args.embedder, device=args.device)
         cache = EmbeddingCache.open(
@@ -371,90 +443,125 @@ def run(args: argparse.Namespace) -> int:
         )
     except OSError as error:  # the cache folder cannot be made or read
         raise CommandError(f"embedding cache {cache_dir_from(args)}: {error}") from None
+    return embedder, cache
+
+
+def embed_only(
+    args: argparse.Namespace, plan: TrainPlan, data: TrainData, cache: EmbeddingCache
+) -> int:
+    """--embed-only: fill the cache for both halves (e.g. on a GPU box) and report; a later
+    `lpc train` elsewhere then reads the embeddings instead of computing them."""
+    from training.embedding_cache import EmbedStats
+    from training.pipeline import sample_embeddings
+
+    stats = EmbedStats()
+    for samples in (data.split.training_half, data.split.evaluation):
+        sample_embeddings(cache, samples, plan.config.feature_config, plan.embed, stats)
+    summary = {
+        "embedding": stats.to_dict(),
+        "cache": str(cache.folder),
+        "seconds": round(time.perf_counter() - plan.started, 3),
+    }
+    print(
+        json.dumps(summary, indent=2)
+        if args.json
+        else f"embedding cache {cache.folder}: {stats.windows} windows, "
+        f"{stats.texts_embedded} embedded ({stats.texts_per_second:.1f} texts/s), "
+        f"{summary['seconds']:.1f} s"
+    )
+    return 0
+
+
+def train_model(
+    args: argparse.Namespace,
+    plan: TrainPlan,
+    data: TrainData,
+    embedder: Embedder,
+    cache: EmbeddingCache,
+) -> TrainingOutcome:
+    """Train and evaluate; the data's description goes into the artifact's metadata so a
+    model says what it was trained on."""
+    from lpc.errors import CommandError, InvalidInputError
+    from training.pipeline import train_predictor
+
     description = {
         "dataset": args.dataset,
-        "format": loaded.report.format,
-        "mode": loaded.report.mode,
+        "format": data.loaded.report.format,
+        "mode": data.loaded.report.mode,
         "limit": args.limit,
-        "conversations": len(loaded.conversations),
+        "conversations": len(data.loaded.conversations),
     }
-
-    if args.embed_only:
-        stats = EmbedStats()
-        for samples in (split.training_half, split.evaluation):
-            sample_embeddings(cache, samples, config.feature_config, embed, stats)
-        summary = {
-            "embedding": stats.to_dict(),
-            "cache": str(cache.folder),
-            "seconds": round(time.perf_counter() - started, 3),
-        }
-        print(
-            json.dumps(summary, indent=2)
-            if args.json
-            else f"embedding cache {cache.folder}: {stats.windows} windows, "
-            f"{stats.texts_embedded} embedded ({stats.texts_per_second:.1f} texts/s), "
-            f"{summary['seconds']:.1f} s"
-        )
-        return 0
-
     try:
         outcome = train_predictor(
-            loaded.conversations,
-            config,
+            data.loaded.conversations,
+            plan.config,
             embedder,
             cache,
-            embed,
+            plan.embed,
             data_description=description,
             evaluate=not args.no_eval,
-            log=log,
-            token_counter=token_counter_for(config, args),
+            log=plan.log,
+            token_counter=token_counter_for(plan.config, args),
         )
     except InvalidInputError as error:  # too little data, or one label only
         raise CommandError(f"--dataset {args.dataset}: {error}") from None
-    outcome.metrics["timings_s"]["load_s"] = round(load_s, 3)
+    outcome.metrics["timings_s"]["load_s"] = round(data.load_s, 3)
+    return outcome
+
+
+def publish(args: argparse.Namespace, outcome: TrainingOutcome) -> Published:
+    """Write the artifact to --out, or publish it as the registry's next version (promoted
+    unless --no-promote) with a history entry, all under the registry's lock."""
+    from predictor.artifact import save_artifact
+    from training.locations import default_registry_dir
+    from training.registry import ModelRegistry
+
     if args.out is not None:
         metadata = save_artifact(
             args.out, outcome.artifact.model, outcome.artifact.metadata, overwrite=args.overwrite
         )
-        where, version = args.out, None
-    else:
-        registry = ModelRegistry(args.registry or default_registry_dir())
-        with registry.lock():
-            version = registry.publish(
-                outcome.artifact.model, outcome.artifact.metadata, {"source": "lpc train"}
-            )
-            if not args.no_promote:
-                registry.promote(version)
-            registry.append_history(
-                {
-                    "event": "train",
-                    "version": version,
-                    "promoted": not args.no_promote,
-                    "metrics": outcome.metrics.get("evaluation"),
-                }
-            )
-        where = registry.root / version
-        metadata = outcome.artifact.metadata
-    total = time.perf_counter() - started
-    outcome.metrics["timings_s"]["total_s"] = round(total, 3)
+        return Published(args.out, None, metadata)
+    registry = ModelRegistry(args.registry or default_registry_dir())
+    with registry.lock():
+        version = registry.publish(
+            outcome.artifact.model, outcome.artifact.metadata, {"source": "lpc train"}
+        )
+        if not args.no_promote:
+            registry.promote(version)
+        registry.append_history(
+            {
+                "event": "train",
+                "version": version,
+                "promoted": not args.no_promote,
+                "metrics": outcome.metrics.get("evaluation"),
+            }
+        )
+    return Published(registry.root / version, version, outcome.artifact.metadata)
+
+
+def print_outcome(
+    args: argparse.Namespace, outcome: TrainingOutcome, published: Published, total: float
+) -> None:
+    """The outcome as JSON, or as the metrics table, the artifact's place and the timings."""
     if args.json:
         print(
             json.dumps(
                 {
-                    "artifact": str(where),
-                    "version": version,
+                    "artifact": str(published.where),
+                    "version": published.version,
                     "metrics": outcome.metrics,
-                    "embedder_id": metadata.embedder_id,
+                    "embedder_id": published.metadata.embedder_id,
                 },
                 indent=2,
             )
         )
-        return 0
+        return
+    version = published.version
     print()
     print(metrics_table(outcome.metrics))
     print()
     print(
-        f"artifact: {where}"
+        f"artifact: {published.where}"
         + (
             f" (version {version}" + (", current)" if not args.no_promote else ")")
             if version
@@ -468,7 +575,6 @@ def run(args: argparse.Namespace) -> int:
         )
         + ")"
     )
-    return 0
 
 
 def metrics_table(metrics: dict) -> str:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -73,45 +75,94 @@ def structural_problems(
     request_module: ModuleType,
     sampling_params: ModuleType,
 ) -> list[str]:
-    """Everything about these vLLM modules that differs from what the plugin expects."""
+    """Everything about these vLLM modules that differs from what the plugin expects: every
+    check of `STRUCTURE_CHECKS` runs, so one refusal lists every mismatch, in that order."""
+    vllm = _Vllm(
+        block_pool=block_pool,
+        kv_cache_utils=kv_cache_utils,
+        request_module=request_module,
+        sampling_params=sampling_params,
+        owners={
+            "FreeKVCacheBlockQueue": getattr(kv_cache_utils, "FreeKVCacheBlockQueue", None),
+            "BlockPool": getattr(block_pool, "BlockPool", None),
+            "KVCacheManager": getattr(kv_cache_manager, "KVCacheManager", None),
+        },
+    )
     problems: list[str] = []
-    owners = {
-        "FreeKVCacheBlockQueue": getattr(kv_cache_utils, "FreeKVCacheBlockQueue", None),
-        "BlockPool": getattr(block_pool, "BlockPool", None),
-        "KVCacheManager": getattr(kv_cache_manager, "KVCacheManager", None),
+    for check in STRUCTURE_CHECKS:
+        problems.extend(check(vllm))
+    return problems
+
+
+@dataclass(frozen=True)
+class _Vllm:
+    """The vLLM modules checked, and the classes whose methods the plugin replaces or wraps
+    (`owners`, by name; None where vLLM has no such class)."""
+
+    block_pool: ModuleType
+    kv_cache_utils: ModuleType
+    request_module: ModuleType
+    sampling_params: ModuleType
+    owners: dict[str, Any]
+
+
+def _owner_classes(vllm: _Vllm) -> list[str]:
+    """The classes the plugin patches exist."""
+    return [f"vllm has no {name}" for name, owner in vllm.owners.items() if owner is None]
+
+
+def _queue_methods(vllm: _Vllm) -> list[str]:
+    """The free-block queue's public methods are exactly those the LPC queue implements: it
+    replaces vLLM's queue whole, so a method on either side alone means they no longer fit."""
+    queue = vllm.owners["FreeKVCacheBlockQueue"]
+    if queue is None:
+        return []
+    public = {
+        name for name, value in vars(queue).items() if not name.startswith("_") and callable(value)
     }
-    for name, owner in owners.items():
-        if owner is None:
-            problems.append(f"vllm has no {name}")
+    missing = sorted(set(QUEUE_METHODS) - public)
+    unknown = sorted(public - set(QUEUE_METHODS))
+    problems = []
+    if missing:
+        problems.append(f"FreeKVCacheBlockQueue lacks {', '.join(missing)}")
+    if unknown:
+        problems.append(
+            f"FreeKVCacheBlockQueue has methods the LPC queue does not implement: "
+            f"{', '.join(unknown)}"
+        )
+    return problems
 
-    queue = owners["FreeKVCacheBlockQueue"]
-    if queue is not None:
-        public = {
-            name
-            for name, value in vars(queue).items()
-            if not name.startswith("_") and callable(value)
-        }
-        missing = sorted(set(QUEUE_METHODS) - public)
-        unknown = sorted(public - set(QUEUE_METHODS))
-        if missing:
-            problems.append(f"FreeKVCacheBlockQueue lacks {', '.join(missing)}")
-        if unknown:
-            problems.append(
-                f"FreeKVCacheBlockQueue has methods the LPC queue does not implement: "
-                f"{', '.join(unknown)}"
-            )
-    if getattr(block_pool, "FreeKVCacheBlockQueue", None) is not queue:
-        problems.append("vllm.v1.core.block_pool no longer imports FreeKVCacheBlockQueue by name")
-    pool = owners["BlockPool"]
-    if pool is not None:
-        init_names = pool.__init__.__code__.co_names
-        if "FreeKVCacheBlockQueue" not in init_names:
-            problems.append("BlockPool.__init__ no longer builds a FreeKVCacheBlockQueue")
-        if "free_block_queue" not in init_names:
-            problems.append("BlockPool.__init__ no longer stores self.free_block_queue")
 
+def _block_pool_module(vllm: _Vllm) -> list[str]:
+    """The block pool module looks the queue class up by name: replacing that name is how
+    the LPC queue gets in."""
+    if (
+        getattr(vllm.block_pool, "FreeKVCacheBlockQueue", None)
+        is not vllm.owners["FreeKVCacheBlockQueue"]
+    ):
+        return ["vllm.v1.core.block_pool no longer imports FreeKVCacheBlockQueue by name"]
+    return []
+
+
+def _block_pool_init(vllm: _Vllm) -> list[str]:
+    """`BlockPool.__init__` builds the queue (through that name) and keeps it as an attribute."""
+    pool = vllm.owners["BlockPool"]
+    if pool is None:
+        return []
+    init_names = pool.__init__.__code__.co_names
+    problems = []
+    if "FreeKVCacheBlockQueue" not in init_names:
+        problems.append("BlockPool.__init__ no longer builds a FreeKVCacheBlockQueue")
+    if "free_block_queue" not in init_names:
+        problems.append("BlockPool.__init__ no longer stores self.free_block_queue")
+    return problems
+
+
+def _wrapped_signatures(vllm: _Vllm) -> list[str]:
+    """Every method the plugin wraps or calls takes exactly the parameters it passes."""
+    problems = []
     for (owner_name, method), expected in WRAPPED_SIGNATURES.items():
-        owner = owners.get(owner_name)
+        owner = vllm.owners.get(owner_name)
         function = getattr(owner, method, None) if owner is not None else None
         if function is None:
             problems.append(f"{owner_name}.{method} is missing")
@@ -122,49 +173,80 @@ def structural_problems(
                 f"{owner_name}.{method} takes ({', '.join(actual)}), expected "
                 f"({', '.join(expected)})"
             )
-    manager = owners["KVCacheManager"]
+    return problems
+
+
+def _allocate_slots(vllm: _Vllm) -> list[str]:
+    """`KVCacheManager.allocate_slots` still takes the request first: the plugin's wrapper
+    reads the request and passes every other argument through unchanged."""
+    manager = vllm.owners["KVCacheManager"]
     allocate = getattr(manager, "allocate_slots", None) if manager is not None else None
     if allocate is None:
-        problems.append("KVCacheManager.allocate_slots is missing")
-    elif _parameters(allocate)[:2] != ("self", "request"):
-        problems.append("KVCacheManager.allocate_slots no longer takes the request first")
+        return ["KVCacheManager.allocate_slots is missing"]
+    if _parameters(allocate)[:2] != ("self", "request"):
+        return ["KVCacheManager.allocate_slots no longer takes the request first"]
+    return []
 
-    block = getattr(kv_cache_utils, "KVCacheBlock", None)
+
+def _kv_cache_block(vllm: _Vllm) -> list[str]:
+    """The block fields and properties the LPC queue and the plugin read from vLLM's blocks."""
+    block = getattr(vllm.kv_cache_utils, "KVCacheBlock", None)
     if block is None:
-        problems.append("vllm has no KVCacheBlock")
-    else:
-        is_dataclass = dataclasses.is_dataclass(block)
-        names = {f.name for f in dataclasses.fields(block)} if is_dataclass else set()
-        for name in BLOCK_FIELDS:
-            if name not in names:
-                problems.append(f"KVCacheBlock has no field {name}")
-        for name in BLOCK_PROPERTIES:
-            if not isinstance(getattr(block, name, None), property):
-                problems.append(f"KVCacheBlock.{name} is not a property")
+        return ["vllm has no KVCacheBlock"]
+    is_dataclass = dataclasses.is_dataclass(block)
+    names = {f.name for f in dataclasses.fields(block)} if is_dataclass else set()
+    problems = [f"KVCacheBlock has no field {name}" for name in BLOCK_FIELDS if name not in names]
+    problems += [
+        f"KVCacheBlock.{name} is not a property"
+        for name in BLOCK_PROPERTIES
+        if not isinstance(getattr(block, name, None), property)
+    ]
+    return problems
 
-    request = getattr(request_module, "Request", None)
-    if request is None or "sampling_params" not in inspect.signature(request).parameters:
+
+def _request(vllm: _Vllm) -> list[str]:
+    """The request carries its sampling parameters (the per-request hints ride in them) and
+    sets the fields sent to the predictor or read by an access model."""
+    request = getattr(vllm.request_module, "Request", None)
+    if request is None:
+        return ["vllm.v1.request.Request no longer takes sampling_params"]
+    init_names = getattr(getattr(request.__init__, "__code__", None), "co_names", ())
+    problems = []
+    if "sampling_params" not in inspect.signature(request).parameters:
         problems.append("vllm.v1.request.Request no longer takes sampling_params")
-    elif "num_prompt_tokens" not in getattr(
-        getattr(request.__init__, "__code__", None), "co_names", ()
-    ):
+    elif "num_prompt_tokens" not in init_names:
         problems.append(
             "vllm.v1.request.Request no longer sets num_prompt_tokens (sent to the "
             "predictor as prompt_tokens)"
         )
-    if request is not None:
-        names = getattr(getattr(request.__init__, "__code__", None), "co_names", ())
-        for name in ACCESS_REQUEST_FIELDS:
-            if name not in names:
-                problems.append(
-                    f"vllm.v1.request.Request no longer sets {name} (an access model's input)"
-                )
-    params = getattr(sampling_params, "SamplingParams", None)
+    problems += [
+        f"vllm.v1.request.Request no longer sets {name} (an access model's input)"
+        for name in ACCESS_REQUEST_FIELDS
+        if name not in init_names
+    ]
+    return problems
+
+
+def _sampling_params(vllm: _Vllm) -> list[str]:
+    """`SamplingParams` declares `extra_args`, where a request's LPC hints travel."""
+    params = getattr(vllm.sampling_params, "SamplingParams", None)
     declared = (
         set(getattr(params, "__struct_fields__", ())) | set(getattr(params, "__annotations__", {}))
         if params is not None
         else set()
     )
-    if "extra_args" not in declared:
-        problems.append("SamplingParams has no extra_args")
-    return problems
+    return [] if "extra_args" in declared else ["SamplingParams has no extra_args"]
+
+
+# Run in this order; a refusal lists the problems in this order.
+STRUCTURE_CHECKS: tuple[Callable[[_Vllm], list[str]], ...] = (
+    _owner_classes,
+    _queue_methods,
+    _block_pool_module,
+    _block_pool_init,
+    _wrapped_signatures,
+    _allocate_slots,
+    _kv_cache_block,
+    _request,
+    _sampling_params,
+)
