@@ -228,6 +228,7 @@ class _Loaded:
     tokenizer: ChatTokenizer
     # a trace split after its start: its own training part fits turns and the fallback
     trace_has_training_part: bool
+    no_training_part: dict[str, Any] | None = None  # the data set's training half is empty
 
     def scripts(self, config: WorkloadConfig) -> Iterator[list[ScriptedTurn]]:
         """The evaluation half as scripted conversations, in the order `config.seed` draws."""
@@ -243,7 +244,17 @@ class _Loaded:
         )
 
     def generated_requests(self, config: WorkloadConfig) -> list[WorkloadRequest]:
-        return open_loop_requests(self.scripts(config), config)
+        """The open-loop timeline; a window too short for any arrival is refused, not
+        replayed as zero hits out of zero."""
+        requests = open_loop_requests(self.scripts(config), config)
+        if not requests:
+            where = (
+                "; give more conversations"
+                if config.duration_s is None
+                else f" in the {config.duration_s:g} s window; give a longer --duration"
+            )
+            raise InvalidInputError(f"{self.options.dataset}: no request arrives{where}")
+        return requests
 
 
 def _load(options: ABOptions, log: Callable[[str], None]) -> _Loaded:
@@ -276,7 +287,60 @@ def _load(options: ABOptions, log: Callable[[str], None]) -> _Loaded:
                 f"{options.dataset}: all {len(dataset.train)} conversations fall in the training "
                 "half, none in the evaluation half the replay uses; give more conversations"
             )
-    return _Loaded(options, dataset, tokenizer, trace_has_training_part)
+    loaded = _Loaded(options, dataset, tokenizer, trace_has_training_part)
+    if dataset is not None and not trace_has_training_part:
+        loaded.no_training_part = _check_training_half(options, dataset, log)
+    return loaded
+
+
+def _check_training_half(
+    options: ABOptions, dataset: SplitDataset, log: Callable[[str], None]
+) -> dict[str, Any] | None:
+    """The data set's training half fits turns and the fallback here. When the split puts
+    no conversation in it, a policy that needs the fit is refused, saying what to do; the
+    others replay unfitted, and the returned note tells the report so."""
+    if any(c.num_user_turns for c in dataset.train):
+        return None
+    fitted = _needs_fit(options)
+    if fitted:
+        raise InvalidInputError(
+            f"{options.dataset}: no conversation falls in the training half "
+            f"({len(dataset.eval)} in the evaluation half), which {fitted} is fitted on; "
+            "give more conversations, or leave it out"
+        )
+    note = _no_training_part_note(options, "no conversation falls in the training half")
+    log(f"data: {_no_training_part_text(note)}")
+    return note
+
+
+def _needs_fit(options: ABOptions) -> str:
+    """What a training part must fit: lpc-turns (and --trace-probabilities turns); "" when
+    nothing requested needs it."""
+    fitted = [p.label for p in options.policies if p.source == "turns"]
+    if options.trace_probabilities == "turns":
+        fitted.append("--trace-probabilities turns")
+    return " and ".join(fitted)
+
+
+def _no_training_part_note(options: ABOptions, reason: str) -> dict[str, Any]:
+    """The report's note on an empty training part: why, and the unfitted fallback p when a
+    requested source can leave a request without a prediction (a model, a trace's log)."""
+    note: dict[str, Any] = {"reason": reason}
+    gaps = _sources_needed(options.policies, options.trace_probabilities) & {"model", "trace"}
+    if options.fallback_probability is None and gaps:
+        note["fallback_probability"] = UNFITTED_BASE_RATE
+    return note
+
+
+def _no_training_part_text(note: dict[str, Any]) -> str:
+    """The note in words (log lines and reports)."""
+    text = f"no training part ({note['reason']}): nothing is fitted"
+    if "fallback_probability" in note:
+        text += (
+            f"; LPC's fallback p is {note['fallback_probability']:g}, not fitted "
+            "(--fallback-p sets it)"
+        )
+    return text
 
 
 def _check_trace_readable(options: ABOptions) -> None:
@@ -322,6 +386,7 @@ class _Workload:
     logged: list[float | None] | None = None  # a trace's own 'probability' per request
     trace_info: dict[str, Any] = field(default_factory=dict)  # empty for a generated workload
     trace_block_size: int | None = None
+    no_training_part: dict[str, Any] | None = None  # nothing fitted: why (for the report)
 
 
 def _build_workload(loaded: _Loaded, context: ABContext, log: Callable[[str], None]) -> _Workload:
@@ -339,6 +404,7 @@ def _build_workload(loaded: _Loaded, context: ABContext, log: Callable[[str], No
         block_size=work.options.block_size or 16,
         cache_sizes_tokens=work.options.cache_sizes_tokens or DEFAULT_CACHE_SIZES_TOKENS,
     )
+    work.no_training_part = work.no_training_part or loaded.no_training_part
     return work
 
 
@@ -370,13 +436,16 @@ def _trace_workload(loaded: _Loaded, context: ABContext, log: Callable[[str], No
         requests, DEFAULT_SPLIT_AT if options.split_at is None else options.split_at
     )
     trace_info = {**trace.info, "split": split.to_dict()}
+    note = None
     if loaded.trace_has_training_part:
-        _fit_on_training_part(trace, split, context)
+        note = _fit_on_training_part(trace, split, options, context)
     if trace.request_types is not None:
         context.request_types = {
             r.request_id: t for r, t in zip(requests, trace.request_types, strict=True)
         }
     _log_trace(trace, split, options, log)
+    if note is not None:
+        log(f"trace: {_no_training_part_text(note)}")
     return _Workload(
         options,
         requests,
@@ -385,15 +454,44 @@ def _trace_workload(loaded: _Loaded, context: ABContext, log: Callable[[str], No
         trace.logged_probabilities,
         trace_info,
         trace.trace_block_size,
+        note,
     )
 
 
-def _fit_on_training_part(trace: LoadedTrace, split: TimeSplit, context: ABContext) -> None:
-    """Fit turns and the continuation rate on the trace's training part."""
+def _fit_on_training_part(
+    trace: LoadedTrace, split: TimeSplit, options: ABOptions, context: ABContext
+) -> dict[str, Any] | None:
+    """Fit turns and the continuation rate on the trace's training part. The part is empty
+    when every request arrives at one instant (the cut falls on the first arrival): then a
+    policy that needs the fit is refused, saying what to do, as `--split-at` itself refuses
+    a split with nothing to evaluate; the others replay unfitted, and the returned note tells
+    the report so."""
     from lpc.traces.timeline import training_turn_counts
 
     counts = training_turn_counts(trace.requests, split)
-    context.train_turn_counts, context.base_rate = counts, TurnsSource.fit(counts).base_rate
+    if counts:
+        context.train_turn_counts, context.base_rate = counts, TurnsSource.fit(counts).base_rate
+        return None
+    reason = _why_no_training_part(trace.requests, split)
+    fitted = _needs_fit(options)
+    if fitted:
+        split_at = DEFAULT_SPLIT_AT if options.split_at is None else options.split_at
+        raise InvalidInputError(
+            f"{trace.path}: {reason}, so the time split (--split-at {split_at:g}) leaves no "
+            f"training part to fit {fitted} on; give --split-at 0 to fit it on the --dataset "
+            "training half instead, or leave it out"
+        )
+    # A text model's data set may be loaded, but the trace's own part is the one that fits.
+    context.train_turn_counts, context.base_rate = [], UNFITTED_BASE_RATE
+    return _no_training_part_note(options, reason)
+
+
+def _why_no_training_part(requests: Sequence[WorkloadRequest], split: TimeSplit) -> str:
+    if len(requests) == 1:
+        return "the trace holds one request"
+    if requests[0].arrival_s == requests[-1].arrival_s:
+        return f"all {len(requests)} requests arrive at the same instant"
+    return f"no request arrives before the cut at {split.cut_s - split.start_s:g} s"
 
 
 def _log_trace(
@@ -496,6 +594,8 @@ def _replay_closed_loop(
         options, lambda: loaded.scripts(options.workload), replayer.sources, settings
     )
     summary: dict[str, Any] = {"source": work.source_desc, "closed_loop": True}
+    if work.no_training_part is not None:
+        summary["no_training_part"] = work.no_training_part
     summary["scale_per_s"] = settings.scale_per_s
     timings["predict_s"] = 0.0
     return results, summary
@@ -525,6 +625,8 @@ def _replay_open_loop(
     if work.trace_info:
         summary["trace"] = work.trace_info
         _check_sizes(options, summary["peak_in_flight_tokens"], log)
+    if work.no_training_part is not None:
+        summary["no_training_part"] = work.no_training_part
     log(
         f"workload: {summary['requests']} requests from "
         f"{summary['conversations']} conversations, "
@@ -760,6 +862,8 @@ def markdown_report(outcome: ABOutcome) -> str:
         f"LPC decay scale: {_scale_text(s.get('scale_per_s'), outcome.options.scale_per_s)}.",
         "",
     ]
+    if "no_training_part" in s:
+        lines += [_no_training_part_sentence(s["no_training_part"]), ""]
     for title, header, rows in comparison_tables(outcome.comparison, policies):
         lines += [f"## {title}", "", markdown_table(header, rows), ""]
     lines += ["![hit ratio vs cache size](hit_ratio_vs_cache_size.png)", ""]
@@ -826,7 +930,14 @@ def trace_description(summary: dict[str, Any]) -> list[str]:
         )
     if t.get("skipped_last_lines"):
         lines.append("A cut last line was skipped.")
+    if "no_training_part" in summary:
+        lines.append(_no_training_part_sentence(summary["no_training_part"]))
     return lines
+
+
+def _no_training_part_sentence(note: dict[str, Any]) -> str:
+    text = _no_training_part_text(note)
+    return f"{text[0].upper()}{text[1:]}."
 
 
 def _markdown_trace_report(outcome: ABOutcome) -> str:
