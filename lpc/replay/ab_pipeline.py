@@ -589,7 +589,11 @@ def _replay_closed_loop(
         raise InvalidInputError(
             "a closed-loop replay generates its timeline: it cannot replay --trace"
         )
-    settings = replayer.settings_for(loaded.generated_requests(options.workload))
+    # A closed loop has no fixed timeline: the decay scale reads the think times of the same
+    # scripts replayed open loop.
+    latency = replace(options.workload.latency, closed_loop=False)
+    open_loop = replace(options.workload, latency=latency)
+    settings = replayer.settings_for(loaded.generated_requests(open_loop))
     results = _closed_loop_grid(
         options, lambda: loaded.scripts(options.workload), replayer.sources, settings
     )
