@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -52,9 +52,17 @@ from lpc.workload import (
 )
 from training.conversation import Conversation
 
+if TYPE_CHECKING:
+    from lpc.chat.conversation_workload import SplitDataset
+    from lpc.chat.tokenizers import ChatTokenizer
+    from lpc.traces.load import LoadedTrace
+    from lpc.traces.timeline import TimeSplit
+
 DATASET_MAX_MODEL_LEN = 32768
 # Production traces come from long-context models (Kimi serves 128K); a longer prompt is cut.
 TRACE_MAX_MODEL_LEN = 131072
+# LPC's fallback p when nothing fits the continuation rate (no training conversations).
+UNFITTED_BASE_RATE = 0.5
 
 # source name -> builds a source once the training half is known
 ModelSourceFactory = Callable[["ABContext"], ProbabilitySource]
@@ -173,12 +181,9 @@ def run_ab(
     model_factory: ModelSourceFactory | None = None,
     log: Callable[[str], None] = print,
 ) -> ABOutcome:
-    from lpc.chat.conversation_workload import load_split, message_tokenizer, scripted_conversations
-    from lpc.chat.tokenizers import default_chat_tokenizer
-    from lpc.traces.load import TraceOptions, load_trace, trace_format_of
-    from lpc.traces.lpc_trace import write_trace
-    from lpc.traces.timeline import split_in_time, training_turn_counts
-
+    """The whole replay, stage by stage: load → build workload → fit sources → replay grid
+    (and the think-time sweep) → compare and report. Each stage is a function below; what
+    several stages share travels in `_Loaded`, `_Workload` and `_Replayer`."""
     timings: dict[str, float] = {}
     started = time.perf_counter()
     is_trace = options.trace is not None
@@ -187,34 +192,91 @@ def run_ab(
         max_model_len=options.max_model_len
         or (TRACE_MAX_MODEL_LEN if is_trace else DATASET_MAX_MODEL_LEN),
     )
-    if options.trace is not None:
-        # A missing file, or the learned model on a trace without text, fails before any
-        # data set is loaded.
-        fmt = trace_format_of(options.trace, options.trace_format)
-        if (
-            fmt != "lpc"
-            and options.model_reads_text
-            and "model" in _sources_needed(options.policies, options.trace_probabilities)
-        ):
-            raise InvalidInputError(
-                f"the learned predictor reads user prompts; a {fmt} trace has no text "
-                "(use lpc-turns, or an lpc trace in chat form)"
+    loaded = _load(options, log)
+    timings["load_s"] = time.perf_counter() - started
+
+    context = _dataset_context(loaded.dataset)
+    t0 = time.perf_counter()
+    work = _build_workload(loaded, context, log)
+    timings["workload_s"] = time.perf_counter() - t0
+
+    replayer = _fit_sources(work, context, model_factory)
+    work.options.out_dir.mkdir(parents=True, exist_ok=True)
+    files: dict[str, str] = {}
+    if work.options.workload.latency.closed_loop:
+        results, summary = _replay_closed_loop(loaded, work, replayer, timings)
+    else:
+        results, summary = _replay_open_loop(work, replayer, files, timings, log)
+    sweep, sweep_scales = _think_time_sweep(loaded, replayer, timings)
+
+    comparison = compare(results)
+    if sweep_scales:
+        summary["sweep_scale_per_s"] = {str(k): v for k, v in sweep_scales.items()}
+    timings["total_s"] = time.perf_counter() - started
+    outcome = ABOutcome(work.options, summary, results, comparison, sweep, timings, files)
+    _write_files(outcome, work.options.out_dir)
+    return outcome
+
+
+@dataclass
+class _Loaded:
+    """The load stage's result: options with the model length resolved, the chat data set
+    (None on a trace that needs none) and the tokenizer the later stages share."""
+
+    options: ABOptions
+    dataset: SplitDataset | None
+    tokenizer: ChatTokenizer
+    # a trace split after its start: its own training part fits turns and the fallback
+    trace_has_training_part: bool
+    no_training_part: dict[str, Any] | None = None  # the data set's training half is empty
+
+    def scripts(self, config: WorkloadConfig) -> Iterator[list[ScriptedTurn]]:
+        """The evaluation half as scripted conversations, in the order `config.seed` draws."""
+        from lpc.chat.conversation_workload import scripted_conversations
+
+        assert self.dataset is not None
+        return scripted_conversations(
+            self.dataset.eval,
+            self.tokenizer,
+            config.seed,
+            self.options.max_model_len,
+            self.options.progress,
+        )
+
+    def generated_requests(self, config: WorkloadConfig) -> list[WorkloadRequest]:
+        """The open-loop timeline; a window too short for any arrival is refused, not
+        replayed as zero hits out of zero."""
+        requests = open_loop_requests(self.scripts(config), config)
+        if not requests:
+            where = (
+                "; give more conversations"
+                if config.duration_s is None
+                else f" in the {config.duration_s:g} s window; give a longer --duration"
             )
+            raise InvalidInputError(f"{self.options.dataset}: no request arrives{where}")
+        return requests
+
+
+def _load(options: ABOptions, log: Callable[[str], None]) -> _Loaded:
+    """Stage 1: the chat data set, loaded only when something reads it (a generated workload;
+    on a trace, a fit the trace cannot make). A trace the requested predictor cannot read
+    fails first, before minutes of loading."""
+    from lpc.chat.conversation_workload import load_split
+    from lpc.chat.tokenizers import default_chat_tokenizer
+
+    if options.trace is not None:
+        _check_trace_readable(options)
     tokenizer = default_chat_tokenizer()
-    needs_train = bool(
-        _sources_needed(options.policies, options.trace_probabilities) - {"oracle", "trace"}
-    )
-    needs_train = needs_train or options.fallback_probability is None
-    trace_has_training_part = is_trace and options.split_at != 0
+    needed = _sources_needed(options.policies, options.trace_probabilities)
+    needs_train = bool(needed - {"oracle", "trace"}) or options.fallback_probability is None
+    trace_has_training_part = options.trace is not None and options.split_at != 0
     if trace_has_training_part:
         # A trace's own training part fits turns and the fallback; only a learned model
         # needs the chat data set (its evaluation conversations). A trace split at 0 has no
         # training part: the data set's training half fits them, as for generated workloads.
-        needs_train = options.model_reads_text and "model" in _sources_needed(
-            options.policies, options.trace_probabilities
-        )
+        needs_train = options.model_reads_text and "model" in needed
     dataset = None
-    if not is_trace or needs_train:
+    if options.trace is None or needs_train:
         dataset = load_split(options.dataset, options.data_format, options.mode)
         log(
             f"data: {'; '.join(dataset.load_summary.splitlines())}; "
@@ -225,121 +287,266 @@ def run_ab(
                 f"{options.dataset}: all {len(dataset.train)} conversations fall in the training "
                 "half, none in the evaluation half the replay uses; give more conversations"
             )
-    timings["load_s"] = time.perf_counter() - started
+    loaded = _Loaded(options, dataset, tokenizer, trace_has_training_part)
+    if dataset is not None and not trace_has_training_part:
+        loaded.no_training_part = _check_training_half(options, dataset, log)
+    return loaded
 
+
+def _check_training_half(
+    options: ABOptions, dataset: SplitDataset, log: Callable[[str], None]
+) -> dict[str, Any] | None:
+    """The data set's training half fits turns and the fallback here. When the split puts
+    no conversation in it, a policy that needs the fit is refused, saying what to do; the
+    others replay unfitted, and the returned note tells the report so."""
+    if any(c.num_user_turns for c in dataset.train):
+        return None
+    fitted = _needs_fit(options)
+    if fitted:
+        raise InvalidInputError(
+            f"{options.dataset}: no conversation falls in the training half "
+            f"({len(dataset.eval)} in the evaluation half), which {fitted} is fitted on; "
+            "give more conversations, or leave it out"
+        )
+    note = _no_training_part_note(options, "no conversation falls in the training half")
+    log(f"data: {_no_training_part_text(note)}")
+    return note
+
+
+def _needs_fit(options: ABOptions) -> str:
+    """What a training part must fit: lpc-turns (and --trace-probabilities turns); "" when
+    nothing requested needs it."""
+    fitted = [p.label for p in options.policies if p.source == "turns"]
+    if options.trace_probabilities == "turns":
+        fitted.append("--trace-probabilities turns")
+    return " and ".join(fitted)
+
+
+def _no_training_part_note(options: ABOptions, reason: str) -> dict[str, Any]:
+    """The report's note on an empty training part: why, and the unfitted fallback p when a
+    requested source can leave a request without a prediction (a model, a trace's log)."""
+    note: dict[str, Any] = {"reason": reason}
+    gaps = _sources_needed(options.policies, options.trace_probabilities) & {"model", "trace"}
+    if options.fallback_probability is None and gaps:
+        note["fallback_probability"] = UNFITTED_BASE_RATE
+    return note
+
+
+def _no_training_part_text(note: dict[str, Any]) -> str:
+    """The note in words (log lines and reports)."""
+    text = f"no training part ({note['reason']}): nothing is fitted"
+    if "fallback_probability" in note:
+        text += (
+            f"; LPC's fallback p is {note['fallback_probability']:g}, not fitted "
+            "(--fallback-p sets it)"
+        )
+    return text
+
+
+def _check_trace_readable(options: ABOptions) -> None:
+    """A missing file, or the learned model on a trace without text, fails before any data
+    set is loaded."""
+    from lpc.traces.load import trace_format_of
+
+    assert options.trace is not None
+    fmt = trace_format_of(options.trace, options.trace_format)
+    if (
+        fmt != "lpc"
+        and options.model_reads_text
+        and "model" in _sources_needed(options.policies, options.trace_probabilities)
+    ):
+        raise InvalidInputError(
+            f"the learned predictor reads user prompts; a {fmt} trace has no text "
+            "(use lpc-turns, or an lpc trace in chat form)"
+        )
+
+
+def _dataset_context(dataset: SplitDataset | None) -> ABContext:
+    """What the data set's training half fits: turn counts and the continuation rate (LPC's
+    default fallback p). A trace with a training part refits both on it later."""
     train_counts = [c.num_user_turns for c in dataset.train if c.num_user_turns] if dataset else []
-    base_rate = TurnsSource.fit(train_counts).base_rate if train_counts else 0.5
-    context = ABContext(
+    base_rate = TurnsSource.fit(train_counts).base_rate if train_counts else UNFITTED_BASE_RATE
+    return ABContext(
         train_counts,
         base_rate,
         dataset.load_summary if dataset else "",
         dataset.eval if dataset else [],
     )
-    fallback = base_rate if options.fallback_probability is None else options.fallback_probability
 
-    def scripts(config: WorkloadConfig):
-        assert dataset is not None
-        return scripted_conversations(
-            dataset.eval, tokenizer, config.seed, options.max_model_len, options.progress
-        )
 
-    def generated_requests(config: WorkloadConfig) -> list[WorkloadRequest]:
-        return open_loop_requests(scripts(config), config)
+@dataclass
+class _Workload:
+    """The requests every policy replays, with the options they resolve (block size, cache
+    sizes) and what a trace says about them."""
 
-    t0 = time.perf_counter()
-    logged: list[float | None] | None = None
-    trace_info: dict[str, Any] = {}
-    first_counted = 0
+    options: ABOptions
+    requests: list[WorkloadRequest]
+    source_desc: str
+    first_counted: int = 0  # requests before it warm the cache (a trace's training part)
+    logged: list[float | None] | None = None  # a trace's own 'probability' per request
+    trace_info: dict[str, Any] = field(default_factory=dict)  # empty for a generated workload
+    trace_block_size: int | None = None
+    no_training_part: dict[str, Any] | None = None  # nothing fitted: why (for the report)
+
+
+def _build_workload(loaded: _Loaded, context: ABContext, log: Callable[[str], None]) -> _Workload:
+    """Stage 2: the requests to replay, from the trace or generated from the evaluation half
+    (a closed loop generates its own per policy, later). A trace also refits `context`."""
+    options = loaded.options
     if options.trace is not None:
-        assert options.max_model_len is not None
-        trace = load_trace(
-            options.trace,
-            TraceOptions(
-                options.trace_format,
-                options.workload.latency,
-                options.horizon_s,
-                options.max_model_len,
-                options.shared_fanout,
-            ),
-            message_tokenizer(tokenizer),
-        )
-        requests, logged = trace.requests, trace.logged_probabilities
-        source_desc = f"{trace.format} trace {trace.path}"
-
-        options = replace(
-            options,
-            block_size=options.block_size or trace.trace_block_size or 16,
-            cache_sizes_tokens=options.cache_sizes_tokens or TRACE_CACHE_SIZES_TOKENS,
-        )
-        split = split_in_time(
-            requests, DEFAULT_SPLIT_AT if options.split_at is None else options.split_at
-        )
-        first_counted = split.first_eval
-        if trace_has_training_part:
-            counts = training_turn_counts(requests, split)
-            base_rate = TurnsSource.fit(counts).base_rate
-            context.train_turn_counts, context.base_rate = counts, base_rate
-            if options.fallback_probability is None:
-                fallback = base_rate
-        trace_info = {**trace.info, "split": split.to_dict()}
-        if trace.request_types is not None:
-            context.request_types = {
-                r.request_id: t for r, t in zip(requests, trace.request_types, strict=True)
-            }
-        if trace.info.get("skipped_last_lines"):
-            log(f"trace: skipped a cut last line of {trace.path}")
-        if trace.info.get("cut_to_max_model_len"):
-            log(
-                f"trace: cut {trace.info['cut_to_max_model_len']} requests longer than "
-                f"--max-model-len {options.max_model_len} tokens"
-            )
-        if "linkage" in trace.info:
-            link = trace.info["linkage"]
-            log(
-                f"trace: prefix linkage joined {link['linked_requests']} of "
-                f"{link['requests']} requests into {link['conversations']} conversations "
-                f"({link['multi_turn_conversations']} with several turns)"
-            )
-        if "request_log" in trace.info:
-            engine = trace.info["request_log"]
-            log(
-                f"trace: request log of {engine['requests']} requests in {engine['files']} "
-                f"file(s); the engine's own token hit ratio "
-                f"{engine['engine_token_hit_ratio']:.2%}"
-            )
-        log(
-            f"trace: training part {split.train_requests} requests before "
-            f"{split.cut_s - split.start_s:.0f} s, evaluation part "
-            f"{split.eval_requests} requests (hit ratios count these)"
-        )
+        work = _trace_workload(loaded, context, log)
     else:
-        if options.workload.latency.closed_loop:
-            requests = []
-        else:
-            requests = generated_requests(options.workload)
-        source_desc = f"{options.dataset} evaluation half"
+        closed_loop = options.workload.latency.closed_loop
+        requests = [] if closed_loop else loaded.generated_requests(options.workload)
+        work = _Workload(options, requests, f"{options.dataset} evaluation half")
+    work.options = replace(
+        work.options,
+        block_size=work.options.block_size or 16,
+        cache_sizes_tokens=work.options.cache_sizes_tokens or DEFAULT_CACHE_SIZES_TOKENS,
+    )
+    work.no_training_part = work.no_training_part or loaded.no_training_part
+    return work
+
+
+def _trace_workload(loaded: _Loaded, context: ABContext, log: Callable[[str], None]) -> _Workload:
+    """A trace's requests, split in time; its training part (when the split leaves it one)
+    fits the turns source and the fallback in `context`, as the data set's training half
+    does for a generated workload."""
+    from lpc.chat.conversation_workload import message_tokenizer
+    from lpc.traces.load import TraceOptions, load_trace
+    from lpc.traces.timeline import split_in_time
+
+    options = loaded.options
+    assert options.trace is not None and options.max_model_len is not None
+    trace_options = TraceOptions(
+        options.trace_format,
+        options.workload.latency,
+        options.horizon_s,
+        options.max_model_len,
+        options.shared_fanout,
+    )
+    trace = load_trace(options.trace, trace_options, message_tokenizer(loaded.tokenizer))
+    requests = trace.requests
     options = replace(
         options,
-        block_size=options.block_size or 16,
-        cache_sizes_tokens=options.cache_sizes_tokens or DEFAULT_CACHE_SIZES_TOKENS,
+        block_size=options.block_size or trace.trace_block_size or 16,
+        cache_sizes_tokens=options.cache_sizes_tokens or TRACE_CACHE_SIZES_TOKENS,
     )
-    timings["workload_s"] = time.perf_counter() - t0
+    split = split_in_time(
+        requests, DEFAULT_SPLIT_AT if options.split_at is None else options.split_at
+    )
+    trace_info = {**trace.info, "split": split.to_dict()}
+    note = None
+    if loaded.trace_has_training_part:
+        note = _fit_on_training_part(trace, split, options, context)
+    if trace.request_types is not None:
+        context.request_types = {
+            r.request_id: t for r, t in zip(requests, trace.request_types, strict=True)
+        }
+    _log_trace(trace, split, options, log)
+    if note is not None:
+        log(f"trace: {_no_training_part_text(note)}")
+    return _Workload(
+        options,
+        requests,
+        f"{trace.format} trace {trace.path}",
+        split.first_eval,
+        trace.logged_probabilities,
+        trace_info,
+        trace.trace_block_size,
+        note,
+    )
 
-    names = _sources_needed(options.policies, options.trace_probabilities)
-    sources = _build_sources(names, context, model_factory)
 
-    def settings_for(reqs: Sequence[WorkloadRequest]) -> ReplaySettings:
-        scale = options.scale_per_s
+def _fit_on_training_part(
+    trace: LoadedTrace, split: TimeSplit, options: ABOptions, context: ABContext
+) -> dict[str, Any] | None:
+    """Fit turns and the continuation rate on the trace's training part. The part is empty
+    when every request arrives at one instant (the cut falls on the first arrival): then a
+    policy that needs the fit is refused, saying what to do, as `--split-at` itself refuses
+    a split with nothing to evaluate; the others replay unfitted, and the returned note tells
+    the report so."""
+    from lpc.traces.timeline import training_turn_counts
+
+    counts = training_turn_counts(trace.requests, split)
+    if counts:
+        context.train_turn_counts, context.base_rate = counts, TurnsSource.fit(counts).base_rate
+        return None
+    reason = _why_no_training_part(trace.requests, split)
+    fitted = _needs_fit(options)
+    if fitted:
+        split_at = DEFAULT_SPLIT_AT if options.split_at is None else options.split_at
+        raise InvalidInputError(
+            f"{trace.path}: {reason}, so the time split (--split-at {split_at:g}) leaves no "
+            f"training part to fit {fitted} on; give --split-at 0 to fit it on the --dataset "
+            "training half instead, or leave it out"
+        )
+    # A text model's data set may be loaded, but the trace's own part is the one that fits.
+    context.train_turn_counts, context.base_rate = [], UNFITTED_BASE_RATE
+    return _no_training_part_note(options, reason)
+
+
+def _why_no_training_part(requests: Sequence[WorkloadRequest], split: TimeSplit) -> str:
+    if len(requests) == 1:
+        return "the trace holds one request"
+    if requests[0].arrival_s == requests[-1].arrival_s:
+        return f"all {len(requests)} requests arrive at the same instant"
+    return f"no request arrives before the cut at {split.cut_s - split.start_s:g} s"
+
+
+def _log_trace(
+    trace: LoadedTrace, split: TimeSplit, options: ABOptions, log: Callable[[str], None]
+) -> None:
+    """What the import did to the trace, one line each, then where the split fell."""
+    if trace.info.get("skipped_last_lines"):
+        log(f"trace: skipped a cut last line of {trace.path}")
+    if trace.info.get("cut_to_max_model_len"):
+        log(
+            f"trace: cut {trace.info['cut_to_max_model_len']} requests longer than "
+            f"--max-model-len {options.max_model_len} tokens"
+        )
+    if "linkage" in trace.info:
+        link = trace.info["linkage"]
+        log(
+            f"trace: prefix linkage joined {link['linked_requests']} of "
+            f"{link['requests']} requests into {link['conversations']} conversations "
+            f"({link['multi_turn_conversations']} with several turns)"
+        )
+    if "request_log" in trace.info:
+        engine = trace.info["request_log"]
+        log(
+            f"trace: request log of {engine['requests']} requests in {engine['files']} "
+            f"file(s); the engine's own token hit ratio "
+            f"{engine['engine_token_hit_ratio']:.2%}"
+        )
+    log(
+        f"trace: training part {split.train_requests} requests before "
+        f"{split.cut_s - split.start_s:.0f} s, evaluation part "
+        f"{split.eval_requests} requests (hit ratios count these)"
+    )
+
+
+@dataclass
+class _Replayer:
+    """The fitted probability sources and the settings every replay of the workload (and of
+    the sweep's workloads) shares."""
+
+    options: ABOptions
+    sources: dict[str, ProbabilitySource]
+    names: set[str]
+    logged: list[float | None] | None
+    fallback: float
+    first_counted: int
+
+    def settings_for(self, reqs: Sequence[WorkloadRequest]) -> ReplaySettings:
+        scale = self.options.scale_per_s
         if scale is None:
             # A trace's scale comes from its training part, like the other fitted values.
-            scale = estimated_scale_per_s(reqs[:first_counted] if first_counted else reqs)
-        return ReplaySettings(scale, fallback)
+            counted = self.first_counted
+            scale = estimated_scale_per_s(reqs[:counted] if counted else reqs)
+        return ReplaySettings(scale, self.fallback)
 
-    out = options.out_dir
-    out.mkdir(parents=True, exist_ok=True)
-    files: dict[str, str] = {}
-
-    def predictions(reqs: list[WorkloadRequest]) -> dict[str, list[float | None]]:
+    def predictions(self, reqs: list[WorkloadRequest]) -> dict[str, list[float | None]]:
         turns = [r.turn for r in reqs]
         # Sources that read a request's timing (access features) take the requests.
         values = {
@@ -348,97 +555,145 @@ def run_ab(
                 if hasattr(source, "predict_requests")
                 else source.predict(turns)
             )
-            for name, source in sources.items()
+            for name, source in self.sources.items()
         }
-        if "trace" in names:
-            if logged is None:
+        if "trace" in self.names:
+            if self.logged is None:
                 raise InvalidInputError(
                     "policy lpc-trace needs a trace whose lines carry 'probability'"
                 )
-            values["trace"] = logged
+            values["trace"] = self.logged
         return values
 
-    results: list[ReplayResult]
-    t0 = time.perf_counter()
-    if options.workload.latency.closed_loop:
-        if dataset is None:
-            raise InvalidInputError(
-                "a closed-loop replay generates its timeline: it cannot replay --trace"
-            )
-        settings = settings_for(open_loop_requests(scripts(options.workload), options.workload))
-        results = _closed_loop_grid(options, lambda: scripts(options.workload), sources, settings)
-        summary = {"source": source_desc, "closed_loop": True}
-        summary["scale_per_s"] = settings.scale_per_s
-        timings["predict_s"] = 0.0
-    else:
-        values = predictions(requests)
-        timings["predict_s"] = time.perf_counter() - t0
-        if options.export_trace is not None:
-            probability = (
-                values.get(options.trace_probabilities) if options.trace_probabilities else None
-            )
-            write_trace(
-                options.export_trace, requests, _trace_header(options, source_desc), probability
-            )
-            files["trace"] = str(options.export_trace)
-            log(f"trace: wrote {len(requests)} requests to {options.export_trace}")
-        assert options.block_size is not None
-        if trace_info and trace.trace_block_size:
-            check_block_size(options.block_size, trace.trace_block_size)
-        workload = prepare(requests, options.block_size, values, first_counted=first_counted)
-        settings = settings_for(requests)
-        summary = _summary(workload, requests, options, source_desc)
-        if trace_info:
-            summary["trace"] = trace_info
-            _check_sizes(options, summary["peak_in_flight_tokens"], log)
-        log(
-            f"workload: {summary['requests']} requests from "
-            f"{summary['conversations']} conversations, "
-            f"{summary['prompt_tokens']:,} prompt tokens over {summary['span_s']:.0f} s"
-            + (" (counted: the evaluation part)" if first_counted else "")
-            + f"; peak in flight {summary['peak_in_flight_tokens']:,} tokens"
-        )
-        summary["scale_per_s"] = settings.scale_per_s
-        t0 = time.perf_counter()
-        results = _grid(workload, options, settings, "replaying")
-        timings["replay_s"] = time.perf_counter() - t0
 
+def _fit_sources(
+    work: _Workload, context: ABContext, model_factory: ModelSourceFactory | None
+) -> _Replayer:
+    """Stage 3: the probability sources the policies read, built once the training part is
+    known, and LPC's fallback p (the fitted continuation rate unless --fallback-p)."""
+    options = work.options
+    names = _sources_needed(options.policies, options.trace_probabilities)
+    sources = _build_sources(names, context, model_factory)
+    fallback = (
+        context.base_rate if options.fallback_probability is None else options.fallback_probability
+    )
+    return _Replayer(options, sources, names, work.logged, fallback, work.first_counted)
+
+
+def _replay_closed_loop(
+    loaded: _Loaded, work: _Workload, replayer: _Replayer, timings: dict[str, float]
+) -> tuple[list[ReplayResult], dict[str, Any]]:
+    """Stage 4, closed loop: each policy replays its own timeline from the scripts."""
+    options = work.options
+    if loaded.dataset is None:
+        raise InvalidInputError(
+            "a closed-loop replay generates its timeline: it cannot replay --trace"
+        )
+    # A closed loop has no fixed timeline: the decay scale reads the think times of the same
+    # scripts replayed open loop.
+    latency = replace(options.workload.latency, closed_loop=False)
+    open_loop = replace(options.workload, latency=latency)
+    settings = replayer.settings_for(loaded.generated_requests(open_loop))
+    results = _closed_loop_grid(
+        options, lambda: loaded.scripts(options.workload), replayer.sources, settings
+    )
+    summary: dict[str, Any] = {"source": work.source_desc, "closed_loop": True}
+    if work.no_training_part is not None:
+        summary["no_training_part"] = work.no_training_part
+    summary["scale_per_s"] = settings.scale_per_s
+    timings["predict_s"] = 0.0
+    return results, summary
+
+
+def _replay_open_loop(
+    work: _Workload,
+    replayer: _Replayer,
+    files: dict[str, str],
+    timings: dict[str, float],
+    log: Callable[[str], None],
+) -> tuple[list[ReplayResult], dict[str, Any]]:
+    """Stage 4: predict every request once, then replay the grid (every policy at every
+    cache size) on the one prepared workload."""
+    options, requests = work.options, work.requests
+    t0 = time.perf_counter()
+    values = replayer.predictions(requests)
+    timings["predict_s"] = time.perf_counter() - t0
+    if options.export_trace is not None:
+        _export_trace(work, values, files, log)
+    assert options.block_size is not None
+    if work.trace_info and work.trace_block_size:
+        check_block_size(options.block_size, work.trace_block_size)
+    workload = prepare(requests, options.block_size, values, first_counted=work.first_counted)
+    settings = replayer.settings_for(requests)
+    summary = _summary(workload, requests, options, work.source_desc)
+    if work.trace_info:
+        summary["trace"] = work.trace_info
+        _check_sizes(options, summary["peak_in_flight_tokens"], log)
+    if work.no_training_part is not None:
+        summary["no_training_part"] = work.no_training_part
+    log(
+        f"workload: {summary['requests']} requests from "
+        f"{summary['conversations']} conversations, "
+        f"{summary['prompt_tokens']:,} prompt tokens over {summary['span_s']:.0f} s"
+        + (" (counted: the evaluation part)" if work.first_counted else "")
+        + f"; peak in flight {summary['peak_in_flight_tokens']:,} tokens"
+    )
+    summary["scale_per_s"] = settings.scale_per_s
+    t0 = time.perf_counter()
+    results = _grid(workload, options, settings, "replaying")
+    timings["replay_s"] = time.perf_counter() - t0
+    return results, summary
+
+
+def _export_trace(
+    work: _Workload,
+    values: dict[str, list[float | None]],
+    files: dict[str, str],
+    log: Callable[[str], None],
+) -> None:
+    """--export-trace: the replayed requests in the project's format, with one source's
+    predictions as each line's 'probability' when asked."""
+    from lpc.traces.lpc_trace import write_trace
+
+    options = work.options
+    assert options.export_trace is not None
+    probability = values.get(options.trace_probabilities) if options.trace_probabilities else None
+    header = _trace_header(options, work.source_desc)
+    write_trace(options.export_trace, work.requests, header, probability)
+    files["trace"] = str(options.export_trace)
+    log(f"trace: wrote {len(work.requests)} requests to {options.export_trace}")
+
+
+def _think_time_sweep(
+    loaded: _Loaded, replayer: _Replayer, timings: dict[str, float]
+) -> tuple[dict[float, list[ReplayResult]], dict[float, float]]:
+    """Stage 5 (optional): a generated workload per mean think time, replayed at the sweep's
+    one cache size; also each workload's estimated decay scale."""
+    options = replayer.options
     sweep: dict[float, list[ReplayResult]] = {}
     sweep_scales: dict[float, float] = {}
-    if options.think_time_sweep_s:
-        if dataset is None or options.trace is not None:
-            raise InvalidInputError(
-                "a think-time sweep generates workloads: it cannot run on --trace"
-            )
-        t0 = time.perf_counter()
-        for mean in options.think_time_sweep_s:
-            config = WorkloadConfig(
-                mean,
-                options.workload.max_active_conversations,
-                options.workload.duration_s,
-                options.workload.seed,
-                options.workload.latency,
-            )
-            reqs = generated_requests(config)
-            workload = prepare(reqs, options.block_size, predictions(reqs))
-            sweep_settings = settings_for(reqs)
-            sweep_scales[mean] = sweep_settings.scale_per_s
-            sweep[mean] = _grid(
-                workload,
-                options,
-                sweep_settings,
-                f"λ={mean:g}s",
-                sizes=(options.sweep_cache_tokens,),
-            )
-        timings["sweep_s"] = time.perf_counter() - t0
-
-    comparison = compare(results)
-    if sweep_scales:
-        summary["sweep_scale_per_s"] = {str(k): v for k, v in sweep_scales.items()}
-    timings["total_s"] = time.perf_counter() - started
-    outcome = ABOutcome(options, summary, results, comparison, sweep, timings, files)
-    _write_files(outcome, out)
-    return outcome
+    if not options.think_time_sweep_s:
+        return sweep, sweep_scales
+    if loaded.dataset is None or options.trace is not None:
+        raise InvalidInputError("a think-time sweep generates workloads: it cannot run on --trace")
+    assert options.block_size is not None
+    t0 = time.perf_counter()
+    for mean in options.think_time_sweep_s:
+        config = WorkloadConfig(
+            mean,
+            options.workload.max_active_conversations,
+            options.workload.duration_s,
+            options.workload.seed,
+            options.workload.latency,
+        )
+        reqs = loaded.generated_requests(config)
+        workload = prepare(reqs, options.block_size, replayer.predictions(reqs))
+        settings = replayer.settings_for(reqs)
+        sweep_scales[mean] = settings.scale_per_s
+        sizes = (options.sweep_cache_tokens,)
+        sweep[mean] = _grid(workload, options, settings, f"λ={mean:g}s", sizes=sizes)
+    timings["sweep_s"] = time.perf_counter() - t0
+    return sweep, sweep_scales
 
 
 def _grid(
@@ -611,6 +866,8 @@ def markdown_report(outcome: ABOutcome) -> str:
         f"LPC decay scale: {_scale_text(s.get('scale_per_s'), outcome.options.scale_per_s)}.",
         "",
     ]
+    if "no_training_part" in s:
+        lines += [_no_training_part_sentence(s["no_training_part"]), ""]
     for title, header, rows in comparison_tables(outcome.comparison, policies):
         lines += [f"## {title}", "", markdown_table(header, rows), ""]
     lines += ["![hit ratio vs cache size](hit_ratio_vs_cache_size.png)", ""]
@@ -677,7 +934,14 @@ def trace_description(summary: dict[str, Any]) -> list[str]:
         )
     if t.get("skipped_last_lines"):
         lines.append("A cut last line was skipped.")
+    if "no_training_part" in summary:
+        lines.append(_no_training_part_sentence(summary["no_training_part"]))
     return lines
+
+
+def _no_training_part_sentence(note: dict[str, Any]) -> str:
+    text = _no_training_part_text(note)
+    return f"{text[0].upper()}{text[1:]}."
 
 
 def _markdown_trace_report(outcome: ABOutcome) -> str:
