@@ -355,6 +355,7 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
         horizon_s=args.horizon,
         shared_fanout=args.shared_fanout,
         policies=policies,
+        policies_by_default=args.policies is None,
         cache_sizes_tokens=args.cache_sizes,
         block_size=args.block_size,
         workload=workload,

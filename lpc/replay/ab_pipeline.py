@@ -92,6 +92,9 @@ class ABOptions:
     sweep_cache_tokens: int = 160_000
     export_trace: Path | None = None
     trace_probabilities: str | None = None
+    # The policies are the defaults, not the user's list: one that needs a training part
+    # is left out (and the report says so) when there is none, instead of refused.
+    policies_by_default: bool = False
     # False for an access-feature model: it needs no chat data set on a trace
     model_reads_text: bool = True
     out_dir: Path = Path("results/ab")
@@ -289,18 +292,20 @@ def _load(options: ABOptions, log: Callable[[str], None]) -> _Loaded:
             )
     loaded = _Loaded(options, dataset, tokenizer, trace_has_training_part)
     if dataset is not None and not trace_has_training_part:
-        loaded.no_training_part = _check_training_half(options, dataset, log)
+        loaded.options, loaded.no_training_part = _check_training_half(options, dataset, log)
     return loaded
 
 
 def _check_training_half(
     options: ABOptions, dataset: SplitDataset, log: Callable[[str], None]
-) -> dict[str, Any] | None:
+) -> tuple[ABOptions, dict[str, Any] | None]:
     """The data set's training half fits turns and the fallback here. When the split puts
-    no conversation in it, a policy that needs the fit is refused, saying what to do; the
-    others replay unfitted, and the returned note tells the report so."""
+    no conversation in it, a policy the user asked for that needs the fit is refused, saying
+    what to do (a default one is left out); the others replay unfitted, and the returned note
+    tells the report so."""
     if any(c.num_user_turns for c in dataset.train):
-        return None
+        return options, None
+    options, left_out = _without_unfittable_defaults(options)
     fitted = _needs_fit(options)
     if fitted:
         raise InvalidInputError(
@@ -308,9 +313,19 @@ def _check_training_half(
             f"({len(dataset.eval)} in the evaluation half), which {fitted} is fitted on; "
             "give more conversations, or leave it out"
         )
-    note = _no_training_part_note(options, "no conversation falls in the training half")
+    note = _no_training_part_note(options, "no conversation falls in the training half", left_out)
     log(f"data: {_no_training_part_text(note)}")
-    return note
+    return options, note
+
+
+def _without_unfittable_defaults(options: ABOptions) -> tuple[ABOptions, list[str]]:
+    """Default policies that need a training part (lpc-turns) left out, with their labels;
+    a list the user gave is kept as it is (and refused if it needs the fit)."""
+    if not options.policies_by_default:
+        return options, []
+    kept = tuple(p for p in options.policies if p.source != "turns")
+    left_out = [p.label for p in options.policies if p.source == "turns"]
+    return replace(options, policies=kept), left_out
 
 
 def _needs_fit(options: ABOptions) -> str:
@@ -322,10 +337,15 @@ def _needs_fit(options: ABOptions) -> str:
     return " and ".join(fitted)
 
 
-def _no_training_part_note(options: ABOptions, reason: str) -> dict[str, Any]:
-    """The report's note on an empty training part: why, and the unfitted fallback p when a
-    requested source can leave a request without a prediction (a model, a trace's log)."""
+def _no_training_part_note(
+    options: ABOptions, reason: str, left_out: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The report's note on an empty training part: why, the default policies left out for
+    want of a fit, and the unfitted fallback p when a requested source can leave a request
+    without a prediction (a model, a trace's log)."""
     note: dict[str, Any] = {"reason": reason}
+    if left_out:
+        note["left_out"] = list(left_out)
     gaps = _sources_needed(options.policies, options.trace_probabilities) & {"model", "trace"}
     if options.fallback_probability is None and gaps:
         note["fallback_probability"] = UNFITTED_BASE_RATE
@@ -335,6 +355,8 @@ def _no_training_part_note(options: ABOptions, reason: str) -> dict[str, Any]:
 def _no_training_part_text(note: dict[str, Any]) -> str:
     """The note in words (log lines and reports)."""
     text = f"no training part ({note['reason']}): nothing is fitted"
+    if note.get("left_out"):
+        text += f"; {', '.join(note['left_out'])} left out (it needs a training part)"
     if "fallback_probability" in note:
         text += (
             f"; LPC's fallback p is {note['fallback_probability']:g}, not fitted "
@@ -438,7 +460,7 @@ def _trace_workload(loaded: _Loaded, context: ABContext, log: Callable[[str], No
     trace_info = {**trace.info, "split": split.to_dict()}
     note = None
     if loaded.trace_has_training_part:
-        note = _fit_on_training_part(trace, split, options, context)
+        options, note = _fit_on_training_part(trace, split, options, context)
     if trace.request_types is not None:
         context.request_types = {
             r.request_id: t for r, t in zip(requests, trace.request_types, strict=True)
@@ -460,19 +482,20 @@ def _trace_workload(loaded: _Loaded, context: ABContext, log: Callable[[str], No
 
 def _fit_on_training_part(
     trace: LoadedTrace, split: TimeSplit, options: ABOptions, context: ABContext
-) -> dict[str, Any] | None:
+) -> tuple[ABOptions, dict[str, Any] | None]:
     """Fit turns and the continuation rate on the trace's training part. The part is empty
     when every request arrives at one instant (the cut falls on the first arrival): then a
-    policy that needs the fit is refused, saying what to do, as `--split-at` itself refuses
-    a split with nothing to evaluate; the others replay unfitted, and the returned note tells
-    the report so."""
+    policy the user asked for that needs the fit is refused, saying what to do, as `--split-at`
+    itself refuses a split with nothing to evaluate (a default one is left out); the others
+    replay unfitted, and the returned note tells the report so."""
     from lpc.traces.timeline import training_turn_counts
 
     counts = training_turn_counts(trace.requests, split)
     if counts:
         context.train_turn_counts, context.base_rate = counts, TurnsSource.fit(counts).base_rate
-        return None
+        return options, None
     reason = _why_no_training_part(trace.requests, split)
+    options, left_out = _without_unfittable_defaults(options)
     fitted = _needs_fit(options)
     if fitted:
         split_at = DEFAULT_SPLIT_AT if options.split_at is None else options.split_at
@@ -483,7 +506,7 @@ def _fit_on_training_part(
         )
     # A text model's data set may be loaded, but the trace's own part is the one that fits.
     context.train_turn_counts, context.base_rate = [], UNFITTED_BASE_RATE
-    return _no_training_part_note(options, reason)
+    return options, _no_training_part_note(options, reason, left_out)
 
 
 def _why_no_training_part(requests: Sequence[WorkloadRequest], split: TimeSplit) -> str:

@@ -76,11 +76,30 @@ def test_a_one_line_trace_replays_the_policies_that_need_no_training(
     assert "No training part (the trace holds one request)" in (out / "report.md").read_text()
 
 
+def test_a_one_line_trace_with_the_default_policies_leaves_lpc_turns_out(
+    one_line: Path, tmp_path: Path, capsys
+) -> None:
+    # The default trace policies include lpc-turns, which the training part fits: unasked
+    # for, it is left out and the report says so; the rest replay.
+    out = tmp_path / "o"
+    code, err = run_ab(
+        ["--trace", str(one_line), "--cache-sizes", "60000", "--out", str(out)], capsys
+    )
+    assert code == 0, err
+    assert "Traceback" not in err
+    note = workload_of(out)["no_training_part"]
+    assert note["left_out"] == ["lpc-turns"]
+    policies = {row["policy"] for row in json.loads((out / "results.json").read_text())["results"]}
+    assert "lru" in policies and "lpc-turns" not in policies
+    assert "lpc-turns left out (it needs a training part)" in (out / "report.md").read_text()
+
+
 def test_a_one_line_trace_with_lpc_turns_is_one_line_naming_the_file(
     one_line: Path, tmp_path: Path, capsys
 ) -> None:
-    # The default trace policies include lpc-turns, which the training part fits.
-    code, err = run_ab(["--trace", str(one_line), "--out", str(tmp_path / "o")], capsys)
+    # Asked for by name, lpc-turns is refused: it cannot be fitted on an empty training part.
+    args = ["--trace", str(one_line), "--policies", "lru,lpc-turns"]
+    code, err = run_ab([*args, "--out", str(tmp_path / "o")], capsys)
     assert code == 2
     line = one_error_line(err)
     assert f"{one_line}: the trace holds one request" in line
@@ -128,7 +147,10 @@ def test_with_no_training_part_the_fallback_p_is_reported_unfitted(
 def test_a_data_set_with_no_training_conversation(tmp_path: Path, capsys) -> None:
     data = chats_file(tmp_path / "eval_only.jsonl", "eval")
     common = ["--dataset", str(data), "--cache-sizes", "3000", "--out", str(tmp_path / "o")]
-    code, err = run_ab(common, capsys)  # the defaults include lpc-turns
+    code, err = run_ab(common, capsys)  # the defaults include lpc-turns: left out
+    assert code == 0, err
+    assert workload_of(tmp_path / "o")["no_training_part"]["left_out"] == ["lpc-turns"]
+    code, err = run_ab([*common, "--policies", "lru,lpc-turns"], capsys)  # asked for: refused
     assert code == 2
     line = one_error_line(err)
     assert "eval_only.jsonl: no conversation falls in the training half" in line
