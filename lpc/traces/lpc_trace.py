@@ -442,12 +442,10 @@ def _inferred_conversations(lines: list[_Line], block_size: int) -> dict[int, tu
     }
 
 
-def _requests(lines: list[_Line], block_size: int | None, last_file: Path) -> list[WorkloadRequest]:
+def _requests(lines: list[_Line], block_size: int | None) -> list[WorkloadRequest]:
     """The lines (in arrival order) as requests. A turn index or next-turn label the line
     leaves out is derived from the conversation's other lines: turns count up in arrival
-    order, and a turn has a next one when its conversation arrives again later.
-
-    `last_file` is the trace's last file read, which names a repeated request id."""
+    order, and a turn has a next one when its conversation arrives again later."""
     linked = _link(lines, block_size)
     last_arrival: dict[str, float] = {}
     for conv, line in zip(linked.conversations, lines, strict=True):
@@ -467,7 +465,7 @@ def _requests(lines: list[_Line], block_size: int | None, last_file: Path) -> li
             has_next = last_arrival[conv] > line.arrival
         rid = line.logged.request_id or f"{conv}#{index}"
         if rid in seen_ids:
-            raise fail(last_file, line.lineno, f"request id {rid!r} appears twice")
+            raise fail(line.file, line.lineno, f"request id {rid!r} appears twice")
         seen_ids.add(rid)
         expanded = linked.expanded[i] if line.tokens.hash_form else None
         turn = _scripted_turn(line, conv, index, has_next, expanded)
@@ -510,7 +508,7 @@ def read_trace(path: str | Path, tokenize: MessageTokenizer | None = None) -> Tr
         for file, lineno, record in gathered.rows
     ]
     lines.sort(key=_Line.sort_key)
-    requests = _requests(lines, block_size, gathered.rows[-1][0])
+    requests = _requests(lines, block_size)
     probabilities = [line.logged.probability for line in lines]
     cached = [line.logged.cached_tokens for line in lines]
     return Trace(
