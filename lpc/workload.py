@@ -132,7 +132,10 @@ def draw_scripts(
         yield ConversationScript(turns[0].conversation_id, tuple(turns), gaps)
 
 
-# Event kinds, ordered so that at equal times completions free blocks before arrivals use them.
+# Event kinds, ordered so that at equal times completions free blocks before arrivals use them
+# (a request that completes at its own arrival time still completes after it arrives:
+# `run_schedule` schedules a completion only once its arrival has run, and
+# `lpc.replay.simulator.replay_events` orders a fixed trace's events so).
 COMPLETION, ARRIVAL = 0, 1
 
 
