@@ -327,8 +327,8 @@ def _parse_line(
         raise fail(
             path, lineno, f"'conversation_id' must be a non-empty string, got {conversation_id!r}"
         )
-    arrival = fields.number(record, "arrival_s", path, lineno)
-    completion = fields.number(record, "completion_s", path, lineno)
+    arrival = fields.time_value(record, "arrival_s", path, lineno)
+    completion = fields.time_value(record, "completion_s", path, lineno)
     if completion < arrival:
         raise fail(path, lineno, f"completion_s {completion} is before arrival_s {arrival}")
     tokens = _line_tokens(record, path, lineno, block_size, tokenize)

@@ -1,5 +1,6 @@
 """A request that completes at its own arrival time (completion_s == arrival_s, which the trace
-format allows) is replayed like any other: it arrives, allocates, then frees."""
+format allows) is replayed like any other: it arrives, allocates, then frees. Times too large
+for a float to tell milliseconds apart are refused when read, naming the file and line."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from lpc.workload import (
     open_loop_requests,
 )
 from tests.lpc.synthetic import conversations
-from tests.lpc.traces.helpers import write_lines
+from tests.lpc.traces.helpers import mooncake_record, write_lines
 
 PROMPT = list(range(1, 21))
 
@@ -128,3 +129,41 @@ def test_events_of_a_trace_without_zero_durations_keep_their_order() -> None:
         + [(r.completion_s, COMPLETION, i) for i, r in enumerate(requests)]
     )
     assert events == expected
+
+
+@pytest.mark.parametrize(
+    ("records", "message"),
+    [
+        (
+            [mooncake_record(0, [1, 2]), mooncake_record(1e21, [1, 2])],
+            "big.jsonl:2: 'timestamp' 1e+21 ms is too large for a time",
+        ),
+        (
+            [{**token_lines()[0], "arrival_s": 1e15, "completion_s": 1e15 + 1}],
+            "big.jsonl:1: 'arrival_s' 1e+15 s is too large for a time",
+        ),
+        (
+            [
+                {
+                    "chat_id": 1,
+                    "parent_chat_id": -1,
+                    "timestamp": 1e13,
+                    "input_length": 10,
+                    "output_length": 1,
+                    "type": "text",
+                    "turn": 1,
+                    "hash_ids": [7],
+                }
+            ],
+            "big.jsonl:1: 'timestamp' 1e+13 s is too large for a time",
+        ),
+    ],
+    ids=["mooncake-ms", "lpc-seconds", "bailian-seconds"],
+)
+def test_times_a_float_cannot_hold_to_the_millisecond_are_refused(
+    tmp_path: Path, capsys, records: list[dict], message: str
+) -> None:
+    trace = write_lines(tmp_path / "big.jsonl", records)
+    assert lpc_ab(trace, tmp_path / "out") == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
