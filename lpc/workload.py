@@ -23,6 +23,8 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from lpc.errors import InvalidInputError
+
 
 @dataclass(frozen=True, slots=True)
 class LatencyModel:
@@ -41,10 +43,12 @@ class LatencyModel:
     def __post_init__(self) -> None:
         for name in ("overhead_s", "prefill_tokens_per_s", "time_per_output_token_s"):
             value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"LatencyModel.{name} must be finite and >= 0, got {value!r}")
+            if not math.isfinite(value) or value < 0:  # a flag's value: one line, not a bug
+                raise InvalidInputError(
+                    f"LatencyModel.{name} must be finite and >= 0, got {value!r}"
+                )
         if self.prefill_tokens_per_s == 0:
-            raise ValueError("LatencyModel.prefill_tokens_per_s must be > 0")
+            raise InvalidInputError("LatencyModel.prefill_tokens_per_s must be > 0")
 
     def duration_s(
         self, num_prompt_tokens: int, num_hit_tokens: int, num_output_tokens: int

@@ -167,3 +167,11 @@ def test_times_a_float_cannot_hold_to_the_millisecond_are_refused(
     assert lpc_ab(trace, tmp_path / "out") == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_latency_flag_that_is_not_finite_is_one_line(tmp_path: Path, capsys, value) -> None:
+    trace = write_lines(tmp_path / "t.jsonl", token_lines())
+    assert lpc_ab(trace, tmp_path / "out", "--time-per-output-token", value) == 2
+    err = capsys.readouterr().err.strip()
+    assert "time_per_output_token_s must be finite" in err and len(err.splitlines()) == 1
