@@ -91,31 +91,36 @@ def read_json_lines(path: Path) -> JsonLines:
             raise fail(path, lineno, f"not valid JSON ({error})") from None
         if not isinstance(record, dict):
             raise fail(path, lineno, "each line must be a JSON object")
-        if _SURROGATE_HINT.search(raw):
-            _check_unicode(record, path, lineno)
+        problem = not_unicode(record) if _SURROGATE_HINT.search(raw) else None
+        if problem is not None:
+            raise fail(path, lineno, problem)
         records.append((lineno, record))
     return JsonLines(records, skipped, compressed)
 
 
-def _check_unicode(value: Any, path: Path, lineno: int, where: str = "") -> None:
-    """Raise naming the first key or string of a decoded line that holds a lone surrogate."""
+def not_unicode(value: Any, where: str = "") -> str | None:
+    """Why a decoded JSON value is not Unicode text, naming the first key or string that
+    holds a lone surrogate; None when it is text throughout."""
     if isinstance(value, str):
         match = _SURROGATE.search(value)
-        if match is not None:
-            raise fail(
-                path,
-                lineno,
-                f"'{where}' is not valid Unicode: a lone surrogate "
-                f"\\u{ord(match.group()):04x} at character {match.start()} (half of a UTF-16 "
-                "pair)",
-            )
-    elif isinstance(value, dict):
+        if match is None:
+            return None
+        return (
+            f"'{where}' is not valid Unicode: a lone surrogate \\u{ord(match.group()):04x} "
+            f"at character {match.start()} (half of a UTF-16 pair)"
+        )
+    children: list[tuple[Any, str]] = []
+    if isinstance(value, dict):
         for key, item in value.items():
-            _check_unicode(key, path, lineno, f"{where}.{key!r}" if where else "key")
-            _check_unicode(item, path, lineno, f"{where}.{key}" if where else key)
+            children.append((key, f"{where} key" if where else "key"))
+            children.append((item, f"{where}.{key}" if where else str(key)))
     elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _check_unicode(item, path, lineno, f"{where}[{i}]")
+        children = [(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    for child, at in children:
+        problem = not_unicode(child, at)
+        if problem is not None:
+            return problem
+    return None
 
 
 def gzip_bytes(data: bytes) -> bytes:

@@ -39,9 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lpc.errors import InvalidInputError
 from lpc.traces import fields
 from lpc.traces.expand import SyntheticTokens, expand_requests
-from lpc.traces.jsonl import TraceError, fail, read_json_lines
+from lpc.traces.jsonl import TraceError, fail, not_unicode, read_json_lines
 from lpc.traces.linkage import DEFAULT_SHARED_FANOUT, link_by_prefix
 from lpc.workload import ScriptedTurn, WorkloadRequest, compact_tokens
 
@@ -589,9 +590,20 @@ def write_trace(
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for line in trace_lines(requests, header, probabilities):
-                handle.write(line + "\n")
+            for index, line in enumerate(trace_lines(requests, header, probabilities)):
+                try:
+                    handle.write(line + "\n")
+                except UnicodeEncodeError:
+                    raise _not_writable(path, index, line) from None
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _not_writable(path: Path, index: int, line: str) -> InvalidInputError:
+    """A line holding a lone surrogate, which no UTF-8 file can: the requests came from
+    input that held one (a data set's id; a trace file's is refused when read)."""
+    what = "the header" if index == 0 else f"line {index + 1}"
+    problem = not_unicode(json.loads(line)) or "not valid Unicode"
+    return InvalidInputError(f"{path}: cannot write {what}: {problem}")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from lpc.cli.main import main
+from lpc.errors import InvalidInputError
 from lpc.traces.jsonl import TraceError
 from lpc.traces.load import TraceOptions, load_trace
 from lpc.traces.lpc_trace import read_trace, write_trace
@@ -151,3 +152,23 @@ def test_lpc_retrain_on_trace_logs_names_the_file_and_line(tmp_path: Path, capsy
         f"lpc retrain: error: {path}:1: 'conversation_id' is not valid Unicode: a lone "
         "surrogate \\ud800 at character 0 (half of a UTF-16 pair)"
     ]
+
+
+def test_write_trace_refuses_a_request_that_is_not_unicode_in_one_line(tmp_path: Path) -> None:
+    """Requests from a conversation data set (whose loaders keep ids as they are) may hold a
+    lone surrogate; the export names it instead of failing half-way with a traceback."""
+    trace = read_trace(_written(tmp_path / "t.jsonl", [token_line("a", 0.0), token_line()]))
+    trace.requests[1].turn.user_prompts = ("fine", "bad \ud800")
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(InvalidInputError) as raised:
+        write_trace(out, trace.requests, {})
+    assert str(raised.value) == (
+        f"{out}: cannot write line 3: 'user_prompts[1]' is not valid Unicode: a lone surrogate "
+        "\\ud800 at character 4 (half of a UTF-16 pair)"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.jsonl"]  # no half-written file
+
+
+def _written(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
