@@ -134,7 +134,11 @@ class TimeSplit:
 
 def split_in_time(requests: Sequence[WorkloadRequest], split_at: float) -> TimeSplit:
     """`split_at` < 1 is a fraction of the arrival span, otherwise seconds after the first
-    arrival; requests arriving before the cut are the training part (sorted input)."""
+    arrival; requests arriving before the cut are the training part (sorted input).
+
+    Only `split_at` 0 may leave the training part empty: any other split means to fit on
+    it (the turns baseline, the fallback probability, a candidate model), which a trace
+    whose requests all arrive at once (a span of 0 s: one request) cannot give."""
     if not math.isfinite(split_at) or split_at < 0:
         raise InvalidInputError(
             f"--split-at must be a fraction in [0, 1) or seconds >= 1, got {split_at}"
@@ -147,6 +151,12 @@ def split_in_time(requests: Sequence[WorkloadRequest], split_at: float) -> TimeS
         raise InvalidInputError(
             f"--split-at {split_at:g} leaves no request to evaluate (cut at {cut_s - first:g} s "
             f"after the first arrival; the trace spans {last - first:g} s)"
+        )
+    if first_eval == 0 and split_at > 0:
+        raise InvalidInputError(
+            f"--split-at {split_at:g} leaves no request to train on (cut at {cut_s - first:g} s "
+            f"after the first arrival; the trace spans {last - first:g} s): --split-at 0 "
+            "evaluates every request"
         )
     return TimeSplit(cut_s, first_eval, len(requests), first)
 

@@ -175,3 +175,17 @@ def test_a_latency_flag_that_is_not_finite_is_one_line(tmp_path: Path, capsys, v
     assert lpc_ab(trace, tmp_path / "out", "--time-per-output-token", value) == 2
     err = capsys.readouterr().err.strip()
     assert "time_per_output_token_s must be finite" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("lines", [token_lines()[:1], [token_lines()[0]] * 2], ids=["one", "same"])
+def test_a_trace_spanning_no_time_has_no_training_part_but_at_split_0(
+    tmp_path: Path, capsys, lines: list[dict]
+) -> None:
+    """One request, or every request at one time: the default split cuts at the first
+    arrival and leaves nothing to fit the turns baseline on; `--split-at 0` replays it."""
+    lines = [{**line, "request_id": f"r{i}"} for i, line in enumerate(lines)]
+    trace = write_lines(tmp_path / "t.jsonl", lines)
+    assert lpc_ab(trace, tmp_path / "out") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--split-at 0.5 leaves no request to train on" in err[0]
+    assert lpc_ab(trace, tmp_path / "out", "--split-at", "0") == 0
