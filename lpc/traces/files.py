@@ -38,24 +38,9 @@ LPC_TRACE_KEYS = frozenset({"arrival_s", "completion_s"})
 
 def trace_format_by_content(path: Path) -> str | None:
     """`mooncake`, `bailian` or `lpc` when the file's first line is a request (or header) of
-    that trace format; None for anything else (a conversation file, unreadable JSON)."""
-    if path.suffix.lower() in (".json", ".parquet"):
-        return None  # a JSON document or a table: conversation loaders' formats only
-    try:
-        with path.open("rb") as raw:
-            compressed = raw.read(2) == GZIP_MAGIC
-        opener = gzip.open if compressed else open
-        with opener(path, "rb") as handle:
-            line = b""
-            for line in handle:
-                if line.strip():
-                    break
-    except (OSError, EOFError, zlib.error):
-        return None
-    try:
-        record = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
+    that trace format; None for anything else (a conversation file, or no JSON Lines at
+    all: `json_lines_problem` says which)."""
+    record, _ = _first_record(path)
     if not isinstance(record, dict):
         return None
     if record.get("format") == TRACE_FORMAT or record.keys() >= LPC_TRACE_KEYS:
@@ -65,6 +50,36 @@ def trace_format_by_content(path: Path) -> str | None:
     if looks_like_mooncake(record):
         return "mooncake"
     return None
+
+
+def json_lines_problem(path: Path) -> str | None:
+    """Why a file is no JSON Lines file at all, so neither a trace nor a conversation log in
+    that form (it is empty, or its first line is not a JSON object), or None."""
+    record, problem = _first_record(path)
+    if problem is None and record is not None and not isinstance(record, dict):
+        return "not JSON Lines: its first line is not a JSON object"
+    return problem
+
+
+def _first_record(path: Path) -> tuple[Any, str | None]:
+    """The JSON value of the file's first line (gzip or plain), or None and why there is
+    none; (None, None) for a JSON document or a table (conversation loaders' formats)."""
+    if path.suffix.lower() in (".json", ".parquet"):
+        return None, None
+    try:
+        with path.open("rb") as raw:
+            compressed = raw.read(2) == GZIP_MAGIC
+        opener = gzip.open if compressed else open
+        with opener(path, "rb") as handle:
+            line = next((line for line in handle if line.strip()), b"")
+    except (OSError, EOFError, zlib.error) as error:
+        return None, f"cannot be read ({error})"
+    if not line:
+        return None, "the file is empty"
+    try:
+        return json.loads(line), None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None, "not JSON Lines: its first line is not JSON"
 
 
 def load_trace_files(
