@@ -103,13 +103,19 @@ def load_trace_files(
                 link.symlink_to(path.resolve())
                 links[str(link)] = path
             trace = _with_real_names(lambda: load_trace(folder, options), links)
+            if "cut_last_line_files" in trace.info:
+                trace.info["cut_last_line_files"] = [
+                    str(links.get(p, p)) for p in trace.info["cut_last_line_files"]
+                ]
         else:
             combined = Path(folder) / "combined.jsonl"
-            origin, skipped = _concatenate(paths, trace_format, combined)
+            origin, cut_files = _concatenate(paths, trace_format, combined)
             trace = _with_real_names(
                 lambda: load_trace(combined, options), {}, str(combined), origin
             )
-            trace.info["skipped_last_lines"] = skipped
+            trace.info["skipped_last_lines"] = len(cut_files)
+            if cut_files:
+                trace.info["cut_last_line_files"] = [str(p) for p in cut_files]
     trace.info["files"] = len(paths)
     trace.path = paths[-1].parent
     return trace
@@ -117,17 +123,18 @@ def load_trace_files(
 
 def _concatenate(
     paths: list[Path], trace_format: str, out: Path
-) -> tuple[dict[int, tuple[Path, int]], int]:
+) -> tuple[dict[int, tuple[Path, int]], list[Path]]:
     """Write the files' records into one JSONL file; return where each of its lines came from
-    (for error messages) and the cut last lines skipped."""
+    (for error messages) and the files whose cut last line was skipped."""
     origin: dict[int, tuple[Path, int]] = {}
-    skipped = 0
+    cut_files: list[Path] = []
     previous: tuple[Path, int, float] | None = None  # file, line, timestamp of the last record
     chats: dict[Any, tuple[Path, int]] = {}
     with out.open("w", encoding="utf-8") as handle:
         for path in paths:
             lines = read_json_lines(path)  # a broken line raises with this file's name
-            skipped += lines.skipped_last_lines
+            if lines.skipped_last_lines:
+                cut_files.append(path)
             for lineno, record in lines.records:
                 if trace_format == "mooncake":
                     previous = _check_one_clock(path, lineno, record, previous)
@@ -143,7 +150,7 @@ def _concatenate(
                         chats[chat] = (path, lineno)
                 handle.write(json.dumps(record) + "\n")
                 origin[len(origin) + 1] = (path, lineno)
-    return origin, skipped
+    return origin, cut_files
 
 
 def _check_one_clock(

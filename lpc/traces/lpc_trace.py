@@ -65,6 +65,7 @@ class Trace:
     skipped_last_lines: int = 0  # cut last lines, skipped (one per file at most)
     # The engine's cached prompt tokens per request, as a request log records them
     logged_cached_tokens: list[int | None] | None = None
+    cut_files: tuple[Path, ...] = ()  # the files whose cut last line was skipped
 
 
 def _token_list(record: dict, key: str, path: Path, lineno: int) -> list[int]:
@@ -107,7 +108,7 @@ class _Gathered:
 
     rows: list[tuple[Path, int, dict]]
     header: dict[str, Any]
-    skipped_last_lines: int
+    cut_files: list[Path]  # whose cut last line was skipped (a file has one last line)
 
 
 def _gather(path: Path) -> _Gathered:
@@ -121,10 +122,11 @@ def _gather(path: Path) -> _Gathered:
     rows: list[tuple[Path, int, dict]] = []
     header: dict[str, Any] = {}
     header_file: Path | None = None
-    skipped = 0
+    cut_files: list[Path] = []
     for file in files:
         lines = read_json_lines(file)
-        skipped += lines.skipped_last_lines
+        if lines.skipped_last_lines:
+            cut_files.append(file)
         for index, (lineno, record) in enumerate(lines.records):
             if index == 0 and record.get("format") == TRACE_FORMAT:
                 _check_header(file, lineno, record, header, header_file)
@@ -134,7 +136,7 @@ def _gather(path: Path) -> _Gathered:
             rows.append((file, lineno, record))
     if len(files) > 1:
         header["files"] = len(files)
-    return _Gathered(rows, header, skipped)
+    return _Gathered(rows, header, cut_files)
 
 
 def _check_header(
@@ -517,8 +519,9 @@ def read_trace(path: str | Path, tokenize: MessageTokenizer | None = None) -> Tr
         gathered.header,
         probabilities if any(p is not None for p in probabilities) else None,
         block_size,
-        gathered.skipped_last_lines,
+        len(gathered.cut_files),
         cached if any(c is not None for c in cached) else None,
+        tuple(gathered.cut_files),
     )
 
 
