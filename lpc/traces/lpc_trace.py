@@ -37,7 +37,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from lpc.errors import InvalidInputError
 from lpc.traces import fields
@@ -163,10 +163,14 @@ def _hash_block_size(path: Path, header: dict[str, Any]) -> int | None:
 
 
 # Stage 2: one line's tokens, by its form.
+#
+# A request log has millions of lines, so what a line keeps is one slotted `_Line`: the
+# stages return named tuples, unpacked into it. Several objects per line would cost more to
+# build (frozen dataclasses five times as much) and, kept alive until the end, far more in
+# garbage collection.
 
 
-@dataclass(frozen=True)
-class _HashForm:
+class _HashForm(NamedTuple):
     """A block-hash line's ids and lengths; expanded to tokens once every line is read, since
     the expansion numbers the distinct blocks of the whole trace."""
 
@@ -176,20 +180,15 @@ class _HashForm:
     covers_output: bool  # `sequence_hash_ids`: the ids cover the output tokens too
 
 
-@dataclass(frozen=True)
-class _Tokens:
+class _Tokens(NamedTuple):
     """What a line's form gives: its token ids, or its block ids (`hash_form`, with a
     one-token placeholder prompt until expansion); chat `messages` when it had them (they
     supply the default user prompts)."""
 
     prompt: list[int]
     output: list[int]
-    messages: list[dict[str, str]] | None = None
     hash_form: _HashForm | None = None
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return self.hash_form.num_prompt if self.hash_form else len(self.prompt)
+    messages: list[dict[str, str]] | None = None
 
 
 def _hash_key(record: dict) -> str:
@@ -248,7 +247,7 @@ def _hash_tokens(
         key=hash_key,
         length_name="'input_length' + 'output_length'" if covers_output else "'input_length'",
     )
-    return _Tokens([0], [], None, _HashForm(ids, num_prompt, num_output, covers_output))
+    return _Tokens([0], [], _HashForm(ids, num_prompt, num_output, covers_output))
 
 
 def _chat_tokens(
@@ -268,14 +267,13 @@ def _chat_tokens(
     if tokenize is None:
         raise fail(path, lineno, "chat messages need a tokenizer to replay")
     prompt, output = tokenize(messages, reply)
-    return _Tokens(prompt, output, messages)
+    return _Tokens(prompt, output, None, messages)
 
 
 # Stage 3: the line's other fields.
 
 
-@dataclass(frozen=True)
-class _TurnFields:
+class _TurnFields(NamedTuple):
     """What a line may say about its turn; None where the assembly derives it."""
 
     turn_index: int | None
@@ -283,8 +281,7 @@ class _TurnFields:
     user_prompts: list[str] | None
 
 
-@dataclass(frozen=True)
-class _LoggedFields:
+class _LoggedFields(NamedTuple):
     """The optional fields a serving log records about a request."""
 
     probability: float | None
@@ -295,22 +292,37 @@ class _LoggedFields:
     cache_salt: str | None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Line:
-    """One request line, checked, before the trace is sorted and its conversations linked."""
+    """One request line, checked, before the trace is sorted and its conversations linked:
+    where it is, its identity and times, then `_Tokens`, `_TurnFields` and `_LoggedFields`
+    (less the chat messages, which only supply the default user prompts)."""
 
     file: Path
     lineno: int
     conversation_id: str | None  # None: inferred by prefix linkage (block-hash forms)
     arrival: float
     completion: float
-    tokens: _Tokens
-    turn: _TurnFields
-    logged: _LoggedFields
+    prompt: list[int]
+    output: list[int]
+    hash_form: _HashForm | None
+    turn_index: int | None
+    has_next: bool | None
+    user_prompts: list[str] | None
+    probability: float | None
+    lora_id: str | int | None
+    request_id: str | None
+    cached_tokens: int | None
+    arrival_order: int
+    cache_salt: str | None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.hash_form.num_prompt if self.hash_form else len(self.prompt)
 
     def sort_key(self) -> tuple[float, str, int, int]:
         """Arrival order: by time, then within one file by `arrival_order` and line."""
-        return (self.arrival, str(self.file), self.logged.arrival_order, self.lineno)
+        return (self.arrival, str(self.file), self.arrival_order, self.lineno)
 
 
 def _parse_line(
@@ -338,8 +350,10 @@ def _parse_line(
     if not tokens.prompt:
         raise fail(path, lineno, "the prompt is empty")
     turn = _turn_fields(record, path, lineno, tokens.messages)
-    logged = _logged_fields(record, path, lineno, tokens.num_prompt_tokens)
-    return _Line(path, lineno, conversation_id, arrival, completion, tokens, turn, logged)
+    num_prompt = tokens.hash_form.num_prompt if tokens.hash_form else len(tokens.prompt)
+    logged = _logged_fields(record, path, lineno, num_prompt)
+    kept = (tokens.prompt, tokens.output, tokens.hash_form)  # the messages are done with
+    return _Line(path, lineno, conversation_id, arrival, completion, *kept, *turn, *logged)
 
 
 def _turn_fields(
@@ -413,7 +427,7 @@ def _link(lines: list[_Line], block_size: int | None) -> _Linked:
     expanded: list[SyntheticTokens] = []
     inferred: dict[int, tuple[str, int]] = {}
     if block_size is not None:
-        forms = [line.tokens.hash_form for line in lines]
+        forms = [line.hash_form for line in lines]
         expanded = expand_requests(
             [f.ids for f in forms],
             [f.num_prompt for f in forms],
@@ -436,7 +450,7 @@ def _inferred_conversations(lines: list[_Line], block_size: int) -> dict[int, tu
     rows = [i for i, line in enumerate(lines) if line.conversation_id is None]
     if not rows:
         return {}
-    forms = [lines[i].tokens.hash_form for i in rows]
+    forms = [lines[i].hash_form for i in rows]
     prompts = [f.ids[: -(-f.num_prompt // block_size)] for f in forms]
     linkage = link_by_prefix(prompts, DEFAULT_SHARED_FANOUT)
     return {
@@ -458,19 +472,19 @@ def _requests(lines: list[_Line], block_size: int | None) -> list[WorkloadReques
     requests: list[WorkloadRequest] = []
     for i, line in enumerate(lines):
         conv = linked.conversations[i]
-        turn_index = line.turn.turn_index
+        turn_index = line.turn_index
         if turn_index is None:
             turn_index = linked.linked_turns[i]
         index = seen_turns.get(conv, 0) if turn_index is None else turn_index
         seen_turns[conv] = index + 1
-        has_next = line.turn.has_next
+        has_next = line.has_next
         if has_next is None:
             has_next = last_arrival[conv] > line.arrival
-        rid = line.logged.request_id or f"{conv}#{index}"
+        rid = line.request_id or f"{conv}#{index}"
         if rid in seen_ids:
             raise fail(line.file, line.lineno, f"request id {rid!r} appears twice")
         seen_ids.add(rid)
-        expanded = linked.expanded[i] if line.tokens.hash_form else None
+        expanded = linked.expanded[i] if line.hash_form else None
         turn = _scripted_turn(line, conv, index, has_next, expanded)
         requests.append(WorkloadRequest(rid, turn, line.arrival, line.completion))
     return requests
@@ -481,16 +495,15 @@ def _scripted_turn(
 ) -> ScriptedTurn:
     """The turn a replay sees: token ids (the block-hash form's expanded ones, else the
     line's, stored compactly) and the fields predictors and block hashes use."""
-    tokens = line.tokens
     return ScriptedTurn(
         conv,
         index,
-        expanded if expanded is not None else compact_tokens([*tokens.prompt, *tokens.output]),
-        tokens.num_prompt_tokens,
+        expanded if expanded is not None else compact_tokens([*line.prompt, *line.output]),
+        line.num_prompt_tokens,
         has_next,
-        tuple(line.turn.user_prompts or ()),
-        line.logged.cache_salt,
-        line.logged.lora_id,
+        tuple(line.user_prompts or ()),
+        line.cache_salt,
+        line.lora_id,
     )
 
 
@@ -512,8 +525,8 @@ def read_trace(path: str | Path, tokenize: MessageTokenizer | None = None) -> Tr
     ]
     lines.sort(key=_Line.sort_key)
     requests = _requests(lines, block_size)
-    probabilities = [line.logged.probability for line in lines]
-    cached = [line.logged.cached_tokens for line in lines]
+    probabilities = [line.probability for line in lines]
+    cached = [line.cached_tokens for line in lines]
     return Trace(
         requests,
         gathered.header,
