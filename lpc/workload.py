@@ -23,6 +23,8 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from lpc.errors import InvalidInputError
+
 
 @dataclass(frozen=True, slots=True)
 class LatencyModel:
@@ -41,10 +43,12 @@ class LatencyModel:
     def __post_init__(self) -> None:
         for name in ("overhead_s", "prefill_tokens_per_s", "time_per_output_token_s"):
             value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"LatencyModel.{name} must be finite and >= 0, got {value!r}")
+            if not math.isfinite(value) or value < 0:  # a flag's value: one line, not a bug
+                raise InvalidInputError(
+                    f"LatencyModel.{name} must be finite and >= 0, got {value!r}"
+                )
         if self.prefill_tokens_per_s == 0:
-            raise ValueError("LatencyModel.prefill_tokens_per_s must be > 0")
+            raise InvalidInputError("LatencyModel.prefill_tokens_per_s must be > 0")
 
     def duration_s(
         self, num_prompt_tokens: int, num_hit_tokens: int, num_output_tokens: int
@@ -132,7 +136,10 @@ def draw_scripts(
         yield ConversationScript(turns[0].conversation_id, tuple(turns), gaps)
 
 
-# Event kinds, ordered so that at equal times completions free blocks before arrivals use them.
+# Event kinds, ordered so that at equal times completions free blocks before arrivals use them
+# (a request that completes at its own arrival time still completes after it arrives:
+# `run_schedule` schedules a completion only once its arrival has run, and
+# `lpc.replay.simulator.replay_events` orders a fixed trace's events so).
 COMPLETION, ARRIVAL = 0, 1
 
 

@@ -35,7 +35,7 @@ import numpy as np
 from lpc.access.table import request_table
 from lpc.errors import UserError
 from lpc.replay.ab_pipeline import TRACE_MAX_MODEL_LEN
-from lpc.traces.files import load_trace_files, trace_format_by_content
+from lpc.traces.files import json_lines_problem, load_trace_files, trace_format_by_content
 from lpc.traces.load import LoadedTrace, TraceOptions
 from lpc.traces.timeline import DEFAULT_SPLIT_AT, TimeSplit, split_in_time
 from predictor.access_features import default_feature_names
@@ -60,7 +60,9 @@ class MixedLogsError(UserError):
 
 def trace_format_of_files(paths: list[Path]) -> str | None:
     """The trace format shared by every file, None when none is a trace file; a mix of
-    conversation and trace files, or of trace formats, raises naming one file of each."""
+    conversation and trace files, or of trace formats, raises naming one file of each. Among
+    trace files, an empty file or one that is not JSON Lines (a picture saved as `.jsonl`)
+    is neither kind: the error names it and says what it is."""
     formats = {path: trace_format_by_content(path) for path in paths}
     traces = {p: f for p, f in formats.items() if f is not None}
     if not traces:
@@ -72,8 +74,16 @@ def trace_format_of_files(paths: list[Path]) -> str | None:
             )
         return None
     if len(traces) < len(paths):
-        conversation = next(p for p, f in formats.items() if f is None)
+        others = [p for p, f in formats.items() if f is None]
         trace, fmt = next(iter(traces.items()))
+        for other in others:  # no log of either kind: say what is wrong with it instead
+            problem = json_lines_problem(other)
+            if problem is not None:
+                raise MixedLogsError(
+                    f"{other}: {problem} (the other files of --logs are trace files, e.g. "
+                    f"{trace}, a {fmt} trace)"
+                )
+        conversation = others[0]
         raise MixedLogsError(
             f"--logs mixes conversation files and trace files (e.g. {conversation} and "
             f"{trace}, a {fmt} trace): give each kind a folder of its own"

@@ -93,6 +93,30 @@ def hash_turns(requests: Sequence[WorkloadRequest], hasher: BlockHasher) -> list
     return out
 
 
+def replay_events(requests: Sequence[WorkloadRequest]) -> list[tuple[float, int, int]]:
+    """Arrivals and completions, `(time, kind, request index)`, in the order a replay walks
+    them: by time; at equal times, requests that arrived earlier complete (freeing their
+    blocks) before new ones arrive, and arrivals go in request order.
+
+    A request may complete at its own arrival time (a trace allows completion_s ==
+    arrival_s; a latency far below the clock's resolution rounds to it): it completes right
+    after it arrives, before the next arrival, never before its own arrival, since a
+    completion frees blocks its arrival allocated."""
+    events = [(r.arrival_s, ARRIVAL, i) for i, r in enumerate(requests)] + [
+        (r.completion_s, COMPLETION, i) for i, r in enumerate(requests)
+    ]
+    if not any(r.completion_s == r.arrival_s for r in requests):
+        return sorted(events)  # the common case, without the cost of a key per event
+
+    def order(event: tuple[float, int, int]) -> tuple[float, int, int, int]:
+        time_s, kind, i = event
+        if kind == COMPLETION and requests[i].arrival_s == time_s:
+            return (time_s, ARRIVAL, i, 1)  # right after its own arrival
+        return (time_s, kind, i, 0)
+
+    return sorted(events, key=order)
+
+
 def prepare(
     requests: list[WorkloadRequest],
     block_size: int,
@@ -116,10 +140,7 @@ def prepare(
         )
         for request, block_hashes in zip(requests, hashes, strict=True)
     ]
-    events = sorted(
-        [(r.arrival_s, ARRIVAL, i) for i, r in enumerate(requests)]
-        + [(r.completion_s, COMPLETION, i) for i, r in enumerate(requests)]
-    )
+    events = replay_events(requests)
     future = FutureUses()
     for request, block_hashes in zip(requests, hashes, strict=True):
         hit_blocks = (request.turn.num_prompt_tokens - 1) // block_size

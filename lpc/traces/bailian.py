@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lpc.traces.fields import count, hash_ids, number
+from lpc.traces.fields import count, hash_ids, time_value
 from lpc.traces.jsonl import JsonLines, fail
 
 BAILIAN_BLOCK_SIZE = 16
@@ -45,7 +45,7 @@ def parse_bailian(path: Path, lines: JsonLines) -> tuple[pd.DataFrame, int]:
         line_of[chat] = lineno
         if parent == chat:
             raise fail(path, lineno, f"'parent_chat_id' {parent!r} is the request itself")
-        timestamp = number(record, "timestamp", path, lineno)
+        timestamp = time_value(record, "timestamp", path, lineno)
         input_length = count(record, "input_length", path, lineno, minimum=1)
         output_length = count(record, "output_length", path, lineno)
         kind = record.get("type")

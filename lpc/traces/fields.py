@@ -19,6 +19,27 @@ def number(record: dict[str, Any], key: str, path: Path, lineno: int) -> float:
     return float(value)
 
 
+# Replays hold times as float seconds. Below 2**42 s (about 139,000 years) a float still
+# tells times a millisecond apart (its spacing there is 2**-10 s); beyond, a request's
+# duration, or the gap between two requests, can round to nothing (a completion at its
+# arrival) or to a jump of seconds, and the replay would be of another trace. No clock
+# reads that much: such a time is in the wrong unit (nanoseconds) or corrupt.
+MAX_TIME_S = 2.0**42
+
+
+def time_value(record: dict[str, Any], key: str, path: Path, lineno: int, unit: str = "s") -> float:
+    """A time in `unit` (s or ms): a finite number >= 0, below `MAX_TIME_S`."""
+    value = number(record, key, path, lineno)
+    if value / (1000 if unit == "ms" else 1) >= MAX_TIME_S:
+        raise fail(
+            path,
+            lineno,
+            f"{key!r} {value:g} {unit} is too large for a time: beyond 2**42 s (about "
+            "139,000 years) a float no longer tells milliseconds apart",
+        )
+    return value
+
+
 def count(record: dict[str, Any], key: str, path: Path, lineno: int, minimum: int = 0) -> int:
     """An int >= minimum."""
     value = record.get(key)

@@ -38,24 +38,9 @@ LPC_TRACE_KEYS = frozenset({"arrival_s", "completion_s"})
 
 def trace_format_by_content(path: Path) -> str | None:
     """`mooncake`, `bailian` or `lpc` when the file's first line is a request (or header) of
-    that trace format; None for anything else (a conversation file, unreadable JSON)."""
-    if path.suffix.lower() in (".json", ".parquet"):
-        return None  # a JSON document or a table: conversation loaders' formats only
-    try:
-        with path.open("rb") as raw:
-            compressed = raw.read(2) == GZIP_MAGIC
-        opener = gzip.open if compressed else open
-        with opener(path, "rb") as handle:
-            line = b""
-            for line in handle:
-                if line.strip():
-                    break
-    except (OSError, EOFError, zlib.error):
-        return None
-    try:
-        record = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
+    that trace format; None for anything else (a conversation file, or no JSON Lines at
+    all: `json_lines_problem` says which)."""
+    record, _ = _first_record(path)
     if not isinstance(record, dict):
         return None
     if record.get("format") == TRACE_FORMAT or record.keys() >= LPC_TRACE_KEYS:
@@ -65,6 +50,36 @@ def trace_format_by_content(path: Path) -> str | None:
     if looks_like_mooncake(record):
         return "mooncake"
     return None
+
+
+def json_lines_problem(path: Path) -> str | None:
+    """Why a file is no JSON Lines file at all, so neither a trace nor a conversation log in
+    that form (it is empty, or its first line is not a JSON object), or None."""
+    record, problem = _first_record(path)
+    if problem is None and record is not None and not isinstance(record, dict):
+        return "not JSON Lines: its first line is not a JSON object"
+    return problem
+
+
+def _first_record(path: Path) -> tuple[Any, str | None]:
+    """The JSON value of the file's first line (gzip or plain), or None and why there is
+    none; (None, None) for a JSON document or a table (conversation loaders' formats)."""
+    if path.suffix.lower() in (".json", ".parquet"):
+        return None, None
+    try:
+        with path.open("rb") as raw:
+            compressed = raw.read(2) == GZIP_MAGIC
+        opener = gzip.open if compressed else open
+        with opener(path, "rb") as handle:
+            line = next((line for line in handle if line.strip()), b"")
+    except (OSError, EOFError, zlib.error) as error:
+        return None, f"cannot be read ({error})"
+    if not line:
+        return None, "the file is empty"
+    try:
+        return json.loads(line), None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None, "not JSON Lines: its first line is not JSON"
 
 
 def load_trace_files(
@@ -88,13 +103,19 @@ def load_trace_files(
                 link.symlink_to(path.resolve())
                 links[str(link)] = path
             trace = _with_real_names(lambda: load_trace(folder, options), links)
+            if "cut_last_line_files" in trace.info:
+                trace.info["cut_last_line_files"] = [
+                    str(links.get(p, p)) for p in trace.info["cut_last_line_files"]
+                ]
         else:
             combined = Path(folder) / "combined.jsonl"
-            origin, skipped = _concatenate(paths, trace_format, combined)
+            origin, cut_files = _concatenate(paths, trace_format, combined)
             trace = _with_real_names(
                 lambda: load_trace(combined, options), {}, str(combined), origin
             )
-            trace.info["skipped_last_lines"] = skipped
+            trace.info["skipped_last_lines"] = len(cut_files)
+            if cut_files:
+                trace.info["cut_last_line_files"] = [str(p) for p in cut_files]
     trace.info["files"] = len(paths)
     trace.path = paths[-1].parent
     return trace
@@ -102,17 +123,18 @@ def load_trace_files(
 
 def _concatenate(
     paths: list[Path], trace_format: str, out: Path
-) -> tuple[dict[int, tuple[Path, int]], int]:
+) -> tuple[dict[int, tuple[Path, int]], list[Path]]:
     """Write the files' records into one JSONL file; return where each of its lines came from
-    (for error messages) and the cut last lines skipped."""
+    (for error messages) and the files whose cut last line was skipped."""
     origin: dict[int, tuple[Path, int]] = {}
-    skipped = 0
+    cut_files: list[Path] = []
     previous: tuple[Path, int, float] | None = None  # file, line, timestamp of the last record
     chats: dict[Any, tuple[Path, int]] = {}
     with out.open("w", encoding="utf-8") as handle:
         for path in paths:
             lines = read_json_lines(path)  # a broken line raises with this file's name
-            skipped += lines.skipped_last_lines
+            if lines.skipped_last_lines:
+                cut_files.append(path)
             for lineno, record in lines.records:
                 if trace_format == "mooncake":
                     previous = _check_one_clock(path, lineno, record, previous)
@@ -128,7 +150,7 @@ def _concatenate(
                         chats[chat] = (path, lineno)
                 handle.write(json.dumps(record) + "\n")
                 origin[len(origin) + 1] = (path, lineno)
-    return origin, skipped
+    return origin, cut_files
 
 
 def _check_one_clock(

@@ -2,13 +2,16 @@
 
 A log that is still being written, or was cut by a crash, ends in half a line. That line is
 skipped and counted (the caller reports the count); a broken line anywhere else is an error
-naming the file and line.
+naming the file and line. So is a line that is not Unicode text: JSON's `\\ud800` escape
+decodes to half a UTF-16 pair, which no file, log or table can store, so a replay that
+accepted it would fail later, far from the line, when it writes the string out.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +20,11 @@ from typing import Any
 from lpc.errors import UserError
 
 GZIP_MAGIC = b"\x1f\x8b"
+# A line that may decode to a lone surrogate: a \uD800-\uDFFF escape, or those code points
+# as UTF-8-like bytes (which `json.loads` passes through); a valid pair matches too, then the
+# decoded record is searched, which finds none.
+_SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class TraceError(UserError, ValueError):
@@ -83,8 +91,37 @@ def read_json_lines(path: Path) -> JsonLines:
             raise fail(path, lineno, f"not valid JSON ({error})") from None
         if not isinstance(record, dict):
             raise fail(path, lineno, "each line must be a JSON object")
+        hint = (b"\\u" in raw or b"\xed" in raw) and _SURROGATE_HINT.search(raw)  # `in`: fast
+        problem = not_unicode(record) if hint else None
+        if problem is not None:
+            raise fail(path, lineno, problem)
         records.append((lineno, record))
     return JsonLines(records, skipped, compressed)
+
+
+def not_unicode(value: Any, where: str = "") -> str | None:
+    """Why a decoded JSON value is not Unicode text, naming the first key or string that
+    holds a lone surrogate; None when it is text throughout."""
+    if isinstance(value, str):
+        match = _SURROGATE.search(value)
+        if match is None:
+            return None
+        return (
+            f"'{where}' is not valid Unicode: a lone surrogate \\u{ord(match.group()):04x} "
+            f"at character {match.start()} (half of a UTF-16 pair)"
+        )
+    children: list[tuple[Any, str]] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            children.append((key, f"{where} key" if where else "key"))
+            children.append((item, f"{where}.{key}" if where else str(key)))
+    elif isinstance(value, list):
+        children = [(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    for child, at in children:
+        problem = not_unicode(child, at)
+        if problem is not None:
+            return problem
+    return None
 
 
 def gzip_bytes(data: bytes) -> bytes:

@@ -54,7 +54,9 @@ class LoadedTrace:
     format: str
     path: Path
     trace_block_size: int | None  # None: the project's token-id form
-    info: dict[str, Any]  # what the import found: skipped lines, linkage, cuts, labels
+    # What the import found: skipped lines (`skipped_last_lines`, and the files they were
+    # in, `cut_last_line_files`, when any), linkage, cuts, labels
+    info: dict[str, Any]
     request_types: list[str] | None = None  # Bailian's `type` per request (access features)
 
 
@@ -122,6 +124,8 @@ def load_trace(
         requests, logged = trace.requests, trace.logged_probabilities
         block_size = trace.hash_block_size
         info["skipped_last_lines"] = trace.skipped_last_lines
+        if trace.cut_files:
+            info["cut_last_line_files"] = [str(p) for p in trace.cut_files]
         request_log = trace.header.get("source") == LOG_SOURCE
         if request_log:
             info["request_log"] = request_log_summary(trace)
@@ -143,6 +147,8 @@ def load_trace(
             request_types = [str(t) for t in table["type"]]
             block_size = BAILIAN_BLOCK_SIZE
         info["skipped_last_lines"] = lines.skipped_last_lines
+        if lines.skipped_last_lines:
+            info["cut_last_line_files"] = [str(path)]
         requests = imported_requests(table, block_size)
         logged = None
         info["time_origin_s"] = float(table["arrival_s"].min())

@@ -32,17 +32,17 @@ last line (a log still being written) is skipped and counted.
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from lpc.errors import InvalidInputError
 from lpc.traces import fields
 from lpc.traces.expand import SyntheticTokens, expand_requests
-from lpc.traces.jsonl import TraceError, read_json_lines
+from lpc.traces.jsonl import TraceError, fail, not_unicode, read_json_lines
 from lpc.traces.linkage import DEFAULT_SHARED_FANOUT, link_by_prefix
 from lpc.workload import ScriptedTurn, WorkloadRequest, compact_tokens
 
@@ -65,35 +65,23 @@ class Trace:
     skipped_last_lines: int = 0  # cut last lines, skipped (one per file at most)
     # The engine's cached prompt tokens per request, as a request log records them
     logged_cached_tokens: list[int | None] | None = None
-
-
-def _fail(path: Path, lineno: int, message: str) -> TraceError:
-    return TraceError(f"{path}:{lineno}: {message}")
-
-
-def _number(record: dict, key: str, path: Path, lineno: int) -> float:
-    value = record.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _fail(path, lineno, f"{key!r} must be a finite number, got {value!r}")
-    if value < 0:
-        raise _fail(path, lineno, f"{key!r} must be >= 0, got {value!r}")
-    return float(value)
+    cut_files: tuple[Path, ...] = ()  # the files whose cut last line was skipped
 
 
 def _token_list(record: dict, key: str, path: Path, lineno: int) -> list[int]:
     value = record.get(key)
     if not isinstance(value, list):
-        raise _fail(path, lineno, f"{key!r} must be a list of token ids")
+        raise fail(path, lineno, f"{key!r} must be a list of token ids")
     for i, token in enumerate(value):
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise _fail(path, lineno, f"{key}[{i}] must be an int >= 0, got {token!r}")
+            raise fail(path, lineno, f"{key}[{i}] must be an int >= 0, got {token!r}")
     return value
 
 
 def _optional_str(record: dict, key: str, path: Path, lineno: int) -> str | None:
     value = record.get(key)
     if value is not None and not isinstance(value, str):
-        raise _fail(path, lineno, f"{key!r} must be a string or null, got {value!r}")
+        raise fail(path, lineno, f"{key!r} must be a string or null, got {value!r}")
     return value
 
 
@@ -111,287 +99,443 @@ def trace_files(path: Path) -> list[Path]:
     return files
 
 
-def _gather(path: Path) -> tuple[list[tuple[Path, int, dict]], dict[str, Any], int]:
+# Stage 1: the files' lines and the header.
+
+
+@dataclass(frozen=True)
+class _Gathered:
+    """Every request line of the trace with its file and line number, before any check."""
+
+    rows: list[tuple[Path, int, dict]]
+    header: dict[str, Any]
+    cut_files: list[Path]  # whose cut last line was skipped (a file has one last line)
+
+
+def _gather(path: Path) -> _Gathered:
     """Every request line of a file, or of every file of a folder (a request log: one file
-    per process and day), with its file and line; the header; cut last lines skipped."""
+    per process and day), with its file and line; the header; cut last lines skipped.
+
+    Each file of a folder may start with a header (every process writes its own); the first
+    one is the trace's, and the others must agree on the block size, since one block size
+    expands every line of the merged trace."""
     files = trace_files(path) if path.is_dir() else [path]
     rows: list[tuple[Path, int, dict]] = []
     header: dict[str, Any] = {}
     header_file: Path | None = None
-    skipped = 0
+    cut_files: list[Path] = []
     for file in files:
         lines = read_json_lines(file)
-        skipped += lines.skipped_last_lines
+        if lines.skipped_last_lines:
+            cut_files.append(file)
         for index, (lineno, record) in enumerate(lines.records):
             if index == 0 and record.get("format") == TRACE_FORMAT:
-                if record.get("version") != TRACE_VERSION:
-                    raise _fail(
-                        file, lineno, f"unsupported trace version {record.get('version')!r}"
-                    )
-                if header_file is not None and record.get("hash_block_size") != header.get(
-                    "hash_block_size"
-                ):
-                    raise _fail(
-                        file,
-                        lineno,
-                        f"'hash_block_size' {record.get('hash_block_size')!r} differs from "
-                        f"{header.get('hash_block_size')!r} in {header_file}",
-                    )
+                _check_header(file, lineno, record, header, header_file)
                 if header_file is None:
                     header, header_file = dict(record), file
                 continue
             rows.append((file, lineno, record))
     if len(files) > 1:
         header["files"] = len(files)
-    return rows, header, skipped
+    return _Gathered(rows, header, cut_files)
 
 
-def read_trace(path: str | Path, tokenize: MessageTokenizer | None = None) -> Trace:
-    """Parse and validate a trace file, or a folder of them (merged by time); the first
-    problem raises `TraceError` with its file and line."""
-    path = Path(path)
-    rows, header, skipped_last_lines = _gather(path)
-    if not rows:
-        raise TraceError(f"{path}: the trace holds no requests")
-    hash_block_size = header.get("hash_block_size")
-    if hash_block_size is not None and (
-        isinstance(hash_block_size, bool)
-        or not isinstance(hash_block_size, int)
-        or hash_block_size < 1
+def _check_header(
+    file: Path, lineno: int, record: dict, first: dict[str, Any], first_file: Path | None
+) -> None:
+    """A header this reader understands, agreeing with the folder's first header."""
+    if record.get("version") != TRACE_VERSION:
+        raise fail(file, lineno, f"unsupported trace version {record.get('version')!r}")
+    if first_file is not None and record.get("hash_block_size") != first.get("hash_block_size"):
+        raise fail(
+            file,
+            lineno,
+            f"'hash_block_size' {record.get('hash_block_size')!r} differs from "
+            f"{first.get('hash_block_size')!r} in {first_file}",
+        )
+
+
+def _hash_block_size(path: Path, header: dict[str, Any]) -> int | None:
+    """The header's block size (the block-hash forms need one), or None (token ids)."""
+    size = header.get("hash_block_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise TraceError(f"{path}: header 'hash_block_size' must be an int >= 1, got {size!r}")
+    return size
+
+
+# Stage 2: one line's tokens, by its form.
+#
+# A request log has millions of lines, so what a line keeps is one slotted `_Line`: the
+# stages return named tuples, unpacked into it. Several objects per line would cost more to
+# build (frozen dataclasses five times as much) and, kept alive until the end, far more in
+# garbage collection.
+
+
+class _HashForm(NamedTuple):
+    """A block-hash line's ids and lengths; expanded to tokens once every line is read, since
+    the expansion numbers the distinct blocks of the whole trace."""
+
+    ids: list[int]
+    num_prompt: int
+    num_output: int
+    covers_output: bool  # `sequence_hash_ids`: the ids cover the output tokens too
+
+
+class _Tokens(NamedTuple):
+    """What a line's form gives: its token ids, or its block ids (`hash_form`, with a
+    one-token placeholder prompt until expansion); chat `messages` when it had them (they
+    supply the default user prompts)."""
+
+    prompt: list[int]
+    output: list[int]
+    hash_form: _HashForm | None = None
+    messages: list[dict[str, str]] | None = None
+
+
+def _hash_key(record: dict) -> str:
+    """The block-hash field a line would use: a request log's, else an imported trace's."""
+    return "sequence_hash_ids" if "sequence_hash_ids" in record else "hash_ids"
+
+
+def _line_tokens(
+    record: dict,
+    path: Path,
+    lineno: int,
+    block_size: int | None,
+    tokenize: MessageTokenizer | None,
+) -> _Tokens:
+    """The line's tokens from whichever form it is in. A trace with a block size is in the
+    block-hash form throughout: its lines cannot be mixed with token ids, whose blocks
+    would never match the expanded ones."""
+    hash_key = _hash_key(record)
+    if hash_key in record:
+        return _hash_tokens(record, path, lineno, block_size, hash_key)
+    if block_size is not None:
+        raise fail(
+            path,
+            lineno,
+            "a trace with 'hash_block_size' needs 'hash_ids' or 'sequence_hash_ids' on every line",
+        )
+    if "prompt_token_ids" in record:
+        prompt = _token_list(record, "prompt_token_ids", path, lineno)
+        output = (
+            _token_list(record, "output_token_ids", path, lineno)
+            if "output_token_ids" in record
+            else []
+        )
+        return _Tokens(prompt, output)
+    if "messages" in record:
+        return _chat_tokens(record, path, lineno, tokenize)
+    raise fail(path, lineno, "needs 'prompt_token_ids' (token form) or 'messages' (chat form)")
+
+
+def _hash_tokens(
+    record: dict, path: Path, lineno: int, block_size: int | None, hash_key: str
+) -> _Tokens:
+    """A block-hash line: one id per block of the prompt (`hash_ids`, imported traces) or
+    of prompt and output (`sequence_hash_ids`, request logs), checked against the lengths."""
+    if block_size is None:
+        raise fail(path, lineno, f"{hash_key!r} needs 'hash_block_size' in the header line")
+    num_prompt = fields.count(record, "input_length", path, lineno, minimum=1)
+    num_output = fields.count(record, "output_length", path, lineno)
+    covers_output = hash_key == "sequence_hash_ids"
+    ids = fields.hash_ids(
+        record,
+        path,
+        lineno,
+        num_prompt + (num_output if covers_output else 0),
+        block_size,
+        key=hash_key,
+        length_name="'input_length' + 'output_length'" if covers_output else "'input_length'",
+    )
+    return _Tokens([0], [], _HashForm(ids, num_prompt, num_output, covers_output))
+
+
+def _chat_tokens(
+    record: dict, path: Path, lineno: int, tokenize: MessageTokenizer | None
+) -> _Tokens:
+    """A chat line: the messages and reply text, tokenised by the caller's tokenizer (the
+    trace does not say which model's)."""
+    messages = record["messages"]
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in messages
     ):
-        raise TraceError(
-            f"{path}: header 'hash_block_size' must be an int >= 1, got {hash_block_size!r}"
-        )
+        raise fail(path, lineno, "'messages' must be a list of {role, content} strings")
+    reply = record.get("output", "")
+    if not isinstance(reply, str):
+        raise fail(path, lineno, "'output' must be the reply text")
+    if tokenize is None:
+        raise fail(path, lineno, "chat messages need a tokenizer to replay")
+    prompt, output = tokenize(messages, reply)
+    return _Tokens(prompt, output, None, messages)
 
-    parsed = []
-    for path, lineno, record in rows:
-        conversation_id = record.get("conversation_id")
-        hash_key = "sequence_hash_ids" if "sequence_hash_ids" in record else "hash_ids"
-        if conversation_id is None and hash_key in record:
-            pass  # inferred by prefix linkage below (a request log without client ids)
-        elif not isinstance(conversation_id, str) or not conversation_id:
-            raise _fail(
-                path,
-                lineno,
-                f"'conversation_id' must be a non-empty string, got {conversation_id!r}",
-            )
-        arrival = _number(record, "arrival_s", path, lineno)
-        completion = _number(record, "completion_s", path, lineno)
-        if completion < arrival:
-            raise _fail(path, lineno, f"completion_s {completion} is before arrival_s {arrival}")
-        hash_form = None
-        if hash_key in record:
-            if hash_block_size is None:
-                raise _fail(
-                    path, lineno, f"{hash_key!r} needs 'hash_block_size' in the header line"
-                )
-            num_prompt = fields.count(record, "input_length", path, lineno, minimum=1)
-            num_output = fields.count(record, "output_length", path, lineno)
-            covers_output = hash_key == "sequence_hash_ids"
-            ids = fields.hash_ids(
-                record,
-                path,
-                lineno,
-                num_prompt + (num_output if covers_output else 0),
-                hash_block_size,
-                key=hash_key,
-                length_name=(
-                    "'input_length' + 'output_length'" if covers_output else "'input_length'"
-                ),
-            )
-            hash_form = (ids, num_prompt, num_output, covers_output)
-            prompt, output, messages = [0], [], None
-        elif hash_block_size is not None:
-            raise _fail(
-                path,
-                lineno,
-                "a trace with 'hash_block_size' needs 'hash_ids' or 'sequence_hash_ids' on "
-                "every line",
-            )
-        elif "prompt_token_ids" in record:
-            prompt = _token_list(record, "prompt_token_ids", path, lineno)
-            output = (
-                _token_list(record, "output_token_ids", path, lineno)
-                if "output_token_ids" in record
-                else []
-            )
-            messages = None
-        elif "messages" in record:
-            messages = record["messages"]
-            if not isinstance(messages, list) or not all(
-                isinstance(m, dict)
-                and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str)
-                for m in messages
-            ):
-                raise _fail(path, lineno, "'messages' must be a list of {role, content} strings")
-            reply = record.get("output", "")
-            if not isinstance(reply, str):
-                raise _fail(path, lineno, "'output' must be the reply text")
-            if tokenize is None:
-                raise _fail(path, lineno, "chat messages need a tokenizer to replay")
-            prompt, output = tokenize(messages, reply)
-        else:
-            raise _fail(
-                path, lineno, "needs 'prompt_token_ids' (token form) or 'messages' (chat form)"
-            )
-        if not prompt:
-            raise _fail(path, lineno, "the prompt is empty")
-        turn_index = record.get("turn_index")
-        if turn_index is not None and (
-            isinstance(turn_index, bool) or not isinstance(turn_index, int) or turn_index < 0
-        ):
-            raise _fail(path, lineno, f"'turn_index' must be an int >= 0, got {turn_index!r}")
-        has_next = record.get("has_next_turn")
-        if has_next is not None and not isinstance(has_next, bool):
-            raise _fail(
-                path, lineno, f"'has_next_turn' must be true, false or null, got {has_next!r}"
-            )
-        prompts = record.get("user_prompts")
-        if prompts is None and messages is not None:
-            prompts = [m["content"] for m in messages if m["role"] == "user"]
-        if prompts is not None and not (
-            isinstance(prompts, list) and all(isinstance(p, str) for p in prompts)
-        ):
-            raise _fail(path, lineno, "'user_prompts' must be a list of strings")
-        probability = record.get("probability")
-        if probability is not None and (
-            isinstance(probability, bool)
-            or not isinstance(probability, int | float)
-            or not 0.0 <= probability <= 1.0
-        ):
-            raise _fail(
-                path, lineno, f"'probability' must be in [0, 1] or null, got {probability!r}"
-            )
-        lora = record.get("lora_id")
-        if lora is not None and (isinstance(lora, bool) or not isinstance(lora, str | int)):
-            raise _fail(path, lineno, f"'lora_id' must be a string, int or null, got {lora!r}")
-        request_id = _optional_str(record, "request_id", path, lineno)
-        cached_tokens = record.get("cached_tokens")
-        if cached_tokens is not None and (
-            isinstance(cached_tokens, bool)
-            or not isinstance(cached_tokens, int)
-            or not 0 <= cached_tokens <= (hash_form[1] if hash_form else len(prompt))
-        ):
-            raise _fail(
-                path,
-                lineno,
-                f"'cached_tokens' must be an int in [0, prompt tokens], got {cached_tokens!r}",
-            )
-        for key in ("probability_source", "request_type"):
-            _optional_str(record, key, path, lineno)
-        arrival_order = record.get("arrival_order", 0)
-        if isinstance(arrival_order, bool) or not isinstance(arrival_order, int):
-            raise _fail(path, lineno, f"'arrival_order' must be an int, got {arrival_order!r}")
-        parsed.append(
-            (
-                arrival,
-                lineno,
-                conversation_id,
-                completion,
-                prompt,
-                output,
-                turn_index,
-                has_next,
-                prompts,
-                _optional_str(record, "cache_salt", path, lineno),
-                lora,
-                probability,
-                request_id,
-                hash_form,
-                cached_tokens,
-                str(path),
-                arrival_order,
-            )
-        )
 
-    parsed.sort(key=lambda row: (row[0], row[15], row[16], row[1]))
+# Stage 3: the line's other fields.
+
+
+class _TurnFields(NamedTuple):
+    """What a line may say about its turn; None where the assembly derives it."""
+
+    turn_index: int | None
+    has_next: bool | None
+    user_prompts: list[str] | None
+
+
+class _LoggedFields(NamedTuple):
+    """The optional fields a serving log records about a request."""
+
+    probability: float | None
+    lora_id: str | int | None
+    request_id: str | None
+    cached_tokens: int | None
+    arrival_order: int
+    cache_salt: str | None
+
+
+@dataclass(slots=True)
+class _Line:
+    """One request line, checked, before the trace is sorted and its conversations linked:
+    where it is, its identity and times, then `_Tokens`, `_TurnFields` and `_LoggedFields`
+    (less the chat messages, which only supply the default user prompts)."""
+
+    file: Path
+    lineno: int
+    conversation_id: str | None  # None: inferred by prefix linkage (block-hash forms)
+    arrival: float
+    completion: float
+    prompt: list[int]
+    output: list[int]
+    hash_form: _HashForm | None
+    turn_index: int | None
+    has_next: bool | None
+    user_prompts: list[str] | None
+    probability: float | None
+    lora_id: str | int | None
+    request_id: str | None
+    cached_tokens: int | None
+    arrival_order: int
+    cache_salt: str | None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.hash_form.num_prompt if self.hash_form else len(self.prompt)
+
+    def sort_key(self) -> tuple[float, str, int, int]:
+        """Arrival order: by time, then within one file by `arrival_order` and line."""
+        return (self.arrival, str(self.file), self.arrival_order, self.lineno)
+
+
+def _parse_line(
+    path: Path,
+    lineno: int,
+    record: dict,
+    block_size: int | None,
+    tokenize: MessageTokenizer | None,
+) -> _Line:
+    """Check one request line. Fields are checked in a fixed order (identity, times,
+    tokens, then the optional ones), so the first problem of a line is always the one
+    reported."""
+    conversation_id = record.get("conversation_id")
+    if conversation_id is None and _hash_key(record) in record:
+        pass  # inferred by prefix linkage (a request log without client ids)
+    elif not isinstance(conversation_id, str) or not conversation_id:
+        raise fail(
+            path, lineno, f"'conversation_id' must be a non-empty string, got {conversation_id!r}"
+        )
+    arrival = fields.time_value(record, "arrival_s", path, lineno)
+    completion = fields.time_value(record, "completion_s", path, lineno)
+    if completion < arrival:
+        raise fail(path, lineno, f"completion_s {completion} is before arrival_s {arrival}")
+    tokens = _line_tokens(record, path, lineno, block_size, tokenize)
+    if not tokens.prompt:
+        raise fail(path, lineno, "the prompt is empty")
+    turn = _turn_fields(record, path, lineno, tokens.messages)
+    num_prompt = tokens.hash_form.num_prompt if tokens.hash_form else len(tokens.prompt)
+    logged = _logged_fields(record, path, lineno, num_prompt)
+    kept = (tokens.prompt, tokens.output, tokens.hash_form)  # the messages are done with
+    return _Line(path, lineno, conversation_id, arrival, completion, *kept, *turn, *logged)
+
+
+def _turn_fields(
+    record: dict, path: Path, lineno: int, messages: list[dict[str, str]] | None
+) -> _TurnFields:
+    """Turn index, next-turn label and user prompts, where the line gives them; a chat
+    line's user prompts default to its user messages."""
+    turn_index = record.get("turn_index")
+    if turn_index is not None and (
+        isinstance(turn_index, bool) or not isinstance(turn_index, int) or turn_index < 0
+    ):
+        raise fail(path, lineno, f"'turn_index' must be an int >= 0, got {turn_index!r}")
+    has_next = record.get("has_next_turn")
+    if has_next is not None and not isinstance(has_next, bool):
+        raise fail(path, lineno, f"'has_next_turn' must be true, false or null, got {has_next!r}")
+    prompts = record.get("user_prompts")
+    if prompts is None and messages is not None:
+        prompts = [m["content"] for m in messages if m["role"] == "user"]
+    if prompts is not None and not (
+        isinstance(prompts, list) and all(isinstance(p, str) for p in prompts)
+    ):
+        raise fail(path, lineno, "'user_prompts' must be a list of strings")
+    return _TurnFields(turn_index, has_next, prompts)
+
+
+def _logged_fields(record: dict, path: Path, lineno: int, num_prompt: int) -> _LoggedFields:
+    """The optional fields of a request log; `cached_tokens` cannot exceed the prompt."""
+    probability = record.get("probability")
+    if probability is not None and (
+        isinstance(probability, bool)
+        or not isinstance(probability, int | float)
+        or not 0.0 <= probability <= 1.0
+    ):
+        raise fail(path, lineno, f"'probability' must be in [0, 1] or null, got {probability!r}")
+    lora = record.get("lora_id")
+    if lora is not None and (isinstance(lora, bool) or not isinstance(lora, str | int)):
+        raise fail(path, lineno, f"'lora_id' must be a string, int or null, got {lora!r}")
+    request_id = _optional_str(record, "request_id", path, lineno)
+    cached = record.get("cached_tokens")
+    if cached is not None and (
+        isinstance(cached, bool) or not isinstance(cached, int) or not 0 <= cached <= num_prompt
+    ):
+        raise fail(
+            path, lineno, f"'cached_tokens' must be an int in [0, prompt tokens], got {cached!r}"
+        )
+    for key in ("probability_source", "request_type"):
+        _optional_str(record, key, path, lineno)
+    order = record.get("arrival_order", 0)
+    if isinstance(order, bool) or not isinstance(order, int):
+        raise fail(path, lineno, f"'arrival_order' must be an int, got {order!r}")
+    salt = _optional_str(record, "cache_salt", path, lineno)
+    return _LoggedFields(probability, lora, request_id, cached, order, salt)
+
+
+# Stage 4: the checked lines, in arrival order, as requests.
+
+
+@dataclass(frozen=True)
+class _Linked:
+    """Per line (in arrival order): its conversation (given or inferred by prefix linkage),
+    the turn linkage inferred (None when given), and the block-hash form's tokens."""
+
+    conversations: list[str]
+    linked_turns: list[int | None]
+    expanded: list[SyntheticTokens]
+
+
+def _link(lines: list[_Line], block_size: int | None) -> _Linked:
+    """Expand the block-hash form and infer the conversations its lines leave out; both
+    need every line at once (block ids are numbered, and prefixes linked, trace-wide)."""
     expanded: list[SyntheticTokens] = []
     inferred: dict[int, tuple[str, int]] = {}
-    if hash_block_size is not None:
-        forms = [row[13] for row in parsed]
+    if block_size is not None:
+        forms = [line.hash_form for line in lines]
         expanded = expand_requests(
-            [f[0] for f in forms],
-            [f[1] for f in forms],
-            [f[2] for f in forms],
-            hash_block_size,
-            [f[3] for f in forms],
+            [f.ids for f in forms],
+            [f.num_prompt for f in forms],
+            [f.num_output for f in forms],
+            block_size,
+            [f.covers_output for f in forms],
         )
-        inferred = _inferred_conversations(parsed, hash_block_size)
-    last_arrival: dict[str, float] = {}
-    for row_index, row in enumerate(parsed):
-        last_arrival[row[2] if row[2] is not None else inferred[row_index][0]] = row[0]
-    seen_turns: dict[str, int] = {}
-    seen_ids: set[str] = set()
-    requests: list[WorkloadRequest] = []
-    logged: list[float | None] = []
-    for (
-        arrival,
-        lineno,
-        conv,
-        completion,
-        prompt,
-        output,
-        turn_index,
-        has_next,
-        prompts,
-        salt,
-        lora,
-        probability,
-        request_id,
-        hash_form,
-        _cached,
-        _file,
-        _order,
-    ) in parsed:
-        if conv is None:
-            conv, linked_turn = inferred[len(requests)]
-            turn_index = linked_turn if turn_index is None else turn_index
-        index = seen_turns.get(conv, 0) if turn_index is None else turn_index
-        seen_turns[conv] = index + 1
-        if has_next is None:
-            has_next = last_arrival[conv] > arrival
-        rid = request_id or f"{conv}#{index}"
-        if rid in seen_ids:
-            raise _fail(path, lineno, f"request id {rid!r} appears twice")
-        seen_ids.add(rid)
-        tokens = expanded[len(requests)] if hash_form else compact_tokens([*prompt, *output])
-        turn = ScriptedTurn(
-            conv,
-            index,
-            tokens,
-            hash_form[1] if hash_form else len(prompt),
-            has_next,
-            tuple(prompts or ()),
-            salt,
-            lora,
-        )
-        requests.append(WorkloadRequest(rid, turn, arrival, completion))
-        logged.append(probability)
-    has_logged = any(p is not None for p in logged)
-    cached = [row[14] for row in parsed]
-    return Trace(
-        requests,
-        header,
-        logged if has_logged else None,
-        hash_block_size,
-        skipped_last_lines,
-        cached if any(c is not None for c in cached) else None,
-    )
+        inferred = _inferred_conversations(lines, block_size)
+    conversations = [
+        line.conversation_id if line.conversation_id is not None else inferred[i][0]
+        for i, line in enumerate(lines)
+    ]
+    turns = [inferred[i][1] if i in inferred else None for i in range(len(lines))]
+    return _Linked(conversations, turns, expanded)
 
 
-def _inferred_conversations(parsed: list[tuple], block_size: int) -> dict[int, tuple[str, int]]:
+def _inferred_conversations(lines: list[_Line], block_size: int) -> dict[int, tuple[str, int]]:
     """Conversation id and turn of each hash-form line without a `conversation_id`, by
     prefix linkage over the prompts' block ids (docs/traces.md, "Prefix linkage (Mooncake)")."""
-    rows = [i for i, row in enumerate(parsed) if row[2] is None]
+    rows = [i for i, line in enumerate(lines) if line.conversation_id is None]
     if not rows:
         return {}
-    prompts = [parsed[i][13][0][: -(-parsed[i][13][1] // block_size)] for i in rows]
+    forms = [lines[i].hash_form for i in rows]
+    prompts = [f.ids[: -(-f.num_prompt // block_size)] for f in forms]
     linkage = link_by_prefix(prompts, DEFAULT_SHARED_FANOUT)
     return {
         row: (f"linked-{rows[linkage.conversation[k]]}", linkage.turn_index[k])
         for k, row in enumerate(rows)
     }
+
+
+def _requests(lines: list[_Line], block_size: int | None) -> list[WorkloadRequest]:
+    """The lines (in arrival order) as requests. A turn index or next-turn label the line
+    leaves out is derived from the conversation's other lines: turns count up in arrival
+    order, and a turn has a next one when its conversation arrives again later."""
+    linked = _link(lines, block_size)
+    last_arrival: dict[str, float] = {}
+    for conv, line in zip(linked.conversations, lines, strict=True):
+        last_arrival[conv] = line.arrival
+    seen_turns: dict[str, int] = {}
+    seen_ids: set[str] = set()
+    requests: list[WorkloadRequest] = []
+    for i, line in enumerate(lines):
+        conv = linked.conversations[i]
+        turn_index = line.turn_index
+        if turn_index is None:
+            turn_index = linked.linked_turns[i]
+        index = seen_turns.get(conv, 0) if turn_index is None else turn_index
+        seen_turns[conv] = index + 1
+        has_next = line.has_next
+        if has_next is None:
+            has_next = last_arrival[conv] > line.arrival
+        rid = line.request_id or f"{conv}#{index}"
+        if rid in seen_ids:
+            raise fail(line.file, line.lineno, f"request id {rid!r} appears twice")
+        seen_ids.add(rid)
+        expanded = linked.expanded[i] if line.hash_form else None
+        turn = _scripted_turn(line, conv, index, has_next, expanded)
+        requests.append(WorkloadRequest(rid, turn, line.arrival, line.completion))
+    return requests
+
+
+def _scripted_turn(
+    line: _Line, conv: str, index: int, has_next: bool, expanded: SyntheticTokens | None
+) -> ScriptedTurn:
+    """The turn a replay sees: token ids (the block-hash form's expanded ones, else the
+    line's, stored compactly) and the fields predictors and block hashes use."""
+    return ScriptedTurn(
+        conv,
+        index,
+        expanded if expanded is not None else compact_tokens([*line.prompt, *line.output]),
+        line.num_prompt_tokens,
+        has_next,
+        tuple(line.user_prompts or ()),
+        line.cache_salt,
+        line.lora_id,
+    )
+
+
+def read_trace(path: str | Path, tokenize: MessageTokenizer | None = None) -> Trace:
+    """Parse and validate a trace file, or a folder of them (merged by time); the first
+    problem raises `TraceError` with its file and line.
+
+    Stages: gather the lines and the header (`_gather`), check each line on its own
+    (`_parse_line`), then sort them by arrival and build the requests (`_requests`), which
+    needs the whole trace (linked conversations, derived turns and labels)."""
+    path = Path(path)
+    gathered = _gather(path)
+    if not gathered.rows:
+        raise TraceError(f"{path}: the trace holds no requests")
+    block_size = _hash_block_size(path, gathered.header)
+    lines = [
+        _parse_line(file, lineno, record, block_size, tokenize)
+        for file, lineno, record in gathered.rows
+    ]
+    lines.sort(key=_Line.sort_key)
+    requests = _requests(lines, block_size)
+    probabilities = [line.probability for line in lines]
+    cached = [line.cached_tokens for line in lines]
+    return Trace(
+        requests,
+        gathered.header,
+        probabilities if any(p is not None for p in probabilities) else None,
+        block_size,
+        len(gathered.cut_files),
+        cached if any(c is not None for c in cached) else None,
+        tuple(gathered.cut_files),
+    )
 
 
 def trace_lines(
@@ -462,9 +606,20 @@ def write_trace(
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for line in trace_lines(requests, header, probabilities):
-                handle.write(line + "\n")
+            for index, line in enumerate(trace_lines(requests, header, probabilities)):
+                try:
+                    handle.write(line + "\n")
+                except UnicodeEncodeError:
+                    raise _not_writable(path, index, line) from None
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _not_writable(path: Path, index: int, line: str) -> InvalidInputError:
+    """A line holding a lone surrogate, which no UTF-8 file can: the requests came from
+    input that held one (a data set's id; a trace file's is refused when read)."""
+    what = "the header" if index == 0 else f"line {index + 1}"
+    problem = not_unicode(json.loads(line)) or "not valid Unicode"
+    return InvalidInputError(f"{path}: cannot write {what}: {problem}")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lpc.traces.fields import count, hash_ids, number
+from lpc.traces.fields import count, hash_ids, time_value
 from lpc.traces.jsonl import JsonLines, fail
 
 MOONCAKE_BLOCK_SIZE = 512
@@ -28,7 +28,7 @@ def parse_mooncake(path: Path, lines: JsonLines) -> pd.DataFrame:
     rows = []
     previous_ms = -1.0
     for lineno, record in lines.records:
-        timestamp_ms = number(record, "timestamp", path, lineno)
+        timestamp_ms = time_value(record, "timestamp", path, lineno, unit="ms")
         if timestamp_ms < previous_ms:
             raise fail(
                 path,

@@ -134,7 +134,10 @@ class TimeSplit:
 
 def split_in_time(requests: Sequence[WorkloadRequest], split_at: float) -> TimeSplit:
     """`split_at` < 1 is a fraction of the arrival span, otherwise seconds after the first
-    arrival; requests arriving before the cut are the training part (sorted input)."""
+    arrival; requests arriving before the cut are the training part (sorted input).
+
+    A trace whose requests all arrive at once (a span of 0 s: one request) leaves the
+    training part empty under any split; what needs a fit on it says so to its caller."""
     if not math.isfinite(split_at) or split_at < 0:
         raise InvalidInputError(
             f"--split-at must be a fraction in [0, 1) or seconds >= 1, got {split_at}"
