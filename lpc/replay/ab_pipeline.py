@@ -521,8 +521,8 @@ def _log_trace(
     trace: LoadedTrace, split: TimeSplit, options: ABOptions, log: Callable[[str], None]
 ) -> None:
     """What the import did to the trace, one line each, then where the split fell."""
-    if trace.info.get("skipped_last_lines"):
-        log(f"trace: skipped a cut last line of {trace.path}")
+    for cut_file in trace.info.get("cut_last_line_files", []):
+        log(f"trace: skipped 1 cut last line in {cut_file}")
     if trace.info.get("cut_to_max_model_len"):
         log(
             f"trace: cut {trace.info['cut_to_max_model_len']} requests longer than "
@@ -956,7 +956,8 @@ def trace_description(summary: dict[str, Any]) -> list[str]:
             f"{summary.get('max_model_len')} tokens."
         )
     if t.get("skipped_last_lines"):
-        lines.append("A cut last line was skipped.")
+        n, files = t["skipped_last_lines"], ", ".join(t.get("cut_last_line_files", []))
+        lines.append(f"Skipped {n} cut last line{'s' if n > 1 else ''} in {files}.")
     if "no_training_part" in summary:
         lines.append(_no_training_part_sentence(summary["no_training_part"]))
     return lines

@@ -170,3 +170,25 @@ def test_a_window_with_no_arrival_is_one_line(tmp_path: Path, capsys) -> None:
     assert "no request arrives in the 0.001 s window; give a longer --duration" in (
         one_error_line(err)
     )
+
+
+def test_a_cut_last_line_is_named_in_the_text_output(tmp_path: Path, capsys) -> None:
+    trace = write_lines(tmp_path / "cut.jsonl", bundled_lines()[:20])
+    with trace.open("a") as f:
+        f.write('{"timestamp": 1, "input_len')  # a log cut mid-line
+    out = tmp_path / "o"
+    args = [
+        "--trace",
+        str(trace),
+        "--split-at",
+        "0",
+        "--policies",
+        "lru",
+        "--cache-sizes",
+        "600000",
+    ]
+    assert main(["ab", "--no-progress", "--model", "none", *args, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"trace: skipped 1 cut last line in {trace}" in text
+    assert f"Skipped 1 cut last line in {trace}." in text
+    assert f"Skipped 1 cut last line in {trace}." in (out / "report.md").read_text()
