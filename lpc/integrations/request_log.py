@@ -194,6 +194,7 @@ class RequestLogCounters:
     bytes_written: int = 0
     files_opened: int = 0
     finish_before_arrival: int = 0  # the clock went backwards during a request: clamped
+    invalid_unicode: int = 0  # a string field held a lone surrogate: replaced by U+FFFD
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: int) -> None:
@@ -204,6 +205,23 @@ class RequestLogCounters:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_lone_surrogates(text: str) -> str:
+    """`text` with each surrogate code point replaced by U+FFFD (a str holds a valid pair as
+    one code point, so any surrogate left is a lone half)."""
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def utc_day(time_s: float) -> str:
@@ -364,7 +382,8 @@ class RequestLogWriter:
     def _line(self, record: FinishedRequest) -> str:
         assert self._ids is not None
         self._serial += 1
-        nonce = f"{self._fingerprint}:{self._pid}:{self._serial}:{record.request_id}".encode()
+        nonce_text = f"{self._fingerprint}:{self._pid}:{self._serial}:{record.request_id}"
+        nonce = nonce_text.encode("utf-8", "surrogatepass")
         finish_s = record.finish_s
         if finish_s < record.arrival_s:
             finish_s = record.arrival_s
@@ -389,4 +408,10 @@ class RequestLogWriter:
         out["sequence_hash_ids"] = self._ids.sequence(record, self.config.block_size, nonce)
         if self.config.record_text and record.user_prompts:
             out["user_prompts"] = list(record.user_prompts)
-        return json.dumps(out, ensure_ascii=False, separators=(",", ":")) + "\n"
+        line = json.dumps(out, ensure_ascii=False, separators=(",", ":")) + "\n"
+        if _encodes(line):
+            return line
+        # A lone surrogate (an id that is half a UTF-16 pair) cannot be written as UTF-8, and
+        # a reader refuses it: the record is kept with U+FFFD in its place, and counted.
+        self.counters.add(invalid_unicode=1)
+        return _without_lone_surrogates(line)

@@ -304,3 +304,20 @@ def test_daily_files_and_size_rotation(tmp_path: Path) -> None:
     assert {n[9:19] for n in names} == {"2026-11-18", "2026-11-19"}
     assert len(names) > 2 and names[1].endswith("-001.jsonl")
     assert len(read_trace(tmp_path).requests) == 9
+
+
+def test_a_lone_surrogate_in_an_id_is_replaced_and_counted(tmp_path: Path) -> None:
+    """A conversation or request id holding half a UTF-16 pair cannot be written as UTF-8:
+    its record is kept with U+FFFD in its place (and counted), the rest of the batch too."""
+    writer = RequestLogWriter(RequestLogConfig(tmp_path, salt="s"), pid=1)
+    writer.append(record(0))
+    writer.append(record(1, conversation_id="\ud800x", request_id="r\udc001"))
+    writer.append(record(2))
+    written(writer)
+    writer.close()
+    counters = writer.counters.snapshot()
+    assert counters["records_written"] == 3 and counters["records_dropped"] == 0
+    assert counters["invalid_unicode"] == 1
+    trace = read_trace(tmp_path)
+    assert [r.request_id for r in trace.requests] == ["r0", "r\ufffd1", "r2"]
+    assert trace.requests[1].conversation_id == "\ufffdx"
