@@ -35,6 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def print_undecodable_paths() -> None:
+    """A path that is not valid UTF-8 (a byte such as \xff in a file name) reaches Python as
+    a lone surrogate, which a strict standard output refuses, failing a finished run at its
+    summary: print it escaped (`\udcff`) instead. The C locale already writes the raw byte."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None and sys.stdout.errors == "strict":
+        reconfigure(errors="backslashreplace")
+
+
 def all_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     """The parser and every sub-parser below it, depth first."""
     found = [parser]
@@ -46,6 +55,7 @@ def all_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    print_undecodable_paths()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -856,7 +856,11 @@ def _write_files(outcome: ABOutcome, out: Path) -> None:
         files["plot_think_time"] = str(out / "hit_ratio_vs_think_time.png")
     files["markdown"] = str(out / "report.md")
     files["json"] = str(out / "results.json")
-    (out / "report.md").write_text(markdown_report(outcome))
+    # A path that is not valid UTF-8 (a byte such as \xff in a file name) comes back as the
+    # bytes it was, as in the terminal, instead of failing the write.
+    (out / "report.md").write_text(
+        markdown_report(outcome), encoding="utf-8", errors="surrogateescape"
+    )
     write_json(out / "results.json", outcome.to_json())
 
 

@@ -6,6 +6,7 @@ what to do; none ends in a traceback."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,25 @@ def test_a_cut_last_line_is_named_in_the_text_output(tmp_path: Path, capsys) -> 
     assert f"trace: skipped 1 cut last line in {trace}" in text
     assert f"Skipped 1 cut last line in {trace}." in text
     assert f"Skipped 1 cut last line in {trace}." in (out / "report.md").read_text()
+
+
+def test_a_trace_path_that_is_not_utf8_reaches_the_report(tmp_path: Path, capsys) -> None:
+    """A file name holding a byte that is not UTF-8 (Python sees a lone surrogate) is written
+    back into report.md as the bytes it was, not a UnicodeEncodeError traceback."""
+    folder = tmp_path / os.fsdecode(b"bad\xffname")
+    folder.mkdir()
+    trace = write_lines(folder / "t.jsonl", bundled_lines()[:20])
+    out = tmp_path / "o"
+    args = [
+        "--trace",
+        str(trace),
+        "--split-at",
+        "0",
+        "--policies",
+        "lru",
+        "--cache-sizes",
+        "600000",
+    ]
+    assert main(["ab", "--no-progress", "--model", "none", *args, "--out", str(out)]) == 0
+    assert b"bad\xffname" in (out / "report.md").read_bytes()
+    assert "Traceback" not in capsys.readouterr().err
