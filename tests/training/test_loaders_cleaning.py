@@ -3,7 +3,7 @@
 import pytest
 
 from training.conversation import Message
-from training.loaders.cleaning import RecordProblem, content_text, normalise_messages
+from training.loaders.cleaning import RecordProblem, content_text, normalise_messages, record_id
 from training.loaders.report import LoadReport, SkipReason
 
 
@@ -62,3 +62,9 @@ def test_lone_surrogates_become_replacement_characters():
     assert messages[0].content == "pair \U0001f642 half \ufffd end"
     assert report.lone_surrogates_replaced == 1
     messages[0].content.encode("utf-8")  # encodable now
+
+
+def test_a_lone_surrogate_in_an_id_becomes_a_replacement_character():
+    assert record_id({"id": "\ud800x"}, "id") == "\ufffdx"
+    assert record_id({"id": "pair \U0001f642"}, "id") == "pair \U0001f642"
+    record_id({"id": "\udfff"}, "id").encode("utf-8")  # encodable, so it can be exported

@@ -61,10 +61,12 @@ def require_field(record: dict, key: str, what: str = "record") -> object:
 
 
 def record_id(record: dict, key: str) -> str:
-    """A record's id as text; ints are accepted (some dumps store numeric ids)."""
+    """A record's id as text; ints are accepted (some dumps store numeric ids). A lone
+    surrogate becomes U+FFFD, as in message text, so that the id can be written out (an
+    exported trace, a report) like any other."""
     value = require_field(record, key)
     if isinstance(value, str) and value:
-        return value
+        return _LONE_SURROGATE.sub("\ufffd", value)
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     raise RecordProblem(
