@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from lpc.cli.arg_types import positive_float, positive_int, split_at
@@ -320,8 +321,9 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
             raise CommandError(f"--duration: {error} (or 'all')") from None
     if args.fallback_p is not None and not 0.0 <= args.fallback_p <= 1.0:
         raise CommandError(f"--fallback-p must be in [0, 1], got {args.fallback_p}")
-    if args.time_per_output_token < 0:
-        raise CommandError("--time-per-output-token must be >= 0")
+    per_token = args.time_per_output_token
+    if not math.isfinite(per_token) or per_token < 0:
+        raise CommandError(f"--time-per-output-token must be a finite number >= 0, got {per_token}")
     if args.trace_probabilities and not args.export_trace:
         raise CommandError("--trace-probabilities goes with --export-trace")
     if args.trace is not None:

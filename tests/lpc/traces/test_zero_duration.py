@@ -174,7 +174,7 @@ def test_a_latency_flag_that_is_not_finite_is_one_line(tmp_path: Path, capsys, v
     trace = write_lines(tmp_path / "t.jsonl", token_lines())
     assert lpc_ab(trace, tmp_path / "out", "--time-per-output-token", value) == 2
     err = capsys.readouterr().err.strip()
-    assert "time_per_output_token_s must be finite" in err and len(err.splitlines()) == 1
+    assert "--time-per-output-token must be a finite number" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("lines", [token_lines()[:1], [token_lines()[0]] * 2], ids=["one", "same"])
