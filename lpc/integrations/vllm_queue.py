@@ -11,6 +11,13 @@ the release context the plugin sets while vLLM frees a request (`QueueRuntime.re
 Blocks appended outside any release (e.g. `BlockPool.unpin_blocks`) get the fallback p at the
 current time.
 
+Fail-safe: an exception in LPC's part of `append_n` (the release's key, pooling) or of
+`note_shared_release` never reaches vLLM's `BlockPool`, which would be left half way through a
+free. It is counted (`plugin_errors`, the first one logged) and the blocks are queued as stock
+vLLM would queue them: with the fallback p at the current time, i.e. LRU's place. Errors that
+are vLLM's own contract (popping from an empty queue, removing a block that is not free) are
+raised as vLLM raises them.
+
 This module imports nothing from vLLM: blocks are duck-typed (`block_id`, `block_hash`,
 `block_hash_num_tokens`), so it is tested with real `KVCacheBlock`s in vLLM's venv and reads
 the same everywhere.
@@ -51,7 +58,10 @@ class QueueRuntime:
         if not self._active:
             self._active = True
             if self.activate is not None:
-                self.activate()
+                try:
+                    self.activate()
+                except Exception as error:  # e.g. the metrics server: vLLM must still start
+                    self.stats.plugin_error("activating the plugin (metrics server)", error)
 
     def active_release(self) -> Release | None:
         """The release being freed now, if any."""
@@ -156,8 +166,33 @@ class LPCFreeBlockQueue:
         """Blocks with a hash whose last holder released them, the sequence's tail first."""
         if not blocks:
             return
-        self._evictor.push_cached(_freed(blocks), self.runtime.current_release())
-        self.runtime.stats.add(cached_blocks_released=len(blocks))
+        runtime = self.runtime
+        freed = _freed(blocks)
+        try:
+            self._evictor.push_cached(freed, runtime.current_release())
+        except Exception as error:
+            runtime.stats.plugin_error("the LPC queue's append", error)
+            self._append_as_lru(freed)
+        runtime.stats.add(cached_blocks_released=len(blocks))
+
+    def _append_as_lru(self, freed: FreedBlocks) -> None:
+        """After a failed append: queue the blocks the evictor does not hold yet with the
+        fallback p at the current time and no conversation (LRU's place); if even that fails,
+        before every cached block (their content is then lost first, but no block is)."""
+        evictor = self._evictor
+        keep = [i for i, block_id in enumerate(freed.block_ids) if block_id not in evictor]
+        if not keep:
+            return
+        left = FreedBlocks(
+            [freed.block_ids[i] for i in keep],
+            [freed.depths[i] for i in keep],
+            [freed.hashes[i] for i in keep],
+        )
+        try:
+            evictor.push_cached(left, Release(self.runtime.clock(), None, None))
+        except Exception as error:
+            self.runtime.stats.plugin_error("the LPC queue's fallback append", error)
+            evictor.push_uncached(left.block_ids)
 
     def prepend_n(self, blocks: Sequence[Any]) -> None:
         """Blocks without a hash: reused before any cached block, in the given order."""
@@ -189,9 +224,14 @@ class LPCFreeBlockQueue:
 
     # -- what the plugin adds --------------------------------------------------------------
     def note_shared_release(self, blocks: Sequence[Any], release: Release) -> None:
-        """Cached blocks this release gave up while other requests still hold them."""
+        """Cached blocks this release gave up while other requests still hold them (pooling
+        metadata only: on an error it is skipped, as stock vLLM has none)."""
         if blocks:
-            self._evictor.note_shared_release(_freed(blocks), release)
+            try:
+                self._evictor.note_shared_release(_freed(blocks), release)
+            except Exception as error:
+                self.runtime.stats.plugin_error("the LPC queue's shared release", error)
+                return
             self.runtime.stats.add(shared_blocks_released=len(blocks))
 
     @property
