@@ -16,11 +16,17 @@ and warns once per failed artifact. "Failed" covers whatever the folder holds: m
 garbage files, a file where the folder was, an artifact that loads but whose p on a probe
 request is not a finite number in [0, 1] (e.g. NaN weights; at startup such a model is refused
 like a corrupt one).
+
+Model-specific constants come from the loaded artifact's metadata: `horizon_s` (its label
+horizon, `inputs.horizon_s`) is what `lpc-pooled` judges reuse and the model over, and
+`base_rate` its training base rate. A promoted model with another horizon is used, but the
+evictor keeps the horizon it was built with until the engine restarts (a warning says so).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +107,10 @@ class AccessRuntime:
     reload_s: float
     next_check_s: float = 0.0
     failed_pointer: ArtifactPointer | None = None
+    started_horizon_s: float | None = None  # the first model's: the evictor's horizon
+
+    def __post_init__(self) -> None:
+        self.started_horizon_s = self.horizon_s
 
     @classmethod
     def load(cls, config: PluginConfig, stats: PluginStats, now_s: float) -> AccessRuntime:
@@ -129,6 +139,16 @@ class AccessRuntime:
         shared prefix), as its registry record says."""
         return any(feature(n).needs_token_ids for n in self.predictor.feature_names)
 
+    @property
+    def horizon_s(self) -> float | None:
+        """The loaded model's label horizon from its metadata (None: not recorded, or not a
+        finite number > 0)."""
+        return _positive(self.predictor.horizon_s)
+
+    @property
+    def base_rate(self) -> float | None:
+        return self.predictor.metadata.base_rate
+
     def maybe_reload(self, now_s: float) -> None:
         """Swap in a newly promoted model if one is due to be looked for and has appeared.
         Never raises: anything wrong with the folder keeps the old model and is counted once
@@ -150,6 +170,15 @@ class AccessRuntime:
         except Exception as error:
             self._reload_failed(pointer, error)
             return
+        horizon_s = _positive(predictor.horizon_s)
+        if horizon_s != self.started_horizon_s:
+            logger.warning(
+                "access model %s: label horizon %s s, the first model's was %s s; the evictor "
+                "keeps the horizon it started with until vLLM restarts",
+                pointer[0],
+                horizon_s,
+                self.started_horizon_s,
+            )
         self.predictor, self.pointer, self.failed_pointer = predictor, pointer, None
         self.stats.add(access_model_reloads=1)
         logger.info("access model reloaded from %s", pointer[0])
@@ -223,6 +252,10 @@ class AccessRuntime:
 
     def counters(self) -> dict[str, Any]:
         return {**self.table.counters(), "access_model_path": self.pointer[0]}
+
+
+def _positive(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) and value > 0 else None
 
 
 def load_checked(folder: str | Path) -> AccessPredictor:

@@ -73,11 +73,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from eviction.base import Release
+from eviction.lpc import DEFAULT_FALLBACK_PROBABILITY
 from lpc.integrations import vllm_compat
 from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
@@ -455,6 +456,41 @@ def _import_vllm() -> dict[str, Any]:
     return {key: importlib.import_module(module) for key, module in names.items()}
 
 
+def build_runtime(
+    config: PluginConfig,
+    clock: Clock | None = None,
+    predictor_client: PredictionClient | None = None,
+    activate: Callable[[], None] | None = None,
+) -> PluginRuntime:
+    """What `register()` sets up before it patches vLLM (nothing here imports vLLM): the
+    counters, the predictor client and board, the queues' shared runtime, the in-process access
+    model and, from its artifact, the model-specific constants the evictor is built with."""
+    counters = PluginStats()
+    client = predictor_client if predictor_client is not None else make_predictor_client(config)
+    board = (
+        PredictionBoard(
+            client, counters, config.max_pending_predictions, config.max_prediction_batch
+        )
+        if client is not None
+        else None
+    )
+    queues = QueueRuntime(
+        config, counters, clock if clock is not None else time.monotonic, activate=activate
+    )
+    runtime = PluginRuntime(config, counters, queues, client, board)
+    # An injected clock stamps completions too, so arrivals and releases share a timeline.
+    runtime.wall_clock = clock or time.time
+    runtime.access = load_access_runtime(config, counters, queues.clock())
+    if runtime.access is not None:
+        # Model-specific constants come from the artifact: lpc-pooled's horizon.
+        queues.horizon_s = runtime.access.horizon_s
+        _note_base_rate(config, runtime.access)
+    if config.request_log_dir is not None:
+        # An injected clock stamps finish times too, so a replay's log is on its timeline.
+        runtime.request_log = PluginRequestLog(config, clock or time.time)
+    return runtime
+
+
 def register(
     config: PluginConfig | None = None,
     clock: Clock | None = None,
@@ -498,29 +534,14 @@ def register(
             )
 
         config = config if config is not None else load_config()
-        counters = PluginStats()
-        client = predictor_client if predictor_client is not None else make_predictor_client(config)
-        board = (
-            PredictionBoard(
-                client, counters, config.max_pending_predictions, config.max_prediction_batch
-            )
-            if client is not None
-            else None
-        )
-        queues = QueueRuntime(
+        runtime = build_runtime(
             config,
-            counters,
-            clock if clock is not None else time.monotonic,
+            clock,
+            predictor_client,
             # Late-bound: the registration is complete before any queue is built.
             activate=lambda: _activate(registration),
         )
-        runtime = PluginRuntime(config, counters, queues, client, board)
-        # An injected clock stamps completions too, so arrivals and releases share a timeline.
-        runtime.wall_clock = clock or time.time
-        runtime.access = load_access_runtime(config, counters, queues.clock())
-        if config.request_log_dir is not None:
-            # An injected clock stamps finish times too, so a replay's log is on its timeline.
-            runtime.request_log = PluginRequestLog(config, clock or time.time)
+        queues = runtime.queues
         registration = _Registration(runtime, [])
 
         block_pool = modules["block_pool"]
@@ -536,7 +557,7 @@ def register(
                 _wrap_pop_blocks_for_free(manager_class.pop_blocks_for_free),
             ),
         ]
-        if board is not None:
+        if runtime.board is not None:
             allocate = _wrap_allocate_slots(manager_class.allocate_slots)
             patches.append((manager_class, "allocate_slots", allocate))
         if runtime.request_log is not None:
@@ -550,8 +571,28 @@ def register(
         "LPC eviction plugin registered in vLLM %s (pid %d): %s",
         modules["vllm"].__version__,
         os.getpid(),
-        ", ".join(f"{k}={v}" for k, v in config.as_dict().items()),
+        ", ".join(
+            f"{k}={v}"
+            for k, v in {**config.as_dict(), "horizon_s": queues.evictor_horizon_s}.items()
+        ),
     )
+
+
+def _note_base_rate(config: PluginConfig, access: AccessRuntime) -> None:
+    """Point out a fallback p left at its default while the model knows its base rate (the
+    fallback stays what the operator configured: it is a setting, not the model's)."""
+    base_rate = access.base_rate
+    if (
+        config.fallback_probability == DEFAULT_FALLBACK_PROBABILITY
+        and base_rate is not None
+        and abs(base_rate - config.fallback_probability) > 0.05
+    ):
+        logger.info(
+            "LPC: fallback_probability is the default %g; the access model's training base "
+            "rate is %.3f (set LPC_FALLBACK_P to it to use it)",
+            config.fallback_probability,
+            base_rate,
+        )
 
 
 def _activate(registration: _Registration) -> None:
@@ -620,5 +661,6 @@ def stats_snapshot() -> dict[str, Any]:
     client_stats = getattr(runtime.client, "stats", None)
     if client_stats is not None and hasattr(client_stats, "as_dict"):
         out["predictor_client"] = client_stats.as_dict()
+    out["evictor_horizon_s"] = runtime.queues.evictor_horizon_s
     out["config"] = runtime.config.as_dict()
     return out

@@ -11,6 +11,9 @@ the release context the plugin sets while vLLM frees a request (`QueueRuntime.re
 Blocks appended outside any release (e.g. `BlockPool.unpin_blocks`) get the fallback p at the
 current time.
 
+The evictor is built from the configuration and, with `lpc-pooled`, the loaded access model's
+label horizon (`QueueRuntime.horizon_s`, from its artifact's metadata; 180 s without one).
+
 Fail-safe: an exception in LPC's part of `append_n` (the release's key, pooling) or of
 `note_shared_release` never reaches vLLM's `BlockPool`, which would be left half way through a
 free. It is counted (`plugin_errors`, the first one logged) and the blocks are queued as stock
@@ -34,6 +37,7 @@ from typing import Any, ClassVar
 
 from eviction.base import FreedBlocks, Release
 from eviction.lpc import LPCEvictor
+from eviction.lpc_pooled import DEFAULT_MEMORY_WINDOW_S, DEFAULT_SHARED_HORIZON_S
 from eviction.registry import make_evictor
 from lpc.integrations.config import PluginConfig
 from lpc.integrations.stats import PluginStats
@@ -49,6 +53,9 @@ class QueueRuntime:
     stats: PluginStats
     clock: Clock = time.monotonic
     activate: Callable[[], None] | None = None  # called once, when the first queue is built
+    # The loaded access model's label horizon (its artifact's `inputs.horizon_s`): what
+    # `lpc-pooled` judges reuse and the model over. None: no model loaded, the default.
+    horizon_s: float | None = None
     _release: ContextVar[Release | None] = field(
         default_factory=lambda: ContextVar("lpc_release", default=None)
     )
@@ -81,15 +88,32 @@ class QueueRuntime:
         finally:
             self._release.reset(token)
 
+    @property
+    def evictor_horizon_s(self) -> float | None:
+        """The horizon `lpc-pooled` runs with: the model's, else the default (None: `lpc`)."""
+        if self.config.evictor != "lpc-pooled":
+            return None
+        return self.horizon_s if self.horizon_s is not None else DEFAULT_SHARED_HORIZON_S
+
     def new_evictor(self, num_blocks: int) -> LPCEvictor:
-        """The configured learned evictor (`lpc` or `lpc-pooled`, both LPC evictors)."""
+        """The configured learned evictor (`lpc` or `lpc-pooled`, both LPC evictors); the
+        pooled one judges over the loaded model's horizon, and remembers contents at least
+        that long."""
         c = self.config
+        options = {}
+        horizon_s = self.evictor_horizon_s
+        if horizon_s is not None:
+            options = {
+                "horizon_s": horizon_s,
+                "memory_window_s": max(DEFAULT_MEMORY_WINDOW_S, horizon_s),
+            }
         evictor = make_evictor(
             c.evictor,
             num_blocks,
             scale_per_s=c.scale_per_s,
             fallback_probability=c.fallback_probability,
             probability_floor=c.probability_floor,
+            **options,
         )
         assert isinstance(evictor, LPCEvictor), f"{c.evictor} is not an LPC evictor"
         return evictor
