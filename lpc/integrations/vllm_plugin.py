@@ -57,6 +57,13 @@ how vLLM frees the request's blocks:
     BlockPool.free_blocks, ref_cnt > 1    blocks others still hold        3. note_shared_release
     FreeKVCacheBlockQueue (replaced)      first queue built: _activate    (the queue reads route 1)
 
+Fail-safe: every probability is checked at the release, whatever its source (`release_and_source`:
+a finite number in [0, 1], else the fallback p and `invalid_probabilities`), and the patched
+methods run the plugin's own work through guards (`safe_release_for`, `safe_on_scheduled`, the
+queue's `append_n`): an exception there gives that call stock vLLM's behaviour (the fallback p at
+the current time, LRU's place), counts in `plugin_errors`, is logged once per place and never
+reaches vLLM. vLLM's own code (the original methods) runs unguarded, as without the plugin.
+
 Patched methods find their `PluginRuntime` through `_runtime_of(pool)`, which reads the
 module-level `_REGISTRATION`: the one active registration (its runtime and the original
 attributes it replaced); a plugin that patches classes inherently has one. They act only on
