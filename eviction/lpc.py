@@ -10,6 +10,10 @@ which never changes while a block waits. A plain heap on k is therefore exact at
 instant, with no periodic re-evaluation. Max pooling over conversations sharing a block is
 max(k_old, k_new); a block released again by its one and only conversation takes the new key,
 since that conversation's newest prediction supersedes its older one.
+
+A release without a prediction, or with a NaN p (no information), takes the fallback p; any
+other p, ±inf included, is clamped to [floor, 1 − floor], so no key is ever NaN (a NaN key
+would break the heap's order for every other block).
 """
 
 from __future__ import annotations
@@ -26,8 +30,20 @@ DEFAULT_FALLBACK_PROBABILITY = 0.5
 DEFAULT_PROBABILITY_FLOOR = 1e-6
 
 
-def static_key(probability: float, time_s: float, scale_per_s: float, floor: float) -> float:
-    """logit(clamp(p)) + scale·t: orders blocks exactly as the paper's decayed probability."""
+def static_key(
+    probability: float,
+    time_s: float,
+    scale_per_s: float,
+    floor: float,
+    fallback: float = DEFAULT_FALLBACK_PROBABILITY,
+) -> float:
+    """logit(clamp(p)) + scale·t: orders blocks exactly as the paper's decayed probability.
+
+    A NaN p carries no information and takes `fallback`, as the evictors give it their own
+    fallback p; any other p, ±inf included, is clamped to [floor, 1 − floor]: no key is NaN.
+    """
+    if probability != probability:  # NaN
+        probability = fallback
     p = min(max(probability, floor), 1.0 - floor)
     return math.log(p / (1.0 - p)) + scale_per_s * time_s
 
@@ -68,7 +84,7 @@ class LPCEvictor(PriorityEvictor):
     def key_for(self, release: Release) -> float:
         """The static key a release gives its blocks (fallback p when none was predicted)."""
         p = release.probability
-        if p is None:
+        if p is None or p != p:  # none predicted, or NaN: the fallback p
             self.fallbacks_used += 1
             p = self.fallback_probability
         return static_key(p, release.time_s, self.scale_per_s, self.probability_floor)
@@ -99,7 +115,7 @@ class LPCEvictor(PriorityEvictor):
         # 706 against 744 instructions per operation). The brute-force reference tests pin
         # the two copies to the same victims.
         p = release.probability
-        if p is None:
+        if p is None or p != p:  # none predicted, or NaN: the fallback p
             self.fallbacks_used += 1
             p = self.fallback_probability
         floor = self.probability_floor

@@ -183,9 +183,14 @@ class PooledLPCEvictor(LPCEvictor):
 
     def _gated_probability(self, release: Release) -> float | None:
         """The release's predicted p if the model is trusted now, else None (the fallback);
-        judges the releases older than the horizon first, then records this one."""
+        judges the releases older than the horizon first, then records this one. A NaN p is
+        no prediction (LPCEvictor's rule), so it never reaches the gate's log-loss."""
+        predicted = release.probability
+        if predicted is not None and predicted != predicted:
+            self.fallbacks_used += 1
+            predicted = None
         if self.model_min_labels is None:
-            return release.probability
+            return predicted
         now = release.time_s
         labels, last_release_s = self._labels, self._last_release_s
         cutoff = now - self.horizon_s
@@ -216,7 +221,7 @@ class PooledLPCEvictor(LPCEvictor):
                 and self.model_loss_nats
                 <= self.constant_loss_nats - self.model_margin_nats * judged
             )
-        p = release.probability
+        p = predicted
         conversation_id = release.conversation_id
         # One label per conversation and instant (a request's blocks may come in parts).
         if (

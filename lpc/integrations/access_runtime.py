@@ -9,15 +9,24 @@ never duplicated here.
 
 Reload: the configured path is an artifact folder or a registry folder (its `current` link is
 followed, as `training.registry` promotes by repointing it). At most every `reload_s` seconds
-a release compares the resolved folder and its metadata's modification time with the loaded
+a release compares the resolved folder and its files' modification times with the loaded
 model's; on a change it loads the new model (about a millisecond: numpy, no torch) and swaps it
 in with one assignment. A failed load keeps the old model, counts `access_model_reload_failures`
-and warns once per failed artifact.
+and warns once per failed artifact. "Failed" covers whatever the folder holds: missing or
+garbage files, a file where the folder was, an artifact that loads but whose p on a probe
+request is not a finite number in [0, 1] (e.g. NaN weights; at startup such a model is refused
+like a corrupt one).
+
+Model-specific constants come from the loaded artifact's metadata: `horizon_s` (its label
+horizon, `inputs.horizon_s`) is what `lpc-pooled` judges reuse and the model over, and
+`base_rate` its training base rate. A promoted model with another horizon is used, but the
+evictor keeps the horizon it was built with until the engine restarts (a warning says so).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,16 +39,21 @@ from lpc.integrations.conversation_table import (
     shared_prefix_tokens,
     token_array,
 )
-from lpc.integrations.stats import PluginStats
+from lpc.integrations.stats import PluginStats, is_probability
 from predictor.access_features import RequestState, feature
 from predictor.access_predictor import AccessPredictor
-from predictor.artifact import METADATA_FILE, read_metadata
+from predictor.artifact import METADATA_FILE, WEIGHTS_FILE, read_metadata
 from predictor.errors import UserError
 
 logger = logging.getLogger("vllm.plugins.lpc")
 
 REQUEST_TYPE_KEY = "lpc_request_type"  # as the request log reads it
-ArtifactPointer = tuple[str, int]  # (resolved folder, metadata mtime in ns)
+# (resolved folder, metadata mtime in ns, weights mtime in ns): a change of either file, e.g.
+# a folder overwritten in place, is looked at (and a half-copied one retried once complete).
+ArtifactPointer = tuple[str, int, int]
+UNREADABLE_MTIME = -1  # an ArtifactPointer's mtimes when the configured path cannot be read
+# A request and conversation every model must give a probability for (a sound model does).
+PROBE_REQUEST = RequestState(0.0, 1000, 0, 100, 10.0)
 
 
 def resolve_artifact(path: Path) -> Path:
@@ -52,7 +66,8 @@ def resolve_artifact(path: Path) -> Path:
 
 def artifact_pointer(path: Path) -> ArtifactPointer:
     folder = resolve_artifact(path)
-    return str(folder), (folder / METADATA_FILE).stat().st_mtime_ns
+    metadata_ns = (folder / METADATA_FILE).stat().st_mtime_ns
+    return str(folder), metadata_ns, (folder / WEIGHTS_FILE).stat().st_mtime_ns
 
 
 def reads_text(path: Path) -> bool:
@@ -92,6 +107,10 @@ class AccessRuntime:
     reload_s: float
     next_check_s: float = 0.0
     failed_pointer: ArtifactPointer | None = None
+    started_horizon_s: float | None = None  # the first model's: the evictor's horizon
+
+    def __post_init__(self) -> None:
+        self.started_horizon_s = self.horizon_s
 
     @classmethod
     def load(cls, config: PluginConfig, stats: PluginStats, now_s: float) -> AccessRuntime:
@@ -100,7 +119,7 @@ class AccessRuntime:
         path = Path(config.access_model)
         try:
             pointer = artifact_pointer(path)
-            predictor = AccessPredictor.load(pointer[0])
+            predictor = load_checked(pointer[0])
         except (OSError, UserError, ValueError) as error:
             raise PluginConfigError(
                 f"LPC_ACCESS_MODEL (access_model) = {config.access_model!r}: cannot load an "
@@ -120,33 +139,60 @@ class AccessRuntime:
         shared prefix), as its registry record says."""
         return any(feature(n).needs_token_ids for n in self.predictor.feature_names)
 
+    @property
+    def horizon_s(self) -> float | None:
+        """The loaded model's label horizon from its metadata (None: not recorded, or not a
+        finite number > 0)."""
+        return _positive(self.predictor.horizon_s)
+
+    @property
+    def base_rate(self) -> float | None:
+        return self.predictor.metadata.base_rate
+
     def maybe_reload(self, now_s: float) -> None:
-        """Swap in a newly promoted model if one is due to be looked for and has appeared."""
+        """Swap in a newly promoted model if one is due to be looked for and has appeared.
+        Never raises: anything wrong with the folder keeps the old model and is counted once
+        per state of the folder (`access_model_reload_failures`)."""
         if not self.reload_s or now_s < self.next_check_s:
             return
         self.next_check_s = now_s + self.reload_s
         try:
             pointer = artifact_pointer(self.path)
-        except OSError:
-            pointer = None
-        if pointer is None or pointer == self.pointer or pointer == self.failed_pointer:
+        except Exception as error:  # gone, or a file where the folder was
+            pointer = (str(self.path), UNREADABLE_MTIME, UNREADABLE_MTIME)
+            if pointer != self.failed_pointer:
+                self._reload_failed(pointer, error)
+            return
+        if pointer == self.pointer or pointer == self.failed_pointer:
             return
         try:
-            predictor = AccessPredictor.load(pointer[0])
-        except (OSError, UserError, ValueError) as error:
-            self.failed_pointer = pointer
-            self.stats.add(access_model_reload_failures=1)
-            logger.warning(
-                "access model %s: cannot load %s, keeping %s (%s)",
-                self.path,
-                pointer[0],
-                self.pointer[0],
-                error,
-            )
+            predictor = load_checked(pointer[0])
+        except Exception as error:
+            self._reload_failed(pointer, error)
             return
+        horizon_s = _positive(predictor.horizon_s)
+        if horizon_s != self.started_horizon_s:
+            logger.warning(
+                "access model %s: label horizon %s s, the first model's was %s s; the evictor "
+                "keeps the horizon it started with until vLLM restarts",
+                pointer[0],
+                horizon_s,
+                self.started_horizon_s,
+            )
         self.predictor, self.pointer, self.failed_pointer = predictor, pointer, None
         self.stats.add(access_model_reloads=1)
         logger.info("access model reloaded from %s", pointer[0])
+
+    def _reload_failed(self, pointer: ArtifactPointer, error: BaseException) -> None:
+        self.failed_pointer = pointer
+        self.stats.add(access_model_reload_failures=1)
+        logger.warning(
+            "access model %s: cannot load %s, keeping %s (%s)",
+            self.path,
+            pointer[0],
+            self.pointer[0],
+            error,
+        )
 
     def predict_release(
         self, request: Any, conversation_id: str | None, completion_s: float, prompt_tokens: int
@@ -191,14 +237,38 @@ class AccessRuntime:
             completion_s,
             kind if isinstance(kind, str) else None,
         )
-        probability = self.predictor.predict_one(state, conversation) if predict else 0.0
-        is_finished = getattr(request, "is_finished", None)
-        if conversation_id and (is_finished is None or is_finished()):
-            table.finished(conversation_id, state, completion_s, tokens)
+        try:
+            probability = self.predictor.predict_one(state, conversation) if predict else 0.0
+        finally:
+            # Recorded even when the model fails, so the conversation's history stays whole;
+            # a failure to record costs the history, not the prediction.
+            is_finished = getattr(request, "is_finished", None)
+            if conversation_id and (is_finished is None or is_finished()):
+                try:
+                    table.finished(conversation_id, state, completion_s, tokens)
+                except Exception as error:
+                    self.stats.plugin_error("recording a request in the conversation table", error)
         return probability
 
     def counters(self) -> dict[str, Any]:
         return {**self.table.counters(), "access_model_path": self.pointer[0]}
+
+
+def _positive(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) and value > 0 else None
+
+
+def load_checked(folder: str | Path) -> AccessPredictor:
+    """`AccessPredictor.load`, refusing (ValueError) a model whose p for a probe request is
+    not a finite number in [0, 1]: it would predict garbage for every request."""
+    predictor = AccessPredictor.load(folder)
+    probe = predictor.predict_one(PROBE_REQUEST, EMPTY_CONVERSATION)
+    if not is_probability(probe):
+        raise ValueError(
+            f"artifact {folder}: its probability for a probe request is {probe!r}, not a "
+            "finite number in [0, 1] (weights not finite?)"
+        )
+    return predictor
 
 
 def load_access_runtime(

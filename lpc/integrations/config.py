@@ -36,9 +36,12 @@ class PluginConfigError(ValueError):
 class PluginConfig:
     """Everything the serving plugin can be told.
 
-    `evictor` names the learned evictor the free-block queue drives (`lpc`, or `lpc-pooled`:
-    OR pooling and an online floor for prefixes shared across conversations,
-    `eviction/lpc_pooled.py`; vLLM only). `scale_per_s`, `fallback_probability` and
+    `evictor` names the learned evictor the free-block queue drives: `lpc-pooled` (the
+    default: OR pooling and an online floor for prefixes shared across conversations, and a
+    trust gate that keys releases at the fallback p, i.e. LRU's order, until the model has
+    done at least as well as a constant on the labels seen so far; `eviction/lpc_pooled.py`;
+    vLLM only), or plain `lpc`. Its horizon comes from the access model's artifact when one is
+    loaded (`access_model`), else 180 s. `scale_per_s`, `fallback_probability` and
     `probability_floor` are the evictor's. The
     predictor fields say where asynchronous predictions come from (None: only probabilities
     carried by requests, else the fallback). `max_pending_predictions` bounds the predictions
@@ -58,7 +61,7 @@ class PluginConfig:
     first) and forgets a conversation idle longer than `conversation_expiry_s`.
     """
 
-    evictor: str = "lpc"
+    evictor: str = "lpc-pooled"
     scale_per_s: float = DEFAULT_SCALE_PER_S
     fallback_probability: float = DEFAULT_FALLBACK_PROBABILITY
     probability_floor: float = DEFAULT_PROBABILITY_FLOOR

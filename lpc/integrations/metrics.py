@@ -36,6 +36,8 @@ COUNTERS: dict[str, str] = {
     "access_model_reloads": "Promoted access models swapped in",
     "access_model_reload_failures": "Promoted access models that could not be loaded",
     "access_prediction_errors": "Releases the access model could not read (fallback p)",
+    "invalid_probabilities": "Probabilities not finite or not in [0, 1] (fallback p used)",
+    "plugin_errors": "Exceptions caught in the plugin's hooks (vLLM's own behaviour used)",
 }
 # Exported only when the request log is on (`request_log_dir`).
 REQUEST_LOG_COUNTERS: dict[str, str] = {

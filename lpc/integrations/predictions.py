@@ -8,6 +8,11 @@ then uses its fallback p). Nothing on the engine's hot path ever waits for the p
 
 Memory stays bounded: at most `max_pending` requests are queued, in flight or answered but
 not yet taken; beyond that a request simply gets no prediction (`predictions_dropped`).
+
+An answer is used only when it holds one finite number in [0, 1] per item. Otherwise the
+call counts as failed (`predictor_failures`) and each of its requests gets the fallback p;
+its values that are not such numbers (NaN, ±inf, outside [0, 1], not numbers) also count in
+`invalid_probabilities`.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from lpc.integrations.stats import PluginStats
+from lpc.integrations.stats import PluginStats, is_probability
 
 logger = logging.getLogger(__name__)
 
@@ -147,15 +152,27 @@ class PredictionBoard:
             return
         try:
             probabilities = self._client.predict([item for _, item in live])
-        except Exception:  # the client must not raise; if it does, never kill the worker
-            logger.exception("the predictor client raised; treating it as a failed call")
+        except Exception as error:  # the client must not raise; if it does, never kill the worker
+            if self._stats.first_time("the predictor client raised"):
+                logger.error(
+                    "the predictor client raised; treating it as a failed call (logged once)",
+                    exc_info=error,
+                )
             probabilities = None
         if probabilities is not None and not _valid_answer(probabilities, len(live)):
-            logger.warning(
-                "the predictor answered %.200r for %d items; ignoring the answer",
-                probabilities,
-                len(live),
-            )
+            # One bad value discredits the whole answer: each of its requests gets the
+            # fallback p. The bad values are counted (and the first one logged) as such.
+            listed = probabilities if isinstance(probabilities, list) else []
+            bad = [p for p in listed if not is_probability(p)]
+            for value in bad:
+                self._stats.invalid_probability("the predictor", value)
+            if not bad and self._stats.first_time("malformed predictor answer"):
+                logger.warning(
+                    "the predictor answered %.200r for %d items; ignoring the answer (logged "
+                    "once; counted in predictor_failures)",
+                    probabilities,
+                    len(live),
+                )
             probabilities = None
         with self._lock:
             for i, (rid, _) in enumerate(live):
@@ -168,11 +185,9 @@ class PredictionBoard:
 
 
 def _valid_answer(probabilities: object, count: int) -> bool:
+    """One finite number in [0, 1] per item, in a list."""
     return (
         isinstance(probabilities, list)
         and len(probabilities) == count
-        and all(
-            isinstance(p, int | float) and not isinstance(p, bool) and 0.0 <= p <= 1.0
-            for p in probabilities
-        )
+        and all(is_probability(p) for p in probabilities)
     )

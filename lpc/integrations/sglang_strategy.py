@@ -14,6 +14,11 @@ logit(p) + scale·t_last is exactly such a sort key, so the whole policy is `get
   (`RadixCache._insert_helper`; a split node inherits its child's), so a prefix shared by
   several requests carries the highest p among them: SGLang itself max-pools p.
 
+A priority that is no p in parts per million (NaN, ±inf, negative, above 1,000,000: p outside
+[0, 1]) gets the fallback p, is counted in `LPCStrategy.invalid_priorities` (per evaluation:
+SGLang asks for a node's priority at each eviction) and logged once per strategy. The key is
+never NaN.
+
 This pooling differs from our vLLM evictor's in two ways, both documented in
 docs/serving.md: the key uses the pooled p with the latest access time (the paper's rule
 max(p_cur, p_new) without first decaying the old p), and a node never lowers its p, so a
@@ -28,6 +33,7 @@ passed to `LPCStrategy` as keyword arguments.
 from __future__ import annotations
 
 import importlib
+import logging
 import math
 import os
 import threading
@@ -40,6 +46,8 @@ from eviction.lpc import (
     DEFAULT_SCALE_PER_S,
     static_key,
 )
+
+logger = logging.getLogger(__name__)
 
 POLICY_NAME = "lpc"
 SUPPORTED_SGLANG_VERSION = "0.5.23"
@@ -59,9 +67,15 @@ def probability_to_priority(probability: float) -> int:
 
 
 def priority_to_probability(priority: Any) -> float | None:
-    """The p a node's priority carries; None for "no prediction" (0, unset or negative)."""
-    if isinstance(priority, bool) or not isinstance(priority, int | float) or priority <= 0:
+    """The p a node's priority carries; None for "no prediction" (0 or unset) and for a
+    priority that carries no p (not a number, NaN, ±inf, negative, above 1,000,000)."""
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int | float)
+        or not 0 < priority <= PRIORITY_PER_UNIT  # NaN fails too
+    ):
         return None
+    # 1,000,000: SGLang bumps a checkpoint's prompt part by one over 999,999.
     return min(priority, _MAX_PRIORITY) / PRIORITY_PER_UNIT
 
 
@@ -96,10 +110,23 @@ class LPCStrategy:
         self.scale_per_s = float(scale_per_s)
         self.fallback_probability = float(fallback_probability)
         self.probability_floor = float(probability_floor)
+        self.invalid_priorities = 0  # evaluations of a node whose priority carries no p
 
     def probability(self, node: Any) -> float:
-        p = priority_to_probability(node.priority)
-        return self.fallback_probability if p is None else p
+        priority = node.priority
+        p = priority_to_probability(priority)
+        if p is not None:
+            return p
+        if priority is not None and priority != 0:  # set, but no p in parts per million
+            self.invalid_priorities += 1
+            if self.invalid_priorities == 1:
+                logger.warning(
+                    "LPC strategy: a node's priority %.80r carries no probability (p in parts "
+                    "per million, 1 to 1,000,000); the fallback p is used (counted in "
+                    "invalid_priorities, logged once)",
+                    priority,
+                )
+        return self.fallback_probability
 
     def get_priority(self, node: Any) -> float:
         return static_key(

@@ -6,8 +6,12 @@ through one lock (uncontended on the hot path: the worker counts once per batch)
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field, fields
+from numbers import Real
+
+logger = logging.getLogger("vllm.plugins.lpc")
 
 
 @dataclass
@@ -29,6 +33,13 @@ class PluginStats:
     computed; they count as `predictions_used` too), `access_model_reloads` (a promoted model
     swapped in), `access_model_reload_failures` (one that could not be loaded: the old one
     stays) and `access_prediction_errors` (a request it could not read: the fallback p).
+
+    Fail-safe: `invalid_probabilities` counts probabilities that were not a finite number in
+    [0, 1] (a request's `lpc_probability`, the values of a predictor answer, the in-process
+    model's output): each was replaced by the fallback p. `plugin_errors` counts exceptions the
+    plugin caught in its own code inside a vLLM call (the release path, the free queue, the
+    request log, scheduling): that call went on as stock vLLM would (fallback p, LRU-equivalent
+    order); each place logs its first exception only.
     """
 
     releases: int = 0
@@ -50,13 +61,50 @@ class PluginStats:
     access_model_reloads: int = 0
     access_model_reload_failures: int = 0
     access_prediction_errors: int = 0
+    invalid_probabilities: int = 0
+    plugin_errors: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _logged: set[str] = field(default_factory=set, repr=False, compare=False)
 
     def add(self, **deltas: int) -> None:
         """Add to several counters at once, atomically."""
         with self._lock:
             for name, delta in deltas.items():
                 setattr(self, name, getattr(self, name) + delta)
+
+    def first_time(self, what: str) -> bool:
+        """True the first time `what` is asked about (to log a recurring problem once)."""
+        with self._lock:
+            if what in self._logged:
+                return False
+            self._logged.add(what)
+            return True
+
+    def plugin_error(self, where: str, error: BaseException) -> None:
+        """Count an exception the plugin caught in `where`; log the first one of each place
+        with its traceback (the caller falls back to stock vLLM's behaviour for the call)."""
+        self.add(plugin_errors=1)
+        if self.first_time(f"error: {where}"):
+            logger.error(
+                "LPC plugin: %s failed (%r); this call falls back to vLLM's own behaviour and "
+                "vLLM keeps serving (further failures here are counted in plugin_errors, not "
+                "logged)",
+                where,
+                error,
+                exc_info=error,
+            )
+
+    def invalid_probability(self, source: str, value: object) -> None:
+        """Count a probability from `source` that is not a finite number in [0, 1] (the
+        caller uses the fallback p instead); log the first one from each source."""
+        self.add(invalid_probabilities=1)
+        if self.first_time(f"invalid p: {source}"):
+            logger.warning(
+                "LPC plugin: %s gave the probability %.80r, not a finite number in [0, 1]; "
+                "the fallback p is used (counted in invalid_probabilities, logged once)",
+                source,
+                value,
+            )
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
@@ -72,8 +120,14 @@ class PluginStats:
             f"{s['predictions_dropped']}, predictor failures {s['predictor_failures']}; "
             f"in process {s['predictions_in_process']} (model reloads "
             f"{s['access_model_reloads']}, failed {s['access_model_reload_failures']}); "
+            f"invalid p {s['invalid_probabilities']}, plugin errors {s['plugin_errors']}; "
             f"evictions {s['evictions']}"
         )
 
 
 _COUNTER_NAMES = tuple(f.name for f in fields(PluginStats) if not f.name.startswith("_"))
+
+
+def is_probability(value: object) -> bool:
+    """Whether `value` is a real number (not a bool; numpy's count) in [0, 1], so finite."""
+    return isinstance(value, Real) and not isinstance(value, bool) and 0.0 <= value <= 1.0

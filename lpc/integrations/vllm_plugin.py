@@ -57,6 +57,13 @@ how vLLM frees the request's blocks:
     BlockPool.free_blocks, ref_cnt > 1    blocks others still hold        3. note_shared_release
     FreeKVCacheBlockQueue (replaced)      first queue built: _activate    (the queue reads route 1)
 
+Fail-safe: every probability is checked at the release, whatever its source (`release_and_source`:
+a finite number in [0, 1], else the fallback p and `invalid_probabilities`), and the patched
+methods run the plugin's own work through guards (`safe_release_for`, `safe_on_scheduled`, the
+queue's `append_n`): an exception there gives that call stock vLLM's behaviour (the fallback p at
+the current time, LRU's place), counts in `plugin_errors`, is logged once per place and never
+reaches vLLM. vLLM's own code (the original methods) runs unguarded, as without the plugin.
+
 Patched methods find their `PluginRuntime` through `_runtime_of(pool)`, which reads the
 module-level `_REGISTRATION`: the one active registration (its runtime and the original
 attributes it replaced); a plugin that patches classes inherently has one. They act only on
@@ -73,18 +80,20 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from eviction.base import Release
+from eviction.lpc import DEFAULT_FALLBACK_PROBABILITY
 from lpc.integrations import vllm_compat
 from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
 from lpc.integrations.metrics import MetricsServer, start_metrics_server
 from lpc.integrations.plugin_request_log import PluginRequestLog
 from lpc.integrations.predictions import PredictionBoard, PredictionClient
-from lpc.integrations.request_hints import RequestHints, parse_hints
-from lpc.integrations.stats import PluginStats
+from lpc.integrations.request_hints import PROBABILITY_KEY, RequestHints, parse_hints
+from lpc.integrations.stats import PluginStats, is_probability
 from lpc.integrations.vllm_queue import Clock, LPCFreeBlockQueue, QueueRuntime, bind_queue_class
 
 # A child of vLLM's logger, so the plugin's lines appear in vLLM's log with its format.
@@ -122,9 +131,14 @@ class PluginRuntime:
 
     def hints_for(self, request: Any) -> RequestHints:
         params = request.sampling_params
-        hints = parse_hints(params.extra_args if params is not None else None)
+        extra_args = params.extra_args if params is not None else None
+        hints = parse_hints(extra_args)
         if hints.problems:
             self.stats.add(invalid_hints=1)
+            if hints.probability is None and isinstance(extra_args, Mapping):
+                carried = extra_args.get(PROBABILITY_KEY)
+                if carried is not None:  # given, and not a finite number in [0, 1]
+                    self.stats.invalid_probability("a request's lpc_probability", carried)
             if self.stats.invalid_hints <= MAX_LOGGED_INVALID_HINTS:
                 logger.warning(
                     "request %s: ignoring malformed LPC fields: %s",
@@ -152,51 +166,112 @@ class PluginRuntime:
         """The probability, time and conversation of a request releasing its blocks."""
         return self.release_and_source(request)[0]
 
+    def safe_release_for(self, request: Any) -> Release:
+        """`release_for` for vLLM's hooks: it never raises. On an error in the plugin's own
+        code the release gets the fallback p at the current time (stock vLLM's LRU place),
+        the error is counted in `plugin_errors` and its first occurrence logged."""
+        try:
+            return self.release_for(request)
+        except Exception as error:
+            self.stats.plugin_error("a request's release", error)
+            rid = getattr(request, "request_id", None)
+            if isinstance(rid, str):
+                self.hints.pop(rid, None)
+                if self.board is not None:
+                    self.board.forget(rid)
+            else:
+                rid = None
+            return Release(self.clock(), None, rid)
+
+    def safe_on_scheduled(self, request: Any) -> None:
+        """`on_scheduled` for vLLM's hook: an error only costs the request its prediction."""
+        try:
+            self.on_scheduled(request)
+        except Exception as error:
+            self.stats.plugin_error("asking for a prediction", error)
+
     def release_and_source(self, request: Any) -> tuple[Release, str]:
         """`release_for`, and where its probability came from (client, model, fallback);
-        a finished request is appended to the request log here."""
+        a finished request is appended to the request log here.
+
+        Every probability is checked here, whatever its source: one that is not a finite
+        number in [0, 1] is replaced by the fallback p and counted (`invalid_probabilities`).
+        An error while getting it (the model, the conversation table, the predictor board)
+        costs the release its prediction, not the request (`plugin_errors`)."""
         rid = request.request_id
         hints = self.hints.pop(rid, None)
         if hints is None:
             hints = self.hints_for(request)
-        probability = hints.probability
-        if probability is not None:
-            counter = "probabilities_from_request"
+        try:
+            probability, counter = self._probability(request, hints)
+        except Exception as error:
+            self.stats.plugin_error("the release's probability", error)
             if self.board is not None:
                 self.board.forget(rid)
-            if self.access is not None:
-                self.access.record_release(
-                    request,
-                    hints.conversation_id,
-                    self.wall_clock(),
-                    engine_prompt_tokens(request) or 0,
-                )
-        elif self.access is not None:
-            probability = self.access_probability(request, hints)
-            counter = "fallbacks_used" if probability is None else "predictions_used"
-        else:
-            probability = self.board.take(rid) if self.board is not None else None
-            counter = "fallbacks_used" if probability is None else "predictions_used"
+            probability, counter = None, "fallbacks_used"
+        if probability is not None and not is_probability(probability):
+            self.stats.invalid_probability(f"the {_PROBABILITY_SOURCES[counter]}", probability)
+            probability, counter = None, "fallbacks_used"
+        probability = None if probability is None else float(probability)
         self.stats.add(releases=1, **{counter: 1})
         now = self.clock()
         if self.config.stats_log_interval_s and now >= self.next_log_s:
-            if self.next_log_s:
-                logger.info("%s", self.stats.summary())
-                if self.request_log is not None:
-                    logger.info("%s", self.request_log.summary())
-            self.next_log_s = now + self.config.stats_log_interval_s
+            self.next_log_s = self._log_stats(now)
         source = _PROBABILITY_SOURCES[counter]
         if self.request_log is not None:
             used = probability if probability is not None else self.config.fallback_probability
-            self.request_log.finished(request, hints, used, source)
+            try:
+                self.request_log.finished(request, hints, used, source)
+            except Exception as error:
+                self.stats.plugin_error("the request log", error)
         return Release(now, probability, hints.conversation_id or rid), source
+
+    def _probability(self, request: Any, hints: RequestHints) -> tuple[float | None, str]:
+        """The release's p (unchecked) and the counter of its source."""
+        rid = request.request_id
+        probability = hints.probability
+        if probability is not None:
+            if self.board is not None:
+                self.board.forget(rid)
+            if self.access is not None:
+                try:
+                    self.access.record_release(
+                        request,
+                        hints.conversation_id,
+                        self.wall_clock(),
+                        engine_prompt_tokens(request) or 0,
+                    )
+                except Exception as error:  # the request's own p stands
+                    self.stats.plugin_error("recording a request in the conversation table", error)
+            return probability, "probabilities_from_request"
+        if self.access is not None:
+            probability = self.access_probability(request, hints)
+        elif self.board is not None:
+            probability = self.board.take(rid)
+        return probability, "fallbacks_used" if probability is None else "predictions_used"
+
+    def _log_stats(self, now: float) -> float:
+        """The counters' log line (not the first time: nothing happened yet); when the next
+        is due. A failure is counted, and the line skipped."""
+        if self.next_log_s:
+            try:
+                logger.info("%s", self.stats.summary())
+                if self.request_log is not None:
+                    logger.info("%s", self.request_log.summary())
+            except Exception as error:
+                self.stats.plugin_error("the stats log line", error)
+        return now + self.config.stats_log_interval_s
 
     def access_probability(self, request: Any, hints: RequestHints) -> float | None:
         """The access-only model's p for this release, computed here (microseconds); None
-        (the fallback p) if the request cannot be read: a request is never failed."""
+        (the fallback p) if the request cannot be read, the model fails, or its p is not a
+        finite number in [0, 1]: a request is never failed."""
         access = self.access
         assert access is not None
-        access.maybe_reload(self.clock())
+        try:
+            access.maybe_reload(self.clock())
+        except Exception as error:  # maybe_reload counts what it foresees; this is the rest
+            self.stats.plugin_error("looking for a promoted access model", error)
         if self.board is not None:
             self.board.forget(request.request_id)
         try:
@@ -208,15 +283,19 @@ class PluginRuntime:
             )
         except Exception as error:
             self.stats.add(access_prediction_errors=1)
-            if self.stats.access_prediction_errors == 1:
+            if self.stats.first_time("access prediction error"):
                 logger.warning(
-                    "request %s: the access model cannot predict it (%r); fallback p",
+                    "request %s: the access model cannot predict it (%r); fallback p (logged "
+                    "once; counted in access_prediction_errors)",
                     request.request_id,
                     error,
                 )
             return None
+        if not is_probability(probability):
+            self.stats.invalid_probability("the access model", probability)
+            return None
         self.stats.add(predictions_in_process=1)
-        return probability
+        return float(probability)
 
     def hold_for_deferred_free(self, blocks: list[Any], release: Release) -> None:
         """Blocks popped for a deferred free: remember their release until they are freed."""
@@ -271,7 +350,7 @@ def _wrap_manager_free(original: Any) -> Any:
         runtime = _runtime_of(self.block_pool)
         if runtime is None:
             return original(self, request)
-        with runtime.queues.releasing(runtime.release_for(request)):
+        with runtime.queues.releasing(runtime.safe_release_for(request)):
             return original(self, request)
 
     return free
@@ -283,9 +362,12 @@ def _wrap_pop_blocks_for_free(original: Any) -> Any:
         runtime = _runtime_of(self.block_pool)
         if runtime is None:
             return original(self, request)
-        release = runtime.release_for(request)
+        release = runtime.safe_release_for(request)
         blocks = original(self, request)
-        runtime.hold_for_deferred_free(blocks, release)
+        try:
+            runtime.hold_for_deferred_free(blocks, release)
+        except Exception as error:  # the blocks are then freed on the fallback p
+            runtime.stats.plugin_error("holding a deferred free's release", error)
         return blocks
 
     return pop_blocks_for_free
@@ -299,18 +381,22 @@ def _wrap_free_blocks(original: Any) -> Any:
             return original(self, ordered_blocks)
         blocks = ordered_blocks if isinstance(ordered_blocks, list) else list(ordered_blocks)
         queues = runtime.queues
-        release = queues.active_release() or runtime.take_deferred_release(blocks)
+        try:
+            release = queues.active_release() or runtime.take_deferred_release(blocks)
+            # Cached blocks whose count stays above zero: this release shares them with others.
+            shared = [
+                block
+                for block in blocks
+                if block.ref_cnt > 1
+                and block.block_hash is not None
+                and not block.is_null
+                and (block.pool is None or block.pool is self)
+            ]
+        except Exception as error:  # stock vLLM: the fallback p, no pooling metadata
+            runtime.stats.plugin_error("preparing a free of blocks", error)
+            release, shared = None, []
         if release is None:
             release = Release(queues.clock(), None, None)
-        # Cached blocks whose count stays above zero: this release shares them with others.
-        shared = [
-            block
-            for block in blocks
-            if block.ref_cnt > 1
-            and block.block_hash is not None
-            and not block.is_null
-            and (block.pool is None or block.pool is self)
-        ]
         with queues.releasing(release):
             original(self, blocks)
         if shared:
@@ -327,7 +413,7 @@ def _wrap_allocate_slots(original: Any) -> Any:
         if blocks is not None:
             runtime = _runtime_of(self.block_pool)
             if runtime is not None:
-                runtime.on_scheduled(request)
+                runtime.safe_on_scheduled(request)
         return blocks
 
     return allocate_slots
@@ -339,7 +425,10 @@ def _wrap_get_computed_blocks(original: Any) -> Any:
         result = original(self, request, *args, **kwargs)
         runtime = _runtime_of(self.block_pool)
         if runtime is not None and runtime.request_log is not None:
-            runtime.request_log.note_computed(request, result[1], self.block_pool)
+            try:
+                runtime.request_log.note_computed(request, result[1], self.block_pool)
+            except Exception as error:  # the log misses this hit; vLLM's result stands
+                runtime.stats.plugin_error("noting a request's cache hit", error)
         return result
 
     return get_computed_blocks
@@ -372,6 +461,41 @@ def _import_vllm() -> dict[str, Any]:
         "sampling_params": "vllm.sampling_params",
     }
     return {key: importlib.import_module(module) for key, module in names.items()}
+
+
+def build_runtime(
+    config: PluginConfig,
+    clock: Clock | None = None,
+    predictor_client: PredictionClient | None = None,
+    activate: Callable[[], None] | None = None,
+) -> PluginRuntime:
+    """What `register()` sets up before it patches vLLM (nothing here imports vLLM): the
+    counters, the predictor client and board, the queues' shared runtime, the in-process access
+    model and, from its artifact, the model-specific constants the evictor is built with."""
+    counters = PluginStats()
+    client = predictor_client if predictor_client is not None else make_predictor_client(config)
+    board = (
+        PredictionBoard(
+            client, counters, config.max_pending_predictions, config.max_prediction_batch
+        )
+        if client is not None
+        else None
+    )
+    queues = QueueRuntime(
+        config, counters, clock if clock is not None else time.monotonic, activate=activate
+    )
+    runtime = PluginRuntime(config, counters, queues, client, board)
+    # An injected clock stamps completions too, so arrivals and releases share a timeline.
+    runtime.wall_clock = clock or time.time
+    runtime.access = load_access_runtime(config, counters, queues.clock())
+    if runtime.access is not None:
+        # Model-specific constants come from the artifact: lpc-pooled's horizon.
+        queues.horizon_s = runtime.access.horizon_s
+        _note_base_rate(config, runtime.access)
+    if config.request_log_dir is not None:
+        # An injected clock stamps finish times too, so a replay's log is on its timeline.
+        runtime.request_log = PluginRequestLog(config, clock or time.time)
+    return runtime
 
 
 def register(
@@ -417,29 +541,14 @@ def register(
             )
 
         config = config if config is not None else load_config()
-        counters = PluginStats()
-        client = predictor_client if predictor_client is not None else make_predictor_client(config)
-        board = (
-            PredictionBoard(
-                client, counters, config.max_pending_predictions, config.max_prediction_batch
-            )
-            if client is not None
-            else None
-        )
-        queues = QueueRuntime(
+        runtime = build_runtime(
             config,
-            counters,
-            clock if clock is not None else time.monotonic,
+            clock,
+            predictor_client,
             # Late-bound: the registration is complete before any queue is built.
             activate=lambda: _activate(registration),
         )
-        runtime = PluginRuntime(config, counters, queues, client, board)
-        # An injected clock stamps completions too, so arrivals and releases share a timeline.
-        runtime.wall_clock = clock or time.time
-        runtime.access = load_access_runtime(config, counters, queues.clock())
-        if config.request_log_dir is not None:
-            # An injected clock stamps finish times too, so a replay's log is on its timeline.
-            runtime.request_log = PluginRequestLog(config, clock or time.time)
+        queues = runtime.queues
         registration = _Registration(runtime, [])
 
         block_pool = modules["block_pool"]
@@ -455,7 +564,7 @@ def register(
                 _wrap_pop_blocks_for_free(manager_class.pop_blocks_for_free),
             ),
         ]
-        if board is not None:
+        if runtime.board is not None:
             allocate = _wrap_allocate_slots(manager_class.allocate_slots)
             patches.append((manager_class, "allocate_slots", allocate))
         if runtime.request_log is not None:
@@ -469,8 +578,28 @@ def register(
         "LPC eviction plugin registered in vLLM %s (pid %d): %s",
         modules["vllm"].__version__,
         os.getpid(),
-        ", ".join(f"{k}={v}" for k, v in config.as_dict().items()),
+        ", ".join(
+            f"{k}={v}"
+            for k, v in {**config.as_dict(), "horizon_s": queues.evictor_horizon_s}.items()
+        ),
     )
+
+
+def _note_base_rate(config: PluginConfig, access: AccessRuntime) -> None:
+    """Point out a fallback p left at its default while the model knows its base rate (the
+    fallback stays what the operator configured: it is a setting, not the model's)."""
+    base_rate = access.base_rate
+    if (
+        config.fallback_probability == DEFAULT_FALLBACK_PROBABILITY
+        and base_rate is not None
+        and abs(base_rate - config.fallback_probability) > 0.05
+    ):
+        logger.info(
+            "LPC: fallback_probability is the default %g; the access model's training base "
+            "rate is %.3f (set LPC_FALLBACK_P to it to use it)",
+            config.fallback_probability,
+            base_rate,
+        )
 
 
 def _activate(registration: _Registration) -> None:
@@ -539,5 +668,6 @@ def stats_snapshot() -> dict[str, Any]:
     client_stats = getattr(runtime.client, "stats", None)
     if client_stats is not None and hasattr(client_stats, "as_dict"):
         out["predictor_client"] = client_stats.as_dict()
+    out["evictor_horizon_s"] = runtime.queues.evictor_horizon_s
     out["config"] = runtime.config.as_dict()
     return out

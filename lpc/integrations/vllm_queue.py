@@ -11,6 +11,16 @@ the release context the plugin sets while vLLM frees a request (`QueueRuntime.re
 Blocks appended outside any release (e.g. `BlockPool.unpin_blocks`) get the fallback p at the
 current time.
 
+The evictor is built from the configuration and, with `lpc-pooled`, the loaded access model's
+label horizon (`QueueRuntime.horizon_s`, from its artifact's metadata; 180 s without one).
+
+Fail-safe: an exception in LPC's part of `append_n` (the release's key, pooling) or of
+`note_shared_release` never reaches vLLM's `BlockPool`, which would be left half way through a
+free. It is counted (`plugin_errors`, the first one logged) and the blocks are queued as stock
+vLLM would queue them: with the fallback p at the current time, i.e. LRU's place. Errors that
+are vLLM's own contract (popping from an empty queue, removing a block that is not free) are
+raised as vLLM raises them.
+
 This module imports nothing from vLLM: blocks are duck-typed (`block_id`, `block_hash`,
 `block_hash_num_tokens`), so it is tested with real `KVCacheBlock`s in vLLM's venv and reads
 the same everywhere.
@@ -27,6 +37,7 @@ from typing import Any, ClassVar
 
 from eviction.base import FreedBlocks, Release
 from eviction.lpc import LPCEvictor
+from eviction.lpc_pooled import DEFAULT_MEMORY_WINDOW_S, DEFAULT_SHARED_HORIZON_S
 from eviction.registry import make_evictor
 from lpc.integrations.config import PluginConfig
 from lpc.integrations.stats import PluginStats
@@ -42,6 +53,9 @@ class QueueRuntime:
     stats: PluginStats
     clock: Clock = time.monotonic
     activate: Callable[[], None] | None = None  # called once, when the first queue is built
+    # The loaded access model's label horizon (its artifact's `inputs.horizon_s`): what
+    # `lpc-pooled` judges reuse and the model over. None: no model loaded, the default.
+    horizon_s: float | None = None
     _release: ContextVar[Release | None] = field(
         default_factory=lambda: ContextVar("lpc_release", default=None)
     )
@@ -51,7 +65,10 @@ class QueueRuntime:
         if not self._active:
             self._active = True
             if self.activate is not None:
-                self.activate()
+                try:
+                    self.activate()
+                except Exception as error:  # e.g. the metrics server: vLLM must still start
+                    self.stats.plugin_error("activating the plugin (metrics server)", error)
 
     def active_release(self) -> Release | None:
         """The release being freed now, if any."""
@@ -71,15 +88,32 @@ class QueueRuntime:
         finally:
             self._release.reset(token)
 
+    @property
+    def evictor_horizon_s(self) -> float | None:
+        """The horizon `lpc-pooled` runs with: the model's, else the default (None: `lpc`)."""
+        if self.config.evictor != "lpc-pooled":
+            return None
+        return self.horizon_s if self.horizon_s is not None else DEFAULT_SHARED_HORIZON_S
+
     def new_evictor(self, num_blocks: int) -> LPCEvictor:
-        """The configured learned evictor (`lpc` or `lpc-pooled`, both LPC evictors)."""
+        """The configured learned evictor (`lpc` or `lpc-pooled`, both LPC evictors); the
+        pooled one judges over the loaded model's horizon, and remembers contents at least
+        that long."""
         c = self.config
+        options = {}
+        horizon_s = self.evictor_horizon_s
+        if horizon_s is not None:
+            options = {
+                "horizon_s": horizon_s,
+                "memory_window_s": max(DEFAULT_MEMORY_WINDOW_S, horizon_s),
+            }
         evictor = make_evictor(
             c.evictor,
             num_blocks,
             scale_per_s=c.scale_per_s,
             fallback_probability=c.fallback_probability,
             probability_floor=c.probability_floor,
+            **options,
         )
         assert isinstance(evictor, LPCEvictor), f"{c.evictor} is not an LPC evictor"
         return evictor
@@ -156,8 +190,33 @@ class LPCFreeBlockQueue:
         """Blocks with a hash whose last holder released them, the sequence's tail first."""
         if not blocks:
             return
-        self._evictor.push_cached(_freed(blocks), self.runtime.current_release())
-        self.runtime.stats.add(cached_blocks_released=len(blocks))
+        runtime = self.runtime
+        freed = _freed(blocks)
+        try:
+            self._evictor.push_cached(freed, runtime.current_release())
+        except Exception as error:
+            runtime.stats.plugin_error("the LPC queue's append", error)
+            self._append_as_lru(freed)
+        runtime.stats.add(cached_blocks_released=len(blocks))
+
+    def _append_as_lru(self, freed: FreedBlocks) -> None:
+        """After a failed append: queue the blocks the evictor does not hold yet with the
+        fallback p at the current time and no conversation (LRU's place); if even that fails,
+        before every cached block (their content is then lost first, but no block is)."""
+        evictor = self._evictor
+        keep = [i for i, block_id in enumerate(freed.block_ids) if block_id not in evictor]
+        if not keep:
+            return
+        left = FreedBlocks(
+            [freed.block_ids[i] for i in keep],
+            [freed.depths[i] for i in keep],
+            [freed.hashes[i] for i in keep],
+        )
+        try:
+            evictor.push_cached(left, Release(self.runtime.clock(), None, None))
+        except Exception as error:
+            self.runtime.stats.plugin_error("the LPC queue's fallback append", error)
+            evictor.push_uncached(left.block_ids)
 
     def prepend_n(self, blocks: Sequence[Any]) -> None:
         """Blocks without a hash: reused before any cached block, in the given order."""
@@ -189,9 +248,14 @@ class LPCFreeBlockQueue:
 
     # -- what the plugin adds --------------------------------------------------------------
     def note_shared_release(self, blocks: Sequence[Any], release: Release) -> None:
-        """Cached blocks this release gave up while other requests still hold them."""
+        """Cached blocks this release gave up while other requests still hold them (pooling
+        metadata only: on an error it is skipped, as stock vLLM has none)."""
         if blocks:
-            self._evictor.note_shared_release(_freed(blocks), release)
+            try:
+                self._evictor.note_shared_release(_freed(blocks), release)
+            except Exception as error:
+                self.runtime.stats.plugin_error("the LPC queue's shared release", error)
+                return
             self.runtime.stats.add(shared_blocks_released=len(blocks))
 
     @property

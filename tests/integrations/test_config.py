@@ -36,10 +36,10 @@ def test_environment_variables_set_fields() -> None:
             "LPC_MAX_PENDING_PREDICTIONS": "10",
             "LPC_METRICS_PORT": "9109",
             "LPC_STATS_LOG_INTERVAL_S": "0",
-            "LPC_EVICTOR": "lpc-pooled",
+            "LPC_EVICTOR": "lpc",  # not the default (lpc-pooled)
         }
     )
-    assert config.evictor == "lpc-pooled"
+    assert config.evictor == "lpc"
     assert config.scale_per_s == 0.02 and config.fallback_probability == 0.3
     assert config.predictor_url == "http://127.0.0.1:8100" and config.predictor_timeout_s == 0.25
     assert config.max_pending_predictions == 10 and config.metrics_port == 9109

@@ -726,6 +726,7 @@ vllm = vllm_replay.load_vllm(allow_other_version=False)
 clock = driver.StepClock()
 vllm_plugin.register(
     config=PluginConfig(
+        evictor="lpc",  # compared with our `lpc` replay below
         scale_per_s=settings.scale_per_s,
         fallback_probability=settings.fallback_probability,
         stats_log_interval_s=0.0,

@@ -37,6 +37,9 @@ class Clock:
 
 
 def make_queue(num_blocks: int = 10, clock: Clock | None = None, **config):
+    """A queue on the plain `lpc` evictor unless `evictor` says otherwise (the plugin's
+    default is `lpc-pooled`, whose OR pooling and trust gate these tests do not describe)."""
+    config.setdefault("evictor", "lpc")
     runtime = QueueRuntime(PluginConfig(**config), PluginStats(), clock or Clock())
     blocks = [Block(i) for i in range(num_blocks)]
     return bind_queue_class(runtime)(blocks), blocks, runtime
