@@ -521,25 +521,7 @@ def register(
                 )
             return
         modules = _import_vllm()
-        allow_untested = os.environ.get(vllm_compat.ALLOW_UNTESTED_VARIABLE) == "1"
-        untested = vllm_compat.check_version(modules["vllm"].__version__, allow_untested)
-        problems = vllm_compat.structural_problems(
-            modules["block_pool"],
-            modules["kv_cache_utils"],
-            modules["kv_cache_manager"],
-            modules["request_module"],
-            modules["sampling_params"],
-        )
-        if problems:
-            raise vllm_compat.IncompatibleVllmError(
-                f"cannot load the LPC plugin into vLLM {modules['vllm'].__version__}: "
-                + "; ".join(problems)
-            )
-        if untested:
-            logger.warning(
-                "%s; loading anyway (%s=1)", untested, vllm_compat.ALLOW_UNTESTED_VARIABLE
-            )
-
+        _check_vllm(modules)
         config = config if config is not None else load_config()
         runtime = build_runtime(
             config,
@@ -550,27 +532,7 @@ def register(
         )
         queues = runtime.queues
         registration = _Registration(runtime, [])
-
-        block_pool = modules["block_pool"]
-        pool_class = block_pool.BlockPool
-        manager_class = modules["kv_cache_manager"].KVCacheManager
-        patches: list[tuple[Any, str, Any]] = [
-            (block_pool, "FreeKVCacheBlockQueue", bind_queue_class(queues)),
-            (pool_class, "free_blocks", _wrap_free_blocks(pool_class.free_blocks)),
-            (manager_class, "free", _wrap_manager_free(manager_class.free)),
-            (
-                manager_class,
-                "pop_blocks_for_free",
-                _wrap_pop_blocks_for_free(manager_class.pop_blocks_for_free),
-            ),
-        ]
-        if runtime.board is not None:
-            allocate = _wrap_allocate_slots(manager_class.allocate_slots)
-            patches.append((manager_class, "allocate_slots", allocate))
-        if runtime.request_log is not None:
-            computed = _wrap_get_computed_blocks(manager_class.get_computed_blocks)
-            patches.append((manager_class, "get_computed_blocks", computed))
-        for owner, name, value in patches:
+        for owner, name, value in _patches(modules, runtime):
             registration.originals.append((owner, name, owner.__dict__.get(name, _ABSENT)))
             setattr(owner, name, value)
         _REGISTRATION = registration
@@ -583,6 +545,54 @@ def register(
             for k, v in {**config.as_dict(), "horizon_s": queues.evictor_horizon_s}.items()
         ),
     )
+
+
+def _check_vllm(modules: dict[str, Any]) -> None:
+    """Refuse a vLLM whose structures the patches do not fit (`IncompatibleVllmError`, naming
+    every problem); load an untested version only when the operator allows it, with a
+    warning."""
+    version = modules["vllm"].__version__
+    allow_untested = os.environ.get(vllm_compat.ALLOW_UNTESTED_VARIABLE) == "1"
+    untested = vllm_compat.check_version(version, allow_untested)
+    problems = vllm_compat.structural_problems(
+        modules["block_pool"],
+        modules["kv_cache_utils"],
+        modules["kv_cache_manager"],
+        modules["request_module"],
+        modules["sampling_params"],
+    )
+    if problems:
+        raise vllm_compat.IncompatibleVllmError(
+            f"cannot load the LPC plugin into vLLM {version}: " + "; ".join(problems)
+        )
+    if untested:
+        logger.warning("%s; loading anyway (%s=1)", untested, vllm_compat.ALLOW_UNTESTED_VARIABLE)
+
+
+def _patches(modules: dict[str, Any], runtime: PluginRuntime) -> list[tuple[Any, str, Any]]:
+    """(owner, attribute, replacement) for everything the plugin patches: the free-block queue
+    class, the frees, and the hooks only a predictor (allocate_slots) or a request log
+    (get_computed_blocks) needs."""
+    block_pool = modules["block_pool"]
+    pool_class = block_pool.BlockPool
+    manager_class = modules["kv_cache_manager"].KVCacheManager
+    patches: list[tuple[Any, str, Any]] = [
+        (block_pool, "FreeKVCacheBlockQueue", bind_queue_class(runtime.queues)),
+        (pool_class, "free_blocks", _wrap_free_blocks(pool_class.free_blocks)),
+        (manager_class, "free", _wrap_manager_free(manager_class.free)),
+        (
+            manager_class,
+            "pop_blocks_for_free",
+            _wrap_pop_blocks_for_free(manager_class.pop_blocks_for_free),
+        ),
+    ]
+    if runtime.board is not None:
+        allocate = _wrap_allocate_slots(manager_class.allocate_slots)
+        patches.append((manager_class, "allocate_slots", allocate))
+    if runtime.request_log is not None:
+        computed = _wrap_get_computed_blocks(manager_class.get_computed_blocks)
+        patches.append((manager_class, "get_computed_blocks", computed))
+    return patches
 
 
 def _note_base_rate(config: PluginConfig, access: AccessRuntime) -> None:
