@@ -6,23 +6,23 @@ orders runs, not blocks. A run lists its blocks deepest first, which is also the
 order within the run: ties in key evict the deeper block first (a child is useless without
 its parent), then the block of the older run.
 
-The heap holds bare keys, each once, and `_at` maps a key to what is queued under it: one
-`Run` (the common case), or a `Tie` of runs that share the key. Keys compare in one step,
-where (key, rank, seq) tuples took two comparisons and a tuple walk at every level of every
-pop. A key at the root is strictly below every other key, so a lone run there hands out its
-blocks by slicing, like a linked list. Inside a `Tie`, runs are ordered by (−depth of the
-run's head, run sequence number); a rank goes stale as its head moves past hit blocks, which
-only makes it sort *earlier* than it should, never later, so the tie's root is re-ranked
-exactly before each block it gives.
+The heap is a plain `heapq` of (key, rank, seq, run) entries, one per run: rank is −depth of
+the run's head when the entry was pushed, seq the run's sequence number (unique, so a
+comparison never reaches the run). The rank is lazy: it goes stale as the head moves past
+popped or hit blocks, which only makes the entry sort *earlier* than it should, never later,
+and it matters only when the root's key ties with a child's; then the root is re-ranked
+exactly before each block it gives. A root whose key is strictly below its children's is the
+minimum whatever the ranks say, and hands out its blocks by slicing, like a linked list.
 
 Each block has one slot in `_state`: the `Run` it is queued in; or, once a hit took it out
 of the heap, that run's `Ghost` (the same key and `tag`, the policy's per-block metadata,
 which must survive while the block is in use); or None once it is handed out with new
 content. A hit therefore costs one store and one count (the run's `live` blocks); the cursor
 skips such blocks when it reaches them, and a run with no live block left is dropped when it
-reaches the root. Everything is O(log runs) amortised; `pop_n` rebuilds the heap when its
-keys exceed twice the queued blocks plus 1,024 (runs whose every block was hit piled up; hits
-add no keys, so between pops the excess grows only by the releases since).
+reaches the root (lazy deletion). Everything is O(log runs) amortised; `pop_n` rebuilds the
+heap when its entries exceed twice the queued blocks plus 1,024 (runs whose every block was
+hit piled up; hits add no entries, so between pops the excess grows only by the releases
+since).
 
 Policies subclass `RunHeap` (through `PriorityEvictor`) so their hot paths touch these lists
 directly; the protected methods here are the heap's whole interface.
@@ -37,6 +37,7 @@ from typing import Any, TypeAlias
 from eviction.linked_list import BlockList
 
 heappop = heapq.heappop  # one global load on the pop path, per used-up run
+heapreplace = heapq.heapreplace
 
 
 class Ghost:
@@ -67,13 +68,8 @@ class Run:
         self.ghost: Ghost | None = None
 
 
-Key: TypeAlias = Any  # hashable and totally ordered: a float, or a tuple of them
-
-
-class Tie(list):
-    """Runs queued under one key, a min-heap of (−depth of head, run sequence number, run)."""
-
-    __slots__ = ()
+Key: TypeAlias = Any  # totally ordered: a float, or a tuple of them
+Entry: TypeAlias = tuple[Key, int, int, Run]  # (key, rank: −depth of head, run seq, run)
 
 
 class RunHeap:
@@ -81,15 +77,13 @@ class RunHeap:
 
     def __init__(self, num_blocks: int) -> None:
         self._uncached = BlockList(num_blocks)  # reused before any run, in vLLM's order
-        self._heap: list[Key] = []
-        self._at: dict[Key, Run | Tie] = {}
+        self._heap: list[Entry] = []
         self._state: list[Run | Ghost | None] = [None] * num_blocks
         self._next_seq = 0
         self._queued = 0
 
     def _clear_heap(self) -> None:
         self._heap.clear()
-        self._at.clear()
         self._state = [None] * len(self._state)
         self._queued = 0
 
@@ -122,23 +116,7 @@ class RunHeap:
     def _enqueue(self, run: Run) -> None:
         """Queue a new run under its key (the caller has pointed its blocks' slots at it)."""
         self._queued += run.live
-        key = run.key
-        queued = self._at.setdefault(key, run)
-        if queued is run:
-            heapq.heappush(self._heap, key)
-        else:
-            self._tie(key, queued, run)
-
-    def _tie(self, key: Key, queued: Run | Tie, run: Run) -> None:
-        """A new run joins the runs already queued under its key."""
-        if type(queued) is Run:
-            queued = self._at[key] = Tie([(self._rank(queued), queued.seq, queued)])
-        heapq.heappush(queued, (-run.depths[0], run.seq, run))
-
-    def _rank(self, run: Run) -> int:
-        """The run's exact rank in a tie: −depth of its head (0 once it has no live block)."""
-        i = self._head(run)
-        return -run.depths[i] if i < len(run.block_ids) else 0
+        heapq.heappush(self._heap, (run.key, -run.depths[0], run.seq, run))
 
     def _push_run(
         self, key: Key, tag: Any, block_ids: Sequence[int], depths: Sequence[int]
@@ -191,7 +169,7 @@ class RunHeap:
         becomes its metadata; an uncached one leaves the list.
 
         The one dequeue, for hits and for any policy that re-queues a block. It does not check
-        for a rebuild: a hit adds no key to the heap, so `pop_n`'s check bounds the dead keys
+        for a rebuild: a hit adds no entry to the heap, so `pop_n`'s check bounds the dead entries
         (on `lpc bench evictor` a check here cost a quarter of the block operation, callgrind).
         """
         state = self._state
@@ -221,19 +199,33 @@ class RunHeap:
         out = uncached.pop_n(from_uncached) if from_uncached else []
         if len(self._heap) > 2 * self._queued + 1024:
             self._rebuild()  # hits left more dead runs than live blocks
-        heap, at, state = self._heap, self._at, self._state
+        heap, state = self._heap, self._state
         need = n - from_uncached
         self._queued -= need
         while need:
-            run = at[heap[0]]
-            if type(run) is Tie:
-                need -= self._pop_tied(run, need, out)
-                continue
-            # The only run under the smallest key: its live blocks go first, in order.
+            key, rank, seq, run = heap[0]
             live = run.live
             if not live:  # every block of the run was hit since
-                del at[heappop(heap)]
+                heappop(heap)
                 continue
+            size = len(heap)
+            if (size > 1 and not key < heap[1][0]) or (size > 2 and not key < heap[2][0]):
+                # A tie on the key: the root gives its head only if its rank is exact.
+                i = self._head(run)
+                exact = -run.depths[i]
+                if exact != rank:
+                    heapreplace(heap, (key, exact, seq, run))
+                    continue
+                block_id = run.block_ids[i]
+                state[block_id] = None
+                out.append(block_id)
+                need -= 1
+                run.live = live - 1
+                run.cursor = i + 1
+                if live == 1:
+                    heappop(heap)
+                continue
+            # Strictly the smallest key: the run's live blocks go first, in order.
             ids = run.block_ids
             m = len(ids)
             i = run.cursor
@@ -259,98 +251,46 @@ class RunHeap:
             run.cursor = j
             if live:
                 break  # `need` is met
-            del at[heappop(heap)]  # the run is used up: its key leaves the heap
+            heappop(heap)  # the run is used up
         return out
 
-    def _pop_tied(self, tie: Tie, need: int, out: list[int]) -> int:
-        """Take up to `need` blocks from the runs tied at the root key; returns how many.
-
-        Each block goes to the run with the deepest head, then the oldest run: the tie's root
-        is re-ranked exactly (its rank may be stale, never late) before it gives a block.
-        """
-        state = self._state
-        taken = 0
-        while taken < need:
-            rank, seq, run = tie[0]
-            if not run.live:
-                heapq.heappop(tie)
-                if len(tie) == 1:  # a lone run again: back to the slicing path
-                    self._at[self._heap[0]] = tie[0][2]
-                    break
-                continue
-            i = self._head(run)
-            exact = -run.depths[i]
-            if exact != rank:
-                heapq.heapreplace(tie, (exact, seq, run))
-                continue
-            block_id = run.block_ids[i]
-            state[block_id] = None
-            out.append(block_id)
-            taken += 1
-            run.live -= 1
-            run.cursor = i + 1
-            if run.live:
-                heapq.heapreplace(tie, (self._rank(run), seq, run))
-        return taken
-
     def _rebuild(self) -> None:
-        """Drop the runs every block of which was hit, and the keys left with none."""
-        at: dict[Key, Run | Tie] = {}
-        for key, queued in self._at.items():
-            runs = [queued] if type(queued) is Run else [entry[2] for entry in queued]
-            live = [run for run in runs if self._head(run) < len(run.block_ids)]
-            if len(live) == 1:
-                at[key] = live[0]
-            elif live:
-                tie = Tie((self._rank(run), run.seq, run) for run in live)
-                heapq.heapify(tie)
-                at[key] = tie
-        self._at = at
-        self._heap = list(at)
-        heapq.heapify(self._heap)
+        """Drop the runs every block of which was hit; re-rank the others exactly."""
+        heap = []
+        for _, _, seq, run in self._heap:
+            i = self._head(run)
+            if i < len(run.block_ids):
+                heap.append((run.key, -run.depths[i], seq, run))
+        heapq.heapify(heap)
+        self._heap = heap
 
     def check_invariants(self) -> None:
         """Assert the rules the heap's fast paths rest on (for tests; O(blocks + runs)).
 
-        - the heap holds each key of `_at` once, in heap order;
-        - a `Tie` holds at least two runs (one collapses back to a lone `Run`), each under
-          its own key and sequence number, in heap order, and a stored rank is never later
-          than the run's exact rank (ranks go stale only towards sorting earlier);
+        - the heap is in heap order, and each entry holds its run's key and sequence number,
+          each run once, with a rank never later than the run's exact rank (ranks go stale
+          only towards sorting earlier);
         - a run lists its blocks deepest first (what makes stale ranks early, never late);
         - a run's `live` counts exactly its blocks at or after the cursor whose slot points
           at it, and no block before the cursor does: so `live == m − cursor` really means
           no hit lies ahead of the cursor, the fact the slicing pop path trusts;
-        - every slot that holds a run points at a run queued under that run's key, and
-          `_queued` is the number of such slots.
+        - every slot that holds a run points at a run in the heap, and `_queued` is the
+          number of such slots.
         """
-        heap, at, state = self._heap, self._at, self._state
-        assert sorted(heap) == sorted(at) and len(set(heap)) == len(heap), (
-            "run heap: the heap's keys and the key → run map disagree"
-        )
+        heap, state = self._heap, self._state
         for k in range(1, len(heap)):
-            assert not heap[k] < heap[(k - 1) // 2], f"run heap: key {heap[k]!r} breaks heap order"
+            assert not heap[k] < heap[(k - 1) // 2], f"run heap: entry {k} breaks heap order"
         queued_runs: set[int] = set()
-        for key, queued in at.items():
-            if type(queued) is Tie:
-                assert len(queued) >= 2, f"run heap: the tie under {key!r} has one run left"
-                for k in range(1, len(queued)):
-                    assert not queued[k] < queued[(k - 1) // 2], (
-                        f"run heap: the tie under {key!r} breaks heap order"
-                    )
-                for rank, seq, run in queued:
-                    assert seq == run.seq, f"run heap: run {run.seq} is tied under seq {seq}"
-                    assert rank <= self._exact_rank(run), (
-                        f"run heap: run {run.seq} under {key!r} has a rank later than its "
-                        f"exact one ({rank} > {self._exact_rank(run)})"
-                    )
-                runs = [entry[2] for entry in queued]
-            else:
-                runs = [queued]
-            for run in runs:
-                assert run.key == key, f"run heap: run {run.seq} is queued under a foreign key"
-                assert id(run) not in queued_runs, f"run heap: run {run.seq} is queued twice"
-                queued_runs.add(id(run))
-                self._check_run(run)
+        for key, rank, seq, run in heap:
+            assert key == run.key, f"run heap: run {run.seq} is queued under a foreign key"
+            assert seq == run.seq, f"run heap: run {run.seq} is queued under seq {seq}"
+            assert rank <= self._exact_rank(run), (
+                f"run heap: run {run.seq} has a rank later than its exact one "
+                f"({rank} > {self._exact_rank(run)})"
+            )
+            assert id(run) not in queued_runs, f"run heap: run {run.seq} is queued twice"
+            queued_runs.add(id(run))
+            self._check_run(run)
         slots = [b for b, s in enumerate(state) if type(s) is Run]
         for b in slots:
             assert id(state[b]) in queued_runs, f"run heap: block {b} points at an unqueued run"
@@ -371,7 +311,8 @@ class RunHeap:
         assert run.live == live, f"run heap: run {run.seq} counts {run.live} live, has {live}"
 
     def _exact_rank(self, run: Run) -> int:
-        """`_rank` without moving the cursor: −depth of the first live block, 0 if none."""
+        """The run's exact rank, without moving the cursor: −depth of its first live block
+        (0 if none)."""
         state = self._state
         for j in range(run.cursor, len(run.block_ids)):
             if state[run.block_ids[j]] is run:
@@ -379,13 +320,9 @@ class RunHeap:
         return 0
 
     def _runs(self) -> Iterator[Run]:
-        """Every run under a key in the heap (dead ones included), in no order."""
-        for queued in self._at.values():
-            if type(queued) is Run:
-                yield queued
-            else:
-                for entry in queued:
-                    yield entry[2]
+        """Every run in the heap (dead ones included), in no order."""
+        for entry in self._heap:
+            yield entry[3]
 
     def _ordered(self) -> Iterator[int]:
         """Queued blocks in pop order, without popping (O(n log n); for tests and debugging)."""

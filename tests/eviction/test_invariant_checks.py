@@ -7,7 +7,6 @@ from collections.abc import Callable
 import pytest
 
 from eviction import FreedBlocks, Release, make_evictor
-from eviction.run_heap import Tie
 
 
 def loaded(name: str, num_blocks: int = 12):
@@ -30,14 +29,13 @@ def _lpc_live_count(evictor) -> None:
 
 
 def _lpc_late_rank(evictor) -> None:
-    tie = next(q for q in evictor._at.values() if type(q) is Tie)
-    rank, seq, run = tie[0]
-    tie[0] = (rank + 5, seq, run)
+    key, rank, seq, run = evictor._heap[-1]  # a leaf: a later rank keeps the heap order
+    evictor._heap[-1] = (key, rank + 5, seq, run)
 
 
-def _lpc_lone_tie(evictor) -> None:
-    tie = next(q for q in evictor._at.values() if type(q) is Tie)
-    del tie[1:]
+def _lpc_heap_order(evictor) -> None:
+    heap = evictor._heap  # three runs tied on the key: the oldest must be the root
+    heap[0], heap[-1] = heap[-1], heap[0]
 
 
 def _lru_size(evictor) -> None:
@@ -63,7 +61,7 @@ def _resident_count(evictor) -> None:
 CORRUPTIONS: list[tuple[str, Callable]] = [
     ("lpc", _lpc_live_count),
     ("lpc", _lpc_late_rank),
-    ("lpc", _lpc_lone_tie),
+    ("lpc", _lpc_heap_order),
     ("lru", _lru_size),
     ("s3fifo", _s3fifo_frequency),
     ("sieve", _sieve_hand),
