@@ -1,0 +1,373 @@
+"""Serving a trace with vLLM 0.33.0's own `Scheduler`, one driver process per policy.
+
+`scripts/vllm_scheduler_replay.py` runs in vLLM's venv (`vllm_driver.vllm_python_path()`);
+this module, in the project's venv, writes the requests it serves, sets each policy's
+environment (vLLM loads the plugin from its `vllm.general_plugins` entry point with
+`VLLM_PLUGINS=lpc`, and the plugin reads the LPC_* variables, as in a deployment), runs it
+and reads back its summary and per-step records. `scripts/vllm_scheduler_ab.py` is the
+command; `tests/integrations/test_vllm_scheduler.py` the tests.
+
+Policies: `lru` is stock vLLM (`VLLM_PLUGINS=` empty: no plugin); `lpc-const[=P]` the plugin
+with one p for every release (its fallback p; no request carries one); `lpc` and `lpc-pooled`
+the plugin's two learned evictors (`LPC_EVICTOR`) with p from an access-only model run in
+process (`LPC_ACCESS_MODEL`) or, without one, each request's `probability` from the trace
+(sent as `lpc_probability`, as an API layer would; a missing one gets the fallback p).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lpc.drivers.vllm_driver import REPO_ROOT
+from lpc.workload import WorkloadRequest
+
+DRIVER = REPO_ROOT / "scripts" / "vllm_scheduler_replay.py"
+ENTRY_POINT_GROUP = "vllm.general_plugins"
+TIMEOUT_S = 3600
+LEARNED = ("lpc", "lpc-pooled")
+
+
+class SchedulerRunFailed(RuntimeError):
+    """The scheduler driver exited with an error."""
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The simulated engine: vLLM's scheduler limits, the KV pool and the step-time model."""
+
+    kv_tokens: int
+    block_size: int = 16
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    step_base_s: float = 0.010
+    step_per_token_s: float = 1e-5
+    max_model_len: int | None = None  # None: the longest request's tokens, rounded up
+    check_every: int = 0  # check block ownership every N steps (0: at the end only)
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks of the pool, vLLM's null block included."""
+        if self.kv_tokens < self.block_size:
+            raise ValueError(f"{self.kv_tokens} tokens hold no {self.block_size}-token block")
+        return self.kv_tokens // self.block_size + 1
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """What the plugin is configured with (LPC_* variables)."""
+
+    scale_per_s: float = 1e-2
+    fallback_probability: float = 0.5
+    access_model: Path | None = None
+    conversation_table_max_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str  # lru, lpc-const, lpc, lpc-pooled
+    constant: float | None = None  # lpc-const's p
+
+    @property
+    def label(self) -> str:
+        return self.name if self.constant is None else f"{self.name}={self.constant:g}"
+
+
+def parse_policies(text: str) -> list[Policy]:
+    """`lru,lpc-const,lpc,lpc-pooled`; `lpc-const=P` sets the constant (default 0.5)."""
+    policies = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, _, value = item.partition("=")
+        if name not in ("lru", "lpc-const", *LEARNED):
+            raise ValueError(f"unknown policy {item!r}: choose lru, lpc-const[=P], lpc, lpc-pooled")
+        if value and name != "lpc-const":
+            raise ValueError(f"policy {name} takes no value")
+        constant = None
+        if name == "lpc-const":
+            constant = float(value) if value else 0.5
+            if not 0 < constant < 1:
+                raise ValueError(f"lpc-const's p must be in (0, 1), got {constant}")
+        policies.append(Policy(name, constant))
+    if not policies:
+        raise ValueError("no policy given")
+    return policies
+
+
+def token_runs(tokens: Sequence[int]) -> list[int]:
+    """Token ids as runs of consecutive ids, flattened `[start, length, start, length, ...]`."""
+    values = np.asarray(tokens[:] if not isinstance(tokens, list) else tokens, dtype=np.int64)
+    if len(values) == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(values) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    lengths = np.diff(np.concatenate((starts, [len(values)])))
+    out = np.empty(2 * len(starts), dtype=np.int64)
+    out[0::2] = values[starts]
+    out[1::2] = lengths
+    return out.tolist()
+
+
+@dataclass
+class RequestsFile:
+    path: Path
+    requests: int
+    prompt_tokens: int
+    output_tokens: int
+    longest_tokens: int  # prompt + output of the longest request
+    with_probability: int
+
+
+def write_requests(
+    path: Path,
+    requests: Sequence[WorkloadRequest],
+    probabilities: Sequence[float | None] | None = None,
+) -> RequestsFile:
+    """The driver's input: requests in arrival order, token ids as runs."""
+    if probabilities is not None and len(probabilities) != len(requests):
+        raise ValueError(f"{len(probabilities)} probabilities for {len(requests)} requests")
+    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
+    prompt_total = output_total = longest = with_p = 0
+    with path.open("w", encoding="utf-8") as sink:
+        for i in order:
+            request = requests[i]
+            turn = request.turn
+            if turn.lora_id is not None:
+                raise ValueError(
+                    f"request {request.request_id} uses LoRA {turn.lora_id!r}; the scheduler "
+                    "replay loads no adapters"
+                )
+            tokens = turn.token_ids
+            n_prompt = turn.num_prompt_tokens
+            n_output = len(tokens) - n_prompt
+            probability = probabilities[i] if probabilities is not None else None
+            with_p += probability is not None
+            line = {
+                "request_id": request.request_id,
+                "conversation_id": request.conversation_id,
+                "arrival_s": request.arrival_s,
+                "prompt": token_runs(tokens[:n_prompt]),
+                "output": token_runs(tokens[n_prompt:]),
+                "probability": probability,
+                "cache_salt": turn.cache_salt,
+            }
+            sink.write(json.dumps(line, separators=(",", ":")) + "\n")
+            prompt_total += n_prompt
+            output_total += n_output
+            longest = max(longest, n_prompt + max(1, n_output))
+    return RequestsFile(path, len(requests), prompt_total, output_total, longest, with_p)
+
+
+def entry_point_site(folder: Path) -> Path:
+    """A throwaway distribution declaring the pyproject's `lpc` entry point of vLLM's plugin
+    group, so vLLM's own loader finds the plugin without installing anything in its venv."""
+    import tomllib
+
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    value = pyproject["project"]["entry-points"][ENTRY_POINT_GROUP]["lpc"]
+    dist = folder / "lpc_scheduler_replay_entry_point-0.0.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: lpc-scheduler-replay-entry-point\nVersion: 0.0\n",
+        encoding="utf-8",
+    )
+    (dist / "entry_points.txt").write_text(
+        f"[{ENTRY_POINT_GROUP}]\nlpc = {value}\n", encoding="utf-8"
+    )
+    return folder
+
+
+def policy_environment(policy: Policy, settings: PolicySettings) -> tuple[dict[str, str], bool]:
+    """The variables vLLM and the plugin read for `policy`, and whether requests carry the
+    trace's probabilities."""
+    if policy.name == "lru":
+        return {"VLLM_PLUGINS": ""}, False
+    env = {
+        "VLLM_PLUGINS": "lpc",
+        "LPC_SCALE": repr(settings.scale_per_s),
+        "LPC_STATS_LOG_INTERVAL_S": "0",
+    }
+    if policy.name == "lpc-const":
+        assert policy.constant is not None
+        return {**env, "LPC_EVICTOR": "lpc", "LPC_FALLBACK_P": repr(policy.constant)}, False
+    env["LPC_EVICTOR"] = policy.name
+    env["LPC_FALLBACK_P"] = repr(settings.fallback_probability)
+    if settings.conversation_table_max_tokens is not None:
+        env["LPC_CONVERSATION_TABLE_MAX_TOKENS"] = str(settings.conversation_table_max_tokens)
+    if settings.access_model is None:
+        return env, True
+    env["LPC_ACCESS_MODEL"] = str(Path(settings.access_model).resolve())
+    env["LPC_ACCESS_MODEL_RELOAD_S"] = "0"
+    return env, False
+
+
+@dataclass
+class PolicyRun:
+    policy: Policy
+    summary: dict[str, Any]
+    records: Path | None
+    wall_seconds: float
+    environment: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def totals(self) -> dict[str, Any]:
+        return self.summary["totals"]
+
+    @property
+    def hit_ratio(self) -> float:
+        queries = self.totals["prefix_cache_queries"]
+        return self.totals["prefix_cache_hits"] / queries if queries else 0.0
+
+
+def max_model_len_for(requests: RequestsFile, engine: EngineSettings) -> int:
+    if engine.max_model_len is not None:
+        return engine.max_model_len
+    block = engine.block_size
+    return -(-(requests.longest_tokens + 1) // block) * block
+
+
+def run_policy(
+    python: Path,
+    requests: RequestsFile,
+    policy: Policy,
+    engine: EngineSettings,
+    settings: PolicySettings,
+    workdir: Path,
+    records: bool = True,
+    timeout_s: float = TIMEOUT_S,
+) -> PolicyRun:
+    """Serve `requests` with vLLM's scheduler under `policy`, in a fresh driver process."""
+    max_model_len = max_model_len_for(requests, engine)
+    if engine.kv_tokens < max_model_len:
+        raise ValueError(
+            f"a KV pool of {engine.kv_tokens} tokens cannot hold the longest request "
+            f"({requests.longest_tokens} tokens, max_model_len {max_model_len}): vLLM would "
+            "never schedule it"
+        )
+    slug = policy.label.replace("=", "-")
+    site = entry_point_site(workdir / "entry-point")
+    summary_path = workdir / f"{slug}.summary.json"
+    records_path = workdir / f"{slug}.records.jsonl" if records else None
+    variables, send_probabilities = policy_environment(policy, settings)
+    command = [
+        str(python),
+        str(DRIVER),
+        *("--requests", str(requests.path), "--summary", str(summary_path)),
+        *("--block-size", str(engine.block_size), "--num-blocks", str(engine.num_blocks)),
+        *("--max-num-batched-tokens", str(engine.max_num_batched_tokens)),
+        *("--max-num-seqs", str(engine.max_num_seqs), "--max-model-len", str(max_model_len)),
+        *("--step-base-s", repr(engine.step_base_s)),
+        *("--step-per-token-s", repr(engine.step_per_token_s)),
+        *("--check-every", str(engine.check_every), "--label", policy.label),
+    ]
+    if records_path is not None:
+        command += ["--records", str(records_path)]
+    if send_probabilities:
+        command.append("--send-probabilities")
+    # A developer's shell cannot change what is measured: its LPC_* and VLLM_* are dropped.
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("LPC_", "VLLM_"))}
+    environment["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(site)])
+    environment.update(variables)
+    started = time.perf_counter()
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=REPO_ROOT,
+        env=environment,
+        check=False,
+    )
+    wall = time.perf_counter() - started
+    if done.returncode != 0 or not summary_path.exists():
+        tail = "\n".join(done.stderr.strip().splitlines()[-25:])
+        raise SchedulerRunFailed(
+            f"the vLLM scheduler driver failed for {policy.label} (exit {done.returncode}):\n{tail}"
+        )
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    expected = policy.name != "lru"
+    if bool(summary["plugins"].get("lpc")) != expected:
+        raise SchedulerRunFailed(
+            f"{policy.label}: the LPC plugin was {'not ' if expected else ''}loaded by vLLM "
+            f"(plugins {summary['plugins']})"
+        )
+    queue = summary["invariants"]["queue"]
+    if (queue == "FreeKVCacheBlockQueue") == expected:
+        raise SchedulerRunFailed(f"{policy.label}: vLLM's block pool used the queue {queue}")
+    return PolicyRun(policy, summary, records_path, wall, variables)
+
+
+def _lines(path: Path) -> Iterator[str]:
+    with path.open(encoding="utf-8") as lines:
+        yield from lines
+
+
+def first_divergence(a: Path, b: Path, fields: Iterable[str] | None = None) -> str | None:
+    """The first step whose record differs between two runs (None: every step is equal).
+
+    `fields` limits the comparison (default: every field of the record)."""
+    keys = tuple(fields) if fields is not None else None
+    step = 0
+    for step, (left, right) in enumerate(zip(_lines(a), _lines(b), strict=False), 1):
+        if left == right:
+            continue
+        x, y = json.loads(left), json.loads(right)
+        names = keys if keys is not None else sorted(set(x) | set(y))
+        for name in names:
+            if x.get(name) != y.get(name):
+                return f"step {step}: {name} differs: {x.get(name)!r} vs {y.get(name)!r}"
+    count_a = sum(1 for _ in _lines(a))
+    count_b = sum(1 for _ in _lines(b))
+    if count_a != count_b:
+        return f"{count_a} steps vs {count_b} steps"
+    return None
+
+
+def policy_row(run: PolicyRun) -> dict[str, Any]:
+    """The figures reported per policy."""
+    totals = run.totals
+    stats = run.summary.get("plugin_stats", {})
+    return {
+        "policy": run.policy.label,
+        "hit_ratio": run.hit_ratio,
+        "prefix_cache_hits": totals["prefix_cache_hits"],
+        "prefix_cache_queries": totals["prefix_cache_queries"],
+        "preempted_prefix_cache_hits": totals["preempted_prefix_cache_hits"],
+        "preempted_prefix_cache_queries": totals["preempted_prefix_cache_queries"],
+        "steps": totals["steps"],
+        "preemptions": totals["preemptions"],
+        "recomputed_tokens": totals["recomputed_tokens"],
+        "chunked_prefills": totals["chunked_prefills"],
+        "chunked_recomputations": totals["chunked_recomputations"],
+        "evictions": totals["evictions"],
+        "scheduled_tokens": totals["scheduled_tokens"],
+        "finished": totals["finished"],
+        "requests": totals["requests"],
+        "max_running": totals["max_running"],
+        "max_waiting": totals["max_waiting"],
+        "simulated_seconds": run.summary["simulated_seconds"],
+        "invariants_ok": run.summary["invariants"]["ok"],
+        "invariants": run.summary["invariants"]["checks"],
+        "releases": stats.get("releases"),
+        "predictions_in_process": stats.get("predictions_in_process"),
+        "probabilities_from_request": stats.get("probabilities_from_request"),
+        "fallbacks_used": stats.get("fallbacks_used"),
+        "driver_seconds": run.summary["run_seconds"],
+        "wall_seconds": round(run.wall_seconds, 2),
+    }
+
+
+def settings_dict(engine: EngineSettings, settings: PolicySettings) -> dict[str, Any]:
+    out = {**asdict(engine), **asdict(settings), "num_blocks": engine.num_blocks}
+    if settings.access_model is not None:
+        out["access_model"] = str(settings.access_model)
+    return out
