@@ -173,22 +173,30 @@ def test_a_window_with_no_arrival_is_one_line(tmp_path: Path, capsys) -> None:
     )
 
 
+def replay_every_request(trace: Path, out: Path) -> int:
+    """`lpc ab` on `trace` with LRU alone, every request counted (`--split-at 0`)."""
+    args = ["--trace", str(trace), "--split-at", "0", "--policies", "lru"]
+    return main(
+        [
+            "ab",
+            "--no-progress",
+            "--model",
+            "none",
+            *args,
+            "--cache-sizes",
+            "600000",
+            "--out",
+            str(out),
+        ]
+    )
+
+
 def test_a_cut_last_line_is_named_in_the_text_output(tmp_path: Path, capsys) -> None:
     trace = write_lines(tmp_path / "cut.jsonl", bundled_lines()[:20])
     with trace.open("a") as f:
         f.write('{"timestamp": 1, "input_len')  # a log cut mid-line
     out = tmp_path / "o"
-    args = [
-        "--trace",
-        str(trace),
-        "--split-at",
-        "0",
-        "--policies",
-        "lru",
-        "--cache-sizes",
-        "600000",
-    ]
-    assert main(["ab", "--no-progress", "--model", "none", *args, "--out", str(out)]) == 0
+    assert replay_every_request(trace, out) == 0
     text = capsys.readouterr().out
     assert f"trace: skipped 1 cut last line in {trace}" in text
     assert f"Skipped 1 cut last line in {trace}." in text
@@ -202,16 +210,6 @@ def test_a_trace_path_that_is_not_utf8_reaches_the_report(tmp_path: Path, capsys
     folder.mkdir()
     trace = write_lines(folder / "t.jsonl", bundled_lines()[:20])
     out = tmp_path / "o"
-    args = [
-        "--trace",
-        str(trace),
-        "--split-at",
-        "0",
-        "--policies",
-        "lru",
-        "--cache-sizes",
-        "600000",
-    ]
-    assert main(["ab", "--no-progress", "--model", "none", *args, "--out", str(out)]) == 0
+    assert replay_every_request(trace, out) == 0
     assert b"bad\xffname" in (out / "report.md").read_bytes()
     assert "Traceback" not in capsys.readouterr().err
