@@ -207,21 +207,8 @@ class RequestLogCounters:
             return {k: v for k, v in vars(self).items() if not k.startswith("_")}
 
 
-def _encodes(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
+# A str holds a valid surrogate pair as one code point, so any surrogate left is a lone half.
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _without_lone_surrogates(text: str) -> str:
-    """`text` with each surrogate code point replaced by U+FFFD (a str holds a valid pair as
-    one code point, so any surrogate left is a lone half)."""
-    return _SURROGATE.sub("\ufffd", text)
 
 
 def utc_day(time_s: float) -> str:
@@ -336,7 +323,10 @@ class RequestLogWriter:
         # few records in the next day's file; the reader merges files by time anyway).
         day = max(self._day, utc_day(max(r.finish_s for r in batch)))
         lines = [self._line(record) for record in batch]
-        data = "".join(lines).encode("utf-8")
+        try:
+            data = "".join(lines).encode("utf-8")
+        except UnicodeEncodeError:
+            data = self._encode_replacing(lines)
         if (
             self._file is None
             or day != self._day
@@ -408,10 +398,17 @@ class RequestLogWriter:
         out["sequence_hash_ids"] = self._ids.sequence(record, self.config.block_size, nonce)
         if self.config.record_text and record.user_prompts:
             out["user_prompts"] = list(record.user_prompts)
-        line = json.dumps(out, ensure_ascii=False, separators=(",", ":")) + "\n"
-        if _encodes(line):
-            return line
-        # A lone surrogate (an id that is half a UTF-16 pair) cannot be written as UTF-8, and
-        # a reader refuses it: the record is kept with U+FFFD in its place, and counted.
-        self.counters.add(invalid_unicode=1)
-        return _without_lone_surrogates(line)
+        return json.dumps(out, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+    def _encode_replacing(self, lines: list[str]) -> bytes:
+        """A batch holding a lone surrogate (an id that is half a UTF-16 pair), which UTF-8
+        cannot encode and a reader refuses: each such record is kept with U+FFFD in its
+        place, and counted; the rest of the batch is written as it is."""
+        parts = []
+        for line in lines:
+            try:
+                parts.append(line.encode("utf-8"))
+            except UnicodeEncodeError:
+                self.counters.add(invalid_unicode=1)
+                parts.append(_SURROGATE.sub("\ufffd", line).encode("utf-8"))
+        return b"".join(parts)
