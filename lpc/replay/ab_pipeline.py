@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
+from eviction.lpc import DEFAULT_FALLBACK_PROBABILITY
 from lpc import __version__
 from lpc.errors import InvalidInputError
 from lpc.replay.ab import (
@@ -61,8 +62,6 @@ if TYPE_CHECKING:
 DATASET_MAX_MODEL_LEN = 32768
 # Production traces come from long-context models (Kimi serves 128K); a longer prompt is cut.
 TRACE_MAX_MODEL_LEN = 131072
-# LPC's fallback p when nothing fits the continuation rate (no training conversations).
-UNFITTED_BASE_RATE = 0.5
 
 # source name -> builds a source once the training half is known
 ModelSourceFactory = Callable[["ABContext"], ProbabilitySource]
@@ -348,7 +347,7 @@ def _no_training_part_note(
         note["left_out"] = list(left_out)
     gaps = _sources_needed(options.policies, options.trace_probabilities) & {"model", "trace"}
     if options.fallback_probability is None and gaps:
-        note["fallback_probability"] = UNFITTED_BASE_RATE
+        note["fallback_probability"] = DEFAULT_FALLBACK_PROBABILITY
     return note
 
 
@@ -387,7 +386,9 @@ def _dataset_context(dataset: SplitDataset | None) -> ABContext:
     """What the data set's training half fits: turn counts and the continuation rate (LPC's
     default fallback p). A trace with a training part refits both on it later."""
     train_counts = [c.num_user_turns for c in dataset.train if c.num_user_turns] if dataset else []
-    base_rate = TurnsSource.fit(train_counts).base_rate if train_counts else UNFITTED_BASE_RATE
+    base_rate = (
+        TurnsSource.fit(train_counts).base_rate if train_counts else DEFAULT_FALLBACK_PROBABILITY
+    )
     return ABContext(
         train_counts,
         base_rate,
@@ -505,7 +506,7 @@ def _fit_on_training_part(
             "training half instead, or leave it out"
         )
     # A text model's data set may be loaded, but the trace's own part is the one that fits.
-    context.train_turn_counts, context.base_rate = [], UNFITTED_BASE_RATE
+    context.train_turn_counts, context.base_rate = [], DEFAULT_FALLBACK_PROBABILITY
     return options, _no_training_part_note(options, reason, left_out)
 
 
