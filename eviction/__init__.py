@@ -13,12 +13,16 @@ from eviction.base import Evictor, FreedBlocks, Release, check_probability
 from eviction.belady import BeladyEvictor, FutureUses
 from eviction.fifo import FIFOEvictor
 from eviction.lfu import LFUEvictor
+from eviction.lhd import LHDEvictor
 from eviction.lpc import LPCEvictor, decayed_probability, static_key
 from eviction.lpc_pooled import PooledLPCEvictor
 from eviction.lru import LRUEvictor
 from eviction.registry import POLICIES, PolicyEntry, make_evictor, policy_names
 from eviction.s3fifo import S3FIFOEvictor
+from eviction.sae import SAEEvictor
+from eviction.session_ref import SessionRefEvictor
 from eviction.sieve import SieveEvictor
+from eviction.wa import WAEvictor
 
 # Name -> factory, read from the registry (kept for callers that only build evictors).
 EVICTORS: dict[str, Callable[..., Evictor]] = {name: e.factory for name, e in POLICIES.items()}
@@ -34,13 +38,17 @@ __all__ = [
     "FreedBlocks",
     "FutureUses",
     "LFUEvictor",
+    "LHDEvictor",
     "LPCEvictor",
     "LRUEvictor",
     "PolicyEntry",
     "PooledLPCEvictor",
     "Release",
     "S3FIFOEvictor",
+    "SAEEvictor",
+    "SessionRefEvictor",
     "SieveEvictor",
+    "WAEvictor",
     "check_probability",
     "decayed_probability",
     "make_evictor",

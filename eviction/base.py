@@ -21,12 +21,17 @@ class Release:
     `probability` is the predicted chance that the releasing conversation continues (None when
     no prediction arrived in time: the evictor then uses its fallback). `conversation_id` lets
     an evictor tell a block shared by several conversations from one released again by its
-    only conversation.
+    only conversation. `category` is the request's workload category as the frontend tags it
+    (request type × turn, e.g. "chat_1"; None when untagged): workload-aware eviction (`wa`)
+    keeps one queue per category. The block manager hands one release over in up to two calls
+    (`push_cached`, then `note_shared_release`) with the same object, so a policy that treats a
+    request's whole chain as one event may recognise the second call by identity.
     """
 
     time_s: float
     probability: float | None = None
     conversation_id: str | None = None
+    category: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,13 +16,17 @@ from eviction.base import Evictor
 from eviction.belady import BeladyEvictor
 from eviction.fifo import FIFOEvictor
 from eviction.lfu import LFUEvictor
+from eviction.lhd import LHDEvictor
 from eviction.lpc import LPCEvictor
 from eviction.lpc_pooled import PooledLPCEvictor
 from eviction.lru import LRUEvictor
 from eviction.s3fifo import S3FIFOEvictor
+from eviction.sae import SAEEvictor
+from eviction.session_ref import SessionRefEvictor
 from eviction.sieve import SieveEvictor
+from eviction.wa import WAEvictor
 
-PolicyKind = Literal["heuristic", "learned", "upper bound"]
+PolicyKind = Literal["heuristic", "fitted", "learned", "upper bound"]
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,9 @@ class PolicyEntry:
     """A policy's name, how to build it, what it does in one line, and what kind it is.
 
     `kind` tells callers what a policy needs: a heuristic is built from the pool size alone;
-    a learned policy reads predicted probabilities from its releases; an upper bound needs
+    a fitted one too, but takes constants fitted on a training part as options (the replay
+    fits them: `lpc.replay.fitted_policies`; without them it runs on documented defaults); a
+    learned policy reads predicted probabilities from its releases; an upper bound needs
     knowledge no deployment has (belady: the trace's future, passed as `future=`).
     """
 
@@ -55,6 +61,29 @@ POLICIES: dict[str, PolicyEntry] = {
             "sieve", SieveEvictor, "FIFO with a visited bit and a hand (NSDI'24)", "heuristic"
         ),
         PolicyEntry("arc", ARCEvictor, "adaptive recency/frequency split (FAST'03)", "heuristic"),
+        PolicyEntry(
+            "lhd", LHDEvictor, "least hit density, by age and hit-age class (NSDI'18)", "heuristic"
+        ),
+        PolicyEntry(
+            "sae",
+            SAEEvictor,
+            "worst session first, tail first (vLLM PR #50422, CPU offload tier)",
+            "heuristic",
+        ),
+        PolicyEntry(
+            "wa",
+            WAEvictor,
+            "one LRU queue per request type x turn, evict the head least likely reused soon "
+            "(ATC'25, vLLM PR #22236)",
+            "fitted",
+        ),
+        PolicyEntry(
+            "session-ref",
+            SessionRefEvictor,
+            "a live session's latest chain outranks unreferenced blocks until an idle "
+            "timeout (SGLang session references)",
+            "fitted",
+        ),
         PolicyEntry(
             "lpc", LPCEvictor, "least likely to be continued first, by predicted p", "learned"
         ),

@@ -299,8 +299,15 @@ class PrefixCacheBlockManager:
         c.evictions += len(evicted)
         return Allocation(tuple(table), prefix.num_tokens, len(new_blocks), tuple(evicted))
 
-    def free(self, request_id: str, now_s: float = 0.0, probability: float | None = None) -> None:
-        """Release the request's blocks, tail first, with its continuation probability.
+    def free(
+        self,
+        request_id: str,
+        now_s: float = 0.0,
+        probability: float | None = None,
+        category: str | None = None,
+    ) -> None:
+        """Release the request's blocks, tail first, with its continuation probability (and its
+        workload category, for policies that keep one queue per category).
 
         Blocks whose reference count reaches 0 go to the evictor: unhashed ones to the front,
         cached ones with their depth and the release metadata. Cached blocks other requests
@@ -334,7 +341,7 @@ class PrefixCacheBlockManager:
                 shared_ids.append(b)
                 shared_depths.append(depth)
                 shared_hashes.append(h)
-        release = Release(now_s, probability, held.conversation_id)
+        release = Release(now_s, probability, held.conversation_id, category)
         self.evictor.push_uncached(uncached)
         if freed_ids:
             self.evictor.push_cached(FreedBlocks(freed_ids, freed_depths, freed_hashes), release)

@@ -11,12 +11,15 @@ are built from these two tables.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from eviction import POLICIES, Evictor, FutureUses, make_evictor, policy_names
 from lpc.errors import InvalidInputError
 
 HEURISTICS = policy_names("heuristic")
+FITTED = policy_names("fitted")
 DEFAULT_POLICIES = ("lru", "fifo", "lfu", "lpc-turns", "oracle", "belady")
 # With a trained predictor at hand (the shipped model or --model), learned LPC joins them.
 DEFAULT_POLICIES_WITH_MODEL = ("lru", "fifo", "lfu", "lpc-turns", "lpc", "oracle", "belady")
@@ -115,6 +118,7 @@ def selectable_names() -> list[str]:
 def policy_help() -> str:
     """`lpc ab --policies` help: the defaults, then every policy with its one-line summary."""
     heuristics = "; ".join(f"{n}: {POLICIES[n].description}" for n in HEURISTICS)
+    fitted = "; ".join(f"{n}: {POLICIES[n].description}" for n in FITTED)
     learned = "; ".join(
         f"{'lpc-const[=P]' if v.source == 'const' else n}: {v.description}"
         for n, v in LPC_VARIANTS.items()
@@ -127,7 +131,8 @@ def policy_help() -> str:
         "predictor model is available; on a --trace: "
         f"{','.join(TRACE_POLICY_CANDIDATES)}, with lpc and lpc-pooled before the upper bounds "
         "when an access-feature model is available (docs/training.md §8)). "
-        f"Heuristics: {heuristics}. Learned: {learned}. "
+        f"Heuristics: {heuristics}. Heuristics with constants fitted on the training part "
+        f"(reported under workload.fitted_policies in the JSON): {fitted}. Learned: {learned}. "
         f"Upper bounds (not deployable): {'; '.join(bounds)}"
     )
 
@@ -170,7 +175,11 @@ def build_evictor(
     scale_per_s: float,
     fallback_probability: float,
     future: FutureUses | None,
+    options: Mapping[str, Any] | None = None,
 ) -> Evictor:
+    """The spec's evictor; a fitted policy gets its fitted `options` (defaults without)."""
+    if POLICIES[spec.evictor].kind == "fitted":
+        return make_evictor(spec.evictor, num_blocks, **(options or {}))
     if POLICIES[spec.evictor].kind == "learned":
         return make_evictor(
             spec.evictor,

@@ -58,6 +58,32 @@ def _resident_count(evictor) -> None:
     evictor._num_free -= 1
 
 
+def _wa_queue_tag(evictor) -> None:
+    block = next(iter(next(iter(evictor._queues.values()))))
+    evictor._category[block] = "chat_9"
+
+
+def _sae_idle_count(evictor) -> None:
+    next(iter(evictor._sessions.values())).free += 1
+
+
+def _sae_stale_score(evictor) -> None:
+    next(iter(evictor._sessions.values())).hits += 3.0  # bumped without re-queueing
+
+
+def _lhd_group(evictor) -> None:
+    block = next(iter(next(iter(evictor._groups.values()))))
+    evictor._tick[block] += 1
+
+
+def _lhd_explorer_budget(evictor) -> None:
+    evictor.explorer_budget += 1
+
+
+def _session_ref_count(evictor) -> None:
+    evictor._refs[evictor.free_block_ids()[0]] += 1
+
+
 CORRUPTIONS: list[tuple[str, Callable]] = [
     ("lpc", _lpc_live_count),
     ("lpc", _lpc_late_rank),
@@ -67,6 +93,12 @@ CORRUPTIONS: list[tuple[str, Callable]] = [
     ("sieve", _sieve_hand),
     ("arc", _arc_target),
     ("arc", _resident_count),
+    ("wa", _wa_queue_tag),
+    ("sae", _sae_idle_count),
+    ("sae", _sae_stale_score),
+    ("lhd", _lhd_group),
+    ("lhd", _lhd_explorer_budget),
+    ("session-ref", _session_ref_count),
 ]
 
 

@@ -15,7 +15,7 @@ def test_every_registered_policy_has_a_description_and_a_kind() -> None:
     for name, entry in POLICIES.items():
         assert entry.name == name
         assert entry.description and "\n" not in entry.description
-        assert entry.kind in ("heuristic", "learned", "upper bound")
+        assert entry.kind in ("heuristic", "fitted", "learned", "upper bound")
 
 
 @pytest.mark.parametrize("name", [n for n, e in POLICIES.items() if e.kind != "learned"])

@@ -1,0 +1,367 @@
+"""LHD: Least Hit Density; evict the block with the fewest expected hits per unit of
+space-time, given its age and its class.
+
+Source: Beckmann, Chen, Cidon, "LHD: Improving Cache Hit Rate by Maximizing Hit Density",
+NSDI'18 ("LHD predicts each object's expected hits-per-space-consumed (hit density) [...]
+rigorously models objects' behavior using conditional probability"), in the authors' code as
+libCacheSim ships it (`libCacheSim/cache/eviction/LHD/lhd.cpp`, `lhd.hpp`), followed step by
+step:
+
+    update(id) [every access]:
+        if a hit: hits[class][age] += 1; lastLastHitAge = lastHitAge; lastHitAge = age
+        else [insert]: lastLastHitAge = MAX_AGE; lastHitAge = 0
+        timestamp = now; explorer = (rand % 32 == 0) and explorerBudget > 0
+                                    and numReconfigurations < 50
+        every ACCS_PER_RECONFIGURATION accesses: reconfigure()
+    replaced(id) [every eviction]: evictions[class][age] += 1
+    reconfigure(): hits, evictions *= EWMA_DECAY (0.9); then, for each class, from the
+        oldest age down:  totalHits += hits[a]; totalEvents += hits[a] + evictions[a];
+        lifetime += totalEvents; hitDensities[a] = totalHits / lifetime (0 if no events)
+    getHitDensity(tag): age = (now − timestamp) >> ageCoarseningShift, capped at MAX_AGE − 1,
+        where it is the lowest rank; else hitDensities[class][age] / size (+1 for explorers)
+    class = hitAgeClass(lastHitAge + lastLastHitAge) [about log2(MAX_AGE / age), 16 classes]
+    policy before the first reconfiguration: hitDensities[c][a] = (c + 1) / (a + 1)
+
+hitDensities[a] is Σ_{x≥a} hits(x) / Σ_{x≥a} Σ_{y≥x} events(y): the expected hits of an
+object that has reached age a, divided by its expected remaining time in the cache.
+
+Choices of this port:
+- an access is a release: every request that held a cached block (it computed it, or hit
+  it) releases it once, through `push_cached` or `note_shared_release`; the first release of
+  a block's content inserts it, a later one is a hit at the age since the previous release.
+  A block in use cannot be evicted and is not ranked;
+- ages are in seconds of the replay's clock, coarsened to `age_unit_s` (4 s) ticks with
+  MAX_AGE = 1024 ticks (68 minutes), instead of counted in accesses with a coarsening
+  adapted online; size is one block for every block (one app class);
+- the paper ranks a random sample of candidates; here the victim is the exact minimum over
+  all free blocks, what the sampling approximates, so a replay is deterministic. Ties go to
+  the older release, then to the block pushed first (the deeper one within a release);
+  libCacheSim's extra candidates (the last 8 admitted) exist only for sampling and are left
+  out;
+- explorers (1 % of the pool, never evicted while other blocks remain) are drawn from a
+  seeded generator, one draw per access, as libCacheSim draws them;
+- ACCS_PER_RECONFIGURATION is 2^14 block accesses (the paper's 2^20 would never fire on a
+  trace of a few hundred thousand block releases).
+
+Structure: free blocks grouped by (class, release tick, explorer); a group shares one rank at
+any instant, and its blocks leave in push order. A pop ranks every group once (the ranks
+cannot change during a pop: the tables change only at a reconfiguration, which an access
+triggers) and merges the groups through a heap on (rank, tick, head's push order).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Iterable, Sequence
+from typing import ClassVar
+
+from eviction.base import Evictor, FreedBlocks, Release
+from eviction.linked_list import BlockList
+
+HIT_AGE_CLASSES = 16
+MAX_AGE = 1024
+EWMA_DECAY = 0.9
+EXPLORER_BUDGET_FRACTION = 0.01
+EXPLORE_INVERSE_PROBABILITY = 32
+EXPLORATION_RECONFIGURATIONS = 50  # libCacheSim explores only during the first 50
+DEFAULT_AGE_UNIT_S = 4.0
+DEFAULT_ACCESSES_PER_RECONFIGURATION = 1 << 14
+LOWEST = -math.inf
+
+GroupKey = tuple[int, int, bool]  # (class, release tick, explorer)
+
+
+def hit_age_class(age: int) -> int:
+    """libCacheSim's hitAgeClass: about log2(MAX_AGE / age); age 0 is the last class."""
+    if age == 0:
+        return HIT_AGE_CLASSES - 1
+    log = 0
+    while age < MAX_AGE and log < HIT_AGE_CLASSES - 1:
+        age <<= 1
+        log += 1
+    return log
+
+
+def model_hit_densities(hits: list[float], evictions: list[float]) -> list[float]:
+    """libCacheSim's modelHitDensity for one class (its entry at MAX_AGE − 1 is unused)."""
+    densities = [0.0] * MAX_AGE
+    total_events = hits[MAX_AGE - 1] + evictions[MAX_AGE - 1]
+    total_hits = hits[MAX_AGE - 1]
+    lifetime = total_events
+    for a in range(MAX_AGE - 2, -1, -1):
+        total_hits += hits[a]
+        total_events += hits[a] + evictions[a]
+        lifetime += total_events
+        densities[a] = total_hits / lifetime if total_events > 1e-5 else 0.0
+    return densities
+
+
+class LHDEvictor(Evictor):
+    """Uncached blocks in a list, then free cached blocks grouped by rank-sharing key."""
+
+    name: ClassVar[str] = "lhd"
+
+    def __init__(
+        self,
+        num_blocks: int,
+        age_unit_s: float = DEFAULT_AGE_UNIT_S,
+        accesses_per_reconfiguration: int = DEFAULT_ACCESSES_PER_RECONFIGURATION,
+        seed: int = 0,
+    ) -> None:
+        if num_blocks < 0:
+            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+        if not (isinstance(age_unit_s, int | float) and math.isfinite(age_unit_s)) or not (
+            age_unit_s > 0
+        ):
+            raise ValueError(f"age_unit_s must be a finite number > 0, got {age_unit_s!r}")
+        if accesses_per_reconfiguration < 1:
+            raise ValueError(
+                f"accesses_per_reconfiguration must be >= 1, got {accesses_per_reconfiguration}"
+            )
+        self._num_blocks = num_blocks
+        self.age_unit_s = float(age_unit_s)
+        self.accesses_per_reconfiguration = accesses_per_reconfiguration
+        self.seed = seed
+        self._uncached = BlockList(num_blocks)
+        self._clear()
+
+    def _clear(self) -> None:
+        n = self._num_blocks
+        self._resident = [False] * n
+        self._tick = [0] * n  # tick of the last access
+        self._last_hit_age = [0] * n
+        self._last_last_hit_age = [0] * n
+        self._explorer = [False] * n
+        self._seq = [0] * n  # push order of a free block
+        self._group_of: list[GroupKey | None] = [None] * n  # set while free
+        self._groups: dict[GroupKey, dict[int, None]] = {}  # free blocks, push order
+        self._next_seq = 0
+        self._num_free = 0
+        self.hits = [[0.0] * MAX_AGE for _ in range(HIT_AGE_CLASSES)]
+        self.evictions = [[0.0] * MAX_AGE for _ in range(HIT_AGE_CLASSES)]
+        self.hit_densities = [
+            [(c + 1) / (a + 1) for a in range(MAX_AGE)] for c in range(HIT_AGE_CLASSES)
+        ]
+        self._until_reconfiguration = self.accesses_per_reconfiguration
+        self.reconfigurations = 0
+        self.explorer_budget = int(self._num_blocks * EXPLORER_BUDGET_FRACTION)
+        self._rng = random.Random(self.seed)
+        self._clock_s = 0.0
+
+    def _ticks(self, time_s: float) -> int:
+        return math.floor(time_s / self.age_unit_s)
+
+    def _class_of(self, block_id: int) -> int:
+        return hit_age_class(self._last_hit_age[block_id] + self._last_last_hit_age[block_id])
+
+    def _age(self, block_id: int, now_tick: int) -> int:
+        return min(max(now_tick - self._tick[block_id], 0), MAX_AGE - 1)
+
+    def _rank(self, cls: int, age: int, explorer: bool) -> float:
+        if age == MAX_AGE - 1:
+            return LOWEST
+        density = self.hit_densities[cls][age]
+        return density + 1.0 if explorer else density
+
+    # -- accesses, evictions, the model ---------------------------------------------------
+    def _access(self, block_ids: Sequence[int], time_s: float) -> None:
+        if time_s > self._clock_s:
+            self._clock_s = time_s
+        now_tick = self._ticks(time_s)
+        resident, explorer, rng = self._resident, self._explorer, self._rng
+        for block_id in block_ids:
+            if resident[block_id]:
+                age = self._age(block_id, now_tick)
+                self.hits[self._class_of(block_id)][age] += 1.0
+                if explorer[block_id]:
+                    self.explorer_budget += 1
+                self._last_last_hit_age[block_id] = self._last_hit_age[block_id]
+                self._last_hit_age[block_id] = age
+            else:
+                resident[block_id] = True
+                self._last_last_hit_age[block_id] = MAX_AGE
+                self._last_hit_age[block_id] = 0
+            self._tick[block_id] = now_tick
+            explore = rng.randrange(EXPLORE_INVERSE_PROBABILITY) == 0
+            if (
+                explore
+                and self.explorer_budget > 0
+                and self.reconfigurations < EXPLORATION_RECONFIGURATIONS
+            ):
+                explorer[block_id] = True
+                self.explorer_budget -= 1
+            else:
+                explorer[block_id] = False
+            self._until_reconfiguration -= 1
+            if self._until_reconfiguration == 0:
+                self._reconfigure()
+                self._until_reconfiguration = self.accesses_per_reconfiguration
+                self.reconfigurations += 1
+
+    def _reconfigure(self) -> None:
+        for cls in range(HIT_AGE_CLASSES):
+            hits = [h * EWMA_DECAY for h in self.hits[cls]]
+            evictions = [e * EWMA_DECAY for e in self.evictions[cls]]
+            self.hits[cls], self.evictions[cls] = hits, evictions
+            densities = model_hit_densities(hits, evictions)
+            densities[MAX_AGE - 1] = self.hit_densities[cls][MAX_AGE - 1]
+            self.hit_densities[cls] = densities
+
+    def _forget(self, block_id: int, now_tick: int | None) -> None:
+        """The block's content leaves: an eviction at `now_tick` is recorded, a drop is not."""
+        if now_tick is not None:
+            age = self._age(block_id, now_tick)
+            self.evictions[self._class_of(block_id)][age] += 1.0
+        if self._explorer[block_id]:
+            self.explorer_budget += 1
+            self._explorer[block_id] = False
+        self._resident[block_id] = False
+
+    # -- the evictor contract -------------------------------------------------------------
+    def reset(self, block_ids: Iterable[int]) -> None:
+        self._uncached.clear_to(block_ids)
+        self._clear()
+
+    def push_uncached(self, block_ids: Sequence[int]) -> None:
+        for block_id in block_ids:
+            if self._resident[block_id]:
+                self._forget(block_id, None)
+        self._uncached.prepend_n(block_ids)
+
+    def push_cached(self, freed: FreedBlocks, release: Release) -> None:
+        self._access(freed.block_ids, release.time_s)
+        groups, group_of, seqs, tick, explorer = (
+            self._groups,
+            self._group_of,
+            self._seq,
+            self._tick,
+            self._explorer,
+        )
+        seq = self._next_seq
+        for block_id in freed.block_ids:
+            key = (self._class_of(block_id), tick[block_id], explorer[block_id])
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = {}
+            group[block_id] = None
+            group_of[block_id] = key
+            seqs[block_id] = seq
+            seq += 1
+        self._next_seq = seq
+        self._num_free += len(freed.block_ids)
+
+    def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
+        self._access(freed.block_ids, release.time_s)
+
+    def remove(self, block_id: int) -> None:
+        key = self._group_of[block_id]
+        if key is None:
+            self._uncached.remove(block_id)
+            return
+        group = self._groups[key]
+        del group[block_id]
+        if not group:
+            del self._groups[key]
+        self._group_of[block_id] = None
+        self._num_free -= 1
+
+    def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
+        uncached = self._uncached
+        from_uncached = min(n, uncached.size)
+        if n > from_uncached + self._num_free:
+            raise IndexError(f"cannot pop {n} blocks: only {len(self)} are free")
+        out = uncached.pop_n(from_uncached)
+        if now_s > self._clock_s:
+            self._clock_s = now_s
+        if n > from_uncached:
+            out += self._evict_n(n - from_uncached, now_s)
+        return out
+
+    def _evict_n(self, n: int, now_s: float) -> list[int]:
+        now_tick = self._ticks(now_s)
+        groups, seqs, rank = self._groups, self._seq, self._rank
+        heap = []
+        for key, group in groups.items():
+            cls, tick, explorer = key
+            age = min(max(now_tick - tick, 0), MAX_AGE - 1)
+            heap.append((rank(cls, age, explorer), tick, seqs[next(iter(group))], key))
+        heapq.heapify(heap)
+        out = []
+        group_of = self._group_of
+        for _ in range(n):
+            r, tick, _, key = heap[0]
+            group = groups[key]
+            victim = next(iter(group))
+            del group[victim]
+            if group:
+                heapq.heapreplace(heap, (r, tick, seqs[next(iter(group))], key))
+            else:
+                heapq.heappop(heap)
+                del groups[key]
+            group_of[victim] = None
+            self._num_free -= 1
+            self._forget(victim, now_tick)
+            out.append(victim)
+        return out
+
+    def __len__(self) -> int:
+        return self._uncached.size + self._num_free
+
+    def __contains__(self, block_id: object) -> bool:
+        if not isinstance(block_id, int) or not 0 <= block_id < self._num_blocks:
+            return False
+        return self._group_of[block_id] is not None or block_id in self._uncached
+
+    def hit_density(self, block_id: int, now_s: float) -> float:
+        """The rank of a free cached block at `now_s` (lower is evicted first)."""
+        now_tick = self._ticks(now_s)
+        return self._rank(
+            self._class_of(block_id), self._age(block_id, now_tick), self._explorer[block_id]
+        )
+
+    def free_block_ids(self, now_s: float | None = None) -> list[int]:
+        """The pop order at `now_s` (default: the latest time seen). Ranks do not change
+        during a pop, so it is the free blocks sorted by (rank, tick, push order). For tests."""
+        now_tick = self._ticks(self._clock_s if now_s is None else now_s)
+        free = [b for group in self._groups.values() for b in group]
+        order = sorted(
+            free,
+            key=lambda b: (
+                self._rank(self._class_of(b), self._age(b, now_tick), self._explorer[b]),
+                self._tick[b],
+                self._seq[b],
+            ),
+        )
+        return [*self._uncached, *order]
+
+    def check_invariants(self) -> None:
+        Evictor.check_invariants(self)
+        self._uncached.check_invariants()
+        members = 0
+        for key, group in self._groups.items():
+            assert group, f"lhd: group {key} is empty but kept"
+            cls, tick, explorer = key
+            previous = -1
+            for block_id in group:
+                members += 1
+                assert self._group_of[block_id] == key, f"lhd: block {block_id}'s group"
+                assert self._resident[block_id], f"lhd: free block {block_id} not resident"
+                assert self._class_of(block_id) == cls and self._tick[block_id] == tick, (
+                    f"lhd: block {block_id} is in the group of another class or tick"
+                )
+                assert self._explorer[block_id] == explorer, f"lhd: block {block_id} explorer"
+                assert self._seq[block_id] > previous, f"lhd: group {key} out of push order"
+                previous = self._seq[block_id]
+                assert block_id not in self._uncached, f"lhd: block {block_id} also uncached"
+        assert members == self._num_free == sum(g is not None for g in self._group_of), (
+            "lhd: the free count is out of sync with the groups"
+        )
+        explorers = sum(1 for b in range(self._num_blocks) if self._explorer[b])
+        assert self.explorer_budget + explorers == int(
+            self._num_blocks * EXPLORER_BUDGET_FRACTION
+        ), "lhd: the explorer budget leaks"
+        assert all(self._explorer[b] <= self._resident[b] for b in range(self._num_blocks)), (
+            "lhd: an explorer that is not resident"
+        )

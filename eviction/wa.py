@@ -1,0 +1,247 @@
+"""WA: workload-aware eviction; one LRU queue per request category, and the queue head least
+likely to be reused in the coming window goes first.
+
+Sources: Wang, Han, Wei, Shen, Zhang, Fang, Chen, Yu, Chen, "KVCache Cache in the Wild:
+Characterizing and Optimizing KVCache Cache at a Large Cloud Provider", USENIX ATC'25, and its
+vLLM port, PR #22236 ("[Perf][Feat][Core] Workload-Aware KVCache Eviction Policy", closed
+unmerged). The PR's description states the algorithm:
+
+    "the WA policy estimates a KV cache reuse probability for each workload, and the WA free
+    queue selects the block with the lowest predicted reuse probability in the upcoming time
+    window as the eviction candidate. [...] WAQ maintains multiple doubly linked queues [...]
+    Each doubly linked queue corresponds to a specific workload category, and all blocks
+    within a given queue belong to that same category. [...] When `append` is called, WAQ
+    inserts the KVCacheBlock into its category's queue. [...] When `popLeft` is called, WAQ
+    considers all queues and selects the block with the lowest reuse probability. Since
+    blocks within each queue remain sorted by last accessed time (LRU), only the first block
+    in each queue needs evaluation."
+
+and the category: "a client can set a request's workload type as `text_1`, meaning this
+request is the first turn of a chat catalog, or `file_2` meaning the request is the second
+turn of file analysis". The PR profiles reuse on the first hour of the Bailian trace and
+serves the second; the paper fits each category's reuse time with an exponential
+distribution. Its exact probability formula is in the paper, which was not reachable from
+this workspace; the model below is that distribution read as a conditional probability.
+
+The model. A block released by a request of category c is used again with probability p_c,
+after an exponential time of rate λ_c; otherwise never. A block idle for t seconds (since its
+last release) and not reused yet is reused within the next W seconds with probability
+
+    P_c(t) = p_c·(e^(−λ_c·t) − e^(−λ_c·(t+W))) / (1 − p_c + p_c·e^(−λ_c·t)),
+
+which falls with t for every category, so a queue's head (its oldest block) has its lowest
+P and comparing heads finds the global minimum, as the PR says. (p_c, λ_c) come from the
+replay's training part (`lpc.replay.fitted_policies.fit_wa`); a category nothing was fitted
+for, or a release without one, takes `default`. W, the "upcoming time window", is the cache's
+own horizon: a running mean of the ages (time since release) of the blocks it evicts, weight
+`window_weight` per eviction, infinite until the first eviction. The PR's text leaves W to
+the paper; this is our reading of it, and it makes the window follow the cache size.
+
+Block-manager events: a block's category is the one of the release that freed it (a block
+shared by several requests takes the category of the last one to let it go); a hit takes it
+out of its queue, its next release appends it to the tail of that release's category's
+queue. Ties in P go to the older release, then to the block pushed first, so within a
+release the deeper block leaves first (the manager frees tail first).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import ClassVar
+
+from eviction.base import Evictor, FreedBlocks, Release, check_probability
+from eviction.linked_list import BlockList
+
+# Unfitted defaults (contract tests, the microbenchmark): LPC's fallback p and decay scale.
+DEFAULT_REUSE_PROBABILITY = 0.5
+DEFAULT_REUSE_RATE_PER_S = 1e-2
+DEFAULT_WINDOW_WEIGHT = 0.01
+
+Category = str | None
+
+
+def reuse_probability(p: float, rate_per_s: float, idle_s: float, window_s: float) -> float:
+    """P(reused within `window_s` | not reused in the `idle_s` since release), model above."""
+    if p <= 0.0:
+        return 0.0
+    within = 1.0 if window_s == math.inf else -math.expm1(-rate_per_s * window_s)
+    if p >= 1.0:
+        return within  # memoryless: every block comes back, at rate λ
+    stay = p * math.exp(-rate_per_s * max(idle_s, 0.0))
+    return within * stay / (1.0 - p + stay)
+
+
+def check_parameters(p: float, rate_per_s: float, what: str) -> None:
+    check_probability(p, f"{what} reuse probability")
+    if isinstance(rate_per_s, bool) or not isinstance(rate_per_s, int | float):
+        raise ValueError(f"{what} reuse rate must be a number, got {rate_per_s!r}")
+    if not (math.isfinite(rate_per_s) and rate_per_s > 0.0):
+        raise ValueError(f"{what} reuse rate must be finite and > 0 per second, got {rate_per_s!r}")
+
+
+class WAEvictor(Evictor):
+    """Uncached blocks in a list, then one OrderedDict per category (its LRU queue, head
+    first); a pop scores each queue's head."""
+
+    name: ClassVar[str] = "wa"
+
+    def __init__(
+        self,
+        num_blocks: int,
+        categories: Mapping[str, tuple[float, float]] | None = None,
+        default: tuple[float, float] = (DEFAULT_REUSE_PROBABILITY, DEFAULT_REUSE_RATE_PER_S),
+        window_weight: float = DEFAULT_WINDOW_WEIGHT,
+    ) -> None:
+        if num_blocks < 0:
+            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+        check_parameters(*default, "default")
+        for category, (p, rate) in (categories or {}).items():
+            check_parameters(p, rate, f"category {category!r}")
+        if not 0.0 < window_weight <= 1.0:
+            raise ValueError(f"window_weight must be in (0, 1], got {window_weight!r}")
+        self._num_blocks = num_blocks
+        self.parameters: dict[Category, tuple[float, float]] = {
+            c: (float(p), float(r)) for c, (p, r) in (categories or {}).items()
+        }
+        self.default = (float(default[0]), float(default[1]))
+        self.window_weight = window_weight
+        self._uncached = BlockList(num_blocks)
+        self._clear()
+
+    def _clear(self) -> None:
+        n = self._num_blocks
+        self._queues: dict[Category, OrderedDict[int, None]] = {}  # non-empty queues only
+        self._category: list[Category] = [None] * n
+        self._queued = [False] * n
+        self._released_s = [0.0] * n
+        self._seq = [0] * n
+        self._next_seq = 0
+        self._num_queued = 0
+        self._clock_s = 0.0  # the latest time seen (free_block_ids' default now)
+        self.window_s = math.inf
+
+    # -- the evictor contract -------------------------------------------------------------
+    def reset(self, block_ids: Iterable[int]) -> None:
+        self._uncached.clear_to(block_ids)
+        self._clear()
+
+    def push_uncached(self, block_ids: Sequence[int]) -> None:
+        self._uncached.prepend_n(block_ids)
+
+    def push_cached(self, freed: FreedBlocks, release: Release) -> None:
+        category = release.category
+        queue = self._queues.get(category)
+        if queue is None:
+            queue = self._queues[category] = OrderedDict()
+        time_s = release.time_s
+        if time_s > self._clock_s:
+            self._clock_s = time_s
+        seq = self._next_seq
+        cat, queued, released, seqs = self._category, self._queued, self._released_s, self._seq
+        for block_id in freed.block_ids:
+            queue[block_id] = None
+            cat[block_id] = category
+            queued[block_id] = True
+            released[block_id] = time_s
+            seqs[block_id] = seq
+            seq += 1
+        self._next_seq = seq
+        self._num_queued += len(freed.block_ids)
+        if not queue:
+            del self._queues[category]
+
+    def remove(self, block_id: int) -> None:
+        if not self._queued[block_id]:
+            self._uncached.remove(block_id)
+            return
+        category = self._category[block_id]
+        queue = self._queues[category]
+        del queue[block_id]
+        if not queue:
+            del self._queues[category]
+        self._queued[block_id] = False
+        self._num_queued -= 1
+
+    def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
+        uncached = self._uncached
+        from_uncached = min(n, uncached.size)
+        if n > from_uncached + self._num_queued:
+            raise IndexError(f"cannot pop {n} blocks: only {len(self)} are free")
+        out = uncached.pop_n(from_uncached)
+        if now_s > self._clock_s:
+            self._clock_s = now_s
+        for _ in range(n - from_uncached):
+            out.append(self._evict(now_s))
+        return out
+
+    def _evict(self, now_s: float) -> int:
+        released, seqs, parameters, default = (
+            self._released_s,
+            self._seq,
+            self.parameters,
+            self.default,
+        )
+        window = self.window_s
+        best_key: tuple[float, float, int] | None = None
+        best_category: Category = None
+        for category, queue in self._queues.items():
+            head = next(iter(queue))
+            p, rate = parameters.get(category, default)
+            idle_s = now_s - released[head]
+            key = (reuse_probability(p, rate, idle_s, window), released[head], seqs[head])
+            if best_key is None or key < best_key:
+                best_key, best_category = key, category
+        assert best_key is not None, "wa: evict called with no queued block"
+        queue = self._queues[best_category]
+        victim, _ = queue.popitem(last=False)
+        if not queue:
+            del self._queues[best_category]
+        self._queued[victim] = False
+        self._num_queued -= 1
+        age = max(now_s - released[victim], 0.0)
+        w = self.window_weight
+        self.window_s = age if window == math.inf else (1.0 - w) * window + w * age
+        return victim
+
+    def __len__(self) -> int:
+        return self._uncached.size + self._num_queued
+
+    def __contains__(self, block_id: object) -> bool:
+        if not isinstance(block_id, int) or not 0 <= block_id < self._num_blocks:
+            return False
+        return self._queued[block_id] or block_id in self._uncached
+
+    def free_block_ids(self, now_s: float | None = None) -> list[int]:
+        """The pop order at `now_s` (default: the latest time seen): uncached blocks, then a
+        dry run of evictions on a copy (each eviction moves the window). O(n), for tests."""
+        now = self._clock_s if now_s is None else now_s
+        dry = copy.copy(self)
+        dry.__dict__.update(
+            copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "_uncached"})
+        )
+        return [*self._uncached, *(dry._evict(now) for _ in range(self._num_queued))]
+
+    def check_invariants(self) -> None:
+        Evictor.check_invariants(self)
+        self._uncached.check_invariants()
+        members = [b for queue in self._queues.values() for b in queue]
+        assert len(members) == len(set(members)), "wa: a block is in two queues"
+        assert len(members) == self._num_queued == sum(self._queued), (
+            "wa: the queued count is out of sync with the queues"
+        )
+        for category, queue in self._queues.items():
+            assert queue, f"wa: category {category!r} keeps an empty queue"
+            previous = -1
+            for block_id in queue:
+                assert self._queued[block_id], f"wa: block {block_id} queued but not marked"
+                assert self._category[block_id] == category, (
+                    f"wa: block {block_id} is in queue {category!r} but tagged "
+                    f"{self._category[block_id]!r}"
+                )
+                assert block_id not in self._uncached, f"wa: block {block_id} also uncached"
+                assert self._seq[block_id] > previous, f"wa: queue {category!r} is out of order"
+                previous = self._seq[block_id]
+        assert self.window_s >= 0.0, f"wa: the window is {self.window_s!r}"

@@ -1,0 +1,105 @@
+"""SAE (`eviction/sae.py`) evicts exactly what a plain transcription of vLLM PR #50422's
+`SAECachePolicy` evicts: sessions sorted by score at every eviction, each walked from its
+tail, with touch, merge, ghost seeding and decay as the PR has them."""
+
+from __future__ import annotations
+
+import pytest
+
+from eviction import FreedBlocks, Release, SAEEvictor
+from lpc.blocks.block_manager import PrefixCacheBlockManager
+from tests.eviction.kv_policy_streams import drive
+from tests.eviction.reference_kv_policies import PlainSAE
+from tests.eviction.test_lpc_reference import replay
+from tests.lpc.streams import random_stream
+
+
+@pytest.mark.parametrize("decay_interval", [7, 500])
+@pytest.mark.parametrize("seed", range(20))
+def test_victims_match_the_plain_reference_on_random_streams(
+    seed: int, decay_interval: int
+) -> None:
+    fast = SAEEvictor(24, decay_interval=decay_interval)
+    plain = PlainSAE(24, decay_interval=decay_interval)
+    seen = drive(fast, plain, seed, 24)
+    assert seen["evictions"] > 30 and seen["hits"] > 10 and seen["shared releases"] > 5
+
+
+@pytest.mark.parametrize("decay_interval", [5, 500])
+@pytest.mark.parametrize("seed", range(8))
+def test_block_manager_allocations_match_the_plain_reference(
+    seed: int, decay_interval: int
+) -> None:
+    steps = random_stream(seed, 400)
+    fast = PrefixCacheBlockManager(
+        48, block_size=4, evictor=SAEEvictor(48, decay_interval=decay_interval)
+    )
+    plain = PrefixCacheBlockManager(
+        48, block_size=4, evictor=PlainSAE(48, decay_interval=decay_interval)
+    )
+    fast_trace = replay(fast, steps)
+    plain_trace = replay(plain, steps)
+    assert sum(len(a.evicted_block_ids) for a in fast_trace if a is not None) > 20
+    assert fast_trace == plain_trace
+    assert fast.counters == plain.counters
+
+
+def chain(ids: list[int], first_depth: int = 0) -> FreedBlocks:
+    depths = list(range(first_depth, first_depth + len(ids)))
+    return FreedBlocks(ids[::-1], depths[::-1], [bytes([i]) for i in ids[::-1]])
+
+
+def test_a_continuation_merges_into_its_session_and_the_tail_goes_first() -> None:
+    sae = SAEEvictor(10)
+    sae.reset(range(10))
+    b = sae.pop_n(10)
+    sae.push_cached(chain(b[0:3]), Release(0.0, None, "a"))  # session 0 at depth 0
+    sae.push_cached(chain(b[3:6]), Release(1.0, None, "b"))  # session 1 at depth 0
+    for x in b[0:3]:
+        sae.remove(x)  # a's next turn hits its three blocks...
+    sae.push_cached(chain(b[0:3] + b[6:8]), Release(2.0, None, "a"))  # ...and stores two more
+    assert sae.logical_time == 3
+    # both sessions started at depth 0; session 0 was touched once more and is kept longer;
+    # within a session the blocks leave from the tail
+    assert sae.pop_n(5) == [b[5], b[4], b[3], b[7], b[6]]
+
+
+def test_a_session_stored_deeper_gets_a_smaller_prefix_bonus() -> None:
+    sae = SAEEvictor(8)
+    sae.reset(range(8))
+    b = sae.pop_n(8)
+    sae.push_cached(chain(b[0:4]), Release(0.0, None, "a"))
+    # another request hits a's first two blocks and stores two of its own at depth 2:
+    # merged into a's session (the deepest hit's)
+    sae.remove(b[0])
+    sae.remove(b[1])
+    sae.push_cached(chain([b[0], b[1], b[4], b[5]]), Release(1.0, None, "x"))
+    assert len(sae._sessions) == 1
+    # a request with no hit stores at depth 3 (its first three blocks were not cached here)
+    sae.push_cached(chain(b[6:8], first_depth=3), Release(2.0, None, "y"))
+    scores = sorted((sae.session_score(s), s) for s in sae._sessions)
+    assert scores[0][1] == 1  # the session opened at depth 3 is the worst
+    assert sae.pop_n(2) == [b[7], b[6]]
+
+
+def test_ghost_scores_outlive_eviction_and_seed_a_returning_session() -> None:
+    sae = SAEEvictor(4)
+    sae.reset(range(4))
+    b = sae.pop_n(4)
+    digest = FreedBlocks([b[0]], [0], [b"x"])
+    sae.push_cached(digest, Release(0.0, None, "a"))
+    assert sae.ghost_scores[b"x"] == pytest.approx(1.0)  # a miss at position 0
+    sae.remove(b[0])
+    sae.push_cached(digest, Release(1.0, None, "a"))
+    assert sae.ghost_scores[b"x"] == pytest.approx(13.0)  # then a hit
+    assert sae.pop_n(1, 2.0) == [b[0]]
+    sae.push_cached(FreedBlocks([b[1]], [0], [b"x"]), Release(3.0, None, "b"))
+    (session,) = sae._sessions.values()
+    assert session.hits == pytest.approx(14.0 / 12.0)  # seeded from the ghost (+1 miss)
+
+
+def test_sae_rejects_bad_parameters() -> None:
+    with pytest.raises(ValueError, match="decay_interval"):
+        SAEEvictor(4, decay_interval=0)
+    with pytest.raises(ValueError, match="decay_factor"):
+        SAEEvictor(4, decay_factor=1.5)
