@@ -114,8 +114,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=split_at,
         default=None,
         help="with --trace: requests before this point are the training part (they warm the "
-        "cache and fit lpc-turns), the rest are counted; a fraction of the trace's span (< 1) "
-        "or seconds after its first arrival; 0 counts every request (default: 0.5)",
+        "cache and fit lpc-turns, wa and session-ref), the rest are counted; a fraction of the "
+        "trace's span (< 1) or seconds after its first arrival; 0 counts every request "
+        "(default: 0.5)",
     )
     data.add_argument(
         "--horizon",

@@ -11,9 +11,10 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from lpc.replay.policies import PolicySpec
 from lpc.replay.simulator import PreparedWorkload, ReplayResult, replay
@@ -30,6 +31,20 @@ TRACE_CACHE_SIZES_TOKENS = (2_500_000, 4_000_000, 6_000_000, 8_000_000, 12_000_0
 class ReplaySettings:
     scale_per_s: float = 1e-2
     fallback_probability: float = 0.5
+    # evictor name -> the constants its training-part fit gave (`lpc.replay.fitted_policies`)
+    policy_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def replay_one(
+        self, workload: PreparedWorkload, spec: PolicySpec, cache_tokens: int
+    ) -> ReplayResult:
+        return replay(
+            workload,
+            spec,
+            cache_tokens,
+            self.scale_per_s,
+            self.fallback_probability,
+            policy_options=self.policy_options.get(spec.evictor),
+        )
 
 
 # Worker processes receive the workload once, through the pool initializer (inherited by
@@ -45,7 +60,7 @@ def _init_worker(workload: PreparedWorkload, settings: ReplaySettings) -> None:
 def _replay_in_worker(spec: PolicySpec, cache_tokens: int) -> ReplayResult:
     assert _worker_state is not None, "worker used before its initializer ran"
     workload, settings = _worker_state
-    return replay(workload, spec, cache_tokens, settings.scale_per_s, settings.fallback_probability)
+    return settings.replay_one(workload, spec, cache_tokens)
 
 
 def default_workers() -> int:
@@ -65,9 +80,7 @@ def run_grid(
     results: dict[tuple[str, int], ReplayResult] = {}
     if workers <= 1 or len(jobs) == 1 or "fork" not in multiprocessing.get_all_start_methods():
         for spec, size in jobs:
-            result = replay(
-                workload, spec, size, settings.scale_per_s, settings.fallback_probability
-            )
+            result = settings.replay_one(workload, spec, size)
             results[(spec.label, size)] = result
             if on_result:
                 on_result(result)

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
+from eviction import POLICIES
 from eviction.lpc import DEFAULT_FALLBACK_PROBABILITY
 from lpc import __version__
+from lpc.blocks.hashing import BlockHasher
 from lpc.errors import InvalidInputError
 from lpc.replay.ab import (
     DEFAULT_CACHE_SIZES_TOKENS,
@@ -25,6 +27,13 @@ from lpc.replay.ab import (
     ReplaySettings,
     compare,
     run_grid,
+)
+from lpc.replay.fitted_policies import (
+    DEFAULT_TYPE,
+    PolicyFits,
+    category_of,
+    fit_policies,
+    request_categories,
 )
 from lpc.replay.policies import DEFAULT_POLICIES, PolicySpec, parse_policies
 from lpc.replay.probability import OracleSource, ProbabilitySource, TurnsSource
@@ -39,7 +48,13 @@ from lpc.replay.report import (
     write_csv,
     write_json,
 )
-from lpc.replay.simulator import PreparedWorkload, ReplayResult, prepare, replay_closed_loop
+from lpc.replay.simulator import (
+    PreparedWorkload,
+    ReplayResult,
+    hash_turns,
+    prepare,
+    replay_closed_loop,
+)
 from lpc.traces.expand import check_block_size
 from lpc.traces.linkage import DEFAULT_SHARED_FANOUT
 from lpc.traces.timeline import DEFAULT_HORIZON_S, DEFAULT_SPLIT_AT
@@ -203,6 +218,10 @@ def run_ab(
     timings["workload_s"] = time.perf_counter() - t0
 
     replayer = _fit_sources(work, context, model_factory)
+    t0 = time.perf_counter()
+    _fit_policies(loaded, work, context, replayer)
+    if replayer.fits.report:
+        timings["fit_policies_s"] = time.perf_counter() - t0
     work.options.out_dir.mkdir(parents=True, exist_ok=True)
     files: dict[str, str] = {}
     if work.options.workload.latency.closed_loop:
@@ -214,6 +233,8 @@ def run_ab(
     comparison = compare(results)
     if sweep_scales:
         summary["sweep_scale_per_s"] = {str(k): v for k, v in sweep_scales.items()}
+    if replayer.sweep_fits:
+        summary["sweep_fitted_policies"] = {str(k): v for k, v in replayer.sweep_fits.items()}
     timings["total_s"] = time.perf_counter() - started
     outcome = ABOutcome(work.options, summary, results, comparison, sweep, timings, files)
     _write_files(outcome, work.options.out_dir)
@@ -245,6 +266,22 @@ class _Loaded:
             self.options.progress,
         )
 
+    def training_requests(self, config: WorkloadConfig) -> list[WorkloadRequest]:
+        """The training half placed in time by the same generator (its open-loop timeline):
+        what the fitted policies learn from on a generated workload."""
+        from lpc.chat.conversation_workload import scripted_conversations
+
+        assert self.dataset is not None
+        scripts = scripted_conversations(
+            self.dataset.train,
+            self.tokenizer,
+            config.seed,
+            self.options.max_model_len,
+            self.options.progress,
+        )
+        open_loop = replace(config, latency=replace(config.latency, closed_loop=False))
+        return open_loop_requests(scripts, open_loop)
+
     def generated_requests(self, config: WorkloadConfig) -> list[WorkloadRequest]:
         """The open-loop timeline; a window too short for any arrival is refused, not
         replayed as zero hits out of zero."""
@@ -268,6 +305,8 @@ def _load(options: ABOptions, log: Callable[[str], None]) -> _Loaded:
 
     if options.trace is not None:
         _check_trace_readable(options)
+        if options.split_at == 0:
+            _refuse_fitted_without_training_part(options)
     tokenizer = default_chat_tokenizer()
     needed = _sources_needed(options.policies, options.trace_probabilities)
     needs_train = bool(needed - {"oracle", "trace"}) or options.fallback_probability is None
@@ -317,20 +356,25 @@ def _check_training_half(
     return options, note
 
 
+def _is_fitted(spec: PolicySpec) -> bool:
+    """lpc-turns, and the policies whose constants are fitted (`wa`, `session-ref`)."""
+    return spec.source == "turns" or POLICIES[spec.evictor].kind == "fitted"
+
+
 def _without_unfittable_defaults(options: ABOptions) -> tuple[ABOptions, list[str]]:
     """Default policies that need a training part (lpc-turns) left out, with their labels;
     a list the user gave is kept as it is (and refused if it needs the fit)."""
     if not options.policies_by_default:
         return options, []
-    kept = tuple(p for p in options.policies if p.source != "turns")
-    left_out = [p.label for p in options.policies if p.source == "turns"]
+    kept = tuple(p for p in options.policies if not _is_fitted(p))
+    left_out = [p.label for p in options.policies if _is_fitted(p)]
     return replace(options, policies=kept), left_out
 
 
 def _needs_fit(options: ABOptions) -> str:
-    """What a training part must fit: lpc-turns (and --trace-probabilities turns); "" when
-    nothing requested needs it."""
-    fitted = [p.label for p in options.policies if p.source == "turns"]
+    """What a training part must fit: lpc-turns, wa, session-ref (and --trace-probabilities
+    turns); "" when nothing requested needs it."""
+    fitted = [p.label for p in options.policies if _is_fitted(p)]
     if options.trace_probabilities == "turns":
         fitted.append("--trace-probabilities turns")
     return " and ".join(fitted)
@@ -561,14 +605,25 @@ class _Replayer:
     logged: list[float | None] | None
     fallback: float
     first_counted: int
+    request_types: dict[str, str] | None = None  # a trace's request types (Bailian)
+    fits: PolicyFits = field(default_factory=PolicyFits)  # the fitted policies' constants
+    # a generated workload's fit for another workload configuration (the think-time sweep)
+    refit: Callable[[WorkloadConfig], PolicyFits] | None = None
+    sweep_fits: dict[float, dict[str, Any]] = field(default_factory=dict)  # mean -> report
 
-    def settings_for(self, reqs: Sequence[WorkloadRequest]) -> ReplaySettings:
+    def settings_for(
+        self, reqs: Sequence[WorkloadRequest], fits: PolicyFits | None = None
+    ) -> ReplaySettings:
         scale = self.options.scale_per_s
         if scale is None:
             # A trace's scale comes from its training part, like the other fitted values.
             counted = self.first_counted
             scale = estimated_scale_per_s(reqs[:counted] if counted else reqs)
-        return ReplaySettings(scale, self.fallback)
+        return ReplaySettings(scale, self.fallback, (fits or self.fits).options)
+
+    def categories(self, reqs: Sequence[WorkloadRequest]) -> list[str]:
+        """Each request's workload category, which its release carries (`wa` reads it)."""
+        return request_categories(reqs, self.request_types)
 
     def predictions(self, reqs: list[WorkloadRequest]) -> dict[str, list[float | None]]:
         turns = [r.turn for r in reqs]
@@ -601,7 +656,77 @@ def _fit_sources(
     fallback = (
         context.base_rate if options.fallback_probability is None else options.fallback_probability
     )
-    return _Replayer(options, sources, names, work.logged, fallback, work.first_counted)
+    return _Replayer(
+        options, sources, names, work.logged, fallback, work.first_counted, context.request_types
+    )
+
+
+def _fitted_evictors(options: ABOptions) -> set[str]:
+    return {p.evictor for p in options.policies if POLICIES[p.evictor].kind == "fitted"}
+
+
+def _refuse_fitted_without_training_part(options: ABOptions) -> None:
+    names = _fitted_evictors(options)
+    if names:
+        labels = ", ".join(p.label for p in options.policies if p.evictor in names)
+        raise InvalidInputError(
+            f"{labels} are fitted on the trace's training part, which --split-at 0 leaves "
+            "empty; give a split (default 0.5), or leave them out"
+        )
+
+
+def _fit_policies(
+    loaded: _Loaded, work: _Workload, context: ABContext, replayer: _Replayer
+) -> None:
+    """Stage 3b: the fitted policies' constants (`lpc.replay.fitted_policies`), from the
+    training part only: a trace's own, or the data set's training half replayed with the same
+    workload settings. Nothing to do when no fitted policy is requested."""
+    names = _fitted_evictors(work.options)
+    if not names:
+        return
+    block_size = work.options.block_size
+    assert block_size is not None
+    if work.trace_info:
+        if not work.first_counted:
+            _refuse_fitted_without_training_part(work.options)
+        train = work.requests[: work.first_counted]
+        cut_s = float(work.trace_info["split"]["cut_s"])
+        where = (
+            f"the trace's training part ({len(train)} requests, "
+            f"{work.trace_info['split']['cut_after_start_s']:.0f} s)"
+        )
+        replayer.fits = _fit_on(names, train, cut_s, block_size, where, context.request_types)
+        return
+
+    def fit_generated(config: WorkloadConfig) -> PolicyFits:
+        train = loaded.training_requests(config)
+        if not train:
+            raise InvalidInputError(
+                f"{loaded.options.dataset}: no training-half request arrives in the window, "
+                f"which {', '.join(sorted(names))} are fitted on; give a longer --duration"
+            )
+        end_s = max(r.arrival_s for r in train)
+        where = (
+            f"the {loaded.options.dataset} training half replayed with the same workload "
+            f"settings ({len(train)} requests, λ_chat {config.mean_think_time_s:g} s)"
+        )
+        return _fit_on(names, train, end_s, block_size, where, None)
+
+    replayer.fits = fit_generated(work.options.workload)
+    replayer.refit = fit_generated
+
+
+def _fit_on(
+    names: set[str],
+    train: Sequence[WorkloadRequest],
+    end_s: float,
+    block_size: int,
+    where: str,
+    request_types: dict[str, str] | None,
+) -> PolicyFits:
+    hashes = hash_turns(train, BlockHasher(block_size)) if "wa" in names else [[]] * len(train)
+    categories = request_categories(train, request_types)
+    return fit_policies(names, train, hashes, categories, block_size, end_s, where)
 
 
 def _replay_closed_loop(
@@ -622,6 +747,8 @@ def _replay_closed_loop(
         options, lambda: loaded.scripts(options.workload), replayer.sources, settings
     )
     summary: dict[str, Any] = {"source": work.source_desc, "closed_loop": True}
+    if replayer.fits.report:
+        summary["fitted_policies"] = replayer.fits.report
     if work.no_training_part is not None:
         summary["no_training_part"] = work.no_training_part
     summary["scale_per_s"] = settings.scale_per_s
@@ -647,9 +774,17 @@ def _replay_open_loop(
     assert options.block_size is not None
     if work.trace_info and work.trace_block_size:
         check_block_size(options.block_size, work.trace_block_size)
-    workload = prepare(requests, options.block_size, values, first_counted=work.first_counted)
+    workload = prepare(
+        requests,
+        options.block_size,
+        values,
+        first_counted=work.first_counted,
+        categories=replayer.categories(requests),
+    )
     settings = replayer.settings_for(requests)
     summary = _summary(workload, requests, options, work.source_desc)
+    if replayer.fits.report:
+        summary["fitted_policies"] = replayer.fits.report
     if work.trace_info:
         summary["trace"] = work.trace_info
         _check_sizes(options, summary["peak_in_flight_tokens"], log)
@@ -711,8 +846,16 @@ def _think_time_sweep(
             options.workload.latency,
         )
         reqs = loaded.generated_requests(config)
-        workload = prepare(reqs, options.block_size, replayer.predictions(reqs))
-        settings = replayer.settings_for(reqs)
+        workload = prepare(
+            reqs,
+            options.block_size,
+            replayer.predictions(reqs),
+            categories=replayer.categories(reqs),
+        )
+        fits = replayer.refit(config) if replayer.refit is not None else None
+        settings = replayer.settings_for(reqs, fits)
+        if fits is not None:
+            replayer.sweep_fits[mean] = fits.report
         sweep_scales[mean] = settings.scale_per_s
         sizes = (options.sweep_cache_tokens,)
         sweep[mean] = _grid(workload, options, settings, f"λ={mean:g}s", sizes=sizes)
@@ -766,6 +909,8 @@ def _closed_loop_grid(
                 probability_of(spec.source or ""),
                 settings.scale_per_s,
                 settings.fallback_probability,
+                policy_options=settings.policy_options.get(spec.evictor),
+                category_of=lambda turn: category_of(DEFAULT_TYPE, turn.turn_index),
             )
         )
     return results
@@ -896,6 +1041,8 @@ def markdown_report(outcome: ABOutcome) -> str:
     ]
     if "no_training_part" in s:
         lines += [_no_training_part_sentence(s["no_training_part"]), ""]
+    if "fitted_policies" in s:
+        lines += [*fitted_policies_text(s["fitted_policies"]), ""]
     for title, header, rows in comparison_tables(outcome.comparison, policies):
         lines += [f"## {title}", "", markdown_table(header, rows), ""]
     lines += ["![hit ratio vs cache size](hit_ratio_vs_cache_size.png)", ""]
@@ -965,6 +1112,32 @@ def trace_description(summary: dict[str, Any]) -> list[str]:
         lines.append(f"Skipped {n} cut last line{'s' if n > 1 else ''} in {files}.")
     if "no_training_part" in summary:
         lines.append(_no_training_part_sentence(summary["no_training_part"]))
+    if "fitted_policies" in summary:
+        lines += fitted_policies_text(summary["fitted_policies"])
+    return lines
+
+
+def fitted_policies_text(report: dict[str, Any]) -> list[str]:
+    """One sentence per fitted policy: what its training part gave (details in the JSON)."""
+    lines = []
+    if "session-ref" in report:
+        t = report["session-ref"]
+        lines.append(
+            f"session-ref: idle timeout {t['timeout_s']:.0f} s, the {t['quantile']:g} quantile "
+            f"of {t['gaps']} think times of {t['fitted_on']}."
+        )
+    if "wa" in report:
+        w = report["wa"]
+        cats = w["categories"]
+        parts = ", ".join(
+            f"{c} p={f['p']:.2f}/{f['mean_reuse_s']:.0f} s" for c, f in list(cats.items())[:8]
+        )
+        more = f" and {len(cats) - 8} more" if len(cats) > 8 else ""
+        lines.append(
+            f"wa: reuse probability / mean reuse time per category, fitted on {w['fitted_on']}: "
+            f"{parts}{more} (all: p={w['default']['p']:.2f}/"
+            f"{w['default']['mean_reuse_s']:.0f} s)."
+        )
     return lines
 
 
@@ -992,8 +1165,11 @@ def _markdown_trace_report(outcome: ABOutcome) -> str:
 def summary_text(outcome: ABOutcome) -> str:
     policies = [p.label for p in outcome.options.policies]
     text = terminal_report(outcome.comparison, policies)
-    if "trace" in outcome.workload_summary:
-        text = "\n".join(trace_description(outcome.workload_summary)) + "\n\n" + text
+    summary = outcome.workload_summary
+    if "trace" in summary:
+        text = "\n".join(trace_description(summary)) + "\n\n" + text
+    elif "fitted_policies" in summary:
+        text = "\n".join(fitted_policies_text(summary["fitted_policies"])) + "\n\n" + text
     if outcome.sweep:
         header, rows = sweep_table(outcome.sweep, policies)
         text += "\n\n" + text_table(

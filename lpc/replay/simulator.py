@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from eviction import FutureUses
 from lpc.blocks.block_manager import CacheCounters, CacheRequest, PrefixCacheBlockManager
@@ -46,6 +46,9 @@ class PreparedWorkload:
     # Hit ratios count requests from this index on (a trace's evaluation part); earlier ones
     # only warm the cache.
     first_counted: int = 0
+    # Each request's workload category (request type x turn), passed with its release; None:
+    # releases carry no category.
+    categories: list[str] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -123,9 +126,10 @@ def prepare(
     probabilities: Mapping[str, list[float | None]],
     hash_algorithm: str = "sha256",
     first_counted: int = 0,
+    categories: list[str] | None = None,
 ) -> PreparedWorkload:
     """Everything policy-independent, once. Requests [0, first_counted) warm the cache but
-    are not counted in hit ratios."""
+    are not counted in hit ratios; `categories` (one per request) tag their releases."""
     hasher = BlockHasher(block_size, hash_algorithm)
     hashes = hash_turns(requests, hasher)
     cache_requests = [
@@ -148,8 +152,17 @@ def prepare(
     for name, values in probabilities.items():
         if len(values) != len(requests):
             raise ValueError(f"source {name!r} gave {len(values)} predictions for {len(requests)}")
+    if categories is not None and len(categories) != len(requests):
+        raise ValueError(f"{len(categories)} categories for {len(requests)} requests")
     return PreparedWorkload(
-        requests, cache_requests, events, future, block_size, dict(probabilities), first_counted
+        requests,
+        cache_requests,
+        events,
+        future,
+        block_size,
+        dict(probabilities),
+        first_counted,
+        categories,
     )
 
 
@@ -222,12 +235,16 @@ def replay(
     scale_per_s: float = 1e-2,
     fallback_probability: float = 0.5,
     request_log: RequestLogSink | None = None,
+    policy_options: Mapping[str, Any] | None = None,
 ) -> ReplayResult:
     """One policy at one cache size. With `request_log`, every finished request is appended
-    to it as a serving engine would log it (times, tokens, hits, probability, block hashes)."""
+    to it as a serving engine would log it (times, tokens, hits, probability, block hashes).
+    `policy_options` are a fitted policy's constants (`lpc.replay.fitted_policies`)."""
     started = time.perf_counter()
     num_blocks = num_blocks_for(cache_tokens, workload.block_size)
-    evictor = build_evictor(spec, num_blocks, scale_per_s, fallback_probability, workload.future)
+    evictor = build_evictor(
+        spec, num_blocks, scale_per_s, fallback_probability, workload.future, policy_options
+    )
     manager = PrefixCacheBlockManager(num_blocks, workload.block_size, evictor=evictor)
     probabilities: Sequence[float | None]
     if spec.source is None:
@@ -243,6 +260,7 @@ def replay(
                 f"which this workload was not prepared with"
             ) from None
     cache_requests = workload.cache_requests
+    categories: Sequence[str | None] = workload.categories or [None] * len(cache_requests)
     failed_prompt_tokens = 0
     failed: set[int] = set()
     hit_tokens: dict[int, int] = {}
@@ -266,7 +284,7 @@ def replay(
         if i in failed:
             failed.discard(i)
         else:
-            manager.free(request.request_id, time_s, probabilities[i])
+            manager.free(request.request_id, time_s, probabilities[i], categories[i])
         if request_log is not None:
             request_log.append(
                 finished_request(
@@ -325,17 +343,21 @@ def replay_closed_loop(
     scale_per_s: float = 1e-2,
     fallback_probability: float = 0.5,
     hash_algorithm: str = "sha256",
+    policy_options: Mapping[str, Any] | None = None,
+    category_of: Callable[[ScriptedTurn], str | None] = lambda turn: None,
 ) -> ReplayResult:
     """Replay where cache hits shorten prefill and so move every later arrival.
 
     The timeline is policy-dependent, so it is built during the replay; Belady, which needs
-    the future of a fixed trace, is not available here.
+    the future of a fixed trace, is not available here. `category_of` tags each release.
     """
     if spec.evictor == "belady":
         raise ValueError("belady needs a fixed trace; it cannot run in a closed-loop replay")
     started = time.perf_counter()
     num_blocks = num_blocks_for(cache_tokens, block_size)
-    evictor = build_evictor(spec, num_blocks, scale_per_s, fallback_probability, None)
+    evictor = build_evictor(
+        spec, num_blocks, scale_per_s, fallback_probability, None, policy_options
+    )
     manager = PrefixCacheBlockManager(num_blocks, block_size, evictor=evictor)
     hasher = BlockHasher(block_size, hash_algorithm)
     known: dict[str, tuple[Sequence[int], list[BlockHash]]] = {}
@@ -381,7 +403,9 @@ def replay_closed_loop(
             if spec.source is None
             else probability_of(request.turn)
         )
-        manager.free(request.request_id, request.completion_s, probability)
+        manager.free(
+            request.request_id, request.completion_s, probability, category_of(request.turn)
+        )
 
     run_schedule(scripts, config, on_arrival, on_completion)
     return _result(spec, cache_tokens, manager, failed_prompt_tokens, started)
