@@ -44,6 +44,12 @@ vLLM's `Request` and the plugin's `ConversationTable`):
 A finished request then replaces its conversation's entry (a preempted one does not), also
 when it carried its own `lpc_probability`, so the conversation's history stays complete.
 
+Preemption: a request vLLM frees before it finishes (`is_unfinished`: preempted under KV
+pressure, or a failed KV load to retry) gets a `ProtectedRelease` instead (`preemption_release`,
+counted in `preemptions`): its blocks are queued after every free block, the way LRU queues them
+last, so the KV it needs again when rescheduled — usually milliseconds later — is the last to be
+evicted. Its probability is not asked for, and its hints stay for the release that finishes it.
+
 Call flow. A release (time, probability, conversation) is made once per request, in
 `PluginRuntime.release_for`, and reaches the LPC queue by one of three routes, depending on
 how vLLM frees the request's blocks:
@@ -94,7 +100,13 @@ from lpc.integrations.plugin_request_log import PluginRequestLog
 from lpc.integrations.predictions import PredictionBoard, PredictionClient
 from lpc.integrations.request_hints import PROBABILITY_KEY, RequestHints, parse_hints
 from lpc.integrations.stats import PluginStats, is_probability
-from lpc.integrations.vllm_queue import Clock, LPCFreeBlockQueue, QueueRuntime, bind_queue_class
+from lpc.integrations.vllm_queue import (
+    Clock,
+    LPCFreeBlockQueue,
+    ProtectedRelease,
+    QueueRuntime,
+    bind_queue_class,
+)
 
 # A child of vLLM's logger, so the plugin's lines appear in vLLM's log with its format.
 logger = logging.getLogger("vllm.plugins.lpc")
@@ -163,8 +175,23 @@ class PluginRuntime:
             board.ask(rid, hints.prediction_item(engine_prompt_tokens(request)))
 
     def release_for(self, request: Any) -> Release:
-        """The probability, time and conversation of a request releasing its blocks."""
+        """The probability, time and conversation of a request releasing its blocks; for a
+        request that is not finished (preempted), a `ProtectedRelease`."""
+        if is_unfinished(request):
+            return self.preemption_release(request)
         return self.release_and_source(request)[0]
+
+    def preemption_release(self, request: Any) -> ProtectedRelease:
+        """A preempted request's release: its blocks go after every free block until it is
+        rescheduled (it will need them in milliseconds). Nothing is predicted, logged or
+        recorded in the conversation table, and its hints and prediction stay for the release
+        that finishes it."""
+        rid = request.request_id
+        hints = self.hints.get(rid)
+        if hints is None:
+            hints = self.hints[rid] = self.hints_for(request)
+        self.stats.add(preemptions=1)
+        return ProtectedRelease(self.clock(), None, hints.conversation_id or rid)
 
     def safe_release_for(self, request: Any) -> Release:
         """`release_for` for vLLM's hooks: it never raises. On an error in the plugin's own
@@ -334,6 +361,14 @@ def engine_prompt_tokens(request: Any) -> int | None:
     if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
         return count
     return None
+
+
+def is_unfinished(request: Any) -> bool:
+    """True when vLLM frees a request's blocks before it finishes: `Scheduler._preempt_request`
+    frees them while the request is still RUNNING, and a failed KV load frees them to retry
+    locally. A request without vLLM's `is_finished()` counts as finished."""
+    is_finished = getattr(request, "is_finished", None)
+    return callable(is_finished) and not is_finished()
 
 
 def _runtime_of(pool: Any) -> PluginRuntime | None:
