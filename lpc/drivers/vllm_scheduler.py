@@ -358,6 +358,8 @@ def policy_row(run: PolicyRun) -> dict[str, Any]:
         "invariants_ok": run.summary["invariants"]["ok"],
         "invariants": run.summary["invariants"]["checks"],
         "releases": stats.get("releases"),
+        "protected_releases": stats.get("preemptions"),
+        "protected_blocks_released": stats.get("protected_blocks_released"),
         "predictions_in_process": stats.get("predictions_in_process"),
         "probabilities_from_request": stats.get("probabilities_from_request"),
         "fallbacks_used": stats.get("fallbacks_used"),

@@ -92,7 +92,7 @@ from typing import Any
 
 from eviction.base import Release
 from eviction.lpc import DEFAULT_FALLBACK_PROBABILITY
-from lpc.integrations import vllm_compat
+from lpc.integrations import engine_checks, vllm_compat
 from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
 from lpc.integrations.metrics import MetricsServer, start_metrics_server
@@ -469,6 +469,28 @@ def _wrap_get_computed_blocks(original: Any) -> Any:
     return get_computed_blocks
 
 
+def _wrap_scheduler_init(original: Any) -> Any:
+    """Refuse to build a scheduler whose engine configuration the plugin is not verified with
+    (`engine_checks`), before vLLM builds anything; the allowed ones are logged."""
+
+    @functools.wraps(original)
+    def __init__(self: Any, vllm_config: Any, kv_cache_config: Any, *args: Any, **kwargs: Any):
+        registration = _REGISTRATION
+        if registration is not None:
+            config = registration.runtime.config
+            allowed = engine_checks.parse_allowed(config.allow_unverified)
+            for item in engine_checks.check_engine(vllm_config, kv_cache_config, allowed):
+                logger.warning(
+                    "LPC eviction runs with %s, which it is not verified with (%s=%s)",
+                    item.what,
+                    engine_checks.ALLOW_VARIABLE,
+                    config.allow_unverified,
+                )
+        return original(self, vllm_config, kv_cache_config, *args, **kwargs)
+
+    return __init__
+
+
 def make_predictor_client(config: PluginConfig) -> PredictionClient | None:
     """The project's predictor RPC client for `config.predictor_url` (None when unset)."""
     if config.predictor_url is None:
@@ -494,6 +516,7 @@ def _import_vllm() -> dict[str, Any]:
         "kv_cache_manager": "vllm.v1.core.kv_cache_manager",
         "request_module": "vllm.v1.request",
         "sampling_params": "vllm.sampling_params",
+        "scheduler": "vllm.v1.core.sched.scheduler",
     }
     return {key: importlib.import_module(module) for key, module in names.items()}
 
@@ -595,6 +618,7 @@ def _check_vllm(modules: dict[str, Any]) -> None:
         modules["kv_cache_manager"],
         modules["request_module"],
         modules["sampling_params"],
+        modules["scheduler"],
     )
     if problems:
         raise vllm_compat.IncompatibleVllmError(
@@ -605,13 +629,16 @@ def _check_vllm(modules: dict[str, Any]) -> None:
 
 
 def _patches(modules: dict[str, Any], runtime: PluginRuntime) -> list[tuple[Any, str, Any]]:
-    """(owner, attribute, replacement) for everything the plugin patches: the free-block queue
+    """(owner, attribute, replacement) for everything the plugin patches: the scheduler's
+    constructor (refusing unverified engine configurations), the free-block queue
     class, the frees, and the hooks only a predictor (allocate_slots) or a request log
     (get_computed_blocks) needs."""
     block_pool = modules["block_pool"]
     pool_class = block_pool.BlockPool
     manager_class = modules["kv_cache_manager"].KVCacheManager
+    scheduler_class = modules["scheduler"].Scheduler
     patches: list[tuple[Any, str, Any]] = [
+        (scheduler_class, "__init__", _wrap_scheduler_init(scheduler_class.__init__)),
         (block_pool, "FreeKVCacheBlockQueue", bind_queue_class(runtime.queues)),
         (pool_class, "free_blocks", _wrap_free_blocks(pool_class.free_blocks)),
         (manager_class, "free", _wrap_manager_free(manager_class.free)),

@@ -141,7 +141,9 @@ def test_lpc_const_schedules_exactly_as_stock_vllm(workload: str, results: dict)
     for key in ("prefix_cache_hits", "preemptions", "recomputed_tokens", "chunked_prefills"):
         assert const[key] == lru[key], key
     assert lru["prefix_cache_hits"] > 0
-    assert const["releases"] == const["fallbacks_used"] == result["requests"] + lru["preemptions"]
+    # A preemption is a protected release (last in the queue, LRU's place), not a release.
+    assert const["releases"] == const["fallbacks_used"] == result["requests"]
+    assert const["protected_releases"] == lru["preemptions"]
     vllm = result["vllm"]
     assert vllm["lru"]["scheduler"] == "vllm.v1.core.sched.scheduler.Scheduler"
     assert vllm["lru"]["queue"] == "FreeKVCacheBlockQueue"
@@ -171,7 +173,8 @@ def test_learned_policies_keep_the_scheduler_invariants(
     assert result["checks"]["invariants"][policy] is True
     assert result["vllm"][policy]["queue"] == "LPCFreeKVCacheBlockQueue"
     assert result["vllm"][policy]["environment"]["LPC_EVICTOR"] == policy
-    assert row["releases"] == result["requests"] + row["preemptions"]
+    assert row["releases"] == result["requests"]
+    assert row["protected_releases"] == row["preemptions"]
     if workload == "mooncake":
         assert row["predictions_in_process"] == row["releases"]
         assert row["fallbacks_used"] == 0
