@@ -165,6 +165,10 @@ def compare(
                 "version": r.summary["vllm_version"],
                 "scheduler": r.summary["scheduler"],
                 "queue": r.summary["invariants"]["queue"],
+                "data_parallel": [
+                    r.summary["config"]["data_parallel_size"],
+                    r.summary["config"]["data_parallel_rank"],
+                ],
                 "import_seconds": r.summary["import_seconds"],
                 "environment": r.environment,
             }
@@ -263,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="also check block ownership and reference counts every N steps (0: at the end)",
     )
+    parser.add_argument(
+        "--data-parallel",
+        metavar="SIZE:RANK",
+        help="serve the trace with the scheduler of rank RANK of a SIZE-rank data-parallel "
+        "engine (what that rank's engine core builds; default: no data parallelism)",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="policies run at once (1)")
     parser.add_argument("--records-dir", type=Path, help="keep the per-step records here")
     parser.add_argument("--vllm-python", type=Path, help="python of vLLM's venv (.vllm-venv)")
@@ -270,6 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.one_in < 1:
         parser.error(f"--one-in must be >= 1, got {args.one_in}")
+    dp_size, dp_rank = 1, 0
+    if args.data_parallel is not None:
+        size, _, rank = args.data_parallel.partition(":")
+        if not (size.isdigit() and rank.isdigit() and 0 <= int(rank) < int(size)):
+            parser.error(
+                f"--data-parallel must be SIZE:RANK with 0 <= RANK < SIZE, got "
+                f"{args.data_parallel!r}"
+            )
+        dp_size, dp_rank = int(size), int(rank)
     python = args.vllm_python or vllm_python_path()
     if not python.exists():
         print(f"vllm_scheduler_ab: no vLLM python at {python}; run scripts/setup_vllm_plugin.sh")
@@ -283,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         step_per_token_s=args.step_per_token_us / 1e6,
         max_model_len=args.max_model_len,
         check_every=args.check_every,
+        data_parallel_size=dp_size,
+        data_parallel_rank=dp_rank,
     )
     settings = PolicySettings(
         scale_per_s=args.scale,

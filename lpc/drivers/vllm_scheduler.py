@@ -52,6 +52,9 @@ class EngineSettings:
     step_per_token_s: float = 1e-5
     max_model_len: int | None = None  # None: the longest request's tokens, rounded up
     check_every: int = 0  # check block ownership every N steps (0: at the end only)
+    # The scheduler of one rank of a data-parallel engine (size 1: no data parallelism).
+    data_parallel_size: int = 1
+    data_parallel_rank: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -268,6 +271,8 @@ def run_policy(
         *("--step-base-s", repr(engine.step_base_s)),
         *("--step-per-token-s", repr(engine.step_per_token_s)),
         *("--check-every", str(engine.check_every), "--label", policy.label),
+        *("--data-parallel-size", str(engine.data_parallel_size)),
+        *("--data-parallel-rank", str(engine.data_parallel_rank)),
     ]
     if records_path is not None:
         command += ["--records", str(records_path)]
