@@ -194,14 +194,15 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"lpc, lpc-pooled p: {result['learned_p_source']}")
     header = (
         f"{'policy':<14} {'hit ratio':>9} {'steps':>8} {'preempt':>8} {'recomputed':>11} "
-        f"{'chunked':>8} {'evictions':>10} {'invariants':>10}"
+        f"{'(evicted)':>10} {'chunked':>8} {'evictions':>10} {'invariants':>10}"
     )
     print(header)
     for row in result["rows"]:
         print(
             f"{row['policy']:<14} {100 * row['hit_ratio']:8.3f}% {row['steps']:>8} "
             f"{row['preemptions']:>8} {row['recomputed_tokens']:>11} "
-            f"{row['chunked_prefills']:>8} {row['evictions']:>10} "
+            f"{row['recomputed_evicted_tokens']:>10} {row['chunked_prefills']:>8} "
+            f"{row['evictions']:>10} "
             f"{'ok' if row['invariants_ok'] else 'BROKEN':>10}"
         )
     for key, value in result["checks"].items():

@@ -352,6 +352,7 @@ class Engine:
             "scheduled_tokens": 0,
             "preemptions": 0,
             "recomputed_tokens": 0,
+            "recomputed_evicted_tokens": 0,  # of which KV evicted while the request waited
             "chunked_prefills": 0,  # prompts whose first prefill spans several steps
             "chunked_recomputations": 0,  # prefills after a preemption spanning several
             "prefix_cache_requests": 0,
@@ -486,6 +487,16 @@ class Engine:
             for rid, n in zip(cached.req_ids, cached.num_computed_tokens, strict=True)
             if rid in cached.resumed_req_ids
         ]
+        # Of what a resumed request recomputes, the full blocks it had computed (so cached)
+        # when it was preempted and did not find again: KV evicted while it waited. The rest
+        # (the last, partial block, never cached; the last token, always recomputed) any
+        # policy recomputes.
+        block = self.args.block_size
+        lost_to_eviction = 0
+        for rid, hit in resumed:
+            high = self.high_water.get(rid, 0)
+            findable = min(high, scheduler.requests[rid].num_tokens - 1) // block * block
+            lost_to_eviction += max(0, findable - hit)
         scheduled = []
         partial = []  # requests whose prefill this step leaves unfinished (a chunk)
         recomputed = 0
@@ -509,6 +520,7 @@ class Engine:
             "preempted": sorted(output.preempted_req_ids or ()),
             "blocks": blocks,
             "recomputed": recomputed,
+            "lost_to_eviction": lost_to_eviction,
         }
 
     def _count(self, output: Any, stats: Any, record: dict[str, Any]) -> None:
@@ -519,6 +531,7 @@ class Engine:
             totals["preemption_only_steps"] += 1
         totals["scheduled_tokens"] += output.total_num_scheduled_tokens
         totals["recomputed_tokens"] += record["recomputed"]
+        totals["recomputed_evicted_tokens"] += record["lost_to_eviction"]
         preempted = record["preempted"]
         totals["preemptions"] += len(preempted)
         for rid in preempted:

@@ -351,6 +351,7 @@ def policy_row(run: PolicyRun) -> dict[str, Any]:
         "steps": totals["steps"],
         "preemptions": totals["preemptions"],
         "recomputed_tokens": totals["recomputed_tokens"],
+        "recomputed_evicted_tokens": totals["recomputed_evicted_tokens"],
         "chunked_prefills": totals["chunked_prefills"],
         "chunked_recomputations": totals["chunked_recomputations"],
         "evictions": totals["evictions"],
