@@ -98,7 +98,9 @@ def test_a_missing_module_of_our_own_keeps_its_traceback(monkeypatch: pytest.Mon
     from lpc.cli import bench_log
 
     def bug(args: object) -> int:
-        raise ModuleNotFoundError("No module named 'lpc.nowhere'", name="lpc.nowhere")
+        raise ModuleNotFoundError(
+            "No module named 'lpc_private_missing'", name="lpc_private_missing"
+        )
 
     monkeypatch.setattr(bench_log, "run", bug)
     with pytest.raises(ModuleNotFoundError):
