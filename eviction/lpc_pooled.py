@@ -67,7 +67,7 @@ from eviction.lpc import (
     LPCEvictor,
 )
 
-# The access model's default label horizon (training.access_data.DEFAULT_ACCESS_HORIZON_S).
+# The access model's default label horizon (training.access_defaults.DEFAULT_ACCESS_HORIZON_S).
 DEFAULT_SHARED_HORIZON_S = 180.0
 # How long the memory keeps a content's last release: about the longest time LRU keeps a block
 # at the largest default Mooncake cache size (510 s median at 16M tokens, docs/results.md),

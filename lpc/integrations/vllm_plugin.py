@@ -500,8 +500,9 @@ def make_predictor_client(config: PluginConfig) -> PredictionClient | None:
     except ImportError as error:
         raise PluginConfigError(
             f"LPC_PREDICTOR_URL is {config.predictor_url!r} but the predictor client cannot be "
-            f"imported ({error}); install the client's dependencies in vLLM's environment "
-            "(`pip install httpx`) or unset LPC_PREDICTOR_URL to use the fallback p only"
+            f"imported ({error}); install the LPC core into vLLM's environment with its "
+            "dependencies (`pip install lpc`: it brings httpx, the client's HTTP library) or unset "
+            "LPC_PREDICTOR_URL to use the fallback p only"
         ) from None
     return client_module.PredictorClient(
         config.predictor_url, timeout_s=config.predictor_timeout_s, token=config.predictor_token
