@@ -40,6 +40,7 @@ OPTIONAL_MODULES: dict[str, OptionalModule] = {
     "pandas": OptionalModule("replay", "pandas"),
     "matplotlib": OptionalModule("replay", "matplotlib"),
     "tqdm": OptionalModule("replay", "tqdm"),
+    "scipy": OptionalModule("replay", "scipy"),  # the gains' bootstrap intervals
     "torch": OptionalModule("text", "torch"),
     "sentence_transformers": OptionalModule("text", "sentence-transformers"),
     "transformers": OptionalModule("text", "transformers"),
