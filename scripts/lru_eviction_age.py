@@ -6,7 +6,8 @@
 Replays the trace under LRU at each default trace cache size and prints the median and
 quartiles of the time from a block's release to its eviction (docs/training.md §8,
 docs/results.md "Real traffic"). `--part training` (what the protocol uses to choose a
-horizon, docs/results.md "The protocol") replays the training part alone, its first half
+horizon, docs/results.md "The protocol: choices on the training part, intervals on the
+evaluation part") replays the training part alone, its first half
 warming the cache, and measures the evictions of its second half; `--part evaluation` (the
 default, kept to reproduce the earlier table) replays the whole trace and measures the
 evictions in the evaluation part.
