@@ -21,7 +21,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from eviction import Evictor, FreedBlocks, LRUEvictor, Release, check_probability
+from eviction import (
+    Evictor,
+    FreedBlocks,
+    LRUEvictor,
+    Release,
+    ReturnCurveLike,
+    check_probability,
+)
 from lpc.blocks.hashing import BlockHash, BlockHasher, MultiModalSpan
 
 NULL_BLOCK_ID = 0
@@ -299,8 +306,15 @@ class PrefixCacheBlockManager:
         c.evictions += len(evicted)
         return Allocation(tuple(table), prefix.num_tokens, len(new_blocks), tuple(evicted))
 
-    def free(self, request_id: str, now_s: float = 0.0, probability: float | None = None) -> None:
-        """Release the request's blocks, tail first, with its continuation probability.
+    def free(
+        self,
+        request_id: str,
+        now_s: float = 0.0,
+        probability: float | None = None,
+        return_curve: ReturnCurveLike | None = None,
+    ) -> None:
+        """Release the request's blocks, tail first, with its continuation probability (and,
+        for evictors that ask when it comes back, its conversation's return curve).
 
         Blocks whose reference count reaches 0 go to the evictor: unhashed ones to the front,
         cached ones with their depth and the release metadata. Cached blocks other requests
@@ -334,7 +348,7 @@ class PrefixCacheBlockManager:
                 shared_ids.append(b)
                 shared_depths.append(depth)
                 shared_hashes.append(h)
-        release = Release(now_s, probability, held.conversation_id)
+        release = Release(now_s, probability, held.conversation_id, return_curve)
         self.evictor.push_uncached(uncached)
         if freed_ids:
             self.evictor.push_cached(FreedBlocks(freed_ids, freed_depths, freed_hashes), release)

@@ -590,6 +590,14 @@ class _Replayer:
             values["trace"] = self.logged
         return values
 
+    def curves(self, reqs: list[WorkloadRequest]) -> dict[str, list[Any]]:
+        """The return curves the `lpc-return` policies read, per request; `km-turn` is fitted
+        on the requests before `first_counted` (a trace's training part)."""
+        from lpc.replay.return_sources import return_curves
+
+        names = {p.curve_source for p in self.options.policies if p.curve_source is not None}
+        return {name: return_curves(name, reqs, self.first_counted) for name in sorted(names)}
+
 
 def _fit_sources(
     work: _Workload, context: ABContext, model_factory: ModelSourceFactory | None
@@ -648,7 +656,11 @@ def _replay_open_loop(
     assert options.block_size is not None
     if work.trace_info and work.trace_block_size:
         check_block_size(options.block_size, work.trace_block_size)
-    workload = prepare(requests, options.block_size, values, first_counted=work.first_counted)
+    curves = replayer.curves(requests)
+    timings["predict_s"] = time.perf_counter() - t0
+    workload = prepare(
+        requests, options.block_size, values, first_counted=work.first_counted, curves=curves
+    )
     settings = replayer.settings_for(requests)
     summary = _summary(workload, requests, options, work.source_desc)
     if work.trace_info:
@@ -712,7 +724,9 @@ def _think_time_sweep(
             options.workload.latency,
         )
         reqs = loaded.generated_requests(config)
-        workload = prepare(reqs, options.block_size, replayer.predictions(reqs))
+        workload = prepare(
+            reqs, options.block_size, replayer.predictions(reqs), curves=replayer.curves(reqs)
+        )
         settings = replayer.settings_for(reqs)
         sweep_scales[mean] = settings.scale_per_s
         sizes = (options.sweep_cache_tokens,)

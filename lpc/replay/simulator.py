@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from eviction import FutureUses
+from eviction import FutureUses, ReturnCurveLike
 from lpc.blocks.block_manager import CacheCounters, CacheRequest, PrefixCacheBlockManager
 from lpc.blocks.hashing import BlockHash, BlockHasher
 from lpc.integrations.request_log import FinishedRequest
@@ -48,6 +48,8 @@ class PreparedWorkload:
     # Hit ratios count requests from this index on (a trace's evaluation part); earlier ones
     # only warm the cache.
     first_counted: int = 0
+    # curve source name -> one return curve per request (the `lpc-return` evictor's input)
+    curves: dict[str, list[ReturnCurveLike | None]] = field(default_factory=dict)
 
     @property
     def counted_conversations(self) -> np.ndarray:
@@ -133,6 +135,7 @@ def prepare(
     probabilities: Mapping[str, list[float | None]],
     hash_algorithm: str = "sha256",
     first_counted: int = 0,
+    curves: Mapping[str, list[ReturnCurveLike | None]] | None = None,
 ) -> PreparedWorkload:
     """Everything policy-independent, once. Requests [0, first_counted) warm the cache but
     are not counted in hit ratios."""
@@ -158,8 +161,18 @@ def prepare(
     for name, values in probabilities.items():
         if len(values) != len(requests):
             raise ValueError(f"source {name!r} gave {len(values)} predictions for {len(requests)}")
+    for name, values in (curves or {}).items():
+        if len(values) != len(requests):
+            raise ValueError(f"curve source {name!r} gave {len(values)} curves for {len(requests)}")
     return PreparedWorkload(
-        requests, cache_requests, events, future, block_size, dict(probabilities), first_counted
+        requests,
+        cache_requests,
+        events,
+        future,
+        block_size,
+        dict(probabilities),
+        first_counted,
+        dict(curves or {}),
     )
 
 
@@ -268,6 +281,15 @@ def replay(
                 f"policy {spec.label!r} needs the {spec.source!r} probability source, "
                 f"which this workload was not prepared with"
             ) from None
+    curves: Sequence[ReturnCurveLike | None] | None = None
+    if spec.curve_source is not None:
+        try:
+            curves = workload.curves[spec.curve_source]
+        except KeyError:
+            raise ValueError(
+                f"policy {spec.label!r} needs the {spec.curve_source!r} return curves, "
+                f"which this workload was not prepared with"
+            ) from None
     cache_requests = workload.cache_requests
     failed_prompt_tokens = 0
     failed: set[int] = set()
@@ -295,8 +317,10 @@ def replay(
             continue
         if i in failed:
             failed.discard(i)
-        else:
+        elif curves is None:
             manager.free(request.request_id, time_s, probabilities[i])
+        else:
+            manager.free(request.request_id, time_s, probabilities[i], curves[i])
         if request_log is not None:
             request_log.append(
                 finished_request(
@@ -366,6 +390,11 @@ def replay_closed_loop(
     """
     if spec.evictor == "belady":
         raise ValueError("belady needs a fixed trace; it cannot run in a closed-loop replay")
+    if spec.curve_source is not None:
+        raise ValueError(
+            f"{spec.label} reads return curves of a fixed trace; it cannot run in a "
+            "closed-loop replay"
+        )
     started = time.perf_counter()
     num_blocks = num_blocks_for(cache_tokens, block_size)
     evictor = build_evictor(spec, num_blocks, scale_per_s, fallback_probability, None)
