@@ -7,9 +7,12 @@ evict its blocks?". This evictor ranks a cached block by
 
 where S is the releasing conversation's return-time survival curve (any `ReturnCurveLike`:
 a learned model, Kaplan–Meier per turn, a trace's true return time), a = now − the release
-time, and W = the evictor's own measured eviction age: an exponentially weighted mean of the
-ages (release to eviction) of the cached blocks it evicted, so one rule serves a small GPU
-cache and a large CPU tier alike (`EvictionAgeEstimate`).
+time, and W = `window_multiplier` (4) × the evictor's own measured holding time, measured
+online so that one rule serves a small GPU cache and a large CPU tier alike: by default the
+turnover (queued cached blocks over the eviction rate, `TurnoverEstimate`), or the mean age
+at eviction (`EvictionAgeEstimate`). The multiplier is there because the blocks this policy
+keeps stay far longer than the blocks it gives up, which dominate either mean; 4 was chosen
+on the Mooncake trace's training part (docs/results.md, "An evictor that asks when").
 
 Pooling: a block released by several conversations keeps one claim (curve and release time)
 per conversation, the newest `max_claims` of them, and takes the largest of their scores
@@ -44,6 +47,9 @@ DEFAULT_INITIAL_WINDOW_S = 60.0
 DEFAULT_WINDOW_WEIGHT = 1.0 / 256.0  # per evicted block (the eviction-age rule)
 DEFAULT_TURNOVER_WEIGHT = 1.0 / 16.0  # per re-keying interval (the turnover rule)
 DEFAULT_WINDOW_RULE = "turnover"
+# W = 4 × the turnover: blocks the policy keeps stay far longer than the mean block, which
+# the ones it scores 0 pull down (docs/results.md, "An evictor that asks when").
+DEFAULT_WINDOW_MULTIPLIER = 4.0
 DEFAULT_MAX_CLAIMS = 4
 DEFAULT_FALLBACK_SCORE = 0.5
 
@@ -149,6 +155,7 @@ class ReturnWindowEvictor(PriorityEvictor):
         fallback_score: float = DEFAULT_FALLBACK_SCORE,
         window_rule: str = DEFAULT_WINDOW_RULE,
         turnover_weight: float = DEFAULT_TURNOVER_WEIGHT,
+        window_multiplier: float = DEFAULT_WINDOW_MULTIPLIER,
     ) -> None:
         if not rekey_interval_s >= 0 or math.isnan(rekey_interval_s):
             raise ValueError(f"rekey_interval_s must be >= 0, got {rekey_interval_s!r}")
@@ -158,7 +165,10 @@ class ReturnWindowEvictor(PriorityEvictor):
         self.rekey_interval_s = rekey_interval_s
         if window_rule not in WINDOW_RULES:
             raise ValueError(f"window_rule must be one of {WINDOW_RULES}, got {window_rule!r}")
+        if not math.isfinite(window_multiplier) or window_multiplier <= 0:
+            raise ValueError(f"window_multiplier must be > 0, got {window_multiplier!r}")
         self.window_rule = window_rule
+        self.window_multiplier = window_multiplier
         self.window: EvictionAgeEstimate | TurnoverEstimate = (
             TurnoverEstimate(initial_window_s, turnover_weight)
             if window_rule == "turnover"
@@ -175,9 +185,14 @@ class ReturnWindowEvictor(PriorityEvictor):
 
     # -- keys ------------------------------------------------------------------------------
 
+    @property
+    def window_s(self) -> float:
+        """W: the measured estimate times `window_multiplier` (1: the estimate itself)."""
+        return self.window.value_s * self.window_multiplier
+
     def score(self, claims: Sequence[Claim], now_s: float) -> float:
         """The block's score now: the largest P(return within W | silent a) of its claims."""
-        w, fallback = self.window.value_s, self.fallback_score
+        w, fallback = self.window_s, self.fallback_score
         return max(claim_score(c, now_s, w, fallback) for c in claims)
 
     def _claims_after(self, block_id: int, claim: Claim) -> tuple[Claim, ...]:
@@ -229,7 +244,7 @@ class ReturnWindowEvictor(PriorityEvictor):
                 window.observe_interval(self._queued, elapsed, self._evicted_since_rekey)
             self._evicted_since_rekey = 0
             self._window_since_s = now_s
-        w, fallback = window.value_s, self.fallback_score
+        w, fallback = self.window_s, self.fallback_score
         cache: dict[int, float] = {}
         heap = []
         for _, _, seq, run in self._heap:

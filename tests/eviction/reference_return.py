@@ -2,7 +2,8 @@
 
 Per free cached block it keeps the claims (curve, release time) of its conversations — the
 newest per conversation, at most `max_claims` — and at every eviction call scores every block
-by the largest P(return within W | silent a) of its claims, W the running estimate at the
+by the largest P(return within W | silent a) of its claims, W the running estimate (times the
+multiplier) at the
 call's start (the eviction-age rule, or the turnover rule updated as the call starts); no keys
 kept, no heap.
 """
@@ -13,7 +14,13 @@ import math
 from collections.abc import Iterable, Sequence
 
 from eviction import Evictor, FreedBlocks, Release
-from eviction.return_window import Claim, EvictionAgeEstimate, TurnoverEstimate, claim_score
+from eviction.return_window import (
+    DEFAULT_WINDOW_MULTIPLIER,
+    Claim,
+    EvictionAgeEstimate,
+    TurnoverEstimate,
+    claim_score,
+)
 
 
 class BruteForceReturnWindow(Evictor):
@@ -25,7 +32,9 @@ class BruteForceReturnWindow(Evictor):
         max_claims: int = 4,
         fallback_score: float = 0.5,
         window: EvictionAgeEstimate | TurnoverEstimate | None = None,
+        window_multiplier: float = DEFAULT_WINDOW_MULTIPLIER,
     ) -> None:
+        self.window_multiplier = window_multiplier
         self.max_claims = max_claims
         self.fallback = fallback_score
         self.window = EvictionAgeEstimate() if window is None else window
@@ -80,7 +89,7 @@ class BruteForceReturnWindow(Evictor):
                     self.window.observe_interval(len(self.free), elapsed, self.evicted_since)
                 self.evicted_since = 0
                 self.window_since_s = now_s
-        w = self.window.value_s
+        w = self.window.value_s * self.window_multiplier
         score = {b: self.value(b, now_s, w) for b in self.free}
         out = []
         for _ in range(n):
