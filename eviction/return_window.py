@@ -12,7 +12,8 @@ online so that one rule serves a small GPU cache and a large CPU tier alike: by 
 turnover (queued cached blocks over the eviction rate, `TurnoverEstimate`), or the mean age
 at eviction (`EvictionAgeEstimate`). The multiplier is there because the blocks this policy
 keeps stay far longer than the blocks it gives up, which dominate either mean; 4 was chosen
-on the Mooncake trace's training part (docs/results.md, "An evictor that asks when").
+on the Mooncake trace's training part (docs/results.md, "An evictor that asks when:
+P(return within W | silent a)").
 
 Pooling: a block released by several conversations keeps one claim (curve and release time)
 per conversation, the newest `max_claims` of them, and takes the largest of their scores
@@ -48,7 +49,8 @@ DEFAULT_WINDOW_WEIGHT = 1.0 / 256.0  # per evicted block (the eviction-age rule)
 DEFAULT_TURNOVER_WEIGHT = 1.0 / 16.0  # per re-keying interval (the turnover rule)
 DEFAULT_WINDOW_RULE = "turnover"
 # W = 4 × the turnover: blocks the policy keeps stay far longer than the mean block, which
-# the ones it scores 0 pull down (docs/results.md, "An evictor that asks when").
+# the ones it scores 0 pull down (docs/results.md, "An evictor that asks when: P(return
+# within W | silent a)").
 DEFAULT_WINDOW_MULTIPLIER = 4.0
 DEFAULT_MAX_CLAIMS = 4
 DEFAULT_FALLBACK_SCORE = 0.5
