@@ -47,15 +47,16 @@ class PluginConfig:
     carried by requests, else the fallback). `max_pending_predictions` bounds the predictions
     in flight or waiting to be consumed, so a slow predictor cannot grow memory without bound.
     `stats_log_interval_s` spaces the plugin's counter log lines (0: never). `metrics_port`
-    serves the counters in Prometheus text format on `metrics_host` (None: no server).
+    serves the counters in Prometheus text format on `metrics_host` (None: no server; a
+    data-parallel rank r serves on `metrics_port` + r).
     `request_log_dir` turns on the request log (`request_log`: one `lpc` trace line per
     finished request, for replays and retraining): daily files per process, rotated at
     `request_log_max_file_mb`; prompt text only with `request_log_text`; block ids keyed by
     `request_log_salt` (None: a random key kept in the folder); at most
     `request_log_queue_size` records waiting (more are dropped and counted, never waited for).
     `access_model` is an access-only artifact folder (or a registry folder, whose `current`
-    is followed) the plugin predicts with in process at each release; it looks for a newly
-    promoted one at most every `access_model_reload_s` (0: never). The conversation table
+    is followed) the plugin predicts with in process at each release; a background thread
+    looks for a newly promoted one every `access_model_reload_s` (0: never). The conversation table
     that feeds it holds at most `conversation_table_size` conversations and
     `conversation_table_max_tokens` previous-request tokens (least recently updated evicted
     first) and forgets a conversation idle longer than `conversation_expiry_s`.

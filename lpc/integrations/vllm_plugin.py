@@ -32,8 +32,10 @@ vLLM's `Request` and the plugin's `ConversationTable`):
     value                          vLLM source                         known at
     arrival time                   `Request.arrival_time` (epoch s)     arrival
     prompt tokens                  `Request.num_prompt_tokens`          arrival
-    shared prefix with previous    `Request.prompt_token_ids` vs the    arrival
-                                   table's previous prompt + output
+    shared prefix with previous    `Request.block_hashes` and one       arrival
+                                   block of `prompt_token_ids` vs the
+                                   table's previous request's hashes
+                                   and tokens (`conversation_table`)
     conversation id                `extra_args["lpc_conversation_id"]`  arrival
     turn, think times, age         the conversation's table entry       arrival
     output tokens                  `Request.num_output_tokens`          release
@@ -268,10 +270,6 @@ class PluginRuntime:
         finite number in [0, 1]: a request is never failed."""
         access = self.access
         assert access is not None
-        try:
-            access.maybe_reload(self.clock())
-        except Exception as error:  # maybe_reload counts what it foresees; this is the rest
-            self.stats.plugin_error("looking for a promoted access model", error)
         if self.board is not None:
             self.board.forget(request.request_id)
         try:
@@ -487,7 +485,7 @@ def build_runtime(
     runtime = PluginRuntime(config, counters, queues, client, board)
     # An injected clock stamps completions too, so arrivals and releases share a timeline.
     runtime.wall_clock = clock or time.time
-    runtime.access = load_access_runtime(config, counters, queues.clock())
+    runtime.access = load_access_runtime(config, counters)
     if runtime.access is not None:
         # Model-specific constants come from the artifact: lpc-pooled's horizon.
         queues.horizon_s = runtime.access.horizon_s
@@ -619,6 +617,8 @@ def _activate(registration: _Registration) -> None:
     core builds block pools, so the metrics server starts here rather than in `register()`.
     """
     config = registration.runtime.config
+    if registration.runtime.access is not None:
+        registration.runtime.access.start_background()  # reloads, token compaction
     if config.metrics_port is not None and registration.metrics is None:
         # The server reads the whole snapshot (counters, client, configuration), not only
         # `runtime.stats`, the plugin's counters.
@@ -642,6 +642,8 @@ def unregister() -> None:
                 setattr(owner, name, original)
         if registration.runtime.board is not None:
             registration.runtime.board.close()
+        if registration.runtime.access is not None:
+            registration.runtime.access.stop_background()
         if registration.metrics is not None:
             registration.metrics.close()
         if registration.runtime.request_log is not None:
