@@ -84,6 +84,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from time import perf_counter_ns
 from typing import Any
 
 from eviction.base import Release
@@ -91,7 +92,12 @@ from eviction.lpc import DEFAULT_FALLBACK_PROBABILITY
 from lpc.integrations import vllm_compat
 from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
-from lpc.integrations.metrics import MetricsServer, start_metrics_server
+from lpc.integrations.metrics import (
+    MetricsServer,
+    gate_state,
+    metrics_port_for,
+    start_metrics_server,
+)
 from lpc.integrations.plugin_request_log import PluginRequestLog
 from lpc.integrations.predictions import PredictionBoard, PredictionClient
 from lpc.integrations.request_hints import PROBABILITY_KEY, RequestHints, parse_hints
@@ -171,9 +177,11 @@ class PluginRuntime:
     def safe_release_for(self, request: Any) -> Release:
         """`release_for` for vLLM's hooks: it never raises. On an error in the plugin's own
         code the release gets the fallback p at the current time (stock vLLM's LRU place),
-        the error is counted in `plugin_errors` and its first occurrence logged."""
+        the error is counted in `plugin_errors` and its first occurrence logged. Its time is
+        the release latency histogram's observation."""
+        start_ns = perf_counter_ns()
         try:
-            return self.release_for(request)
+            release = self.release_for(request)
         except Exception as error:
             self.stats.plugin_error("a request's release", error)
             rid = getattr(request, "request_id", None)
@@ -183,7 +191,9 @@ class PluginRuntime:
                     self.board.forget(rid)
             else:
                 rid = None
-            return Release(self.clock(), None, rid)
+            release = Release(self.clock(), None, rid)
+        self.queues.histograms.release_latency_ns.observe(perf_counter_ns() - start_ns)
+        return release
 
     def safe_on_scheduled(self, request: Any) -> None:
         """`on_scheduled` for vLLM's hook: an error only costs the request its prediction."""
@@ -214,7 +224,9 @@ class PluginRuntime:
         if probability is not None and not is_probability(probability):
             self.stats.invalid_probability(f"the {_PROBABILITY_SOURCES[counter]}", probability)
             probability, counter = None, "fallbacks_used"
-        probability = None if probability is None else float(probability)
+        if probability is not None:
+            probability = float(probability)
+            self.queues.histograms.probability.observe(probability)
         self.stats.add(releases=1, **{counter: 1})
         now = self.clock()
         if self.config.stats_log_interval_s and now >= self.next_log_s:
@@ -616,16 +628,28 @@ def _activate(registration: _Registration) -> None:
     vLLM loads plugins in every process (API server, engine core, workers); only the engine
     core builds block pools, so the metrics server starts here rather than in `register()`.
     """
-    config = registration.runtime.config
-    if registration.runtime.access is not None:
-        registration.runtime.access.start_background()  # reloads, token compaction
+    runtime = registration.runtime
+    config = runtime.config
+    engine = runtime.queues.engine
+    if runtime.access is not None:
+        runtime.access.block_size = engine.hash_block_size
+        runtime.access.start_background()  # reloads and token compaction, off this thread
     if config.metrics_port is not None and registration.metrics is None:
         # The server reads the whole snapshot (counters, client, configuration), not only
-        # `runtime.stats`, the plugin's counters.
+        # `runtime.stats`, the plugin's counters. Each data-parallel engine core serves its
+        # own, on the port offset by its rank (`metrics_port_for`).
         registration.metrics = start_metrics_server(
-            stats_snapshot, config.metrics_host, config.metrics_port
+            stats_snapshot,
+            config.metrics_host,
+            metrics_port_for(config.metrics_port, engine.data_parallel_rank),
         )
-    logger.info("LPC eviction active in pid %d", os.getpid())
+    logger.info(
+        "LPC eviction active in pid %d (data-parallel rank %d from the %s; hash block size %s)",
+        os.getpid(),
+        engine.data_parallel_rank,
+        engine.rank_source,
+        engine.hash_block_size,
+    )
 
 
 def unregister() -> None:
@@ -680,6 +704,11 @@ def stats_snapshot() -> dict[str, Any]:
     client_stats = getattr(runtime.client, "stats", None)
     if client_stats is not None and hasattr(client_stats, "as_dict"):
         out["predictor_client"] = client_stats.as_dict()
-    out["evictor_horizon_s"] = runtime.queues.evictor_horizon_s
+    queues = runtime.queues
+    out["evictor_horizon_s"] = queues.evictor_horizon_s
+    out["dp_rank"] = queues.engine.data_parallel_rank
+    if queues.evictor is not None:
+        out.update(gate_state(queues.evictor))
+    out["histograms"] = {k: v.as_dict() for k, v in queues.histograms.snapshot().items()}
     out["config"] = runtime.config.as_dict()
     return out

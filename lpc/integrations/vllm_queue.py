@@ -28,7 +28,9 @@ the same everywhere.
 
 from __future__ import annotations
 
+import sys
 import time
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -40,6 +42,8 @@ from eviction.lpc import LPCEvictor
 from eviction.lpc_pooled import DEFAULT_MEMORY_WINDOW_S, DEFAULT_SHARED_HORIZON_S
 from eviction.registry import make_evictor
 from lpc.integrations.config import PluginConfig
+from lpc.integrations.engine_context import EngineContext, engine_context
+from lpc.integrations.histograms import PluginHistograms
 from lpc.integrations.stats import PluginStats
 
 Clock = Callable[[], float]
@@ -56,6 +60,10 @@ class QueueRuntime:
     # The loaded access model's label horizon (its artifact's `inputs.horizon_s`): what
     # `lpc-pooled` judges reuse and the model over. None: no model loaded, the default.
     horizon_s: float | None = None
+    histograms: PluginHistograms = field(default_factory=PluginHistograms)
+    # Learned from vLLM's constructors when the first queue is built (`engine_context`).
+    engine: EngineContext = field(default_factory=EngineContext)
+    evictor: LPCEvictor | None = None  # the latest queue's (its trust gate is exported)
     _release: ContextVar[Release | None] = field(
         default_factory=lambda: ContextVar("lpc_release", default=None)
     )
@@ -64,6 +72,10 @@ class QueueRuntime:
     def queue_built(self) -> None:
         if not self._active:
             self._active = True
+            try:
+                self.engine = engine_context(sys._getframe(1))
+            except Exception as error:  # unknown block size, rank 0: still correct
+                self.stats.plugin_error("reading the engine's block size and rank", error)
             if self.activate is not None:
                 try:
                     self.activate()
@@ -116,18 +128,8 @@ class QueueRuntime:
             **options,
         )
         assert isinstance(evictor, LPCEvictor), f"{c.evictor} is not an LPC evictor"
+        self.evictor = evictor
         return evictor
-
-
-def block_depth(block: Any) -> int:
-    """A block's depth in its sequence, in tokens its hash covers (0 when unknown).
-
-    `LPCEvictor` compares depths only with each other, to evict the deeper of two blocks with
-    equal keys, so the token count (block index + 1 times the block size) orders blocks
-    exactly as their index does, without knowing the group's block size.
-    """
-    tokens = block.block_hash_num_tokens
-    return tokens if tokens is not None else 0
 
 
 class LPCFreeBlockQueue:
@@ -148,6 +150,8 @@ class LPCFreeBlockQueue:
                     "block ids equal to their positions in the pool"
                 )
         self._blocks = list(blocks)
+        # Each block's last release time (the queue's clock): its age when evicted.
+        self._released_s = array("d", bytes(8 * len(blocks)))
         self._evictor = self.runtime.new_evictor(len(blocks))
         self._evictor.reset(range(len(blocks)))
         self.runtime.queue_built()
@@ -162,7 +166,10 @@ class LPCFreeBlockQueue:
             raise ValueError("No free blocks available")
         block = self._blocks[self._evictor.pop()]
         if block.block_hash is not None:
-            self.runtime.stats.add(evictions=1)
+            runtime = self.runtime
+            runtime.stats.add(evictions=1)
+            age = runtime.clock() - self._released_s[block.block_id]
+            runtime.histograms.eviction_age_s.observe(age)
         return block
 
     def popleft_n(self, n: int) -> list[Any]:
@@ -175,7 +182,29 @@ class LPCFreeBlockQueue:
         evicted = sum(1 for block in popped if block.block_hash is not None)
         if evicted:
             self.runtime.stats.add(evictions=evicted)
+            self._observe_eviction_ages(popped)
         return popped
+
+    def _observe_eviction_ages(self, popped: list[Any]) -> None:
+        """Eviction ages of the cached blocks among `popped`: one observation per run of
+        blocks released together (equal release times), not one per block."""
+        runtime = self.runtime
+        now = runtime.clock()
+        released = self._released_s
+        observe = runtime.histograms.eviction_age_s.observe_n
+        last, times = None, 0
+        for block in popped:
+            if block.block_hash is None:
+                continue
+            t = released[block.block_id]
+            if t == last:
+                times += 1
+                continue
+            if times:
+                observe(now - last, times)
+            last, times = t, 1
+        if times:
+            observe(now - last, times)
 
     def remove(self, block: Any) -> None:
         try:
@@ -192,11 +221,18 @@ class LPCFreeBlockQueue:
             return
         runtime = self.runtime
         freed = _freed(blocks)
+        release = runtime.current_release()
         try:
-            self._evictor.push_cached(freed, runtime.current_release())
+            self._evictor.push_cached(freed, release)
         except Exception as error:
             runtime.stats.plugin_error("the LPC queue's append", error)
             self._append_as_lru(freed)
+        try:  # for the eviction-age histogram
+            released, now = self._released_s, release.time_s
+            for block_id in freed.block_ids:
+                released[block_id] = now
+        except Exception as error:
+            runtime.stats.plugin_error("the LPC queue's release times", error)
         runtime.stats.add(cached_blocks_released=len(blocks))
 
     def _append_as_lru(self, freed: FreedBlocks) -> None:
@@ -264,10 +300,13 @@ class LPCFreeBlockQueue:
 
 
 def _freed(blocks: Sequence[Any]) -> FreedBlocks:
-    # Fresh lists: the evictor keeps references to them.
+    # Fresh lists: the evictor keeps references to them. A block's depth is the token count
+    # its hash covers (0 when unknown): `LPCEvictor` compares depths only with each other, to
+    # evict the deeper of two blocks with equal keys, so (index + 1) · block size orders blocks
+    # exactly as their index does, without knowing the group's block size.
     return FreedBlocks(
         [block.block_id for block in blocks],
-        [block_depth(block) for block in blocks],
+        [block.block_hash_num_tokens or 0 for block in blocks],
         [block.block_hash for block in blocks],
     )
 

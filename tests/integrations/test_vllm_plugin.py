@@ -873,6 +873,7 @@ config = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[KVCac
 KVCacheManager(config, max_model_len=64, scheduler_block_size=4, hash_block_size=4,
                enable_caching=True)
 print(urllib.request.urlopen(url, timeout=5).read().decode())
+print("ENGINE", vllm_plugin._REGISTRATION.runtime.queues.engine)
 vllm_plugin.unregister()
 """
 
@@ -882,4 +883,6 @@ def test_metrics_are_served_by_the_process_that_owns_the_cache(vllm_python: Path
     builds a block pool (the engine core) may bind the metrics port."""
     out = run_snippet(vllm_python, METRICS_IN_ENGINE)
     assert "NOT SERVED BEFORE ANY POOL" in out
-    assert "lpc_releases_total 0.0" in out and "lpc_evictions_total" in out
+    assert 'lpc_releases_total{dp_rank="0"} 0.0' in out and "lpc_evictions_total" in out
+    # The hash block size read from vLLM's own BlockPool building the queue; no DP rank.
+    assert "EngineContext(hash_block_size=4, data_parallel_rank=0, rank_source='default')" in out
