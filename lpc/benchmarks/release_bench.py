@@ -159,9 +159,7 @@ class Conversation:
         message = [150_000 + rng.randrange(1_000) for _ in range(MESSAGE_TOKENS)]
         output = [rng.randrange(150_000) for _ in range(OUTPUT_TOKENS)]
         prompt = self.history + message
-        tail = chained_hashes(
-            (message + output)[: len(message + output)], self.block_size, self.history_hashes[-1]
-        )
+        tail = chained_hashes(message + output, self.block_size, self.history_hashes[-1])
         self.turn += 1
         return BenchRequest(
             f"{self.name}-{self.turn}",
