@@ -1,9 +1,8 @@
 """The plugin's in-process access model without vLLM: the conversation table's bounds, features
-from engine state equal to the trace table's, the load error, and reload on a fake clock."""
+from engine state equal to the trace table's, the load error, reload checks and the background thread."""
 
 from __future__ import annotations
 
-import hashlib
 import random
 import shutil
 import sys
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 
 from lpc.access.table import request_table
+from lpc.benchmarks.release_bench import chained_hashes
 from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
 from lpc.integrations.conversation_table import (
@@ -79,18 +79,6 @@ def test_shared_prefix_of_token_arrays() -> None:
     assert shared_prefix_tokens(None, array("i", [1])) == 0
 
 
-def chained_hashes(tokens: list[int], block_size: int, salt: str = "") -> list[bytes]:
-    """vLLM's shape of `Request.block_hashes`: one hash per full block, each over its parent's
-    hash and its tokens (and, on the first block, extra keys such as a cache salt)."""
-    out: list[bytes] = []
-    parent = salt.encode()
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        block = array("q", tokens[start : start + block_size]).tobytes()
-        parent = hashlib.sha256(parent + block).digest()
-        out.append(parent)
-    return out
-
-
 @dataclass
 class SequenceRequest:
     """What `StoredSequence.of_request` reads of vLLM's request."""
@@ -128,7 +116,7 @@ def test_the_shared_prefix_from_block_hashes_equals_the_token_level_one() -> Non
         )
         if rng.random() < 0.5:
             assert stored.compact()
-        hashes = chained_hashes(prompt + output, block_size, salt)
+        hashes = chained_hashes(prompt + output, block_size, salt.encode())
         if rng.random() < 0.1:
             hashes = []  # prefix caching off: no hashes
         known_size = None if rng.random() < 0.1 else block_size
