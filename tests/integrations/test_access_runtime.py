@@ -1,5 +1,6 @@
 """The plugin's in-process access model without vLLM: the conversation table's bounds, features
-from engine state equal to the trace table's, the load error, reload checks and the background thread."""
+from engine state equal to the trace table's, the shared prefix from block hashes, the load
+error, reload checks and the background thread."""
 
 from __future__ import annotations
 
