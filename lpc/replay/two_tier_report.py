@@ -83,11 +83,12 @@ def plot_two_tier(path: Path, results: Sequence[TwoTierResult]) -> None:
     series: dict[tuple[str, str, int], list[TwoTierResult]] = {}
     for r in results:
         series.setdefault((r.policy, r.offload_policy, r.cache_tokens), []).append(r)
+    several_sizes = len({r.cache_tokens for r in results}) > 1
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for (gpu, cpu, size), rows in series.items():
         rows = sorted(rows, key=lambda r: r.offload_tokens)
         xs = [r.offload_tokens / 1e6 for r in rows]
-        label = f"{gpu} / {cpu}" + (f" @ {_tokens(size)}" if len(series) > 1 else "")
+        label = f"{gpu} / {cpu}" + (f" @ {_tokens(size)}" if several_sizes else "")
         (line,) = ax.plot(xs, [r.hit_ratio * 100 for r in rows], "-", marker="o", label=label)
         ax.plot(xs, [r.device_hit_ratio * 100 for r in rows], ":", color=line.get_color())
     ax.set_xlabel("CPU tier size (M tokens)")
