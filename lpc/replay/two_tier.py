@@ -74,6 +74,17 @@ class TwoTierResult:
         return d
 
 
+@dataclass(frozen=True, slots=True)
+class RequestTiers:
+    """Where one request's prompt was served: `device_blocks` from the GPU, then
+    `host_blocks` from the CPU, out of `max_blocks` a hit may cover (for checks against vLLM)."""
+
+    index: int
+    device_blocks: int
+    host_blocks: int
+    max_blocks: int
+
+
 @dataclass(frozen=True)
 class TierSettings:
     """What `lpc ab --offload-sizes` adds: the CPU tier's sizes, policies and store threshold,
@@ -94,8 +105,10 @@ def replay_two_tier(
     settings: ReplaySettings,
     store_threshold: int = 0,
     latency: TierLatency | None = None,
+    per_request: list[RequestTiers] | None = None,
 ) -> TwoTierResult:
-    """One pair of policies at one GPU size and one CPU size (see the module)."""
+    """One pair of policies at one GPU size and one CPU size (see the module). With
+    `per_request`, every request the GPU pool held is appended to it in arrival order."""
     started = time.perf_counter()
     latency = latency or TierLatency()
     block_size = workload.block_size
@@ -156,6 +169,8 @@ def replay_two_tier(
             before = (host.counters.stored_chunks, host.counters.evictions)
             prompt_blocks = request.num_prompt_tokens // block_size
             host.offer(rid, hashes[:prompt_blocks], time_s, request.conversation_id)
+            if per_request is not None:
+                per_request.append(RequestTiers(i, device_blocks, host_blocks, max_blocks))
             if counted:
                 counted_stores += host.counters.stored_chunks - before[0]
                 counted_evictions += host.counters.evictions - before[1]
