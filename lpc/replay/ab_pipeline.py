@@ -109,6 +109,11 @@ class ABOptions:
     progress: bool = True
     tiers: TierSettings | None = None  # --offload-sizes: a CPU tier below the GPU cache
 
+    @property
+    def replayed_policies(self) -> tuple[PolicySpec, ...]:
+        """The GPU tier's policies and the CPU tier's: the probability sources serve both."""
+        return self.policies + (self.tiers.offload_policies if self.tiers else ())
+
 
 @dataclass
 class ABContext:
@@ -285,7 +290,7 @@ def _load(options: ABOptions, log: Callable[[str], None]) -> _Loaded:
     if options.trace is not None:
         _check_trace_readable(options)
     tokenizer = default_chat_tokenizer()
-    needed = _sources_needed(options.policies, options.trace_probabilities)
+    needed = _sources_needed(options.replayed_policies, options.trace_probabilities)
     needs_train = bool(needed - {"oracle", "trace"}) or options.fallback_probability is None
     trace_has_training_part = options.trace is not None and options.split_at != 0
     if trace_has_training_part:
@@ -361,7 +366,8 @@ def _no_training_part_note(
     note: dict[str, Any] = {"reason": reason}
     if left_out:
         note["left_out"] = list(left_out)
-    gaps = _sources_needed(options.policies, options.trace_probabilities) & {"model", "trace"}
+    needed = _sources_needed(options.replayed_policies, options.trace_probabilities)
+    gaps = needed & {"model", "trace"}
     if options.fallback_probability is None and gaps:
         note["fallback_probability"] = DEFAULT_FALLBACK_PROBABILITY
     return note
@@ -390,7 +396,7 @@ def _check_trace_readable(options: ABOptions) -> None:
     if (
         fmt != "lpc"
         and options.model_reads_text
-        and "model" in _sources_needed(options.policies, options.trace_probabilities)
+        and "model" in _sources_needed(options.replayed_policies, options.trace_probabilities)
     ):
         raise InvalidInputError(
             f"the learned predictor reads user prompts; a {fmt} trace has no text "
@@ -612,7 +618,7 @@ def _fit_sources(
     """Stage 3: the probability sources the policies read, built once the training part is
     known, and LPC's fallback p (the fitted continuation rate unless --fallback-p)."""
     options = work.options
-    names = _sources_needed(options.policies, options.trace_probabilities)
+    names = _sources_needed(options.replayed_policies, options.trace_probabilities)
     sources = _build_sources(names, context, model_factory)
     fallback = (
         context.base_rate if options.fallback_probability is None else options.fallback_probability

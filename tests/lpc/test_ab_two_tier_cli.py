@@ -60,6 +60,32 @@ def test_offload_sizes_add_two_tier_figures_and_change_nothing_else(
     assert not (tmp_path / "one" / "two_tier.csv").exists()
 
 
+def test_a_cpu_policy_gets_its_probability_source(
+    chats: Path,  # noqa: F811
+    tmp_path: Path,
+    capsys,
+) -> None:
+    """lpc-turns only in the CPU tier: its source is fitted although no GPU policy reads it."""
+    result = run_json(
+        [
+            "ab",
+            "--dataset",
+            str(chats),
+            *COMMON,
+            "--policies",
+            "lru",
+            "--offload-sizes",
+            "12K",
+            "--offload-policies",
+            "lpc-turns",
+            "--out",
+            str(tmp_path),
+        ],
+        capsys,
+    )
+    assert [r["offload_policy"] for r in result["two_tier"]["results"]] == ["lpc-turns"] * 2
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
