@@ -24,6 +24,7 @@ from eviction.lpc import (
     DEFAULT_PROBABILITY_FLOOR,
     DEFAULT_SCALE_PER_S,
 )
+from lpc.integrations.engine_checks import ALLOW_VARIABLE, parse_allowed
 
 CONFIG_FILE_VARIABLE = "LPC_CONFIG"
 
@@ -59,6 +60,9 @@ class PluginConfig:
     that feeds it holds at most `conversation_table_size` conversations and
     `conversation_table_max_tokens` previous-request tokens (least recently updated evicted
     first) and forgets a conversation idle longer than `conversation_expiry_s`.
+    `allow_unverified` names engine configurations the plugin is not verified with that it
+    may run in anyway (`engine_checks`: `kv-groups`, `speculative-decoding`; empty: refuse
+    them when the engine starts).
     """
 
     evictor: str = "lpc-pooled"
@@ -83,6 +87,7 @@ class PluginConfig:
     conversation_table_size: int = 100_000
     conversation_expiry_s: float = 3600.0
     conversation_table_max_tokens: int = 50_000_000
+    allow_unverified: str = ""
 
     def __post_init__(self) -> None:
         for spec in _FIELDS.values():
@@ -162,6 +167,15 @@ def _check_port(name: str, value: Any) -> None:
 def _check_host(name: str, value: Any) -> None:
     if not isinstance(value, str) or not value:
         raise PluginConfigError(f"{name} must be a host name or address, got {value!r}")
+
+
+def _check_unverified(name: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise PluginConfigError(f"{name} must be a comma-separated string, got {value!r}")
+    try:
+        parse_allowed(value)
+    except ValueError as error:
+        raise PluginConfigError(f"{name}={value!r}: {error}") from None
 
 
 def _check_bool(name: str, value: Any) -> None:
@@ -258,6 +272,7 @@ _FIELDS: dict[str, _FieldSpec] = {
             _parse_int,
             _check_count,
         ),
+        _FieldSpec("allow_unverified", ALLOW_VARIABLE, str, _check_unverified),
     )
 }
 ENVIRONMENT_VARIABLES: dict[str, str] = {spec.variable: spec.name for spec in _FIELDS.values()}

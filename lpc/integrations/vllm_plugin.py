@@ -44,6 +44,12 @@ vLLM's `Request` and the plugin's `ConversationTable`):
 A finished request then replaces its conversation's entry (a preempted one does not), also
 when it carried its own `lpc_probability`, so the conversation's history stays complete.
 
+Preemption: a request vLLM frees before it finishes (`is_unfinished`: preempted under KV
+pressure, or a failed KV load to retry) gets a `ProtectedRelease` instead (`preemption_release`,
+counted in `preemptions`): its blocks are queued after every free block, the way LRU queues them
+last, so the KV it needs again when rescheduled — usually milliseconds later — is the last to be
+evicted. Its probability is not asked for, and its hints stay for the release that finishes it.
+
 Call flow. A release (time, probability, conversation) is made once per request, in
 `PluginRuntime.release_for`, and reaches the LPC queue by one of three routes, depending on
 how vLLM frees the request's blocks:
@@ -86,7 +92,7 @@ from typing import Any
 
 from eviction.base import Release
 from eviction.lpc import DEFAULT_FALLBACK_PROBABILITY
-from lpc.integrations import vllm_compat
+from lpc.integrations import engine_checks, vllm_compat
 from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
 from lpc.integrations.metrics import MetricsServer, start_metrics_server
@@ -94,7 +100,13 @@ from lpc.integrations.plugin_request_log import PluginRequestLog
 from lpc.integrations.predictions import PredictionBoard, PredictionClient
 from lpc.integrations.request_hints import PROBABILITY_KEY, RequestHints, parse_hints
 from lpc.integrations.stats import PluginStats, is_probability
-from lpc.integrations.vllm_queue import Clock, LPCFreeBlockQueue, QueueRuntime, bind_queue_class
+from lpc.integrations.vllm_queue import (
+    Clock,
+    LPCFreeBlockQueue,
+    ProtectedRelease,
+    QueueRuntime,
+    bind_queue_class,
+)
 
 # A child of vLLM's logger, so the plugin's lines appear in vLLM's log with its format.
 logger = logging.getLogger("vllm.plugins.lpc")
@@ -163,8 +175,23 @@ class PluginRuntime:
             board.ask(rid, hints.prediction_item(engine_prompt_tokens(request)))
 
     def release_for(self, request: Any) -> Release:
-        """The probability, time and conversation of a request releasing its blocks."""
+        """The probability, time and conversation of a request releasing its blocks; for a
+        request that is not finished (preempted), a `ProtectedRelease`."""
+        if is_unfinished(request):
+            return self.preemption_release(request)
         return self.release_and_source(request)[0]
+
+    def preemption_release(self, request: Any) -> ProtectedRelease:
+        """A preempted request's release: its blocks go after every free block until it is
+        rescheduled (it will need them in milliseconds). Nothing is predicted, logged or
+        recorded in the conversation table, and its hints and prediction stay for the release
+        that finishes it."""
+        rid = request.request_id
+        hints = self.hints.get(rid)
+        if hints is None:
+            hints = self.hints[rid] = self.hints_for(request)
+        self.stats.add(preemptions=1)
+        return ProtectedRelease(self.clock(), None, hints.conversation_id or rid)
 
     def safe_release_for(self, request: Any) -> Release:
         """`release_for` for vLLM's hooks: it never raises. On an error in the plugin's own
@@ -336,6 +363,14 @@ def engine_prompt_tokens(request: Any) -> int | None:
     return None
 
 
+def is_unfinished(request: Any) -> bool:
+    """True when vLLM frees a request's blocks before it finishes: `Scheduler._preempt_request`
+    frees them while the request is still RUNNING, and a failed KV load frees them to retry
+    locally. A request without vLLM's `is_finished()` counts as finished."""
+    is_finished = getattr(request, "is_finished", None)
+    return callable(is_finished) and not is_finished()
+
+
 def _runtime_of(pool: Any) -> PluginRuntime | None:
     """The active runtime if this pool's queue is LPC's (else the pool is stock vLLM)."""
     registration = _REGISTRATION
@@ -434,6 +469,28 @@ def _wrap_get_computed_blocks(original: Any) -> Any:
     return get_computed_blocks
 
 
+def _wrap_scheduler_init(original: Any) -> Any:
+    """Refuse to build a scheduler whose engine configuration the plugin is not verified with
+    (`engine_checks`), before vLLM builds anything; the allowed ones are logged."""
+
+    @functools.wraps(original)
+    def __init__(self: Any, vllm_config: Any, kv_cache_config: Any, *args: Any, **kwargs: Any):
+        registration = _REGISTRATION
+        if registration is not None:
+            config = registration.runtime.config
+            allowed = engine_checks.parse_allowed(config.allow_unverified)
+            for item in engine_checks.check_engine(vllm_config, kv_cache_config, allowed):
+                logger.warning(
+                    "LPC eviction runs with %s, which it is not verified with (%s=%s)",
+                    item.what,
+                    engine_checks.ALLOW_VARIABLE,
+                    config.allow_unverified,
+                )
+        return original(self, vllm_config, kv_cache_config, *args, **kwargs)
+
+    return __init__
+
+
 def make_predictor_client(config: PluginConfig) -> PredictionClient | None:
     """The project's predictor RPC client for `config.predictor_url` (None when unset)."""
     if config.predictor_url is None:
@@ -443,8 +500,9 @@ def make_predictor_client(config: PluginConfig) -> PredictionClient | None:
     except ImportError as error:
         raise PluginConfigError(
             f"LPC_PREDICTOR_URL is {config.predictor_url!r} but the predictor client cannot be "
-            f"imported ({error}); install the client's dependencies in vLLM's environment "
-            "(`pip install httpx`) or unset LPC_PREDICTOR_URL to use the fallback p only"
+            f"imported ({error}); install the LPC core into vLLM's environment with its "
+            "dependencies (`pip install lpc`: it brings httpx, the client's HTTP library) or unset "
+            "LPC_PREDICTOR_URL to use the fallback p only"
         ) from None
     return client_module.PredictorClient(
         config.predictor_url, timeout_s=config.predictor_timeout_s, token=config.predictor_token
@@ -459,6 +517,7 @@ def _import_vllm() -> dict[str, Any]:
         "kv_cache_manager": "vllm.v1.core.kv_cache_manager",
         "request_module": "vllm.v1.request",
         "sampling_params": "vllm.sampling_params",
+        "scheduler": "vllm.v1.core.sched.scheduler",
     }
     return {key: importlib.import_module(module) for key, module in names.items()}
 
@@ -560,6 +619,7 @@ def _check_vllm(modules: dict[str, Any]) -> None:
         modules["kv_cache_manager"],
         modules["request_module"],
         modules["sampling_params"],
+        modules["scheduler"],
     )
     if problems:
         raise vllm_compat.IncompatibleVllmError(
@@ -570,13 +630,16 @@ def _check_vllm(modules: dict[str, Any]) -> None:
 
 
 def _patches(modules: dict[str, Any], runtime: PluginRuntime) -> list[tuple[Any, str, Any]]:
-    """(owner, attribute, replacement) for everything the plugin patches: the free-block queue
+    """(owner, attribute, replacement) for everything the plugin patches: the scheduler's
+    constructor (refusing unverified engine configurations), the free-block queue
     class, the frees, and the hooks only a predictor (allocate_slots) or a request log
     (get_computed_blocks) needs."""
     block_pool = modules["block_pool"]
     pool_class = block_pool.BlockPool
     manager_class = modules["kv_cache_manager"].KVCacheManager
+    scheduler_class = modules["scheduler"].Scheduler
     patches: list[tuple[Any, str, Any]] = [
+        (scheduler_class, "__init__", _wrap_scheduler_init(scheduler_class.__init__)),
         (block_pool, "FreeKVCacheBlockQueue", bind_queue_class(runtime.queues)),
         (pool_class, "free_blocks", _wrap_free_blocks(pool_class.free_blocks)),
         (manager_class, "free", _wrap_manager_free(manager_class.free)),
