@@ -8,6 +8,11 @@ not return within the grid, "never" included: the data cannot tell a return afte
 none, and the evictor's windows are far shorter. `ReturnCurve` interpolates between the grid
 points (linearly in log time), the same interpolation the training likelihood uses.
 
+An artifact may hold several such networks (`members`, trained from different seeds) side
+by side as one wider network (the first layer's outputs stacked, later layers
+block-diagonal), whose last layer gives each member's K logits in turn; the served curve is
+the members' average S, itself a survival curve (a mixture), so it stays one `ReturnCurve`.
+
 The artifact is a folder of `metadata.json` (what it predicts, the grid, the features with
 the mean and standard deviation each is standardised with, the layer sizes, the weights'
 sha256, the training report) and `model.safetensors` (numpy-readable; no torch needed).
@@ -59,7 +64,8 @@ class ReturnModelMetadata:
 
     grid_s: tuple[float, ...]  # 0 = t_0 < t_1 < … < t_K: one hazard per interval
     inputs: tuple[ReturnInput, ...]
-    hidden_sizes: tuple[int, ...]
+    hidden_sizes: tuple[int, ...]  # of the whole (merged) network
+    members: int = 1  # networks side by side; the curve is their average S
     time_origin: str = "completion"  # durations count from this request's completion
     predicts: str = PREDICTS
     known_at: str = "release"
@@ -86,6 +92,7 @@ class ReturnModelMetadata:
             grid_s=tuple(float(t) for t in record["grid_s"]),
             inputs=tuple(ReturnInput(**i) for i in record["inputs"]),
             hidden_sizes=tuple(int(h) for h in record["hidden_sizes"]),
+            members=int(record.get("members", 1)),
             time_origin=record["time_origin"],
             predicts=record["predicts"],
             known_at=record["known_at"],
@@ -97,12 +104,14 @@ class ReturnModelMetadata:
         )
 
 
-def survival_from_logits(logits: np.ndarray) -> np.ndarray:
-    """(n, K) hazard logits → (n, K + 1) survival at the grid points, S(t_0) = 1.
-    log(1 − sigmoid(x)) = −softplus(x), computed without overflow."""
-    log_keep = -np.logaddexp(0.0, np.asarray(logits, np.float64))
-    cumulative = np.cumsum(log_keep, axis=1)
-    return np.concatenate([np.ones((cumulative.shape[0], 1)), np.exp(cumulative)], axis=1)
+def survival_from_logits(logits: np.ndarray, members: int = 1) -> np.ndarray:
+    """(n, members · K) hazard logits → (n, K + 1) survival at the grid points, S(t_0) = 1,
+    the members' average. log(1 − sigmoid(x)) = −softplus(x), computed without overflow."""
+    logits = np.asarray(logits, np.float64)
+    n = logits.shape[0]
+    log_keep = -np.logaddexp(0.0, logits.reshape(n, members, -1))
+    survival = np.exp(np.cumsum(log_keep, axis=2)).mean(axis=1)
+    return np.concatenate([np.ones((n, 1)), survival], axis=1)
 
 
 class ReturnTimePredictor:
@@ -126,7 +135,9 @@ class ReturnTimePredictor:
         self.mean = np.array([i.mean for i in metadata.inputs], np.float32)
         self.scale = np.array([1.0 / i.std for i in metadata.inputs], np.float32)
         self.weights, self.biases = weights, biases
-        expected = [len(self.feature_names), *metadata.hidden_sizes, len(self.grid_s) - 1]
+        self.members = metadata.members
+        outputs = self.members * (len(self.grid_s) - 1)
+        expected = [len(self.feature_names), *metadata.hidden_sizes, outputs]
         shapes = [w.shape for w in weights]
         if (
             shapes != list(itertools.pairwise(expected))
@@ -156,7 +167,7 @@ class ReturnTimePredictor:
         x = np.asarray(features, np.float32)
         if x.ndim != 2 or x.shape[1] != len(self.feature_names):
             raise ValueError(f"expected features (n, {len(self.feature_names)}), got {x.shape}")
-        return survival_from_logits(self.logits(x))
+        return survival_from_logits(self.logits(x), self.members)
 
     def curves(self, features: np.ndarray) -> list[ReturnCurve]:
         return [ReturnCurve(self.grid_s, s) for s in self.survival(features)]
@@ -171,7 +182,11 @@ class ReturnTimePredictor:
         logits = (hidden @ self.weights[-1] + self.biases[-1]).astype(np.float64)
         survival = np.empty(len(self.grid_s))
         survival[0] = 1.0
-        np.exp(-np.cumsum(np.logaddexp(0.0, logits)), out=survival[1:])
+        if self.members == 1:
+            np.exp(-np.cumsum(np.logaddexp(0.0, logits)), out=survival[1:])
+        else:
+            log_keep = -np.logaddexp(0.0, logits.reshape(self.members, -1))
+            survival[1:] = np.exp(np.cumsum(log_keep, axis=1)).mean(axis=0)
         return ReturnCurve(self.grid_s, survival)
 
     @classmethod

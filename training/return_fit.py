@@ -14,6 +14,10 @@ Every choice is made on the training part by a rule fixed before the evaluation 
   `SIMPLER_MARGIN_NATS` per row.
 - **The epochs**: early stopping on the validation slice's negative log-likelihood; the model
   served is then trained from scratch on the whole training part for that many epochs.
+- **An ensemble**: `ENSEMBLE_MEMBERS` networks of the chosen kind from consecutive seeds,
+  each early-stopped on its own, their curves averaged (a mixture of survival curves, whose
+  likelihood is the members' average); served instead of the single network only when its
+  validation log-likelihood is better by more than `SIMPLER_MARGIN_NATS` per row.
 
 The likelihood is censoring-aware and matches the curve the predictor serves: with S(t)
 interpolated between grid points as `ReturnCurve` does, a return observed at t in interval k
@@ -27,7 +31,7 @@ Training drops the constant; comparing grids keeps it (a density, comparable acr
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -41,6 +45,7 @@ GRID_FIRST_S = 5.0
 GRID_COUNTS = (8, 12, 16)  # grid points after 0
 HIDDEN_CANDIDATES: tuple[tuple[int, ...], ...] = ((), (32,), (32, 32))
 SIMPLER_MARGIN_NATS = 0.002
+ENSEMBLE_MEMBERS = 4
 KM_MIN_ROWS_PER_TURN = 100  # turns with fewer training rows share the pooled tail's curve
 KM_GRID_COUNT = 64
 
@@ -164,13 +169,44 @@ def _subset(prepared: _Prepared, rows) -> tuple[Any, IntervalIndex, np.ndarray]:
     )
 
 
-def _mean_nll(model, prepared: _Prepared) -> float:
-    """Mean negative log-density per row (the grid's constant included)."""
+def _row_log_density(model, prepared: _Prepared) -> np.ndarray:
+    """Per row, the log-density (the grid's constant included)."""
     import torch
 
     with torch.no_grad():
         ll = log_likelihood(model(prepared.x), prepared.index, prepared.observed).numpy()
-    return float(-(ll + prepared.constant).mean())
+    return ll.astype(np.float64) + prepared.constant
+
+
+def _mean_nll(model, prepared: _Prepared) -> float:
+    return float(-_row_log_density(model, prepared).mean())
+
+
+def mixture_nll(row_log_densities: list[np.ndarray]) -> float:
+    """Mean negative log-density of the average of the members' curves: each row's
+    likelihood (a probability, a density or a survival, all linear in S) is the members'
+    average."""
+    stacked = np.stack(row_log_densities)
+    top = stacked.max(axis=0)
+    mixed = top + np.log(np.exp(stacked - top).mean(axis=0))
+    return float(-mixed.mean())
+
+
+def merge_networks(
+    members: list[tuple[list[np.ndarray], list[np.ndarray]]],
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Networks side by side as one: the first layer's outputs stacked, every later layer
+    block-diagonal, so the last layer gives each member's logits in turn."""
+    from scipy.linalg import block_diag
+
+    weights, biases = [], []
+    for layer in range(len(members[0][0])):
+        parts = [m[0][layer] for m in members]
+        weights.append(
+            np.concatenate(parts, axis=1) if layer == 0 else block_diag(*parts).astype(np.float32)
+        )
+        biases.append(np.concatenate([m[1][layer] for m in members]))
+    return weights, biases
 
 
 def train_hazard(
@@ -225,6 +261,8 @@ class ReturnFitResult:
     std: np.ndarray
     candidates: list[dict[str, Any]] = field(default_factory=list)
     fit_seconds: float = 0.0
+    members: int = 1
+    ensemble: dict[str, Any] = field(default_factory=dict)
 
     def metadata(self, feature_names: tuple[str, ...], **extra: Any) -> ReturnModelMetadata:
         return ReturnModelMetadata(
@@ -233,7 +271,8 @@ class ReturnFitResult:
                 ReturnInput(n, float(m), float(s))
                 for n, m, s in zip(feature_names, self.mean, self.std, strict=True)
             ),
-            hidden_sizes=self.hidden,
+            hidden_sizes=tuple(h * self.members for h in self.hidden),
+            members=self.members,
             **extra,
         )
 
@@ -272,11 +311,37 @@ def fit_return_model(samples: ReturnSamples, config: ReturnFitConfig) -> ReturnF
     chosen = choose_candidate(candidates)
     grid = log_spaced_edges(GRID_FIRST_S, last_s, chosen["grid_count"])
     hidden = tuple(chosen["hidden"])
-    mean, std = _standardisation(training.features)
-    model, _, _ = train_hazard(
-        _prepare(training, grid, mean, std), None, hidden, len(grid) - 1, config, chosen["epochs"]
+    train_p, val_p = _prepare(fit, grid, mean, std), _prepare(validation, grid, mean, std)
+    member_epochs, densities = [], []
+    for seed in range(config.seed, config.seed + ENSEMBLE_MEMBERS):
+        member, epoch, _ = train_hazard(
+            train_p, val_p, hidden, len(grid) - 1, replace(config, seed=seed), config.max_epochs
+        )
+        member_epochs.append(epoch)
+        densities.append(_row_log_density(member, val_p))
+    ensemble = {
+        "members": ENSEMBLE_MEMBERS,
+        "member_epochs": member_epochs,
+        "single_val_nll": float(-densities[0].mean()),
+        "ensemble_val_nll": mixture_nll(densities),
+    }
+    ensemble["adopted"] = (
+        ensemble["single_val_nll"] - ensemble["ensemble_val_nll"] > SIMPLER_MARGIN_NATS
     )
-    weights, biases = _numpy_layers(model)
+    served_epochs = member_epochs if ensemble["adopted"] else [int(chosen["epochs"])]
+    mean, std = _standardisation(training.features)
+    training_p = _prepare(training, grid, mean, std)
+    networks = [
+        _numpy_layers(
+            train_hazard(
+                training_p, None, hidden, len(grid) - 1, replace(config, seed=seed), epochs
+            )[0]
+        )
+        for seed, epochs in zip(
+            range(config.seed, config.seed + len(served_epochs)), served_epochs, strict=True
+        )
+    ]
+    weights, biases = merge_networks(networks)
     return ReturnFitResult(
         grid,
         hidden,
@@ -287,6 +352,8 @@ def fit_return_model(samples: ReturnSamples, config: ReturnFitConfig) -> ReturnF
         std,
         candidates,
         time.perf_counter() - started,
+        len(networks),
+        ensemble,
     )
 
 

@@ -133,6 +133,8 @@ def train_return_on_trace(options: ReturnTrainOptions, out: Path | None) -> Retu
         "hidden_sizes": list(result.hidden),
         "epochs": result.epochs,
         "candidates": result.candidates,
+        "ensemble": result.ensemble,
+        "members": result.members,
         "km_per_turn": {
             "pooled_from_turn": turn_km.pooled_from,
             "rows_by_turn": list(turn_km.rows_by_turn),

@@ -90,6 +90,11 @@ def _print_report(report: dict) -> None:
         f"{report['hidden_sizes'] or 'none (linear)'}; {report['epochs']} epochs; "
         f"features known at {report['known_at']}"
     )
+    e = report["ensemble"]
+    print(
+        f"ensemble of {e['members']}: validation NLL {e['ensemble_val_nll']:.4f} against "
+        f"{e['single_val_nll']:.4f} alone; served: {report['members']} network(s)"
+    )
     print()
     print(
         f"{'evaluation part':<22}{'C':>7}{'IBS':>7}{'AUC60':>7}{'AUC180':>8}{'AUC600':>8}"

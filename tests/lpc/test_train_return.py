@@ -41,6 +41,8 @@ def test_report_and_artifact(trained) -> None:
         samples["fit"]["samples"] + samples["validation"]["samples"]
     )
     assert len(report["candidates"]) == 9
+    ensemble = report["ensemble"]
+    assert report["members"] == (ensemble["members"] if ensemble["adopted"] else 1)
     predictor = ReturnTimePredictor.load(out)
     assert predictor.metadata.grid_s == pytest.approx(report["grid_s"], abs=1e-3)
     assert predictor.metadata.metrics["evaluation"]["model"]["concordance"] == pytest.approx(

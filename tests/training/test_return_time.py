@@ -16,6 +16,8 @@ from training.return_fit import (
     fit_turn_kaplan_meier,
     interval_index,
     log_likelihood,
+    merge_networks,
+    mixture_nll,
 )
 
 torch = pytest.importorskip("torch")
@@ -123,3 +125,39 @@ def test_turn_kaplan_meier_pools_the_sparse_turns() -> None:
     assert km.survival(np.array([3]))[0] == pytest.approx(km.survival(np.array([1]))[0])
     for row in km.survival_by_turn:
         ReturnCurve(km.grid_s, row)  # valid curves
+
+
+def test_mixture_nll_averages_the_members_likelihoods() -> None:
+    a, b = np.log(np.array([0.2, 0.5])), np.log(np.array([0.4, 0.1]))
+    expected = -np.mean(np.log([0.3, 0.3]))
+    assert mixture_nll([a, b]) == pytest.approx(expected)
+
+
+def test_merged_networks_serve_the_members_average_curve(tmp_path) -> None:
+    from predictor.return_time import (
+        ReturnInput,
+        ReturnModelMetadata,
+        ReturnTimePredictor,
+        save_return_model,
+    )
+
+    rng = np.random.default_rng(1)
+    grid = np.array([0.0, 5.0, 40.0, 300.0])
+    members = [
+        ([rng.normal(size=(2, 3)), rng.normal(size=(3, 3))], [rng.normal(size=3)] * 2)
+        for _ in range(3)
+    ]
+    weights, biases = merge_networks(members)
+    metadata = ReturnModelMetadata(
+        grid_s=tuple(grid),
+        inputs=(ReturnInput("log_turn", 0.0, 1.0), ReturnInput("log_prompt_tokens", 0.0, 1.0)),
+        hidden_sizes=(9,),
+        members=3,
+    )
+    save_return_model(tmp_path / "m", metadata, weights, biases)
+    predictor = ReturnTimePredictor.load(tmp_path / "m")
+    x = rng.normal(size=(5, 2))
+    alone = [
+        survival_from_logits(np.maximum(x @ w[0] + b[0], 0.0) @ w[1] + b[1]) for w, b in members
+    ]
+    assert predictor.survival(x) == pytest.approx(np.mean(alone, axis=0), rel=1e-5)
