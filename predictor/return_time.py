@@ -28,14 +28,18 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # pandas is imported where a table is read: the engine path needs none
+    import pandas as pd
 
 from predictor.access_features import (
     ConversationState,
     RequestState,
     check_names,
+    feature_frame,
     known_by,
     state_functions,
 )
@@ -171,6 +175,11 @@ class ReturnTimePredictor:
 
     def curves(self, features: np.ndarray) -> list[ReturnCurve]:
         return [ReturnCurve(self.grid_s, s) for s in self.survival(features)]
+
+    def survival_table(self, table: pd.DataFrame) -> np.ndarray:
+        """(n, K + 1) S for every request of a request table (`REQUEST_COLUMNS`, arrival
+        order), each from what an engine knows at its release: a replay's curve source."""
+        return self.survival(feature_frame(table, self.feature_names).to_numpy())
 
     def curve_one(self, request: RequestState, conversation: ConversationState) -> ReturnCurve:
         """The curve of one release from the engine's state (what runs at every release)."""

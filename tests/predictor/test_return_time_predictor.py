@@ -88,3 +88,21 @@ def test_tampered_or_foreign_artifacts_are_refused(tmp_path: Path) -> None:
     (folder / METADATA_FILE).write_text(json.dumps(record))
     with pytest.raises(ArtifactIncompatibleError, match="return_time_survival"):
         ReturnTimePredictor.load(folder)
+
+
+def test_table_path_equals_the_engine_state_path(tmp_path: Path) -> None:
+    pd = pytest.importorskip("pandas")
+    predictor = ReturnTimePredictor.load(_model(tmp_path)[0])
+    table = pd.DataFrame(
+        {
+            "conversation_id": ["a", "a"],
+            "arrival_s": [0.0, 60.0],
+            "completion_s": [5.0, 70.0],
+            "prompt_tokens": [1000, 2000],
+            "output_tokens": [100, 100],
+            "shared_prefix_tokens": [0, 1100],
+        }
+    )
+    conversation = ConversationState().after(RequestState(0.0, 1000, 0, 100, 5.0))
+    second = predictor.curve_one(RequestState(60.0, 2000, 1100, 100, 70.0), conversation)
+    assert predictor.survival_table(table)[1] == pytest.approx(second.survival, rel=1e-5)
