@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from predictor.return_curve import log_spaced_edges
+from predictor.return_curve import ReturnCurve, log_spaced_edges
 from predictor.return_time import ReturnInput, ReturnModelMetadata
 from training.return_data import ReturnPart, ReturnSamples, ReturnTargets
 from training.survival_metrics import kaplan_meier
@@ -386,6 +386,10 @@ class TurnKaplanMeier:
 
     def survival(self, turns: np.ndarray) -> np.ndarray:
         return self.survival_by_turn[np.minimum(np.asarray(turns), self.pooled_from)]
+
+    def curve(self, turn: int) -> ReturnCurve:
+        """The curve of a release at this turn (0-based), as an evictor reads it."""
+        return ReturnCurve(self.grid_s, self.survival_by_turn[min(turn, self.pooled_from)])
 
 
 def fit_turn_kaplan_meier(part: ReturnPart, grid_s: np.ndarray) -> TurnKaplanMeier:

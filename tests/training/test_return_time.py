@@ -123,8 +123,8 @@ def test_turn_kaplan_meier_pools_the_sparse_turns() -> None:
     assert km.pooled_from == 1 and km.rows_by_turn == (n0, n1 + 2 * n2)
     assert (km.survival(np.array([0, 1, 2, 7]))[:, 0] == 1.0).all()
     assert km.survival(np.array([3]))[0] == pytest.approx(km.survival(np.array([1]))[0])
-    for row in km.survival_by_turn:
-        ReturnCurve(km.grid_s, row)  # valid curves
+    for turn in range(5):
+        assert km.curve(turn).survival == pytest.approx(km.survival(np.array([turn]))[0])
 
 
 def test_mixture_nll_averages_the_members_likelihoods() -> None:
