@@ -174,7 +174,8 @@ class ReturnTimePredictor:
         return survival_from_logits(self.logits(x), self.members)
 
     def curves(self, features: np.ndarray) -> list[ReturnCurve]:
-        return [ReturnCurve(self.grid_s, s) for s in self.survival(features)]
+        # exp(−cumulative hazard) on the artifact's checked grid: valid by construction.
+        return [ReturnCurve.of_valid(self.grid_s, s) for s in self.survival(features)]
 
     def survival_table(self, table: pd.DataFrame) -> np.ndarray:
         """(n, K + 1) S for every request of a request table (`REQUEST_COLUMNS`, arrival
@@ -196,7 +197,7 @@ class ReturnTimePredictor:
         else:
             log_keep = -np.logaddexp(0.0, logits.reshape(self.members, -1))
             survival[1:] = np.exp(np.cumsum(log_keep, axis=1)).mean(axis=0)
-        return ReturnCurve(self.grid_s, survival)
+        return ReturnCurve.of_valid(self.grid_s, survival)  # valid by construction
 
     @classmethod
     def load(cls, folder: Path | str) -> ReturnTimePredictor:
