@@ -237,8 +237,8 @@ def print_table(result: dict[str, Any]) -> None:
             print(f"{row['policy']}: mode switches {row['mode_switches']}")
     for label, check in result["checks"].get("lru_order", {}).items():
         print(
-            f"{label}: {check['lru_pops']} evictions in LRU order, {check['lru_mismatches']} "
-            f"unlike stock vLLM's queue; {check['lpc_pops']} in LPC order "
+            f"{label}: {check['lru_pops']} blocks handed out in LRU order, "
+            f"{check['lru_mismatches']} unlike stock vLLM's queue; {check['lpc_pops']} in LPC order "
             f"({check['lpc_not_lru']} unlike LRU)"
         )
     for key, value in result["checks"].items():
