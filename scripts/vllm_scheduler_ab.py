@@ -238,8 +238,8 @@ def print_table(result: dict[str, Any]) -> None:
     for label, check in result["checks"].get("lru_order", {}).items():
         print(
             f"{label}: {check['lru_pops']} blocks handed out in LRU order, "
-            f"{check['lru_mismatches']} unlike stock vLLM's queue; {check['lpc_pops']} in LPC order "
-            f"({check['lpc_not_lru']} unlike LRU)"
+            f"{check['lru_mismatches']} unlike stock vLLM's queue; "
+            f"{check['lpc_pops']} in LPC order ({check['lpc_not_lru']} unlike LRU)"
         )
     for key, value in result["checks"].items():
         if key.endswith("_equals_replay"):
