@@ -266,3 +266,68 @@ def test_a_shadow_that_falls_behind_stops_until_shadow_mode_is_entered_again() -
     finally:
         feed.close()
     assert feed.active and feed.counters_dict()["shadow_requests"] == 1
+
+
+@dataclass
+class Params:
+    extra_args: dict[str, Any] | None = None
+
+
+def test_the_plugins_hooks_feed_the_shadow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`allocate_slots` admits, `free` finishes, `stats_snapshot()` and `set_mode` see it:
+    the plugin's own wrappers around a stand-in manager, as `register()` installs them."""
+    from lpc.integrations import vllm_plugin
+    from lpc.integrations.vllm_queue import bind_queue_class
+
+    config = PluginConfig(evictor="lpc", mode="shadow", stats_log_interval_s=0.0)
+    runtime = vllm_plugin.build_runtime(config, clock=Clock())
+    monkeypatch.setattr(vllm_plugin, "_REGISTRATION", vllm_plugin._Registration(runtime, []))
+    assert runtime.shadow is not None
+    runtime.shadow.events = []
+
+    class BlockStandIn:
+        def __init__(self, block_id: int) -> None:
+            self.block_id, self.block_hash, self.block_hash_num_tokens = block_id, None, None
+
+    queue = bind_queue_class(runtime.queues)([BlockStandIn(i) for i in range(20)])
+    pool = Pool(num_gpu_blocks=20)
+    pool.free_block_queue = queue  # type: ignore[attr-defined]
+
+    class _Manager:
+        block_pool = pool
+
+        def allocate_slots(self, request: Any) -> list[Any]:
+            return []
+
+        def free(self, request: Any) -> None:
+            return None
+
+    manager_class = type(
+        "Manager",
+        (_Manager,),
+        {
+            "allocate_slots": vllm_plugin._wrap_allocate_slots(_Manager.allocate_slots),
+            "free": vllm_plugin._wrap_manager_free(_Manager.free),
+        },
+    )
+    manager = manager_class()
+    try:
+        for turn in range(2):
+            request = Request(f"r{turn}", list(range(1, 21)), 12 if turn == 0 else 16)
+            request.sampling_params = Params({"lpc_conversation_id": "conv"})  # type: ignore[attr-defined]
+            manager.allocate_slots(request)
+            request.emit(20)
+            request.finished, request.num_computed_tokens = True, 19
+            manager.free(request)
+        assert vllm_plugin.drain_shadow(10)
+        snapshot = vllm_plugin.stats_snapshot()
+        admission = runtime.shadow.events[1]
+        assert isinstance(admission, Admission) and admission.conversation_id == "conv"
+        assert vllm_plugin.set_mode("lpc") and not vllm_plugin.set_mode("lpc")
+        after = vllm_plugin.stats_snapshot()
+    finally:
+        runtime.shadow.close()
+    assert snapshot["mode"] == "shadow" and snapshot["shadow_active"]
+    assert (snapshot["shadow_requests"], snapshot["shadow_queries"]) == (2, 28)
+    assert snapshot["shadow_lpc_hits"] == snapshot["shadow_lru_hits"] == 12
+    assert (after["mode"], after["mode_switches"]) == ("lpc", 1)
