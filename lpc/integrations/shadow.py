@@ -21,7 +21,8 @@ The requests the shadow replays, precisely (what "the same requests" means):
   its blocks, as a replay does), at the release's time and with the probability the plugin
   computed for it (the fallback p when none): each cache first extends it to its
   `num_computed_tokens` (prompt and output, the blocks vLLM cached for it) with vLLM's hashes
-  (`PrefixCacheBlockManager.grow`), then frees it tail first with that release;
+  (`PrefixCacheBlockManager.grow`; a cache too full to extend it frees what it holds), then
+  frees it tail first with that release;
 - requests running when the shadow started are left out, start to finish.
 
 The scheduler thread only copies a request's hashes and queues an event (`ShadowFeed`); a

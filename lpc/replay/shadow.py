@@ -12,12 +12,12 @@ it, and LRU. The hit tokens must equal the shadow's, cache by cache.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eviction import LRUEvictor
+from eviction import LPCEvictor, LRUEvictor
 from lpc.blocks.block_manager import CacheRequest, PrefixCacheBlockManager
 from lpc.blocks.hashing import BlockHash, BlockHasher
 from lpc.integrations.config import PluginConfig
@@ -57,7 +57,7 @@ def learned_evictor_factory(
     fallback_probability: float,
     probability_floor: float,
     horizon_s: float | None,
-):
+) -> Callable[[int], LPCEvictor]:
     """Builds the learned evictor exactly as the plugin's queues and shadow do."""
     config = PluginConfig(
         evictor=evictor,
@@ -73,7 +73,7 @@ def learned_evictor_factory(
 def replay_shadow(
     requests: Mapping[str, ShadowRequest],
     events: Iterable[Mapping[str, Any]],
-    new_learned_evictor: Any,
+    new_learned_evictor: Callable[[int], LPCEvictor],
 ) -> ShadowReplayResult:
     """Replay the events (the last `start` begins fresh caches) through our block manager."""
     result = ShadowReplayResult()
