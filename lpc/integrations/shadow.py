@@ -187,8 +187,11 @@ class ShadowFeed:
         self._overflowed = False
 
     # -- the scheduler thread ----------------------------------------------------------------
-    def scheduled(self, request: Any, pool: Any, conversation_id: str | None) -> None:
-        """`allocate_slots` succeeded for `request` in `pool`: its admission, the first time."""
+    def scheduled(
+        self, request: Any, pool: Any, conversation_of: Callable[[Any], str | None]
+    ) -> None:
+        """`allocate_slots` succeeded for `request` in `pool`: its admission, the first time
+        (`conversation_of` reads its conversation id then; None: the request id)."""
         try:
             self._sync(pool)
             if not self.active:
@@ -201,8 +204,9 @@ class ShadowFeed:
                 return
             num_tokens = request.num_tokens
             hashes = request.block_hashes[: num_tokens // self._block_size]
+            conversation_id = conversation_of(request) or rid
             self._tracked[rid] = True
-            self._put(Admission(rid, conversation_id or rid, self.clock(), num_tokens, hashes))
+            self._put(Admission(rid, conversation_id, self.clock(), num_tokens, hashes))
         except Exception as error:
             self._error("noting a request's admission", error)
 

@@ -172,6 +172,15 @@ class PluginRuntime:
         ):
             board.ask(rid, hints.prediction_item(engine_prompt_tokens(request)))
 
+    def conversation_of(self, request: Any) -> str | None:
+        """The request's `lpc_conversation_id` (the shadow's admissions): its hints if kept,
+        else parsed here and not kept (the release parses them again, and counts problems)."""
+        hints = self.hints.get(request.request_id)
+        if hints is None:
+            params = request.sampling_params
+            hints = parse_hints(params.extra_args if params is not None else None)
+        return hints.conversation_id
+
     def release_for(self, request: Any) -> Release:
         """The probability, time and conversation of a request releasing its blocks."""
         return self.release_and_source(request)[0]
@@ -427,11 +436,10 @@ def _wrap_allocate_slots(original: Any) -> Any:
         if blocks is not None:
             runtime = _runtime_of(self.block_pool)
             if runtime is not None:
-                runtime.safe_on_scheduled(request)
+                if runtime.board is not None:
+                    runtime.safe_on_scheduled(request)
                 if runtime.shadow is not None:  # never raises
-                    hints = runtime.hints.get(request.request_id)
-                    conversation = hints.conversation_id if hints is not None else None
-                    runtime.shadow.scheduled(request, self.block_pool, conversation)
+                    runtime.shadow.scheduled(request, self.block_pool, runtime.conversation_of)
         return blocks
 
     return allocate_slots

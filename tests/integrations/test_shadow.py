@@ -82,6 +82,11 @@ def make_feed(mode: str = "shadow", evictor: str = "lpc", **kwargs: Any):
     return feed, switch, stats, clock
 
 
+def of(conversation: str | None):
+    """A `conversation_of` that knows one answer."""
+    return lambda request: conversation
+
+
 def as_log(events: list[Any]) -> list[dict[str, Any]]:
     """The events as the scheduler replay writes them."""
     out = []
@@ -128,9 +133,9 @@ def serve(feed: ShadowFeed, clock: Clock, pool: Pool, seed: int, turns: int = 30
         prompt = history.get(conversation, []) + new
         request = Request(f"r{index}", prompt + output, len(prompt))
         requests[request.request_id] = request
-        feed.scheduled(request, pool, conversation)
+        feed.scheduled(request, pool, of(conversation))
         request.num_computed_tokens = request.num_prompt_tokens
-        feed.scheduled(request, pool, conversation)  # a decode step: no second admission
+        feed.scheduled(request, pool, of(conversation))  # a decode step: no second admission
         running.append((request, conversation))
         while len(running) > 4 or (running and rng.random() < 0.3):
             request, conversation = running.pop(rng.randrange(len(running)))
@@ -138,7 +143,7 @@ def serve(feed: ShadowFeed, clock: Clock, pool: Pool, seed: int, turns: int = 30
                 feed.finished(request, Release(clock(), None, conversation))
                 request.num_preemptions += 1
                 request.num_computed_tokens = 0
-                feed.scheduled(request, pool, conversation)
+                feed.scheduled(request, pool, of(conversation))
                 request.num_computed_tokens = request.num_prompt_tokens
             request.emit(len(request.tokens))
             request.num_computed_tokens = len(request.tokens) - 1  # the last token is sampled
@@ -183,13 +188,13 @@ def test_only_first_schedulings_enter_and_only_finishes_leave() -> None:
     try:
         running = Request("early", list(range(1, 13)), 8)
         running.num_computed_tokens = 8  # it was running before the shadow started
-        feed.scheduled(running, pool, None)
+        feed.scheduled(running, pool, of(None))
         request = Request("r", list(range(1, 13)), 8)
-        feed.scheduled(request, pool, "c")
+        feed.scheduled(request, pool, of("c"))
         request.num_computed_tokens = 8
         feed.finished(request, Release(clock(), 0.9, "c"))  # preempted: not finished
         request.num_preemptions, request.num_computed_tokens = 1, 0
-        feed.scheduled(request, pool, "c")  # rescheduled: no second admission
+        feed.scheduled(request, pool, of("c"))  # rescheduled: no second admission
         request.emit(12)
         request.finished, request.num_computed_tokens = True, 11
         feed.finished(request, Release(clock(), 0.9, "c"))
@@ -211,24 +216,24 @@ def test_leaving_shadow_mode_stops_and_reentering_starts_fresh() -> None:
     feed, switch, _, clock = make_feed(mode="lpc")
     pool = Pool(num_gpu_blocks=20)
     try:
-        feed.scheduled(Request("before", list(range(1, 9)), 8), pool, None)
+        feed.scheduled(Request("before", list(range(1, 9)), 8), pool, of(None))
         assert feed.counters_dict() == {}, "nothing is exported before shadow mode"
         switch.set("shadow", "test")
         for i in range(2):
             request = Request(f"a{i}", list(range(1, 13)), 8)
-            feed.scheduled(request, pool, "c")
+            feed.scheduled(request, pool, of("c"))
             request.finished, request.num_computed_tokens = True, 11
             feed.finished(request, Release(clock(), 0.5, "c"))
         assert feed.drain(10)
         first = feed.counters_dict()
         assert first["shadow_requests"] == 2 and first["shadow_lru_hits"] == 4
         switch.set("lru", "test")
-        feed.scheduled(Request("b", list(range(1, 13)), 8), pool, "c")
+        feed.scheduled(Request("b", list(range(1, 13)), 8), pool, of("c"))
         assert feed.drain(10)
         stopped = feed.counters_dict()
         assert not stopped["shadow_active"] and stopped["shadow_requests"] == 2, "frozen"
         switch.set("shadow", "test")
-        feed.scheduled(Request("c", list(range(1, 13)), 8), pool, "c")
+        feed.scheduled(Request("c", list(range(1, 13)), 8), pool, of("c"))
         assert feed.drain(10)
         again = feed.counters_dict()
     finally:
@@ -240,7 +245,7 @@ def test_leaving_shadow_mode_stops_and_reentering_starts_fresh() -> None:
 def test_an_unreadable_request_costs_the_shadow_not_the_engine() -> None:
     feed, _, stats, clock = make_feed()
     try:
-        feed.scheduled(object(), Pool(num_gpu_blocks=20), None)  # no request fields at all
+        feed.scheduled(object(), Pool(num_gpu_blocks=20), of(None))  # no request fields at all
         feed.finished(object(), Release(clock(), None, None))
         assert feed.drain(10)
     finally:
@@ -252,16 +257,16 @@ def test_a_shadow_that_falls_behind_stops_until_shadow_mode_is_entered_again() -
     feed, switch, _, _ = make_feed(max_backlog=0)
     pool = Pool(num_gpu_blocks=20)
     try:
-        feed.scheduled(Request("a", list(range(1, 9)), 8), pool, None)
+        feed.scheduled(Request("a", list(range(1, 9)), 8), pool, of(None))
         assert feed.drain(10)
         assert not feed.active and feed.overflows == 1
-        feed.scheduled(Request("b", list(range(1, 9)), 8), pool, None)
+        feed.scheduled(Request("b", list(range(1, 9)), 8), pool, of(None))
         assert not feed.active, "it stays stopped while the mode stays shadow"
         switch.set("lpc", "test")
-        feed.scheduled(Request("c", list(range(1, 9)), 8), pool, None)
+        feed.scheduled(Request("c", list(range(1, 9)), 8), pool, of(None))
         feed.max_backlog = 1000
         switch.set("shadow", "test")
-        feed.scheduled(Request("d", list(range(1, 9)), 8), pool, None)
+        feed.scheduled(Request("d", list(range(1, 9)), 8), pool, of(None))
         assert feed.drain(10)
     finally:
         feed.close()
