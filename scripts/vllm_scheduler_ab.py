@@ -191,6 +191,10 @@ def compare(
                 "version": r.summary["vllm_version"],
                 "scheduler": r.summary["scheduler"],
                 "queue": r.summary["invariants"]["queue"],
+                "data_parallel": [
+                    r.summary["config"]["data_parallel_size"],
+                    r.summary["config"]["data_parallel_rank"],
+                ],
                 "import_seconds": r.summary["import_seconds"],
                 "environment": r.environment,
             }
@@ -216,14 +220,15 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"lpc, lpc-pooled p: {result['learned_p_source']}")
     header = (
         f"{'policy':<14} {'hit ratio':>9} {'steps':>8} {'preempt':>8} {'recomputed':>11} "
-        f"{'chunked':>8} {'evictions':>10} {'invariants':>10}"
+        f"{'(evicted)':>10} {'chunked':>8} {'evictions':>10} {'invariants':>10}"
     )
     print(header)
     for row in result["rows"]:
         print(
             f"{row['policy']:<14} {100 * row['hit_ratio']:8.3f}% {row['steps']:>8} "
             f"{row['preemptions']:>8} {row['recomputed_tokens']:>11} "
-            f"{row['chunked_prefills']:>8} {row['evictions']:>10} "
+            f"{row['recomputed_evicted_tokens']:>10} {row['chunked_prefills']:>8} "
+            f"{row['evictions']:>10} "
             f"{'ok' if row['invariants_ok'] else 'BROKEN':>10}"
         )
     for row in result["rows"]:
@@ -313,6 +318,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="also check block ownership and reference counts every N steps (0: at the end)",
     )
+    parser.add_argument(
+        "--data-parallel",
+        metavar="SIZE:RANK",
+        help="serve the trace with the scheduler of rank RANK of a SIZE-rank data-parallel "
+        "engine (what that rank's engine core builds; default: no data parallelism)",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="policies run at once (1)")
     parser.add_argument("--records-dir", type=Path, help="keep the per-step records here")
     parser.add_argument("--vllm-python", type=Path, help="python of vLLM's venv (.vllm-venv)")
@@ -320,6 +331,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.one_in < 1:
         parser.error(f"--one-in must be >= 1, got {args.one_in}")
+    dp_size, dp_rank = 1, 0
+    if args.data_parallel is not None:
+        size, _, rank = args.data_parallel.partition(":")
+        if not (size.isdigit() and rank.isdigit() and 0 <= int(rank) < int(size)):
+            parser.error(
+                f"--data-parallel must be SIZE:RANK with 0 <= RANK < SIZE, got "
+                f"{args.data_parallel!r}"
+            )
+        dp_size, dp_rank = int(size), int(rank)
     python = args.vllm_python or vllm_python_path()
     if not python.exists():
         print(f"vllm_scheduler_ab: no vLLM python at {python}; run scripts/setup_vllm_plugin.sh")
@@ -333,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         step_per_token_s=args.step_per_token_us / 1e6,
         max_model_len=args.max_model_len,
         check_every=args.check_every,
+        data_parallel_size=dp_size,
+        data_parallel_rank=dp_rank,
     )
     settings = PolicySettings(
         scale_per_s=args.scale,

@@ -270,7 +270,14 @@ def parse_switches(text: str) -> dict[int, str]:
 def build_scheduler(args: argparse.Namespace, model_dir: Path) -> tuple[Any, Any]:
     """The Scheduler, as `EngineCore.__init__` builds it, and the request block hasher."""
     import torch
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        ModelConfig,
+        ParallelConfig,
+        SchedulerConfig,
+        VllmConfig,
+    )
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import (
         get_request_block_hasher,
@@ -304,6 +311,12 @@ def build_scheduler(args: argparse.Namespace, model_dir: Path) -> tuple[Any, Any
         scheduler_config=scheduler_config,
         cache_config=cache_config,
         device_config=DeviceConfig(device="cpu"),
+        # One rank of a data-parallel engine: each rank's engine core builds its own
+        # scheduler and KV cache from this configuration (size 1: no data parallelism).
+        parallel_config=ParallelConfig(
+            data_parallel_size=args.data_parallel_size,
+            data_parallel_rank=args.data_parallel_rank,
+        ),
     )
     kv_cache_config = KVCacheConfig(
         num_blocks=args.num_blocks,
@@ -439,6 +452,7 @@ class Engine:
             "scheduled_tokens": 0,
             "preemptions": 0,
             "recomputed_tokens": 0,
+            "recomputed_evicted_tokens": 0,  # of which KV evicted while the request waited
             "chunked_prefills": 0,  # prompts whose first prefill spans several steps
             "chunked_recomputations": 0,  # prefills after a preemption spanning several
             "prefix_cache_requests": 0,
@@ -580,6 +594,16 @@ class Engine:
             for rid, n in zip(cached.req_ids, cached.num_computed_tokens, strict=True)
             if rid in cached.resumed_req_ids
         ]
+        # Of what a resumed request recomputes, the full blocks it had computed (so cached)
+        # when it was preempted and did not find again: KV evicted while it waited. The rest
+        # (the last, partial block, never cached; the last token, always recomputed) any
+        # policy recomputes.
+        block = self.args.block_size
+        lost_to_eviction = 0
+        for rid, hit in resumed:
+            high = self.high_water.get(rid, 0)
+            findable = min(high, scheduler.requests[rid].num_tokens - 1) // block * block
+            lost_to_eviction += max(0, findable - hit)
         scheduled = []
         partial = []  # requests whose prefill this step leaves unfinished (a chunk)
         recomputed = 0
@@ -603,6 +627,7 @@ class Engine:
             "preempted": sorted(output.preempted_req_ids or ()),
             "blocks": blocks,
             "recomputed": recomputed,
+            "lost_to_eviction": lost_to_eviction,
         }
 
     def _count(self, output: Any, stats: Any, record: dict[str, Any]) -> None:
@@ -613,6 +638,7 @@ class Engine:
             totals["preemption_only_steps"] += 1
         totals["scheduled_tokens"] += output.total_num_scheduled_tokens
         totals["recomputed_tokens"] += record["recomputed"]
+        totals["recomputed_evicted_tokens"] += record["lost_to_eviction"]
         preempted = record["preempted"]
         totals["preemptions"] += len(preempted)
         for rid in preempted:
@@ -714,6 +740,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shadow-events", type=Path, help="with the plugin: write the shadow's event log here"
     )
+    parser.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        help="build the scheduler of one rank of a data-parallel engine of this many ranks",
+    )
+    parser.add_argument("--data-parallel-rank", type=int, default=0, help="that rank")
     parser.add_argument("--label", default="", help="the policy, for the summary")
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -771,6 +804,8 @@ def main(argv: list[str] | None = None) -> int:
                 "max_model_len": args.max_model_len,
                 "step_base_s": args.step_base_s,
                 "step_per_token_s": args.step_per_token_s,
+                "data_parallel_size": scheduler.vllm_config.parallel_config.data_parallel_size,
+                "data_parallel_rank": scheduler.vllm_config.parallel_config.data_parallel_rank,
                 "chunked_prefill": scheduler.scheduler_config.enable_chunked_prefill,
                 "prefix_caching": scheduler.cache_config.enable_prefix_caching,
             },

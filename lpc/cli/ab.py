@@ -6,6 +6,7 @@ import argparse
 import math
 from pathlib import Path
 
+from lpc.cli import extras
 from lpc.cli.arg_types import positive_float, positive_int, split_at
 from lpc.replay.ab import DEFAULT_CACHE_SIZES_TOKENS, TRACE_CACHE_SIZES_TOKENS
 from lpc.replay.policies import policy_help
@@ -397,6 +398,8 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from dataclasses import replace
 
+    # The replay, the trace formats and the chat tokeniser (built for traces too).
+    extras.require("replay", "data")
     from lpc.errors import CommandError
     from lpc.replay.ab_pipeline import outcome_json, run_ab, summary_text
     from training.loaders import check_source
@@ -418,6 +421,7 @@ def run(args: argparse.Namespace) -> int:
 
         factory = access_source_factory(model, log=log)
     elif wants_model and model is not None:
+        extras.require("text")  # a text model embeds the prompts
         from lpc.replay.learned_source import learned_source_factory
         from training.embedding_cache import EmbedOptions
         from training.locations import default_embedding_cache_dir

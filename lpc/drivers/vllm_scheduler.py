@@ -59,6 +59,9 @@ class EngineSettings:
     step_per_token_s: float = 1e-5
     max_model_len: int | None = None  # None: the longest request's tokens, rounded up
     check_every: int = 0  # check block ownership every N steps (0: at the end only)
+    # The scheduler of one rank of a data-parallel engine (size 1: no data parallelism).
+    data_parallel_size: int = 1
+    data_parallel_rank: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -285,6 +288,8 @@ def run_policy(
         *("--step-base-s", repr(engine.step_base_s)),
         *("--step-per-token-s", repr(engine.step_per_token_s)),
         *("--check-every", str(engine.check_every), "--label", policy.label),
+        *("--data-parallel-size", str(engine.data_parallel_size)),
+        *("--data-parallel-rank", str(engine.data_parallel_rank)),
     ]
     if records_path is not None:
         command += ["--records", str(records_path)]
@@ -368,6 +373,7 @@ def policy_row(run: PolicyRun) -> dict[str, Any]:
         "steps": totals["steps"],
         "preemptions": totals["preemptions"],
         "recomputed_tokens": totals["recomputed_tokens"],
+        "recomputed_evicted_tokens": totals["recomputed_evicted_tokens"],
         "chunked_prefills": totals["chunked_prefills"],
         "chunked_recomputations": totals["chunked_recomputations"],
         "evictions": totals["evictions"],
@@ -380,6 +386,8 @@ def policy_row(run: PolicyRun) -> dict[str, Any]:
         "invariants_ok": run.summary["invariants"]["ok"],
         "invariants": run.summary["invariants"]["checks"],
         "releases": stats.get("releases"),
+        "protected_releases": stats.get("preemptions"),
+        "protected_blocks_released": stats.get("protected_blocks_released"),
         "predictions_in_process": stats.get("predictions_in_process"),
         "probabilities_from_request": stats.get("probabilities_from_request"),
         "fallbacks_used": stats.get("fallbacks_used"),

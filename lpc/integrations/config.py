@@ -24,6 +24,7 @@ from eviction.lpc import (
     DEFAULT_PROBABILITY_FLOOR,
     DEFAULT_SCALE_PER_S,
 )
+from lpc.integrations.engine_checks import ALLOW_VARIABLE, parse_allowed
 from lpc.integrations.mode import DEFAULT_MODE, check_mode
 
 CONFIG_FILE_VARIABLE = "LPC_CONFIG"
@@ -65,6 +66,9 @@ class PluginConfig:
     caches of the engine's size replay the same requests and export their hit ratios).
     `control_file`, when set, is a file holding one of those words, read every
     `control_poll_s` seconds by a background thread: writing it switches the running engine.
+    `allow_unverified` names engine configurations the plugin is not verified with that it
+    may run in anyway (`engine_checks`: `kv-groups`, `speculative-decoding`; empty: refuse
+    them when the engine starts).
     """
 
     evictor: str = "lpc-pooled"
@@ -92,6 +96,7 @@ class PluginConfig:
     mode: str = DEFAULT_MODE
     control_file: str | None = None
     control_poll_s: float = 1.0
+    allow_unverified: str = ""
 
     def __post_init__(self) -> None:
         for spec in _FIELDS.values():
@@ -180,6 +185,15 @@ def _check_port(name: str, value: Any) -> None:
 def _check_host(name: str, value: Any) -> None:
     if not isinstance(value, str) or not value:
         raise PluginConfigError(f"{name} must be a host name or address, got {value!r}")
+
+
+def _check_unverified(name: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise PluginConfigError(f"{name} must be a comma-separated string, got {value!r}")
+    try:
+        parse_allowed(value)
+    except ValueError as error:
+        raise PluginConfigError(f"{name}={value!r}: {error}") from None
 
 
 def _check_bool(name: str, value: Any) -> None:
@@ -279,6 +293,7 @@ _FIELDS: dict[str, _FieldSpec] = {
         _FieldSpec("mode", "LPC_MODE", str.lower, _check_mode),
         _FieldSpec("control_file", "LPC_CONTROL_FILE", _parse_optional_str, _check_optional_str),
         _FieldSpec("control_poll_s", "LPC_CONTROL_POLL_S", _parse_float, _check_positive),
+        _FieldSpec("allow_unverified", ALLOW_VARIABLE, str, _check_unverified),
     )
 }
 ENVIRONMENT_VARIABLES: dict[str, str] = {spec.variable: spec.name for spec in _FIELDS.values()}

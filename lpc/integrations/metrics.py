@@ -38,6 +38,8 @@ COUNTERS: dict[str, str] = {
     "access_prediction_errors": "Releases the access model could not read (fallback p)",
     "invalid_probabilities": "Probabilities not finite or not in [0, 1] (fallback p used)",
     "plugin_errors": "Exceptions caught in the plugin's hooks (vLLM's own behaviour used)",
+    "preemptions": "Requests that released their blocks unfinished (preempted)",
+    "protected_blocks_released": "Cached blocks of preempted requests, queued after all others",
 }
 # Exported once shadow mode was entered (`shadow`): since it last started.
 SHADOW_COUNTERS: dict[str, str] = {

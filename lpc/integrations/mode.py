@@ -157,6 +157,17 @@ class LRUOrder:
         finally:  # the LRU list is vLLM's order whatever the learned evictor made of it
             self._append(freed.block_ids)
 
+    def push_protected(self, freed: FreedBlocks, release: Release) -> None:
+        """A preempted request's blocks: after every free block in the learned order, and
+        appended (last) in LRU's, as stock vLLM appends them."""
+        try:
+            self.learned.push_protected(freed, release)
+        finally:
+            self._append(freed.block_ids)
+
+    def note_protected_release(self, freed: FreedBlocks, release: Release) -> None:
+        self.learned.note_protected_release(freed, release)
+
     def _append(self, block_ids: Sequence[int]) -> None:
         lru = self.lru
         # A retried append (the queue's fail-safe path) must not link a block twice.

@@ -15,10 +15,11 @@ vLLM loads it through the `vllm.general_plugins` entry point (`lpc`, allow-liste
 4. with `request_log_dir` set, appends a line per finished request to the request log
    (`plugin_request_log`, `request_log`; a background writer, never waited for) and wraps
    `KVCacheManager.get_computed_blocks` to note each request's prefix-cache hit;
-5. when a predictor is configured, wraps `KVCacheManager.allocate_slots` to ask for the
-   request's prediction the first time it is scheduled, without waiting for it; the item
-   carries the request's `num_prompt_tokens` as `prompt_tokens` (models trained with
-   `log_prompt_tokens` need it, others ignore it).
+5. wraps `KVCacheManager.allocate_slots`: when a predictor is configured, to ask for the
+   request's prediction the first time it is scheduled, without waiting for it (the item
+   carries the request's `num_prompt_tokens` as `prompt_tokens`: models trained with
+   `log_prompt_tokens` need it, others ignore it); in shadow mode, to admit the request to the
+   shadow caches.
 
 A release's probability is, in order: the request's `extra_args["lpc_probability"]`; with
 an access-only model configured (`access_model`), the model's p computed in process at the
@@ -43,6 +44,12 @@ vLLM's `Request` and the plugin's `ConversationTable`):
 
 A finished request then replaces its conversation's entry (a preempted one does not), also
 when it carried its own `lpc_probability`, so the conversation's history stays complete.
+
+Preemption: a request vLLM frees before it finishes (`is_unfinished`: preempted under KV
+pressure, or a failed KV load to retry) gets a `ProtectedRelease` instead (`preemption_release`,
+counted in `preemptions`): its blocks are queued after every free block, the way LRU queues them
+last, so the KV it needs again when rescheduled — usually milliseconds later — is the last to be
+evicted. Its probability is not asked for, and its hints stay for the release that finishes it.
 
 Call flow. A release (time, probability, conversation) is made once per request, in
 `PluginRuntime.release_for`, and reaches the LPC queue by one of three routes, depending on
@@ -93,7 +100,7 @@ from typing import Any
 
 from eviction.base import Release
 from eviction.lpc import DEFAULT_FALLBACK_PROBABILITY
-from lpc.integrations import vllm_compat
+from lpc.integrations import engine_checks, vllm_compat
 from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
 from lpc.integrations.metrics import MetricsServer, start_metrics_server
@@ -103,7 +110,13 @@ from lpc.integrations.predictions import PredictionBoard, PredictionClient
 from lpc.integrations.request_hints import PROBABILITY_KEY, RequestHints, parse_hints
 from lpc.integrations.shadow import ShadowFeed
 from lpc.integrations.stats import PluginStats, is_probability
-from lpc.integrations.vllm_queue import Clock, LPCFreeBlockQueue, QueueRuntime, bind_queue_class
+from lpc.integrations.vllm_queue import (
+    Clock,
+    LPCFreeBlockQueue,
+    ProtectedRelease,
+    QueueRuntime,
+    bind_queue_class,
+)
 
 # A child of vLLM's logger, so the plugin's lines appear in vLLM's log with its format.
 logger = logging.getLogger("vllm.plugins.lpc")
@@ -182,8 +195,23 @@ class PluginRuntime:
         return hints.conversation_id
 
     def release_for(self, request: Any) -> Release:
-        """The probability, time and conversation of a request releasing its blocks."""
+        """The probability, time and conversation of a request releasing its blocks; for a
+        request that is not finished (preempted), a `ProtectedRelease`."""
+        if is_unfinished(request):
+            return self.preemption_release(request)
         return self.release_and_source(request)[0]
+
+    def preemption_release(self, request: Any) -> ProtectedRelease:
+        """A preempted request's release: its blocks go after every free block until it is
+        rescheduled (it will need them in milliseconds). Nothing is predicted, logged or
+        recorded in the conversation table, and its hints and prediction stay for the release
+        that finishes it."""
+        rid = request.request_id
+        hints = self.hints.get(rid)
+        if hints is None:
+            hints = self.hints[rid] = self.hints_for(request)
+        self.stats.add(preemptions=1)
+        return ProtectedRelease(self.clock(), None, hints.conversation_id or rid)
 
     def safe_release_for(self, request: Any) -> Release:
         """`release_for` for vLLM's hooks: it never raises. On an error in the plugin's own
@@ -359,6 +387,14 @@ def engine_prompt_tokens(request: Any) -> int | None:
     return None
 
 
+def is_unfinished(request: Any) -> bool:
+    """True when vLLM frees a request's blocks before it finishes: `Scheduler._preempt_request`
+    frees them while the request is still RUNNING, and a failed KV load frees them to retry
+    locally. A request without vLLM's `is_finished()` counts as finished."""
+    is_finished = getattr(request, "is_finished", None)
+    return callable(is_finished) and not is_finished()
+
+
 def _runtime_of(pool: Any) -> PluginRuntime | None:
     """The active runtime if this pool's queue is LPC's (else the pool is stock vLLM)."""
     registration = _REGISTRATION
@@ -460,6 +496,28 @@ def _wrap_get_computed_blocks(original: Any) -> Any:
     return get_computed_blocks
 
 
+def _wrap_scheduler_init(original: Any) -> Any:
+    """Refuse to build a scheduler whose engine configuration the plugin is not verified with
+    (`engine_checks`), before vLLM builds anything; the allowed ones are logged."""
+
+    @functools.wraps(original)
+    def __init__(self: Any, vllm_config: Any, kv_cache_config: Any, *args: Any, **kwargs: Any):
+        registration = _REGISTRATION
+        if registration is not None:
+            config = registration.runtime.config
+            allowed = engine_checks.parse_allowed(config.allow_unverified)
+            for item in engine_checks.check_engine(vllm_config, kv_cache_config, allowed):
+                logger.warning(
+                    "LPC eviction runs with %s, which it is not verified with (%s=%s)",
+                    item.what,
+                    engine_checks.ALLOW_VARIABLE,
+                    config.allow_unverified,
+                )
+        return original(self, vllm_config, kv_cache_config, *args, **kwargs)
+
+    return __init__
+
+
 def make_predictor_client(config: PluginConfig) -> PredictionClient | None:
     """The project's predictor RPC client for `config.predictor_url` (None when unset)."""
     if config.predictor_url is None:
@@ -469,8 +527,9 @@ def make_predictor_client(config: PluginConfig) -> PredictionClient | None:
     except ImportError as error:
         raise PluginConfigError(
             f"LPC_PREDICTOR_URL is {config.predictor_url!r} but the predictor client cannot be "
-            f"imported ({error}); install the client's dependencies in vLLM's environment "
-            "(`pip install httpx`) or unset LPC_PREDICTOR_URL to use the fallback p only"
+            f"imported ({error}); install the LPC core into vLLM's environment with its "
+            "dependencies (`pip install lpc`: it brings httpx, the client's HTTP library) or unset "
+            "LPC_PREDICTOR_URL to use the fallback p only"
         ) from None
     return client_module.PredictorClient(
         config.predictor_url, timeout_s=config.predictor_timeout_s, token=config.predictor_token
@@ -485,6 +544,7 @@ def _import_vllm() -> dict[str, Any]:
         "kv_cache_manager": "vllm.v1.core.kv_cache_manager",
         "request_module": "vllm.v1.request",
         "sampling_params": "vllm.sampling_params",
+        "scheduler": "vllm.v1.core.sched.scheduler",
     }
     return {key: importlib.import_module(module) for key, module in names.items()}
 
@@ -597,6 +657,7 @@ def _check_vllm(modules: dict[str, Any]) -> None:
         modules["kv_cache_manager"],
         modules["request_module"],
         modules["sampling_params"],
+        modules["scheduler"],
     )
     if problems:
         raise vllm_compat.IncompatibleVllmError(
@@ -607,14 +668,17 @@ def _check_vllm(modules: dict[str, Any]) -> None:
 
 
 def _patches(modules: dict[str, Any], runtime: PluginRuntime) -> list[tuple[Any, str, Any]]:
-    """(owner, attribute, replacement) for everything the plugin patches: the free-block queue
-    class, the frees, the first scheduling (allocate_slots: a predictor's question, the shadow
-    caches' admissions; shadow mode may be switched on at any time) and the hook only a request
-    log (get_computed_blocks) needs."""
+    """(owner, attribute, replacement) for everything the plugin patches: the scheduler's
+    constructor (refusing unverified engine configurations), the free-block queue class, the
+    frees, the first scheduling (allocate_slots: a predictor's question, the shadow caches'
+    admissions; shadow mode may be switched on at any time) and the hook only a request log
+    (get_computed_blocks) needs."""
     block_pool = modules["block_pool"]
     pool_class = block_pool.BlockPool
     manager_class = modules["kv_cache_manager"].KVCacheManager
+    scheduler_class = modules["scheduler"].Scheduler
     patches: list[tuple[Any, str, Any]] = [
+        (scheduler_class, "__init__", _wrap_scheduler_init(scheduler_class.__init__)),
         (block_pool, "FreeKVCacheBlockQueue", bind_queue_class(runtime.queues)),
         (pool_class, "free_blocks", _wrap_free_blocks(pool_class.free_blocks)),
         (manager_class, "free", _wrap_manager_free(manager_class.free)),

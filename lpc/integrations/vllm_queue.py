@@ -9,7 +9,9 @@ block first on ties, blocks without a hash before every cached one).
 What the queue cannot see — the probability, time and conversation of a release — comes from
 the release context the plugin sets while vLLM frees a request (`QueueRuntime.releasing`).
 Blocks appended outside any release (e.g. `BlockPool.unpin_blocks`) get the fallback p at the
-current time.
+current time. A preempted request's release (`ProtectedRelease`) queues its blocks after every
+free block (`LPCEvictor.push_protected`): it will need them again in milliseconds, and LRU
+queues them last too.
 
 In `lru` and `shadow` mode (`QueueRuntime.mode`, switchable while the engine runs; see
 `mode`) the queue evicts in stock vLLM's LRU order, exactly, while the learned evictor keeps
@@ -48,6 +50,13 @@ from lpc.integrations.mode import LRUOrder, ModeSwitch
 from lpc.integrations.stats import PluginStats
 
 Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class ProtectedRelease(Release):
+    """The release of a request that is not finished (preempted): its blocks are queued after
+    every free block (`LPCEvictor.push_protected`), since it asks for them again as soon as it
+    is rescheduled; its probability is not used."""
 
 
 @dataclass
@@ -217,12 +226,22 @@ class LPCFreeBlockQueue:
             return
         runtime = self.runtime
         freed = _freed(blocks)
+        release = runtime.current_release()
+        protected = type(release) is ProtectedRelease
         try:
-            self._evictor.push_cached(freed, runtime.current_release())
+            if protected:
+                self._evictor.push_protected(freed, release)
+            else:
+                self._evictor.push_cached(freed, release)
         except Exception as error:
             runtime.stats.plugin_error("the LPC queue's append", error)
             self._append_as_lru(freed)
-        runtime.stats.add(cached_blocks_released=len(blocks))
+        if protected:
+            runtime.stats.add(
+                cached_blocks_released=len(blocks), protected_blocks_released=len(blocks)
+            )
+        else:
+            runtime.stats.add(cached_blocks_released=len(blocks))
 
     def _append_as_lru(self, freed: FreedBlocks) -> None:
         """After a failed append: queue the blocks the evictor does not hold yet with the
@@ -279,7 +298,10 @@ class LPCFreeBlockQueue:
         metadata only: on an error it is skipped, as stock vLLM has none)."""
         if blocks:
             try:
-                self._evictor.note_shared_release(_freed(blocks), release)
+                if type(release) is ProtectedRelease:
+                    self._evictor.note_protected_release(_freed(blocks), release)
+                else:
+                    self._evictor.note_shared_release(_freed(blocks), release)
             except Exception as error:
                 self.runtime.stats.plugin_error("the LPC queue's shared release", error)
                 return

@@ -142,6 +142,7 @@ class ABOutcome:
                 "gap_closed": self.comparison.gap_closed,
                 "gap_closed_belady": self.comparison.gap_closed_belady,
                 "size_for_lru_ratio": self.comparison.size_for_lru_ratio,
+                "gain_over_lru_ci95": self.comparison.gain_over_lru_ci95,
             },
             "think_time_sweep": {str(k): [r.to_dict() for r in v] for k, v in self.sweep.items()},
             "timings_s": self.timings_s,

@@ -19,7 +19,7 @@ from eviction import LRUEvictor, Release
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
 from lpc.integrations.mode import ControlFileWatcher, LRUOrder, ModeSwitch, check_mode
 from lpc.integrations.stats import PluginStats
-from lpc.integrations.vllm_queue import QueueRuntime, bind_queue_class
+from lpc.integrations.vllm_queue import ProtectedRelease, QueueRuntime, bind_queue_class
 
 
 @dataclass(eq=False)
@@ -117,9 +117,9 @@ def make_queue(evictor: str, num_blocks: int, switch: ModeSwitch, clock: Clock):
 @pytest.mark.parametrize("evictor", ["lpc", "lpc-pooled"])
 @pytest.mark.parametrize("seed", range(4))
 def test_lru_mode_evicts_exactly_as_vllms_queue(evictor: str, seed: int) -> None:
-    """Random frees (cached and not, probabilities, conversations, blocks others hold), hits,
-    allocations and mode switches. The reference LRU list gets the same frees and hits, and
-    loses the blocks the queue hands out. Whenever the mode is lru or shadow, the queue's
+    """Random frees (cached and not, probabilities, conversations, blocks others hold,
+    preemptions), hits, allocations and mode switches. The reference LRU list gets the same
+    frees and hits, and loses the blocks the queue hands out. Whenever the mode is lru or shadow, the queue's
     whole free order is the reference's, and so is every block it hands out; in lpc mode it
     is the learned evictor's own order."""
     rng = random.Random(seed)
@@ -167,7 +167,10 @@ def test_lru_mode_evicts_exactly_as_vllms_queue(evictor: str, seed: int) -> None
                 if block.block_hash is not None:  # a chain is freed deepest first
                     block.block_hash_num_tokens = 16 * (depth + 1)
             freed = list(reversed(chain))  # the tail first, as vLLM frees
-            release = Release(clock(), rng.choice([None, rng.random()]), f"c{rng.randrange(5)}")
+            # A preempted request's release (its blocks after every free one in LPC's order)
+            # now and then: stock vLLM appends them like any other.
+            kind = ProtectedRelease if rng.random() < 0.15 else Release
+            release = kind(clock(), rng.choice([None, rng.random()]), f"c{rng.randrange(5)}")
             cached = [b for b in freed if b.block_hash is not None]
             uncached = [b for b in freed if b.block_hash is None]
             with runtime.releasing(release):

@@ -97,7 +97,11 @@ def sharegpt_like(path: Path) -> int:
 
 
 def run_scheduler_ab(
-    trace: Path, vllm_python: Path, *args: str, policies: tuple[str, ...] = POLICIES
+    trace: Path,
+    vllm_python: Path,
+    *args: str,
+    policies: tuple[str, ...] = POLICIES,
+    timeout_s: float = 1200,
 ) -> dict:
     done = subprocess.run(
         [
@@ -109,7 +113,7 @@ def run_scheduler_ab(
         ],
         capture_output=True,
         text=True,
-        timeout=1200,
+        timeout=timeout_s,
         cwd=REPO_ROOT,
         check=False,
     )
@@ -163,7 +167,9 @@ def test_lpc_const_schedules_exactly_as_stock_vllm(workload: str, results: dict)
     for key in ("prefix_cache_hits", "preemptions", "recomputed_tokens", "chunked_prefills"):
         assert const[key] == lru[key], key
     assert lru["prefix_cache_hits"] > 0
-    assert const["releases"] == const["fallbacks_used"] == result["requests"] + lru["preemptions"]
+    # A preemption is a protected release (last in the queue, LRU's place), not a release.
+    assert const["releases"] == const["fallbacks_used"] == result["requests"]
+    assert const["protected_releases"] == lru["preemptions"]
     vllm = result["vllm"]
     assert vllm["lru"]["scheduler"] == "vllm.v1.core.sched.scheduler.Scheduler"
     assert vllm["lru"]["queue"] == "FreeKVCacheBlockQueue"
@@ -193,7 +199,8 @@ def test_learned_policies_keep_the_scheduler_invariants(
     assert result["checks"]["invariants"][policy] is True
     assert result["vllm"][policy]["queue"] == "LPCFreeKVCacheBlockQueue"
     assert result["vllm"][policy]["environment"]["LPC_EVICTOR"] == policy
-    assert row["releases"] == result["requests"] + row["preemptions"]
+    assert row["releases"] == result["requests"]
+    assert row["protected_releases"] == row["preemptions"]
     if workload == "mooncake":
         assert row["predictions_in_process"] == row["releases"]
         assert row["fallbacks_used"] == 0
@@ -247,6 +254,35 @@ def test_shadow_mode_is_stock_vllm_and_its_figures_equal_our_replay(
 
 
 @pytest.mark.vllm
+def test_one_data_parallel_rank_schedules_as_stock_vllm(vllm_python: Path, tmp_path: Path) -> None:
+    """Data parallelism, verified: each rank's engine core builds its own scheduler and KV
+    cache, so the plugin runs in each unchanged. Rank 1 of a 2-rank engine, serving its share
+    of the requests, schedules with `lpc-const` exactly as stock vLLM, and `lpc-pooled` keeps
+    every invariant there."""
+    trace = tmp_path / "sharegpt-like.jsonl"
+    count = sharegpt_like(trace)
+    result = run_scheduler_ab(
+        trace,
+        vllm_python,
+        *WORKLOADS["sharegpt-like"],
+        "--data-parallel",
+        "2:1",
+        policies=("lru", "lpc-const=0.5", "lpc-pooled"),
+    )
+    assert result["requests"] == count and result["ok"]
+    assert all(v["data_parallel"] == [2, 1] for v in result["vllm"].values())
+    parity = result["checks"]["lpc-const=0.5_equals_lru"]
+    assert parity["equal"], parity["first_divergence"]
+    rows = rows_of(result)
+    assert rows["lru"]["preemptions"] > 0 and rows["lru"]["chunked_prefills"] > 0
+    assert rows["lpc-pooled"]["invariants_ok"]
+    REPORT.append(
+        f"scheduler, data-parallel rank 1 of 2: lpc-const == stock vLLM at all "
+        f"{rows['lru']['steps']} steps; lpc-pooled invariants hold"
+    )
+
+
+@pytest.mark.vllm
 def test_the_kill_switch_evicts_as_stock_vllm_until_switched_back(kill_switch: dict) -> None:
     row = rows_of(kill_switch)["lpc"]
     assert row["mode_switches"] == [[300, "lru"], [600, "lpc"]]
@@ -259,6 +295,43 @@ def test_the_kill_switch_evicts_as_stock_vllm_until_switched_back(kill_switch: d
         f"scheduler, kill switch ({KILL_SWITCH}): {order['lru_pops']} blocks handed out in "
         f"LRU mode, all as stock vLLM's queue; {order['lpc_not_lru']} of {order['lpc_pops']} "
         "in LPC mode unlike LRU"
+    )
+
+
+@pytest.mark.vllm
+def test_the_whole_mooncake_trace_through_vllm_scheduler(vllm_python: Path) -> None:
+    """The whole bundled Mooncake hour (12,031 requests) through vLLM's scheduler, with the
+    settings of docs/serving.md: `lpc-const` equals stock vLLM at every step, chunked prefills
+    and preemptions included; every policy keeps the invariants; and with `lpc-pooled` the
+    preempted requests lose no more KV to eviction than with LRU (their blocks go last)."""
+    result = run_scheduler_ab(
+        Path("mooncake"),
+        vllm_python,
+        *("--kv-tokens", "400000", "--block-size", "512", "--max-num-batched-tokens", "8192"),
+        *("--max-num-seqs", "128", "--access-model", str(SHIPPED_ACCESS_MODEL)),
+        *("--check-every", "0"),
+        policies=("lru", "lpc-const=0.5", "lpc-pooled"),
+        timeout_s=3000,
+    )
+    assert result["requests"] == 12031 and result["ok"], result["checks"]
+    parity = result["checks"]["lpc-const=0.5_equals_lru"]
+    assert parity["equal"], parity["first_divergence"]
+    rows = rows_of(result)
+    lru, pooled = rows["lru"], rows["lpc-pooled"]
+    assert parity["steps_compared"] == lru["steps"]
+    assert lru["preemptions"] > 0 and lru["chunked_prefills"] > 0
+    assert pooled["protected_releases"] == pooled["preemptions"]
+    # No preempted request lost KV to eviction while it waited: every full block it had
+    # computed was found again (what it recomputes is its last, partial block, never cached,
+    # and so depends on when the schedule preempted it, not on the policy).
+    assert pooled["recomputed_evicted_tokens"] <= lru["recomputed_evicted_tokens"]
+    REPORT.append(
+        f"scheduler, whole Mooncake trace: lpc-const == stock vLLM at all {lru['steps']} steps "
+        f"({lru['preemptions']} preemptions, {lru['chunked_prefills']} chunked prefills); hit "
+        f"ratio lru {100 * lru['hit_ratio']:.4f}%, lpc-pooled {100 * pooled['hit_ratio']:.4f}%; "
+        f"recomputed tokens lru {lru['recomputed_tokens']} ({lru['recomputed_evicted_tokens']} "
+        f"evicted), lpc-pooled {pooled['recomputed_tokens']} "
+        f"({pooled['recomputed_evicted_tokens']} evicted)"
     )
 
 
