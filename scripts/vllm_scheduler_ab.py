@@ -12,16 +12,23 @@ TRACE is a JSONL file as `lpc ab --export-trace` writes it (any format `lpc ab -
 reads) or a bundled trace (`mooncake`, `mooncake-synthetic`). Policies: `lru` (stock vLLM),
 `lpc-const[=P]` (the plugin, one p for every release), `lpc` and `lpc-pooled` (the plugin's
 learned evictors: p from `--access-model` in process, else each line's `probability`, sent
-as the request's `lpc_probability`; a line without one gets the fallback p).
+as the request's `lpc_probability`; a line without one gets the fallback p), `shadow` and
+`shadow-pooled` (the plugin in shadow mode: stock vLLM's eviction, while metadata-only `lpc`
+or `lpc-pooled` and LRU caches replay the same requests with the learned policies' p).
+`--switch-at STEP:MODE,...` switches the learned policies' mode (lpc, lru, shadow) before those
+steps: the kill switch, while the engine runs.
 
 Reported per policy: the token hit ratio of vLLM's own `SchedulerStats` (prefix-cache hits /
 queries of first admissions, as `vllm:prefix_cache_hits` / `vllm:prefix_cache_queries`
 count them; a preempted request's second lookup is counted apart), steps, preemptions,
 tokens recomputed after a preemption, chunked prefills (prefills spread over several steps),
-evictions. Checked: `lpc-const` schedules exactly as `lru` at every step (tokens per
-request, preemptions, prefix hits, the blocks allocated), and every run ends with each block
-free, every reference count zero and the free queue holding each block once. Exit status 1
-if a check fails.
+evictions; a shadow's two hit ratios. Checked: `lpc-const`, `shadow` and `shadow-pooled`
+schedule exactly as `lru` at every step (tokens per request, preemptions, prefix hits, the
+blocks allocated); while a plugin run is in lru or shadow mode, each block it evicts is the one
+stock vLLM's `FreeKVCacheBlockQueue`, fed the same calls, evicts; a shadow's figures equal our
+replay of its requests (`lpc.replay.shadow`); every run ends with each block free, every
+reference count zero and the free queue holding each block once. Exit status 1 if a check
+fails.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ sys.path.insert(0, str(REPO))
 from lpc.drivers.vllm_driver import vllm_python_path  # noqa: E402
 from lpc.drivers.vllm_scheduler import (  # noqa: E402
     LEARNED,
+    SHADOW,
     EngineSettings,
     PolicyRun,
     PolicySettings,
@@ -51,6 +59,7 @@ from lpc.drivers.vllm_scheduler import (  # noqa: E402
     policy_row,
     run_policy,
     settings_dict,
+    shadow_replay_check,
     write_requests,
 )
 
@@ -99,6 +108,7 @@ def compare(
     one_in: int = 1,
     records_dir: Path | None = None,
     jobs: int = 1,
+    switch_at: str = "",
 ) -> dict[str, Any]:
     """Every policy's run of the trace through vLLM's scheduler, and the checks."""
     policies = parse_policies(policies_text)
@@ -113,7 +123,10 @@ def compare(
         prepare_seconds = time.perf_counter() - started
 
         def run(policy: Any) -> PolicyRun:
-            return run_policy(vllm_python, requests_file, policy, engine, settings, workdir)
+            switches = switch_at if policy.name in LEARNED else ""
+            return run_policy(
+                vllm_python, requests_file, policy, engine, settings, workdir, switch_at=switches
+            )
 
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             runs = list(pool.map(run, policies))
@@ -126,7 +139,14 @@ def compare(
         }
         lru = next((r for r in runs if r.policy.name == "lru"), None)
         for run_ in runs:
-            if run_.policy.name != "lpc-const" or lru is None:
+            check = run_.summary.get("lru_order_check")
+            if check is not None:
+                checks.setdefault("lru_order", {})[run_.policy.label] = check
+            if run_.policy.name in SHADOW:
+                checks[f"{run_.policy.label}_equals_replay"] = shadow_replay_check(
+                    run_, requests_file.path
+                )
+            if run_.policy.name not in ("lpc-const", *SHADOW) or lru is None:
                 continue
             assert run_.records is not None and lru.records is not None
             divergence = first_divergence(lru.records, run_.records, PARITY_FIELDS)
@@ -145,7 +165,10 @@ def compare(
     else:
         p_source = "none in the trace and no access model: every release the fallback p"
     ok = all(checks["invariants"].values()) and all(checks["every_request_finished"].values())
-    ok = ok and all(value["equal"] for key, value in checks.items() if key.endswith("_equals_lru"))
+    ok = ok and all(
+        value["equal"] for key, value in checks.items() if key.endswith(("_equals_lru", "_replay"))
+    )
+    ok = ok and all(c["lru_mismatches"] == 0 for c in checks.get("lru_order", {}).values())
     return {
         "trace": path,
         "one_in": one_in,
@@ -153,7 +176,10 @@ def compare(
         "prompt_tokens": requests_file.prompt_tokens,
         "output_tokens": requests_file.output_tokens,
         "longest_request_tokens": requests_file.longest_tokens,
-        "learned_p_source": p_source if any(p.name in LEARNED for p in policies) else None,
+        "learned_p_source": (
+            p_source if any(p.name in (*LEARNED, *SHADOW) for p in policies) else None
+        ),
+        "switch_at": switch_at or None,
         "settings": settings_dict(engine, settings),
         "rows": [policy_row(r) for r in runs],
         "checks": checks,
@@ -205,7 +231,25 @@ def print_table(result: dict[str, Any]) -> None:
             f"{row['evictions']:>10} "
             f"{'ok' if row['invariants_ok'] else 'BROKEN':>10}"
         )
+    for row in result["rows"]:
+        if "shadow_queries" in row:
+            print(
+                f"{row['policy']}: shadow hit ratio lpc {100 * row['shadow_lpc_hit_ratio']:.3f}%, "
+                f"lru {100 * row['shadow_lru_hit_ratio']:.3f}% ({row['shadow_requests']} "
+                f"requests, {row['shadow_queries']:,} tokens looked up)"
+            )
+        if row.get("mode_switches"):
+            print(f"{row['policy']}: mode switches {row['mode_switches']}")
+    for label, check in result["checks"].get("lru_order", {}).items():
+        print(
+            f"{label}: {check['lru_pops']} blocks handed out in LRU order, "
+            f"{check['lru_mismatches']} unlike stock vLLM's queue; "
+            f"{check['lpc_pops']} in LPC order ({check['lpc_not_lru']} unlike LRU)"
+        )
     for key, value in result["checks"].items():
+        if key.endswith("_equals_replay"):
+            verdict = "equal" if value["equal"] else f"DIFFERENT: {value['shadow_vs_replay']}"
+            print(f"{key.removesuffix('_equals_replay')} shadow vs our replay: {verdict}")
         if key.endswith("_equals_lru"):
             verdict = (
                 f"equal at all {value['steps_compared']} steps"
@@ -226,7 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--policies",
         default="lru,lpc-const,lpc,lpc-pooled",
-        help="lru, lpc-const[=P], lpc, lpc-pooled (default: all four)",
+        help="lru, lpc-const[=P], lpc, lpc-pooled, shadow, shadow-pooled (default: the first four)",
+    )
+    parser.add_argument(
+        "--switch-at",
+        default="",
+        help="STEP:MODE[,STEP:MODE...]: switch lpc and lpc-pooled to MODE (lpc, lru, shadow) "
+        "before that step, as the control file does in a deployment",
     )
     parser.add_argument("--kv-tokens", type=int, required=True, help="KV pool size in tokens")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per block (16)")
@@ -322,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             args.one_in,
             args.records_dir,
             args.jobs,
+            args.switch_at,
         )
     except (ValueError, SchedulerRunFailed) as error:
         print(f"vllm_scheduler_ab: error: {error}", file=sys.stderr)

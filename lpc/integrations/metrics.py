@@ -41,6 +41,19 @@ COUNTERS: dict[str, str] = {
     "preemptions": "Requests that released their blocks unfinished (preempted)",
     "protected_blocks_released": "Cached blocks of preempted requests, queued after all others",
 }
+# Exported once shadow mode was entered (`shadow`): since it last started.
+SHADOW_COUNTERS: dict[str, str] = {
+    "shadow_requests": "Requests the shadow caches admitted (first scheduling)",
+    "shadow_queries": "Tokens the shadow caches looked up (prefix_cache_queries' unit)",
+    "shadow_lpc_hits": "Tokens the shadow LPC cache hit",
+    "shadow_lru_hits": "Tokens the shadow LRU cache hit",
+}
+SHADOW_GAUGES: dict[str, str] = {
+    "shadow_lpc_hit_ratio": "Token hit ratio LPC would have on this traffic (shadow)",
+    "shadow_lru_hit_ratio": "Token hit ratio LRU would have on this traffic (shadow)",
+    "shadow_events_pending": "Shadow events queued and not applied yet",
+}
+MODES = ("lpc", "lru", "shadow")
 # Exported only when the request log is on (`request_log_dir`).
 REQUEST_LOG_COUNTERS: dict[str, str] = {
     "request_log_records_written": "Finished requests written to the request log",
@@ -64,6 +77,22 @@ class _Collector:
         for name, help_text in REQUEST_LOG_COUNTERS.items():
             if name in data:
                 yield CounterMetricFamily(f"lpc_{name}", help_text, value=data[name])
+        if "mode" in data:
+            mode = GaugeMetricFamily(
+                "lpc_mode", "1 for the mode the plugin runs in", labels=["mode"]
+            )
+            for name in MODES:
+                mode.add_metric([name], 1.0 if data["mode"] == name else 0.0)
+            yield mode
+            yield CounterMetricFamily(
+                "lpc_mode_switches", "Mode switches while running", value=data["mode_switches"]
+            )
+        for name, help_text in SHADOW_COUNTERS.items():
+            if name in data:
+                yield CounterMetricFamily(f"lpc_{name}", help_text, value=data[name])
+        for name, help_text in SHADOW_GAUGES.items():
+            if name in data:
+                yield GaugeMetricFamily(f"lpc_{name}", help_text, value=data[name])
         yield GaugeMetricFamily(
             "lpc_pending_predictions",
             "Predictions asked for and not yet consumed",

@@ -13,6 +13,10 @@ current time. A preempted request's release (`ProtectedRelease`) queues its bloc
 free block (`LPCEvictor.push_protected`): it will need them again in milliseconds, and LRU
 queues them last too.
 
+In `lru` and `shadow` mode (`QueueRuntime.mode`, switchable while the engine runs; see
+`mode`) the queue evicts in stock vLLM's LRU order, exactly, while the learned evictor keeps
+seeing every release so that switching back resumes the learned order.
+
 The evictor is built from the configuration and, with `lpc-pooled`, the loaded access model's
 label horizon (`QueueRuntime.horizon_s`, from its artifact's metadata; 180 s without one).
 
@@ -42,6 +46,7 @@ from eviction.lpc import LPCEvictor
 from eviction.lpc_pooled import DEFAULT_MEMORY_WINDOW_S, DEFAULT_SHARED_HORIZON_S
 from eviction.registry import make_evictor
 from lpc.integrations.config import PluginConfig
+from lpc.integrations.mode import LRUOrder, ModeSwitch
 from lpc.integrations.stats import PluginStats
 
 Clock = Callable[[], float]
@@ -65,6 +70,8 @@ class QueueRuntime:
     # The loaded access model's label horizon (its artifact's `inputs.horizon_s`): what
     # `lpc-pooled` judges reuse and the model over. None: no model loaded, the default.
     horizon_s: float | None = None
+    # lpc, lru or shadow; a queue applies a change at its next pop (`mode`, the kill switch).
+    mode: ModeSwitch = field(default_factory=ModeSwitch)
     _release: ContextVar[Release | None] = field(
         default_factory=lambda: ContextVar("lpc_release", default=None)
     )
@@ -157,9 +164,23 @@ class LPCFreeBlockQueue:
                     "block ids equal to their positions in the pool"
                 )
         self._blocks = list(blocks)
-        self._evictor = self.runtime.new_evictor(len(blocks))
-        self._evictor.reset(range(len(blocks)))
+        self._learned = self.runtime.new_evictor(len(blocks))
+        self._learned.reset(range(len(blocks)))
+        # What decides evictions: the learned evictor, or in lru/shadow mode an `LRUOrder`
+        # over it (`_apply_mode`, at a pop).
+        self._evictor: LPCEvictor | LRUOrder = self._learned
+        self._lru_order = False
         self.runtime.queue_built()
+        self._apply_mode()
+
+    def _apply_mode(self) -> None:
+        """Evict in the mode's order from now on: LRU order rebuilt exactly from the learned
+        evictor (`mode.LRUOrder`), or the learned order, which saw everything meanwhile."""
+        lru_order = self.runtime.mode.lru_order
+        if lru_order == self._lru_order:
+            return
+        self._evictor = LRUOrder(self._learned, len(self._blocks)) if lru_order else self._learned
+        self._lru_order = lru_order
 
     # -- what BlockPool calls ------------------------------------------------------------
     @property
@@ -167,6 +188,8 @@ class LPCFreeBlockQueue:
         return len(self._evictor)
 
     def popleft(self) -> Any:
+        if self.runtime.mode.lru_order is not self._lru_order:
+            self._apply_mode()
         if not len(self._evictor):
             raise ValueError("No free blocks available")
         block = self._blocks[self._evictor.pop()]
@@ -177,6 +200,8 @@ class LPCFreeBlockQueue:
     def popleft_n(self, n: int) -> list[Any]:
         if n == 0:
             return []
+        if self.runtime.mode.lru_order is not self._lru_order:
+            self._apply_mode()
         if n > len(self._evictor):
             raise ValueError(f"cannot pop {n} blocks: only {len(self._evictor)} are free")
         blocks = self._blocks
@@ -245,6 +270,7 @@ class LPCFreeBlockQueue:
         self.runtime.stats.add(uncached_blocks_released=len(blocks))
 
     def get_all_free_blocks(self) -> list[Any]:
+        self._apply_mode()
         blocks = self._blocks
         return [blocks[i] for i in self._evictor.free_block_ids()]
 
@@ -254,6 +280,7 @@ class LPCFreeBlockQueue:
         O(n log n) per call: the order is materialised from the heap. vLLM calls this only
         from the CPU-offloading connector's lazy mode.
         """
+        self._apply_mode()
         order = self._evictor.free_block_ids()
         start = 0
         if cursor is not None:
@@ -282,7 +309,8 @@ class LPCFreeBlockQueue:
 
     @property
     def evictor(self) -> LPCEvictor:
-        return self._evictor
+        """The learned evictor (in lru and shadow mode too: it sees everything, evicts nothing)."""
+        return self._learned
 
 
 def _freed(blocks: Sequence[Any]) -> FreedBlocks:

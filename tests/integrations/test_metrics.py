@@ -48,3 +48,32 @@ def test_a_taken_port_is_a_warning_not_a_crash() -> None:
         assert start_metrics_server(lambda: {"registered": False}, "127.0.0.1", port) is None
     finally:
         first.close()
+
+
+def test_the_mode_and_the_shadow_figures_are_exported() -> None:
+    def read() -> dict:
+        return {
+            "registered": True,
+            "mode": "shadow",
+            "mode_switches": 2,
+            "shadow_requests": 3,
+            "shadow_queries": 40,
+            "shadow_lpc_hits": 16,
+            "shadow_lru_hits": 8,
+            "shadow_lpc_hit_ratio": 0.4,
+            "shadow_lru_hit_ratio": 0.2,
+            "shadow_events_pending": 0,
+        }
+
+    server = start_metrics_server(read, "127.0.0.1", 0)
+    assert server is not None
+    try:
+        port = server.server.server_port
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        server.close()
+    assert 'lpc_mode{mode="shadow"} 1.0' in text and 'lpc_mode{mode="lpc"} 0.0' in text
+    assert "lpc_mode_switches_total 2.0" in text
+    assert "lpc_shadow_lpc_hit_ratio 0.4" in text and "lpc_shadow_lru_hit_ratio 0.2" in text
+    assert "lpc_shadow_queries_total 40.0" in text and "lpc_shadow_lpc_hits_total 16.0" in text
