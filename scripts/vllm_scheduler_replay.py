@@ -1,6 +1,6 @@
 """Serve a request trace with vLLM 0.33.0's own `Scheduler` on the CPU, on a simulated clock.
 
-Runs INSIDE the vLLM venv (scripts/setup_vllm_venv.sh); `scripts/vllm_scheduler_ab.py` (the
+Runs INSIDE the vLLM venv (scripts/setup_vllm_venv.sh); `lpc vllm-ab` (the
 project's venv, through `lpc.drivers.vllm_scheduler`) writes the requests and runs it once per
 policy. No model and no GPU: the engine loop of `vllm.v1.engine.core.EngineCore.step` is
 reproduced with a synthetic `ModelRunnerOutput`.

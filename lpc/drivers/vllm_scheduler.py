@@ -4,7 +4,7 @@
 this module, in the project's venv, writes the requests it serves, sets each policy's
 environment (vLLM loads the plugin from its `vllm.general_plugins` entry point with
 `VLLM_PLUGINS=lpc`, and the plugin reads the LPC_* variables, as in a deployment), runs it
-and reads back its summary and per-step records. `scripts/vllm_scheduler_ab.py` is the
+and reads back its summary and per-step records. `lpc vllm-ab` (`lpc.cli.vllm_ab`) is the
 command; `tests/integrations/test_vllm_scheduler.py` the tests.
 
 Policies: `lru` is stock vLLM (`VLLM_PLUGINS=` empty: no plugin); `lpc-const[=P]` the plugin
