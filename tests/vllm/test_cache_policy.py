@@ -3,7 +3,9 @@
 `CPUOffloadingManager` resolves `LPCCachePolicy` through `CachePolicyFactory` from
 `lpc.integrations.vllm_cache_policy` and drives it through stores, finishes and a pinning
 load (tests/vllm/cache_policy_driver.py). LPC must evict the request least likely to
-continue where vLLM's own LRU evicts the oldest, and never a pinned chunk.
+continue where vLLM's own LRU evicts the oldest, and never a pinned chunk. With the GPU plugin registered in the same
+process, the p comes from the plugin's release of each finished request (no
+`kv_transfer_params`), and `LPCPooledCachePolicy` runs with the tier's own horizon.
 
 Marked `vllm`: run with `pytest -m vllm tests/vllm` after `bash scripts/setup_vllm_venv.sh`.
 """
@@ -42,6 +44,12 @@ def runs(vllm_python: Path) -> dict[str, list[dict]]:
     return {
         "lpc": drive(vllm_python, "LPCCachePolicy", "lpc.integrations.vllm_cache_policy"),
         "lru": drive(vllm_python, "lru"),
+        "plugin": drive(
+            vllm_python, "LPCCachePolicy", "lpc.integrations.vllm_cache_policy", "--plugin"
+        ),
+        "pooled": drive(
+            vllm_python, "LPCPooledCachePolicy", "lpc.integrations.vllm_cache_policy", "--plugin"
+        ),
     }
 
 
@@ -59,3 +67,21 @@ def test_a_chunk_pinned_by_a_load_is_never_evicted(runs) -> None:
     assert "unlikely-0" not in pinned["evicted"]["third"]
     # The other unlikely chunk goes first, then the likely request's tail.
     assert pinned["evicted"]["third"] == ["unlikely-1", "likely-1"]
+
+
+def test_the_cpu_tier_takes_p_from_the_gpu_plugins_release(runs) -> None:
+    """No kv_transfer_params: the p each request carried to the GPU plugin (`extra_args`)
+    reaches the CPU tier through the plugin's release, and orders it as before."""
+    for through_plugin, carried in zip(runs["plugin"], runs["lpc"], strict=True):
+        assert through_plugin["evicted"] == carried["evicted"]
+        assert through_plugin["resident"] == carried["resident"]
+    stats = runs["plugin"][0]["stats"]
+    assert stats["releases"] == 3 and stats["probabilities_from_request"] == 3
+    assert stats["plugin_errors"] == 0 and stats["invalid_probabilities"] == 0
+
+
+def test_the_pooled_policy_runs_with_the_tiers_own_horizon(runs) -> None:
+    pooled = runs["pooled"][0]
+    assert pooled["horizon_s"] == 900.0
+    assert pooled["stats"]["plugin_errors"] == 0
+    assert len(pooled["resident"]) == 4
