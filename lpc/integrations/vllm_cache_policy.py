@@ -29,9 +29,15 @@ records the release by request id (`finished_releases`). The probability is, in 
 Its conversation: the plugin's release when the request named one (`lpc_conversation_id` in
 `extra_args`); else `kv_transfer_params["lpc_conversation_id"]`; else an action of `kv_hints`
 whose payload carries `lpc_conversation_id` or `conversation_id`; else the request id (each
-request its own conversation, as the plugin does without one). Stores made while a request
-runs get its provisional release; `on_request_finished` re-releases all its chunks with the
-final one.
+request its own conversation, as the plugin does without one).
+
+A request's release is final once it finished (`on_request_finished`, or a store after the GPU
+plugin released it). Chunks stored before that are provisional: queued after every chunk
+queued so far, as LRU queues a fresh insert and the GPU plugin a preempted request's blocks
+(`push_protected`: no p used, nothing learned); a running request's `touch` moves only such
+chunks. The final release forgets a provisional chunk's metadata (`RunHeap.forget`) before
+keying it, so the request's p and conversation replace the provisional key instead of pooling
+with it; chunks other requests released keep max pooling.
 
 Its horizon is its own tier's: `LPCPooledCachePolicy` judges reuse over
 `kv_connector_extra_config["lpc_horizon_s"]` when set (the CPU tier keeps chunks longer than
@@ -100,6 +106,7 @@ class _Chunk:
     depth: int
     release: Release
     evictable: bool = False
+    provisional: bool = False  # released by a request that has not finished yet
 
 
 def hinted_conversation(kv_hints: Any) -> str | None:
@@ -225,14 +232,14 @@ class EvictorCachePolicy:
         if not self._free_slots:
             raise RuntimeError(f"insert beyond the capacity of {self.cache_capacity} chunks")
         slot = self._free_slots.pop()
-        release = self._release(req_context)
+        release, final = self._release(req_context, None)
         try:
             position = req_context.get_offload_key_position(key)
             depth = 0 if position is None else int(position)
         except Exception as error:  # the chunk is kept, at depth 0
             self.stats.plugin_error("the CPU tier's insert", error)
             depth = 0
-        self._chunks[key] = _Chunk(chunk, slot, depth, release)
+        self._chunks[key] = _Chunk(chunk, slot, depth, release, provisional=not final)
         self._key_of[slot] = key
         if chunk.ref_cnt == 0:
             self._guarded("insert", lambda: self._push([key]))
@@ -241,11 +248,11 @@ class EvictorCachePolicy:
         record = self._chunks.pop(key)
         del self._key_of[record.slot]
         self._free_slots.append(record.slot)
-        if record.evictable and not self.degraded:
-            self._guarded("remove", lambda: self.evictor.remove(record.slot))
+        if not self.degraded:
+            self._guarded("remove", lambda: self._take_out(record, forget=True))
 
     def touch(self, keys: Iterable[Any], req_context: Any) -> None:
-        self._release_keys("touch", list(keys), req_context)
+        self._release_keys("touch", list(keys), req_context, None)
 
     def on_store_miss(self, keys: Iterable[Any], req_context: Any) -> None:
         """A miss holds nothing to reorder (the keys are not resident yet)."""
@@ -262,7 +269,7 @@ class EvictorCachePolicy:
         req_context: Any,
     ) -> None:
         keys = [key for group in key_groups for key in group]
-        self._release_keys("on_request_finished", keys, req_context)
+        self._release_keys("on_request_finished", keys, req_context, True)
 
     def evict(self, n: int, protected: set[Any]) -> list[tuple[Any, Any]] | None:
         if n == 0:
@@ -293,28 +300,36 @@ class EvictorCachePolicy:
             self._guarded("mark_non_evictable", lambda: self.evictor.remove(record.slot))
 
     # -- internals --------------------------------------------------------------------------
-    def _release(self, req_context: Any) -> Release:
-        """`request_release`, or on an error in it the fallback p at the current time."""
+    def _release(self, req_context: Any, final: bool | None) -> tuple[Release, bool]:
+        """`request_release`, or on an error in it the fallback p at the current time; and
+        whether it is the request's final release: at `on_request_finished` (`final` True), or
+        once the GPU plugin has released the finished request (`final` None: look)."""
         now = self._clock()
         try:
-            return request_release(req_context, now, self.finished, self.stats)
+            if final is None:
+                rid = str(getattr(req_context, "req_id", ""))
+                final = self.finished is not None and self.finished.get(rid) is not None
+            return request_release(req_context, now, self.finished, self.stats), final
         except Exception as error:
             self.stats.plugin_error("the CPU tier's request release", error)
             rid = getattr(req_context, "req_id", None)
-            return Release(now, None, rid if isinstance(rid, str) else None)
+            return Release(now, None, rid if isinstance(rid, str) else None), bool(final)
 
-    def _release_keys(self, hook: str, keys: list[Any], req_context: Any) -> None:
+    def _release_keys(
+        self, hook: str, keys: list[Any], req_context: Any, final: bool | None
+    ) -> None:
         """Give `keys` (head to tail) the request's release; on an error LRU's move to the
         most recent place: the fallback p at the current time."""
-        release = self._release(req_context)
+        release, final = self._release(req_context, final)
 
         def lru() -> None:
             fallback = Release(self._clock(), None, release.conversation_id)
             for key in keys:
-                if key in self._chunks:
-                    self._chunks[key].release = fallback
+                record = self._chunks.get(key)
+                if record is not None and (final or record.provisional):
+                    record.release, record.provisional = fallback, not final
 
-        self._guarded(hook, lambda: self._rerelease(keys, release), lru)
+        self._guarded(hook, lambda: self._rerelease(keys, release, final), lru)
 
     def _guarded(
         self, hook: str, action: Callable[[], None], fallback: Callable[[], None] | None = None
@@ -332,20 +347,36 @@ class EvictorCachePolicy:
                     self.stats.plugin_error(f"the CPU tier's {hook} fallback", second)
             self._rebuild()
 
-    def _rerelease(self, keys: list[Any], release: Release) -> None:
+    def _rerelease(self, keys: list[Any], release: Release, final: bool) -> None:
         """Give `keys` the request's release; evictable ones go back to the evictor tail
-        first, pinned ones keep it for when they become evictable. Re-queued chunks keep their
-        pooling metadata (`RunHeap.remove` leaves it), so a chunk shared with another
-        conversation keeps the larger key: max pooling."""
+        first, pinned ones keep it for when they become evictable.
+
+        A final release re-keys every chunk. Re-queued chunks keep their pooling metadata
+        (`RunHeap.remove` leaves it), so a chunk shared with another conversation keeps the
+        larger key (max pooling); a chunk whose only release was provisional forgets it first,
+        so the request's final p (and conversation) replaces it rather than pooling with it.
+        A provisional release (a running request's touch) moves only provisional chunks: the
+        others keep the keys their conversations' releases gave them."""
         resident = [self._chunks[k] for k in keys if k in self._chunks]
+        if not final:
+            resident = [r for r in resident if r.provisional]
         for record in resident:
             record.release = release
         if self.degraded:
+            for record in resident:
+                record.provisional = not final
             return
-        evictable = [r for r in resident if r.evictable]
-        for record in evictable:
+        for record in resident:
+            self._take_out(record, forget=record.provisional and final)
+            record.provisional = not final
+        self._enqueue([r for r in resident if r.evictable])
+
+    def _take_out(self, record: _Chunk, forget: bool) -> None:
+        """Take an evictable chunk out of the evictor; with `forget`, drop its metadata too."""
+        if record.evictable:
             self.evictor.remove(record.slot)
-        self._enqueue(evictable)
+        if forget and hasattr(self.evictor, "forget"):
+            self.evictor.forget(record.slot)
 
     def _push(self, keys: list[Any]) -> None:
         """Make `keys` evictable: into the evictor with their releases."""
@@ -356,14 +387,18 @@ class EvictorCachePolicy:
             self._enqueue(records)
 
     def _enqueue(self, records: list[_Chunk]) -> None:
-        """Hand evictable chunks to the evictor tail first, grouped by their release."""
-        by_release: dict[int, list[_Chunk]] = {}
+        """Hand evictable chunks to the evictor tail first, grouped by their release. A
+        provisional release queues its chunks as the GPU plugin queues a preempted request's
+        (`push_protected`: after every chunk queued so far, LRU's place for a fresh insert,
+        nothing learned from it); a final one is an ordinary release (`push_cached`)."""
+        by_release: dict[tuple[int, bool], list[_Chunk]] = {}
         for record in sorted(records, key=lambda r: -r.depth):
-            by_release.setdefault(id(record.release), []).append(record)
-        for group in by_release.values():
+            by_release.setdefault((id(record.release), record.provisional), []).append(record)
+        protected = getattr(self.evictor, "push_protected", self.evictor.push_cached)
+        for (_, provisional), group in by_release.items():
             slots = [r.slot for r in group]
             freed = FreedBlocks(slots, [r.depth for r in group], [self._key_of[s] for s in slots])
-            self.evictor.push_cached(freed, group[0].release)
+            (protected if provisional else self.evictor.push_cached)(freed, group[0].release)
 
     def _evict(self, n: int, protected: set[Any]) -> list[tuple[Any, Any]] | None:
         """The evictor's choice; records change only once it is complete, so an exception on

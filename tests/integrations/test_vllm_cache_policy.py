@@ -380,3 +380,54 @@ def test_an_evictor_that_cannot_be_rebuilt_leaves_the_tier_in_lru_order(
 
 def failing_make_evictor(*args: Any, **kwargs: Any) -> Any:
     raise MemoryError("no evictor")
+
+
+# -- provisional releases (a request still running) ---------------------------------------------
+def test_the_final_release_replaces_a_provisional_one_of_another_conversation() -> None:
+    """Stores while a request runs carry no p yet; when it finishes, the GPU plugin's release
+    (its own conversation id, not the request id) re-keys them outright: no max pooling with
+    the provisional key, and the tail still goes first."""
+    clock = Clock()
+    finished = FinishedReleases()
+    policy = EvictorCachePolicy(6, "lpc", clock=clock, finished=finished)
+    for rid, p in [("moderate", 0.3), ("unlikely", 0.1)]:
+        context = Context(rid)
+        keys = [f"{rid}-{i}".encode() for i in range(2)]
+        for i, key in enumerate(keys):
+            context.positions[key] = 16 * (i + 1)
+            policy.insert(key, Status(i), context)  # the request runs: provisional
+            policy.get(key).ref_cnt = 0
+            policy.mark_evictable(key)
+        assert all(policy._chunks[k].provisional for k in keys)
+        finished.record(rid, Release(clock.now, p, f"conversation-{rid}"))
+        policy.on_request_finished([keys], set(keys), set(), context)
+        clock.now += 1.0
+    assert evicted_order(policy) == [b"unlikely-1", b"unlikely-0", b"moderate-1", b"moderate-0"]
+
+
+def test_a_running_requests_touch_moves_only_its_own_chunks() -> None:
+    clock = Clock()
+    policy = EvictorCachePolicy(6, "lpc", clock=clock)
+    unlikely = store(policy, "u", 2, request("u", 0.1))
+    likely = store(policy, "l", 2, request("l", 0.9))
+    clock.now = 50.0
+    policy.touch(unlikely, Context("running"))  # a running request reads u's chunks
+    assert evicted_order(policy) == unlikely[::-1] + likely[::-1]
+
+
+def test_a_removed_chunks_slot_forgets_its_release() -> None:
+    """vLLM removes a chunk whose store failed; the next chunk in its slot must not inherit
+    the old chunk's key through max pooling."""
+    policy = EvictorCachePolicy(3, "lpc", clock=Clock())
+    (old,) = store(policy, "o", 1, request("o", 0.99))
+    slot = policy._chunks[old].slot
+    policy.get(old).ref_cnt = 1
+    policy.mark_non_evictable(old)
+    policy.remove(old)
+    (new,) = store(policy, "n", 1, request("n", 0.01))
+    assert policy._chunks[new].slot == slot
+    middle = store(policy, "m", 1, request("m", 0.5))
+    assert evicted_order(policy) == [new, *middle]
+    with pytest.raises(ValueError, match="queued"):
+        queued = store(policy, "q", 1, request("q", 0.5))
+        policy.evictor.forget(policy._chunks[queued[0]].slot)

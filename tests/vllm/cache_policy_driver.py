@@ -8,7 +8,10 @@ their p in vLLM `Request`s' `extra_args`, not in `kv_transfer_params`: the plugi
 each finished request (`release_for`, as `KVCacheManager.free` calls it) is what the CPU tier
 reads. The connector's `kv_connector_extra_config` sets the tier's `lpc_horizon_s` (as the
 plugin's `Scheduler.__init__` wrapper hands it over), and the JSON adds the policy's horizon
-and the plugin's counters."""
+and the plugin's counters. With `--access` too (and `LPC_ACCESS_MODEL` set) the requests carry
+no p at all: the plugin's in-process access model predicts each at its release, and the JSON
+adds the p the GPU plugin released each request with and the p its resident chunks carry in
+the CPU tier."""
 
 from __future__ import annotations
 
@@ -28,9 +31,12 @@ TIER_HORIZON_S = 900.0
 REQUESTS = [("likely", 0.9, 2), ("unlikely", 0.1, 2), ("third", 0.5, 2)]
 
 
-def finish_on_gpu(rid: str, p: float) -> None:
+def finish_on_gpu(rid: str, p: float, access: bool) -> None:
     """What the GPU plugin does when vLLM frees a finished request's blocks."""
-    params = SamplingParams(max_tokens=1, extra_args={"lpc_probability": p})
+    extra_args = {"lpc_conversation_id": f"c-{rid}"}
+    if not access:
+        extra_args["lpc_probability"] = p
+    params = SamplingParams(max_tokens=1, extra_args=extra_args)
     request = Request(rid, [1, 2, 3], params, None)
     request.status = RequestStatus.FINISHED_STOPPED
     runtime = vllm_plugin.registered_runtime()
@@ -38,7 +44,7 @@ def finish_on_gpu(rid: str, p: float) -> None:
     runtime.release_for(request)
 
 
-def main(policy: str, module_path: str | None, pin: bool, plugin: bool) -> dict:
+def main(policy: str, module_path: str | None, pin: bool, plugin: bool, access: bool) -> dict:
     manager = CPUOffloadingManager(
         num_chunks=4, cache_policy=policy, cache_policy_module_path=module_path
     )
@@ -61,7 +67,7 @@ def main(policy: str, module_path: str | None, pin: bool, plugin: bool) -> dict:
         evicted[rid] = [all_keys[k] for k in out.evicted_keys]
         manager.complete_store(out.keys_to_store, context)
         if plugin:
-            finish_on_gpu(rid, p)
+            finish_on_gpu(rid, p, access)
         manager.on_request_finished(context)
     resident = sorted(
         name
@@ -74,16 +80,21 @@ def main(policy: str, module_path: str | None, pin: bool, plugin: bool) -> dict:
         assert runtime is not None
         out["horizon_s"] = getattr(manager._policy.evictor, "horizon_s", None)
         out["stats"] = runtime.stats.snapshot()
+        chunks = manager._policy._chunks
+        out["gpu_p"] = {rid: runtime.finished.get(rid).probability for rid, _, _ in REQUESTS}
+        out["cpu_p"] = {
+            name: chunks[key].release.probability for key, name in all_keys.items() if key in chunks
+        }
     return out
 
 
 if __name__ == "__main__":
-    plugin = "--plugin" in sys.argv
-    args = [a for a in sys.argv[1:] if a != "--plugin"]
+    plugin, access = "--plugin" in sys.argv, "--access" in sys.argv
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
     policy, module_path = args[0], args[1] if len(args) > 1 else None
     if plugin:
         vllm_plugin.register()
         runtime = vllm_plugin.registered_runtime()
         assert runtime is not None
         runtime.kv_connector_extra_config = {"lpc_horizon_s": TIER_HORIZON_S}
-    print(json.dumps([main(policy, module_path, pin, plugin) for pin in (False, True)]))
+    print(json.dumps([main(policy, module_path, pin, plugin, access) for pin in (False, True)]))

@@ -25,8 +25,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("cache_policy_driver.py")
 
 
-def drive(vllm_python: Path, *args: str) -> list[dict]:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+def drive(vllm_python: Path, *args: str, **variables: str) -> list[dict]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **variables}
     done = subprocess.run(
         [str(vllm_python), str(DRIVER), *args],
         capture_output=True,
@@ -49,6 +49,14 @@ def runs(vllm_python: Path) -> dict[str, list[dict]]:
         ),
         "pooled": drive(
             vllm_python, "LPCPooledCachePolicy", "lpc.integrations.vllm_cache_policy", "--plugin"
+        ),
+        "access": drive(
+            vllm_python,
+            "LPCCachePolicy",
+            "lpc.integrations.vllm_cache_policy",
+            "--plugin",
+            "--access",
+            LPC_ACCESS_MODEL=str(REPO_ROOT / "models" / "mooncake-access"),
         ),
     }
 
@@ -85,3 +93,14 @@ def test_the_pooled_policy_runs_with_the_tiers_own_horizon(runs) -> None:
     assert pooled["horizon_s"] == 900.0
     assert pooled["stats"]["plugin_errors"] == 0
     assert len(pooled["resident"]) == 4
+
+
+def test_the_cpu_tier_uses_the_in_process_access_models_p(runs) -> None:
+    """Requests with no p: the plugin's access model predicts each at its GPU release, and the
+    CPU tier's chunks of that request carry the same p."""
+    access = runs["access"][0]
+    assert access["stats"]["predictions_in_process"] == 3
+    assert access["stats"]["plugin_errors"] == 0
+    assert access["cpu_p"]
+    for name, p in access["cpu_p"].items():
+        assert p is not None and p == access["gpu_p"][name.rsplit("-", 1)[0]]
