@@ -164,6 +164,14 @@ class RunHeap:
         for block_id in block_ids:
             state[block_id] = ghost
 
+    def forget(self, block_id: int) -> None:
+        """Drop the metadata of a block that is not queued (a ghost of its last release), so
+        its next release starts afresh: its content changed, or that release was provisional.
+        vLLM's CPU tier (`lpc.integrations.vllm_cache_policy`) needs it; the GPU pool does not."""
+        if type(self._state[block_id]) is Run:
+            raise ValueError(f"block {block_id} is queued; remove it first")
+        self._state[block_id] = None
+
     def remove(self, block_id: int) -> None:
         """Take a free block out: a queued one leaves its run, whose ghost (same key and tag)
         becomes its metadata; an uncached one leaves the list.

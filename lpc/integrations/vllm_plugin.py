@@ -103,6 +103,7 @@ from eviction.lpc import DEFAULT_FALLBACK_PROBABILITY
 from lpc.integrations import engine_checks, vllm_compat
 from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
+from lpc.integrations.finished_releases import FinishedReleases
 from lpc.integrations.metrics import MetricsServer, start_metrics_server
 from lpc.integrations.mode import ControlFileWatcher, ModeSwitch
 from lpc.integrations.plugin_request_log import PluginRequestLog
@@ -147,6 +148,11 @@ class PluginRuntime:
     shadow: ShadowFeed | None = None  # feeds the shadow caches while the mode is `shadow`
     # Stamps completions for the access features, on the timeline of vLLM's arrival times.
     wall_clock: Clock = time.time
+    # Each finished request's release, for the CPU offload tier's policy (`vllm_cache_policy`).
+    finished: FinishedReleases = field(default_factory=FinishedReleases)
+    # The `kv_connector_extra_config` of the engine whose scheduler is being built (the CPU
+    # tier's policy is built inside `Scheduler.__init__` and reads its `lpc_*` keys here).
+    kv_connector_extra_config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def clock(self) -> Clock:
@@ -199,7 +205,9 @@ class PluginRuntime:
         request that is not finished (preempted), a `ProtectedRelease`."""
         if is_unfinished(request):
             return self.preemption_release(request)
-        return self.release_and_source(request)[0]
+        release = self.release_and_source(request)[0]
+        self.finished.record(request.request_id, release)
+        return release
 
     def preemption_release(self, request: Any) -> ProtectedRelease:
         """A preempted request's release: its blocks go after every free block until it is
@@ -505,6 +513,7 @@ def _wrap_scheduler_init(original: Any) -> Any:
         registration = _REGISTRATION
         if registration is not None:
             config = registration.runtime.config
+            registration.runtime.kv_connector_extra_config = connector_extra_config(vllm_config)
             allowed = engine_checks.parse_allowed(config.allow_unverified)
             for item in engine_checks.check_engine(vllm_config, kv_cache_config, allowed):
                 logger.warning(
@@ -516,6 +525,19 @@ def _wrap_scheduler_init(original: Any) -> Any:
         return original(self, vllm_config, kv_cache_config, *args, **kwargs)
 
     return __init__
+
+
+def connector_extra_config(vllm_config: Any) -> dict[str, Any]:
+    """The engine's `kv_transfer_config.kv_connector_extra_config` (empty when none)."""
+    transfer = getattr(vllm_config, "kv_transfer_config", None)
+    extra = getattr(transfer, "kv_connector_extra_config", None)
+    return dict(extra) if isinstance(extra, Mapping) else {}
+
+
+def registered_runtime() -> PluginRuntime | None:
+    """The active registration's runtime (None: the plugin is not registered here)."""
+    registration = _REGISTRATION
+    return None if registration is None else registration.runtime
 
 
 def make_predictor_client(config: PluginConfig) -> PredictionClient | None:
