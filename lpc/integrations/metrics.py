@@ -48,7 +48,22 @@ COUNTERS: dict[str, str] = {
     "access_prediction_errors": "Releases the access model could not read (fallback p)",
     "invalid_probabilities": "Probabilities not finite or not in [0, 1] (fallback p used)",
     "plugin_errors": "Exceptions caught in the plugin's hooks (vLLM's own behaviour used)",
+    "preemptions": "Requests that released their blocks unfinished (preempted)",
+    "protected_blocks_released": "Cached blocks of preempted requests, queued after all others",
 }
+# Exported once shadow mode was entered (`shadow`): since it last started.
+SHADOW_COUNTERS: dict[str, str] = {
+    "shadow_requests": "Requests the shadow caches admitted (first scheduling)",
+    "shadow_queries": "Tokens the shadow caches looked up (prefix_cache_queries' unit)",
+    "shadow_lpc_hits": "Tokens the shadow LPC cache hit",
+    "shadow_lru_hits": "Tokens the shadow LRU cache hit",
+}
+SHADOW_GAUGES: dict[str, str] = {
+    "shadow_lpc_hit_ratio": "Token hit ratio LPC would have on this traffic (shadow)",
+    "shadow_lru_hit_ratio": "Token hit ratio LRU would have on this traffic (shadow)",
+    "shadow_events_pending": "Shadow events queued and not applied yet",
+}
+MODES = ("lpc", "lru", "shadow")
 # Exported only when the request log is on (`request_log_dir`).
 REQUEST_LOG_COUNTERS: dict[str, str] = {
     "request_log_records_written": "Finished requests written to the request log",
@@ -74,7 +89,13 @@ SHADOW_PREFIX = "shadow_"
 RANK_LABEL = "dp_rank"
 # Snapshot keys exported under a name and help text of their own; a `shadow_*` key among them
 # is not exported a second time by the generic rule.
-NAMED_METRICS: tuple[dict[str, str], ...] = (COUNTERS, REQUEST_LOG_COUNTERS, GATE_GAUGES)
+NAMED_METRICS: tuple[dict[str, str], ...] = (
+    COUNTERS,
+    REQUEST_LOG_COUNTERS,
+    GATE_GAUGES,
+    SHADOW_COUNTERS,
+    SHADOW_GAUGES,
+)
 
 
 def metrics_port_for(port: int, rank: int) -> int:
@@ -144,6 +165,20 @@ class _Collector:
         for name, help_text in REQUEST_LOG_COUNTERS.items():
             if name in data:
                 yield counter(name, help_text, data[name])
+        if "mode" in data:
+            mode = GaugeMetricFamily(
+                "lpc_mode", "1 for the mode the plugin runs in", labels=["mode", RANK_LABEL]
+            )
+            for name in MODES:
+                mode.add_metric([name, *rank], 1.0 if data["mode"] == name else 0.0)
+            yield mode
+            yield counter("mode_switches", "Mode switches while running", data["mode_switches"])
+        for name, help_text in SHADOW_COUNTERS.items():
+            if name in data:
+                yield counter(name, help_text, data[name])
+        for name, help_text in SHADOW_GAUGES.items():
+            if name in data:
+                yield gauge(name, help_text, data[name])
         yield gauge(
             "pending_predictions",
             "Predictions asked for and not yet consumed",

@@ -40,6 +40,11 @@ class PluginStats:
     plugin caught in its own code inside a vLLM call (the release path, the free queue, the
     request log, scheduling): that call went on as stock vLLM would (fallback p, LRU-equivalent
     order); each place logs its first exception only.
+
+    Preemption: `preemptions` counts requests that released their blocks unfinished (vLLM
+    preempted them, or freed them to retry); their cached blocks, `protected_blocks_released`,
+    are queued after every free block, as LRU queues them last, and the release is neither
+    predicted nor counted in `releases`.
     """
 
     releases: int = 0
@@ -63,6 +68,8 @@ class PluginStats:
     access_prediction_errors: int = 0
     invalid_probabilities: int = 0
     plugin_errors: int = 0
+    preemptions: int = 0
+    protected_blocks_released: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _logged: set[str] = field(default_factory=set, repr=False, compare=False)
 

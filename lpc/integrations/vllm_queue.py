@@ -9,7 +9,13 @@ block first on ties, blocks without a hash before every cached one).
 What the queue cannot see — the probability, time and conversation of a release — comes from
 the release context the plugin sets while vLLM frees a request (`QueueRuntime.releasing`).
 Blocks appended outside any release (e.g. `BlockPool.unpin_blocks`) get the fallback p at the
-current time.
+current time. A preempted request's release (`ProtectedRelease`) queues its blocks after every
+free block (`LPCEvictor.push_protected`): it will need them again in milliseconds, and LRU
+queues them last too.
+
+In `lru` and `shadow` mode (`QueueRuntime.mode`, switchable while the engine runs; see
+`mode`) the queue evicts in stock vLLM's LRU order, exactly, while the learned evictor keeps
+seeing every release so that switching back resumes the learned order.
 
 The evictor is built from the configuration and, with `lpc-pooled`, the loaded access model's
 label horizon (`QueueRuntime.horizon_s`, from its artifact's metadata; 180 s without one).
@@ -44,9 +50,17 @@ from eviction.registry import make_evictor
 from lpc.integrations.config import PluginConfig
 from lpc.integrations.engine_context import EngineContext, engine_context
 from lpc.integrations.histograms import PluginHistograms
+from lpc.integrations.mode import LRUOrder, ModeSwitch
 from lpc.integrations.stats import PluginStats
 
 Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class ProtectedRelease(Release):
+    """The release of a request that is not finished (preempted): its blocks are queued after
+    every free block (`LPCEvictor.push_protected`), since it asks for them again as soon as it
+    is rescheduled; its probability is not used."""
 
 
 @dataclass
@@ -64,6 +78,8 @@ class QueueRuntime:
     # Learned from vLLM's constructors when the first queue is built (`engine_context`).
     engine: EngineContext = field(default_factory=EngineContext)
     evictor: LPCEvictor | None = None  # the latest queue's (its trust gate is exported)
+    # lpc, lru or shadow; a queue applies a change at its next pop (`mode`, the kill switch).
+    mode: ModeSwitch = field(default_factory=ModeSwitch)
     _release: ContextVar[Release | None] = field(
         default_factory=lambda: ContextVar("lpc_release", default=None)
     )
@@ -152,9 +168,23 @@ class LPCFreeBlockQueue:
         self._blocks = list(blocks)
         # Each block's last release time (the queue's clock): its age when evicted.
         self._released_s = array("d", bytes(8 * len(blocks)))
-        self._evictor = self.runtime.new_evictor(len(blocks))
-        self._evictor.reset(range(len(blocks)))
+        self._learned = self.runtime.new_evictor(len(blocks))
+        self._learned.reset(range(len(blocks)))
+        # What decides evictions: the learned evictor, or in lru/shadow mode an `LRUOrder`
+        # over it (`_apply_mode`, at a pop).
+        self._evictor: LPCEvictor | LRUOrder = self._learned
+        self._lru_order = False
         self.runtime.queue_built()
+        self._apply_mode()
+
+    def _apply_mode(self) -> None:
+        """Evict in the mode's order from now on: LRU order rebuilt exactly from the learned
+        evictor (`mode.LRUOrder`), or the learned order, which saw everything meanwhile."""
+        lru_order = self.runtime.mode.lru_order
+        if lru_order == self._lru_order:
+            return
+        self._evictor = LRUOrder(self._learned, len(self._blocks)) if lru_order else self._learned
+        self._lru_order = lru_order
 
     # -- what BlockPool calls ------------------------------------------------------------
     @property
@@ -162,6 +192,8 @@ class LPCFreeBlockQueue:
         return len(self._evictor)
 
     def popleft(self) -> Any:
+        if self.runtime.mode.lru_order is not self._lru_order:
+            self._apply_mode()
         if not len(self._evictor):
             raise ValueError("No free blocks available")
         block = self._blocks[self._evictor.pop()]
@@ -175,6 +207,8 @@ class LPCFreeBlockQueue:
     def popleft_n(self, n: int) -> list[Any]:
         if n == 0:
             return []
+        if self.runtime.mode.lru_order is not self._lru_order:
+            self._apply_mode()
         if n > len(self._evictor):
             raise ValueError(f"cannot pop {n} blocks: only {len(self._evictor)} are free")
         blocks = self._blocks
@@ -222,8 +256,12 @@ class LPCFreeBlockQueue:
         runtime = self.runtime
         freed = _freed(blocks)
         release = runtime.current_release()
+        protected = type(release) is ProtectedRelease
         try:
-            self._evictor.push_cached(freed, release)
+            if protected:
+                self._evictor.push_protected(freed, release)
+            else:
+                self._evictor.push_cached(freed, release)
         except Exception as error:
             runtime.stats.plugin_error("the LPC queue's append", error)
             self._append_as_lru(freed)
@@ -233,7 +271,12 @@ class LPCFreeBlockQueue:
                 released[block_id] = now
         except Exception as error:
             runtime.stats.plugin_error("the LPC queue's release times", error)
-        runtime.stats.add(cached_blocks_released=len(blocks))
+        if protected:
+            runtime.stats.add(
+                cached_blocks_released=len(blocks), protected_blocks_released=len(blocks)
+            )
+        else:
+            runtime.stats.add(cached_blocks_released=len(blocks))
 
     def _append_as_lru(self, freed: FreedBlocks) -> None:
         """After a failed append: queue the blocks the evictor does not hold yet with the
@@ -262,6 +305,7 @@ class LPCFreeBlockQueue:
         self.runtime.stats.add(uncached_blocks_released=len(blocks))
 
     def get_all_free_blocks(self) -> list[Any]:
+        self._apply_mode()
         blocks = self._blocks
         return [blocks[i] for i in self._evictor.free_block_ids()]
 
@@ -271,6 +315,7 @@ class LPCFreeBlockQueue:
         O(n log n) per call: the order is materialised from the heap. vLLM calls this only
         from the CPU-offloading connector's lazy mode.
         """
+        self._apply_mode()
         order = self._evictor.free_block_ids()
         start = 0
         if cursor is not None:
@@ -288,7 +333,10 @@ class LPCFreeBlockQueue:
         metadata only: on an error it is skipped, as stock vLLM has none)."""
         if blocks:
             try:
-                self._evictor.note_shared_release(_freed(blocks), release)
+                if type(release) is ProtectedRelease:
+                    self._evictor.note_protected_release(_freed(blocks), release)
+                else:
+                    self._evictor.note_shared_release(_freed(blocks), release)
             except Exception as error:
                 self.runtime.stats.plugin_error("the LPC queue's shared release", error)
                 return
@@ -296,7 +344,8 @@ class LPCFreeBlockQueue:
 
     @property
     def evictor(self) -> LPCEvictor:
-        return self._evictor
+        """The learned evictor (in lru and shadow mode too: it sees everything, evicts nothing)."""
+        return self._learned
 
 
 def _freed(blocks: Sequence[Any]) -> FreedBlocks:

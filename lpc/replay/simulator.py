@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Protocol
+
+import numpy as np
 
 from eviction import FutureUses
 from lpc.blocks.block_manager import CacheCounters, CacheRequest, PrefixCacheBlockManager
@@ -46,6 +48,14 @@ class PreparedWorkload:
     # Hit ratios count requests from this index on (a trace's evaluation part); earlier ones
     # only warm the cache.
     first_counted: int = 0
+
+    @property
+    def counted_conversations(self) -> np.ndarray:
+        """Each counted request's conversation, as codes 0..k-1."""
+        ids = [r.conversation_id for r in self.requests[self.first_counted :]]
+        if not ids:
+            return np.zeros(0, dtype=np.int64)
+        return np.unique(np.asarray(ids, dtype=object).astype(str), return_inverse=True)[1]
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -154,6 +164,17 @@ def prepare(
 
 
 @dataclass(frozen=True)
+class RequestHits:
+    """Per counted request, in arrival order: its prefix-cache hit tokens and its
+    conversation (an index into the counted conversations). What a paired bootstrap over
+    conversations resamples (`lpc.replay.intervals`); queried tokens are the same for every
+    policy of one workload, so they cancel out of a ratio of hit ratios."""
+
+    hit_tokens: np.ndarray  # int64, one per counted request
+    conversations: np.ndarray  # int64 codes, one per counted request
+
+
+@dataclass(frozen=True)
 class ReplayResult:
     policy: str
     cache_tokens: int
@@ -165,6 +186,9 @@ class ReplayResult:
     evictions: int
     allocation_failures: int
     seconds: float
+    # Per-request hits (open-loop replays; None in a closed loop, whose timelines differ by
+    # policy). Not part of the figures: left out of `to_dict`.
+    per_request: RequestHits | None = field(default=None, compare=False, repr=False)
 
     @property
     def token_hit_ratio(self) -> float:
@@ -175,7 +199,7 @@ class ReplayResult:
         return self.hit_requests / self.requests if self.requests else 0.0
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "per_request"}
         d["token_hit_ratio"] = self.token_hit_ratio
         d["request_hit_ratio"] = self.request_hit_ratio
         return d
@@ -188,6 +212,7 @@ def _result(
     failed_prompt_tokens: int,
     started: float,
     baseline: CacheCounters | None = None,
+    per_request: RequestHits | None = None,
 ) -> ReplayResult:
     """Counters of a finished replay, minus `baseline` (the counters when counting began);
     failed requests count as queried with no hit."""
@@ -205,6 +230,7 @@ def _result(
         evictions=c.evictions - b.evictions,
         allocation_failures=failures,
         seconds=time.perf_counter() - started,
+        per_request=per_request,
     )
 
 
@@ -213,6 +239,22 @@ def num_blocks_for(cache_tokens: int, block_size: int) -> int:
     if cache_tokens < block_size:
         raise ValueError(f"cache of {cache_tokens} tokens holds no {block_size}-token block")
     return cache_tokens // block_size + 1
+
+
+def request_probabilities(workload: PreparedWorkload, spec: PolicySpec) -> Sequence[float | None]:
+    """The probability each request releases its blocks with under `spec`: none for a
+    heuristic, the constant of lpc-const, else the prepared source's predictions."""
+    if spec.source is None:
+        return [None] * len(workload.requests)
+    if spec.source == "const":
+        return [spec.constant] * len(workload.requests)
+    try:
+        return workload.probabilities[spec.source]
+    except KeyError:
+        raise ValueError(
+            f"policy {spec.label!r} needs the {spec.source!r} probability source, "
+            f"which this workload was not prepared with"
+        ) from None
 
 
 def replay(
@@ -229,24 +271,13 @@ def replay(
     num_blocks = num_blocks_for(cache_tokens, workload.block_size)
     evictor = build_evictor(spec, num_blocks, scale_per_s, fallback_probability, workload.future)
     manager = PrefixCacheBlockManager(num_blocks, workload.block_size, evictor=evictor)
-    probabilities: Sequence[float | None]
-    if spec.source is None:
-        probabilities = [None] * len(workload.requests)
-    elif spec.source == "const":
-        probabilities = [spec.constant] * len(workload.requests)
-    else:
-        try:
-            probabilities = workload.probabilities[spec.source]
-        except KeyError:
-            raise ValueError(
-                f"policy {spec.label!r} needs the {spec.source!r} probability source, "
-                f"which this workload was not prepared with"
-            ) from None
+    probabilities = request_probabilities(workload, spec)
     cache_requests = workload.cache_requests
     failed_prompt_tokens = 0
     failed: set[int] = set()
     hit_tokens: dict[int, int] = {}
     first_counted = workload.first_counted
+    counted_hits = np.zeros(max(0, len(cache_requests) - first_counted), dtype=np.int64)
     baseline: CacheCounters | None = None if first_counted else CacheCounters()
     for time_s, kind, i in workload.events:
         request = cache_requests[i]
@@ -260,7 +291,10 @@ def replay(
                 failed.add(i)
                 if i >= first_counted:
                     failed_prompt_tokens += request.num_prompt_tokens
-            elif request_log is not None:
+                continue
+            if i >= first_counted:
+                counted_hits[i - first_counted] = allocation.num_hit_tokens
+            if request_log is not None:
                 hit_tokens[i] = allocation.num_hit_tokens
             continue
         if i in failed:
@@ -280,7 +314,10 @@ def replay(
             )
     if baseline is None:
         baseline = replace(manager.counters)
-    return _result(spec, cache_tokens, manager, failed_prompt_tokens, started, baseline)
+    per_request = RequestHits(counted_hits, workload.counted_conversations)
+    return _result(
+        spec, cache_tokens, manager, failed_prompt_tokens, started, baseline, per_request
+    )
 
 
 class RequestLogSink(Protocol):

@@ -277,3 +277,36 @@ def test_the_snapshot_carries_rank_gate_and_histograms(monkeypatch: pytest.Monke
         "eviction_age_seconds",
     }
     assert queue.evictor is runtime.queues.evictor
+
+
+def test_the_mode_and_the_shadow_figures_are_exported() -> None:
+    def read() -> dict:
+        return {
+            "registered": True,
+            "mode": "shadow",
+            "mode_switches": 2,
+            "shadow_requests": 3,
+            "shadow_queries": 40,
+            "shadow_lpc_hits": 16,
+            "shadow_lru_hits": 8,
+            "shadow_lpc_hit_ratio": 0.4,
+            "shadow_lru_hit_ratio": 0.2,
+            "shadow_events_pending": 0,
+        }
+
+    server = start_metrics_server(read, "127.0.0.1", 0)
+    assert server is not None
+    try:
+        port = server.server.server_port
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        server.close()
+    assert 'lpc_mode{dp_rank="0",mode="shadow"} 1.0' in text
+    assert 'lpc_mode{dp_rank="0",mode="lpc"} 0.0' in text
+    assert 'lpc_mode_switches_total{dp_rank="0"} 2.0' in text
+    assert 'lpc_shadow_lpc_hit_ratio{dp_rank="0"} 0.4' in text
+    assert 'lpc_shadow_lru_hit_ratio{dp_rank="0"} 0.2' in text
+    assert 'lpc_shadow_queries_total{dp_rank="0"} 40.0' in text
+    assert 'lpc_shadow_lpc_hits_total{dp_rank="0"} 16.0' in text
+    assert text.count("lpc_shadow_lpc_hit_ratio{") == 1  # named, not exported twice
