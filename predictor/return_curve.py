@@ -48,6 +48,16 @@ class ReturnCurve:
         if s[-1] < -1e-12:
             raise ValueError("survival must stay >= 0")
 
+    @classmethod
+    def of_valid(cls, times_s: np.ndarray, survival: np.ndarray) -> ReturnCurve:
+        """A curve whose producer guarantees what `__post_init__` checks (e.g. S built as
+        exp(−cumulative hazard) on a fixed grid): no checks, for the per-release path, where
+        they cost more than the prediction."""
+        curve = object.__new__(cls)
+        object.__setattr__(curve, "times_s", times_s)
+        object.__setattr__(curve, "survival", survival)
+        return curve
+
     def survival_at(self, t_s: float) -> float:
         """S(t), interpolated linearly in log time between grid points."""
         times, survival = self.times_s, self.survival

@@ -306,6 +306,55 @@ class PrefixCacheBlockManager:
         c.evictions += len(evicted)
         return Allocation(tuple(table), prefix.num_tokens, len(new_blocks), tuple(evicted))
 
+    def grow(
+        self,
+        request_id: str,
+        num_tokens: int,
+        block_hashes: Sequence[BlockHash],
+        now_s: float = 0.0,
+    ) -> bool:
+        """Extend a request that holds blocks to `num_tokens` tokens (the output it decoded),
+        caching the blocks that are now full with `block_hashes` (its whole sequence's, as in
+        `CacheRequest.block_hashes`); vLLM's `allocate_slots` for a running request: no
+        lookup. For a caller that learns a request's output only as it is produced (the vLLM
+        plugin's shadow caches). Returns False, changing nothing, when the pool cannot give
+        the blocks; a request is never shrunk.
+        """
+        held = self._require(request_id)
+        table = held.block_ids
+        num_new = -(-num_tokens // self.block_size) - len(table)
+        evictor = self.evictor
+        if num_new > len(evictor):
+            return False
+        new_blocks = evictor.pop_n(num_new, now_s) if num_new > 0 else []
+        ref = self._ref_count
+        block_hash = self._block_hash
+        evicted = 0
+        for b in new_blocks:
+            if block_hash[b] is not None:
+                self._uncache(b)
+                evicted += 1
+            ref[b] = 1
+        table.extend(new_blocks)
+        hashes = held.hashes
+        cached = self._cached
+        for i in range(len(hashes), min(num_tokens // self.block_size, len(block_hashes))):
+            b = table[i]
+            h = block_hashes[i]
+            block_hash[b] = h
+            entry = cached.get(h)
+            if entry is None:
+                cached[h] = b
+            elif isinstance(entry, int):
+                cached[h] = {entry: None, b: None}
+            else:
+                entry[b] = None
+            hashes.append(h)
+        self._version += 1
+        self.counters.allocated_blocks += len(new_blocks)
+        self.counters.evictions += evicted
+        return True
+
     def free(
         self,
         request_id: str,

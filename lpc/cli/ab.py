@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from lpc.cli import extras
+from lpc.cli.ab_tiers import add_tier_arguments, tier_settings_from
 from lpc.cli.arg_types import positive_float, positive_int, split_at
 from lpc.replay.ab import DEFAULT_CACHE_SIZES_TOKENS, TRACE_CACHE_SIZES_TOKENS
 from lpc.replay.policies import policy_help
@@ -237,6 +238,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="cache size in tokens for the sweep (default: %(default)s, the paper's 40 GB)",
     )
 
+    add_tier_arguments(p, _sizes)
     out = p.add_argument_group("output")
     out.add_argument(
         "--out",
@@ -338,6 +340,8 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
         raise CommandError("belady needs a fixed trace: drop it from --policies with --closed-loop")
     if args.closed_loop and args.trace:
         raise CommandError("--closed-loop generates its own timeline; it cannot replay --trace")
+    if args.offload_sizes and args.closed_loop:
+        raise CommandError("--offload-sizes replays a fixed timeline; it cannot run --closed-loop")
     if args.sweep and args.trace:
         raise CommandError("--think-time-sweep generates workloads; it cannot replay --trace")
     if not args.trace and any(p.source == "trace" for p in policies):
@@ -372,6 +376,7 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
         out_dir=args.out,
         workers=args.workers,
         progress=not args.no_progress,
+        tiers=tier_settings_from(args),
     )
 
 

@@ -137,4 +137,6 @@ _COUNTER_NAMES = tuple(f.name for f in fields(PluginStats) if not f.name.startsw
 
 def is_probability(value: object) -> bool:
     """Whether `value` is a real number (not a bool; numpy's count) in [0, 1], so finite."""
+    if type(value) is float:  # the common case, without the ABC check (every release)
+        return 0.0 <= value <= 1.0
     return isinstance(value, Real) and not isinstance(value, bool) and 0.0 <= value <= 1.0

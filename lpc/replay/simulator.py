@@ -254,6 +254,22 @@ def num_blocks_for(cache_tokens: int, block_size: int) -> int:
     return cache_tokens // block_size + 1
 
 
+def request_probabilities(workload: PreparedWorkload, spec: PolicySpec) -> Sequence[float | None]:
+    """The probability each request releases its blocks with under `spec`: none for a
+    heuristic, the constant of lpc-const, else the prepared source's predictions."""
+    if spec.source is None:
+        return [None] * len(workload.requests)
+    if spec.source == "const":
+        return [spec.constant] * len(workload.requests)
+    try:
+        return workload.probabilities[spec.source]
+    except KeyError:
+        raise ValueError(
+            f"policy {spec.label!r} needs the {spec.source!r} probability source, "
+            f"which this workload was not prepared with"
+        ) from None
+
+
 def replay(
     workload: PreparedWorkload,
     spec: PolicySpec,
@@ -268,19 +284,7 @@ def replay(
     num_blocks = num_blocks_for(cache_tokens, workload.block_size)
     evictor = build_evictor(spec, num_blocks, scale_per_s, fallback_probability, workload.future)
     manager = PrefixCacheBlockManager(num_blocks, workload.block_size, evictor=evictor)
-    probabilities: Sequence[float | None]
-    if spec.source is None:
-        probabilities = [None] * len(workload.requests)
-    elif spec.source == "const":
-        probabilities = [spec.constant] * len(workload.requests)
-    else:
-        try:
-            probabilities = workload.probabilities[spec.source]
-        except KeyError:
-            raise ValueError(
-                f"policy {spec.label!r} needs the {spec.source!r} probability source, "
-                f"which this workload was not prepared with"
-            ) from None
+    probabilities = request_probabilities(workload, spec)
     curves: Sequence[ReturnCurveLike | None] | None = None
     if spec.curve_source is not None:
         try:

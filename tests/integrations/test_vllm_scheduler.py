@@ -13,7 +13,12 @@ probability, a fifth carry none).
   preemptions actually happening;
 - `lpc`, `lpc-pooled`: every request finishes and the pool ends whole: each block free, every
   reference count zero, the free queue holding each block once, every cached block in the
-  hash map, block ownership consistent every step.
+  hash map, block ownership consistent every step;
+- `shadow` (shadow mode): the engine schedules exactly as stock vLLM, every block it hands out
+  is the one stock vLLM's `FreeKVCacheBlockQueue` (fed the same calls) hands out, and the
+  shadow caches' hit tokens equal our replay of the same requests (`lpc.replay.shadow`);
+- the kill switch: `lpc` switched to `lru` mid-run and back; in between every eviction is
+  stock vLLM's, after it LPC's order is back.
 
 Marked `vllm`: `pytest -m vllm tests/integrations/test_vllm_scheduler.py` after
 `bash scripts/setup_vllm_plugin.sh`. The unmarked tests at the end need no vLLM.
@@ -44,7 +49,8 @@ from tests.integrations.report import REPORT
 from tests.lpc.synthetic import conversations
 
 SHIPPED_ACCESS_MODEL = REPO_ROOT / "models" / "mooncake-access"
-POLICIES = ("lru", "lpc-const=0.5", "lpc", "lpc-pooled")
+POLICIES = ("lru", "lpc-const=0.5", "lpc", "lpc-pooled", "shadow")
+KILL_SWITCH = "300:lru,600:lpc"  # lpc evicts as stock vLLM from step 300 to step 599
 
 # Each workload: its engine (a KV pool and a step time that make requests queue and preempt)
 # and where the learned policies' p comes from.
@@ -128,6 +134,20 @@ def results(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     return out
 
 
+@pytest.fixture(scope="module")
+def kill_switch(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The synthetic chats under `lpc`, switched to `lru` at step 300 and back at step 600."""
+    trace = tmp_path_factory.mktemp("vllm-kill-switch") / "sharegpt-like.jsonl"
+    sharegpt_like(trace)
+    return run_scheduler_ab(
+        trace,
+        vllm_python,
+        *WORKLOADS["sharegpt-like"],
+        *("--switch-at", KILL_SWITCH),
+        policies=("lpc",),
+    )
+
+
 def rows_of(result: dict) -> dict[str, dict]:
     return {row["policy"]: row for row in result["rows"]}
 
@@ -203,6 +223,37 @@ def test_learned_policies_keep_the_scheduler_invariants(
 
 
 @pytest.mark.vllm
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_shadow_mode_is_stock_vllm_and_its_figures_equal_our_replay(
+    workload: str, results: dict
+) -> None:
+    result = results[workload]
+    rows = rows_of(result)
+    lru, shadow = rows["lru"], rows["shadow"]
+    parity = result["checks"]["shadow_equals_lru"]
+    assert parity["equal"], parity["first_divergence"]
+    assert parity["steps_compared"] == lru["steps"] > 0
+    order = result["checks"]["lru_order"]["shadow"]
+    assert order["lru_mismatches"] == 0 and order["lru_pops"] > 0 and order["lpc_pops"] == 0
+    replay = result["checks"]["shadow_equals_replay"]
+    assert replay["equal"], replay["shadow_vs_replay"]
+    assert shadow["shadow_requests"] == result["requests"]
+    assert shadow["shadow_queries"] == result["prompt_tokens"]
+    assert shadow["shadow_errors"] == shadow["shadow_overflows"] == 0
+    assert shadow["shadow_lpc_hit_ratio"] == replay["replay_lpc_hit_ratio"]
+    assert shadow["shadow_lru_hit_ratio"] == replay["replay_lru_hit_ratio"]
+    assert shadow["shadow_lpc_hits"] != shadow["shadow_lru_hits"], "the p changed nothing"
+    assert result["vllm"]["shadow"]["environment"]["LPC_MODE"] == "shadow"
+    REPORT.append(
+        f"scheduler, {workload}, shadow: stock vLLM at all {lru['steps']} steps; "
+        f"{order['lru_pops']} blocks handed out as vLLM's own queue does; shadow hit ratio "
+        f"lpc {100 * shadow['shadow_lpc_hit_ratio']:.3f}%, lru "
+        f"{100 * shadow['shadow_lru_hit_ratio']:.3f}% (= our replay; the engine's "
+        f"{100 * lru['hit_ratio']:.3f}%)"
+    )
+
+
+@pytest.mark.vllm
 def test_one_data_parallel_rank_schedules_as_stock_vllm(vllm_python: Path, tmp_path: Path) -> None:
     """Data parallelism, verified: each rank's engine core builds its own scheduler and KV
     cache, so the plugin runs in each unchanged. Rank 1 of a 2-rank engine, serving its share
@@ -228,6 +279,22 @@ def test_one_data_parallel_rank_schedules_as_stock_vllm(vllm_python: Path, tmp_p
     REPORT.append(
         f"scheduler, data-parallel rank 1 of 2: lpc-const == stock vLLM at all "
         f"{rows['lru']['steps']} steps; lpc-pooled invariants hold"
+    )
+
+
+@pytest.mark.vllm
+def test_the_kill_switch_evicts_as_stock_vllm_until_switched_back(kill_switch: dict) -> None:
+    row = rows_of(kill_switch)["lpc"]
+    assert row["mode_switches"] == [[300, "lru"], [600, "lpc"]]
+    assert row["invariants_ok"] and row["finished"] == kill_switch["requests"]
+    order = kill_switch["checks"]["lru_order"]["lpc"]
+    assert order["lru_pops"] > 0 and order["lru_mismatches"] == 0
+    assert order["lpc_not_lru"] > 0, "LPC's order never came back (or never differed)"
+    assert kill_switch["ok"]
+    REPORT.append(
+        f"scheduler, kill switch ({KILL_SWITCH}): {order['lru_pops']} blocks handed out in "
+        f"LRU mode, all as stock vLLM's queue; {order['lpc_not_lru']} of {order['lpc_pops']} "
+        "in LPC mode unlike LRU"
     )
 
 
@@ -279,13 +346,9 @@ def test_token_runs_round_trip() -> None:
 
 
 def test_policies_parse_and_refuse() -> None:
-    assert [p.label for p in parse_policies("lru,lpc-const,lpc-const=0.7,lpc,lpc-pooled")] == [
-        "lru",
-        "lpc-const=0.5",
-        "lpc-const=0.7",
-        "lpc",
-        "lpc-pooled",
-    ]
+    assert [
+        p.label for p in parse_policies("lru,lpc-const,lpc-const=0.7,lpc,lpc-pooled,shadow")
+    ] == ["lru", "lpc-const=0.5", "lpc-const=0.7", "lpc", "lpc-pooled", "shadow"]
     with pytest.raises(ValueError, match="unknown policy"):
         parse_policies("lfu")
     with pytest.raises(ValueError, match="takes no value"):

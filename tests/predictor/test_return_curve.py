@@ -38,3 +38,10 @@ def test_bad_curves_are_refused() -> None:
         log_spaced_edges(10, 5)
     edges = log_spaced_edges()
     assert edges[0] == 0 and edges[1] == 5 and edges[-1] == pytest.approx(3600)
+
+
+def test_a_curve_valid_by_construction_answers_the_same_unchecked() -> None:
+    checked = curve()
+    fast = ReturnCurve.of_valid(checked.times_s, checked.survival)
+    for a, w in [(0, 10), (10, 90), (7, 300), (2000, 5)]:
+        assert fast.p_return_within(a, w) == checked.p_return_within(a, w)
