@@ -15,6 +15,7 @@ hits depend on the others') are held fixed, as in any replay.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,7 +52,7 @@ def paired_gain_interval(
     """The gain of `policy` over `baseline` and its bootstrap interval; None when the baseline
     hits nothing (no ratio) or fewer than two conversations are counted (nothing to resample).
     Both must come from replays of the same workload (same requests, same conversations)."""
-    from scipy.stats import bootstrap
+    from scipy.stats import DegenerateDataWarning, bootstrap
 
     if not np.array_equal(policy.conversations, baseline.conversations):
         raise ValueError("a paired interval needs two replays of the same counted requests")
@@ -61,19 +62,26 @@ def paired_gain_interval(
     if count < 2 or theirs.sum() <= 0:
         return None
 
+    if np.array_equal(ours, theirs):  # the same hits everywhere: every resample gives 0
+        return GainInterval(0.0, 0.0, 0.0)
+
     def gain(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
             return a.sum(axis=axis) / b.sum(axis=axis) - 1.0
 
-    result = bootstrap(
-        (ours, theirs),
-        gain,
-        paired=True,
-        vectorized=True,
-        n_resamples=n_resamples,
-        confidence_level=confidence,
-        method="percentile",
-        rng=np.random.default_rng(seed),
-    )
+    with warnings.catch_warnings():
+        # A distribution with one value (a gain that no resample changes) is an answer here,
+        # not a problem: its percentile interval is that value.
+        warnings.simplefilter("ignore", DegenerateDataWarning)
+        result = bootstrap(
+            (ours, theirs),
+            gain,
+            paired=True,
+            vectorized=True,
+            n_resamples=n_resamples,
+            confidence_level=confidence,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        )
     low, high = result.confidence_interval
     return GainInterval(float(gain(ours, theirs)), float(low), float(high))
