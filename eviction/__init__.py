@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from eviction.arc import ARCEvictor
-from eviction.base import Evictor, FreedBlocks, Release, check_probability
+from eviction.base import Evictor, FreedBlocks, Release, ReturnCurveLike, check_probability
 from eviction.belady import BeladyEvictor, FutureUses
 from eviction.fifo import FIFOEvictor
 from eviction.lfu import LFUEvictor
@@ -18,6 +18,7 @@ from eviction.lpc import LPCEvictor, decayed_probability, static_key
 from eviction.lpc_pooled import PooledLPCEvictor
 from eviction.lru import LRUEvictor
 from eviction.registry import POLICIES, PolicyEntry, make_evictor, policy_names
+from eviction.return_window import ReturnWindowEvictor
 from eviction.s3fifo import S3FIFOEvictor
 from eviction.sae import SAEEvictor
 from eviction.session_ref import SessionRefEvictor
@@ -44,6 +45,8 @@ __all__ = [
     "PolicyEntry",
     "PooledLPCEvictor",
     "Release",
+    "ReturnCurveLike",
+    "ReturnWindowEvictor",
     "S3FIFOEvictor",
     "SAEEvictor",
     "SessionRefEvictor",

@@ -11,7 +11,15 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
+
+
+class ReturnCurveLike(Protocol):
+    """What an evictor asks of a return-time model: P(next request within `window_s` | no
+    request for `silent_s` since this release). `predictor.return_curve.ReturnCurve` answers
+    it; the evictors name only the question, so this package depends on nothing of ours."""
+
+    def p_return_within(self, silent_s: float, window_s: float) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,12 +34,15 @@ class Release:
     keeps one queue per category. The block manager hands one release over in up to two calls
     (`push_cached`, then `note_shared_release`) with the same object, so a policy that treats a
     request's whole chain as one event may recognise the second call by identity.
+    `return_curve` is the releasing conversation's return-time curve, for
+    evictors that ask when it comes back (None: no curve; the other policies ignore it).
     """
 
     time_s: float
     probability: float | None = None
     conversation_id: str | None = None
     category: str | None = None
+    return_curve: ReturnCurveLike | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,6 +79,12 @@ class LPCEvictor(PriorityEvictor):
         self.fallback_probability = fallback_probability
         self.probability_floor = probability_floor
         self.fallbacks_used = 0
+        # The highest logit any key was given so far, as logit(p) at its own time: every key
+        # ever assigned is at most top_logit + scale·(its time), so a key of
+        # top_logit + scale·now ranks after every block queued by now (`push_protected`).
+        # It starts at the fallback p's logit, the key of a release that knows nothing.
+        q = min(max(fallback_probability, probability_floor), 1.0 - probability_floor)
+        self.top_logit = math.log(q / (1.0 - q))
         super().__init__(num_blocks)
 
     def key_for(self, release: Release) -> float:
@@ -120,7 +126,10 @@ class LPCEvictor(PriorityEvictor):
             p = self.fallback_probability
         floor = self.probability_floor
         p = floor if p < floor else (1.0 - floor if p > 1.0 - floor else p)
-        key = math.log(p / (1.0 - p)) + self.scale_per_s * release.time_s
+        logit = math.log(p / (1.0 - p))
+        if logit > self.top_logit:
+            self.top_logit = logit
+        key = logit + self.scale_per_s * release.time_s
         conversation_id = release.conversation_id
         # An anonymous release owns no block: its tag matches none.
         own_tag = NO_TAG if conversation_id is None else conversation_id
@@ -144,7 +153,37 @@ class LPCEvictor(PriorityEvictor):
         self._push_grouped(block_ids, freed.depths, keys, tags)
 
     def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
-        keys, tags = self._pooled(freed.block_ids, self.key_for(release), release.conversation_id)
+        key = self.key_for(release)
+        self.top_logit = max(self.top_logit, key - self.scale_per_s * release.time_s)
+        keys, tags = self._pooled(freed.block_ids, key, release.conversation_id)
+        for i, block_id in enumerate(freed.block_ids):
+            self._remember(keys[i], tags[i], [block_id], [freed.depths[i]])
+
+    def protected_key(self, time_s: float) -> float:
+        """A key that ranks after every block queued by `time_s`: the highest logit given so
+        far, at that time. With one p for every release it is that p's key, LRU's place."""
+        return self.top_logit + self.scale_per_s * time_s
+
+    def push_protected(self, freed: FreedBlocks, release: Release) -> None:
+        """Queue the blocks of a request that is not finished (preempted): it will ask for
+        them again as soon as it is rescheduled, so they go after every block queued so far,
+        as LRU queues them last. The release's p is not used and nothing is learned from it
+        (no prediction, no pooling memory, no label); blocks released later rank by their
+        own keys, as after LRU's tail. A block others released too keeps the larger key."""
+        block_ids = freed.block_ids
+        if not block_ids:
+            return
+        keys, tags = self._pooled(
+            block_ids, self.protected_key(release.time_s), release.conversation_id
+        )
+        self._push_grouped(block_ids, freed.depths, keys, tags)
+
+    def note_protected_release(self, freed: FreedBlocks, release: Release) -> None:
+        """`push_protected` for cached blocks the preempted request gives up while other
+        requests still hold them: their metadata takes the protected key (max-pooled)."""
+        keys, tags = self._pooled(
+            freed.block_ids, self.protected_key(release.time_s), release.conversation_id
+        )
         for i, block_id in enumerate(freed.block_ids):
             self._remember(keys[i], tags[i], [block_id], [freed.depths[i]])
 

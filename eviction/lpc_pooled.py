@@ -67,7 +67,7 @@ from eviction.lpc import (
     LPCEvictor,
 )
 
-# The access model's default label horizon (training.access_data.DEFAULT_ACCESS_HORIZON_S).
+# The access model's default label horizon (training.access_defaults.DEFAULT_ACCESS_HORIZON_S).
 DEFAULT_SHARED_HORIZON_S = 180.0
 # How long the memory keeps a content's last release: about the longest time LRU keeps a block
 # at the largest default Mooncake cache size (510 s median at 16M tokens, docs/results.md),
@@ -298,6 +298,8 @@ class PooledLPCEvictor(LPCEvictor):
                 memory[block_hash] = (conversation_id, now, shared)
                 if shared:
                     pending.append((now, block_hash))
+        if keys:  # OR pooling and the shared floor can give keys above the release's own
+            self.top_logit = max(self.top_logit, max(keys) - shift)
         return keys, tags
 
     def push_cached(self, freed: FreedBlocks, release: Release) -> None:
@@ -319,8 +321,11 @@ class PooledLPCEvictor(LPCEvictor):
         conversation_id = release.conversation_id
         own_tag = NO_TAG if conversation_id is None else conversation_id
         state = self._state
+        logit = math.log(p / (1.0 - p))
+        if logit > self.top_logit:
+            self.top_logit = logit
         run = self._new_run(
-            math.log(p / (1.0 - p)) + self.scale_per_s * now,
+            logit + self.scale_per_s * now,
             conversation_id,
             block_ids,
             freed.depths,

@@ -42,6 +42,13 @@ class PriorityEvictor(RunHeap, Evictor):
     def free_block_ids(self) -> list[int]:
         return [*self._uncached, *self._ordered()]
 
+    def lru_order(self) -> list[int]:
+        """Every free block in the order an LRU list fed the same pushes holds them — vLLM's
+        `FreeKVCacheBlockQueue`: uncached blocks first (the same list, so the same order),
+        then cached ones by push, oldest first, each push in the order it was freed. A block's
+        place is its latest push; which blocks left the queue since changes no one else's."""
+        return [*self._uncached, *self._queued_in_push_order()]
+
     def check_invariants(self) -> None:
         Evictor.check_invariants(self)
         RunHeap.check_invariants(self)

@@ -20,6 +20,7 @@ from eviction.lhd import LHDEvictor
 from eviction.lpc import LPCEvictor
 from eviction.lpc_pooled import PooledLPCEvictor
 from eviction.lru import LRUEvictor
+from eviction.return_window import ReturnWindowEvictor
 from eviction.s3fifo import S3FIFOEvictor
 from eviction.sae import SAEEvictor
 from eviction.session_ref import SessionRefEvictor
@@ -91,6 +92,12 @@ POLICIES: dict[str, PolicyEntry] = {
             "lpc-pooled",
             PooledLPCEvictor,
             "lpc with OR pooling and an online floor for prefixes shared across conversations",
+            "learned",
+        ),
+        PolicyEntry(
+            "lpc-return",
+            ReturnWindowEvictor,
+            "least likely to return within its own eviction age first, by a return curve",
             "learned",
         ),
         PolicyEntry(

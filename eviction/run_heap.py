@@ -164,6 +164,14 @@ class RunHeap:
         for block_id in block_ids:
             state[block_id] = ghost
 
+    def forget(self, block_id: int) -> None:
+        """Drop the metadata of a block that is not queued (a ghost of its last release), so
+        its next release starts afresh: its content changed, or that release was provisional.
+        vLLM's CPU tier (`lpc.integrations.vllm_cache_policy`) needs it; the GPU pool does not."""
+        if type(self._state[block_id]) is Run:
+            raise ValueError(f"block {block_id} is queued; remove it first")
+        self._state[block_id] = None
+
     def remove(self, block_id: int) -> None:
         """Take a free block out: a queued one leaves its run, whose ghost (same key and tag)
         becomes its metadata; an uncached one leaves the list.
@@ -252,6 +260,38 @@ class RunHeap:
             if live:
                 break  # `need` is met
             heappop(heap)  # the run is used up
+        return out
+
+    def discard_n(self, block_ids: Sequence[int]) -> None:
+        """Take out free blocks that another order handed out (the plugin's LRU mode): each
+        forgets its run, as `pop_n` makes a popped block forget it; an uncached one leaves the
+        list. The heap is rebuilt on the same bound as in `pop_n`, since no `pop_n` may come
+        to clean up the runs these leave behind."""
+        state = self._state
+        uncached = self._uncached
+        for block_id in block_ids:
+            run = state[block_id]
+            if type(run) is Run:
+                state[block_id] = None
+                run.live -= 1
+                self._queued -= 1
+            else:
+                uncached.remove(block_id)
+        if len(self._heap) > 2 * self._queued + 1024:
+            self._rebuild()
+
+    def _queued_in_push_order(self) -> list[int]:
+        """Queued blocks in the order they were pushed: run by run, oldest first, each run's
+        blocks in its own order (O(n log runs); taken once per switch to LRU order)."""
+        state = self._state
+        out: list[int] = []
+        for run in sorted(self._runs(), key=lambda run: run.seq):
+            if not run.live:
+                continue
+            ids = run.block_ids
+            for j in range(run.cursor, len(ids)):
+                if state[ids[j]] is run:
+                    out.append(ids[j])
         return out
 
     def _rebuild(self) -> None:

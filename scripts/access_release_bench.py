@@ -17,7 +17,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,23 +56,14 @@ class ReleasingRequest:
         return True
 
 
-class WithoutTokens(AccessRuntime):
-    """Skips converting and keeping token ids: the cost of a model without shared-prefix
-    features."""
-
-    @property
-    def needs_tokens(self) -> bool:
-        return False
-
-
 def time_releases(
     model: Path, releases: list[tuple[ReleasingRequest, str, float]], repeats: int, tokens: bool
 ) -> list[float]:
     seconds = []
     for _ in range(repeats):
-        runtime = AccessRuntime.load(PluginConfig(access_model=str(model)), PluginStats(), 0.0)
+        runtime = AccessRuntime.load(PluginConfig(access_model=str(model)), PluginStats())
         if not tokens:  # the same model, its shared-prefix inputs left at 0
-            runtime = WithoutTokens(**{f.name: getattr(runtime, f.name) for f in fields(runtime)})
+            runtime.model = replace(runtime.model, needs_tokens=False)
         for request, conversation, completion_s in releases:
             start = time.perf_counter()
             runtime.predict_release(

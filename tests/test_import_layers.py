@@ -22,9 +22,9 @@ RANKS: dict[str, int] = {
     "eviction": 0,
     "predictor": 0,
     "training": 1,
-    "lpc.integrations": 1,
+    "lpc.blocks": 1,
+    "lpc.integrations": 2,
     "lpc": 2,  # the root modules: lpc/__init__.py, errors.py, workload.py
-    "lpc.blocks": 2,
     "lpc.traces": 3,
     "lpc.chat": 3,
     "lpc.replay": 4,

@@ -26,8 +26,8 @@ import pandas as pd
 
 from predictor.access_features import completion_order, feature_frame
 from predictor.errors import InvalidInputError
+from training.access_defaults import DEFAULT_ACCESS_HORIZON_S
 
-DEFAULT_ACCESS_HORIZON_S = 180.0
 DEFAULT_VALIDATION_FRACTION = 0.3
 
 

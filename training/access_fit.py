@@ -49,14 +49,10 @@ from predictor.artifact import (
 from predictor.errors import InvalidInputError
 from predictor.model import ContinuationMLP, MLPConfig
 from training.access_data import AccessSamples
+from training.access_defaults import DEFAULT_ACCESS_ENSEMBLE, DEFAULT_TEACHER_SHARE
 from training.metrics import classification_metrics
 
 DEFAULT_ACCESS_HIDDEN = (48, 48, 48)
-DEFAULT_ACCESS_ENSEMBLE = 4
-# Share of the gradient-boosted teacher's probability in each training target (the rest: the
-# 0/1 label). 1.0 had the best mean validation AUC over splits 0.33 / 0.5 / 0.67 of 0, 0.5, 0.75
-# and 1.0 on Mooncake (docs/results.md).
-DEFAULT_TEACHER_SHARE = 1.0
 GBM_PREFERRED_MARGIN_AUC = 0.02
 # Shallow, slow-learning trees: the library defaults (31 leaves, 0.1) overfit these ~3k rows
 # (validation AUC 0.649 against 0.697 on Mooncake at the default split).

@@ -21,7 +21,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from eviction import Evictor, FreedBlocks, LRUEvictor, Release, check_probability
+from eviction import (
+    Evictor,
+    FreedBlocks,
+    LRUEvictor,
+    Release,
+    ReturnCurveLike,
+    check_probability,
+)
 from lpc.blocks.hashing import BlockHash, BlockHasher, MultiModalSpan
 
 NULL_BLOCK_ID = 0
@@ -299,15 +306,66 @@ class PrefixCacheBlockManager:
         c.evictions += len(evicted)
         return Allocation(tuple(table), prefix.num_tokens, len(new_blocks), tuple(evicted))
 
+    def grow(
+        self,
+        request_id: str,
+        num_tokens: int,
+        block_hashes: Sequence[BlockHash],
+        now_s: float = 0.0,
+    ) -> bool:
+        """Extend a request that holds blocks to `num_tokens` tokens (the output it decoded),
+        caching the blocks that are now full with `block_hashes` (its whole sequence's, as in
+        `CacheRequest.block_hashes`); vLLM's `allocate_slots` for a running request: no
+        lookup. For a caller that learns a request's output only as it is produced (the vLLM
+        plugin's shadow caches). Returns False, changing nothing, when the pool cannot give
+        the blocks; a request is never shrunk.
+        """
+        held = self._require(request_id)
+        table = held.block_ids
+        num_new = -(-num_tokens // self.block_size) - len(table)
+        evictor = self.evictor
+        if num_new > len(evictor):
+            return False
+        new_blocks = evictor.pop_n(num_new, now_s) if num_new > 0 else []
+        ref = self._ref_count
+        block_hash = self._block_hash
+        evicted = 0
+        for b in new_blocks:
+            if block_hash[b] is not None:
+                self._uncache(b)
+                evicted += 1
+            ref[b] = 1
+        table.extend(new_blocks)
+        hashes = held.hashes
+        cached = self._cached
+        for i in range(len(hashes), min(num_tokens // self.block_size, len(block_hashes))):
+            b = table[i]
+            h = block_hashes[i]
+            block_hash[b] = h
+            entry = cached.get(h)
+            if entry is None:
+                cached[h] = b
+            elif isinstance(entry, int):
+                cached[h] = {entry: None, b: None}
+            else:
+                entry[b] = None
+            hashes.append(h)
+        self._version += 1
+        self.counters.allocated_blocks += len(new_blocks)
+        self.counters.evictions += evicted
+        return True
+
     def free(
         self,
         request_id: str,
         now_s: float = 0.0,
         probability: float | None = None,
         category: str | None = None,
+        return_curve: ReturnCurveLike | None = None,
     ) -> None:
-        """Release the request's blocks, tail first, with its continuation probability (and its
-        workload category, for policies that keep one queue per category).
+        """Release the request's blocks, tail first, with its continuation probability, its
+        workload category (for policies that keep one queue per category) and, for evictors
+        that ask when it comes back, its conversation's return curve.
 
         Blocks whose reference count reaches 0 go to the evictor: unhashed ones to the front,
         cached ones with their depth and the release metadata. Cached blocks other requests
@@ -341,7 +399,9 @@ class PrefixCacheBlockManager:
                 shared_ids.append(b)
                 shared_depths.append(depth)
                 shared_hashes.append(h)
-        release = Release(now_s, probability, held.conversation_id, category)
+        release = Release(
+            now_s, probability, held.conversation_id, category=category, return_curve=return_curve
+        )
         self.evictor.push_uncached(uncached)
         if freed_ids:
             self.evictor.push_cached(FreedBlocks(freed_ids, freed_depths, freed_hashes), release)

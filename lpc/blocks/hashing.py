@@ -16,13 +16,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NewType
 
-import xxhash
-
 BlockHash = NewType("BlockHash", bytes)
 
-HASH_ALGORITHMS: dict[str, Callable[[bytes], bytes]] = {
-    "sha256": lambda data: hashlib.sha256(data).digest(),
-    "xxh3_128": lambda data: xxhash.xxh3_128_digest(data),
+
+def _sha256() -> Callable[[bytes], bytes]:
+    return lambda data: hashlib.sha256(data).digest()
+
+
+def _xxh3_128() -> Callable[[bytes], bytes]:
+    # Imported when chosen: the vLLM plugin's shadow caches use this package inside vLLM's
+    # own venv, which has no xxhash.
+    import xxhash
+
+    return xxhash.xxh3_128_digest
+
+
+# Name -> a factory of the digest function.
+HASH_ALGORITHMS: dict[str, Callable[[], Callable[[bytes], bytes]]] = {
+    "sha256": _sha256,
+    "xxh3_128": _xxh3_128,
 }
 _ROOT_SEED = b"lpc-prefix-cache-root-v1"
 
@@ -74,10 +86,11 @@ class BlockHasher:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         try:
-            self._digest = HASH_ALGORITHMS[algorithm]
+            make_digest = HASH_ALGORITHMS[algorithm]
         except KeyError:
             known = ", ".join(sorted(HASH_ALGORITHMS))
             raise ValueError(f"unknown hash algorithm {algorithm!r}; known: {known}") from None
+        self._digest = make_digest()
         self.block_size = block_size
         self.algorithm = algorithm
         self.root = BlockHash(self._digest(_ROOT_SEED + algorithm.encode()))

@@ -6,6 +6,8 @@ import argparse
 import math
 from pathlib import Path
 
+from lpc.cli import extras
+from lpc.cli.ab_tiers import add_tier_arguments, tier_settings_from
 from lpc.cli.arg_types import positive_float, positive_int, split_at
 from lpc.replay.ab import DEFAULT_CACHE_SIZES_TOKENS, TRACE_CACHE_SIZES_TOKENS
 from lpc.replay.policies import policy_help
@@ -237,6 +239,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="cache size in tokens for the sweep (default: %(default)s, the paper's 40 GB)",
     )
 
+    add_tier_arguments(p, _sizes)
     out = p.add_argument_group("output")
     out.add_argument(
         "--out",
@@ -338,6 +341,8 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
         raise CommandError("belady needs a fixed trace: drop it from --policies with --closed-loop")
     if args.closed_loop and args.trace:
         raise CommandError("--closed-loop generates its own timeline; it cannot replay --trace")
+    if args.offload_sizes and args.closed_loop:
+        raise CommandError("--offload-sizes replays a fixed timeline; it cannot run --closed-loop")
     if args.sweep and args.trace:
         raise CommandError("--think-time-sweep generates workloads; it cannot replay --trace")
     if not args.trace and any(p.source == "trace" for p in policies):
@@ -372,6 +377,7 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
         out_dir=args.out,
         workers=args.workers,
         progress=not args.no_progress,
+        tiers=tier_settings_from(args),
     )
 
 
@@ -398,6 +404,8 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from dataclasses import replace
 
+    # The replay, the trace formats and the chat tokeniser (built for traces too).
+    extras.require("replay", "data")
     from lpc.errors import CommandError
     from lpc.replay.ab_pipeline import outcome_json, run_ab, summary_text
     from training.loaders import check_source
@@ -419,6 +427,7 @@ def run(args: argparse.Namespace) -> int:
 
         factory = access_source_factory(model, log=log)
     elif wants_model and model is not None:
+        extras.require("text")  # a text model embeds the prompts
         from lpc.replay.learned_source import learned_source_factory
         from training.embedding_cache import EmbedOptions
         from training.locations import default_embedding_cache_dir

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from lpc.cli import extras
+
 
 def register(targets: argparse._SubParsersAction) -> None:
     parser = targets.add_parser(
@@ -38,6 +40,7 @@ def register(targets: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    extras.require("train")  # pandas and threadpoolctl; --train-trace fits the model
     from lpc.benchmarks import access_bench
     from lpc.errors import CommandError
     from predictor.artifact import ArtifactError

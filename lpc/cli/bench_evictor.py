@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from lpc.cli import extras
+
 DEFAULT_VLLM_PYTHON = Path(".vllm-venv/bin/python")
 
 
@@ -64,6 +66,7 @@ def _timeable() -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    extras.require("replay")
     from lpc.benchmarks import evictor_bench
     from lpc.errors import CommandError
 

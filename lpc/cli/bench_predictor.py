@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lpc.cli import extras
+
 if TYPE_CHECKING:  # torch-heavy: imported where a stage needs it, after the OpenMP setup
     import numpy as np
 
@@ -253,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
     """Check the flags, build the window sets, load the subject, then measure: the embedder
     and the in-process Predictor on every set, then (unless --no-rpc) a real server. Each
     stage is a function below, in this order; each adds its figures to one result dict."""
+    extras.require("serve")  # the text predictor and its RPC server
     from predictor.runtime import prefer_passive_openmp
 
     openmp = prefer_passive_openmp()  # before torch is imported: see predictor/runtime.py

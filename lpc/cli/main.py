@@ -1,7 +1,8 @@
 """The `lpc` command line: one verb per module in `lpc.cli`, in the order `lpc --help` lists them.
 
 Each command module exposes `register(subparsers)`, which adds its parser and sets `run`; heavy
-imports happen inside `run`, so `lpc --help` stays instant.
+imports happen inside `run`, so `lpc --help` stays instant, and works on the core install: a
+command whose extra is missing says which `pip install` it needs (`lpc.cli.extras`).
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ import sys
 from collections.abc import Sequence
 
 from lpc import __version__
-from lpc.cli import ab, bench, models, retrain, serve, train
+from lpc.cli import ab, bench, models, retrain, serve, train, train_return, vllm_ab
+from lpc.cli.extras import missing_extra
 from lpc.errors import CommandError, UserError
 
 __all__ = ["CommandError", "build_parser", "main"]
 
-COMMAND_MODULES = (ab, train, retrain, serve, models, bench)
+COMMAND_MODULES = (ab, vllm_ab, train, train_return, retrain, serve, models, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,6 +65,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Bad input is one line and exit 2; any other exception is a bug and keeps its traceback.
     except UserError as error:
         print(f"lpc {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as error:
+        # An optional dependency of an extra this installation lacks; any other is a bug.
+        extra_error = missing_extra(error)
+        if extra_error is None:
+            raise
+        print(f"lpc {args.command}: error: {extra_error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"lpc {args.command}: interrupted", file=sys.stderr)

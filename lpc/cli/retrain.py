@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from lpc.cli import extras
 from lpc.cli.arg_types import split_at
 from lpc.cli.train import add_training_arguments
 
@@ -128,6 +129,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    extras.require("train")
     from lpc.cli.train import (
         cache_dir_from,
         setup_threads,

@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+from lpc.cli import extras
 from training.locations import SHIPPED_MODEL_NAME, shipped_model_dir
 
 ARTIFACT_ENV = "LPC_PREDICTOR_ARTIFACT"
@@ -145,6 +146,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import sys
+
+    extras.require("serve")
 
     from predictor.runtime import prefer_passive_openmp
 

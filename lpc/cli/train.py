@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lpc.cli import train_trace
+from lpc.cli import extras, train_trace
 from lpc.cli.arg_types import positive_int
 
 if TYPE_CHECKING:  # the heavy modules are imported where a stage needs them
@@ -337,6 +337,7 @@ def run(args: argparse.Namespace) -> int:
     """Check the flags, load and split the data, open the embedding cache; then either fill
     the cache only, or train, publish and report. Cheap refusals come first: a bad flag or
     data that cannot train is refused before the embedder, the slow part, is loaded."""
+    extras.require("train")
     if args.trace is not None:
         return train_trace.run_trace(args)
     config, embed = train_config_from(args)

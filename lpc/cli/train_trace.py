@@ -13,8 +13,11 @@ from lpc.errors import UserError
 
 def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     from predictor.access_features import features_help
-    from training.access_data import DEFAULT_ACCESS_HORIZON_S
-    from training.access_fit import DEFAULT_ACCESS_ENSEMBLE, DEFAULT_TEACHER_SHARE
+    from training.access_defaults import (
+        DEFAULT_ACCESS_ENSEMBLE,
+        DEFAULT_ACCESS_HORIZON_S,
+        DEFAULT_TEACHER_SHARE,
+    )
 
     g = p.add_argument_group(
         "access-feature model on a request trace (--trace)",

@@ -4,7 +4,7 @@
 this module, in the project's venv, writes the requests it serves, sets each policy's
 environment (vLLM loads the plugin from its `vllm.general_plugins` entry point with
 `VLLM_PLUGINS=lpc`, and the plugin reads the LPC_* variables, as in a deployment), runs it
-and reads back its summary and per-step records. `scripts/vllm_scheduler_ab.py` is the
+and reads back its summary and per-step records. `lpc vllm-ab` (`lpc.cli.vllm_ab`) is the
 command; `tests/integrations/test_vllm_scheduler.py` the tests.
 
 Policies: `lru` is stock vLLM (`VLLM_PLUGINS=` empty: no plugin); `lpc-const[=P]` the plugin
@@ -12,6 +12,11 @@ with one p for every release (its fallback p; no request carries one); `lpc` and
 the plugin's two learned evictors (`LPC_EVICTOR`) with p from an access-only model run in
 process (`LPC_ACCESS_MODEL`) or, without one, each request's `probability` from the trace
 (sent as `lpc_probability`, as an API layer would; a missing one gets the fallback p).
+`shadow` and `shadow-pooled` run the plugin in shadow mode (`LPC_MODE=shadow`): the engine
+evicts as stock vLLM, while metadata-only caches with `lpc` (or `lpc-pooled`) and LRU replay
+the same requests with the same p as the learned policies; their event log is written beside
+the records (`shadow_events_path`). `switch_at` switches the learned policies' mode
+mid-run (the kill switch).
 """
 
 from __future__ import annotations
@@ -28,12 +33,14 @@ from typing import Any
 import numpy as np
 
 from lpc.drivers.vllm_driver import REPO_ROOT
+from lpc.replay.shadow import ShadowRequest, learned_evictor_factory, read_events, replay_shadow
 from lpc.workload import WorkloadRequest
 
 DRIVER = REPO_ROOT / "scripts" / "vllm_scheduler_replay.py"
 ENTRY_POINT_GROUP = "vllm.general_plugins"
 TIMEOUT_S = 3600
 LEARNED = ("lpc", "lpc-pooled")
+SHADOW = {"shadow": "lpc", "shadow-pooled": "lpc-pooled"}  # policy -> the shadow's evictor
 
 
 class SchedulerRunFailed(RuntimeError):
@@ -52,6 +59,9 @@ class EngineSettings:
     step_per_token_s: float = 1e-5
     max_model_len: int | None = None  # None: the longest request's tokens, rounded up
     check_every: int = 0  # check block ownership every N steps (0: at the end only)
+    # The scheduler of one rank of a data-parallel engine (size 1: no data parallelism).
+    data_parallel_size: int = 1
+    data_parallel_rank: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -73,7 +83,7 @@ class PolicySettings:
 
 @dataclass(frozen=True)
 class Policy:
-    name: str  # lru, lpc-const, lpc, lpc-pooled
+    name: str  # lru, lpc-const, lpc, lpc-pooled, shadow, shadow-pooled
     constant: float | None = None  # lpc-const's p
 
     @property
@@ -82,14 +92,18 @@ class Policy:
 
 
 def parse_policies(text: str) -> list[Policy]:
-    """`lru,lpc-const,lpc,lpc-pooled`; `lpc-const=P` sets the constant (default 0.5)."""
+    """`lru,lpc-const,lpc,lpc-pooled,shadow,shadow-pooled`; `lpc-const=P` sets the constant
+    (default 0.5)."""
     policies = []
     for item in (part.strip() for part in text.split(",")):
         if not item:
             continue
         name, _, value = item.partition("=")
-        if name not in ("lru", "lpc-const", *LEARNED):
-            raise ValueError(f"unknown policy {item!r}: choose lru, lpc-const[=P], lpc, lpc-pooled")
+        if name not in ("lru", "lpc-const", *LEARNED, *SHADOW):
+            raise ValueError(
+                f"unknown policy {item!r}: choose lru, lpc-const[=P], lpc, lpc-pooled, shadow, "
+                "shadow-pooled"
+            )
         if value and name != "lpc-const":
             raise ValueError(f"policy {name} takes no value")
         constant = None
@@ -199,7 +213,9 @@ def policy_environment(policy: Policy, settings: PolicySettings) -> tuple[dict[s
     if policy.name == "lpc-const":
         assert policy.constant is not None
         return {**env, "LPC_EVICTOR": "lpc", "LPC_FALLBACK_P": repr(policy.constant)}, False
-    env["LPC_EVICTOR"] = policy.name
+    if policy.name in SHADOW:
+        env["LPC_MODE"] = "shadow"
+    env["LPC_EVICTOR"] = SHADOW.get(policy.name, policy.name)
     env["LPC_FALLBACK_P"] = repr(settings.fallback_probability)
     if settings.conversation_table_max_tokens is not None:
         env["LPC_CONVERSATION_TABLE_MAX_TOKENS"] = str(settings.conversation_table_max_tokens)
@@ -217,6 +233,8 @@ class PolicyRun:
     records: Path | None
     wall_seconds: float
     environment: dict[str, str] = field(default_factory=dict)
+
+    shadow_events: Path | None = None
 
     @property
     def totals(self) -> dict[str, Any]:
@@ -244,8 +262,10 @@ def run_policy(
     workdir: Path,
     records: bool = True,
     timeout_s: float = TIMEOUT_S,
+    switch_at: str = "",
 ) -> PolicyRun:
-    """Serve `requests` with vLLM's scheduler under `policy`, in a fresh driver process."""
+    """Serve `requests` with vLLM's scheduler under `policy`, in a fresh driver process;
+    `switch_at` (`STEP:MODE,...`) switches the plugin's mode before those steps."""
     max_model_len = max_model_len_for(requests, engine)
     if engine.kv_tokens < max_model_len:
         raise ValueError(
@@ -268,11 +288,18 @@ def run_policy(
         *("--step-base-s", repr(engine.step_base_s)),
         *("--step-per-token-s", repr(engine.step_per_token_s)),
         *("--check-every", str(engine.check_every), "--label", policy.label),
+        *("--data-parallel-size", str(engine.data_parallel_size)),
+        *("--data-parallel-rank", str(engine.data_parallel_rank)),
     ]
     if records_path is not None:
         command += ["--records", str(records_path)]
     if send_probabilities:
         command.append("--send-probabilities")
+    if switch_at:
+        command += ["--switch-at", switch_at]
+    shadow_path = workdir / f"{slug}.shadow.jsonl" if policy.name in SHADOW else None
+    if shadow_path is not None:
+        command += ["--shadow-events", str(shadow_path)]
     # A developer's shell cannot change what is measured: its LPC_* and VLLM_* are dropped.
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("LPC_", "VLLM_"))}
     environment["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(site)])
@@ -303,7 +330,7 @@ def run_policy(
     queue = summary["invariants"]["queue"]
     if (queue == "FreeKVCacheBlockQueue") == expected:
         raise SchedulerRunFailed(f"{policy.label}: vLLM's block pool used the queue {queue}")
-    return PolicyRun(policy, summary, records_path, wall, variables)
+    return PolicyRun(policy, summary, records_path, wall, variables, shadow_path)
 
 
 def _lines(path: Path) -> Iterator[str]:
@@ -346,6 +373,7 @@ def policy_row(run: PolicyRun) -> dict[str, Any]:
         "steps": totals["steps"],
         "preemptions": totals["preemptions"],
         "recomputed_tokens": totals["recomputed_tokens"],
+        "recomputed_evicted_tokens": totals["recomputed_evicted_tokens"],
         "chunked_prefills": totals["chunked_prefills"],
         "chunked_recomputations": totals["chunked_recomputations"],
         "evictions": totals["evictions"],
@@ -358,11 +386,72 @@ def policy_row(run: PolicyRun) -> dict[str, Any]:
         "invariants_ok": run.summary["invariants"]["ok"],
         "invariants": run.summary["invariants"]["checks"],
         "releases": stats.get("releases"),
+        "protected_releases": stats.get("preemptions"),
+        "protected_blocks_released": stats.get("protected_blocks_released"),
         "predictions_in_process": stats.get("predictions_in_process"),
         "probabilities_from_request": stats.get("probabilities_from_request"),
         "fallbacks_used": stats.get("fallbacks_used"),
+        "mode_switches": run.summary.get("mode_switches"),
+        "lru_order_check": run.summary.get("lru_order_check"),
+        **{key: value for key, value in stats.items() if key.startswith("shadow_")},
         "driver_seconds": run.summary["run_seconds"],
         "wall_seconds": round(run.wall_seconds, 2),
+    }
+
+
+def expand_runs(runs: Sequence[int]) -> list[int]:
+    """`token_runs`' inverse."""
+    tokens: list[int] = []
+    for i in range(0, len(runs), 2):
+        tokens.extend(range(runs[i], runs[i] + runs[i + 1]))
+    return tokens
+
+
+def shadow_requests(path: Path) -> dict[str, ShadowRequest]:
+    """The requests of a requests file as the engine holds them: the prompt, then the output
+    it emits (one token when the line has none, as the driver serves it)."""
+    out = {}
+    for line in _lines(path):
+        record = json.loads(line)
+        prompt = expand_runs(record["prompt"])
+        output = expand_runs(record["output"]) or [0]
+        out[record["request_id"]] = ShadowRequest(
+            prompt + output, len(prompt), record["cache_salt"]
+        )
+    return out
+
+
+def shadow_replay_check(run: PolicyRun, requests_path: Path) -> dict[str, Any]:
+    """The run's shadow figures beside our replay of the same events (`lpc.replay.shadow`):
+    the same requests in the same order, with the same times and probabilities, hashed by us."""
+    assert run.shadow_events is not None, f"{run.policy.label} ran no shadow"
+    stats = run.summary["plugin_stats"]
+    config = stats["config"]
+    factory = learned_evictor_factory(
+        config["evictor"],
+        config["scale_per_s"],
+        config["fallback_probability"],
+        config["probability_floor"],
+        stats["evictor_horizon_s"],
+    )
+    ours = replay_shadow(shadow_requests(requests_path), read_events(run.shadow_events), factory)
+    pairs = {
+        "requests": (stats["shadow_requests"], ours.requests),
+        "queries": (stats["shadow_queries"], ours.queries),
+        **{f"{c}_hits": (stats[f"shadow_{c}_hits"], ours.hits[c]) for c in ("lpc", "lru")},
+        **{
+            f"{c}_allocation_failures": (
+                stats[f"shadow_{c}_allocation_failures"],
+                ours.allocation_failures[c],
+            )
+            for c in ("lpc", "lru")
+        },
+    }
+    return {
+        "equal": all(shadow == replay for shadow, replay in pairs.values()),
+        "shadow_vs_replay": {key: list(pair) for key, pair in pairs.items()},
+        "replay_lpc_hit_ratio": ours.hit_ratio("lpc"),
+        "replay_lru_hit_ratio": ours.hit_ratio("lru"),
     }
 
 

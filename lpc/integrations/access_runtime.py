@@ -7,15 +7,20 @@ reads the `ConversationState` its conversation's finished requests left in the
 into the model's inputs, and `AccessPredictor` computes p in microseconds. Feature code is
 never duplicated here.
 
-Reload: the configured path is an artifact folder or a registry folder (its `current` link is
-followed, as `training.registry` promotes by repointing it). At most every `reload_s` seconds
-a release compares the resolved folder and its files' modification times with the loaded
-model's; on a change it loads the new model (about a millisecond: numpy, no torch) and swaps it
-in with one assignment. A failed load keeps the old model, counts `access_model_reload_failures`
-and warns once per failed artifact. "Failed" covers whatever the folder holds: missing or
-garbage files, a file where the folder was, an artifact that loads but whose p on a probe
-request is not a finite number in [0, 1] (e.g. NaN weights; at startup such a model is refused
-like a corrupt one).
+Reload, off the scheduler thread: the configured path is an artifact folder or a registry
+folder (its `current` link is followed, as `training.registry` promotes by repointing it). A
+daemon thread (`start_background`, started where the engine's first LPC queue is built) looks
+every `reload_s` seconds at the resolved folder and its files' modification times; on a change
+it loads the new model (about a millisecond: numpy, no torch), probes it and publishes it with
+one assignment (`LoadedModel`). The release path only reads the current `LoadedModel`: no
+`stat`, no file I/O, no load. A failed load keeps the old model, counts
+`access_model_reload_failures` and warns once per failed artifact. "Failed" covers whatever the
+folder holds: missing or garbage files, a file where the folder was, an artifact that loads but
+whose p on a probe request is not a finite number in [0, 1] (e.g. NaN weights; at startup such
+a model is refused like a corrupt one). `check_for_promoted_model()` is one such check, run
+synchronously (what the thread runs; tests call it to reload deterministically). The same
+thread compacts the token sequences the conversation table keeps (`conversation_table`), so
+the release path never converts tokens either.
 
 Model-specific constants come from the loaded artifact's metadata: `horizon_s` (its label
 horizon, `inputs.horizon_s`) is what `lpc-pooled` judges reuse and the model over, and
@@ -27,8 +32,9 @@ from __future__ import annotations
 
 import logging
 import math
-from array import array
-from dataclasses import dataclass
+import threading
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +42,8 @@ from lpc.integrations.config import PluginConfig, PluginConfigError
 from lpc.integrations.conversation_table import (
     EMPTY_CONVERSATION,
     ConversationTable,
-    shared_prefix_tokens,
-    token_array,
+    StoredSequence,
+    shared_prefix,
 )
 from lpc.integrations.stats import PluginStats, is_probability
 from predictor.access_features import RequestState, feature
@@ -54,6 +60,9 @@ ArtifactPointer = tuple[str, int, int]
 UNREADABLE_MTIME = -1  # an ArtifactPointer's mtimes when the configured path cannot be read
 # A request and conversation every model must give a probability for (a sound model does).
 PROBE_REQUEST = RequestState(0.0, 1000, 0, 100, 10.0)
+# How often the background thread wakes to compact stored token sequences (and to see whether
+# a reload check is due): a sequence stays referenced, not compacted, at most about this long.
+BACKGROUND_TICK_S = 0.05
 
 
 def resolve_artifact(path: Path) -> Path:
@@ -75,45 +84,55 @@ def reads_text(path: Path) -> bool:
     return bool(read_metadata(resolve_artifact(path)).inputs.text_window)
 
 
-def engine_tokens(request: Any) -> array | None:
-    """The request's prompt then output token ids, compactly. From the prompt's plain list and
-    the (short) output: iterating vLLM's `all_token_ids` wrapper costs twice as much."""
+def request_tokens(request: Any) -> Any:
+    """The sequence a request's shared prefix reads (its first `num_prompt_tokens`): vLLM's
+    prompt list, else the request's `all_token_ids`. Referenced, not copied."""
     prompt = getattr(request, "prompt_token_ids", None)
-    if not isinstance(prompt, list):
-        return token_array(request.all_token_ids)
-    tokens = token_array(prompt)
-    if tokens is None:
-        return None
-    output = request.output_token_ids
-    try:
-        tokens.extend(output)
-    except OverflowError:
-        tokens = array("q", tokens)
-        tokens.extend(output)
-    except TypeError:
-        return None
-    return tokens
+    return prompt if isinstance(prompt, list) else request.all_token_ids
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A loaded access model and what the release path needs to know about it, published to
+    the release path with one assignment."""
+
+    predictor: AccessPredictor
+    pointer: ArtifactPointer
+    # Whether it reads a feature whose engine-state form needs token ids (the shared prefix),
+    # as its registry record says.
+    needs_tokens: bool
+
+    @classmethod
+    def of(cls, predictor: AccessPredictor, pointer: ArtifactPointer) -> LoadedModel:
+        needs = any(feature(n).needs_token_ids for n in predictor.feature_names)
+        return cls(predictor, pointer, needs)
 
 
 @dataclass
 class AccessRuntime:
-    """The loaded access model, its conversation table and its reload schedule."""
+    """The loaded access model, its conversation table and its background reloader."""
 
     path: Path  # as configured
-    predictor: AccessPredictor
-    pointer: ArtifactPointer
+    model: LoadedModel
     table: ConversationTable
     stats: PluginStats
     reload_s: float
-    next_check_s: float = 0.0
     failed_pointer: ArtifactPointer | None = None
     started_horizon_s: float | None = None  # the first model's: the evictor's horizon
+    # vLLM's hash block size (tokens per entry of `Request.block_hashes`), learned from the
+    # block pool; None: the shared prefix is found by comparing tokens only.
+    block_size: int | None = None
+    # Stored sequences the background thread compacts (append/popleft: thread-safe).
+    _to_compact: deque[StoredSequence] = field(default_factory=deque, repr=False)
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _check_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.started_horizon_s = self.horizon_s
 
     @classmethod
-    def load(cls, config: PluginConfig, stats: PluginStats, now_s: float) -> AccessRuntime:
+    def load(cls, config: PluginConfig, stats: PluginStats) -> AccessRuntime:
         """Load `config.access_model`; one `PluginConfigError` naming the setting and path."""
         assert config.access_model is not None
         path = Path(config.access_model)
@@ -130,14 +149,20 @@ class AccessRuntime:
             config.conversation_expiry_s,
             config.conversation_table_max_tokens,
         )
-        reload_s = config.access_model_reload_s
-        return cls(path, predictor, pointer, table, stats, reload_s, now_s + reload_s)
+        model = LoadedModel.of(predictor, pointer)
+        return cls(path, model, table, stats, config.access_model_reload_s)
+
+    @property
+    def predictor(self) -> AccessPredictor:
+        return self.model.predictor
+
+    @property
+    def pointer(self) -> ArtifactPointer:
+        return self.model.pointer
 
     @property
     def needs_tokens(self) -> bool:
-        """Whether the model reads a feature whose engine-state form needs token ids (the
-        shared prefix), as its registry record says."""
-        return any(feature(n).needs_token_ids for n in self.predictor.feature_names)
+        return self.model.needs_tokens
 
     @property
     def horizon_s(self) -> float | None:
@@ -149,13 +174,59 @@ class AccessRuntime:
     def base_rate(self) -> float | None:
         return self.predictor.metadata.base_rate
 
-    def maybe_reload(self, now_s: float) -> None:
-        """Swap in a newly promoted model if one is due to be looked for and has appeared.
-        Never raises: anything wrong with the folder keeps the old model and is counted once
-        per state of the folder (`access_model_reload_failures`)."""
-        if not self.reload_s or now_s < self.next_check_s:
+    # -- off the scheduler thread ----------------------------------------------------------
+    def start_background(self) -> None:
+        """Start the daemon thread that reloads promoted models and compacts stored tokens
+        (idempotent; in the process that owns the KV cache)."""
+        if self._thread is not None and self._thread.is_alive():
             return
-        self.next_check_s = now_s + self.reload_s
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._background, name="lpc-access-model", daemon=True
+        )
+        self._thread.start()
+
+    def stop_background(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+        self._thread = None
+
+    def _background(self) -> None:
+        stop = self._stop
+        next_check = 0.0
+        clock = 0.0
+        while not stop.is_set():
+            try:
+                self.compact_pending()
+                if self.reload_s and clock >= next_check:
+                    next_check = clock + self.reload_s
+                    if clock > 0.0:  # the model was just loaded at startup
+                        self.check_for_promoted_model()
+            except Exception as error:  # never let the thread die: count and go on
+                self.stats.plugin_error("the access model's background thread", error)
+            stop.wait(BACKGROUND_TICK_S)
+            clock += BACKGROUND_TICK_S
+
+    def compact_pending(self) -> int:
+        """Compact the token sequences stored since the last call; how many."""
+        queue = self._to_compact
+        done = 0
+        while queue:
+            queue.popleft().compact()
+            done += 1
+        return done
+
+    def check_for_promoted_model(self) -> None:
+        """One reload check, now: swap in a newly promoted model if one has appeared. Never
+        raises: anything wrong with the folder keeps the old model and is counted once per
+        state of the folder (`access_model_reload_failures`). Checks run one at a time."""
+        with self._check_lock:
+            self._check()
+
+    def _check(self) -> None:
+        current = self.model
         try:
             pointer = artifact_pointer(self.path)
         except Exception as error:  # gone, or a file where the folder was
@@ -163,7 +234,7 @@ class AccessRuntime:
             if pointer != self.failed_pointer:
                 self._reload_failed(pointer, error)
             return
-        if pointer == self.pointer or pointer == self.failed_pointer:
+        if pointer == current.pointer or pointer == self.failed_pointer:
             return
         try:
             predictor = load_checked(pointer[0])
@@ -179,7 +250,7 @@ class AccessRuntime:
                 horizon_s,
                 self.started_horizon_s,
             )
-        self.predictor, self.pointer, self.failed_pointer = predictor, pointer, None
+        self.model, self.failed_pointer = LoadedModel.of(predictor, pointer), None
         self.stats.add(access_model_reloads=1)
         logger.info("access model reloaded from %s", pointer[0])
 
@@ -194,6 +265,7 @@ class AccessRuntime:
             error,
         )
 
+    # -- the release path -------------------------------------------------------------------
     def predict_release(
         self, request: Any, conversation_id: str | None, completion_s: float, prompt_tokens: int
     ) -> float:
@@ -217,15 +289,20 @@ class AccessRuntime:
         prompt_tokens: int,
         predict: bool,
     ) -> float:
+        model = self.model  # read once: a reload publishes a new one
         table = self.table
         entry = table.entry(conversation_id, completion_s) if conversation_id else None
         conversation = entry.state if entry is not None else EMPTY_CONVERSATION
-        # Prompt then output, converted once: the prompt's shared prefix reads its first
-        # `prompt_tokens`, and the whole is what the conversation's next request compares with.
-        tokens = engine_tokens(request) if self.needs_tokens else None
         shared = 0
-        if tokens is not None and entry is not None:
-            shared = shared_prefix_tokens(entry.last_tokens, tokens, prompt_tokens)
+        if model.needs_tokens and entry is not None and entry.previous is not None:
+            hashes = getattr(request, "block_hashes", None)
+            shared = shared_prefix(
+                entry.previous,
+                request_tokens(request),
+                prompt_tokens,
+                hashes if isinstance(hashes, list) else (),
+                self.block_size,
+            )
         params = request.sampling_params
         extra = params.extra_args if params is not None else None
         kind = extra.get(REQUEST_TYPE_KEY) if isinstance(extra, dict) else None
@@ -238,14 +315,17 @@ class AccessRuntime:
             kind if isinstance(kind, str) else None,
         )
         try:
-            probability = self.predictor.predict_one(state, conversation) if predict else 0.0
+            probability = model.predictor.predict_one(state, conversation) if predict else 0.0
         finally:
             # Recorded even when the model fails, so the conversation's history stays whole;
             # a failure to record costs the history, not the prediction.
             is_finished = getattr(request, "is_finished", None)
             if conversation_id and (is_finished is None or is_finished()):
                 try:
-                    table.finished(conversation_id, state, completion_s, tokens)
+                    stored = StoredSequence.of_request(request) if model.needs_tokens else None
+                    table.finished(conversation_id, state, completion_s, stored)
+                    if stored is not None:
+                        self._to_compact.append(stored)
                 except Exception as error:
                     self.stats.plugin_error("recording a request in the conversation table", error)
         return probability
@@ -271,9 +351,7 @@ def load_checked(folder: str | Path) -> AccessPredictor:
     return predictor
 
 
-def load_access_runtime(
-    config: PluginConfig, stats: PluginStats, now_s: float
-) -> AccessRuntime | None:
+def load_access_runtime(config: PluginConfig, stats: PluginStats) -> AccessRuntime | None:
     """The in-process access model `config` names, or None: none named, or the artifact reads
     text too (it is served through the predictor RPC, which must then be configured)."""
     if config.access_model is None:
@@ -294,4 +372,4 @@ def load_access_runtime(
             )
         logger.info("model %s reads text: predictions through the predictor RPC", path)
         return None
-    return AccessRuntime.load(config, stats, now_s)
+    return AccessRuntime.load(config, stats)

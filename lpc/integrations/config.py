@@ -24,6 +24,8 @@ from eviction.lpc import (
     DEFAULT_PROBABILITY_FLOOR,
     DEFAULT_SCALE_PER_S,
 )
+from lpc.integrations.engine_checks import ALLOW_VARIABLE, parse_allowed
+from lpc.integrations.mode import DEFAULT_MODE, check_mode
 
 CONFIG_FILE_VARIABLE = "LPC_CONFIG"
 
@@ -47,18 +49,27 @@ class PluginConfig:
     carried by requests, else the fallback). `max_pending_predictions` bounds the predictions
     in flight or waiting to be consumed, so a slow predictor cannot grow memory without bound.
     `stats_log_interval_s` spaces the plugin's counter log lines (0: never). `metrics_port`
-    serves the counters in Prometheus text format on `metrics_host` (None: no server).
+    serves the counters in Prometheus text format on `metrics_host` (None: no server; a
+    data-parallel rank r serves on `metrics_port` + r).
     `request_log_dir` turns on the request log (`request_log`: one `lpc` trace line per
     finished request, for replays and retraining): daily files per process, rotated at
     `request_log_max_file_mb`; prompt text only with `request_log_text`; block ids keyed by
     `request_log_salt` (None: a random key kept in the folder); at most
     `request_log_queue_size` records waiting (more are dropped and counted, never waited for).
     `access_model` is an access-only artifact folder (or a registry folder, whose `current`
-    is followed) the plugin predicts with in process at each release; it looks for a newly
-    promoted one at most every `access_model_reload_s` (0: never). The conversation table
+    is followed) the plugin predicts with in process at each release; a background thread
+    looks for a newly promoted one every `access_model_reload_s` (0: never). The conversation table
     that feeds it holds at most `conversation_table_size` conversations and
     `conversation_table_max_tokens` previous-request tokens (least recently updated evicted
     first) and forgets a conversation idle longer than `conversation_expiry_s`.
+    `mode` is what the engine starts in: `lpc` (the learned order), `lru` (stock vLLM's order,
+    exactly: the kill switch) or `shadow` (stock vLLM's order, while metadata-only LPC and LRU
+    caches of the engine's size replay the same requests and export their hit ratios).
+    `control_file`, when set, is a file holding one of those words, read every
+    `control_poll_s` seconds by a background thread: writing it switches the running engine.
+    `allow_unverified` names engine configurations the plugin is not verified with that it
+    may run in anyway (`engine_checks`: `kv-groups`, `speculative-decoding`; empty: refuse
+    them when the engine starts).
     """
 
     evictor: str = "lpc-pooled"
@@ -83,6 +94,10 @@ class PluginConfig:
     conversation_table_size: int = 100_000
     conversation_expiry_s: float = 3600.0
     conversation_table_max_tokens: int = 50_000_000
+    mode: str = DEFAULT_MODE
+    control_file: str | None = None
+    control_poll_s: float = 1.0
+    allow_unverified: str = ""
 
     def __post_init__(self) -> None:
         for spec in _FIELDS.values():
@@ -108,6 +123,15 @@ def _check_evictor(name: str, value: Any) -> None:
     if value not in POLICIES or POLICIES[value].kind != "learned":
         known = ", ".join(policy_names("learned"))
         raise PluginConfigError(f"{name} must be one of {known}, got {value!r}")
+
+
+def _check_mode(name: str, value: Any) -> None:
+    if not isinstance(value, str) or value != value.strip().lower():
+        raise PluginConfigError(f"{name} must be one of lpc, lru, shadow, got {value!r}")
+    try:
+        check_mode(value, name)
+    except ValueError as error:
+        raise PluginConfigError(str(error)) from None
 
 
 def _check_scale(name: str, value: Any) -> None:
@@ -162,6 +186,15 @@ def _check_port(name: str, value: Any) -> None:
 def _check_host(name: str, value: Any) -> None:
     if not isinstance(value, str) or not value:
         raise PluginConfigError(f"{name} must be a host name or address, got {value!r}")
+
+
+def _check_unverified(name: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise PluginConfigError(f"{name} must be a comma-separated string, got {value!r}")
+    try:
+        parse_allowed(value)
+    except ValueError as error:
+        raise PluginConfigError(f"{name}={value!r}: {error}") from None
 
 
 def _check_bool(name: str, value: Any) -> None:
@@ -258,6 +291,10 @@ _FIELDS: dict[str, _FieldSpec] = {
             _parse_int,
             _check_count,
         ),
+        _FieldSpec("mode", "LPC_MODE", str.lower, _check_mode),
+        _FieldSpec("control_file", "LPC_CONTROL_FILE", _parse_optional_str, _check_optional_str),
+        _FieldSpec("control_poll_s", "LPC_CONTROL_POLL_S", _parse_float, _check_positive),
+        _FieldSpec("allow_unverified", ALLOW_VARIABLE, str, _check_unverified),
     )
 }
 ENVIRONMENT_VARIABLES: dict[str, str] = {spec.variable: spec.name for spec in _FIELDS.values()}

@@ -4,19 +4,36 @@ An access feature reads a request's conversation history (turn, think times, the
 request's sizes and tokens: `predictor.access_features.ConversationState`). The engine forgets
 a request once it finishes, so the plugin keeps one entry per conversation id, replaced when a
 request of that conversation finishes. Memory is bounded three ways, all configurable: at most
-`max_conversations` entries and `max_tokens` stored previous-request tokens (4 bytes each; only
-kept when a model reads the shared prefix), least recently updated evicted first; and an entry
-idle longer than `expiry_s` is dropped (a conversation coming back later starts afresh, as a
-first request would). One `OrderedDict` in update order serves both LRU and expiry: its front
-is always the entry idle longest.
+`max_conversations` entries and `max_tokens` stored previous-request tokens (4 bytes each once
+compacted; only kept when a model reads the shared prefix), least recently updated evicted
+first; and an entry idle longer than `expiry_s` is dropped (a conversation coming back later
+starts afresh, as a first request would). One `OrderedDict` in update order serves both LRU and
+expiry: its front is always the entry idle longest.
+
+The shared prefix without per-token work on the scheduler thread. A release keeps the
+finishing request's sequence as a `StoredSequence`: references to vLLM's own prompt list,
+output list and chained full-block hashes (`Request.block_hashes`, computed by vLLM anyway), no
+copy. A background thread later compacts the tokens into a 4-byte array (`compact`, in chunks,
+so it never holds the interpreter lock long); until then the references serve. The next
+request's shared prefix (`shared_prefix`) then costs O(log blocks) hash comparisons (vLLM's
+hashes are chained: equal hashes at block k mean equal tokens in blocks 0..k, so the first
+differing block is found by bisection) plus a token comparison from the start of that block,
+which stops within it when its tokens differ. The value is the token-level longest common
+prefix, exactly (`shared_prefix_tokens`, the reference, on the same sequences). Where the
+hashes cannot say it — no hashes (prefix caching off: nothing is cached, so the prefix only
+feeds the model), an unknown block size, or two blocks with equal tokens but different hashes
+(another LoRA adapter, `cache_salt` or multimodal input, or vLLM's lookahead tokens) — the
+comparison goes on token by token past that block, still exact, in O(tokens) chunks of
+C-level list comparisons.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -25,11 +42,81 @@ from predictor.access_features import ConversationState, RequestState
 EMPTY_CONVERSATION = ConversationState()
 
 
+# A stored sequence's tokens: (prompt, its length then, output) with vLLM's lists referenced,
+# or one array. The length is kept since a list vLLM still owns may grow later.
+StoredTokens: TypeAlias = "tuple[Sequence[int], int, Sequence[int]] | array"
+COMPACT_CHUNK_TOKENS = 4096  # tokens converted per step of `compact` (about 20 µs)
+FIRST_CHUNK_TOKENS = 16  # tokens compared first past the hashes (a block at vLLM's default)
+
+
+@dataclass(slots=True)
+class StoredSequence:
+    """A finished request's prompt + output, as its conversation's next request compares
+    with it. `tokens` is replaced by one assignment when compacted (readers take it once)."""
+
+    tokens: StoredTokens
+    num_tokens: int
+    block_hashes: Sequence[Any] = ()  # vLLM's chained hashes of its full blocks, referenced
+
+    @classmethod
+    def of_request(cls, request: Any) -> StoredSequence:
+        """vLLM's request, referenced: its prompt list (else `all_token_ids`), its output
+        and its block hashes. O(1): nothing is copied."""
+        prompt = getattr(request, "prompt_token_ids", None)
+        if isinstance(prompt, list):
+            output = request.output_token_ids
+            tokens: StoredTokens = (prompt, len(prompt), output)
+            count = len(prompt) + len(output)
+        else:
+            everything = request.all_token_ids
+            count = len(everything)
+            tokens = (everything, count, ())
+        hashes = getattr(request, "block_hashes", None)
+        return cls(tokens, count, hashes if isinstance(hashes, list) else ())
+
+    def slice(self, start: int, stop: int) -> list[Any]:
+        """Tokens [start, stop) as a list."""
+        tokens = self.tokens
+        if type(tokens) is array:
+            return tokens[start:stop].tolist()
+        prompt, n, output = tokens
+        if stop <= n:
+            return list(prompt[start:stop])
+        if start >= n:
+            return list(output[start - n : stop - n])
+        return list(prompt[start:n]) + list(output[: stop - n])
+
+    def compact(self) -> bool:
+        """Replace the referenced lists by one array (4 bytes a token; 8 beyond 32 bits),
+        converted `COMPACT_CHUNK_TOKENS` at a time; False if the tokens are not integers
+        (the references then stay)."""
+        tokens = self.tokens
+        if type(tokens) is array:
+            return True
+        prompt, n, output = tokens
+        out = array("i")
+        try:
+            for part, length in ((prompt, n), (output, self.num_tokens - n)):
+                for i in range(0, length, COMPACT_CHUNK_TOKENS):
+                    chunk = part[i : min(length, i + COMPACT_CHUNK_TOKENS)]
+                    before = len(out)
+                    try:
+                        out.extend(chunk)
+                    except OverflowError:  # ids beyond 32 bits: 8 bytes each from now on
+                        del out[before:]  # extend stopped part way through the chunk
+                        out = array("q", out)
+                        out.extend(chunk)
+        except TypeError:
+            return False
+        self.tokens = out
+        return True
+
+
 @dataclass(slots=True)
 class ConversationEntry:
     state: ConversationState
     updated_s: float  # when its latest request finished (the table's clock)
-    last_tokens: array | None = None  # the latest request's prompt + output token ids
+    previous: StoredSequence | None = None  # the latest request's prompt + output
 
 
 @dataclass
@@ -61,20 +148,20 @@ class ConversationTable:
         conversation_id: str,
         request: RequestState,
         now_s: float,
-        tokens: array | None = None,
+        sequence: StoredSequence | None = None,
     ) -> ConversationState:
         """Record a finished request; the state its conversation's next request will see."""
         entries = self.entries
         old = entries.pop(conversation_id, None)
-        if old is not None and old.last_tokens is not None:
-            self.stored_tokens -= len(old.last_tokens)
+        if old is not None and old.previous is not None:
+            self.stored_tokens -= old.previous.num_tokens
         previous = old.state if old is not None else EMPTY_CONVERSATION
         state = previous.after(request)
-        if tokens is not None and len(tokens) > self.max_tokens:
-            tokens = None  # one sequence above the whole budget is not kept
-        entries[conversation_id] = ConversationEntry(state, now_s, tokens)
-        if tokens is not None:
-            self.stored_tokens += len(tokens)
+        if sequence is not None and sequence.num_tokens > self.max_tokens:
+            sequence = None  # one sequence above the whole budget is not kept
+        entries[conversation_id] = ConversationEntry(state, now_s, sequence)
+        if sequence is not None:
+            self.stored_tokens += sequence.num_tokens
         self.expire(now_s)
         while len(entries) > self.max_conversations or self.stored_tokens > self.max_tokens:
             self._drop_oldest()
@@ -91,8 +178,8 @@ class ConversationTable:
 
     def _drop_oldest(self) -> None:
         _, entry = self.entries.popitem(last=False)
-        if entry.last_tokens is not None:
-            self.stored_tokens -= len(entry.last_tokens)
+        if entry.previous is not None:
+            self.stored_tokens -= entry.previous.num_tokens
 
     def counters(self) -> dict[str, int]:
         return {
@@ -129,3 +216,55 @@ def shared_prefix_tokens(
     b = np.frombuffer(prompt, dtype=np.int32 if prompt.typecode == "i" else np.int64)[:n]
     diff = np.flatnonzero(a != b)
     return int(diff[0]) if diff.size else n
+
+
+def first_differing_block(previous: Sequence[Any], current: Sequence[Any], blocks: int) -> int:
+    """The first of the first `blocks` chained block hashes that differ (`blocks` if none).
+    Chained hashes agree on a prefix of blocks and differ after it, so bisection finds it."""
+    if blocks <= 0 or previous[blocks - 1] == current[blocks - 1]:
+        return blocks  # the common case: the new prompt extends every shared block
+    low, high = 0, blocks - 1  # the answer is in [low, high]; block `high` differs
+    while low < high:
+        middle = (low + high) // 2
+        if previous[middle] == current[middle]:
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+def shared_prefix(
+    previous: StoredSequence | None,
+    prompt: Sequence[int] | None,
+    prompt_tokens: int,
+    block_hashes: Sequence[Any] = (),
+    block_size: int | None = None,
+) -> int:
+    """Longest common prefix of the previous request's tokens and the first `prompt_tokens`
+    of `prompt` (this request's tokens; 0 if either is unknown): `shared_prefix_tokens`'s
+    value, found from the block hashes and one block of tokens (module docstring)."""
+    if previous is None or prompt is None:
+        return 0
+    n = min(previous.num_tokens, prompt_tokens, len(prompt))
+    if n <= 0:
+        return 0
+    start = 0
+    old_hashes = previous.block_hashes
+    if block_size and block_hashes and old_hashes:
+        # Only blocks wholly inside the compared range: an equal hash then means equal tokens.
+        blocks = min(len(old_hashes), len(block_hashes), n // block_size)
+        start = first_differing_block(old_hashes, block_hashes, blocks) * block_size
+    chunk = max(block_size or FIRST_CHUNK_TOKENS, 1)
+    while start < n:
+        stop = min(n, start + chunk)
+        old = previous.slice(start, stop)
+        new = prompt[start:stop]
+        if type(new) is not list:
+            new = list(new)
+        if old != new:
+            for i, token in enumerate(old):
+                if token != new[i]:
+                    return start + i
+        start = stop
+        chunk *= 2  # past a block whose hash differed with equal tokens: go faster
+    return n

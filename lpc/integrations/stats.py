@@ -40,6 +40,11 @@ class PluginStats:
     plugin caught in its own code inside a vLLM call (the release path, the free queue, the
     request log, scheduling): that call went on as stock vLLM would (fallback p, LRU-equivalent
     order); each place logs its first exception only.
+
+    Preemption: `preemptions` counts requests that released their blocks unfinished (vLLM
+    preempted them, or freed them to retry); their cached blocks, `protected_blocks_released`,
+    are queued after every free block, as LRU queues them last, and the release is neither
+    predicted nor counted in `releases`.
     """
 
     releases: int = 0
@@ -63,6 +68,8 @@ class PluginStats:
     access_prediction_errors: int = 0
     invalid_probabilities: int = 0
     plugin_errors: int = 0
+    preemptions: int = 0
+    protected_blocks_released: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _logged: set[str] = field(default_factory=set, repr=False, compare=False)
 
@@ -130,4 +137,6 @@ _COUNTER_NAMES = tuple(f.name for f in fields(PluginStats) if not f.name.startsw
 
 def is_probability(value: object) -> bool:
     """Whether `value` is a real number (not a bool; numpy's count) in [0, 1], so finite."""
+    if type(value) is float:  # the common case, without the ABC check (every release)
+        return 0.0 <= value <= 1.0
     return isinstance(value, Real) and not isinstance(value, bool) and 0.0 <= value <= 1.0

@@ -74,6 +74,7 @@ def structural_problems(
     kv_cache_manager: ModuleType,
     request_module: ModuleType,
     sampling_params: ModuleType,
+    scheduler: ModuleType,
 ) -> list[str]:
     """Everything about these vLLM modules that differs from what the plugin expects: every
     check of `STRUCTURE_CHECKS` runs, so one refusal lists every mismatch, in that order."""
@@ -86,6 +87,7 @@ def structural_problems(
             "FreeKVCacheBlockQueue": getattr(kv_cache_utils, "FreeKVCacheBlockQueue", None),
             "BlockPool": getattr(block_pool, "BlockPool", None),
             "KVCacheManager": getattr(kv_cache_manager, "KVCacheManager", None),
+            "Scheduler": getattr(scheduler, "Scheduler", None),
         },
     )
     problems: list[str] = []
@@ -176,6 +178,21 @@ def _wrapped_signatures(vllm: _Vllm) -> list[str]:
     return problems
 
 
+def _scheduler_init(vllm: _Vllm) -> list[str]:
+    """`Scheduler.__init__` still takes the engine's configuration and the KV cache's first:
+    the plugin's wrapper reads them (`engine_checks`) and passes everything through."""
+    scheduler = vllm.owners["Scheduler"]
+    if scheduler is None:
+        return []  # reported by _owner_classes
+    leading = _parameters(scheduler.__init__)[:3]
+    if leading != ("self", "vllm_config", "kv_cache_config"):
+        return [
+            f"Scheduler.__init__ starts with ({', '.join(leading)}), expected "
+            "(self, vllm_config, kv_cache_config)"
+        ]
+    return []
+
+
 def _allocate_slots(vllm: _Vllm) -> list[str]:
     """`KVCacheManager.allocate_slots` still takes the request first: the plugin's wrapper
     reads the request and passes every other argument through unchanged."""
@@ -245,6 +262,7 @@ STRUCTURE_CHECKS: tuple[Callable[[_Vllm], list[str]], ...] = (
     _block_pool_module,
     _block_pool_init,
     _wrapped_signatures,
+    _scheduler_init,
     _allocate_slots,
     _kv_cache_block,
     _request,

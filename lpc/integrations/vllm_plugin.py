@@ -15,10 +15,11 @@ vLLM loads it through the `vllm.general_plugins` entry point (`lpc`, allow-liste
 4. with `request_log_dir` set, appends a line per finished request to the request log
    (`plugin_request_log`, `request_log`; a background writer, never waited for) and wraps
    `KVCacheManager.get_computed_blocks` to note each request's prefix-cache hit;
-5. when a predictor is configured, wraps `KVCacheManager.allocate_slots` to ask for the
-   request's prediction the first time it is scheduled, without waiting for it; the item
-   carries the request's `num_prompt_tokens` as `prompt_tokens` (models trained with
-   `log_prompt_tokens` need it, others ignore it).
+5. wraps `KVCacheManager.allocate_slots`: when a predictor is configured, to ask for the
+   request's prediction the first time it is scheduled, without waiting for it (the item
+   carries the request's `num_prompt_tokens` as `prompt_tokens`: models trained with
+   `log_prompt_tokens` need it, others ignore it); in shadow mode, to admit the request to the
+   shadow caches.
 
 A release's probability is, in order: the request's `extra_args["lpc_probability"]`; with
 an access-only model configured (`access_model`), the model's p computed in process at the
@@ -32,8 +33,10 @@ vLLM's `Request` and the plugin's `ConversationTable`):
     value                          vLLM source                         known at
     arrival time                   `Request.arrival_time` (epoch s)     arrival
     prompt tokens                  `Request.num_prompt_tokens`          arrival
-    shared prefix with previous    `Request.prompt_token_ids` vs the    arrival
-                                   table's previous prompt + output
+    shared prefix with previous    `Request.block_hashes` and one       arrival
+                                   block of `prompt_token_ids` vs the
+                                   table's previous request's hashes
+                                   and tokens (`conversation_table`)
     conversation id                `extra_args["lpc_conversation_id"]`  arrival
     turn, think times, age         the conversation's table entry       arrival
     output tokens                  `Request.num_output_tokens`          release
@@ -43,6 +46,12 @@ vLLM's `Request` and the plugin's `ConversationTable`):
 
 A finished request then replaces its conversation's entry (a preempted one does not), also
 when it carried its own `lpc_probability`, so the conversation's history stays complete.
+
+Preemption: a request vLLM frees before it finishes (`is_unfinished`: preempted under KV
+pressure, or a failed KV load to retry) gets a `ProtectedRelease` instead (`preemption_release`,
+counted in `preemptions`): its blocks are queued after every free block, the way LRU queues them
+last, so the KV it needs again when rescheduled — usually milliseconds later — is the last to be
+evicted. Its probability is not asked for, and its hints stay for the release that finishes it.
 
 Call flow. A release (time, probability, conversation) is made once per request, in
 `PluginRuntime.release_for`, and reaches the LPC queue by one of three routes, depending on
@@ -64,6 +73,13 @@ queue's `append_n`): an exception there gives that call stock vLLM's behaviour (
 the current time, LRU's place), counts in `plugin_errors`, is logged once per place and never
 reaches vLLM. vLLM's own code (the original methods) runs unguarded, as without the plugin.
 
+Kill switch and shadow mode (`mode`, `shadow`). The mode (`LPC_MODE`: lpc, lru, shadow)
+can be switched while the engine runs — the control file's background watcher
+(`LPC_CONTROL_FILE`), `set_mode()` — and each free queue applies it at its next pop: `lru`
+evicts in stock vLLM's order exactly, `shadow` too while `ShadowFeed` replays the requests
+(admitted in `allocate_slots`, finished in `safe_release_for`) through metadata-only LPC and
+LRU caches on a background thread (`drain_shadow()` waits for it).
+
 Patched methods find their `PluginRuntime` through `_runtime_of(pool)`, which reads the
 module-level `_REGISTRATION`: the one active registration (its runtime and the original
 attributes it replaced); a plugin that patches classes inherently has one. They act only on
@@ -82,19 +98,34 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from time import perf_counter_ns
 from typing import Any
 
 from eviction.base import Release
 from eviction.lpc import DEFAULT_FALLBACK_PROBABILITY
-from lpc.integrations import vllm_compat
+from lpc.integrations import engine_checks, vllm_compat
 from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
-from lpc.integrations.metrics import MetricsServer, start_metrics_server
+from lpc.integrations.finished_releases import FinishedReleases
+from lpc.integrations.metrics import (
+    MetricsServer,
+    gate_state,
+    metrics_port_for,
+    start_metrics_server,
+)
+from lpc.integrations.mode import ControlFileWatcher, ModeSwitch
 from lpc.integrations.plugin_request_log import PluginRequestLog
 from lpc.integrations.predictions import PredictionBoard, PredictionClient
 from lpc.integrations.request_hints import PROBABILITY_KEY, RequestHints, parse_hints
+from lpc.integrations.shadow import ShadowFeed
 from lpc.integrations.stats import PluginStats, is_probability
-from lpc.integrations.vllm_queue import Clock, LPCFreeBlockQueue, QueueRuntime, bind_queue_class
+from lpc.integrations.vllm_queue import (
+    Clock,
+    LPCFreeBlockQueue,
+    ProtectedRelease,
+    QueueRuntime,
+    bind_queue_class,
+)
 
 # A child of vLLM's logger, so the plugin's lines appear in vLLM's log with its format.
 logger = logging.getLogger("vllm.plugins.lpc")
@@ -122,8 +153,14 @@ class PluginRuntime:
     next_log_s: float = 0.0
     request_log: PluginRequestLog | None = None  # None: no request log configured
     access: AccessRuntime | None = None  # None: no access-only model in process
+    shadow: ShadowFeed | None = None  # feeds the shadow caches while the mode is `shadow`
     # Stamps completions for the access features, on the timeline of vLLM's arrival times.
     wall_clock: Clock = time.time
+    # Each finished request's release, for the CPU offload tier's policy (`vllm_cache_policy`).
+    finished: FinishedReleases = field(default_factory=FinishedReleases)
+    # The `kv_connector_extra_config` of the engine whose scheduler is being built (the CPU
+    # tier's policy is built inside `Scheduler.__init__` and reads its `lpc_*` keys here).
+    kv_connector_extra_config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def clock(self) -> Clock:
@@ -162,16 +199,44 @@ class PluginRuntime:
         ):
             board.ask(rid, hints.prediction_item(engine_prompt_tokens(request)))
 
+    def conversation_of(self, request: Any) -> str | None:
+        """The request's `lpc_conversation_id` (the shadow's admissions): its hints if kept,
+        else parsed here and not kept (the release parses them again, and counts problems)."""
+        hints = self.hints.get(request.request_id)
+        if hints is None:
+            params = request.sampling_params
+            hints = parse_hints(params.extra_args if params is not None else None)
+        return hints.conversation_id
+
     def release_for(self, request: Any) -> Release:
-        """The probability, time and conversation of a request releasing its blocks."""
-        return self.release_and_source(request)[0]
+        """The probability, time and conversation of a request releasing its blocks; for a
+        request that is not finished (preempted), a `ProtectedRelease`."""
+        if is_unfinished(request):
+            return self.preemption_release(request)
+        release = self.release_and_source(request)[0]
+        self.finished.record(request.request_id, release)
+        return release
+
+    def preemption_release(self, request: Any) -> ProtectedRelease:
+        """A preempted request's release: its blocks go after every free block until it is
+        rescheduled (it will need them in milliseconds). Nothing is predicted, logged or
+        recorded in the conversation table, and its hints and prediction stay for the release
+        that finishes it."""
+        rid = request.request_id
+        hints = self.hints.get(rid)
+        if hints is None:
+            hints = self.hints[rid] = self.hints_for(request)
+        self.stats.add(preemptions=1)
+        return ProtectedRelease(self.clock(), None, hints.conversation_id or rid)
 
     def safe_release_for(self, request: Any) -> Release:
         """`release_for` for vLLM's hooks: it never raises. On an error in the plugin's own
         code the release gets the fallback p at the current time (stock vLLM's LRU place),
-        the error is counted in `plugin_errors` and its first occurrence logged."""
+        the error is counted in `plugin_errors` and its first occurrence logged. Its time is
+        the release latency histogram's observation."""
+        start_ns = perf_counter_ns()
         try:
-            return self.release_for(request)
+            release = self.release_for(request)
         except Exception as error:
             self.stats.plugin_error("a request's release", error)
             rid = getattr(request, "request_id", None)
@@ -181,7 +246,11 @@ class PluginRuntime:
                     self.board.forget(rid)
             else:
                 rid = None
-            return Release(self.clock(), None, rid)
+            release = Release(self.clock(), None, rid)
+        self.queues.histograms.release_latency_ns.observe(perf_counter_ns() - start_ns)
+        if self.shadow is not None:
+            self.shadow.finished(request, release)  # never raises
+        return release
 
     def safe_on_scheduled(self, request: Any) -> None:
         """`on_scheduled` for vLLM's hook: an error only costs the request its prediction."""
@@ -212,7 +281,9 @@ class PluginRuntime:
         if probability is not None and not is_probability(probability):
             self.stats.invalid_probability(f"the {_PROBABILITY_SOURCES[counter]}", probability)
             probability, counter = None, "fallbacks_used"
-        probability = None if probability is None else float(probability)
+        if probability is not None:
+            probability = float(probability)
+            self.queues.histograms.probability.observe(probability)
         self.stats.add(releases=1, **{counter: 1})
         now = self.clock()
         if self.config.stats_log_interval_s and now >= self.next_log_s:
@@ -268,10 +339,6 @@ class PluginRuntime:
         finite number in [0, 1]: a request is never failed."""
         access = self.access
         assert access is not None
-        try:
-            access.maybe_reload(self.clock())
-        except Exception as error:  # maybe_reload counts what it foresees; this is the rest
-            self.stats.plugin_error("looking for a promoted access model", error)
         if self.board is not None:
             self.board.forget(request.request_id)
         try:
@@ -319,6 +386,7 @@ class _Registration:
     runtime: PluginRuntime
     originals: list[tuple[Any, str, Any]]  # (owner, attribute, original value or _ABSENT)
     metrics: MetricsServer | None = None
+    control: ControlFileWatcher | None = None
 
 
 _REGISTRATION: _Registration | None = None
@@ -334,6 +402,14 @@ def engine_prompt_tokens(request: Any) -> int | None:
     if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
         return count
     return None
+
+
+def is_unfinished(request: Any) -> bool:
+    """True when vLLM frees a request's blocks before it finishes: `Scheduler._preempt_request`
+    frees them while the request is still RUNNING, and a failed KV load frees them to retry
+    locally. A request without vLLM's `is_finished()` counts as finished."""
+    is_finished = getattr(request, "is_finished", None)
+    return callable(is_finished) and not is_finished()
 
 
 def _runtime_of(pool: Any) -> PluginRuntime | None:
@@ -413,7 +489,10 @@ def _wrap_allocate_slots(original: Any) -> Any:
         if blocks is not None:
             runtime = _runtime_of(self.block_pool)
             if runtime is not None:
-                runtime.safe_on_scheduled(request)
+                if runtime.board is not None:
+                    runtime.safe_on_scheduled(request)
+                if runtime.shadow is not None:  # never raises
+                    runtime.shadow.scheduled(request, self.block_pool, runtime.conversation_of)
         return blocks
 
     return allocate_slots
@@ -434,6 +513,42 @@ def _wrap_get_computed_blocks(original: Any) -> Any:
     return get_computed_blocks
 
 
+def _wrap_scheduler_init(original: Any) -> Any:
+    """Refuse to build a scheduler whose engine configuration the plugin is not verified with
+    (`engine_checks`), before vLLM builds anything; the allowed ones are logged."""
+
+    @functools.wraps(original)
+    def __init__(self: Any, vllm_config: Any, kv_cache_config: Any, *args: Any, **kwargs: Any):
+        registration = _REGISTRATION
+        if registration is not None:
+            config = registration.runtime.config
+            registration.runtime.kv_connector_extra_config = connector_extra_config(vllm_config)
+            allowed = engine_checks.parse_allowed(config.allow_unverified)
+            for item in engine_checks.check_engine(vllm_config, kv_cache_config, allowed):
+                logger.warning(
+                    "LPC eviction runs with %s, which it is not verified with (%s=%s)",
+                    item.what,
+                    engine_checks.ALLOW_VARIABLE,
+                    config.allow_unverified,
+                )
+        return original(self, vllm_config, kv_cache_config, *args, **kwargs)
+
+    return __init__
+
+
+def connector_extra_config(vllm_config: Any) -> dict[str, Any]:
+    """The engine's `kv_transfer_config.kv_connector_extra_config` (empty when none)."""
+    transfer = getattr(vllm_config, "kv_transfer_config", None)
+    extra = getattr(transfer, "kv_connector_extra_config", None)
+    return dict(extra) if isinstance(extra, Mapping) else {}
+
+
+def registered_runtime() -> PluginRuntime | None:
+    """The active registration's runtime (None: the plugin is not registered here)."""
+    registration = _REGISTRATION
+    return None if registration is None else registration.runtime
+
+
 def make_predictor_client(config: PluginConfig) -> PredictionClient | None:
     """The project's predictor RPC client for `config.predictor_url` (None when unset)."""
     if config.predictor_url is None:
@@ -443,8 +558,9 @@ def make_predictor_client(config: PluginConfig) -> PredictionClient | None:
     except ImportError as error:
         raise PluginConfigError(
             f"LPC_PREDICTOR_URL is {config.predictor_url!r} but the predictor client cannot be "
-            f"imported ({error}); install the client's dependencies in vLLM's environment "
-            "(`pip install httpx`) or unset LPC_PREDICTOR_URL to use the fallback p only"
+            f"imported ({error}); install the LPC core into vLLM's environment with its "
+            "dependencies (`pip install lpc`: it brings httpx, the client's HTTP library) or unset "
+            "LPC_PREDICTOR_URL to use the fallback p only"
         ) from None
     return client_module.PredictorClient(
         config.predictor_url, timeout_s=config.predictor_timeout_s, token=config.predictor_token
@@ -459,6 +575,7 @@ def _import_vllm() -> dict[str, Any]:
         "kv_cache_manager": "vllm.v1.core.kv_cache_manager",
         "request_module": "vllm.v1.request",
         "sampling_params": "vllm.sampling_params",
+        "scheduler": "vllm.v1.core.sched.scheduler",
     }
     return {key: importlib.import_module(module) for key, module in names.items()}
 
@@ -482,12 +599,23 @@ def build_runtime(
         else None
     )
     queues = QueueRuntime(
-        config, counters, clock if clock is not None else time.monotonic, activate=activate
+        config,
+        counters,
+        clock if clock is not None else time.monotonic,
+        activate=activate,
+        mode=ModeSwitch(config.mode),
     )
     runtime = PluginRuntime(config, counters, queues, client, board)
+    runtime.shadow = ShadowFeed(
+        queues.mode,
+        counters,
+        queues.new_evictor,
+        lambda: queues.clock(),  # late-bound: a replay points the queues at its own clock
+        learned_name=config.evictor,
+    )
     # An injected clock stamps completions too, so arrivals and releases share a timeline.
     runtime.wall_clock = clock or time.time
-    runtime.access = load_access_runtime(config, counters, queues.clock())
+    runtime.access = load_access_runtime(config, counters)
     if runtime.access is not None:
         # Model-specific constants come from the artifact: lpc-pooled's horizon.
         queues.horizon_s = runtime.access.horizon_s
@@ -560,6 +688,7 @@ def _check_vllm(modules: dict[str, Any]) -> None:
         modules["kv_cache_manager"],
         modules["request_module"],
         modules["sampling_params"],
+        modules["scheduler"],
     )
     if problems:
         raise vllm_compat.IncompatibleVllmError(
@@ -570,13 +699,17 @@ def _check_vllm(modules: dict[str, Any]) -> None:
 
 
 def _patches(modules: dict[str, Any], runtime: PluginRuntime) -> list[tuple[Any, str, Any]]:
-    """(owner, attribute, replacement) for everything the plugin patches: the free-block queue
-    class, the frees, and the hooks only a predictor (allocate_slots) or a request log
+    """(owner, attribute, replacement) for everything the plugin patches: the scheduler's
+    constructor (refusing unverified engine configurations), the free-block queue class, the
+    frees, the first scheduling (allocate_slots: a predictor's question, the shadow caches'
+    admissions; shadow mode may be switched on at any time) and the hook only a request log
     (get_computed_blocks) needs."""
     block_pool = modules["block_pool"]
     pool_class = block_pool.BlockPool
     manager_class = modules["kv_cache_manager"].KVCacheManager
+    scheduler_class = modules["scheduler"].Scheduler
     patches: list[tuple[Any, str, Any]] = [
+        (scheduler_class, "__init__", _wrap_scheduler_init(scheduler_class.__init__)),
         (block_pool, "FreeKVCacheBlockQueue", bind_queue_class(runtime.queues)),
         (pool_class, "free_blocks", _wrap_free_blocks(pool_class.free_blocks)),
         (manager_class, "free", _wrap_manager_free(manager_class.free)),
@@ -586,9 +719,8 @@ def _patches(modules: dict[str, Any], runtime: PluginRuntime) -> list[tuple[Any,
             _wrap_pop_blocks_for_free(manager_class.pop_blocks_for_free),
         ),
     ]
-    if runtime.board is not None:
-        allocate = _wrap_allocate_slots(manager_class.allocate_slots)
-        patches.append((manager_class, "allocate_slots", allocate))
+    allocate = _wrap_allocate_slots(manager_class.allocate_slots)
+    patches.append((manager_class, "allocate_slots", allocate))
     if runtime.request_log is not None:
         computed = _wrap_get_computed_blocks(manager_class.get_computed_blocks)
         patches.append((manager_class, "get_computed_blocks", computed))
@@ -618,14 +750,37 @@ def _activate(registration: _Registration) -> None:
     vLLM loads plugins in every process (API server, engine core, workers); only the engine
     core builds block pools, so the metrics server starts here rather than in `register()`.
     """
-    config = registration.runtime.config
+    runtime = registration.runtime
+    config = runtime.config
+    engine = runtime.queues.engine
+    if runtime.access is not None:
+        runtime.access.block_size = engine.hash_block_size
+        runtime.access.start_background()  # reloads and token compaction, off this thread
     if config.metrics_port is not None and registration.metrics is None:
         # The server reads the whole snapshot (counters, client, configuration), not only
-        # `runtime.stats`, the plugin's counters.
+        # `runtime.stats`, the plugin's counters. Each data-parallel engine core serves its
+        # own, on the port offset by its rank (`metrics_port_for`).
         registration.metrics = start_metrics_server(
-            stats_snapshot, config.metrics_host, config.metrics_port
+            stats_snapshot,
+            config.metrics_host,
+            metrics_port_for(config.metrics_port, engine.data_parallel_rank),
         )
-    logger.info("LPC eviction active in pid %d", os.getpid())
+    if config.control_file is not None and registration.control is None:
+        # A background thread reads the file: the scheduler thread only compares the mode.
+        watcher = ControlFileWatcher(
+            config.control_file, registration.runtime.queues.mode, config.control_poll_s
+        )
+        watcher.start()
+        registration.control = watcher
+    logger.info(
+        "LPC eviction active in pid %d, mode %s (data-parallel rank %d from the %s; hash block "
+        "size %s)",
+        os.getpid(),
+        registration.runtime.queues.mode.mode,
+        engine.data_parallel_rank,
+        engine.rank_source,
+        engine.hash_block_size,
+    )
 
 
 def unregister() -> None:
@@ -642,8 +797,14 @@ def unregister() -> None:
                 setattr(owner, name, original)
         if registration.runtime.board is not None:
             registration.runtime.board.close()
+        if registration.runtime.access is not None:
+            registration.runtime.access.stop_background()
         if registration.metrics is not None:
             registration.metrics.close()
+        if registration.control is not None:
+            registration.control.close()
+        if registration.runtime.shadow is not None:
+            registration.runtime.shadow.close()
         if registration.runtime.request_log is not None:
             registration.runtime.request_log.close()
         _REGISTRATION = None
@@ -659,6 +820,23 @@ def flush_request_log(timeout_s: float = 5.0) -> bool:
     if registration is None or registration.runtime.request_log is None:
         return True
     return registration.runtime.request_log.flush(timeout_s)
+
+
+def set_mode(mode: str, source: str = "set_mode()") -> bool:
+    """Switch the running engine to `mode` (lpc, lru or shadow), from any thread; each free
+    queue applies it at its next pop. True when the mode changed; ValueError for no mode."""
+    registration = _REGISTRATION
+    if registration is None:
+        raise RuntimeError("the LPC plugin is not registered")
+    return registration.runtime.queues.mode.set(mode, source)
+
+
+def drain_shadow(timeout_s: float = 30.0) -> bool:
+    """Wait until the shadow caches applied every request noted so far (False on timeout)."""
+    registration = _REGISTRATION
+    if registration is None or registration.runtime.shadow is None:
+        return True
+    return registration.runtime.shadow.drain(timeout_s)
 
 
 def stats_snapshot() -> dict[str, Any]:
@@ -678,6 +856,14 @@ def stats_snapshot() -> dict[str, Any]:
     client_stats = getattr(runtime.client, "stats", None)
     if client_stats is not None and hasattr(client_stats, "as_dict"):
         out["predictor_client"] = client_stats.as_dict()
-    out["evictor_horizon_s"] = runtime.queues.evictor_horizon_s
+    queues = runtime.queues
+    out["evictor_horizon_s"] = queues.evictor_horizon_s
+    out["dp_rank"] = queues.engine.data_parallel_rank
+    if queues.evictor is not None:
+        out.update(gate_state(queues.evictor))
+    out["histograms"] = {k: v.as_dict() for k, v in queues.histograms.snapshot().items()}
+    out.update(queues.mode.counters())
+    if runtime.shadow is not None:
+        out.update(runtime.shadow.counters_dict())
     out["config"] = runtime.config.as_dict()
     return out

@@ -9,7 +9,13 @@ block first on ties, blocks without a hash before every cached one).
 What the queue cannot see — the probability, time and conversation of a release — comes from
 the release context the plugin sets while vLLM frees a request (`QueueRuntime.releasing`).
 Blocks appended outside any release (e.g. `BlockPool.unpin_blocks`) get the fallback p at the
-current time.
+current time. A preempted request's release (`ProtectedRelease`) queues its blocks after every
+free block (`LPCEvictor.push_protected`): it will need them again in milliseconds, and LRU
+queues them last too.
+
+In `lru` and `shadow` mode (`QueueRuntime.mode`, switchable while the engine runs; see
+`mode`) the queue evicts in stock vLLM's LRU order, exactly, while the learned evictor keeps
+seeing every release so that switching back resumes the learned order.
 
 The evictor is built from the configuration and, with `lpc-pooled`, the loaded access model's
 label horizon (`QueueRuntime.horizon_s`, from its artifact's metadata; 180 s without one).
@@ -28,7 +34,9 @@ the same everywhere.
 
 from __future__ import annotations
 
+import sys
 import time
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -40,9 +48,19 @@ from eviction.lpc import LPCEvictor
 from eviction.lpc_pooled import DEFAULT_MEMORY_WINDOW_S, DEFAULT_SHARED_HORIZON_S
 from eviction.registry import make_evictor
 from lpc.integrations.config import PluginConfig
+from lpc.integrations.engine_context import EngineContext, engine_context
+from lpc.integrations.histograms import PluginHistograms
+from lpc.integrations.mode import LRUOrder, ModeSwitch
 from lpc.integrations.stats import PluginStats
 
 Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class ProtectedRelease(Release):
+    """The release of a request that is not finished (preempted): its blocks are queued after
+    every free block (`LPCEvictor.push_protected`), since it asks for them again as soon as it
+    is rescheduled; its probability is not used."""
 
 
 @dataclass
@@ -56,6 +74,12 @@ class QueueRuntime:
     # The loaded access model's label horizon (its artifact's `inputs.horizon_s`): what
     # `lpc-pooled` judges reuse and the model over. None: no model loaded, the default.
     horizon_s: float | None = None
+    histograms: PluginHistograms = field(default_factory=PluginHistograms)
+    # Learned from vLLM's constructors when the first queue is built (`engine_context`).
+    engine: EngineContext = field(default_factory=EngineContext)
+    evictor: LPCEvictor | None = None  # the latest queue's (its trust gate is exported)
+    # lpc, lru or shadow; a queue applies a change at its next pop (`mode`, the kill switch).
+    mode: ModeSwitch = field(default_factory=ModeSwitch)
     _release: ContextVar[Release | None] = field(
         default_factory=lambda: ContextVar("lpc_release", default=None)
     )
@@ -64,6 +88,10 @@ class QueueRuntime:
     def queue_built(self) -> None:
         if not self._active:
             self._active = True
+            try:
+                self.engine = engine_context(sys._getframe(1))
+            except Exception as error:  # unknown block size, rank 0: still correct
+                self.stats.plugin_error("reading the engine's block size and rank", error)
             if self.activate is not None:
                 try:
                     self.activate()
@@ -116,18 +144,8 @@ class QueueRuntime:
             **options,
         )
         assert isinstance(evictor, LPCEvictor), f"{c.evictor} is not an LPC evictor"
+        self.evictor = evictor
         return evictor
-
-
-def block_depth(block: Any) -> int:
-    """A block's depth in its sequence, in tokens its hash covers (0 when unknown).
-
-    `LPCEvictor` compares depths only with each other, to evict the deeper of two blocks with
-    equal keys, so the token count (block index + 1 times the block size) orders blocks
-    exactly as their index does, without knowing the group's block size.
-    """
-    tokens = block.block_hash_num_tokens
-    return tokens if tokens is not None else 0
 
 
 class LPCFreeBlockQueue:
@@ -148,9 +166,25 @@ class LPCFreeBlockQueue:
                     "block ids equal to their positions in the pool"
                 )
         self._blocks = list(blocks)
-        self._evictor = self.runtime.new_evictor(len(blocks))
-        self._evictor.reset(range(len(blocks)))
+        # Each block's last release time (the queue's clock): its age when evicted.
+        self._released_s = array("d", bytes(8 * len(blocks)))
+        self._learned = self.runtime.new_evictor(len(blocks))
+        self._learned.reset(range(len(blocks)))
+        # What decides evictions: the learned evictor, or in lru/shadow mode an `LRUOrder`
+        # over it (`_apply_mode`, at a pop).
+        self._evictor: LPCEvictor | LRUOrder = self._learned
+        self._lru_order = False
         self.runtime.queue_built()
+        self._apply_mode()
+
+    def _apply_mode(self) -> None:
+        """Evict in the mode's order from now on: LRU order rebuilt exactly from the learned
+        evictor (`mode.LRUOrder`), or the learned order, which saw everything meanwhile."""
+        lru_order = self.runtime.mode.lru_order
+        if lru_order == self._lru_order:
+            return
+        self._evictor = LRUOrder(self._learned, len(self._blocks)) if lru_order else self._learned
+        self._lru_order = lru_order
 
     # -- what BlockPool calls ------------------------------------------------------------
     @property
@@ -158,16 +192,23 @@ class LPCFreeBlockQueue:
         return len(self._evictor)
 
     def popleft(self) -> Any:
+        if self.runtime.mode.lru_order is not self._lru_order:
+            self._apply_mode()
         if not len(self._evictor):
             raise ValueError("No free blocks available")
         block = self._blocks[self._evictor.pop()]
         if block.block_hash is not None:
-            self.runtime.stats.add(evictions=1)
+            runtime = self.runtime
+            runtime.stats.add(evictions=1)
+            age = runtime.clock() - self._released_s[block.block_id]
+            runtime.histograms.eviction_age_s.observe(age)
         return block
 
     def popleft_n(self, n: int) -> list[Any]:
         if n == 0:
             return []
+        if self.runtime.mode.lru_order is not self._lru_order:
+            self._apply_mode()
         if n > len(self._evictor):
             raise ValueError(f"cannot pop {n} blocks: only {len(self._evictor)} are free")
         blocks = self._blocks
@@ -175,7 +216,29 @@ class LPCFreeBlockQueue:
         evicted = sum(1 for block in popped if block.block_hash is not None)
         if evicted:
             self.runtime.stats.add(evictions=evicted)
+            self._observe_eviction_ages(popped)
         return popped
+
+    def _observe_eviction_ages(self, popped: list[Any]) -> None:
+        """Eviction ages of the cached blocks among `popped`: one observation per run of
+        blocks released together (equal release times), not one per block."""
+        runtime = self.runtime
+        now = runtime.clock()
+        released = self._released_s
+        observe = runtime.histograms.eviction_age_s.observe_n
+        last, times = None, 0
+        for block in popped:
+            if block.block_hash is None:
+                continue
+            t = released[block.block_id]
+            if t == last:
+                times += 1
+                continue
+            if times:
+                observe(now - last, times)
+            last, times = t, 1
+        if times:
+            observe(now - last, times)
 
     def remove(self, block: Any) -> None:
         try:
@@ -192,12 +255,28 @@ class LPCFreeBlockQueue:
             return
         runtime = self.runtime
         freed = _freed(blocks)
+        release = runtime.current_release()
+        protected = type(release) is ProtectedRelease
         try:
-            self._evictor.push_cached(freed, runtime.current_release())
+            if protected:
+                self._evictor.push_protected(freed, release)
+            else:
+                self._evictor.push_cached(freed, release)
         except Exception as error:
             runtime.stats.plugin_error("the LPC queue's append", error)
             self._append_as_lru(freed)
-        runtime.stats.add(cached_blocks_released=len(blocks))
+        try:  # for the eviction-age histogram
+            released, now = self._released_s, release.time_s
+            for block_id in freed.block_ids:
+                released[block_id] = now
+        except Exception as error:
+            runtime.stats.plugin_error("the LPC queue's release times", error)
+        if protected:
+            runtime.stats.add(
+                cached_blocks_released=len(blocks), protected_blocks_released=len(blocks)
+            )
+        else:
+            runtime.stats.add(cached_blocks_released=len(blocks))
 
     def _append_as_lru(self, freed: FreedBlocks) -> None:
         """After a failed append: queue the blocks the evictor does not hold yet with the
@@ -226,6 +305,7 @@ class LPCFreeBlockQueue:
         self.runtime.stats.add(uncached_blocks_released=len(blocks))
 
     def get_all_free_blocks(self) -> list[Any]:
+        self._apply_mode()
         blocks = self._blocks
         return [blocks[i] for i in self._evictor.free_block_ids()]
 
@@ -235,6 +315,7 @@ class LPCFreeBlockQueue:
         O(n log n) per call: the order is materialised from the heap. vLLM calls this only
         from the CPU-offloading connector's lazy mode.
         """
+        self._apply_mode()
         order = self._evictor.free_block_ids()
         start = 0
         if cursor is not None:
@@ -252,7 +333,10 @@ class LPCFreeBlockQueue:
         metadata only: on an error it is skipped, as stock vLLM has none)."""
         if blocks:
             try:
-                self._evictor.note_shared_release(_freed(blocks), release)
+                if type(release) is ProtectedRelease:
+                    self._evictor.note_protected_release(_freed(blocks), release)
+                else:
+                    self._evictor.note_shared_release(_freed(blocks), release)
             except Exception as error:
                 self.runtime.stats.plugin_error("the LPC queue's shared release", error)
                 return
@@ -260,14 +344,18 @@ class LPCFreeBlockQueue:
 
     @property
     def evictor(self) -> LPCEvictor:
-        return self._evictor
+        """The learned evictor (in lru and shadow mode too: it sees everything, evicts nothing)."""
+        return self._learned
 
 
 def _freed(blocks: Sequence[Any]) -> FreedBlocks:
-    # Fresh lists: the evictor keeps references to them.
+    # Fresh lists: the evictor keeps references to them. A block's depth is the token count
+    # its hash covers (0 when unknown): `LPCEvictor` compares depths only with each other, to
+    # evict the deeper of two blocks with equal keys, so (index + 1) · block size orders blocks
+    # exactly as their index does, without knowing the group's block size.
     return FreedBlocks(
         [block.block_id for block in blocks],
-        [block_depth(block) for block in blocks],
+        [block.block_hash_num_tokens or 0 for block in blocks],
         [block.block_hash for block in blocks],
     )
 

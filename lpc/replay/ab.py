@@ -16,8 +16,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from lpc.replay.intervals import paired_gain_interval
 from lpc.replay.policies import PolicySpec
-from lpc.replay.simulator import PreparedWorkload, ReplayResult, replay
+from lpc.replay.simulator import PreparedWorkload, ReplayResult, RequestHits, replay
 
 DEFAULT_CACHE_SIZES_TOKENS = (60_000, 80_000, 100_000, 120_000, 140_000, 160_000)
 # Production traces hold far more tokens. On the bundled Mooncake trace (block size 512) these
@@ -112,6 +113,9 @@ class Comparison:
     gap_closed_belady: dict[str, dict[int, float | None]] = field(default_factory=dict)
     # tokens a policy needs to match LRU's hit ratio at each size; None when it never does
     size_for_lru_ratio: dict[str, dict[int, float | None]] = field(default_factory=dict)
+    # the gain's 95 % interval, [low, high] (paired bootstrap over conversations,
+    # `lpc.replay.intervals`); None where the replay kept no per-request hits (closed loop)
+    gain_over_lru_ci95: dict[str, dict[int, list[float] | None]] = field(default_factory=dict)
 
     def cache_saving(self, policy: str, size: int) -> float | None:
         needed = self.size_for_lru_ratio.get(policy, {}).get(size)
@@ -133,11 +137,20 @@ def size_to_reach(sizes: Sequence[int], ratios: Sequence[float], target: float) 
     return None
 
 
+def _interval(ours: RequestHits | None, theirs: RequestHits | None) -> list[float] | None:
+    if ours is None or theirs is None:
+        return None
+    interval = paired_gain_interval(ours, theirs)
+    return None if interval is None else interval.to_list()
+
+
 def compare(results: Sequence[ReplayResult], baseline: str = "lru") -> Comparison:
     sizes = sorted({r.cache_tokens for r in results})
     hit: dict[str, dict[int, float]] = {}
+    per_request = {}
     for r in results:
         hit.setdefault(r.policy, {})[r.cache_tokens] = r.token_hit_ratio
+        per_request[(r.policy, r.cache_tokens)] = r.per_request
     comparison = Comparison(sizes, hit)
     if baseline not in hit:
         return comparison
@@ -157,6 +170,11 @@ def compare(results: Sequence[ReplayResult], baseline: str = "lru") -> Compariso
         comparison.gain_over_lru[policy] = {
             s: (curve[s] / base[s] - 1.0) if base.get(s) else None for s in curve
         }
+        if policy != baseline:
+            comparison.gain_over_lru_ci95[policy] = {
+                s: _interval(per_request.get((policy, s)), per_request.get((baseline, s)))
+                for s in curve
+            }
         if oracle is not None:
             comparison.gap_closed[policy] = share_of_gap(curve, oracle)
         if belady is not None:

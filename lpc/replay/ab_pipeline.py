@@ -55,6 +55,14 @@ from lpc.replay.simulator import (
     prepare,
     replay_closed_loop,
 )
+from lpc.replay.two_tier import TierSettings, TwoTierResult, run_two_tier_grid
+from lpc.replay.two_tier_report import (
+    TABLE_HEADER,
+    plot_two_tier,
+    two_tier_json,
+    two_tier_rows,
+    write_two_tier_csv,
+)
 from lpc.traces.expand import check_block_size
 from lpc.traces.linkage import DEFAULT_SHARED_FANOUT
 from lpc.traces.timeline import DEFAULT_HORIZON_S, DEFAULT_SPLIT_AT
@@ -114,6 +122,12 @@ class ABOptions:
     out_dir: Path = Path("results/ab")
     workers: int = 2
     progress: bool = True
+    tiers: TierSettings | None = None  # --offload-sizes: a CPU tier below the GPU cache
+
+    @property
+    def replayed_policies(self) -> tuple[PolicySpec, ...]:
+        """The GPU tier's policies and the CPU tier's: the probability sources serve both."""
+        return self.policies + (self.tiers.offload_policies if self.tiers else ())
 
 
 @dataclass
@@ -136,9 +150,10 @@ class ABOutcome:
     sweep: dict[float, list[ReplayResult]]
     timings_s: dict[str, float]
     files: dict[str, str]
+    two_tier: list[TwoTierResult] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "lpc_version": __version__,
             "workload": self.workload_summary,
             "settings": {
@@ -157,11 +172,15 @@ class ABOutcome:
                 "gap_closed": self.comparison.gap_closed,
                 "gap_closed_belady": self.comparison.gap_closed_belady,
                 "size_for_lru_ratio": self.comparison.size_for_lru_ratio,
+                "gain_over_lru_ci95": self.comparison.gain_over_lru_ci95,
             },
             "think_time_sweep": {str(k): [r.to_dict() for r in v] for k, v in self.sweep.items()},
             "timings_s": self.timings_s,
             "files": self.files,
         }
+        if self.options.tiers is not None:
+            out["two_tier"] = two_tier_json(self.options.tiers, self.two_tier)
+        return out
 
 
 def _sources_needed(policies: Sequence[PolicySpec], extra: str | None) -> set[str]:
@@ -224,10 +243,13 @@ def run_ab(
         timings["fit_policies_s"] = time.perf_counter() - t0
     work.options.out_dir.mkdir(parents=True, exist_ok=True)
     files: dict[str, str] = {}
+    two_tier: list[TwoTierResult] = []
     if work.options.workload.latency.closed_loop:
+        if work.options.tiers is not None:
+            raise InvalidInputError("--offload-sizes replays a fixed timeline, not --closed-loop")
         results, summary = _replay_closed_loop(loaded, work, replayer, timings)
     else:
-        results, summary = _replay_open_loop(work, replayer, files, timings, log)
+        results, summary = _replay_open_loop(work, replayer, files, timings, log, two_tier)
     sweep, sweep_scales = _think_time_sweep(loaded, replayer, timings)
 
     comparison = compare(results)
@@ -236,7 +258,7 @@ def run_ab(
     if replayer.sweep_fits:
         summary["sweep_fitted_policies"] = {str(k): v for k, v in replayer.sweep_fits.items()}
     timings["total_s"] = time.perf_counter() - started
-    outcome = ABOutcome(work.options, summary, results, comparison, sweep, timings, files)
+    outcome = ABOutcome(work.options, summary, results, comparison, sweep, timings, files, two_tier)
     _write_files(outcome, work.options.out_dir)
     return outcome
 
@@ -308,7 +330,7 @@ def _load(options: ABOptions, log: Callable[[str], None]) -> _Loaded:
         if options.split_at == 0:
             _refuse_fitted_without_training_part(options)
     tokenizer = default_chat_tokenizer()
-    needed = _sources_needed(options.policies, options.trace_probabilities)
+    needed = _sources_needed(options.replayed_policies, options.trace_probabilities)
     needs_train = bool(needed - {"oracle", "trace"}) or options.fallback_probability is None
     trace_has_training_part = options.trace is not None and options.split_at != 0
     if trace_has_training_part:
@@ -389,7 +411,8 @@ def _no_training_part_note(
     note: dict[str, Any] = {"reason": reason}
     if left_out:
         note["left_out"] = list(left_out)
-    gaps = _sources_needed(options.policies, options.trace_probabilities) & {"model", "trace"}
+    needed = _sources_needed(options.replayed_policies, options.trace_probabilities)
+    gaps = needed & {"model", "trace"}
     if options.fallback_probability is None and gaps:
         note["fallback_probability"] = DEFAULT_FALLBACK_PROBABILITY
     return note
@@ -418,7 +441,7 @@ def _check_trace_readable(options: ABOptions) -> None:
     if (
         fmt != "lpc"
         and options.model_reads_text
-        and "model" in _sources_needed(options.policies, options.trace_probabilities)
+        and "model" in _sources_needed(options.replayed_policies, options.trace_probabilities)
     ):
         raise InvalidInputError(
             f"the learned predictor reads user prompts; a {fmt} trace has no text "
@@ -644,6 +667,14 @@ class _Replayer:
             values["trace"] = self.logged
         return values
 
+    def curves(self, reqs: list[WorkloadRequest]) -> dict[str, list[Any]]:
+        """The return curves the `lpc-return` policies read, per request; `km-turn` is fitted
+        on the requests before `first_counted` (a trace's training part)."""
+        from lpc.replay.return_sources import return_curves
+
+        names = {p.curve_source for p in self.options.policies if p.curve_source is not None}
+        return {name: return_curves(name, reqs, self.first_counted) for name in sorted(names)}
+
 
 def _fit_sources(
     work: _Workload, context: ABContext, model_factory: ModelSourceFactory | None
@@ -651,7 +682,7 @@ def _fit_sources(
     """Stage 3: the probability sources the policies read, built once the training part is
     known, and LPC's fallback p (the fitted continuation rate unless --fallback-p)."""
     options = work.options
-    names = _sources_needed(options.policies, options.trace_probabilities)
+    names = _sources_needed(options.replayed_policies, options.trace_probabilities)
     sources = _build_sources(names, context, model_factory)
     fallback = (
         context.base_rate if options.fallback_probability is None else options.fallback_probability
@@ -762,9 +793,11 @@ def _replay_open_loop(
     files: dict[str, str],
     timings: dict[str, float],
     log: Callable[[str], None],
+    two_tier: list[TwoTierResult],
 ) -> tuple[list[ReplayResult], dict[str, Any]]:
     """Stage 4: predict every request once, then replay the grid (every policy at every
-    cache size) on the one prepared workload."""
+    cache size) on the one prepared workload; with --offload-sizes also every GPU × CPU
+    policy pair at every pair of sizes, appended to `two_tier`."""
     options, requests = work.options, work.requests
     t0 = time.perf_counter()
     values = replayer.predictions(requests)
@@ -774,12 +807,15 @@ def _replay_open_loop(
     assert options.block_size is not None
     if work.trace_info and work.trace_block_size:
         check_block_size(options.block_size, work.trace_block_size)
+    curves = replayer.curves(requests)
+    timings["predict_s"] = time.perf_counter() - t0
     workload = prepare(
         requests,
         options.block_size,
         values,
         first_counted=work.first_counted,
         categories=replayer.categories(requests),
+        curves=curves,
     )
     settings = replayer.settings_for(requests)
     summary = _summary(workload, requests, options, work.source_desc)
@@ -801,7 +837,32 @@ def _replay_open_loop(
     t0 = time.perf_counter()
     results = _grid(workload, options, settings, "replaying")
     timings["replay_s"] = time.perf_counter() - t0
+    if options.tiers is not None:
+        t0 = time.perf_counter()
+        two_tier += _two_tier_grid(workload, options, options.tiers, settings)
+        timings["two_tier_replay_s"] = time.perf_counter() - t0
     return results, summary
+
+
+def _two_tier_grid(
+    workload: PreparedWorkload, options: ABOptions, tiers: TierSettings, settings: ReplaySettings
+) -> list[TwoTierResult]:
+    assert options.cache_sizes_tokens is not None
+    total = (
+        len(options.policies)
+        * len(tiers.offload_policies)
+        * len(options.cache_sizes_tokens)
+        * len(tiers.offload_sizes_tokens)
+    )
+    with tqdm(total=total, desc="two tiers", unit="run", disable=not options.progress) as bar:
+        return run_two_tier_grid(
+            workload,
+            options.policies,
+            options.cache_sizes_tokens,
+            tiers,
+            settings,
+            lambda _: bar.update(),
+        )
 
 
 def _export_trace(
@@ -851,6 +912,7 @@ def _think_time_sweep(
             options.block_size,
             replayer.predictions(reqs),
             categories=replayer.categories(reqs),
+            curves=replayer.curves(reqs),
         )
         fits = replayer.refit(config) if replayer.refit is not None else None
         settings = replayer.settings_for(reqs, fits)
@@ -1000,6 +1062,11 @@ def _write_files(outcome: ABOutcome, out: Path) -> None:
         )
         files["sweep_csv"] = str(out / "think_time_sweep.csv")
         files["plot_think_time"] = str(out / "hit_ratio_vs_think_time.png")
+    if outcome.two_tier:
+        write_two_tier_csv(out / "two_tier.csv", outcome.two_tier)
+        plot_two_tier(out / "two_tier_hit_ratio.png", outcome.two_tier)
+        files["two_tier_csv"] = str(out / "two_tier.csv")
+        files["plot_two_tier"] = str(out / "two_tier_hit_ratio.png")
     files["markdown"] = str(out / "report.md")
     files["json"] = str(out / "results.json")
     # A path that is not valid UTF-8 (a byte such as \xff in a file name) comes back as the
@@ -1057,8 +1124,22 @@ def markdown_report(outcome: ABOutcome) -> str:
             "![hit ratio vs think time](hit_ratio_vs_think_time.png)",
             "",
         ]
+    lines += _two_tier_markdown(outcome)
     lines += ["## Timings", "", *(f"- {k}: {v:.1f}" for k, v in outcome.timings_s.items()), ""]
     return "\n".join(lines)
+
+
+def _two_tier_markdown(outcome: ABOutcome) -> list[str]:
+    if not outcome.two_tier:
+        return []
+    return [
+        "## Two tiers (GPU prefix cache + CPU offload tier)",
+        "",
+        markdown_table(TABLE_HEADER, two_tier_rows(outcome.two_tier)),
+        "",
+        "![two tiers](two_tier_hit_ratio.png)",
+        "",
+    ]
 
 
 def trace_description(summary: dict[str, Any]) -> list[str]:
@@ -1158,6 +1239,7 @@ def _markdown_trace_report(outcome: ABOutcome) -> str:
     for title, header, rows in comparison_tables(outcome.comparison, policies):
         lines += [f"## {title}", "", markdown_table(header, rows), ""]
     lines += ["![hit ratio vs cache size](hit_ratio_vs_cache_size.png)", ""]
+    lines += _two_tier_markdown(outcome)
     lines += ["## Timings", "", *(f"- {k}: {v:.1f}" for k, v in outcome.timings_s.items()), ""]
     return "\n".join(lines)
 
@@ -1176,6 +1258,12 @@ def summary_text(outcome: ABOutcome) -> str:
             f"Token hit ratio vs λ_chat at {outcome.options.sweep_cache_tokens // 1000}K tokens",
             header,
             rows,
+        )
+    if outcome.two_tier:
+        text += "\n\n" + text_table(
+            "Two tiers: token hit ratio by tier, TTFT and prefill saved",
+            TABLE_HEADER,
+            two_tier_rows(outcome.two_tier),
         )
     return text
 

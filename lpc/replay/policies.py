@@ -5,8 +5,9 @@ is named by the probability source that feeds it (`LPC_VARIANTS`): lpc (the lear
 predictor), lpc-turns (the turns-only ablation), lpc-const[=P] (one constant p, a sanity
 check that should track lru), lpc-trace (a trace's logged p) and oracle (the true label, an
 upper bound); lpc-pooled is the learned predictor driving the `lpc-pooled` evictor (OR
-pooling and a shared-prefix floor, `eviction.lpc_pooled`). The help text and error messages
-are built from these two tables.
+pooling and a shared-prefix floor, `eviction.lpc_pooled`). The `lpc-return` evictor, which
+asks when a conversation comes back, is named by the return-curve source that feeds it
+(`RETURN_VARIANTS`). The help text and error messages are built from these tables.
 """
 
 from __future__ import annotations
@@ -92,19 +93,53 @@ LPC_VARIANTS: dict[str, LPCVariant] = {
 
 
 @dataclass(frozen=True)
+class ReturnVariant:
+    """The `lpc-return` evictor fed one return-curve source (`lpc.replay.return_sources`)."""
+
+    name: str
+    curve_source: str
+    description: str
+    upper_bound: bool = False
+    evictor: str = "lpc-return"
+
+
+RETURN_VARIANTS: dict[str, ReturnVariant] = {
+    v.name: v
+    for v in (
+        ReturnVariant(
+            "lpc-return-km",
+            "km-turn",
+            "P(return within its own eviction age | silent a) from Kaplan–Meier return curves "
+            "per turn, fitted on the training part (eviction/return_window.py)",
+        ),
+        ReturnVariant(
+            "lpc-return-true",
+            "true-return",
+            "the same evictor fed each conversation's true next arrival (a step curve)",
+            upper_bound=True,
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
 class PolicySpec:
-    """`label` names the run; `source` names the probability source LPC policies read."""
+    """`label` names the run; `source` names the probability source LPC policies read,
+    `curve_source` the return-curve source the `lpc-return` evictor reads."""
 
     label: str
     evictor: str
     source: str | None = None
     constant: float | None = None
+    curve_source: str | None = None
 
     @property
     def is_upper_bound(self) -> bool:
         variant = LPC_VARIANTS.get(self.label.partition("=")[0])
         if variant is not None:
             return variant.upper_bound
+        if self.label in RETURN_VARIANTS:
+            return RETURN_VARIANTS[self.label].upper_bound
         return POLICIES[self.evictor].kind == "upper bound"
 
 
@@ -112,6 +147,7 @@ def selectable_names() -> list[str]:
     """Every name `parse_policy` accepts, as a user would type it."""
     names = [name for name, entry in POLICIES.items() if entry.kind != "learned"]
     names += [f"{name}[=P]" if v.source == "const" else name for name, v in LPC_VARIANTS.items()]
+    names += list(RETURN_VARIANTS)
     return names
 
 
@@ -124,7 +160,11 @@ def policy_help() -> str:
         for n, v in LPC_VARIANTS.items()
         if not v.upper_bound
     )
+    learned += "".join(
+        f"; {n}: {v.description}" for n, v in RETURN_VARIANTS.items() if not v.upper_bound
+    )
     bounds = [f"{n}: {v.description}" for n, v in LPC_VARIANTS.items() if v.upper_bound]
+    bounds += [f"{n}: {v.description}" for n, v in RETURN_VARIANTS.items() if v.upper_bound]
     bounds += [f"{n}: {POLICIES[n].description}" for n in policy_names("upper bound")]
     return (
         f"comma-separated policies (default: {','.join(DEFAULT_POLICIES)}, and lpc when a "
@@ -142,6 +182,9 @@ def parse_policy(text: str) -> PolicySpec:
     entry = POLICIES.get(name)
     if entry is not None and entry.kind != "learned":
         return PolicySpec(name, name)
+    returning = RETURN_VARIANTS.get(name)
+    if returning is not None:
+        return PolicySpec(name, returning.evictor, curve_source=returning.curve_source)
     base, has_value, value = name.partition("=")
     variant = LPC_VARIANTS.get(base)
     if variant is not None and (not has_value or variant.source == "const"):
@@ -180,6 +223,8 @@ def build_evictor(
     """The spec's evictor; a fitted policy gets its fitted `options` (defaults without)."""
     if POLICIES[spec.evictor].kind == "fitted":
         return make_evictor(spec.evictor, num_blocks, **(options or {}))
+    if spec.curve_source is not None:  # its own constants (eviction/return_window.py)
+        return make_evictor(spec.evictor, num_blocks)
     if POLICIES[spec.evictor].kind == "learned":
         return make_evictor(
             spec.evictor,

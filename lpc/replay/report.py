@@ -27,6 +27,13 @@ def _pct(value: float | None, signed: bool = False) -> str:
     return f"{value * 100:+.1f}%" if signed else f"{value * 100:.1f}%"
 
 
+def _interval(bounds: Sequence[float] | None) -> str:
+    if bounds is None:
+        return "–"
+    low, high = bounds
+    return f"[{100 * low:+.1f}, {100 * high:+.1f}] %"
+
+
 def text_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     line = "  ".join(
@@ -66,6 +73,18 @@ def comparison_tables(
                 [
                     [p, *(_pct(comparison.gain_over_lru[p].get(s), True) for s in sizes)]
                     for p in others
+                ],
+            )
+        )
+    if any(v is not None for row in comparison.gain_over_lru_ci95.values() for v in row.values()):
+        tables.append(
+            (
+                "Relative gain over LRU, 95 % interval (paired bootstrap over conversations)",
+                header,
+                [
+                    [p, *(_interval(comparison.gain_over_lru_ci95[p].get(s)) for s in sizes)]
+                    for p in others
+                    if p in comparison.gain_over_lru_ci95
                 ],
             )
         )

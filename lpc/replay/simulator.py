@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
-from eviction import FutureUses
+import numpy as np
+
+from eviction import FutureUses, ReturnCurveLike
 from lpc.blocks.block_manager import CacheCounters, CacheRequest, PrefixCacheBlockManager
 from lpc.blocks.hashing import BlockHash, BlockHasher
 from lpc.integrations.request_log import FinishedRequest
@@ -49,6 +51,16 @@ class PreparedWorkload:
     # Each request's workload category (request type x turn), passed with its release; None:
     # releases carry no category.
     categories: list[str] | None = None
+    # curve source name -> one return curve per request (the `lpc-return` evictor's input)
+    curves: dict[str, list[ReturnCurveLike | None]] = field(default_factory=dict)
+
+    @property
+    def counted_conversations(self) -> np.ndarray:
+        """Each counted request's conversation, as codes 0..k-1."""
+        ids = [r.conversation_id for r in self.requests[self.first_counted :]]
+        if not ids:
+            return np.zeros(0, dtype=np.int64)
+        return np.unique(np.asarray(ids, dtype=object).astype(str), return_inverse=True)[1]
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -127,6 +139,7 @@ def prepare(
     hash_algorithm: str = "sha256",
     first_counted: int = 0,
     categories: list[str] | None = None,
+    curves: Mapping[str, list[ReturnCurveLike | None]] | None = None,
 ) -> PreparedWorkload:
     """Everything policy-independent, once. Requests [0, first_counted) warm the cache but
     are not counted in hit ratios; `categories` (one per request) tag their releases."""
@@ -154,6 +167,9 @@ def prepare(
             raise ValueError(f"source {name!r} gave {len(values)} predictions for {len(requests)}")
     if categories is not None and len(categories) != len(requests):
         raise ValueError(f"{len(categories)} categories for {len(requests)} requests")
+    for name, values in (curves or {}).items():
+        if len(values) != len(requests):
+            raise ValueError(f"curve source {name!r} gave {len(values)} curves for {len(requests)}")
     return PreparedWorkload(
         requests,
         cache_requests,
@@ -163,7 +179,19 @@ def prepare(
         dict(probabilities),
         first_counted,
         categories,
+        dict(curves or {}),
     )
+
+
+@dataclass(frozen=True)
+class RequestHits:
+    """Per counted request, in arrival order: its prefix-cache hit tokens and its
+    conversation (an index into the counted conversations). What a paired bootstrap over
+    conversations resamples (`lpc.replay.intervals`); queried tokens are the same for every
+    policy of one workload, so they cancel out of a ratio of hit ratios."""
+
+    hit_tokens: np.ndarray  # int64, one per counted request
+    conversations: np.ndarray  # int64 codes, one per counted request
 
 
 @dataclass(frozen=True)
@@ -178,6 +206,9 @@ class ReplayResult:
     evictions: int
     allocation_failures: int
     seconds: float
+    # Per-request hits (open-loop replays; None in a closed loop, whose timelines differ by
+    # policy). Not part of the figures: left out of `to_dict`.
+    per_request: RequestHits | None = field(default=None, compare=False, repr=False)
 
     @property
     def token_hit_ratio(self) -> float:
@@ -188,7 +219,7 @@ class ReplayResult:
         return self.hit_requests / self.requests if self.requests else 0.0
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "per_request"}
         d["token_hit_ratio"] = self.token_hit_ratio
         d["request_hit_ratio"] = self.request_hit_ratio
         return d
@@ -201,6 +232,7 @@ def _result(
     failed_prompt_tokens: int,
     started: float,
     baseline: CacheCounters | None = None,
+    per_request: RequestHits | None = None,
 ) -> ReplayResult:
     """Counters of a finished replay, minus `baseline` (the counters when counting began);
     failed requests count as queried with no hit."""
@@ -218,6 +250,7 @@ def _result(
         evictions=c.evictions - b.evictions,
         allocation_failures=failures,
         seconds=time.perf_counter() - started,
+        per_request=per_request,
     )
 
 
@@ -226,6 +259,22 @@ def num_blocks_for(cache_tokens: int, block_size: int) -> int:
     if cache_tokens < block_size:
         raise ValueError(f"cache of {cache_tokens} tokens holds no {block_size}-token block")
     return cache_tokens // block_size + 1
+
+
+def request_probabilities(workload: PreparedWorkload, spec: PolicySpec) -> Sequence[float | None]:
+    """The probability each request releases its blocks with under `spec`: none for a
+    heuristic, the constant of lpc-const, else the prepared source's predictions."""
+    if spec.source is None:
+        return [None] * len(workload.requests)
+    if spec.source == "const":
+        return [spec.constant] * len(workload.requests)
+    try:
+        return workload.probabilities[spec.source]
+    except KeyError:
+        raise ValueError(
+            f"policy {spec.label!r} needs the {spec.source!r} probability source, "
+            f"which this workload was not prepared with"
+        ) from None
 
 
 def replay(
@@ -246,17 +295,14 @@ def replay(
         spec, num_blocks, scale_per_s, fallback_probability, workload.future, policy_options
     )
     manager = PrefixCacheBlockManager(num_blocks, workload.block_size, evictor=evictor)
-    probabilities: Sequence[float | None]
-    if spec.source is None:
-        probabilities = [None] * len(workload.requests)
-    elif spec.source == "const":
-        probabilities = [spec.constant] * len(workload.requests)
-    else:
+    probabilities = request_probabilities(workload, spec)
+    curves: Sequence[ReturnCurveLike | None] | None = None
+    if spec.curve_source is not None:
         try:
-            probabilities = workload.probabilities[spec.source]
+            curves = workload.curves[spec.curve_source]
         except KeyError:
             raise ValueError(
-                f"policy {spec.label!r} needs the {spec.source!r} probability source, "
+                f"policy {spec.label!r} needs the {spec.curve_source!r} return curves, "
                 f"which this workload was not prepared with"
             ) from None
     cache_requests = workload.cache_requests
@@ -265,6 +311,7 @@ def replay(
     failed: set[int] = set()
     hit_tokens: dict[int, int] = {}
     first_counted = workload.first_counted
+    counted_hits = np.zeros(max(0, len(cache_requests) - first_counted), dtype=np.int64)
     baseline: CacheCounters | None = None if first_counted else CacheCounters()
     for time_s, kind, i in workload.events:
         request = cache_requests[i]
@@ -278,13 +325,22 @@ def replay(
                 failed.add(i)
                 if i >= first_counted:
                     failed_prompt_tokens += request.num_prompt_tokens
-            elif request_log is not None:
+                continue
+            if i >= first_counted:
+                counted_hits[i - first_counted] = allocation.num_hit_tokens
+            if request_log is not None:
                 hit_tokens[i] = allocation.num_hit_tokens
             continue
         if i in failed:
             failed.discard(i)
         else:
-            manager.free(request.request_id, time_s, probabilities[i], categories[i])
+            manager.free(
+                request.request_id,
+                time_s,
+                probabilities[i],
+                category=None if categories is None else categories[i],
+                return_curve=None if curves is None else curves[i],
+            )
         if request_log is not None:
             request_log.append(
                 finished_request(
@@ -298,7 +354,10 @@ def replay(
             )
     if baseline is None:
         baseline = replace(manager.counters)
-    return _result(spec, cache_tokens, manager, failed_prompt_tokens, started, baseline)
+    per_request = RequestHits(counted_hits, workload.counted_conversations)
+    return _result(
+        spec, cache_tokens, manager, failed_prompt_tokens, started, baseline, per_request
+    )
 
 
 class RequestLogSink(Protocol):
@@ -353,6 +412,11 @@ def replay_closed_loop(
     """
     if spec.evictor == "belady":
         raise ValueError("belady needs a fixed trace; it cannot run in a closed-loop replay")
+    if spec.curve_source is not None:
+        raise ValueError(
+            f"{spec.label} reads return curves of a fixed trace; it cannot run in a "
+            "closed-loop replay"
+        )
     started = time.perf_counter()
     num_blocks = num_blocks_for(cache_tokens, block_size)
     evictor = build_evictor(

@@ -1,11 +1,14 @@
 """The plugin's in-process access model without vLLM: the conversation table's bounds, features
-from engine state equal to the trace table's, the load error, and reload on a fake clock."""
+from engine state equal to the trace table's, the shared prefix from block hashes, the load
+error, reload checks and the background thread."""
 
 from __future__ import annotations
 
 import random
 import shutil
 import sys
+import threading
+import time
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,9 +18,15 @@ import numpy as np
 import pytest
 
 from lpc.access.table import request_table
+from lpc.benchmarks.release_bench import chained_hashes
 from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
-from lpc.integrations.conversation_table import ConversationTable, shared_prefix_tokens
+from lpc.integrations.conversation_table import (
+    ConversationTable,
+    StoredSequence,
+    shared_prefix,
+    shared_prefix_tokens,
+)
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.vllm_plugin import PluginRuntime
 from lpc.integrations.vllm_queue import QueueRuntime
@@ -31,7 +40,7 @@ from tests.integrations.access_models import SHIPPED, publish
 def test_a_million_conversations_stay_within_the_table_bounds() -> None:
     table = ConversationTable(max_conversations=1000, expiry_s=1e9, max_tokens=5000)
     request = RequestState(arrival_s=0.0, prompt_tokens=8, output_tokens=2, completion_s=1.0)
-    tokens = array("i", range(8))
+    tokens = StoredSequence(array("i", range(8)), 8)
     size_after = {}
     for i in range(1_000_000):
         table.finished(f"c{i}", request, float(i), tokens)
@@ -69,6 +78,81 @@ def test_shared_prefix_of_token_arrays() -> None:
     assert shared_prefix_tokens(array("i", [1, 2, 3, 4]), array("i", [1, 2, 9])) == 2
     assert shared_prefix_tokens(array("i", [1, 2]), array("q", [1, 2, 3])) == 2
     assert shared_prefix_tokens(None, array("i", [1])) == 0
+
+
+@dataclass
+class SequenceRequest:
+    """What `StoredSequence.of_request` reads of vLLM's request."""
+
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    block_hashes: list[bytes]
+
+
+def test_the_shared_prefix_from_block_hashes_equals_the_token_level_one() -> None:
+    """Random previous sequences and prompts (extensions, edits anywhere, shorter prompts,
+    another cache salt, no hashes, an unknown block size; stored as vLLM's lists or compacted):
+    the hash-and-boundary value is the token-level longest common prefix, always."""
+    rng = random.Random(22)
+    for case in range(3000):
+        block_size = rng.choice([1, 2, 4, 16])
+        vocabulary = rng.choice([3, 50_000])  # few tokens: long accidental matches
+        previous_prompt = [rng.randrange(vocabulary) for _ in range(rng.randrange(0, 120))]
+        previous_output = [rng.randrange(vocabulary) for _ in range(rng.randrange(0, 40))]
+        old = previous_prompt + previous_output
+        kind = rng.randrange(4)
+        if kind == 0:  # the next turn: the whole previous sequence and a new message
+            prompt = old + [rng.randrange(vocabulary) for _ in range(rng.randrange(0, 50))]
+        elif kind == 1:  # an edit somewhere
+            prompt = list(old) + [rng.randrange(vocabulary) for _ in range(rng.randrange(1, 20))]
+            prompt[rng.randrange(len(prompt))] = vocabulary + 1
+        elif kind == 2:  # a shorter prompt (a retry of an earlier turn)
+            prompt = old[: rng.randrange(0, len(old) + 1)]
+        else:  # unrelated
+            prompt = [rng.randrange(vocabulary) for _ in range(rng.randrange(0, 150))]
+        output = [rng.randrange(vocabulary) for _ in range(rng.randrange(0, 30))]
+        salt = "other" if rng.random() < 0.1 else ""
+        stored = StoredSequence.of_request(
+            SequenceRequest(previous_prompt, previous_output, chained_hashes(old, block_size))
+        )
+        if rng.random() < 0.5:
+            assert stored.compact()
+        hashes = chained_hashes(prompt + output, block_size, salt.encode())
+        if rng.random() < 0.1:
+            hashes = []  # prefix caching off: no hashes
+        known_size = None if rng.random() < 0.1 else block_size
+        expected = shared_prefix_tokens(array("i", old), array("i", prompt + output), len(prompt))
+        got = shared_prefix(stored, prompt, len(prompt), hashes, known_size)
+        assert got == expected, (case, block_size, kind, salt, known_size)
+
+
+def test_a_long_extension_compares_one_block_of_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """128K previous tokens, a prompt extending them: O(log blocks) hashes, O(block) tokens."""
+    old = list(range(128_000))
+    stored = StoredSequence.of_request(SequenceRequest(old, [7] * 10, chained_hashes(old, 16)))
+    prompt = old + [7] * 10 + [5] * 100
+    compared: list[int] = []
+    slice_of = StoredSequence.slice
+
+    def counting(self: StoredSequence, start: int, stop: int) -> list[int]:
+        compared.append(stop - start)
+        return slice_of(self, start, stop)
+
+    monkeypatch.setattr(StoredSequence, "slice", counting)
+    hashes = chained_hashes(prompt, 16)
+    assert shared_prefix(stored, prompt, len(prompt), hashes, 16) == 128_010
+    assert sum(compared) <= 32  # the partial block after the last shared hash
+
+
+def test_storing_a_request_references_its_lists_and_compaction_keeps_the_values() -> None:
+    prompt, output = [1, 2, 3, 2**40], [4, 5]
+    stored = StoredSequence.of_request(SequenceRequest(prompt, output, []))
+    assert stored.tokens[0] is prompt and stored.num_tokens == 6  # no copy at the release
+    assert stored.slice(2, 5) == [3, 2**40, 4]
+    prompt.append(9)  # a list vLLM still owns may grow: the stored sequence does not
+    assert stored.slice(3, 6) == [2**40, 4, 5]
+    assert stored.compact() and isinstance(stored.tokens, array)
+    assert stored.tokens.typecode == "q" and stored.slice(0, 6) == [1, 2, 3, 2**40, 4, 5]
 
 
 # -- features from engine state == features from the trace table ----------------------------
@@ -153,7 +237,7 @@ def test_engine_state_predictions_equal_the_trace_table_s() -> None:
     requests = synthetic_requests()
     assert len(requests) > 60
     config = PluginConfig(access_model=str(SHIPPED))
-    runtime = AccessRuntime.load(config, PluginStats(), now_s=0.0)
+    runtime = AccessRuntime.load(config, PluginStats())
     assert runtime.needs_tokens
     engine = replay_releases(runtime, requests)
     table = request_table(requests)
@@ -170,14 +254,12 @@ def test_engine_state_predictions_equal_the_trace_table_s() -> None:
 # -- loading and reloading ---------------------------------------------------------------------
 def test_a_bad_artifact_is_one_clear_error_at_load(tmp_path: Path) -> None:
     with pytest.raises(PluginConfigError, match=r"LPC_ACCESS_MODEL.*nowhere.*does not exist"):
-        load_access_runtime(
-            PluginConfig(access_model=str(tmp_path / "nowhere")), PluginStats(), 0.0
-        )
+        load_access_runtime(PluginConfig(access_model=str(tmp_path / "nowhere")), PluginStats())
     corrupt = tmp_path / "corrupt"
     shutil.copytree(SHIPPED, corrupt)
     (corrupt / "model.safetensors").write_bytes(b"garbage")
     with pytest.raises(PluginConfigError, match=r"LPC_ACCESS_MODEL.*corrupt"):
-        load_access_runtime(PluginConfig(access_model=str(corrupt)), PluginStats(), 0.0)
+        load_access_runtime(PluginConfig(access_model=str(corrupt)), PluginStats())
 
 
 def test_settings_come_from_the_environment() -> None:
@@ -201,61 +283,108 @@ def _logit(p: float) -> float:
     return float(np.log(p / (1.0 - p)))
 
 
-def test_a_promoted_model_is_picked_up_on_schedule(tmp_path: Path) -> None:
+def registry_runtime(tmp_path: Path) -> tuple[PluginRuntime, Path, PluginStats]:
     registry = tmp_path / "registry"
     registry.mkdir()
     publish(registry, "v0001")
-    now = [0.0]
     stats = PluginStats()
-    queues = QueueRuntime(PluginConfig(), stats, clock=lambda: now[0])
+    queues = QueueRuntime(PluginConfig(), stats, clock=lambda: 0.0)
     config = PluginConfig(access_model=str(registry), access_model_reload_s=60.0)
     runtime = PluginRuntime(config, stats, queues, None, None)
-    runtime.wall_clock = lambda: now[0]
-    runtime.access = load_access_runtime(config, stats, now[0])
+    runtime.wall_clock = lambda: 0.0
+    runtime.access = load_access_runtime(config, stats)
     assert runtime.access is not None
+    return runtime, registry, stats
 
-    def release(i: int) -> float:
-        fake = FakeRequest(f"r{i}", now[0] - 5, [1, 2, 3] * 100, [4] * 50, f"c{i}")
-        release, source = runtime.release_and_source(fake)
-        assert source == "model"
-        return release.probability
 
-    first = release(0)
+def release_p(runtime: PluginRuntime, i: int) -> float:
+    fake = FakeRequest(f"r{i}", -5.0, [1, 2, 3] * 100, [4] * 50, f"c{i}")
+    release, source = runtime.release_and_source(fake)
+    assert source == "model"
+    return release.probability
+
+
+def test_a_promoted_model_is_picked_up_by_a_check(tmp_path: Path) -> None:
+    runtime, registry, stats = registry_runtime(tmp_path)
+    access = runtime.access
+    assert access is not None
+    first = release_p(runtime, 0)
     publish(registry, "v0002", bias=3.0)
-    now[0] = 30.0
-    assert release(1) == pytest.approx(first)  # not yet due: still v0001
-    now[0] = 61.0
+    assert release_p(runtime, 1) == pytest.approx(first)  # no check yet: still v0001
+    access.check_for_promoted_model()
     # v0002 swapped in: its logit is v0001's plus the bias (compared as logits, since the
     # shipped model may put this short first request near p = 0).
-    assert _logit(release(2)) == pytest.approx(_logit(first) + 3.0, abs=1e-3)
-    assert runtime.access.pointer[0].endswith("v0002")
+    assert _logit(release_p(runtime, 2)) == pytest.approx(_logit(first) + 3.0, abs=1e-3)
+    assert access.pointer[0].endswith("v0002")
     assert stats.access_model_reloads == 1
 
     broken = publish(registry, "v0003")
     (broken / "model.safetensors").write_bytes(b"not weights")
-    now[0] = 125.0
-    assert release(3) == pytest.approx(release(4))
-    assert runtime.access.pointer[0].endswith("v0002")  # the old model stays
+    access.check_for_promoted_model()
+    assert release_p(runtime, 3) == pytest.approx(release_p(runtime, 4))
+    assert access.pointer[0].endswith("v0002")  # the old model stays
     assert stats.access_model_reload_failures == 1
-    now[0] = 200.0
-    release(5)
+    access.check_for_promoted_model()
+    release_p(runtime, 5)
     assert stats.access_model_reload_failures == 1  # counted once per failed artifact
     assert stats.predictions_in_process == 6 and stats.predictions_used == 6
+
+
+def test_the_release_path_does_no_file_io(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """However long the engine runs, a release never looks at the model folder: only the
+    background thread (or an explicit check) does."""
+    runtime, _, stats = registry_runtime(tmp_path)
+    from lpc.integrations import access_runtime
+
+    looked = []
+    monkeypatch.setattr(access_runtime, "artifact_pointer", lambda path: looked.append(path))
+    monkeypatch.setattr(access_runtime, "load_checked", lambda folder: looked.append(folder))
+    times = iter(range(0, 10**6, 100))
+    runtime.wall_clock = lambda: float(next(times))
+    for i in range(50):
+        release_p(runtime, i)
+    assert looked == [] and stats.predictions_in_process == 50
+
+
+def test_the_background_thread_reloads_a_promoted_model(tmp_path: Path) -> None:
+    runtime, registry, stats = registry_runtime(tmp_path)
+    access = runtime.access
+    assert access is not None
+    access.reload_s = 0.05
+    access.start_background()
+    try:
+        assert access._thread is not None and access._thread.name == "lpc-access-model"
+        publish(registry, "v0002", bias=3.0)
+        deadline = time.monotonic() + 30.0
+        while stats.access_model_reloads == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert access.pointer[0].endswith("v0002") and stats.access_model_reloads == 1
+        # Sequences stored by releases are compacted by the same thread.
+        release_p(runtime, 0)
+        entry = access.table.entries["c0"]
+        assert entry.previous is not None
+        while not isinstance(entry.previous.tokens, array) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert isinstance(entry.previous.tokens, array)
+        assert entry.previous.slice(0, 4) == [1, 2, 3, 1]
+    finally:
+        access.stop_background()
+    assert not any(t.name == "lpc-access-model" for t in threading.enumerate())
 
 
 def test_a_text_artifact_stays_with_the_predictor_rpc() -> None:
     text_model = str(SHIPPED.parent / "sharegpt-e5-small-q4")
     with pytest.raises(PluginConfigError, match=r"LPC_ACCESS_MODEL.*text.*LPC_PREDICTOR_URL"):
-        load_access_runtime(PluginConfig(access_model=text_model), PluginStats(), 0.0)
+        load_access_runtime(PluginConfig(access_model=text_model), PluginStats())
     config = PluginConfig(access_model=text_model, predictor_url="http://127.0.0.1:8476")
-    assert load_access_runtime(config, PluginStats(), 0.0) is None
+    assert load_access_runtime(config, PluginStats()) is None
 
 
 def test_requests_carrying_p_still_feed_the_conversation_history() -> None:
     stats = PluginStats()
     config = PluginConfig(access_model=str(SHIPPED), access_model_reload_s=0.0)
     runtime = PluginRuntime(config, stats, QueueRuntime(config, stats, lambda: 0.0), None, None)
-    runtime.access = load_access_runtime(config, stats, 0.0)
+    runtime.access = load_access_runtime(config, stats)
     assert runtime.access is not None
     runtime.wall_clock = lambda: 10.0
     first = FakeRequest("r0", 1.0, [1, 2, 3], [4, 5], "c")
@@ -278,7 +407,7 @@ def test_a_request_the_model_cannot_read_gets_the_fallback() -> None:
     stats = PluginStats()
     config = PluginConfig(access_model=str(SHIPPED), access_model_reload_s=0.0)
     runtime = PluginRuntime(config, stats, QueueRuntime(config, stats, lambda: 0.0), None, None)
-    runtime.access = load_access_runtime(config, stats, 0.0)
+    runtime.access = load_access_runtime(config, stats)
     broken = FakeRequest("r0", 1.0, [1, 2, 3], [4], "c")
     broken.arrival_time = None  # type: ignore[assignment]
     release, source = runtime.release_and_source(broken)

@@ -32,7 +32,7 @@ import pytest
 
 from eviction import Release
 from lpc.integrations import vllm_plugin
-from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
+from lpc.integrations.access_runtime import AccessRuntime, LoadedModel, load_access_runtime
 from lpc.integrations.config import PluginConfig, PluginConfigError
 from lpc.integrations.conversation_table import ConversationTable
 from lpc.integrations.predictions import PredictionBoard
@@ -267,9 +267,8 @@ class FakeModel:
 
 def with_model(runtime: PluginRuntime, answer: Callable[[int], float]) -> PluginRuntime:
     table = ConversationTable(100, 3600.0, 10**6)
-    runtime.access = AccessRuntime(
-        Path("fake"), FakeModel(answer), ("fake", 0), table, runtime.stats, 0.0
-    )  # type: ignore[arg-type]
+    model = LoadedModel(FakeModel(answer), ("fake", 0, 0), False)  # type: ignore[arg-type]
+    runtime.access = AccessRuntime(Path("fake"), model, table, runtime.stats, 0.0)
     return runtime
 
 
@@ -544,7 +543,7 @@ def test_a_failing_metrics_server_does_not_stop_the_engine() -> None:
 # -- the in-process access model: reload faults and a full table -------------------------------
 def shipped_runtime(registry: Path, **config: Any) -> PluginRuntime:
     runtime = make_runtime(access_model=str(registry), access_model_reload_s=1.0, **config)
-    runtime.access = load_access_runtime(runtime.config, runtime.stats, runtime.clock())
+    runtime.access = load_access_runtime(runtime.config, runtime.stats)
     return runtime
 
 
@@ -597,6 +596,7 @@ def test_a_corrupt_model_folder_keeps_the_old_model_serving(
     def between(step: int) -> None:
         if step == 100:
             corrupt(folder)
+        access.check_for_promoted_model()  # what the background thread does every reload_s
 
     run = run_engine(runtime, lambda i, c: {"lpc_conversation_id": c}, monkeypatch, between=between)
     s = run.stats
@@ -618,6 +618,7 @@ def test_a_registry_promoting_garbage_keeps_the_old_model(
     def between(step: int) -> None:
         if step % 80 == 40:  # a promotion of garbage, now and then
             garbage_weights(publish(registry, f"v{next(versions):04d}"))
+        runtime.access.check_for_promoted_model()  # type: ignore[union-attr]
 
     run = run_engine(runtime, lambda i, c: {"lpc_conversation_id": c}, monkeypatch, between=between)
     assert runtime.access is not None and runtime.access.pointer[0].endswith("v0001")
@@ -642,6 +643,7 @@ def test_an_unforeseen_loader_error_is_a_reload_failure(
     def between(step: int) -> None:
         if step == 50:
             publish(registry, "v0002")
+        runtime.access.check_for_promoted_model()  # type: ignore[union-attr]
 
     run = run_engine(runtime, lambda i, c: {"lpc_conversation_id": c}, monkeypatch, between=between)
     assert run.stats["access_model_reload_failures"] == 1
@@ -655,7 +657,7 @@ def test_a_model_giving_nan_is_refused_at_startup(tmp_path: Path) -> None:
     # The artifact's own check (weights not finite) or, past it, the probe request's NaN.
     refused = r"LPC_ACCESS_MODEL.*(not a finite float32|probe request.*nan)"
     with pytest.raises(PluginConfigError, match=refused):
-        load_access_runtime(PluginConfig(access_model=str(folder)), PluginStats(), 0.0)
+        load_access_runtime(PluginConfig(access_model=str(folder)), PluginStats())
 
 
 def test_a_full_conversation_table_keeps_serving(

@@ -172,7 +172,7 @@ def test_a_configured_predictor_needs_its_client(monkeypatch: pytest.MonkeyPatch
         make_predictor_client(PluginConfig(predictor_url="http://127.0.0.1:8476"))
     message = str(error.value)
     assert "LPC_PREDICTOR_URL is 'http://127.0.0.1:8476'" in message
-    assert "No module named 'httpx'" in message and "pip install httpx" in message
+    assert "No module named 'httpx'" in message and "pip install lpc" in message
 
 
 def test_the_real_client_is_built_from_the_settings() -> None:

@@ -102,7 +102,7 @@ def test_a_promoted_model_with_another_horizon_is_used_and_named(
     link.replace(registry / "current")
     now[0] = 5.0
     with caplog.at_level(logging.WARNING, logger="vllm.plugins.lpc"):
-        access.maybe_reload(now[0])
+        access.check_for_promoted_model()
     assert access.pointer[0].endswith("v0002") and access.horizon_s == 600.0
     assert runtime.queues.horizon_s == 180.0, "the evictor keeps its horizon until a restart"
     assert any("label horizon 600.0 s" in r.getMessage() for r in caplog.records)

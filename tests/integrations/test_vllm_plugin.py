@@ -731,17 +731,19 @@ vllm_plugin.register(
         fallback_probability=settings.fallback_probability,
         stats_log_interval_s=0.0,
         access_model=str(registry),
-        access_model_reload_s=1e-6,
+        access_model_reload_s=0.0,  # checked below, as the background thread would
     ),
     clock=clock,
 )
 
 def before_free():
-    # The daily job promotes v0002 while the engine serves: `current` is repointed.
+    # The daily job promotes v0002 while the engine serves: `current` is repointed, and
+    # the reload check (the background thread's, every access_model_reload_s) runs now.
     if clock.now >= promote_at_s and os.readlink(registry / "current") != "v0002":
         link = registry / "current.tmp"
         link.symlink_to("v0002")
         link.replace(registry / "current")
+        vllm_plugin._REGISTRATION.runtime.access.check_for_promoted_model()
 
 with (work / "plugin.jsonl").open("w") as sink:
     driver.replay(vllm, streams, plans, clock, sink, True, before_free)
@@ -752,8 +754,9 @@ vllm_plugin.unregister()
 
 def test_a_model_promoted_mid_trace_is_swapped_in(vllm_python: Path, tmp_path: Path) -> None:
     """A registry's `current` repointed halfway through the Mooncake sample: the plugin in
-    real vLLM swaps the new model in at its next release, and evicts exactly as our replay
-    with the old model's p before the promotion and the new one's after."""
+    real vLLM swaps the new model in at its next reload check (run right after the
+    promotion), and evicts exactly as our replay with the old model's p before the promotion
+    and the new one's after."""
     from lpc.access.source import AccessSource
     from lpc.difftest.ops import StepRecord, streams_to_jsonl
     from lpc.drivers.release_plan import write_plans
@@ -870,6 +873,7 @@ config = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[KVCac
 KVCacheManager(config, max_model_len=64, scheduler_block_size=4, hash_block_size=4,
                enable_caching=True)
 print(urllib.request.urlopen(url, timeout=5).read().decode())
+print("ENGINE", vllm_plugin._REGISTRATION.runtime.queues.engine)
 vllm_plugin.unregister()
 """
 
@@ -879,4 +883,6 @@ def test_metrics_are_served_by_the_process_that_owns_the_cache(vllm_python: Path
     builds a block pool (the engine core) may bind the metrics port."""
     out = run_snippet(vllm_python, METRICS_IN_ENGINE)
     assert "NOT SERVED BEFORE ANY POOL" in out
-    assert "lpc_releases_total 0.0" in out and "lpc_evictions_total" in out
+    assert 'lpc_releases_total{dp_rank="0"} 0.0' in out and "lpc_evictions_total" in out
+    # The hash block size read from vLLM's own BlockPool building the queue; no DP rank.
+    assert "EngineContext(hash_block_size=4, data_parallel_rank=0, rank_source='default')" in out

@@ -13,7 +13,12 @@ probability, a fifth carry none).
   preemptions actually happening;
 - `lpc`, `lpc-pooled`: every request finishes and the pool ends whole: each block free, every
   reference count zero, the free queue holding each block once, every cached block in the
-  hash map, block ownership consistent every step.
+  hash map, block ownership consistent every step;
+- `shadow` (shadow mode): the engine schedules exactly as stock vLLM, every block it hands out
+  is the one stock vLLM's `FreeKVCacheBlockQueue` (fed the same calls) hands out, and the
+  shadow caches' hit tokens equal our replay of the same requests (`lpc.replay.shadow`);
+- the kill switch: `lpc` switched to `lru` mid-run and back; in between every eviction is
+  stock vLLM's, after it LPC's order is back.
 
 Marked `vllm`: `pytest -m vllm tests/integrations/test_vllm_scheduler.py` after
 `bash scripts/setup_vllm_plugin.sh`. The unmarked tests at the end need no vLLM.
@@ -44,7 +49,8 @@ from tests.integrations.report import REPORT
 from tests.lpc.synthetic import conversations
 
 SHIPPED_ACCESS_MODEL = REPO_ROOT / "models" / "mooncake-access"
-POLICIES = ("lru", "lpc-const=0.5", "lpc", "lpc-pooled")
+POLICIES = ("lru", "lpc-const=0.5", "lpc", "lpc-pooled", "shadow")
+KILL_SWITCH = "300:lru,600:lpc"  # lpc evicts as stock vLLM from step 300 to step 599
 
 # Each workload: its engine (a KV pool and a step time that make requests queue and preempt)
 # and where the learned policies' p comes from.
@@ -90,18 +96,24 @@ def sharegpt_like(path: Path) -> int:
     return len(requests)
 
 
-def run_scheduler_ab(trace: Path, vllm_python: Path, *args: str) -> dict:
+def run_scheduler_ab(
+    trace: Path,
+    vllm_python: Path,
+    *args: str,
+    policies: tuple[str, ...] = POLICIES,
+    timeout_s: float = 1200,
+) -> dict:
     done = subprocess.run(
         [
             sys.executable,
             "scripts/vllm_scheduler_ab.py",
             str(trace),
-            *("--policies", ",".join(POLICIES), "--jobs", "2", "--check-every", "1"),
+            *("--policies", ",".join(policies), "--jobs", "2", "--check-every", "1"),
             *("--vllm-python", str(vllm_python), "--json", *args),
         ],
         capture_output=True,
         text=True,
-        timeout=1200,
+        timeout=timeout_s,
         cwd=REPO_ROOT,
         check=False,
     )
@@ -120,6 +132,20 @@ def results(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
         assert result["requests"] == count
         out[name] = result
     return out
+
+
+@pytest.fixture(scope="module")
+def kill_switch(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The synthetic chats under `lpc`, switched to `lru` at step 300 and back at step 600."""
+    trace = tmp_path_factory.mktemp("vllm-kill-switch") / "sharegpt-like.jsonl"
+    sharegpt_like(trace)
+    return run_scheduler_ab(
+        trace,
+        vllm_python,
+        *WORKLOADS["sharegpt-like"],
+        *("--switch-at", KILL_SWITCH),
+        policies=("lpc",),
+    )
 
 
 def rows_of(result: dict) -> dict[str, dict]:
@@ -141,7 +167,9 @@ def test_lpc_const_schedules_exactly_as_stock_vllm(workload: str, results: dict)
     for key in ("prefix_cache_hits", "preemptions", "recomputed_tokens", "chunked_prefills"):
         assert const[key] == lru[key], key
     assert lru["prefix_cache_hits"] > 0
-    assert const["releases"] == const["fallbacks_used"] == result["requests"] + lru["preemptions"]
+    # A preemption is a protected release (last in the queue, LRU's place), not a release.
+    assert const["releases"] == const["fallbacks_used"] == result["requests"]
+    assert const["protected_releases"] == lru["preemptions"]
     vllm = result["vllm"]
     assert vllm["lru"]["scheduler"] == "vllm.v1.core.sched.scheduler.Scheduler"
     assert vllm["lru"]["queue"] == "FreeKVCacheBlockQueue"
@@ -171,7 +199,8 @@ def test_learned_policies_keep_the_scheduler_invariants(
     assert result["checks"]["invariants"][policy] is True
     assert result["vllm"][policy]["queue"] == "LPCFreeKVCacheBlockQueue"
     assert result["vllm"][policy]["environment"]["LPC_EVICTOR"] == policy
-    assert row["releases"] == result["requests"] + row["preemptions"]
+    assert row["releases"] == result["requests"]
+    assert row["protected_releases"] == row["preemptions"]
     if workload == "mooncake":
         assert row["predictions_in_process"] == row["releases"]
         assert row["fallbacks_used"] == 0
@@ -193,6 +222,119 @@ def test_learned_policies_keep_the_scheduler_invariants(
     )
 
 
+@pytest.mark.vllm
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_shadow_mode_is_stock_vllm_and_its_figures_equal_our_replay(
+    workload: str, results: dict
+) -> None:
+    result = results[workload]
+    rows = rows_of(result)
+    lru, shadow = rows["lru"], rows["shadow"]
+    parity = result["checks"]["shadow_equals_lru"]
+    assert parity["equal"], parity["first_divergence"]
+    assert parity["steps_compared"] == lru["steps"] > 0
+    order = result["checks"]["lru_order"]["shadow"]
+    assert order["lru_mismatches"] == 0 and order["lru_pops"] > 0 and order["lpc_pops"] == 0
+    replay = result["checks"]["shadow_equals_replay"]
+    assert replay["equal"], replay["shadow_vs_replay"]
+    assert shadow["shadow_requests"] == result["requests"]
+    assert shadow["shadow_queries"] == result["prompt_tokens"]
+    assert shadow["shadow_errors"] == shadow["shadow_overflows"] == 0
+    assert shadow["shadow_lpc_hit_ratio"] == replay["replay_lpc_hit_ratio"]
+    assert shadow["shadow_lru_hit_ratio"] == replay["replay_lru_hit_ratio"]
+    assert shadow["shadow_lpc_hits"] != shadow["shadow_lru_hits"], "the p changed nothing"
+    assert result["vllm"]["shadow"]["environment"]["LPC_MODE"] == "shadow"
+    REPORT.append(
+        f"scheduler, {workload}, shadow: stock vLLM at all {lru['steps']} steps; "
+        f"{order['lru_pops']} blocks handed out as vLLM's own queue does; shadow hit ratio "
+        f"lpc {100 * shadow['shadow_lpc_hit_ratio']:.3f}%, lru "
+        f"{100 * shadow['shadow_lru_hit_ratio']:.3f}% (= our replay; the engine's "
+        f"{100 * lru['hit_ratio']:.3f}%)"
+    )
+
+
+@pytest.mark.vllm
+def test_one_data_parallel_rank_schedules_as_stock_vllm(vllm_python: Path, tmp_path: Path) -> None:
+    """Data parallelism, verified: each rank's engine core builds its own scheduler and KV
+    cache, so the plugin runs in each unchanged. Rank 1 of a 2-rank engine, serving its share
+    of the requests, schedules with `lpc-const` exactly as stock vLLM, and `lpc-pooled` keeps
+    every invariant there."""
+    trace = tmp_path / "sharegpt-like.jsonl"
+    count = sharegpt_like(trace)
+    result = run_scheduler_ab(
+        trace,
+        vllm_python,
+        *WORKLOADS["sharegpt-like"],
+        "--data-parallel",
+        "2:1",
+        policies=("lru", "lpc-const=0.5", "lpc-pooled"),
+    )
+    assert result["requests"] == count and result["ok"]
+    assert all(v["data_parallel"] == [2, 1] for v in result["vllm"].values())
+    parity = result["checks"]["lpc-const=0.5_equals_lru"]
+    assert parity["equal"], parity["first_divergence"]
+    rows = rows_of(result)
+    assert rows["lru"]["preemptions"] > 0 and rows["lru"]["chunked_prefills"] > 0
+    assert rows["lpc-pooled"]["invariants_ok"]
+    REPORT.append(
+        f"scheduler, data-parallel rank 1 of 2: lpc-const == stock vLLM at all "
+        f"{rows['lru']['steps']} steps; lpc-pooled invariants hold"
+    )
+
+
+@pytest.mark.vllm
+def test_the_kill_switch_evicts_as_stock_vllm_until_switched_back(kill_switch: dict) -> None:
+    row = rows_of(kill_switch)["lpc"]
+    assert row["mode_switches"] == [[300, "lru"], [600, "lpc"]]
+    assert row["invariants_ok"] and row["finished"] == kill_switch["requests"]
+    order = kill_switch["checks"]["lru_order"]["lpc"]
+    assert order["lru_pops"] > 0 and order["lru_mismatches"] == 0
+    assert order["lpc_not_lru"] > 0, "LPC's order never came back (or never differed)"
+    assert kill_switch["ok"]
+    REPORT.append(
+        f"scheduler, kill switch ({KILL_SWITCH}): {order['lru_pops']} blocks handed out in "
+        f"LRU mode, all as stock vLLM's queue; {order['lpc_not_lru']} of {order['lpc_pops']} "
+        "in LPC mode unlike LRU"
+    )
+
+
+@pytest.mark.vllm
+def test_the_whole_mooncake_trace_through_vllm_scheduler(vllm_python: Path) -> None:
+    """The whole bundled Mooncake hour (12,031 requests) through vLLM's scheduler, with the
+    settings of docs/serving.md: `lpc-const` equals stock vLLM at every step, chunked prefills
+    and preemptions included; every policy keeps the invariants; and with `lpc-pooled` the
+    preempted requests lose no more KV to eviction than with LRU (their blocks go last)."""
+    result = run_scheduler_ab(
+        Path("mooncake"),
+        vllm_python,
+        *("--kv-tokens", "400000", "--block-size", "512", "--max-num-batched-tokens", "8192"),
+        *("--max-num-seqs", "128", "--access-model", str(SHIPPED_ACCESS_MODEL)),
+        *("--check-every", "0"),
+        policies=("lru", "lpc-const=0.5", "lpc-pooled"),
+        timeout_s=3000,
+    )
+    assert result["requests"] == 12031 and result["ok"], result["checks"]
+    parity = result["checks"]["lpc-const=0.5_equals_lru"]
+    assert parity["equal"], parity["first_divergence"]
+    rows = rows_of(result)
+    lru, pooled = rows["lru"], rows["lpc-pooled"]
+    assert parity["steps_compared"] == lru["steps"]
+    assert lru["preemptions"] > 0 and lru["chunked_prefills"] > 0
+    assert pooled["protected_releases"] == pooled["preemptions"]
+    # No preempted request lost KV to eviction while it waited: every full block it had
+    # computed was found again (what it recomputes is its last, partial block, never cached,
+    # and so depends on when the schedule preempted it, not on the policy).
+    assert pooled["recomputed_evicted_tokens"] <= lru["recomputed_evicted_tokens"]
+    REPORT.append(
+        f"scheduler, whole Mooncake trace: lpc-const == stock vLLM at all {lru['steps']} steps "
+        f"({lru['preemptions']} preemptions, {lru['chunked_prefills']} chunked prefills); hit "
+        f"ratio lru {100 * lru['hit_ratio']:.4f}%, lpc-pooled {100 * pooled['hit_ratio']:.4f}%; "
+        f"recomputed tokens lru {lru['recomputed_tokens']} ({lru['recomputed_evicted_tokens']} "
+        f"evicted), lpc-pooled {pooled['recomputed_tokens']} "
+        f"({pooled['recomputed_evicted_tokens']} evicted)"
+    )
+
+
 # -- no vLLM needed -----------------------------------------------------------------------------
 def test_token_runs_round_trip() -> None:
     tokens = [5, 6, 7, 3, 9, 10, 0]
@@ -204,13 +346,9 @@ def test_token_runs_round_trip() -> None:
 
 
 def test_policies_parse_and_refuse() -> None:
-    assert [p.label for p in parse_policies("lru,lpc-const,lpc-const=0.7,lpc,lpc-pooled")] == [
-        "lru",
-        "lpc-const=0.5",
-        "lpc-const=0.7",
-        "lpc",
-        "lpc-pooled",
-    ]
+    assert [
+        p.label for p in parse_policies("lru,lpc-const,lpc-const=0.7,lpc,lpc-pooled,shadow")
+    ] == ["lru", "lpc-const=0.5", "lpc-const=0.7", "lpc", "lpc-pooled", "shadow"]
     with pytest.raises(ValueError, match="unknown policy"):
         parse_policies("lfu")
     with pytest.raises(ValueError, match="takes no value"):

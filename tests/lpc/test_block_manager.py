@@ -233,3 +233,37 @@ def test_duplicate_and_oversized_requests_are_rejected(busy_manager) -> None:
 
 
 GOLDEN_SHA256_SALTED_BLOCK1 = "bd10db113872ec856d95c7c9513caa35a6bb124d433919774efa935da2d0c5a4"
+
+
+def test_growing_a_request_caches_its_output_as_one_allocation_would() -> None:
+    """A request allocated with its prompt, then grown to prompt + output, ends with the same
+    cached blocks and hits for the next turn as one allocated whole (the shadow caches grow
+    requests as vLLM decodes them)."""
+    tokens = list(range(100, 118))  # 18 tokens: 4 full blocks of 4 and a partial one
+    hashes = BlockHasher(4).hash_sequence(tokens)
+    whole, grown = manager_with("lru"), manager_with("lru")
+    whole.allocate(CacheRequest("r", tokens, 9, block_hashes=hashes))
+    assert grown.allocate(CacheRequest("r", tokens[:9], 9, block_hashes=hashes[:2]))
+    assert grown.num_cached_blocks == 2
+    assert grown.grow("r", 9, hashes)  # nothing new to cache yet: the third block is partial
+    assert grown.num_cached_blocks == 2 and len(grown.blocks_of("r")) == 3
+    assert grown.grow("r", 17, hashes, now_s=1.0)
+    assert len(grown.blocks_of("r")) == len(whole.blocks_of("r")) == 5
+    assert grown.num_cached_blocks == whole.num_cached_blocks == 4
+    for manager in (whole, grown):
+        manager.free("r", 2.0)
+        manager.check_invariants()
+        follow_up = CacheRequest("next", [*tokens, 7, 8], 20)
+        assert manager.find_computed_prefix(follow_up).num_tokens == 16
+
+
+def test_growing_beyond_the_pool_changes_nothing() -> None:
+    manager = manager_with("lru", num_blocks=5)  # 4 usable blocks
+    tokens = list(range(40))
+    hashes = BlockHasher(4).hash_sequence(tokens)
+    manager.allocate(CacheRequest("r", tokens[:8], 8, block_hashes=hashes[:2]))
+    before = snapshot(manager)
+    assert not manager.grow("r", 40, hashes)
+    assert snapshot(manager) == before
+    with pytest.raises(UnknownRequestError):
+        manager.grow("unknown", 8, hashes)

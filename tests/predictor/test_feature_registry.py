@@ -150,9 +150,7 @@ def test_a_toy_feature_reaches_the_replay(toy_access_model) -> None:
 
 def test_a_toy_feature_reaches_the_plugin(toy_access_model) -> None:
     requests = synthetic_requests()
-    runtime = AccessRuntime.load(
-        PluginConfig(access_model=str(toy_access_model)), PluginStats(), now_s=0.0
-    )
+    runtime = AccessRuntime.load(PluginConfig(access_model=str(toy_access_model)), PluginStats())
     assert not runtime.needs_tokens  # neither log_turn's record nor the toy's reads token ids
     engine = replay_releases(runtime, requests)
     model = runtime.predictor

@@ -1,0 +1,293 @@
+"""Evict the block whose conversation is least likely to come back while the cache holds it.
+
+LPC asks "does this conversation continue?"; a cache asks "does it come back before I would
+evict its blocks?". This evictor ranks a cached block by
+
+    P(next request within W | silent for a) = (S(a) − S(a + W)) / S(a),
+
+where S is the releasing conversation's return-time survival curve (any `ReturnCurveLike`:
+a learned model, Kaplan–Meier per turn, a trace's true return time), a = now − the release
+time, and W = `window_multiplier` (4) × the evictor's own measured holding time, measured
+online so that one rule serves a small GPU cache and a large CPU tier alike: by default the
+turnover (queued cached blocks over the eviction rate, `TurnoverEstimate`), or the mean age
+at eviction (`EvictionAgeEstimate`). The multiplier is there because the blocks this policy
+keeps stay far longer than the blocks it gives up, which dominate either mean; 4 was chosen
+on the Mooncake trace's training part (docs/results.md, "An evictor that asks when:
+P(return within W | silent a)").
+
+Pooling: a block released by several conversations keeps one claim (curve and release time)
+per conversation, the newest `max_claims` of them, and takes the largest of their scores
+(max pooling: the block is worth what its likeliest user makes of it). A conversation that
+releases a block again replaces its own older claim.
+
+The score changes with time, so it is not a static key. The approximation: keys are
+re-computed for every queued run, and the heap rebuilt, at the first eviction at least
+`rekey_interval_s` after the last re-keying (0: before every eviction, which is exact); a
+release between re-keyings is keyed at its own instant (a = 0) with the current W. So the
+order is exact at each re-keying and at most `rekey_interval_s` old in between. Cost: a
+release or hit is O(log runs) as in LPC; a re-keying is O(runs · claims) curve evaluations
+plus a heapify, amortised over the evictions of one interval.
+
+Ties (and runs with equal scores, e.g. the 0/1 scores of a perfect-knowledge curve) go to
+the deeper block, then to the older release, as in LPC; uncached blocks go first.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from typing import ClassVar
+
+from eviction.base import FreedBlocks, Release, ReturnCurveLike, check_probability
+from eviction.priority import PriorityEvictor
+from eviction.run_heap import Ghost, Run
+
+DEFAULT_REKEY_INTERVAL_S = 5.0
+DEFAULT_INITIAL_WINDOW_S = 60.0
+DEFAULT_WINDOW_WEIGHT = 1.0 / 256.0  # per evicted block (the eviction-age rule)
+DEFAULT_TURNOVER_WEIGHT = 1.0 / 16.0  # per re-keying interval (the turnover rule)
+DEFAULT_WINDOW_RULE = "turnover"
+# W = 4 × the turnover: blocks the policy keeps stay far longer than the mean block, which
+# the ones it scores 0 pull down (docs/results.md, "An evictor that asks when: P(return
+# within W | silent a)").
+DEFAULT_WINDOW_MULTIPLIER = 4.0
+DEFAULT_MAX_CLAIMS = 4
+DEFAULT_FALLBACK_SCORE = 0.5
+
+
+class Claim:
+    """One conversation's say on a block: its return curve and when it released the block.
+    Compared by identity (runs group blocks whose claims are the same objects)."""
+
+    __slots__ = ("conversation_id", "curve", "release_s")
+
+    def __init__(
+        self, conversation_id: str | None, curve: ReturnCurveLike | None, release_s: float
+    ) -> None:
+        self.conversation_id = conversation_id
+        self.curve = curve
+        self.release_s = release_s
+
+
+class EvictionAgeEstimate:
+    """W: an exponentially weighted mean of eviction ages, one update per evicted block.
+
+    Starts at `initial_s` (no eviction seen yet); each evicted cached block's age moves it by
+    `weight` of the difference, so it follows the cache's own holding time within about
+    1/weight evictions and needs no cache size.
+    """
+
+    def __init__(
+        self,
+        initial_s: float = DEFAULT_INITIAL_WINDOW_S,
+        weight: float = DEFAULT_WINDOW_WEIGHT,
+    ) -> None:
+        if not math.isfinite(initial_s) or initial_s <= 0:
+            raise ValueError(f"initial_s must be a finite number > 0, got {initial_s!r}")
+        if not 0.0 < weight <= 1.0:
+            raise ValueError(f"weight must be in (0, 1], got {weight!r}")
+        self.value_s = initial_s
+        self.weight = weight
+        self.observed = 0
+
+    def observe(self, age_s: float) -> None:
+        if age_s < 0 or not math.isfinite(age_s):
+            return
+        self.value_s += self.weight * (age_s - self.value_s)
+        self.observed += 1
+
+
+class TurnoverEstimate:
+    """W by Little's law: the cached blocks queued, divided by the rate at which cached blocks
+    are evicted — the mean time a block spends in this cache's free queue.
+
+    The mean eviction age of `EvictionAgeEstimate` is pulled down by this very policy: blocks
+    it scores 0 go within seconds, so their ages say little about how long a block it wants
+    to keep would last, and a shorter W scores more blocks 0 (a loop towards W = 0). Little's
+    law counts every queued block, the kept ones included. One observation per re-keying
+    interval (queued blocks at its end, its length, cached evictions in it), smoothed with
+    `weight`; an interval without evictions leaves W as it is (nothing is under pressure).
+    """
+
+    def __init__(
+        self,
+        initial_s: float = DEFAULT_INITIAL_WINDOW_S,
+        weight: float = DEFAULT_TURNOVER_WEIGHT,
+    ) -> None:
+        if not math.isfinite(initial_s) or initial_s <= 0:
+            raise ValueError(f"initial_s must be a finite number > 0, got {initial_s!r}")
+        if not 0.0 < weight <= 1.0:
+            raise ValueError(f"weight must be in (0, 1], got {weight!r}")
+        self.value_s = initial_s
+        self.weight = weight
+        self.observed = 0
+
+    def observe_interval(self, queued: int, elapsed_s: float, evicted: int) -> None:
+        if evicted <= 0 or not elapsed_s > 0 or not math.isfinite(elapsed_s):
+            return
+        turnover_s = queued * elapsed_s / evicted
+        self.value_s += self.weight * (turnover_s - self.value_s)
+        self.observed += 1
+
+
+WINDOW_RULES = ("turnover", "eviction-age")
+
+
+def claim_score(claim: Claim, now_s: float, window_s: float, fallback: float) -> float:
+    """P(return within W | silent since the claim's release); `fallback` without a curve."""
+    curve = claim.curve
+    if curve is None:
+        return fallback
+    return curve.p_return_within(max(0.0, now_s - claim.release_s), window_s)
+
+
+class ReturnWindowEvictor(PriorityEvictor):
+    """A run heap keyed by P(return within W | silent a), re-keyed on a schedule."""
+
+    name: ClassVar[str] = "lpc-return"
+
+    def __init__(
+        self,
+        num_blocks: int,
+        rekey_interval_s: float = DEFAULT_REKEY_INTERVAL_S,
+        initial_window_s: float = DEFAULT_INITIAL_WINDOW_S,
+        window_weight: float = DEFAULT_WINDOW_WEIGHT,
+        max_claims: int = DEFAULT_MAX_CLAIMS,
+        fallback_score: float = DEFAULT_FALLBACK_SCORE,
+        window_rule: str = DEFAULT_WINDOW_RULE,
+        turnover_weight: float = DEFAULT_TURNOVER_WEIGHT,
+        window_multiplier: float = DEFAULT_WINDOW_MULTIPLIER,
+    ) -> None:
+        if not rekey_interval_s >= 0 or math.isnan(rekey_interval_s):
+            raise ValueError(f"rekey_interval_s must be >= 0, got {rekey_interval_s!r}")
+        if max_claims < 1:
+            raise ValueError(f"max_claims must be >= 1, got {max_claims!r}")
+        check_probability(fallback_score, "fallback_score")
+        self.rekey_interval_s = rekey_interval_s
+        if window_rule not in WINDOW_RULES:
+            raise ValueError(f"window_rule must be one of {WINDOW_RULES}, got {window_rule!r}")
+        if not math.isfinite(window_multiplier) or window_multiplier <= 0:
+            raise ValueError(f"window_multiplier must be > 0, got {window_multiplier!r}")
+        self.window_rule = window_rule
+        self.window_multiplier = window_multiplier
+        self.window: EvictionAgeEstimate | TurnoverEstimate = (
+            TurnoverEstimate(initial_window_s, turnover_weight)
+            if window_rule == "turnover"
+            else EvictionAgeEstimate(initial_window_s, window_weight)
+        )
+        self._evicted_since_rekey = 0
+        self._window_since_s = -math.inf
+        self.max_claims = max_claims
+        self.fallback_score = fallback_score
+        self.rekeys = 0
+        self._last_rekey_s = -math.inf
+        self._released_at: list[float] = [math.nan] * num_blocks
+        super().__init__(num_blocks)
+
+    # -- keys ------------------------------------------------------------------------------
+
+    @property
+    def window_s(self) -> float:
+        """W: the measured estimate times `window_multiplier` (1: the estimate itself)."""
+        return self.window.value_s * self.window_multiplier
+
+    def score(self, claims: Sequence[Claim], now_s: float) -> float:
+        """The block's score now: the largest P(return within W | silent a) of its claims."""
+        w, fallback = self.window_s, self.fallback_score
+        return max(claim_score(c, now_s, w, fallback) for c in claims)
+
+    def _claims_after(self, block_id: int, claim: Claim) -> tuple[Claim, ...]:
+        """The block's claims once `claim` joins them (max_claims newest, one per
+        conversation; an anonymous release replaces nothing)."""
+        old = self._state[block_id]
+        if old is None:
+            return (claim,)
+        cid = claim.conversation_id
+        others = [c for c in old.tag if cid is None or c.conversation_id != cid]
+        return (claim, *others[: self.max_claims - 1])
+
+    def push_cached(self, freed: FreedBlocks, release: Release) -> None:
+        block_ids = freed.block_ids
+        if not block_ids:
+            return
+        now = release.time_s
+        released_at = self._released_at
+        for block_id in block_ids:
+            released_at[block_id] = now
+        claim = Claim(release.conversation_id, release.return_curve, now)
+        claims = [self._claims_after(b, claim) for b in block_ids]
+        if all(len(c) == 1 for c in claims):
+            own = (claim,)
+            self._push_run(self.score(own, now), own, block_ids, freed.depths)
+            return
+        keys = [self.score(c, now) for c in claims]
+        self._push_grouped(block_ids, freed.depths, keys, claims)
+
+    def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
+        claim = Claim(release.conversation_id, release.return_curve, release.time_s)
+        for block_id in freed.block_ids:
+            claims = self._claims_after(block_id, claim)
+            self._state[block_id] = Ghost(self.score(claims, release.time_s), claims)
+
+    def push_uncached(self, block_ids: Sequence[int]) -> None:
+        released_at = self._released_at
+        for block_id in block_ids:
+            released_at[block_id] = math.nan
+        super().push_uncached(block_ids)
+
+    def rekey(self, now_s: float) -> None:
+        """Update W (turnover rule), score every queued run at `now_s` with it and rebuild
+        the heap."""
+        window = self.window
+        elapsed = now_s - self._window_since_s
+        if elapsed > 0 or self._window_since_s == -math.inf:
+            if isinstance(window, TurnoverEstimate):
+                window.observe_interval(self._queued, elapsed, self._evicted_since_rekey)
+            self._evicted_since_rekey = 0
+            self._window_since_s = now_s
+        w, fallback = self.window_s, self.fallback_score
+        cache: dict[int, float] = {}
+        heap = []
+        for _, _, seq, run in self._heap:
+            i = self._head(run)
+            if i >= len(run.block_ids):
+                continue
+            best = -1.0
+            for claim in run.tag:
+                p = cache.get(id(claim))
+                if p is None:
+                    p = cache[id(claim)] = claim_score(claim, now_s, w, fallback)
+                if p > best:
+                    best = p
+            run.key = best
+            if run.ghost is not None:
+                run.ghost.key = best
+            heap.append((best, -run.depths[i], seq, run))
+        heapq.heapify(heap)
+        self._heap = heap
+        self._last_rekey_s = now_s
+        self.rekeys += 1
+
+    # -- evictions -------------------------------------------------------------------------
+
+    def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
+        from_uncached = self._uncached.size
+        if n > from_uncached and now_s - self._last_rekey_s >= self.rekey_interval_s:
+            self.rekey(now_s)
+        out = super().pop_n(n, now_s)
+        released_at, window = self._released_at, self.window
+        victims = out[from_uncached:]
+        self._evicted_since_rekey += len(victims)
+        if isinstance(window, EvictionAgeEstimate):
+            for block_id in victims:
+                window.observe(now_s - released_at[block_id])
+        for block_id in victims:
+            released_at[block_id] = math.nan
+        return out
+
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        for _, _, _, run in self._heap:
+            assert isinstance(run, Run) and run.tag, "lpc-return: a queued run has no claims"
+            assert len(run.tag) <= self.max_claims, "lpc-return: a run holds too many claims"

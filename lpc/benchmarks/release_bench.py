@@ -1,0 +1,311 @@
+"""Latency of the vLLM plugin's release path, with the access model in process.
+
+One release is what the plugin does when vLLM frees a finished request: `PluginRuntime`'s
+`safe_release_for` (the request's p from the shipped access model: features from the request
+and its conversation's table entry, the shared prefix from vLLM's block hashes, the forward
+pass, the table update; timed into the release-latency histogram as in the engine) and then the
+LPC queue's `append_n` of the request's blocks under that release (the evictor's keys; vLLM's
+`BlockPool.free_blocks` calls it with every block whose count reached 0). Requests and blocks
+are duck-typed like vLLM 0.33's `Request` (prompt list, output list, chained `block_hashes`,
+`num_prompt_tokens`, sampling params carrying `lpc_conversation_id`) and `KVCacheBlock`.
+
+Workload per size: `conversations` conversations, each with a table entry already (warm:
+every timed request is a later turn). A request's prompt is its conversation's fixed history
+(`tokens` − 128 tokens, a multiple of the block size) followed by a new 64-token message; its
+output is 64 tokens. So the shared prefix with the previous turn is the history, found past
+log2(blocks) hash comparisons and one block of tokens. Before each timed release its blocks
+are popped from the queue (evicting older ones, as vLLM's allocation does) and given hashes;
+none of that, nor building the request, is timed. The timer is `time.perf_counter_ns`.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+import random
+import statistics
+import time
+from array import array
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lpc.integrations.config import PluginConfig
+from lpc.integrations.vllm_plugin import PluginRuntime, build_runtime
+from lpc.integrations.vllm_queue import LPCFreeBlockQueue, bind_queue_class
+
+DEFAULT_SIZES = (1_024, 11_264, 131_072)  # 1K, 11K, 128K tokens per request
+TARGET_P50_US = 20.0
+TARGET_P99_US = 100.0
+MESSAGE_TOKENS = 64  # new tokens of each request's prompt
+OUTPUT_TOKENS = 64
+
+
+@dataclass
+class Params:
+    extra_args: dict[str, Any] | None = None
+
+
+@dataclass
+class BenchRequest:
+    """The attributes of vLLM's `Request` the plugin reads at a release."""
+
+    request_id: str
+    arrival_time: float
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    block_hashes: list[bytes]
+    sampling_params: Params = field(default_factory=Params)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def is_finished(self) -> bool:
+        return True
+
+
+@dataclass
+class BenchBlock:
+    """The attributes of vLLM's `KVCacheBlock` the LPC queue reads."""
+
+    block_id: int
+    block_hash: bytes | None = None
+    block_hash_num_tokens: int | None = None
+
+
+@dataclass
+class Latency:
+    p50_us: float
+    p99_us: float
+    mean_us: float
+    max_us: float
+
+    @classmethod
+    def of(cls, ns: list[int]) -> Latency:
+        ordered = sorted(ns)
+        n = len(ordered)
+        return cls(
+            round(ordered[n // 2] / 1e3, 2),
+            round(ordered[min(n - 1, int(0.99 * n))] / 1e3, 2),
+            round(statistics.fmean(ordered) / 1e3, 2),
+            round(ordered[-1] / 1e3, 2),
+        )
+
+
+@dataclass
+class SizeResult:
+    tokens: int
+    blocks_per_release: int
+    releases: int
+    release_for: Latency  # the plugin's per-request work (p, features, table)
+    append_n: Latency  # the LPC queue taking the request's blocks
+    total: Latency  # both: the release path
+    shared_prefix_tokens: int  # what the features saw (the history), checked
+    target_met: bool  # total within ≤ 20 µs p50 and ≤ 100 µs p99
+    release_for_target_met: bool
+
+
+@dataclass
+class ReleaseBenchResult:
+    model: str
+    evictor: str
+    block_size: int
+    conversations: int
+    sizes: list[SizeResult]
+    target: str
+    load_average: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def chained_hashes(tokens: list[int], block_size: int, parent: bytes = b"") -> list[bytes]:
+    """Chained hashes of the full blocks of `tokens` (vLLM's shape of `block_hashes`)."""
+    out = []
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        block = array("q", tokens[start : start + block_size]).tobytes()
+        parent = hashlib.sha256(parent + block).digest()
+        out.append(parent)
+    return out
+
+
+class Conversation:
+    """One conversation of the workload: a fixed history, then a new message per request."""
+
+    def __init__(self, name: str, tokens: int, block_size: int, rng: random.Random) -> None:
+        history = tokens - MESSAGE_TOKENS - OUTPUT_TOKENS
+        history -= history % block_size
+        self.name = name
+        self.block_size = block_size
+        self.history = [rng.randrange(150_000) for _ in range(history)]
+        self.history_hashes = chained_hashes(self.history, block_size)
+        self.rng = rng
+        self.turn = 0
+
+    def next_request(self, arrival_s: float) -> BenchRequest:
+        rng = self.rng
+        message = [150_000 + rng.randrange(1_000) for _ in range(MESSAGE_TOKENS)]
+        output = [rng.randrange(150_000) for _ in range(OUTPUT_TOKENS)]
+        prompt = self.history + message
+        tail = chained_hashes(message + output, self.block_size, self.history_hashes[-1])
+        self.turn += 1
+        return BenchRequest(
+            f"{self.name}-{self.turn}",
+            arrival_s,
+            prompt,
+            output,
+            self.history_hashes + tail,
+            Params({"lpc_conversation_id": self.name}),
+        )
+
+
+class StepClock:
+    """The plugin's clock: a second passes per release (think times of the workload)."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _release_one(
+    runtime: PluginRuntime, queue: LPCFreeBlockQueue, request: BenchRequest, blocks: list[Any]
+) -> tuple[int, int]:
+    """(ns in safe_release_for, ns in append_n) for one request: what `KVCacheManager.free`
+    -> `BlockPool.free_blocks` -> `append_n` costs the plugin."""
+    timer = time.perf_counter_ns
+    start = timer()
+    release = runtime.safe_release_for(request)
+    middle = timer()
+    with runtime.queues.releasing(release):
+        queue.append_n(blocks)
+    return middle - start, timer() - middle
+
+
+def run_size(
+    model: Path,
+    tokens: int,
+    releases: int,
+    conversations: int,
+    block_size: int,
+    evictor: str,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> SizeResult:
+    clock = StepClock()
+    config = PluginConfig(access_model=str(model), evictor=evictor, stats_log_interval_s=0.0)
+    runtime = build_runtime(config, clock=clock)
+    access = runtime.access
+    assert access is not None
+    access.block_size = block_size  # what the plugin reads from vLLM's BlockPool
+    blocks_per_request = tokens // block_size
+    num_blocks = 4 * blocks_per_request + 64
+    pool = [BenchBlock(i) for i in range(num_blocks)]
+    queue = bind_queue_class(runtime.queues)(pool)
+    rng = random.Random(seed)
+    chats = [Conversation(f"c{i}", tokens, block_size, rng) for i in range(conversations)]
+    release_ns: list[int] = []
+    append_ns: list[int] = []
+    shared: set[int] = set()
+    warmup = conversations  # every conversation has a table entry before timing
+    for i in range(warmup + releases):
+        chat = chats[i % conversations]
+        clock.now += 1.0
+        request = chat.next_request(clock.now - 0.5)
+        popped = queue.popleft_n(blocks_per_request)
+        for depth, block in enumerate(popped):
+            block.block_hash = request.block_hashes[depth]
+            block.block_hash_num_tokens = (depth + 1) * block_size
+        popped.reverse()  # vLLM frees a request's blocks tail first
+        if i == warmup:
+            gc.collect()
+        entry = access.table.entries.get(chat.name)
+        if i >= warmup:
+            r, a = _release_one(runtime, queue, request, popped)
+            release_ns.append(r)
+            append_ns.append(a)
+            assert entry is not None and entry.previous is not None
+            shared.add(len(chat.history))
+        else:
+            _release_one(runtime, queue, request, popped)
+        access.compact_pending()  # the background thread's work, outside the timing
+        if progress is not None and i and i % 1000 == 0:
+            progress(f"{tokens} tokens: {i}/{warmup + releases}")
+    stats = runtime.stats
+    if stats.plugin_errors or stats.predictions_in_process != warmup + releases:
+        raise RuntimeError(
+            f"the release path failed: {stats.plugin_errors} plugin errors, "
+            f"{stats.predictions_in_process} in-process predictions of {warmup + releases}"
+        )
+    total = [r + a for r, a in zip(release_ns, append_ns, strict=True)]
+    result_total = Latency.of(total)
+    result_release = Latency.of(release_ns)
+    return SizeResult(
+        tokens,
+        blocks_per_request,
+        releases,
+        result_release,
+        Latency.of(append_ns),
+        result_total,
+        _check_shared_prefix(runtime, chats[0], block_size),
+        result_total.p50_us <= TARGET_P50_US and result_total.p99_us <= TARGET_P99_US,
+        result_release.p50_us <= TARGET_P50_US and result_release.p99_us <= TARGET_P99_US,
+    )
+
+
+def _check_shared_prefix(runtime: PluginRuntime, chat: Conversation, block_size: int) -> int:
+    """The shared prefix the features see for this conversation's next request: its history
+    (checked, so the timed path computed the value the model needs)."""
+    from lpc.integrations.conversation_table import shared_prefix
+
+    access = runtime.access
+    assert access is not None
+    entry = access.table.entries[chat.name]
+    request = chat.next_request(0.0)
+    value = shared_prefix(
+        entry.previous,
+        request.prompt_token_ids,
+        request.num_prompt_tokens,
+        request.block_hashes,
+        block_size,
+    )
+    if value < len(chat.history):
+        raise RuntimeError(f"shared prefix {value} < the history's {len(chat.history)} tokens")
+    return value
+
+
+def run(
+    model: Path,
+    sizes: tuple[int, ...] = DEFAULT_SIZES,
+    releases: int = 5_000,
+    conversations: int = 16,
+    block_size: int = 16,
+    evictor: str = "lpc-pooled",
+    progress: Callable[[str], None] | None = None,
+) -> ReleaseBenchResult:
+    results = [
+        run_size(model, tokens, releases, conversations, block_size, evictor, progress=progress)
+        for tokens in sizes
+    ]
+    return ReleaseBenchResult(
+        str(model),
+        evictor,
+        block_size,
+        conversations,
+        results,
+        f"release path p50 <= {TARGET_P50_US:g} µs, p99 <= {TARGET_P99_US:g} µs at every size",
+        os.getloadavg()[0],
+    )

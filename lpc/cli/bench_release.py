@@ -1,0 +1,117 @@
+"""`lpc bench release`: the vLLM plugin's release-path latency with the access model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from lpc.cli.arg_types import positive_int
+
+
+def register(targets: argparse._SubParsersAction) -> None:
+    parser = targets.add_parser(
+        "release",
+        help="the plugin's release path: µs per finished request at 1K, 11K and 128K tokens",
+        description=(
+            "Times what the vLLM plugin does when a finished request frees its blocks: its "
+            "release (the access model's p from the request, its conversation table entry and "
+            "the shared prefix from vLLM's block hashes) and the LPC queue's append_n of the "
+            "request's blocks, with vLLM-like requests and blocks, the shipped access model "
+            "and a warm conversation table; p50/p99/mean per request size, against the target "
+            "(p50 <= 20 µs, p99 <= 100 µs). Timer: time.perf_counter_ns."
+        ),
+    )
+    parser.add_argument("--model", type=Path, help="access-only artifact folder")
+    parser.add_argument(
+        "--sizes",
+        default="1024,11264,131072",
+        help="request sizes in tokens, comma-separated (default 1024,11264,131072)",
+    )
+    parser.add_argument(
+        "--releases", type=positive_int, default=5000, help="timed releases per size (5000)"
+    )
+    parser.add_argument(
+        "--conversations", type=positive_int, default=16, help="conversations interleaved (16)"
+    )
+    parser.add_argument(
+        "--block-size", type=positive_int, default=16, help="tokens per block (vLLM's 16)"
+    )
+    parser.add_argument(
+        "--evictor",
+        choices=("lpc-pooled", "lpc"),
+        default="lpc-pooled",
+        help="the plugin's evictor (default lpc-pooled, the plugin's default)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.set_defaults(run=run)
+
+
+def _sizes(text: str, block_size: int) -> tuple[int, ...]:
+    from lpc.benchmarks.release_bench import MESSAGE_TOKENS, OUTPUT_TOKENS
+    from lpc.errors import CommandError
+
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise CommandError(f"--sizes must be comma-separated token counts, got {text!r}") from None
+    smallest = MESSAGE_TOKENS + OUTPUT_TOKENS + block_size
+    for size in sizes:
+        if size < smallest:
+            raise CommandError(
+                f"--sizes: {size} tokens is below the smallest request the workload builds "
+                f"({smallest} at --block-size {block_size})"
+            )
+    return sizes
+
+
+def run(args: argparse.Namespace) -> int:
+    from lpc.benchmarks import release_bench
+    from lpc.errors import CommandError
+    from training.locations import SHIPPED_ACCESS_MODEL_NAME, shipped_model_dir
+
+    sizes = _sizes(args.sizes, args.block_size)
+    model = args.model or shipped_model_dir(SHIPPED_ACCESS_MODEL_NAME)
+    if model is None:
+        raise CommandError("no access-only model: pass --model FOLDER")
+    from lpc.integrations.config import PluginConfigError
+
+    try:
+        result = release_bench.run(
+            model,
+            sizes,
+            args.releases,
+            args.conversations,
+            args.block_size,
+            args.evictor,
+            progress=None if args.json else lambda line: print(line, file=sys.stderr),
+        )
+    except PluginConfigError as error:
+        raise CommandError(str(error)) from None
+    if args.json:
+        print(result.to_json())
+        return 0
+    print(
+        f"release path, model {result.model}, evictor {result.evictor}, block size "
+        f"{result.block_size}, {result.conversations} conversations; target: {result.target}"
+    )
+    print(
+        f"{'tokens':>8} {'blocks':>6}  {'part':<12} {'p50 µs':>8} {'p99 µs':>8} {'mean µs':>8} "
+        f"{'max µs':>9}"
+    )
+    for size in result.sizes:
+        for label, latency in (
+            ("release_for", size.release_for),
+            ("append_n", size.append_n),
+            ("total", size.total),
+        ):
+            print(
+                f"{size.tokens:>8} {size.blocks_per_release:>6}  {label:<12} "
+                f"{latency.p50_us:>8.1f} {latency.p99_us:>8.1f} {latency.mean_us:>8.1f} "
+                f"{latency.max_us:>9.1f}"
+            )
+        verdict = "met" if size.target_met else "MISSED"
+        own = "met" if size.release_for_target_met else "MISSED"
+        print(f"{'':>16}target: total {verdict}, release_for alone {own}")
+    print(f"load average {result.load_average:.1f}")
+    return 0

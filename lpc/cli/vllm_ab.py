@@ -1,0 +1,170 @@
+"""`lpc vllm-ab`: serve a request trace with vLLM 0.33.0's own scheduler, stock and with LPC.
+
+Runs in the project's venv and drives vLLM's venv (scripts/setup_vllm_plugin.sh) through
+scripts/vllm_scheduler_replay.py, one process per policy: vLLM's `Scheduler` on the CPU with
+chunked prefill, a token budget, a KV pool and a step-time model, fed synthetic model outputs
+(the trace's output tokens) on a simulated clock; requests arrive on the trace's timeline.
+
+    lpc vllm-ab mooncake --kv-tokens 400000 --block-size 512 --max-num-batched-tokens 8192 \\
+        --max-num-seqs 128 --access-model models/mooncake-access
+
+TRACE is a JSONL file as `lpc ab --export-trace` writes it (any format `lpc ab --trace`
+reads) or a bundled trace (`mooncake`, `mooncake-synthetic`). Policies: `lru` (stock vLLM),
+`lpc-const[=P]` (the plugin, one p for every release), `lpc` and `lpc-pooled` (the plugin's
+learned evictors: p from `--access-model` in process, else each line's `probability`, sent
+as the request's `lpc_probability`; a line without one gets the fallback p), `shadow` and
+`shadow-pooled` (the plugin in shadow mode: stock vLLM's eviction, while metadata-only `lpc`
+or `lpc-pooled` and LRU caches replay the same requests with the learned policies' p).
+`--switch-at STEP:MODE,...` switches the learned policies' mode (lpc, lru, shadow) before those
+steps: the kill switch, while the engine runs.
+
+Reported per policy: the token hit ratio of vLLM's own `SchedulerStats` (prefix-cache hits /
+queries of first admissions, as `vllm:prefix_cache_hits` / `vllm:prefix_cache_queries`
+count them; a preempted request's second lookup is counted apart), steps, preemptions,
+tokens recomputed after a preemption, chunked prefills (prefills spread over several steps),
+evictions; a shadow's two hit ratios. Checked: `lpc-const`, `shadow` and `shadow-pooled`
+schedule exactly as `lru` at every step (tokens per request, preemptions, prefix hits, the
+blocks allocated); while a plugin run is in lru or shadow mode, each block it evicts is the one
+stock vLLM's `FreeKVCacheBlockQueue`, fed the same calls, evicts; a shadow's figures equal our
+replay of its requests (`lpc.replay.shadow`); every run ends with each block free, every
+reference count zero and the free queue holding each block once. Exit status 1 if a check
+fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from lpc.errors import CommandError
+
+DESCRIPTION = __doc__.split("\n\n", 1)[1]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "vllm-ab",
+        help="serve a trace with vLLM's own scheduler on the CPU, stock and with the plugin",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("trace", help="JSONL trace (lpc ab --export-trace) or a bundled name")
+    p.add_argument(
+        "--policies",
+        default="lru,lpc-const,lpc,lpc-pooled",
+        help="lru, lpc-const[=P], lpc, lpc-pooled, shadow, shadow-pooled (default: the first four)",
+    )
+    p.add_argument(
+        "--switch-at",
+        default="",
+        help="STEP:MODE[,STEP:MODE...]: switch lpc and lpc-pooled to MODE (lpc, lru, shadow) "
+        "before that step, as the control file does in a deployment",
+    )
+    p.add_argument("--kv-tokens", type=int, required=True, help="KV pool size in tokens")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per block (16)")
+    p.add_argument(
+        "--max-num-batched-tokens", type=int, default=2048, help="token budget per step (2048)"
+    )
+    p.add_argument("--max-num-seqs", type=int, default=64, help="running requests (64)")
+    p.add_argument(
+        "--max-model-len", type=int, help="default: the longest request, rounded up to a block"
+    )
+    p.add_argument("--step-base-ms", type=float, default=10.0, help="step time: fixed part (10 ms)")
+    p.add_argument(
+        "--step-per-token-us",
+        type=float,
+        default=10.0,
+        help="step time: per scheduled token (10 us)",
+    )
+    p.add_argument("--scale", type=float, default=1e-2, help="LPC decay scale per second")
+    p.add_argument("--fallback-p", type=float, default=0.5, help="the plugin's fallback p")
+    p.add_argument(
+        "--access-model",
+        type=Path,
+        help="lpc and lpc-pooled predict each release with this access-only model in process "
+        "(LPC_ACCESS_MODEL); without it, each line's probability",
+    )
+    p.add_argument(
+        "--conversation-table-max-tokens",
+        type=int,
+        help="the plugin's LPC_CONVERSATION_TABLE_MAX_TOKENS (its default when not given)",
+    )
+    p.add_argument(
+        "--one-in", type=int, default=1, help="keep one conversation in N (stable crc32)"
+    )
+    p.add_argument(
+        "--check-every",
+        type=int,
+        default=0,
+        help="also check block ownership and reference counts every N steps (0: at the end)",
+    )
+    p.add_argument(
+        "--data-parallel",
+        metavar="SIZE:RANK",
+        help="serve the trace with the scheduler of rank RANK of a SIZE-rank data-parallel "
+        "engine (what that rank's engine core builds; default: no data parallelism)",
+    )
+    p.add_argument("--jobs", type=int, default=1, help="policies run at once (1)")
+    p.add_argument("--records-dir", type=Path, help="keep the per-step records here")
+    p.add_argument("--vllm-python", type=Path, help="python of vLLM's venv (.vllm-venv)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from lpc.drivers.scheduler_ab import compare, print_table
+    from lpc.drivers.vllm_driver import vllm_python_path
+    from lpc.drivers.vllm_scheduler import EngineSettings, PolicySettings, SchedulerRunFailed
+
+    if args.one_in < 1:
+        raise CommandError(f"--one-in must be >= 1, got {args.one_in}")
+    dp_size, dp_rank = 1, 0
+    if args.data_parallel is not None:
+        size, _, rank = args.data_parallel.partition(":")
+        if not (size.isdigit() and rank.isdigit() and 0 <= int(rank) < int(size)):
+            raise CommandError(
+                f"--data-parallel must be SIZE:RANK with 0 <= RANK < SIZE, got "
+                f"{args.data_parallel!r}"
+            )
+        dp_size, dp_rank = int(size), int(rank)
+    python = args.vllm_python or vllm_python_path()
+    if not python.exists():
+        raise CommandError(f"no vLLM python at {python}; run scripts/setup_vllm_plugin.sh")
+    engine = EngineSettings(
+        kv_tokens=args.kv_tokens,
+        block_size=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        step_base_s=args.step_base_ms / 1e3,
+        step_per_token_s=args.step_per_token_us / 1e6,
+        max_model_len=args.max_model_len,
+        check_every=args.check_every,
+        data_parallel_size=dp_size,
+        data_parallel_rank=dp_rank,
+    )
+    settings = PolicySettings(
+        scale_per_s=args.scale,
+        fallback_probability=args.fallback_p,
+        access_model=args.access_model,
+        conversation_table_max_tokens=args.conversation_table_max_tokens,
+    )
+    try:
+        result = compare(
+            args.trace,
+            args.policies,
+            engine,
+            settings,
+            python,
+            args.one_in,
+            args.records_dir,
+            args.jobs,
+            args.switch_at,
+        )
+    except (ValueError, SchedulerRunFailed) as error:
+        raise CommandError(str(error)) from None
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_table(result)
+    return 0 if result["ok"] else 1

@@ -1,0 +1,489 @@
+"""LPC as a vLLM 0.33 `CachePolicy`: the eviction order of vLLM's CPU offload tier.
+
+vLLM 0.33's `CPUOffloadingManager` (`vllm/v1/kv_offload/cpu/manager.py`) delegates the order
+of its CPU chunks to a `CachePolicy` (`vllm/v1/kv_offload/cpu/policies/base.py`) that
+`CachePolicyFactory` resolves by name; a name it does not know is imported from
+`cache_policy_module_path`. So LPC needs no patch here, only two settings of the
+`OffloadingConnector`:
+
+    --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"cpu_bytes_to_use": ..., "eviction_policy":
+      "LPCCachePolicy", "cache_policy_module_path": "lpc.integrations.vllm_cache_policy"}}'
+
+`LPCCachePolicy` orders chunks with `eviction.lpc.LPCEvictor`, `LPCPooledCachePolicy` with
+`eviction.lpc_pooled.PooledLPCEvictor`.
+
+Where a request's probability and conversation come from (`request_release`). vLLM hands a
+policy a `ReqContext` (request id, `kv_transfer_params`, `kv_hints`), never the `Request`, so
+the access model cannot run here; the GPU plugin (`vllm_plugin`, registered in the same engine
+core process with `VLLM_PLUGINS=lpc`) runs it when the request frees its GPU blocks and
+records the release by request id (`finished_releases`). The probability is, in order:
+
+1. the GPU plugin's release of this request (the request's `extra_args` p, the in-process
+   access model, the predictor's answer; a fallback there stays a fallback): known once the
+   request finished, which is when the connector calls `on_request_finished`, one scheduler
+   step after `KVCacheManager.free`; not known for stores made while the request runs;
+2. the request's `kv_transfer_params["lpc_probability"]`, known from its arrival;
+3. the fallback p (the evictor's; the plugin's `fallback_probability` when it is registered).
+
+Its conversation: the plugin's release when the request named one (`lpc_conversation_id` in
+`extra_args`); else `kv_transfer_params["lpc_conversation_id"]`; else an action of `kv_hints`
+whose payload carries `lpc_conversation_id` or `conversation_id`; else the request id (each
+request its own conversation, as the plugin does without one).
+
+A request's release is final once it finished (`on_request_finished`, or a store after the GPU
+plugin released it). Chunks stored before that are provisional: queued after every chunk
+queued so far, as LRU queues a fresh insert and the GPU plugin a preempted request's blocks
+(`push_protected`: no p used, nothing learned); a running request's `touch` moves only such
+chunks. The final release forgets a provisional chunk's metadata (`RunHeap.forget`) before
+keying it, so the request's p and conversation replace the provisional key instead of pooling
+with it; chunks other requests released keep max pooling.
+
+Its horizon is its own tier's: `LPCPooledCachePolicy` judges reuse over
+`kv_connector_extra_config["lpc_horizon_s"]` when set (the CPU tier keeps chunks longer than
+the GPU pool, so its operator may want a longer question), else the loaded access model's
+label horizon (the question its p answers), else 180 s; its memory window is the longer of
+600 s and that horizon. vLLM builds a policy with its capacity only; the GPU plugin, which
+wraps `Scheduler.__init__`, hands the policy the engine's `kv_connector_extra_config`, so the
+key is read only with the plugin registered.
+
+Fail-safe, as the plugin's (`stats.PluginStats`, shared with it when registered): every
+probability is checked finite in [0, 1] (else the fallback p, `invalid_probabilities`); an
+exception in LPC's code inside a hook is counted in `plugin_errors`, logged once per hook and
+never raised into vLLM, and that call does what LRU would: the chunks it releases take the
+fallback p at the current time, and a failed eviction picks the chunks of the oldest release,
+tail first. The evictor is then rebuilt from the policy's own records (chunk, evictable,
+release); if even that fails, the tier stays in that LRU order. vLLM's own contract errors
+stay vLLM's (an insert beyond capacity, an unknown key).
+
+How the hooks map onto the evictor contract (`eviction/base.py`): the evictor holds exactly
+the evictable chunks (reference count 0); each chunk has a slot id for it. `insert` gives the
+chunk a slot and, once the store completes (`mark_evictable`), hands it to the evictor with
+its depth (the key's end-token position: only the order of depths matters) and the storing
+request's release; `mark_non_evictable` (a load pins it) takes it out. `touch` and
+`on_request_finished` re-release a request's chunks tail first with its release (the finish
+is where the connector reports the whole request: every chunk it stored or reused); a chunk
+keeps its pooling metadata across the re-release, so one another conversation released too
+keeps the larger key (max pooling). `evict(n, protected)` checks first that n
+unprotected chunks are evictable (else `None`, no change: vLLM's atomic contract), takes the
+protected ones out, pops n, and puts the protected ones back with their last release.
+
+The vLLM classes are built on first access (a module `__getattr__`), so this module imports
+vLLM only inside the engine that asks for them; `EvictorCachePolicy` holds the logic and runs
+without vLLM.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from eviction import FreedBlocks, Release, make_evictor
+from eviction.lpc_pooled import DEFAULT_MEMORY_WINDOW_S, DEFAULT_SHARED_HORIZON_S
+from lpc.integrations.config import PluginConfigError
+from lpc.integrations.finished_releases import FinishedReleases
+from lpc.integrations.stats import PluginStats, is_probability
+from lpc.integrations.vllm_plugin import PluginRuntime, registered_runtime
+
+# vLLM class name -> the evictor of `eviction.POLICIES` that orders the chunks
+CACHE_POLICY_EVICTORS = {"LPCCachePolicy": "lpc", "LPCPooledCachePolicy": "lpc-pooled"}
+HORIZON_KEY = "lpc_horizon_s"  # in kv_connector_extra_config
+HINT_CONVERSATION_KEYS = ("lpc_conversation_id", "conversation_id")  # in a kv_hints payload
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """What the policy keeps per resident chunk: vLLM's status object, its evictor slot, the
+    release it goes to the evictor with, and whether vLLM lets it be evicted (its store is
+    complete and nothing reads it). These records are the truth the evictor is rebuilt from."""
+
+    status: Any
+    slot: int
+    depth: int
+    release: Release
+    evictable: bool = False
+    provisional: bool = False  # released by a request that has not finished yet
+
+
+def hinted_conversation(kv_hints: Any) -> str | None:
+    """A conversation id carried by one of `kv_hints`' actions (vLLM's `KvHintsEnvelope`:
+    actions with a JSON payload), under `lpc_conversation_id` or `conversation_id`."""
+    for action in getattr(kv_hints, "actions", None) or ():
+        payload = getattr(action, "payload", None)
+        if not isinstance(payload, Mapping):
+            continue
+        for name in HINT_CONVERSATION_KEYS:
+            value = payload.get(name)
+            if isinstance(value, str) and value:
+                return value
+    return None
+
+
+def request_release(
+    req_context: Any,
+    now_s: float,
+    finished: FinishedReleases | None = None,
+    stats: PluginStats | None = None,
+) -> Release:
+    """The release a request's chunks get at `now_s`; the order of sources is the module's."""
+    rid = str(getattr(req_context, "req_id", ""))
+    plugin = finished.get(rid) if finished is not None else None
+    params = getattr(req_context, "kv_transfer_params", None)
+    params = params if isinstance(params, Mapping) else {}
+    probability = None
+    sources = [("the GPU plugin's release", plugin.probability if plugin else None)]
+    sources.append(
+        ("a request's kv_transfer_params lpc_probability", params.get("lpc_probability"))
+    )
+    for source, value in sources:
+        if value is None:
+            continue
+        if is_probability(value):
+            probability = float(value)
+            break
+        if stats is not None:
+            stats.invalid_probability(source, value)
+    named = plugin.conversation_id if plugin is not None else None
+    carried = params.get("lpc_conversation_id")
+    conversation = (
+        (named if named and named != rid else None)
+        or (str(carried) if carried else None)
+        or hinted_conversation(getattr(req_context, "kv_hints", None))
+        or rid
+    )
+    return Release(now_s, probability, conversation)
+
+
+def tier_horizon_s(runtime: PluginRuntime | None) -> float:
+    """The CPU tier's label horizon: `lpc_horizon_s` of the connector's extra config, else the
+    access model's, else the default (the module says why)."""
+    if runtime is not None:
+        raw = runtime.kv_connector_extra_config.get(HORIZON_KEY)
+        if raw is not None:
+            if (
+                isinstance(raw, bool)
+                or not isinstance(raw, int | float)
+                or not math.isfinite(raw)
+                or raw <= 0
+            ):
+                raise PluginConfigError(
+                    f"kv_connector_extra_config {HORIZON_KEY} must be a finite number > 0, "
+                    f"got {raw!r}"
+                )
+            return float(raw)
+        if runtime.access is not None and runtime.access.horizon_s is not None:
+            return runtime.access.horizon_s
+    return DEFAULT_SHARED_HORIZON_S
+
+
+def tier_evictor_options(evictor: str, runtime: PluginRuntime | None) -> dict[str, Any]:
+    """The evictor's settings: the plugin's (scale, fallback p, floor) when it is registered,
+    and for `lpc-pooled` the tier's horizon and a memory window at least that long."""
+    options: dict[str, Any] = {}
+    if runtime is not None:
+        config = runtime.config
+        options.update(
+            scale_per_s=config.scale_per_s,
+            fallback_probability=config.fallback_probability,
+            probability_floor=config.probability_floor,
+        )
+    if evictor == "lpc-pooled":
+        horizon_s = tier_horizon_s(runtime)
+        options.update(horizon_s=horizon_s, memory_window_s=max(DEFAULT_MEMORY_WINDOW_S, horizon_s))
+    return options
+
+
+class EvictorCachePolicy:
+    """vLLM's `CachePolicy` methods over an evictor of `eviction/` (see the module)."""
+
+    def __init__(
+        self,
+        cache_capacity: int,
+        evictor: str = "lpc",
+        clock: Callable[[], float] = time.monotonic,
+        stats: PluginStats | None = None,
+        finished: FinishedReleases | None = None,
+        **evictor_options: Any,
+    ) -> None:
+        if cache_capacity < 1:
+            raise ValueError(f"cache_capacity must be >= 1, got {cache_capacity}")
+        self.cache_capacity = cache_capacity
+        self.stats = stats if stats is not None else PluginStats()
+        self.finished = finished
+        self._evictor_name = evictor
+        self._evictor_options = evictor_options
+        self._clock = clock
+        self._chunks: dict[Any, _Chunk] = {}
+        self._key_of: dict[int, Any] = {}
+        self._free_slots: list[int] = []
+        self.degraded = False  # the evictor could not be rebuilt: LRU order from the records
+        self.clear()
+
+    # -- CachePolicy ----------------------------------------------------------------------
+    def get(self, key: Any) -> Any:
+        chunk = self._chunks.get(key)
+        return None if chunk is None else chunk.status
+
+    def insert(self, key: Any, chunk: Any, req_context: Any) -> None:
+        if not self._free_slots:
+            raise RuntimeError(f"insert beyond the capacity of {self.cache_capacity} chunks")
+        slot = self._free_slots.pop()
+        release, final = self._release(req_context, None)
+        try:
+            position = req_context.get_offload_key_position(key)
+            depth = 0 if position is None else int(position)
+        except Exception as error:  # the chunk is kept, at depth 0
+            self.stats.plugin_error("the CPU tier's insert", error)
+            depth = 0
+        self._chunks[key] = _Chunk(chunk, slot, depth, release, provisional=not final)
+        self._key_of[slot] = key
+        if chunk.ref_cnt == 0:
+            self._guarded("insert", lambda: self._push([key]))
+
+    def remove(self, key: Any) -> None:
+        record = self._chunks.pop(key)
+        del self._key_of[record.slot]
+        self._free_slots.append(record.slot)
+        if not self.degraded:
+            self._guarded("remove", lambda: self._take_out(record, forget=True))
+
+    def touch(self, keys: Iterable[Any], req_context: Any) -> None:
+        self._release_keys("touch", list(keys), req_context, None)
+
+    def on_store_miss(self, keys: Iterable[Any], req_context: Any) -> None:
+        """A miss holds nothing to reorder (the keys are not resident yet)."""
+        return None
+
+    def on_request_access(self, keys: Iterable[Any], req_context: Any) -> None:
+        return None
+
+    def on_request_finished(
+        self,
+        key_groups: Sequence[Sequence[Any]],
+        insertion_only_keys: set[Any],
+        reused_keys: set[Any],
+        req_context: Any,
+    ) -> None:
+        keys = [key for group in key_groups for key in group]
+        self._release_keys("on_request_finished", keys, req_context, True)
+
+    def evict(self, n: int, protected: set[Any]) -> list[tuple[Any, Any]] | None:
+        if n == 0:
+            return []
+        if not self.degraded:
+            try:
+                return self._evict(n, protected)
+            except Exception as error:
+                self.stats.plugin_error("the CPU tier's evict", error)
+                self._rebuild()
+        return self._evict_lru(n, protected)
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._key_of.clear()
+        self._free_slots = list(range(self.cache_capacity, 0, -1))
+        self._rebuild()
+
+    def mark_evictable(self, key: Any) -> None:
+        self._guarded("mark_evictable", lambda: self._push([key]))
+
+    def mark_non_evictable(self, key: Any) -> None:
+        record = self._chunks[key]
+        if not record.evictable:
+            return
+        record.evictable = False
+        if not self.degraded:
+            self._guarded("mark_non_evictable", lambda: self.evictor.remove(record.slot))
+
+    # -- internals --------------------------------------------------------------------------
+    def _release(self, req_context: Any, final: bool | None) -> tuple[Release, bool]:
+        """`request_release`, or on an error in it the fallback p at the current time; and
+        whether it is the request's final release: at `on_request_finished` (`final` True), or
+        once the GPU plugin has released the finished request (`final` None: look)."""
+        now = self._clock()
+        try:
+            if final is None:
+                rid = str(getattr(req_context, "req_id", ""))
+                final = self.finished is not None and self.finished.get(rid) is not None
+            return request_release(req_context, now, self.finished, self.stats), final
+        except Exception as error:
+            self.stats.plugin_error("the CPU tier's request release", error)
+            rid = getattr(req_context, "req_id", None)
+            return Release(now, None, rid if isinstance(rid, str) else None), bool(final)
+
+    def _release_keys(
+        self, hook: str, keys: list[Any], req_context: Any, final: bool | None
+    ) -> None:
+        """Give `keys` (head to tail) the request's release; on an error LRU's move to the
+        most recent place: the fallback p at the current time."""
+        release, final = self._release(req_context, final)
+
+        def lru() -> None:
+            fallback = Release(self._clock(), None, release.conversation_id)
+            for key in keys:
+                record = self._chunks.get(key)
+                if record is not None and (final or record.provisional):
+                    record.release, record.provisional = fallback, not final
+
+        self._guarded(hook, lambda: self._rerelease(keys, release, final), lru)
+
+    def _guarded(
+        self, hook: str, action: Callable[[], None], fallback: Callable[[], None] | None = None
+    ) -> None:
+        """Run LPC's part of a hook; an exception is counted, logged once, and the evictor is
+        rebuilt from the records (after `fallback` fixed them up): vLLM never sees it."""
+        try:
+            action()
+        except Exception as error:
+            self.stats.plugin_error(f"the CPU tier's {hook}", error)
+            if fallback is not None:
+                try:
+                    fallback()
+                except Exception as second:
+                    self.stats.plugin_error(f"the CPU tier's {hook} fallback", second)
+            self._rebuild()
+
+    def _rerelease(self, keys: list[Any], release: Release, final: bool) -> None:
+        """Give `keys` the request's release; evictable ones go back to the evictor tail
+        first, pinned ones keep it for when they become evictable.
+
+        A final release re-keys every chunk. Re-queued chunks keep their pooling metadata
+        (`RunHeap.remove` leaves it), so a chunk shared with another conversation keeps the
+        larger key (max pooling); a chunk whose only release was provisional forgets it first,
+        so the request's final p (and conversation) replaces it rather than pooling with it.
+        A provisional release (a running request's touch) moves only provisional chunks: the
+        others keep the keys their conversations' releases gave them."""
+        resident = [self._chunks[k] for k in keys if k in self._chunks]
+        if not final:
+            resident = [r for r in resident if r.provisional]
+        for record in resident:
+            record.release = release
+        if self.degraded:
+            for record in resident:
+                record.provisional = not final
+            return
+        for record in resident:
+            self._take_out(record, forget=record.provisional and final)
+            record.provisional = not final
+        self._enqueue([r for r in resident if r.evictable])
+
+    def _take_out(self, record: _Chunk, forget: bool) -> None:
+        """Take an evictable chunk out of the evictor; with `forget`, drop its metadata too."""
+        if record.evictable:
+            self.evictor.remove(record.slot)
+        if forget and hasattr(self.evictor, "forget"):
+            self.evictor.forget(record.slot)
+
+    def _push(self, keys: list[Any]) -> None:
+        """Make `keys` evictable: into the evictor with their releases."""
+        records = [self._chunks[k] for k in keys if not self._chunks[k].evictable]
+        for record in records:
+            record.evictable = True
+        if not self.degraded:
+            self._enqueue(records)
+
+    def _enqueue(self, records: list[_Chunk]) -> None:
+        """Hand evictable chunks to the evictor tail first, grouped by their release. A
+        provisional release queues its chunks as the GPU plugin queues a preempted request's
+        (`push_protected`: after every chunk queued so far, LRU's place for a fresh insert,
+        nothing learned from it); a final one is an ordinary release (`push_cached`)."""
+        by_release: dict[tuple[int, bool], list[_Chunk]] = {}
+        for record in sorted(records, key=lambda r: -r.depth):
+            by_release.setdefault((id(record.release), record.provisional), []).append(record)
+        protected = getattr(self.evictor, "push_protected", self.evictor.push_cached)
+        for (_, provisional), group in by_release.items():
+            slots = [r.slot for r in group]
+            freed = FreedBlocks(slots, [r.depth for r in group], [self._key_of[s] for s in slots])
+            (protected if provisional else self.evictor.push_cached)(freed, group[0].release)
+
+    def _evict(self, n: int, protected: set[Any]) -> list[tuple[Any, Any]] | None:
+        """The evictor's choice; records change only once it is complete, so an exception on
+        the way leaves them as they were (the caller rebuilds the evictor from them)."""
+        shielded = [
+            self._chunks[k] for k in protected if k in self._chunks and self._chunks[k].evictable
+        ]
+        if len(self.evictor) - len(shielded) < n:
+            return None
+        for record in shielded:
+            self.evictor.remove(record.slot)
+        slots = self.evictor.pop_n(n, self._clock())
+        self._enqueue(shielded)
+        return [self._drop(self._key_of[slot]) for slot in slots]
+
+    def _evict_lru(self, n: int, protected: set[Any]) -> list[tuple[Any, Any]] | None:
+        """LRU's choice from the records: the oldest releases first, tail first."""
+        candidates = [
+            (record.release.time_s, -record.depth, i, key)
+            for i, (key, record) in enumerate(self._chunks.items())
+            if record.evictable and key not in protected
+        ]
+        if len(candidates) < n:
+            return None
+        candidates.sort()
+        evicted = [self._drop(key) for *_, key in candidates[:n]]
+        if not self.degraded:
+            self._rebuild()
+        return evicted
+
+    def _drop(self, key: Any) -> tuple[Any, Any]:
+        record = self._chunks.pop(key)
+        del self._key_of[record.slot]
+        self._free_slots.append(record.slot)
+        return key, record.status
+
+    def _rebuild(self) -> None:
+        """A new evictor holding exactly the evictable records; if that fails, LRU order from
+        the records from now on (`degraded`)."""
+        try:
+            self.evictor = make_evictor(
+                self._evictor_name, self.cache_capacity + 1, **self._evictor_options
+            )
+            self.evictor.reset([])
+            self.degraded = False
+            self._enqueue([r for r in self._chunks.values() if r.evictable])
+        except Exception as error:
+            self.stats.plugin_error("rebuilding the CPU tier's evictor", error)
+            self.degraded = True
+
+
+@functools.cache
+def vllm_class(name: str) -> type:
+    """The subclass of vLLM's `CachePolicy` named `name`, running `EvictorCachePolicy` with
+    the evictor `CACHE_POLICY_EVICTORS[name]`; one class per name. Built by vLLM with the
+    capacity only: the GPU plugin's registration, when there is one in this process, gives it
+    the counters, the finished requests' releases, the clock and the evictor's settings."""
+    from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
+
+    evictor = CACHE_POLICY_EVICTORS[name]
+
+    def __init__(self: Any, cache_capacity: int) -> None:
+        CachePolicy.__init__(self, cache_capacity)
+        runtime = registered_runtime()
+        EvictorCachePolicy.__init__(
+            self,
+            cache_capacity,
+            evictor,
+            clock=runtime.clock if runtime is not None else time.monotonic,
+            stats=runtime.stats if runtime is not None else None,
+            finished=runtime.finished if runtime is not None else None,
+            **tier_evictor_options(evictor, runtime),
+        )
+
+    namespace = {
+        "__init__": __init__,
+        "__doc__": f"vLLM's CPU offload tier ordered by eviction's {evictor!r} evictor.",
+        "__module__": __name__,
+    }
+    # EvictorCachePolicy first: its methods implement CachePolicy's abstract ones.
+    return type(name, (EvictorCachePolicy, CachePolicy), namespace)
+
+
+def __getattr__(name: str) -> type:
+    """`CachePolicyFactory` does `getattr(module, eviction_policy)`: build the class then."""
+    if name not in CACHE_POLICY_EVICTORS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return vllm_class(name)

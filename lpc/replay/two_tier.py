@@ -1,0 +1,231 @@
+"""Replay a workload through two tiers: the GPU prefix cache and a CPU tier below it.
+
+The GPU tier is the single-tier replay's block manager, unchanged: the same lookups,
+allocations, frees and counters, so its device hits equal `simulator.replay`'s hits for the
+same policy and size. The CPU tier (`host_tier.HostTier`, vLLM 0.33's `OffloadingConnector`
+semantics) sees, per request at its arrival:
+
+1. the GPU lookup's hit of d blocks (capped, like the GPU's, so that the prompt's last token
+   is always computed);
+2. the CPU lookup continuing from block d: h more blocks, loaded into the GPU;
+3. the offer of the prompt's full blocks, stored write-through (a request the GPU pool
+   cannot hold is served uncached and stores nothing);
+
+and at its completion the request's finish with its predicted probability. A request whose
+blocks the GPU pool cannot hold counts as a miss in both tiers, as in the single-tier replay.
+Each (GPU policy, CPU policy) pair replays the one identical prepared workload.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from lpc.blocks.block_manager import PrefixCacheBlockManager
+from lpc.replay.ab import ReplaySettings
+from lpc.replay.host_tier import HostTier
+from lpc.replay.latency import TierLatency, summarise_ttft
+from lpc.replay.policies import PolicySpec, build_evictor
+from lpc.replay.simulator import PreparedWorkload, num_blocks_for, request_probabilities
+from lpc.workload import ARRIVAL
+
+
+@dataclass(frozen=True)
+class TwoTierResult:
+    """One (GPU policy, CPU policy, GPU size, CPU size) replay over the counted requests."""
+
+    policy: str  # the GPU tier's
+    offload_policy: str  # the CPU tier's
+    cache_tokens: int
+    offload_tokens: int
+    requests: int
+    queried_tokens: int
+    device_hit_tokens: int
+    host_hit_tokens: int
+    host_stored_chunks: int
+    host_evictions: int
+    allocation_failures: int
+    ttft_p50_s: float
+    ttft_p90_s: float
+    ttft_mean_s: float
+    prefill_gpu_s_saved: float
+    load_s: float
+    seconds: float
+
+    @property
+    def device_hit_ratio(self) -> float:
+        return self.device_hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+    @property
+    def host_hit_ratio(self) -> float:
+        return self.host_hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+    @property
+    def hit_ratio(self) -> float:
+        """Hit in either tier."""
+        return self.device_hit_ratio + self.host_hit_ratio
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["device_hit_ratio"] = self.device_hit_ratio
+        d["host_hit_ratio"] = self.host_hit_ratio
+        d["hit_ratio"] = self.hit_ratio
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTiers:
+    """Where one request's prompt was served: `device_blocks` from the GPU, then
+    `host_blocks` from the CPU, out of `max_blocks` a hit may cover (for checks against vLLM)."""
+
+    index: int
+    device_blocks: int
+    host_blocks: int
+    max_blocks: int
+
+
+@dataclass(frozen=True)
+class TierSettings:
+    """What `lpc ab --offload-sizes` adds: the CPU tier's sizes, policies and store threshold,
+    and the latency model that turns hits into time."""
+
+    offload_sizes_tokens: tuple[int, ...]
+    offload_policies: tuple[PolicySpec, ...]
+    store_threshold: int = 0
+    latency: TierLatency = field(default_factory=TierLatency)
+
+
+def replay_two_tier(
+    workload: PreparedWorkload,
+    spec: PolicySpec,
+    offload_spec: PolicySpec,
+    cache_tokens: int,
+    offload_tokens: int,
+    settings: ReplaySettings,
+    store_threshold: int = 0,
+    latency: TierLatency | None = None,
+    per_request: list[RequestTiers] | None = None,
+) -> TwoTierResult:
+    """One pair of policies at one GPU size and one CPU size (see the module). With
+    `per_request`, every request the GPU pool held is appended to it in arrival order."""
+    started = time.perf_counter()
+    latency = latency or TierLatency()
+    block_size = workload.block_size
+    num_blocks = num_blocks_for(cache_tokens, block_size)
+    gpu = PrefixCacheBlockManager(
+        num_blocks,
+        block_size,
+        evictor=build_evictor(
+            spec, num_blocks, settings.scale_per_s, settings.fallback_probability, workload.future
+        ),
+    )
+    num_chunks = num_blocks_for(offload_tokens, block_size) - 1
+    host = HostTier(
+        num_chunks,
+        build_evictor(
+            offload_spec,
+            num_chunks + 1,
+            settings.scale_per_s,
+            settings.fallback_probability,
+            workload.future,
+        ),
+        store_threshold,
+    )
+    gpu_p = request_probabilities(workload, spec)
+    host_p = request_probabilities(workload, offload_spec)
+    first_counted = workload.first_counted
+    prompts: list[int] = []
+    device_hits: list[int] = []
+    host_hits: list[int] = []
+    failed: set[int] = set()
+    failures = 0
+    counted_stores = counted_evictions = 0
+    for time_s, kind, i in workload.events:
+        request = workload.cache_requests[i]
+        rid = request.request_id
+        if kind != ARRIVAL:
+            if i in failed:
+                failed.discard(i)
+                continue
+            gpu.free(rid, time_s, gpu_p[i])
+            host.finish(rid, time_s, host_p[i], request.conversation_id or rid)
+            continue
+        hashes = request.block_hashes
+        assert hashes is not None, "a prepared workload carries every request's hashes"
+        prefix = gpu.find_computed_prefix(request, hashes)
+        max_blocks = (request.num_prompt_tokens - 1) // block_size
+        device_blocks = len(prefix.block_ids)
+        host_blocks = host.lookup(hashes, device_blocks, max_blocks)
+        allocation = gpu.allocate(request, prefix, time_s)
+        counted = i >= first_counted
+        if allocation is None:
+            failed.add(i)
+            failures += counted
+            device_blocks = host_blocks = 0
+        else:
+            device_blocks = allocation.num_hit_tokens // block_size
+            host.load(rid, hashes, device_blocks, host_blocks)
+            before = (host.counters.stored_chunks, host.counters.evictions)
+            prompt_blocks = request.num_prompt_tokens // block_size
+            host.offer(rid, hashes[:prompt_blocks], time_s, request.conversation_id)
+            if per_request is not None:
+                per_request.append(RequestTiers(i, device_blocks, host_blocks, max_blocks))
+            if counted:
+                counted_stores += host.counters.stored_chunks - before[0]
+                counted_evictions += host.counters.evictions - before[1]
+        if counted:
+            prompts.append(request.num_prompt_tokens)
+            device_hits.append(device_blocks * block_size)
+            host_hits.append(host_blocks * block_size)
+    ttft = summarise_ttft(latency, prompts, device_hits, host_hits)
+    return TwoTierResult(
+        policy=spec.label,
+        offload_policy=offload_spec.label,
+        cache_tokens=cache_tokens,
+        offload_tokens=offload_tokens,
+        requests=len(prompts),
+        queried_tokens=sum(prompts),
+        device_hit_tokens=sum(device_hits),
+        host_hit_tokens=sum(host_hits),
+        host_stored_chunks=counted_stores,
+        host_evictions=counted_evictions,
+        allocation_failures=failures,
+        ttft_p50_s=ttft.p50_s,
+        ttft_p90_s=ttft.p90_s,
+        ttft_mean_s=ttft.mean_s,
+        prefill_gpu_s_saved=ttft.prefill_gpu_s_saved,
+        load_s=ttft.load_s,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def run_two_tier_grid(
+    workload: PreparedWorkload,
+    specs: tuple[PolicySpec, ...],
+    cache_sizes_tokens: tuple[int, ...],
+    tiers: TierSettings,
+    settings: ReplaySettings,
+    on_result: Callable[[TwoTierResult], None] | None = None,
+) -> list[TwoTierResult]:
+    """Every GPU policy × CPU policy × GPU size × CPU size, one replay at a time, in that
+    order."""
+    results = []
+    for spec in specs:
+        for offload_spec in tiers.offload_policies:
+            for size in cache_sizes_tokens:
+                for offload in tiers.offload_sizes_tokens:
+                    result = replay_two_tier(
+                        workload,
+                        spec,
+                        offload_spec,
+                        size,
+                        offload,
+                        settings,
+                        tiers.store_threshold,
+                        tiers.latency,
+                    )
+                    results.append(result)
+                    if on_result is not None:
+                        on_result(result)
+    return results

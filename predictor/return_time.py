@@ -1,0 +1,278 @@
+"""`ReturnTimePredictor`: access features in, a `ReturnCurve` per release out, in microseconds.
+
+The model is a discrete-time hazard over a log-spaced grid 0 = t_0 < t_1 < … < t_K: a small
+ReLU MLP (or a linear map) gives one logit per interval (t_{k-1}, t_k], the hazard
+h_k = sigmoid(logit_k) is the chance of the next request arriving in that interval given
+none before it, and S(t_k) = ∏_{j<=k} (1 − h_j). What S keeps at t_K is the share that does
+not return within the grid, "never" included: the data cannot tell a return after t_K from
+none, and the evictor's windows are far shorter. `ReturnCurve` interpolates between the grid
+points (linearly in log time), the same interpolation the training likelihood uses.
+
+An artifact may hold several such networks (`members`, trained from different seeds) side
+by side as one wider network (the first layer's outputs stacked, later layers
+block-diagonal), whose last layer gives each member's K logits in turn; the served curve is
+the members' average S, itself a survival curve (a mixture), so it stays one `ReturnCurve`.
+
+The artifact is a folder of `metadata.json` (what it predicts, the grid, the features with
+the mean and standard deviation each is standardised with, the layer sizes, the weights'
+sha256, the training report) and `model.safetensors` (numpy-readable; no torch needed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:  # pandas is imported where a table is read: the engine path needs none
+    import pandas as pd
+
+from predictor.access_features import (
+    ConversationState,
+    RequestState,
+    check_names,
+    feature_frame,
+    known_by,
+    state_functions,
+)
+from predictor.artifact import ArtifactCorruptError, ArtifactIncompatibleError
+from predictor.return_curve import ReturnCurve
+
+PREDICTS = "return_time_survival"
+RETURN_FORMAT_VERSION = 1
+METADATA_FILE = "metadata.json"
+WEIGHTS_FILE = "model.safetensors"
+_LAYER_KEY = re.compile(r"^layers\.(\d+)\.(weight|bias)$")
+
+
+@dataclass(frozen=True)
+class ReturnInput:
+    """One input feature and the standardisation the model reads it with."""
+
+    name: str
+    mean: float
+    std: float
+
+
+@dataclass(frozen=True)
+class ReturnModelMetadata:
+    """What a return-time artifact declares: its target, grid, inputs and layers."""
+
+    grid_s: tuple[float, ...]  # 0 = t_0 < t_1 < … < t_K: one hazard per interval
+    inputs: tuple[ReturnInput, ...]
+    hidden_sizes: tuple[int, ...]  # of the whole (merged) network
+    members: int = 1  # networks side by side; the curve is their average S
+    time_origin: str = "completion"  # durations count from this request's completion
+    predicts: str = PREDICTS
+    known_at: str = "release"
+    format_version: int = RETURN_FORMAT_VERSION
+    metrics: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
+    created_at: str = ""
+    weights_sha256: str = ""
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return tuple(i.name for i in self.inputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        record = asdict(self)
+        record["grid_s"] = list(self.grid_s)
+        record["hidden_sizes"] = list(self.hidden_sizes)
+        record["inputs"] = [asdict(i) for i in self.inputs]
+        return record
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> ReturnModelMetadata:
+        return cls(
+            grid_s=tuple(float(t) for t in record["grid_s"]),
+            inputs=tuple(ReturnInput(**i) for i in record["inputs"]),
+            hidden_sizes=tuple(int(h) for h in record["hidden_sizes"]),
+            members=int(record.get("members", 1)),
+            time_origin=record["time_origin"],
+            predicts=record["predicts"],
+            known_at=record["known_at"],
+            format_version=int(record["format_version"]),
+            metrics=record.get("metrics", {}),
+            notes=record.get("notes", {}),
+            created_at=record.get("created_at", ""),
+            weights_sha256=record["weights_sha256"],
+        )
+
+
+def survival_from_logits(logits: np.ndarray, members: int = 1) -> np.ndarray:
+    """(n, members · K) hazard logits → (n, K + 1) survival at the grid points, S(t_0) = 1,
+    the members' average. log(1 − sigmoid(x)) = −softplus(x), computed without overflow."""
+    logits = np.asarray(logits, np.float64)
+    n = logits.shape[0]
+    log_keep = -np.logaddexp(0.0, logits.reshape(n, members, -1))
+    survival = np.exp(np.cumsum(log_keep, axis=2)).mean(axis=1)
+    return np.concatenate([np.ones((n, 1)), survival], axis=1)
+
+
+class ReturnTimePredictor:
+    """Batched numpy forward pass of a hazard MLP; `curve_one` at an engine's release."""
+
+    def __init__(
+        self,
+        metadata: ReturnModelMetadata,
+        weights: list[np.ndarray],
+        biases: list[np.ndarray],
+        path: Path | None = None,
+    ) -> None:
+        if metadata.predicts != PREDICTS:
+            raise ArtifactIncompatibleError(
+                f"artifact {path} predicts {metadata.predicts!r}, not {PREDICTS!r}"
+            )
+        self.metadata = metadata
+        self.path = path
+        self.grid_s = np.asarray(metadata.grid_s, np.float64)
+        self.feature_names = check_names(metadata.feature_names, f"artifact {path}", "state")
+        self.mean = np.array([i.mean for i in metadata.inputs], np.float32)
+        self.scale = np.array([1.0 / i.std for i in metadata.inputs], np.float32)
+        self.weights, self.biases = weights, biases
+        self.members = metadata.members
+        outputs = self.members * (len(self.grid_s) - 1)
+        expected = [len(self.feature_names), *metadata.hidden_sizes, outputs]
+        shapes = [w.shape for w in weights]
+        if (
+            shapes != list(itertools.pairwise(expected))
+            or [b.shape[0] for b in biases] != expected[1:]
+        ):
+            raise ArtifactCorruptError(
+                f"artifact {path}: weight shapes {shapes} do not match {expected}"
+            )
+        self._state_functions = state_functions(self.feature_names)
+        self._hidden_weights, self._hidden_biases = weights[:-1], biases[:-1]
+
+    @property
+    def known_at(self) -> str:
+        return known_by(self.feature_names)
+
+    def logits(self, features: np.ndarray) -> np.ndarray:
+        hidden = (np.asarray(features, np.float32) - self.mean) * self.scale
+        last = len(self.weights) - 1
+        for layer, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
+            hidden = hidden @ weight + bias
+            if layer < last:
+                hidden = np.maximum(hidden, 0.0)
+        return hidden
+
+    def survival(self, features: np.ndarray) -> np.ndarray:
+        """(n, k) raw features → (n, K + 1) S at the grid points."""
+        x = np.asarray(features, np.float32)
+        if x.ndim != 2 or x.shape[1] != len(self.feature_names):
+            raise ValueError(f"expected features (n, {len(self.feature_names)}), got {x.shape}")
+        return survival_from_logits(self.logits(x), self.members)
+
+    def curves(self, features: np.ndarray) -> list[ReturnCurve]:
+        # exp(−cumulative hazard) on the artifact's checked grid: valid by construction.
+        return [ReturnCurve.of_valid(self.grid_s, s) for s in self.survival(features)]
+
+    def survival_table(self, table: pd.DataFrame) -> np.ndarray:
+        """(n, K + 1) S for every request of a request table (`REQUEST_COLUMNS`, arrival
+        order), each from what an engine knows at its release: a replay's curve source."""
+        return self.survival(feature_frame(table, self.feature_names).to_numpy())
+
+    def curve_one(self, request: RequestState, conversation: ConversationState) -> ReturnCurve:
+        """The curve of one release from the engine's state (what runs at every release)."""
+        hidden = np.array([f(request, conversation) for f in self._state_functions], np.float32)
+        hidden -= self.mean
+        hidden *= self.scale
+        for weight, bias in zip(self._hidden_weights, self._hidden_biases, strict=True):
+            hidden = np.maximum(hidden @ weight + bias, 0.0)
+        logits = (hidden @ self.weights[-1] + self.biases[-1]).astype(np.float64)
+        survival = np.empty(len(self.grid_s))
+        survival[0] = 1.0
+        if self.members == 1:
+            np.exp(-np.cumsum(np.logaddexp(0.0, logits)), out=survival[1:])
+        else:
+            log_keep = -np.logaddexp(0.0, logits.reshape(self.members, -1))
+            survival[1:] = np.exp(np.cumsum(log_keep, axis=1)).mean(axis=0)
+        return ReturnCurve.of_valid(self.grid_s, survival)  # valid by construction
+
+    @classmethod
+    def load(cls, folder: Path | str) -> ReturnTimePredictor:
+        from safetensors.numpy import load as load_numpy
+
+        folder = Path(folder)
+        metadata = read_return_metadata(folder)
+        payload = (folder / WEIGHTS_FILE).read_bytes()
+        digest = hashlib.sha256(payload).hexdigest()
+        if digest != metadata.weights_sha256:
+            raise ArtifactCorruptError(
+                f"artifact {folder}: {WEIGHTS_FILE} sha256 {digest[:12]}… differs from the "
+                f"recorded {metadata.weights_sha256[:12]}…"
+            )
+        weights, biases = _layers(folder, load_numpy(payload))
+        return cls(metadata, weights, biases, folder)
+
+
+def read_return_metadata(folder: Path | str) -> ReturnModelMetadata:
+    folder = Path(folder)
+    try:
+        record = json.loads((folder / METADATA_FILE).read_text())
+        metadata = ReturnModelMetadata.from_dict(record)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ArtifactCorruptError(f"artifact {folder}: unreadable metadata ({error})") from error
+    if metadata.format_version != RETURN_FORMAT_VERSION:
+        raise ArtifactIncompatibleError(
+            f"artifact {folder}: return-model format {metadata.format_version}, this version "
+            f"reads {RETURN_FORMAT_VERSION}"
+        )
+    return metadata
+
+
+def save_return_model(
+    folder: Path | str,
+    metadata: ReturnModelMetadata,
+    weights: Sequence[np.ndarray],
+    biases: Sequence[np.ndarray],
+) -> ReturnModelMetadata:
+    """Write the artifact; `weights` are (in, out) matrices as the predictor multiplies."""
+    from safetensors.numpy import save as save_numpy
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, np.ndarray] = {}
+    for index, (weight, bias) in enumerate(zip(weights, biases, strict=True)):
+        tensors[f"layers.{index}.weight"] = np.ascontiguousarray(np.asarray(weight, np.float32).T)
+        tensors[f"layers.{index}.bias"] = np.asarray(bias, np.float32)
+    payload = save_numpy(tensors)
+    stamped = ReturnModelMetadata(
+        **{
+            **{k: getattr(metadata, k) for k in metadata.__dataclass_fields__},
+            "weights_sha256": hashlib.sha256(payload).hexdigest(),
+            "created_at": metadata.created_at or datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+    )
+    (folder / WEIGHTS_FILE).write_bytes(payload)
+    (folder / METADATA_FILE).write_text(json.dumps(stamped.to_dict(), indent=2, sort_keys=True))
+    return stamped
+
+
+def _layers(
+    folder: Path, state: dict[str, np.ndarray]
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    by_index: dict[int, dict[str, np.ndarray]] = {}
+    for key, value in state.items():
+        match = _LAYER_KEY.match(key)
+        if match is None:
+            raise ArtifactCorruptError(f"artifact {folder}: unexpected tensor {key!r}")
+        by_index.setdefault(int(match.group(1)), {})[match.group(2)] = value
+    weights, biases = [], []
+    for index in sorted(by_index):
+        layer = by_index[index]
+        if set(layer) != {"weight", "bias"}:
+            raise ArtifactCorruptError(f"artifact {folder}: layer {index} lacks weight or bias")
+        weights.append(np.ascontiguousarray(layer["weight"].T, dtype=np.float32))
+        biases.append(np.asarray(layer["bias"], dtype=np.float32))
+    return weights, biases

@@ -1,0 +1,118 @@
+"""A brute-force return-window evictor written from the definition, for differential tests.
+
+Per free cached block it keeps the claims (curve, release time) of its conversations — the
+newest per conversation, at most `max_claims` — and at every eviction call scores every block
+by the largest P(return within W | silent a) of its claims, W the running estimate (times the
+multiplier) at the
+call's start (the eviction-age rule, or the turnover rule updated as the call starts); no keys
+kept, no heap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from eviction import Evictor, FreedBlocks, Release
+from eviction.return_window import (
+    DEFAULT_WINDOW_MULTIPLIER,
+    Claim,
+    EvictionAgeEstimate,
+    TurnoverEstimate,
+    claim_score,
+)
+
+
+class BruteForceReturnWindow(Evictor):
+    name = "lpc-return-reference"
+
+    def __init__(
+        self,
+        num_blocks: int,
+        max_claims: int = 4,
+        fallback_score: float = 0.5,
+        window: EvictionAgeEstimate | TurnoverEstimate | None = None,
+        window_multiplier: float = DEFAULT_WINDOW_MULTIPLIER,
+    ) -> None:
+        self.window_multiplier = window_multiplier
+        self.max_claims = max_claims
+        self.fallback = fallback_score
+        self.window = EvictionAgeEstimate() if window is None else window
+        self.window_since_s = -math.inf  # the turnover rule's interval: its start
+        self.evicted_since = 0  # and the cached blocks evicted in it
+        self.uncached: list[int] = []
+        self.claims: dict[int, list[Claim]] = {}  # cached block (free or in use) -> claims
+        self.released_at: dict[int, float] = {}
+        self.free: dict[int, tuple[int, int]] = {}  # free cached block -> (depth, push order)
+        self.order = 0
+
+    def reset(self, block_ids: Iterable[int]) -> None:
+        self.uncached = list(block_ids)
+        self.claims.clear()
+        self.free.clear()
+
+    def push_uncached(self, block_ids: Sequence[int]) -> None:
+        self.uncached[0:0] = list(block_ids)
+
+    def _record(self, block_id: int, release: Release) -> None:
+        conv = release.conversation_id
+        old = self.claims.get(block_id, [])
+        others = [c for c in old if conv is None or c.conversation_id != conv]
+        claim = Claim(conv, release.return_curve, release.time_s)
+        self.claims[block_id] = [claim, *others[: self.max_claims - 1]]
+
+    def push_cached(self, freed: FreedBlocks, release: Release) -> None:
+        for block_id, depth in zip(freed.block_ids, freed.depths, strict=True):
+            self._record(block_id, release)
+            self.released_at[block_id] = release.time_s
+            self.free[block_id] = (depth, self.order)
+            self.order += 1
+
+    def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
+        for block_id in freed.block_ids:
+            self._record(block_id, release)
+
+    def remove(self, block_id: int) -> None:
+        if block_id in self.free:
+            del self.free[block_id]
+        else:
+            self.uncached.remove(block_id)
+
+    def value(self, block_id: int, now_s: float, window_s: float) -> float:
+        return max(claim_score(c, now_s, window_s, self.fallback) for c in self.claims[block_id])
+
+    def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
+        if n > len(self.uncached):  # the turnover rule: one interval ends at each eviction
+            elapsed = now_s - self.window_since_s
+            if elapsed > 0 or self.window_since_s == -math.inf:
+                if isinstance(self.window, TurnoverEstimate):
+                    self.window.observe_interval(len(self.free), elapsed, self.evicted_since)
+                self.evicted_since = 0
+                self.window_since_s = now_s
+        w = self.window.value_s * self.window_multiplier
+        score = {b: self.value(b, now_s, w) for b in self.free}
+        out = []
+        for _ in range(n):
+            if self.uncached:
+                out.append(self.uncached.pop(0))
+                continue
+            victim = min(self.free, key=lambda b: (score[b], -self.free[b][0], self.free[b][1]))
+            del self.free[victim]
+            del self.claims[victim]
+            out.append(victim)
+        for victim in out:
+            released = self.released_at.pop(victim, None)
+            if released is not None and victim not in self.claims:
+                self.evicted_since += 1
+                if isinstance(self.window, EvictionAgeEstimate):
+                    self.window.observe(now_s - released)
+        return out
+
+    def __len__(self) -> int:
+        return len(self.uncached) + len(self.free)
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self.free or block_id in self.uncached
+
+    def free_block_ids(self) -> list[int]:
+        return [*self.uncached, *self.free]

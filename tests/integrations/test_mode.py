@@ -1,0 +1,217 @@
+"""The kill switch without vLLM: the mode, the control file, and LRU order exactly.
+
+The LRU reference is `eviction.LRUEvictor`, block for block vLLM's `FreeKVCacheBlockQueue`
+(the differential tests against vLLM check it); the scheduler replay checks the plugin's queue
+against vLLM's own queue too (`scripts/vllm_scheduler_replay.py`, `LRUOrderCheck`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from eviction import LRUEvictor, Release
+from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
+from lpc.integrations.mode import ControlFileWatcher, LRUOrder, ModeSwitch, check_mode
+from lpc.integrations.stats import PluginStats
+from lpc.integrations.vllm_queue import ProtectedRelease, QueueRuntime, bind_queue_class
+
+
+@dataclass(eq=False)
+class Block:
+    block_id: int
+    block_hash: bytes | None = None
+    block_hash_num_tokens: int | None = None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_mode_switch_counts_and_refuses() -> None:
+    switch = ModeSwitch()
+    assert (switch.mode, switch.lru_order, switch.switches) == ("lpc", False, 0)
+    assert switch.set("lru", "test") and switch.lru_order
+    assert not switch.set("lru", "test"), "the same mode again is no switch"
+    assert switch.set("shadow", "test") and switch.lru_order
+    assert switch.set(" LPC\n", "test") and not switch.lru_order
+    assert switch.counters() == {"mode": "lpc", "mode_switches": 3}
+    with pytest.raises(ValueError, match="must be one of lpc, lru, shadow"):
+        switch.set("fifo", "test")
+    assert check_mode("Shadow") == "shadow"
+
+
+def test_the_mode_is_configured_and_checked() -> None:
+    assert PluginConfig().mode == "lpc"
+    config = load_config({"LPC_MODE": "Shadow", "LPC_CONTROL_FILE": "/run/lpc-mode"})
+    assert (config.mode, config.control_file, config.control_poll_s) == (
+        "shadow",
+        "/run/lpc-mode",
+        1.0,
+    )
+    with pytest.raises(PluginConfigError, match="LPC_MODE='off'"):
+        load_config({"LPC_MODE": "off"})
+    with pytest.raises(PluginConfigError, match="LPC_CONTROL_POLL_S"):
+        load_config({"LPC_CONTROL_POLL_S": "0"})
+
+
+def test_the_control_file_switches_on_change_only(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "mode"
+    switch = ModeSwitch()
+    watcher = ControlFileWatcher(path, switch)
+    watcher.poll_once()
+    assert switch.mode == "lpc", "no file: nothing changes"
+    path.write_text("lru\n")
+    with caplog.at_level(logging.WARNING, logger="vllm.plugins.lpc"):
+        watcher.poll_once()
+    assert switch.mode == "lru" and switch.switches == 1
+    assert f"from lpc to lru (control file {path})" in caplog.text
+    switch.set("lpc", "set_mode()")
+    watcher.poll_once()
+    assert switch.mode == "lpc", "an unchanged file does not undo another switch"
+    path.write_text("sideways")
+    with caplog.at_level(logging.WARNING, logger="vllm.plugins.lpc"):
+        watcher.poll_once()
+    assert switch.mode == "lpc" and "got 'sideways'; the mode stays lpc" in caplog.text
+    path.write_text("SHADOW")
+    watcher.poll_once()
+    assert switch.mode == "shadow" and switch.switches == 3
+
+
+def test_the_control_file_is_read_by_a_background_thread(tmp_path: Path) -> None:
+    path = tmp_path / "mode"
+    path.write_text("lru")
+    switch = ModeSwitch()
+    watcher = ControlFileWatcher(path, switch, poll_s=0.01)
+    watcher.start()
+    try:
+        assert switch.mode == "lru", "a file present at start decides the first mode"
+        path.write_text("lpc")
+        deadline = time.monotonic() + 10
+        while switch.mode != "lpc":
+            assert time.monotonic() < deadline, "the watcher never read the changed file"
+            time.sleep(0.01)
+    finally:
+        watcher.close()
+    assert switch.switches == 2
+
+
+def make_queue(evictor: str, num_blocks: int, switch: ModeSwitch, clock: Clock):
+    config = PluginConfig(evictor=evictor, fallback_probability=0.5)
+    runtime = QueueRuntime(config, PluginStats(), clock, mode=switch)
+    blocks = [Block(i) for i in range(num_blocks)]
+    return bind_queue_class(runtime)(blocks), blocks, runtime
+
+
+@pytest.mark.parametrize("evictor", ["lpc", "lpc-pooled"])
+@pytest.mark.parametrize("seed", range(4))
+def test_lru_mode_evicts_exactly_as_vllms_queue(evictor: str, seed: int) -> None:
+    """Random frees (cached and not, probabilities, conversations, blocks others hold,
+    preemptions), hits, allocations and mode switches. The reference LRU list gets the same
+    frees and hits, and loses the blocks the queue hands out. Whenever the mode is lru or shadow, the queue's
+    whole free order is the reference's, and so is every block it hands out; in lpc mode it
+    is the learned evictor's own order."""
+    rng = random.Random(seed)
+    num_blocks = 48
+    switch = ModeSwitch()
+    clock = Clock()
+    queue, blocks, runtime = make_queue(evictor, num_blocks, switch, clock)
+    reference = LRUEvictor(num_blocks)
+    reference.reset(range(num_blocks))
+    in_use: list[Block] = []
+    lru_pops = lpc_pops_unlike_lru = switches = 0
+    for step in range(800):
+        clock.now += rng.random()
+        action = rng.random()
+        if action < 0.03:
+            switches += switch.set(rng.choice(["lpc", "lru", "shadow"]), "test")
+        elif action < 0.4 and queue.num_free_blocks:
+            n = rng.randint(1, min(6, queue.num_free_blocks))
+            front = reference.free_block_ids()[:n]
+            popped = queue.popleft_n(n) if n > 1 else [queue.popleft()]
+            ids = [b.block_id for b in popped]
+            if switch.lru_order:
+                assert ids == reference.pop_n(n), f"step {step}: not LRU's eviction"
+                lru_pops += n
+            else:
+                lpc_pops_unlike_lru += ids != front
+                for block_id in ids:
+                    reference.remove(block_id)
+            for block in popped:
+                block.block_hash = block.block_hash_num_tokens = None  # evicted: new content
+            in_use.extend(popped)
+        elif action < 0.55:
+            free_cached = [b for b in blocks if b.block_hash is not None and b not in in_use]
+            if free_cached:
+                block = rng.choice(free_cached)
+                queue.remove(block)
+                reference.remove(block.block_id)
+                in_use.append(block)
+        elif in_use:
+            k = rng.randint(1, min(5, len(in_use)))
+            chain = [in_use.pop(rng.randrange(len(in_use))) for _ in range(k)]
+            for depth, block in enumerate(chain):
+                if block.block_hash is None and rng.random() < 0.8:
+                    block.block_hash = bytes([seed, step % 256, depth, block.block_id])
+                if block.block_hash is not None:  # a chain is freed deepest first
+                    block.block_hash_num_tokens = 16 * (depth + 1)
+            freed = list(reversed(chain))  # the tail first, as vLLM frees
+            # A preempted request's release (its blocks after every free one in LPC's order)
+            # now and then: stock vLLM appends them like any other.
+            kind = ProtectedRelease if rng.random() < 0.15 else Release
+            release = kind(clock(), rng.choice([None, rng.random()]), f"c{rng.randrange(5)}")
+            cached = [b for b in freed if b.block_hash is not None]
+            uncached = [b for b in freed if b.block_hash is None]
+            with runtime.releasing(release):
+                queue.append_n(cached)
+                if rng.random() < 0.3:  # cached blocks another request still holds
+                    shared = [b for b in in_use if b.block_hash is not None][:2]
+                    queue.note_shared_release(shared, release)
+            queue.prepend_n(uncached)
+            reference.append_n([b.block_id for b in cached])
+            reference.prepend_n([b.block_id for b in uncached])
+        order = [b.block_id for b in queue.get_all_free_blocks()]
+        if switch.lru_order:
+            assert order == reference.free_block_ids(), f"step {step}: not LRU's order"
+            assert isinstance(queue._evictor, LRUOrder)
+            queue._evictor.check_invariants()
+        else:
+            assert order == queue.evictor.free_block_ids()
+        queue.evictor.check_invariants()
+    assert switches >= 3 and lru_pops > 50, "the stream never exercised the switch"
+    assert lpc_pops_unlike_lru > 0, "LPC never differed from LRU: the check proves nothing"
+
+
+def test_blocks_freed_in_lpc_mode_take_their_release_order_in_lru_mode() -> None:
+    """The rebuild, by hand: LPC queued the low-p release last-evicted-first; the switch puts
+    every block back in release order, uncached ones first."""
+    switch = ModeSwitch()
+    clock = Clock()
+    queue, _, runtime = make_queue("lpc", 6, switch, clock)
+    taken = queue.popleft_n(6)
+    for release_index, (ids, p) in enumerate([([0, 1], 0.9), ([2, 3], 0.1), ([4], 0.5)]):
+        clock.now = float(release_index)
+        chain = [taken[i] for i in ids]
+        for depth, block in enumerate(chain):
+            block.block_hash, block.block_hash_num_tokens = bytes([block.block_id]), 16 * depth
+        with runtime.releasing(Release(clock(), p, f"c{release_index}")):
+            queue.append_n(chain[::-1])
+    queue.prepend_n([taken[5]])
+    assert [b.block_id for b in queue.get_all_free_blocks()] == [5, 3, 2, 4, 1, 0]
+    switch.set("lru", "test")
+    assert [b.block_id for b in queue.get_all_free_blocks()] == [5, 1, 0, 3, 2, 4]
+    assert [b.block_id for b in queue.popleft_n(3)] == [5, 1, 0]
+    switch.set("lpc", "test")
+    assert [b.block_id for b in queue.get_all_free_blocks()] == [3, 2, 4], "LPC order resumed"
+    queue.evictor.check_invariants()

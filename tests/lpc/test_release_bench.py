@@ -1,0 +1,31 @@
+"""`lpc bench release` runs end to end and reports every figure (the speed target lives in
+the docs and the benchmark, never in a test)."""
+
+from __future__ import annotations
+
+import json
+
+from lpc.cli.main import main
+
+
+def test_lpc_bench_release_reports_its_figures(capsys) -> None:
+    args = ["bench", "release", "--sizes", "256,2048", "--releases", "40", "--json"]
+    assert main([*args, "--conversations", "4"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert [s["tokens"] for s in figures["sizes"]] == [256, 2048]
+    assert figures["evictor"] == "lpc-pooled" and figures["block_size"] == 16
+    for size in figures["sizes"]:
+        assert size["releases"] == 40 and size["blocks_per_release"] == size["tokens"] // 16
+        # The features saw the conversation's history as the shared prefix.
+        assert size["shared_prefix_tokens"] >= size["tokens"] - 128 - 16
+        for part in ("release_for", "append_n", "total"):
+            latency = size[part]
+            assert 0 < latency["p50_us"] <= latency["p99_us"] <= latency["max_us"], part
+        assert isinstance(size["target_met"], bool)
+
+
+def test_lpc_bench_release_rejects_a_size_too_small(capsys) -> None:
+    assert main(["bench", "release", "--sizes", "100"]) == 2
+    assert "below the smallest request" in capsys.readouterr().err
+    assert main(["bench", "release", "--sizes", "1k"]) == 2
+    assert "comma-separated token counts" in capsys.readouterr().err

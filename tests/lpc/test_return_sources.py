@@ -1,0 +1,120 @@
+"""Return-curve sources: the true return times, Kaplan–Meier per turn, and the replay path
+that carries them to the `lpc-return` evictor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from eviction.return_window import TurnoverEstimate
+from lpc.replay.ab_pipeline import ABOptions, run_ab
+from lpc.replay.policies import parse_policies, parse_policy
+from lpc.replay.return_sources import (
+    NEVER_RETURNS,
+    TurnReturnCurves,
+    kaplan_meier,
+    next_arrivals,
+    return_curves,
+    step_curve,
+    true_return_curves,
+)
+from lpc.workload import ScriptedTurn, WorkloadRequest
+from tests.lpc.traces.helpers import bundled_lines, write_lines
+
+
+def request(conv: str, turn: int, arrival: float, completion: float) -> WorkloadRequest:
+    scripted = ScriptedTurn(conv, turn, [1, 2, 3, 4], 2, has_next_turn=False)
+    return WorkloadRequest(f"{conv}-{turn}", scripted, arrival, completion)
+
+
+def test_the_true_curve_steps_at_the_conversations_next_arrival() -> None:
+    requests = [
+        request("a", 0, 0.0, 2.0),
+        request("b", 0, 1.0, 3.0),
+        request("a", 1, 12.0, 13.0),
+    ]
+    assert next_arrivals(requests) == [12.0, None, None]
+    curves = true_return_curves(requests)
+    assert curves[1] is NEVER_RETURNS and curves[2] is NEVER_RETURNS
+    a = curves[0]  # returns 10 s after its release
+    assert a.p_return_within(0.0, 11.0) == 1.0
+    assert a.p_return_within(0.0, 9.0) == 0.0
+    assert a.p_return_within(5.0, 6.0) == 1.0
+    assert a.p_return_within(10.5, 100.0) == 0.0  # it has come back already
+    assert NEVER_RETURNS.p_return_within(3.0, 1e6) == 0.0
+    assert step_curve(-1.0).p_return_within(1.0, 10.0) == 0.0
+
+
+def test_kaplan_meier_matches_the_product_limit_by_hand() -> None:
+    durations = np.array([1.0, 2.0, 2.0, 3.0, 4.0])
+    observed = np.array([True, True, False, True, False])
+    grid = np.array([0.0, 1.5, 2.5, 3.5, 10.0])
+    # At 1: 1 of 5 → 4/5; at 2: 1 of 4 → 3/5; 2 censored; at 3: 1 of 2 → 3/10.
+    assert kaplan_meier(durations, observed, grid) == pytest.approx([1.0, 0.8, 0.6, 0.3, 0.3])
+
+
+def test_km_per_turn_is_fitted_on_the_training_part_and_censored_at_its_end() -> None:
+    requests = []
+    for c in range(40):  # first turns: half come back after 20 s, half never
+        requests.append(request(f"c{c}", 0, c * 0.1, c * 0.1 + 1.0))
+        if c % 2 == 0:
+            requests.append(request(f"c{c}", 1, c * 0.1 + 21.0, c * 0.1 + 22.0))
+    requests.sort(key=lambda r: r.arrival_s)
+    requests.append(request("late", 0, 1000.0, 1001.0))  # the evaluation part
+    first_eval = len(requests) - 1
+    grid = np.array([0.0, 10.0, 20.0, 30.0, 60.0, 1000.0, 2000.0])
+    fitted = TurnReturnCurves.fit(requests, first_eval, grid_s=grid, min_samples=30)
+    assert fitted.samples[1] == 40 and 2 not in fitted.by_turn  # 20 second turns: pooled
+    first = fitted.curve_for(requests[0])
+    assert first.survival_at(10.0) == pytest.approx(1.0)
+    assert first.survival_at(30.0) == pytest.approx(0.5)  # returns 20 s after release
+    assert first.p_return_within(0.0, 30.0) == pytest.approx(0.5)
+    assert first.p_return_within(30.0, 60.0) == pytest.approx(0.0)  # the rest never return
+    assert fitted.curve_for(requests[-1]) is first  # an evaluation request of turn 1
+    curves = return_curves("km-turn", requests, first_eval)
+    assert len(curves) == len(requests)
+    with pytest.raises(ValueError, match="unknown return-curve source"):
+        return_curves("model", requests, first_eval)
+
+
+def test_the_turnover_window_is_queued_blocks_over_the_eviction_rate() -> None:
+    window = TurnoverEstimate(initial_s=60.0, weight=1.0)
+    window.observe_interval(queued=100, elapsed_s=5.0, evicted=10)
+    assert window.value_s == pytest.approx(50.0)
+    window.observe_interval(queued=100, elapsed_s=5.0, evicted=0)  # no pressure: unchanged
+    assert window.value_s == pytest.approx(50.0) and window.observed == 1
+
+
+def test_the_return_policies_parse_with_their_curve_sources() -> None:
+    true, km = parse_policies("lpc-return-true,lpc-return-km")
+    assert (true.evictor, true.curve_source, true.is_upper_bound) == (
+        "lpc-return",
+        "true-return",
+        True,
+    )
+    assert (km.evictor, km.curve_source, km.is_upper_bound) == ("lpc-return", "km-turn", False)
+    with pytest.raises(ValueError, match="unknown policy"):
+        parse_policy("lpc-return")
+
+
+def test_a_trace_slice_replays_the_return_policies_under_belady(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "slice.jsonl", bundled_lines()[:1500])
+    outcome = run_ab(
+        ABOptions(
+            trace=path,
+            policies=tuple(parse_policies("lru,lpc-return-true,lpc-return-km,belady")),
+            cache_sizes_tokens=(1_000_000, 3_000_000),
+            workers=1,
+            progress=False,
+            out_dir=tmp_path / "o",
+        ),
+        log=lambda _: None,
+    )
+    ratio = outcome.to_json()["comparison"]["hit_ratio"]
+    for size in ratio["lru"]:
+        for policy in ("lpc-return-true", "lpc-return-km"):
+            assert 0.0 < ratio[policy][size] <= ratio["belady"][size] + 1e-12, (policy, size)
+    # The curves reach the evictor: perfect knowledge and KM order blocks differently.
+    assert ratio["lpc-return-true"] != ratio["lpc-return-km"]

@@ -1,0 +1,56 @@
+"""`lpc train-return` end to end on a slice of the bundled Mooncake trace."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from lpc.cli.main import main
+from predictor.return_curve import ReturnCurve
+from predictor.return_time import ReturnTimePredictor
+from tests.lpc.traces.helpers import bundled_lines, write_lines
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, dict]:
+    folder = tmp_path_factory.mktemp("trace")
+    trace = write_lines(folder / "slice.jsonl", bundled_lines()[:2500])
+    out = tmp_path_factory.mktemp("model") / "return"
+    buffer = io.StringIO()
+    args = ["train-return", "--trace", str(trace), "--max-epochs", "5", "--out", str(out)]
+    with contextlib.redirect_stdout(buffer):
+        assert main([*args, "--no-classifier", "--json"]) == 0
+    return out, json.loads(buffer.getvalue())
+
+
+def test_report_and_artifact(trained) -> None:
+    out, report = trained
+    assert set(report["quality"]) == {"model", "km_per_turn"}
+    for quality in report["quality"].values():
+        assert 0.0 <= quality["concordance"] <= 1.0
+        assert 0.0 <= quality["integrated_brier"] <= 1.0
+        assert set(quality["auc"]) == {"60", "180", "600"}
+    samples = report["samples"]
+    assert samples["training"]["samples"] == (
+        samples["fit"]["samples"] + samples["validation"]["samples"]
+    )
+    assert len(report["candidates"]) == 9
+    ensemble = report["ensemble"]
+    assert report["members"] == (ensemble["members"] if ensemble["adopted"] else 1)
+    predictor = ReturnTimePredictor.load(out)
+    assert predictor.metadata.grid_s == pytest.approx(report["grid_s"], abs=1e-3)
+    assert predictor.metadata.metrics["evaluation"]["model"]["concordance"] == pytest.approx(
+        report["quality"]["model"]["concordance"]
+    )
+    assert isinstance(predictor.curves(predictor.mean[None, :].astype(float))[0], ReturnCurve)
+
+
+def test_out_is_not_overwritten(trained) -> None:
+    out, _ = trained
+    assert main(["train-return", "--out", str(out)]) == 2

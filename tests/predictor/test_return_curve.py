@@ -1,0 +1,47 @@
+"""The survival curve's arithmetic: interpolation, the conditional question, validation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from predictor.return_curve import ReturnCurve, log_spaced_edges
+
+
+def curve() -> ReturnCurve:
+    return ReturnCurve(np.array([0.0, 10.0, 100.0, 1000.0]), np.array([1.0, 0.6, 0.4, 0.3]))
+
+
+def test_survival_is_interpolated_in_log_time() -> None:
+    c = curve()
+    assert c.survival_at(0) == 1.0 and c.survival_at(10) == pytest.approx(0.6)
+    assert c.survival_at(5) == pytest.approx(0.8)  # the first interval: linear in t
+    assert c.survival_at(np.sqrt(10 * 100)) == pytest.approx(0.5)  # the log midpoint
+    assert c.survival_at(5000) == pytest.approx(0.3) == c.never_share
+
+
+def test_the_conditional_question() -> None:
+    c = curve()
+    assert c.p_return_within(0, 10) == pytest.approx(0.4)
+    assert c.p_return_within(10, 90) == pytest.approx((0.6 - 0.4) / 0.6)
+    assert c.p_return_within(2000, 1e6) == 0.0  # nothing returns after the last point
+    empty = ReturnCurve(np.array([0.0, 10.0]), np.array([1.0, 0.0]))
+    assert empty.p_return_within(20, 5) == 0.0
+
+
+def test_bad_curves_are_refused() -> None:
+    with pytest.raises(ValueError, match="start at 0"):
+        ReturnCurve(np.array([1.0, 2.0]), np.array([1.0, 0.5]))
+    with pytest.raises(ValueError, match="never increase"):
+        ReturnCurve(np.array([0.0, 2.0, 3.0]), np.array([1.0, 0.5, 0.6]))
+    with pytest.raises(ValueError, match="first_s"):
+        log_spaced_edges(10, 5)
+    edges = log_spaced_edges()
+    assert edges[0] == 0 and edges[1] == 5 and edges[-1] == pytest.approx(3600)
+
+
+def test_a_curve_valid_by_construction_answers_the_same_unchecked() -> None:
+    checked = curve()
+    fast = ReturnCurve.of_valid(checked.times_s, checked.survival)
+    for a, w in [(0, 10), (10, 90), (7, 300), (2000, 5)]:
+        assert fast.p_return_within(a, w) == checked.p_return_within(a, w)

@@ -1,0 +1,119 @@
+"""Samples for the return-time model: time to the next request, censored at the data's end.
+
+The duration is measured as the 180-s classifier's label measures it (`horizon_labels`):
+from this request's completion (its release, when the prediction is used) to the arrival of
+the conversation's next request, 0 when that one arrived before this one finished (a branch
+or a retry). A request with no next request seen is censored, never "ended": its duration is
+the time from its completion to the end of the data it is labelled from, and all it says is
+that no return came by then. Each part is labelled from its own data, as the classifier's:
+the fitting slice up to the validation cut, the validation slice up to the training part's
+end, the whole training part (for the refit) up to that end, the evaluation part up to the
+trace's last arrival. Features are the classifier's, from the same `feature_frame`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from predictor.access_features import completion_order, feature_frame
+from training.access_data import DEFAULT_VALIDATION_FRACTION, TimeParts, time_parts
+
+
+@dataclass(frozen=True)
+class ReturnTargets:
+    """Per row: seconds to the next arrival or to the censoring, and whether it was seen."""
+
+    time_s: np.ndarray
+    observed: np.ndarray  # True: the next request came at time_s; False: censored there
+
+
+def return_targets(table: pd.DataFrame, end_s: float) -> ReturnTargets:
+    """Targets of every row of `table` (sorted by arrival) as seen from data ending at
+    `end_s`: a next request arriving after `end_s` is unknown, so its row is censored at
+    `end_s − completion` (0 when the request completes after `end_s`). Rows arriving after
+    `end_s` get NaN time (not data of this labelling)."""
+    seen = (table["arrival_s"] <= end_s).to_numpy()
+    arrivals = table["arrival_s"].where(seen)
+    next_arrival = arrivals.groupby(table["conversation_id"], sort=False).shift(-1).to_numpy()
+    completion = table["completion_s"].to_numpy(np.float64)
+    observed = seen & ~np.isnan(next_arrival)
+    time_s = np.where(
+        observed,
+        np.maximum(0.0, next_arrival - completion),
+        np.maximum(0.0, end_s - completion),
+    )
+    time_s = np.where(seen, time_s, np.nan)
+    return ReturnTargets(time_s, observed)
+
+
+@dataclass(frozen=True)
+class ReturnPart:
+    """One part's rows: raw features, targets, and the turn of each (for KM per turn)."""
+
+    features: np.ndarray
+    targets: ReturnTargets
+    turn_index: np.ndarray
+    rows: np.ndarray  # positions in the arrival-sorted table
+
+    @property
+    def size(self) -> int:
+        return int(self.turn_index.size)
+
+    def counts(self) -> dict[str, int | float]:
+        observed = self.targets.observed
+        return {
+            "samples": self.size,
+            "returned": int(observed.sum()),
+            "censored": int((~observed).sum()),
+            "returned_within_180_s": float(
+                np.mean(observed & (self.targets.time_s <= 180.0)) if self.size else 0.0
+            ),
+        }
+
+
+@dataclass(frozen=True)
+class ReturnSamples:
+    """The parts: fit / validation (choices), training (fit + validation, the refit and the
+    baselines), evaluation (scored only)."""
+
+    feature_names: tuple[str, ...]
+    parts: dict[str, ReturnPart]
+    cuts: TimeParts
+    span_start_s: float
+
+
+def return_samples(
+    table: pd.DataFrame,
+    feature_names: Sequence[str],
+    cut_s: float,
+    validation_fraction: float = DEFAULT_VALIDATION_FRACTION,
+) -> ReturnSamples:
+    table = table.reset_index(drop=True)
+    cuts = time_parts(table, cut_s, validation_fraction)
+    values = feature_frame(table, feature_names).to_numpy()
+    order = completion_order(table["completion_s"].to_numpy())
+    turn_index = np.empty(len(table), dtype=np.int64)
+    turn_index[order] = table.iloc[order].groupby("conversation_id", sort=False).cumcount()
+    end_s = float(table["arrival_s"].iloc[-1])
+    ranges = {
+        "fit": (0, cuts.validation, cuts.validation_cut_s),
+        "validation": (cuts.validation, cuts.evaluation, cuts.evaluation_cut_s),
+        "training": (0, cuts.evaluation, cuts.evaluation_cut_s),
+        "evaluation": (cuts.evaluation, len(table), end_s),
+    }
+    parts = {}
+    for name, (lo, hi, end) in ranges.items():
+        targets = return_targets(table, end)
+        rows = np.arange(lo, hi)
+        parts[name] = ReturnPart(
+            values[lo:hi],
+            ReturnTargets(targets.time_s[lo:hi], targets.observed[lo:hi]),
+            turn_index[lo:hi],
+            rows,
+        )
+    start = float(table["arrival_s"].iloc[0]) if len(table) else 0.0
+    return ReturnSamples(tuple(feature_names), parts, cuts, start)

@@ -1,0 +1,417 @@
+"""Fit the return-time model (a discrete-time hazard) and its Kaplan–Meier-per-turn baseline.
+
+Every choice is made on the training part by a rule fixed before the evaluation part is read
+(docs/results.md, "When a conversation returns"):
+
+- **The grid** (`training_grid`): first point 5 s (returns sooner than that are all "at
+  once" to a cache whose windows are tens of seconds or more); last point half the training
+  part's span, rounded down to whole minutes (a row released in the training part's first half
+  is under observation that long, so at least half the rows can inform the last interval; the
+  fitting slice alone still sees 70 % of that); the number of points, of `GRID_COUNTS`, with
+  the best validation log-likelihood.
+- **The architecture**, of `HIDDEN_CANDIDATES` (a linear map, one or two ReLU layers), by
+  the same validation log-likelihood; a more complex one must beat a simpler one by more than
+  `SIMPLER_MARGIN_NATS` per row.
+- **The epochs**: early stopping on the validation slice's negative log-likelihood; the model
+  served is then trained from scratch on the whole training part for that many epochs.
+- **An ensemble**: `ENSEMBLE_MEMBERS` networks of the chosen kind from consecutive seeds,
+  each early-stopped on its own, their curves averaged (a mixture of survival curves, whose
+  likelihood is the members' average); served instead of the single network only when its
+  validation log-likelihood is better by more than `SIMPLER_MARGIN_NATS` per row.
+
+The likelihood is censoring-aware and matches the curve the predictor serves: with S(t)
+interpolated between grid points as `ReturnCurve` does, a return observed at t in interval k
+has density (S(t_{k-1}) − S(t_k)) / (t ln(t_k / t_{k-1})) (the first interval, linear in t:
+(1 − S(t_1)) / t_1), so its log-likelihood is log P(interval k) plus a term of t and the grid
+alone; a row censored at c contributes log S(c), the interpolated survival; a return later
+than the last grid point, where the model lumps "later" with "never", contributes log S(t_K).
+Training drops the constant; comparing grids keeps it (a density, comparable across grids).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from predictor.return_curve import ReturnCurve, log_spaced_edges
+from predictor.return_time import ReturnInput, ReturnModelMetadata
+from training.return_data import ReturnPart, ReturnSamples, ReturnTargets
+from training.survival_metrics import kaplan_meier
+
+GRID_FIRST_S = 5.0
+GRID_COUNTS = (8, 12, 16)  # grid points after 0
+HIDDEN_CANDIDATES: tuple[tuple[int, ...], ...] = ((), (32,), (32, 32))
+SIMPLER_MARGIN_NATS = 0.002
+ENSEMBLE_MEMBERS = 4
+KM_MIN_ROWS_PER_TURN = 100  # turns with fewer training rows share the pooled tail's curve
+KM_GRID_COUNT = 64
+
+
+@dataclass(frozen=True)
+class ReturnFitConfig:
+    learning_rate: float = 3e-3
+    batch_size: int = 256
+    max_epochs: int = 200
+    patience: int = 15
+    seed: int = 0
+    threads: int = 1
+
+
+def training_grid_last_s(samples: ReturnSamples) -> float:
+    """Half the training part's span, rounded down to whole minutes (at least 60 s)."""
+    span = samples.cuts.evaluation_cut_s - samples.span_start_s
+    return max(60.0, 60.0 * np.floor(span / 2.0 / 60.0))
+
+
+@dataclass(frozen=True)
+class IntervalIndex:
+    """Where each duration falls on a grid: interval k (1-based), the log-time weight w
+    inside it, and whether it lies beyond the last point."""
+
+    interval: np.ndarray
+    weight: np.ndarray
+    beyond: np.ndarray
+
+
+def interval_index(grid_s: np.ndarray, time_s: np.ndarray) -> IntervalIndex:
+    grid_s = np.asarray(grid_s, float)
+    t = np.asarray(time_s, float)
+    last = len(grid_s) - 1
+    beyond = t > grid_s[-1]
+    k = np.clip(np.searchsorted(grid_s, t, side="left"), 1, last)  # t_{k-1} < t <= t_k
+    t0, t1 = grid_s[k - 1], grid_s[k]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.where(
+            k == 1, t / t1, np.log(np.maximum(t, 1e-300) / np.maximum(t0, 1e-300)) / np.log(t1 / t0)
+        )
+    w = np.clip(np.where(beyond, 1.0, w), 0.0, 1.0)
+    return IntervalIndex(np.where(beyond, last, k), w, beyond)
+
+
+def density_constant(grid_s: np.ndarray, targets: ReturnTargets) -> np.ndarray:
+    """Per row, the part of the log-density that depends on t and the grid only (0 for a
+    censored row and a return beyond the grid)."""
+    grid_s = np.asarray(grid_s, float)
+    index = interval_index(grid_s, targets.time_s)
+    k = index.interval
+    t = np.maximum(targets.time_s, 1e-9)
+    width = np.where(
+        k == 1,
+        np.log(grid_s[1]),
+        np.log(t) + np.log(np.log(grid_s[k] / np.maximum(grid_s[k - 1], 1e-300))),
+    )
+    return np.where(targets.observed & ~index.beyond, -width, 0.0)
+
+
+def log_likelihood(logits, index: IntervalIndex, observed):
+    """(n,) torch log-likelihood of hazard `logits` (n, K): an observed return inside the
+    grid → log P(its interval); censored (or beyond the grid) → log S at its time."""
+    import torch
+
+    log_keep = -torch.nn.functional.softplus(logits)  # log(1 − h)
+    cumulative = torch.cumsum(log_keep, dim=1)
+    before = torch.cat([torch.zeros_like(cumulative[:, :1]), cumulative], dim=1)  # log S(t_{k-1})
+    k = torch.as_tensor(index.interval, dtype=torch.long)
+    rows = torch.arange(logits.shape[0])
+    log_s_before = before[rows, k - 1]
+    logit_k = logits[rows, k - 1]
+    hazard = torch.sigmoid(logit_k)
+    w = torch.as_tensor(index.weight, dtype=logits.dtype)
+    log_event = log_s_before + torch.nn.functional.logsigmoid(logit_k)
+    log_censored = log_s_before + torch.log1p(-(w * hazard).clamp(max=1 - 1e-7))
+    event = torch.as_tensor(np.asarray(observed, bool) & ~index.beyond)
+    return torch.where(event, log_event, log_censored)
+
+
+def _network(inputs: int, hidden: tuple[int, ...], outputs: int):
+    import torch
+
+    layers: list[Any] = []
+    width = inputs
+    for size in hidden:
+        layers += [torch.nn.Linear(width, size), torch.nn.ReLU()]
+        width = size
+    layers.append(torch.nn.Linear(width, outputs))
+    return torch.nn.Sequential(*layers)
+
+
+def _standardisation(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mean, std = x.mean(axis=0), x.std(axis=0)
+    return mean, np.where(std > 1e-9, std, 1.0)
+
+
+@dataclass
+class _Prepared:
+    x: Any  # torch tensor, standardised
+    index: IntervalIndex
+    observed: np.ndarray
+    constant: np.ndarray
+
+
+def _prepare(part: ReturnPart, grid_s: np.ndarray, mean: np.ndarray, std: np.ndarray):
+    import torch
+
+    x = torch.from_numpy(((part.features - mean) / std).astype(np.float32))
+    index = interval_index(grid_s, part.targets.time_s)
+    return _Prepared(x, index, part.targets.observed, density_constant(grid_s, part.targets))
+
+
+def _subset(prepared: _Prepared, rows) -> tuple[Any, IntervalIndex, np.ndarray]:
+    r = rows.numpy()
+    index = prepared.index
+    return (
+        prepared.x[rows],
+        IntervalIndex(index.interval[r], index.weight[r], index.beyond[r]),
+        prepared.observed[r],
+    )
+
+
+def _row_log_density(model, prepared: _Prepared) -> np.ndarray:
+    """Per row, the log-density (the grid's constant included)."""
+    import torch
+
+    with torch.no_grad():
+        ll = log_likelihood(model(prepared.x), prepared.index, prepared.observed).numpy()
+    return ll.astype(np.float64) + prepared.constant
+
+
+def _mean_nll(model, prepared: _Prepared) -> float:
+    return float(-_row_log_density(model, prepared).mean())
+
+
+def mixture_nll(row_log_densities: list[np.ndarray]) -> float:
+    """Mean negative log-density of the average of the members' curves: each row's
+    likelihood (a probability, a density or a survival, all linear in S) is the members'
+    average."""
+    stacked = np.stack(row_log_densities)
+    top = stacked.max(axis=0)
+    mixed = top + np.log(np.exp(stacked - top).mean(axis=0))
+    return float(-mixed.mean())
+
+
+def merge_networks(
+    members: list[tuple[list[np.ndarray], list[np.ndarray]]],
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Networks side by side as one: the first layer's outputs stacked, every later layer
+    block-diagonal, so the last layer gives each member's logits in turn."""
+    from scipy.linalg import block_diag
+
+    weights, biases = [], []
+    for layer in range(len(members[0][0])):
+        parts = [m[0][layer] for m in members]
+        weights.append(
+            np.concatenate(parts, axis=1) if layer == 0 else block_diag(*parts).astype(np.float32)
+        )
+        biases.append(np.concatenate([m[1][layer] for m in members]))
+    return weights, biases
+
+
+def train_hazard(
+    train: _Prepared,
+    validation: _Prepared | None,
+    hidden: tuple[int, ...],
+    outputs: int,
+    config: ReturnFitConfig,
+    epochs: int,
+):
+    """One hazard network; with `validation`, the epoch of lowest validation NLL."""
+    import torch
+
+    torch.manual_seed(config.seed)
+    model = _network(train.x.shape[1], hidden, outputs)
+    optimiser = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
+    generator = torch.Generator().manual_seed(config.seed)
+    best, best_state, best_epoch, stale = float("inf"), None, epochs, 0
+    for epoch in range(1, epochs + 1):
+        model.train()
+        order = torch.randperm(train.x.shape[0], generator=generator)
+        for start in range(0, len(order), config.batch_size):
+            x, index, observed = _subset(train, order[start : start + config.batch_size])
+            optimiser.zero_grad()
+            (-log_likelihood(model(x), index, observed).mean()).backward()
+            optimiser.step()
+        if validation is None:
+            continue
+        model.eval()
+        loss = _mean_nll(model, validation)
+        if loss < best - 1e-5:
+            best, best_epoch, stale = loss, epoch, 0
+            best_state = {k: v.clone() for k, v in model.state_dict().items()}
+        else:
+            stale += 1
+            if stale >= config.patience:
+                break
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    model.eval()
+    return model, best_epoch, best
+
+
+@dataclass
+class ReturnFitResult:
+    grid_s: np.ndarray
+    hidden: tuple[int, ...]
+    epochs: int
+    weights: list[np.ndarray]  # (in, out), as the numpy predictor multiplies
+    biases: list[np.ndarray]
+    mean: np.ndarray
+    std: np.ndarray
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    fit_seconds: float = 0.0
+    members: int = 1
+    ensemble: dict[str, Any] = field(default_factory=dict)
+
+    def metadata(self, feature_names: tuple[str, ...], **extra: Any) -> ReturnModelMetadata:
+        return ReturnModelMetadata(
+            grid_s=tuple(float(t) for t in self.grid_s),
+            inputs=tuple(
+                ReturnInput(n, float(m), float(s))
+                for n, m, s in zip(feature_names, self.mean, self.std, strict=True)
+            ),
+            hidden_sizes=tuple(h * self.members for h in self.hidden),
+            members=self.members,
+            **extra,
+        )
+
+
+def _numpy_layers(model) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    import torch
+
+    linears = [m for m in model if isinstance(m, torch.nn.Linear)]
+    weights = [m.weight.detach().numpy().T.astype(np.float32) for m in linears]
+    biases = [m.bias.detach().numpy().astype(np.float32) for m in linears]
+    return weights, biases
+
+
+def fit_return_model(samples: ReturnSamples, config: ReturnFitConfig) -> ReturnFitResult:
+    """Choose the grid and the architecture on the validation slice, then refit on the whole
+    training part for the chosen epoch count."""
+    import torch
+
+    torch.set_num_threads(config.threads)
+    started = time.perf_counter()
+    fit, validation, training = (samples.parts[p] for p in ("fit", "validation", "training"))
+    last_s = training_grid_last_s(samples)
+    mean, std = _standardisation(fit.features)
+    candidates: list[dict[str, Any]] = []
+    for count in GRID_COUNTS:
+        grid = log_spaced_edges(GRID_FIRST_S, last_s, count)
+        train_p = _prepare(fit, grid, mean, std)
+        val_p = _prepare(validation, grid, mean, std)
+        for hidden in HIDDEN_CANDIDATES:
+            _, epoch, nll = train_hazard(
+                train_p, val_p, hidden, len(grid) - 1, config, config.max_epochs
+            )
+            candidates.append(
+                {"grid_count": count, "hidden": list(hidden), "epochs": epoch, "val_nll": nll}
+            )
+    chosen = choose_candidate(candidates)
+    grid = log_spaced_edges(GRID_FIRST_S, last_s, chosen["grid_count"])
+    hidden = tuple(chosen["hidden"])
+    train_p, val_p = _prepare(fit, grid, mean, std), _prepare(validation, grid, mean, std)
+    member_epochs, densities = [], []
+    for seed in range(config.seed, config.seed + ENSEMBLE_MEMBERS):
+        member, epoch, _ = train_hazard(
+            train_p, val_p, hidden, len(grid) - 1, replace(config, seed=seed), config.max_epochs
+        )
+        member_epochs.append(epoch)
+        densities.append(_row_log_density(member, val_p))
+    ensemble = {
+        "members": ENSEMBLE_MEMBERS,
+        "member_epochs": member_epochs,
+        "single_val_nll": float(-densities[0].mean()),
+        "ensemble_val_nll": mixture_nll(densities),
+    }
+    ensemble["adopted"] = (
+        ensemble["single_val_nll"] - ensemble["ensemble_val_nll"] > SIMPLER_MARGIN_NATS
+    )
+    served_epochs = member_epochs if ensemble["adopted"] else [int(chosen["epochs"])]
+    mean, std = _standardisation(training.features)
+    training_p = _prepare(training, grid, mean, std)
+    networks = [
+        _numpy_layers(
+            train_hazard(
+                training_p, None, hidden, len(grid) - 1, replace(config, seed=seed), epochs
+            )[0]
+        )
+        for seed, epochs in zip(
+            range(config.seed, config.seed + len(served_epochs)), served_epochs, strict=True
+        )
+    ]
+    weights, biases = merge_networks(networks)
+    return ReturnFitResult(
+        grid,
+        hidden,
+        int(chosen["epochs"]),
+        weights,
+        biases,
+        mean,
+        std,
+        candidates,
+        time.perf_counter() - started,
+        len(networks),
+        ensemble,
+    )
+
+
+def choose_candidate(candidates: list[dict[str, Any]]) -> dict[str, Any]:
+    """The lowest validation NLL; a candidate with more hidden layers (then a finer grid)
+    is taken only when it beats every simpler one by more than `SIMPLER_MARGIN_NATS`."""
+
+    def complexity(c: dict[str, Any]) -> tuple[int, int, int]:
+        return (len(c["hidden"]), sum(c["hidden"]), c["grid_count"])
+
+    best = min(candidates, key=lambda c: c["val_nll"])
+    simpler = [
+        c
+        for c in candidates
+        if complexity(c) < complexity(best)
+        and c["val_nll"] <= best["val_nll"] + SIMPLER_MARGIN_NATS
+    ]
+    return min(simpler, key=complexity) if simpler else best
+
+
+@dataclass(frozen=True)
+class TurnKaplanMeier:
+    """Kaplan–Meier of the return time per turn (0-based), fitted on the training part;
+    turns from `pooled_from` on share one curve."""
+
+    grid_s: np.ndarray
+    survival_by_turn: np.ndarray  # (pooled_from + 1, len(grid_s))
+    pooled_from: int
+    rows_by_turn: tuple[int, ...]
+
+    def survival(self, turns: np.ndarray) -> np.ndarray:
+        return self.survival_by_turn[np.minimum(np.asarray(turns), self.pooled_from)]
+
+    def curve(self, turn: int) -> ReturnCurve:
+        """The curve of a release at this turn (0-based), as an evictor reads it."""
+        return ReturnCurve(self.grid_s, self.survival_by_turn[min(turn, self.pooled_from)])
+
+
+def fit_turn_kaplan_meier(part: ReturnPart, grid_s: np.ndarray) -> TurnKaplanMeier:
+    """Turns 0, 1, … each get their own curve while at least `KM_MIN_ROWS_PER_TURN` training
+    rows have that turn; the first turn with fewer starts the pooled tail."""
+    turns = part.turn_index
+    pooled_from = 0
+    while (turns == pooled_from).sum() >= KM_MIN_ROWS_PER_TURN and (
+        turns > pooled_from
+    ).sum() >= KM_MIN_ROWS_PER_TURN:
+        pooled_from += 1
+    curves, rows = [], []
+    for turn in range(pooled_from + 1):
+        mask = turns >= turn if turn == pooled_from else turns == turn
+        km = kaplan_meier(part.targets.time_s[mask], part.targets.observed[mask])
+        curves.append(km.value_at(grid_s))
+        rows.append(int(mask.sum()))
+    survival = np.array(curves)
+    survival[:, 0] = 1.0
+    return TurnKaplanMeier(np.asarray(grid_s, float), survival, pooled_from, tuple(rows))
+
+
+def km_grid(model_grid_s: np.ndarray) -> np.ndarray:
+    """The per-turn baseline's own, finer grid over the model's range."""
+    return log_spaced_edges(float(model_grid_s[1]), float(model_grid_s[-1]), KM_GRID_COUNT)

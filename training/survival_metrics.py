@@ -1,0 +1,182 @@
+"""Scoring return-time predictions on censored data: Kaplan–Meier, Harrell's C, IPCW Brier, AUC.
+
+Every metric takes durations `time_s` (the return, or the censoring time) and `observed`
+(True: the next request came at `time_s`; False: the data ended first, nothing is known
+after). A censored row is never counted as an ending: it is a control only while its
+censoring time lies beyond the horizon asked about, and it carries no weight after it.
+
+- `kaplan_meier`: S(t) as a step function, for the per-turn baseline and for the censoring
+  distribution G(t) = P(C > t) (the same estimator with the indicator flipped).
+- `concordance_index`: Harrell's C: among pairs where one row's return is observed before
+  the other's time, the share where that row got the higher risk (ties in risk count half).
+- `brier_score` / `integrated_brier_score`: Graf et al.'s IPCW Brier score at t, a row that
+  returned by t weighted 1/G(T), a row still silent at t weighted 1/G(t); integrated with the
+  trapezoid rule over a time grid and divided by its length.
+- `cumulative_dynamic_auc`: the cumulative/dynamic time-dependent AUC at t (Uno et al.'s
+  IPCW form, as scikit-survival computes it): cases returned by t (weighted 1/G(T)),
+  controls still silent after t.
+
+Pure numpy; `tests/training/test_survival_metrics.py` checks each against hand-computed cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StepSurvival:
+    """A right-continuous step function: `value_at(t)` = survival after every event <= t."""
+
+    event_times_s: np.ndarray  # distinct, increasing
+    survival: np.ndarray  # S right after each event time
+
+    def value_at(self, t_s: np.ndarray | float) -> np.ndarray:
+        index = np.searchsorted(self.event_times_s, np.asarray(t_s, float), side="right")
+        padded = np.concatenate([[1.0], self.survival])
+        return padded[index]
+
+    def value_before(self, t_s: np.ndarray | float) -> np.ndarray:
+        """S(t−): survival just before t (the censoring weight of an event at t)."""
+        index = np.searchsorted(self.event_times_s, np.asarray(t_s, float), side="left")
+        padded = np.concatenate([[1.0], self.survival])
+        return padded[index]
+
+
+def kaplan_meier(
+    time_s: np.ndarray, observed: np.ndarray, weights: np.ndarray | None = None
+) -> StepSurvival:
+    """Kaplan–Meier estimate; a row censored at an event time is still at risk there."""
+    time_s = np.asarray(time_s, float)
+    observed = np.asarray(observed, bool)
+    weights = np.ones_like(time_s) if weights is None else np.asarray(weights, float)
+    events = np.unique(time_s[observed])
+    if events.size == 0:
+        return StepSurvival(np.zeros(0), np.zeros(0))
+    order = np.argsort(time_s, kind="stable")
+    sorted_times, sorted_weights = time_s[order], weights[order]
+    # at risk at t: weight of rows with time >= t
+    tail = np.concatenate([np.cumsum(sorted_weights[::-1])[::-1], [0.0]])
+    at_risk = tail[np.searchsorted(sorted_times, events, side="left")]
+    died = np.bincount(
+        np.searchsorted(events, time_s[observed]), weights=weights[observed], minlength=events.size
+    )
+    factors = np.where(at_risk > 0, 1.0 - died / np.where(at_risk > 0, at_risk, 1.0), 1.0)
+    return StepSurvival(events, np.cumprod(factors))
+
+
+def censoring_survival(time_s: np.ndarray, observed: np.ndarray) -> StepSurvival:
+    """G(t) = P(C > t): Kaplan–Meier of the censoring times (a return censors the censoring)."""
+    return kaplan_meier(time_s, ~np.asarray(observed, bool))
+
+
+def concordance_index(time_s: np.ndarray, observed: np.ndarray, risk: np.ndarray) -> float:
+    """Harrell's C: pairs (i, j) with i observed and T_i < T_j; concordant when risk_i >
+    risk_j, half when equal. Higher risk must mean an earlier return."""
+    time_s = np.asarray(time_s, float)
+    observed = np.asarray(observed, bool)
+    risk = np.asarray(risk, float)
+    order = np.argsort(time_s, kind="stable")
+    time_s, observed, risk = time_s[order], observed[order], risk[order]
+    concordant, comparable = 0.0, 0.0
+    for start in range(0, len(time_s), 512):
+        rows = np.arange(start, min(start + 512, len(time_s)))
+        rows = rows[observed[rows]]
+        if rows.size == 0:
+            continue
+        later = time_s[None, :] > time_s[rows, None]  # (rows, n)
+        higher = risk[rows, None] > risk[None, :]
+        tied = risk[rows, None] == risk[None, :]
+        comparable += later.sum()
+        concordant += (later & higher).sum() + 0.5 * (later & tied).sum()
+    if comparable == 0:
+        return float("nan")
+    return float(concordant / comparable)
+
+
+def brier_score(
+    time_s: np.ndarray,
+    observed: np.ndarray,
+    survival_at_t: np.ndarray,
+    t_s: float,
+    censoring: StepSurvival,
+) -> float:
+    """IPCW Brier score at `t_s` of predictions S_i(t) (Graf et al. 1999)."""
+    time_s = np.asarray(time_s, float)
+    observed = np.asarray(observed, bool)
+    s = np.asarray(survival_at_t, float)
+    returned = observed & (time_s <= t_s)
+    silent = time_s > t_s
+    g_event = censoring.value_before(time_s)
+    g_t = float(censoring.value_at(t_s))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        case = np.where(returned & (g_event > 0), s**2 / g_event, 0.0)
+    control = np.where(silent, (1.0 - s) ** 2 / g_t, 0.0) if g_t > 0 else np.zeros_like(s)
+    return float(np.mean(case + control))
+
+
+def integrated_brier_score(
+    time_s: np.ndarray,
+    observed: np.ndarray,
+    survival_on_grid: np.ndarray,
+    grid_s: np.ndarray,
+    censoring: StepSurvival,
+) -> float:
+    """Trapezoid integral of the Brier score over `grid_s`, divided by the grid's length;
+    `survival_on_grid` is (n, len(grid_s))."""
+    grid_s = np.asarray(grid_s, float)
+    scores = np.array(
+        [
+            brier_score(time_s, observed, survival_on_grid[:, k], t, censoring)
+            for k, t in enumerate(grid_s)
+        ]
+    )
+    return float(np.trapezoid(scores, grid_s) / (grid_s[-1] - grid_s[0]))
+
+
+def cumulative_dynamic_auc(
+    time_s: np.ndarray,
+    observed: np.ndarray,
+    risk: np.ndarray,
+    t_s: float,
+    censoring: StepSurvival,
+) -> float:
+    """AUC at `t_s`: cases returned by t (weight 1/G(T_i−)), controls silent after t (a
+    row censored before t is neither)."""
+    time_s = np.asarray(time_s, float)
+    observed = np.asarray(observed, bool)
+    risk = np.asarray(risk, float)
+    cases = observed & (time_s <= t_s)
+    controls = time_s > t_s
+    if not cases.any() or not controls.any():
+        return float("nan")
+    g = censoring.value_before(time_s[cases])
+    weights = np.where(g > 0, 1.0 / np.where(g > 0, g, 1.0), 0.0)
+    control_risk = np.sort(risk[controls])
+    case_risk = risk[cases]
+    below = np.searchsorted(control_risk, case_risk, side="left")
+    equal = np.searchsorted(control_risk, case_risk, side="right") - below
+    wins = below + 0.5 * equal
+    return float(np.sum(weights * wins) / (np.sum(weights) * control_risk.size))
+
+
+def survival_on_times(grid_s: np.ndarray, survival: np.ndarray, t_s: np.ndarray) -> np.ndarray:
+    """(n, len(t_s)) values of n curves on one grid (`survival` is (n, len(grid_s))), with
+    `ReturnCurve.survival_at`'s interpolation: linear in t on the first interval, linear in
+    log t after, constant beyond the last point."""
+    grid_s = np.asarray(grid_s, float)
+    survival = np.atleast_2d(np.asarray(survival, float))
+    t = np.clip(np.asarray(t_s, float), 0.0, grid_s[-1])
+    k = np.clip(np.searchsorted(grid_s, t, side="right"), 1, len(grid_s) - 1)
+    t0, t1 = grid_s[k - 1], grid_s[k]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.where(
+            t0 <= 0.0,
+            t / t1,
+            np.log(np.maximum(t, 1e-300) / np.where(t0 > 0, t0, 1.0))
+            / np.log(t1 / np.maximum(t0, 1e-300)),
+        )
+    w = np.where(t >= grid_s[-1], 1.0, w)
+    return survival[:, k - 1] + w * (survival[:, k] - survival[:, k - 1])
