@@ -4,9 +4,23 @@ from __future__ import annotations
 
 import argparse
 
-from lpc.cli import bench_access, bench_evictor, bench_log, bench_predictor, bench_release
+from lpc.cli import (
+    bench_access,
+    bench_cache_policy,
+    bench_evictor,
+    bench_log,
+    bench_predictor,
+    bench_release,
+)
 
-BENCH_MODULES = (bench_evictor, bench_predictor, bench_access, bench_log, bench_release)
+BENCH_MODULES = (
+    bench_evictor,
+    bench_cache_policy,
+    bench_predictor,
+    bench_access,
+    bench_log,
+    bench_release,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
