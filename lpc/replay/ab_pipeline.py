@@ -693,13 +693,14 @@ def _fit_sources(
 
 
 def _fitted_evictors(options: ABOptions) -> set[str]:
-    return {p.evictor for p in options.policies if POLICIES[p.evictor].kind == "fitted"}
+    """The fitted evictors replayed in either tier."""
+    return {p.evictor for p in options.replayed_policies if POLICIES[p.evictor].kind == "fitted"}
 
 
 def _refuse_fitted_without_training_part(options: ABOptions) -> None:
     names = _fitted_evictors(options)
     if names:
-        labels = ", ".join(p.label for p in options.policies if p.evictor in names)
+        labels = ", ".join(p.label for p in options.replayed_policies if p.evictor in names)
         raise InvalidInputError(
             f"{labels} are fitted on the trace's training part, which --split-at 0 leaves "
             "empty; give a split (default 0.5), or leave them out"

@@ -192,10 +192,16 @@ class HostTier:
         return len(stored)
 
     def finish(
-        self, request_id: str, now_s: float, probability: float | None, conversation_id: str
+        self,
+        request_id: str,
+        now_s: float,
+        probability: float | None,
+        conversation_id: str,
+        category: str | None = None,
     ) -> None:
         """vLLM's `on_request_finished`: the request's stored and reused chunks that are still
-        resident go back to the evictor, tail first, with the request's probability."""
+        resident go back to the evictor, tail first, with the request's probability (and its
+        workload category, for the policies that keep one queue per category)."""
         access = self._accesses.pop(request_id, None)
         if access is None:
             return
@@ -207,7 +213,9 @@ class HostTier:
         for d in live:
             self.evictor.remove(slot_of[hashes[d]])
         freed = FreedBlocks([slot_of[hashes[d]] for d in live], live, [hashes[d] for d in live])
-        self.evictor.push_cached(freed, Release(now_s, probability, conversation_id))
+        self.evictor.push_cached(
+            freed, Release(now_s, probability, conversation_id, category=category)
+        )
 
     def check_invariants(self) -> None:
         """Every slot is in the evictor (nothing is pinned between events) and the two maps

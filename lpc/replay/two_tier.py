@@ -117,7 +117,12 @@ def replay_two_tier(
         num_blocks,
         block_size,
         evictor=build_evictor(
-            spec, num_blocks, settings.scale_per_s, settings.fallback_probability, workload.future
+            spec,
+            num_blocks,
+            settings.scale_per_s,
+            settings.fallback_probability,
+            workload.future,
+            settings.policy_options.get(spec.evictor),
         ),
     )
     num_chunks = num_blocks_for(offload_tokens, block_size) - 1
@@ -129,9 +134,11 @@ def replay_two_tier(
             settings.scale_per_s,
             settings.fallback_probability,
             workload.future,
+            settings.policy_options.get(offload_spec.evictor),
         ),
         store_threshold,
     )
+    categories = workload.categories
     gpu_p = request_probabilities(workload, spec)
     host_p = request_probabilities(workload, offload_spec)
     first_counted = workload.first_counted
@@ -148,8 +155,9 @@ def replay_two_tier(
             if i in failed:
                 failed.discard(i)
                 continue
-            gpu.free(rid, time_s, gpu_p[i])
-            host.finish(rid, time_s, host_p[i], request.conversation_id or rid)
+            category = None if categories is None else categories[i]
+            gpu.free(rid, time_s, gpu_p[i], category=category)
+            host.finish(rid, time_s, host_p[i], request.conversation_id or rid, category)
             continue
         hashes = request.block_hashes
         assert hashes is not None, "a prepared workload carries every request's hashes"
