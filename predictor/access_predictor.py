@@ -38,10 +38,11 @@ from predictor.artifact import (
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.(weight|bias)$")
 
 
-def _layers(
+def mlp_layers(
     folder: Path, state: dict[str, np.ndarray]
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """(in, out) weight matrices and biases of the MLP's linear layers, in order."""
+    """(in, out) weight matrices and biases of the MLP's linear layers, in order (the access
+    and return-time artifacts store their MLPs alike)."""
     by_index: dict[int, dict[str, np.ndarray]] = {}
     for key, value in state.items():
         match = _LAYER_KEY.match(key)
@@ -119,7 +120,7 @@ class AccessPredictor:
             raise ArtifactCorruptError(
                 f"artifact {folder}: weights cannot be parsed ({error})"
             ) from error
-        weights, biases = _layers(folder, state)
+        weights, biases = mlp_layers(folder, state)
         return cls(metadata, weights, biases, folder)
 
     @property

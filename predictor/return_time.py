@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -43,6 +42,7 @@ from predictor.access_features import (
     known_by,
     state_functions,
 )
+from predictor.access_predictor import mlp_layers
 from predictor.artifact import ArtifactCorruptError, ArtifactIncompatibleError
 from predictor.return_curve import ReturnCurve
 
@@ -50,7 +50,6 @@ PREDICTS = "return_time_survival"
 RETURN_FORMAT_VERSION = 1
 METADATA_FILE = "metadata.json"
 WEIGHTS_FILE = "model.safetensors"
-_LAYER_KEY = re.compile(r"^layers\.(\d+)\.(weight|bias)$")
 
 
 @dataclass(frozen=True)
@@ -212,7 +211,7 @@ class ReturnTimePredictor:
                 f"artifact {folder}: {WEIGHTS_FILE} sha256 {digest[:12]}… differs from the "
                 f"recorded {metadata.weights_sha256[:12]}…"
             )
-        weights, biases = _layers(folder, load_numpy(payload))
+        weights, biases = mlp_layers(folder, load_numpy(payload))
         return cls(metadata, weights, biases, folder)
 
 
@@ -257,22 +256,3 @@ def save_return_model(
     (folder / WEIGHTS_FILE).write_bytes(payload)
     (folder / METADATA_FILE).write_text(json.dumps(stamped.to_dict(), indent=2, sort_keys=True))
     return stamped
-
-
-def _layers(
-    folder: Path, state: dict[str, np.ndarray]
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    by_index: dict[int, dict[str, np.ndarray]] = {}
-    for key, value in state.items():
-        match = _LAYER_KEY.match(key)
-        if match is None:
-            raise ArtifactCorruptError(f"artifact {folder}: unexpected tensor {key!r}")
-        by_index.setdefault(int(match.group(1)), {})[match.group(2)] = value
-    weights, biases = [], []
-    for index in sorted(by_index):
-        layer = by_index[index]
-        if set(layer) != {"weight", "bias"}:
-            raise ArtifactCorruptError(f"artifact {folder}: layer {index} lacks weight or bias")
-        weights.append(np.ascontiguousarray(layer["weight"].T, dtype=np.float32))
-        biases.append(np.asarray(layer["bias"], dtype=np.float32))
-    return weights, biases
