@@ -70,7 +70,24 @@ class Claim:
         self.release_s = release_s
 
 
-class EvictionAgeEstimate:
+class _SmoothedWindow:
+    """W, exponentially smoothed: each observation moves it by `weight` of the difference."""
+
+    def __init__(self, initial_s: float, weight: float) -> None:
+        if not math.isfinite(initial_s) or initial_s <= 0:
+            raise ValueError(f"initial_s must be a finite number > 0, got {initial_s!r}")
+        if not 0.0 < weight <= 1.0:
+            raise ValueError(f"weight must be in (0, 1], got {weight!r}")
+        self.value_s = initial_s
+        self.weight = weight
+        self.observed = 0
+
+    def _move_towards(self, target_s: float) -> None:
+        self.value_s += self.weight * (target_s - self.value_s)
+        self.observed += 1
+
+
+class EvictionAgeEstimate(_SmoothedWindow):
     """W: an exponentially weighted mean of eviction ages, one update per evicted block.
 
     Starts at `initial_s` (no eviction seen yet); each evicted cached block's age moves it by
@@ -83,22 +100,17 @@ class EvictionAgeEstimate:
         initial_s: float = DEFAULT_INITIAL_WINDOW_S,
         weight: float = DEFAULT_WINDOW_WEIGHT,
     ) -> None:
-        if not math.isfinite(initial_s) or initial_s <= 0:
-            raise ValueError(f"initial_s must be a finite number > 0, got {initial_s!r}")
-        if not 0.0 < weight <= 1.0:
-            raise ValueError(f"weight must be in (0, 1], got {weight!r}")
-        self.value_s = initial_s
-        self.weight = weight
-        self.observed = 0
+        super().__init__(initial_s, weight)
 
     def observe(self, age_s: float) -> None:
         if age_s < 0 or not math.isfinite(age_s):
             return
+        # Inline (once per evicted block): the update of `_move_towards`.
         self.value_s += self.weight * (age_s - self.value_s)
         self.observed += 1
 
 
-class TurnoverEstimate:
+class TurnoverEstimate(_SmoothedWindow):
     """W by Little's law: the cached blocks queued, divided by the rate at which cached blocks
     are evicted — the mean time a block spends in this cache's free queue.
 
@@ -115,20 +127,12 @@ class TurnoverEstimate:
         initial_s: float = DEFAULT_INITIAL_WINDOW_S,
         weight: float = DEFAULT_TURNOVER_WEIGHT,
     ) -> None:
-        if not math.isfinite(initial_s) or initial_s <= 0:
-            raise ValueError(f"initial_s must be a finite number > 0, got {initial_s!r}")
-        if not 0.0 < weight <= 1.0:
-            raise ValueError(f"weight must be in (0, 1], got {weight!r}")
-        self.value_s = initial_s
-        self.weight = weight
-        self.observed = 0
+        super().__init__(initial_s, weight)
 
     def observe_interval(self, queued: int, elapsed_s: float, evicted: int) -> None:
         if evicted <= 0 or not elapsed_s > 0 or not math.isfinite(elapsed_s):
             return
-        turnover_s = queued * elapsed_s / evicted
-        self.value_s += self.weight * (turnover_s - self.value_s)
-        self.observed += 1
+        self._move_towards(queued * elapsed_s / evicted)
 
 
 WINDOW_RULES = ("turnover", "eviction-age")
