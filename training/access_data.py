@@ -99,6 +99,15 @@ class AccessSamples:
         }
 
 
+def turn_indices(table: pd.DataFrame) -> np.ndarray:
+    """Each row's turn for the turns-only baseline: earlier requests of its conversation that
+    finished before it, as the `log_turn` feature counts them."""
+    order = completion_order(table["completion_s"].to_numpy())
+    turn_index = np.empty(len(table), dtype=np.int64)
+    turn_index[order] = table.iloc[order].groupby("conversation_id", sort=False).cumcount()
+    return turn_index
+
+
 def access_samples(
     table: pd.DataFrame,
     feature_names: Sequence[str],
@@ -110,11 +119,7 @@ def access_samples(
     table = table.reset_index(drop=True)
     parts = time_parts(table, cut_s, validation_fraction)
     values = feature_frame(table, feature_names).to_numpy()
-    # The turns-only baseline's turn: earlier requests of the conversation that finished
-    # before this one, as the `log_turn` feature counts them.
-    order = completion_order(table["completion_s"].to_numpy())
-    turn_index = np.empty(len(table), dtype=np.int64)
-    turn_index[order] = table.iloc[order].groupby("conversation_id", sort=False).cumcount()
+    turn_index = turn_indices(table)
     end_s = float(table["arrival_s"].iloc[-1])
     ranges = {
         "fit": (0, parts.validation, parts.validation_cut_s),

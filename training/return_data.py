@@ -19,8 +19,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from predictor.access_features import completion_order, feature_frame
-from training.access_data import DEFAULT_VALIDATION_FRACTION, TimeParts, time_parts
+from predictor.access_features import feature_frame
+from training.access_data import (
+    DEFAULT_VALIDATION_FRACTION,
+    TimeParts,
+    time_parts,
+    turn_indices,
+)
 
 
 @dataclass(frozen=True)
@@ -95,9 +100,7 @@ def return_samples(
     table = table.reset_index(drop=True)
     cuts = time_parts(table, cut_s, validation_fraction)
     values = feature_frame(table, feature_names).to_numpy()
-    order = completion_order(table["completion_s"].to_numpy())
-    turn_index = np.empty(len(table), dtype=np.int64)
-    turn_index[order] = table.iloc[order].groupby("conversation_id", sort=False).cumcount()
+    turn_index = turn_indices(table)
     end_s = float(table["arrival_s"].iloc[-1])
     ranges = {
         "fit": (0, cuts.validation, cuts.validation_cut_s),
