@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 from typing import Any, Protocol
 
 import numpy as np
@@ -54,9 +55,10 @@ class PreparedWorkload:
     # curve source name -> one return curve per request (the `lpc-return` evictor's input)
     curves: dict[str, list[ReturnCurveLike | None]] = field(default_factory=dict)
 
-    @property
+    @cached_property
     def counted_conversations(self) -> np.ndarray:
-        """Each counted request's conversation, as codes 0..k-1."""
+        """Each counted request's conversation, as codes 0..k-1 (computed once per workload,
+        not once per replay)."""
         ids = [r.conversation_id for r in self.requests[self.first_counted :]]
         if not ids:
             return np.zeros(0, dtype=np.int64)
