@@ -200,8 +200,11 @@ class LPCFreeBlockQueue:
         if block.block_hash is not None:
             runtime = self.runtime
             runtime.stats.add(evictions=1)
-            age = runtime.clock() - self._released_s[block.block_id]
-            runtime.histograms.eviction_age_s.observe(age)
+            try:  # metrics only: the block is already vLLM's
+                age = runtime.clock() - self._released_s[block.block_id]
+                runtime.histograms.eviction_age_s.observe(age)
+            except Exception as error:
+                runtime.stats.plugin_error("the eviction-age histogram", error)
         return block
 
     def popleft_n(self, n: int) -> list[Any]:
@@ -216,7 +219,10 @@ class LPCFreeBlockQueue:
         evicted = sum(1 for block in popped if block.block_hash is not None)
         if evicted:
             self.runtime.stats.add(evictions=evicted)
-            self._observe_eviction_ages(popped)
+            try:  # metrics only: the blocks are already vLLM's
+                self._observe_eviction_ages(popped)
+            except Exception as error:
+                self.runtime.stats.plugin_error("the eviction-age histogram", error)
         return popped
 
     def _observe_eviction_ages(self, popped: list[Any]) -> None:
