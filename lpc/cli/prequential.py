@@ -72,8 +72,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def options_from(args: argparse.Namespace):
-    from lpc.errors import InvalidInputError
-    from lpc.replay.policies import parse_policies
     from lpc.access.prequential import (
         DEFAULT_POLICIES,
         DEFAULT_STARTS_S,
@@ -81,6 +79,8 @@ def options_from(args: argparse.Namespace):
         PrequentialOptions,
         window_grid,
     )
+    from lpc.errors import InvalidInputError
+    from lpc.replay.policies import parse_policies
 
     try:
         windows = window_grid(args.starts or DEFAULT_STARTS_S, args.width or DEFAULT_WIDTH_S)
