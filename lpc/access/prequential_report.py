@@ -90,6 +90,27 @@ def verdicts(windows: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[str]
     return out
 
 
+def policy_rows(
+    windows: Sequence[dict[str, Any]], policy: str
+) -> tuple[list[str], list[list[str]]]:
+    """One policy across the windows: its gain over LRU with the interval per cache size (or,
+    for lru and belady, the hit ratio)."""
+    sizes = sorted(int(s) for s in windows[0]["replay"]["comparison"]["hit_ratio"]["lru"])
+    header = ["window", *(_size(s) for s in sizes)]
+    rows = []
+    for window in windows:
+        comparison = window["replay"]["comparison"]
+        if policy in ("lru", "belady"):
+            ratio = comparison["hit_ratio"][policy]
+            cells = [f"{ratio[_key(ratio, s)]:.1%}" for s in sizes]
+        else:
+            gains = comparison["gain_over_lru"][policy]
+            cis = comparison["gain_over_lru_ci95"].get(policy, {})
+            cells = [_gain_cell(gains[_key(gains, s)], cis.get(_key(cis, s))) for s in sizes]
+        rows.append([window_label(window), *cells])
+    return header, rows
+
+
 def window_label(window: dict[str, Any]) -> str:
     w = window["window"]
     return f"{w['start_s'] / 60:g}–{w['end_s'] / 60:g} min"
@@ -134,6 +155,11 @@ def markdown_report(windows: Sequence[dict[str, Any]]) -> str:
     lines = ["# Prequential evaluation", ""]
     header, rows = quality_rows(windows)
     lines += ["## Model quality on each window's releases", "", markdown_table(header, rows), ""]
+    policies = list(windows[0]["replay"]["comparison"]["hit_ratio"]) if windows else []
+    for policy in policies:
+        what = "hit ratio" if policy in ("lru", "belady") else "gain over LRU, 95 % interval"
+        header, rows = policy_rows(windows, policy)
+        lines += [f"## {policy}: {what}", "", markdown_table(header, rows), ""]
     for window in windows:
         workload = window["replay"]["workload"]
         lines += [

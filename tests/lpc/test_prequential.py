@@ -15,7 +15,7 @@ from lpc.access.prequential import (
     window_grid,
     window_training_options,
 )
-from lpc.access.prequential_report import verdict
+from lpc.access.prequential_report import markdown_report, verdict
 from lpc.access.window_quality import conversation_bootstrap, window_rows
 from lpc.cli.main import main
 from lpc.errors import InvalidInputError
@@ -200,3 +200,45 @@ def test_a_bad_width_fails_in_argparse(capsys) -> None:
         main(["prequential", "--width", "0"])
     assert stop.value.code == 2
     assert "--width" in capsys.readouterr().err
+
+
+def _window_json(start_s: float, lpc_ci: list[float]) -> dict:
+    sizes = {"1000000": None}
+    return {
+        "window": {"start_s": start_s, "end_s": start_s + 600.0},
+        "quality": {
+            "classifier": {"samples": 10, "roc_auc": {"value": 0.7, "ci95": [0.6, 0.8]}},
+            "return_model": {
+                "samples": 10,
+                "model": {
+                    "concordance": 0.65,
+                    "concordance_ci95": [0.6, 0.7],
+                    "integrated_brier": 0.2,
+                    "auc": {"60": 0.6, "180": 0.7, "600": 0.7},
+                },
+                "km_per_turn": {"concordance": 0.6, "auc": {"180": 0.62}},
+            },
+        },
+        "replay": {
+            "workload": {
+                "requests": 5,
+                "conversations": 3,
+                "prompt_tokens": 100,
+                "replayed_requests": 9,
+            },
+            "comparison": {
+                "hit_ratio": {"lru": {"1000000": 0.1}, "lpc": {"1000000": 0.12}},
+                "gain_over_lru": {"lru": {"1000000": 0.0}, "lpc": {"1000000": 0.2}},
+                "gain_over_lru_ci95": {"lpc": {"1000000": lpc_ci}},
+                "gap_closed_belady": {"lpc": sizes},
+            },
+        },
+    }
+
+
+def test_the_report_counts_each_windows_verdict() -> None:
+    windows = [_window_json(1200.0, [0.1, 0.3]), _window_json(1800.0, [-0.3, -0.1])]
+    text = markdown_report(windows)
+    assert "lpc: above in 1, level in 0, below in 1 (30–40 min 1M)" in text
+    assert "| 20–30 min | +20.0% [+10.0%, +30.0%] |" in text
+    assert "0.700 [0.600, 0.800]" in text
