@@ -91,10 +91,10 @@ def verdicts(windows: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[str]
 
 
 def policy_rows(
-    windows: Sequence[dict[str, Any]], policy: str
+    windows: Sequence[dict[str, Any]], policy: str, gap: bool = False
 ) -> tuple[list[str], list[list[str]]]:
     """One policy across the windows: its gain over LRU with the interval per cache size (or,
-    for lru and belady, the hit ratio)."""
+    for lru and belady, the hit ratio; with `gap`, the share of the LRU→Belady gap closed)."""
     sizes = sorted(int(s) for s in windows[0]["replay"]["comparison"]["hit_ratio"]["lru"])
     header = ["window", *(_size(s) for s in sizes)]
     rows = []
@@ -103,6 +103,9 @@ def policy_rows(
         if policy in ("lru", "belady"):
             ratio = comparison["hit_ratio"][policy]
             cells = [f"{ratio[_key(ratio, s)]:.1%}" for s in sizes]
+        elif gap:
+            shares = comparison["gap_closed_belady"].get(policy, {})
+            cells = [_share(shares.get(_key(shares, s))) for s in sizes]
         else:
             gains = comparison["gain_over_lru"][policy]
             cis = comparison["gain_over_lru_ci95"].get(policy, {})
@@ -114,6 +117,12 @@ def policy_rows(
 def window_label(window: dict[str, Any]) -> str:
     w = window["window"]
     return f"{w['start_s'] / 60:g}–{w['end_s'] / 60:g} min"
+
+
+def _number(value: float | None) -> str:
+    """Three decimals; '—' for a figure the window cannot give (NaN: e.g. an AUC at 600 s
+    when no release of the window is followed that long before the trace ends)."""
+    return "—" if value is None or value != value else f"{value:.3f}"
 
 
 def _ci(ci: Sequence[float] | None) -> str:
@@ -143,9 +152,9 @@ def quality_rows(windows: Sequence[dict[str, Any]]) -> tuple[list[str], list[lis
                 f"{clf['samples']:,} / {hz['samples']:,}",
                 f"{clf['roc_auc']['value']:.3f}{_ci(clf['roc_auc']['ci95'])}",
                 f"{model['concordance']:.3f}{_ci(model['concordance_ci95'])}",
-                f"{model['integrated_brier']:.3f}",
-                f"{auc['60']:.3f} / {auc['180']:.3f} / {auc['600']:.3f}",
-                f"{km['concordance']:.3f} / {km['auc']['180']:.3f}",
+                _number(model["integrated_brier"]),
+                " / ".join(_number(auc[t]) for t in ("60", "180", "600")),
+                f"{_number(km['concordance'])} / {_number(km['auc']['180'])}",
             ]
         )
     return header, rows
@@ -160,6 +169,10 @@ def markdown_report(windows: Sequence[dict[str, Any]]) -> str:
         what = "hit ratio" if policy in ("lru", "belady") else "gain over LRU, 95 % interval"
         header, rows = policy_rows(windows, policy)
         lines += [f"## {policy}: {what}", "", markdown_table(header, rows), ""]
+        if policy not in ("lru", "belady") and "belady" in policies:
+            header, rows = policy_rows(windows, policy, gap=True)
+            lines += [f"## {policy}: share of the LRU→Belady gap closed", ""]
+            lines += [markdown_table(header, rows), ""]
     for window in windows:
         workload = window["replay"]["workload"]
         lines += [
