@@ -49,6 +49,13 @@ def horizon_labels(table: pd.DataFrame, horizon_s: float, end_s: float) -> pd.Se
     return labels
 
 
+def before(cut_s: float) -> float:
+    """The labelling end of a part that stops at a cut: the part holds the arrivals before
+    the cut (`time_parts`, `split_in_time`), so its labels must not read one arriving exactly
+    at it (a trace in whole seconds has many); the labelling functions include their end."""
+    return float(np.nextafter(cut_s, -np.inf))
+
+
 @dataclass(frozen=True)
 class TimeParts:
     """Row ranges of a table sorted by arrival: fit [0, validation), validation
@@ -122,8 +129,8 @@ def access_samples(
     turn_index = turn_indices(table)
     end_s = float(table["arrival_s"].iloc[-1])
     ranges = {
-        "fit": (0, parts.validation, parts.validation_cut_s),
-        "validation": (parts.validation, parts.evaluation, parts.evaluation_cut_s),
+        "fit": (0, parts.validation, before(parts.validation_cut_s)),
+        "validation": (parts.validation, parts.evaluation, before(parts.evaluation_cut_s)),
         "evaluation": (parts.evaluation, len(table), end_s),
     }
     features, labels, turns, censored = {}, {}, {}, {}

@@ -23,6 +23,7 @@ from predictor.access_features import feature_frame
 from training.access_data import (
     DEFAULT_VALIDATION_FRACTION,
     TimeParts,
+    before,
     time_parts,
     turn_indices,
 )
@@ -103,9 +104,9 @@ def return_samples(
     turn_index = turn_indices(table)
     end_s = float(table["arrival_s"].iloc[-1])
     ranges = {
-        "fit": (0, cuts.validation, cuts.validation_cut_s),
-        "validation": (cuts.validation, cuts.evaluation, cuts.evaluation_cut_s),
-        "training": (0, cuts.evaluation, cuts.evaluation_cut_s),
+        "fit": (0, cuts.validation, before(cuts.validation_cut_s)),
+        "validation": (cuts.validation, cuts.evaluation, before(cuts.evaluation_cut_s)),
+        "training": (0, cuts.evaluation, before(cuts.evaluation_cut_s)),
         "evaluation": (cuts.evaluation, len(table), end_s),
     }
     parts = {}

@@ -98,6 +98,9 @@ class ABOptions:
     trace: Path | None = None  # a file, or the name of a bundled trace ("mooncake")
     trace_format: str | None = None  # None: recognised from the first line
     split_at: float | None = None  # traces: fraction (< 1) or seconds; None: 0.5
+    # traces: seconds after the first arrival at which the replay stops (a prequential
+    # window's end: requests arriving at or after it are not replayed); None: the trace's end
+    replay_until_s: float | None = None
     horizon_s: float = DEFAULT_HORIZON_S  # traces: the oracle's continuation horizon
     shared_fanout: int = DEFAULT_SHARED_FANOUT  # traces: prefix linkage's shared-block fan-out
     policies: tuple[PolicySpec, ...] = field(
@@ -525,13 +528,20 @@ def _trace_workload(loaded: _Loaded, context: ABContext, log: Callable[[str], No
     split = split_in_time(
         requests, DEFAULT_SPLIT_AT if options.split_at is None else options.split_at
     )
+    logged = trace.logged_probabilities
+    if options.replay_until_s is not None:
+        split, kept = _replay_until(requests, split, options.replay_until_s)
+        requests = requests[:kept]
+        logged = None if logged is None else logged[:kept]
     trace_info = {**trace.info, "split": split.to_dict()}
+    if options.replay_until_s is not None:
+        trace_info["split"]["replay_until_s"] = options.replay_until_s
     note = None
     if loaded.trace_has_training_part:
         options, note = _fit_on_training_part(trace, split, options, context)
     if trace.request_types is not None:
         context.request_types = {
-            r.request_id: t for r, t in zip(requests, trace.request_types, strict=True)
+            r.request_id: t for r, t in zip(trace.requests, trace.request_types, strict=True)
         }
     _log_trace(trace, split, options, log)
     if note is not None:
@@ -541,11 +551,33 @@ def _trace_workload(loaded: _Loaded, context: ABContext, log: Callable[[str], No
         requests,
         f"{trace.format} trace {trace.path}",
         split.first_eval,
-        trace.logged_probabilities,
+        logged,
         trace_info,
         trace.trace_block_size,
         note,
     )
+
+
+def _replay_until(
+    requests: Sequence[WorkloadRequest], split: TimeSplit, until_s: float
+) -> tuple[TimeSplit, int]:
+    """The split of a replay that stops `until_s` seconds after the first arrival, and how
+    many requests (in arrival order) it keeps: the evaluation part becomes [cut, until)."""
+    from lpc.traces.timeline import TimeSplit
+
+    end_s = split.start_s + until_s
+    if end_s <= split.cut_s:
+        raise InvalidInputError(
+            f"the replay's end ({until_s:g} s after the first arrival) must lie after the "
+            f"split ({split.cut_s - split.start_s:g} s)"
+        )
+    kept = next((i for i, r in enumerate(requests) if r.arrival_s >= end_s), len(requests))
+    if kept == split.first_eval:
+        raise InvalidInputError(
+            f"no request arrives between the split ({split.cut_s - split.start_s:g} s) and "
+            f"the replay's end ({until_s:g} s)"
+        )
+    return TimeSplit(split.cut_s, split.first_eval, kept, split.start_s), kept
 
 
 def _fit_on_training_part(
