@@ -224,6 +224,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "a model)",
     )
 
+    pol.add_argument(
+        "--return-model",
+        type=Path,
+        default=None,
+        help="return-time artifact folder for lpc-return-model (`lpc train-return --out`; "
+        "default: the shipped models/mooncake-return, trained on Mooncake's split-0.5 "
+        "training part; at another split train one there and pass it)",
+    )
+
     sweep = p.add_argument_group("think-time sweep")
     sweep.add_argument(
         "--think-time-sweep",
@@ -378,6 +387,7 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
         workers=args.workers,
         progress=not args.no_progress,
         tiers=tier_settings_from(args),
+        return_model=args.return_model,
     )
 
 
