@@ -423,6 +423,12 @@ def run(args: argparse.Namespace) -> int:
     model = model_path_from(args)
     options = options_from(args, model_available=model is not None)
     check_source(options.dataset)  # a missing path fails in a second, not after the setup
+    if options.return_model is not None and any(
+        p.curve_source == "model" for p in options.replayed_policies
+    ):
+        from lpc.replay.return_sources import load_return_model
+
+        load_return_model(options.return_model)  # so is an artifact of the wrong kind
     log = (lambda message: print(message, file=sys.stderr)) if args.json else print
     wants_model = options.trace_probabilities == "model" or any(
         p.source == "model" for p in options.policies
