@@ -2,7 +2,7 @@
 
     python scripts/paired_policy_gain.py --trace mooncake --policy lpc-return-model \
         --baseline lpc-pooled [--cache-sizes 2500000,4000000] [--split-at 0.5] \
-        [--return-model DIR] [--json]
+        [--return-model DIR] [--out DIR] [--json]
 
 `lpc ab` reports each policy's gain over LRU with a paired bootstrap interval over the
 evaluation part's conversations (`lpc.replay.intervals`); whether a policy is below another
@@ -47,6 +47,9 @@ def main() -> int:
     parser.add_argument("--cache-sizes", type=_sizes, default=TRACE_CACHE_SIZES_TOKENS)
     parser.add_argument("--split-at", type=float, default=None, help="as lpc ab --split-at")
     parser.add_argument("--return-model", type=Path, default=None, help="as lpc ab")
+    parser.add_argument(
+        "--out", type=Path, default=Path("results/paired"), help="where lpc ab's reports go"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args()
     try:
@@ -60,7 +63,7 @@ def main() -> int:
             cache_sizes_tokens=args.cache_sizes,
             workers=1,
             progress=False,
-            out_dir=Path("results/paired"),
+            out_dir=args.out,
             model_reads_text=False,
             return_model=args.return_model,
         )
