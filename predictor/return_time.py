@@ -219,8 +219,19 @@ def read_return_metadata(folder: Path | str) -> ReturnModelMetadata:
     folder = Path(folder)
     try:
         record = json.loads((folder / METADATA_FILE).read_text())
+    except (OSError, ValueError) as error:
+        raise ArtifactCorruptError(f"artifact {folder}: unreadable metadata ({error})") from error
+    # Checked before the rest is parsed: another kind of artifact (the 180-s classifier, a
+    # text model) is refused for what it is, not for the fields it lacks.
+    declared = record.get("predicts") if isinstance(record, dict) else None
+    if declared != PREDICTS:
+        raise ArtifactIncompatibleError(
+            f"artifact {folder} declares predicts: {declared!r}, not {PREDICTS!r}: not a "
+            "return-time model (lpc train-return)"
+        )
+    try:
         metadata = ReturnModelMetadata.from_dict(record)
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (ValueError, KeyError, TypeError) as error:
         raise ArtifactCorruptError(f"artifact {folder}: unreadable metadata ({error})") from error
     if metadata.format_version != RETURN_FORMAT_VERSION:
         raise ArtifactIncompatibleError(

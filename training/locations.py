@@ -17,6 +17,7 @@ CACHE_DIR_ENV = "LPC_CACHE_DIR"
 REGISTRY_DIR_ENV = "LPC_REGISTRY_DIR"
 SHIPPED_MODEL_NAME = "sharegpt-e5-small-q4"
 SHIPPED_ACCESS_MODEL_NAME = "mooncake-access"
+SHIPPED_RETURN_MODEL_NAME = "mooncake-return"  # the return-time model (`lpc train-return`)
 
 
 def default_cache_dir() -> Path:

@@ -224,6 +224,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "a model)",
     )
 
+    pol.add_argument(
+        "--return-model",
+        type=Path,
+        default=None,
+        help="return-time artifact folder for lpc-return-model (`lpc train-return --out`; "
+        "default: the shipped models/mooncake-return, trained on Mooncake's split-0.5 "
+        "training part; at another split train one there and pass it)",
+    )
+
     sweep = p.add_argument_group("think-time sweep")
     sweep.add_argument(
         "--think-time-sweep",
@@ -378,6 +387,7 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
         workers=args.workers,
         progress=not args.no_progress,
         tiers=tier_settings_from(args),
+        return_model=args.return_model,
     )
 
 
@@ -413,6 +423,12 @@ def run(args: argparse.Namespace) -> int:
     model = model_path_from(args)
     options = options_from(args, model_available=model is not None)
     check_source(options.dataset)  # a missing path fails in a second, not after the setup
+    if options.return_model is not None and any(
+        p.curve_source == "model" for p in options.replayed_policies
+    ):
+        from lpc.replay.return_sources import load_return_model
+
+        load_return_model(options.return_model)  # so is an artifact of the wrong kind
     log = (lambda message: print(message, file=sys.stderr)) if args.json else print
     wants_model = options.trace_probabilities == "model" or any(
         p.source == "model" for p in options.policies

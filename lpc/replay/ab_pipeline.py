@@ -126,6 +126,8 @@ class ABOptions:
     workers: int = 2
     progress: bool = True
     tiers: TierSettings | None = None  # --offload-sizes: a CPU tier below the GPU cache
+    # the return-time artifact `lpc-return-model` reads (None: the shipped one)
+    return_model: Path | None = None
 
     @property
     def replayed_policies(self) -> tuple[PolicySpec, ...]:
@@ -665,6 +667,7 @@ class _Replayer:
     # a generated workload's fit for another workload configuration (the think-time sweep)
     refit: Callable[[WorkloadConfig], PolicyFits] | None = None
     sweep_fits: dict[float, dict[str, Any]] = field(default_factory=dict)  # mean -> report
+    _return_model: Any = None  # `return_model()`'s artifact, once loaded
 
     def settings_for(
         self, reqs: Sequence[WorkloadRequest], fits: PolicyFits | None = None
@@ -700,12 +703,37 @@ class _Replayer:
         return values
 
     def curves(self, reqs: list[WorkloadRequest]) -> dict[str, list[Any]]:
-        """The return curves the `lpc-return` policies read, per request; `km-turn` is fitted
-        on the requests before `first_counted` (a trace's training part)."""
-        from lpc.replay.return_sources import return_curves
+        """The return curves the `lpc-return` policies of either tier read, per request;
+        `km-turn` is fitted on the requests before `first_counted` (a trace's training part),
+        `model` read from the return-time artifact, which must not have seen the rest."""
+        from lpc.replay.return_sources import check_trained_before, return_curves
 
-        names = {p.curve_source for p in self.options.policies if p.curve_source is not None}
-        return {name: return_curves(name, reqs, self.first_counted) for name in sorted(names)}
+        names = {
+            p.curve_source for p in self.options.replayed_policies if p.curve_source is not None
+        }
+        model = None
+        if "model" in names:
+            model = self.return_model()
+            check_trained_before(model, self.options.trace, self.first_counted)
+        return {
+            name: return_curves(name, reqs, self.first_counted, model) for name in sorted(names)
+        }
+
+    def return_model(self) -> Any:
+        """The `lpc-return-model` policy's artifact, loaded once (--return-model, else the
+        shipped one)."""
+        if self._return_model is None:
+            from lpc.replay.return_sources import load_return_model
+            from training.locations import SHIPPED_RETURN_MODEL_NAME, shipped_model_dir
+
+            path = self.options.return_model or shipped_model_dir(SHIPPED_RETURN_MODEL_NAME)
+            if path is None:
+                raise InvalidInputError(
+                    "policy lpc-return-model needs a return-time model: --return-model DIR "
+                    "(lpc train-return --out DIR)"
+                )
+            self._return_model = load_return_model(path)
+        return self._return_model
 
 
 def _fit_sources(

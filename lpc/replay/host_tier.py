@@ -52,6 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from eviction import Evictor, FreedBlocks, Release
+from eviction.base import ReturnCurveLike
 from lpc.blocks.hashing import BlockHash
 
 DEFAULT_MAX_TRACKER_SIZE = 64_000  # vLLM's CPUOffloadingManager default
@@ -198,10 +199,12 @@ class HostTier:
         probability: float | None,
         conversation_id: str,
         category: str | None = None,
+        return_curve: ReturnCurveLike | None = None,
     ) -> None:
         """vLLM's `on_request_finished`: the request's stored and reused chunks that are still
         resident go back to the evictor, tail first, with the request's probability (and its
-        workload category, for the policies that keep one queue per category)."""
+        workload category, for the policies that keep one queue per category, and its return
+        curve, for those that ask when the conversation comes back)."""
         access = self._accesses.pop(request_id, None)
         if access is None:
             return
@@ -214,7 +217,10 @@ class HostTier:
             self.evictor.remove(slot_of[hashes[d]])
         freed = FreedBlocks([slot_of[hashes[d]] for d in live], live, [hashes[d] for d in live])
         self.evictor.push_cached(
-            freed, Release(now_s, probability, conversation_id, category=category)
+            freed,
+            Release(
+                now_s, probability, conversation_id, category=category, return_curve=return_curve
+            ),
         )
 
     def check_invariants(self) -> None:

@@ -113,6 +113,12 @@ RETURN_VARIANTS: dict[str, ReturnVariant] = {
             "per turn, fitted on the training part (eviction/return_window.py)",
         ),
         ReturnVariant(
+            "lpc-return-model",
+            "model",
+            "the same evictor fed the return-time hazard model's curve per release, from the "
+            "access features an engine knows at the release (--return-model)",
+        ),
+        ReturnVariant(
             "lpc-return-true",
             "true-return",
             "the same evictor fed each conversation's true next arrival (a step curve)",

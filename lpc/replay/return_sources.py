@@ -1,7 +1,7 @@
 """Where the `lpc-return` evictor's return curves come from: one curve per request's release.
 
 A curve says when the releasing conversation's next request arrives, counted from this
-request's completion (its release). Two sources, built beside any learned model:
+request's completion (its release). Three sources:
 
 - `true-return` (perfect knowledge, an upper bound): the trace's true next arrival of the
   conversation, as a step curve (S = 1 before it, 0 from it on; no next request: S = 1
@@ -11,19 +11,32 @@ request's completion (its release). Two sources, built beside any learned model:
   censored there, so conversations that stop and conversations that return late are told
   apart only as far as the part can see. Turns from `max_turn` on share one curve; a turn
   with fewer than `min_samples` releases takes the curve of all turns.
+- `model` (deployable): the return-time hazard model's curve (`lpc train-return`,
+  `predictor.return_time.ReturnTimePredictor`), from the access features an engine knows at
+  the release, computed for all requests in one batched pass. The model must come from the
+  training part alone: `check_trained_before` refuses one whose recorded training part
+  reaches past this replay's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from lpc.errors import InvalidInputError
 from lpc.workload import WorkloadRequest
 from predictor.return_curve import ReturnCurve, log_spaced_edges
 
-CURVE_SOURCES = ("true-return", "km-turn")
+if TYPE_CHECKING:  # the model source loads it (and pandas) only when asked for
+    from eviction.base import ReturnCurveLike
+    from lpc.replay.policies import PolicySpec
+    from predictor.return_time import ReturnTimePredictor
+
+CURVE_SOURCES = ("true-return", "km-turn", "model")
 DEFAULT_MAX_TURN = 6
 DEFAULT_MIN_SAMPLES = 30
 NEVER_RETURNS = ReturnCurve(np.array([0.0, 1.0]), np.array([1.0, 1.0]))
@@ -138,13 +151,87 @@ class TurnReturnCurves:
         return [self.curve_for(r) for r in requests]
 
 
+def load_return_model(folder: Path | str) -> ReturnTimePredictor:
+    """The return-time artifact at `folder`; an artifact that is not one (e.g. the 180-s
+    classifier) or is damaged raises a one-line `ArtifactError`."""
+    from predictor.return_time import ReturnTimePredictor
+
+    folder = Path(folder)
+    if not (folder / "metadata.json").is_file():
+        raise InvalidInputError(f"return model {folder}: no metadata.json (not an artifact)")
+    return ReturnTimePredictor.load(folder)
+
+
+def check_trained_before(model: ReturnTimePredictor, trace: str | None, first_eval: int) -> None:
+    """Refuse a model that has seen this replay's evaluation part: one trained on the same
+    trace (its recorded name) with more training requests than this replay's training part.
+    A model of another trace, or one recording no split, is not checked here."""
+    notes = model.metadata.notes
+    trained = notes.get("split", {}).get("train_requests")
+    if trace is None or notes.get("trace") != str(trace) or trained is None:
+        return
+    if int(trained) > first_eval:
+        raise InvalidInputError(
+            f"return model {model.path} was trained on the first {trained} requests of "
+            f"{trace}, past this replay's training part ({first_eval}): train one at this "
+            "split (lpc train-return --split-at S --out DIR) and pass --return-model DIR"
+        )
+
+
+def model_curves(
+    model: ReturnTimePredictor, requests: Sequence[WorkloadRequest]
+) -> list[ReturnCurve]:
+    """The model's curve for every request (arrival order, training part included, so each
+    conversation's history is complete), each from what an engine knows at its release."""
+    from lpc.access.table import request_table
+    from predictor.access_features import feature
+
+    if not requests:
+        return []
+    needs = sorted({c for n in model.feature_names if (c := feature(n).needs_column)})
+    if needs:
+        raise InvalidInputError(
+            f"return model {model.path} reads column(s) {', '.join(needs)}, which the "
+            "replayed requests do not carry"
+        )
+    survival = model.survival_table(request_table(requests))
+    grid = model.grid_s
+    # exp(−cumulative hazard) on the artifact's checked grid: valid by construction.
+    return [ReturnCurve.of_valid(grid, row) for row in survival]
+
+
 def return_curves(
-    name: str, requests: Sequence[WorkloadRequest], first_eval: int
+    name: str,
+    requests: Sequence[WorkloadRequest],
+    first_eval: int,
+    model: ReturnTimePredictor | None = None,
 ) -> list[ReturnCurve]:
     """The named source's curve for every request (`first_eval`: the evaluation part's
-    first request; the training part before it fits `km-turn`)."""
+    first request; the training part before it fits `km-turn`; `model` feeds `model`)."""
     if name == "true-return":
         return true_return_curves(requests)
     if name == "km-turn":
         return TurnReturnCurves.fit(requests, first_eval).curves(requests)
+    if name == "model":
+        if model is None:
+            raise InvalidInputError(
+                "the 'model' return-curve source needs a return-time model (--return-model DIR)"
+            )
+        return model_curves(model, requests)
     raise ValueError(f"unknown return-curve source {name!r}; known: {', '.join(CURVE_SOURCES)}")
+
+
+def request_curves(
+    curves: Mapping[str, Sequence[ReturnCurveLike | None]], spec: PolicySpec, count: int
+) -> Sequence[ReturnCurveLike | None]:
+    """The curve each of `count` requests releases its blocks with under `spec`: none for a
+    policy without a curve source, else the prepared source's curves (which must be there)."""
+    if spec.curve_source is None:
+        return [None] * count
+    try:
+        return curves[spec.curve_source]
+    except KeyError:
+        raise ValueError(
+            f"policy {spec.label!r} needs the {spec.curve_source!r} return curves, "
+            "which this workload was not prepared with"
+        ) from None

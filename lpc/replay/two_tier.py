@@ -27,6 +27,7 @@ from lpc.replay.ab import ReplaySettings
 from lpc.replay.host_tier import HostTier
 from lpc.replay.latency import TierLatency, summarise_ttft
 from lpc.replay.policies import PolicySpec, build_evictor
+from lpc.replay.return_sources import request_curves
 from lpc.replay.simulator import PreparedWorkload, num_blocks_for, request_probabilities
 from lpc.workload import ARRIVAL
 
@@ -141,6 +142,8 @@ def replay_two_tier(
     categories = workload.categories
     gpu_p = request_probabilities(workload, spec)
     host_p = request_probabilities(workload, offload_spec)
+    gpu_curves = request_curves(workload.curves, spec, len(workload.requests))
+    host_curves = request_curves(workload.curves, offload_spec, len(workload.requests))
     first_counted = workload.first_counted
     prompts: list[int] = []
     device_hits: list[int] = []
@@ -156,8 +159,10 @@ def replay_two_tier(
                 failed.discard(i)
                 continue
             category = None if categories is None else categories[i]
-            gpu.free(rid, time_s, gpu_p[i], category=category)
-            host.finish(rid, time_s, host_p[i], request.conversation_id or rid, category)
+            gpu.free(rid, time_s, gpu_p[i], category=category, return_curve=gpu_curves[i])
+            host.finish(
+                rid, time_s, host_p[i], request.conversation_id or rid, category, host_curves[i]
+            )
             continue
         hashes = request.block_hashes
         assert hashes is not None, "a prepared workload carries every request's hashes"

@@ -10,6 +10,7 @@ import pytest
 
 from lpc.cli.main import main
 
+ACCESS_MODEL = Path(__file__).resolve().parents[2] / "models" / "mooncake-access"  # a classifier
 WORDS = [
     "cache",
     "block",
@@ -154,6 +155,10 @@ def test_exported_trace_replays_to_identical_numbers(chats: Path, tmp_path: Path
         (["--trace-probabilities", "oracle"], "goes with --export-trace"),
         (["--closed-loop"], "belady needs a fixed trace"),
         (["--policies", "lru,lpc", "--model", "none"], "needs a trained predictor model"),
+        (
+            ["--policies", "lru,lpc-return-model", "--return-model", str(ACCESS_MODEL)],
+            "not a return-time model",
+        ),
     ],
 )
 def test_bad_flags_give_one_clear_line(chats: Path, tmp_path: Path, capsys, args, message) -> None:

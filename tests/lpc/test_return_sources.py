@@ -3,24 +3,31 @@ that carries them to the `lpc-return` evictor."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from eviction.return_window import TurnoverEstimate
+from lpc.errors import InvalidInputError
 from lpc.replay.ab_pipeline import ABOptions, run_ab
 from lpc.replay.policies import parse_policies, parse_policy
 from lpc.replay.return_sources import (
     NEVER_RETURNS,
     TurnReturnCurves,
+    check_trained_before,
     kaplan_meier,
+    load_return_model,
     next_arrivals,
     return_curves,
     step_curve,
     true_return_curves,
 )
+from lpc.replay.two_tier import TierSettings
 from lpc.workload import ScriptedTurn, WorkloadRequest
+from predictor.artifact import ArtifactIncompatibleError
+from predictor.return_time import ReturnInput, ReturnModelMetadata, save_return_model
 from tests.lpc.traces.helpers import bundled_lines, write_lines
 
 
@@ -76,7 +83,7 @@ def test_km_per_turn_is_fitted_on_the_training_part_and_censored_at_its_end() ->
     curves = return_curves("km-turn", requests, first_eval)
     assert len(curves) == len(requests)
     with pytest.raises(ValueError, match="unknown return-curve source"):
-        return_curves("model", requests, first_eval)
+        return_curves("hazard", requests, first_eval)
 
 
 def test_the_turnover_window_is_queued_blocks_over_the_eviction_rate() -> None:
@@ -118,3 +125,82 @@ def test_a_trace_slice_replays_the_return_policies_under_belady(tmp_path: Path) 
             assert 0.0 < ratio[policy][size] <= ratio["belady"][size] + 1e-12, (policy, size)
     # The curves reach the evictor: perfect knowledge and KM order blocks differently.
     assert ratio["lpc-return-true"] != ratio["lpc-return-km"]
+
+
+def tiny_return_model(folder: Path, notes: dict | None = None, seed: int = 0) -> Path:
+    """A random 3-feature hazard MLP (one hidden layer of 4) on a 4-point grid."""
+    rng = np.random.default_rng(seed)
+    names = ("log_turn", "log_prompt_tokens", "log_think_time_s")
+    metadata = ReturnModelMetadata(
+        grid_s=(0.0, 5.0, 50.0, 500.0),
+        inputs=tuple(ReturnInput(n, 1.0, 2.0) for n in names),
+        hidden_sizes=(4,),
+        notes=notes or {},
+    )
+    weights = [rng.normal(size=(3, 4)), rng.normal(size=(4, 3))]
+    biases = [rng.normal(size=4), rng.normal(size=3)]
+    save_return_model(folder, metadata, weights, biases)
+    return folder
+
+
+def test_the_model_source_gives_each_release_a_valid_curve_from_its_features(
+    tmp_path: Path,
+) -> None:
+    model = load_return_model(tiny_return_model(tmp_path / "m"))
+    requests = [request("a", 0, 0.0, 2.0), request("b", 0, 1.0, 3.0), request("a", 1, 30.0, 31.0)]
+    curves = return_curves("model", requests, first_eval=2, model=model)
+    assert len(curves) == len(requests)
+    for curve in curves:
+        s = np.asarray(curve.survival)
+        assert s[0] == 1.0 and np.all((s >= 0.0) & (s <= 1.0))
+        assert np.all(np.diff(s) <= 0.0)
+        assert 0.0 <= curve.p_return_within(7.0, 100.0) <= 1.0
+    # A second turn after a 27-s think differs from a first turn in its features: its curve too.
+    assert not np.allclose(curves[0].survival, curves[2].survival)
+    with pytest.raises(InvalidInputError, match="needs a return-time model"):
+        return_curves("model", requests, first_eval=2)
+
+
+def test_a_model_that_is_not_a_return_time_model_is_refused_in_one_line(tmp_path: Path) -> None:
+    folder = tmp_path / "classifier"
+    folder.mkdir()
+    (folder / "metadata.json").write_text(json.dumps({"predicts": "continuation_probability"}))
+    with pytest.raises(ArtifactIncompatibleError, match="return_time_survival") as caught:
+        load_return_model(folder)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(InvalidInputError, match="not an artifact"):
+        load_return_model(tmp_path / "missing")
+
+
+def test_a_model_trained_past_the_replays_training_part_is_refused(tmp_path: Path) -> None:
+    notes = {"trace": "mooncake", "split": {"train_requests": 100}}
+    model = load_return_model(tiny_return_model(tmp_path / "m", notes))
+    check_trained_before(model, "mooncake", first_eval=100)  # the same training part
+    check_trained_before(model, "other-trace", first_eval=10)  # another trace: not checked
+    with pytest.raises(InvalidInputError, match="past this replay's training part"):
+        check_trained_before(model, "mooncake", first_eval=99)
+
+
+def test_the_model_policy_replays_a_trace_slice_in_either_tier(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "slice.jsonl", bundled_lines()[:300])
+    tiers = TierSettings((1_000_000,), tuple(parse_policies("lru,lpc-return-model")))
+    outcome = run_ab(
+        ABOptions(
+            trace=path,
+            policies=tuple(parse_policies("lru,lpc-return-model,belady")),
+            cache_sizes_tokens=(1_000_000,),
+            workers=1,
+            progress=False,
+            out_dir=tmp_path / "o",
+            tiers=tiers,
+            return_model=tiny_return_model(tmp_path / "m"),
+        ),
+        log=lambda _: None,
+    )
+    ratio = outcome.to_json()["comparison"]["hit_ratio"]
+    for size in ratio["lru"]:
+        assert 0.0 < ratio["lpc-return-model"][size] <= ratio["belady"][size] + 1e-12
+    pairs = {(r.policy, r.offload_policy): r for r in outcome.two_tier}
+    host = pairs[("lru", "lpc-return-model")]
+    assert host.device_hit_ratio == pairs[("lru", "lru")].device_hit_ratio  # same GPU tier
+    assert 0.0 < host.hit_ratio <= 1.0
