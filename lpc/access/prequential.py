@@ -30,7 +30,15 @@ from lpc.replay.policies import PolicySpec, parse_policies
 
 DEFAULT_STARTS_S = (1200.0, 1800.0, 2400.0, 3000.0)
 DEFAULT_WIDTH_S = 600.0
-DEFAULT_POLICIES = ("lru", "lpc-pooled", "lpc-return-km", "lhd", "wa", "belady")
+DEFAULT_POLICIES = (
+    "lru",
+    "lpc-pooled",
+    "lpc-return-km",
+    "lpc-return-model",
+    "lhd",
+    "wa",
+    "belady",
+)
 MODEL_FILE = "metadata.json"  # written last by both artifact writers: a folder holding it is whole
 
 
@@ -177,9 +185,14 @@ def window_quality(trace: str | Path, window: Window, folder: Path) -> dict[str,
 
 
 def replay_window(
-    options: PrequentialOptions, window: Window, access_model: Path, log: Callable[[str], None]
+    options: PrequentialOptions,
+    window: Window,
+    folder: Path,
+    log: Callable[[str], None],
 ) -> dict[str, Any]:
-    """`lpc ab`'s trace replay split at the window's start and stopped at its end."""
+    """`lpc ab`'s trace replay split at the window's start and stopped at its end, with the
+    window's own models (`folder`/access for the access policies, `folder`/return for
+    `lpc-return-model`), both trained before the window."""
     from lpc.access.source import access_source_factory
     from lpc.replay.ab_pipeline import ABOptions, run_ab
 
@@ -193,8 +206,9 @@ def replay_window(
         out_dir=options.out_dir / "windows" / window.name,
         workers=options.workers,
         progress=options.progress,
+        return_model=folder / "return",
     )
-    factory = access_source_factory(access_model, log=log)
+    factory = access_source_factory(folder / "access", log=log)
     outcome = run_ab(ab_options, model_factory=factory, log=log)
     full = outcome.to_json()
     return {k: full[k] for k in ("workload", "results", "comparison", "timings_s", "files")}
@@ -212,7 +226,7 @@ def run_window(
     quality = window_quality(options.trace, window, folder)
     timings["quality_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    replay = replay_window(options, window, folder / "access", log)
+    replay = replay_window(options, window, folder, log)
     timings["replay_s"] = time.perf_counter() - t0
     check_window_bookkeeping(window, training, replay)
     return WindowOutcome(window, training, quality, replay, timings)
