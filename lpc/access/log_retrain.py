@@ -47,6 +47,7 @@ from training.access_data import (
 from training.access_fit import AccessFitConfig, access_metadata, fit_access_model
 from training.metrics import classification_metrics
 from training.retrain import LogCandidate
+from training.return_retrain import ReturnContext
 
 # Epoch seconds from 2000-01-01 UTC on are absolute times: no relative trace (ms or seconds
 # from its own start) runs for thirty years.
@@ -193,6 +194,18 @@ class TraceLogTrainer:
             current_metrics=current_metrics,
             current_problem=problem,
             data=evaluation,
+            return_context=ReturnContext(
+                table,
+                tuple(names),
+                split.cut_s,
+                self.validation_fraction,
+                {
+                    "trace_files": [p.name for p in paths],
+                    "trace_format": fmt,
+                    "split_rule": chosen.rule,
+                    "split": split.to_dict(),
+                },
+            ),
         )
 
 
