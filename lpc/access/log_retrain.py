@@ -20,6 +20,10 @@ censored: dropped and counted (`samples.<part>.censored`), never labelled "ended
 current model is scored on the candidate's evaluation samples; one these samples cannot feed
 (a text model, or an access feature the trace lacks) is reported as unusable, which promotes
 the candidate with that reason (`training.retrain.decide`).
+
+The candidate carries its split on (`ReturnContext`: the request table, features, cut and
+validation share), so the job's return-time half (`training.return_retrain`) trains on the
+same training part and is judged on the same evaluation part.
 """
 
 from __future__ import annotations
