@@ -42,9 +42,9 @@ and conversation logs skip it (no request times). The exit status stays the acce
 decision; a failure of the return half is reported there and changes neither the access
 model's result nor the current return model.
 
-exit status: 0 promoted, 3 kept the current model, 4 no new data, 5 another run holds the
-lock, 1 failed, 2 bad arguments or log files that cannot be read (the message names the file
-and line). See docs/training.md and scripts/lpc-retrain.*.
+exit status (the access model's decision): 0 promoted, 3 kept the current model, 4 no new
+data, 5 another run holds the lock, 1 failed, 2 bad arguments or log files that cannot be
+read (the message names the file and line). See docs/training.md and scripts/lpc-retrain.*.
 """
 
 
