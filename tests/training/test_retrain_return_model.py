@@ -13,9 +13,10 @@ import pytest
 from lpc.access.log_retrain import TraceLogTrainer, time_ordered_split
 from lpc.cli.main import main
 from predictor.return_time import PREDICTS, ReturnTimePredictor
-from tests.training.test_retrain_traces import HORIZON_S, HOURS_4_S, QUICK_FIT, _no_embedder
+from tests.training.test_retrain_traces import HORIZON_S, HOURS_4_S, _no_embedder
 from tests.training.trace_logs import chats, write_mooncake
 from training import return_retrain
+from training.access_fit import AccessFitConfig
 from training.registry import ModelRegistry
 from training.retrain import PROMOTED, RetrainConfig, RetrainOutcome, run_retrain
 from training.return_fit import ReturnFitConfig
@@ -34,6 +35,10 @@ from training.return_retrain import (
 )
 
 QUICK_RETURN_FIT = ReturnFitConfig(max_epochs=3, patience=2)
+# the access half only has to run: one plain member, a few epochs
+QUICK_ACCESS_FIT = AccessFitConfig(
+    hidden_sizes=(8,), ensemble=1, refit=False, teacher_share=0.0, max_epochs=3, patience=2
+)
 CONVERSATIONS = 120  # ~200 evaluation releases: enough to judge with a minimum of 100
 MIN_SAMPLES = 100
 
@@ -54,7 +59,7 @@ def run(root: Path, returns: bool = True, **kwargs) -> RetrainOutcome:
         min_evaluation_samples=MIN_SAMPLES,
         force=True,
     )
-    trainer = TraceLogTrainer(horizon_s=HORIZON_S, fit=QUICK_FIT)
+    trainer = TraceLogTrainer(horizon_s=HORIZON_S, fit=QUICK_ACCESS_FIT)
     return run_retrain(config, _no_embedder, lambda m: None, log_trainer=trainer, **kwargs)
 
 
