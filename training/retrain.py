@@ -46,6 +46,7 @@ from training.log_files import LogFile, LogSelection, discover_logs, select_logs
 from training.pause import pause_point
 from training.pipeline import TrainConfig, evaluate_artifact, train_predictor
 from training.registry import ModelRegistry, RegistryLockedError, now_iso
+from training.return_retrain import FAILED as RETURN_FAILED
 from training.return_retrain import (
     ReturnContext,
     ReturnModelOutcome,
@@ -339,9 +340,12 @@ def _run_locked(
     version = _publish(config, registry, logs, candidate, decision)
     _record_run(config, registry, logs, candidate, decision, version, log)
     result = _report(config, registry, logs, candidate, decision, version, log)
-    result.return_model = retrain_return_model(
-        config.return_model, candidate.return_context, log, return_trainer
-    )
+    try:  # it reports its own failures; this guard keeps the access result whatever happens
+        result.return_model = retrain_return_model(
+            config.return_model, candidate.return_context, log, return_trainer
+        )
+    except Exception as error:
+        result.return_model = ReturnModelOutcome(RETURN_FAILED, f"{type(error).__name__}: {error}")
     return result
 
 
