@@ -15,6 +15,7 @@ from predictor.locations import default_models_dir, repository_root
 
 CACHE_DIR_ENV = "LPC_CACHE_DIR"
 REGISTRY_DIR_ENV = "LPC_REGISTRY_DIR"
+RETURN_REGISTRY_DIR_ENV = "LPC_RETURN_REGISTRY_DIR"
 SHIPPED_MODEL_NAME = "sharegpt-e5-small-q4"
 SHIPPED_ACCESS_MODEL_NAME = "mooncake-access"
 SHIPPED_RETURN_MODEL_NAME = "mooncake-return"  # the return-time model (`lpc train-return`)
@@ -41,6 +42,18 @@ def default_registry_dir() -> Path:
     if override:
         return Path(override).expanduser()
     return default_models_dir() / "registry"
+
+
+def default_return_registry_dir(access_registry: Path) -> Path:
+    """`$LPC_RETURN_REGISTRY_DIR`, else the access registry's sibling `<registry>-return`
+    (`models/local/registry-return` by default). Derived from the access registry, not fixed,
+    so the two registries of one daily job stay side by side: a job run on a scratch
+    registry never touches the served return model."""
+    override = os.environ.get(RETURN_REGISTRY_DIR_ENV)
+    if override:
+        return Path(override).expanduser()
+    access_registry = Path(access_registry)
+    return access_registry.with_name(f"{access_registry.name}-return")
 
 
 def shipped_model_dir(name: str = SHIPPED_MODEL_NAME) -> Path | None:

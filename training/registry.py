@@ -27,7 +27,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -77,9 +77,20 @@ def write_text_atomically(path: Path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
+def registry_record(notes: dict[str, Any] | None) -> dict[str, Any]:
+    """What a version's `notes.registry` holds: when it was published, and the caller's
+    notes (the daily job's decision and why)."""
+    return {"published_at": now_iso(), **(notes or {})}
+
+
 class ModelRegistry:
-    def __init__(self, root: Path | str) -> None:
+    """A registry of one kind of artifact. `check` loads a version before `current` may
+    point at it (default: a continuation or access predictor, `load_artifact`; the daily
+    job's return-time registry passes the return model's loader)."""
+
+    def __init__(self, root: Path | str, check: Callable[[Path], Any] = load_artifact) -> None:
         self.root = Path(root)
+        self.check = check
 
     # --- reading ------------------------------------------------------------------------
     def versions(self) -> list[str]:
@@ -176,11 +187,25 @@ class ModelRegistry:
         registry_notes: dict[str, Any] | None = None,
     ) -> str:
         """Save a new version (never visible half-written) and return its name."""
-        self.ensure()
         notes = dict(metadata.notes)
-        notes["registry"] = {"published_at": now_iso(), **(registry_notes or {})}
+        notes["registry"] = registry_record(registry_notes)
+        return self.publish_folder(
+            lambda staging: save_artifact(staging, model, replace(metadata, notes=notes))
+        )
+
+    def publish_folder(self, write: Callable[[Path], Any]) -> str:
+        """Publish what `write(folder)` writes (any artifact kind) as a new version: written
+        into a hidden staging folder, its files synced, then renamed to the version name in
+        one step, so a reader never sees it half-written and a killed run leaves only the
+        staging folder (removed by `clean_staging`)."""
+        self.ensure()
         staging = self.root / f"{STAGING_PREFIX}{os.getpid()}-{time.time_ns()}"
-        save_artifact(staging, model, replace(metadata, notes=notes))
+        write(staging)
+        for path in staging.rglob("*"):
+            if path.is_file():
+                with path.open("rb") as handle:
+                    os.fsync(handle.fileno())
+        _fsync_dir(staging)
         pause_point("registry-staged")
         for _ in range(100):
             version = self.next_version()
@@ -198,7 +223,7 @@ class ModelRegistry:
     def promote(self, version: str) -> None:
         """Point `current` at `version` (atomic: a reader sees the old or the new target)."""
         path = self.path_of(version)
-        load_artifact(path)  # never point at something that does not load
+        self.check(path)  # never point at something that does not load
         temporary = self.root / f".{CURRENT}.tmp-{os.getpid()}-{time.time_ns()}"
         os.symlink(version, temporary)
         os.replace(temporary, self.current_link)

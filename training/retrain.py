@@ -16,7 +16,11 @@ Trace files: when the selected files are request traces (no text: Mooncake, Bail
 project's JSONL, the serving engine's request logs), steps 3 and 4 are a `LogTrainer`'s,
 injected by the caller (`lpc.access.log_retrain`): an access-only candidate fitted on the trace's
 earlier part and judged, with the current model, on its later part (a time-ordered split);
-the decision, publishing and reload are the same.
+the decision, publishing and reload are the same. Then the return-time model is retrained
+on the same split (`training.return_retrain`, into its own registry): its outcome is the
+`return_model` section; the exit code stays the access model's decision, and a failure of
+that half changes neither the access result nor the current return model. Conversation logs
+carry no request times: the return half is skipped, saying so.
 
 Outcome statuses map to exit codes (`EXIT_CODES`), so cron and systemd can tell a promotion
 from a kept model, a run with nothing to do, a run blocked by another one, log files that
@@ -42,6 +46,15 @@ from training.log_files import LogFile, LogSelection, discover_logs, select_logs
 from training.pause import pause_point
 from training.pipeline import TrainConfig, evaluate_artifact, train_predictor
 from training.registry import ModelRegistry, RegistryLockedError, now_iso
+from training.return_retrain import FAILED as RETURN_FAILED
+from training.return_retrain import (
+    ReturnContext,
+    ReturnModelOutcome,
+    ReturnRetrainConfig,
+    ReturnTrainer,
+    retrain_return_model,
+    train_return_candidate,
+)
 from training.samples import TokenCounter
 
 PROMOTED, KEPT, NO_NEW_DATA, LOCKED, FAILED = "promoted", "kept", "no_new_data", "locked", "failed"
@@ -64,6 +77,7 @@ class LogCandidate:
     current_metrics: dict[str, Any] | None
     current_problem: str | None
     data: dict[str, Any]
+    return_context: ReturnContext | None = None  # the split, for the return-time half
 
 
 class LogTrainer(Protocol):
@@ -98,6 +112,7 @@ class RetrainConfig:
     notify_token: str | None = field(default=None, repr=False)
     train: TrainConfig = field(default_factory=TrainConfig)
     embed: EmbedOptions = field(default_factory=EmbedOptions)
+    return_model: ReturnRetrainConfig | None = None  # None: no return-time half
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -128,6 +143,7 @@ class RetrainOutcome:
     data: dict[str, Any] = field(default_factory=dict)
     notified: bool | None = None
     seconds: float = 0.0
+    return_model: ReturnModelOutcome | None = None  # None: the run trained nothing
 
     @property
     def exit_code(self) -> int:
@@ -145,6 +161,7 @@ class RetrainOutcome:
             "data": self.data,
             "notified": self.notified,
             "seconds": round(self.seconds, 3),
+            "return_model": None if self.return_model is None else self.return_model.to_dict(),
         }
 
 
@@ -228,10 +245,12 @@ def run_retrain(
     now: datetime | None = None,
     token_counter: TokenCounter | None = None,
     log_trainer: LogTrainer | None = None,
+    return_trainer: ReturnTrainer = train_return_candidate,
 ) -> RetrainOutcome:
     """One daily run (see the module docstring). Never raises for expected failures: the
     outcome's status says what happened. `token_counter`: for token finish features;
-    log_trainer: trains on trace files when the selected files are ones."""
+    log_trainer: trains on trace files when the selected files are ones; return_trainer:
+    fits the return-time candidate (`config.return_model` set, trace files only)."""
     started = time.perf_counter()
     registry = ModelRegistry(config.registry_dir)
     try:
@@ -245,6 +264,7 @@ def run_retrain(
                     now or datetime.now(UTC),
                     token_counter,
                     log_trainer,
+                    return_trainer,
                 )
             except BadLogsError as error:  # recorded; the files are left for a fixed rerun
                 outcome = RetrainOutcome(
@@ -293,6 +313,7 @@ class _ScoredCandidate:
     evaluation_samples: int
     current_metrics: dict[str, Any] | None = None
     current_problem: str | None = None  # why the current model could not be scored
+    return_context: ReturnContext | None = None  # trace files: the split, for the return half
 
 
 def _run_locked(
@@ -303,9 +324,11 @@ def _run_locked(
     now: datetime,
     token_counter: TokenCounter | None,
     log_trainer: LogTrainer | None = None,
+    return_trainer: ReturnTrainer = train_return_candidate,
 ) -> RetrainOutcome:
     """The run's stages, in order (see the module docstring). A `BadLogsError` or any other
-    exception propagates to `run_retrain`, which records it."""
+    exception propagates to `run_retrain`, which records it. The return-time half runs once
+    the access half is recorded and reported, and never raises."""
     logs = _pick_logs(config, registry, now, log)
     nothing_to_do = _nothing_to_learn(config, logs)
     if nothing_to_do is not None:
@@ -316,7 +339,14 @@ def _run_locked(
     decision = _judge(config, candidate, log)
     version = _publish(config, registry, logs, candidate, decision)
     _record_run(config, registry, logs, candidate, decision, version, log)
-    return _report(config, registry, logs, candidate, decision, version, log)
+    result = _report(config, registry, logs, candidate, decision, version, log)
+    try:  # it reports its own failures; this guard keeps the access result whatever happens
+        result.return_model = retrain_return_model(
+            config.return_model, candidate.return_context, log, return_trainer
+        )
+    except Exception as error:
+        result.return_model = ReturnModelOutcome(RETURN_FAILED, f"{type(error).__name__}: {error}")
+    return result
 
 
 def _pick_logs(
@@ -407,6 +437,7 @@ def _train_on_traces(
         candidate.evaluation_samples,
         candidate.current_metrics,
         candidate.current_problem,
+        candidate.return_context,
     )
 
 

@@ -20,6 +20,10 @@ censored: dropped and counted (`samples.<part>.censored`), never labelled "ended
 current model is scored on the candidate's evaluation samples; one these samples cannot feed
 (a text model, or an access feature the trace lacks) is reported as unusable, which promotes
 the candidate with that reason (`training.retrain.decide`).
+
+The candidate carries its split on (`ReturnContext`: the request table, features, cut and
+validation share), so the job's return-time half (`training.return_retrain`) trains on the
+same training part and is judged on the same evaluation part.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from training.access_data import (
 from training.access_fit import AccessFitConfig, access_metadata, fit_access_model
 from training.metrics import classification_metrics
 from training.retrain import LogCandidate
+from training.return_retrain import ReturnContext
 
 # Epoch seconds from 2000-01-01 UTC on are absolute times: no relative trace (ms or seconds
 # from its own start) runs for thirty years.
@@ -193,6 +198,18 @@ class TraceLogTrainer:
             current_metrics=current_metrics,
             current_problem=problem,
             data=evaluation,
+            return_context=ReturnContext(
+                table,
+                tuple(names),
+                split.cut_s,
+                self.validation_fraction,
+                {
+                    "trace_files": [p.name for p in paths],
+                    "trace_format": fmt,
+                    "split_rule": chosen.rule,
+                    "split": split.to_dict(),
+                },
+            ),
         )
 
 

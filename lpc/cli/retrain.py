@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from lpc.cli import extras
-from lpc.cli.arg_types import split_at
+from lpc.cli.arg_types import positive_int, split_at
 from lpc.cli.train import add_training_arguments
 
 DESCRIPTION = """\
@@ -34,9 +34,17 @@ trace cannot feed (a text model) is reported and the candidate promoted. A folde
 conversation and trace files, or trace formats, is refused (exit 2). Of the embedder and
 training flags, trace files use only --hidden (default 32,32), --seed and --threads.
 
-exit status: 0 promoted, 3 kept the current model, 4 no new data, 5 another run holds the
-lock, 1 failed, 2 bad arguments or log files that cannot be read (the message names the file
-and line). See docs/training.md and scripts/lpc-retrain.*.
+On trace files the job then retrains the return-time model (as lpc train-return) on the same
+split, into its own registry (--return-registry), judged with the current return model on
+the same evaluation part by the integrated Brier score (lower is better; --return-tolerance;
+concordance reported). Its outcome is the `return_model` section; --no-return-model skips it,
+and conversation logs skip it (no request times). The exit status stays the access model's
+decision; a failure of the return half is reported there and changes neither the access
+model's result nor the current return model.
+
+exit status (the access model's decision): 0 promoted, 3 kept the current model, 4 no new
+data, 5 another run holds the lock, 1 failed, 2 bad arguments or log files that cannot be
+read (the message names the file and line). See docs/training.md and scripts/lpc-retrain.*.
 """
 
 
@@ -124,6 +132,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         help="bearer token for --notify-url (default: $LPC_PREDICTOR_TOKEN)",
     )
+    returns = p.add_argument_group("return-time model (trace files)")
+    returns.add_argument(
+        "--return-registry",
+        type=Path,
+        help="registry of the return-time model (default: $LPC_RETURN_REGISTRY_DIR, else "
+        "the access registry's sibling <registry>-return)",
+    )
+    returns.add_argument(
+        "--return-tolerance",
+        type=float,
+        default=0.002,  # training.return_retrain.DEFAULT_RETURN_TOLERANCE (not imported here:
+        # the parser is built at every `lpc` start, training's modules load pandas)
+        help="promote unless the candidate's integrated Brier score is higher than the "
+        "current return model's by more than this (default: %(default)s)",
+    )
+    returns.add_argument(
+        "--return-max-epochs",
+        type=positive_int,
+        default=200,
+        help="epochs at most per return-model candidate, as lpc train-return --max-epochs "
+        "(default: %(default)s)",
+    )
+    returns.add_argument(
+        "--no-return-model", action="store_true", help="do not retrain the return-time model"
+    )
     add_training_arguments(p)
     p.set_defaults(run=run)
 
@@ -139,15 +172,29 @@ def run(args: argparse.Namespace) -> int:
     from lpc.errors import CommandError, InvalidInputError
     from predictor.embedders import load_embedder
     from predictor.tokens import read_bearer_token
-    from training.locations import default_registry_dir
+    from training.locations import default_registry_dir, default_return_registry_dir
     from training.retrain import RetrainConfig, run_retrain
+    from training.return_fit import ReturnFitConfig
+    from training.return_retrain import ReturnRetrainConfig
 
     train_config, embed = train_config_from(args)
     token = read_bearer_token(args.notify_token_file, "--notify-token-file")  # UserError if bad
+    registry = args.registry or default_registry_dir()
     try:
+        return_model = None
+        if not args.no_return_model:
+            return_model = ReturnRetrainConfig(
+                registry_dir=args.return_registry or default_return_registry_dir(registry),
+                tolerance=args.return_tolerance,
+                min_evaluation_samples=args.min_eval_samples,
+                keep_versions=args.keep_versions,
+                fit=ReturnFitConfig(
+                    max_epochs=args.return_max_epochs, seed=args.seed, threads=args.threads or 1
+                ),
+            )
         config = RetrainConfig(
             logs_dir=args.logs,
-            registry_dir=args.registry or default_registry_dir(),
+            registry_dir=registry,
             cache_dir=cache_dir_from(args),
             window_days=args.window_days,
             data_format=args.data_format,
@@ -161,9 +208,15 @@ def run(args: argparse.Namespace) -> int:
             notify_token=token,
             train=train_config,
             embed=embed,
+            return_model=return_model,
         )
     except InvalidInputError as error:  # RetrainConfig names the bad field
         raise CommandError(str(error)) from None
+    if return_model is not None and return_model.registry_dir.resolve() == registry.resolve():
+        raise CommandError(
+            f"--return-registry {return_model.registry_dir} is the access registry: give "
+            "the return-time model a folder of its own"
+        )
     if not args.logs.is_dir():
         raise CommandError(f"--logs {args.logs} is not a folder")
     setup_threads(args)
@@ -206,4 +259,10 @@ def run(args: argparse.Namespace) -> int:
                 else ""
             )
         )
+        if outcome.return_model is not None:
+            r = outcome.return_model
+            print(
+                f"return model: {r.decision}: {r.reason}"
+                + (f" (version {r.version}, current {r.current_version})" if r.version else "")
+            )
     return outcome.exit_code

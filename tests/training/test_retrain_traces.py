@@ -377,7 +377,8 @@ def test_the_split_rule(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_bundled_mooncake_trace_twice(tmp_path: Path, capsys) -> None:
     """docs/training.md's measured run: the first run promotes, the second (--force) trains
-    the same candidate and scores the current model on the same samples."""
+    the same candidates (access and return-time) and scores the current models on the same
+    samples."""
     import shutil
 
     from lpc.traces.load import BUNDLED_TRACES, DATA_DIR
@@ -393,4 +394,17 @@ def test_the_bundled_mooncake_trace_twice(tmp_path: Path, capsys) -> None:
     assert (code, second["status"]) == (0, PROMOTED) and second["reason"].startswith("not worse")
     assert second["current_metrics"]["roc_auc"] == pytest.approx(
         first["candidate_metrics"]["roc_auc"], abs=1e-4
+    )
+    # the return-time model, trained on the same split, as `lpc train-return` at 0.5
+    # (docs/results.md: 12 points 5-840 s, 2x32, C 0.660, IBS 0.175)
+    returns = first["return_model"]
+    assert (returns["decision"], returns["reason"]) == (PROMOTED, "no current return model")
+    assert returns["registry"] == str(tmp_path / "registry-return")
+    assert returns["candidate_metrics"]["samples"] == 6_425
+    assert returns["candidate_metrics"]["integrated_brier"] == pytest.approx(0.175, abs=0.005)
+    assert returns["candidate_metrics"]["concordance"] == pytest.approx(0.660, abs=0.01)
+    again = second["return_model"]
+    assert again["decision"] == PROMOTED and again["reason"].startswith("not worse")
+    assert again["current_metrics"]["integrated_brier"] == pytest.approx(
+        returns["candidate_metrics"]["integrated_brier"], abs=1e-6
     )
