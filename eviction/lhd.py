@@ -86,6 +86,11 @@ def hit_age_class(age: int) -> int:
     return log
 
 
+# hit_age_class of every sum of two hit ages (each below MAX_AGE, or MAX_AGE for "none"): a
+# table look-up instead of a loop on every access
+_HIT_AGE_CLASS = tuple(hit_age_class(age) for age in range(2 * MAX_AGE + 1))
+
+
 def model_hit_densities(hits: list[float], evictions: list[float]) -> list[float]:
     """libCacheSim's modelHitDensity for one class (its entry at MAX_AGE − 1 is unused)."""
     densities = [0.0] * MAX_AGE
@@ -249,7 +254,7 @@ class LHDEvictor(Evictor):
         return math.floor(time_s / self.age_unit_s)
 
     def _class_of(self, block_id: int) -> int:
-        return hit_age_class(self._last_hit_age[block_id] + self._last_last_hit_age[block_id])
+        return _HIT_AGE_CLASS[self._last_hit_age[block_id] + self._last_last_hit_age[block_id]]
 
     def _age(self, block_id: int, now_tick: int) -> int:
         return min(max(now_tick - self._tick[block_id], 0), MAX_AGE - 1)
@@ -266,19 +271,23 @@ class LHDEvictor(Evictor):
             self._clock_s = time_s
         now_tick = self._ticks(time_s)
         resident, explorer, rng = self._resident, self._explorer, self._rng
+        tick, last_hit, last_last_hit = self._tick, self._last_hit_age, self._last_last_hit_age
+        oldest = MAX_AGE - 1
         for block_id in block_ids:
             if resident[block_id]:
-                age = self._age(block_id, now_tick)
-                self.hits[self._class_of(block_id)][age] += 1.0
+                age = now_tick - tick[block_id]  # `_age`, inlined
+                age = 0 if age < 0 else (oldest if age > oldest else age)
+                previous = last_hit[block_id]
+                self.hits[_HIT_AGE_CLASS[previous + last_last_hit[block_id]]][age] += 1.0
                 if explorer[block_id]:
                     self.explorer_budget += 1
-                self._last_last_hit_age[block_id] = self._last_hit_age[block_id]
-                self._last_hit_age[block_id] = age
+                last_last_hit[block_id] = previous
+                last_hit[block_id] = age
             else:
                 resident[block_id] = True
-                self._last_last_hit_age[block_id] = MAX_AGE
-                self._last_hit_age[block_id] = 0
-            self._tick[block_id] = now_tick
+                last_last_hit[block_id] = MAX_AGE
+                last_hit[block_id] = 0
+            tick[block_id] = now_tick
             explore = rng.randrange(EXPLORE_INVERSE_PROBABILITY) == 0
             if (
                 explore
