@@ -13,7 +13,7 @@ checks it); that function stays the reference, and the one `per_request` comes f
 
 The replays are independent once their GPU trace exists, so they run in forked worker
 processes, as the single-tier grid's do (`lpc.replay.ab`): the prepared workload is inherited,
-only the GPU traces (three ints per request) and the results travel through pipes.
+only the GPU traces (two ints per request) and the results travel through pipes.
 """
 
 from __future__ import annotations
@@ -46,37 +46,26 @@ class GpuTrace:
     cache_tokens: int
     lookup_blocks: list[int]
     device_blocks: list[int]
-    seconds: float
 
 
 @dataclass(frozen=True)
 class GridTiming:
-    """Where a two-tier grid's time went: its wall time, and the CPU seconds of its GPU
-    replays and of its CPU-tier passes (their sum over the wall time is the parallelism)."""
+    """Where a two-tier grid's time went: its wall time, and the processor seconds (process
+    time, which other jobs on the machine do not inflate) of its GPU replays and of its
+    CPU-tier passes, all workers together: their sum is what one idle core would take."""
 
     wall_s: float
     gpu_replays: int
-    gpu_replay_s: float
+    gpu_replay_cpu_s: float
     host_passes: int
-    host_replay_s: float
+    host_replay_cpu_s: float
     workers: int
-
-    def to_dict(self) -> dict[str, float | int]:
-        return {
-            "wall_s": self.wall_s,
-            "gpu_replays": self.gpu_replays,
-            "gpu_replay_s": self.gpu_replay_s,
-            "host_passes": self.host_passes,
-            "host_replay_s": self.host_replay_s,
-            "workers": self.workers,
-        }
 
 
 def replay_gpu_tier(
     workload: PreparedWorkload, spec: PolicySpec, cache_tokens: int, settings: ReplaySettings
 ) -> GpuTrace:
     """The GPU half of `replay_two_tier`: the same block manager, calls and order."""
-    started = time.perf_counter()
     block_size = workload.block_size
     num_blocks = num_blocks_for(cache_tokens, block_size)
     gpu = PrefixCacheBlockManager(
@@ -110,9 +99,7 @@ def replay_gpu_tier(
         lookup_blocks[i] = len(prefix.block_ids)
         allocation = gpu.allocate(request, prefix, time_s)
         device_blocks[i] = FAILED if allocation is None else allocation.num_hit_tokens // block_size
-    return GpuTrace(
-        spec.label, cache_tokens, lookup_blocks, device_blocks, time.perf_counter() - started
-    )
+    return GpuTrace(spec.label, cache_tokens, lookup_blocks, device_blocks)
 
 
 def replay_host_tier(
@@ -231,15 +218,15 @@ def _init_worker(workload: PreparedWorkload, settings: ReplaySettings) -> None:
     _worker_state = (workload, settings)
 
 
-def _gpu_in_worker(spec: PolicySpec, cache_tokens: int) -> GpuTrace:
+def _gpu_in_worker(spec: PolicySpec, cache_tokens: int) -> tuple[GpuTrace, float]:
     assert _worker_state is not None, "worker used before its initializer ran"
     workload, settings = _worker_state
-    return replay_gpu_tier(workload, spec, cache_tokens, settings)
+    return _gpu_replay(workload, spec, cache_tokens, settings)
 
 
 def _host_in_worker(
     gpu_trace: GpuTrace, offload_spec: PolicySpec, tiers: TierSettings
-) -> list[TwoTierResult]:
+) -> tuple[list[TwoTierResult], float]:
     assert _worker_state is not None, "worker used before its initializer ran"
     workload, settings = _worker_state
     return _host_pass(workload, gpu_trace, offload_spec, tiers, settings)
@@ -260,20 +247,22 @@ def run_pair_grid(
     started = time.perf_counter()
     gpu_jobs = [(g, s) for g in range(len(specs)) for s in range(len(cache_sizes_tokens))]
     passes: dict[tuple[int, int, int], list[TwoTierResult]] = {}
-    traces: list[GpuTrace] = []
+    gpu_cpu_s: list[float] = []
+    host_cpu_s: list[float] = []
 
-    def done(key: tuple[int, int, int], results: list[TwoTierResult]) -> None:
-        passes[key] = results
+    def done(key: tuple[int, int, int], outcome: tuple[list[TwoTierResult], float]) -> None:
+        passes[key], cpu_s = outcome
+        host_cpu_s.append(cpu_s)
         if on_result is not None:
-            for result in results:
+            for result in passes[key]:
                 on_result(result)
 
     offload_specs = tiers.offload_policies
     serial = workers <= 1 or "fork" not in multiprocessing.get_all_start_methods()
     if serial:
         for g, s in gpu_jobs:
-            trace = replay_gpu_tier(workload, specs[g], cache_sizes_tokens[s], settings)
-            traces.append(trace)
+            trace, cpu_s = _gpu_replay(workload, specs[g], cache_sizes_tokens[s], settings)
+            gpu_cpu_s.append(cpu_s)
             for c, offload_spec in enumerate(offload_specs):
                 done((g, s, c), _host_pass(workload, trace, offload_spec, tiers, settings))
     else:
@@ -292,8 +281,8 @@ def run_pair_grid(
                 for future in finished:
                     key = pending.pop(future)
                     if len(key) == 2:  # a GPU replay: its CPU-tier passes can start
-                        trace = future.result()
-                        traces.append(trace)
+                        trace, cpu_s = future.result()
+                        gpu_cpu_s.append(cpu_s)
                         for c, offload_spec in enumerate(offload_specs):
                             host = pool.submit(_host_in_worker, trace, offload_spec, tiers)
                             pending[host] = (*key, c)
@@ -308,13 +297,22 @@ def run_pair_grid(
     ]
     timing = GridTiming(
         wall_s=time.perf_counter() - started,
-        gpu_replays=len(traces),
-        gpu_replay_s=sum(t.seconds for t in traces),
+        gpu_replays=len(gpu_cpu_s),
+        gpu_replay_cpu_s=sum(gpu_cpu_s),
         host_passes=len(passes),
-        host_replay_s=sum(r.seconds for r in results),
+        host_replay_cpu_s=sum(host_cpu_s),
         workers=1 if serial else workers,
     )
     return results, timing
+
+
+def _gpu_replay(
+    workload: PreparedWorkload, spec: PolicySpec, cache_tokens: int, settings: ReplaySettings
+) -> tuple[GpuTrace, float]:
+    """A GPU replay and the processor seconds it took."""
+    started = time.process_time()
+    trace = replay_gpu_tier(workload, spec, cache_tokens, settings)
+    return trace, time.process_time() - started
 
 
 def _host_pass(
@@ -323,8 +321,10 @@ def _host_pass(
     offload_spec: PolicySpec,
     tiers: TierSettings,
     settings: ReplaySettings,
-) -> list[TwoTierResult]:
-    return replay_host_tier(
+) -> tuple[list[TwoTierResult], float]:
+    """A CPU-tier pass (every CPU size) and the processor seconds it took."""
+    started = time.process_time()
+    results = replay_host_tier(
         workload,
         trace,
         offload_spec,
@@ -333,3 +333,4 @@ def _host_pass(
         tiers.store_threshold,
         tiers.latency,
     )
+    return results, time.process_time() - started
