@@ -112,7 +112,8 @@ def replay_host_tier(
     latency: TierLatency | None = None,
 ) -> list[TwoTierResult]:
     """The CPU half of `replay_two_tier` against a recorded GPU replay, every CPU size of one
-    CPU policy in one pass over the events; one result per size, in the given order."""
+    CPU policy in one pass over the events; one result per size, in the given order. Each
+    result's `seconds` is the pass's wall time shared evenly among its sizes."""
     started = time.perf_counter()
     latency = latency or TierLatency()
     block_size = workload.block_size
