@@ -57,6 +57,8 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
+import numpy as np
+
 from eviction.base import Evictor, FreedBlocks, Release
 from eviction.linked_list import BlockList
 
@@ -84,6 +86,11 @@ def hit_age_class(age: int) -> int:
     return log
 
 
+# hit_age_class of every sum of two hit ages (each below MAX_AGE, or MAX_AGE for "none"): a
+# table look-up instead of a loop on every access
+_HIT_AGE_CLASS = tuple(hit_age_class(age) for age in range(2 * MAX_AGE + 1))
+
+
 def model_hit_densities(hits: list[float], evictions: list[float]) -> list[float]:
     """libCacheSim's modelHitDensity for one class (its entry at MAX_AGE − 1 is unused)."""
     densities = [0.0] * MAX_AGE
@@ -96,6 +103,97 @@ def model_hit_densities(hits: list[float], evictions: list[float]) -> list[float
         lifetime += total_events
         densities[a] = total_hits / lifetime if total_events > 1e-5 else 0.0
     return densities
+
+
+class _GroupTable:
+    """The free groups' keys and head push orders in arrays, so that a pop ranks every group
+    in one vectorised step instead of a Python loop over thousands of groups (a large pool
+    holds one group per class, release tick and explorer flag)."""
+
+    def __init__(self) -> None:
+        self._slot: dict[GroupKey, int] = {}
+        self._keys: list[GroupKey | None] = []
+        self._spare: list[int] = []
+        self._cls = np.zeros(0, dtype=np.int64)
+        self._tick = np.zeros(0, dtype=np.int64)
+        self._explorer = np.zeros(0, dtype=np.float64)  # 1.0 adds the explorers' bonus
+        self._head = np.zeros(0, dtype=np.int64)  # push order of the group's first block
+        self._alive = np.zeros(0, dtype=bool)
+
+    def add(self, key: GroupKey, head_seq: int) -> None:
+        if self._spare:
+            slot = self._spare.pop()
+            self._keys[slot] = key
+        else:
+            slot = len(self._keys)
+            self._keys.append(key)
+            if slot == len(self._alive):
+                self._grow(max(64, 2 * slot))
+        self._slot[key] = slot
+        cls, tick, explorer = key
+        self._cls[slot] = cls
+        self._tick[slot] = tick
+        self._explorer[slot] = 1.0 if explorer else 0.0
+        self._head[slot] = head_seq
+        self._alive[slot] = True
+
+    def set_head(self, key: GroupKey, head_seq: int) -> None:
+        self._head[self._slot[key]] = head_seq
+
+    def drop(self, key: GroupKey) -> None:
+        slot = self._slot.pop(key)
+        self._alive[slot] = False
+        self._keys[slot] = None
+        self._spare.append(slot)
+
+    def check_against(self, groups: dict[GroupKey, dict[int, None]], seqs: list[int]) -> None:
+        assert set(self._slot) == set(groups), "lhd: the group table lists other groups"
+        for key, slot in self._slot.items():
+            assert self._alive[slot] and self._keys[slot] == key, f"lhd: table slot of {key}"
+            head = next(iter(groups[key]))
+            assert self._head[slot] == seqs[head], f"lhd: table head of group {key}"
+        assert int(self._alive.sum()) == len(self._slot), "lhd: a dropped table slot is alive"
+
+    def _grow(self, capacity: int) -> None:
+        def grown(a: np.ndarray) -> np.ndarray:
+            out = np.zeros(capacity, dtype=a.dtype)
+            out[: len(a)] = a
+            return out
+
+        self._cls, self._tick, self._explorer = map(grown, (self._cls, self._tick, self._explorer))
+        self._head, self._alive = grown(self._head), grown(self._alive)
+
+    def first_groups(
+        self, n: int, now_tick: int, densities: np.ndarray, groups: dict[GroupKey, dict[int, None]]
+    ) -> list[tuple[float, GroupKey]]:
+        """(rank, key) of the fewest groups, in pop order (rank, tick, head push order), that
+        hold the first `n` blocks of the pop, with every group that ties the last one on
+        (rank, tick): a pop merges only those, so it takes exactly the blocks that merging
+        every group would. The ranks are `_rank`'s, element for element."""
+        live = np.flatnonzero(self._alive[: len(self._keys)])
+        tick = self._tick[live]
+        age = now_tick - tick
+        oldest = MAX_AGE - 1
+        lowest = age >= oldest
+        np.clip(age, 0, oldest, out=age)
+        rank = densities[self._cls[live], age] + self._explorer[live]
+        rank[lowest] = LOWEST
+        order = np.lexsort((self._head[live], tick, rank))
+        out: list[tuple[float, GroupKey]] = []
+        keys = self._keys
+        total = 0
+        last: tuple[float, int] | None = None
+        for i in order.tolist():
+            r, t = float(rank[i]), int(tick[i])
+            if last is not None and (r, t) != last:
+                break
+            key = keys[live[i]]
+            assert key is not None
+            out.append((r, key))
+            total += len(groups[key])
+            if last is None and total >= n:
+                last = (r, t)
+        return out
 
 
 class LHDEvictor(Evictor):
@@ -137,6 +235,8 @@ class LHDEvictor(Evictor):
         self._seq = [0] * n  # push order of a free block
         self._group_of: list[GroupKey | None] = [None] * n  # set while free
         self._groups: dict[GroupKey, dict[int, None]] = {}  # free blocks, push order
+        self._table = _GroupTable()  # the same groups, for ranking them all at once
+        self._density_array: np.ndarray | None = None  # hit_densities as an array
         self._next_seq = 0
         self._num_free = 0
         self.hits = [[0.0] * MAX_AGE for _ in range(HIT_AGE_CLASSES)]
@@ -154,7 +254,7 @@ class LHDEvictor(Evictor):
         return math.floor(time_s / self.age_unit_s)
 
     def _class_of(self, block_id: int) -> int:
-        return hit_age_class(self._last_hit_age[block_id] + self._last_last_hit_age[block_id])
+        return _HIT_AGE_CLASS[self._last_hit_age[block_id] + self._last_last_hit_age[block_id]]
 
     def _age(self, block_id: int, now_tick: int) -> int:
         return min(max(now_tick - self._tick[block_id], 0), MAX_AGE - 1)
@@ -171,19 +271,23 @@ class LHDEvictor(Evictor):
             self._clock_s = time_s
         now_tick = self._ticks(time_s)
         resident, explorer, rng = self._resident, self._explorer, self._rng
+        tick, last_hit, last_last_hit = self._tick, self._last_hit_age, self._last_last_hit_age
+        oldest = MAX_AGE - 1
         for block_id in block_ids:
             if resident[block_id]:
-                age = self._age(block_id, now_tick)
-                self.hits[self._class_of(block_id)][age] += 1.0
+                age = now_tick - tick[block_id]  # `_age`, inlined
+                age = 0 if age < 0 else (oldest if age > oldest else age)
+                previous = last_hit[block_id]
+                self.hits[_HIT_AGE_CLASS[previous + last_last_hit[block_id]]][age] += 1.0
                 if explorer[block_id]:
                     self.explorer_budget += 1
-                self._last_last_hit_age[block_id] = self._last_hit_age[block_id]
-                self._last_hit_age[block_id] = age
+                last_last_hit[block_id] = previous
+                last_hit[block_id] = age
             else:
                 resident[block_id] = True
-                self._last_last_hit_age[block_id] = MAX_AGE
-                self._last_hit_age[block_id] = 0
-            self._tick[block_id] = now_tick
+                last_last_hit[block_id] = MAX_AGE
+                last_hit[block_id] = 0
+            tick[block_id] = now_tick
             explore = rng.randrange(EXPLORE_INVERSE_PROBABILITY) == 0
             if (
                 explore
@@ -208,6 +312,7 @@ class LHDEvictor(Evictor):
             densities = model_hit_densities(hits, evictions)
             densities[MAX_AGE - 1] = self.hit_densities[cls][MAX_AGE - 1]
             self.hit_densities[cls] = densities
+        self._density_array = None
 
     def _forget(self, block_id: int, now_tick: int | None) -> None:
         """The block's content leaves: an eviction at `now_tick` is recorded, a drop is not."""
@@ -245,6 +350,7 @@ class LHDEvictor(Evictor):
             group = groups.get(key)
             if group is None:
                 group = groups[key] = {}
+                self._table.add(key, seq)
             group[block_id] = None
             group_of[block_id] = key
             seqs[block_id] = seq
@@ -264,6 +370,11 @@ class LHDEvictor(Evictor):
         del group[block_id]
         if not group:
             del self._groups[key]
+            self._table.drop(key)
+        else:
+            for head in group:
+                self._table.set_head(key, self._seq[head])
+                break
         self._group_of[block_id] = None
         self._num_free -= 1
 
@@ -281,12 +392,14 @@ class LHDEvictor(Evictor):
 
     def _evict_n(self, n: int, now_s: float) -> list[int]:
         now_tick = self._ticks(now_s)
-        groups, seqs, rank = self._groups, self._seq, self._rank
+        groups, seqs, table = self._groups, self._seq, self._table
+        if self._density_array is None:
+            self._density_array = np.array(self.hit_densities, dtype=np.float64)
         heap = []
-        for key, group in groups.items():
-            cls, tick, explorer = key
-            age = min(max(now_tick - tick, 0), MAX_AGE - 1)
-            heap.append((rank(cls, age, explorer), tick, seqs[next(iter(group))], key))
+        for r, key in table.first_groups(n, now_tick, self._density_array, groups):
+            for head in groups[key]:
+                heap.append((r, key[1], seqs[head], key))
+                break
         heapq.heapify(heap)
         out = []
         group_of = self._group_of
@@ -296,10 +409,13 @@ class LHDEvictor(Evictor):
             victim = next(iter(group))
             del group[victim]
             if group:
-                heapq.heapreplace(heap, (r, tick, seqs[next(iter(group))], key))
+                head_seq = seqs[next(iter(group))]
+                heapq.heapreplace(heap, (r, tick, head_seq, key))
+                table.set_head(key, head_seq)
             else:
                 heapq.heappop(heap)
                 del groups[key]
+                table.drop(key)
             group_of[victim] = None
             self._num_free -= 1
             self._forget(victim, now_tick)
@@ -355,6 +471,7 @@ class LHDEvictor(Evictor):
                 assert self._seq[block_id] > previous, f"lhd: group {key} out of push order"
                 previous = self._seq[block_id]
                 assert block_id not in self._uncached, f"lhd: block {block_id} also uncached"
+        self._table.check_against(self._groups, self._seq)
         assert members == self._num_free == sum(g is not None for g in self._group_of), (
             "lhd: the free count is out of sync with the groups"
         )

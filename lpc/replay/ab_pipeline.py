@@ -55,7 +55,8 @@ from lpc.replay.simulator import (
     prepare,
     replay_closed_loop,
 )
-from lpc.replay.two_tier import TierSettings, TwoTierResult, run_two_tier_grid
+from lpc.replay.two_tier import TierSettings, TwoTierResult
+from lpc.replay.two_tier_grid import GridTiming, run_pair_grid
 from lpc.replay.two_tier_report import (
     TABLE_HEADER,
     plot_two_tier,
@@ -900,14 +901,20 @@ def _replay_open_loop(
     timings["replay_s"] = time.perf_counter() - t0
     if options.tiers is not None:
         t0 = time.perf_counter()
-        two_tier += _two_tier_grid(workload, options, options.tiers, settings)
+        grid, grid_timing = _two_tier_grid(workload, options, options.tiers, settings)
+        two_tier += grid
         timings["two_tier_replay_s"] = time.perf_counter() - t0
+        # processor seconds of the grid's GPU replays and CPU-tier passes, all workers together
+        timings["two_tier_gpu_replays_cpu_s"] = grid_timing.gpu_replay_cpu_s
+        timings["two_tier_cpu_tier_replays_cpu_s"] = grid_timing.host_replay_cpu_s
     return results, summary
 
 
 def _two_tier_grid(
     workload: PreparedWorkload, options: ABOptions, tiers: TierSettings, settings: ReplaySettings
-) -> list[TwoTierResult]:
+) -> tuple[list[TwoTierResult], GridTiming]:
+    """Every GPU × CPU policy pair at every pair of sizes (`two_tier_grid.run_pair_grid`: one
+    GPU replay per GPU policy and size, in `--workers` processes)."""
     assert options.cache_sizes_tokens is not None
     total = (
         len(options.policies)
@@ -916,12 +923,13 @@ def _two_tier_grid(
         * len(tiers.offload_sizes_tokens)
     )
     with tqdm(total=total, desc="two tiers", unit="run", disable=not options.progress) as bar:
-        return run_two_tier_grid(
+        return run_pair_grid(
             workload,
             options.policies,
             options.cache_sizes_tokens,
             tiers,
             settings,
+            options.workers,
             lambda _: bar.update(),
         )
 

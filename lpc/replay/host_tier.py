@@ -154,11 +154,13 @@ class HostTier:
         if self._offers is not None:
             self._count_offers(hashes)
         slot_of = self._slot_of
-        resident = [d for d, h in enumerate(hashes) if h in slot_of]
+        resident: list[int] = []
         seen: set[BlockHash] = set()
         candidates = []
         for d, h in enumerate(hashes):
-            if h not in slot_of and h not in seen:
+            if h in slot_of:
+                resident.append(d)
+            elif h not in seen:
                 seen.add(h)
                 candidates.append(d)
         if self._offers is not None:
@@ -166,13 +168,16 @@ class HostTier:
             kept = [d for d in candidates if offers.get(hashes[d], 0) >= threshold]
             counters.skipped_below_threshold += len(candidates) - len(kept)
             candidates = kept
-        access = self._accesses.setdefault(request_id, _Access())
-        for d in (*resident, *candidates):
-            access.by_depth[d] = hashes[d]
+        by_depth = self._accesses.setdefault(request_id, _Access()).by_depth
+        for d in resident:
+            by_depth[d] = hashes[d]
+        for d in candidates:
+            by_depth[d] = hashes[d]
         evictor = self.evictor
         # vLLM protects every key of the offer from this store's evictions.
+        remove = evictor.remove
         for d in resident:
-            evictor.remove(slot_of[hashes[d]])
+            remove(slot_of[hashes[d]])
         stored: list[int] = []
         if candidates and len(candidates) <= len(evictor):
             slots = evictor.pop_n(len(candidates), now_s)
@@ -209,13 +214,16 @@ class HostTier:
         if access is None:
             return
         slot_of = self._slot_of
-        live = sorted((d for d, h in access.by_depth.items() if h in slot_of), reverse=True)
+        by_depth = access.by_depth
+        live = sorted([d for d, h in by_depth.items() if h in slot_of], reverse=True)
         if not live:
             return
-        hashes = access.by_depth
-        for d in live:
-            self.evictor.remove(slot_of[hashes[d]])
-        freed = FreedBlocks([slot_of[hashes[d]] for d in live], live, [hashes[d] for d in live])
+        live_hashes = [by_depth[d] for d in live]
+        slots = [slot_of[h] for h in live_hashes]
+        remove = self.evictor.remove
+        for slot in slots:
+            remove(slot)
+        freed = FreedBlocks(list(slots), live, live_hashes)
         self.evictor.push_cached(
             freed,
             Release(

@@ -222,7 +222,8 @@ def run_two_tier_grid(
     on_result: Callable[[TwoTierResult], None] | None = None,
 ) -> list[TwoTierResult]:
     """Every GPU policy × CPU policy × GPU size × CPU size, one replay at a time, in that
-    order."""
+    order: the reference for `two_tier_grid.run_pair_grid`, which `lpc ab` runs (the same
+    results, the GPU tier replayed once per GPU policy and size)."""
     results = []
     for spec in specs:
         for offload_spec in tiers.offload_policies:
