@@ -29,6 +29,7 @@ from lpc.replay.ab import ReplaySettings
 from lpc.replay.host_tier import HostTier
 from lpc.replay.latency import TierLatency, summarise_ttft
 from lpc.replay.policies import PolicySpec, build_evictor
+from lpc.replay.return_sources import request_curves
 from lpc.replay.simulator import PreparedWorkload, num_blocks_for, request_probabilities
 from lpc.replay.two_tier import TierSettings, TwoTierResult
 from lpc.workload import ARRIVAL
@@ -82,6 +83,7 @@ def replay_gpu_tier(
     )
     categories = workload.categories
     gpu_p = request_probabilities(workload, spec)
+    gpu_curves = request_curves(workload.curves, spec, len(workload.requests))
     n = len(workload.cache_requests)
     lookup_blocks = [0] * n
     device_blocks = [0] * n
@@ -91,7 +93,13 @@ def replay_gpu_tier(
         if kind != ARRIVAL:
             if device_blocks[i] != FAILED:
                 category = None if categories is None else categories[i]
-                gpu.free(request.request_id, time_s, gpu_p[i], category=category)
+                gpu.free(
+                    request.request_id,
+                    time_s,
+                    gpu_p[i],
+                    category=category,
+                    return_curve=gpu_curves[i],
+                )
             continue
         hashes = request.block_hashes
         assert hashes is not None, "a prepared workload carries every request's hashes"
@@ -131,6 +139,7 @@ def replay_host_tier(
         hosts.append(HostTier(num_chunks, evictor, store_threshold))
     categories = workload.categories
     host_p = request_probabilities(workload, offload_spec)
+    host_curves = request_curves(workload.curves, offload_spec, len(workload.requests))
     first_counted = workload.first_counted
     cache_requests = workload.cache_requests
     lookup_of, device_of = gpu_trace.lookup_blocks, gpu_trace.device_blocks
@@ -148,9 +157,9 @@ def replay_host_tier(
                 rid = request.request_id
                 category = None if categories is None else categories[i]
                 conversation = request.conversation_id or rid
-                p = host_p[i]
+                p, curve = host_p[i], host_curves[i]
                 for host in hosts:
-                    host.finish(rid, time_s, p, conversation, category)
+                    host.finish(rid, time_s, p, conversation, category, curve)
             continue
         counted = i >= first_counted
         num_prompt_tokens = request.num_prompt_tokens

@@ -11,6 +11,7 @@ import pytest
 
 from lpc.replay.ab import ReplaySettings
 from lpc.replay.policies import parse_policies
+from lpc.replay.return_sources import true_return_curves
 from lpc.replay.simulator import PreparedWorkload, prepare
 from lpc.replay.two_tier import TierSettings, TwoTierResult, run_two_tier_grid
 from lpc.replay.two_tier_grid import FAILED, replay_gpu_tier, run_pair_grid
@@ -41,6 +42,7 @@ def synthetic() -> PreparedWorkload:
         {"model": _probabilities(requests)},
         first_counted=len(requests) // 3,
         categories=_categories(requests),
+        curves={"true-return": true_return_curves(requests)},
     )
 
 
@@ -65,7 +67,13 @@ def _without_time(results: list[TwoTierResult]) -> list[TwoTierResult]:
 CASES = {
     # GPU sizes small enough that some requests do not fit (the failure path), CPU sizes from
     # a few chunks (evictions, failed stores) to room for most of the trace
-    "synthetic": ("lpc-pooled,wa,lhd", "arc,sae,session-ref,lpc-pooled", (900, 3000), (320, 4000)),
+    # (lpc-return-true: each release carries its return curve, in either tier)
+    "synthetic": (
+        "lpc-pooled,wa,lhd,lpc-return-true",
+        "arc,sae,session-ref,lpc-pooled,lpc-return-true",
+        (900, 3000),
+        (320, 4000),
+    ),
     "mooncake": (
         "sae,session-ref,lpc-pooled",
         "lhd,wa,arc",
