@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -248,7 +249,18 @@ class EvictorCachePolicy:
         if not self._free_slots:
             raise RuntimeError(f"insert beyond the capacity of {self.cache_capacity} chunks")
         slot = self._free_slots.pop()
-        release, final = self._insert_release(req_context)
+        # `_insert_release`, inlined for the common case (one request's inserts at one
+        # instant, no GPU plugin in the process).
+        last = self._last_insert
+        if (
+            last is not None
+            and last[0] is req_context
+            and self.finished is None
+            and last[1] == self._clock()
+        ):
+            release, final = last[3], last[4]
+        else:
+            release, final = self._insert_release(req_context)
         try:
             position = req_context.get_offload_key_position(key)
             depth = 0 if position is None else int(position)
@@ -478,26 +490,30 @@ class EvictorCachePolicy:
         A provisional release (a running request's touch) moves only provisional chunks: the
         others keep the keys their conversations' releases gave them."""
         chunks = self._chunks
-        resident = [chunks[k] for k in keys if k in chunks]
-        if not final:
-            resident = [r for r in resident if r.provisional]
-        for record in resident:
-            record.release = release
+        resident = []
+        for key in keys:
+            record = chunks.get(key)
+            if record is not None and (final or record.provisional):
+                record.release = release
+                resident.append(record)
+        provisional = not final
         if self.degraded:
             for record in resident:
-                record.provisional = not final
+                record.provisional = provisional
             return
         evictor = self.evictor
-        forget = getattr(evictor, "forget", None)
+        remove = evictor.remove
+        forget = getattr(evictor, "forget", None) if final else None
         requeued = []
         for record in resident:
             if record.evictable:
-                evictor.remove(record.slot)
+                remove(record.slot)
                 requeued.append(record)
-            if final and record.provisional and forget is not None:
+            if forget is not None and record.provisional:
                 forget(record.slot)
-            record.provisional = not final
-        self._enqueue(requeued)
+            record.provisional = provisional
+        if requeued:
+            self._enqueue(requeued)
 
     def _take_out(self, record: _Chunk, forget: bool) -> None:
         """Take an evictable chunk out of the evictor; with `forget`, drop its metadata too."""
@@ -514,13 +530,26 @@ class EvictorCachePolicy:
         if not records:
             return
         if len(records) > 1:
-            records = sorted(records, key=_neg_depth)
+            records = sorted(records, key=_DEPTH, reverse=True)  # stable: ties keep their order
+        evictor = self.evictor
+        key_of = self._key_of
+        first = records[0]
+        release, provisional = first.release, first.provisional
+        for record in records:
+            if record.release is not release or record.provisional is not provisional:
+                break
+        else:  # one release (a request's re-release): one push
+            slots = [r.slot for r in records]
+            freed = FreedBlocks(slots, [r.depth for r in records], [key_of[s] for s in slots])
+            if provisional:
+                getattr(evictor, "push_protected", evictor.push_cached)(freed, release)
+            else:
+                evictor.push_cached(freed, release)
+            return
         by_release: dict[tuple[int, bool], list[_Chunk]] = {}
         for record in records:
             by_release.setdefault((id(record.release), record.provisional), []).append(record)
-        evictor = self.evictor
         protected = getattr(evictor, "push_protected", evictor.push_cached)
-        key_of = self._key_of
         for (_, provisional), group in by_release.items():
             slots = [r.slot for r in group]
             freed = FreedBlocks(slots, [r.depth for r in group], [key_of[s] for s in slots])
@@ -582,8 +611,7 @@ class EvictorCachePolicy:
             self.degraded = True
 
 
-def _neg_depth(record: _Chunk) -> int:
-    return -record.depth
+_DEPTH = operator.attrgetter("depth")
 
 
 @functools.cache
