@@ -57,7 +57,8 @@ release); if even that fails, the tier stays in that LRU order. vLLM's own contr
 stay vLLM's (an insert beyond capacity, an unknown key).
 
 How the hooks map onto the evictor contract (`eviction/base.py`): the evictor holds exactly
-the evictable chunks (reference count 0); each chunk has a slot id for it. `insert` gives the
+the evictable chunks (reference count 0) once the pending ones are pushed (before anything
+reads the order: `EvictorCachePolicy`); each chunk has a slot id for it. `insert` gives the
 chunk a slot and, once the store completes (`mark_evictable`), hands it to the evictor with
 its depth (the key's end-token position: only the order of depths matters) and the storing
 request's release; `mark_non_evictable` (a load pins it) takes it out. `touch` and
