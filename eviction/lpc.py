@@ -152,6 +152,63 @@ class LPCEvictor(PriorityEvictor):
         keys, tags = self._pooled(block_ids, key, conversation_id)
         self._push_grouped(block_ids, freed.depths, keys, tags)
 
+    def push_cached_each(self, freed: FreedBlocks, release: Release) -> None:
+        """`push_cached` of each block alone, in the given order (any depths), all with the
+        same release, in one call: vLLM's CPU tier makes its chunks evictable one call at a
+        time and hands them over in batches (`lpc.integrations.vllm_cache_policy`).
+
+        The same keys, tags and eviction order as the single pushes: a block's key and tag
+        depend only on the release and the block's own metadata, and the heap orders blocks
+        by (key, −depth, push). Queued deepest first (a stable sort) as runs pushed in list
+        order, two blocks of equal key and depth keep the given order, as single pushes
+        would; `fallbacks_used` counts one per block as they would."""
+        block_ids = freed.block_ids
+        n = len(block_ids)
+        if n <= 1:
+            self.push_cached(freed, release)
+            return
+        # As push_cached computes it, so that top_logit and the keys are the same floats.
+        p = release.probability
+        if p is None or p != p:
+            self.fallbacks_used += n
+            p = self.fallback_probability
+        floor = self.probability_floor
+        p = floor if p < floor else (1.0 - floor if p > 1.0 - floor else p)
+        logit = math.log(p / (1.0 - p))
+        if logit > self.top_logit:
+            self.top_logit = logit
+        keys, tags = self._pooled(
+            block_ids, logit + self.scale_per_s * release.time_s, release.conversation_id
+        )
+        self._push_deepest_first(freed, keys, tags)
+
+    def push_protected_each(self, freed: FreedBlocks, release: Release) -> None:
+        """`push_protected` of each block alone, in the given order, all with the same
+        release, in one call (as `push_cached_each`, and exact for the same reasons: the
+        protected key reads `top_logit`, which a protected push does not change)."""
+        if len(freed.block_ids) <= 1:
+            self.push_protected(freed, release)
+            return
+        keys, tags = self._pooled(
+            freed.block_ids, self.protected_key(release.time_s), release.conversation_id
+        )
+        self._push_deepest_first(freed, keys, tags)
+
+    def _push_deepest_first(
+        self, freed: FreedBlocks, keys: list[float], tags: list[str | None]
+    ) -> None:
+        """Queue blocks given in any order with their keys and tags, deepest first; blocks
+        of equal depth keep the given order (the sort is stable)."""
+        depths = freed.depths
+        order = sorted(range(len(depths)), key=depths.__getitem__, reverse=True)
+        block_ids = freed.block_ids
+        self._push_grouped(
+            [block_ids[i] for i in order],
+            [depths[i] for i in order],
+            [keys[i] for i in order],
+            [tags[i] for i in order],
+        )
+
     def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
         key = self.key_for(release)
         self.top_logit = max(self.top_logit, key - self.scale_per_s * release.time_s)

@@ -371,6 +371,35 @@ class PooledLPCEvictor(LPCEvictor):
         self._bound_memory()
         self._push_grouped(block_ids, freed.depths, keys, tags)
 
+    def push_cached_each(self, freed: FreedBlocks, release: Release) -> None:
+        """`push_cached` of each block alone, in the given order, all with the same release,
+        in one call (`LPCEvictor.push_cached_each`). Beyond a block's own metadata, a single
+        push reads and writes the memory entry of its own content only, and judges and
+        labels by the release's time, which the first push does for all: so one pass over
+        the blocks in the given order (the memory's order included) is the single pushes,
+        unless the memory's size bound could forget a content between two of them; then
+        they are made one by one."""
+        block_ids = freed.block_ids
+        n = len(block_ids)
+        if n <= 1:
+            self.push_cached(freed, release)
+            return
+        if self._memory or self._pending:
+            self._advance(release.time_s)
+        if len(self._memory) + n > self.memory_max_entries:
+            for i in range(n):
+                single = FreedBlocks([block_ids[i]], [freed.depths[i]], [freed.hashes[i]])
+                self.push_cached(single, release)
+            return
+        before = self.fallbacks_used
+        p = self._probability(release)
+        self.fallbacks_used += (self.fallbacks_used - before) * (n - 1)
+        logit = math.log(p / (1.0 - p))
+        if logit > self.top_logit:
+            self.top_logit = logit
+        keys, tags = self._keys(freed, release, p)
+        self._push_deepest_first(freed, keys, tags)
+
     def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
         self._advance(release.time_s)
         keys, tags = self._keys(freed, release, self._probability(release))

@@ -57,7 +57,8 @@ release); if even that fails, the tier stays in that LRU order. vLLM's own contr
 stay vLLM's (an insert beyond capacity, an unknown key).
 
 How the hooks map onto the evictor contract (`eviction/base.py`): the evictor holds exactly
-the evictable chunks (reference count 0); each chunk has a slot id for it. `insert` gives the
+the evictable chunks (reference count 0) once the pending ones are pushed (before anything
+reads the order: `EvictorCachePolicy`); each chunk has a slot id for it. `insert` gives the
 chunk a slot and, once the store completes (`mark_evictable`), hands it to the evictor with
 its depth (the key's end-token position: only the order of depths matters) and the storing
 request's release; `mark_non_evictable` (a load pins it) takes it out. `touch` and
@@ -77,6 +78,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -198,7 +200,17 @@ def tier_evictor_options(evictor: str, runtime: PluginRuntime | None) -> dict[st
 
 
 class EvictorCachePolicy:
-    """vLLM's `CachePolicy` methods over an evictor of `eviction/` (see the module)."""
+    """vLLM's `CachePolicy` methods over an evictor of `eviction/` (see the module).
+
+    Cost per call (`lpc bench cache-policy`). vLLM calls `get` for every chunk it looks up
+    and `mark_evictable` for every chunk whose store or load completes, one call each, so
+    both are the dicts' and the list's own C methods, bound on the instance: `get` reads
+    a key -> status map, `mark_evictable` appends the key to a list of pending chunks.
+    The pending chunks reach the evictor, in call order, before anything reads or changes
+    the evictor's order (`_flush`: `evict`, `mark_non_evictable`, `remove`, `touch`,
+    `on_request_finished`), consecutive ones of equal release in one push
+    (`push_cached_each`, `push_protected_each`: exactly the single pushes' keys and order).
+    A request's inserts at one instant share one `Release` (`_insert_release`)."""
 
     def __init__(
         self,
@@ -218,21 +230,38 @@ class EvictorCachePolicy:
         self._evictor_options = evictor_options
         self._clock = clock
         self._chunks: dict[Any, _Chunk] = {}
+        self._status: dict[Any, Any] = {}  # key -> vLLM's chunk status (what `get` returns)
         self._key_of: dict[int, Any] = {}
         self._free_slots: list[int] = []
+        self._pending: list[Any] = []  # keys made evictable, not yet in the evictor
+        # (request context, time, the GPU plugin's release, release, final) of the last insert
+        self._last_insert: tuple[Any, float, Any, Release, bool] | None = None
+        # The two per-chunk hooks, without a Python frame (the class's methods say the same).
+        self.get = self._status.get  # type: ignore[method-assign]
+        self.mark_evictable = self._pending.append  # type: ignore[method-assign]
         self.degraded = False  # the evictor could not be rebuilt: LRU order from the records
         self.clear()
 
     # -- CachePolicy ----------------------------------------------------------------------
     def get(self, key: Any) -> Any:
-        chunk = self._chunks.get(key)
-        return None if chunk is None else chunk.status
+        return self._status.get(key)
 
     def insert(self, key: Any, chunk: Any, req_context: Any) -> None:
         if not self._free_slots:
             raise RuntimeError(f"insert beyond the capacity of {self.cache_capacity} chunks")
         slot = self._free_slots.pop()
-        release, final = self._release(req_context, None)
+        # `_insert_release`, inlined for the common case (one request's inserts at one
+        # instant, no GPU plugin in the process).
+        last = self._last_insert
+        if (
+            last is not None
+            and last[0] is req_context
+            and self.finished is None
+            and last[1] == self._clock()
+        ):
+            release, final = last[3], last[4]
+        else:
+            release, final = self._insert_release(req_context)
         try:
             position = req_context.get_offload_key_position(key)
             depth = 0 if position is None else int(position)
@@ -240,16 +269,23 @@ class EvictorCachePolicy:
             self.stats.plugin_error("the CPU tier's insert", error)
             depth = 0
         self._chunks[key] = _Chunk(chunk, slot, depth, release, provisional=not final)
+        self._status[key] = chunk
         self._key_of[slot] = key
         if chunk.ref_cnt == 0:
-            self._guarded("insert", lambda: self._push([key]))
+            self._pending.append(key)
 
     def remove(self, key: Any) -> None:
+        if self._pending:
+            self._flush()
         record = self._chunks.pop(key)
+        del self._status[key]
         del self._key_of[record.slot]
         self._free_slots.append(record.slot)
         if not self.degraded:
-            self._guarded("remove", lambda: self._take_out(record, forget=True))
+            try:
+                self._take_out(record, forget=True)
+            except Exception as error:
+                self._failed("remove", error)
 
     def touch(self, keys: Iterable[Any], req_context: Any) -> None:
         self._release_keys("touch", list(keys), req_context, None)
@@ -274,6 +310,8 @@ class EvictorCachePolicy:
     def evict(self, n: int, protected: set[Any]) -> list[tuple[Any, Any]] | None:
         if n == 0:
             return []
+        if self._pending:
+            self._flush()
         if not self.degraded:
             try:
                 return self._evict(n, protected)
@@ -284,27 +322,120 @@ class EvictorCachePolicy:
 
     def clear(self) -> None:
         self._chunks.clear()
+        self._status.clear()
         self._key_of.clear()
+        self._pending.clear()
+        self._last_insert = None
         self._free_slots = list(range(self.cache_capacity, 0, -1))
         self._rebuild()
 
     def mark_evictable(self, key: Any) -> None:
-        self._guarded("mark_evictable", lambda: self._push([key]))
+        """The chunk waits in `_pending` for the next `_flush` (the instance binds this to
+        the list's `append`)."""
+        self._pending.append(key)
 
     def mark_non_evictable(self, key: Any) -> None:
+        if self._pending:
+            self._flush()
         record = self._chunks[key]
         if not record.evictable:
             return
         record.evictable = False
         if not self.degraded:
-            self._guarded("mark_non_evictable", lambda: self.evictor.remove(record.slot))
+            try:
+                self.evictor.remove(record.slot)
+            except Exception as error:
+                self._failed("mark_non_evictable", error)
 
     # -- internals --------------------------------------------------------------------------
-    def _release(self, req_context: Any, final: bool | None) -> tuple[Release, bool]:
+    def _flush(self) -> None:
+        """Hand the pending chunks to the evictor (`mark_evictable`'s deferred part), in call
+        order. The evictor sees what one push per call would have shown it: consecutive
+        chunks of equal release and kind go in one `push_*_each`, which the evictors of the
+        LPC family make equal to their single pushes; others get one push per chunk. An
+        unknown key is counted as an error of `mark_evictable`, as its own call would be."""
+        keys = self._pending[:]
+        self._pending.clear()
+        chunks = self._chunks
+        records = []
+        unknown = None
+        for key in keys:
+            record = chunks.get(key)
+            if record is None:
+                unknown = key
+            elif not record.evictable:
+                record.evictable = True
+                records.append(record)
+        try:
+            if records and not self.degraded:
+                self._enqueue_in_order(records)
+            if unknown is not None:
+                raise KeyError(f"mark_evictable of a chunk not in the tier: {unknown!r}")
+        except Exception as error:
+            self._failed("mark_evictable", error)
+
+    def _enqueue_in_order(self, records: list[_Chunk]) -> None:
+        """Push chunks in the order given, one push per run of equal (release, kind)."""
+        evictor = self.evictor
+        key_of = self._key_of
+        n = len(records)
+        i = 0
+        while i < n:
+            first = records[i]
+            release, provisional = first.release, first.provisional
+            j = i + 1
+            while j < n:
+                other = records[j]
+                if other.provisional is not provisional or (
+                    other.release is not release and other.release != release
+                ):
+                    break
+                j += 1
+            group = records[i:j]
+            i = j
+            if provisional:
+                each = getattr(evictor, "push_protected_each", None)
+                single = getattr(evictor, "push_protected", evictor.push_cached)
+            else:
+                each = getattr(evictor, "push_cached_each", None)
+                single = evictor.push_cached
+            if each is not None:
+                slots = [r.slot for r in group]
+                each(
+                    FreedBlocks(slots, [r.depth for r in group], [key_of[s] for s in slots]),
+                    release,
+                )
+            else:
+                for r in group:
+                    single(FreedBlocks([r.slot], [r.depth], [key_of[r.slot]]), release)
+
+    def _insert_release(self, req_context: Any) -> tuple[Release, bool]:
+        """`_release` for an insert: the inserts of one request at one instant (one
+        `prepare_store`) share one release, so that the pending chunks group (the same
+        value either way)."""
+        now = self._clock()
+        finished = self.finished
+        plugin = None
+        if finished is not None:
+            try:
+                plugin = finished.get(str(getattr(req_context, "req_id", "")))
+            except Exception:  # `_release` counts it
+                plugin = None
+        last = self._last_insert
+        if last is not None and last[0] is req_context and last[1] == now and last[2] is plugin:
+            return last[3], last[4]
+        release, final = self._release(req_context, None, now)
+        self._last_insert = (req_context, now, plugin, release, final)
+        return release, final
+
+    def _release(
+        self, req_context: Any, final: bool | None, now: float | None = None
+    ) -> tuple[Release, bool]:
         """`request_release`, or on an error in it the fallback p at the current time; and
         whether it is the request's final release: at `on_request_finished` (`final` True), or
         once the GPU plugin has released the finished request (`final` None: look)."""
-        now = self._clock()
+        if now is None:
+            now = self._clock()
         try:
             if final is None:
                 rid = str(getattr(req_context, "req_id", ""))
@@ -320,32 +451,34 @@ class EvictorCachePolicy:
     ) -> None:
         """Give `keys` (head to tail) the request's release; on an error LRU's move to the
         most recent place: the fallback p at the current time."""
+        if self._pending:
+            self._flush()
         release, final = self._release(req_context, final)
-
-        def lru() -> None:
-            fallback = Release(self._clock(), None, release.conversation_id)
-            for key in keys:
-                record = self._chunks.get(key)
-                if record is not None and (final or record.provisional):
-                    record.release, record.provisional = fallback, not final
-
-        self._guarded(hook, lambda: self._rerelease(keys, release, final), lru)
-
-    def _guarded(
-        self, hook: str, action: Callable[[], None], fallback: Callable[[], None] | None = None
-    ) -> None:
-        """Run LPC's part of a hook; an exception is counted, logged once, and the evictor is
-        rebuilt from the records (after `fallback` fixed them up): vLLM never sees it."""
         try:
-            action()
+            self._rerelease(keys, release, final)
         except Exception as error:
-            self.stats.plugin_error(f"the CPU tier's {hook}", error)
-            if fallback is not None:
-                try:
-                    fallback()
-                except Exception as second:
-                    self.stats.plugin_error(f"the CPU tier's {hook} fallback", second)
-            self._rebuild()
+            self._failed(hook, error, lambda: self._lru_rerelease(keys, release, final))
+
+    def _lru_rerelease(self, keys: list[Any], release: Release, final: bool) -> None:
+        """`_release_keys`' fallback: the records take the fallback p at the current time."""
+        fallback = Release(self._clock(), None, release.conversation_id)
+        for key in keys:
+            record = self._chunks.get(key)
+            if record is not None and (final or record.provisional):
+                record.release, record.provisional = fallback, not final
+
+    def _failed(
+        self, hook: str, error: Exception, fallback: Callable[[], None] | None = None
+    ) -> None:
+        """An exception in LPC's part of a hook: counted, logged once, and the evictor is
+        rebuilt from the records (after `fallback` fixed them up): vLLM never sees it."""
+        self.stats.plugin_error(f"the CPU tier's {hook}", error)
+        if fallback is not None:
+            try:
+                fallback()
+            except Exception as second:
+                self.stats.plugin_error(f"the CPU tier's {hook} fallback", second)
+        self._rebuild()
 
     def _rerelease(self, keys: list[Any], release: Release, final: bool) -> None:
         """Give `keys` the request's release; evictable ones go back to the evictor tail
@@ -357,19 +490,31 @@ class EvictorCachePolicy:
         so the request's final p (and conversation) replaces it rather than pooling with it.
         A provisional release (a running request's touch) moves only provisional chunks: the
         others keep the keys their conversations' releases gave them."""
-        resident = [self._chunks[k] for k in keys if k in self._chunks]
-        if not final:
-            resident = [r for r in resident if r.provisional]
-        for record in resident:
-            record.release = release
+        chunks = self._chunks
+        resident = []
+        for key in keys:
+            record = chunks.get(key)
+            if record is not None and (final or record.provisional):
+                record.release = release
+                resident.append(record)
+        provisional = not final
         if self.degraded:
             for record in resident:
-                record.provisional = not final
+                record.provisional = provisional
             return
+        evictor = self.evictor
+        remove = evictor.remove
+        forget = getattr(evictor, "forget", None) if final else None
+        requeued = []
         for record in resident:
-            self._take_out(record, forget=record.provisional and final)
-            record.provisional = not final
-        self._enqueue([r for r in resident if r.evictable])
+            if record.evictable:
+                remove(record.slot)
+                requeued.append(record)
+            if forget is not None and record.provisional:
+                forget(record.slot)
+            record.provisional = provisional
+        if requeued:
+            self._enqueue(requeued)
 
     def _take_out(self, record: _Chunk, forget: bool) -> None:
         """Take an evictable chunk out of the evictor; with `forget`, drop its metadata too."""
@@ -378,41 +523,57 @@ class EvictorCachePolicy:
         if forget and hasattr(self.evictor, "forget"):
             self.evictor.forget(record.slot)
 
-    def _push(self, keys: list[Any]) -> None:
-        """Make `keys` evictable: into the evictor with their releases."""
-        records = [self._chunks[k] for k in keys if not self._chunks[k].evictable]
-        for record in records:
-            record.evictable = True
-        if not self.degraded:
-            self._enqueue(records)
-
     def _enqueue(self, records: list[_Chunk]) -> None:
         """Hand evictable chunks to the evictor tail first, grouped by their release. A
         provisional release queues its chunks as the GPU plugin queues a preempted request's
         (`push_protected`: after every chunk queued so far, LRU's place for a fresh insert,
         nothing learned from it); a final one is an ordinary release (`push_cached`)."""
+        if not records:
+            return
+        if len(records) > 1:
+            records = sorted(records, key=_DEPTH, reverse=True)  # stable: ties keep their order
+        evictor = self.evictor
+        key_of = self._key_of
+        first = records[0]
+        release, provisional = first.release, first.provisional
+        for record in records:
+            if record.release is not release or record.provisional is not provisional:
+                break
+        else:  # one release (a request's re-release): one push
+            slots = [r.slot for r in records]
+            freed = FreedBlocks(slots, [r.depth for r in records], [key_of[s] for s in slots])
+            if provisional:
+                getattr(evictor, "push_protected", evictor.push_cached)(freed, release)
+            else:
+                evictor.push_cached(freed, release)
+            return
         by_release: dict[tuple[int, bool], list[_Chunk]] = {}
-        for record in sorted(records, key=lambda r: -r.depth):
+        for record in records:
             by_release.setdefault((id(record.release), record.provisional), []).append(record)
-        protected = getattr(self.evictor, "push_protected", self.evictor.push_cached)
+        protected = getattr(evictor, "push_protected", evictor.push_cached)
         for (_, provisional), group in by_release.items():
             slots = [r.slot for r in group]
-            freed = FreedBlocks(slots, [r.depth for r in group], [self._key_of[s] for s in slots])
-            (protected if provisional else self.evictor.push_cached)(freed, group[0].release)
+            freed = FreedBlocks(slots, [r.depth for r in group], [key_of[s] for s in slots])
+            (protected if provisional else evictor.push_cached)(freed, group[0].release)
 
     def _evict(self, n: int, protected: set[Any]) -> list[tuple[Any, Any]] | None:
         """The evictor's choice; records change only once it is complete, so an exception on
         the way leaves them as they were (the caller rebuilds the evictor from them)."""
-        shielded = [
-            self._chunks[k] for k in protected if k in self._chunks and self._chunks[k].evictable
-        ]
-        if len(self.evictor) - len(shielded) < n:
+        chunks = self._chunks
+        shielded = []
+        for key in protected:
+            record = chunks.get(key)
+            if record is not None and record.evictable:
+                shielded.append(record)
+        evictor = self.evictor
+        if len(evictor) - len(shielded) < n:
             return None
         for record in shielded:
-            self.evictor.remove(record.slot)
-        slots = self.evictor.pop_n(n, self._clock())
+            evictor.remove(record.slot)
+        slots = evictor.pop_n(n, self._clock())
         self._enqueue(shielded)
-        return [self._drop(self._key_of[slot]) for slot in slots]
+        key_of = self._key_of
+        return [self._drop(key_of[slot]) for slot in slots]
 
     def _evict_lru(self, n: int, protected: set[Any]) -> list[tuple[Any, Any]] | None:
         """LRU's choice from the records: the oldest releases first, tail first."""
@@ -431,6 +592,7 @@ class EvictorCachePolicy:
 
     def _drop(self, key: Any) -> tuple[Any, Any]:
         record = self._chunks.pop(key)
+        del self._status[key]
         del self._key_of[record.slot]
         self._free_slots.append(record.slot)
         return key, record.status
@@ -448,6 +610,9 @@ class EvictorCachePolicy:
         except Exception as error:
             self.stats.plugin_error("rebuilding the CPU tier's evictor", error)
             self.degraded = True
+
+
+_DEPTH = operator.attrgetter("depth")
 
 
 @functools.cache
