@@ -31,6 +31,16 @@ Its conversation: the plugin's release when the request named one (`lpc_conversa
 whose payload carries `lpc_conversation_id` or `conversation_id`; else the request id (each
 request its own conversation, as the plugin does without one).
 
+One store, one release. `prepare_store` inserts a request's new chunks in one loop, each call
+reading the clock; with an engine's clock (`time.monotonic`) each chunk would carry its own
+instant, microseconds apart, and the head of the chain (stored first, so released earliest)
+would go before its tail. So consecutive inserts of one request share the release of the first
+one (its time, p and conversation): the run ends at any other hook of the policy (`evict`,
+`remove`, `touch`, `on_store_miss`, `on_request_access`, `on_request_finished`,
+`mark_non_evictable`, `clear`), at an insert of another request, or `MAX_INSERT_RUN_S` after
+its first insert (a store loop takes far less). Its chunks then differ in depth only, and the
+tail goes first, as in the GPU pool.
+
 A request's release is final once it finished (`on_request_finished`, or a store after the GPU
 plugin released it). Chunks stored before that are provisional: queued after every chunk
 queued so far, as LRU queues a fresh insert and the GPU plugin a preempted request's blocks
@@ -95,6 +105,9 @@ from lpc.integrations.vllm_plugin import PluginRuntime, registered_runtime
 CACHE_POLICY_EVICTORS = {"LPCCachePolicy": "lpc", "LPCPooledCachePolicy": "lpc-pooled"}
 HORIZON_KEY = "lpc_horizon_s"  # in kv_connector_extra_config
 HINT_CONVERSATION_KEYS = ("lpc_conversation_id", "conversation_id")  # in a kv_hints payload
+# The longest a run of one request's consecutive inserts shares its first insert's release (the
+# module says why); one `prepare_store` loop takes microseconds per chunk.
+MAX_INSERT_RUN_S = 0.5
 
 
 @dataclass(slots=True)
@@ -250,14 +263,14 @@ class EvictorCachePolicy:
         if not self._free_slots:
             raise RuntimeError(f"insert beyond the capacity of {self.cache_capacity} chunks")
         slot = self._free_slots.pop()
-        # `_insert_release`, inlined for the common case (one request's inserts at one
-        # instant, no GPU plugin in the process).
+        # `_insert_release`, inlined for the common case (the next insert of a run, no GPU
+        # plugin in the process).
         last = self._last_insert
         if (
             last is not None
             and last[0] is req_context
             and self.finished is None
-            and last[1] == self._clock()
+            and self._clock() - last[1] <= MAX_INSERT_RUN_S
         ):
             release, final = last[3], last[4]
         else:
@@ -275,6 +288,7 @@ class EvictorCachePolicy:
             self._pending.append(key)
 
     def remove(self, key: Any) -> None:
+        self._last_insert = None
         if self._pending:
             self._flush()
         record = self._chunks.pop(key)
@@ -288,14 +302,16 @@ class EvictorCachePolicy:
                 self._failed("remove", error)
 
     def touch(self, keys: Iterable[Any], req_context: Any) -> None:
+        self._last_insert = None
         self._release_keys("touch", list(keys), req_context, None)
 
     def on_store_miss(self, keys: Iterable[Any], req_context: Any) -> None:
-        """A miss holds nothing to reorder (the keys are not resident yet)."""
-        return None
+        """A miss holds nothing to reorder (the keys are not resident yet); it ends a run of
+        inserts (the module)."""
+        self._last_insert = None
 
     def on_request_access(self, keys: Iterable[Any], req_context: Any) -> None:
-        return None
+        self._last_insert = None
 
     def on_request_finished(
         self,
@@ -304,10 +320,12 @@ class EvictorCachePolicy:
         reused_keys: set[Any],
         req_context: Any,
     ) -> None:
+        self._last_insert = None
         keys = [key for group in key_groups for key in group]
         self._release_keys("on_request_finished", keys, req_context, True)
 
     def evict(self, n: int, protected: set[Any]) -> list[tuple[Any, Any]] | None:
+        self._last_insert = None
         if n == 0:
             return []
         if self._pending:
@@ -335,6 +353,7 @@ class EvictorCachePolicy:
         self._pending.append(key)
 
     def mark_non_evictable(self, key: Any) -> None:
+        self._last_insert = None
         if self._pending:
             self._flush()
         record = self._chunks[key]
@@ -410,9 +429,9 @@ class EvictorCachePolicy:
                     single(FreedBlocks([r.slot], [r.depth], [key_of[r.slot]]), release)
 
     def _insert_release(self, req_context: Any) -> tuple[Release, bool]:
-        """`_release` for an insert: the inserts of one request at one instant (one
-        `prepare_store`) share one release, so that the pending chunks group (the same
-        value either way)."""
+        """`_release` for an insert: a run of one request's consecutive inserts (one
+        `prepare_store`) shares its first insert's release, so that its chunks differ in depth
+        only (the tail goes first) and group into one push. Any other hook ends the run."""
         now = self._clock()
         finished = self.finished
         plugin = None
@@ -422,7 +441,12 @@ class EvictorCachePolicy:
             except Exception:  # `_release` counts it
                 plugin = None
         last = self._last_insert
-        if last is not None and last[0] is req_context and last[1] == now and last[2] is plugin:
+        if (
+            last is not None
+            and last[0] is req_context
+            and now - last[1] <= MAX_INSERT_RUN_S
+            and last[2] is plugin
+        ):
             return last[3], last[4]
         release, final = self._release(req_context, None, now)
         self._last_insert = (req_context, now, plugin, release, final)

@@ -431,3 +431,50 @@ def test_a_removed_chunks_slot_forgets_its_release() -> None:
     with pytest.raises(ValueError, match="queued"):
         queued = store(policy, "q", 1, request("q", 0.5))
         policy.evictor.forget(policy._chunks[queued[0]].slot)
+
+
+class TickingClock:
+    """An engine's clock: every read is a microsecond later."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1e-6
+        return self.now
+
+
+def store_running(policy: EvictorCachePolicy, prefix: str, n: int, context: Context) -> list:
+    """One `prepare_store` of a running request (n inserts), then `complete_store`."""
+    keys = [f"{prefix}{i}".encode() for i in range(n)]
+    for i, key in enumerate(keys):
+        context.positions[key] = 16 * (i + 1)
+        policy.insert(key, Status(i), context)
+    for key in keys:
+        policy.get(key).ref_cnt = 0
+        policy.mark_evictable(key)
+    return keys
+
+
+@pytest.mark.parametrize("evictor", ["lpc", "lpc-pooled"])
+def test_a_running_requests_store_goes_tail_first_on_an_engines_clock(evictor: str) -> None:
+    """Each insert reads a later instant; the run of one store shares its first release, so
+    the chain's tail goes before its head (one release per chunk would send the head first)."""
+    policy = EvictorCachePolicy(8, evictor, clock=TickingClock())
+    keys = store_running(policy, "a", 4, request("a", 0.5))
+    evicted = [key for key, _ in policy.evict(4, set()) or []]
+    assert evicted == keys[::-1]
+
+
+def test_any_other_hook_ends_a_run_of_inserts() -> None:
+    """A later store of the same request, after another hook, is a release of its own: its
+    chunks are newer, so they stay after the first store's."""
+    clock = Clock()
+    policy = EvictorCachePolicy(8, "lpc", clock=clock)
+    context = request("a", 0.5)
+    first = store_running(policy, "a", 2, context)
+    policy.on_store_miss([b"x"], context)  # the next step's prepare_store begins
+    clock.now = 5.0
+    second = store_running(policy, "b", 2, context)
+    evicted = [key for key, _ in policy.evict(4, set()) or []]
+    assert evicted == first[::-1] + second[::-1]
