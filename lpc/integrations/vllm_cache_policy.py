@@ -223,7 +223,7 @@ class EvictorCachePolicy:
     the evictor's order (`_flush`: `evict`, `mark_non_evictable`, `remove`, `touch`,
     `on_request_finished`), consecutive ones of equal release in one push
     (`push_cached_each`, `push_protected_each`: exactly the single pushes' keys and order).
-    A request's inserts at one instant share one `Release` (`_insert_release`)."""
+    A run of one request's consecutive inserts shares one `Release` (`_insert_release`)."""
 
     def __init__(
         self,
