@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from lpc.access.table import request_table
 from lpc.errors import UserError
 from lpc.replay.ab_pipeline import TRACE_MAX_MODEL_LEN
+from lpc.replay.request_table import request_table
 from lpc.traces.files import json_lines_problem, load_trace_files, trace_format_by_content
 from lpc.traces.load import LoadedTrace, TraceOptions
 from lpc.traces.timeline import DEFAULT_SPLIT_AT, TimeSplit, split_in_time

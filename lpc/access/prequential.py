@@ -163,9 +163,9 @@ def train_window_models(
 
 def window_quality(trace: str | Path, window: Window, folder: Path) -> dict[str, Any]:
     """Both models of `folder` scored on the window's releases."""
-    from lpc.access.table import request_table
     from lpc.access.window_quality import classifier_quality, hazard_quality
     from lpc.replay.ab_pipeline import TRACE_MAX_MODEL_LEN
+    from lpc.replay.request_table import request_table
     from lpc.traces.load import TraceOptions, load_trace
     from predictor.access_predictor import AccessPredictor
     from predictor.return_time import ReturnTimePredictor

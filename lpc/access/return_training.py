@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from lpc.access.table import request_table
 from lpc.replay.ab_pipeline import TRACE_MAX_MODEL_LEN
+from lpc.replay.request_table import request_table
 from lpc.traces.linkage import DEFAULT_SHARED_FANOUT
 from lpc.traces.timeline import DEFAULT_SPLIT_AT
 from predictor.access_features import check_names, default_feature_names, feature_frame

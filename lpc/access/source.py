@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lpc.access.table import request_table
 from lpc.errors import InvalidInputError
+from lpc.replay.request_table import request_table
 from lpc.workload import ScriptedTurn, WorkloadRequest
 from predictor.access_features import feature
 from predictor.access_predictor import AccessPredictor

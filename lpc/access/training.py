@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lpc.access.table import request_table
 from lpc.replay.ab_pipeline import TRACE_MAX_MODEL_LEN
+from lpc.replay.request_table import request_table
 from lpc.traces.linkage import DEFAULT_SHARED_FANOUT
 from lpc.traces.timeline import DEFAULT_SPLIT_AT
 from predictor.access_features import check_names, default_feature_names

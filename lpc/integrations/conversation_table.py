@@ -205,7 +205,7 @@ def shared_prefix_tokens(
     previous: array | None, prompt: array | None, prompt_tokens: int | None = None
 ) -> int:
     """Longest common prefix of the previous request's tokens and this prompt (0 if unknown):
-    the same value `lpc.access.table.common_prefix_tokens` computes for a trace table.
+    the same value `lpc.replay.request_table.common_prefix_tokens` computes for a trace table.
     `prompt` may run on past the prompt (its output) when `prompt_tokens` says where it ends."""
     if previous is None or prompt is None:
         return 0

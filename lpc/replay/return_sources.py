@@ -183,7 +183,7 @@ def model_curves(
 ) -> list[ReturnCurve]:
     """The model's curve for every request (arrival order, training part included, so each
     conversation's history is complete), each from what an engine knows at its release."""
-    from lpc.access.table import request_table
+    from lpc.replay.request_table import request_table
     from predictor.access_features import feature
 
     if not requests:

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lpc.access.table import request_table
 from lpc.benchmarks.release_bench import chained_hashes
 from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
@@ -30,6 +29,7 @@ from lpc.integrations.conversation_table import (
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.vllm_plugin import PluginRuntime
 from lpc.integrations.vllm_queue import QueueRuntime
+from lpc.replay.request_table import request_table
 from lpc.workload import ScriptedTurn, WorkloadRequest
 from predictor.access_features import RequestState
 from predictor.access_predictor import AccessPredictor

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lpc.access.table import common_prefix_tokens, request_table
 from lpc.cli.main import main
+from lpc.replay.request_table import common_prefix_tokens, request_table
 from lpc.traces.load import TraceOptions, load_trace
 from predictor.access_predictor import AccessPredictor
 from tests.lpc.traces.helpers import bundled_lines, write_lines

@@ -54,7 +54,7 @@ def _request(conversation: str, turn: int, arrival_s: float) -> WorkloadRequest:
 
 
 def _table(requests: list[WorkloadRequest]) -> pd.DataFrame:
-    from lpc.access.table import request_table
+    from lpc.replay.request_table import request_table
 
     return request_table(requests)
 

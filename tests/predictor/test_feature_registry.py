@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from lpc.access.source import AccessSource
-from lpc.access.table import request_table
 from lpc.integrations.access_runtime import AccessRuntime
 from lpc.integrations.config import PluginConfig
 from lpc.integrations.stats import PluginStats
+from lpc.replay.request_table import request_table
 from predictor import access_features as registry
 from predictor.access_features import (
     FEATURES_BY_NAME,

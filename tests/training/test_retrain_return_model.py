@@ -85,7 +85,7 @@ def logs(first_run, tmp_path: Path) -> Path:
 @pytest.fixture(scope="module")
 def context(first_run) -> ReturnContext:
     """The split the job hands the return half, built without an access fit."""
-    from lpc.access.table import request_table
+    from lpc.replay.request_table import request_table
     from lpc.traces.files import load_trace_files
     from lpc.traces.load import TraceOptions
     from predictor.access_features import default_feature_names
