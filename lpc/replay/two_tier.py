@@ -97,6 +97,43 @@ class TierSettings:
     latency: TierLatency = field(default_factory=TierLatency)
 
 
+def gpu_tier(
+    workload: PreparedWorkload, spec: PolicySpec, cache_tokens: int, settings: ReplaySettings
+) -> PrefixCacheBlockManager:
+    """The GPU tier: the single-tier replay's block manager, `spec`'s evictor."""
+    num_blocks = num_blocks_for(cache_tokens, workload.block_size)
+    evictor = build_evictor(
+        spec,
+        num_blocks,
+        settings.scale_per_s,
+        settings.fallback_probability,
+        workload.future,
+        settings.policy_options.get(spec.evictor),
+    )
+    return PrefixCacheBlockManager(num_blocks, workload.block_size, evictor=evictor)
+
+
+def host_tier(
+    workload: PreparedWorkload,
+    offload_spec: PolicySpec,
+    offload_tokens: int,
+    settings: ReplaySettings,
+    store_threshold: int = 0,
+) -> HostTier:
+    """The CPU tier of `offload_tokens` tokens: one chunk per GPU block, `offload_spec`'s
+    evictor (built for the chunks' slot ids 1..n, as the GPU pool's)."""
+    num_chunks = num_blocks_for(offload_tokens, workload.block_size) - 1
+    evictor = build_evictor(
+        offload_spec,
+        num_chunks + 1,
+        settings.scale_per_s,
+        settings.fallback_probability,
+        workload.future,
+        settings.policy_options.get(offload_spec.evictor),
+    )
+    return HostTier(num_chunks, evictor, store_threshold)
+
+
 def replay_two_tier(
     workload: PreparedWorkload,
     spec: PolicySpec,
@@ -113,32 +150,8 @@ def replay_two_tier(
     started = time.perf_counter()
     latency = latency or TierLatency()
     block_size = workload.block_size
-    num_blocks = num_blocks_for(cache_tokens, block_size)
-    gpu = PrefixCacheBlockManager(
-        num_blocks,
-        block_size,
-        evictor=build_evictor(
-            spec,
-            num_blocks,
-            settings.scale_per_s,
-            settings.fallback_probability,
-            workload.future,
-            settings.policy_options.get(spec.evictor),
-        ),
-    )
-    num_chunks = num_blocks_for(offload_tokens, block_size) - 1
-    host = HostTier(
-        num_chunks,
-        build_evictor(
-            offload_spec,
-            num_chunks + 1,
-            settings.scale_per_s,
-            settings.fallback_probability,
-            workload.future,
-            settings.policy_options.get(offload_spec.evictor),
-        ),
-        store_threshold,
-    )
+    gpu = gpu_tier(workload, spec, cache_tokens, settings)
+    host = host_tier(workload, offload_spec, offload_tokens, settings, store_threshold)
     categories = workload.categories
     gpu_p = request_probabilities(workload, spec)
     host_p = request_probabilities(workload, offload_spec)

@@ -24,14 +24,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 
-from lpc.blocks.block_manager import PrefixCacheBlockManager
 from lpc.replay.ab import ReplaySettings
-from lpc.replay.host_tier import HostTier
 from lpc.replay.latency import TierLatency, summarise_ttft
-from lpc.replay.policies import PolicySpec, build_evictor
+from lpc.replay.policies import PolicySpec
 from lpc.replay.return_sources import request_curves
-from lpc.replay.simulator import PreparedWorkload, num_blocks_for, request_probabilities
-from lpc.replay.two_tier import TierSettings, TwoTierResult
+from lpc.replay.simulator import PreparedWorkload, request_probabilities
+from lpc.replay.two_tier import TierSettings, TwoTierResult, gpu_tier, host_tier
 from lpc.workload import ARRIVAL
 
 FAILED = -1  # `GpuTrace.device_blocks` of a request the GPU pool could not hold
@@ -68,19 +66,7 @@ def replay_gpu_tier(
 ) -> GpuTrace:
     """The GPU half of `replay_two_tier`: the same block manager, calls and order."""
     block_size = workload.block_size
-    num_blocks = num_blocks_for(cache_tokens, block_size)
-    gpu = PrefixCacheBlockManager(
-        num_blocks,
-        block_size,
-        evictor=build_evictor(
-            spec,
-            num_blocks,
-            settings.scale_per_s,
-            settings.fallback_probability,
-            workload.future,
-            settings.policy_options.get(spec.evictor),
-        ),
-    )
+    gpu = gpu_tier(workload, spec, cache_tokens, settings)
     categories = workload.categories
     gpu_p = request_probabilities(workload, spec)
     gpu_curves = request_curves(workload.curves, spec, len(workload.requests))
@@ -125,18 +111,10 @@ def replay_host_tier(
     started = time.perf_counter()
     latency = latency or TierLatency()
     block_size = workload.block_size
-    hosts = []
-    for offload_tokens in offload_sizes_tokens:
-        num_chunks = num_blocks_for(offload_tokens, block_size) - 1
-        evictor = build_evictor(
-            offload_spec,
-            num_chunks + 1,
-            settings.scale_per_s,
-            settings.fallback_probability,
-            workload.future,
-            settings.policy_options.get(offload_spec.evictor),
-        )
-        hosts.append(HostTier(num_chunks, evictor, store_threshold))
+    hosts = [
+        host_tier(workload, offload_spec, offload_tokens, settings, store_threshold)
+        for offload_tokens in offload_sizes_tokens
+    ]
     categories = workload.categories
     host_p = request_probabilities(workload, offload_spec)
     host_curves = request_curves(workload.curves, offload_spec, len(workload.requests))
