@@ -60,13 +60,7 @@ class Clock:
 
 def store(policy: EvictorCachePolicy, prefix: str, n: int, context: Context) -> list[bytes]:
     """insert + complete_store + on_request_finished of one request's n chunks."""
-    keys = [f"{prefix}{i}".encode() for i in range(n)]
-    for i, key in enumerate(keys):
-        context.positions[key] = 16 * (i + 1)
-        policy.insert(key, Status(i), context)
-    for key in keys:
-        policy.get(key).ref_cnt = 0
-        policy.mark_evictable(key)
+    keys = store_running(policy, prefix, n, context)
     policy.on_request_finished([keys], set(keys), set(), context)
     return keys
 
@@ -444,7 +438,7 @@ class TickingClock:
         return self.now
 
 
-def store_running(policy: EvictorCachePolicy, prefix: str, n: int, context: Context) -> list:
+def store_running(policy: EvictorCachePolicy, prefix: str, n: int, context: Context) -> list[bytes]:
     """One `prepare_store` of a running request (n inserts), then `complete_store`."""
     keys = [f"{prefix}{i}".encode() for i in range(n)]
     for i, key in enumerate(keys):
