@@ -63,6 +63,7 @@ def retrain(logs: Path, registry: Path, capsys, *extra: str) -> tuple[int, dict]
     return code, json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow  # two trainings each (about 16 s together): CI step 1b
 def test_retrain_trains_on_request_logs_and_judges_on_the_newest_day(
     request_logs: Path, tmp_path: Path, capsys
 ) -> None:
@@ -92,6 +93,7 @@ def test_retrain_trains_on_request_logs_and_judges_on_the_newest_day(
     assert forced["reason"].startswith(("not worse", "worse"))
 
 
+@pytest.mark.slow  # two trainings each (about 16 s together): CI step 1b
 def test_a_promotion_reloads_a_running_server_holding_an_access_model(
     request_logs: Path, tmp_path: Path, capsys
 ) -> None:

@@ -66,6 +66,7 @@ POINTS = [
 ]
 
 
+@pytest.mark.slow  # a training process per kill point (about 11 s): CI step 1b
 @pytest.mark.parametrize("point", POINTS)
 def test_killed_job_leaves_the_current_model_loadable(tmp_path, point):
     add_log(tmp_path, 1, count=120)
