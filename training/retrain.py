@@ -45,6 +45,7 @@ from training.embedding_cache import EmbeddingCache, EmbedOptions
 from training.log_files import LogFile, LogSelection, discover_logs, select_logs
 from training.pause import pause_point
 from training.pipeline import TrainConfig, evaluate_artifact, train_predictor
+from training.promotion import Decision, decide
 from training.registry import ModelRegistry, RegistryLockedError, now_iso
 from training.return_retrain import FAILED as RETURN_FAILED
 from training.return_retrain import (
@@ -163,45 +164,6 @@ class RetrainOutcome:
             "seconds": round(self.seconds, 3),
             "return_model": None if self.return_model is None else self.return_model.to_dict(),
         }
-
-
-@dataclass(frozen=True)
-class Decision:
-    promote: bool
-    reason: str
-
-
-def decide(
-    candidate: dict[str, Any],
-    current: dict[str, Any] | None,
-    metric: str,
-    tolerance: float,
-    evaluation_samples: int,
-    min_samples: int,
-    current_problem: str | None = None,
-) -> Decision:
-    """Promote unless the candidate is worse than the current model by more than tolerance."""
-    if current_problem is not None:
-        return Decision(True, f"the current model cannot be used ({current_problem})")
-    if current is None:
-        return Decision(True, "no current model")
-    if evaluation_samples < min_samples:
-        return Decision(
-            False,
-            f"only {evaluation_samples} held-out samples (< {min_samples}): "
-            "too few to judge, keeping the current model",
-        )
-    new, old = candidate.get(metric), current.get(metric)
-    if new is None or old is None:
-        return Decision(False, f"{metric} is undefined on the held-out samples (one class only)")
-    delta = new - old
-    verdict = (
-        f"candidate {metric} {new:.4f} vs current {old:.4f} "
-        f"(Δ {delta:+.4f}, tolerance {tolerance:.4f})"
-    )
-    if delta >= -tolerance:
-        return Decision(True, f"not worse: {verdict}")
-    return Decision(False, f"worse: {verdict}")
 
 
 def load_logged_conversations(

@@ -35,6 +35,7 @@ import pandas as pd
 
 from predictor.errors import InvalidInputError, UserError
 from predictor.return_time import ReturnModelMetadata, ReturnTimePredictor, save_return_model
+from training.promotion import Decision, decide
 from training.registry import ModelRegistry, RegistryLockedError, registry_record
 from training.return_data import ReturnPart, return_samples
 from training.return_fit import ReturnFitConfig, fit_return_model
@@ -130,12 +131,6 @@ class ReturnModelOutcome:
         }
 
 
-@dataclass(frozen=True)
-class ReturnVerdict:
-    promote: bool
-    reason: str
-
-
 def decide_return(
     candidate: dict[str, Any],
     current: dict[str, Any] | None,
@@ -143,32 +138,24 @@ def decide_return(
     evaluation_samples: int,
     min_samples: int,
     current_problem: str | None = None,
-) -> ReturnVerdict:
+) -> Decision:
     """Promote unless the candidate's IBS is higher (worse) than the current model's by more
-    than `tolerance`; C is quoted beside it."""
-    if current_problem is not None:
-        return ReturnVerdict(True, f"the current return model cannot be used ({current_problem})")
-    if current is None:
-        return ReturnVerdict(True, "no current return model")
-    if evaluation_samples < min_samples:
-        return ReturnVerdict(
-            False,
-            f"only {evaluation_samples} evaluation releases (< {min_samples}): too few to "
-            "judge, keeping the current return model",
-        )
-    new, old = candidate.get(METRIC), current.get(METRIC)
-    if new is None or old is None:
-        return ReturnVerdict(
-            False, "the integrated Brier score is undefined on the evaluation part"
-        )
-    delta = new - old
-    verdict = (
-        f"candidate IBS {new:.4f} vs current {old:.4f} (Δ {delta:+.4f}, lower is better, "
-        f"tolerance {tolerance:.4f}; C {_c(candidate)} vs {_c(current)})"
+    than `tolerance`; C is quoted beside it (`training.promotion.decide`)."""
+    return decide(
+        candidate,
+        current,
+        METRIC,
+        tolerance,
+        evaluation_samples,
+        min_samples,
+        current_problem,
+        lower_is_better=True,
+        label="IBS",
+        model="return model",
+        samples="evaluation releases",
+        undefined_because="",
+        note="" if current is None else f"C {_c(candidate)} vs {_c(current)}",
     )
-    if delta <= tolerance:
-        return ReturnVerdict(True, f"not worse: {verdict}")
-    return ReturnVerdict(False, f"worse: {verdict}")
 
 
 def _c(metrics: dict[str, Any]) -> str:
