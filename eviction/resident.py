@@ -24,11 +24,10 @@ block in use that the evictor never sees (a second request sharing it) is not co
 
 from __future__ import annotations
 
-import copy
 from abc import abstractmethod
 from collections.abc import Iterable, Sequence
 
-from eviction.base import Evictor, FreedBlocks, Release
+from eviction.base import Evictor, FreedBlocks, Release, dry_run_copy
 from eviction.linked_list import BlockList
 
 
@@ -138,10 +137,7 @@ class ResidentEvictor(Evictor):
         Evictions change the queues (S3-FIFO promotes, SIEVE clears bits), so the order is
         that of a dry run on a copy: O(n) per call, for tests and debugging.
         """
-        dry = copy.copy(self)
-        dry.__dict__.update(
-            copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "_uncached"})
-        )
+        dry = dry_run_copy(self)
         return [*self._uncached, *(dry._evict() for _ in range(self._num_free))]
 
     def check_invariants(self) -> None:

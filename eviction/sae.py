@@ -57,13 +57,12 @@ blocks is freed; each session's keys in an insertion-ordered dict, walked from t
 
 from __future__ import annotations
 
-import copy
 import heapq
 import math
 from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
-from eviction.base import Evictor, FreedBlocks, Release
+from eviction.base import Evictor, FreedBlocks, Release, dry_run_copy
 from eviction.linked_list import BlockList
 
 NO_SESSION = -1
@@ -363,10 +362,7 @@ class SAEEvictor(Evictor):
 
     def free_block_ids(self) -> list[int]:
         """Uncached blocks, then a dry run of evictions on a copy. O(n), for tests."""
-        dry = copy.copy(self)
-        dry.__dict__.update(
-            copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "_uncached"})
-        )
+        dry = dry_run_copy(self)
         return [*self._uncached, *(dry._evict() for _ in range(self._num_free))]
 
     def check_invariants(self) -> None:

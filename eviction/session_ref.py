@@ -48,14 +48,13 @@ Everything is O(log n) per block amortised.
 
 from __future__ import annotations
 
-import copy
 import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
-from eviction.base import Evictor, FreedBlocks, Release
+from eviction.base import Evictor, FreedBlocks, Release, dry_run_copy
 from eviction.linked_list import BlockList
 
 # Unfitted default (contract tests, the microbenchmark); the replay fits its own.
@@ -243,10 +242,7 @@ class SessionRefEvictor(Evictor):
     def free_block_ids(self, now_s: float | None = None) -> list[int]:
         """The pop order at `now_s` (default: the latest time seen): a dry run on a copy."""
         now = self._clock_s if now_s is None else now_s
-        dry = copy.copy(self)
-        dry.__dict__.update(
-            copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "_uncached"})
-        )
+        dry = dry_run_copy(self)
         dry._expire(now)
         return [*self._uncached, *(dry._evict() for _ in range(self._num_free))]
 

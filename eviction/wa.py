@@ -46,13 +46,12 @@ release the deeper block leaves first (the manager frees tail first).
 
 from __future__ import annotations
 
-import copy
 import math
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import ClassVar
 
-from eviction.base import Evictor, FreedBlocks, Release, check_probability
+from eviction.base import Evictor, FreedBlocks, Release, check_probability, dry_run_copy
 from eviction.linked_list import BlockList
 
 # Unfitted defaults (contract tests, the microbenchmark): LPC's fallback p and decay scale.
@@ -218,10 +217,7 @@ class WAEvictor(Evictor):
         """The pop order at `now_s` (default: the latest time seen): uncached blocks, then a
         dry run of evictions on a copy (each eviction moves the window). O(n), for tests."""
         now = self._clock_s if now_s is None else now_s
-        dry = copy.copy(self)
-        dry.__dict__.update(
-            copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "_uncached"})
-        )
+        dry = dry_run_copy(self)
         return [*self._uncached, *(dry._evict(now) for _ in range(self._num_queued))]
 
     def check_invariants(self) -> None:
