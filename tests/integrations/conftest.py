@@ -7,6 +7,7 @@ that exists but fails is a test failure.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,9 +39,29 @@ def sglang_python() -> Path:
     return path
 
 
+# The summary's lines as the reports of the tests that wrote them carry them: under
+# pytest-xdist (the default suite runs in workers) a worker's REPORT never reaches the
+# process that prints the summary, but a test's `user_properties` travel with its report.
+SUMMARY: list[str] = []
+PROPERTY = "lpc_engine_report"
+
+
+@pytest.fixture(autouse=True)
+def _report_lines_travel_with_the_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Attach the REPORT lines a test wrote to its report (see SUMMARY)."""
+    start = len(REPORT)
+    yield
+    request.node.user_properties.extend((PROPERTY, line) for line in REPORT[start:])
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "teardown":
+        SUMMARY.extend(value for name, value in report.user_properties if name == PROPERTY)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not REPORT:
+    if not SUMMARY:
         return
     terminalreporter.section("LPC inside real serving engines")
-    for line in REPORT:
+    for line in SUMMARY:
         terminalreporter.write_line(line)

@@ -30,7 +30,7 @@ def trace_folder(root: Path) -> Path:
     [
         ("empty-2025-06-02.jsonl", b"", "the file is empty"),
         ("blank-2025-06-02.jsonl", b"\n  \n", "the file is empty"),
-        ("empty-2025-06-02.jsonl.gz", gzip.compress(b""), "the file is empty"),
+        ("empty-2025-06-02.jsonl.gz", gzip.compress(b"", mtime=0), "the file is empty"),
         ("plot-2025-06-02.jsonl", PNG, "not JSON Lines: its first line is not JSON"),
         ("list-2025-06-02.jsonl", b"[1, 2]\n", NOT_AN_OBJECT),
         ("text-2025-06-02.jsonl", b'"hello"\n', NOT_AN_OBJECT),
