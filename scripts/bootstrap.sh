@@ -7,8 +7,29 @@
 # Torch goes in first, pinned to a CPU-friendly release, so that the text extra's `torch>=...`
 # range is already satisfied and pip never pulls a multi-GB CUDA build on a CPU machine.
 # Override with LPC_TORCH_SPEC (e.g. LPC_TORCH_SPEC="torch==2.13.0" or a CUDA index) on a GPU box.
+#
+# `--with-vllm` (the README's test command) also makes ./.vllm-venv ready for the plugin's
+# tests (scripts/setup_vllm_plugin.sh: vLLM 0.33.0 in its own venv, the LPC core in it), so
+# that the default suite drives vLLM's own scheduler on a small sample. When vLLM cannot be
+# installed (no package index) it says so loudly and goes on: those tests are then skipped,
+# loudly, and everything else runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+with_vllm=0
+for arg in "$@"; do
+    case "$arg" in
+        --with-vllm) with_vllm=1 ;;
+        -h | --help)
+            echo "usage: bash scripts/bootstrap.sh [--with-vllm]"
+            exit 0
+            ;;
+        *)
+            echo "bootstrap: unknown option '$arg' (usage: bash scripts/bootstrap.sh [--with-vllm])" >&2
+            exit 2
+            ;;
+    esac
+done
 
 python_bin=${PYTHON:-python3}
 torch_spec=${LPC_TORCH_SPEC:-torch==2.13.0}
@@ -38,3 +59,9 @@ result = import_e5()
 if result.created:
     print(f'bootstrap: imported the e5 embedder into {result.path} ({result.seconds:.0f} s)')
 "
+if [ "$with_vllm" = 1 ]; then
+    if ! bash scripts/setup_vllm_plugin.sh; then
+        echo "!!! bootstrap: vLLM 0.33.0 could not be set up in .vllm-venv (the line above says" \
+            "why): the tests that drive vLLM's scheduler will be skipped !!!" >&2
+    fi
+fi

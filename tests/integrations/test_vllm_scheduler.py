@@ -82,12 +82,14 @@ def mooncake_sample(path: Path) -> int:
     return len(requests)
 
 
-def sharegpt_like(path: Path) -> int:
+def sharegpt_like(path: Path, conversations_count: int = 120, duration_s: float = 300) -> int:
     """Synthetic multi-turn chats whose next prompt repeats the previous output, with each
     request's oracle probability (a fifth missing: the fallback p)."""
     requests = open_loop_requests(
-        conversations(120, seed=5),
-        WorkloadConfig(mean_think_time_s=10, duration_s=300, max_active_conversations=30, seed=3),
+        conversations(conversations_count, seed=5),
+        WorkloadConfig(
+            mean_think_time_s=10, duration_s=duration_s, max_active_conversations=30, seed=3
+        ),
     )
     rng = random.Random(1)
     oracle = OracleSource().predict([r.turn for r in requests])
@@ -102,13 +104,14 @@ def run_scheduler_ab(
     *args: str,
     policies: tuple[str, ...] = POLICIES,
     timeout_s: float = 1200,
+    jobs: int = 2,
 ) -> dict:
     done = subprocess.run(
         [
             sys.executable,
             "scripts/vllm_scheduler_ab.py",
             str(trace),
-            *("--policies", ",".join(policies), "--jobs", "2", "--check-every", "1"),
+            *("--policies", ",".join(policies), "--jobs", str(jobs), "--check-every", "1"),
             *("--vllm-python", str(vllm_python), "--json", *args),
         ],
         capture_output=True,
