@@ -57,6 +57,7 @@ from lpc.replay.simulator import (
 )
 from lpc.replay.two_tier import TierSettings, TwoTierResult
 from lpc.replay.two_tier_grid import GridTiming, run_pair_grid
+from lpc.replay.two_tier_intervals import versus_best, versus_best_text
 from lpc.replay.two_tier_report import (
     TABLE_HEADER,
     plot_two_tier,
@@ -157,6 +158,8 @@ class ABOutcome:
     timings_s: dict[str, float]
     files: dict[str, str]
     two_tier: list[TwoTierResult] = field(default_factory=list)
+    # LPC in both tiers against the best other pair, with intervals (`two_tier_intervals`)
+    two_tier_versus_best: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -186,6 +189,7 @@ class ABOutcome:
         }
         if self.options.tiers is not None:
             out["two_tier"] = two_tier_json(self.options.tiers, self.two_tier)
+            out["two_tier"]["versus_best"] = self.two_tier_versus_best
         return out
 
 
@@ -263,8 +267,15 @@ def run_ab(
         summary["sweep_scale_per_s"] = {str(k): v for k, v in sweep_scales.items()}
     if replayer.sweep_fits:
         summary["sweep_fitted_policies"] = {str(k): v for k, v in replayer.sweep_fits.items()}
+    versus: list[dict[str, Any]] = []
+    if two_tier and work.options.tiers is not None:
+        t0 = time.perf_counter()
+        versus = versus_best(two_tier, work.options.tiers.latency)
+        timings["two_tier_intervals_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - started
-    outcome = ABOutcome(work.options, summary, results, comparison, sweep, timings, files, two_tier)
+    outcome = ABOutcome(
+        work.options, summary, results, comparison, sweep, timings, files, two_tier, versus
+    )
     _write_files(outcome, work.options.out_dir)
     return outcome
 
@@ -1208,6 +1219,18 @@ def _two_tier_markdown(outcome: ABOutcome) -> list[str]:
         "",
         "![two tiers](two_tier_hit_ratio.png)",
         "",
+        *_versus_best_markdown(outcome),
+    ]
+
+
+def _versus_best_markdown(outcome: ABOutcome) -> list[str]:
+    if not outcome.two_tier_versus_best:
+        return []
+    return [
+        "### LPC in both tiers against the best other pair (95 % paired interval)",
+        "",
+        *(f"- {line}" for line in versus_best_text(outcome.two_tier_versus_best)),
+        "",
     ]
 
 
@@ -1334,6 +1357,9 @@ def summary_text(outcome: ABOutcome) -> str:
             TABLE_HEADER,
             two_tier_rows(outcome.two_tier),
         )
+        if outcome.two_tier_versus_best:
+            text += "\n\nLPC in both tiers against the best other pair (95 % paired interval):\n"
+            text += "\n".join(versus_best_text(outcome.two_tier_versus_best))
     return text
 
 

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
+
+import numpy as np
 
 from lpc.blocks.block_manager import PrefixCacheBlockManager
 from lpc.replay.ab import ReplaySettings
@@ -30,6 +32,39 @@ from lpc.replay.policies import PolicySpec, build_evictor
 from lpc.replay.return_sources import request_curves
 from lpc.replay.simulator import PreparedWorkload, num_blocks_for, request_probabilities
 from lpc.workload import ARRIVAL
+
+
+@dataclass(frozen=True)
+class TwoTierRequestHits:
+    """Per counted request, in arrival order: its prompt, device-hit and host-hit tokens and
+    its conversation (codes of `PreparedWorkload.counted_conversations`). What the paired
+    bootstrap of `two_tier_intervals` resamples; a request the GPU pool could not hold
+    counts with no hit, as in the totals."""
+
+    prompt_tokens: np.ndarray  # int64
+    device_hit_tokens: np.ndarray  # int64
+    host_hit_tokens: np.ndarray  # int64
+    conversations: np.ndarray  # int64 codes
+
+    @classmethod
+    def of(
+        cls,
+        workload: PreparedWorkload,
+        prompts: list[int],
+        device_hits: list[int],
+        host_hits: list[int],
+    ) -> TwoTierRequestHits:
+        conversations = workload.counted_conversations
+        if len(conversations) != len(prompts):
+            raise AssertionError(
+                f"{len(prompts)} counted requests replayed, {len(conversations)} in the workload"
+            )
+        return cls(
+            np.asarray(prompts, dtype=np.int64),
+            np.asarray(device_hits, dtype=np.int64),
+            np.asarray(host_hits, dtype=np.int64),
+            conversations,
+        )
 
 
 @dataclass(frozen=True)
@@ -53,6 +88,9 @@ class TwoTierResult:
     prefill_gpu_s_saved: float
     load_s: float
     seconds: float
+    # Per-request hits, for intervals (`two_tier_intervals`). Not part of the figures: left
+    # out of `to_dict` and of comparisons.
+    request_hits: TwoTierRequestHits | None = field(default=None, compare=False, repr=False)
 
     @property
     def device_hit_ratio(self) -> float:
@@ -68,7 +106,7 @@ class TwoTierResult:
         return self.device_hit_ratio + self.host_hit_ratio
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "request_hits"}
         d["device_hit_ratio"] = self.device_hit_ratio
         d["host_hit_ratio"] = self.host_hit_ratio
         d["hit_ratio"] = self.hit_ratio
@@ -223,6 +261,7 @@ def replay_two_tier(
         prefill_gpu_s_saved=ttft.prefill_gpu_s_saved,
         load_s=ttft.load_s,
         seconds=time.perf_counter() - started,
+        request_hits=TwoTierRequestHits.of(workload, prompts, device_hits, host_hits),
     )
 
 

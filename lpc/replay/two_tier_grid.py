@@ -29,7 +29,7 @@ from lpc.replay.latency import TierLatency, summarise_ttft
 from lpc.replay.policies import PolicySpec
 from lpc.replay.return_sources import request_curves
 from lpc.replay.simulator import PreparedWorkload, request_probabilities
-from lpc.replay.two_tier import TierSettings, TwoTierResult, gpu_tier, host_tier
+from lpc.replay.two_tier import TierSettings, TwoTierRequestHits, TwoTierResult, gpu_tier, host_tier
 from lpc.workload import ARRIVAL
 
 FAILED = -1  # `GpuTrace.device_blocks` of a request the GPU pool could not hold
@@ -191,6 +191,7 @@ def replay_host_tier(
                 prefill_gpu_s_saved=ttft.prefill_gpu_s_saved,
                 load_s=ttft.load_s,
                 seconds=seconds,
+                request_hits=TwoTierRequestHits.of(workload, prompts, device_hits, host_hits[k]),
             )
         )
     return results

@@ -1,0 +1,209 @@
+"""95 % intervals for the two-tier replay: one policy pair against another, paired over
+conversations.
+
+As for the single tier (`lpc.replay.intervals`), a figure measured on one replay of one trace
+is one draw of which conversations fell in the evaluation part. Conversations are resampled
+(a conversation's requests share its prefix and hit or miss together), and the two pairs of a
+comparison replay the same requests, so each resample weighs both pairs' requests alike.
+
+Three differences, subject minus other, each with its percentile interval over
+`N_RESAMPLES` seeded resamples:
+- the hit ratio in either tier, in points: Σ hits / Σ prompt tokens over the resampled
+  conversations (requests of a conversation drawn k times count k times);
+- the TTFT p50 and p90, in seconds: the latency model's per-request TTFT, its weighted
+  percentile over the resample (the inverted-CDF percentile, which the point estimate,
+  numpy's interpolated percentile of the whole part, differs from by at most one request's
+  step).
+
+`versus_best` asks what the issue of tiered KV asks of LPC in both tiers: at each pair of
+sizes, is its either-tier hit ratio at least the best other pair's, and its TTFT p50 and p90
+below every other pair's. The best other pair is picked on the evaluation part itself (the
+largest of many noisy figures), so its interval is a little optimistic for the other pair:
+read a difference whose interval spans 0 as "not told apart", not as a tie won or lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from lpc.replay.latency import TierLatency
+from lpc.replay.two_tier import TwoTierRequestHits, TwoTierResult
+
+N_RESAMPLES = 1000
+CONFIDENCE = 0.95
+SEED = 0
+# LPC in both tiers as the product ships it: the plugin's default evictor on the GPU and the
+# `LPCPooledCachePolicy` in vLLM's CPU tier.
+SUBJECT = ("lpc-pooled", "lpc-pooled")
+
+
+@dataclass(frozen=True)
+class Difference:
+    """subject − other, with its 95 % interval."""
+
+    value: float
+    low: float
+    high: float
+
+    def to_list(self) -> list[float]:
+        return [self.value, self.low, self.high]
+
+
+@dataclass(frozen=True)
+class PairDifference:
+    """Subject pair against another pair on the same requests: hit ratio in either tier
+    (points, ×100), TTFT p50 and p90 (seconds)."""
+
+    hit_ratio_points: Difference
+    ttft_p50_s: Difference
+    ttft_p90_s: Difference
+
+
+def _weights(conversations: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
+    """(resamples × requests) weights: how often each request's conversation was drawn."""
+    count = int(conversations.max()) + 1
+    rng = np.random.default_rng(seed)
+    draws = rng.multinomial(count, np.full(count, 1.0 / count), size=n_resamples)
+    return draws[:, conversations].astype(np.float64)
+
+
+def _weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> np.ndarray:
+    """Per row of `weights`, the smallest value whose weighted CDF reaches q (inverted CDF)."""
+    order = np.argsort(values, kind="stable")
+    cumulative = np.cumsum(weights[:, order], axis=1)
+    threshold = q * cumulative[:, -1:]
+    index = np.argmax(cumulative >= threshold, axis=1)
+    return values[order][index]
+
+
+def _interval(samples: np.ndarray, value: float, confidence: float) -> Difference:
+    tail = (1.0 - confidence) / 2 * 100
+    low, high = np.percentile(samples, [tail, 100 - tail])
+    return Difference(value, float(low), float(high))
+
+
+def ttft_per_request(hits: TwoTierRequestHits, latency: TierLatency) -> np.ndarray:
+    missed = hits.prompt_tokens - hits.device_hit_tokens - hits.host_hit_tokens
+    return latency.ttft_s(missed.astype(np.float64), hits.host_hit_tokens.astype(np.float64))
+
+
+def pair_difference(
+    subject: TwoTierResult,
+    other: TwoTierResult,
+    latency: TierLatency,
+    n_resamples: int = N_RESAMPLES,
+    confidence: float = CONFIDENCE,
+    seed: int = SEED,
+) -> PairDifference:
+    """The subject pair minus the other, each figure with its paired bootstrap interval.
+    Both must come from replays of the same workload (the same counted requests)."""
+    a, b = subject.request_hits, other.request_hits
+    if a is None or b is None:
+        raise ValueError("a paired interval needs both replays' per-request hits")
+    if not (
+        np.array_equal(a.conversations, b.conversations)
+        and np.array_equal(a.prompt_tokens, b.prompt_tokens)
+    ):
+        raise ValueError("a paired interval needs two replays of the same counted requests")
+    if len(a.conversations) == 0:
+        raise ValueError("no counted request to compare")
+    weights = _weights(a.conversations, n_resamples, seed)
+    prompts = weights @ a.prompt_tokens
+    hits_a = weights @ (a.device_hit_tokens + a.host_hit_tokens)
+    hits_b = weights @ (b.device_hit_tokens + b.host_hit_tokens)
+    hit_samples = 100.0 * (hits_a - hits_b) / prompts
+    ttft_a, ttft_b = ttft_per_request(a, latency), ttft_per_request(b, latency)
+    out = {
+        "hit_ratio_points": _interval(
+            hit_samples, 100.0 * (subject.hit_ratio - other.hit_ratio), confidence
+        )
+    }
+    for name, q, value in (
+        ("ttft_p50_s", 0.5, subject.ttft_p50_s - other.ttft_p50_s),
+        ("ttft_p90_s", 0.9, subject.ttft_p90_s - other.ttft_p90_s),
+    ):
+        samples = _weighted_percentile(ttft_a, weights, q) - _weighted_percentile(
+            ttft_b, weights, q
+        )
+        out[name] = _interval(samples, value, confidence)
+    return PairDifference(**out)
+
+
+def _label(result: TwoTierResult) -> str:
+    return f"{result.policy} + {result.offload_policy}"
+
+
+def versus_best(
+    results: Sequence[TwoTierResult],
+    latency: TierLatency,
+    subject: tuple[str, str] = SUBJECT,
+    n_resamples: int = N_RESAMPLES,
+) -> list[dict]:
+    """At each (GPU size, CPU size) where the subject pair was replayed: its hit ratio in
+    either tier against the best other pair's, its TTFT p50 and p90 against the lowest other
+    pair's, each difference with its interval, and its device hit ratio against lru + lru's
+    (when replayed). Empty when the subject pair is not in `results`."""
+    by_sizes: dict[tuple[int, int], list[TwoTierResult]] = {}
+    for r in results:
+        by_sizes.setdefault((r.cache_tokens, r.offload_tokens), []).append(r)
+    rows = []
+    for (gpu_size, cpu_size), group in by_sizes.items():
+        mine = [r for r in group if (r.policy, r.offload_policy) == subject]
+        others = [r for r in group if (r.policy, r.offload_policy) != subject]
+        if not mine or not others or mine[0].request_hits is None:
+            continue
+        me = mine[0]
+        best_hit = max(others, key=lambda r: r.hit_ratio)
+        best_p50 = min(others, key=lambda r: r.ttft_p50_s)
+        best_p90 = min(others, key=lambda r: r.ttft_p90_s)
+        row: dict = {
+            "subject": _label(me),
+            "cache_tokens": gpu_size,
+            "offload_tokens": cpu_size,
+            "pairs_compared": len(others),
+        }
+        for figure, best, attribute in (
+            ("hit_ratio", best_hit, "hit_ratio_points"),
+            ("ttft_p50_s", best_p50, "ttft_p50_s"),
+            ("ttft_p90_s", best_p90, "ttft_p90_s"),
+        ):
+            difference = getattr(pair_difference(me, best, latency, n_resamples), attribute)
+            row[figure] = {
+                "subject": getattr(me, figure),
+                "best_other": _label(best),
+                "best_other_value": getattr(best, figure),
+                "difference": asdict(difference),
+            }
+        lru = [r for r in others if (r.policy, r.offload_policy) == ("lru", "lru")]
+        if lru and lru[0].device_hit_ratio > 0:
+            row["device_hit_ratio_vs_lru_lru"] = me.device_hit_ratio / lru[0].device_hit_ratio
+        rows.append(row)
+    return rows
+
+
+def versus_best_text(rows: Sequence[dict]) -> list[str]:
+    """One line per pair of sizes (the terminal's and the markdown report's)."""
+    lines = []
+    for row in rows:
+        hit, p50, p90 = row["hit_ratio"], row["ttft_p50_s"], row["ttft_p90_s"]
+
+        def points(d: dict) -> str:
+            return f"{d['value']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]"
+
+        def ms(d: dict) -> str:
+            return f"{1000 * d['value']:+.1f} [{1000 * d['low']:+.1f}, {1000 * d['high']:+.1f}] ms"
+
+        ratio = row.get("device_hit_ratio_vs_lru_lru")
+        device = f"; device hits {ratio:.2f}x lru + lru's" if ratio is not None else ""
+        lines.append(
+            f"{row['subject']} at {row['cache_tokens']:,} + {row['offload_tokens']:,} tokens "
+            f"(against {row['pairs_compared']} other pairs){device}: either-tier hit ratio "
+            f"{100 * hit['subject']:.2f}% vs {hit['best_other']}'s "
+            f"{100 * hit['best_other_value']:.2f}%: {points(hit['difference'])} points; "
+            f"TTFT p50 vs {p50['best_other']}: {ms(p50['difference'])}; "
+            f"p90 vs {p90['best_other']}: {ms(p90['difference'])}"
+        )
+    return lines
