@@ -90,16 +90,9 @@ def ttft_per_request(hits: TwoTierRequestHits, latency: TierLatency) -> np.ndarr
     return latency.ttft_s(missed.astype(np.float64), hits.host_hit_tokens.astype(np.float64))
 
 
-def pair_difference(
-    subject: TwoTierResult,
-    other: TwoTierResult,
-    latency: TierLatency,
-    n_resamples: int = N_RESAMPLES,
-    confidence: float = CONFIDENCE,
-    seed: int = SEED,
-) -> PairDifference:
-    """The subject pair minus the other, each figure with its paired bootstrap interval.
-    Both must come from replays of the same workload (the same counted requests)."""
+def _paired_hits(
+    subject: TwoTierResult, other: TwoTierResult
+) -> tuple[TwoTierRequestHits, TwoTierRequestHits]:
     a, b = subject.request_hits, other.request_hits
     if a is None or b is None:
         raise ValueError("a paired interval needs both replays' per-request hits")
@@ -110,26 +103,49 @@ def pair_difference(
         raise ValueError("a paired interval needs two replays of the same counted requests")
     if len(a.conversations) == 0:
         raise ValueError("no counted request to compare")
+    return a, b
+
+
+def _figure(
+    figure: str,
+    subject: TwoTierResult,
+    other: TwoTierResult,
+    latency: TierLatency,
+    weights: np.ndarray,
+    confidence: float,
+) -> Difference:
+    """One figure's difference (`hit_ratio_points`, `ttft_p50_s` or `ttft_p90_s`) under the
+    resampling `weights` (resamples × requests)."""
+    a, b = _paired_hits(subject, other)
+    if figure == "hit_ratio_points":
+        hits = (a.device_hit_tokens + a.host_hit_tokens) - (b.device_hit_tokens + b.host_hit_tokens)
+        samples = 100.0 * (weights @ hits) / (weights @ a.prompt_tokens)
+        return _interval(samples, 100.0 * (subject.hit_ratio - other.hit_ratio), confidence)
+    q = {"ttft_p50_s": 0.5, "ttft_p90_s": 0.9}[figure]
+    samples = _weighted_percentile(ttft_per_request(a, latency), weights, q)
+    samples -= _weighted_percentile(ttft_per_request(b, latency), weights, q)
+    value = getattr(subject, figure) - getattr(other, figure)
+    return _interval(samples, value, confidence)
+
+
+FIGURES = ("hit_ratio_points", "ttft_p50_s", "ttft_p90_s")
+
+
+def pair_difference(
+    subject: TwoTierResult,
+    other: TwoTierResult,
+    latency: TierLatency,
+    n_resamples: int = N_RESAMPLES,
+    confidence: float = CONFIDENCE,
+    seed: int = SEED,
+) -> PairDifference:
+    """The subject pair minus the other, each figure with its paired bootstrap interval.
+    Both must come from replays of the same workload (the same counted requests)."""
+    a, _ = _paired_hits(subject, other)
     weights = _weights(a.conversations, n_resamples, seed)
-    prompts = weights @ a.prompt_tokens
-    hits_a = weights @ (a.device_hit_tokens + a.host_hit_tokens)
-    hits_b = weights @ (b.device_hit_tokens + b.host_hit_tokens)
-    hit_samples = 100.0 * (hits_a - hits_b) / prompts
-    ttft_a, ttft_b = ttft_per_request(a, latency), ttft_per_request(b, latency)
-    out = {
-        "hit_ratio_points": _interval(
-            hit_samples, 100.0 * (subject.hit_ratio - other.hit_ratio), confidence
-        )
-    }
-    for name, q, value in (
-        ("ttft_p50_s", 0.5, subject.ttft_p50_s - other.ttft_p50_s),
-        ("ttft_p90_s", 0.9, subject.ttft_p90_s - other.ttft_p90_s),
-    ):
-        samples = _weighted_percentile(ttft_a, weights, q) - _weighted_percentile(
-            ttft_b, weights, q
-        )
-        out[name] = _interval(samples, value, confidence)
-    return PairDifference(**out)
+    return PairDifference(
+        *(_figure(f, subject, other, latency, weights, confidence) for f in FIGURES)
+    )
 
 
 def _label(result: TwoTierResult) -> str:
@@ -156,6 +172,8 @@ def versus_best(
         if not mine or not others or mine[0].request_hits is None:
             continue
         me = mine[0]
+        assert me.request_hits is not None
+        weights = _weights(me.request_hits.conversations, n_resamples, SEED)
         best_hit = max(others, key=lambda r: r.hit_ratio)
         best_p50 = min(others, key=lambda r: r.ttft_p50_s)
         best_p90 = min(others, key=lambda r: r.ttft_p90_s)
@@ -170,7 +188,7 @@ def versus_best(
             ("ttft_p50_s", best_p50, "ttft_p50_s"),
             ("ttft_p90_s", best_p90, "ttft_p90_s"),
         ):
-            difference = getattr(pair_difference(me, best, latency, n_resamples), attribute)
+            difference = _figure(attribute, me, best, latency, weights, CONFIDENCE)
             row[figure] = {
                 "subject": getattr(me, figure),
                 "best_other": _label(best),

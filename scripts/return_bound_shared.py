@@ -1,0 +1,125 @@
+"""Does the `lpc-return` evictor's perfect-knowledge bound lack a floor for shared prefixes?
+
+    python scripts/return_bound_shared.py [--part training|evaluation] [--cache-sizes ...] [--json]
+
+docs/results.md ("An evictor that asks when") reads the bound's fall below LRU at 16M as the
+prefixes *new* conversations share: a block's claims speak only for the conversations that
+released it, so a system prompt released by conversations that never return scores 0 and
+goes first, while LRU keeps it. The test: replay `lpc-return-true` (each release's curve is
+its conversation's true next arrival) twice on the same workload, once as shipped and once
+with a floor, a score of 1 for every block whose claims come from two or more conversations
+(`SharedFloorEvictor`, this script only; the evictor in `eviction/` is unchanged), beside
+LRU and Belady. `--part training` (the default, what the protocol lets choices read) replays
+the Mooncake trace's training part alone: split at its middle (884 s) and stopped at the
+default cut (1,768 s), so the cache warms on the first quarter of the trace and the second
+quarter is counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import heapq
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import eviction.registry as registry
+from eviction.return_window import Claim, ReturnWindowEvictor
+from lpc.replay.ab_pipeline import ABOptions, run_ab
+from lpc.replay.policies import parse_policies
+
+TRAINING_PART = {"split_at": 884.0, "replay_until_s": 1768.0}  # the default cut is 1,768 s
+SIZES = (2_500_000, 4_000_000, 6_000_000, 8_000_000, 12_000_000, 16_000_000)
+
+
+class SharedFloorEvictor(ReturnWindowEvictor):
+    """`lpc-return` whose blocks claimed by two or more conversations score `floor`."""
+
+    floor = 1.0
+
+    def _floor(self, claims: Sequence[Claim]) -> float:
+        return self.floor if len({c.conversation_id for c in claims}) >= 2 else -1.0
+
+    def score(self, claims: Sequence[Claim], now_s: float) -> float:
+        return max(super().score(claims, now_s), self._floor(claims))
+
+    def rekey(self, now_s: float) -> None:
+        super().rekey(now_s)
+        entries = []
+        for _, rank, seq, run in self._heap:
+            floor = self._floor(run.tag)
+            if floor > run.key:
+                run.key = floor
+                if run.ghost is not None:
+                    run.ghost.key = floor
+            entries.append((run.key, rank, seq, run))
+        heapq.heapify(entries)
+        self._heap = entries
+
+
+def replay(part: str, sizes: Sequence[int], floor: bool, out: Path) -> dict[str, dict[int, float]]:
+    entry = registry.POLICIES["lpc-return"]
+    factory = SharedFloorEvictor if floor else ReturnWindowEvictor
+    registry.POLICIES["lpc-return"] = dataclasses.replace(entry, factory=factory)
+    try:
+        outcome = run_ab(
+            ABOptions(
+                trace=Path("mooncake"),
+                policies=tuple(parse_policies("lru,lpc-return-true,belady")),
+                cache_sizes_tokens=tuple(sizes),
+                model_reads_text=False,
+                out_dir=out,
+                progress=False,
+                **(TRAINING_PART if part == "training" else {}),
+            ),
+            log=lambda _: None,
+        )
+    finally:
+        registry.POLICIES["lpc-return"] = entry
+    ratio = outcome.comparison.hit_ratio
+    return {policy: dict(curve) for policy, curve in ratio.items()}
+
+
+def gap_closed(ratio: dict[str, dict[int, float]], policy: str, size: int) -> float:
+    lru, belady = ratio["lru"][size], ratio["belady"][size]
+    return (ratio[policy][size] - lru) / (belady - lru) if belady > lru else 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=("training", "evaluation"), default="training")
+    parser.add_argument("--cache-sizes", default=",".join(str(s) for s in SIZES))
+    parser.add_argument("--out", type=Path, default=Path("results/return-bound-shared"))
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.cache_sizes.split(",")]
+    shipped = replay(args.part, sizes, False, args.out / "shipped")
+    floored = replay(args.part, sizes, True, args.out / "floor")
+    rows = [
+        {
+            "cache_tokens": size,
+            "lru": shipped["lru"][size],
+            "belady": shipped["belady"][size],
+            "bound": shipped["lpc-return-true"][size],
+            "bound_with_shared_floor": floored["lpc-return-true"][size],
+            "gap_closed": gap_closed(shipped, "lpc-return-true", size),
+            "gap_closed_with_shared_floor": gap_closed(floored, "lpc-return-true", size),
+        }
+        for size in sizes
+    ]
+    if args.json:
+        print(json.dumps({"part": args.part, "rows": rows}, indent=2))
+        return
+    print(f"{args.part} part: hit ratio (share of the LRU→Belady gap closed)")
+    print(f"{'cache':>11} {'lru':>7} {'belady':>7} {'bound':>16} {'bound + floor':>16}")
+    for r in rows:
+        print(
+            f"{r['cache_tokens']:>11,} {r['lru']:>7.2%} {r['belady']:>7.2%} "
+            f"{r['bound']:>7.2%} ({r['gap_closed']:>4.0%}) "
+            f"{r['bound_with_shared_floor']:>7.2%} ({r['gap_closed_with_shared_floor']:>4.0%})"
+        )
+
+
+if __name__ == "__main__":
+    main()
