@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from lpc.drivers.vllm_driver import vllm_python_path
+from tests.conftest import ENGINE_REPORT
 from tests.integrations.report import REPORT
 from tests.integrations.snippets import sglang_python_path
 
@@ -39,29 +40,12 @@ def sglang_python() -> Path:
     return path
 
 
-# The summary's lines as the reports of the tests that wrote them carry them: under
-# pytest-xdist (the default suite runs in workers) a worker's REPORT never reaches the
-# process that prints the summary, but a test's `user_properties` travel with its report.
-SUMMARY: list[str] = []
-PROPERTY = "lpc_engine_report"
-
-
 @pytest.fixture(autouse=True)
 def _report_lines_travel_with_the_test(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Attach the REPORT lines a test wrote to its report (see SUMMARY)."""
+    """Attach the REPORT lines a test wrote to its report: under pytest-xdist (the default
+    suite runs in workers) a worker's REPORT never reaches the process that prints the
+    summary, but a test's `user_properties` travel with its report (tests/conftest.py
+    prints them)."""
     start = len(REPORT)
     yield
-    request.node.user_properties.extend((PROPERTY, line) for line in REPORT[start:])
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.when == "teardown":
-        SUMMARY.extend(value for name, value in report.user_properties if name == PROPERTY)
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not SUMMARY:
-        return
-    terminalreporter.section("LPC inside real serving engines")
-    for line in SUMMARY:
-        terminalreporter.write_line(line)
+    request.node.user_properties.extend((ENGINE_REPORT, line) for line in REPORT[start:])
