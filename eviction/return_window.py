@@ -307,6 +307,18 @@ class ReturnWindowEvictor(PriorityEvictor):
             claims = self._claims_after(block_id, claim)
             self._state[block_id] = Ghost(self.score(claims, claim.release_s), claims)
 
+    def drop_claim(self, block_id: int, conversation_id: str | None) -> None:
+        """Forget `conversation_id`'s claim on a block that is not queued (vLLM's CPU tier: a
+        claim a request made under its own id before its conversation was known, which its
+        final release would otherwise pool with). No claim left: the block starts afresh."""
+        slot = self._state[block_id]
+        if type(slot) is Run:
+            raise ValueError(f"block {block_id} is queued; remove it first")
+        if slot is None or conversation_id is None:
+            return
+        claims = tuple(c for c in slot.tag if c.conversation_id != conversation_id)
+        self._state[block_id] = Ghost(slot.key, claims) if claims else None
+
     def push_uncached(self, block_ids: Sequence[int]) -> None:
         released_at = self._released_at
         for block_id in block_ids:

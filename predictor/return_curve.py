@@ -30,9 +30,12 @@ def log_spaced_edges(first_s: float = 5.0, last_s: float = 3600.0, count: int = 
     return np.concatenate([[0.0], np.geomspace(first_s, last_s, count)])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ReturnCurve:
-    """S(t) at `times_s` (increasing, starting at 0, where S = 1; non-increasing)."""
+    """S(t) at `times_s` (increasing, starting at 0, where S = 1; non-increasing).
+
+    Compared by identity: its arrays have no truth value, and the releases that carry a curve
+    are compared with each other (vLLM's CPU tier groups equal releases into one push)."""
 
     times_s: np.ndarray
     survival: np.ndarray
