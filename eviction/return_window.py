@@ -257,11 +257,21 @@ class ReturnWindowEvictor(PriorityEvictor):
         released_at = self._released_at
         for block_id in block_ids:
             released_at[block_id] = now
-        claims = [self._claims_after(b, claim) for b in block_ids]
-        if all(len(c) == 1 for c in claims):
+        # Fast path, one pass and no allocation per block (a 128K-token request frees 8,192):
+        # blocks new to the cache, or claimed only by this conversation, keep this claim alone
+        # (`_claims_after`: one claim per conversation) and form a single run.
+        state, cid = self._state, claim.conversation_id
+        for block_id in block_ids:
+            old = state[block_id]
+            if old is not None and (
+                cid is None or len(old.tag) != 1 or old.tag[0].conversation_id != cid
+            ):
+                break
+        else:
             own = (claim,)
             self._push_run(self.score(own, now), own, block_ids, freed.depths)
             return
+        claims = [self._claims_after(b, claim) for b in block_ids]
         keys = [self.score(c, now) for c in claims]
         self._push_grouped(block_ids, freed.depths, keys, claims)
 
