@@ -128,8 +128,17 @@ class PluginStats:
             return {name: getattr(self, name) for name in _COUNTER_NAMES}
 
     def summary(self) -> str:
-        """One log line with the counters an operator watches."""
+        """One log line with the counters an operator watches (the return-time model's once it
+        has computed or failed a curve)."""
         s = self.snapshot()
+        failed_curves = s["return_curve_errors"] + s["invalid_return_curves"]
+        returns = ""
+        if s["return_curves_in_process"] or failed_curves:
+            returns = (
+                f"; return curves {s['return_curves_in_process']} (failed {failed_curves}, "
+                f"model reloads {s['return_model_reloads']}, failed "
+                f"{s['return_model_reload_failures']})"
+            )
         return (
             f"LPC: {s['releases']} releases (p from request {s['probabilities_from_request']}, "
             f"predicted {s['predictions_used']}, fallback {s['fallbacks_used']}); predictions "
@@ -138,7 +147,7 @@ class PluginStats:
             f"in process {s['predictions_in_process']} (model reloads "
             f"{s['access_model_reloads']}, failed {s['access_model_reload_failures']}); "
             f"invalid p {s['invalid_probabilities']}, plugin errors {s['plugin_errors']}; "
-            f"evictions {s['evictions']}"
+            f"evictions {s['evictions']}{returns}"
         )
 
 

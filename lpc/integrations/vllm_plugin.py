@@ -25,7 +25,10 @@ A release's probability is, in order: the request's `extra_args["lpc_probability
 an access-only model configured (`access_model`), the model's p computed in process at the
 release (`access_runtime`; no RPC); the asynchronous prediction for its
 `lpc_conversation_id` if it has arrived; the fallback p. Time comes from an injectable clock
-(default `time.monotonic`).
+(default `time.monotonic`). With a return-time model (`return_model`), every finished release
+also carries its conversation's return curve, computed in process from the same features as
+the access model's p, whatever the p's source (`return_runtime`; None, the evictor's fallback
+score, when it fails): the `lpc-return` evictor, in the free queue or the CPU tier, reads it.
 
 When the access features' inputs are known to the plugin (all read at the release, from
 vLLM's `Request` and the plugin's `ConversationTable`):

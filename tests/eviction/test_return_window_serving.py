@@ -57,7 +57,7 @@ def state_of(evictor: ReturnWindowEvictor, now_s: float) -> dict[str, Any]:
     }
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_a_batched_push_is_the_single_pushes(data: st.DataObject) -> None:
     """Random pushes (cached and protected, any depths, pooled across conversations), hits

@@ -283,6 +283,8 @@ def test_w_is_exported_with_the_counters(monkeypatch: pytest.MonkeyPatch) -> Non
     assert families["lpc_return_window_seconds"].samples[0].value == evictor.window_s
     assert "lpc_return_curves_in_process" in families
     assert "lpc_gate_model_trusted" not in families
+    line = runtime.stats.summary()
+    assert f"return curves {snapshot['return_curves_in_process']} (failed 0" in line
 
 
 def test_the_shadow_caches_get_each_finished_requests_curve() -> None:
