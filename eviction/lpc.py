@@ -194,21 +194,6 @@ class LPCEvictor(PriorityEvictor):
         )
         self._push_deepest_first(freed, keys, tags)
 
-    def _push_deepest_first(
-        self, freed: FreedBlocks, keys: list[float], tags: list[str | None]
-    ) -> None:
-        """Queue blocks given in any order with their keys and tags, deepest first; blocks
-        of equal depth keep the given order (the sort is stable)."""
-        depths = freed.depths
-        order = sorted(range(len(depths)), key=depths.__getitem__, reverse=True)
-        block_ids = freed.block_ids
-        self._push_grouped(
-            [block_ids[i] for i in order],
-            [depths[i] for i in order],
-            [keys[i] for i in order],
-            [tags[i] for i in order],
-        )
-
     def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
         key = self.key_for(release)
         self.top_logit = max(self.top_logit, key - self.scale_per_s * release.time_s)

@@ -10,8 +10,9 @@ Subclasses implement `push_cached`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-from eviction.base import Evictor
+from eviction.base import Evictor, FreedBlocks
 from eviction.run_heap import RunHeap
 
 
@@ -30,6 +31,24 @@ class PriorityEvictor(RunHeap, Evictor):
 
     def push_uncached(self, block_ids: Sequence[int]) -> None:
         self._uncached.prepend_n(block_ids)
+
+    def _push_deepest_first(
+        self, freed: FreedBlocks, keys: Sequence[Any], tags: Sequence[Any]
+    ) -> None:
+        """Queue blocks given in any order with their keys and tags, deepest first; blocks
+        of equal depth keep the given order (the sort is stable). With keys and tags that
+        depend only on the release and each block's own metadata, this is one single-block
+        push per block in the given order: the heap orders blocks by (key, −depth, push), and
+        runs pushed in this order keep both (the batched pushes, `push_cached_each`)."""
+        depths = freed.depths
+        order = sorted(range(len(depths)), key=depths.__getitem__, reverse=True)
+        block_ids = freed.block_ids
+        self._push_grouped(
+            [block_ids[i] for i in order],
+            [depths[i] for i in order],
+            [keys[i] for i in order],
+            [tags[i] for i in order],
+        )
 
     def __len__(self) -> int:
         return self._uncached.size + self._queued

@@ -30,6 +30,16 @@ plus a heapify, amortised over the evictions of one interval.
 
 Ties (and runs with equal scores, e.g. the 0/1 scores of a perfect-knowledge curve) go to
 the deeper block, then to the older release, as in LPC; uncached blocks go first.
+
+A release without a curve scores `fallback_score` (the replay's choice for a release nothing
+is known of yet); so does a curve whose answer is not a probability (a NaN key would break
+the heap's order for every other block). A preempted request's blocks (`push_protected`, the
+serving plugin's `ProtectedRelease`) take a protected claim instead, whose score is above
+every probability: they go after every other queued block until the request is rescheduled
+and takes them back (or a later release of its conversation replaces the claim), and among
+themselves the earlier protection goes first, as LRU appends them at its tail. A re-keying
+keeps that score. `push_cached_each` / `push_protected_each` push blocks one by one in one
+call, with exactly the keys and order of single pushes (vLLM's CPU tier batches them).
 """
 
 from __future__ import annotations
@@ -54,20 +64,34 @@ DEFAULT_WINDOW_RULE = "turnover"
 DEFAULT_WINDOW_MULTIPLIER = 4.0
 DEFAULT_MAX_CLAIMS = 4
 DEFAULT_FALLBACK_SCORE = 0.5
+# A protected claim scores this plus its release time (times before 0 count as 0): above
+# every probability, and a later protection above an earlier one.
+PROTECTED_SCORE = 2.0
 
 
 class Claim:
-    """One conversation's say on a block: its return curve and when it released the block.
-    Compared by identity (runs group blocks whose claims are the same objects)."""
+    """One conversation's say on a block: its return curve and when it released the block;
+    `protected_score` set for a preempted request's release (its fixed score). Compared by
+    identity (runs group blocks whose claims are the same objects)."""
 
-    __slots__ = ("conversation_id", "curve", "release_s")
+    __slots__ = ("conversation_id", "curve", "protected_score", "release_s")
 
     def __init__(
-        self, conversation_id: str | None, curve: ReturnCurveLike | None, release_s: float
+        self,
+        conversation_id: str | None,
+        curve: ReturnCurveLike | None,
+        release_s: float,
+        protected_score: float | None = None,
     ) -> None:
         self.conversation_id = conversation_id
         self.curve = curve
         self.release_s = release_s
+        self.protected_score = protected_score
+
+    @classmethod
+    def protected(cls, conversation_id: str | None, release_s: float) -> Claim:
+        """A preempted request's claim: it scores above every probability (the module)."""
+        return cls(conversation_id, None, release_s, PROTECTED_SCORE + max(0.0, release_s))
 
 
 class _SmoothedWindow:
@@ -139,11 +163,17 @@ WINDOW_RULES = ("turnover", "eviction-age")
 
 
 def claim_score(claim: Claim, now_s: float, window_s: float, fallback: float) -> float:
-    """P(return within W | silent since the claim's release); `fallback` without a curve."""
+    """P(return within W | silent since the claim's release); `fallback` without a curve or
+    when the curve's answer is not in [0, 1] (NaN included: it would break the heap's order);
+    a protected claim's fixed score."""
+    protected = claim.protected_score
+    if protected is not None:
+        return protected
     curve = claim.curve
     if curve is None:
         return fallback
-    return curve.p_return_within(max(0.0, now_s - claim.release_s), window_s)
+    p = curve.p_return_within(max(0.0, now_s - claim.release_s), window_s)
+    return p if 0.0 <= p <= 1.0 else fallback
 
 
 class ReturnWindowEvictor(PriorityEvictor):
@@ -212,27 +242,92 @@ class ReturnWindowEvictor(PriorityEvictor):
         return (claim, *others[: self.max_claims - 1])
 
     def push_cached(self, freed: FreedBlocks, release: Release) -> None:
+        self._push(freed, Claim(release.conversation_id, release.return_curve, release.time_s))
+
+    def push_protected(self, freed: FreedBlocks, release: Release) -> None:
+        """Queue the blocks of a request that is not finished (preempted): after every block
+        queued so far until it takes them back (the module). Its curve is not used."""
+        self._push(freed, Claim.protected(release.conversation_id, release.time_s))
+
+    def _push(self, freed: FreedBlocks, claim: Claim) -> None:
         block_ids = freed.block_ids
         if not block_ids:
             return
-        now = release.time_s
+        now = claim.release_s
         released_at = self._released_at
         for block_id in block_ids:
             released_at[block_id] = now
-        claim = Claim(release.conversation_id, release.return_curve, now)
-        claims = [self._claims_after(b, claim) for b in block_ids]
-        if all(len(c) == 1 for c in claims):
+        # Fast path, one pass and no allocation per block (a 128K-token request frees 8,192):
+        # blocks new to the cache, or claimed only by this conversation, keep this claim alone
+        # (`_claims_after`: one claim per conversation) and form a single run.
+        state, cid = self._state, claim.conversation_id
+        for block_id in block_ids:
+            old = state[block_id]
+            if old is not None and (
+                cid is None or len(old.tag) != 1 or old.tag[0].conversation_id != cid
+            ):
+                break
+        else:
             own = (claim,)
             self._push_run(self.score(own, now), own, block_ids, freed.depths)
             return
+        claims = [self._claims_after(b, claim) for b in block_ids]
         keys = [self.score(c, now) for c in claims]
         self._push_grouped(block_ids, freed.depths, keys, claims)
 
+    def push_cached_each(self, freed: FreedBlocks, release: Release) -> None:
+        """`push_cached` of each block alone, in the given order (any depths), all with the
+        same release, in one call (vLLM's CPU tier hands chunks over one at a time and
+        pushes them in batches, `lpc.integrations.vllm_cache_policy`). The same keys and
+        eviction order as the single pushes: a block's claims and score depend only on the
+        release and the block's own claims, W changes only at a re-keying, and the blocks
+        are queued deepest first as runs in list order (`_push_deepest_first`)."""
+        claim = Claim(release.conversation_id, release.return_curve, release.time_s)
+        self._push_each(freed, claim)
+
+    def push_protected_each(self, freed: FreedBlocks, release: Release) -> None:
+        """`push_protected` of each block alone, in the given order, in one call (as
+        `push_cached_each`)."""
+        self._push_each(freed, Claim.protected(release.conversation_id, release.time_s))
+
+    def _push_each(self, freed: FreedBlocks, claim: Claim) -> None:
+        block_ids = freed.block_ids
+        if len(block_ids) <= 1:
+            self._push(freed, claim)
+            return
+        now = claim.release_s
+        released_at = self._released_at
+        for block_id in block_ids:
+            released_at[block_id] = now
+        claims = [self._claims_after(b, claim) for b in block_ids]
+        self._push_deepest_first(freed, [self.score(c, now) for c in claims], claims)
+
     def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
         claim = Claim(release.conversation_id, release.return_curve, release.time_s)
+        self._remember_claim(freed, claim)
+
+    def note_protected_release(self, freed: FreedBlocks, release: Release) -> None:
+        """`push_protected` for cached blocks the preempted request gives up while other
+        requests still hold them: their claims take its protected claim."""
+        self._remember_claim(freed, Claim.protected(release.conversation_id, release.time_s))
+
+    def _remember_claim(self, freed: FreedBlocks, claim: Claim) -> None:
+        """Add `claim` to the claims of blocks that are in use (not queued)."""
         for block_id in freed.block_ids:
             claims = self._claims_after(block_id, claim)
-            self._state[block_id] = Ghost(self.score(claims, release.time_s), claims)
+            self._state[block_id] = Ghost(self.score(claims, claim.release_s), claims)
+
+    def drop_claim(self, block_id: int, conversation_id: str | None) -> None:
+        """Forget `conversation_id`'s claim on a block that is not queued (vLLM's CPU tier: a
+        claim a request made under its own id before its conversation was known, which its
+        final release would otherwise pool with). No claim left: the block starts afresh."""
+        slot = self._state[block_id]
+        if type(slot) is Run:
+            raise ValueError(f"block {block_id} is queued; remove it first")
+        if slot is None or conversation_id is None:
+            return
+        claims = tuple(c for c in slot.tag if c.conversation_id != conversation_id)
+        self._state[block_id] = Ghost(slot.key, claims) if claims else None
 
     def push_uncached(self, block_ids: Sequence[int]) -> None:
         released_at = self._released_at
@@ -289,6 +384,17 @@ class ReturnWindowEvictor(PriorityEvictor):
         for block_id in victims:
             released_at[block_id] = math.nan
         return out
+
+    def discard_n(self, block_ids: Sequence[int]) -> None:
+        """Blocks another order handed out (the serving plugin's LRU mode): evictions of this
+        cache all the same, so the cached ones count towards the turnover as `pop_n`'s do
+        (no time comes with them, so the eviction-age rule observes none)."""
+        super().discard_n(block_ids)
+        released_at = self._released_at
+        for block_id in block_ids:
+            if not math.isnan(released_at[block_id]):
+                self._evicted_since_rekey += 1
+                released_at[block_id] = math.nan
 
     def check_invariants(self) -> None:
         super().check_invariants()

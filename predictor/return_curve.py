@@ -18,6 +18,7 @@ last value (the data say nothing later: nothing more returns). Pure numpy, micro
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,9 +31,15 @@ def log_spaced_edges(first_s: float = 5.0, last_s: float = 3600.0, count: int = 
     return np.concatenate([[0.0], np.geomspace(first_s, last_s, count)])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ReturnCurve:
-    """S(t) at `times_s` (increasing, starting at 0, where S = 1; non-increasing)."""
+    """S(t) at `times_s` (increasing, starting at 0, where S = 1; non-increasing).
+
+    Compared by identity: its arrays have no truth value, and the releases that carry a curve
+    are compared with each other (vLLM's CPU tier groups equal releases into one push).
+    `survival_at` reads Python-float copies of both arrays (the same doubles, so the same
+    results bit for bit), made once: an evictor re-keying its queue asks every queued claim's
+    curve, and `bisect` on a list costs a fraction of `np.searchsorted` on a dozen points."""
 
     times_s: np.ndarray
     survival: np.ndarray
@@ -47,6 +54,11 @@ class ReturnCurve:
             raise ValueError("survival must start at 1 and never increase")
         if s[-1] < -1e-12:
             raise ValueError("survival must stay >= 0")
+        self._keep_lists()
+
+    def _keep_lists(self) -> None:
+        object.__setattr__(self, "_times", np.asarray(self.times_s, dtype=float).tolist())
+        object.__setattr__(self, "_survival", np.asarray(self.survival, dtype=float).tolist())
 
     @classmethod
     def of_valid(cls, times_s: np.ndarray, survival: np.ndarray) -> ReturnCurve:
@@ -56,16 +68,17 @@ class ReturnCurve:
         curve = object.__new__(cls)
         object.__setattr__(curve, "times_s", times_s)
         object.__setattr__(curve, "survival", survival)
+        curve._keep_lists()
         return curve
 
     def survival_at(self, t_s: float) -> float:
         """S(t), interpolated linearly in log time between grid points."""
-        times, survival = self.times_s, self.survival
+        times, survival = self._times, self._survival
         if t_s <= 0.0:
             return 1.0
         if t_s >= times[-1]:
             return float(survival[-1])
-        k = int(np.searchsorted(times, t_s, side="right"))  # times[k-1] <= t < times[k]
+        k = bisect_right(times, t_s)  # times[k-1] <= t < times[k]
         t0, t1 = times[k - 1], times[k]
         s0, s1 = survival[k - 1], survival[k]
         # The first interval is linear in t (log 0 is undefined), the others in log t.

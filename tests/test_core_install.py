@@ -37,6 +37,7 @@ PLUGIN_TESTS = (
     "test_core_plugin.py",
     "test_plugin_runtime.py",
     "test_fail_safe.py",
+    "test_return_plugin.py",
     "test_vllm_queue.py",
     "test_config.py",
     "test_predictions.py",

@@ -5,7 +5,10 @@ One release is what the plugin does when vLLM frees a finished request: `PluginR
 and its conversation's table entry, the shared prefix from vLLM's block hashes, the forward
 pass, the table update; timed into the release-latency histogram as in the engine) and then the
 LPC queue's `append_n` of the request's blocks under that release (the evictor's keys; vLLM's
-`BlockPool.free_blocks` calls it with every block whose count reached 0). Requests and blocks
+`BlockPool.free_blocks` calls it with every block whose count reached 0). With the `lpc-return`
+evictor the release computes the return-time model's curve instead (the same features, its
+forward pass and survival curve, the curve's check; no access model unless one is given) and
+`append_n` queues the blocks under the curve's score. Requests and blocks
 are duck-typed like vLLM 0.33's `Request` (prompt list, output list, chained `block_hashes`,
 `num_prompt_tokens`, sampling params carrying `lpc_conversation_id`) and `KVCacheBlock`.
 
@@ -119,13 +122,14 @@ class SizeResult:
 
 @dataclass
 class ReleaseBenchResult:
-    model: str
+    model: str | None  # the access model (None: none loaded)
     evictor: str
     block_size: int
     conversations: int
     sizes: list[SizeResult]
     target: str
     load_average: float
+    return_model: str | None = None  # lpc-return's curves
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -196,7 +200,7 @@ def _release_one(
 
 
 def run_size(
-    model: Path,
+    model: Path | None,
     tokens: int,
     releases: int,
     conversations: int,
@@ -204,9 +208,15 @@ def run_size(
     evictor: str,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    return_model: Path | None = None,
 ) -> SizeResult:
     clock = StepClock()
-    config = PluginConfig(access_model=str(model), evictor=evictor, stats_log_interval_s=0.0)
+    config = PluginConfig(
+        access_model=None if model is None else str(model),
+        return_model=None if return_model is None else str(return_model),
+        evictor=evictor,
+        stats_log_interval_s=0.0,
+    )
     runtime = build_runtime(config, clock=clock)
     access = runtime.access
     assert access is not None
@@ -245,10 +255,19 @@ def run_size(
         if progress is not None and i and i % 1000 == 0:
             progress(f"{tokens} tokens: {i}/{warmup + releases}")
     stats = runtime.stats
-    if stats.plugin_errors or stats.predictions_in_process != warmup + releases:
+    expected = warmup + releases
+    computed = {
+        "in-process predictions": (stats.predictions_in_process, model is not None),
+        "return curves": (stats.return_curves_in_process, return_model is not None),
+    }
+    missing = [
+        f"{done} {what} of {expected}"
+        for what, (done, asked) in computed.items()
+        if done != (expected if asked else 0)
+    ]
+    if stats.plugin_errors or missing:
         raise RuntimeError(
-            f"the release path failed: {stats.plugin_errors} plugin errors, "
-            f"{stats.predictions_in_process} in-process predictions of {warmup + releases}"
+            f"the release path failed: {stats.plugin_errors} plugin errors; {', '.join(missing)}"
         )
     total = [r + a for r, a in zip(release_ns, append_ns, strict=True)]
     result_total = Latency.of(total)
@@ -288,24 +307,35 @@ def _check_shared_prefix(runtime: PluginRuntime, chat: Conversation, block_size:
 
 
 def run(
-    model: Path,
+    model: Path | None,
     sizes: tuple[int, ...] = DEFAULT_SIZES,
     releases: int = 5_000,
     conversations: int = 16,
     block_size: int = 16,
     evictor: str = "lpc-pooled",
     progress: Callable[[str], None] | None = None,
+    return_model: Path | None = None,
 ) -> ReleaseBenchResult:
     results = [
-        run_size(model, tokens, releases, conversations, block_size, evictor, progress=progress)
+        run_size(
+            model,
+            tokens,
+            releases,
+            conversations,
+            block_size,
+            evictor,
+            progress=progress,
+            return_model=return_model,
+        )
         for tokens in sizes
     ]
     return ReleaseBenchResult(
-        str(model),
+        None if model is None else str(model),
         evictor,
         block_size,
         conversations,
         results,
         f"release path p50 <= {TARGET_P50_US:g} µs, p99 <= {TARGET_P99_US:g} µs at every size",
         os.getloadavg()[0],
+        None if return_model is None else str(return_model),
     )

@@ -19,10 +19,24 @@ def register(targets: argparse._SubParsersAction) -> None:
             "the shared prefix from vLLM's block hashes) and the LPC queue's append_n of the "
             "request's blocks, with vLLM-like requests and blocks, the shipped access model "
             "and a warm conversation table; p50/p99/mean per request size, against the target "
-            "(p50 <= 20 µs, p99 <= 100 µs). Timer: time.perf_counter_ns."
+            "(p50 <= 20 µs, p99 <= 100 µs). With --evictor lpc-return the release computes the "
+            "return-time model's curve (--return-model, the shipped one by default) from the "
+            "same features, with no access model unless --model is given. "
+            "Timer: time.perf_counter_ns."
         ),
     )
-    parser.add_argument("--model", type=Path, help="access-only artifact folder")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="access-only artifact folder (default: the shipped one; with --evictor lpc-return "
+        "none unless given)",
+    )
+    parser.add_argument(
+        "--return-model",
+        type=Path,
+        help="return-time artifact folder for --evictor lpc-return (default: the shipped "
+        "models/mooncake-return)",
+    )
     parser.add_argument(
         "--sizes",
         default="1024,11264,131072",
@@ -39,7 +53,7 @@ def register(targets: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--evictor",
-        choices=("lpc-pooled", "lpc"),
+        choices=("lpc-pooled", "lpc", "lpc-return"),
         default="lpc-pooled",
         help="the plugin's evictor (default lpc-pooled, the plugin's default)",
     )
@@ -68,12 +82,26 @@ def _sizes(text: str, block_size: int) -> tuple[int, ...]:
 def run(args: argparse.Namespace) -> int:
     from lpc.benchmarks import release_bench
     from lpc.errors import CommandError
-    from training.locations import SHIPPED_ACCESS_MODEL_NAME, shipped_model_dir
+    from training.locations import (
+        SHIPPED_ACCESS_MODEL_NAME,
+        SHIPPED_RETURN_MODEL_NAME,
+        shipped_model_dir,
+    )
 
     sizes = _sizes(args.sizes, args.block_size)
-    model = args.model or shipped_model_dir(SHIPPED_ACCESS_MODEL_NAME)
-    if model is None:
-        raise CommandError("no access-only model: pass --model FOLDER")
+    returning = args.evictor == "lpc-return"
+    model = args.model
+    return_model = None
+    if returning:
+        return_model = args.return_model or shipped_model_dir(SHIPPED_RETURN_MODEL_NAME)
+        if return_model is None:
+            raise CommandError("no return-time model: pass --return-model FOLDER")
+    else:
+        if args.return_model is not None:
+            raise CommandError("--return-model is for --evictor lpc-return")
+        model = model or shipped_model_dir(SHIPPED_ACCESS_MODEL_NAME)
+        if model is None:
+            raise CommandError("no access-only model: pass --model FOLDER")
     from lpc.integrations.config import PluginConfigError
 
     try:
@@ -85,14 +113,20 @@ def run(args: argparse.Namespace) -> int:
             args.block_size,
             args.evictor,
             progress=None if args.json else lambda line: print(line, file=sys.stderr),
+            return_model=return_model,
         )
     except PluginConfigError as error:
         raise CommandError(str(error)) from None
     if args.json:
         print(result.to_json())
         return 0
+    models = ", ".join(
+        f"{what} {path}"
+        for what, path in (("model", result.model), ("return model", result.return_model))
+        if path is not None
+    )
     print(
-        f"release path, model {result.model}, evictor {result.evictor}, block size "
+        f"release path, {models}, evictor {result.evictor}, block size "
         f"{result.block_size}, {result.conversations} conversations; target: {result.target}"
     )
     print(

@@ -12,7 +12,8 @@ TRACE is a JSONL file as `lpc ab --export-trace` writes it (any format `lpc ab -
 reads) or a bundled trace (`mooncake`, `mooncake-synthetic`). Policies: `lru` (stock vLLM),
 `lpc-const[=P]` (the plugin, one p for every release), `lpc` and `lpc-pooled` (the plugin's
 learned evictors: p from `--access-model` in process, else each line's `probability`, sent
-as the request's `lpc_probability`; a line without one gets the fallback p), `shadow` and
+as the request's `lpc_probability`; a line without one gets the fallback p), `lpc-return`
+(the return-time evictor: each release's curve from `--return-model` in process), `shadow` and
 `shadow-pooled` (the plugin in shadow mode: stock vLLM's eviction, while metadata-only `lpc`
 or `lpc-pooled` and LRU caches replay the same requests with the learned policies' p).
 `--switch-at STEP:MODE,...` switches the learned policies' mode (lpc, lru, shadow) before those
@@ -53,7 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--policies",
         default="lru,lpc-const,lpc,lpc-pooled",
-        help="lru, lpc-const[=P], lpc, lpc-pooled, shadow, shadow-pooled (default: the first four)",
+        help="lru, lpc-const[=P], lpc, lpc-pooled, lpc-return, shadow, shadow-pooled (default: "
+        "the first four)",
     )
     p.add_argument(
         "--switch-at",
@@ -84,6 +86,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         help="lpc and lpc-pooled predict each release with this access-only model in process "
         "(LPC_ACCESS_MODEL); without it, each line's probability",
+    )
+    p.add_argument(
+        "--return-model",
+        type=Path,
+        help="lpc-return computes each release's return curve with this return-time model in "
+        "process (LPC_RETURN_MODEL: lpc train-return's artifact or a registry folder)",
     )
     p.add_argument(
         "--conversation-table-max-tokens",
@@ -148,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         fallback_probability=args.fallback_p,
         access_model=args.access_model,
         conversation_table_max_tokens=args.conversation_table_max_tokens,
+        return_model=args.return_model,
     )
     try:
         result = compare(

@@ -9,9 +9,11 @@ command; `tests/integrations/test_vllm_scheduler.py` the tests.
 
 Policies: `lru` is stock vLLM (`VLLM_PLUGINS=` empty: no plugin); `lpc-const[=P]` the plugin
 with one p for every release (its fallback p; no request carries one); `lpc` and `lpc-pooled`
-the plugin's two learned evictors (`LPC_EVICTOR`) with p from an access-only model run in
+the plugin's two LPC evictors (`LPC_EVICTOR`) with p from an access-only model run in
 process (`LPC_ACCESS_MODEL`) or, without one, each request's `probability` from the trace
-(sent as `lpc_probability`, as an API layer would; a missing one gets the fallback p).
+(sent as `lpc_probability`, as an API layer would; a missing one gets the fallback p);
+`lpc-return` the return-time evictor, each release's curve from the return-time model run in
+process (`LPC_RETURN_MODEL`, which it needs; the access model runs beside it when given).
 `shadow` and `shadow-pooled` run the plugin in shadow mode (`LPC_MODE=shadow`): the engine
 evicts as stock vLLM, while metadata-only caches with `lpc` (or `lpc-pooled`) and LRU replay
 the same requests with the same p as the learned policies; their event log is written beside
@@ -39,7 +41,7 @@ from lpc.workload import WorkloadRequest
 DRIVER = REPO_ROOT / "scripts" / "vllm_scheduler_replay.py"
 ENTRY_POINT_GROUP = "vllm.general_plugins"
 TIMEOUT_S = 3600
-LEARNED = ("lpc", "lpc-pooled")
+LEARNED = ("lpc", "lpc-pooled", "lpc-return")
 SHADOW = {"shadow": "lpc", "shadow-pooled": "lpc-pooled"}  # policy -> the shadow's evictor
 
 
@@ -79,11 +81,12 @@ class PolicySettings:
     fallback_probability: float = 0.5
     access_model: Path | None = None
     conversation_table_max_tokens: int | None = None
+    return_model: Path | None = None  # lpc-return's curves (LPC_RETURN_MODEL)
 
 
 @dataclass(frozen=True)
 class Policy:
-    name: str  # lru, lpc-const, lpc, lpc-pooled, shadow, shadow-pooled
+    name: str  # lru, lpc-const, lpc, lpc-pooled, lpc-return, shadow, shadow-pooled
     constant: float | None = None  # lpc-const's p
 
     @property
@@ -92,8 +95,8 @@ class Policy:
 
 
 def parse_policies(text: str) -> list[Policy]:
-    """`lru,lpc-const,lpc,lpc-pooled,shadow,shadow-pooled`; `lpc-const=P` sets the constant
-    (default 0.5)."""
+    """`lru,lpc-const,lpc,lpc-pooled,lpc-return,shadow,shadow-pooled`; `lpc-const=P` sets the
+    constant (default 0.5)."""
     policies = []
     for item in (part.strip() for part in text.split(",")):
         if not item:
@@ -101,8 +104,8 @@ def parse_policies(text: str) -> list[Policy]:
         name, _, value = item.partition("=")
         if name not in ("lru", "lpc-const", *LEARNED, *SHADOW):
             raise ValueError(
-                f"unknown policy {item!r}: choose lru, lpc-const[=P], lpc, lpc-pooled, shadow, "
-                "shadow-pooled"
+                f"unknown policy {item!r}: choose lru, lpc-const[=P], lpc, lpc-pooled, "
+                "lpc-return, shadow, shadow-pooled"
             )
         if value and name != "lpc-const":
             raise ValueError(f"policy {name} takes no value")
@@ -219,6 +222,11 @@ def policy_environment(policy: Policy, settings: PolicySettings) -> tuple[dict[s
     env["LPC_FALLBACK_P"] = repr(settings.fallback_probability)
     if settings.conversation_table_max_tokens is not None:
         env["LPC_CONVERSATION_TABLE_MAX_TOKENS"] = str(settings.conversation_table_max_tokens)
+    if policy.name == "lpc-return":
+        if settings.return_model is None:
+            raise ValueError("lpc-return needs a return-time model (--return-model DIR)")
+        env["LPC_RETURN_MODEL"] = str(Path(settings.return_model).resolve())
+        env["LPC_RETURN_MODEL_RELOAD_S"] = "0"
     if settings.access_model is None:
         return env, True
     env["LPC_ACCESS_MODEL"] = str(Path(settings.access_model).resolve())
@@ -389,6 +397,11 @@ def policy_row(run: PolicyRun) -> dict[str, Any]:
         "protected_releases": stats.get("preemptions"),
         "protected_blocks_released": stats.get("protected_blocks_released"),
         "predictions_in_process": stats.get("predictions_in_process"),
+        "return_curves_in_process": stats.get("return_curves_in_process"),
+        "return_curve_errors": stats.get("return_curve_errors"),
+        "invalid_return_curves": stats.get("invalid_return_curves"),
+        "return_window_seconds": stats.get("return_window_seconds"),
+        "plugin_errors": stats.get("plugin_errors"),
         "probabilities_from_request": stats.get("probabilities_from_request"),
         "fallbacks_used": stats.get("fallbacks_used"),
         "mode_switches": run.summary.get("mode_switches"),
@@ -457,6 +470,7 @@ def shadow_replay_check(run: PolicyRun, requests_path: Path) -> dict[str, Any]:
 
 def settings_dict(engine: EngineSettings, settings: PolicySettings) -> dict[str, Any]:
     out = {**asdict(engine), **asdict(settings), "num_blocks": engine.num_blocks}
-    if settings.access_model is not None:
-        out["access_model"] = str(settings.access_model)
+    for name in ("access_model", "return_model"):
+        if out[name] is not None:
+            out[name] = str(out[name])
     return out

@@ -26,6 +26,12 @@ Model-specific constants come from the loaded artifact's metadata: `horizon_s` (
 horizon, `inputs.horizon_s`) is what `lpc-pooled` judges reuse and the model over, and
 `base_rate` its training base rate. A promoted model with another horizon is used, but the
 evictor keeps the horizon it was built with until the engine restarts (a warning says so).
+
+The return-time model (`return_runtime.ReturnModelRuntime`, `LPC_RETURN_MODEL`) reads the
+same features: when one is loaded, each finished release's `RequestState` and
+`ConversationState` also give its return curve (`release`), and the same thread reloads it.
+Either model may run without the other; with only the return model the runtime keeps the
+conversation table for it and predicts no p.
 """
 
 from __future__ import annotations
@@ -36,8 +42,15 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from lpc.integrations.artifact_folders import (
+    PROBE_REQUEST,
+    UNREADABLE_MTIME,
+    ArtifactPointer,
+    artifact_pointer,
+    resolve_artifact,
+)
 from lpc.integrations.config import PluginConfig, PluginConfigError
 from lpc.integrations.conversation_table import (
     EMPTY_CONVERSATION,
@@ -48,35 +61,19 @@ from lpc.integrations.conversation_table import (
 from lpc.integrations.stats import PluginStats, is_probability
 from predictor.access_features import RequestState, feature
 from predictor.access_predictor import AccessPredictor
-from predictor.artifact import METADATA_FILE, WEIGHTS_FILE, read_metadata
+from predictor.artifact import read_metadata
 from predictor.errors import UserError
+
+if TYPE_CHECKING:
+    from lpc.integrations.return_runtime import ReturnModelRuntime
+    from predictor.return_curve import ReturnCurve
 
 logger = logging.getLogger("vllm.plugins.lpc")
 
 REQUEST_TYPE_KEY = "lpc_request_type"  # as the request log reads it
-# (resolved folder, metadata mtime in ns, weights mtime in ns): a change of either file, e.g.
-# a folder overwritten in place, is looked at (and a half-copied one retried once complete).
-ArtifactPointer = tuple[str, int, int]
-UNREADABLE_MTIME = -1  # an ArtifactPointer's mtimes when the configured path cannot be read
-# A request and conversation every model must give a probability for (a sound model does).
-PROBE_REQUEST = RequestState(0.0, 1000, 0, 100, 10.0)
 # How often the background thread wakes to compact stored token sequences (and to see whether
 # a reload check is due): a sequence stays referenced, not compacted, at most about this long.
 BACKGROUND_TICK_S = 0.05
-
-
-def resolve_artifact(path: Path) -> Path:
-    """The artifact folder `path` names: a registry's `current`, or `path` itself."""
-    current = path / "current"
-    if current.is_symlink() or (current.is_dir() and not (path / METADATA_FILE).exists()):
-        return current.resolve()
-    return path.resolve()
-
-
-def artifact_pointer(path: Path) -> ArtifactPointer:
-    folder = resolve_artifact(path)
-    metadata_ns = (folder / METADATA_FILE).stat().st_mtime_ns
-    return str(folder), metadata_ns, (folder / WEIGHTS_FILE).stat().st_mtime_ns
 
 
 def reads_text(path: Path) -> bool:
@@ -108,16 +105,29 @@ class LoadedModel:
         return cls(predictor, pointer, needs)
 
 
+@dataclass(slots=True)
+class ReleaseOutcome:
+    """What the in-process models made of one release: the access model's p (None: no model,
+    not asked, or `error`, what it raised) and the return model's checked curve (None: no
+    model, or the fallback score)."""
+
+    probability: float | None = None
+    error: Exception | None = None
+    curve: ReturnCurve | None = None
+
+
 @dataclass
 class AccessRuntime:
-    """The loaded access model, its conversation table and its background reloader."""
+    """The loaded access model and return-time model (either may be absent), their
+    conversation table and their background reloader."""
 
-    path: Path  # as configured
-    model: LoadedModel
+    path: Path | None  # as configured (None: no access model)
+    model: LoadedModel | None
     table: ConversationTable
     stats: PluginStats
     reload_s: float
     failed_pointer: ArtifactPointer | None = None
+    returns: ReturnModelRuntime | None = None  # the return-time model, if one is loaded
     started_horizon_s: float | None = None  # the first model's: the evictor's horizon
     # vLLM's hash block size (tokens per entry of `Request.block_hashes`), learned from the
     # block pool; None: the shared prefix is found by comparing tokens only.
@@ -132,47 +142,62 @@ class AccessRuntime:
         self.started_horizon_s = self.horizon_s
 
     @classmethod
-    def load(cls, config: PluginConfig, stats: PluginStats) -> AccessRuntime:
-        """Load `config.access_model`; one `PluginConfigError` naming the setting and path."""
-        assert config.access_model is not None
-        path = Path(config.access_model)
-        try:
-            pointer = artifact_pointer(path)
-            predictor = load_checked(pointer[0])
-        except (OSError, UserError, ValueError) as error:
-            raise PluginConfigError(
-                f"LPC_ACCESS_MODEL (access_model) = {config.access_model!r}: cannot load an "
-                f"access-only model there ({error})"
-            ) from None
+    def load(
+        cls,
+        config: PluginConfig,
+        stats: PluginStats,
+        returns: ReturnModelRuntime | None = None,
+        with_access_model: bool = True,
+    ) -> AccessRuntime:
+        """Load `config.access_model` (unless `with_access_model` is False: the return model
+        only); one `PluginConfigError` naming the setting and path."""
+        path = model = None
+        if with_access_model:
+            assert config.access_model is not None
+            path = Path(config.access_model)
+            try:
+                pointer = artifact_pointer(path)
+                predictor = load_checked(pointer[0])
+            except (OSError, UserError, ValueError) as error:
+                raise PluginConfigError(
+                    f"LPC_ACCESS_MODEL (access_model) = {config.access_model!r}: cannot load "
+                    f"an access-only model there ({error})"
+                ) from None
+            model = LoadedModel.of(predictor, pointer)
         table = ConversationTable(
             config.conversation_table_size,
             config.conversation_expiry_s,
             config.conversation_table_max_tokens,
         )
-        model = LoadedModel.of(predictor, pointer)
-        return cls(path, model, table, stats, config.access_model_reload_s)
+        return cls(path, model, table, stats, config.access_model_reload_s, returns=returns)
 
     @property
     def predictor(self) -> AccessPredictor:
+        assert self.model is not None, "no access model is loaded"
         return self.model.predictor
 
     @property
     def pointer(self) -> ArtifactPointer:
+        assert self.model is not None, "no access model is loaded"
         return self.model.pointer
 
     @property
     def needs_tokens(self) -> bool:
-        return self.model.needs_tokens
+        """Whether a loaded model reads a feature that needs token ids (the shared prefix)."""
+        model, returns = self.model, self.returns
+        return (model is not None and model.needs_tokens) or (
+            returns is not None and returns.needs_tokens
+        )
 
     @property
     def horizon_s(self) -> float | None:
-        """The loaded model's label horizon from its metadata (None: not recorded, or not a
-        finite number > 0)."""
-        return _positive(self.predictor.horizon_s)
+        """The loaded access model's label horizon from its metadata (None: no access model,
+        not recorded, or not a finite number > 0)."""
+        return None if self.model is None else _positive(self.predictor.horizon_s)
 
     @property
     def base_rate(self) -> float | None:
-        return self.predictor.metadata.base_rate
+        return None if self.model is None else self.predictor.metadata.base_rate
 
     # -- off the scheduler thread ----------------------------------------------------------
     def start_background(self) -> None:
@@ -195,15 +220,21 @@ class AccessRuntime:
 
     def _background(self) -> None:
         stop = self._stop
-        next_check = 0.0
+        returns = self.returns
+        # (interval, check, next due) per loaded model; each was just loaded at startup.
+        checks = []
+        if self.model is not None and self.reload_s:
+            checks.append([self.reload_s, self.check_for_promoted_model, self.reload_s])
+        if returns is not None and returns.reload_s:
+            checks.append([returns.reload_s, returns.check_for_promoted_model, returns.reload_s])
         clock = 0.0
         while not stop.is_set():
             try:
                 self.compact_pending()
-                if self.reload_s and clock >= next_check:
-                    next_check = clock + self.reload_s
-                    if clock > 0.0:  # the model was just loaded at startup
-                        self.check_for_promoted_model()
+                for check in checks:
+                    if clock >= check[2]:
+                        check[2] = clock + check[0]
+                        check[1]()
             except Exception as error:  # never let the thread die: count and go on
                 self.stats.plugin_error("the access model's background thread", error)
             stop.wait(BACKGROUND_TICK_S)
@@ -227,6 +258,8 @@ class AccessRuntime:
 
     def _check(self) -> None:
         current = self.model
+        if current is None or self.path is None:
+            return  # no access model: nothing to reload
         try:
             pointer = artifact_pointer(self.path)
         except Exception as error:  # gone, or a file where the folder was
@@ -269,17 +302,41 @@ class AccessRuntime:
     def predict_release(
         self, request: Any, conversation_id: str | None, completion_s: float, prompt_tokens: int
     ) -> float:
-        """p of a request releasing its blocks at `completion_s`; a finished request then
-        becomes its conversation's latest (a preempted one comes back and is not recorded)."""
-        return self._release(request, conversation_id, completion_s, prompt_tokens, True)
+        """p of a request releasing its blocks at `completion_s` (what the access model
+        raised, raised); a finished request then becomes its conversation's latest (a
+        preempted one comes back and is not recorded)."""
+        outcome = self.release(request, conversation_id, completion_s, prompt_tokens)
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.probability is not None, "no access model is loaded"
+        return outcome.probability
+
+    def release(
+        self,
+        request: Any,
+        conversation_id: str | None,
+        completion_s: float,
+        prompt_tokens: int,
+        predict: bool = True,
+    ) -> ReleaseOutcome:
+        """What the models make of a request releasing its blocks at `completion_s`: the
+        access model's p (with `predict`, when one is loaded) and the return model's curve
+        (when one is loaded), both from one `RequestState` of the request and its
+        conversation's table entry. A finished request then becomes its conversation's latest.
+        Raises only when the request cannot be read; a model's failure is in the outcome."""
+        outcome = ReleaseOutcome()
+        predict = predict and self.model is not None
+        if predict or conversation_id or self.returns is not None:
+            self._release(request, conversation_id, completion_s, prompt_tokens, predict, outcome)
+        return outcome
 
     def record_release(
         self, request: Any, conversation_id: str | None, completion_s: float, prompt_tokens: int
-    ) -> None:
+    ) -> ReturnCurve | None:
         """Keep a finished request's conversation history complete when its p came from
-        elsewhere (the request's own `lpc_probability`): nothing is predicted."""
-        if conversation_id:
-            self._release(request, conversation_id, completion_s, prompt_tokens, False)
+        elsewhere (the request's own `lpc_probability`): no p is predicted; the return
+        model's curve (None without one)."""
+        return self.release(request, conversation_id, completion_s, prompt_tokens, False).curve
 
     def _release(
         self,
@@ -288,13 +345,15 @@ class AccessRuntime:
         completion_s: float,
         prompt_tokens: int,
         predict: bool,
-    ) -> float:
-        model = self.model  # read once: a reload publishes a new one
+        outcome: ReleaseOutcome,
+    ) -> None:
+        model, returns = self.model, self.returns  # read once: a reload publishes a new one
         table = self.table
         entry = table.entry(conversation_id, completion_s) if conversation_id else None
         conversation = entry.state if entry is not None else EMPTY_CONVERSATION
+        needs_tokens = self.needs_tokens
         shared = 0
-        if model.needs_tokens and entry is not None and entry.previous is not None:
+        if needs_tokens and entry is not None and entry.previous is not None:
             hashes = getattr(request, "block_hashes", None)
             shared = shared_prefix(
                 entry.previous,
@@ -314,24 +373,32 @@ class AccessRuntime:
             completion_s,
             kind if isinstance(kind, str) else None,
         )
-        try:
-            probability = model.predictor.predict_one(state, conversation) if predict else 0.0
-        finally:
-            # Recorded even when the model fails, so the conversation's history stays whole;
-            # a failure to record costs the history, not the prediction.
-            is_finished = getattr(request, "is_finished", None)
-            if conversation_id and (is_finished is None or is_finished()):
-                try:
-                    stored = StoredSequence.of_request(request) if model.needs_tokens else None
-                    table.finished(conversation_id, state, completion_s, stored)
-                    if stored is not None:
-                        self._to_compact.append(stored)
-                except Exception as error:
-                    self.stats.plugin_error("recording a request in the conversation table", error)
-        return probability
+        if predict and model is not None:
+            try:
+                outcome.probability = model.predictor.predict_one(state, conversation)
+            except Exception as error:  # the plugin counts it; the curve and table go on
+                outcome.error = error
+        if returns is not None:
+            outcome.curve = returns.curve(state, conversation)  # never raises
+        # Recorded even when a model fails, so the conversation's history stays whole; a
+        # failure to record costs the history, not the prediction.
+        is_finished = getattr(request, "is_finished", None)
+        if conversation_id and (is_finished is None or is_finished()):
+            try:
+                stored = StoredSequence.of_request(request) if needs_tokens else None
+                table.finished(conversation_id, state, completion_s, stored)
+                if stored is not None:
+                    self._to_compact.append(stored)
+            except Exception as error:
+                self.stats.plugin_error("recording a request in the conversation table", error)
 
     def counters(self) -> dict[str, Any]:
-        return {**self.table.counters(), "access_model_path": self.pointer[0]}
+        out: dict[str, Any] = dict(self.table.counters())
+        if self.model is not None:
+            out["access_model_path"] = self.pointer[0]
+        if self.returns is not None:
+            out.update(self.returns.counters())
+        return out
 
 
 def _positive(value: float | None) -> float | None:
@@ -351,11 +418,17 @@ def load_checked(folder: str | Path) -> AccessPredictor:
     return predictor
 
 
-def load_access_runtime(config: PluginConfig, stats: PluginStats) -> AccessRuntime | None:
-    """The in-process access model `config` names, or None: none named, or the artifact reads
-    text too (it is served through the predictor RPC, which must then be configured)."""
+def load_access_runtime(
+    config: PluginConfig, stats: PluginStats, returns: ReturnModelRuntime | None = None
+) -> AccessRuntime | None:
+    """The in-process models: the access model `config` names and the loaded return-time
+    model `returns`, with their conversation table; None when neither runs in process (no
+    access model named, or one that reads text too: it is served through the predictor RPC,
+    which must then be configured)."""
     if config.access_model is None:
-        return None
+        if returns is None:
+            return None
+        return AccessRuntime.load(config, stats, returns, with_access_model=False)
     path = Path(config.access_model)
     try:
         text = reads_text(path)
@@ -371,5 +444,7 @@ def load_access_runtime(config: PluginConfig, stats: PluginStats) -> AccessRunti
                 "window: it is served by `lpc serve`; set LPC_PREDICTOR_URL to it"
             )
         logger.info("model %s reads text: predictions through the predictor RPC", path)
-        return None
-    return AccessRuntime.load(config, stats)
+        if returns is None:
+            return None
+        return AccessRuntime.load(config, stats, returns, with_access_model=False)
+    return AccessRuntime.load(config, stats, returns)

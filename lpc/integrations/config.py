@@ -42,9 +42,11 @@ class PluginConfig:
     default: OR pooling and an online floor for prefixes shared across conversations, and a
     trust gate that keys releases at the fallback p, i.e. LRU's order, until the model has
     done at least as well as a constant on the labels seen so far; `eviction/lpc_pooled.py`;
-    vLLM only), or plain `lpc`. Its horizon comes from the access model's artifact when one is
-    loaded (`access_model`), else 180 s. `scale_per_s`, `fallback_probability` and
-    `probability_floor` are the evictor's. The
+    vLLM only), plain `lpc`, or `lpc-return` (P(the conversation returns within the cache's
+    own holding time | silent so far), from the return-time model `return_model`;
+    `eviction/return_window.py`; vLLM only). Its horizon comes from the access model's
+    artifact when one is loaded (`access_model`), else 180 s. `scale_per_s`,
+    `fallback_probability` and `probability_floor` are the LPC evictors'. The
     predictor fields say where asynchronous predictions come from (None: only probabilities
     carried by requests, else the fallback). `max_pending_predictions` bounds the predictions
     in flight or waiting to be consumed, so a slow predictor cannot grow memory without bound.
@@ -62,6 +64,11 @@ class PluginConfig:
     that feeds it holds at most `conversation_table_size` conversations and
     `conversation_table_max_tokens` previous-request tokens (least recently updated evicted
     first) and forgets a conversation idle longer than `conversation_expiry_s`.
+    `return_model` is a return-time artifact folder (`lpc train-return`, or a registry folder
+    such as the daily job's `<registry>-return`, whose `current` is followed): the plugin
+    computes each finished release's return curve in process from the same features, for the
+    `lpc-return` evictor (which needs it) and the CPU tier's `LPCReturnCachePolicy`; a
+    background thread looks for a newly promoted one every `return_model_reload_s` (0: never).
     `mode` is what the engine starts in: `lpc` (the learned order), `lru` (stock vLLM's order,
     exactly: the kill switch) or `shadow` (stock vLLM's order, while metadata-only LPC and LRU
     caches of the engine's size replay the same requests and export their hit ratios).
@@ -94,6 +101,8 @@ class PluginConfig:
     conversation_table_size: int = 100_000
     conversation_expiry_s: float = 3600.0
     conversation_table_max_tokens: int = 50_000_000
+    return_model: str | None = None
+    return_model_reload_s: float = 60.0
     mode: str = DEFAULT_MODE
     control_file: str | None = None
     control_poll_s: float = 1.0
@@ -290,6 +299,13 @@ _FIELDS: dict[str, _FieldSpec] = {
             "LPC_CONVERSATION_TABLE_MAX_TOKENS",
             _parse_int,
             _check_count,
+        ),
+        _FieldSpec("return_model", "LPC_RETURN_MODEL", _parse_optional_str, _check_optional_str),
+        _FieldSpec(
+            "return_model_reload_s",
+            "LPC_RETURN_MODEL_RELOAD_S",
+            _parse_float,
+            _check_non_negative,
         ),
         _FieldSpec("mode", "LPC_MODE", str.lower, _check_mode),
         _FieldSpec("control_file", "LPC_CONTROL_FILE", _parse_optional_str, _check_optional_str),

@@ -9,9 +9,10 @@ Every data-parallel rank exports. Each DP engine core is a process of its own wi
 plugin, so each serves on `LPC_METRICS_PORT + rank` (`metrics_port_for`; the rank is the engine
 core's, `engine_context`), and every sample carries the label `dp_rank`. Besides the counters:
 the trust gate of `lpc-pooled` (`gate_state`: trusted or not, judged labels, the model's and the
-constant's mean log-loss), histograms of the release latency, of the p releases carry and of
-cached blocks' age at eviction (`histograms`), and any numeric `shadow_*` key of the snapshot as
-a gauge of the same name (whatever publishes shadow hit ratios only has to put them there).
+constant's mean log-loss), the window W of `lpc-return` in either tier (`window_state`),
+histograms of the release latency, of the p releases carry and of cached blocks' age at
+eviction (`histograms`), and any numeric `shadow_*` key of the snapshot as a gauge of the same
+name (whatever publishes shadow hit ratios only has to put them there).
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ COUNTERS: dict[str, str] = {
     "access_model_reloads": "Promoted access models swapped in",
     "access_model_reload_failures": "Promoted access models that could not be loaded",
     "access_prediction_errors": "Releases the access model could not read (fallback p)",
+    "return_curves_in_process": "Releases whose return curve the in-process model computed",
+    "return_curve_errors": "Releases the return-time model failed on (fallback score)",
+    "invalid_return_curves": "Return curves that were not survival curves (fallback score)",
+    "return_model_reloads": "Promoted return-time models swapped in",
+    "return_model_reload_failures": "Promoted return-time models that could not be loaded",
     "invalid_probabilities": "Probabilities not finite or not in [0, 1] (fallback p used)",
     "plugin_errors": "Exceptions caught in the plugin's hooks (vLLM's own behaviour used)",
     "preemptions": "Requests that released their blocks unfinished (preempted)",
@@ -79,6 +85,14 @@ GATE_GAUGES: dict[str, str] = {
     "gate_model_log_loss": "The model's mean log-loss (nats) on the judged releases",
     "gate_constant_log_loss": "The constant's mean log-loss (nats) on the judged releases",
 }
+# gauge name -> help text: the lpc-return evictor's window (`window_state`), the GPU queue's
+# and, with LPCReturnCachePolicy, the CPU tier's
+WINDOW_GAUGES: dict[str, str] = {
+    "return_window_seconds": "W of lpc-return in the GPU queue: 4 x its measured turnover",
+    "return_rekeys": "Re-keyings of lpc-return's queue in the GPU pool",
+    "cpu_return_window_seconds": "W of lpc-return in the CPU tier: 4 x its measured turnover",
+    "cpu_return_rekeys": "Re-keyings of lpc-return's queue in the CPU tier",
+}
 # snapshot["histograms"] key -> help text (exported as lpc_<key>)
 HISTOGRAMS: dict[str, str] = {
     "release_seconds": "The plugin's work for one request's release (p, features, table)",
@@ -93,6 +107,7 @@ NAMED_METRICS: tuple[dict[str, str], ...] = (
     COUNTERS,
     REQUEST_LOG_COUNTERS,
     GATE_GAUGES,
+    WINDOW_GAUGES,
     SHADOW_COUNTERS,
     SHADOW_GAUGES,
 )
@@ -127,6 +142,16 @@ def gate_state(evictor: Any) -> dict[str, float]:
         "gate_model_log_loss": evictor.model_loss_nats / per_label,
         "gate_constant_log_loss": evictor.constant_loss_nats / per_label,
     }
+
+
+def window_state(evictor: Any, prefix: str = "") -> dict[str, float]:
+    """The lpc-return evictor's W (seconds: the multiplier times its measured holding time)
+    and its re-keyings as gauges (empty for an evictor without a window)."""
+    window_s = getattr(evictor, "window_s", None)
+    rekeys = getattr(evictor, "rekeys", None)
+    if not isinstance(window_s, float) or not isinstance(rekeys, int):
+        return {}
+    return {f"{prefix}return_window_seconds": window_s, f"{prefix}return_rekeys": float(rekeys)}
 
 
 def _is_number(value: object) -> bool:
@@ -188,7 +213,7 @@ class _Collector:
             yield gauge(
                 "conversations", "Conversations in the access model's table", data["conversations"]
             )
-        for name, help_text in GATE_GAUGES.items():
+        for name, help_text in (*GATE_GAUGES.items(), *WINDOW_GAUGES.items()):
             if name in data:
                 yield gauge(name, help_text, data[name])
         named = {name for table in NAMED_METRICS for name in table}

@@ -36,6 +36,7 @@ from typing import Any
 from eviction.base import FreedBlocks, Release
 from eviction.lpc import LPCEvictor
 from eviction.lru import LRUEvictor
+from eviction.return_window import ReturnWindowEvictor
 
 logger = logging.getLogger("vllm.plugins.lpc")
 
@@ -146,7 +147,7 @@ class LRUOrder:
     evictor (`discard_n`), which therefore stays ready to take over again.
     """
 
-    def __init__(self, learned: LPCEvictor, num_blocks: int) -> None:
+    def __init__(self, learned: LPCEvictor | ReturnWindowEvictor, num_blocks: int) -> None:
         self.learned = learned
         self.lru = LRUEvictor(num_blocks)
         self.lru.reset(learned.lru_order())

@@ -22,7 +22,7 @@ The requests the shadow replays, precisely (what "the same requests" means):
   computed for it (the fallback p when none): each cache first extends it to its
   `num_computed_tokens` (prompt and output, the blocks vLLM cached for it) with vLLM's hashes
   (`PrefixCacheBlockManager.grow`; a cache too full to extend it frees what it holds), then
-  frees it tail first with that release;
+  frees it tail first with that release (and its return curve, which `lpc-return` reads);
 - requests running when the shadow started are left out, start to finish.
 
 The scheduler thread only copies a request's hashes and queues an event (`ShadowFeed`); a
@@ -69,13 +69,15 @@ class Admission:
 
 @dataclass(frozen=True, slots=True)
 class Finish:
-    """A finished request's release: its computed tokens, their full-block hashes, its p."""
+    """A finished request's release: its computed tokens, their full-block hashes, its p and
+    its return curve (for `lpc-return`; None without a return-time model)."""
 
     request_id: str
     time_s: float
     probability: float | None
     num_tokens: int
     block_hashes: list[Any]
+    return_curve: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +145,9 @@ class ShadowCaches:
             except UnknownRequestError:  # this cache could not hold it at its admission
                 continue
             c.evictions[name] += manager.counters.evictions - evictions
-            manager.free(event.request_id, event.time_s, event.probability)
+            manager.free(
+                event.request_id, event.time_s, event.probability, return_curve=event.return_curve
+            )
 
 
 class ShadowFeed:
@@ -225,7 +229,16 @@ class ShadowFeed:
                 return
             num_tokens = request.num_computed_tokens
             hashes = request.block_hashes[: num_tokens // self._block_size]
-            self._put(Finish(rid, release.time_s, release.probability, num_tokens, hashes))
+            self._put(
+                Finish(
+                    rid,
+                    release.time_s,
+                    release.probability,
+                    num_tokens,
+                    hashes,
+                    release.return_curve,
+                )
+            )
         except Exception as error:
             self._error("noting a request's finish", error)
 

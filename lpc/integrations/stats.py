@@ -33,6 +33,11 @@ class PluginStats:
     computed; they count as `predictions_used` too), `access_model_reloads` (a promoted model
     swapped in), `access_model_reload_failures` (one that could not be loaded: the old one
     stays) and `access_prediction_errors` (a request it could not read: the fallback p).
+    With a return-time model in process: `return_curves_in_process` (finished releases whose
+    curve it computed), `return_curve_errors` (it raised, or could not read the request) and
+    `invalid_return_curves` (its curve was not a survival curve): both of those give the
+    release no curve, the evictor's fallback score; `return_model_reloads` and
+    `return_model_reload_failures` as for the access model.
 
     Fail-safe: `invalid_probabilities` counts probabilities that were not a finite number in
     [0, 1] (a request's `lpc_probability`, the values of a predictor answer, the in-process
@@ -66,6 +71,11 @@ class PluginStats:
     access_model_reloads: int = 0
     access_model_reload_failures: int = 0
     access_prediction_errors: int = 0
+    return_curves_in_process: int = 0
+    return_curve_errors: int = 0
+    invalid_return_curves: int = 0
+    return_model_reloads: int = 0
+    return_model_reload_failures: int = 0
     invalid_probabilities: int = 0
     plugin_errors: int = 0
     preemptions: int = 0
@@ -118,8 +128,17 @@ class PluginStats:
             return {name: getattr(self, name) for name in _COUNTER_NAMES}
 
     def summary(self) -> str:
-        """One log line with the counters an operator watches."""
+        """One log line with the counters an operator watches (the return-time model's once it
+        has computed or failed a curve)."""
         s = self.snapshot()
+        failed_curves = s["return_curve_errors"] + s["invalid_return_curves"]
+        returns = ""
+        if s["return_curves_in_process"] or failed_curves:
+            returns = (
+                f"; return curves {s['return_curves_in_process']} (failed {failed_curves}, "
+                f"model reloads {s['return_model_reloads']}, failed "
+                f"{s['return_model_reload_failures']})"
+            )
         return (
             f"LPC: {s['releases']} releases (p from request {s['probabilities_from_request']}, "
             f"predicted {s['predictions_used']}, fallback {s['fallbacks_used']}); predictions "
@@ -128,7 +147,7 @@ class PluginStats:
             f"in process {s['predictions_in_process']} (model reloads "
             f"{s['access_model_reloads']}, failed {s['access_model_reload_failures']}); "
             f"invalid p {s['invalid_probabilities']}, plugin errors {s['plugin_errors']}; "
-            f"evictions {s['evictions']}"
+            f"evictions {s['evictions']}{returns}"
         )
 
 

@@ -11,7 +11,8 @@ of its CPU chunks to a `CachePolicy` (`vllm/v1/kv_offload/cpu/policies/base.py`)
       "LPCCachePolicy", "cache_policy_module_path": "lpc.integrations.vllm_cache_policy"}}'
 
 `LPCCachePolicy` orders chunks with `eviction.lpc.LPCEvictor`, `LPCPooledCachePolicy` with
-`eviction.lpc_pooled.PooledLPCEvictor`.
+`eviction.lpc_pooled.PooledLPCEvictor`, `LPCReturnCachePolicy` with
+`eviction.return_window.ReturnWindowEvictor` (`lpc-return`: below, "The return-time policy").
 
 Where a request's probability and conversation come from (`request_release`). vLLM hands a
 policy a `ReqContext` (request id, `kv_transfer_params`, `kv_hints`), never the `Request`, so
@@ -48,6 +49,29 @@ queued so far, as LRU queues a fresh insert and the GPU plugin a preempted reque
 chunks. The final release forgets a provisional chunk's metadata (`RunHeap.forget`) before
 keying it, so the request's p and conversation replace the provisional key instead of pooling
 with it; chunks other requests released keep max pooling.
+
+The return-time policy (`LPCReturnCachePolicy`, `ReturnEvictorCachePolicy`). A chunk is worth
+P(its conversation comes back within W | silent since its release), W = 4 × this tier's own
+measured turnover (its own evictor measures it; one return-time model serves both tiers). The
+curve of a request is the GPU plugin's release's (`Release.return_curve`, from the in-process
+return-time model, `LPC_RETURN_MODEL`), so the policy needs the plugin registered with one and
+refuses to start without it. Its releases are those of the two-tier replay's CPU tier
+(`lpc.replay.host_tier`), so that what the replay measures (docs/results.md, "The model as the
+evictor's curve source") is what this tier does in vLLM — checked chunk for chunk against
+`CPUOffloadingManager` (tests/vllm/test_two_tier_agreement.py):
+
+- at a request's store-time accesses — the chunks it stores (`insert`) and the resident
+  chunks it reuses or loads (`on_request_access`, which vLLM calls before it evicts for the
+  store) — the chunks take the request's release at that instant: its conversation, and its
+  curve if the GPU plugin has released it already, else none (the fallback score: nothing is
+  known yet of when it comes back). These are ordinary releases, not provisional ones: no
+  protected key (a protected claim would outrank every scored chunk until the request ends),
+  and a conversation's new release replaces its own older claim, as in the replay;
+- at its finish (`on_request_finished`) every chunk it accessed takes its final release with
+  the curve. A store-time claim made under another conversation id than the final one (the
+  request id, when the tier could not know the conversation then: `lpc_conversation_id` only
+  in `extra_args`) is dropped first (`ReturnWindowEvictor.drop_claim`), so it does not pool
+  with the final claim at the fallback score.
 
 Its horizon is its own tier's: `LPCPooledCachePolicy` judges reuse over
 `kv_connector_extra_config["lpc_horizon_s"]` when set (the CPU tier keeps chunks longer than
@@ -96,13 +120,18 @@ from typing import Any
 
 from eviction import FreedBlocks, Release, make_evictor
 from eviction.lpc_pooled import DEFAULT_MEMORY_WINDOW_S, DEFAULT_SHARED_HORIZON_S
+from eviction.return_window import ReturnWindowEvictor
 from lpc.integrations.config import PluginConfigError
 from lpc.integrations.finished_releases import FinishedReleases
 from lpc.integrations.stats import PluginStats, is_probability
 from lpc.integrations.vllm_plugin import PluginRuntime, registered_runtime
 
 # vLLM class name -> the evictor of `eviction.POLICIES` that orders the chunks
-CACHE_POLICY_EVICTORS = {"LPCCachePolicy": "lpc", "LPCPooledCachePolicy": "lpc-pooled"}
+CACHE_POLICY_EVICTORS = {
+    "LPCCachePolicy": "lpc",
+    "LPCPooledCachePolicy": "lpc-pooled",
+    "LPCReturnCachePolicy": "lpc-return",
+}
 HORIZON_KEY = "lpc_horizon_s"  # in kv_connector_extra_config
 HINT_CONVERSATION_KEYS = ("lpc_conversation_id", "conversation_id")  # in a kv_hints payload
 # The longest a run of one request's consecutive inserts shares its first insert's release (the
@@ -170,7 +199,8 @@ def request_release(
         or hinted_conversation(getattr(req_context, "kv_hints", None))
         or rid
     )
-    return Release(now_s, probability, conversation)
+    curve = plugin.return_curve if plugin is not None else None
+    return Release(now_s, probability, conversation, return_curve=curve)
 
 
 def tier_horizon_s(runtime: PluginRuntime | None) -> float:
@@ -197,8 +227,11 @@ def tier_horizon_s(runtime: PluginRuntime | None) -> float:
 
 def tier_evictor_options(evictor: str, runtime: PluginRuntime | None) -> dict[str, Any]:
     """The evictor's settings: the plugin's (scale, fallback p, floor) when it is registered,
-    and for `lpc-pooled` the tier's horizon and a memory window at least that long."""
+    and for `lpc-pooled` the tier's horizon and a memory window at least that long;
+    `lpc-return` keeps its own constants (W from this tier's turnover), as the replay runs it."""
     options: dict[str, Any] = {}
+    if evictor == ReturnWindowEvictor.name:
+        return options
     if runtime is not None:
         config = runtime.config
         options.update(
@@ -223,7 +256,13 @@ class EvictorCachePolicy:
     the evictor's order (`_flush`: `evict`, `mark_non_evictable`, `remove`, `touch`,
     `on_request_finished`), consecutive ones of equal release in one push
     (`push_cached_each`, `push_protected_each`: exactly the single pushes' keys and order).
-    A run of one request's consecutive inserts shares one `Release` (`_insert_release`)."""
+    A run of one request's consecutive inserts shares one `Release` (`_insert_release`).
+
+    `provisional_stores`: whether a running request's releases are provisional (LPC's
+    policies: protected keys until its final release; the module) or ordinary releases that
+    move every chunk they name (`ReturnEvictorCachePolicy`)."""
+
+    provisional_stores: bool = True
 
     def __init__(
         self,
@@ -281,7 +320,8 @@ class EvictorCachePolicy:
         except Exception as error:  # the chunk is kept, at depth 0
             self.stats.plugin_error("the CPU tier's insert", error)
             depth = 0
-        self._chunks[key] = _Chunk(chunk, slot, depth, release, provisional=not final)
+        provisional = self.provisional_stores and not final
+        self._chunks[key] = _Chunk(chunk, slot, depth, release, provisional=provisional)
         self._status[key] = chunk
         self._key_of[slot] = key
         if chunk.ref_cnt == 0:
@@ -478,10 +518,18 @@ class EvictorCachePolicy:
         if self._pending:
             self._flush()
         release, final = self._release(req_context, final)
+        drop = self._stale_conversation(req_context, release, final)
+        # Without provisional releases every release moves every chunk it names.
+        final = final or not self.provisional_stores
         try:
-            self._rerelease(keys, release, final)
+            self._rerelease(keys, release, final, drop)
         except Exception as error:
             self._failed(hook, error, lambda: self._lru_rerelease(keys, release, final))
+
+    def _stale_conversation(self, req_context: Any, release: Release, final: bool) -> str | None:
+        """A conversation whose claim the release's chunks drop first (`_rerelease`); none
+        here (LPC's policies forget a provisional chunk's key instead)."""
+        return None
 
     def _lru_rerelease(self, keys: list[Any], release: Release, final: bool) -> None:
         """`_release_keys`' fallback: the records take the fallback p at the current time."""
@@ -504,9 +552,12 @@ class EvictorCachePolicy:
                 self.stats.plugin_error(f"the CPU tier's {hook} fallback", second)
         self._rebuild()
 
-    def _rerelease(self, keys: list[Any], release: Release, final: bool) -> None:
+    def _rerelease(
+        self, keys: list[Any], release: Release, final: bool, drop: str | None = None
+    ) -> None:
         """Give `keys` the request's release; evictable ones go back to the evictor tail
-        first, pinned ones keep it for when they become evictable.
+        first, pinned ones keep it for when they become evictable. With `drop`, the chunks
+        first lose that conversation's claim (`ReturnEvictorCachePolicy`).
 
         A final release re-keys every chunk. Re-queued chunks keep their pooling metadata
         (`RunHeap.remove` leaves it), so a chunk shared with another conversation keeps the
@@ -529,6 +580,7 @@ class EvictorCachePolicy:
         evictor = self.evictor
         remove = evictor.remove
         forget = getattr(evictor, "forget", None) if final else None
+        drop_claim = evictor.drop_claim if drop is not None else None  # type: ignore[union-attr]
         requeued = []
         for record in resident:
             if record.evictable:
@@ -536,6 +588,8 @@ class EvictorCachePolicy:
                 requeued.append(record)
             if forget is not None and record.provisional:
                 forget(record.slot)
+            if drop_claim is not None:
+                drop_claim(record.slot, drop)
             record.provisional = provisional
         if requeued:
             self._enqueue(requeued)
@@ -636,23 +690,82 @@ class EvictorCachePolicy:
             self.degraded = True
 
 
+class ReturnEvictorCachePolicy(EvictorCachePolicy):
+    """`EvictorCachePolicy` over the return-window evictor, with the two-tier replay's
+    releases (the module's "The return-time policy"): no provisional releases, a request's
+    first access to resident chunks re-releases them, and its final release drops the claim
+    its store-time releases made under another conversation id."""
+
+    provisional_stores = False
+
+    def __init__(
+        self,
+        cache_capacity: int,
+        evictor: str = ReturnWindowEvictor.name,
+        clock: Callable[[], float] = time.monotonic,
+        stats: PluginStats | None = None,
+        finished: FinishedReleases | None = None,
+        **evictor_options: Any,
+    ) -> None:
+        super().__init__(cache_capacity, evictor, clock, stats, finished, **evictor_options)
+
+    def on_request_access(self, keys: Iterable[Any], req_context: Any) -> None:
+        """vLLM's first sight of `keys` for this request (at `prepare_load`, and at
+        `prepare_store` before it evicts): the resident ones take the request's release now,
+        as the replay's offer re-releases the chunks it finds resident."""
+        self._last_insert = None
+        chunks = self._chunks
+        resident = [key for key in keys if key in chunks]
+        if resident:
+            self._release_keys("on_request_access", resident, req_context, None)
+
+    def _stale_conversation(self, req_context: Any, release: Release, final: bool) -> str | None:
+        """At a final release: the conversation the tier gave the request's store-time
+        releases, when it is not the final one's (the GPU plugin named the conversation, the
+        request's context did not)."""
+        if not final:
+            return None
+        try:
+            stored_as = request_release(req_context, release.time_s).conversation_id
+        except Exception as error:  # the claim pools with the final one; nothing else changes
+            self.stats.plugin_error("the CPU tier's store-time conversation", error)
+            return None
+        return stored_as if stored_as != release.conversation_id else None
+
+
 _DEPTH = operator.attrgetter("depth")
+
+
+def check_return_tier(runtime: PluginRuntime | None) -> None:
+    """Refuse `LPCReturnCachePolicy` without the curves it is for: the GPU plugin registered
+    in this engine with a return-time model (else every chunk would take the fallback score)."""
+    access = runtime.access if runtime is not None else None
+    if access is None or access.returns is None:
+        raise PluginConfigError(
+            "eviction_policy LPCReturnCachePolicy needs the LPC plugin in the engine "
+            "(VLLM_PLUGINS=lpc) with a return-time model (LPC_RETURN_MODEL): each request's "
+            "curve comes from the plugin's release"
+        )
 
 
 @functools.cache
 def vllm_class(name: str) -> type:
-    """The subclass of vLLM's `CachePolicy` named `name`, running `EvictorCachePolicy` with
-    the evictor `CACHE_POLICY_EVICTORS[name]`; one class per name. Built by vLLM with the
-    capacity only: the GPU plugin's registration, when there is one in this process, gives it
-    the counters, the finished requests' releases, the clock and the evictor's settings."""
+    """The subclass of vLLM's `CachePolicy` named `name`, running `EvictorCachePolicy` (or
+    `ReturnEvictorCachePolicy`) with the evictor `CACHE_POLICY_EVICTORS[name]`; one class per
+    name. Built by vLLM with the capacity only: the GPU plugin's registration, when there is
+    one in this process, gives it the counters, the finished requests' releases, the clock and
+    the evictor's settings, and learns of it (its W is exported)."""
     from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
 
     evictor = CACHE_POLICY_EVICTORS[name]
+    base = ReturnEvictorCachePolicy if evictor == ReturnWindowEvictor.name else EvictorCachePolicy
 
     def __init__(self: Any, cache_capacity: int) -> None:
         CachePolicy.__init__(self, cache_capacity)
         runtime = registered_runtime()
-        EvictorCachePolicy.__init__(
+        if base is ReturnEvictorCachePolicy:
+            check_return_tier(runtime)
+        base.__init__(
             self,
             cache_capacity,
             evictor,
@@ -661,14 +774,16 @@ def vllm_class(name: str) -> type:
             finished=runtime.finished if runtime is not None else None,
             **tier_evictor_options(evictor, runtime),
         )
+        if runtime is not None:
+            runtime.cpu_tier_policy = self
 
     namespace = {
         "__init__": __init__,
         "__doc__": f"vLLM's CPU offload tier ordered by eviction's {evictor!r} evictor.",
         "__module__": __name__,
     }
-    # EvictorCachePolicy first: its methods implement CachePolicy's abstract ones.
-    return type(name, (EvictorCachePolicy, CachePolicy), namespace)
+    # The policy first: its methods implement CachePolicy's abstract ones.
+    return type(name, (base, CachePolicy), namespace)
 
 
 def __getattr__(name: str) -> type:

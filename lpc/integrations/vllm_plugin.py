@@ -25,7 +25,10 @@ A release's probability is, in order: the request's `extra_args["lpc_probability
 an access-only model configured (`access_model`), the model's p computed in process at the
 release (`access_runtime`; no RPC); the asynchronous prediction for its
 `lpc_conversation_id` if it has arrived; the fallback p. Time comes from an injectable clock
-(default `time.monotonic`).
+(default `time.monotonic`). With a return-time model (`return_model`), every finished release
+also carries its conversation's return curve, computed in process from the same features as
+the access model's p, whatever the p's source (`return_runtime`; None, the evictor's fallback
+score, when it fails): the `lpc-return` evictor, in the free queue or the CPU tier, reads it.
 
 When the access features' inputs are known to the plugin (all read at the release, from
 vLLM's `Request` and the plugin's `ConversationTable`):
@@ -99,7 +102,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from time import perf_counter_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eviction.base import Release
 from eviction.lpc import DEFAULT_FALLBACK_PROBABILITY
@@ -112,11 +115,13 @@ from lpc.integrations.metrics import (
     gate_state,
     metrics_port_for,
     start_metrics_server,
+    window_state,
 )
 from lpc.integrations.mode import ControlFileWatcher, ModeSwitch
 from lpc.integrations.plugin_request_log import PluginRequestLog
 from lpc.integrations.predictions import PredictionBoard, PredictionClient
 from lpc.integrations.request_hints import PROBABILITY_KEY, RequestHints, parse_hints
+from lpc.integrations.return_runtime import load_return_runtime
 from lpc.integrations.shadow import ShadowFeed
 from lpc.integrations.stats import PluginStats, is_probability
 from lpc.integrations.vllm_queue import (
@@ -126,6 +131,9 @@ from lpc.integrations.vllm_queue import (
     QueueRuntime,
     bind_queue_class,
 )
+
+if TYPE_CHECKING:
+    from predictor.return_curve import ReturnCurve
 
 # A child of vLLM's logger, so the plugin's lines appear in vLLM's log with its format.
 logger = logging.getLogger("vllm.plugins.lpc")
@@ -152,7 +160,9 @@ class PluginRuntime:
     deferred_releases: dict[int, Release] = field(default_factory=dict)
     next_log_s: float = 0.0
     request_log: PluginRequestLog | None = None  # None: no request log configured
-    access: AccessRuntime | None = None  # None: no access-only model in process
+    # The in-process models (access-only model, return-time model) and their conversation
+    # table; None: neither runs in process.
+    access: AccessRuntime | None = None
     shadow: ShadowFeed | None = None  # feeds the shadow caches while the mode is `shadow`
     # Stamps completions for the access features, on the timeline of vLLM's arrival times.
     wall_clock: Clock = time.time
@@ -161,6 +171,9 @@ class PluginRuntime:
     # The `kv_connector_extra_config` of the engine whose scheduler is being built (the CPU
     # tier's policy is built inside `Scheduler.__init__` and reads its `lpc_*` keys here).
     kv_connector_extra_config: dict[str, Any] = field(default_factory=dict)
+    # The CPU tier's policy of this engine, once vLLM has built one (its evictor's W is
+    # exported beside the GPU queue's).
+    cpu_tier_policy: Any = None
 
     @property
     def clock(self) -> Clock:
@@ -272,12 +285,12 @@ class PluginRuntime:
         if hints is None:
             hints = self.hints_for(request)
         try:
-            probability, counter = self._probability(request, hints)
+            probability, counter, curve = self._probability(request, hints)
         except Exception as error:
             self.stats.plugin_error("the release's probability", error)
             if self.board is not None:
                 self.board.forget(rid)
-            probability, counter = None, "fallbacks_used"
+            probability, counter, curve = None, "fallbacks_used", None
         if probability is not None and not is_probability(probability):
             self.stats.invalid_probability(f"the {_PROBABILITY_SOURCES[counter]}", probability)
             probability, counter = None, "fallbacks_used"
@@ -295,18 +308,25 @@ class PluginRuntime:
                 self.request_log.finished(request, hints, used, source)
             except Exception as error:
                 self.stats.plugin_error("the request log", error)
-        return Release(now, probability, hints.conversation_id or rid), source
+        conversation = hints.conversation_id or rid
+        return Release(now, probability, conversation, return_curve=curve), source
 
-    def _probability(self, request: Any, hints: RequestHints) -> tuple[float | None, str]:
-        """The release's p (unchecked) and the counter of its source."""
+    def _probability(
+        self, request: Any, hints: RequestHints
+    ) -> tuple[float | None, str, ReturnCurve | None]:
+        """The release's p (unchecked), the counter of its source, and its return curve from
+        the in-process return-time model (checked; None without one, or the fallback score).
+        One in-process release computes both from the same features."""
         rid = request.request_id
         probability = hints.probability
+        access = self.access
         if probability is not None:
             if self.board is not None:
                 self.board.forget(rid)
-            if self.access is not None:
+            curve = None
+            if access is not None:
                 try:
-                    self.access.record_release(
+                    curve = access.record_release(
                         request,
                         hints.conversation_id,
                         self.wall_clock(),
@@ -314,12 +334,14 @@ class PluginRuntime:
                     )
                 except Exception as error:  # the request's own p stands
                     self.stats.plugin_error("recording a request in the conversation table", error)
-            return probability, "probabilities_from_request"
-        if self.access is not None:
-            probability = self.access_probability(request, hints)
-        elif self.board is not None:
+            return probability, "probabilities_from_request", curve
+        curve = None
+        if access is not None:
+            probability, curve = self.in_process_release(request, hints)
+        if (access is None or access.model is None) and self.board is not None:
             probability = self.board.take(rid)
-        return probability, "fallbacks_used" if probability is None else "predictions_used"
+        counter = "fallbacks_used" if probability is None else "predictions_used"
+        return probability, counter, curve
 
     def _log_stats(self, now: float) -> float:
         """The counters' log line (not the first time: nothing happened yet); when the next
@@ -333,36 +355,60 @@ class PluginRuntime:
                 self.stats.plugin_error("the stats log line", error)
         return now + self.config.stats_log_interval_s
 
-    def access_probability(self, request: Any, hints: RequestHints) -> float | None:
-        """The access-only model's p for this release, computed here (microseconds); None
-        (the fallback p) if the request cannot be read, the model fails, or its p is not a
-        finite number in [0, 1]: a request is never failed."""
+    def in_process_release(
+        self, request: Any, hints: RequestHints
+    ) -> tuple[float | None, ReturnCurve | None]:
+        """The in-process models' p and return curve for this release, computed here
+        (microseconds). The p is None (the fallback p) without an access model, or if the
+        request cannot be read, the model fails, or its p is not a finite number in [0, 1];
+        the curve is None (the fallback score) without a return model, or if the request
+        cannot be read or the curve is not valid (`ReturnModelRuntime.curve` counts it): a
+        request is never failed."""
         access = self.access
         assert access is not None
-        if self.board is not None:
+        if self.board is not None and access.model is not None:
             self.board.forget(request.request_id)
         try:
-            probability = access.predict_release(
+            outcome = access.release(
                 request,
                 hints.conversation_id,
                 self.wall_clock(),
                 engine_prompt_tokens(request) or 0,
             )
-        except Exception as error:
-            self.stats.add(access_prediction_errors=1)
-            if self.stats.first_time("access prediction error"):
-                logger.warning(
-                    "request %s: the access model cannot predict it (%r); fallback p (logged "
-                    "once; counted in access_prediction_errors)",
-                    request.request_id,
-                    error,
-                )
-            return None
+        except Exception as error:  # the request cannot be read: neither model can run
+            if access.model is not None:
+                self._access_prediction_error(request, error)
+            if access.returns is not None:
+                self.stats.add(return_curve_errors=1)
+                if self.stats.first_time("return curve error"):
+                    logger.warning(
+                        "request %s: the return-time model cannot read it (%r); fallback "
+                        "score (logged once; counted in return_curve_errors)",
+                        request.request_id,
+                        error,
+                    )
+            return None, None
+        if access.model is None:
+            return None, outcome.curve
+        if outcome.error is not None:
+            self._access_prediction_error(request, outcome.error)
+            return None, outcome.curve
+        probability = outcome.probability
         if not is_probability(probability):
             self.stats.invalid_probability("the access model", probability)
-            return None
+            return None, outcome.curve
         self.stats.add(predictions_in_process=1)
-        return float(probability)
+        return float(probability), outcome.curve  # type: ignore[arg-type]
+
+    def _access_prediction_error(self, request: Any, error: BaseException) -> None:
+        self.stats.add(access_prediction_errors=1)
+        if self.stats.first_time("access prediction error"):
+            logger.warning(
+                "request %s: the access model cannot predict it (%r); fallback p (logged "
+                "once; counted in access_prediction_errors)",
+                request.request_id,
+                error,
+            )
 
     def hold_for_deferred_free(self, blocks: list[Any], release: Release) -> None:
         """Blocks popped for a deferred free: remember their release until they are freed."""
@@ -615,8 +661,9 @@ def build_runtime(
     )
     # An injected clock stamps completions too, so arrivals and releases share a timeline.
     runtime.wall_clock = clock or time.time
-    runtime.access = load_access_runtime(config, counters)
-    if runtime.access is not None:
+    returns = load_return_runtime(config, counters)
+    runtime.access = load_access_runtime(config, counters, returns)
+    if runtime.access is not None and runtime.access.model is not None:
         # Model-specific constants come from the artifact: lpc-pooled's horizon.
         queues.horizon_s = runtime.access.horizon_s
         _note_base_rate(config, runtime.access)
@@ -861,6 +908,10 @@ def stats_snapshot() -> dict[str, Any]:
     out["dp_rank"] = queues.engine.data_parallel_rank
     if queues.evictor is not None:
         out.update(gate_state(queues.evictor))
+        out.update(window_state(queues.evictor))
+    cpu_policy = runtime.cpu_tier_policy
+    if cpu_policy is not None:
+        out.update(window_state(getattr(cpu_policy, "evictor", None), "cpu_"))
     out["histograms"] = {k: v.as_dict() for k, v in queues.histograms.snapshot().items()}
     out.update(queues.mode.counters())
     if runtime.shadow is not None:

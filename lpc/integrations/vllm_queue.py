@@ -19,6 +19,10 @@ seeing every release so that switching back resumes the learned order.
 
 The evictor is built from the configuration and, with `lpc-pooled`, the loaded access model's
 label horizon (`QueueRuntime.horizon_s`, from its artifact's metadata; 180 s without one).
+With `lpc-return` it is `eviction.return_window.ReturnWindowEvictor`: a release carries its
+conversation's return curve (`Release.return_curve`, from the in-process return-time model;
+none: the evictor's fallback score), a preempted request's blocks take a protected claim that
+ranks after every other block, and LRU mode rebuilds LRU's order from it exactly as from LPC.
 
 Fail-safe: an exception in LPC's part of `append_n` (the release's key, pooling) or of
 `note_shared_release` never reaches vLLM's `BlockPool`, which would be left half way through a
@@ -47,6 +51,7 @@ from eviction.base import FreedBlocks, Release
 from eviction.lpc import LPCEvictor
 from eviction.lpc_pooled import DEFAULT_MEMORY_WINDOW_S, DEFAULT_SHARED_HORIZON_S
 from eviction.registry import make_evictor
+from eviction.return_window import ReturnWindowEvictor
 from lpc.integrations.config import PluginConfig
 from lpc.integrations.engine_context import EngineContext, engine_context
 from lpc.integrations.histograms import PluginHistograms
@@ -54,6 +59,9 @@ from lpc.integrations.mode import LRUOrder, ModeSwitch
 from lpc.integrations.stats import PluginStats
 
 Clock = Callable[[], float]
+# The evictors the queue drives: both keep a preempted request's blocks last
+# (`push_protected`), pool metadata across releases and rebuild LRU's order (`mode.LRUOrder`).
+LearnedEvictor = LPCEvictor | ReturnWindowEvictor
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +85,8 @@ class QueueRuntime:
     histograms: PluginHistograms = field(default_factory=PluginHistograms)
     # Learned from vLLM's constructors when the first queue is built (`engine_context`).
     engine: EngineContext = field(default_factory=EngineContext)
-    evictor: LPCEvictor | None = None  # the latest queue's (its trust gate is exported)
+    # The latest queue's (its trust gate, or lpc-return's window, is exported).
+    evictor: LearnedEvictor | None = None
     # lpc, lru or shadow; a queue applies a change at its next pop (`mode`, the kill switch).
     mode: ModeSwitch = field(default_factory=ModeSwitch)
     _release: ContextVar[Release | None] = field(
@@ -123,11 +132,17 @@ class QueueRuntime:
             return None
         return self.horizon_s if self.horizon_s is not None else DEFAULT_SHARED_HORIZON_S
 
-    def new_evictor(self, num_blocks: int) -> LPCEvictor:
-        """The configured learned evictor (`lpc` or `lpc-pooled`, both LPC evictors); the
-        pooled one judges over the loaded model's horizon, and remembers contents at least
-        that long."""
+    def new_evictor(self, num_blocks: int) -> LearnedEvictor:
+        """The configured learned evictor: `lpc` or `lpc-pooled` (LPC evictors; the pooled
+        one judges over the loaded model's horizon, and remembers contents at least that
+        long), or `lpc-return` with its own constants, as the replay runs it (W = 4 × its
+        measured turnover, re-keyed every 5 s, fallback score 0.5: `eviction/return_window.py`);
+        its curves come with the releases."""
         c = self.config
+        if c.evictor == ReturnWindowEvictor.name:
+            evictor: LearnedEvictor = ReturnWindowEvictor(num_blocks)
+            self.evictor = evictor
+            return evictor
         options = {}
         horizon_s = self.evictor_horizon_s
         if horizon_s is not None:
@@ -172,7 +187,7 @@ class LPCFreeBlockQueue:
         self._learned.reset(range(len(blocks)))
         # What decides evictions: the learned evictor, or in lru/shadow mode an `LRUOrder`
         # over it (`_apply_mode`, at a pop).
-        self._evictor: LPCEvictor | LRUOrder = self._learned
+        self._evictor: LearnedEvictor | LRUOrder = self._learned
         self._lru_order = False
         self.runtime.queue_built()
         self._apply_mode()
@@ -196,7 +211,9 @@ class LPCFreeBlockQueue:
             self._apply_mode()
         if not len(self._evictor):
             raise ValueError("No free blocks available")
-        block = self._blocks[self._evictor.pop()]
+        # The time matters to `lpc-return` (its scores age, W is measured); LPC's keys are
+        # static and ignore it.
+        block = self._blocks[self._evictor.pop(self.runtime.clock())]
         if block.block_hash is not None:
             runtime = self.runtime
             runtime.stats.add(evictions=1)
@@ -215,7 +232,7 @@ class LPCFreeBlockQueue:
         if n > len(self._evictor):
             raise ValueError(f"cannot pop {n} blocks: only {len(self._evictor)} are free")
         blocks = self._blocks
-        popped = [blocks[i] for i in self._evictor.pop_n(n)]
+        popped = [blocks[i] for i in self._evictor.pop_n(n, self.runtime.clock())]
         evicted = sum(1 for block in popped if block.block_hash is not None)
         if evicted:
             self.runtime.stats.add(evictions=evicted)
@@ -349,7 +366,7 @@ class LPCFreeBlockQueue:
             self.runtime.stats.add(shared_blocks_released=len(blocks))
 
     @property
-    def evictor(self) -> LPCEvictor:
+    def evictor(self) -> LearnedEvictor:
         """The learned evictor (in lru and shadow mode too: it sees everything, evicts nothing)."""
         return self._learned
 

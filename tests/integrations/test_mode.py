@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from eviction import LRUEvictor, Release
@@ -20,6 +21,7 @@ from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
 from lpc.integrations.mode import ControlFileWatcher, LRUOrder, ModeSwitch, check_mode
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.vllm_queue import ProtectedRelease, QueueRuntime, bind_queue_class
+from predictor.return_curve import ReturnCurve
 
 
 @dataclass(eq=False)
@@ -114,8 +116,19 @@ def make_queue(evictor: str, num_blocks: int, switch: ModeSwitch, clock: Clock):
     return bind_queue_class(runtime)(blocks), blocks, runtime
 
 
-@pytest.mark.parametrize("evictor", ["lpc", "lpc-pooled"])
-@pytest.mark.parametrize("seed", range(4))
+# Return curves the releases carry (`lpc-return` reads them; the LPC evictors do not).
+CURVES = [
+    None,
+    ReturnCurve(np.array([0.0, 1.0, 5.0]), np.array([1.0, 0.7, 0.1])),
+    ReturnCurve(np.array([0.0, 50.0, 500.0]), np.array([1.0, 0.95, 0.5])),
+]
+
+
+@pytest.mark.parametrize(
+    ("evictor", "seed"),
+    [(e, seed) for e in ("lpc", "lpc-pooled") for seed in range(4)]
+    + [("lpc-return", seed) for seed in range(2)],
+)
 def test_lru_mode_evicts_exactly_as_vllms_queue(evictor: str, seed: int) -> None:
     """Random frees (cached and not, probabilities, conversations, blocks others hold,
     preemptions), hits, allocations and mode switches. The reference LRU list gets the same
@@ -170,7 +183,12 @@ def test_lru_mode_evicts_exactly_as_vllms_queue(evictor: str, seed: int) -> None
             # A preempted request's release (its blocks after every free one in LPC's order)
             # now and then: stock vLLM appends them like any other.
             kind = ProtectedRelease if rng.random() < 0.15 else Release
-            release = kind(clock(), rng.choice([None, rng.random()]), f"c{rng.randrange(5)}")
+            release = kind(
+                clock(),
+                rng.choice([None, rng.random()]),
+                f"c{rng.randrange(5)}",
+                return_curve=rng.choice(CURVES),
+            )
             cached = [b for b in freed if b.block_hash is not None]
             uncached = [b for b in freed if b.block_hash is None]
             with runtime.releasing(release):

@@ -42,7 +42,7 @@ def request(rid: str, p: float, conversation: str, index: int) -> RunningRequest
     return RunningRequest(rid, index, extra)
 
 
-@pytest.mark.parametrize("evictor", ["lpc", "lpc-pooled"])
+@pytest.mark.parametrize("evictor", ["lpc", "lpc-pooled", "lpc-return"])
 def test_a_preempted_request_is_evicted_last(evictor: str, monkeypatch: pytest.MonkeyPatch) -> None:
     runtime, manager, queue = engine(evictor, monkeypatch)
     clock = runtime.queues.clock

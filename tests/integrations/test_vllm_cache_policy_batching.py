@@ -7,15 +7,28 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eviction import Release
 from lpc.integrations.finished_releases import FinishedReleases
-from lpc.integrations.vllm_cache_policy import EvictorCachePolicy
+from lpc.integrations.vllm_cache_policy import EvictorCachePolicy, ReturnEvictorCachePolicy
+from predictor.return_curve import ReturnCurve
 from tests.integrations.test_vllm_cache_policy import Clock, Context, Status
 
 CAPACITY = 8
+POLICY_CLASSES = {
+    "lpc": EvictorCachePolicy,
+    "lpc-pooled": EvictorCachePolicy,
+    "lpc-return": ReturnEvictorCachePolicy,
+}
+# The GPU plugin's releases carry one of these curves (`lpc-return` reads them).
+CURVES = [
+    None,
+    ReturnCurve(np.array([0.0, 1.0, 30.0]), np.array([1.0, 0.6, 0.1])),
+    ReturnCurve(np.array([0.0, 100.0, 1e4]), np.array([1.0, 0.9, 0.2])),
+]
 
 
 class EagerPolicy(EvictorCachePolicy):
@@ -36,8 +49,25 @@ class EagerPolicy(EvictorCachePolicy):
             self._flush()
 
 
+class EagerReturnPolicy(ReturnEvictorCachePolicy):
+    """`EagerPolicy`'s pushes with the return-time policy's releases."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.mark_evictable = self._mark_now  # type: ignore[method-assign]
+
+    def _mark_now(self, key: Any) -> None:
+        self._pending.append(key)
+        self._flush()
+
+    def insert(self, key: Any, chunk: Any, req_context: Any) -> None:
+        super().insert(key, chunk, req_context)
+        if self._pending:
+            self._flush()
+
+
 @settings(max_examples=40, deadline=None)
-@given(evictor=st.sampled_from(["lpc", "lpc-pooled"]), data=st.data())
+@given(evictor=st.sampled_from(list(POLICY_CLASSES)), data=st.data())
 def test_deferred_pushes_evict_what_eager_pushes_evict(evictor: str, data: st.DataObject) -> None:
     """A small stand-in for vLLM's `CPUOffloadingManager`: a request loads ready chunks
     (pinned until it finishes), stores new ones (evicting with its keys protected), and
@@ -45,10 +75,9 @@ def test_deferred_pushes_evict_what_eager_pushes_evict(evictor: str, data: st.Da
     `on_request_finished`). Touches, the GPU plugin's releases and the clock interleave."""
     clock = Clock()
     finished = FinishedReleases()
-    policies = [
-        cls(CAPACITY, evictor, clock=clock, finished=finished)
-        for cls in (EvictorCachePolicy, EagerPolicy)
-    ]
+    batched = POLICY_CLASSES[evictor]
+    eager = EagerReturnPolicy if batched is ReturnEvictorCachePolicy else EagerPolicy
+    policies = [cls(CAPACITY, evictor, clock=clock, finished=finished) for cls in (batched, eager)]
     statuses: list[dict[bytes, Status]] = [{}, {}]  # per policy: key -> its status
     running: list[tuple[Context, list[bytes], list[bytes]]] = []  # context, keys, loaded
     next_key = 0
@@ -105,7 +134,8 @@ def test_deferred_pushes_evict_what_eager_pushes_evict(evictor: str, data: st.Da
         elif action == "finish" and running:
             context, keys, loaded = running.pop(data.draw(st.integers(0, len(running) - 1)))
             if data.draw(st.booleans()):
-                finished.record(context.req_id, Release(clock.now, 0.7, "plugin"))
+                curve = data.draw(st.sampled_from(CURVES))
+                finished.record(context.req_id, Release(clock.now, 0.7, "plugin", None, curve))
             for key in loaded:
                 if add_ref(key, -1) == 0:
                     both("mark_evictable", key)
@@ -119,6 +149,7 @@ def test_deferred_pushes_evict_what_eager_pushes_evict(evictor: str, data: st.Da
         elif action == "touch" and running:
             context, keys, _ = data.draw(st.sampled_from(running))
             both("touch", [k for k in keys if k in statuses[0]], context)
+            both("on_request_access", [k for k in keys if k in statuses[0]], context)
         elif action == "tick":
             clock.now += data.draw(st.sampled_from([0.5, 2.0, 300.0]))
     for _, _, loaded in running:  # every load completes: nothing stays pinned

@@ -14,6 +14,8 @@ probability, a fifth carry none).
 - `lpc`, `lpc-pooled`: every request finishes and the pool ends whole: each block free, every
   reference count zero, the free queue holding each block once, every cached block in the
   hash map, block ownership consistent every step;
+- `lpc-return` (the Mooncake sample, the shipped return-time model in process): the same
+  invariants, each finished release carrying the model's curve, preempted requests protected;
 - `shadow` (shadow mode): the engine schedules exactly as stock vLLM, every block it hands out
   is the one stock vLLM's `FreeKVCacheBlockQueue` (fed the same calls) hands out, and the
   shadow caches' hit tokens equal our replay of the same requests (`lpc.replay.shadow`);
@@ -38,8 +40,10 @@ import pytest
 from lpc.drivers.vllm_driver import REPO_ROOT
 from lpc.drivers.vllm_scheduler import (
     EngineSettings,
+    PolicySettings,
     first_divergence,
     parse_policies,
+    policy_environment,
     token_runs,
 )
 from lpc.replay.probability import OracleSource
@@ -49,6 +53,7 @@ from tests.integrations.report import REPORT
 from tests.lpc.synthetic import conversations
 
 SHIPPED_ACCESS_MODEL = REPO_ROOT / "models" / "mooncake-access"
+SHIPPED_RETURN_MODEL = REPO_ROOT / "models" / "mooncake-return"
 POLICIES = ("lru", "lpc-const=0.5", "lpc", "lpc-pooled", "shadow")
 KILL_SWITCH = "300:lru,600:lpc"  # lpc evicts as stock vLLM from step 300 to step 599
 
@@ -257,6 +262,48 @@ def test_shadow_mode_is_stock_vllm_and_its_figures_equal_our_replay(
 
 
 @pytest.mark.vllm
+def test_lpc_return_keeps_the_scheduler_invariants_on_the_mooncake_sample(
+    vllm_python: Path, tmp_path: Path
+) -> None:
+    """`lpc-return` inside vLLM's scheduler: every request finishes, the pool ends whole, every
+    finished release's curve comes from the return-time model (the access model runs beside
+    it and shares its conversation table), preemptions go through its protected claims, and
+    the curves change what is evicted."""
+    trace = tmp_path / "mooncake.jsonl"
+    count = mooncake_sample(trace)
+    result = run_scheduler_ab(
+        trace,
+        vllm_python,
+        *WORKLOADS["mooncake"],
+        *("--return-model", str(SHIPPED_RETURN_MODEL)),
+        policies=("lru", "lpc-return"),
+    )
+    assert result["requests"] == count and result["ok"], result["checks"]
+    rows = rows_of(result)
+    row, lru = rows["lpc-return"], rows["lru"]
+    assert row["invariants_ok"] and all(row["invariants"].values()), row["invariants"]
+    assert row["finished"] == row["requests"] == count
+    assert result["vllm"]["lpc-return"]["queue"] == "LPCFreeKVCacheBlockQueue"
+    environment = result["vllm"]["lpc-return"]["environment"]
+    assert environment["LPC_EVICTOR"] == "lpc-return"
+    assert environment["LPC_RETURN_MODEL"] == str(SHIPPED_RETURN_MODEL.resolve())
+    assert row["releases"] == row["return_curves_in_process"] == count
+    assert row["return_curve_errors"] == row["invalid_return_curves"] == 0
+    assert row["plugin_errors"] == 0
+    assert row["protected_releases"] == row["preemptions"] > 0
+    assert row["return_window_seconds"] > 0
+    assert (row["prefix_cache_hits"], row["evictions"]) != (
+        lru["prefix_cache_hits"],
+        lru["evictions"],
+    ), "the curves changed nothing"
+    REPORT.append(
+        f"scheduler, mooncake, lpc-return: invariants hold; hit ratio "
+        f"{100 * row['hit_ratio']:.3f}% (lru {100 * lru['hit_ratio']:.3f}%), "
+        f"{row['preemptions']} preemptions, W {row['return_window_seconds']:.1f} s at the end"
+    )
+
+
+@pytest.mark.vllm
 def test_one_data_parallel_rank_schedules_as_stock_vllm(vllm_python: Path, tmp_path: Path) -> None:
     """Data parallelism, verified: each rank's engine core builds its own scheduler and KV
     cache, so the plugin runs in each unchanged. Rank 1 of a 2-rank engine, serving its share
@@ -350,13 +397,27 @@ def test_token_runs_round_trip() -> None:
 
 def test_policies_parse_and_refuse() -> None:
     assert [
-        p.label for p in parse_policies("lru,lpc-const,lpc-const=0.7,lpc,lpc-pooled,shadow")
-    ] == ["lru", "lpc-const=0.5", "lpc-const=0.7", "lpc", "lpc-pooled", "shadow"]
+        p.label
+        for p in parse_policies("lru,lpc-const,lpc-const=0.7,lpc,lpc-pooled,lpc-return,shadow")
+    ] == ["lru", "lpc-const=0.5", "lpc-const=0.7", "lpc", "lpc-pooled", "lpc-return", "shadow"]
     with pytest.raises(ValueError, match="unknown policy"):
         parse_policies("lfu")
     with pytest.raises(ValueError, match="takes no value"):
         parse_policies("lpc=0.3")
     assert EngineSettings(kv_tokens=3000, block_size=16).num_blocks == 188
+
+
+def test_lpc_return_is_configured_with_its_return_model() -> None:
+    policy = parse_policies("lpc-return")[0]
+    with pytest.raises(ValueError, match="--return-model"):
+        policy_environment(policy, PolicySettings())
+    settings = PolicySettings(access_model=SHIPPED_ACCESS_MODEL, return_model=SHIPPED_RETURN_MODEL)
+    env, send_probabilities = policy_environment(policy, settings)
+    assert (env["LPC_EVICTOR"], env["LPC_RETURN_MODEL"]) == (
+        "lpc-return",
+        str(SHIPPED_RETURN_MODEL.resolve()),
+    )
+    assert env["LPC_ACCESS_MODEL"] == str(SHIPPED_ACCESS_MODEL.resolve()) and not send_probabilities
 
 
 def test_first_divergence_names_the_step_and_field(tmp_path: Path) -> None:

@@ -29,3 +29,14 @@ def test_lpc_bench_release_rejects_a_size_too_small(capsys) -> None:
     assert "below the smallest request" in capsys.readouterr().err
     assert main(["bench", "release", "--sizes", "1k"]) == 2
     assert "comma-separated token counts" in capsys.readouterr().err
+
+
+def test_lpc_bench_release_times_the_return_time_evictor(capsys) -> None:
+    args = ["bench", "release", "--sizes", "256", "--releases", "20", "--json"]
+    assert main([*args, "--conversations", "4", "--evictor", "lpc-return"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["evictor"] == "lpc-return" and figures["model"] is None
+    assert figures["return_model"].endswith("mooncake-return")
+    assert figures["sizes"][0]["release_for"]["p50_us"] > 0
+    assert main(["bench", "release", "--return-model", "x"]) == 2
+    assert "--return-model is for --evictor lpc-return" in capsys.readouterr().err

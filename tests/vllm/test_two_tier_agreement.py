@@ -11,6 +11,12 @@ samples it) and on the whole bundled Mooncake trace (12,031 requests, GPU 2.5M t
 aside). The whole-trace test takes 18 s here (loading, replay and vLLM driver), the whole file
 66 s with at most 540 MB resident: it fits the vLLM CI step.
 
+The return-time policy too: our replay with `lpc-return-model` in the CPU tier (the shipped
+`models/mooncake-return`'s curve per request) against the manager running
+`LPCReturnCachePolicy`, loaded by name and module path with the LPC plugin registered, each
+request's curve reaching it through the plugin's release: the same CPU hit for every request
+of the Mooncake sample, and the same chunks stored and evicted.
+
 Marked `vllm`: run with `pytest -m vllm tests/vllm` after `bash scripts/setup_vllm_venv.sh`.
 """
 
@@ -20,12 +26,15 @@ import json
 import os
 import subprocess
 import zlib
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from lpc.replay.ab import ReplaySettings
 from lpc.replay.policies import parse_policy
+from lpc.replay.return_sources import load_return_model, model_curves
 from lpc.replay.simulator import PreparedWorkload, prepare
 from lpc.replay.two_tier import RequestTiers, replay_two_tier
 from lpc.traces.load import TraceOptions, load_trace
@@ -38,6 +47,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("two_tier_driver.py")
 GPU_TOKENS = 4000
 CPU_TOKENS = 16_000  # 1,000 chunks: thousands of CPU hits and of CPU evictions
+RETURN_MODEL = REPO_ROOT / "models" / "mooncake-return"
+RETURN_POLICY = "lpc-return-model"
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +81,7 @@ def stream_of(
     by_index = {r.index: r for r in served}
     events: list[list] = []
     bs = workload.block_size
-    for _, kind, i in workload.events:
+    for time_s, kind, i in workload.events:
         tiers = by_index.get(i)
         if tiers is None:
             continue  # the GPU pool could not hold it: no tier saw it
@@ -78,15 +89,36 @@ def stream_of(
         if kind == ARRIVAL:
             keys = [h.hex() for h in request.block_hashes[: request.num_prompt_tokens // bs]]
             events.append(
-                ["arrive", request.request_id, keys, tiers.device_blocks, tiers.max_blocks]
+                ["arrive", request.request_id, keys, tiers.device_blocks, tiers.max_blocks, time_s]
             )
         else:
-            events.append(["finish", request.request_id])
+            events.append(["finish", request.request_id, time_s])
     return {
         "num_chunks": cpu_tokens // bs,
         "store_threshold": threshold,
         "block_size": bs,
         "events": events,
+    }
+
+
+def return_stream(workload: PreparedWorkload) -> dict[str, Any]:
+    """What the driver needs to run `LPCReturnCachePolicy` on `workload`: the plugin's return
+    model, the policy's name and module, each request's conversation and its curve (the ones
+    our replay's `lpc-return-model` reads, `workload.curves["model"]`)."""
+    curves = workload.curves["model"]
+    grid = curves[0].times_s  # type: ignore[union-attr]
+    return {
+        "policy": "LPCReturnCachePolicy",
+        "module_path": "lpc.integrations.vllm_cache_policy",
+        "return_model": str(RETURN_MODEL),
+        "conversations": {r.request_id: r.conversation_id for r in workload.requests},
+        "return_curves": {
+            "grid": grid.tolist(),
+            "survival": {
+                r.request_id: curve.survival.tolist()  # type: ignore[union-attr]
+                for r, curve in zip(workload.requests, curves, strict=True)
+            },
+        },
     }
 
 
@@ -97,18 +129,20 @@ def check_agreement(
     sizes: tuple[int, int],
     threshold: int,
     least: tuple[int, int],
-) -> None:
-    """Replay `workload` through our two tiers (GPU and CPU tokens `sizes`, both LRU) and
+    offload: str = "lru",
+) -> dict[str, Any]:
+    """Replay `workload` through our two tiers (GPU and CPU tokens `sizes`, the GPU LRU, the
+    CPU tier `offload`: `lru`, or `lpc-return-model` against `LPCReturnCachePolicy`) and
     through vLLM's manager; require at least `least` CPU-hit blocks and CPU evictions (so
     the check has teeth), then the same CPU hit for every request and the same chunks stored
-    and evicted."""
+    and evicted. Returns the driver's output."""
     gpu_tokens, cpu_tokens = sizes
     lru = parse_policy("lru")
     served: list[RequestTiers] = []
     ours = replay_two_tier(
         workload,
         lru,
-        lru,
+        parse_policy(offload),
         gpu_tokens,
         cpu_tokens,
         ReplaySettings(),
@@ -117,8 +151,11 @@ def check_agreement(
     )
     bs = workload.block_size
     assert ours.host_hit_tokens >= least[0] * bs and ours.host_evictions >= least[1]
+    stream = stream_of(workload, served, threshold, cpu_tokens)
+    if offload == RETURN_POLICY:
+        stream.update(return_stream(workload))
     path = tmp_path / "stream.json"
-    path.write_text(json.dumps(stream_of(workload, served, threshold, cpu_tokens)))
+    path.write_text(json.dumps(stream))
     done = subprocess.run(
         [str(vllm_python), str(DRIVER), str(path)],
         capture_output=True,
@@ -134,6 +171,8 @@ def check_agreement(
     assert not differing, f"{len(differing)} requests differ, first {differing[:3]}"
     assert vllm["stored"] == ours.host_stored_chunks
     assert vllm["evicted"] == ours.host_evictions
+    vllm["ours"] = ours
+    return vllm
 
 
 @pytest.mark.parametrize("threshold", [0, 2])
@@ -162,3 +201,38 @@ def test_cpu_hits_agree_on_the_whole_mooncake_trace(
     """12,031 requests; GPU 2.5M and CPU 8M tokens: 46,127 CPU-hit blocks, 184,199 chunks
     evicted."""
     check_agreement(mooncake, vllm_python, tmp_path, (2_500_000, 8_000_000), 0, (40_000, 150_000))
+
+
+@pytest.fixture(scope="module")
+def mooncake_sample_curves(mooncake_sample: PreparedWorkload) -> PreparedWorkload:
+    """The sample with the shipped return-time model's curve per request, as `lpc ab`'s
+    `lpc-return-model` computes them (one batched pass, each from what an engine knows at
+    the release)."""
+    curves = model_curves(load_return_model(RETURN_MODEL), mooncake_sample.requests)
+    return replace(mooncake_sample, curves={"model": curves})
+
+
+@pytest.mark.parametrize("threshold", [0, 2])
+def test_the_return_time_policy_agrees_on_a_mooncake_sample(
+    mooncake_sample_curves: PreparedWorkload, vllm_python: Path, tmp_path: Path, threshold: int
+) -> None:
+    """1,218 requests, GPU 250K and CPU 800K tokens (LRU in the GPU tier): our replay's
+    `lpc-return-model` CPU tier and vLLM's manager running `LPCReturnCachePolicy` give every
+    request the same CPU hit and store and evict the same number of chunks."""
+    sizes = (250_000, 800_000)
+    vllm = check_agreement(
+        mooncake_sample_curves, vllm_python, tmp_path, sizes, threshold, (1000, 1000), RETURN_POLICY
+    )
+    assert vllm["policy_class"] == "LPCReturnCachePolicy"
+    assert vllm["policy_module"] == "lpc.integrations.vllm_cache_policy"
+    assert vllm["plugin_errors"] == 0 and vllm["rekeys"] > 0
+    # The check has teeth: the return-time order is not LRU's on this sample.
+    lru = replay_two_tier(
+        mooncake_sample_curves,
+        parse_policy("lru"),
+        parse_policy("lru"),
+        *sizes,
+        ReplaySettings(),
+        threshold,
+    )
+    assert lru.host_hit_tokens != vllm["ours"].host_hit_tokens

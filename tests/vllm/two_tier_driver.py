@@ -4,37 +4,77 @@
 Run by test_two_tier_agreement.py in the vLLM venv:
 `python tests/vllm/two_tier_driver.py STREAM.json`. The stream holds `num_chunks`,
 `store_threshold`, `block_size` and `events`: `["arrive", id, [hex key, ...], device_blocks,
-max_blocks]` (the prompt's full blocks and the GPU prefix cache's hit) or `["finish", id]`.
-At an arrival: the CPU lookup from the GPU hit on (`lookup`, stopping at the first miss,
-as `_maximal_prefix_lookup`), the load of the hit (`prepare_load`, `complete_load`), then
-the prompt's store (`prepare_store`, `complete_store`); at a finish, `on_request_finished`.
+max_blocks, t]` (the prompt's full blocks and the GPU prefix cache's hit) or
+`["finish", id, t]`. At an arrival: the CPU lookup from the GPU hit on (`lookup`, stopping at
+the first miss, as `_maximal_prefix_lookup`), the load of the hit (`prepare_load`,
+`complete_load`), then the prompt's store (`prepare_store`, `complete_store`); at a finish,
+`on_request_finished`.
+
+The policy is vLLM's `policy` (default `lru`), or one loaded from `module_path`. With
+`return_curves` (`grid` and each request's `survival`) the LPC plugin is registered first,
+with the stream's `return_model`, on a clock that reads each event's time `t`, as an engine
+running `LPCReturnCachePolicy` has it: each request carries its conversation
+(`conversations`) in `kv_transfer_params`, and just before its finish the GPU plugin's release
+of it is recorded with its curve, as `KVCacheManager.free` does one step earlier in vLLM.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
+import numpy as np
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
 
+class EventClock:
+    """The plugin's clock: the time of the event being replayed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def register_plugin(stream: dict, clock: EventClock) -> Any:
+    """The LPC plugin registered on `clock` with the stream's return-time model; its runtime."""
+    from lpc.integrations import vllm_plugin
+    from lpc.integrations.config import PluginConfig
+
+    config = PluginConfig(return_model=stream["return_model"], stats_log_interval_s=0.0)
+    vllm_plugin.register(config, clock=clock)
+    return vllm_plugin.registered_runtime()
+
+
 def main(stream: dict) -> dict:
+    curves = stream.get("return_curves")
+    clock = EventClock()
+    runtime = register_plugin(stream, clock) if curves is not None else None
     manager = CPUOffloadingManager(
         num_chunks=stream["num_chunks"],
         cache_policy=stream.get("policy", "lru"),
+        cache_policy_module_path=stream.get("module_path"),
         store_threshold=stream["store_threshold"],
     )
     block_size = stream["block_size"]
+    conversations: dict[str, str] = stream.get("conversations", {})
     contexts: dict[str, ReqContext] = {}
     host_blocks: dict[str, int] = {}
     stored = evicted = failed = 0
     for event in stream["events"]:
         if event[0] == "finish":
-            manager.on_request_finished(contexts.pop(event[1]))
+            rid = event[1]
+            clock.now = event[2]
+            if runtime is not None:
+                record_gpu_release(runtime, rid, clock.now, conversations[rid], curves)
+            manager.on_request_finished(contexts.pop(rid))
             continue
-        _, rid, hex_keys, device_blocks, max_blocks = event
-        context = ReqContext(req_id=rid)
+        _, rid, hex_keys, device_blocks, max_blocks, clock.now = event
+        params = {"lpc_conversation_id": conversations[rid]} if rid in conversations else None
+        context = ReqContext(req_id=rid, kv_transfer_params=params)
         contexts[rid] = context
         manager.on_new_request(context)
         keys = [make_offload_key(bytes.fromhex(k), 0) for k in hex_keys]
@@ -57,7 +97,34 @@ def main(stream: dict) -> dict:
         stored += len(out.keys_to_store)
         evicted += len(out.evicted_keys)
         manager.complete_store(out.keys_to_store, context)
-    return {"host_blocks": host_blocks, "stored": stored, "evicted": evicted, "failed": failed}
+    result: dict[str, Any] = {
+        "host_blocks": host_blocks,
+        "stored": stored,
+        "evicted": evicted,
+        "failed": failed,
+    }
+    if runtime is not None:
+        policy = manager._policy
+        result.update(
+            policy_class=type(policy).__name__,
+            policy_module=type(policy).__module__,
+            plugin_errors=runtime.stats.plugin_errors,
+            window_s=policy.evictor.window_s,
+            rekeys=policy.evictor.rekeys,
+        )
+    return result
+
+
+def record_gpu_release(runtime: Any, rid: str, now: float, conversation: str, curves: dict) -> None:
+    """What the GPU plugin records when vLLM frees the finished request: its release, with the
+    return curve its in-process model gave (here the replay's curve, so both see the same)."""
+    from eviction.base import Release
+    from predictor.return_curve import ReturnCurve
+
+    grid = np.asarray(curves["grid"], dtype=np.float64)
+    survival = np.asarray(curves["survival"][rid], dtype=np.float64)
+    curve = ReturnCurve.of_valid(grid, survival)
+    runtime.finished.record(rid, Release(now, None, conversation, return_curve=curve))
 
 
 if __name__ == "__main__":

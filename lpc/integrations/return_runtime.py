@@ -1,0 +1,235 @@
+"""The return-time model inside the plugin: a `ReturnCurve` per finished release, in process.
+
+The `lpc-return` evictor (`eviction/return_window.py`) ranks a block by P(its conversation
+comes back within W | silent for a), read off the releasing conversation's return curve.
+`predictor.return_time.ReturnTimePredictor` gives that curve from the same access features
+the in-process access model reads (`predictor.access_features`: the request's `RequestState`
+and its conversation's `ConversationState`), so the plugin computes it where it computes the
+access model's p: in `access_runtime.AccessRuntime`'s release, from the one state it builds
+there (only what the engine knows at the release; no per-token work, no file I/O). One model
+serves both tiers: the GPU plugin's release carries the curve to the free queue and, by
+request id, to the CPU tier's `LPCReturnCachePolicy` (`vllm_cache_policy`).
+
+The configured path (`LPC_RETURN_MODEL`) is an artifact folder of `lpc train-return` or a
+registry folder whose `current` is followed (the daily job's `<registry>-return`). It is
+loaded, checked to declare `predicts: return_time_survival` and probed at start-up; anything
+else stops the plugin with one line naming the setting. Reloads happen off the scheduler
+thread, as the access model's (`AccessRuntime`'s background thread calls
+`check_for_promoted_model` every `LPC_RETURN_MODEL_RELOAD_S`): a promoted model is loaded,
+probed and published with one assignment; one that cannot be used leaves the old one in place,
+counts `return_model_reload_failures` and warns once per state of the folder.
+
+Fail-safe (`curve`): a curve that is not a valid `ReturnCurve`, or an exception while
+computing it, gives no curve — the evictor's fallback score for that release — and is counted
+(`invalid_return_curves`, `return_curve_errors`) with the first of each logged; the release
+goes on. Only checked curves reach the evictor, so its re-keying (`p_return_within` on every
+queued claim) cannot raise inside vLLM's allocation.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lpc.integrations.artifact_folders import (
+    PROBE_REQUEST,
+    UNREADABLE_MTIME,
+    ArtifactPointer,
+    artifact_pointer,
+)
+from lpc.integrations.config import PluginConfig, PluginConfigError
+from lpc.integrations.conversation_table import EMPTY_CONVERSATION
+from lpc.integrations.stats import PluginStats
+from predictor.access_features import ConversationState, RequestState, feature
+from predictor.errors import UserError
+from predictor.return_curve import ReturnCurve
+from predictor.return_time import ReturnTimePredictor
+
+logger = logging.getLogger("vllm.plugins.lpc")
+
+RETURN_EVICTOR = "lpc-return"
+# Survival may rise by this much between grid points and still count as flat
+# (`ReturnCurve`'s own tolerance).
+SURVIVAL_TOLERANCE = 1e-12
+
+
+def curve_problem(curve: object, grid_s: np.ndarray) -> str | None:
+    """Why `curve` cannot key a block (None: it can). A curve on the model's own grid (the
+    object checked at load) has its survival checked here — it starts at 1, never rises, stays
+    finite and >= 0 — in a Python loop over a dozen floats (about a microsecond); any other
+    curve goes through `ReturnCurve`'s full validation."""
+    if type(curve) is not ReturnCurve:
+        return f"not a ReturnCurve but {type(curve).__name__}"
+    if curve.times_s is not grid_s:
+        try:
+            ReturnCurve(curve.times_s, curve.survival)
+        except (ValueError, TypeError) as error:
+            return str(error)
+        return None
+    values = np.asarray(curve.survival, dtype=float).tolist()
+    if len(values) != len(grid_s):
+        return f"{len(values)} survival values for a grid of {len(grid_s)} points"
+    if not abs(values[0] - 1.0) <= 1e-9:
+        return f"survival starts at {values[0]!r}, not 1"
+    previous = values[0]
+    for value in values:
+        if not value <= previous + SURVIVAL_TOLERANCE:  # NaN fails this too
+            return f"survival rises or is not a number ({previous!r} then {value!r})"
+        previous = value
+    if not values[-1] >= -SURVIVAL_TOLERANCE:
+        return f"survival ends below 0 ({values[-1]!r})"
+    return None
+
+
+def load_checked_return(folder: str | Path) -> ReturnTimePredictor:
+    """`ReturnTimePredictor.load`, refusing (ValueError) a model whose curve for a probe
+    request is not a valid `ReturnCurve` (checked in full, its grid included): it would give
+    garbage for every release."""
+    predictor = ReturnTimePredictor.load(folder)
+    with np.errstate(all="ignore"):  # non-finite weights are what the check below is for
+        probe = predictor.curve_one(PROBE_REQUEST, EMPTY_CONVERSATION)
+    try:
+        ReturnCurve(probe.times_s, probe.survival)
+    except ValueError as error:
+        raise ValueError(
+            f"artifact {folder}: its curve for a probe request is not a survival curve "
+            f"({error}; weights not finite?)"
+        ) from None
+    return predictor
+
+
+@dataclass(frozen=True)
+class LoadedReturnModel:
+    """A loaded return-time model, published to the release path with one assignment."""
+
+    predictor: ReturnTimePredictor
+    pointer: ArtifactPointer
+    # Whether it reads a feature whose engine-state form needs token ids (the shared prefix).
+    needs_tokens: bool
+
+    @classmethod
+    def of(cls, predictor: ReturnTimePredictor, pointer: ArtifactPointer) -> LoadedReturnModel:
+        needs = any(feature(n).needs_token_ids for n in predictor.feature_names)
+        return cls(predictor, pointer, needs)
+
+
+@dataclass
+class ReturnModelRuntime:
+    """The loaded return-time model, its reload check and the checked curve of a release."""
+
+    path: Path  # as configured
+    model: LoadedReturnModel
+    stats: PluginStats
+    reload_s: float
+    failed_pointer: ArtifactPointer | None = None
+    _check_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def load(cls, config: PluginConfig, stats: PluginStats) -> ReturnModelRuntime:
+        """Load `config.return_model`; one `PluginConfigError` naming the setting and path."""
+        assert config.return_model is not None
+        path = Path(config.return_model)
+        try:
+            pointer = artifact_pointer(path)
+            predictor = load_checked_return(pointer[0])
+        except (OSError, UserError, ValueError) as error:
+            raise PluginConfigError(
+                f"LPC_RETURN_MODEL (return_model) = {config.return_model!r}: cannot load a "
+                f"return-time model there ({error})"
+            ) from None
+        model = LoadedReturnModel.of(predictor, pointer)
+        return cls(path, model, stats, config.return_model_reload_s)
+
+    @property
+    def needs_tokens(self) -> bool:
+        return self.model.needs_tokens
+
+    # -- the release path ---------------------------------------------------------------------
+    def curve(self, request: RequestState, conversation: ConversationState) -> ReturnCurve | None:
+        """The checked curve of one release; None (the fallback score) when the model raises
+        or its curve is not valid, counted and the first of each logged. Never raises."""
+        model = self.model  # read once: a reload publishes a new one
+        try:
+            curve = model.predictor.curve_one(request, conversation)
+            problem = curve_problem(curve, model.predictor.grid_s)
+        except Exception as error:
+            self.stats.add(return_curve_errors=1)
+            if self.stats.first_time("return curve error"):
+                logger.warning(
+                    "the return-time model cannot give a curve for a release (%r); fallback "
+                    "score (logged once; counted in return_curve_errors)",
+                    error,
+                )
+            return None
+        if problem is not None:
+            self.stats.add(invalid_return_curves=1)
+            if self.stats.first_time("invalid return curve"):
+                logger.warning(
+                    "the return-time model gave a curve that is not a survival curve (%s); "
+                    "fallback score (logged once; counted in invalid_return_curves)",
+                    problem,
+                )
+            return None
+        self.stats.add(return_curves_in_process=1)
+        return curve
+
+    # -- off the scheduler thread -------------------------------------------------------------
+    def check_for_promoted_model(self) -> None:
+        """One reload check, now: swap in a newly promoted model if one has appeared. Never
+        raises: anything wrong with the folder keeps the old model and is counted once per
+        state of the folder (`return_model_reload_failures`)."""
+        with self._check_lock:
+            self._check()
+
+    def _check(self) -> None:
+        try:
+            pointer = artifact_pointer(self.path)
+        except Exception as error:  # gone, or a file where the folder was
+            pointer = (str(self.path), UNREADABLE_MTIME, UNREADABLE_MTIME)
+            if pointer != self.failed_pointer:
+                self._reload_failed(pointer, error)
+            return
+        if pointer == self.model.pointer or pointer == self.failed_pointer:
+            return
+        try:
+            predictor = load_checked_return(pointer[0])
+        except Exception as error:
+            self._reload_failed(pointer, error)
+            return
+        self.model, self.failed_pointer = LoadedReturnModel.of(predictor, pointer), None
+        self.stats.add(return_model_reloads=1)
+        logger.info("return-time model reloaded from %s", pointer[0])
+
+    def _reload_failed(self, pointer: ArtifactPointer, error: BaseException) -> None:
+        self.failed_pointer = pointer
+        self.stats.add(return_model_reload_failures=1)
+        logger.warning(
+            "return-time model %s: cannot load %s, keeping %s (%s)",
+            self.path,
+            pointer[0],
+            self.model.pointer[0],
+            error,
+        )
+
+    def counters(self) -> dict[str, Any]:
+        return {"return_model_path": self.model.pointer[0]}
+
+
+def load_return_runtime(config: PluginConfig, stats: PluginStats) -> ReturnModelRuntime | None:
+    """The in-process return-time model `config` names, or None when none is named. The
+    `lpc-return` evictor without one is refused (it would key every block at its fallback
+    score: a slower LRU)."""
+    if config.return_model is None:
+        if config.evictor == RETURN_EVICTOR:
+            raise PluginConfigError(
+                f"LPC_EVICTOR (evictor) = {RETURN_EVICTOR!r} needs a return-time model: set "
+                "LPC_RETURN_MODEL (return_model) to an artifact folder of `lpc train-return` "
+                "or to a registry folder (the daily job's <registry>-return)"
+            )
+        return None
+    return ReturnModelRuntime.load(config, stats)
