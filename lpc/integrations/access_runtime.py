@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 from lpc.integrations.artifact_folders import (
     PROBE_REQUEST,
-    UNREADABLE_MTIME,
     ArtifactPointer,
+    PromotionWatch,
     artifact_pointer,
     resolve_artifact,
 )
@@ -126,7 +126,6 @@ class AccessRuntime:
     table: ConversationTable
     stats: PluginStats
     reload_s: float
-    failed_pointer: ArtifactPointer | None = None
     returns: ReturnModelRuntime | None = None  # the return-time model, if one is loaded
     started_horizon_s: float | None = None  # the first model's: the evictor's horizon
     # vLLM's hash block size (tokens per entry of `Request.block_hashes`), learned from the
@@ -140,6 +139,11 @@ class AccessRuntime:
 
     def __post_init__(self) -> None:
         self.started_horizon_s = self.horizon_s
+        self._watch = (
+            None
+            if self.path is None
+            else PromotionWatch(self.path, "access model", "access_model_reload_failures")
+        )
 
     @classmethod
     def load(
@@ -258,22 +262,12 @@ class AccessRuntime:
 
     def _check(self) -> None:
         current = self.model
-        if current is None or self.path is None:
+        if current is None or self._watch is None:
             return  # no access model: nothing to reload
-        try:
-            pointer = artifact_pointer(self.path)
-        except Exception as error:  # gone, or a file where the folder was
-            pointer = (str(self.path), UNREADABLE_MTIME, UNREADABLE_MTIME)
-            if pointer != self.failed_pointer:
-                self._reload_failed(pointer, error)
+        promoted = self._watch.poll(current.pointer, load_checked, self.stats)
+        if promoted is None:
             return
-        if pointer == current.pointer or pointer == self.failed_pointer:
-            return
-        try:
-            predictor = load_checked(pointer[0])
-        except Exception as error:
-            self._reload_failed(pointer, error)
-            return
+        pointer, predictor = promoted
         horizon_s = _positive(predictor.horizon_s)
         if horizon_s != self.started_horizon_s:
             logger.warning(
@@ -283,20 +277,9 @@ class AccessRuntime:
                 horizon_s,
                 self.started_horizon_s,
             )
-        self.model, self.failed_pointer = LoadedModel.of(predictor, pointer), None
+        self.model = LoadedModel.of(predictor, pointer)
         self.stats.add(access_model_reloads=1)
         logger.info("access model reloaded from %s", pointer[0])
-
-    def _reload_failed(self, pointer: ArtifactPointer, error: BaseException) -> None:
-        self.failed_pointer = pointer
-        self.stats.add(access_model_reload_failures=1)
-        logger.warning(
-            "access model %s: cannot load %s, keeping %s (%s)",
-            self.path,
-            pointer[0],
-            self.pointer[0],
-            error,
-        )
 
     # -- the release path -------------------------------------------------------------------
     def predict_release(

@@ -8,10 +8,18 @@ A configured path is an artifact folder or a registry folder whose `current` lin
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
+from lpc.integrations.stats import PluginStats
 from predictor.access_features import RequestState
 from predictor.artifact import METADATA_FILE, WEIGHTS_FILE
+
+logger = logging.getLogger("vllm.plugins.lpc")
+Model = TypeVar("Model")
 
 # (resolved folder, metadata mtime in ns, weights mtime in ns): a change of either file, e.g.
 # a folder overwritten in place, is looked at (and a half-copied one retried once complete).
@@ -34,3 +42,58 @@ def artifact_pointer(path: Path) -> ArtifactPointer:
     folder = resolve_artifact(path)
     metadata_ns = (folder / METADATA_FILE).stat().st_mtime_ns
     return str(folder), metadata_ns, (folder / WEIGHTS_FILE).stat().st_mtime_ns
+
+
+@dataclass
+class PromotionWatch:
+    """The background reload check both in-process models share: has the configured folder
+    moved on from the loaded artifact, and does the new one load? A failure keeps the old
+    model, is counted (`failures_counter`) and logged once per state of the folder
+    (`failed_pointer`), so a broken promotion is not retried until the folder changes."""
+
+    path: Path  # as configured
+    what: str  # "access model", "return-time model": the log lines' subject
+    failures_counter: str  # the `PluginStats` counter of failed reloads
+    failed_pointer: ArtifactPointer | None = None
+
+    def poll(
+        self,
+        loaded: ArtifactPointer,
+        load: Callable[[str], Model],
+        stats: PluginStats,
+    ) -> tuple[ArtifactPointer, Model] | None:
+        """The newly promoted artifact and its model, or None (unchanged, or it failed)."""
+        try:
+            pointer = artifact_pointer(self.path)
+        except Exception as error:  # gone, or a file where the folder was
+            pointer = (str(self.path), UNREADABLE_MTIME, UNREADABLE_MTIME)
+            if pointer != self.failed_pointer:
+                self._failed(pointer, loaded, error, stats)
+            return None
+        if pointer == loaded or pointer == self.failed_pointer:
+            return None
+        try:
+            model = load(pointer[0])
+        except Exception as error:
+            self._failed(pointer, loaded, error, stats)
+            return None
+        self.failed_pointer = None
+        return pointer, model
+
+    def _failed(
+        self,
+        pointer: ArtifactPointer,
+        loaded: ArtifactPointer,
+        error: BaseException,
+        stats: PluginStats,
+    ) -> None:
+        self.failed_pointer = pointer
+        stats.add(**{self.failures_counter: 1})
+        logger.warning(
+            "%s %s: cannot load %s, keeping %s (%s)",
+            self.what,
+            self.path,
+            pointer[0],
+            loaded[0],
+            error,
+        )

@@ -38,8 +38,8 @@ import numpy as np
 
 from lpc.integrations.artifact_folders import (
     PROBE_REQUEST,
-    UNREADABLE_MTIME,
     ArtifactPointer,
+    PromotionWatch,
     artifact_pointer,
 )
 from lpc.integrations.config import PluginConfig, PluginConfigError
@@ -126,8 +126,10 @@ class ReturnModelRuntime:
     model: LoadedReturnModel
     stats: PluginStats
     reload_s: float
-    failed_pointer: ArtifactPointer | None = None
     _check_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self._watch = PromotionWatch(self.path, "return-time model", "return_model_reload_failures")
 
     @classmethod
     def load(cls, config: PluginConfig, stats: PluginStats) -> ReturnModelRuntime:
@@ -187,34 +189,13 @@ class ReturnModelRuntime:
             self._check()
 
     def _check(self) -> None:
-        try:
-            pointer = artifact_pointer(self.path)
-        except Exception as error:  # gone, or a file where the folder was
-            pointer = (str(self.path), UNREADABLE_MTIME, UNREADABLE_MTIME)
-            if pointer != self.failed_pointer:
-                self._reload_failed(pointer, error)
+        promoted = self._watch.poll(self.model.pointer, load_checked_return, self.stats)
+        if promoted is None:
             return
-        if pointer == self.model.pointer or pointer == self.failed_pointer:
-            return
-        try:
-            predictor = load_checked_return(pointer[0])
-        except Exception as error:
-            self._reload_failed(pointer, error)
-            return
-        self.model, self.failed_pointer = LoadedReturnModel.of(predictor, pointer), None
+        pointer, predictor = promoted
+        self.model = LoadedReturnModel.of(predictor, pointer)
         self.stats.add(return_model_reloads=1)
         logger.info("return-time model reloaded from %s", pointer[0])
-
-    def _reload_failed(self, pointer: ArtifactPointer, error: BaseException) -> None:
-        self.failed_pointer = pointer
-        self.stats.add(return_model_reload_failures=1)
-        logger.warning(
-            "return-time model %s: cannot load %s, keeping %s (%s)",
-            self.path,
-            pointer[0],
-            self.model.pointer[0],
-            error,
-        )
 
     def counters(self) -> dict[str, Any]:
         return {"return_model_path": self.model.pointer[0]}
