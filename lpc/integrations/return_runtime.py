@@ -160,22 +160,19 @@ class ReturnModelRuntime:
             curve = model.predictor.curve_one(request, conversation)
             problem = curve_problem(curve, model.predictor.grid_s)
         except Exception as error:
-            self.stats.add(return_curve_errors=1)
-            if self.stats.first_time("return curve error"):
-                logger.warning(
-                    "the return-time model cannot give a curve for a release (%r); fallback "
-                    "score (logged once; counted in return_curve_errors)",
-                    error,
-                )
+            self.stats.fault(
+                "return_curve_errors",
+                "the return-time model cannot give a curve for a release (%r); fallback score",
+                error,
+            )
             return None
         if problem is not None:
-            self.stats.add(invalid_return_curves=1)
-            if self.stats.first_time("invalid return curve"):
-                logger.warning(
-                    "the return-time model gave a curve that is not a survival curve (%s); "
-                    "fallback score (logged once; counted in invalid_return_curves)",
-                    problem,
-                )
+            self.stats.fault(
+                "invalid_return_curves",
+                "the return-time model gave a curve that is not a survival curve (%s); "
+                "fallback score",
+                problem,
+            )
             return None
         self.stats.add(return_curves_in_process=1)
         return curve

@@ -97,6 +97,13 @@ class PluginStats:
             self._logged.add(what)
             return True
 
+    def fault(self, counter: str, message: str, *args: object) -> None:
+        """Count a recurring fault in `counter` and log the first one (`message % args`, a
+        warning that says it is logged once and where the rest are counted)."""
+        self.add(**{counter: 1})
+        if self.first_time(f"fault: {counter}"):
+            logger.warning(f"{message} (logged once; counted in {counter})", *args)
+
     def plugin_error(self, where: str, error: BaseException) -> None:
         """Count an exception the plugin caught in `where`; log the first one of each place
         with its traceback (the caller falls back to stock vLLM's behaviour for the call)."""

@@ -379,14 +379,12 @@ class PluginRuntime:
             if access.model is not None:
                 self._access_prediction_error(request, error)
             if access.returns is not None:
-                self.stats.add(return_curve_errors=1)
-                if self.stats.first_time("return curve error"):
-                    logger.warning(
-                        "request %s: the return-time model cannot read it (%r); fallback "
-                        "score (logged once; counted in return_curve_errors)",
-                        request.request_id,
-                        error,
-                    )
+                self.stats.fault(
+                    "return_curve_errors",
+                    "request %s: the return-time model cannot read it (%r); fallback score",
+                    request.request_id,
+                    error,
+                )
             return None, None
         if access.model is None:
             return None, outcome.curve
@@ -401,14 +399,12 @@ class PluginRuntime:
         return float(probability), outcome.curve  # type: ignore[arg-type]
 
     def _access_prediction_error(self, request: Any, error: BaseException) -> None:
-        self.stats.add(access_prediction_errors=1)
-        if self.stats.first_time("access prediction error"):
-            logger.warning(
-                "request %s: the access model cannot predict it (%r); fallback p (logged "
-                "once; counted in access_prediction_errors)",
-                request.request_id,
-                error,
-            )
+        self.stats.fault(
+            "access_prediction_errors",
+            "request %s: the access model cannot predict it (%r); fallback p",
+            request.request_id,
+            error,
+        )
 
     def hold_for_deferred_free(self, blocks: list[Any], release: Release) -> None:
         """Blocks popped for a deferred free: remember their release until they are freed."""
