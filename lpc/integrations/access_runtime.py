@@ -47,8 +47,9 @@ from typing import TYPE_CHECKING, Any
 from lpc.integrations.artifact_folders import (
     PROBE_REQUEST,
     ArtifactPointer,
+    LoadedArtifact,
     PromotionWatch,
-    artifact_pointer,
+    load_configured,
     resolve_artifact,
 )
 from lpc.integrations.config import PluginConfig, PluginConfigError
@@ -59,7 +60,7 @@ from lpc.integrations.conversation_table import (
     shared_prefix,
 )
 from lpc.integrations.stats import PluginStats, is_probability
-from predictor.access_features import RequestState, feature
+from predictor.access_features import RequestState
 from predictor.access_predictor import AccessPredictor
 from predictor.artifact import read_metadata
 from predictor.errors import UserError
@@ -88,21 +89,8 @@ def request_tokens(request: Any) -> Any:
     return prompt if isinstance(prompt, list) else request.all_token_ids
 
 
-@dataclass(frozen=True)
-class LoadedModel:
-    """A loaded access model and what the release path needs to know about it, published to
-    the release path with one assignment."""
-
-    predictor: AccessPredictor
-    pointer: ArtifactPointer
-    # Whether it reads a feature whose engine-state form needs token ids (the shared prefix),
-    # as its registry record says.
-    needs_tokens: bool
-
-    @classmethod
-    def of(cls, predictor: AccessPredictor, pointer: ArtifactPointer) -> LoadedModel:
-        needs = any(feature(n).needs_token_ids for n in predictor.feature_names)
-        return cls(predictor, pointer, needs)
+# The loaded access model, published to the release path with one assignment.
+LoadedModel = LoadedArtifact[AccessPredictor]
 
 
 @dataclass(slots=True)
@@ -159,15 +147,12 @@ class AccessRuntime:
         if with_access_model:
             assert config.access_model is not None
             path = Path(config.access_model)
-            try:
-                pointer = artifact_pointer(path)
-                predictor = load_checked(pointer[0])
-            except (OSError, UserError, ValueError) as error:
-                raise PluginConfigError(
-                    f"LPC_ACCESS_MODEL (access_model) = {config.access_model!r}: cannot load "
-                    f"an access-only model there ({error})"
-                ) from None
-            model = LoadedModel.of(predictor, pointer)
+            model = load_configured(
+                config.access_model,
+                "LPC_ACCESS_MODEL (access_model)",
+                "an access-only model",
+                load_checked,
+            )
         table = ConversationTable(
             config.conversation_table_size,
             config.conversation_expiry_s,

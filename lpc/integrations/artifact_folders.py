@@ -9,17 +9,29 @@ A configured path is an artifact folder or a registry folder whose `current` lin
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Generic, Protocol, TypeVar
 
+from lpc.integrations.config import PluginConfigError
 from lpc.integrations.stats import PluginStats
-from predictor.access_features import RequestState
+from predictor.access_features import RequestState, feature
 from predictor.artifact import METADATA_FILE, WEIGHTS_FILE
+from predictor.errors import UserError
 
 logger = logging.getLogger("vllm.plugins.lpc")
 Model = TypeVar("Model")
+
+
+class FeatureReader(Protocol):
+    """A model that reads named access features (the access and the return-time model)."""
+
+    @property
+    def feature_names(self) -> Sequence[str]: ...
+
+
+Predictor = TypeVar("Predictor", bound=FeatureReader)
 
 # (resolved folder, metadata mtime in ns, weights mtime in ns): a change of either file, e.g.
 # a folder overwritten in place, is looked at (and a half-copied one retried once complete).
@@ -97,3 +109,34 @@ class PromotionWatch:
             loaded[0],
             error,
         )
+
+
+@dataclass(frozen=True)
+class LoadedArtifact(Generic[Predictor]):
+    """A loaded in-process model and what the release path needs to know about it, published
+    to the release path with one assignment."""
+
+    predictor: Predictor
+    pointer: ArtifactPointer
+    # Whether it reads a feature whose engine-state form needs token ids (the shared prefix).
+    needs_tokens: bool
+
+    @classmethod
+    def of(cls, predictor: Predictor, pointer: ArtifactPointer) -> LoadedArtifact[Predictor]:
+        needs = any(feature(n).needs_token_ids for n in predictor.feature_names)
+        return cls(predictor, pointer, needs)
+
+
+def load_configured(
+    value: str, setting: str, what: str, load: Callable[[str], Predictor]
+) -> LoadedArtifact[Predictor]:
+    """The model a setting names (an artifact or a registry folder), loaded when the plugin
+    starts; anything wrong is one `PluginConfigError` naming the setting, its value and the
+    cause (`setting`: "LPC_ACCESS_MODEL (access_model)"; `what`: "an access-only model")."""
+    try:
+        pointer = artifact_pointer(Path(value))
+        return LoadedArtifact.of(load(pointer[0]), pointer)
+    except (OSError, UserError, ValueError) as error:
+        raise PluginConfigError(
+            f"{setting} = {value!r}: cannot load {what} there ({error})"
+        ) from None

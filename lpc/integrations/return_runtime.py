@@ -38,15 +38,14 @@ import numpy as np
 
 from lpc.integrations.artifact_folders import (
     PROBE_REQUEST,
-    ArtifactPointer,
+    LoadedArtifact,
     PromotionWatch,
-    artifact_pointer,
+    load_configured,
 )
 from lpc.integrations.config import PluginConfig, PluginConfigError
 from lpc.integrations.conversation_table import EMPTY_CONVERSATION
 from lpc.integrations.stats import PluginStats
-from predictor.access_features import ConversationState, RequestState, feature
-from predictor.errors import UserError
+from predictor.access_features import ConversationState, RequestState
 from predictor.return_curve import ReturnCurve
 from predictor.return_time import ReturnTimePredictor
 
@@ -103,19 +102,8 @@ def load_checked_return(folder: str | Path) -> ReturnTimePredictor:
     return predictor
 
 
-@dataclass(frozen=True)
-class LoadedReturnModel:
-    """A loaded return-time model, published to the release path with one assignment."""
-
-    predictor: ReturnTimePredictor
-    pointer: ArtifactPointer
-    # Whether it reads a feature whose engine-state form needs token ids (the shared prefix).
-    needs_tokens: bool
-
-    @classmethod
-    def of(cls, predictor: ReturnTimePredictor, pointer: ArtifactPointer) -> LoadedReturnModel:
-        needs = any(feature(n).needs_token_ids for n in predictor.feature_names)
-        return cls(predictor, pointer, needs)
+# The loaded return-time model, published to the release path with one assignment.
+LoadedReturnModel = LoadedArtifact[ReturnTimePredictor]
 
 
 @dataclass
@@ -135,17 +123,13 @@ class ReturnModelRuntime:
     def load(cls, config: PluginConfig, stats: PluginStats) -> ReturnModelRuntime:
         """Load `config.return_model`; one `PluginConfigError` naming the setting and path."""
         assert config.return_model is not None
-        path = Path(config.return_model)
-        try:
-            pointer = artifact_pointer(path)
-            predictor = load_checked_return(pointer[0])
-        except (OSError, UserError, ValueError) as error:
-            raise PluginConfigError(
-                f"LPC_RETURN_MODEL (return_model) = {config.return_model!r}: cannot load a "
-                f"return-time model there ({error})"
-            ) from None
-        model = LoadedReturnModel.of(predictor, pointer)
-        return cls(path, model, stats, config.return_model_reload_s)
+        model = load_configured(
+            config.return_model,
+            "LPC_RETURN_MODEL (return_model)",
+            "a return-time model",
+            load_checked_return,
+        )
+        return cls(Path(config.return_model), model, stats, config.return_model_reload_s)
 
     @property
     def needs_tokens(self) -> bool:

@@ -334,10 +334,10 @@ def test_the_release_path_does_no_file_io(tmp_path: Path, monkeypatch: pytest.Mo
     """However long the engine runs, a release never looks at the model folder: only the
     background thread (or an explicit check) does."""
     runtime, _, stats = registry_runtime(tmp_path)
-    from lpc.integrations import access_runtime
+    from lpc.integrations import access_runtime, artifact_folders
 
     looked = []
-    monkeypatch.setattr(access_runtime, "artifact_pointer", lambda path: looked.append(path))
+    monkeypatch.setattr(artifact_folders, "artifact_pointer", lambda path: looked.append(path))
     monkeypatch.setattr(access_runtime, "load_checked", lambda folder: looked.append(folder))
     times = iter(range(0, 10**6, 100))
     runtime.wall_clock = lambda: float(next(times))
