@@ -31,9 +31,11 @@ CURVES = [
 ]
 
 
-class EagerPolicy(EvictorCachePolicy):
+class Eager:
     """Each chunk goes to the evictor in the call that makes it evictable (the policy before
-    batching)."""
+    batching); mixed into a policy class."""
+
+    _pending: list[Any]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -41,29 +43,20 @@ class EagerPolicy(EvictorCachePolicy):
 
     def _mark_now(self, key: Any) -> None:
         self._pending.append(key)
-        self._flush()
+        self._flush()  # type: ignore[attr-defined]
 
     def insert(self, key: Any, chunk: Any, req_context: Any) -> None:
-        super().insert(key, chunk, req_context)
+        super().insert(key, chunk, req_context)  # type: ignore[misc]
         if self._pending:
-            self._flush()
+            self._flush()  # type: ignore[attr-defined]
 
 
-class EagerReturnPolicy(ReturnEvictorCachePolicy):
-    """`EagerPolicy`'s pushes with the return-time policy's releases."""
+class EagerPolicy(Eager, EvictorCachePolicy):
+    """`Eager` pushes with the LPC policies' releases."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.mark_evictable = self._mark_now  # type: ignore[method-assign]
 
-    def _mark_now(self, key: Any) -> None:
-        self._pending.append(key)
-        self._flush()
-
-    def insert(self, key: Any, chunk: Any, req_context: Any) -> None:
-        super().insert(key, chunk, req_context)
-        if self._pending:
-            self._flush()
+class EagerReturnPolicy(Eager, ReturnEvictorCachePolicy):
+    """`Eager` pushes with the return-time policy's releases."""
 
 
 @settings(max_examples=40, deadline=None)
