@@ -144,15 +144,17 @@ def test_the_vllm_plugin_runs_with_the_access_model_in_the_core(core: Path, tmp_
 
     tools = [f"pytest=={pytest.__version__}", f"hypothesis=={hypothesis.__version__}"]
     _timed("pip install pytest", [str(core), "-m", "pip", "install", "--quiet", *tools], tmp_path)
-    # The tests, beside the shipped access model as in the checkout; `lpc` is the installed one.
+    # The tests (all of tests/integrations, since some import helpers from others; only
+    # PLUGIN_TESTS run), beside the shipped access and return-time models as in the
+    # checkout; `lpc` is the installed one.
     work = tmp_path / "work"
     (work / "tests" / "integrations").mkdir(parents=True)
     for name in ("__init__.py", "conftest.py"):
         shutil.copy2(REPO / "tests" / name, work / "tests" / name)
     for path in sorted((REPO / "tests" / "integrations").glob("*.py")):
-        if not path.name.startswith("test_") or path.name in PLUGIN_TESTS:
-            shutil.copy2(path, work / "tests" / "integrations" / path.name)
-    shutil.copytree(REPO / "models" / "mooncake-access", work / "models" / "mooncake-access")
+        shutil.copy2(path, work / "tests" / "integrations" / path.name)
+    for model in ("mooncake-access", "mooncake-return"):
+        shutil.copytree(REPO / "models" / model, work / "models" / model)
     (work / "pytest.ini").write_text(PYTEST_INI)
 
     where = _run([str(core), "-c", "import lpc as package; print(package.__file__)"], work)
