@@ -48,7 +48,10 @@ queued so far, as LRU queues a fresh insert and the GPU plugin a preempted reque
 (`push_protected`: no p used, nothing learned); a running request's `touch` moves only such
 chunks. The final release forgets a provisional chunk's metadata (`RunHeap.forget`) before
 keying it, so the request's p and conversation replace the provisional key instead of pooling
-with it; chunks other requests released keep max pooling.
+with it; chunks other requests released keep max pooling. The two-tier replay runs these two
+classes themselves (`lpc.replay.cache_policy_tier`), called as `CPUOffloadingManager` calls
+them, so that its figures for LPC in the CPU tier are what this tier does in vLLM — checked
+request by request against the real manager (tests/vllm/test_two_tier_agreement.py).
 
 The return-time policy (`LPCReturnCachePolicy`, `ReturnEvictorCachePolicy`). A chunk is worth
 P(its conversation comes back within W | silent since its release), W = 4 × this tier's own
@@ -406,6 +409,28 @@ class EvictorCachePolicy:
             except Exception as error:
                 self._failed("mark_non_evictable", error)
 
+    # -- checks (not vLLM's) -----------------------------------------------------------------
+    def __len__(self) -> int:
+        """Resident chunks."""
+        return len(self._chunks)
+
+    def check_invariants(self) -> None:
+        """The records, vLLM's statuses and the slots agree, and the evictor holds exactly the
+        evictable chunks but those waiting in `_pending` (`_flush` pushes them). Reads only."""
+        chunks = self._chunks
+        assert chunks.keys() == self._status.keys(), "the records and vLLM's statuses differ"
+        assert len(self._key_of) == len(chunks), "a slot is missing its key"
+        assert len(chunks) + len(self._free_slots) == self.cache_capacity, "a slot is lost"
+        for key, record in chunks.items():
+            assert self._key_of[record.slot] == key, f"slot {record.slot} disagrees with its key"
+        if self.degraded:
+            return
+        queued = sum(record.evictable for record in chunks.values())
+        self.evictor.check_invariants()
+        assert len(self.evictor) == queued, (
+            f"the evictor holds {len(self.evictor)} chunks, {queued} are evictable"
+        )
+
     # -- internals --------------------------------------------------------------------------
     def _flush(self) -> None:
         """Hand the pending chunks to the evictor (`mark_evictable`'s deferred part), in call
@@ -748,6 +773,18 @@ def check_return_tier(runtime: PluginRuntime | None) -> None:
         )
 
 
+def cache_policy_class(evictor: str) -> type[EvictorCachePolicy] | None:
+    """The class that runs `evictor` as one of our vLLM CPU-tier policies
+    (`CACHE_POLICY_EVICTORS`), without vLLM's base class: what `vllm_class` builds on and
+    what the two-tier replay runs itself (`lpc.replay.cache_policy_tier`). None when no
+    policy of ours runs that evictor."""
+    if evictor not in CACHE_POLICY_EVICTORS.values():
+        return None
+    if evictor == ReturnWindowEvictor.name:
+        return ReturnEvictorCachePolicy
+    return EvictorCachePolicy
+
+
 @functools.cache
 def vllm_class(name: str) -> type:
     """The subclass of vLLM's `CachePolicy` named `name`, running `EvictorCachePolicy` (or
@@ -758,7 +795,8 @@ def vllm_class(name: str) -> type:
     from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
 
     evictor = CACHE_POLICY_EVICTORS[name]
-    base = ReturnEvictorCachePolicy if evictor == ReturnWindowEvictor.name else EvictorCachePolicy
+    base = cache_policy_class(evictor)
+    assert base is not None, f"{name} names no evictor of ours"
 
     def __init__(self: Any, cache_capacity: int) -> None:
         CachePolicy.__init__(self, cache_capacity)
