@@ -98,13 +98,19 @@ the evictable chunks (reference count 0) once the pending ones are pushed (befor
 reads the order: `EvictorCachePolicy`); each chunk has a slot id for it. `insert` gives the
 chunk a slot and, once the store completes (`mark_evictable`), hands it to the evictor with
 its depth (the key's end-token position: only the order of depths matters) and the storing
-request's release; `mark_non_evictable` (a load pins it) takes it out. `touch` and
+request's release; `mark_non_evictable` (a load pins it) takes it out, and `mark_evictable`
+puts it back. `touch` and
 `on_request_finished` re-release a request's chunks tail first with its release (the finish
 is where the connector reports the whole request: every chunk it stored or reused); a chunk
 keeps its pooling metadata across the re-release, so one another conversation released too
 keeps the larger key (max pooling). `evict(n, protected)` checks first that n
 unprotected chunks are evictable (else `None`, no change: vLLM's atomic contract), takes the
-protected ones out, pops n, and puts the protected ones back with their last release.
+protected ones out, pops n, and puts the protected ones back. A chunk that goes back with
+the release the evictor has seen already (protected, or unpinned with no release since) goes
+back to its place (`LPCEvictor.requeue`: the same key and claim), not as a second release,
+which `lpc-pooled` would OR-pool with itself and record again; the return-time evictor, whose
+keys move with its window and which has no `requeue`, takes the release again (its store-time
+releases are that instant's: the same claim).
 
 The vLLM classes are built on first access (a module `__getattr__`), so this module imports
 vLLM only inside the engine that asks for them; `EvictorCachePolicy` holds the logic and runs
@@ -154,6 +160,10 @@ class _Chunk:
     release: Release
     evictable: bool = False
     provisional: bool = False  # released by a request that has not finished yet
+    # `release` reached the evictor, which keeps its key while the chunk is out (protected
+    # from a store's evictions, or pinned by a load): it goes back with `requeue`, not as a
+    # second release (`_enqueue`).
+    pushed: bool = False
 
 
 def hinted_conversation(kv_hints: Any) -> str | None:
@@ -459,24 +469,40 @@ class EvictorCachePolicy:
             self._failed("mark_evictable", error)
 
     def _enqueue_in_order(self, records: list[_Chunk]) -> None:
-        """Push chunks in the order given, one push per run of equal (release, kind)."""
+        """Push chunks in the order given, one push per run of equal (release, kind); a run of
+        chunks back from a load whose release the evictor has seen goes back to its place
+        (`requeue`, as in `_enqueue`)."""
         evictor = self.evictor
         key_of = self._key_of
+        requeue = getattr(evictor, "requeue", None)
         n = len(records)
         i = 0
         while i < n:
             first = records[i]
+            if requeue is not None and first.pushed:  # back from a load: its place again
+                j = i + 1
+                while j < n and records[j].pushed:
+                    j += 1
+                group = records[i:j]
+                i = j
+                slots = [r.slot for r in group]
+                requeue(FreedBlocks(slots, [r.depth for r in group], [key_of[s] for s in slots]))
+                continue
             release, provisional = first.release, first.provisional
             j = i + 1
             while j < n:
                 other = records[j]
-                if other.provisional is not provisional or (
-                    other.release is not release and other.release != release
+                if (
+                    (requeue is not None and other.pushed)
+                    or other.provisional is not provisional
+                    or (other.release is not release and other.release != release)
                 ):
                     break
                 j += 1
             group = records[i:j]
             i = j
+            for record in group:
+                record.pushed = True
             if provisional:
                 each = getattr(evictor, "push_protected_each", None)
                 single = getattr(evictor, "push_protected", evictor.push_cached)
@@ -563,6 +589,7 @@ class EvictorCachePolicy:
             record = self._chunks.get(key)
             if record is not None and (final or record.provisional):
                 record.release, record.provisional = fallback, not final
+                record.pushed = False
 
     def _failed(
         self, hook: str, error: Exception, fallback: Callable[[], None] | None = None
@@ -596,6 +623,7 @@ class EvictorCachePolicy:
             record = chunks.get(key)
             if record is not None and (final or record.provisional):
                 record.release = release
+                record.pushed = False
                 resident.append(record)
         provisional = not final
         if self.degraded:
@@ -630,13 +658,26 @@ class EvictorCachePolicy:
         """Hand evictable chunks to the evictor tail first, grouped by their release. A
         provisional release queues its chunks as the GPU plugin queues a preempted request's
         (`push_protected`: after every chunk queued so far, LRU's place for a fresh insert,
-        nothing learned from it); a final one is an ordinary release (`push_cached`)."""
+        nothing learned from it); a final one is an ordinary release (`push_cached`). A chunk
+        whose release the evictor has seen already (`_Chunk.pushed`) goes back to the place
+        it left (`requeue`, where the evictor's keys are static: the LPC family); the
+        return-time evictor, whose keys move with its window, takes the release again."""
         if not records:
             return
         if len(records) > 1:
             records = sorted(records, key=_DEPTH, reverse=True)  # stable: ties keep their order
         evictor = self.evictor
         key_of = self._key_of
+        requeue = getattr(evictor, "requeue", None)
+        if requeue is not None and any(r.pushed for r in records):
+            back = [r for r in records if r.pushed]
+            slots = [r.slot for r in back]
+            requeue(FreedBlocks(slots, [r.depth for r in back], [key_of[s] for s in slots]))
+            records = [r for r in records if not r.pushed]
+            if not records:
+                return
+        for record in records:
+            record.pushed = True
         first = records[0]
         release, provisional = first.release, first.provisional
         for record in records:
@@ -709,6 +750,8 @@ class EvictorCachePolicy:
             )
             self.evictor.reset([])
             self.degraded = False
+            for record in self._chunks.values():
+                record.pushed = False  # the new evictor has seen no release
             self._enqueue([r for r in self._chunks.values() if r.evictable])
         except Exception as error:
             self.stats.plugin_error("rebuilding the CPU tier's evictor", error)
