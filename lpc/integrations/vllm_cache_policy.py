@@ -123,7 +123,7 @@ import functools
 import math
 import operator
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -423,6 +423,10 @@ class EvictorCachePolicy:
     def __len__(self) -> int:
         """Resident chunks."""
         return len(self._chunks)
+
+    def __iter__(self) -> Iterator[Any]:
+        """The resident chunks' keys."""
+        return iter(self._chunks)
 
     def check_invariants(self) -> None:
         """The records, vLLM's statuses and the slots agree, and the evictor holds exactly the

@@ -29,7 +29,7 @@ release; a load reads none, so only the offer and the finish set it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,6 +151,10 @@ class CachePolicyTier:
 
     def __contains__(self, block_hash: object) -> bool:
         return self.policy.get(block_hash) is not None
+
+    def __iter__(self) -> Iterator[BlockHash]:
+        """The resident chunks' keys."""
+        return iter(self.policy)
 
     def __len__(self) -> int:
         """Resident chunks."""

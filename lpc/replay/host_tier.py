@@ -56,7 +56,7 @@ evictors have no vLLM class; they run under these rules.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -87,6 +87,8 @@ class CpuTier(Protocol):
     counters: HostCounters
 
     def __contains__(self, block_hash: object) -> bool: ...
+
+    def __iter__(self) -> Iterator[BlockHash]: ...
 
     def __len__(self) -> int: ...
 
@@ -193,6 +195,10 @@ class HostTier:
 
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self._slot_of
+
+    def __iter__(self) -> Iterator[BlockHash]:
+        """The resident chunks' keys."""
+        return iter(self._slot_of)
 
     def __len__(self) -> int:
         """Resident chunks."""

@@ -86,7 +86,7 @@ def test_lookup_continues_the_gpu_hit_and_stops_at_the_first_miss() -> None:
     assert cpu.lookup(a, 0, 5) == 5 and cpu.lookup(a, 2, 5) == 3 and cpu.lookup(a, 2, 4) == 2
     assert cpu.lookup([*a[:2], b"missing", *a[3:]], 0, 5) == 2
     assert cpu.offer("r2", [*a, b"a5"], 1.0) == 1  # write-through: only the new chunk
-    assert cpu.counters.stored_chunks == 6 and len(cpu) == 6
+    assert cpu.counters.stored_chunks == 6 and len(cpu) == 6 and set(cpu) == {*a, b"a5"}
     cpu.check_invariants()
 
 

@@ -34,7 +34,7 @@ def test_stores_are_write_through_and_skip_resident_chunks() -> None:
     a = keys("a", 3)
     assert host.offer("r1", a, 0.0) == 3
     assert host.offer("r2", [*a, b"a3"], 1.0) == 1  # only the new chunk is stored
-    assert host.counters.stored_chunks == 4 and len(host) == 4
+    assert host.counters.stored_chunks == 4 and len(host) == 4 and set(host) == {*a, b"a3"}
     host.check_invariants()
 
 
