@@ -149,7 +149,7 @@ def replay_pair(
             host_blocks = 0
         else:
             device_blocks = allocation.num_hit_tokens // workload.block_size
-            host.load(rid, hashes, device_blocks, host_blocks)
+            host.load(rid, hashes, device_blocks, host_blocks, time_s, request.conversation_id)
             resident = set(host) if variant == "tier-aware" else None
             offered = hashes[: request.num_prompt_tokens // workload.block_size]
             host.offer(rid, offered, time_s, request.conversation_id)

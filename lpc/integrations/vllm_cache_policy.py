@@ -164,6 +164,10 @@ class _Chunk:
     # from a store's evictions, or pinned by a load): it goes back with `requeue`, not as a
     # second release (`_enqueue`).
     pushed: bool = False
+    # What the evictor held for the chunk before a running request's access made it
+    # provisional (`on_request_access`); restored at the final release, which then pools with
+    # it. None: the chunk's only release is provisional (a running request stored it).
+    held: Any = None
 
 
 def hinted_conversation(kv_hints: Any) -> str | None:
@@ -364,7 +368,37 @@ class EvictorCachePolicy:
         self._last_insert = None
 
     def on_request_access(self, keys: Iterable[Any], req_context: Any) -> None:
+        """vLLM's first sight of `keys` for a request (its `prepare_load`, and its
+        `prepare_store` before it evicts): the resident ones are held for the running request
+        as its stores are, provisional (after every chunk queued so far, as vLLM's `lru` ranks
+        a request's accessed chunks with the request), so that the head of its prompt does
+        not go before the tail it stores; what the evictor held for them is kept aside and
+        restored at the final release, which pools with it as before (`_rerelease`). A chunk
+        another running request holds already moves to this one's place."""
         self._last_insert = None
+        chunks = self._chunks
+        keys = [key for key in keys if key in chunks]
+        if not keys:
+            return
+        if self._pending:
+            self._flush()
+        release, final = self._release(req_context, None)
+        if final:  # released by the GPU plugin already: its finish follows in this step
+            return
+        try:
+            metadata = None if self.degraded else getattr(self.evictor, "metadata", None)
+            if metadata is not None:
+                for key in keys:
+                    record = chunks[key]
+                    if not record.provisional:
+                        record.held = metadata(record.slot)
+            for key in keys:
+                chunks[key].provisional = True
+            self._rerelease(keys, release, False)
+        except Exception as error:
+            self._failed(
+                "on_request_access", error, lambda: self._lru_rerelease(keys, release, False)
+            )
 
     def on_request_finished(
         self,
@@ -594,6 +628,8 @@ class EvictorCachePolicy:
             if record is not None and (final or record.provisional):
                 record.release, record.provisional = fallback, not final
                 record.pushed = False
+                if final:
+                    record.held = None
 
     def _failed(
         self, hook: str, error: Exception, fallback: Callable[[], None] | None = None
@@ -633,6 +669,8 @@ class EvictorCachePolicy:
         if self.degraded:
             for record in resident:
                 record.provisional = provisional
+                if final:
+                    record.held = None
             return
         evictor = self.evictor
         remove = evictor.remove
@@ -644,7 +682,11 @@ class EvictorCachePolicy:
                 remove(record.slot)
                 requeued.append(record)
             if forget is not None and record.provisional:
-                forget(record.slot)
+                if record.held is not None:  # held by a running request's access
+                    evictor.restore_metadata(record.slot, record.held)  # type: ignore[attr-defined]
+                    record.held = None
+                else:
+                    forget(record.slot)
             if drop_claim is not None:
                 drop_claim(record.slot, drop)
             record.provisional = provisional

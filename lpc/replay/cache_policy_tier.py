@@ -8,8 +8,9 @@ when it finishes, with its p. Those are the rules of vLLM's `lru` and of
 (`lpc.integrations.vllm_cache_policy`), which were made for vLLM's hook order: a running
 request's stored chunks are provisional (queued after every chunk queued so far, where LRU
 queues a fresh insert, with no p and nothing learned, so they are not lost before the request
-finishes), the resident chunks it reuses keep their keys, and only `on_request_finished`
-releases them all with the request's p. Replayed under `HostTier`'s rules, "LPC in the CPU
+finishes), the resident chunks it reads are held the same way (their keys set aside and
+restored at its finish), and only `on_request_finished` releases them all with the request's
+p. Replayed under `HostTier`'s rules, "LPC in the CPU
 tier" would be a policy vLLM never runs. So here the policy class runs as it does in the
 engine (one class serves the replay and the engine): this module holds what the manager
 owns — the chunk pool and its reference counts, the store threshold's tracker, each request's
@@ -23,8 +24,8 @@ Per request, as the connector's scheduler drives the manager (loads and stores a
 instantaneous here, as in `HostTier`): at its arrival the lookup (`get` from the GPU hit on,
 stopping at the first miss), the load of the hit (`prepare_load` then `complete_load`) and the
 store of the prompt's full chunks (`prepare_store` then `complete_store`); at its end
-`on_request_finished`. The policy reads its clock at an insert, an eviction and a request's
-release; a load reads none, so only the offer and the finish set it.
+`on_request_finished`. The load, the store and the finish set the policy's clock to the
+event's time first.
 """
 
 from __future__ import annotations
@@ -171,13 +172,23 @@ class CachePolicyTier:
             n += 1
         return n
 
-    def load(self, request_id: str, hashes: Sequence[BlockHash], start: int, count: int) -> None:
-        """`prepare_load` + `complete_load` of `count` chunks from `hashes[start]` on: each is
-        pinned (`mark_non_evictable` when nothing else read it), the request's access is
-        recorded, and each is unpinned (`mark_evictable`)."""
+    def load(
+        self,
+        request_id: str,
+        hashes: Sequence[BlockHash],
+        start: int,
+        count: int,
+        now_s: float,
+        conversation_id: str | None = None,
+    ) -> None:
+        """`prepare_load` + `complete_load` at `now_s` of `count` chunks from `hashes[start]`
+        on: each is pinned (`mark_non_evictable` when nothing else read it), the request's
+        access is recorded (`on_request_access`, where the policy holds them for the request),
+        and each is unpinned (`mark_evictable`)."""
         if count == 0:
             return
-        context = self._context(request_id)
+        self.clock.now_s = now_s
+        context = self._context(request_id, conversation_id)
         keys = list(hashes[start : start + count])
         policy = self.policy
         get = policy.get
@@ -211,10 +222,7 @@ class CachePolicyTier:
         self.clock.now_s = now_s
         counters = self.counters
         counters.offered_chunks += len(hashes)
-        context = self._context(request_id)
-        if context.kv_transfer_params is None and conversation_id:
-            # Known from the arrival in the engine; a load before the offer reads no context.
-            context.kv_transfer_params = {"lpc_conversation_id": conversation_id}
+        context = self._context(request_id, conversation_id)
         block_size = self.block_size
         for depth, key in enumerate(hashes):
             context.positions[key] = (depth + 1) * block_size
@@ -305,11 +313,13 @@ class CachePolicyTier:
         )
 
     # -- internals ----------------------------------------------------------------------
-    def _context(self, request_id: str) -> RequestContext:
-        """The request's context, made at its first load or offer (`on_new_request`)."""
+    def _context(self, request_id: str, conversation_id: str | None) -> RequestContext:
+        """The request's context, made at its first load or offer (`on_new_request`), with its
+        conversation in `kv_transfer_params`, as a client that names it sends it."""
         context = self._requests.get(request_id)
         if context is None:
-            context = self._requests[request_id] = RequestContext(request_id)
+            params = {"lpc_conversation_id": conversation_id} if conversation_id else None
+            context = self._requests[request_id] = RequestContext(request_id, params)
         return context
 
     def _record_access(

@@ -95,7 +95,13 @@ class CpuTier(Protocol):
     def lookup(self, hashes: Sequence[BlockHash], start: int, end: int) -> int: ...
 
     def load(
-        self, request_id: str, hashes: Sequence[BlockHash], start: int, count: int
+        self,
+        request_id: str,
+        hashes: Sequence[BlockHash],
+        start: int,
+        count: int,
+        now_s: float,
+        conversation_id: str | None = None,
     ) -> None: ...
 
     def offer(
@@ -215,9 +221,19 @@ class HostTier:
             n += 1
         return n
 
-    def load(self, request_id: str, hashes: Sequence[BlockHash], start: int, count: int) -> None:
-        """Load `count` chunks from `hashes[start]` on into the GPU: they count as reused by
-        the request (vLLM's `prepare_load` records them)."""
+    def load(
+        self,
+        request_id: str,
+        hashes: Sequence[BlockHash],
+        start: int,
+        count: int,
+        now_s: float,
+        conversation_id: str | None = None,
+    ) -> None:
+        """Load `count` chunks from `hashes[start]` on into the GPU at `now_s`: they count as
+        reused by the request (vLLM's `prepare_load` records them). Nothing is released at a
+        load under these rules (the offer that follows releases them), so neither the time nor
+        the request's conversation is read here."""
         access = self._accesses.setdefault(request_id, _Access())
         for depth in range(start, start + count):
             if hashes[depth] not in self._slot_of:

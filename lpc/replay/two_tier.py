@@ -246,7 +246,7 @@ def replay_two_tier(
             device_blocks = host_blocks = 0
         else:
             device_blocks = allocation.num_hit_tokens // block_size
-            host.load(rid, hashes, device_blocks, host_blocks)
+            host.load(rid, hashes, device_blocks, host_blocks, time_s, request.conversation_id)
             before = (host.counters.stored_chunks, host.counters.evictions)
             prompt_blocks = request.num_prompt_tokens // block_size
             host.offer(rid, hashes[:prompt_blocks], time_s, request.conversation_id)

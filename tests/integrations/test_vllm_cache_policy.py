@@ -533,3 +533,40 @@ def test_a_running_requests_protected_store_keeps_its_provisional_place() -> Non
     assert [key for key, _ in policy.evict(1, set(running)) or []] == [b"b0"]
     assert policy.evictor.pooled_key(slot) == before
     policy.check_invariants()
+
+
+# -- a running request holds the chunks it reads -----------------------------------------------
+def test_a_running_request_holds_what_it_reads_and_its_finish_restores_their_pooling() -> None:
+    """`on_request_access` (a load, or a store that finds resident chunks) queues a running
+    request's resident chunks provisionally, as vLLM's lru ranks them with the request: the
+    unlikely prefix it reads outlives a likelier chunk while it runs; at its finish the
+    chunks pool with what they held before (max pooling with the first conversation)."""
+    clock = Clock()
+    policy = EvictorCachePolicy(4, "lpc", clock=clock)
+    prefix = store(policy, "s", 1, request("first", 0.05))
+    clock.now = 1.0
+    likely = store(policy, "l", 1, request("likely", 0.9))
+    before = policy.evictor.pooled_key(policy._chunks[prefix[0]].slot)
+    clock.now = 2.0
+    reader = request("reader", 0.01)
+    policy.on_request_access(prefix, reader)
+    assert [key for key, _ in policy.evict(1, set()) or []] == likely
+    clock.now = 3.0
+    policy.on_request_finished([prefix], set(), set(prefix), reader)
+    assert policy.evictor.pooled_key(policy._chunks[prefix[0]].slot) == before
+    policy.check_invariants()
+
+
+def test_a_fault_while_holding_a_read_chunk_falls_back_to_lru() -> None:
+    stats = PluginStats()
+    clock = Clock()
+    policy = EvictorCachePolicy(4, "lpc", clock=clock, stats=stats)
+    prefix = store(policy, "s", 2, request("first", 0.5))
+    fail_once(policy.evictor, "metadata")
+    clock.now = 1.0
+    policy.on_request_access(prefix, request("reader", 0.5))
+    assert stats.plugin_errors == 1
+    policy.check_invariants()
+    clock.now = 2.0
+    store(policy, "n", 2, request("new", 0.5))
+    assert sorted(k for k, _ in policy.evict(2, set()) or []) == sorted(prefix)

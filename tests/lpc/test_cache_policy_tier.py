@@ -63,19 +63,35 @@ def test_the_finish_orders_chunks_by_the_request_probability() -> None:
     cpu.check_invariants()
 
 
-def test_reused_chunks_keep_their_key_until_the_request_finishes() -> None:
+def test_a_running_request_holds_the_chunks_it_reads_until_it_finishes() -> None:
     cpu = tier(5)
     a = keys("a", 3)
     cpu.offer("r1", a, 0.0, "c1")
     cpu.finish("r1", 1.0, 0.05, "c1")  # a: unlikely to come back
     cpu.offer("r2", [b"x0"], 2.0, "c2")
-    cpu.finish("r2", 2.0, 0.5, "c2")
-    cpu.load("r3", [*a, b"a3"], 0, 3)  # r3 reads a from the CPU tier and runs on
-    assert cpu.offer("r3", [*a, b"a3"], 3.0, "c1") == 1  # a is protected by its own offer
-    cpu.offer("r4", keys("n", 2), 4.0, "c4")  # two evictions while r3 runs
-    # a's tail goes (its key is still r1's), not x0, nor r3's provisional a3.
-    assert [k in cpu for k in a] == [True, False, False]
-    assert b"x0" in cpu and b"a3" in cpu
+    cpu.finish("r2", 2.0, 0.9, "c2")
+    cpu.load("r3", [*a, b"a3"], 0, 3, 3.0, "c1")  # r3 reads a from the CPU tier and runs on
+    assert cpu.offer("r3", [*a, b"a3"], 3.0, "c1") == 1
+    cpu.offer("r4", keys("n", 1), 4.0, "c4")  # one eviction while r3 runs
+    # x0 goes, though likelier than r1's a: r3 holds a (and its own a3) until it finishes, as
+    # vLLM's lru ranks a running request's chunks; the head of its prompt does not go first.
+    assert all(k in cpu for k in [*a, b"a3"]) and b"x0" not in cpu
+    cpu.finish("r3", 5.0, 0.05, "c1")
+    cpu.offer("r5", keys("m", 2), 6.0, "c5")  # now r3's unlikely chain goes, tail first
+    assert [k in cpu for k in [*a, b"a3"]] == [True, True, False, False]
+    cpu.check_invariants()
+
+
+def test_a_held_chunk_pools_its_final_release_with_what_it_held_before() -> None:
+    cpu = tier(4)
+    cpu.offer("r1", [b"s0"], 0.0, "c1")
+    cpu.finish("r1", 1.0, 0.9, "c1")  # a prefix conversation c1 will likely reuse
+    before = cpu.policy.evictor.pooled_key(cpu.policy._chunks[b"s0"].slot)
+    cpu.load("r2", [b"s0", b"y0"], 0, 1, 2.0, "c2")  # another conversation reads it
+    cpu.offer("r2", [b"s0", b"y0"], 2.0, "c2")
+    cpu.finish("r2", 3.0, 0.05, "c2")
+    # Max pooling over c1's and c2's releases, not c2's alone (nor the hold's).
+    assert cpu.policy.evictor.pooled_key(cpu.policy._chunks[b"s0"].slot) == before
     cpu.check_invariants()
 
 
@@ -112,10 +128,10 @@ def test_a_load_requires_resident_chunks() -> None:
     cpu = tier(4)
     a = keys("a", 2)
     cpu.offer("r1", a, 0.0)
-    cpu.load("r2", a, 0, 2)
+    cpu.load("r2", a, 0, 2, 1.0)
     assert cpu.counters.loaded_chunks == 2
     with pytest.raises(KeyError, match="depth 2"):
-        cpu.load("r3", [*a, b"gone"], 0, 3)
+        cpu.load("r3", [*a, b"gone"], 0, 3, 2.0)
 
 
 @pytest.mark.parametrize("evictor", ["lpc", "lpc-pooled"])
@@ -126,7 +142,7 @@ def test_a_random_stream_keeps_the_tier_consistent(evictor: str) -> None:
     for r in range(200):
         prompt = [*keys("s", 2), *keys(f"c{r % 5}-", rng.randint(0, 6))]
         hit = cpu.lookup(prompt, 1, len(prompt))
-        cpu.load(f"r{r}", prompt, 1, hit)
+        cpu.load(f"r{r}", prompt, 1, hit, float(r), f"c{r % 5}")
         cpu.offer(f"r{r}", prompt, float(r), f"c{r % 5}")
         running.append(f"r{r}")
         cpu.check_invariants()

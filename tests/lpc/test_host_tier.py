@@ -107,10 +107,10 @@ def test_load_requires_resident_chunks() -> None:
     host = tier(4)
     a = keys("a", 2)
     host.offer("r1", a, 0.0)
-    host.load("r2", a, 0, 2)
+    host.load("r2", a, 0, 2, 1.0)
     assert host.counters.loaded_chunks == 2
     with pytest.raises(KeyError, match="depth 2"):
-        host.load("r3", [*a, b"gone"], 0, 3)
+        host.load("r3", [*a, b"gone"], 0, 3, 2.0)
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
