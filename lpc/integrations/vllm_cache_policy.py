@@ -46,9 +46,14 @@ A request's release is final once it finished (`on_request_finished`, or a store
 plugin released it). Chunks stored before that are provisional: queued after every chunk
 queued so far, as LRU queues a fresh insert and the GPU plugin a preempted request's blocks
 (`push_protected`: no p used, nothing learned); a running request's `touch` moves only such
-chunks. The final release forgets a provisional chunk's metadata (`RunHeap.forget`) before
-keying it, so the request's p and conversation replace the provisional key instead of pooling
-with it; chunks other requests released keep max pooling. The two-tier replay runs these two
+chunks. The resident chunks a running request reads (vLLM's `on_request_access`: the chunks
+it loads, and those its store finds) are held the same way, as vLLM's `lru` ranks them with
+the request, so the head of its prompt does not go before the tail it stores; what the
+evictor held for them is set aside (`RunHeap.metadata`). The final release forgets a
+provisional chunk's metadata (`RunHeap.forget`), or restores what a held one had
+(`RunHeap.restore_metadata`), before keying it, so the request's p and conversation replace
+the provisional key instead of pooling with it, and pool with the other conversations'
+claims as before (max pooling). The two-tier replay runs these two
 classes themselves (`lpc.replay.cache_policy_tier`), called as `CPUOffloadingManager` calls
 them, so that its figures for LPC in the CPU tier are what this tier does in vLLM — checked
 request by request against the real manager (tests/vllm/test_two_tier_agreement.py).

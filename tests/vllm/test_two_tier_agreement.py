@@ -8,8 +8,8 @@ and without vLLM's store threshold, on a synthetic workload, on a Mooncake sampl
 conversation in 10 of the bundled trace, as tests/integrations/test_vllm_scheduler.py
 samples it) and on the whole bundled Mooncake trace (12,031 requests, GPU 2.5M tokens, CPU
 8M tokens, block size 512 as the trace's; every request counted, no training part kept
-aside). The whole-trace test takes 18 s here (loading, replay and vLLM driver), the whole file
-66 s with at most 540 MB resident: it fits the vLLM CI step.
+aside). The whole-trace test takes 18 s here (loading, replay and vLLM driver); the whole file,
+with the checks of LPC's policies below, 3 min with at most 575 MB resident.
 
 The return-time policy too: our replay with `lpc-return-model` in the CPU tier (the shipped
 `models/mooncake-return`'s curve per request) against the manager running
