@@ -24,6 +24,7 @@ from typing import ClassVar
 
 from eviction.base import FreedBlocks, Release, check_probability
 from eviction.priority import PriorityEvictor
+from eviction.run_heap import Run
 
 DEFAULT_SCALE_PER_S = 1e-2
 DEFAULT_FALLBACK_PROBABILITY = 0.5
@@ -228,6 +229,25 @@ class LPCEvictor(PriorityEvictor):
         )
         for i, block_id in enumerate(freed.block_ids):
             self._remember(keys[i], tags[i], [block_id], [freed.depths[i]])
+
+    def requeue(self, freed: FreedBlocks) -> None:
+        """Queue blocks taken out of the queue (`remove`) again, each with the key and tag its
+        last release gave it, as if it had never left: nothing is released, pooled or learned.
+        A key is static (the module), so it is still the block's place. vLLM's CPU tier
+        (`lpc.integrations.vllm_cache_policy`) puts back so the chunks a store protects and
+        those a load pinned: neither is a release, and pushing the last release again would
+        pool it with itself (`lpc-pooled`: OR pooling raises a shared block's key at every
+        push) and record it again (its trust gate's labels, its hash memory)."""
+        state = self._state
+        keys: list[float] = []
+        tags: list[str | None] = []
+        for block_id in freed.block_ids:
+            ghost = state[block_id]
+            if ghost is None or type(ghost) is Run:
+                raise ValueError(f"block {block_id} is queued or holds no release to go back to")
+            keys.append(ghost.key)
+            tags.append(ghost.tag)
+        self._push_deepest_first(freed, keys, tags)
 
     def pooled_key(self, block_id: int) -> float | None:
         """The block's current static key (None when it holds no pooled metadata)."""

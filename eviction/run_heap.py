@@ -164,6 +164,21 @@ class RunHeap:
         for block_id in block_ids:
             state[block_id] = ghost
 
+    def metadata(self, block_id: int) -> Ghost | None:
+        """A copy of the block's metadata (the key and tag its releases gave it, queued or
+        not; None when it holds none), for `restore_metadata`."""
+        held = self._state[block_id]
+        return None if held is None else Ghost(held.key, held.tag)
+
+    def restore_metadata(self, block_id: int, metadata: Ghost | None) -> None:
+        """Give a block that is not queued the metadata `metadata` held before, so its next
+        release pools with that instead of with what it was given since (vLLM's CPU tier:
+        a running request's provisional hold on a chunk it reads,
+        `lpc.integrations.vllm_cache_policy`)."""
+        if type(self._state[block_id]) is Run:
+            raise ValueError(f"block {block_id} is queued; remove it first")
+        self._state[block_id] = metadata
+
     def forget(self, block_id: int) -> None:
         """Drop the metadata of a block that is not queued (a ghost of its last release), so
         its next release starts afresh: its content changed, or that release was provisional.

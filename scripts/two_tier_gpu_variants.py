@@ -149,12 +149,12 @@ def replay_pair(
             host_blocks = 0
         else:
             device_blocks = allocation.num_hit_tokens // workload.block_size
-            host.load(rid, hashes, device_blocks, host_blocks)
-            resident = set(host._slot_of) if variant == "tier-aware" else None
+            host.load(rid, hashes, device_blocks, host_blocks, time_s, request.conversation_id)
+            resident = set(host) if variant == "tier-aware" else None
             offered = hashes[: request.num_prompt_tokens // workload.block_size]
             host.offer(rid, offered, time_s, request.conversation_id)
             if resident is not None:  # contents the store evicted: their GPU blocks lose δ
-                for gone in resident.difference(host._slot_of):
+                for gone in [key for key in resident if key not in host]:
                     block = gpu._cached.get(gone)
                     for block_id in [block] if isinstance(block, int) else list(block or ()):
                         gpu.evictor.unback(block_id)

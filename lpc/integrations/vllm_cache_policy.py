@@ -46,9 +46,17 @@ A request's release is final once it finished (`on_request_finished`, or a store
 plugin released it). Chunks stored before that are provisional: queued after every chunk
 queued so far, as LRU queues a fresh insert and the GPU plugin a preempted request's blocks
 (`push_protected`: no p used, nothing learned); a running request's `touch` moves only such
-chunks. The final release forgets a provisional chunk's metadata (`RunHeap.forget`) before
-keying it, so the request's p and conversation replace the provisional key instead of pooling
-with it; chunks other requests released keep max pooling.
+chunks. The resident chunks a running request reads (vLLM's `on_request_access`: the chunks
+it loads, and those its store finds) are held the same way, as vLLM's `lru` ranks them with
+the request, so the head of its prompt does not go before the tail it stores; what the
+evictor held for them is set aside (`RunHeap.metadata`). The final release forgets a
+provisional chunk's metadata (`RunHeap.forget`), or restores what a held one had
+(`RunHeap.restore_metadata`), before keying it, so the request's p and conversation replace
+the provisional key instead of pooling with it, and pool with the other conversations'
+claims as before (max pooling). The two-tier replay runs these two
+classes themselves (`lpc.replay.cache_policy_tier`), called as `CPUOffloadingManager` calls
+them, so that its figures for LPC in the CPU tier are what this tier does in vLLM — checked
+request by request against the real manager (tests/vllm/test_two_tier_agreement.py).
 
 The return-time policy (`LPCReturnCachePolicy`, `ReturnEvictorCachePolicy`). A chunk is worth
 P(its conversation comes back within W | silent since its release), W = 4 × this tier's own
@@ -95,13 +103,19 @@ the evictable chunks (reference count 0) once the pending ones are pushed (befor
 reads the order: `EvictorCachePolicy`); each chunk has a slot id for it. `insert` gives the
 chunk a slot and, once the store completes (`mark_evictable`), hands it to the evictor with
 its depth (the key's end-token position: only the order of depths matters) and the storing
-request's release; `mark_non_evictable` (a load pins it) takes it out. `touch` and
+request's release; `mark_non_evictable` (a load pins it) takes it out, and `mark_evictable`
+puts it back. `touch` and
 `on_request_finished` re-release a request's chunks tail first with its release (the finish
 is where the connector reports the whole request: every chunk it stored or reused); a chunk
 keeps its pooling metadata across the re-release, so one another conversation released too
 keeps the larger key (max pooling). `evict(n, protected)` checks first that n
 unprotected chunks are evictable (else `None`, no change: vLLM's atomic contract), takes the
-protected ones out, pops n, and puts the protected ones back with their last release.
+protected ones out, pops n, and puts the protected ones back. A chunk that goes back with
+the release the evictor has seen already (protected, or unpinned with no release since) goes
+back to its place (`LPCEvictor.requeue`: the same key and claim), not as a second release,
+which `lpc-pooled` would OR-pool with itself and record again; the return-time evictor, whose
+keys move with its window and which has no `requeue`, takes the release again (its store-time
+releases are that instant's: the same claim).
 
 The vLLM classes are built on first access (a module `__getattr__`), so this module imports
 vLLM only inside the engine that asks for them; `EvictorCachePolicy` holds the logic and runs
@@ -114,7 +128,7 @@ import functools
 import math
 import operator
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,6 +165,14 @@ class _Chunk:
     release: Release
     evictable: bool = False
     provisional: bool = False  # released by a request that has not finished yet
+    # `release` reached the evictor, which keeps its key while the chunk is out (protected
+    # from a store's evictions, or pinned by a load): it goes back with `requeue`, not as a
+    # second release (`_enqueue`).
+    pushed: bool = False
+    # What the evictor held for the chunk before a running request's access made it
+    # provisional (`on_request_access`); restored at the final release, which then pools with
+    # it. None: the chunk's only release is provisional (a running request stored it).
+    held: Any = None
 
 
 def hinted_conversation(kv_hints: Any) -> str | None:
@@ -351,7 +373,37 @@ class EvictorCachePolicy:
         self._last_insert = None
 
     def on_request_access(self, keys: Iterable[Any], req_context: Any) -> None:
+        """vLLM's first sight of `keys` for a request (its `prepare_load`, and its
+        `prepare_store` before it evicts): the resident ones are held for the running request
+        as its stores are, provisional (after every chunk queued so far, as vLLM's `lru` ranks
+        a request's accessed chunks with the request), so that the head of its prompt does
+        not go before the tail it stores; what the evictor held for them is kept aside and
+        restored at the final release, which pools with it as before (`_rerelease`). A chunk
+        another running request holds already moves to this one's place."""
         self._last_insert = None
+        chunks = self._chunks
+        keys = [key for key in keys if key in chunks]
+        if not keys:
+            return
+        if self._pending:
+            self._flush()
+        release, final = self._release(req_context, None)
+        if final:  # released by the GPU plugin already: its finish follows in this step
+            return
+        try:
+            metadata = None if self.degraded else getattr(self.evictor, "metadata", None)
+            if metadata is not None:
+                for key in keys:
+                    record = chunks[key]
+                    if not record.provisional:
+                        record.held = metadata(record.slot)
+            for key in keys:
+                chunks[key].provisional = True
+            self._rerelease(keys, release, False)
+        except Exception as error:
+            self._failed(
+                "on_request_access", error, lambda: self._lru_rerelease(keys, release, False)
+            )
 
     def on_request_finished(
         self,
@@ -406,6 +458,32 @@ class EvictorCachePolicy:
             except Exception as error:
                 self._failed("mark_non_evictable", error)
 
+    # -- checks (not vLLM's) -----------------------------------------------------------------
+    def __len__(self) -> int:
+        """Resident chunks."""
+        return len(self._chunks)
+
+    def __iter__(self) -> Iterator[Any]:
+        """The resident chunks' keys."""
+        return iter(self._chunks)
+
+    def check_invariants(self) -> None:
+        """The records, vLLM's statuses and the slots agree, and the evictor holds exactly the
+        evictable chunks but those waiting in `_pending` (`_flush` pushes them). Reads only."""
+        chunks = self._chunks
+        assert chunks.keys() == self._status.keys(), "the records and vLLM's statuses differ"
+        assert len(self._key_of) == len(chunks), "a slot is missing its key"
+        assert len(chunks) + len(self._free_slots) == self.cache_capacity, "a slot is lost"
+        for key, record in chunks.items():
+            assert self._key_of[record.slot] == key, f"slot {record.slot} disagrees with its key"
+        if self.degraded:
+            return
+        queued = sum(record.evictable for record in chunks.values())
+        self.evictor.check_invariants()
+        assert len(self.evictor) == queued, (
+            f"the evictor holds {len(self.evictor)} chunks, {queued} are evictable"
+        )
+
     # -- internals --------------------------------------------------------------------------
     def _flush(self) -> None:
         """Hand the pending chunks to the evictor (`mark_evictable`'s deferred part), in call
@@ -434,24 +512,40 @@ class EvictorCachePolicy:
             self._failed("mark_evictable", error)
 
     def _enqueue_in_order(self, records: list[_Chunk]) -> None:
-        """Push chunks in the order given, one push per run of equal (release, kind)."""
+        """Push chunks in the order given, one push per run of equal (release, kind); a run of
+        chunks back from a load whose release the evictor has seen goes back to its place
+        (`requeue`, as in `_enqueue`)."""
         evictor = self.evictor
         key_of = self._key_of
+        requeue = getattr(evictor, "requeue", None)
         n = len(records)
         i = 0
         while i < n:
             first = records[i]
+            if requeue is not None and first.pushed:  # back from a load: its place again
+                j = i + 1
+                while j < n and records[j].pushed:
+                    j += 1
+                group = records[i:j]
+                i = j
+                slots = [r.slot for r in group]
+                requeue(FreedBlocks(slots, [r.depth for r in group], [key_of[s] for s in slots]))
+                continue
             release, provisional = first.release, first.provisional
             j = i + 1
             while j < n:
                 other = records[j]
-                if other.provisional is not provisional or (
-                    other.release is not release and other.release != release
+                if (
+                    (requeue is not None and other.pushed)
+                    or other.provisional is not provisional
+                    or (other.release is not release and other.release != release)
                 ):
                     break
                 j += 1
             group = records[i:j]
             i = j
+            for record in group:
+                record.pushed = True
             if provisional:
                 each = getattr(evictor, "push_protected_each", None)
                 single = getattr(evictor, "push_protected", evictor.push_cached)
@@ -538,6 +632,9 @@ class EvictorCachePolicy:
             record = self._chunks.get(key)
             if record is not None and (final or record.provisional):
                 record.release, record.provisional = fallback, not final
+                record.pushed = False
+                if final:
+                    record.held = None
 
     def _failed(
         self, hook: str, error: Exception, fallback: Callable[[], None] | None = None
@@ -571,11 +668,14 @@ class EvictorCachePolicy:
             record = chunks.get(key)
             if record is not None and (final or record.provisional):
                 record.release = release
+                record.pushed = False
                 resident.append(record)
         provisional = not final
         if self.degraded:
             for record in resident:
                 record.provisional = provisional
+                if final:
+                    record.held = None
             return
         evictor = self.evictor
         remove = evictor.remove
@@ -587,7 +687,11 @@ class EvictorCachePolicy:
                 remove(record.slot)
                 requeued.append(record)
             if forget is not None and record.provisional:
-                forget(record.slot)
+                if record.held is not None:  # held by a running request's access
+                    evictor.restore_metadata(record.slot, record.held)  # type: ignore[attr-defined]
+                    record.held = None
+                else:
+                    forget(record.slot)
             if drop_claim is not None:
                 drop_claim(record.slot, drop)
             record.provisional = provisional
@@ -605,13 +709,26 @@ class EvictorCachePolicy:
         """Hand evictable chunks to the evictor tail first, grouped by their release. A
         provisional release queues its chunks as the GPU plugin queues a preempted request's
         (`push_protected`: after every chunk queued so far, LRU's place for a fresh insert,
-        nothing learned from it); a final one is an ordinary release (`push_cached`)."""
+        nothing learned from it); a final one is an ordinary release (`push_cached`). A chunk
+        whose release the evictor has seen already (`_Chunk.pushed`) goes back to the place
+        it left (`requeue`, where the evictor's keys are static: the LPC family); the
+        return-time evictor, whose keys move with its window, takes the release again."""
         if not records:
             return
         if len(records) > 1:
             records = sorted(records, key=_DEPTH, reverse=True)  # stable: ties keep their order
         evictor = self.evictor
         key_of = self._key_of
+        requeue = getattr(evictor, "requeue", None)
+        if requeue is not None and any(r.pushed for r in records):
+            back = [r for r in records if r.pushed]
+            slots = [r.slot for r in back]
+            requeue(FreedBlocks(slots, [r.depth for r in back], [key_of[s] for s in slots]))
+            records = [r for r in records if not r.pushed]
+            if not records:
+                return
+        for record in records:
+            record.pushed = True
         first = records[0]
         release, provisional = first.release, first.provisional
         for record in records:
@@ -684,6 +801,8 @@ class EvictorCachePolicy:
             )
             self.evictor.reset([])
             self.degraded = False
+            for record in self._chunks.values():
+                record.pushed = False  # the new evictor has seen no release
             self._enqueue([r for r in self._chunks.values() if r.evictable])
         except Exception as error:
             self.stats.plugin_error("rebuilding the CPU tier's evictor", error)
@@ -748,6 +867,18 @@ def check_return_tier(runtime: PluginRuntime | None) -> None:
         )
 
 
+def cache_policy_class(evictor: str) -> type[EvictorCachePolicy] | None:
+    """The class that runs `evictor` as one of our vLLM CPU-tier policies
+    (`CACHE_POLICY_EVICTORS`), without vLLM's base class: what `vllm_class` builds on and
+    what the two-tier replay runs itself (`lpc.replay.cache_policy_tier`). None when no
+    policy of ours runs that evictor."""
+    if evictor not in CACHE_POLICY_EVICTORS.values():
+        return None
+    if evictor == ReturnWindowEvictor.name:
+        return ReturnEvictorCachePolicy
+    return EvictorCachePolicy
+
+
 @functools.cache
 def vllm_class(name: str) -> type:
     """The subclass of vLLM's `CachePolicy` named `name`, running `EvictorCachePolicy` (or
@@ -758,7 +889,8 @@ def vllm_class(name: str) -> type:
     from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
 
     evictor = CACHE_POLICY_EVICTORS[name]
-    base = ReturnEvictorCachePolicy if evictor == ReturnWindowEvictor.name else EvictorCachePolicy
+    base = cache_policy_class(evictor)
+    assert base is not None, f"{name} names no evictor of ours"
 
     def __init__(self: Any, cache_capacity: int) -> None:
         CachePolicy.__init__(self, cache_capacity)

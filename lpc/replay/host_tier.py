@@ -43,13 +43,22 @@ out of the evictor first, which is vLLM's `protected`. The offer's chunks then g
 tail first (the order the GPU block manager frees a sequence in) with the request's
 conversation and no prediction yet, and again when the request finishes, with its predicted
 continuation probability: `on_request_finished` is where vLLM hands a policy the request.
+
+These release rules are vLLM's `lru`'s (its `on_request_access` ranks a request's chunks when
+it first sees them, its `on_request_finished` again) and `LPCReturnCachePolicy`'s (made to
+follow them; both checked against vLLM, tests/vllm/test_two_tier_agreement.py). They are not
+those of `LPCCachePolicy` and `LPCPooledCachePolicy`, which keep a running request's stores
+provisional until it finishes: the replay runs `lpc` and `lpc-pooled` inside those classes
+instead (`cache_policy_tier.CachePolicyTier`, the same interface, `CpuTier`). The other
+evictors have no vLLM class; they run under these rules.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from eviction import Evictor, FreedBlocks, Release
 from eviction.base import ReturnCurveLike
@@ -70,11 +79,91 @@ class HostCounters:
     loaded_chunks: int = 0
 
 
+class CpuTier(Protocol):
+    """What the two-tier replay asks of a CPU tier: `HostTier`, or
+    `cache_policy_tier.CachePolicyTier` for the policies whose vLLM class it runs itself."""
+
+    num_chunks: int
+    counters: HostCounters
+
+    def __contains__(self, block_hash: object) -> bool: ...
+
+    def __iter__(self) -> Iterator[BlockHash]: ...
+
+    def __len__(self) -> int: ...
+
+    def lookup(self, hashes: Sequence[BlockHash], start: int, end: int) -> int: ...
+
+    def load(
+        self,
+        request_id: str,
+        hashes: Sequence[BlockHash],
+        start: int,
+        count: int,
+        now_s: float,
+        conversation_id: str | None = None,
+    ) -> None: ...
+
+    def offer(
+        self,
+        request_id: str,
+        hashes: Sequence[BlockHash],
+        now_s: float,
+        conversation_id: str | None = None,
+    ) -> int: ...
+
+    def finish(
+        self,
+        request_id: str,
+        now_s: float,
+        probability: float | None,
+        conversation_id: str,
+        category: str | None = None,
+        return_curve: ReturnCurveLike | None = None,
+    ) -> None: ...
+
+    def check_invariants(self) -> None: ...
+
+
 @dataclass(slots=True)
 class _Access:
     """The chunks one request stored or reused, by depth in its prompt, for its finish."""
 
     by_depth: dict[int, BlockHash] = field(default_factory=dict)
+
+
+class OfferCounts:
+    """vLLM's store-threshold tracker (`CPUOffloadingManager._record_accesses`): offers per
+    key, oldest first, at most `max_tracker_size` keys."""
+
+    def __init__(self, max_tracker_size: int) -> None:
+        self.max_tracker_size = max_tracker_size
+        self._offers: OrderedDict[BlockHash, int] = OrderedDict()
+
+    def get(self, key: BlockHash) -> int:
+        """How many times `key` was offered (0 once the tracker forgot it)."""
+        return self._offers.get(key, 0)
+
+    def count(self, hashes: Sequence[BlockHash]) -> None:
+        """Count each offered key; a full tracker forgets its oldest key that is not part of
+        this offer."""
+        offers = self._offers
+        protected: set[BlockHash] = set()
+        for h in hashes:
+            if h in offers:
+                offers.move_to_end(h)
+                offers[h] += 1
+                protected.add(h)
+        unprotected = len(offers) - len(protected)
+        for h in hashes:
+            if h in offers:
+                continue
+            if len(offers) >= self.max_tracker_size:
+                if unprotected == 0:
+                    continue
+                offers.popitem(last=False)
+                unprotected -= 1
+            offers[h] = 1
 
 
 class HostTier:
@@ -105,15 +194,17 @@ class HostTier:
         self.counters = HostCounters()
         self._slot_of: dict[BlockHash, int] = {}
         self._hash_of: list[BlockHash | None] = [None] * (num_chunks + 1)
-        # Offers per key, oldest first; only with a threshold of 2 or more, as in vLLM.
-        self._offers: OrderedDict[BlockHash, int] | None = (
-            OrderedDict() if store_threshold >= 2 else None
-        )
+        # Offers per key; only with a threshold of 2 or more, as in vLLM.
+        self._offers = OfferCounts(max_tracker_size) if store_threshold >= 2 else None
         self._accesses: dict[str, _Access] = {}
         evictor.reset(range(1, num_chunks + 1))
 
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self._slot_of
+
+    def __iter__(self) -> Iterator[BlockHash]:
+        """The resident chunks' keys."""
+        return iter(self._slot_of)
 
     def __len__(self) -> int:
         """Resident chunks."""
@@ -130,9 +221,19 @@ class HostTier:
             n += 1
         return n
 
-    def load(self, request_id: str, hashes: Sequence[BlockHash], start: int, count: int) -> None:
-        """Load `count` chunks from `hashes[start]` on into the GPU: they count as reused by
-        the request (vLLM's `prepare_load` records them)."""
+    def load(
+        self,
+        request_id: str,
+        hashes: Sequence[BlockHash],
+        start: int,
+        count: int,
+        now_s: float,
+        conversation_id: str | None = None,
+    ) -> None:
+        """Load `count` chunks from `hashes[start]` on into the GPU at `now_s`: they count as
+        reused by the request (vLLM's `prepare_load` records them). Nothing is released at a
+        load under these rules (the offer that follows releases them), so neither the time nor
+        the request's conversation is read here."""
         access = self._accesses.setdefault(request_id, _Access())
         for depth in range(start, start + count):
             if hashes[depth] not in self._slot_of:
@@ -152,7 +253,7 @@ class HostTier:
         counters = self.counters
         counters.offered_chunks += len(hashes)
         if self._offers is not None:
-            self._count_offers(hashes)
+            self._offers.count(hashes)
         slot_of = self._slot_of
         resident: list[int] = []
         seen: set[BlockHash] = set()
@@ -165,7 +266,7 @@ class HostTier:
                 candidates.append(d)
         if self._offers is not None:
             offers, threshold = self._offers, self.store_threshold
-            kept = [d for d in candidates if offers.get(hashes[d], 0) >= threshold]
+            kept = [d for d in candidates if offers.get(hashes[d]) >= threshold]
             counters.skipped_below_threshold += len(candidates) - len(kept)
             candidates = kept
         by_depth = self._accesses.setdefault(request_id, _Access()).by_depth
@@ -241,28 +342,6 @@ class HostTier:
         assert sum(h is not None for h in self._hash_of) == len(self._slot_of)
 
     # -- internals ----------------------------------------------------------------------
-    def _count_offers(self, hashes: Sequence[BlockHash]) -> None:
-        """vLLM's `_record_accesses`: count each offered key; a full tracker forgets its
-        oldest key that is not part of this offer."""
-        offers = self._offers
-        assert offers is not None
-        protected: set[BlockHash] = set()
-        for h in hashes:
-            if h in offers:
-                offers.move_to_end(h)
-                offers[h] += 1
-                protected.add(h)
-        unprotected = len(offers) - len(protected)
-        for h in hashes:
-            if h in offers:
-                continue
-            if len(offers) >= self.max_tracker_size:
-                if unprotected == 0:
-                    continue
-                offers.popitem(last=False)
-                unprotected -= 1
-            offers[h] = 1
-
     def _release(self, hashes: Sequence[BlockHash], depths: list[int], release: Release) -> None:
         if not depths:
             return

@@ -227,19 +227,32 @@ def build_evictor(
     options: Mapping[str, Any] | None = None,
 ) -> Evictor:
     """The spec's evictor; a fitted policy gets its fitted `options` (defaults without)."""
-    if POLICIES[spec.evictor].kind == "fitted":
-        return make_evictor(spec.evictor, num_blocks, **(options or {}))
+    return make_evictor(
+        spec.evictor,
+        num_blocks,
+        **evictor_options(spec, scale_per_s, fallback_probability, future, options),
+    )
+
+
+def evictor_options(
+    spec: PolicySpec,
+    scale_per_s: float,
+    fallback_probability: float,
+    future: FutureUses | None,
+    options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The settings `build_evictor` builds the spec's evictor with; the replay's CPU tier
+    hands the same ones to the vLLM `CachePolicy` that builds its own evictor
+    (`lpc.replay.cache_policy_tier`)."""
+    kind = POLICIES[spec.evictor].kind
+    if kind == "fitted":
+        return dict(options or {})
     if spec.curve_source is not None:  # its own constants (eviction/return_window.py)
-        return make_evictor(spec.evictor, num_blocks)
-    if POLICIES[spec.evictor].kind == "learned":
-        return make_evictor(
-            spec.evictor,
-            num_blocks,
-            scale_per_s=scale_per_s,
-            fallback_probability=fallback_probability,
-        )
-    if POLICIES[spec.evictor].kind == "upper bound":
+        return {}
+    if kind == "learned":
+        return {"scale_per_s": scale_per_s, "fallback_probability": fallback_probability}
+    if kind == "upper bound":
         if future is None:
             raise ValueError(f"{spec.evictor} needs the whole trace's future (an open-loop replay)")
-        return make_evictor(spec.evictor, num_blocks, future=future)
-    return make_evictor(spec.evictor, num_blocks)
+        return {"future": future}
+    return {}

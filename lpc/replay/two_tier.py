@@ -3,7 +3,8 @@
 The GPU tier is the single-tier replay's block manager, unchanged: the same lookups,
 allocations, frees and counters, so its device hits equal `simulator.replay`'s hits for the
 same policy and size. The CPU tier (`host_tier.HostTier`, vLLM 0.33's `OffloadingConnector`
-semantics) sees, per request at its arrival:
+semantics; for `lpc` and `lpc-pooled`, `cache_policy_tier.CachePolicyTier`, their vLLM class
+run as vLLM's manager runs it) sees, per request at its arrival:
 
 1. the GPU lookup's hit of d blocks (capped, like the GPU's, so that the prompt's last token
    is always computed);
@@ -24,11 +25,14 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from eviction import make_evictor
 from lpc.blocks.block_manager import PrefixCacheBlockManager
+from lpc.integrations.vllm_cache_policy import cache_policy_class
 from lpc.replay.ab import ReplaySettings
-from lpc.replay.host_tier import HostTier
+from lpc.replay.cache_policy_tier import CachePolicyTier
+from lpc.replay.host_tier import CpuTier, HostTier
 from lpc.replay.latency import TierLatency, summarise_ttft
-from lpc.replay.policies import PolicySpec, build_evictor
+from lpc.replay.policies import PolicySpec, build_evictor, evictor_options
 from lpc.replay.return_sources import request_curves
 from lpc.replay.simulator import PreparedWorkload, num_blocks_for, request_probabilities
 from lpc.workload import ARRIVAL
@@ -157,18 +161,31 @@ def host_tier(
     offload_tokens: int,
     settings: ReplaySettings,
     store_threshold: int = 0,
-) -> HostTier:
-    """The CPU tier of `offload_tokens` tokens: one chunk per GPU block, `offload_spec`'s
-    evictor (built for the chunks' slot ids 1..n, as the GPU pool's)."""
+) -> CpuTier:
+    """The CPU tier of `offload_tokens` tokens, one chunk per GPU block, ordered by
+    `offload_spec`'s evictor. `lpc` and `lpc-pooled` run inside their vLLM class
+    (`LPCCachePolicy`, `LPCPooledCachePolicy`: `cache_policy_tier.CachePolicyTier`), whose
+    release rules are not `HostTier`'s; every other evictor stands in for vLLM's policy under
+    `HostTier`'s rules (built for the chunks' slot ids 1..n, as the GPU pool's)."""
     num_chunks = num_blocks_for(offload_tokens, workload.block_size) - 1
-    evictor = build_evictor(
+    options = evictor_options(
         offload_spec,
-        num_chunks + 1,
         settings.scale_per_s,
         settings.fallback_probability,
         workload.future,
         settings.policy_options.get(offload_spec.evictor),
     )
+    policy_class = cache_policy_class(offload_spec.evictor)
+    if policy_class is not None and policy_class.provisional_stores:
+        return CachePolicyTier.running(
+            policy_class,
+            num_chunks,
+            offload_spec.evictor,
+            options,
+            workload.block_size,
+            store_threshold,
+        )
+    evictor = make_evictor(offload_spec.evictor, num_chunks + 1, **options)
     return HostTier(num_chunks, evictor, store_threshold)
 
 
@@ -229,7 +246,7 @@ def replay_two_tier(
             device_blocks = host_blocks = 0
         else:
             device_blocks = allocation.num_hit_tokens // block_size
-            host.load(rid, hashes, device_blocks, host_blocks)
+            host.load(rid, hashes, device_blocks, host_blocks, time_s, request.conversation_id)
             before = (host.counters.stored_chunks, host.counters.evictions)
             prompt_blocks = request.num_prompt_tokens // block_size
             host.offer(rid, hashes[:prompt_blocks], time_s, request.conversation_id)

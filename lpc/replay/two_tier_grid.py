@@ -157,7 +157,7 @@ def replay_host_tier(
         offered = hashes[: num_prompt_tokens // block_size]
         for k, host in enumerate(hosts):
             host_blocks = host.lookup(hashes, lookup_blocks, max_blocks)
-            host.load(rid, hashes, device_blocks, host_blocks)
+            host.load(rid, hashes, device_blocks, host_blocks, time_s, request.conversation_id)
             counters = host.counters
             stored, evicted = counters.stored_chunks, counters.evictions
             host.offer(rid, offered, time_s, request.conversation_id)

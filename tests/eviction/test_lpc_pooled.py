@@ -97,6 +97,29 @@ def test_a_conversations_own_release_replaces_its_key() -> None:
     assert evictor.pooled_key(block[0]) == pytest.approx(static_key(0.1, 5.0, 0.01, 1e-6))
 
 
+def test_requeue_puts_a_shared_block_back_with_its_key_and_learns_nothing() -> None:
+    """A block taken out and requeued (vLLM's CPU tier: a store protects it, a load pins it)
+    keeps its OR-pooled key and its place; pushing its last release again would pool that
+    release with itself and raise the key."""
+    evictor = PooledLPCEvictor(8, scale_per_s=0.01, model_min_labels=None)
+    evictor.reset(range(2))  # no uncached block left once both are taken
+    block, other = evictor.pop_n(2)
+    evictor.note_shared_release(_freed([block], [b"h"]), Release(0.0, 0.5, "A"))
+    last = Release(10.0, 0.5, "B")
+    evictor.push_cached(_freed([block], [b"h"]), last)
+    evictor.push_cached(_freed([other], [b"o"]), Release(10.0, 0.7, "C"))
+    key, memory = evictor.pooled_key(block), evictor.memory_size()
+    evictor.remove(block)
+    evictor.requeue(_freed([block], [b"h"]))
+    assert evictor.pooled_key(block) == key and evictor.memory_size() == memory
+    assert evictor.pop_n(1, 20.0) == [other]  # 0.7 is below the block's pooled p (0.74)
+    evictor.remove(block)
+    evictor.push_cached(_freed([block], [b"h"]), last)  # the same release again
+    assert evictor.pooled_key(block) > key
+    with pytest.raises(ValueError, match="queued"):
+        evictor.requeue(_freed([block], [b"h"]))
+
+
 def test_the_memory_recognises_a_shared_prefix_computed_again_after_an_eviction() -> None:
     """Content released by A, evicted, then computed and released by B within the window is
     shared: it takes the floor p_shared (0.5 before any judgement), not B's own low p."""

@@ -472,3 +472,101 @@ def test_any_other_hook_ends_a_run_of_inserts() -> None:
     second = store_running(policy, "b", 2, context)
     evicted = [key for key, _ in policy.evict(4, set()) or []]
     assert evicted == first[::-1] + second[::-1]
+
+
+# -- a protected or pinned chunk goes back to its place -----------------------------------------
+def shared_chunk(policy: EvictorCachePolicy, clock: Clock) -> bytes:
+    """A prefix chunk two conversations released (OR-pooled and shared in `lpc-pooled`)."""
+    prefix = store(policy, "s", 1, request("first", 0.6))
+    clock.now = 5.0
+    store_after(policy, prefix, "y", request("second", 0.6))
+    return prefix[0]
+
+
+@pytest.mark.parametrize("evictor", ["lpc", "lpc-pooled"])
+def test_a_store_that_protects_a_chunk_leaves_its_key(evictor: str) -> None:
+    """`evict(n, protected)` takes the protected chunks out and puts them back as they were,
+    not as a second release of their last request (which `lpc-pooled` would OR-pool with
+    itself, raising a shared chunk's key at every store that protects it)."""
+    clock = Clock()
+    policy = EvictorCachePolicy(8, evictor, clock=clock)
+    key = shared_chunk(policy, clock)
+    slot = policy._chunks[key].slot
+    before = policy.evictor.pooled_key(slot)
+    for i in range(4):
+        clock.now += 1.0
+        store(policy, f"n{i}-", 2, request(f"r{i}", 0.5))
+        assert policy.evict(1, {key}) is not None
+    assert policy.evictor.pooled_key(slot) == before
+    policy.check_invariants()
+
+
+@pytest.mark.parametrize("evictor", ["lpc", "lpc-pooled"])
+def test_a_load_leaves_the_chunks_key(evictor: str) -> None:
+    """A load pins a chunk (out of the evictor) and unpins it: it goes back to its place."""
+    clock = Clock()
+    policy = EvictorCachePolicy(8, evictor, clock=clock)
+    key = shared_chunk(policy, clock)
+    slot = policy._chunks[key].slot
+    before = policy.evictor.pooled_key(slot)
+    for i in range(4):
+        clock.now += 1.0
+        policy.get(key).ref_cnt = 1
+        policy.mark_non_evictable(key)
+        policy.get(key).ref_cnt = 0
+        policy.mark_evictable(key)
+        store(policy, f"n{i}-", 1, request(f"r{i}", 0.5))  # its finish pushes the unpinned chunk
+    assert policy.evictor.pooled_key(slot) == before
+    policy.check_invariants()
+
+
+def test_a_running_requests_protected_store_keeps_its_provisional_place() -> None:
+    """A provisional chunk a later store protects goes back with its own protected key, not
+    one raised by the likelier releases since (as LRU keeps a running request's rank)."""
+    clock = Clock()
+    policy = EvictorCachePolicy(8, "lpc", clock=clock)
+    running = store_running(policy, "a", 1, request("running", 0.5))
+    clock.now = 1.0
+    store(policy, "b", 1, request("likely", 0.99))  # pushes both; raises the highest logit
+    slot = policy._chunks[running[0]].slot
+    before = policy.evictor.pooled_key(slot)
+    assert [key for key, _ in policy.evict(1, set(running)) or []] == [b"b0"]
+    assert policy.evictor.pooled_key(slot) == before
+    policy.check_invariants()
+
+
+# -- a running request holds the chunks it reads -----------------------------------------------
+def test_a_running_request_holds_what_it_reads_and_its_finish_restores_their_pooling() -> None:
+    """`on_request_access` (a load, or a store that finds resident chunks) queues a running
+    request's resident chunks provisionally, as vLLM's lru ranks them with the request: the
+    unlikely prefix it reads outlives a likelier chunk while it runs; at its finish the
+    chunks pool with what they held before (max pooling with the first conversation)."""
+    clock = Clock()
+    policy = EvictorCachePolicy(4, "lpc", clock=clock)
+    prefix = store(policy, "s", 1, request("first", 0.05))
+    clock.now = 1.0
+    likely = store(policy, "l", 1, request("likely", 0.9))
+    before = policy.evictor.pooled_key(policy._chunks[prefix[0]].slot)
+    clock.now = 2.0
+    reader = request("reader", 0.01)
+    policy.on_request_access(prefix, reader)
+    assert [key for key, _ in policy.evict(1, set()) or []] == likely
+    clock.now = 3.0
+    policy.on_request_finished([prefix], set(), set(prefix), reader)
+    assert policy.evictor.pooled_key(policy._chunks[prefix[0]].slot) == before
+    policy.check_invariants()
+
+
+def test_a_fault_while_holding_a_read_chunk_falls_back_to_lru() -> None:
+    stats = PluginStats()
+    clock = Clock()
+    policy = EvictorCachePolicy(4, "lpc", clock=clock, stats=stats)
+    prefix = store(policy, "s", 2, request("first", 0.5))
+    fail_once(policy.evictor, "metadata")
+    clock.now = 1.0
+    policy.on_request_access(prefix, request("reader", 0.5))
+    assert stats.plugin_errors == 1
+    policy.check_invariants()
+    clock.now = 2.0
+    store(policy, "n", 2, request("new", 0.5))
+    assert sorted(k for k, _ in policy.evict(2, set()) or []) == sorted(prefix)

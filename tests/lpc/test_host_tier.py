@@ -34,7 +34,7 @@ def test_stores_are_write_through_and_skip_resident_chunks() -> None:
     a = keys("a", 3)
     assert host.offer("r1", a, 0.0) == 3
     assert host.offer("r2", [*a, b"a3"], 1.0) == 1  # only the new chunk is stored
-    assert host.counters.stored_chunks == 4 and len(host) == 4
+    assert host.counters.stored_chunks == 4 and len(host) == 4 and set(host) == {*a, b"a3"}
     host.check_invariants()
 
 
@@ -107,10 +107,10 @@ def test_load_requires_resident_chunks() -> None:
     host = tier(4)
     a = keys("a", 2)
     host.offer("r1", a, 0.0)
-    host.load("r2", a, 0, 2)
+    host.load("r2", a, 0, 2, 1.0)
     assert host.counters.loaded_chunks == 2
     with pytest.raises(KeyError, match="depth 2"):
-        host.load("r3", [*a, b"gone"], 0, 3)
+        host.load("r3", [*a, b"gone"], 0, 3, 2.0)
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))

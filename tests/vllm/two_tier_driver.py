@@ -11,11 +11,13 @@ the first miss, as `_maximal_prefix_lookup`), the load of the hit (`prepare_load
 `on_request_finished`.
 
 The policy is vLLM's `policy` (default `lru`), or one loaded from `module_path`. With
-`return_curves` (`grid` and each request's `survival`) the LPC plugin is registered first,
-with the stream's `return_model`, on a clock that reads each event's time `t`, as an engine
-running `LPCReturnCachePolicy` has it: each request carries its conversation
-(`conversations`) in `kv_transfer_params`, and just before its finish the GPU plugin's release
-of it is recorded with its curve, as `KVCacheManager.free` does one step earlier in vLLM.
+`gpu_releases` the LPC plugin is registered first (with the stream's `return_model`, if any),
+on a clock that reads each event's time `t`, as an engine running LPC's CPU-tier policies has
+it: each request carries its conversation (`conversations`) in `kv_transfer_params`, and just
+before its finish the GPU plugin's release of it is recorded by request id, as
+`KVCacheManager.free` does one step earlier in vLLM, with the request's p
+(`gpu_releases["probabilities"]`, for `LPCCachePolicy` and `LPCPooledCachePolicy`) or its
+return curve (`gpu_releases["grid"]` and `["survival"]`, for `LPCReturnCachePolicy`).
 """
 
 from __future__ import annotations
@@ -40,19 +42,20 @@ class EventClock:
 
 
 def register_plugin(stream: dict, clock: EventClock) -> Any:
-    """The LPC plugin registered on `clock` with the stream's return-time model; its runtime."""
+    """The LPC plugin registered on `clock` with the stream's return-time model, if any; its
+    runtime."""
     from lpc.integrations import vllm_plugin
     from lpc.integrations.config import PluginConfig
 
-    config = PluginConfig(return_model=stream["return_model"], stats_log_interval_s=0.0)
+    config = PluginConfig(return_model=stream.get("return_model"), stats_log_interval_s=0.0)
     vllm_plugin.register(config, clock=clock)
     return vllm_plugin.registered_runtime()
 
 
 def main(stream: dict) -> dict:
-    curves = stream.get("return_curves")
+    releases = stream.get("gpu_releases")
     clock = EventClock()
-    runtime = register_plugin(stream, clock) if curves is not None else None
+    runtime = register_plugin(stream, clock) if releases is not None else None
     manager = CPUOffloadingManager(
         num_chunks=stream["num_chunks"],
         cache_policy=stream.get("policy", "lru"),
@@ -69,7 +72,7 @@ def main(stream: dict) -> dict:
             rid = event[1]
             clock.now = event[2]
             if runtime is not None:
-                record_gpu_release(runtime, rid, clock.now, conversations[rid], curves)
+                record_gpu_release(runtime, rid, clock.now, conversations[rid], releases)
             manager.on_request_finished(contexts.pop(rid))
             continue
         _, rid, hex_keys, device_blocks, max_blocks, clock.now = event
@@ -105,26 +108,34 @@ def main(stream: dict) -> dict:
     }
     if runtime is not None:
         policy = manager._policy
+        evictor = policy.evictor
         result.update(
             policy_class=type(policy).__name__,
             policy_module=type(policy).__module__,
             plugin_errors=runtime.stats.plugin_errors,
-            window_s=policy.evictor.window_s,
-            rekeys=policy.evictor.rekeys,
+            evictor=evictor.name,
+            fallbacks_used=getattr(evictor, "fallbacks_used", None),
         )
+        if hasattr(evictor, "window_s"):
+            result.update(window_s=evictor.window_s, rekeys=evictor.rekeys)
     return result
 
 
-def record_gpu_release(runtime: Any, rid: str, now: float, conversation: str, curves: dict) -> None:
+def record_gpu_release(
+    runtime: Any, rid: str, now: float, conversation: str, releases: dict
+) -> None:
     """What the GPU plugin records when vLLM frees the finished request: its release, with the
-    return curve its in-process model gave (here the replay's curve, so both see the same)."""
+    p or the return curve its in-process model gave (here the replay's, so both see the same)."""
     from eviction.base import Release
     from predictor.return_curve import ReturnCurve
 
-    grid = np.asarray(curves["grid"], dtype=np.float64)
-    survival = np.asarray(curves["survival"][rid], dtype=np.float64)
-    curve = ReturnCurve.of_valid(grid, survival)
-    runtime.finished.record(rid, Release(now, None, conversation, return_curve=curve))
+    curve = None
+    if "survival" in releases:
+        grid = np.asarray(releases["grid"], dtype=np.float64)
+        survival = np.asarray(releases["survival"][rid], dtype=np.float64)
+        curve = ReturnCurve.of_valid(grid, survival)
+    probability = releases.get("probabilities", {}).get(rid)
+    runtime.finished.record(rid, Release(now, probability, conversation, return_curve=curve))
 
 
 if __name__ == "__main__":
