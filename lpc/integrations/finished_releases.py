@@ -41,8 +41,9 @@ class FinishedReleases:
                 self._releases.popitem(last=False)
 
     def get(self, request_id: str) -> Release | None:
-        with self._lock:
-            return self._releases.get(request_id)
+        # No lock: one dict lookup is atomic, and the CPU tier reads this for every chunk it
+        # stores (`vllm_cache_policy.EvictorCachePolicy.insert`).
+        return self._releases.get(request_id)
 
     def __len__(self) -> int:
         return len(self._releases)

@@ -308,8 +308,9 @@ class EvictorCachePolicy:
         self._key_of: dict[int, Any] = {}
         self._free_slots: list[int] = []
         self._pending: list[Any] = []  # keys made evictable, not yet in the evictor
-        # (request context, time, the GPU plugin's release, release, final) of the last insert
-        self._last_insert: tuple[Any, float, Any, Release, bool] | None = None
+        # (request context, time, the GPU plugin's release, release, final, request id) of the
+        # last insert
+        self._last_insert: tuple[Any, float, Any, Release, bool, str] | None = None
         # The two per-chunk hooks, without a Python frame (the class's methods say the same).
         self.get = self._status.get  # type: ignore[method-assign]
         self.mark_evictable = self._pending.append  # type: ignore[method-assign]
@@ -324,14 +325,15 @@ class EvictorCachePolicy:
         if not self._free_slots:
             raise RuntimeError(f"insert beyond the capacity of {self.cache_capacity} chunks")
         slot = self._free_slots.pop()
-        # `_insert_release`, inlined for the common case (the next insert of a run, no GPU
-        # plugin in the process).
+        # `_insert_release`, inlined for the common case (the next insert of a run, the GPU
+        # plugin's release of the request unchanged since its first insert).
         last = self._last_insert
+        finished = self.finished
         if (
             last is not None
             and last[0] is req_context
-            and self.finished is None
             and self._clock() - last[1] <= MAX_INSERT_RUN_S
+            and (finished is None or finished.get(last[5]) is last[2])
         ):
             release, final = last[3], last[4]
         else:
@@ -569,9 +571,10 @@ class EvictorCachePolicy:
         now = self._clock()
         finished = self.finished
         plugin = None
+        rid = str(getattr(req_context, "req_id", ""))
         if finished is not None:
             try:
-                plugin = finished.get(str(getattr(req_context, "req_id", "")))
+                plugin = finished.get(rid)
             except Exception:  # `_release` counts it
                 plugin = None
         last = self._last_insert
@@ -583,7 +586,7 @@ class EvictorCachePolicy:
         ):
             return last[3], last[4]
         release, final = self._release(req_context, None, now)
-        self._last_insert = (req_context, now, plugin, release, final)
+        self._last_insert = (req_context, now, plugin, release, final, rid)
         return release, final
 
     def _release(
