@@ -9,7 +9,16 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+import pytest
+
+from lpc.replay.ab import ReplaySettings
+from lpc.replay.cache_policy_tier import CachePolicyTier
+from lpc.replay.policies import parse_policy
+from lpc.replay.simulator import prepare
+from lpc.replay.two_tier import host_tier, replay_two_tier
 from lpc.replay.vllm_arc_policy import ReplayARCCachePolicy, order_request_keys
+from lpc.workload import WorkloadConfig, open_loop_requests
+from tests.lpc.synthetic import conversations
 
 
 @dataclass
@@ -179,3 +188,50 @@ def test_order_request_keys_sorts_by_position_only_when_every_key_has_one() -> N
     groups = (["c", "a"], ["b"])
     assert order_request_keys(groups, Context({"a": 1, "b": 2, "c": 3})) == ["a", "b", "c"]
     assert order_request_keys(groups, Context({"a": 1, "b": 2})) == ["c", "a", "b"]
+
+
+def test_the_replay_runs_vllm_arc_in_the_cpu_tier_and_refuses_it_in_the_gpu_tier() -> None:
+    convs = conversations(40, seed=4)
+    workload = prepare(open_loop_requests(convs, WorkloadConfig(duration_s=300)), 16, {})
+    settings = ReplaySettings()
+    cpu = host_tier(workload, parse_policy("vllm-arc"), 1600, settings, store_threshold=2)
+    assert isinstance(cpu, CachePolicyTier) and type(cpu.policy) is ReplayARCCachePolicy
+    assert cpu.policy.cache_capacity == cpu.num_chunks == 100 and cpu.store_threshold == 2
+    results = {
+        name: replay_two_tier(
+            workload, parse_policy("lru"), parse_policy(name), 800, 1600, settings
+        )
+        for name in ("vllm-arc", "arc", "lru")
+    }
+    ours = results["vllm-arc"]
+    assert ours.offload_policy == "vllm-arc" and ours.host_hit_tokens > 0
+    assert ours.host_evictions > 0
+    # vLLM's ARC is neither LRU nor the replay's FAST'03 ARC on this workload.
+    assert ours.host_hit_tokens != results["lru"].host_hit_tokens
+    assert ours.host_hit_tokens != results["arc"].host_hit_tokens
+    with pytest.raises(ValueError, match="not a GPU prefix-cache evictor"):
+        replay_two_tier(
+            workload, parse_policy("vllm-arc"), parse_policy("lru"), 800, 1600, settings
+        )
+
+
+def test_a_random_stream_keeps_the_vllm_arc_tier_consistent() -> None:
+    rng = random.Random(5)
+    for threshold in (0, 2):
+        cpu = CachePolicyTier.running_vllm("vllm-arc", 12, 16, threshold)
+        running: list[str] = []
+        for r in range(300):
+            prompt = [f"s{i}".encode() for i in range(2)]
+            prompt += [f"c{r % 5}-{i}".encode() for i in range(rng.randint(0, 6))]
+            hit = cpu.lookup(prompt, 1, len(prompt))
+            cpu.load(f"r{r}", prompt, 1, hit, float(r))
+            cpu.offer(f"r{r}", prompt, float(r))
+            running.append(f"r{r}")
+            cpu.check_invariants()
+            while running and rng.random() < 0.5:
+                rid = running.pop(rng.randrange(len(running)))
+                cpu.finish(rid, r + 0.5, None, rid)
+                cpu.check_invariants()
+        assert set(cpu) == set(cpu.policy.t1) | set(cpu.policy.t2) and len(cpu) == len(set(cpu))
+        assert cpu.policy.t2 and cpu.policy.b1
+        assert cpu.counters.evictions > 0 and cpu.counters.loaded_chunks > 0
