@@ -17,8 +17,9 @@ while its store is in flight, then the number of loads reading it; `is_ready` is
 `ref_cnt >= 0`); the request context is anything with `get_offload_key_position`. Nothing
 here decides differently from vLLM's class; `ReplayARCCachePolicy` only adds what the replay's
 tier reads (the resident keys, their number, the invariants). tests/lpc/test_vllm_arc_policy.py
-checks the contract, tests/vllm/test_two_tier_agreement.py the replay against the real manager
-running vLLM's `arc`, request by request.
+checks the contract; tests/integrations/test_two_tier_agreement_sample.py compares the methods
+with vLLM's source, and it and tests/vllm/test_two_tier_agreement.py the replay with the real
+manager running vLLM's `arc`, request by request.
 
 This is not the replay's `arc` (eviction/arc.py, Megiddo and Modha's ARC, FAST'03), which
 adapts at every access of one key stream and moves a key to T2 on its second access. vLLM's
