@@ -12,7 +12,8 @@ import, about 8 s, paid once).
 - vLLM's built-in policies, CPU 800K tokens, store threshold 0 and 2: `lru` against our `lru`
   (`HostTier`), `arc` against our `vllm-arc` (`lpc.replay.vllm_arc_policy`, vLLM's
   `ARCCachePolicy` transcribed). Teeth: vLLM's `lru` gives 75 and 24 of the 1,215 requests the
-  tiers saw another CPU hit than `arc` (thresholds 0 and 2).
+  GPU pool holds (the 3 others reach neither tier) another CPU hit than `arc` (thresholds 0 and
+  2).
 - LPC's classes, loaded by name and module path with the LPC plugin registered: `lpc` and
   `lpc-pooled` (CPU 200K at threshold 0, 100K at threshold 2, the shipped access model's p)
   and `lpc-return-model` (CPU 800K, thresholds 0 and 2, the shipped return-time model's
@@ -99,8 +100,8 @@ def test_vllm_builtin_policies_agree_on_a_mooncake_sample(
         differing[threshold] = len(arc.differing(vllm[f"lru threshold {threshold}"]["host_blocks"]))
         assert differing[threshold] > 0, f"threshold {threshold}: lru gives arc's CPU hits"
     REPORT.append(
-        f"two-tier agreement, Mooncake sample ({len(checks['lru', 0].served)} requests in the "
-        "tiers): vLLM's lru and arc == our lru and vllm-arc at store thresholds 0 and 2, "
+        f"two-tier agreement, Mooncake sample ({len(checks['lru', 0].served)} requests the GPU "
+        "pool holds): vLLM's lru and arc == our lru and vllm-arc at store thresholds 0 and 2, "
         f"every CPU hit; vLLM's lru differs from arc on {differing[0]} / {differing[2]} requests"
     )
 
