@@ -6,7 +6,7 @@ does on a synthetic workload and on the whole trace, in the vLLM CI step.
 
 It needs vLLM's venv (`.vllm-venv`, or `LPC_VLLM_PYTHON`), which the README's test command
 sets up (`scripts/bootstrap.sh --with-vllm`); without it the tests are skipped, loudly (the
-`vllm_python` fixture). Each test runs all its streams through one driver process (vLLM's
+`vllm_python` fixture, asked for first so that nothing is loaded before the skip). Each test runs all its streams through one driver process (vLLM's
 import, about 8 s, paid once).
 
 - vLLM's built-in policies, CPU 800K tokens, store threshold 0 and 2: `lru` against our `lru`
@@ -73,7 +73,7 @@ def agree(checks: dict[str, Replayed], vllm_python: Path, tmp_path: Path) -> dic
 
 
 def test_vllm_builtin_policies_agree_on_a_mooncake_sample(
-    mooncake_sample: PreparedWorkload, vllm_python: Path, tmp_path: Path
+    vllm_python: Path, mooncake_sample: PreparedWorkload, tmp_path: Path
 ) -> None:
     """vLLM's `lru` and `arc` against our `lru` and `vllm-arc`, thresholds 0 and 2."""
     sizes = (GPU_TOKENS, CPU_TOKENS)
@@ -117,9 +117,9 @@ def mooncake_sample_curves(mooncake_sample: PreparedWorkload) -> PreparedWorkloa
 
 
 def test_lpc_policies_agree_on_a_mooncake_sample(
+    vllm_python: Path,
     mooncake_sample_p: PreparedWorkload,
     mooncake_sample_curves: PreparedWorkload,
-    vllm_python: Path,
     tmp_path: Path,
 ) -> None:
     """`LPCCachePolicy`, `LPCPooledCachePolicy` (CPU tiers small enough that their release
