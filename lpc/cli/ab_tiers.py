@@ -50,8 +50,9 @@ def add_tier_arguments(
     group.add_argument(
         "--offload-policies",
         default="lru",
-        help="the CPU tier's policies, any --policies name (default: %(default)s); every "
-        "pair with --policies replays the one identical trace",
+        help="the CPU tier's policies, any --policies name, or vllm-arc: vLLM's own ARC for "
+        "this tier, run as its CPUOffloadingManager runs it (arc is FAST'03 ARC) (default: "
+        "%(default)s); every pair with --policies replays the one identical trace",
     )
     group.add_argument(
         "--offload-store-threshold",
@@ -97,7 +98,7 @@ def tier_settings_from(args: argparse.Namespace):
     if args.offload_sizes is None:
         return None
     try:
-        policies = tuple(parse_policies(args.offload_policies))
+        policies = tuple(parse_policies(args.offload_policies, cpu_tier=True))
     except InvalidInputError as error:
         raise CommandError(f"--offload-policies: {error}") from None
     latency = TierLatency(

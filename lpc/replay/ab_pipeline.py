@@ -766,7 +766,11 @@ def _fit_sources(
 
 def _fitted_evictors(options: ABOptions) -> set[str]:
     """The fitted evictors replayed in either tier."""
-    return {p.evictor for p in options.replayed_policies if POLICIES[p.evictor].kind == "fitted"}
+    return {
+        p.evictor
+        for p in options.replayed_policies
+        if not p.cpu_tier_only and POLICIES[p.evictor].kind == "fitted"
+    }
 
 
 def _refuse_fitted_without_training_part(options: ABOptions) -> None:

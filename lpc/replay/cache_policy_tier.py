@@ -1,5 +1,7 @@
 """The CPU tier running one of LPC's vLLM `CachePolicy` classes itself, called as vLLM 0.33's
-`CPUOffloadingManager` calls it: the two-tier replay's CPU tier for `lpc` and `lpc-pooled`.
+`CPUOffloadingManager` calls it: the two-tier replay's CPU tier for `lpc` and `lpc-pooled`,
+and for `vllm-arc`, vLLM's own ARC (`vllm_arc_policy`, transcribed from vLLM 0.33.0: not the
+replay's `arc`, FAST'03 ARC under `HostTier`'s rules).
 
 `host_tier.HostTier` stands an evictor in for vLLM's policy under one set of release rules: a
 request's offered chunks are released when it stores them, with no prediction yet, and again
@@ -41,6 +43,11 @@ from lpc.integrations.finished_releases import FinishedReleases
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.vllm_cache_policy import EvictorCachePolicy
 from lpc.replay.host_tier import DEFAULT_MAX_TRACKER_SIZE, HostCounters, OfferCounts
+from lpc.replay.vllm_arc_policy import ReplayARCCachePolicy
+
+# The CPU-tier policies that are vLLM's own classes, transcribed (built from the capacity alone,
+# as the manager builds them): `lpc.replay.policies.CPU_TIER_POLICIES` names them.
+VLLM_POLICIES: dict[str, type[ReplayARCCachePolicy]] = {"vllm-arc": ReplayARCCachePolicy}
 
 
 class EventClock:
@@ -91,13 +98,14 @@ class ReplayStats(PluginStats):
 
 class CachePolicyTier:
     """A pool of `num_chunks` CPU chunks ordered by `policy` (an `EvictorCachePolicy` built on
-    `clock` and `finished`, which this tier sets and fills); `block_size` tokens per chunk
-    give the keys' positions. Same interface as `HostTier` (`host_tier.CpuTier`)."""
+    `clock` and `finished`, which this tier sets and fills, or one of vLLM's own policies,
+    `VLLM_POLICIES`, which read neither); `block_size` tokens per chunk give the keys'
+    positions. Same interface as `HostTier` (`host_tier.CpuTier`)."""
 
     def __init__(
         self,
         num_chunks: int,
-        policy: EvictorCachePolicy,
+        policy: EvictorCachePolicy | ReplayARCCachePolicy,
         clock: EventClock,
         finished: FinishedReleases,
         block_size: int,
@@ -148,6 +156,16 @@ class CachePolicyTier:
             finished=finished,
             **evictor_options,
         )
+        return cls(num_chunks, policy, clock, finished, block_size, store_threshold)
+
+    @classmethod
+    def running_vllm(
+        cls, name: str, num_chunks: int, block_size: int, store_threshold: int = 0
+    ) -> CachePolicyTier:
+        """A tier running vLLM's own policy `name` (`VLLM_POLICIES`), built from its capacity
+        alone as `CPUOffloadingManager` builds it (`policy_cls(cache_capacity=num_chunks)`)."""
+        policy = VLLM_POLICIES[name](cache_capacity=num_chunks)
+        clock, finished = EventClock(), FinishedReleases()
         return cls(num_chunks, policy, clock, finished, block_size, store_threshold)
 
     def __contains__(self, block_hash: object) -> bool:

@@ -7,7 +7,9 @@ check that should track lru), lpc-trace (a trace's logged p) and oracle (the tru
 upper bound); lpc-pooled is the learned predictor driving the `lpc-pooled` evictor (OR
 pooling and a shared-prefix floor, `eviction.lpc_pooled`). The `lpc-return` evictor, which
 asks when a conversation comes back, is named by the return-curve source that feeds it
-(`RETURN_VARIANTS`). The help text and error messages are built from these tables.
+(`RETURN_VARIANTS`). `vllm-arc` is vLLM's own ARC for its CPU offload tier, no evictor: the
+two-tier replay's CPU tier runs its class (`CPU_TIER_POLICIES`), and the GPU tier refuses it.
+The help text and error messages are built from these tables.
 """
 
 from __future__ import annotations
@@ -129,6 +131,31 @@ RETURN_VARIANTS: dict[str, ReturnVariant] = {
 
 
 @dataclass(frozen=True)
+class CpuTierPolicy:
+    """A policy of vLLM's CPU offload tier that is no evictor of `eviction.POLICIES`: the
+    two-tier replay's CPU tier runs its vLLM class itself (`cache_policy_tier.VLLM_POLICIES`),
+    and it has no place in the GPU tier (`gpu_instead` is the nearest GPU-tier policy)."""
+
+    name: str
+    description: str
+    gpu_instead: str
+
+
+CPU_TIER_POLICIES: dict[str, CpuTierPolicy] = {
+    p.name: p
+    for p in (
+        CpuTierPolicy(
+            "vllm-arc",
+            "vLLM 0.33's own ARC for its CPU offload tier (ARCCachePolicy, transcribed in "
+            "lpc/replay/vllm_arc_policy.py), run as CPUOffloadingManager runs it; CPU tier only "
+            "(arc is FAST'03 ARC)",
+            gpu_instead="arc (FAST'03 ARC)",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
 class PolicySpec:
     """`label` names the run; `source` names the probability source LPC policies read,
     `curve_source` the return-curve source the `lpc-return` evictor reads."""
@@ -140,7 +167,14 @@ class PolicySpec:
     curve_source: str | None = None
 
     @property
+    def cpu_tier_only(self) -> bool:
+        """A vLLM CPU-tier policy (`CPU_TIER_POLICIES`), not an evictor."""
+        return self.evictor in CPU_TIER_POLICIES
+
+    @property
     def is_upper_bound(self) -> bool:
+        if self.cpu_tier_only:
+            return False
         variant = LPC_VARIANTS.get(self.label.partition("=")[0])
         if variant is not None:
             return variant.upper_bound
@@ -154,6 +188,7 @@ def selectable_names() -> list[str]:
     names = [name for name, entry in POLICIES.items() if entry.kind != "learned"]
     names += [f"{name}[=P]" if v.source == "const" else name for name, v in LPC_VARIANTS.items()]
     names += list(RETURN_VARIANTS)
+    names += list(CPU_TIER_POLICIES)
     return names
 
 
@@ -172,6 +207,7 @@ def policy_help() -> str:
     bounds = [f"{n}: {v.description}" for n, v in LPC_VARIANTS.items() if v.upper_bound]
     bounds += [f"{n}: {v.description}" for n, v in RETURN_VARIANTS.items() if v.upper_bound]
     bounds += [f"{n}: {POLICIES[n].description}" for n in policy_names("upper bound")]
+    cpu_only = "; ".join(f"{n}: {p.description}" for n, p in CPU_TIER_POLICIES.items())
     return (
         f"comma-separated policies (default: {','.join(DEFAULT_POLICIES)}, and lpc when a "
         "predictor model is available; on a --trace: "
@@ -179,7 +215,8 @@ def policy_help() -> str:
         "when an access-feature model is available (docs/training.md §8)). "
         f"Heuristics: {heuristics}. Heuristics with constants fitted on the training part "
         f"(reported under workload.fitted_policies in the JSON): {fitted}. Learned: {learned}. "
-        f"Upper bounds (not deployable): {'; '.join(bounds)}"
+        f"Upper bounds (not deployable): {'; '.join(bounds)}. "
+        f"For --offload-policies only: {cpu_only}"
     )
 
 
@@ -191,6 +228,8 @@ def parse_policy(text: str) -> PolicySpec:
     returning = RETURN_VARIANTS.get(name)
     if returning is not None:
         return PolicySpec(name, returning.evictor, curve_source=returning.curve_source)
+    if name in CPU_TIER_POLICIES:
+        return PolicySpec(name, name)
     base, has_value, value = name.partition("=")
     variant = LPC_VARIANTS.get(base)
     if variant is not None and (not has_value or variant.source == "const"):
@@ -207,15 +246,30 @@ def parse_policy(text: str) -> PolicySpec:
     raise InvalidInputError(f"unknown policy {name!r}; choose from {', '.join(selectable_names())}")
 
 
-def parse_policies(text: str) -> list[PolicySpec]:
+def parse_policies(text: str, cpu_tier: bool = False) -> list[PolicySpec]:
+    """The policies of a comma-separated list; a CPU-tier-only one (`CPU_TIER_POLICIES`) is
+    refused unless `cpu_tier` (the list is `--offload-policies`)."""
     specs = [parse_policy(part) for part in text.split(",") if part.strip()]
     if not specs:
         raise InvalidInputError("no policy given")
+    if not cpu_tier:
+        for spec in specs:
+            refuse_in_gpu_tier(spec)
     labels = [spec.label for spec in specs]
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
     if duplicates:
         raise InvalidInputError(f"policy listed twice: {', '.join(duplicates)}")
     return specs
+
+
+def refuse_in_gpu_tier(spec: PolicySpec) -> None:
+    """A CPU-tier-only policy cannot order the GPU prefix cache: say so, and what to use."""
+    if spec.cpu_tier_only:
+        policy = CPU_TIER_POLICIES[spec.evictor]
+        raise InvalidInputError(
+            f"{spec.label} is vLLM's CPU offload tier policy, not a GPU prefix-cache evictor: "
+            f"give it to --offload-policies; for the GPU tier use {policy.gpu_instead}"
+        )
 
 
 def build_evictor(
@@ -226,7 +280,9 @@ def build_evictor(
     future: FutureUses | None,
     options: Mapping[str, Any] | None = None,
 ) -> Evictor:
-    """The spec's evictor; a fitted policy gets its fitted `options` (defaults without)."""
+    """The spec's evictor; a fitted policy gets its fitted `options` (defaults without). A
+    CPU-tier-only policy has none (`refuse_in_gpu_tier`)."""
+    refuse_in_gpu_tier(spec)
     return make_evictor(
         spec.evictor,
         num_blocks,
@@ -243,7 +299,9 @@ def evictor_options(
 ) -> dict[str, Any]:
     """The settings `build_evictor` builds the spec's evictor with; the replay's CPU tier
     hands the same ones to the vLLM `CachePolicy` that builds its own evictor
-    (`lpc.replay.cache_policy_tier`)."""
+    (`lpc.replay.cache_policy_tier`). A CPU-tier-only policy takes none."""
+    if spec.cpu_tier_only:
+        return {}
     kind = POLICIES[spec.evictor].kind
     if kind == "fitted":
         return dict(options or {})

@@ -4,7 +4,8 @@ The GPU tier is the single-tier replay's block manager, unchanged: the same look
 allocations, frees and counters, so its device hits equal `simulator.replay`'s hits for the
 same policy and size. The CPU tier (`host_tier.HostTier`, vLLM 0.33's `OffloadingConnector`
 semantics; for `lpc` and `lpc-pooled`, `cache_policy_tier.CachePolicyTier`, their vLLM class
-run as vLLM's manager runs it) sees, per request at its arrival:
+run as vLLM's manager runs it, and for `vllm-arc` vLLM's own ARC, run the same way) sees, per
+request at its arrival:
 
 1. the GPU lookup's hit of d blocks (capped, like the GPU's, so that the prompt's last token
    is always computed);
@@ -165,9 +166,14 @@ def host_tier(
     """The CPU tier of `offload_tokens` tokens, one chunk per GPU block, ordered by
     `offload_spec`'s evictor. `lpc` and `lpc-pooled` run inside their vLLM class
     (`LPCCachePolicy`, `LPCPooledCachePolicy`: `cache_policy_tier.CachePolicyTier`), whose
-    release rules are not `HostTier`'s; every other evictor stands in for vLLM's policy under
-    `HostTier`'s rules (built for the chunks' slot ids 1..n, as the GPU pool's)."""
+    release rules are not `HostTier`'s, and `vllm-arc` is vLLM's `ARCCachePolicy` run the same
+    way; every other evictor stands in for vLLM's policy under `HostTier`'s rules (built for
+    the chunks' slot ids 1..n, as the GPU pool's)."""
     num_chunks = num_blocks_for(offload_tokens, workload.block_size) - 1
+    if offload_spec.cpu_tier_only:
+        return CachePolicyTier.running_vllm(
+            offload_spec.evictor, num_chunks, workload.block_size, store_threshold
+        )
     options = evictor_options(
         offload_spec,
         settings.scale_per_s,

@@ -7,7 +7,7 @@ conversation id is dropped at the finish; the policy refuses to run without the 
 return-time model. A stand-in for vLLM's `CPUOffloadingManager` (the calls it makes on its
 policy for lookups, loads and stores, store threshold 0) replays a synthetic workload beside
 `lpc.replay.two_tier`: every request's CPU hit must agree. The real manager's counterpart is
-tests/vllm/test_two_tier_agreement.py (Mooncake, real vLLM)."""
+tests/integrations/test_two_tier_agreement_sample.py (a Mooncake sample, real vLLM)."""
 
 from __future__ import annotations
 

@@ -86,6 +86,29 @@ def test_a_cpu_policy_gets_its_probability_source(
     assert [r["offload_policy"] for r in result["two_tier"]["results"]] == ["lpc-turns"] * 2
 
 
+def test_vllm_arc_runs_in_the_cpu_tier_only(
+    chats: Path,  # noqa: F811
+    tmp_path: Path,
+    capsys,
+) -> None:
+    """`--offload-policies vllm-arc`: vLLM's own ARC in the CPU tier; as a GPU policy it is
+    refused in one line that says why and what to use."""
+    base = ["ab", "--dataset", str(chats), *COMMON, "--offload-sizes", "12K"]
+    result = run_json(
+        [*base, "--policies", "lru", "--offload-policies", "vllm-arc,arc", "--out", str(tmp_path)],
+        capsys,
+    )
+    rows = {(r["offload_policy"], r["cache_tokens"]): r for r in result["two_tier"]["results"]}
+    assert sorted(rows) == [("arc", 3000), ("arc", 6000), ("vllm-arc", 3000), ("vllm-arc", 6000)]
+    assert all(rows[("vllm-arc", size)]["host_hit_tokens"] > 0 for size in (3000, 6000))
+    code = main([*base, "--policies", "vllm-arc", "--out", str(tmp_path), "--no-progress"])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    assert "--policies: vllm-arc is vLLM's CPU offload tier policy" in err
+    assert "give it to --offload-policies; for the GPU tier use arc" in err
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -165,14 +165,16 @@ def test_a_fault_in_the_policy_stops_the_replay() -> None:
         cpu.offer("r2", keys("b", 1), 1.0)
 
 
-def test_the_replay_runs_lpc_and_lpc_pooled_inside_their_vllm_class() -> None:
+def test_the_replay_runs_lpc_lpc_pooled_and_vllm_arc_inside_their_vllm_class() -> None:
     convs = conversations(10, seed=2)
     workload = prepare(open_loop_requests(convs, WorkloadConfig(duration_s=60)), 16, {})
     settings = ReplaySettings()
     for name, kind in [
         ("lpc-pooled", CachePolicyTier),
         ("lpc-const", CachePolicyTier),
+        ("vllm-arc", CachePolicyTier),  # vLLM's ARCCachePolicy (lpc/replay/vllm_arc_policy.py)
         ("lru", HostTier),
+        ("arc", HostTier),  # FAST'03 ARC, an evictor
         ("lpc-return-true", HostTier),  # LPCReturnCachePolicy follows HostTier's rules
     ]:
         assert type(host_tier(workload, parse_policy(name), 1600, settings)) is kind, name

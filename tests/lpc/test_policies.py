@@ -7,7 +7,15 @@ import pytest
 from eviction import POLICIES, make_evictor
 from lpc.benchmarks.evictor_worker import TIMEABLE_POLICIES
 from lpc.cli.main import build_parser, main
-from lpc.replay.policies import LPC_VARIANTS, parse_policies, parse_policy, policy_help
+from lpc.replay.policies import (
+    CPU_TIER_POLICIES,
+    LPC_VARIANTS,
+    build_evictor,
+    evictor_options,
+    parse_policies,
+    parse_policy,
+    policy_help,
+)
 from tests.lpc.test_ab_cli import chats, run_json  # noqa: F401 (a fixture)
 
 
@@ -27,7 +35,7 @@ def test_every_non_learned_policy_parses_under_its_own_name(name: str) -> None:
 
 def test_the_help_names_every_policy_and_variant() -> None:
     text = policy_help()
-    for name in [*POLICIES, *LPC_VARIANTS]:
+    for name in [*POLICIES, *LPC_VARIANTS, *CPU_TIER_POLICIES]:
         assert name in text, name
     ab_help = build_parser()._subparsers._group_actions[0].choices["ab"].format_help()
     assert "s3fifo" in ab_help and "sieve" in ab_help and "arc" in ab_help
@@ -52,6 +60,24 @@ def test_the_lpc_variants_keep_their_sources() -> None:
     assert [s.is_upper_bound for s in specs] == [False, False, False, True, False]
     with pytest.raises(ValueError, match=r"unknown policy 'lpc-turns=0\.3'"):
         parse_policy("lpc-turns=0.3")
+
+
+def test_vllm_arc_is_a_cpu_tier_policy_only() -> None:
+    spec = parse_policy("vllm-arc")
+    assert (spec.label, spec.evictor, spec.source) == ("vllm-arc", "vllm-arc", None)
+    assert spec.cpu_tier_only and not spec.is_upper_bound
+    assert not parse_policy("arc").cpu_tier_only
+    assert evictor_options(spec, 1e-2, 0.5, None) == {}
+    assert [s.label for s in parse_policies("lru,vllm-arc", cpu_tier=True)] == ["lru", "vllm-arc"]
+    with pytest.raises(ValueError, match="not a GPU prefix-cache evictor") as error:
+        parse_policies("lru,vllm-arc")
+    message = str(error.value)
+    assert "\n" not in message and "--offload-policies" in message and "use arc" in message
+    with pytest.raises(ValueError, match="not a GPU prefix-cache evictor"):
+        build_evictor(spec, 8, 1e-2, 0.5, None)
+    with pytest.raises(ValueError, match="unknown policy 'mru'") as error:
+        parse_policy("mru")
+    assert "vllm-arc" in str(error.value)
 
 
 def test_the_benchmark_can_time_every_deployable_policy() -> None:

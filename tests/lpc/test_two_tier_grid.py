@@ -67,10 +67,11 @@ def _without_time(results: list[TwoTierResult]) -> list[TwoTierResult]:
 CASES = {
     # GPU sizes small enough that some requests do not fit (the failure path), CPU sizes from
     # a few chunks (evictions, failed stores) to room for most of the trace
-    # (lpc-return-true: each release carries its return curve, in either tier)
+    # (lpc-return-true: each release carries its return curve, in either tier; vllm-arc:
+    # vLLM's ARCCachePolicy in the CPU tier)
     "synthetic": (
         "lpc-pooled,wa,lhd,lpc-return-true",
-        "arc,sae,session-ref,lpc-pooled,lpc-return-true",
+        "arc,sae,session-ref,lpc-pooled,lpc-return-true,vllm-arc",
         (900, 3000),
         (320, 4000),
     ),
@@ -93,7 +94,9 @@ def test_the_fast_grid_gives_the_reference_figures(
     workload: PreparedWorkload = request.getfixturevalue(name)
     gpu, cpu, gpu_sizes, cpu_sizes = CASES[name]
     specs = tuple(parse_policies(gpu))
-    tiers = TierSettings(cpu_sizes, tuple(parse_policies(cpu)), store_threshold=threshold)
+    tiers = TierSettings(
+        cpu_sizes, tuple(parse_policies(cpu, cpu_tier=True)), store_threshold=threshold
+    )
     settings = ReplaySettings()
     reference = run_two_tier_grid(workload, specs, gpu_sizes, tiers, settings)
     seen: list[TwoTierResult] = []

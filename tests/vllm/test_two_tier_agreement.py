@@ -1,33 +1,42 @@
 """The two-tier replay's CPU tier against real vLLM 0.33's `CPUOffloadingManager`.
 
-Our replay (`lpc.replay.two_tier`, GPU and CPU tiers both LRU) records, per request, the GPU
-hit and the CPU hit that continues it. The same requests, GPU hits and finishes then drive
-vLLM's own manager with its built-in `lru` policy (tests/vllm/two_tier_driver.py): every
-request's CPU hit, and the numbers of chunks stored and evicted, must agree exactly, with
-and without vLLM's store threshold, on a synthetic workload, on a Mooncake sample (one
-conversation in 10 of the bundled trace, as tests/integrations/test_vllm_scheduler.py
-samples it) and on the whole bundled Mooncake trace (12,031 requests, GPU 2.5M tokens, CPU
-8M tokens, block size 512 as the trace's; every request counted, no training part kept
-aside). The whole-trace test takes 18 s here (loading, replay and vLLM driver); the whole file,
-with the checks of LPC's policies below, 3 min with at most 575 MB resident.
+Our replay (`lpc.replay.two_tier`, LRU in the GPU tier) records, per request, the GPU hit and
+the CPU hit that continues it. The same requests, GPU hits and finishes then drive vLLM's own
+manager (tests/vllm/two_tier_driver.py): every request's CPU hit, and the numbers of chunks
+stored and evicted, must agree exactly. This file holds the checks on a synthetic workload (245
+requests) and on the whole bundled Mooncake trace (12,031 requests, GPU 2.5M tokens, CPU 8M
+tokens, block size 512 as the trace's; every request counted, no training part kept aside),
+and the helpers. The same checks on a Mooncake sample (one conversation in 10 of the trace,
+as tests/integrations/test_vllm_scheduler.py samples it) run in the default suite:
+tests/integrations/test_two_tier_agreement_sample.py.
 
-The return-time policy too: our replay with `lpc-return-model` in the CPU tier (the shipped
-`models/mooncake-return`'s curve per request) against the manager running
-`LPCReturnCachePolicy`, loaded by name and module path with the LPC plugin registered, each
-request's curve reaching it through the plugin's release: the same CPU hit for every request
-of the Mooncake sample, and the same chunks stored and evicted.
+- vLLM's built-in `lru` against our `lru` (`HostTier`), with and without vLLM's store
+  threshold; on the whole trace 46,127 CPU-hit blocks, 184,199 chunks evicted.
+- vLLM's built-in `arc` (`ARCCachePolicy`, selected by name as `lru` is) against our
+  `vllm-arc`, its transcription (`lpc.replay.vllm_arc_policy`, run inside `CachePolicyTier`):
+  store threshold 0 and 2 on the synthetic workload, 0 on the whole trace (45,299 CPU-hit
+  blocks, 200,589 chunks stored, 184,964 evicted). The checks have teeth: the same stream
+  through the manager with vLLM's `lru` (in the same driver process) gives 33 and 17 of the 245
+  synthetic requests another CPU hit (thresholds 0 and 2) and 592 of the whole trace's 12,031,
+  and each check requires some. The replay's `arc` (FAST'03 ARC under `HostTier`'s rules) is
+  another policy: 36 and 19 synthetic requests, 1,218 of the whole trace's, differ from vLLM's
+  `arc`.
+- LPC's own CPU-tier policies: our replay with `lpc` or `lpc-pooled` in the CPU tier (run inside
+  `LPCCachePolicy` / `LPCPooledCachePolicy`, `lpc.replay.cache_policy_tier`) against the manager
+  running those classes by name and module path, each request's p reaching them through the GPU
+  plugin's release (a noisy oracle's p on the synthetic workload, the shipped access model's on
+  Mooncake): the same CPU hit for every request, the same chunks stored and evicted, on the
+  synthetic workload (store threshold 0 and 2) and on the whole trace (and on the sample). The
+  sizes are ones where the policies' release rules decide some request's CPU hit: run under
+  `HostTier`'s rules instead, each of the ten checks (these six and the sample's four) fails (2
+  to 20 requests differ on the synthetic workload, 4 to 8 on the sample, 10 for `lpc` and 3 for
+  `lpc-pooled` on the whole trace); so do 7 of the 8 synthetic and sample checks if the replay
+  skips the manager's `on_request_access` calls.
+- The return-time policy (`lpc-return-model` against `LPCReturnCachePolicy`): on the sample.
 
-And LPC's own CPU-tier policies: our replay with `lpc` or `lpc-pooled` in the CPU tier (run
-inside `LPCCachePolicy` / `LPCPooledCachePolicy`, `lpc.replay.cache_policy_tier`) against the
-manager running those classes by name and module path, each request's p reaching them through
-the GPU plugin's release (a noisy oracle's p on the synthetic workload, the shipped access
-model's on Mooncake): the same CPU hit for every request, the same chunks stored and evicted,
-on the synthetic workload and the sample (store threshold 0 and 2) and on the whole trace.
-The sizes are ones where the policies' release rules decide some request's CPU hit: run under
-`HostTier`'s rules instead, each of these ten checks fails (2 to 20 requests differ on the
-synthetic workload, 4 to 8 on the sample, 10 for `lpc` and 3 for `lpc-pooled` on the whole
-trace); so do 7 of the 8 synthetic and sample checks if the replay skips the manager's
-`on_request_access` calls. They take about 2 minutes together.
+The file takes 3 min 34 s here (2 cores shared with other jobs; the whole-trace checks 17 s for
+`lru`, 25 s for `vllm-arc` with its `lru` contrast, 28 and 36 s for `lpc` and `lpc-pooled`),
+with at most 572 MB resident.
 
 Marked `vllm`: run with `pytest -m vllm tests/vllm` after `bash scripts/setup_vllm_venv.sh`.
 """
@@ -38,7 +47,7 @@ import json
 import os
 import subprocess
 import zlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +59,7 @@ from lpc.replay.ab import ReplaySettings
 from lpc.replay.policies import parse_policy
 from lpc.replay.return_sources import load_return_model, model_curves
 from lpc.replay.simulator import PreparedWorkload, prepare, request_probabilities
-from lpc.replay.two_tier import RequestTiers, replay_two_tier
+from lpc.replay.two_tier import RequestTiers, TwoTierResult, replay_two_tier
 from lpc.traces.load import TraceOptions, load_trace
 from lpc.workload import ARRIVAL, WorkloadConfig, open_loop_requests
 from predictor.access_predictor import AccessPredictor
@@ -62,11 +71,45 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("two_tier_driver.py")
 GPU_TOKENS = 4000
 CPU_TOKENS = 16_000  # 1,000 chunks: thousands of CPU hits and of CPU evictions
+WHOLE_TRACE_SIZES = (2_500_000, 8_000_000)
 RETURN_MODEL = REPO_ROOT / "models" / "mooncake-return"
 RETURN_POLICY = "lpc-return-model"
 ACCESS_MODEL = REPO_ROOT / "models" / "mooncake-access"
 # The CPU-tier policies our replay runs inside their own vLLM class (`CachePolicyTier`).
 LPC_POLICIES = {"lpc": "LPCCachePolicy", "lpc-pooled": "LPCPooledCachePolicy"}
+# Our CPU-tier policy -> vLLM's built-in policy the manager runs by name against it.
+VLLM_BUILTIN = {"lru": "lru", "vllm-arc": "arc"}
+VLLM_ARC = ("ARCCachePolicy", "vllm.v1.kv_offload.cpu.policies.arc")
+
+
+def load_mooncake() -> PreparedWorkload:
+    """The whole bundled Mooncake trace at its own block size, 512."""
+    return prepare(load_trace("mooncake", TraceOptions()).requests, 512, {})
+
+
+def load_mooncake_sample() -> PreparedWorkload:
+    """One conversation in 10 of it (scripts/sample_conversations.py's rule)."""
+    requests = [
+        r
+        for r in load_trace("mooncake", TraceOptions()).requests
+        if zlib.crc32(r.conversation_id.encode("utf-8")) % 10 == 0
+    ]
+    return prepare(requests, 512, {})
+
+
+def with_access_model(workload: PreparedWorkload) -> PreparedWorkload:
+    """`workload` with the shipped access model's p per request, as `lpc ab --trace mooncake`
+    computes them (each from what an engine knows at the release)."""
+    source = AccessSource(AccessPredictor.load(ACCESS_MODEL))
+    return replace(workload, probabilities={"model": source.predict_requests(workload.requests)})
+
+
+def with_return_curves(workload: PreparedWorkload) -> PreparedWorkload:
+    """`workload` with the shipped return-time model's curve per request, as `lpc ab`'s
+    `lpc-return-model` computes them (one batched pass, each from what an engine knows at the
+    release)."""
+    curves = model_curves(load_return_model(RETURN_MODEL), workload.requests)
+    return replace(workload, curves={"model": curves})
 
 
 @pytest.fixture(scope="module")
@@ -80,17 +123,7 @@ def workload() -> PreparedWorkload:
 
 @pytest.fixture(scope="module")
 def mooncake() -> PreparedWorkload:
-    """The whole bundled Mooncake trace at its own block size, 512."""
-    return prepare(load_trace("mooncake", TraceOptions()).requests, 512, {})
-
-
-@pytest.fixture(scope="module")
-def mooncake_sample(mooncake: PreparedWorkload) -> PreparedWorkload:
-    """One conversation in 10 of it (scripts/sample_conversations.py's rule)."""
-    requests = [
-        r for r in mooncake.requests if zlib.crc32(r.conversation_id.encode("utf-8")) % 10 == 0
-    ]
-    return prepare(requests, 512, {})
+    return load_mooncake()
 
 
 def stream_of(
@@ -159,26 +192,44 @@ def lpc_stream(workload: PreparedWorkload, offload: str) -> dict[str, Any]:
     }
 
 
-def check_agreement(
+@dataclass
+class Replayed:
+    """Our two-tier replay of `workload` with `offload` in the CPU tier, and the stream that
+    drives vLLM's manager through the same requests, GPU hits and finishes."""
+
+    workload: PreparedWorkload
+    offload: str
+    ours: TwoTierResult
+    served: list[RequestTiers]
+    stream: dict[str, Any]
+
+    def host_blocks(self) -> dict[str, int]:
+        """Each request's CPU hit in our replay, by request id."""
+        requests = self.workload.cache_requests
+        return {requests[r.index].request_id: r.host_blocks for r in self.served}
+
+    def differing(self, host_blocks: dict[str, int]) -> list[str]:
+        """The requests whose CPU hit in `host_blocks` (a driver's) is not ours."""
+        return [rid for rid, mine in self.host_blocks().items() if mine != host_blocks[rid]]
+
+
+def replay_for_vllm(
     workload: PreparedWorkload,
-    vllm_python: Path,
-    tmp_path: Path,
     sizes: tuple[int, int],
     threshold: int,
     least: tuple[int, int],
     offload: str = "lru",
-) -> dict[str, Any]:
+) -> Replayed:
     """Replay `workload` through our two tiers (GPU and CPU tokens `sizes`, the GPU LRU, the
-    CPU tier `offload`: `lru`; `lpc-return-model` against `LPCReturnCachePolicy`; `lpc` or
-    `lpc-pooled` against `LPCCachePolicy` or `LPCPooledCachePolicy`) and through vLLM's manager; require at least `least` CPU-hit blocks and CPU evictions (so
-    the check has teeth), then the same CPU hit for every request and the same chunks stored
-    and evicted. Returns the driver's output."""
+    CPU tier `offload`: `lru` or `vllm-arc` against vLLM's built-in `lru` or `arc`;
+    `lpc-return-model` against `LPCReturnCachePolicy`; `lpc` or `lpc-pooled` against
+    `LPCCachePolicy` or `LPCPooledCachePolicy`), require at least `least` CPU-hit blocks and
+    CPU evictions (so that the check has teeth), and build the driver's stream."""
     gpu_tokens, cpu_tokens = sizes
-    lru = parse_policy("lru")
     served: list[RequestTiers] = []
     ours = replay_two_tier(
         workload,
-        lru,
+        parse_policy("lru"),
         parse_policy(offload),
         gpu_tokens,
         cpu_tokens,
@@ -189,14 +240,26 @@ def check_agreement(
     bs = workload.block_size
     assert ours.host_hit_tokens >= least[0] * bs and ours.host_evictions >= least[1]
     stream = stream_of(workload, served, threshold, cpu_tokens)
-    if offload == RETURN_POLICY:
+    if offload in VLLM_BUILTIN:
+        stream["policy"] = VLLM_BUILTIN[offload]
+    elif offload == RETURN_POLICY:
         stream.update(return_stream(workload))
     elif offload in LPC_POLICIES:
         stream.update(lpc_stream(workload, offload))
-    path = tmp_path / "stream.json"
-    path.write_text(json.dumps(stream))
+    else:
+        raise ValueError(f"no vLLM policy to check {offload} against")
+    return Replayed(workload, offload, ours, served, stream)
+
+
+def run_driver(vllm_python: Path, tmp_path: Path, streams: list[dict]) -> list[dict]:
+    """Every stream through vLLM's manager, in one driver process; its outputs, in order."""
+    paths = []
+    for i, stream in enumerate(streams):
+        path = tmp_path / f"stream-{i}.json"
+        path.write_text(json.dumps(stream))
+        paths.append(str(path))
     done = subprocess.run(
-        [str(vllm_python), str(DRIVER), str(path)],
+        [str(vllm_python), str(DRIVER), *paths],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
@@ -204,34 +267,86 @@ def check_agreement(
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    vllm = json.loads(done.stdout.strip().splitlines()[-1])
-    mine = {workload.cache_requests[r.index].request_id: r.host_blocks for r in served}
-    differing = [rid for rid in mine if mine[rid] != vllm["host_blocks"][rid]]
+    lines = done.stdout.strip().splitlines()[-len(streams) :]
+    return [json.loads(line) for line in lines]
+
+
+def require_agreement(replayed: Replayed, vllm: dict[str, Any]) -> None:
+    """The same CPU hit for every request, and the same chunks stored and evicted."""
+    differing = replayed.differing(vllm["host_blocks"])
     assert not differing, f"{len(differing)} requests differ, first {differing[:3]}"
-    assert vllm["stored"] == ours.host_stored_chunks
-    assert vllm["evicted"] == ours.host_evictions
-    vllm["ours"] = ours
+    assert vllm["stored"] == replayed.ours.host_stored_chunks
+    assert vllm["evicted"] == replayed.ours.host_evictions
+
+
+def check_agreement(
+    workload: PreparedWorkload,
+    vllm_python: Path,
+    tmp_path: Path,
+    sizes: tuple[int, int],
+    threshold: int,
+    least: tuple[int, int],
+    offload: str = "lru",
+    contrast: str | None = None,
+) -> dict[str, Any]:
+    """`replay_for_vllm`, then the stream through vLLM's manager: the same CPU hit for every
+    request and the same chunks stored and evicted. With `contrast` (a vLLM built-in policy),
+    the same stream runs through the manager with that policy too, in the same process, and
+    the output's `contrast_differing` lists the requests whose CPU hit it changes. Returns the
+    driver's output, with our result under `ours`."""
+    replayed = replay_for_vllm(workload, sizes, threshold, least, offload)
+    streams = [replayed.stream]
+    if contrast is not None:
+        streams.append({**replayed.stream, "policy": contrast})
+    outputs = run_driver(vllm_python, tmp_path, streams)
+    vllm = outputs[0]
+    require_agreement(replayed, vllm)
+    vllm["ours"] = replayed.ours
+    if contrast is not None:
+        vllm["contrast_differing"] = replayed.differing(outputs[1]["host_blocks"])
     return vllm
+
+
+def require_vllm_arc(vllm: dict[str, Any]) -> None:
+    """The manager ran vLLM's own `ARCCachePolicy`."""
+    assert (vllm["policy_class"], vllm["policy_module"]) == VLLM_ARC
 
 
 @pytest.mark.parametrize("threshold", [0, 2])
 def test_cpu_hits_agree_with_vllm_request_by_request(
     workload: PreparedWorkload, vllm_python: Path, tmp_path: Path, threshold: int
 ) -> None:
-    # The check has teeth: with vLLM's arc instead of lru, 33 of the 245 requests differ.
+    # The check has teeth: with vLLM's arc instead of lru, 33 of the 245 requests differ
+    # (17 at threshold 2; the vllm-arc test below).
     check_agreement(
         workload, vllm_python, tmp_path, (GPU_TOKENS, CPU_TOKENS), threshold, (1000, 1000)
     )
 
 
-@pytest.mark.parametrize("threshold", [0, 2])
-def test_cpu_hits_agree_on_a_mooncake_sample(
-    mooncake_sample: PreparedWorkload, vllm_python: Path, tmp_path: Path, threshold: int
+@pytest.mark.parametrize(("threshold", "least"), [(0, (2000, 3000)), (2, (1000, 1500))])
+def test_vllm_arc_agrees_with_vllm_request_by_request(
+    workload: PreparedWorkload,
+    vllm_python: Path,
+    tmp_path: Path,
+    threshold: int,
+    least: tuple[int, int],
 ) -> None:
-    """1,218 requests; GPU 250K and CPU 800K tokens, a tenth of the whole trace's sizes."""
-    check_agreement(
-        mooncake_sample, vllm_python, tmp_path, (250_000, 800_000), threshold, (1000, 1000)
+    """245 requests, GPU 4,000 and CPU 16,000 tokens: our replay's `vllm-arc` CPU tier and the
+    manager running vLLM's `arc` give every request the same CPU hit (2,468 and 1,401 CPU-hit
+    blocks, 3,953 and 1,788 evictions at thresholds 0 and 2); with vLLM's `lru` on the same
+    stream, 33 and 17 requests differ."""
+    vllm = check_agreement(
+        workload,
+        vllm_python,
+        tmp_path,
+        (GPU_TOKENS, CPU_TOKENS),
+        threshold,
+        least,
+        "vllm-arc",
+        contrast="lru",
     )
+    require_vllm_arc(vllm)
+    assert vllm["contrast_differing"], "vLLM's lru gives every request arc's CPU hit"
 
 
 def test_cpu_hits_agree_on_the_whole_mooncake_trace(
@@ -239,42 +354,27 @@ def test_cpu_hits_agree_on_the_whole_mooncake_trace(
 ) -> None:
     """12,031 requests; GPU 2.5M and CPU 8M tokens: 46,127 CPU-hit blocks, 184,199 chunks
     evicted."""
-    check_agreement(mooncake, vllm_python, tmp_path, (2_500_000, 8_000_000), 0, (40_000, 150_000))
+    check_agreement(mooncake, vllm_python, tmp_path, WHOLE_TRACE_SIZES, 0, (40_000, 150_000))
 
 
-@pytest.fixture(scope="module")
-def mooncake_sample_curves(mooncake_sample: PreparedWorkload) -> PreparedWorkload:
-    """The sample with the shipped return-time model's curve per request, as `lpc ab`'s
-    `lpc-return-model` computes them (one batched pass, each from what an engine knows at
-    the release)."""
-    curves = model_curves(load_return_model(RETURN_MODEL), mooncake_sample.requests)
-    return replace(mooncake_sample, curves={"model": curves})
-
-
-@pytest.mark.parametrize("threshold", [0, 2])
-def test_the_return_time_policy_agrees_on_a_mooncake_sample(
-    mooncake_sample_curves: PreparedWorkload, vllm_python: Path, tmp_path: Path, threshold: int
+def test_vllm_arc_agrees_on_the_whole_mooncake_trace(
+    mooncake: PreparedWorkload, vllm_python: Path, tmp_path: Path
 ) -> None:
-    """1,218 requests, GPU 250K and CPU 800K tokens (LRU in the GPU tier): our replay's
-    `lpc-return-model` CPU tier and vLLM's manager running `LPCReturnCachePolicy` give every
-    request the same CPU hit and store and evict the same number of chunks."""
-    sizes = (250_000, 800_000)
+    """12,031 requests; GPU 2.5M and CPU 8M tokens, vLLM's `arc` against our `vllm-arc`:
+    45,299 CPU-hit blocks, 200,589 chunks stored, 184,964 evicted; vLLM's `lru` on the same
+    stream gives 592 requests another CPU hit."""
     vllm = check_agreement(
-        mooncake_sample_curves, vllm_python, tmp_path, sizes, threshold, (1000, 1000), RETURN_POLICY
+        mooncake,
+        vllm_python,
+        tmp_path,
+        WHOLE_TRACE_SIZES,
+        0,
+        (40_000, 150_000),
+        "vllm-arc",
+        contrast="lru",
     )
-    assert vllm["policy_class"] == "LPCReturnCachePolicy"
-    assert vllm["policy_module"] == "lpc.integrations.vllm_cache_policy"
-    assert vllm["plugin_errors"] == 0 and vllm["rekeys"] > 0
-    # The check has teeth: the return-time order is not LRU's on this sample.
-    lru = replay_two_tier(
-        mooncake_sample_curves,
-        parse_policy("lru"),
-        parse_policy("lru"),
-        *sizes,
-        ReplaySettings(),
-        threshold,
-    )
-    assert lru.host_hit_tokens != vllm["ours"].host_hit_tokens
+    require_vllm_arc(vllm)
+    assert len(vllm["contrast_differing"]) >= 100, len(vllm["contrast_differing"])
 
 
 @pytest.fixture(scope="module")
@@ -296,21 +396,33 @@ def workload_p(workload: PreparedWorkload) -> PreparedWorkload:
     return replace(workload, probabilities={"model": probabilities})
 
 
-def with_access_model(workload: PreparedWorkload) -> PreparedWorkload:
-    """`workload` with the shipped access model's p per request, as `lpc ab --trace mooncake`
-    computes them (each from what an engine knows at the release)."""
-    source = AccessSource(AccessPredictor.load(ACCESS_MODEL))
-    return replace(workload, probabilities={"model": source.predict_requests(workload.requests)})
-
-
 @pytest.fixture(scope="module")
 def mooncake_p(mooncake: PreparedWorkload) -> PreparedWorkload:
     return with_access_model(mooncake)
 
 
-@pytest.fixture(scope="module")
-def mooncake_sample_p(mooncake_sample: PreparedWorkload) -> PreparedWorkload:
-    return with_access_model(mooncake_sample)
+def require_lpc_teeth(replayed: Replayed, vllm: dict[str, Any]) -> None:
+    """For `lpc` or `lpc-pooled` in the CPU tier: vLLM ran our class with every request's p,
+    without a fault, and some request's CPU hit is not the one LRU in the CPU tier gives it."""
+    offload = replayed.offload
+    assert vllm["policy_class"] == LPC_POLICIES[offload]
+    assert vllm["policy_module"] == "lpc.integrations.vllm_cache_policy"
+    assert vllm["evictor"] == offload and vllm["plugin_errors"] == 0
+    ours = replayed.ours
+    served: list[RequestTiers] = []
+    replay_two_tier(
+        replayed.workload,
+        parse_policy("lru"),
+        parse_policy("lru"),
+        ours.cache_tokens,
+        ours.offload_tokens,
+        ReplaySettings(),
+        replayed.stream["store_threshold"],
+        per_request=served,
+    )
+    requests = replayed.workload.cache_requests
+    lru = {requests[r.index].request_id: r.host_blocks for r in served}
+    assert lru != vllm["host_blocks"]
 
 
 def check_lpc_agreement(
@@ -322,25 +434,11 @@ def check_lpc_agreement(
     least: tuple[int, int],
     offload: str,
 ) -> None:
-    """`check_agreement` for `lpc` or `lpc-pooled` in the CPU tier, and that the check has
-    teeth: vLLM ran our class with every request's p, without a fault, and some request's CPU
-    hit is not the one LRU in the CPU tier gives it."""
-    vllm = check_agreement(workload, vllm_python, tmp_path, sizes, threshold, least, offload)
-    assert vllm["policy_class"] == LPC_POLICIES[offload]
-    assert vllm["policy_module"] == "lpc.integrations.vllm_cache_policy"
-    assert vllm["evictor"] == offload and vllm["plugin_errors"] == 0
-    served: list[RequestTiers] = []
-    replay_two_tier(
-        workload,
-        parse_policy("lru"),
-        parse_policy("lru"),
-        *sizes,
-        ReplaySettings(),
-        threshold,
-        per_request=served,
-    )
-    lru = {workload.cache_requests[r.index].request_id: r.host_blocks for r in served}
-    assert lru != vllm["host_blocks"]
+    """`check_agreement` for `lpc` or `lpc-pooled` in the CPU tier, and `require_lpc_teeth`."""
+    replayed = replay_for_vllm(workload, sizes, threshold, least, offload)
+    (vllm,) = run_driver(vllm_python, tmp_path, [replayed.stream])
+    require_agreement(replayed, vllm)
+    require_lpc_teeth(replayed, vllm)
 
 
 # (CPU tokens, store threshold, least CPU-hit blocks) where HostTier's release rules, run for
@@ -371,34 +469,11 @@ def test_lpc_policies_agree_request_by_request(
     )
 
 
-@pytest.mark.parametrize(("cpu_tokens", "threshold"), [(200_000, 0), (100_000, 2)])
-@pytest.mark.parametrize("offload", sorted(LPC_POLICIES))
-def test_lpc_policies_agree_on_a_mooncake_sample(
-    mooncake_sample_p: PreparedWorkload,
-    vllm_python: Path,
-    tmp_path: Path,
-    offload: str,
-    cpu_tokens: int,
-    threshold: int,
-) -> None:
-    """1,218 requests, GPU 250K tokens, the shipped access model's p; CPU tiers small enough
-    that the policies' release rules decide some request's CPU hit."""
-    check_lpc_agreement(
-        mooncake_sample_p,
-        vllm_python,
-        tmp_path,
-        (250_000, cpu_tokens),
-        threshold,
-        (500, 1000),
-        offload,
-    )
-
-
 @pytest.mark.parametrize("offload", sorted(LPC_POLICIES))
 def test_lpc_policies_agree_on_the_whole_mooncake_trace(
     mooncake_p: PreparedWorkload, vllm_python: Path, tmp_path: Path, offload: str
 ) -> None:
     """12,031 requests; GPU 2.5M and CPU 8M tokens, the shipped access model's p."""
     check_lpc_agreement(
-        mooncake_p, vllm_python, tmp_path, (2_500_000, 8_000_000), 0, (40_000, 150_000), offload
+        mooncake_p, vllm_python, tmp_path, WHOLE_TRACE_SIZES, 0, (40_000, 150_000), offload
     )

@@ -1,8 +1,10 @@
 """Replay a stream of requests through real vLLM's `CPUOffloadingManager` the way its
 `OffloadingConnector` scheduler drives it, and print each request's CPU hit, as JSON.
 
-Run by test_two_tier_agreement.py in the vLLM venv:
-`python tests/vllm/two_tier_driver.py STREAM.json`. The stream holds `num_chunks`,
+Run by test_two_tier_agreement.py (and tests/integrations/test_two_tier_agreement_sample.py) in
+the vLLM venv: `python tests/vllm/two_tier_driver.py STREAM.json [STREAM.json ...]`, one line of
+JSON per stream, in order, each stream through a fresh manager (one process for several
+streams: vLLM's import, about 8 s, is paid once). A stream holds `num_chunks`,
 `store_threshold`, `block_size` and `events`: `["arrive", id, [hex key, ...], device_blocks,
 max_blocks, t]` (the prompt's full blocks and the GPU prefix cache's hit) or
 `["finish", id, t]`. At an arrival: the CPU lookup from the GPU hit on (`lookup`, stopping at
@@ -10,14 +12,16 @@ the first miss, as `_maximal_prefix_lookup`), the load of the hit (`prepare_load
 `complete_load`), then the prompt's store (`prepare_store`, `complete_store`); at a finish,
 `on_request_finished`.
 
-The policy is vLLM's `policy` (default `lru`), or one loaded from `module_path`. With
+The policy is vLLM's built-in `policy` by name (default `lru`; `arc` too), or one loaded from
+`module_path`; the output names the class the manager ran (`policy_class`, `policy_module`). With
 `gpu_releases` the LPC plugin is registered first (with the stream's `return_model`, if any),
 on a clock that reads each event's time `t`, as an engine running LPC's CPU-tier policies has
 it: each request carries its conversation (`conversations`) in `kv_transfer_params`, and just
 before its finish the GPU plugin's release of it is recorded by request id, as
 `KVCacheManager.free` does one step earlier in vLLM, with the request's p
 (`gpu_releases["probabilities"]`, for `LPCCachePolicy` and `LPCPooledCachePolicy`) or its
-return curve (`gpu_releases["grid"]` and `["survival"]`, for `LPCReturnCachePolicy`).
+return curve (`gpu_releases["grid"]` and `["survival"]`, for `LPCReturnCachePolicy`); the
+plugin is unregistered after the stream, so the next one starts from stock vLLM.
 """
 
 from __future__ import annotations
@@ -56,6 +60,16 @@ def main(stream: dict) -> dict:
     releases = stream.get("gpu_releases")
     clock = EventClock()
     runtime = register_plugin(stream, clock) if releases is not None else None
+    try:
+        return replay(stream, clock, runtime, releases)
+    finally:
+        if runtime is not None:
+            from lpc.integrations import vllm_plugin
+
+            vllm_plugin.unregister()
+
+
+def replay(stream: dict, clock: EventClock, runtime: Any, releases: dict | None) -> dict:
     manager = CPUOffloadingManager(
         num_chunks=stream["num_chunks"],
         cache_policy=stream.get("policy", "lru"),
@@ -72,6 +86,7 @@ def main(stream: dict) -> dict:
             rid = event[1]
             clock.now = event[2]
             if runtime is not None:
+                assert releases is not None
                 record_gpu_release(runtime, rid, clock.now, conversations[rid], releases)
             manager.on_request_finished(contexts.pop(rid))
             continue
@@ -100,18 +115,18 @@ def main(stream: dict) -> dict:
         stored += len(out.keys_to_store)
         evicted += len(out.evicted_keys)
         manager.complete_store(out.keys_to_store, context)
+    policy = manager._policy
     result: dict[str, Any] = {
         "host_blocks": host_blocks,
         "stored": stored,
         "evicted": evicted,
         "failed": failed,
+        "policy_class": type(policy).__name__,
+        "policy_module": type(policy).__module__,
     }
     if runtime is not None:
-        policy = manager._policy
         evictor = policy.evictor
         result.update(
-            policy_class=type(policy).__name__,
-            policy_module=type(policy).__module__,
             plugin_errors=runtime.stats.plugin_errors,
             evictor=evictor.name,
             fallbacks_used=getattr(evictor, "fallbacks_used", None),
@@ -139,5 +154,6 @@ def record_gpu_release(
 
 
 if __name__ == "__main__":
-    with open(sys.argv[1]) as handle:
-        print(json.dumps(main(json.load(handle))))
+    for name in sys.argv[1:]:
+        with open(name) as handle:
+            print(json.dumps(main(json.load(handle))), flush=True)

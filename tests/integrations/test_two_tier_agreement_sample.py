@@ -1,0 +1,220 @@
+"""The two-tier replay's CPU tier against real vLLM 0.33's `CPUOffloadingManager` on a Mooncake
+sample, in the default suite: one conversation in 10 of the bundled trace (1,218 requests,
+block size 512), GPU 250K tokens (LRU), every request's CPU hit and the chunks stored and
+evicted compared exactly, as tests/vllm/test_two_tier_agreement.py (whose helpers these are)
+does on a synthetic workload and on the whole trace, in the vLLM CI step.
+
+It needs vLLM's venv (`.vllm-venv`, or `LPC_VLLM_PYTHON`), which the README's test command
+sets up (`scripts/bootstrap.sh --with-vllm`); without it the tests are skipped, loudly (the
+`vllm_python` fixture, asked for first so that nothing is loaded before the skip). Each test runs all its streams through one driver process (vLLM's
+import, about 8 s, paid once).
+
+- vLLM's built-in policies, CPU 800K tokens, store threshold 0 and 2: `lru` against our `lru`
+  (`HostTier`), `arc` against our `vllm-arc` (`lpc.replay.vllm_arc_policy`, vLLM's
+  `ARCCachePolicy` transcribed). Teeth: vLLM's `lru` gives 75 and 24 of the 1,215 requests the
+  GPU pool holds (the 3 others reach neither tier) another CPU hit than `arc` (thresholds 0 and
+  2).
+- LPC's classes, loaded by name and module path with the LPC plugin registered: `lpc` and
+  `lpc-pooled` (CPU 200K at threshold 0, 100K at threshold 2, the shipped access model's p)
+  and `lpc-return-model` (CPU 800K, thresholds 0 and 2, the shipped return-time model's
+  curves), each p or curve reaching the policy through the plugin's release. Teeth: each
+  differs from LRU in the CPU tier.
+- The transcription itself: `lpc.replay.vllm_arc_policy`'s methods are those of vLLM 0.33.0's
+  source, statement for statement.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lpc.replay.simulator import PreparedWorkload
+from tests.integrations.report import REPORT
+from tests.vllm.test_two_tier_agreement import (
+    LPC_POLICIES,
+    RETURN_POLICY,
+    Replayed,
+    load_mooncake_sample,
+    replay_for_vllm,
+    require_agreement,
+    require_lpc_teeth,
+    require_vllm_arc,
+    run_driver,
+    with_access_model,
+    with_return_curves,
+)
+
+GPU_TOKENS = 250_000
+CPU_TOKENS = 800_000
+TRANSCRIPTION = Path(__file__).resolve().parents[2] / "lpc" / "replay" / "vllm_arc_policy.py"
+
+
+@pytest.fixture(scope="module")
+def mooncake_sample() -> PreparedWorkload:
+    return load_mooncake_sample()
+
+
+def agree(checks: dict[str, Replayed], vllm_python: Path, tmp_path: Path) -> dict[str, dict]:
+    """Every check's stream through one driver process; each must agree with vLLM (every
+    failing check is reported, not only the first). Returns the outputs by check."""
+    outputs = run_driver(vllm_python, tmp_path, [c.stream for c in checks.values()])
+    vllm = dict(zip(checks, outputs, strict=True))
+    failures = []
+    for label, replayed in checks.items():
+        try:
+            require_agreement(replayed, vllm[label])
+        except AssertionError as error:
+            failures.append(f"{label}: {error}")
+    assert not failures, "\n".join(failures)
+    return vllm
+
+
+def test_vllm_builtin_policies_agree_on_a_mooncake_sample(
+    vllm_python: Path, mooncake_sample: PreparedWorkload, tmp_path: Path
+) -> None:
+    """vLLM's `lru` and `arc` against our `lru` and `vllm-arc`, thresholds 0 and 2."""
+    sizes = (GPU_TOKENS, CPU_TOKENS)
+    checks = {
+        (offload, threshold): replay_for_vllm(
+            mooncake_sample, sizes, threshold, (1000, 1000), offload
+        )
+        for offload in ("lru", "vllm-arc")
+        for threshold in (0, 2)
+    }
+    vllm = agree(
+        {f"{offload} threshold {t}": c for (offload, t), c in checks.items()},
+        vllm_python,
+        tmp_path,
+    )
+    differing = {}
+    for threshold in (0, 2):
+        lru, arc = checks[("lru", threshold)], checks[("vllm-arc", threshold)]
+        assert vllm[f"lru threshold {threshold}"]["policy_class"] == "LRUCachePolicy"
+        require_vllm_arc(vllm[f"vllm-arc threshold {threshold}"])
+        # The check has teeth: vLLM's lru, on the same requests, GPU hits and finishes, gives
+        # some request another CPU hit than arc.
+        assert {**lru.stream, "policy": "arc"} == arc.stream
+        differing[threshold] = len(arc.differing(vllm[f"lru threshold {threshold}"]["host_blocks"]))
+        assert differing[threshold] > 0, f"threshold {threshold}: lru gives arc's CPU hits"
+    REPORT.append(
+        f"two-tier agreement, Mooncake sample ({len(checks['lru', 0].served)} requests the GPU "
+        "pool holds): vLLM's lru and arc == our lru and vllm-arc at store thresholds 0 and 2, "
+        f"every CPU hit; vLLM's lru differs from arc on {differing[0]} / {differing[2]} requests"
+    )
+
+
+@pytest.fixture(scope="module")
+def mooncake_sample_p(mooncake_sample: PreparedWorkload) -> PreparedWorkload:
+    return with_access_model(mooncake_sample)
+
+
+@pytest.fixture(scope="module")
+def mooncake_sample_curves(mooncake_sample: PreparedWorkload) -> PreparedWorkload:
+    return with_return_curves(mooncake_sample)
+
+
+def test_lpc_policies_agree_on_a_mooncake_sample(
+    vllm_python: Path,
+    mooncake_sample_p: PreparedWorkload,
+    mooncake_sample_curves: PreparedWorkload,
+    tmp_path: Path,
+) -> None:
+    """`LPCCachePolicy`, `LPCPooledCachePolicy` (CPU tiers small enough that their release
+    rules decide some request's CPU hit) and `LPCReturnCachePolicy` against our `lpc`,
+    `lpc-pooled` and `lpc-return-model`."""
+    checks = {
+        f"{offload} {cpu_tokens} threshold {threshold}": replay_for_vllm(
+            mooncake_sample_p, (GPU_TOKENS, cpu_tokens), threshold, (500, 1000), offload
+        )
+        for offload in sorted(LPC_POLICIES)
+        for cpu_tokens, threshold in ((200_000, 0), (100_000, 2))
+    }
+    for threshold in (0, 2):
+        checks[f"{RETURN_POLICY} threshold {threshold}"] = replay_for_vllm(
+            mooncake_sample_curves, (GPU_TOKENS, CPU_TOKENS), threshold, (1000, 1000), RETURN_POLICY
+        )
+
+    vllm = agree(checks, vllm_python, tmp_path)
+    for label, replayed in checks.items():
+        if replayed.offload in LPC_POLICIES:
+            require_lpc_teeth(replayed, vllm[label])
+            continue
+        assert vllm[label]["policy_class"] == "LPCReturnCachePolicy"
+        assert vllm[label]["policy_module"] == "lpc.integrations.vllm_cache_policy"
+        assert vllm[label]["plugin_errors"] == 0 and vllm[label]["rekeys"] > 0
+        # The return-time order is not LRU's on this sample.
+        threshold = replayed.stream["store_threshold"]
+        lru = replay_for_vllm(
+            replayed.workload, (GPU_TOKENS, CPU_TOKENS), threshold, (0, 0), "lru"
+        ).ours
+        assert lru.host_hit_tokens != replayed.ours.host_hit_tokens, label
+    REPORT.append(
+        "two-tier agreement, Mooncake sample: LPCCachePolicy, LPCPooledCachePolicy and "
+        "LPCReturnCachePolicy in vLLM's manager == our lpc, lpc-pooled and lpc-return-model, "
+        f"every CPU hit, {len(checks)} checks"
+    )
+
+
+def _methods(tree: ast.Module, class_name: str) -> dict[str, ast.FunctionDef]:
+    """The module's functions and `class_name`'s methods, by name."""
+    found: dict[str, ast.FunctionDef] = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            found[node.name] = node
+        elif isinstance(node, ast.ClassDef) and node.name == class_name:
+            found.update((f.name, f) for f in node.body if isinstance(f, ast.FunctionDef))
+    return found
+
+
+def _statements(function: ast.FunctionDef) -> list[str]:
+    """Its body without the docstring, each statement dumped (no comments, no positions)."""
+    body = function.body
+    first = body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+        body = body[1:]
+    return [ast.dump(statement) for statement in body]
+
+
+def test_vllm_arc_is_vllms_arc_statement_for_statement(vllm_python: Path) -> None:
+    """`lpc.replay.vllm_arc_policy` against vLLM 0.33.0's own files (read, not imported):
+    `order_request_keys` and every method of `ARCCachePolicy`, with the hooks it inherits from
+    `CachePolicy`, have the same parameters and statements; `__init__` differs only in setting
+    `cache_capacity` itself, as `CachePolicy.__init__` does."""
+    found = subprocess.run(
+        [
+            str(vllm_python),
+            "-c",
+            "import importlib.metadata, importlib.util; "
+            "print(importlib.metadata.version('vllm')); "
+            "print(importlib.util.find_spec('vllm').submodule_search_locations[0])",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    version, root = found.stdout.split()
+    assert version == "0.33.0"
+    policies = Path(root) / "v1" / "kv_offload" / "cpu" / "policies"
+    base = _methods(ast.parse((policies / "base.py").read_text()), "CachePolicy")
+    arc = _methods(ast.parse((policies / "arc.py").read_text()), "ARCCachePolicy")
+    vllm = {**base, **arc}  # what ARCCachePolicy runs: its own methods, else CachePolicy's
+    ours = _methods(ast.parse(TRANSCRIPTION.read_text()), "ARCCachePolicy")
+    concrete = {
+        name
+        for name, method in base.items()
+        if not any(getattr(d, "id", None) == "abstractmethod" for d in method.decorator_list)
+    }
+    assert set(ours) == set(arc) | concrete
+    for name, method in ours.items():
+        theirs = vllm[name]
+        assert [a.arg for a in method.args.args] == [a.arg for a in theirs.args.args], name
+        if name == "__init__":
+            # `super().__init__(cache_capacity)`, i.e. CachePolicy's one statement, inlined
+            assert _statements(method)[:1] == _statements(base["__init__"]), name
+            assert _statements(method)[1:] == _statements(theirs)[1:], name
+        else:
+            assert _statements(method) == _statements(theirs), name
