@@ -666,32 +666,38 @@ class EvictorCachePolicy:
         A provisional release (a running request's touch) moves only provisional chunks: the
         others keep the keys their conversations' releases gave them."""
         chunks = self._chunks
-        resident = []
-        for key in keys:
-            record = chunks.get(key)
-            if record is not None and (final or record.provisional):
-                record.release = release
-                record.pushed = False
-                resident.append(record)
         provisional = not final
         if self.degraded:
-            for record in resident:
-                record.provisional = provisional
-                if final:
-                    record.held = None
+            for key in keys:
+                record = chunks.get(key)
+                if record is not None and (final or record.provisional):
+                    record.release = release
+                    record.pushed = False
+                    record.provisional = provisional
+                    if final:
+                        record.held = None
             return
         evictor = self.evictor
         remove = evictor.remove
         forget = getattr(evictor, "forget", None) if final else None
+        restore = getattr(evictor, "restore_metadata", None)
         drop_claim = evictor.drop_claim if drop is not None else None  # type: ignore[union-attr]
         requeued = []
-        for record in resident:
+        # One pass, chunk by chunk in the given order (the evictor's calls in the order of
+        # two passes: no call reads another chunk's record).
+        for key in keys:
+            record = chunks.get(key)
+            if record is None or not (final or record.provisional):
+                continue
+            record.release = release
+            record.pushed = False
             if record.evictable:
                 remove(record.slot)
                 requeued.append(record)
             if forget is not None and record.provisional:
-                if record.held is not None:  # held by a running request's access
-                    evictor.restore_metadata(record.slot, record.held)  # type: ignore[attr-defined]
+                held = record.held
+                if held is not None:  # held by a running request's access
+                    restore(record.slot, held)  # type: ignore[misc]
                     record.held = None
                 else:
                     forget(record.slot)
