@@ -571,9 +571,10 @@ class EvictorCachePolicy:
         now = self._clock()
         finished = self.finished
         plugin = None
-        rid = str(getattr(req_context, "req_id", ""))
+        rid = ""  # read only with the GPU plugin's releases
         if finished is not None:
             try:
+                rid = str(getattr(req_context, "req_id", ""))
                 plugin = finished.get(rid)
             except Exception:  # `_release` counts it
                 plugin = None
