@@ -42,7 +42,12 @@ from lpc.blocks.hashing import BlockHash
 from lpc.integrations.finished_releases import FinishedReleases
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.vllm_cache_policy import EvictorCachePolicy
-from lpc.replay.host_tier import DEFAULT_MAX_TRACKER_SIZE, HostCounters, OfferCounts
+from lpc.replay.host_tier import (
+    DEFAULT_MAX_TRACKER_SIZE,
+    HostCounters,
+    OfferCounts,
+    check_tier_settings,
+)
 from lpc.replay.vllm_arc_policy import ReplayARCCachePolicy
 
 # The CPU-tier policies that are vLLM's own classes, transcribed (built from the capacity alone,
@@ -112,18 +117,11 @@ class CachePolicyTier:
         store_threshold: int = 0,
         max_tracker_size: int = DEFAULT_MAX_TRACKER_SIZE,
     ) -> None:
-        if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
-            raise ValueError(f"num_chunks must be an int >= 1, got {num_chunks!r}")
+        check_tier_settings(num_chunks, store_threshold, max_tracker_size)
         if policy.cache_capacity != num_chunks:
             raise ValueError(
                 f"the policy holds {policy.cache_capacity} chunks, the tier {num_chunks}"
             )
-        if isinstance(store_threshold, bool) or not isinstance(store_threshold, int):
-            raise ValueError(f"store_threshold must be an int, got {store_threshold!r}")
-        if store_threshold < 0:
-            raise ValueError(f"store_threshold must be >= 0, got {store_threshold}")
-        if max_tracker_size < 1:
-            raise ValueError(f"max_tracker_size must be >= 1, got {max_tracker_size}")
         self.num_chunks = num_chunks
         self.policy = policy
         self.clock = clock

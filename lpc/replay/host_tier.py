@@ -166,6 +166,19 @@ class OfferCounts:
             offers[h] = 1
 
 
+def check_tier_settings(num_chunks: int, store_threshold: int, max_tracker_size: int) -> None:
+    """A CPU tier's settings, as `HostTier` and `CachePolicyTier` take them: a ValueError that
+    names the first bad one."""
+    if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
+        raise ValueError(f"num_chunks must be an int >= 1, got {num_chunks!r}")
+    if isinstance(store_threshold, bool) or not isinstance(store_threshold, int):
+        raise ValueError(f"store_threshold must be an int, got {store_threshold!r}")
+    if store_threshold < 0:
+        raise ValueError(f"store_threshold must be >= 0, got {store_threshold}")
+    if max_tracker_size < 1:
+        raise ValueError(f"max_tracker_size must be >= 1, got {max_tracker_size}")
+
+
 class HostTier:
     """A pool of `num_chunks` CPU chunks, one GPU block each, ordered by `evictor`.
 
@@ -179,14 +192,7 @@ class HostTier:
         store_threshold: int = 0,
         max_tracker_size: int = DEFAULT_MAX_TRACKER_SIZE,
     ) -> None:
-        if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
-            raise ValueError(f"num_chunks must be an int >= 1, got {num_chunks!r}")
-        if isinstance(store_threshold, bool) or not isinstance(store_threshold, int):
-            raise ValueError(f"store_threshold must be an int, got {store_threshold!r}")
-        if store_threshold < 0:
-            raise ValueError(f"store_threshold must be >= 0, got {store_threshold}")
-        if max_tracker_size < 1:
-            raise ValueError(f"max_tracker_size must be >= 1, got {max_tracker_size}")
+        check_tier_settings(num_chunks, store_threshold, max_tracker_size)
         self.num_chunks = num_chunks
         self.evictor = evictor
         self.store_threshold = store_threshold
