@@ -270,7 +270,12 @@ class LHDEvictor(Evictor):
         if time_s > self._clock_s:
             self._clock_s = time_s
         now_tick = self._ticks(time_s)
-        resident, explorer, rng = self._resident, self._explorer, self._rng
+        resident, explorer = self._resident, self._explorer
+        # `self._rng.randrange(EXPLORE_INVERSE_PROBABILITY)`, inlined as CPython computes it
+        # (`_randbelow_with_getrandbits`: draws of n.bit_length() bits until one is below n),
+        # so the same stream of draws without two Python frames per access.
+        getrandbits, below = self._rng.getrandbits, EXPLORE_INVERSE_PROBABILITY
+        bits = below.bit_length()
         tick, last_hit, last_last_hit = self._tick, self._last_hit_age, self._last_last_hit_age
         oldest = MAX_AGE - 1
         for block_id in block_ids:
@@ -288,7 +293,10 @@ class LHDEvictor(Evictor):
                 last_last_hit[block_id] = MAX_AGE
                 last_hit[block_id] = 0
             tick[block_id] = now_tick
-            explore = rng.randrange(EXPLORE_INVERSE_PROBABILITY) == 0
+            draw = getrandbits(bits)
+            while draw >= below:
+                draw = getrandbits(bits)
+            explore = draw == 0
             if (
                 explore
                 and self.explorer_budget > 0
@@ -316,9 +324,11 @@ class LHDEvictor(Evictor):
 
     def _forget(self, block_id: int, now_tick: int | None) -> None:
         """The block's content leaves: an eviction at `now_tick` is recorded, a drop is not."""
-        if now_tick is not None:
-            age = self._age(block_id, now_tick)
-            self.evictions[self._class_of(block_id)][age] += 1.0
+        if now_tick is not None:  # `_age` and `_class_of`, inlined (one call per eviction)
+            age = now_tick - self._tick[block_id]
+            age = 0 if age < 0 else min(age, MAX_AGE - 1)
+            cls = _HIT_AGE_CLASS[self._last_hit_age[block_id] + self._last_last_hit_age[block_id]]
+            self.evictions[cls][age] += 1.0
         if self._explorer[block_id]:
             self.explorer_budget += 1
             self._explorer[block_id] = False
@@ -344,9 +354,11 @@ class LHDEvictor(Evictor):
             self._tick,
             self._explorer,
         )
+        last_hit, last_last_hit = self._last_hit_age, self._last_last_hit_age
         seq = self._next_seq
         for block_id in freed.block_ids:
-            key = (self._class_of(block_id), tick[block_id], explorer[block_id])
+            cls = _HIT_AGE_CLASS[last_hit[block_id] + last_last_hit[block_id]]  # `_class_of`
+            key = (cls, tick[block_id], explorer[block_id])
             group = groups.get(key)
             if group is None:
                 group = groups[key] = {}
@@ -367,11 +379,12 @@ class LHDEvictor(Evictor):
             self._uncached.remove(block_id)
             return
         group = self._groups[key]
+        was_head = next(iter(group)) == block_id
         del group[block_id]
         if not group:
             del self._groups[key]
             self._table.drop(key)
-        else:
+        elif was_head:  # a later block leaves the group's head where it is
             for head in group:
                 self._table.set_head(key, self._seq[head])
                 break

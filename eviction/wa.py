@@ -172,38 +172,66 @@ class WAEvictor(Evictor):
         out = uncached.pop_n(from_uncached)
         if now_s > self._clock_s:
             self._clock_s = now_s
-        for _ in range(n - from_uncached):
-            out.append(self._evict(now_s))
+        if n > from_uncached:
+            out += self._evict_many(n - from_uncached, now_s)
         return out
 
     def _evict(self, now_s: float) -> int:
-        released, seqs, parameters, default = (
-            self._released_s,
-            self._seq,
-            self.parameters,
-            self.default,
-        )
-        window = self.window_s
-        best_key: tuple[float, float, int] | None = None
-        best_category: Category = None
-        for category, queue in self._queues.items():
-            head = next(iter(queue))
-            p, rate = parameters.get(category, default)
-            idle_s = now_s - released[head]
-            key = (reuse_probability(p, rate, idle_s, window), released[head], seqs[head])
-            if best_key is None or key < best_key:
-                best_key, best_category = key, category
-        assert best_key is not None, "wa: evict called with no queued block"
-        queue = self._queues[best_category]
-        victim, _ = queue.popitem(last=False)
-        if not queue:
-            del self._queues[best_category]
-        self._queued[victim] = False
-        self._num_queued -= 1
-        age = max(now_s - released[victim], 0.0)
-        w = self.window_weight
-        self.window_s = age if window == math.inf else (1.0 - w) * window + w * age
-        return victim
+        return self._evict_many(1, now_s)[0]
+
+    def _head_terms(
+        self, category: Category, queue: OrderedDict[int, None], now_s: float
+    ) -> tuple[int, float, float, float, float]:
+        """A queue head's part of `reuse_probability` that a pop at `now_s` does not change:
+        (head, p, λ, p·e^(−λ·t), 1 − p + p·e^(−λ·t)), t its idle time."""
+        head = next(iter(queue))
+        p, rate = self.parameters.get(category, self.default)
+        if p <= 0.0 or p >= 1.0:
+            return head, p, rate, 0.0, 1.0
+        stay = p * math.exp(-rate * max(now_s - self._released_s[head], 0.0))
+        return head, p, rate, stay, 1.0 - p + stay
+
+    def _evict_many(self, count: int, now_s: float) -> list[int]:
+        """`count` evictions at `now_s`, each of the queue head of lowest P (ties: older
+        release, then earlier push), the window moving after each. A head's idle-time terms
+        are computed once per pop (`_head_terms`), and only the window's factor per eviction:
+        the operations of `reuse_probability`, in its order, so the same P to the bit."""
+        released, seqs, queues = self._released_s, self._seq, self._queues
+        heads = {c: self._head_terms(c, queue, now_s) for c, queue in queues.items()}
+        assert len(heads) > 0 or count == 0, "wa: evict called with no queued block"
+        inf, expm1, w = math.inf, math.expm1, self.window_weight
+        out = []
+        for _ in range(count):
+            window = self.window_s
+            best_category: Category = None
+            best_p = best_r = 0.0
+            best_s = -1
+            for category, (head, p, rate, stay, denominator) in heads.items():
+                if p <= 0.0:
+                    reuse = 0.0
+                else:
+                    within = 1.0 if window == inf else -expm1(-rate * window)
+                    reuse = within if p >= 1.0 else within * stay / denominator
+                r = released[head]
+                if best_s < 0 or (
+                    reuse < best_p
+                    or (reuse == best_p and (r < best_r or (r == best_r and seqs[head] < best_s)))
+                ):
+                    best_category, best_p, best_r, best_s = category, reuse, r, seqs[head]
+            assert best_s >= 0, "wa: evict called with no queued block"
+            queue = queues[best_category]
+            victim, _ = queue.popitem(last=False)
+            if queue:
+                heads[best_category] = self._head_terms(best_category, queue, now_s)
+            else:
+                del queues[best_category]
+                del heads[best_category]
+            self._queued[victim] = False
+            self._num_queued -= 1
+            age = max(now_s - released[victim], 0.0)
+            self.window_s = age if window == inf else (1.0 - w) * window + w * age
+            out.append(victim)
+        return out
 
     def __len__(self) -> int:
         return self._uncached.size + self._num_queued
