@@ -128,7 +128,7 @@ import functools
 import math
 import operator
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -487,16 +487,25 @@ class EvictorCachePolicy:
         )
 
     # -- internals --------------------------------------------------------------------------
-    def _flush(self) -> None:
+    def _flush(self, finishing: Container[Any] = ()) -> set[Any]:
         """Hand the pending chunks to the evictor (`mark_evictable`'s deferred part), in call
         order. The evictor sees what one push per call would have shown it: consecutive
         chunks of equal release and kind go in one `push_*_each`, which the evictors of the
         LPC family make equal to their single pushes; others get one push per chunk. An
-        unknown key is counted as an error of `mark_evictable`, as its own call would be."""
+        unknown key is counted as an error of `mark_evictable`, as its own call would be.
+
+        `finishing`: the keys a request's final release re-keys next (`_release_keys`). A
+        provisional chunk among them would be pushed with the protected key only to be taken
+        out again, its metadata forgotten or restored, and pushed with the final release:
+        that push leaves nothing behind (no key, tag or count outlives `forget` and
+        `restore_metadata`, and other blocks keep their order), so such chunks become
+        evictable without it. Returns their keys, for `_rerelease` (empty when the evictor
+        was rebuilt here: the rebuild queued every evictable chunk)."""
         keys = self._pending[:]
         self._pending.clear()
         chunks = self._chunks
         records = []
+        unqueued: set[Any] = set()
         unknown = None
         for key in keys:
             record = chunks.get(key)
@@ -504,7 +513,10 @@ class EvictorCachePolicy:
                 unknown = key
             elif not record.evictable:
                 record.evictable = True
-                records.append(record)
+                if record.provisional and not record.pushed and key in finishing:
+                    unqueued.add(key)
+                else:
+                    records.append(record)
         try:
             if records and not self.degraded:
                 self._enqueue_in_order(records)
@@ -512,6 +524,8 @@ class EvictorCachePolicy:
                 raise KeyError(f"mark_evictable of a chunk not in the tier: {unknown!r}")
         except Exception as error:
             self._failed("mark_evictable", error)
+            return set()
+        return unqueued
 
     def _enqueue_in_order(self, records: list[_Chunk]) -> None:
         """Push chunks in the order given, one push per run of equal (release, kind); a run of
@@ -613,14 +627,18 @@ class EvictorCachePolicy:
     ) -> None:
         """Give `keys` (head to tail) the request's release; on an error LRU's move to the
         most recent place: the fallback p at the current time."""
+        unqueued: set[Any] = set()
         if self._pending:
-            self._flush()
+            # A final release re-keys every chunk it names: the provisional ones waiting to be
+            # queued skip their protected push when the evictor forgets it anyway (`_flush`).
+            skip = final is True and self.provisional_stores and self._forgets()
+            unqueued = self._flush(set(keys) if skip else ())
         release, final = self._release(req_context, final)
         drop = self._stale_conversation(req_context, release, final)
         # Without provisional releases every release moves every chunk it names.
         final = final or not self.provisional_stores
         try:
-            self._rerelease(keys, release, final, drop)
+            self._rerelease(keys, release, final, drop, unqueued)
         except Exception as error:
             self._failed(hook, error, lambda: self._lru_rerelease(keys, release, final))
 
@@ -653,8 +671,19 @@ class EvictorCachePolicy:
                 self.stats.plugin_error(f"the CPU tier's {hook} fallback", second)
         self._rebuild()
 
+    def _forgets(self) -> bool:
+        """Whether the evictor drops and restores a chunk's metadata (`forget`,
+        `restore_metadata`): a final release then erases what a provisional push left."""
+        evictor = self.evictor
+        return hasattr(evictor, "forget") and hasattr(evictor, "restore_metadata")
+
     def _rerelease(
-        self, keys: list[Any], release: Release, final: bool, drop: str | None = None
+        self,
+        keys: list[Any],
+        release: Release,
+        final: bool,
+        drop: str | None = None,
+        unqueued: Container[Any] = (),
     ) -> None:
         """Give `keys` the request's release; evictable ones go back to the evictor tail
         first, pinned ones keep it for when they become evictable. With `drop`, the chunks
@@ -665,7 +694,8 @@ class EvictorCachePolicy:
         larger key (max pooling); a chunk whose only release was provisional forgets it first,
         so the request's final p (and conversation) replaces it rather than pooling with it.
         A provisional release (a running request's touch) moves only provisional chunks: the
-        others keep the keys their conversations' releases gave them."""
+        others keep the keys their conversations' releases gave them. `unqueued`: evictable
+        chunks `_flush` left out of the evictor (there is nothing to take out)."""
         chunks = self._chunks
         provisional = not final
         if self.degraded:
@@ -693,7 +723,8 @@ class EvictorCachePolicy:
             record.release = release
             record.pushed = False
             if record.evictable:
-                remove(record.slot)
+                if not unqueued or key not in unqueued:
+                    remove(record.slot)
                 requeued.append(record)
             if forget is not None and record.provisional:
                 held = record.held

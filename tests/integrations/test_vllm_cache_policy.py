@@ -331,8 +331,12 @@ def test_an_evictor_that_raises_in_a_hook_is_rebuilt(method: str) -> None:
     stats = PluginStats()
     policy = EvictorCachePolicy(6, "lpc", clock=Clock(), stats=stats)
     store(policy, "a", 2, request("a", 0.9))
+    context = request("b", 0.1)
+    unlikely = store_running(policy, "b", 2, context)
+    policy.touch([], request("c", 0.5))  # queues b's chunks, provisional, before its finish
     fail_once(policy.evictor, method)
-    unlikely = store(policy, "b", 2, request("b", 0.1))  # push (insert) or remove (re-release)
+    # the finish takes b's chunks out (remove) and queues them with its p (push_cached)
+    policy.on_request_finished([unlikely], set(unlikely), set(), context)
     assert stats.plugin_errors == 1
     policy.evictor.check_invariants()
     assert len(policy.evictor) == 4
