@@ -674,6 +674,8 @@ class EvictorCachePolicy:
     def _forgets(self) -> bool:
         """Whether the evictor drops and restores a chunk's metadata (`forget`,
         `restore_metadata`): a final release then erases what a provisional push left."""
+        if self.degraded:  # no evictor to push to (`_flush` pushes nothing)
+            return False
         evictor = self.evictor
         return hasattr(evictor, "forget") and hasattr(evictor, "restore_metadata")
 

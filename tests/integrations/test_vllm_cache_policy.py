@@ -380,6 +380,23 @@ def failing_make_evictor(*args: Any, **kwargs: Any) -> Any:
     raise MemoryError("no evictor")
 
 
+def test_a_tier_whose_evictor_never_existed_stores_and_finishes_in_lru_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Degraded from the start (no evictor was ever built): a request's finish, with its
+    chunks still waiting to be queued, reaches no evictor and raises nothing."""
+    monkeypatch.setattr(vllm_cache_policy, "make_evictor", failing_make_evictor)
+    clock = Clock()
+    stats = PluginStats()
+    policy = EvictorCachePolicy(6, "lpc", clock=clock, stats=stats)
+    assert policy.degraded and stats.plugin_errors == 1
+    old = store(policy, "a", 2, request("a", 0.9))
+    clock.now = 5.0
+    store(policy, "b", 2, request("b", 0.1))
+    assert stats.plugin_errors == 1
+    assert [k for k, _ in policy.evict(2, set()) or []] == old[::-1]
+
+
 # -- provisional releases (a request still running) ---------------------------------------------
 def test_the_final_release_replaces_a_provisional_one_of_another_conversation() -> None:
     """Stores while a request runs carry no p yet; when it finishes, the GPU plugin's release
