@@ -53,6 +53,16 @@ seed.
 Structures: sessions in a heap by score with lazy versions (a touch re-pushes the sessions it
 bumped; a decay rebuilds it); a session with no idle block leaves the heap until one of its
 blocks is freed; each session's keys in an insertion-ordered dict, walked from the end.
+
+The ghost table decays lazily. Each entry keeps its score and the decay it is current to; a
+read or a bump first applies the decays it missed, one multiplication each, in order, so its
+value is bit for bit the eager one. An entry is pruned at a decay only while its hash is not
+resident, so an entry is also brought up to date whenever its hash's residency changes: the
+decays it then misses all saw one residency, and, the score only falling, the entry is pruned
+exactly when its score after them is under the threshold. A sweep brings every entry up to
+date (pruning the dead ones) whenever the table has doubled since the last, which bounds its
+memory. Eager decay walked the whole table every `decay_interval` touches, about a third of a
+replay's time on a large pool.
 """
 
 from __future__ import annotations
@@ -90,6 +100,7 @@ class SAEEvictor(Evictor):
     PREFIX_DEPTH_HALF_LIFE: ClassVar[float] = 8.0
     TOUCH_WEIGHT: ClassVar[float] = 1500.0
     GHOST_PRUNE_THRESHOLD: ClassVar[float] = 0.01
+    GHOST_SWEEP_MIN: ClassVar[int] = 1 << 16  # no sweep while the table is smaller
 
     def __init__(
         self,
@@ -128,7 +139,10 @@ class SAEEvictor(Evictor):
         self._num_free = 0
         self._sessions: dict[int, _Session] = {}
         self._heap: list[tuple[float, int, int]] = []  # (score, session id, version)
-        self.ghost_scores: dict[bytes, float] = {}
+        # hash -> [score, decays applied]: current once brought up to `self._decays`
+        self._ghost: dict[bytes, list] = {}
+        self._decays = 0
+        self._ghost_sweep_at = self.GHOST_SWEEP_MIN
         self._resident_hashes: dict[bytes, int] = {}
         self.logical_time = 0
         self._next_session_id = 0
@@ -152,6 +166,26 @@ class SAEEvictor(Evictor):
     def _position_weight(position: int) -> float:
         return 1.0 / math.log2(position + 2.0)
 
+    def ghost_score(self, block_hash: bytes) -> float:
+        """The hash's ghost score now (0.0 when it has none, or a decay pruned it)."""
+        entry = self._ghost_current(block_hash)
+        return 0.0 if entry is None else entry[0]
+
+    def _ghost_current(self, block_hash: bytes) -> list | None:
+        """The hash's ghost entry after the decays it missed (None if one pruned it). Only
+        valid while the hash's residency has not changed since the entry was last current."""
+        entry = self._ghost.get(block_hash)
+        if entry is None or entry[1] == self._decays:
+            return entry
+        score, factor = entry[0], self.decay_factor
+        for _ in range(self._decays - entry[1]):
+            score *= factor
+        if score < self.GHOST_PRUNE_THRESHOLD and block_hash not in self._resident_hashes:
+            del self._ghost[block_hash]
+            return None
+        entry[0], entry[1] = score, self._decays
+        return entry
+
     # -- a release: touch, then store ---------------------------------------------------
     def _release_blocks(self, freed: FreedBlocks, release: Release, idle: bool) -> None:
         if release is not self._release:
@@ -167,7 +201,7 @@ class SAEEvictor(Evictor):
         ids, depths, hashes = freed.block_ids, freed.depths, freed.hashes
         order = sorted(range(len(ids)), key=depths.__getitem__)
         resident, session_of, sessions = self._resident, self._session_of, self._sessions
-        ghost, touched = self.ghost_scores, self._touched
+        ghost, touched, decays = self._ghost, self._touched, self._decays
         changed: set[int] = set()
         new: list[int] = []
         for i in order:
@@ -175,9 +209,14 @@ class SAEEvictor(Evictor):
             hit = resident[block_id]
             if block_hash is not None:
                 weight = self.ghost_hit_weight if hit else self.ghost_miss_weight
-                ghost[block_hash] = ghost.get(block_hash, 0.0) + (
-                    self._position_weight(depth) * weight
-                )
+                bump = self._position_weight(depth) * weight
+                entry = ghost.get(block_hash)
+                if entry is not None and entry[1] != decays:
+                    entry = self._ghost_current(block_hash)
+                if entry is None:
+                    ghost[block_hash] = [bump, decays]
+                else:
+                    entry[0] += bump
             if not hit:
                 new.append(i)
                 continue
@@ -230,16 +269,21 @@ class SAEEvictor(Evictor):
         s = sessions[session_id]
         changed.add(session_id)
         resident, hash_of, session_of = self._resident, self._hash, self._session_of
-        ghost, resident_hashes, norm = self.ghost_scores, self._resident_hashes, self.ghost_norm
+        resident_hashes, norm = self._resident_hashes, self.ghost_norm
+        ghost, decays = self._ghost, self._decays
         for block_id, block_hash in zip(block_ids, hashes, strict=True):
             resident[block_id] = True
             hash_of[block_id] = block_hash
             session_of[block_id] = session_id
             s.keys[block_id] = None
             if block_hash is not None:
+                # current before the residency changes (see the module's docstring)
+                entry = ghost.get(block_hash)
+                if entry is not None and entry[1] != decays:
+                    entry = self._ghost_current(block_hash)
                 resident_hashes[block_hash] = resident_hashes.get(block_hash, 0) + 1
                 if not self._open_is_merged:
-                    s.hits += ghost.get(block_hash, 0.0) / norm
+                    s.hits += (0.0 if entry is None else entry[0]) / norm
 
     def _requeue(self, session_id: int) -> None:
         """The session's score (or idle count) changed: queue an entry with a new version."""
@@ -255,14 +299,11 @@ class SAEEvictor(Evictor):
         factor = self.decay_factor
         for s in self._sessions.values():
             s.hits *= factor
-        resident_hashes, threshold = self._resident_hashes, self.GHOST_PRUNE_THRESHOLD
-        # One pass that builds the decayed table (same values, same order) is several times
-        # faster than updating the table key by key, and a large pool decays a large table.
-        self.ghost_scores = {
-            key: decayed
-            for key, score in self.ghost_scores.items()
-            if (decayed := score * factor) >= threshold or key in resident_hashes
-        }
+        self._decays += 1  # the ghost table's entries catch up when read (the docstring)
+        if len(self._ghost) >= self._ghost_sweep_at:
+            for block_hash in list(self._ghost):
+                self._ghost_current(block_hash)
+            self._ghost_sweep_at = max(self.GHOST_SWEEP_MIN, 2 * len(self._ghost))
         self._rebuild_heap()
 
     def _rebuild_heap(self) -> None:
@@ -289,6 +330,9 @@ class SAEEvictor(Evictor):
             if count:
                 self._resident_hashes[block_hash] = count
             else:
+                entry = self._ghost.get(block_hash)
+                if entry is not None and entry[1] != self._decays:
+                    self._ghost_current(block_hash)  # current before it stops being resident
                 del self._resident_hashes[block_hash]
         self._hash[block_id] = None
 

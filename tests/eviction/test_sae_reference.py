@@ -25,6 +25,74 @@ def test_victims_match_the_plain_reference_on_random_streams(
     assert seen["evictions"] > 30 and seen["hits"] > 10 and seen["shared releases"] > 5
 
 
+class _SweepingSAE(SAEEvictor):
+    GHOST_SWEEP_MIN = 8  # sweeps the ghost table often on a small stream
+
+
+class _EagerSAE(SAEEvictor):
+    """Every ghost entry decayed (or pruned) at every decay, as the PR does it."""
+
+    def _decay(self) -> None:
+        super()._decay()
+        for block_hash in list(self._ghost):
+            self._ghost_current(block_hash)
+
+
+@pytest.mark.parametrize("sweep", [False, True])
+@pytest.mark.parametrize("seed", range(12))
+def test_lazily_decayed_ghost_scores_are_bit_for_bit_the_eager_ones(seed: int, sweep: bool) -> None:
+    """The ghost table decays when read (and in sweeps); every score, and every pruning, is
+    exactly the eager table's, compared with `==` (and with the plain reference's to the last
+    bits, which computes a hit's bump as 12 / log2 rather than 1 / log2 * 12)."""
+    lazy = (_SweepingSAE if sweep else SAEEvictor)(24, decay_interval=2)
+    eager, plain = _EagerSAE(24, decay_interval=2), PlainSAE(24, decay_interval=2)
+    drive(lazy, plain, seed, 24, steps=1200, hashes=120)
+    drive(eager, PlainSAE(24, decay_interval=2), seed, 24, steps=1200, hashes=120)
+    assert plain.lookups_since_decay >= 100  # about fifty decays: entries are pruned
+    keys = [bytes([h]) for h in range(120)]
+    assert any(key not in plain.ghost for key in keys) and plain.ghost
+    for key in keys:
+        assert lazy.ghost_score(key) == eager.ghost_score(key), f"seed {seed}: {key!r}"
+        assert lazy.ghost_score(key) == pytest.approx(plain.ghost.get(key, 0.0), rel=1e-12)
+    assert lazy._sessions.keys() == eager._sessions.keys()
+    for session_id, session in lazy._sessions.items():
+        assert session.hits == eager._sessions[session_id].hits
+
+
+def test_a_ghost_entry_decayed_under_the_threshold_while_resident_is_kept_until_a_decay() -> None:
+    """The PR prunes at a decay only the entries whose hash is not resident: an entry that fell
+    under the threshold while its block was resident keeps its score after the eviction until
+    the next decay (lazily: the entry catches up at the eviction, before its residency ends)."""
+    sae = SAEEvictor(2, decay_interval=1)
+    sae.reset(range(2))
+    b = sae.pop_n(2)
+    sae.push_cached(FreedBlocks([b[0]], [0], [b"x"]), Release(0.0, None, "a"))
+    sae.push_cached(FreedBlocks([b[1]], [0], [b"y"]), Release(1.0, None, "b"))
+    for t in range(45):  # 47 decays in all, one per touch
+        sae.remove(b[1])
+        sae.push_cached(FreedBlocks([b[1]], [0], [b"y"]), Release(2.0 + t, None, "b"))
+    assert sae.pop_n(1) == [b[0]]  # x's session was touched least
+    expected = 1.0  # x's miss at depth 0, then 47 decays, multiplied one at a time
+    for _ in range(47):
+        expected *= 0.9
+    assert sae.ghost_score(b"x") == expected < SAEEvictor.GHOST_PRUNE_THRESHOLD
+    sae.remove(b[1])
+    sae.push_cached(FreedBlocks([b[1]], [0], [b"y"]), Release(50.0, None, "b"))  # a decay
+    assert sae.ghost_score(b"x") == 0.0
+
+
+def test_a_store_seeds_from_the_ghost_table_as_pruned_by_its_own_touchs_decay() -> None:
+    """A touch's decay comes before its store: a fresh entry under the threshold is pruned (its
+    hash not yet resident) and seeds nothing."""
+    sae = SAEEvictor(1, decay_interval=1, ghost_miss_weight=0.001)
+    sae.reset(range(1))
+    (block,) = sae.pop_n(1)
+    sae.push_cached(FreedBlocks([block], [0], [b"x"]), Release(0.0, None, "a"))
+    (session,) = sae._sessions.values()
+    assert session.hits == 0.0
+    assert sae.ghost_score(b"x") == 0.0
+
+
 @pytest.mark.parametrize("decay_interval", [5, 500])
 @pytest.mark.parametrize("seed", range(8))
 def test_block_manager_allocations_match_the_plain_reference(
@@ -88,10 +156,10 @@ def test_ghost_scores_outlive_eviction_and_seed_a_returning_session() -> None:
     b = sae.pop_n(4)
     digest = FreedBlocks([b[0]], [0], [b"x"])
     sae.push_cached(digest, Release(0.0, None, "a"))
-    assert sae.ghost_scores[b"x"] == pytest.approx(1.0)  # a miss at position 0
+    assert sae.ghost_score(b"x") == pytest.approx(1.0)  # a miss at position 0
     sae.remove(b[0])
     sae.push_cached(digest, Release(1.0, None, "a"))
-    assert sae.ghost_scores[b"x"] == pytest.approx(13.0)  # then a hit
+    assert sae.ghost_score(b"x") == pytest.approx(13.0)  # then a hit
     assert sae.pop_n(1, 2.0) == [b[0]]
     sae.push_cached(FreedBlocks([b[1]], [0], [b"x"]), Release(3.0, None, "b"))
     (session,) = sae._sessions.values()
