@@ -107,6 +107,9 @@ class CachePolicyTier:
     `VLLM_POLICIES`, which read neither); `block_size` tokens per chunk give the keys'
     positions. Same interface as `HostTier` (`host_tier.CpuTier`)."""
 
+    # A load pins, touches and re-releases what the request reads (`on_request_access`).
+    reads_loads = True
+
     def __init__(
         self,
         num_chunks: int,

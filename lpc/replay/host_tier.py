@@ -85,6 +85,10 @@ class CpuTier(Protocol):
 
     num_chunks: int
     counters: HostCounters
+    # Whether the tier's state depends on the chunks a request loads (the GPU hit decides
+    # where its CPU lookup starts); when not, one tier serves several GPU replays at once
+    # (`two_tier_grid.replay_host_tier_for`).
+    reads_loads: bool
 
     def __contains__(self, block_hash: object) -> bool: ...
 
@@ -184,6 +188,12 @@ class HostTier:
 
     The evictor must be built for `num_chunks + 1` blocks: slot ids are 1..num_chunks, as
     the GPU block manager's are (its block 0 is the null block)."""
+
+    # A load only records chunks that the request's offer, which always follows it, records
+    # and releases again (every resident chunk of the prompt, with the rest): what the tier
+    # holds and in what order never depends on which chunks a request loaded, only on which
+    # requests reached it.
+    reads_loads = False
 
     def __init__(
         self,

@@ -181,18 +181,29 @@ def host_tier(
         workload.future,
         settings.policy_options.get(offload_spec.evictor),
     )
+    if host_tier_class(offload_spec) is HostTier:
+        evictor = make_evictor(offload_spec.evictor, num_chunks + 1, **options)
+        return HostTier(num_chunks, evictor, store_threshold)
+    policy_class = cache_policy_class(offload_spec.evictor)
+    assert policy_class is not None  # `host_tier_class`
+    return CachePolicyTier.running(
+        policy_class,
+        num_chunks,
+        offload_spec.evictor,
+        options,
+        workload.block_size,
+        store_threshold,
+    )
+
+
+def host_tier_class(offload_spec: PolicySpec) -> type[HostTier] | type[CachePolicyTier]:
+    """The class of `host_tier`'s tier for `offload_spec` (without building it)."""
+    if offload_spec.cpu_tier_only:
+        return CachePolicyTier
     policy_class = cache_policy_class(offload_spec.evictor)
     if policy_class is not None and policy_class.provisional_stores:
-        return CachePolicyTier.running(
-            policy_class,
-            num_chunks,
-            offload_spec.evictor,
-            options,
-            workload.block_size,
-            store_threshold,
-        )
-    evictor = make_evictor(offload_spec.evictor, num_chunks + 1, **options)
-    return HostTier(num_chunks, evictor, store_threshold)
+        return CachePolicyTier
+    return HostTier
 
 
 def replay_two_tier(

@@ -29,7 +29,14 @@ from lpc.replay.latency import TierLatency, summarise_ttft
 from lpc.replay.policies import PolicySpec
 from lpc.replay.return_sources import request_curves
 from lpc.replay.simulator import PreparedWorkload, request_probabilities
-from lpc.replay.two_tier import TierSettings, TwoTierRequestHits, TwoTierResult, gpu_tier, host_tier
+from lpc.replay.two_tier import (
+    TierSettings,
+    TwoTierRequestHits,
+    TwoTierResult,
+    gpu_tier,
+    host_tier,
+    host_tier_class,
+)
 from lpc.workload import ARRIVAL
 
 FAILED = -1  # `GpuTrace.device_blocks` of a request the GPU pool could not hold
@@ -108,22 +115,75 @@ def replay_host_tier(
     """The CPU half of `replay_two_tier` against a recorded GPU replay, every CPU size of one
     CPU policy in one pass over the events; one result per size, in the given order. Each
     result's `seconds` is the pass's wall time shared evenly among its sizes."""
+    (results,) = replay_host_tier_for(
+        workload,
+        [gpu_trace],
+        offload_spec,
+        offload_sizes_tokens,
+        settings,
+        store_threshold,
+        latency,
+    )
+    return results
+
+
+def shares_host_pass(offload_spec: PolicySpec) -> bool:
+    """Whether one CPU-tier pass of `offload_spec` serves every GPU replay that failed the
+    same requests (`replay_host_tier_for`): its tier does not read its loads."""
+    return not host_tier_class(offload_spec).reads_loads
+
+
+def failed_requests(gpu_trace: GpuTrace) -> tuple[int, ...]:
+    """The requests the GPU pool could not hold, which skip the CPU tier too."""
+    return tuple(i for i, blocks in enumerate(gpu_trace.device_blocks) if blocks == FAILED)
+
+
+def replay_host_tier_for(
+    workload: PreparedWorkload,
+    gpu_traces: Sequence[GpuTrace],
+    offload_spec: PolicySpec,
+    offload_sizes_tokens: Sequence[int],
+    settings: ReplaySettings,
+    store_threshold: int = 0,
+    latency: TierLatency | None = None,
+) -> list[list[TwoTierResult]]:
+    """`replay_host_tier` for several GPU replays in one pass, one list of results per
+    replay, in the given order.
+
+    Under `HostTier`'s rules (`shares_host_pass`) the CPU tier's state never depends on the
+    GPU tier's hits: every request offers its whole prompt, and its load records nothing its
+    offer does not. So what the tier holds at each event is the same behind any GPU policy
+    whose pool held the same requests; only the lookups differ, and a lookup reads the tier
+    without changing it. One pass then keeps one tier per CPU size and looks each request up
+    once per GPU replay, from that replay's GPU hit. (A tier that reads its loads, the
+    policies run in their vLLM class, takes one replay per pass.) Each result's `seconds` is
+    the pass's wall time shared evenly among its results."""
     started = time.perf_counter()
+    if not gpu_traces:
+        return []
+    shared = len(gpu_traces) > 1
+    if shared and not shares_host_pass(offload_spec):
+        raise ValueError(f"the CPU policy {offload_spec.label} reads its loads: one GPU replay")
+    if shared and len({failed_requests(trace) for trace in gpu_traces}) > 1:
+        raise ValueError("GPU replays that failed different requests cannot share a pass")
     latency = latency or TierLatency()
     block_size = workload.block_size
     hosts = [
         host_tier(workload, offload_spec, offload_tokens, settings, store_threshold)
         for offload_tokens in offload_sizes_tokens
     ]
+    reads_loads = hosts[0].reads_loads if hosts else True
     categories = workload.categories
     host_p = request_probabilities(workload, offload_spec)
     host_curves = request_curves(workload.curves, offload_spec, len(workload.requests))
     first_counted = workload.first_counted
     cache_requests = workload.cache_requests
-    lookup_of, device_of = gpu_trace.lookup_blocks, gpu_trace.device_blocks
+    lookups = [trace.lookup_blocks for trace in gpu_traces]
+    # the traces agree on which requests failed; the first one's device hits say which
+    device_of = gpu_traces[0].device_blocks
     prompts: list[int] = []
-    device_hits: list[int] = []
-    host_hits: list[list[int]] = [[] for _ in hosts]
+    device_hits: list[list[int]] = [[] for _ in gpu_traces]
+    host_hits: list[list[list[int]]] = [[[] for _ in hosts] for _ in gpu_traces]
     stores = [0] * len(hosts)
     evictions = [0] * len(hosts)
     failures = 0
@@ -145,56 +205,91 @@ def replay_host_tier(
             if counted:
                 failures += 1
                 prompts.append(num_prompt_tokens)
-                device_hits.append(0)
-                for hits in host_hits:
-                    hits.append(0)
+                for t in range(len(gpu_traces)):
+                    device_hits[t].append(0)
+                    for hits in host_hits[t]:
+                        hits.append(0)
             continue
         rid = request.request_id
         hashes = request.block_hashes
         assert hashes is not None, "a prepared workload carries every request's hashes"
         max_blocks = (num_prompt_tokens - 1) // block_size
-        lookup_blocks = lookup_of[i]
         offered = hashes[: num_prompt_tokens // block_size]
         for k, host in enumerate(hosts):
-            host_blocks = host.lookup(hashes, lookup_blocks, max_blocks)
-            host.load(rid, hashes, device_blocks, host_blocks, time_s, request.conversation_id)
+            for t, lookup_of in enumerate(lookups):
+                host_blocks = host.lookup(hashes, lookup_of[i], max_blocks)
+                if counted:
+                    host_hits[t][k].append(host_blocks * block_size)
+            if reads_loads:  # one GPU replay (checked above)
+                host.load(rid, hashes, device_blocks, host_blocks, time_s, request.conversation_id)
             counters = host.counters
             stored, evicted = counters.stored_chunks, counters.evictions
             host.offer(rid, offered, time_s, request.conversation_id)
             if counted:
                 stores[k] += counters.stored_chunks - stored
                 evictions[k] += counters.evictions - evicted
-                host_hits[k].append(host_blocks * block_size)
         if counted:
             prompts.append(num_prompt_tokens)
-            device_hits.append(device_blocks * block_size)
-    seconds = (time.perf_counter() - started) / max(1, len(hosts))
-    results = []
-    for k, offload_tokens in enumerate(offload_sizes_tokens):
-        ttft = summarise_ttft(latency, prompts, device_hits, host_hits[k])
-        results.append(
-            TwoTierResult(
-                policy=gpu_trace.policy,
-                offload_policy=offload_spec.label,
-                cache_tokens=gpu_trace.cache_tokens,
-                offload_tokens=offload_tokens,
-                requests=len(prompts),
-                queried_tokens=sum(prompts),
-                device_hit_tokens=sum(device_hits),
-                host_hit_tokens=sum(host_hits[k]),
-                host_stored_chunks=stores[k],
-                host_evictions=evictions[k],
-                allocation_failures=failures,
-                ttft_p50_s=ttft.p50_s,
-                ttft_p90_s=ttft.p90_s,
-                ttft_mean_s=ttft.mean_s,
-                prefill_gpu_s_saved=ttft.prefill_gpu_s_saved,
-                load_s=ttft.load_s,
-                seconds=seconds,
-                request_hits=TwoTierRequestHits.of(workload, prompts, device_hits, host_hits[k]),
+            for t, trace in enumerate(gpu_traces):
+                device_hits[t].append(trace.device_blocks[i] * block_size)
+    seconds = (time.perf_counter() - started) / max(1, len(hosts) * len(gpu_traces))
+    return [
+        [
+            _result(
+                workload,
+                trace,
+                offload_spec,
+                offload_tokens,
+                prompts,
+                device_hits[t],
+                host_hits[t][k],
+                stores[k],
+                evictions[k],
+                failures,
+                latency,
+                seconds,
             )
-        )
-    return results
+            for k, offload_tokens in enumerate(offload_sizes_tokens)
+        ]
+        for t, trace in enumerate(gpu_traces)
+    ]
+
+
+def _result(
+    workload: PreparedWorkload,
+    gpu_trace: GpuTrace,
+    offload_spec: PolicySpec,
+    offload_tokens: int,
+    prompts: list[int],
+    device_hits: list[int],
+    host_hits: list[int],
+    stores: int,
+    evictions: int,
+    failures: int,
+    latency: TierLatency,
+    seconds: float,
+) -> TwoTierResult:
+    ttft = summarise_ttft(latency, prompts, device_hits, host_hits)
+    return TwoTierResult(
+        policy=gpu_trace.policy,
+        offload_policy=offload_spec.label,
+        cache_tokens=gpu_trace.cache_tokens,
+        offload_tokens=offload_tokens,
+        requests=len(prompts),
+        queried_tokens=sum(prompts),
+        device_hit_tokens=sum(device_hits),
+        host_hit_tokens=sum(host_hits),
+        host_stored_chunks=stores,
+        host_evictions=evictions,
+        allocation_failures=failures,
+        ttft_p50_s=ttft.p50_s,
+        ttft_p90_s=ttft.p90_s,
+        ttft_mean_s=ttft.mean_s,
+        prefill_gpu_s_saved=ttft.prefill_gpu_s_saved,
+        load_s=ttft.load_s,
+        seconds=seconds,
+        request_hits=TwoTierRequestHits.of(workload, prompts, device_hits, host_hits),
+    )
 
 
 # Worker processes receive the workload once, through the pool initializer (inherited by
@@ -214,11 +309,16 @@ def _gpu_in_worker(spec: PolicySpec, cache_tokens: int) -> tuple[GpuTrace, float
 
 
 def _host_in_worker(
-    gpu_trace: GpuTrace, offload_spec: PolicySpec, tiers: TierSettings
-) -> tuple[list[TwoTierResult], float]:
+    gpu_traces: list[GpuTrace], offload_spec: PolicySpec, tiers: TierSettings
+) -> tuple[list[list[TwoTierResult]], float]:
     assert _worker_state is not None, "worker used before its initializer ran"
     workload, settings = _worker_state
-    return _host_pass(workload, gpu_trace, offload_spec, tiers, settings)
+    return _host_pass(workload, gpu_traces, offload_spec, tiers, settings)
+
+
+# A CPU-tier pass to run: the (GPU policy, GPU size, CPU policy) of each result list it
+# gives, the GPU replays it reads (in that order), and the CPU policy.
+_HostJob = tuple[list[tuple[int, int, int]], list[GpuTrace], PolicySpec]
 
 
 def run_pair_grid(
@@ -231,29 +331,56 @@ def run_pair_grid(
     on_result: Callable[[TwoTierResult], None] | None = None,
 ) -> tuple[list[TwoTierResult], GridTiming]:
     """Every GPU policy × CPU policy × GPU size × CPU size, in that order (the order and
-    figures of `two_tier.run_two_tier_grid`): one GPU replay per (GPU policy, GPU size), one
-    CPU-tier pass per (GPU replay, CPU policy), in `workers` processes."""
+    figures of `two_tier.run_two_tier_grid`): one GPU replay per (GPU policy, GPU size); per
+    CPU policy that reads its loads one CPU-tier pass per GPU replay, per other CPU policy one
+    pass per GPU size and set of failed requests (`replay_host_tier_for`), in `workers`
+    processes."""
     started = time.perf_counter()
     gpu_jobs = [(g, s) for g in range(len(specs)) for s in range(len(cache_sizes_tokens))]
+    traces: dict[tuple[int, int], GpuTrace] = {}
     passes: dict[tuple[int, int, int], list[TwoTierResult]] = {}
     gpu_cpu_s: list[float] = []
     host_cpu_s: list[float] = []
-
-    def done(key: tuple[int, int, int], outcome: tuple[list[TwoTierResult], float]) -> None:
-        passes[key], cpu_s = outcome
-        host_cpu_s.append(cpu_s)
-        if on_result is not None:
-            for result in passes[key]:
-                on_result(result)
-
     offload_specs = tiers.offload_policies
+    shared = [shares_host_pass(spec) for spec in offload_specs]
+
+    def host_jobs(g: int, s: int) -> list[_HostJob]:
+        """The passes GPU replay (g, s) makes possible: its own, of every CPU policy that
+        reads its loads; and, once it is the last of its GPU size, one of every other CPU
+        policy per group of that size's replays that failed the same requests."""
+        jobs = [
+            ([(g, s, c)], [traces[(g, s)]], spec)
+            for c, spec in enumerate(offload_specs)
+            if not shared[c]
+        ]
+        if any((other, s) not in traces for other in range(len(specs))):
+            return jobs
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for other in range(len(specs)):
+            groups.setdefault(failed_requests(traces[(other, s)]), []).append(other)
+        for c, spec in enumerate(offload_specs):
+            if shared[c]:
+                for members in groups.values():
+                    keys = [(other, s, c) for other in members]
+                    jobs.append((keys, [traces[(other, s)] for other in members], spec))
+        return jobs
+
+    def done(keys: list[tuple[int, int, int]], outcome: tuple[list[list[TwoTierResult]], float]):
+        per_trace, cpu_s = outcome
+        host_cpu_s.append(cpu_s)
+        for key, results in zip(keys, per_trace, strict=True):
+            passes[key] = results
+            if on_result is not None:
+                for result in results:
+                    on_result(result)
+
     serial = workers <= 1 or "fork" not in multiprocessing.get_all_start_methods()
     if serial:
         for g, s in gpu_jobs:
-            trace, cpu_s = _gpu_replay(workload, specs[g], cache_sizes_tokens[s], settings)
+            traces[(g, s)], cpu_s = _gpu_replay(workload, specs[g], cache_sizes_tokens[s], settings)
             gpu_cpu_s.append(cpu_s)
-            for c, offload_spec in enumerate(offload_specs):
-                done((g, s, c), _host_pass(workload, trace, offload_spec, tiers, settings))
+            for keys, gpu_traces, offload_spec in host_jobs(g, s):
+                done(keys, _host_pass(workload, gpu_traces, offload_spec, tiers, settings))
     else:
         with ProcessPoolExecutor(
             max_workers=workers,
@@ -261,22 +388,23 @@ def run_pair_grid(
             initializer=_init_worker,
             initargs=(workload, settings),
         ) as pool:
-            pending: dict[Future, tuple[int, ...]] = {
+            gpu_pending: dict[Future, tuple[int, int]] = {
                 pool.submit(_gpu_in_worker, specs[g], cache_sizes_tokens[s]): (g, s)
                 for g, s in gpu_jobs
             }
-            while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            host_pending: dict[Future, list[tuple[int, int, int]]] = {}
+            while gpu_pending or host_pending:
+                finished, _ = wait([*gpu_pending, *host_pending], return_when=FIRST_COMPLETED)
                 for future in finished:
-                    key = pending.pop(future)
-                    if len(key) == 2:  # a GPU replay: its CPU-tier passes can start
-                        trace, cpu_s = future.result()
+                    if future in gpu_pending:  # a GPU replay: its CPU-tier passes can start
+                        g, s = gpu_pending.pop(future)
+                        traces[(g, s)], cpu_s = future.result()
                         gpu_cpu_s.append(cpu_s)
-                        for c, offload_spec in enumerate(offload_specs):
-                            host = pool.submit(_host_in_worker, trace, offload_spec, tiers)
-                            pending[host] = (*key, c)
+                        for keys, gpu_traces, offload_spec in host_jobs(g, s):
+                            host = pool.submit(_host_in_worker, gpu_traces, offload_spec, tiers)
+                            host_pending[host] = keys
                     else:
-                        done(key, future.result())  # type: ignore[arg-type]
+                        done(host_pending.pop(future), future.result())
     results = [
         result
         for g in range(len(specs))
@@ -288,7 +416,7 @@ def run_pair_grid(
         wall_s=time.perf_counter() - started,
         gpu_replays=len(gpu_cpu_s),
         gpu_replay_cpu_s=sum(gpu_cpu_s),
-        host_passes=len(passes),
+        host_passes=len(host_cpu_s),
         host_replay_cpu_s=sum(host_cpu_s),
         workers=1 if serial else workers,
     )
@@ -306,16 +434,17 @@ def _gpu_replay(
 
 def _host_pass(
     workload: PreparedWorkload,
-    trace: GpuTrace,
+    gpu_traces: list[GpuTrace],
     offload_spec: PolicySpec,
     tiers: TierSettings,
     settings: ReplaySettings,
-) -> tuple[list[TwoTierResult], float]:
-    """A CPU-tier pass (every CPU size) and the processor seconds it took."""
+) -> tuple[list[list[TwoTierResult]], float]:
+    """A CPU-tier pass (every CPU size, every GPU replay given) and the processor seconds it
+    took."""
     started = time.process_time()
-    results = replay_host_tier(
+    results = replay_host_tier_for(
         workload,
-        trace,
+        gpu_traces,
         offload_spec,
         tiers.offload_sizes_tokens,
         settings,

@@ -9,12 +9,20 @@ from dataclasses import replace
 
 import pytest
 
+from lpc.replay import two_tier_grid as grid
 from lpc.replay.ab import ReplaySettings
 from lpc.replay.policies import parse_policies
 from lpc.replay.return_sources import true_return_curves
 from lpc.replay.simulator import PreparedWorkload, prepare
 from lpc.replay.two_tier import TierSettings, TwoTierResult, run_two_tier_grid
-from lpc.replay.two_tier_grid import FAILED, replay_gpu_tier, run_pair_grid
+from lpc.replay.two_tier_grid import (
+    FAILED,
+    failed_requests,
+    replay_gpu_tier,
+    replay_host_tier_for,
+    run_pair_grid,
+    shares_host_pass,
+)
 from lpc.traces.load import TraceOptions, load_trace
 from lpc.workload import WorkloadConfig, open_loop_requests
 from tests.lpc.synthetic import conversations
@@ -104,7 +112,16 @@ def test_the_fast_grid_gives_the_reference_figures(
     assert _without_time(fast) == _without_time(reference)
     assert sorted(map(repr, _without_time(seen))) == sorted(map(repr, _without_time(fast)))
     assert timing.gpu_replays == len(specs) * len(gpu_sizes)
-    assert timing.host_passes == len(specs) * len(gpu_sizes) * len(tiers.offload_policies)
+    # a CPU policy under HostTier's rules runs once per GPU size and set of failed requests
+    failed_sets = [
+        {failed_requests(replay_gpu_tier(workload, spec, size, settings)) for spec in specs}
+        for size in gpu_sizes
+    ]
+    shared = sum(shares_host_pass(spec) for spec in tiers.offload_policies)
+    own = len(tiers.offload_policies) - shared
+    expected = sum(len(sets) * shared + len(specs) * own for sets in failed_sets)
+    assert timing.host_passes == expected
+    assert expected < len(specs) * len(gpu_sizes) * len(tiers.offload_policies)
     # the check has teeth: failures, host hits and host evictions all happen
     assert any(r.allocation_failures for r in reference)
     assert any(r.host_hit_tokens for r in reference)
@@ -118,7 +135,8 @@ def test_worker_processes_give_the_same_figures(synthetic: PreparedWorkload) -> 
     serial, _ = run_pair_grid(synthetic, specs, (900, 3000), tiers, ReplaySettings(), 1)
     forked, timing = run_pair_grid(synthetic, specs, (900, 3000), tiers, ReplaySettings(), 2)
     assert _without_time(forked) == _without_time(serial)
-    assert timing.workers == 2 and timing.gpu_replays == 4 and timing.host_passes == 8
+    assert timing.workers == 2 and timing.gpu_replays == 4
+    assert timing.host_passes < 8  # the two GPU policies share passes where they failed alike
 
 
 def test_a_gpu_trace_marks_the_requests_the_pool_could_not_hold(
@@ -133,3 +151,35 @@ def test_a_gpu_trace_marks_the_requests_the_pool_could_not_hold(
     assert sum(trace.device_blocks[i] == FAILED for i in counted) == reference.allocation_failures
     held = [i for i in counted if trace.device_blocks[i] != FAILED]
     assert sum(trace.device_blocks[i] for i in held) * 16 == reference.device_hit_tokens
+
+
+def test_gpu_replays_that_failed_different_requests_get_passes_of_their_own(
+    synthetic: PreparedWorkload, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grid groups GPU replays by the requests they failed; here `lru`'s replay is made to
+    count as failing others, so it gets its own CPU-tier pass."""
+    real = grid.failed_requests
+    monkeypatch.setattr(
+        grid, "failed_requests", lambda trace: (trace.policy == "lru", *real(trace))
+    )
+    specs = tuple(parse_policies("lru,lpc-pooled,wa"))
+    tiers = TierSettings((320, 4000), tuple(parse_policies("arc,session-ref", cpu_tier=True)))
+    reference = run_two_tier_grid(synthetic, specs, (900,), tiers, ReplaySettings())
+    fast, timing = run_pair_grid(synthetic, specs, (900,), tiers, ReplaySettings(), 1)
+    assert _without_time(fast) == _without_time(reference)
+    assert timing.host_passes == 4  # per CPU policy: lru alone, lpc-pooled with wa
+
+
+def test_one_pass_refuses_gpu_replays_it_cannot_serve(synthetic: PreparedWorkload) -> None:
+    (lru,) = parse_policies("lru")
+    trace = replay_gpu_tier(synthetic, lru, 900, ReplaySettings())
+    held = next(i for i, blocks in enumerate(trace.device_blocks) if blocks != FAILED)
+    device_blocks = list(trace.device_blocks)
+    device_blocks[held] = FAILED
+    other = replace(trace, device_blocks=device_blocks)
+    (arc,) = parse_policies("arc", cpu_tier=True)
+    with pytest.raises(ValueError, match="failed different requests"):
+        replay_host_tier_for(synthetic, [trace, other], arc, (320,), ReplaySettings())
+    (pooled,) = parse_policies("lpc-pooled", cpu_tier=True)
+    with pytest.raises(ValueError, match="reads its loads"):
+        replay_host_tier_for(synthetic, [trace, trace], pooled, (320,), ReplaySettings())
