@@ -276,25 +276,53 @@ def replay_two_tier(
             prompts.append(request.num_prompt_tokens)
             device_hits.append(device_blocks * block_size)
             host_hits.append(host_blocks * block_size)
+    return measured_result(
+        workload,
+        (spec.label, offload_spec.label, cache_tokens, offload_tokens),
+        prompts,
+        device_hits,
+        host_hits,
+        (counted_stores, counted_evictions, failures),
+        latency,
+        time.perf_counter() - started,
+    )
+
+
+def measured_result(
+    workload: PreparedWorkload,
+    pair: tuple[str, str, int, int],
+    prompts: list[int],
+    device_hits: list[int],
+    host_hits: list[int],
+    counts: tuple[int, int, int],
+    latency: TierLatency,
+    seconds: float,
+) -> TwoTierResult:
+    """A pair's result from what its replay counted over the evaluation part: `pair` is
+    (GPU policy, CPU policy, GPU tokens, CPU tokens), the lists hold each counted request's
+    prompt, device-hit and host-hit tokens, `counts` the CPU tier's stored chunks and
+    evictions and the requests the GPU pool could not hold."""
+    policy, offload_policy, cache_tokens, offload_tokens = pair
+    stores, evictions, failures = counts
     ttft = summarise_ttft(latency, prompts, device_hits, host_hits)
     return TwoTierResult(
-        policy=spec.label,
-        offload_policy=offload_spec.label,
+        policy=policy,
+        offload_policy=offload_policy,
         cache_tokens=cache_tokens,
         offload_tokens=offload_tokens,
         requests=len(prompts),
         queried_tokens=sum(prompts),
         device_hit_tokens=sum(device_hits),
         host_hit_tokens=sum(host_hits),
-        host_stored_chunks=counted_stores,
-        host_evictions=counted_evictions,
+        host_stored_chunks=stores,
+        host_evictions=evictions,
         allocation_failures=failures,
         ttft_p50_s=ttft.p50_s,
         ttft_p90_s=ttft.p90_s,
         ttft_mean_s=ttft.mean_s,
         prefill_gpu_s_saved=ttft.prefill_gpu_s_saved,
         load_s=ttft.load_s,
-        seconds=time.perf_counter() - started,
+        seconds=seconds,
         request_hits=TwoTierRequestHits.of(workload, prompts, device_hits, host_hits),
     )
 

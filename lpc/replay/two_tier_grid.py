@@ -11,6 +11,15 @@ trace, each CPU policy's sizes in one pass over the events. The figures are thos
 `replay_two_tier` for the same pair, counter for counter (tests/lpc/test_two_tier_grid.py
 checks it); that function stays the reference, and the one `per_request` comes from.
 
+Most CPU policies do not even need a pass per GPU replay. Under `HostTier`'s rules a request
+offers its whole prompt and its load records nothing the offer does not, so the CPU tier's
+state depends on the GPU tier only through which requests it failed; of the GPU hit it reads
+only where its lookup starts, and a lookup changes nothing. One pass per (CPU policy, GPU
+size, set of failed requests) therefore serves every GPU policy, looking each request up
+once per GPU replay (`replay_host_tier_for`). The policies run in their vLLM class
+(`CachePolicyTier`: `lpc`, `lpc-pooled`, `vllm-arc`) touch what a request loads, and keep a
+pass per GPU replay.
+
 The replays are independent once their GPU trace exists, so they run in forked worker
 processes, as the single-tier grid's do (`lpc.replay.ab`): the prepared workload is inherited,
 only the GPU traces (two ints per request) and the results travel through pipes.
@@ -25,17 +34,17 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 
 from lpc.replay.ab import ReplaySettings
-from lpc.replay.latency import TierLatency, summarise_ttft
+from lpc.replay.latency import TierLatency
 from lpc.replay.policies import PolicySpec
 from lpc.replay.return_sources import request_curves
 from lpc.replay.simulator import PreparedWorkload, request_probabilities
 from lpc.replay.two_tier import (
     TierSettings,
-    TwoTierRequestHits,
     TwoTierResult,
     gpu_tier,
     host_tier,
     host_tier_class,
+    measured_result,
 )
 from lpc.workload import ARRIVAL
 
@@ -235,17 +244,13 @@ def replay_host_tier_for(
     seconds = (time.perf_counter() - started) / max(1, len(hosts) * len(gpu_traces))
     return [
         [
-            _result(
+            measured_result(
                 workload,
-                trace,
-                offload_spec,
-                offload_tokens,
+                (trace.policy, offload_spec.label, trace.cache_tokens, offload_tokens),
                 prompts,
                 device_hits[t],
                 host_hits[t][k],
-                stores[k],
-                evictions[k],
-                failures,
+                (stores[k], evictions[k], failures),
                 latency,
                 seconds,
             )
@@ -253,43 +258,6 @@ def replay_host_tier_for(
         ]
         for t, trace in enumerate(gpu_traces)
     ]
-
-
-def _result(
-    workload: PreparedWorkload,
-    gpu_trace: GpuTrace,
-    offload_spec: PolicySpec,
-    offload_tokens: int,
-    prompts: list[int],
-    device_hits: list[int],
-    host_hits: list[int],
-    stores: int,
-    evictions: int,
-    failures: int,
-    latency: TierLatency,
-    seconds: float,
-) -> TwoTierResult:
-    ttft = summarise_ttft(latency, prompts, device_hits, host_hits)
-    return TwoTierResult(
-        policy=gpu_trace.policy,
-        offload_policy=offload_spec.label,
-        cache_tokens=gpu_trace.cache_tokens,
-        offload_tokens=offload_tokens,
-        requests=len(prompts),
-        queried_tokens=sum(prompts),
-        device_hit_tokens=sum(device_hits),
-        host_hit_tokens=sum(host_hits),
-        host_stored_chunks=stores,
-        host_evictions=evictions,
-        allocation_failures=failures,
-        ttft_p50_s=ttft.p50_s,
-        ttft_p90_s=ttft.p90_s,
-        ttft_mean_s=ttft.mean_s,
-        prefill_gpu_s_saved=ttft.prefill_gpu_s_saved,
-        load_s=ttft.load_s,
-        seconds=seconds,
-        request_hits=TwoTierRequestHits.of(workload, prompts, device_hits, host_hits),
-    )
 
 
 # Worker processes receive the workload once, through the pool initializer (inherited by
