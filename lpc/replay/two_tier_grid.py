@@ -333,7 +333,9 @@ def run_pair_grid(
                     jobs.append((keys, [traces[(other, s)] for other in members], spec))
         return jobs
 
-    def done(keys: list[tuple[int, int, int]], outcome: tuple[list[list[TwoTierResult]], float]):
+    def done(
+        keys: list[tuple[int, int, int]], outcome: tuple[list[list[TwoTierResult]], float]
+    ) -> None:
         per_trace, cpu_s = outcome
         host_cpu_s.append(cpu_s)
         for key, results in zip(keys, per_trace, strict=True):
