@@ -171,7 +171,8 @@ def replay_host_tier_for(
     if not gpu_traces:
         return []
     shared = len(gpu_traces) > 1
-    if shared and not shares_host_pass(offload_spec):
+    reads_loads = not shares_host_pass(offload_spec)
+    if shared and reads_loads:
         raise ValueError(f"the CPU policy {offload_spec.label} reads its loads: one GPU replay")
     if shared and len({failed_requests(trace) for trace in gpu_traces}) > 1:
         raise ValueError("GPU replays that failed different requests cannot share a pass")
@@ -181,7 +182,6 @@ def replay_host_tier_for(
         host_tier(workload, offload_spec, offload_tokens, settings, store_threshold)
         for offload_tokens in offload_sizes_tokens
     ]
-    reads_loads = hosts[0].reads_loads if hosts else True
     categories = workload.categories
     host_p = request_probabilities(workload, offload_spec)
     host_curves = request_curves(workload.curves, offload_spec, len(workload.requests))
