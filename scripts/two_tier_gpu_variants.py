@@ -9,8 +9,8 @@ Two variants of `lpc-pooled` in the GPU tier, this script only (nothing in `evic
 - `tier-aware`: a block whose content the CPU tier holds is cheap to lose (a reload costs a
   host→device copy, a miss a prefill), so its key moves by
   δ = ln(copy cost / prefill cost per token) = ln(147,456 B / 25 GB/s × 20,000 tokens/s)
-  = −2.14, the latency model's defaults, not tuned; when the CPU tier evicts the content of
-  a GPU block that is free, the block is re-keyed without δ;
+  = −2.14, the latency model's defaults when this was run (`LATENCY` below), not tuned; when
+  the CPU tier evicts the content of a GPU block that is free, the block is re-keyed without δ;
 - `chain-aware`: one shift per release instead of per block, by the log of the chain's mean
   cost of loss per block (backed blocks at the copy's cost, the others at a prefill's), so a
   chain still goes tail first (`tier-aware` may evict a backed head before its unbacked tail,
@@ -51,7 +51,11 @@ from lpc.workload import ARRIVAL
 TRAINING_PART = {"split_at": 884.0, "replay_until_s": 1768.0}
 GPU_TOKENS = 2_500_000
 CPU_SIZES = (8_000_000, 16_000_000, 32_000_000)
-LATENCY = TierLatency()
+# The latency model's figures before it was measured on a GPU: the ones this script's recorded
+# runs (docs/results.md) used, and the shift δ above is computed from.
+LATENCY = TierLatency(
+    host_to_device_bytes_per_s=25e9, prefill_tokens_per_s=20_000.0, prefill_s_per_token_pair=0.0
+)
 RHO = LATENCY.load_s_per_token * LATENCY.prefill_tokens_per_s  # copy cost / prefill cost
 DELTA = math.log(RHO)
 

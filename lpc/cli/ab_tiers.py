@@ -73,13 +73,23 @@ def add_tier_arguments(
         "--host-to-device-gbps",
         type=positive_float,
         default=_DEFAULTS.host_to_device_bytes_per_s / 1e9,
-        help="host→device copy bandwidth in GB/s (default: %(default)s, PCIe Gen5 x16 effective)",
+        help="host→device copy bandwidth in GB/s (default: %(default)s, vLLM's paged copy "
+        "measured on one H100, PCIe Gen5 x16)",
     )
     group.add_argument(
         "--ttft-prefill-tokens-per-s",
         type=positive_float,
         default=_DEFAULTS.prefill_tokens_per_s,
-        help="prefill speed of the TTFT model (default: %(default)s, Qwen3-8B on one H100)",
+        help="prefill speed of the TTFT model, its per-token part (default: %(default)s, "
+        "Qwen3-8B measured on one H100)",
+    )
+    group.add_argument(
+        "--ttft-prefill-ns-per-token-pair",
+        type=_non_negative_float,
+        default=_DEFAULTS.prefill_s_per_token_pair * 1e9,
+        help="prefill's attention part: ns per pair of a token and one it attends to "
+        "(default: %(default)s, Qwen3-8B measured on one H100; 0: a prefill's speed does not "
+        "depend on the context)",
     )
     group.add_argument(
         "--ttft-overhead-s",
@@ -105,6 +115,7 @@ def tier_settings_from(args: argparse.Namespace):
         kv_bytes_per_token=args.kv_bytes_per_token,
         host_to_device_bytes_per_s=args.host_to_device_gbps * 1e9,
         prefill_tokens_per_s=args.ttft_prefill_tokens_per_s,
+        prefill_s_per_token_pair=args.ttft_prefill_ns_per_token_pair * 1e-9,
         overhead_s=args.ttft_overhead_s,
     )
     if latency != _DEFAULTS:  # the figures are no longer those of the named model

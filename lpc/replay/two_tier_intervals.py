@@ -86,8 +86,9 @@ def _interval(samples: np.ndarray, value: float, confidence: float) -> Differenc
 
 
 def ttft_per_request(hits: TwoTierRequestHits, latency: TierLatency) -> np.ndarray:
-    missed = hits.prompt_tokens - hits.device_hit_tokens - hits.host_hit_tokens
-    return latency.ttft_s(missed.astype(np.float64), hits.host_hit_tokens.astype(np.float64))
+    cached = (hits.device_hit_tokens + hits.host_hit_tokens).astype(np.float64)
+    missed = hits.prompt_tokens.astype(np.float64) - cached
+    return latency.ttft_s(missed, hits.host_hit_tokens.astype(np.float64), cached)
 
 
 def _paired_hits(

@@ -31,6 +31,8 @@ def test_offload_sizes_add_two_tier_figures_and_change_nothing_else(
             "lru,arc",
             "--host-to-device-gbps",
             "50",
+            "--ttft-prefill-ns-per-token-pair",
+            "0",
         ],
         capsys,
     )
@@ -52,6 +54,7 @@ def test_offload_sizes_add_two_tier_figures_and_change_nothing_else(
             assert key in row
     latency = two["two_tier"]["settings"]["latency"]
     assert latency["host_to_device_bytes_per_s"] == 50e9
+    assert latency["prefill_s_per_token_pair"] == 0.0
     assert "overridden" in latency["model"]
     out = tmp_path / "two"
     assert (out / "two_tier.csv").read_text().count("\n") == len(rows) + 1
@@ -134,6 +137,7 @@ def test_bad_two_tier_flags_give_one_clear_line(
         (["--offload-sizes", "0"], "cache sizes must be > 0"),
         (["--host-to-device-gbps", "0"], "must be a finite number > 0"),
         (["--ttft-overhead-s", "-1"], "must be a finite number >= 0"),
+        (["--ttft-prefill-ns-per-token-pair", "-0.1"], "must be a finite number >= 0"),
         (["--offload-store-threshold", "x"], "is not an integer"),
     ],
 )
@@ -142,3 +146,18 @@ def test_bad_two_tier_values_are_rejected_by_the_parser(capsys, args, message) -
         main(["ab", *args])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_default_flags_give_the_named_models_latency() -> None:
+    from lpc.cli.ab_tiers import tier_settings_from
+    from lpc.cli.main import build_parser
+    from lpc.replay.latency import TierLatency
+
+    args = build_parser().parse_args(["ab", "--offload-sizes", "8M"])
+    assert tier_settings_from(args).latency == TierLatency()
+    args = build_parser().parse_args(
+        ["ab", "--offload-sizes", "8M", "--ttft-prefill-ns-per-token-pair", "1.5"]
+    )
+    latency = tier_settings_from(args).latency
+    assert latency.prefill_s_per_token_pair == pytest.approx(1.5e-9)
+    assert "overridden" in latency.model

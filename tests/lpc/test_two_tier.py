@@ -99,11 +99,32 @@ def test_kv_bytes_of_qwen3_8b() -> None:
 
 def test_ttft_is_prefill_of_misses_plus_copies_of_host_hits() -> None:
     latency = TierLatency(
-        kv_bytes_per_token=100_000, host_to_device_bytes_per_s=1e9, prefill_tokens_per_s=10_000
+        kv_bytes_per_token=100_000,
+        host_to_device_bytes_per_s=1e9,
+        prefill_tokens_per_s=10_000,
+        prefill_s_per_token_pair=0.0,
     )
-    ttft = latency.ttft_s(np.array([500.0]), np.array([300.0]))
+    ttft = latency.ttft_s(np.array([500.0]), np.array([300.0]), np.array([300.0]))
     assert ttft[0] == pytest.approx(0.02 + 500 / 10_000 + 300 * 100_000 / 1e9)
     assert latency.offload_gib(2**30 // 100_000) == pytest.approx(1.0, rel=1e-4)
+
+
+def test_a_missed_token_costs_more_the_longer_the_context_it_attends_to() -> None:
+    """The prefill after a cached prefix is the whole prompt's prefill less the prefix's."""
+    latency = TierLatency(prefill_tokens_per_s=1000.0, prefill_s_per_token_pair=1e-6)
+
+    def whole(tokens: float) -> float:
+        return tokens / 1000.0 + 1e-6 * tokens**2
+
+    cached, new = np.array([0.0, 4000.0]), np.array([1000.0, 1000.0])
+    got = latency.suffix_prefill_s(cached, new)
+    assert got.tolist() == pytest.approx([whole(1000), whole(5000) - whole(4000)])
+    assert got[1] > got[0]  # the same 1,000 tokens after 4,000 cached ones cost more
+    ttft = latency.ttft_s(new, np.array([0.0, 4000.0]), cached)
+    assert ttft.tolist() == pytest.approx(
+        [0.02 + got[0], 0.02 + got[1] + 4000 * latency.load_s_per_token]
+    )
+    assert latency.prefill_s(4000.0) == pytest.approx(whole(4000))
 
 
 def test_ttft_summary_percentiles_and_savings() -> None:
@@ -111,6 +132,7 @@ def test_ttft_summary_percentiles_and_savings() -> None:
         kv_bytes_per_token=1e6,
         host_to_device_bytes_per_s=1e9,
         prefill_tokens_per_s=1000,
+        prefill_s_per_token_pair=0.0,
         overhead_s=0.0,
     )
     # Misses 1000, 0, 500 tokens; host hits 0, 1000, 0.
@@ -124,8 +146,20 @@ def test_ttft_summary_percentiles_and_savings() -> None:
         summarise_ttft(latency, [10], [8], [8])
 
 
-@pytest.mark.parametrize("field", ["kv_bytes_per_token", "prefill_tokens_per_s", "overhead_s"])
+def test_savings_count_each_requests_cached_prefix_with_its_attention() -> None:
+    latency = TierLatency(prefill_tokens_per_s=1000.0, prefill_s_per_token_pair=1e-6)
+    s = summarise_ttft(latency, [3000, 3000], [1000, 0], [1000, 500])
+    # Cached prefixes of 2,000 and 500 tokens, each a prefill from scratch.
+    assert s.prefill_gpu_s_saved == pytest.approx(
+        2000 / 1000 + 1e-6 * 2000**2 + 500 / 1000 + 1e-6 * 500**2
+    )
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["kv_bytes_per_token", "prefill_tokens_per_s", "prefill_s_per_token_pair", "overhead_s"],
+)
 def test_bad_latency_figures_name_the_field(field: str) -> None:
-    value = -1.0 if field == "overhead_s" else math.inf
+    value = -1.0 if field in ("overhead_s", "prefill_s_per_token_pair") else math.inf
     with pytest.raises(InvalidInputError, match=field):
         TierLatency(**{field: value})

@@ -120,12 +120,15 @@ def test_ttft_per_request_is_the_latency_model_of_each_request() -> None:
     a = result("lru", "lru", [0, 512], [256, 0], [0, 1])
     assert a.request_hits is not None
     ttft = ttft_per_request(a.request_hits, LATENCY)
+    pair = LATENCY.prefill_s_per_token_pair
+    assert pair > 0  # the default model prices attention
     assert ttft.tolist() == pytest.approx(
         [
             LATENCY.overhead_s
             + 768 / LATENCY.prefill_tokens_per_s
+            + pair * (1024**2 - 256**2)
             + 256 * LATENCY.load_s_per_token,
-            LATENCY.overhead_s + 512 / LATENCY.prefill_tokens_per_s,
+            LATENCY.overhead_s + 512 / LATENCY.prefill_tokens_per_s + pair * (1024**2 - 512**2),
         ]
     )
 
