@@ -4,9 +4,10 @@
     python scripts/measure_tier_latency.py --model tiny --device cpu --lengths 64,128,256,512
 
 The TTFT model of `lpc ab --offload-sizes` (`lpc.replay.latency.TierLatency`) prices a miss at
-a prefill speed and a host hit at a host→device bandwidth; its defaults (20,000 tokens/s,
-25 GB/s, Qwen3-8B on one H100) are assumptions. This script measures both on the GPU it runs
-on, for Qwen3-8B's shape with random bfloat16 weights (the timing does not depend on them):
+a prefill's time (per token and per pair of tokens) and a host hit at a host→device
+bandwidth; its defaults are this script's figures on one H100 (docs/results.md, "The latency
+model, measured"). It measures both on the GPU it runs on, for Qwen3-8B's shape with random
+bfloat16 weights (the timing does not depend on them):
 
 - **prefill**: one forward pass of L tokens through `transformers`' Qwen3 (`sdpa` attention,
   no KV kept, logits of the last token only), for L from 512 to 131,072 tokens, best of
@@ -17,8 +18,9 @@ on, for Qwen3-8B's shape with random bfloat16 weights (the timing does not depen
 - **host→device copy** of a hit of `--hit-tokens` tokens of KV from pinned host memory: one
   bulk copy (the bus's ceiling), and the copy vLLM's CPU tier makes, one copy per GPU page
   (one layer's K or V of one 16-token block, 32 KB for Qwen3-8B) from scattered host pages to
-  scattered device pages, issued from Python and captured in one CUDA graph (the driver's
-  per-copy cost without Python's).
+  scattered device pages, issued from Python, captured in one CUDA graph (the driver's
+  per-copy cost without Python's), and in one `cuMemcpyBatchAsync` call (CUDA ≥ 12.8), as
+  vLLM 0.33 issues them for pages of 28 KB and more.
 
 Writes one JSON document (`--out`, and stdout with `--json`), rewritten after each stage so
 that a run cut short keeps what it measured. `--model tiny --device cpu` runs the prefill
@@ -171,6 +173,7 @@ def measure_prefill(torch: Any, args: argparse.Namespace, report: dict[str, Any]
     clock = Clock(torch, device)
     started = time.perf_counter()
     model = build_model(torch, config, device)
+    register_lower_right_attention(torch)
     report["prefill"] = {
         "implementation": "transformers Qwen3ForCausalLM, sdpa attention, bfloat16, random weights",
         "parameters": int(sum(p.numel() for p in model.parameters())),
@@ -220,27 +223,61 @@ def measure_prefill(torch: Any, args: argparse.Namespace, report: dict[str, Any]
         torch.cuda.empty_cache()
 
 
+LOWER_RIGHT = "lpc_sdpa_lower_right"
+
+
+def register_lower_right_attention(torch: Any) -> None:
+    """An attention for `transformers` that aligns the causal mask at the bottom right, as an
+    engine's prefill after a cached prefix does, through PyTorch's `causal_lower_right` bias:
+    SDPA then runs its flash (or memory-efficient) kernel with no mask tensor, where
+    `transformers`' own `sdpa` hands it an explicit mask whenever the query is shorter than
+    the keys. K and V are repeated to the query heads, as `transformers`' `repeat_kv` does."""
+    from torch.nn.attention.bias import causal_lower_right
+    from transformers import AttentionInterface
+
+    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **_):
+        groups = query.shape[1] // key.shape[1]
+        if groups > 1:
+            key = key.repeat_interleave(groups, dim=1)
+            value = value.repeat_interleave(groups, dim=1)
+        bias = causal_lower_right(query.shape[2], key.shape[2])
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=bias, scale=scaling
+        )
+        return out.transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register(LOWER_RIGHT, attention)
+
+
+def _timed_suffix(model, clock, tokens, cached: int, new: int, cache, repeats: int):
+    """Best time of prefilling tokens[cached:] after the cached prefix, and the last logits."""
+    times, logits = [], None
+    for _ in range(repeats):
+        out = {}
+
+        def step(out: dict = out) -> None:
+            out["logits"] = model(
+                input_ids=tokens[:, cached:],
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            ).logits
+
+        times.append(clock.time(step))
+        logits = out["logits"]
+        cache.crop(-new)  # back to the prefix (a negative count drops tokens)
+    return min(times), logits
+
+
 def _suffix_row(torch, model, clock, ids, cached: int, new: int, repeats: int, fit) -> dict:
-    """Prefill `new` tokens after `cached` tokens kept in a DynamicCache, against the fit."""
+    """Prefill `new` tokens after `cached` tokens kept in a DynamicCache, with `transformers`'
+    `sdpa` and with the bottom-right causal attention, against the fit."""
     row: dict[str, Any] = {"cached_tokens": cached, "new_tokens": new}
     try:
         tokens = ids(cached + new)
         prefix = model(input_ids=tokens[:, :cached], use_cache=True, logits_to_keep=1)
         cache = prefix.past_key_values
-        times = []
-        for _ in range(repeats):
-            times.append(
-                clock.time(
-                    lambda: model(
-                        input_ids=tokens[:, cached:],
-                        past_key_values=cache,
-                        use_cache=True,
-                        logits_to_keep=1,
-                    )
-                )
-            )
-            cache.crop(-new)  # back to the prefix (a negative count drops tokens)
-        seconds = min(times)
+        seconds, logits = _timed_suffix(model, clock, tokens, cached, new, cache, repeats)
         modelled = fit.intercept_s + fit.suffix_seconds(cached, new)
         row.update(
             seconds=seconds,
@@ -248,8 +285,19 @@ def _suffix_row(torch, model, clock, ids, cached: int, new: int, repeats: int, f
             fit_relative_error=(modelled - seconds) / seconds,
             linear_default_seconds=new / TierLatency().prefill_tokens_per_s,
         )
+        model.set_attn_implementation(LOWER_RIGHT)
+        try:
+            lower, lower_logits = _timed_suffix(model, clock, tokens, cached, new, cache, repeats)
+        finally:
+            model.set_attn_implementation("sdpa")
+        row.update(
+            lower_right_seconds=lower,
+            lower_right_fit_relative_error=(modelled - lower) / lower,
+            lower_right_logits_max_abs_diff=float((lower_logits - logits).abs().max()),
+        )
         print(
-            f"suffix {cached}+{new}: {seconds * 1e3:.1f} ms (fit {modelled * 1e3:.1f})",
+            f"suffix {cached}+{new}: {seconds * 1e3:.1f} ms, bottom-right "
+            f"{lower * 1e3:.1f} ms (fit {modelled * 1e3:.1f})",
             file=sys.stderr,
         )
     except Exception as error:  # a failed check is reported, the other figures are kept

@@ -129,6 +129,9 @@ def test_the_script_measures_a_tiny_model_on_the_cpu(tmp_path: Path) -> None:
     assert set(report["prefill"]["fit"]) >= {"s_per_token", "s_per_token_pair", "intercept_s"}
     (suffix,) = report["prefill"]["suffixes"]
     assert suffix["seconds"] > 0 and "error" not in suffix
+    # The bottom-right causal attention computes what transformers' own sdpa does.
+    assert suffix["lower_right_seconds"] > 0
+    assert suffix["lower_right_logits_max_abs_diff"] < 1e-2
     assert "CUDA" in report["copy"]["skipped"]
     assert report["assumed"] == TierLatency().to_dict()
     assert "tiny on cpu" in done.stdout
