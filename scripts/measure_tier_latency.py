@@ -325,20 +325,19 @@ def measure_copy(torch: Any, args: argparse.Namespace, shape: KVShape, report: d
     }
     report["copy"] = copy
     stream = torch.cuda.Stream()
-    host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
-    dev = torch.empty(total, dtype=torch.uint8, device=device)
-    host.fill_(1)
 
-    def bulk(dev=dev, host=host) -> None:
-        with torch.cuda.stream(stream):
-            dev.copy_(host, non_blocking=True)
+    def record(name: str, fn: Callable[[], Any], rounds: int) -> None:
+        """One warm-up, then `rounds` timings of copying the hit; the best gives GB/s."""
+        try:
+            fn()
+            times = [clock.time(fn) for _ in range(rounds)]
+            copy[f"{name}_gb_per_s"] = copy_bandwidth(total, times) / 1e9
+            copy[f"{name}_seconds"] = times
+        except Exception as error:  # a refused way of copying is reported, the rest kept
+            copy[f"{name}_error"] = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+        save()
 
-    clock.time(bulk)
-    times = [clock.time(bulk) for _ in range(5)]
-    copy["bulk_gb_per_s"] = copy_bandwidth(total, times) / 1e9
-    copy["bulk_seconds"] = times
-    save()
-    host = dev = bulk = None  # frees 2 × the hit before the paged pools are taken
+    record("bulk", _bulk_copy(torch, total, device, stream), 5)
     # Scattered pages: the tier's pages sit anywhere in a pool twice the hit's size, the GPU's
     # free blocks anywhere in its pool.
     rng = np.random.default_rng(0)
@@ -346,48 +345,55 @@ def measure_copy(torch: Any, args: argparse.Namespace, shape: KVShape, report: d
     dev_pool = torch.empty((pages, page), dtype=torch.uint8, device=device)
     sources = rng.choice(2 * pages, size=pages, replace=False).tolist()
     targets = rng.permutation(pages).tolist()
-    host_rows = [host_pool[i] for i in sources]
-    dev_rows = [dev_pool[i] for i in targets]
+    rows = list(zip([dev_pool[i] for i in targets], [host_pool[i] for i in sources], strict=True))
 
     def paged() -> None:
         with torch.cuda.stream(stream):
-            for dst, src in zip(dev_rows, host_rows, strict=True):
+            for dst, src in rows:
                 dst.copy_(src, non_blocking=True)
 
-    clock.time(paged)
-    times = [clock.time(paged) for _ in range(3)]
-    copy["paged_eager_gb_per_s"] = copy_bandwidth(total, times) / 1e9
-    copy["paged_eager_seconds"] = times
-    save()
-    try:
+    record("paged_eager", paged, 3)
+
+    def graphed() -> Callable[[], Any]:
+        """The page copies captured in one CUDA graph (capture may be refused)."""
         graph = torch.cuda.CUDAGraph()
-        capture = torch.cuda.Stream()
         started = time.perf_counter()
-        with torch.cuda.graph(graph, stream=capture):
-            for dst, src in zip(dev_rows, host_rows, strict=True):
+        with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
+            for dst, src in rows:
                 dst.copy_(src, non_blocking=True)
         copy["paged_graph_capture_s"] = time.perf_counter() - started
-        graph.replay()
-        times = [clock.time(graph.replay) for _ in range(5)]
-        copy["paged_graph_gb_per_s"] = copy_bandwidth(total, times) / 1e9
-        copy["paged_graph_seconds"] = times
+        return graph.replay
+
+    try:
+        record("paged_graph", graphed(), 5)
     except Exception as error:  # capture of host copies may be refused: say so, keep the rest
         copy["paged_graph_error"] = f"{type(error).__name__}: {str(error).splitlines()[0]}"
-    save()
+        save()
     try:
         batch = BatchedCopy(host_pool, dev_pool, sources, targets, page, stream.cuda_stream)
-        copy["paged_batch_api"] = batch.symbol
-        batch()
-        clock.time(batch)
-        times = [clock.time(batch) for _ in range(5)]
-        copy["paged_batch_gb_per_s"] = copy_bandwidth(total, times) / 1e9
-        copy["paged_batch_seconds"] = times
-        copy["paged_batch_correct"] = bool(
-            torch.equal(dev_pool[targets[:64]].cpu(), host_pool[sources[:64]])
-        )
-    except Exception as error:  # a driver without the batch API: say so, keep the rest
-        copy["paged_batch_error"] = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+    except (OSError, AttributeError) as error:  # no driver library, or one without the call
+        copy["paged_batch_error"] = f"{type(error).__name__}: {error}"
+        save()
+        return
+    copy["paged_batch_api"] = batch.symbol
+    record("paged_batch", batch, 5)
+    copy["paged_batch_correct"] = bool(
+        torch.equal(dev_pool[targets[:64]].cpu(), host_pool[sources[:64]])
+    )
     save()
+
+
+def _bulk_copy(torch: Any, total: int, device: Any, stream: Any) -> Callable[[], None]:
+    """One copy of `total` bytes from pinned host memory: the bus's ceiling."""
+    host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+    host.fill_(1)
+    dev = torch.empty(total, dtype=torch.uint8, device=device)
+
+    def bulk() -> None:
+        with torch.cuda.stream(stream):
+            dev.copy_(host, non_blocking=True)
+
+    return bulk
 
 
 class _MemLocation(ctypes.Structure):

@@ -21,12 +21,15 @@ Defaults are those of Qwen3-8B on one H100 SXM (`QWEN3_8B`), every figure overri
 - host→device bandwidth 30 GB/s: measured on one H100 80GB HBM3 (PCIe Gen5 x16), 10,240
   tokens of KV in 46,080 pages of 32 KB (one layer's K or V of a 16-token block) from
   scattered pinned host pages, all in one `cuMemcpyBatchAsync` call as vLLM's CPU tier copies
-  pages of 28 KB and more: 30.8 GB/s at best, rounded (one bulk copy: 55 GB/s).
+  pages of 28 KB and more: 30.8 GB/s at best, rounded (34.0 in a later run; one bulk copy:
+  54–55 GB/s).
 - prefill 33,000 tokens/s and 0.51 ns per token pair: T(L) fitted on prefills of 2,048 to
   131,072 tokens measured on that GPU (`transformers`' Qwen3 with Qwen3-8B's shape, random
   bfloat16 weights, `sdpa` attention; max error 1.8 %), rounded. 8,192 tokens then take
-  0.28 s (29,000 tokens/s), 131,072 take 12.8 s (10,200 tokens/s). An engine's fused kernels
-  are at least as fast.
+  0.28 s (29,000 tokens/s), 131,072 take 12.8 s (10,200 tokens/s). In `transformers` a
+  prefill after a cached prefix took 20–107 % longer than the model's difference of the two
+  prefills; an engine's paged attention is built to avoid that cost, but its own suffix
+  timings are not measured (docs/results.md).
 - overhead 20 ms: scheduling and the forward pass that samples the first token (not measured).
 
 `scripts/measure_tier_latency.py` measures these figures on any CUDA GPU; docs/results.md
