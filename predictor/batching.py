@@ -203,10 +203,18 @@ class MicroBatcher:
     def refusal(self, windows: int = 1, tokens: int = 1) -> str | None:
         """Why a request of `windows` windows costing `tokens` would be refused now, or None.
         With the defaults: whether every request would be (the server asks before reading
-        a body, so that refusing under overload costs next to nothing)."""
+        a body, so that refusing under overload costs next to nothing).
+
+        An idle batcher (nothing queued, no batch running) admits any request the count
+        bound allows: the bound on the expected wait is there to stop queueing, and the speed
+        it uses is learned from the batches that ran, so a request refused on an idle server
+        would be refused for ever, its own batch being the only one that could correct it
+        (a speed learned on short windows overstates long ones: a batch's fixed cost spread
+        over few tokens)."""
         if self._queued_items + windows > self.max_queue_items:
             return f"queue holds {self._queued_items} windows, bound {self.max_queue_items}"
-        if self.max_expected_wait_s is not None:
+        idle = self._queued_items == 0 and self._running_tokens == 0
+        if self.max_expected_wait_s is not None and not idle:
             expected = self.expected_wait_s(tokens)
             if expected is not None and expected > self.max_expected_wait_s:
                 return (

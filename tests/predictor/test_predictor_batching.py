@@ -276,6 +276,41 @@ def test_admission_counts_tokens_so_long_windows_learned_on_short_ones_are_refus
     assert len(reasons) == 100 - fits and all("expected wait" in r for r in reasons)
 
 
+def test_an_idle_batcher_admits_a_request_its_learned_speed_overstates():
+    """A speed learned on short windows (a batch's fixed cost over few tokens) can make one
+    long request look longer than the bound on its own. Refused on an idle server, it would
+    be refused for ever (only its own batch could correct the speed); admitted, it runs and
+    the speed falls. Behind it, the bound applies as before."""
+    model = TokenTimedModel(seconds_per_token=1e-5)
+
+    async def scenario():
+        batcher = MicroBatcher(
+            lambda: model.predict,
+            max_batch=4,
+            max_wait_s=0.0,
+            max_queue_items=1000,
+            max_expected_wait_s=0.5,
+        )
+        await batcher.start()
+        batcher.seconds_per_token = 1e-3  # as if learned on short, overhead-bound batches
+        long_ = sized(2, 500, "a")
+        assert batcher.expected_wait_s(1000) > batcher.max_expected_wait_s
+        first = batcher.enqueue(long_, cost(long_))  # idle: admitted
+        with pytest.raises(QueueFullError, match="expected wait"):
+            batcher.enqueue(sized(2, 500, "b"), [500, 500])  # behind it: the bound applies
+        probabilities = await first
+        learned = batcher.seconds_per_token
+        again = sized(2, 500, "c")
+        second = batcher.enqueue(again, cost(again))  # idle again: admitted
+        await second
+        await batcher.stop()
+        return probabilities, learned
+
+    probabilities, learned = run(scenario())
+    assert len(probabilities) == 2
+    assert learned < 1e-3  # the long batch ran and pulled the speed towards its own
+
+
 def test_windows_default_to_one_token_each_and_costs_are_checked():
     async def scenario():
         batcher = MicroBatcher(
