@@ -227,6 +227,21 @@ class TokenTimedModel:
         return np.array([w.turn_count / 1000 for w in batch])
 
 
+async def started_batcher(
+    model: TokenTimedModel, *, max_batch: int, max_queue_items: int, max_expected_wait_s: float
+) -> MicroBatcher:
+    """A started batcher over `model`, batching at once (no wait for more windows)."""
+    batcher = MicroBatcher(
+        lambda: model.predict,
+        max_batch=max_batch,
+        max_wait_s=0.0,
+        max_queue_items=max_queue_items,
+        max_expected_wait_s=max_expected_wait_s,
+    )
+    await batcher.start()
+    return batcher
+
+
 def sized(n: int, tokens: int, tag: str) -> list[ConversationWindow]:
     return [ConversationWindow(f"{tag}{i}".ljust(tokens, "."), ("p",), i + 1) for i in range(n)]
 
@@ -242,14 +257,9 @@ def test_admission_counts_tokens_so_long_windows_learned_on_short_ones_are_refus
     model = TokenTimedModel(seconds_per_token=1e-4)
 
     async def scenario():
-        batcher = MicroBatcher(
-            lambda: model.predict,
-            max_batch=4,
-            max_wait_s=0.0,
-            max_queue_items=1000,
-            max_expected_wait_s=5.0,
+        batcher = await started_batcher(
+            model, max_batch=4, max_queue_items=1000, max_expected_wait_s=5.0
         )
-        await batcher.start()
         for k in range(5):
             short = sized(4, 10, f"s{k}-")
             await batcher.submit(short, cost(short))
@@ -284,14 +294,9 @@ def test_an_idle_batcher_admits_a_request_its_learned_speed_overstates():
     model = TokenTimedModel(seconds_per_token=1e-5)
 
     async def scenario():
-        batcher = MicroBatcher(
-            lambda: model.predict,
-            max_batch=4,
-            max_wait_s=0.0,
-            max_queue_items=1000,
-            max_expected_wait_s=0.5,
+        batcher = await started_batcher(
+            model, max_batch=4, max_queue_items=1000, max_expected_wait_s=0.5
         )
-        await batcher.start()
         batcher.seconds_per_token = 1e-3  # as if learned on short, overhead-bound batches
         long_ = sized(2, 500, "a")
         assert batcher.expected_wait_s(1000) > batcher.max_expected_wait_s
@@ -336,14 +341,9 @@ def test_a_running_batch_slower_than_learned_raises_the_estimate():
     model = TokenTimedModel(seconds_per_token=5e-2)  # a 20-token batch: 1 s
 
     async def scenario():
-        batcher = MicroBatcher(
-            lambda: model.predict,
-            max_batch=1,
-            max_wait_s=0.0,
-            max_queue_items=100,
-            max_expected_wait_s=10.0,
+        batcher = await started_batcher(
+            model, max_batch=1, max_queue_items=100, max_expected_wait_s=10.0
         )
-        await batcher.start()
         batcher.seconds_per_token = 1e-4  # as if learned on a faster model
         slow = batcher.enqueue(sized(1, 20, "b"), [20])
         await asyncio.sleep(0.2)
