@@ -11,14 +11,18 @@ the share that never returns is what S keeps at the last point (P(T > t_K) ≥ P
     P(return within W | silent for a) = (S(a) − S(a + W)) / S(a)
 
 Between grid points S is interpolated linearly in log time (the grid is log-spaced, and the
-hazard of returning is roughly constant per log-second); beyond the last point S stays at its
-last value (the data say nothing later: nothing more returns). Pure numpy, microseconds.
+hazard of returning is roughly constant per log-second). Beyond the last point the data say
+nothing; a curve says what it assumes there with its `tail_exponent` β:
+S(t) = S(t_K) · (t / t_K)^(−β). β = 0 (the default) keeps S at its last value, nothing more
+returns; `log_linear_tail` continues the last interval's hazard per log-second, as the
+interpolation inside the grid does. Pure numpy, microseconds.
 """
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +47,7 @@ class ReturnCurve:
 
     times_s: np.ndarray
     survival: np.ndarray
+    tail_exponent: float = 0.0
 
     def __post_init__(self) -> None:
         t, s = np.asarray(self.times_s, float), np.asarray(self.survival, float)
@@ -54,6 +59,8 @@ class ReturnCurve:
             raise ValueError("survival must start at 1 and never increase")
         if s[-1] < -1e-12:
             raise ValueError("survival must stay >= 0")
+        if not (math.isfinite(self.tail_exponent) and self.tail_exponent >= 0.0):
+            raise ValueError(f"tail_exponent must be finite and >= 0, got {self.tail_exponent!r}")
         self._keep_lists()
 
     def _keep_lists(self) -> None:
@@ -61,13 +68,16 @@ class ReturnCurve:
         object.__setattr__(self, "_survival", np.asarray(self.survival, dtype=float).tolist())
 
     @classmethod
-    def of_valid(cls, times_s: np.ndarray, survival: np.ndarray) -> ReturnCurve:
+    def of_valid(
+        cls, times_s: np.ndarray, survival: np.ndarray, tail_exponent: float = 0.0
+    ) -> ReturnCurve:
         """A curve whose producer guarantees what `__post_init__` checks (e.g. S built as
         exp(−cumulative hazard) on a fixed grid): no checks, for the per-release path, where
         they cost more than the prediction."""
         curve = object.__new__(cls)
         object.__setattr__(curve, "times_s", times_s)
         object.__setattr__(curve, "survival", survival)
+        object.__setattr__(curve, "tail_exponent", tail_exponent)
         curve._keep_lists()
         return curve
 
@@ -77,7 +87,9 @@ class ReturnCurve:
         if t_s <= 0.0:
             return 1.0
         if t_s >= times[-1]:
-            return float(survival[-1])
+            if self.tail_exponent == 0.0 or t_s == times[-1]:
+                return float(survival[-1])
+            return float(survival[-1] * (t_s / times[-1]) ** -self.tail_exponent)
         k = bisect_right(times, t_s)  # times[k-1] <= t < times[k]
         t0, t1 = times[k - 1], times[k]
         s0, s1 = survival[k - 1], survival[k]
@@ -93,7 +105,35 @@ class ReturnCurve:
         later = self.survival_at(silent_s + window_s)
         return min(1.0, max(0.0, (now - later) / now))
 
+    def with_log_linear_tail(self) -> ReturnCurve:
+        """This curve with `log_linear_tail`'s exponent (same grid and values)."""
+        beta = log_linear_tail(self._times, self._survival)
+        return ReturnCurve.of_valid(self.times_s, self.survival, beta)
+
     @property
     def never_share(self) -> float:
         """An upper bound on P(never returns): what S keeps at the last grid point."""
         return float(self.survival[-1])
+
+
+def log_linear_tail(times_s: Sequence[float], survival: Sequence[float]) -> float:
+    """The tail exponent β that continues the last grid interval's hazard per log-second:
+    ln(S(t_{K−1}) / S(t_K)) / ln(t_K / t_{K−1}), so that S(t) = S(t_K)·(t/t_K)^(−β) beyond t_K
+    has the slope in log S per log t of the last interval. 0 when the last interval starts at
+    0 (no log slope) or S(t_K) is 0 (nothing left to return)."""
+    t0, t1 = float(times_s[-2]), float(times_s[-1])
+    s0, s1 = float(survival[-2]), float(survival[-1])
+    if t0 <= 0.0 or s1 <= 0.0 or s0 <= s1:
+        return 0.0
+    return math.log(s0 / s1) / math.log(t1 / t0)
+
+
+def log_linear_tail_exponents(times_s: np.ndarray, survival: np.ndarray) -> np.ndarray:
+    """`log_linear_tail` of every row of an (n, K + 1) survival table at once."""
+    t0, t1 = float(times_s[-2]), float(times_s[-1])
+    s = np.asarray(survival, np.float64)
+    if t0 <= 0.0:
+        return np.zeros(len(s))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        beta = np.log(s[:, -2] / s[:, -1]) / math.log(t1 / t0)
+    return np.where((s[:, -1] > 0.0) & (s[:, -2] > s[:, -1]), beta, 0.0)

@@ -6,7 +6,9 @@ h_k = sigmoid(logit_k) is the chance of the next request arriving in that interv
 none before it, and S(t_k) = ∏_{j<=k} (1 − h_j). What S keeps at t_K is the share that does
 not return within the grid, "never" included: the data cannot tell a return after t_K from
 none, and the evictor's windows are far shorter. `ReturnCurve` interpolates between the grid
-points (linearly in log time), the same interpolation the training likelihood uses.
+points (linearly in log time), the same interpolation the training likelihood uses; beyond
+the last point it keeps S flat, or, with `tail="log-linear"`, continues the last interval's
+hazard per log-second (`TAILS`), for caches that hold blocks longer than the grid reaches.
 
 An artifact may hold several such networks (`members`, trained from different seeds) side
 by side as one wider network (the first layer's outputs stacked, later layers
@@ -44,12 +46,17 @@ from predictor.access_features import (
 )
 from predictor.access_predictor import mlp_layers
 from predictor.artifact import ArtifactCorruptError, ArtifactIncompatibleError
-from predictor.return_curve import ReturnCurve
+from predictor.return_curve import ReturnCurve, log_linear_tail, log_linear_tail_exponents
 
 PREDICTS = "return_time_survival"
 RETURN_FORMAT_VERSION = 1
 METADATA_FILE = "metadata.json"
 WEIGHTS_FILE = "model.safetensors"
+# What a curve assumes beyond the grid's last point (`ReturnCurve.tail_exponent`): "flat",
+# S stays at its last value (nothing more returns); "log-linear", the last interval's hazard
+# per log-second goes on (`predictor.return_curve.log_linear_tail`).
+TAILS = ("flat", "log-linear")
+DEFAULT_TAIL = "flat"
 
 
 @dataclass(frozen=True)
@@ -126,13 +133,17 @@ class ReturnTimePredictor:
         weights: list[np.ndarray],
         biases: list[np.ndarray],
         path: Path | None = None,
+        tail: str = DEFAULT_TAIL,
     ) -> None:
+        if tail not in TAILS:
+            raise ValueError(f"unknown return-curve tail {tail!r}; known: {', '.join(TAILS)}")
         if metadata.predicts != PREDICTS:
             raise ArtifactIncompatibleError(
                 f"artifact {path} predicts {metadata.predicts!r}, not {PREDICTS!r}"
             )
         self.metadata = metadata
         self.path = path
+        self.tail = tail
         self.grid_s = np.asarray(metadata.grid_s, np.float64)
         self.feature_names = check_names(metadata.feature_names, f"artifact {path}", "state")
         self.mean = np.array([i.mean for i in metadata.inputs], np.float32)
@@ -172,9 +183,24 @@ class ReturnTimePredictor:
             raise ValueError(f"expected features (n, {len(self.feature_names)}), got {x.shape}")
         return survival_from_logits(self.logits(x), self.members)
 
+    def tail_exponents(self, survival: np.ndarray) -> np.ndarray:
+        """Each curve's `tail_exponent` under this predictor's `tail` (see `TAILS`)."""
+        if self.tail == "flat":
+            return np.zeros(len(survival))
+        return log_linear_tail_exponents(self.grid_s, survival)
+
+    def curves_of(self, survival: np.ndarray) -> list[ReturnCurve]:
+        """`ReturnCurve`s of an (n, K + 1) table of this predictor's survival values, each
+        with its tail. exp(−cumulative hazard) on the artifact's checked grid: valid by
+        construction."""
+        tails = self.tail_exponents(survival).tolist()
+        return [
+            ReturnCurve.of_valid(self.grid_s, row, beta)
+            for row, beta in zip(survival, tails, strict=True)
+        ]
+
     def curves(self, features: np.ndarray) -> list[ReturnCurve]:
-        # exp(−cumulative hazard) on the artifact's checked grid: valid by construction.
-        return [ReturnCurve.of_valid(self.grid_s, s) for s in self.survival(features)]
+        return self.curves_of(self.survival(features))
 
     def survival_table(self, table: pd.DataFrame) -> np.ndarray:
         """(n, K + 1) S for every request of a request table (`REQUEST_COLUMNS`, arrival
@@ -196,10 +222,11 @@ class ReturnTimePredictor:
         else:
             log_keep = -np.logaddexp(0.0, logits.reshape(self.members, -1))
             survival[1:] = np.exp(np.cumsum(log_keep, axis=1)).mean(axis=0)
-        return ReturnCurve.of_valid(self.grid_s, survival)  # valid by construction
+        beta = 0.0 if self.tail == "flat" else log_linear_tail(self.grid_s, survival)
+        return ReturnCurve.of_valid(self.grid_s, survival, beta)  # valid by construction
 
     @classmethod
-    def load(cls, folder: Path | str) -> ReturnTimePredictor:
+    def load(cls, folder: Path | str, tail: str = DEFAULT_TAIL) -> ReturnTimePredictor:
         from safetensors.numpy import load as load_numpy
 
         folder = Path(folder)
@@ -212,7 +239,7 @@ class ReturnTimePredictor:
                 f"recorded {metadata.weights_sha256[:12]}…"
             )
         weights, biases = mlp_layers(folder, load_numpy(payload))
-        return cls(metadata, weights, biases, folder)
+        return cls(metadata, weights, biases, folder, tail)
 
 
 def read_return_metadata(folder: Path | str) -> ReturnModelMetadata:

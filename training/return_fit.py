@@ -31,7 +31,7 @@ Training drops the constant; comparing grids keeps it (a density, comparable acr
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ import numpy as np
 from predictor.return_curve import ReturnCurve, log_spaced_edges
 from predictor.return_time import ReturnInput, ReturnModelMetadata
 from training.return_data import ReturnPart, ReturnSamples, ReturnTargets
+from training.return_distil import TEACHER, HazardTeacher
 from training.survival_metrics import kaplan_meier
 
 GRID_FIRST_S = 5.0
@@ -58,6 +59,7 @@ class ReturnFitConfig:
     patience: int = 15
     seed: int = 0
     threads: int = 1
+    distil: bool = True  # also try students of a gradient-boosted teacher (the module)
 
 
 def training_grid_last_s(samples: ReturnSamples) -> float:
@@ -216,8 +218,12 @@ def train_hazard(
     outputs: int,
     config: ReturnFitConfig,
     epochs: int,
+    teacher_logits: Any = None,
 ):
-    """One hazard network; with `validation`, the epoch of lowest validation NLL."""
+    """One hazard network; with `validation`, the epoch of lowest validation NLL. Trained on
+    the likelihood, or, given `teacher_logits` (a tensor of `train`'s rows × intervals), to
+    regress its logits onto the teacher's (mean squared error; `training.return_distil`);
+    early stopping reads the validation likelihood either way."""
     import torch
 
     torch.manual_seed(config.seed)
@@ -231,7 +237,13 @@ def train_hazard(
         for start in range(0, len(order), config.batch_size):
             x, index, observed = _subset(train, order[start : start + config.batch_size])
             optimiser.zero_grad()
-            (-log_likelihood(model(x), index, observed).mean()).backward()
+            logits = model(x)
+            if teacher_logits is None:
+                loss = -log_likelihood(logits, index, observed).mean()
+            else:
+                batch = order[start : start + config.batch_size]
+                loss = ((logits - teacher_logits[batch]) ** 2).mean()
+            loss.backward()
             optimiser.step()
         if validation is None:
             continue
@@ -263,6 +275,12 @@ class ReturnFitResult:
     fit_seconds: float = 0.0
     members: int = 1
     ensemble: dict[str, Any] = field(default_factory=dict)
+    distillation: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def recipe(self) -> str:
+        """How the served network was trained: on the likelihood, or distilled."""
+        return "distilled" if self.distillation.get("adopted") else "likelihood"
 
     def metadata(self, feature_names: tuple[str, ...], **extra: Any) -> ReturnModelMetadata:
         return ReturnModelMetadata(
@@ -329,19 +347,38 @@ def fit_return_model(samples: ReturnSamples, config: ReturnFitConfig) -> ReturnF
         ensemble["single_val_nll"] - ensemble["ensemble_val_nll"] > SIMPLER_MARGIN_NATS
     )
     served_epochs = member_epochs if ensemble["adopted"] else [int(chosen["epochs"])]
+    served_val_nll = ensemble["ensemble_val_nll" if ensemble["adopted"] else "single_val_nll"]
+    distillation = (
+        _distil_candidates(fit, validation, train_p, val_p, grid, config, served_val_nll)
+        if config.distil
+        else {"tried": False, "adopted": False}
+    )
     mean, std = _standardisation(training.features)
     training_p = _prepare(training, grid, mean, std)
-    networks = [
-        _numpy_layers(
-            train_hazard(
-                training_p, None, hidden, len(grid) - 1, replace(config, seed=seed), epochs
-            )[0]
-        )
-        for seed, epochs in zip(
-            range(config.seed, config.seed + len(served_epochs)), served_epochs, strict=True
-        )
-    ]
-    weights, biases = merge_networks(networks)
+    if distillation["adopted"]:
+        student = distillation["chosen"]
+        hidden = tuple(student["hidden"])
+        teacher = HazardTeacher(grid, seed=config.seed).fit(training)
+        targets = torch.from_numpy(teacher.logits(training.features).astype(np.float32))
+        distillation["served_teacher_iterations"] = teacher.iterations
+        network = train_hazard(
+            training_p, None, hidden, len(grid) - 1, config, int(student["epochs"]), targets
+        )[0]
+        weights, biases = merge_networks([_numpy_layers(network)])
+        served_epochs = [int(student["epochs"])]
+        chosen = student
+    else:
+        networks = [
+            _numpy_layers(
+                train_hazard(
+                    training_p, None, hidden, len(grid) - 1, replace(config, seed=seed), epochs
+                )[0]
+            )
+            for seed, epochs in zip(
+                range(config.seed, config.seed + len(served_epochs)), served_epochs, strict=True
+            )
+        ]
+        weights, biases = merge_networks(networks)
     return ReturnFitResult(
         grid,
         hidden,
@@ -352,9 +389,53 @@ def fit_return_model(samples: ReturnSamples, config: ReturnFitConfig) -> ReturnF
         std,
         candidates,
         time.perf_counter() - started,
-        len(networks),
+        len(served_epochs),
         ensemble,
+        distillation,
     )
+
+
+def _distil_candidates(
+    fit: ReturnPart,
+    validation: ReturnPart,
+    train_p: _Prepared,
+    val_p: _Prepared,
+    grid: np.ndarray,
+    config: ReturnFitConfig,
+    served_val_nll: float,
+) -> dict[str, Any]:
+    """Students of every `HIDDEN_CANDIDATES` kind, on the chosen grid, regressing onto a
+    teacher fitted on the fitting slice; the best by `choose_candidate` is served instead of
+    the likelihood-trained model only if its validation NLL is lower by more than
+    `SIMPLER_MARGIN_NATS` per row (the teacher is the more complex recipe)."""
+    import torch
+
+    teacher = HazardTeacher(grid, seed=config.seed).fit(fit)
+    targets = torch.from_numpy(teacher.logits(fit.features).astype(np.float32))
+    with torch.no_grad():
+        teacher_ll = log_likelihood(
+            torch.from_numpy(teacher.logits(validation.features)), val_p.index, val_p.observed
+        ).numpy()
+    teacher_val_nll = float(-(teacher_ll + val_p.constant).mean())
+    students = []
+    for hidden in HIDDEN_CANDIDATES:
+        _, epoch, nll = train_hazard(
+            train_p, val_p, hidden, len(grid) - 1, config, config.max_epochs, targets
+        )
+        students.append(
+            {"grid_count": len(grid) - 1, "hidden": list(hidden), "epochs": epoch, "val_nll": nll}
+        )
+    chosen = choose_candidate(students)
+    return {
+        "tried": True,
+        "teacher": asdict(TEACHER),
+        "teacher_iterations": teacher.iterations,
+        "teacher_val_nll": teacher_val_nll,
+        "students": students,
+        "chosen": chosen,
+        "likelihood_val_nll": served_val_nll,
+        "adopted": served_val_nll - chosen["val_nll"] > SIMPLER_MARGIN_NATS,
+    }
 
 
 def choose_candidate(candidates: list[dict[str, Any]]) -> dict[str, Any]:

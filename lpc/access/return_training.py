@@ -134,6 +134,8 @@ def train_return_on_trace(options: ReturnTrainOptions, out: Path | None) -> Retu
         "epochs": result.epochs,
         "candidates": result.candidates,
         "ensemble": result.ensemble,
+        "distillation": result.distillation,
+        "recipe": result.recipe,
         "members": result.members,
         "km_per_turn": {
             "pooled_from_turn": turn_km.pooled_from,
@@ -155,6 +157,7 @@ def train_return_on_trace(options: ReturnTrainOptions, out: Path | None) -> Retu
                 "validation_fraction": options.validation_fraction,
                 "training_data_fingerprint": fingerprint,
                 "epochs": result.epochs,
+                "recipe": result.recipe,
             },
         )
         save_return_model(out, metadata, result.weights, result.biases)

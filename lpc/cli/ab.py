@@ -232,6 +232,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "default: the shipped models/mooncake-return, trained on Mooncake's split-0.5 "
         "training part; at another split train one there and pass it)",
     )
+    pol.add_argument(
+        "--return-tail",
+        choices=("flat", "log-linear"),
+        default="flat",
+        help="what lpc-return-model's curves assume beyond their grid's last point: flat "
+        "(nothing more returns; default) or log-linear (the last interval's hazard per "
+        "log-second goes on); docs/results.md, 'When a conversation returns'",
+    )
 
     sweep = p.add_argument_group("think-time sweep")
     sweep.add_argument(
@@ -388,6 +396,7 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
         progress=not args.no_progress,
         tiers=tier_settings_from(args),
         return_model=args.return_model,
+        return_tail=args.return_tail,
     )
 
 

@@ -59,6 +59,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--no-distil",
+        action="store_true",
+        help="train on the likelihood only: no gradient-boosted teacher, no distilled "
+        "student candidates (the recipe before 2026-11-28)",
+    )
+    p.add_argument(
         "--bench",
         action="store_true",
         help="also time the numpy predictor per release (µs)",
@@ -95,6 +101,15 @@ def _print_report(report: dict) -> None:
         f"ensemble of {e['members']}: validation NLL {e['ensemble_val_nll']:.4f} against "
         f"{e['single_val_nll']:.4f} alone; served: {report['members']} network(s)"
     )
+    d = report["distillation"]
+    if d.get("tried"):
+        c = d["chosen"]
+        print(
+            f"distilled from gradient-boosted trees ({d['teacher_iterations']} iterations, "
+            f"validation NLL {d['teacher_val_nll']:.4f}): student {c['hidden'] or 'linear'} "
+            f"{c['val_nll']:.4f} against {d['likelihood_val_nll']:.4f} trained on the "
+            f"likelihood; served: {report['recipe']}"
+        )
     print()
     print(
         f"{'evaluation part':<22}{'C':>7}{'IBS':>7}{'AUC60':>7}{'AUC180':>8}{'AUC600':>8}"
@@ -139,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         split_at=args.split_at,
         validation_fraction=args.validation_share,
         classifier=None if args.no_classifier else args.classifier,
-        fit=ReturnFitConfig(max_epochs=args.max_epochs, seed=args.seed),
+        fit=ReturnFitConfig(max_epochs=args.max_epochs, seed=args.seed, distil=not args.no_distil),
     )
     try:
         outcome = train_return_on_trace(options, args.out)

@@ -130,6 +130,8 @@ class ABOptions:
     tiers: TierSettings | None = None  # --offload-sizes: a CPU tier below the GPU cache
     # the return-time artifact `lpc-return-model` reads (None: the shipped one)
     return_model: Path | None = None
+    # what its curves assume beyond their grid (predictor.return_time.TAILS)
+    return_tail: str = "flat"
 
     @property
     def replayed_policies(self) -> tuple[PolicySpec, ...]:
@@ -744,7 +746,7 @@ class _Replayer:
                     "policy lpc-return-model needs a return-time model: --return-model DIR "
                     "(lpc train-return --out DIR)"
                 )
-            self._return_model = load_return_model(path)
+            self._return_model = load_return_model(path, self.options.return_tail)
         return self._return_model
 
 

@@ -151,15 +151,16 @@ class TurnReturnCurves:
         return [self.curve_for(r) for r in requests]
 
 
-def load_return_model(folder: Path | str) -> ReturnTimePredictor:
-    """The return-time artifact at `folder`; an artifact that is not one (e.g. the 180-s
-    classifier) or is damaged raises a one-line `ArtifactError`."""
+def load_return_model(folder: Path | str, tail: str = "flat") -> ReturnTimePredictor:
+    """The return-time artifact at `folder`, its curves with `tail` beyond the grid
+    (`predictor.return_time.TAILS`); an artifact that is not one (e.g. the 180-s classifier)
+    or is damaged raises a one-line `ArtifactError`."""
     from predictor.return_time import ReturnTimePredictor
 
     folder = Path(folder)
     if not (folder / "metadata.json").is_file():
         raise InvalidInputError(f"return model {folder}: no metadata.json (not an artifact)")
-    return ReturnTimePredictor.load(folder)
+    return ReturnTimePredictor.load(folder, tail)
 
 
 def check_trained_before(model: ReturnTimePredictor, trace: str | None, first_eval: int) -> None:
@@ -194,10 +195,7 @@ def model_curves(
             f"return model {model.path} reads column(s) {', '.join(needs)}, which the "
             "replayed requests do not carry"
         )
-    survival = model.survival_table(request_table(requests))
-    grid = model.grid_s
-    # exp(−cumulative hazard) on the artifact's checked grid: valid by construction.
-    return [ReturnCurve.of_valid(grid, row) for row in survival]
+    return model.curves_of(model.survival_table(request_table(requests)))
 
 
 def return_curves(

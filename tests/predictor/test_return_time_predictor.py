@@ -10,7 +10,7 @@ import pytest
 
 from predictor.access_features import ConversationState, RequestState, feature_row
 from predictor.artifact import ArtifactCorruptError, ArtifactIncompatibleError
-from predictor.return_curve import ReturnCurve, log_spaced_edges
+from predictor.return_curve import ReturnCurve, log_linear_tail, log_spaced_edges
 from predictor.return_time import (
     METADATA_FILE,
     PREDICTS,
@@ -106,3 +106,24 @@ def test_table_path_equals_the_engine_state_path(tmp_path: Path) -> None:
     conversation = ConversationState().after(RequestState(0.0, 1000, 0, 100, 5.0))
     second = predictor.curve_one(RequestState(60.0, 2000, 1100, 100, 70.0), conversation)
     assert predictor.survival_table(table)[1] == pytest.approx(second.survival, rel=1e-5)
+
+
+def test_the_tail_is_the_same_on_every_path_and_unknown_ones_are_refused(
+    tmp_path: Path,
+) -> None:
+    folder = _model(tmp_path)[0]
+    flat = ReturnTimePredictor.load(folder)
+    tailed = ReturnTimePredictor.load(folder, tail="log-linear")
+    conversation = ConversationState().after(RequestState(0.0, 1000, 0, 100, 5.0))
+    request = RequestState(60.0, 2000, 1100, 100, 70.0)
+    one = tailed.curve_one(request, conversation)
+    row = np.array([feature_row(NAMES, request, conversation)])
+    batch = tailed.curves(row)[0]
+    assert one.tail_exponent == pytest.approx(batch.tail_exponent, rel=1e-5)
+    assert one.tail_exponent == pytest.approx(log_linear_tail(one.times_s, one.survival))
+    assert flat.curve_one(request, conversation).tail_exponent == 0.0
+    assert flat.curves(row)[0].survival_at(6000.0) == pytest.approx(batch.survival[-1], rel=1e-5)
+    assert one.tail_exponent > 0  # this model's last interval does lose survivors
+    assert batch.survival_at(6000.0) < batch.survival[-1]
+    with pytest.raises(ValueError, match="unknown return-curve tail 'steep'"):
+        ReturnTimePredictor.load(folder, tail="steep")
