@@ -91,3 +91,75 @@ def test_the_student_regresses_onto_the_teachers_logits() -> None:
     with torch.no_grad():
         fitted = model(prepared.x).numpy()
     assert fitted == pytest.approx(target, abs=0.05)
+
+
+def _samples(seed: int = 0):
+    """Parts whose return time depends on one feature, non-linearly (a step)."""
+    from training.access_data import TimeParts
+    from training.return_data import ReturnSamples
+
+    rng = np.random.default_rng(seed)
+
+    def part(n: int) -> ReturnPart:
+        x = rng.normal(size=(n, 2))
+        soon = x[:, 0] > 0.5
+        returns = rng.random(n) < np.where(soon, 0.7, 0.2)
+        time_s = np.where(returns, np.where(soon, 8.0, 200.0) * rng.lognormal(0, 0.5, n), 600.0)
+        return _part(time_s, returns, x)
+
+    fit, validation = part(600), part(300)
+    training = ReturnPart(
+        np.concatenate([fit.features, validation.features]),
+        ReturnTargets(
+            np.concatenate([fit.targets.time_s, validation.targets.time_s]),
+            np.concatenate([fit.targets.observed, validation.targets.observed]),
+        ),
+        np.zeros(900, int),
+        np.arange(900),
+    )
+    parts = {"fit": fit, "validation": validation, "training": training, "evaluation": part(50)}
+    return ReturnSamples(("log_turn", "log_prompt_tokens"), parts, TimeParts(600, 900, 1200.0, 1800.0), 0.0)
+
+
+@pytest.mark.parametrize("distil", [True, False])
+def test_the_recipe_served_follows_the_validation_rule(distil: bool) -> None:
+    from training.return_fit import (
+        HIDDEN_CANDIDATES,
+        SIMPLER_MARGIN_NATS,
+        ReturnFitConfig,
+        fit_return_model,
+    )
+
+    result = fit_return_model(_samples(), ReturnFitConfig(max_epochs=20, patience=3, distil=distil))
+    d = result.distillation
+    if not distil:
+        assert d == {"tried": False, "adopted": False} and result.recipe == "likelihood"
+        return
+    assert [s["hidden"] for s in d["students"]] == [list(h) for h in HIDDEN_CANDIDATES]
+    assert d["adopted"] == (d["likelihood_val_nll"] - d["chosen"]["val_nll"] > SIMPLER_MARGIN_NATS)
+    assert result.recipe == ("distilled" if d["adopted"] else "likelihood")
+    if d["adopted"]:
+        assert result.members == 1 and list(result.hidden) == d["chosen"]["hidden"]
+
+
+def test_an_adopted_student_is_served_alone(monkeypatch) -> None:
+    """The serving path of a distilled student: with the margin lowered so that any student
+    is adopted, one network of the chosen student's kind is served, and the predictor's
+    curves are its curves."""
+    import training.return_fit as return_fit
+    from predictor.return_time import ReturnTimePredictor
+
+    monkeypatch.setattr(return_fit, "SIMPLER_MARGIN_NATS", -10.0)
+    samples = _samples()
+    result = return_fit.fit_return_model(
+        samples, return_fit.ReturnFitConfig(max_epochs=5, patience=2)
+    )
+    d = result.distillation
+    assert d["adopted"] and result.recipe == "distilled" and result.members == 1
+    assert list(result.hidden) == d["chosen"]["hidden"]
+    assert result.epochs == d["chosen"]["epochs"] and d["served_teacher_iterations"] >= 1
+    predictor = ReturnTimePredictor(
+        result.metadata(samples.feature_names), result.weights, result.biases
+    )
+    curves = predictor.curves(samples.parts["evaluation"].features)
+    assert len(curves) == 50 and all(0.0 <= c.never_share <= 1.0 for c in curves)
