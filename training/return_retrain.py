@@ -223,6 +223,7 @@ def train_return_candidate(
             "hidden_sizes": list(result.hidden),
             "epochs": result.epochs,
             "members": result.members,
+            "recipe": result.recipe,
             "fit_s": round(result.fit_seconds, 3),
         },
     )
