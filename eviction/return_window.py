@@ -17,7 +17,9 @@ P(return within W | silent a)").
 
 Pooling: a block released by several conversations keeps one claim (curve and release time)
 per conversation, the newest `max_claims` of them, and takes the largest of their scores
-(max pooling: the block is worth what its likeliest user makes of it). A conversation that
+(`pooling="max"`, the default: the block is worth what its likeliest user makes of it), or,
+with `pooling="or"`, the chance that any of them returns within W, 1 − ∏(1 − P_i) (the
+claims taken as independent, as `lpc-pooled` pools its probabilities). A conversation that
 releases a block again replaces its own older claim.
 
 The score changes with time, so it is not a static key. The approximation: keys are
@@ -160,6 +162,24 @@ class TurnoverEstimate(_SmoothedWindow):
 
 
 WINDOW_RULES = ("turnover", "eviction-age")
+POOLINGS = ("max", "or")
+
+
+def pooled_score(scores: Sequence[float], pooling: str) -> float:
+    """The block's score from its claims' scores: the largest, or (`or`) 1 − ∏(1 − p); a
+    protected claim's score (above 1) wins either way. Claims scoring 0 are left out of the
+    product and one claim left is its own score, so that blocks whose pooled chances are
+    equal get equal keys (1 − (1 − p) need not be p in floating point) and ties break by
+    depth and age as the module says."""
+    best = max(scores)
+    if pooling == "max" or best > 1.0:
+        return best
+    keep, count = 1.0, 0
+    for p in scores:
+        if p > 0.0:
+            keep *= 1.0 - p
+            count += 1
+    return best if count <= 1 else 1.0 - keep
 
 
 def claim_score(claim: Claim, now_s: float, window_s: float, fallback: float) -> float:
@@ -192,6 +212,7 @@ class ReturnWindowEvictor(PriorityEvictor):
         window_rule: str = DEFAULT_WINDOW_RULE,
         turnover_weight: float = DEFAULT_TURNOVER_WEIGHT,
         window_multiplier: float = DEFAULT_WINDOW_MULTIPLIER,
+        pooling: str = "max",
     ) -> None:
         if not rekey_interval_s >= 0 or math.isnan(rekey_interval_s):
             raise ValueError(f"rekey_interval_s must be >= 0, got {rekey_interval_s!r}")
@@ -203,6 +224,9 @@ class ReturnWindowEvictor(PriorityEvictor):
             raise ValueError(f"window_rule must be one of {WINDOW_RULES}, got {window_rule!r}")
         if not math.isfinite(window_multiplier) or window_multiplier <= 0:
             raise ValueError(f"window_multiplier must be > 0, got {window_multiplier!r}")
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        self.pooling = pooling
         self.window_rule = window_rule
         self.window_multiplier = window_multiplier
         self.window: EvictionAgeEstimate | TurnoverEstimate = (
@@ -227,9 +251,11 @@ class ReturnWindowEvictor(PriorityEvictor):
         return self.window.value_s * self.window_multiplier
 
     def score(self, claims: Sequence[Claim], now_s: float) -> float:
-        """The block's score now: the largest P(return within W | silent a) of its claims."""
+        """The block's score now: its claims' P(return within W | silent a), pooled."""
         w, fallback = self.window_s, self.fallback_score
-        return max(claim_score(c, now_s, w, fallback) for c in claims)
+        if self.pooling == "max" or len(claims) == 1:
+            return max(claim_score(c, now_s, w, fallback) for c in claims)
+        return pooled_score([claim_score(c, now_s, w, fallback) for c in claims], self.pooling)
 
     def _claims_after(self, block_id: int, claim: Claim) -> tuple[Claim, ...]:
         """The block's claims once `claim` joins them (max_claims newest, one per
@@ -346,6 +372,7 @@ class ReturnWindowEvictor(PriorityEvictor):
             self._evicted_since_rekey = 0
             self._window_since_s = now_s
         w, fallback = self.window_s, self.fallback_score
+        or_pooling = self.pooling == "or"
         cache: dict[int, float] = {}
         heap = []
         for _, _, seq, run in self._heap:
@@ -359,6 +386,8 @@ class ReturnWindowEvictor(PriorityEvictor):
                     p = cache[id(claim)] = claim_score(claim, now_s, w, fallback)
                 if p > best:
                     best = p
+            if or_pooling and len(run.tag) > 1 and best <= 1.0:
+                best = pooled_score([cache[id(c)] for c in run.tag], "or")
             run.key = best
             if run.ghost is not None:
                 run.ghost.key = best

@@ -22,6 +22,13 @@ The rule, written before any variant below was replayed:
    one point of it wins (the shipped m = 4 stays unless another is more than one point
    better).
 4. The evaluation part is replayed once, with the chosen values, and only reported.
+
+Added on 2026-11-28, after rules 1–4 had run (they kept the flat tail and m = 4) and after
+the evaluation part had been read with them; written before this replay was run:
+
+5. Pooling, with the tail and m of rules 2–3: `or` (a block shared by several
+   conversations scores the chance that any of them returns within W, 1 − ∏(1 − P), as
+   `lpc-pooled` pools) replaces `max` only if it raises the criterion by more than one point.
 """
 
 from __future__ import annotations
@@ -53,10 +60,12 @@ def replay(
     sizes: Sequence[int],
     policies: str,
     out: Path,
+    pooling: str = "max",
 ) -> dict[str, dict[int, float]]:
-    """Hit ratio per policy and size on the training part, `lpc-return` built with m."""
+    """Hit ratio per policy and size on the training part, `lpc-return` built with m and
+    `pooling`."""
     entry = registry.POLICIES["lpc-return"]
-    factory = functools.partial(ReturnWindowEvictor, window_multiplier=multiplier)
+    factory = functools.partial(ReturnWindowEvictor, window_multiplier=multiplier, pooling=pooling)
     registry.POLICIES["lpc-return"] = dataclasses.replace(entry, factory=factory)
     try:
         outcome = run_ab(
@@ -126,17 +135,36 @@ def main() -> None:
                 cells = " ".join(f"{c:>6.1%}" for c in closed)
                 print(f"{tail:>10} m={m:g}: {cells}  mean {criterion[(tail, m)]:.1%}", flush=True)
     tail, multiplier = choose(criterion)
+    pooled = replay(args.return_model, tail, multiplier, sizes, "lpc-return-model", args.out, "or")[
+        "lpc-return-model"
+    ]
+    closed = [gap_closed(pooled[s], lru[s], belady[s]) for s in sizes]
+    or_criterion = sum(closed) / len(closed)
+    pooling = "or" if or_criterion > criterion[(tail, multiplier)] + MARGIN else "max"
+    rows.append(
+        {
+            "tail": tail,
+            "window_multiplier": multiplier,
+            "pooling": "or",
+            "hit_ratio": {str(s): pooled[s] for s in sizes},
+            "gap_closed": {str(s): c for s, c in zip(sizes, closed, strict=True)},
+            "mean_gap_closed": or_criterion,
+        }
+    )
+    if not args.json:
+        cells = " ".join(f"{c:>6.1%}" for c in closed)
+        print(f"{tail:>10} m={multiplier:g} or: {cells}  mean {or_criterion:.1%}", flush=True)
     report = {
         "part": "training",
         "lru": {str(s): lru[s] for s in sizes},
         "belady": {str(s): belady[s] for s in sizes},
         "variants": rows,
-        "chosen": {"tail": tail, "window_multiplier": multiplier},
+        "chosen": {"tail": tail, "window_multiplier": multiplier, "pooling": pooling},
     }
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(f"chosen: tail {tail}, m = {multiplier:g}")
+        print(f"chosen: tail {tail}, m = {multiplier:g}, pooling {pooling}")
 
 
 if __name__ == "__main__":

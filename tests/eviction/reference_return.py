@@ -2,7 +2,8 @@
 
 Per free cached block it keeps the claims (curve, release time) of its conversations — the
 newest per conversation, at most `max_claims` — and at every eviction call scores every block
-by the largest P(return within W | silent a) of its claims, W the running estimate (times the
+by the largest P(return within W | silent a) of its claims (or, `pooling="or"`, the chance
+that any of them returns, 1 − ∏(1 − P)), W the running estimate (times the
 multiplier) at the
 call's start (the eviction-age rule, or the turnover rule updated as the call starts); no keys
 kept, no heap.
@@ -33,7 +34,9 @@ class BruteForceReturnWindow(Evictor):
         fallback_score: float = 0.5,
         window: EvictionAgeEstimate | TurnoverEstimate | None = None,
         window_multiplier: float = DEFAULT_WINDOW_MULTIPLIER,
+        pooling: str = "max",
     ) -> None:
+        self.pooling = pooling
         self.window_multiplier = window_multiplier
         self.max_claims = max_claims
         self.fallback = fallback_score
@@ -79,7 +82,13 @@ class BruteForceReturnWindow(Evictor):
             self.uncached.remove(block_id)
 
     def value(self, block_id: int, now_s: float, window_s: float) -> float:
-        return max(claim_score(c, now_s, window_s, self.fallback) for c in self.claims[block_id])
+        scores = [claim_score(c, now_s, window_s, self.fallback) for c in self.claims[block_id]]
+        if self.pooling == "max":
+            return max(scores)
+        chances = [p for p in scores if p > 0.0]  # a 0 leaves the product as it is
+        if len(chances) <= 1:
+            return max(scores)
+        return 1.0 - math.prod(1.0 - p for p in chances)  # any of them returns within W
 
     def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
         if n > len(self.uncached):  # the turnover rule: one interval ends at each eviction

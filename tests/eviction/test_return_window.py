@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 from eviction import FreedBlocks, Release, make_evictor
-from eviction.return_window import EvictionAgeEstimate, ReturnWindowEvictor, TurnoverEstimate
+from eviction.return_window import (
+    Claim,
+    EvictionAgeEstimate,
+    ReturnWindowEvictor,
+    TurnoverEstimate,
+)
 from lpc.blocks.block_manager import PrefixCacheBlockManager
 from predictor.return_curve import ReturnCurve
 from tests.eviction.reference_return import BruteForceReturnWindow
@@ -47,18 +52,20 @@ def curves_for(steps, seed: int) -> dict[str, ReturnCurve | None]:
     return {s.request.request_id: random_curve(rng) for s in steps if isinstance(s, Allocate)}
 
 
-@pytest.mark.parametrize("rule", ["turnover", "eviction-age"])
+@pytest.mark.parametrize(
+    ("rule", "pooling"), [("turnover", "max"), ("eviction-age", "max"), ("turnover", "or")]
+)
 @pytest.mark.parametrize("seed", range(10))
 def test_rekeying_at_every_eviction_matches_the_brute_force_definition(
-    seed: int, rule: str
+    seed: int, rule: str, pooling: str
 ) -> None:
     steps = random_stream(seed, 400)
     curves = curves_for(steps, seed)
     fast_evictor = ReturnWindowEvictor(
-        48, rekey_interval_s=0.0, initial_window_s=5.0, window_rule=rule
+        48, rekey_interval_s=0.0, initial_window_s=5.0, window_rule=rule, pooling=pooling
     )
     window = TurnoverEstimate(5.0) if rule == "turnover" else EvictionAgeEstimate(5.0)
-    slow_evictor = BruteForceReturnWindow(48, window=window)
+    slow_evictor = BruteForceReturnWindow(48, window=window, pooling=pooling)
     fast = PrefixCacheBlockManager(48, block_size=4, evictor=fast_evictor)
     slow = PrefixCacheBlockManager(48, block_size=4, evictor=slow_evictor)
     fast_trace = replay(fast, steps, curves)
@@ -187,3 +194,18 @@ def test_max_pooling_keeps_a_block_a_returning_conversation_shares() -> None:
     assert {c.conversation_id for c in claims} == {"A", "B"}
     assert evictor.score(claims, 2.0) == 1.0
     assert evictor.score(evictor._state[table_b[1]].tag, 2.0) == 0.0
+
+
+def test_or_pooling_is_the_chance_that_any_claimant_returns() -> None:
+    evictor = ReturnWindowEvictor(8, initial_window_s=10.0, window_multiplier=1.0, pooling="or")
+    half = ReturnCurve(np.array([0.0, 10.0]), np.array([1.0, 0.5]))  # P(within 10 s) = 0.5
+    fifth = ReturnCurve(np.array([0.0, 10.0]), np.array([1.0, 0.8]))
+    claims = [Claim("A", half, 0.0), Claim("B", fifth, 0.0)]
+    assert evictor.score(claims, 0.0) == pytest.approx(1 - 0.5 * 0.8)
+    assert ReturnWindowEvictor(8, initial_window_s=10.0, window_multiplier=1.0).score(
+        claims, 0.0
+    ) == pytest.approx(0.5)
+    protected = [Claim.protected("C", 3.0), Claim("A", half, 0.0)]
+    assert evictor.score(protected, 0.0) == Claim.protected("C", 3.0).protected_score
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        ReturnWindowEvictor(8, pooling="sum")
