@@ -126,6 +126,7 @@ def main() -> None:
                 {
                     "tail": tail,
                     "window_multiplier": m,
+                    "pooling": "max",
                     "hit_ratio": {str(s): ratios[s] for s in sizes},
                     "gap_closed": {str(s): c for s, c in zip(sizes, closed, strict=True)},
                     "mean_gap_closed": criterion[(tail, m)],
