@@ -14,7 +14,7 @@ Between grid points S is interpolated linearly in log time (the grid is log-spac
 hazard of returning is roughly constant per log-second). Beyond the last point the data say
 nothing; a curve says what it assumes there with its `tail_exponent` β:
 S(t) = S(t_K) · (t / t_K)^(−β). β = 0 (the default) keeps S at its last value, nothing more
-returns; `log_linear_tail` continues the last interval's hazard per log-second, as the
+returns; `continued_hazard_exponent` continues the last interval's hazard per log-second, as the
 interpolation inside the grid does. Pure numpy, microseconds.
 """
 
@@ -105,9 +105,9 @@ class ReturnCurve:
         later = self.survival_at(silent_s + window_s)
         return min(1.0, max(0.0, (now - later) / now))
 
-    def with_log_linear_tail(self) -> ReturnCurve:
-        """This curve with `log_linear_tail`'s exponent (same grid and values)."""
-        beta = log_linear_tail(self._times, self._survival)
+    def with_continued_hazard(self) -> ReturnCurve:
+        """This curve with `continued_hazard_exponent`'s exponent (same grid and values)."""
+        beta = continued_hazard_exponent(self._times, self._survival)
         return ReturnCurve.of_valid(self.times_s, self.survival, beta)
 
     @property
@@ -116,7 +116,7 @@ class ReturnCurve:
         return float(self.survival[-1])
 
 
-def log_linear_tail(times_s: Sequence[float], survival: Sequence[float]) -> float:
+def continued_hazard_exponent(times_s: Sequence[float], survival: Sequence[float]) -> float:
     """The tail exponent β that continues the last grid interval's hazard per log-second:
     ln(S(t_{K−1}) / S(t_K)) / ln(t_K / t_{K−1}), so that S(t) = S(t_K)·(t/t_K)^(−β) beyond t_K
     has the slope in log S per log t of the last interval. 0 when the last interval starts at
@@ -128,8 +128,8 @@ def log_linear_tail(times_s: Sequence[float], survival: Sequence[float]) -> floa
     return math.log(s0 / s1) / math.log(t1 / t0)
 
 
-def log_linear_tail_exponents(times_s: np.ndarray, survival: np.ndarray) -> np.ndarray:
-    """`log_linear_tail` of every row of an (n, K + 1) survival table at once."""
+def continued_hazard_exponents(times_s: np.ndarray, survival: np.ndarray) -> np.ndarray:
+    """`continued_hazard_exponent` of every row of an (n, K + 1) survival table at once."""
     t0, t1 = float(times_s[-2]), float(times_s[-1])
     s = np.asarray(survival, np.float64)
     if t0 <= 0.0:

@@ -46,7 +46,11 @@ from predictor.access_features import (
 )
 from predictor.access_predictor import mlp_layers
 from predictor.artifact import ArtifactCorruptError, ArtifactIncompatibleError
-from predictor.return_curve import ReturnCurve, log_linear_tail, log_linear_tail_exponents
+from predictor.return_curve import (
+    ReturnCurve,
+    continued_hazard_exponent,
+    continued_hazard_exponents,
+)
 
 PREDICTS = "return_time_survival"
 RETURN_FORMAT_VERSION = 1
@@ -54,7 +58,7 @@ METADATA_FILE = "metadata.json"
 WEIGHTS_FILE = "model.safetensors"
 # What a curve assumes beyond the grid's last point (`ReturnCurve.tail_exponent`): "flat",
 # S stays at its last value (nothing more returns); "log-linear", the last interval's hazard
-# per log-second goes on (`predictor.return_curve.log_linear_tail`).
+# per log-second goes on (`predictor.return_curve.continued_hazard_exponent`).
 TAILS = ("flat", "log-linear")
 DEFAULT_TAIL = "flat"
 
@@ -187,7 +191,7 @@ class ReturnTimePredictor:
         """Each curve's `tail_exponent` under this predictor's `tail` (see `TAILS`)."""
         if self.tail == "flat":
             return np.zeros(len(survival))
-        return log_linear_tail_exponents(self.grid_s, survival)
+        return continued_hazard_exponents(self.grid_s, survival)
 
     def curves_of(self, survival: np.ndarray) -> list[ReturnCurve]:
         """`ReturnCurve`s of an (n, K + 1) table of this predictor's survival values, each
@@ -222,7 +226,7 @@ class ReturnTimePredictor:
         else:
             log_keep = -np.logaddexp(0.0, logits.reshape(self.members, -1))
             survival[1:] = np.exp(np.cumsum(log_keep, axis=1)).mean(axis=0)
-        beta = 0.0 if self.tail == "flat" else log_linear_tail(self.grid_s, survival)
+        beta = 0.0 if self.tail == "flat" else continued_hazard_exponent(self.grid_s, survival)
         return ReturnCurve.of_valid(self.grid_s, survival, beta)  # valid by construction
 
     @classmethod

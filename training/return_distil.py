@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from training.return_data import ReturnPart
+from training.return_grid import interval_index
 
 LOGIT_CLIP = 1e-6  # teacher hazards are clipped to [1e-6, 1 − 1e-6] before the logit
 
@@ -49,8 +50,6 @@ class PersonPeriod:
 
 def person_period(part: ReturnPart, grid_s: np.ndarray) -> PersonPeriod:
     """One row per (release, interval at risk), vectorised."""
-    from training.return_fit import interval_index
-
     grid_s = np.asarray(grid_s, float)
     intervals = len(grid_s) - 1
     index = interval_index(grid_s, part.targets.time_s)

@@ -40,6 +40,7 @@ from predictor.return_curve import ReturnCurve, log_spaced_edges
 from predictor.return_time import ReturnInput, ReturnModelMetadata
 from training.return_data import ReturnPart, ReturnSamples, ReturnTargets
 from training.return_distil import TEACHER, HazardTeacher
+from training.return_grid import IntervalIndex, interval_index
 from training.survival_metrics import kaplan_meier
 
 GRID_FIRST_S = 5.0
@@ -66,31 +67,6 @@ def training_grid_last_s(samples: ReturnSamples) -> float:
     """Half the training part's span, rounded down to whole minutes (at least 60 s)."""
     span = samples.cuts.evaluation_cut_s - samples.span_start_s
     return max(60.0, 60.0 * np.floor(span / 2.0 / 60.0))
-
-
-@dataclass(frozen=True)
-class IntervalIndex:
-    """Where each duration falls on a grid: interval k (1-based), the log-time weight w
-    inside it, and whether it lies beyond the last point."""
-
-    interval: np.ndarray
-    weight: np.ndarray
-    beyond: np.ndarray
-
-
-def interval_index(grid_s: np.ndarray, time_s: np.ndarray) -> IntervalIndex:
-    grid_s = np.asarray(grid_s, float)
-    t = np.asarray(time_s, float)
-    last = len(grid_s) - 1
-    beyond = t > grid_s[-1]
-    k = np.clip(np.searchsorted(grid_s, t, side="left"), 1, last)  # t_{k-1} < t <= t_k
-    t0, t1 = grid_s[k - 1], grid_s[k]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        w = np.where(
-            k == 1, t / t1, np.log(np.maximum(t, 1e-300) / np.maximum(t0, 1e-300)) / np.log(t1 / t0)
-        )
-    w = np.clip(np.where(beyond, 1.0, w), 0.0, 1.0)
-    return IntervalIndex(np.where(beyond, last, k), w, beyond)
 
 
 def density_constant(grid_s: np.ndarray, targets: ReturnTargets) -> np.ndarray:

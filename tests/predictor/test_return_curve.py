@@ -7,8 +7,8 @@ import pytest
 
 from predictor.return_curve import (
     ReturnCurve,
-    log_linear_tail,
-    log_linear_tail_exponents,
+    continued_hazard_exponent,
+    continued_hazard_exponents,
     log_spaced_edges,
 )
 
@@ -52,11 +52,11 @@ def test_a_curve_valid_by_construction_answers_the_same_unchecked() -> None:
         assert fast.p_return_within(a, w) == checked.p_return_within(a, w)
 
 
-def test_a_log_linear_tail_goes_on_at_the_last_intervals_slope() -> None:
+def test_a_continued_hazard_goes_on_at_the_last_intervals_slope() -> None:
     c = curve()
-    beta = log_linear_tail(c.times_s, c.survival)
+    beta = continued_hazard_exponent(c.times_s, c.survival)
     assert beta == pytest.approx(np.log(0.4 / 0.3) / np.log(10.0))
-    tailed = c.with_log_linear_tail()
+    tailed = c.with_continued_hazard()
     assert tailed.tail_exponent == pytest.approx(beta)
     assert tailed.survival_at(1000.0) == pytest.approx(0.3)  # unchanged on the grid
     assert tailed.survival_at(500.0) == pytest.approx(c.survival_at(500.0))
@@ -67,13 +67,17 @@ def test_a_log_linear_tail_goes_on_at_the_last_intervals_slope() -> None:
 
 
 def test_the_tail_exponent_is_zero_where_no_slope_is_known_and_refused_when_bad() -> None:
-    assert log_linear_tail([0.0, 10.0], [1.0, 0.5]) == 0.0  # the first interval: no log slope
-    assert log_linear_tail([0.0, 10.0, 100.0], [1.0, 0.5, 0.5]) == 0.0  # flat last interval
-    assert log_linear_tail([0.0, 10.0, 100.0], [1.0, 0.5, 0.0]) == 0.0  # nothing left
+    assert (
+        continued_hazard_exponent([0.0, 10.0], [1.0, 0.5]) == 0.0
+    )  # the first interval: no log slope
+    assert (
+        continued_hazard_exponent([0.0, 10.0, 100.0], [1.0, 0.5, 0.5]) == 0.0
+    )  # flat last interval
+    assert continued_hazard_exponent([0.0, 10.0, 100.0], [1.0, 0.5, 0.0]) == 0.0  # nothing left
     table = np.array([[1.0, 0.6, 0.4, 0.3], [1.0, 0.5, 0.5, 0.5], [1.0, 0.5, 0.1, 0.0]])
     times = np.array([0.0, 10.0, 100.0, 1000.0])
-    expected = [log_linear_tail(times, row) for row in table]
-    assert log_linear_tail_exponents(times, table) == pytest.approx(expected)
+    expected = [continued_hazard_exponent(times, row) for row in table]
+    assert continued_hazard_exponents(times, table) == pytest.approx(expected)
     for bad in (-0.1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="tail_exponent"):
             ReturnCurve(np.array([0.0, 1.0]), np.array([1.0, 0.5]), bad)

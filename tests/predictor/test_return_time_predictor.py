@@ -10,7 +10,7 @@ import pytest
 
 from predictor.access_features import ConversationState, RequestState, feature_row
 from predictor.artifact import ArtifactCorruptError, ArtifactIncompatibleError
-from predictor.return_curve import ReturnCurve, log_linear_tail, log_spaced_edges
+from predictor.return_curve import ReturnCurve, continued_hazard_exponent, log_spaced_edges
 from predictor.return_time import (
     METADATA_FILE,
     PREDICTS,
@@ -120,7 +120,7 @@ def test_the_tail_is_the_same_on_every_path_and_unknown_ones_are_refused(
     row = np.array([feature_row(NAMES, request, conversation)])
     batch = tailed.curves(row)[0]
     assert one.tail_exponent == pytest.approx(batch.tail_exponent, rel=1e-5)
-    assert one.tail_exponent == pytest.approx(log_linear_tail(one.times_s, one.survival))
+    assert one.tail_exponent == pytest.approx(continued_hazard_exponent(one.times_s, one.survival))
     assert flat.curve_one(request, conversation).tail_exponent == 0.0
     assert flat.curves(row)[0].survival_at(6000.0) == pytest.approx(batch.survival[-1], rel=1e-5)
     assert one.tail_exponent > 0  # this model's last interval does lose survivors

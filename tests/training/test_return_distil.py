@@ -118,7 +118,9 @@ def _samples(seed: int = 0):
         np.arange(900),
     )
     parts = {"fit": fit, "validation": validation, "training": training, "evaluation": part(50)}
-    return ReturnSamples(("log_turn", "log_prompt_tokens"), parts, TimeParts(600, 900, 1200.0, 1800.0), 0.0)
+    return ReturnSamples(
+        ("log_turn", "log_prompt_tokens"), parts, TimeParts(600, 900, 1200.0, 1800.0), 0.0
+    )
 
 
 @pytest.mark.parametrize("distil", [True, False])
