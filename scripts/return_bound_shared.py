@@ -18,18 +18,15 @@ quarter is counted.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import heapq
 import json
 from collections.abc import Sequence
 from pathlib import Path
 
-import eviction.registry as registry
-from eviction.return_window import Claim, ReturnWindowEvictor
-from lpc.replay.ab_pipeline import ABOptions, run_ab
-from lpc.replay.policies import parse_policies
+from study_replay import TRAINING_PART, gap_closed, replay_with_return_evictor
 
-TRAINING_PART = {"split_at": 884.0, "replay_until_s": 1768.0}  # the default cut is 1,768 s
+from eviction.return_window import Claim, ReturnWindowEvictor
+
 SIZES = (2_500_000, 4_000_000, 6_000_000, 8_000_000, 12_000_000, 16_000_000)
 
 
@@ -59,31 +56,13 @@ class SharedFloorEvictor(ReturnWindowEvictor):
 
 
 def replay(part: str, sizes: Sequence[int], floor: bool, out: Path) -> dict[str, dict[int, float]]:
-    entry = registry.POLICIES["lpc-return"]
     factory = SharedFloorEvictor if floor else ReturnWindowEvictor
-    registry.POLICIES["lpc-return"] = dataclasses.replace(entry, factory=factory)
-    try:
-        outcome = run_ab(
-            ABOptions(
-                trace=Path("mooncake"),
-                policies=tuple(parse_policies("lru,lpc-return-true,belady")),
-                cache_sizes_tokens=tuple(sizes),
-                model_reads_text=False,
-                out_dir=out,
-                progress=False,
-                **(TRAINING_PART if part == "training" else {}),
-            ),
-            log=lambda _: None,
-        )
-    finally:
-        registry.POLICIES["lpc-return"] = entry
-    ratio = outcome.comparison.hit_ratio
-    return {policy: dict(curve) for policy, curve in ratio.items()}
+    options = TRAINING_PART if part == "training" else {}
+    return replay_with_return_evictor(factory, "lru,lpc-return-true,belady", sizes, out, **options)
 
 
-def gap_closed(ratio: dict[str, dict[int, float]], policy: str, size: int) -> float:
-    lru, belady = ratio["lru"][size], ratio["belady"][size]
-    return (ratio[policy][size] - lru) / (belady - lru) if belady > lru else 0.0
+def gap_closed_by(ratio: dict[str, dict[int, float]], policy: str, size: int) -> float:
+    return gap_closed(ratio[policy][size], ratio["lru"][size], ratio["belady"][size])
 
 
 def main() -> None:
@@ -103,8 +82,8 @@ def main() -> None:
             "belady": shipped["belady"][size],
             "bound": shipped["lpc-return-true"][size],
             "bound_with_shared_floor": floored["lpc-return-true"][size],
-            "gap_closed": gap_closed(shipped, "lpc-return-true", size),
-            "gap_closed_with_shared_floor": gap_closed(floored, "lpc-return-true", size),
+            "gap_closed": gap_closed_by(shipped, "lpc-return-true", size),
+            "gap_closed_with_shared_floor": gap_closed_by(floored, "lpc-return-true", size),
         }
         for size in sizes
     ]

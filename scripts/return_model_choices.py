@@ -34,18 +34,16 @@ the evaluation part had been read with them; written before this replay was run:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import eviction.registry as registry
-from eviction.return_window import ReturnWindowEvictor
-from lpc.replay.ab_pipeline import ABOptions, run_ab
-from lpc.replay.policies import parse_policies
+from study_replay import TRAINING_PART, gap_closed, replay_with_return_evictor
 
-TRAINING_PART = {"split_at": 884.0, "replay_until_s": 1768.0}  # the default cut is 1,768 s
+from eviction.return_window import ReturnWindowEvictor
+
 SIZES = (2_500_000, 4_000_000, 6_000_000, 8_000_000, 12_000_000, 16_000_000)
 TAILS = ("flat", "log-linear")
 MULTIPLIERS = (1.0, 2.0, 4.0, 8.0)
@@ -64,31 +62,16 @@ def replay(
 ) -> dict[str, dict[int, float]]:
     """Hit ratio per policy and size on the training part, `lpc-return` built with m and
     `pooling`."""
-    entry = registry.POLICIES["lpc-return"]
     factory = functools.partial(ReturnWindowEvictor, window_multiplier=multiplier, pooling=pooling)
-    registry.POLICIES["lpc-return"] = dataclasses.replace(entry, factory=factory)
-    try:
-        outcome = run_ab(
-            ABOptions(
-                trace=Path("mooncake"),
-                policies=tuple(parse_policies(policies)),
-                cache_sizes_tokens=tuple(sizes),
-                model_reads_text=False,
-                out_dir=out,
-                progress=False,
-                return_model=return_model,
-                return_tail=tail,
-                **TRAINING_PART,
-            ),
-            log=lambda _: None,
-        )
-    finally:
-        registry.POLICIES["lpc-return"] = entry
-    return {policy: dict(curve) for policy, curve in outcome.comparison.hit_ratio.items()}
-
-
-def gap_closed(hit: float, lru: float, belady: float) -> float:
-    return (hit - lru) / (belady - lru) if belady > lru else 0.0
+    return replay_with_return_evictor(
+        factory,
+        policies,
+        sizes,
+        out,
+        return_model=return_model,
+        return_tail=tail,
+        **TRAINING_PART,
+    )
 
 
 def choose(criterion: dict[tuple[str, float], float]) -> tuple[str, float]:
@@ -104,6 +87,53 @@ def choose(criterion: dict[tuple[str, float], float]) -> tuple[str, float]:
     return tail, multiplier
 
 
+def choose_pooling(or_criterion: float, max_criterion: float) -> str:
+    """Rule 5 of the module docstring."""
+    return "or" if or_criterion > max_criterion + MARGIN else "max"
+
+
+@dataclass
+class Study:
+    """The training-part replays of one run: LRU and Belady once, then each variant."""
+
+    return_model: Path
+    sizes: Sequence[int]
+    out: Path
+    quiet: bool
+    lru: dict[int, float] = field(default_factory=dict)
+    belady: dict[int, float] = field(default_factory=dict)
+    rows: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        base = replay(
+            self.return_model, "flat", SHIPPED_MULTIPLIER, self.sizes, "lru,belady", self.out
+        )
+        self.lru, self.belady = base["lru"], base["belady"]
+
+    def variant(self, tail: str, multiplier: float, pooling: str) -> float:
+        """Replay `lpc-return-model` so built; record it; its mean share of the gap closed."""
+        ratios = replay(
+            self.return_model, tail, multiplier, self.sizes, "lpc-return-model", self.out, pooling
+        )["lpc-return-model"]
+        sizes = self.sizes
+        closed = [gap_closed(ratios[s], self.lru[s], self.belady[s]) for s in sizes]
+        mean = sum(closed) / len(closed)
+        self.rows.append(
+            {
+                "tail": tail,
+                "window_multiplier": multiplier,
+                "pooling": pooling,
+                "hit_ratio": {str(s): ratios[s] for s in sizes},
+                "gap_closed": {str(s): c for s, c in zip(sizes, closed, strict=True)},
+                "mean_gap_closed": mean,
+            }
+        )
+        if not self.quiet:
+            cells = " ".join(f"{c:>6.1%}" for c in closed)
+            print(f"{tail:>10} m={multiplier:g} {pooling:>3}: {cells}  mean {mean:.1%}", flush=True)
+        return mean
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--return-model", type=Path, required=True)
@@ -112,54 +142,16 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args()
     sizes = [int(s) for s in args.cache_sizes.split(",")]
-    base = replay(args.return_model, "flat", SHIPPED_MULTIPLIER, sizes, "lru,belady", args.out)
-    lru, belady = base["lru"], base["belady"]
-    rows = []
-    criterion: dict[tuple[str, float], float] = {}
-    for tail in TAILS:
-        for m in MULTIPLIERS:
-            hit = replay(args.return_model, tail, m, sizes, "lpc-return-model", args.out)
-            ratios = hit["lpc-return-model"]
-            closed = [gap_closed(ratios[s], lru[s], belady[s]) for s in sizes]
-            criterion[(tail, m)] = sum(closed) / len(closed)
-            rows.append(
-                {
-                    "tail": tail,
-                    "window_multiplier": m,
-                    "pooling": "max",
-                    "hit_ratio": {str(s): ratios[s] for s in sizes},
-                    "gap_closed": {str(s): c for s, c in zip(sizes, closed, strict=True)},
-                    "mean_gap_closed": criterion[(tail, m)],
-                }
-            )
-            if not args.json:
-                cells = " ".join(f"{c:>6.1%}" for c in closed)
-                print(f"{tail:>10} m={m:g}: {cells}  mean {criterion[(tail, m)]:.1%}", flush=True)
+    study = Study(args.return_model, sizes, args.out, quiet=args.json)
+    criterion = {(t, m): study.variant(t, m, "max") for t in TAILS for m in MULTIPLIERS}
     tail, multiplier = choose(criterion)
-    pooled = replay(args.return_model, tail, multiplier, sizes, "lpc-return-model", args.out, "or")[
-        "lpc-return-model"
-    ]
-    closed = [gap_closed(pooled[s], lru[s], belady[s]) for s in sizes]
-    or_criterion = sum(closed) / len(closed)
-    pooling = "or" if or_criterion > criterion[(tail, multiplier)] + MARGIN else "max"
-    rows.append(
-        {
-            "tail": tail,
-            "window_multiplier": multiplier,
-            "pooling": "or",
-            "hit_ratio": {str(s): pooled[s] for s in sizes},
-            "gap_closed": {str(s): c for s, c in zip(sizes, closed, strict=True)},
-            "mean_gap_closed": or_criterion,
-        }
-    )
-    if not args.json:
-        cells = " ".join(f"{c:>6.1%}" for c in closed)
-        print(f"{tail:>10} m={multiplier:g} or: {cells}  mean {or_criterion:.1%}", flush=True)
+    or_criterion = study.variant(tail, multiplier, "or")
+    pooling = choose_pooling(or_criterion, criterion[(tail, multiplier)])
     report = {
         "part": "training",
-        "lru": {str(s): lru[s] for s in sizes},
-        "belady": {str(s): belady[s] for s in sizes},
-        "variants": rows,
+        "lru": {str(s): study.lru[s] for s in sizes},
+        "belady": {str(s): study.belady[s] for s in sizes},
+        "variants": study.rows,
         "chosen": {"tail": tail, "window_multiplier": multiplier, "pooling": pooling},
     }
     if args.json:

@@ -1,0 +1,54 @@
+"""The training-part study scripts: their written rules, and the registry swap they share."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+import eviction.registry as registry
+from lpc.errors import UserError
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+def _load(name: str, monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # the scripts import their shared helper
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _criterion(values: dict[tuple[str, float], float]) -> dict[tuple[str, float], float]:
+    grid = {(t, m): 0.10 for t in ("flat", "log-linear") for m in (1.0, 2.0, 4.0, 8.0)}
+    return {**grid, **values}
+
+
+def test_the_tail_and_multiplier_rules_as_written(monkeypatch) -> None:
+    study = _load("return_model_choices", monkeypatch)
+    choose = study.choose
+    # Nothing more than a point better: the shipped flat tail and m = 4 stay.
+    assert choose(_criterion({("log-linear", 4.0): 0.109, ("flat", 1.0): 0.109})) == ("flat", 4.0)
+    # The log-linear tail more than a point better at m = 4 wins; then the best m.
+    assert choose(_criterion({("log-linear", 4.0): 0.12, ("log-linear", 8.0): 0.14})) == (
+        "log-linear",
+        8.0,
+    )
+    # A smaller m within a point of the best wins.
+    assert choose(_criterion({("flat", 8.0): 0.15, ("flat", 2.0): 0.145})) == ("flat", 2.0)
+    assert study.choose_pooling(0.12, 0.109) == "or"
+    assert study.choose_pooling(0.118, 0.109) == "max"
+
+
+def test_the_registry_entry_comes_back_after_a_failed_replay(monkeypatch, tmp_path) -> None:
+    helper = _load("study_replay", monkeypatch)
+    entry = registry.POLICIES["lpc-return"]
+    with pytest.raises(UserError, match="unknown policy"):
+        helper.replay_with_return_evictor(object, "no-such-policy", [1000], tmp_path)
+    assert registry.POLICIES["lpc-return"] is entry
+    assert helper.gap_closed(0.3, 0.2, 0.4) == pytest.approx(0.5)
+    assert helper.gap_closed(0.3, 0.4, 0.4) == 0.0
