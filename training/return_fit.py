@@ -18,6 +18,12 @@ Every choice is made on the training part by a rule fixed before the evaluation 
   each early-stopped on its own, their curves averaged (a mixture of survival curves, whose
   likelihood is the members' average); served instead of the single network only when its
   validation log-likelihood is better by more than `SIMPLER_MARGIN_NATS` per row.
+- **A distilled student** (`training.return_distil`; `ReturnFitConfig.distil`): networks of
+  every `HIDDEN_CANDIDATES` kind on the chosen grid, regressing their logits onto a
+  gradient-boosted hazard teacher's, chosen among themselves as above; served instead of the
+  likelihood-trained model (single or ensemble) only when its validation log-likelihood is
+  better by more than `SIMPLER_MARGIN_NATS` per row. A part the teacher cannot learn from
+  (one label only) skips this step, said in the report.
 
 The likelihood is censoring-aware and matches the curve the predictor serves: with S(t)
 interpolated between grid points as `ReturnCurve` does, a return observed at t in interval k
@@ -386,7 +392,10 @@ def _distil_candidates(
     `SIMPLER_MARGIN_NATS` per row (the teacher is the more complex recipe)."""
     import torch
 
-    teacher = HazardTeacher(grid, seed=config.seed).fit(fit)
+    try:
+        teacher = HazardTeacher(grid, seed=config.seed).fit(fit)
+    except ValueError as error:  # e.g. no return seen in the fitting slice
+        return {"tried": False, "adopted": False, "reason": str(error)}
     targets = torch.from_numpy(teacher.logits(fit.features).astype(np.float32))
     with torch.no_grad():
         teacher_ll = log_likelihood(

@@ -102,6 +102,8 @@ def _print_report(report: dict) -> None:
         f"{e['single_val_nll']:.4f} alone; served: {report['members']} network(s)"
     )
     d = report["distillation"]
+    if d.get("reason"):
+        print(f"distillation skipped: {d['reason']}")
     if d.get("tried"):
         c = d["chosen"]
         print(

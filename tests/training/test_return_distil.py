@@ -165,3 +165,17 @@ def test_an_adopted_student_is_served_alone(monkeypatch) -> None:
     )
     curves = predictor.curves(samples.parts["evaluation"].features)
     assert len(curves) == 50 and all(0.0 <= c.never_share <= 1.0 for c in curves)
+
+
+def test_a_fitting_slice_without_returns_skips_distillation_and_says_why() -> None:
+    from dataclasses import replace
+
+    from training.return_fit import ReturnFitConfig, fit_return_model
+
+    samples = _samples()
+    fit = samples.parts["fit"]
+    silent = _part(np.full(fit.size, 600.0), np.zeros(fit.size, bool), fit.features)
+    samples = replace(samples, parts={**samples.parts, "fit": silent})
+    result = fit_return_model(samples, ReturnFitConfig(max_epochs=3, patience=2))
+    assert result.distillation["tried"] is False and result.recipe == "likelihood"
+    assert "returns and non-returns" in result.distillation["reason"]
