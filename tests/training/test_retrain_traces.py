@@ -396,13 +396,15 @@ def test_the_bundled_mooncake_trace_twice(tmp_path: Path, capsys) -> None:
         first["candidate_metrics"]["roc_auc"], abs=1e-4
     )
     # the return-time model, trained on the same split, as `lpc train-return` at 0.5
-    # (docs/results.md: 12 points 5-840 s, 2x32, C 0.660, IBS 0.175)
+    # (docs/results.md: 12 points 5-840 s, the distilled 2x32 student, C 0.680, IBS 0.170)
     returns = first["return_model"]
     assert (returns["decision"], returns["reason"]) == (PROMOTED, "no current return model")
     assert returns["registry"] == str(tmp_path / "registry-return")
     assert returns["candidate_metrics"]["samples"] == 6_425
-    assert returns["candidate_metrics"]["integrated_brier"] == pytest.approx(0.175, abs=0.005)
-    assert returns["candidate_metrics"]["concordance"] == pytest.approx(0.660, abs=0.01)
+    assert returns["fit"]["recipe"] == "distilled"
+    assert returns["fit"]["grid_points"] == 12 and returns["fit"]["hidden_sizes"] == [32, 32]
+    assert returns["candidate_metrics"]["integrated_brier"] == pytest.approx(0.170, abs=0.005)
+    assert returns["candidate_metrics"]["concordance"] == pytest.approx(0.680, abs=0.01)
     again = second["return_model"]
     assert again["decision"] == PROMOTED and again["reason"].startswith("not worse")
     assert again["current_metrics"]["integrated_brier"] == pytest.approx(
