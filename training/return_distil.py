@@ -6,8 +6,9 @@ The same recipe fits a discrete-time hazard: the classic person-period form turn
 release into one row per grid interval it was at risk in — the release's features plus the
 interval's log end time — labelled 1 in the interval its return fell in, 0 before; a release
 censored inside interval k (or returning beyond the grid) is a 0 in interval k weighted by
-the log-time share of it that was observed (1 beyond the grid), exactly the weight the served
-curve's interpolation gives that share. scikit-learn's `HistGradientBoostingClassifier` on
+the log-time share w of it that was observed (1 beyond the grid): w·log(1 − h_k), the first
+order of the served likelihood's censored term log(1 − w·h_k) (`training.return_fit`), whose
+interpolation gives that share the same w. scikit-learn's `HistGradientBoostingClassifier` on
 those rows gives h_k(x) for every interval, and the student — an MLP of the served kind —
 regresses its K logits onto the teacher's (`training.return_fit.train_hazard` with
 `teacher_logits`). Only the student is served: the numpy predictor stays in microseconds.
