@@ -105,11 +105,6 @@ class ReturnCurve:
         later = self.survival_at(silent_s + window_s)
         return min(1.0, max(0.0, (now - later) / now))
 
-    def with_continued_hazard(self) -> ReturnCurve:
-        """This curve with `continued_hazard_exponent`'s exponent (same grid and values)."""
-        beta = continued_hazard_exponent(self._times, self._survival)
-        return ReturnCurve.of_valid(self.times_s, self.survival, beta)
-
     @property
     def never_share(self) -> float:
         """An upper bound on P(never returns): what S keeps at the last grid point."""
@@ -121,11 +116,8 @@ def continued_hazard_exponent(times_s: Sequence[float], survival: Sequence[float
     ln(S(t_{K−1}) / S(t_K)) / ln(t_K / t_{K−1}), so that S(t) = S(t_K)·(t/t_K)^(−β) beyond t_K
     has the slope in log S per log t of the last interval. 0 when the last interval starts at
     0 (no log slope) or S(t_K) is 0 (nothing left to return)."""
-    t0, t1 = float(times_s[-2]), float(times_s[-1])
-    s0, s1 = float(survival[-2]), float(survival[-1])
-    if t0 <= 0.0 or s1 <= 0.0 or s0 <= s1:
-        return 0.0
-    return math.log(s0 / s1) / math.log(t1 / t0)
+    table = np.asarray(survival, np.float64)[None, :]
+    return float(continued_hazard_exponents(np.asarray(times_s, np.float64), table)[0])
 
 
 def continued_hazard_exponents(times_s: np.ndarray, survival: np.ndarray) -> np.ndarray:
