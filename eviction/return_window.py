@@ -22,6 +22,12 @@ with `pooling="or"`, the chance that any of them returns within W, 1 − ∏(1 �
 claims taken as independent, as `lpc-pooled` pools its probabilities). A conversation that
 releases a block again replaces its own older claim.
 
+Shared floor (`shared_floor`, off by default): a block whose claims come from two or more
+conversations scores at least the floor. The claims speak only for the conversations that
+released the block, while a prefix several of them share is likely shared by the next new
+conversation too, which no claimant's return curve foresees (docs/results.md, "The 16M
+reading"). Anonymous claims (no conversation id) never make a block shared.
+
 The score changes with time, so it is not a static key. The approximation: keys are
 re-computed for every queued run, and the heap rebuilt, at the first eviction at least
 `rekey_interval_s` after the last re-keying (0: before every eviction, which is exact); a
@@ -165,6 +171,20 @@ WINDOW_RULES = ("turnover", "eviction-age")
 POOLINGS = ("max", "or")
 
 
+def is_shared(claims: Sequence[Claim]) -> bool:
+    """Whether the claims come from two or more named conversations."""
+    first = None
+    for claim in claims:
+        cid = claim.conversation_id
+        if cid is None:
+            continue
+        if first is None:
+            first = cid
+        elif cid != first:
+            return True
+    return False
+
+
 def pooled_score(scores: Sequence[float], pooling: str) -> float:
     """The block's score from its claims' scores: the largest, or (`or`) 1 − ∏(1 − p); a
     protected claim's score (above 1) wins either way. Claims scoring 0 are left out of the
@@ -213,6 +233,7 @@ class ReturnWindowEvictor(PriorityEvictor):
         turnover_weight: float = DEFAULT_TURNOVER_WEIGHT,
         window_multiplier: float = DEFAULT_WINDOW_MULTIPLIER,
         pooling: str = "max",
+        shared_floor: float | None = None,
     ) -> None:
         if not rekey_interval_s >= 0 or math.isnan(rekey_interval_s):
             raise ValueError(f"rekey_interval_s must be >= 0, got {rekey_interval_s!r}")
@@ -226,7 +247,10 @@ class ReturnWindowEvictor(PriorityEvictor):
             raise ValueError(f"window_multiplier must be > 0, got {window_multiplier!r}")
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        if shared_floor is not None:
+            check_probability(shared_floor, "shared_floor")
         self.pooling = pooling
+        self.shared_floor = shared_floor
         self.window_rule = window_rule
         self.window_multiplier = window_multiplier
         self.window: EvictionAgeEstimate | TurnoverEstimate = (
@@ -251,11 +275,19 @@ class ReturnWindowEvictor(PriorityEvictor):
         return self.window.value_s * self.window_multiplier
 
     def score(self, claims: Sequence[Claim], now_s: float) -> float:
-        """The block's score now: its claims' P(return within W | silent a), pooled."""
+        """The block's score now: its claims' P(return within W | silent a), pooled, and at
+        least the shared floor when two or more conversations claim it."""
         w, fallback = self.window_s, self.fallback_score
-        if self.pooling == "max" or len(claims) == 1:
-            return max(claim_score(c, now_s, w, fallback) for c in claims)
-        return pooled_score([claim_score(c, now_s, w, fallback) for c in claims], self.pooling)
+        if len(claims) == 1:
+            return claim_score(claims[0], now_s, w, fallback)
+        if self.pooling == "max":
+            best = max(claim_score(c, now_s, w, fallback) for c in claims)
+        else:
+            best = pooled_score([claim_score(c, now_s, w, fallback) for c in claims], "or")
+        floor = self.shared_floor
+        if floor is not None and best < floor and is_shared(claims):
+            return floor
+        return best
 
     def _claims_after(self, block_id: int, claim: Claim) -> tuple[Claim, ...]:
         """The block's claims once `claim` joins them (max_claims newest, one per
@@ -373,6 +405,7 @@ class ReturnWindowEvictor(PriorityEvictor):
             self._window_since_s = now_s
         w, fallback = self.window_s, self.fallback_score
         or_pooling = self.pooling == "or"
+        floor = self.shared_floor
         cache: dict[int, float] = {}
         heap = []
         for _, _, seq, run in self._heap:
@@ -388,6 +421,8 @@ class ReturnWindowEvictor(PriorityEvictor):
                     best = p
             if or_pooling and len(run.tag) > 1 and best <= 1.0:
                 best = pooled_score([cache[id(c)] for c in run.tag], "or")
+            if floor is not None and best < floor and len(run.tag) > 1 and is_shared(run.tag):
+                best = floor
             run.key = best
             if run.ghost is not None:
                 run.ghost.key = best

@@ -29,6 +29,17 @@ the evaluation part had been read with them; written before this replay was run:
 5. Pooling, with the tail and m of rules 2–3: `or` (a block shared by several
    conversations scores the chance that any of them returns within W, 1 − ∏(1 − P), as
    `lpc-pooled` pools) replaces `max` only if it raises the criterion by more than one point.
+
+Added on 2026-11-28 (a later sitting), after rules 1–5 had run and the evaluation part had
+been read with their choices; written before this replay was run (the training-part figures
+of fixed floors under a script-only subclass, `scripts/return_bound_shared.py`'s reading of
+2026-11-27, had been read; the evaluation part was never replayed with a floor):
+
+6. Shared floor, with the tail, m and pooling of rules 2–5: a block claimed by two or more
+   conversations scores at least f (`ReturnWindowEvictor(shared_floor=f)`), f ∈ {0.25, 0.5,
+   1}. The f with the largest criterion replaces no floor only if it raises the criterion by
+   more than one point; among the f within one point of that largest, the smallest wins (it
+   overrides the return curves least).
 """
 
 from __future__ import annotations
@@ -48,6 +59,7 @@ SIZES = (2_500_000, 4_000_000, 6_000_000, 8_000_000, 12_000_000, 16_000_000)
 TAILS = ("flat", "log-linear")
 MULTIPLIERS = (1.0, 2.0, 4.0, 8.0)
 SHIPPED_MULTIPLIER = 4.0
+SHARED_FLOORS = (0.25, 0.5, 1.0)
 MARGIN = 0.01  # one point of the gap
 
 
@@ -59,10 +71,16 @@ def replay(
     policies: str,
     out: Path,
     pooling: str = "max",
+    shared_floor: float | None = None,
 ) -> dict[str, dict[int, float]]:
-    """Hit ratio per policy and size on the training part, `lpc-return` built with m and
-    `pooling`."""
-    factory = functools.partial(ReturnWindowEvictor, window_multiplier=multiplier, pooling=pooling)
+    """Hit ratio per policy and size on the training part, `lpc-return` built with m,
+    `pooling` and `shared_floor`."""
+    factory = functools.partial(
+        ReturnWindowEvictor,
+        window_multiplier=multiplier,
+        pooling=pooling,
+        shared_floor=shared_floor,
+    )
     return replay_with_return_evictor(
         factory,
         policies,
@@ -92,6 +110,14 @@ def choose_pooling(or_criterion: float, max_criterion: float) -> str:
     return "or" if or_criterion > max_criterion + MARGIN else "max"
 
 
+def choose_shared_floor(criterion: dict[float, float], without: float) -> float | None:
+    """Rule 6 of the module docstring: the floor, or None to keep none."""
+    best = max(criterion.values())
+    if best <= without + MARGIN:
+        return None
+    return min(f for f, c in criterion.items() if c >= best - MARGIN)
+
+
 @dataclass
 class Study:
     """The training-part replays of one run: LRU and Belady once, then each variant."""
@@ -110,10 +136,19 @@ class Study:
         )
         self.lru, self.belady = base["lru"], base["belady"]
 
-    def variant(self, tail: str, multiplier: float, pooling: str) -> float:
+    def variant(
+        self, tail: str, multiplier: float, pooling: str, shared_floor: float | None = None
+    ) -> float:
         """Replay `lpc-return-model` so built; record it; its mean share of the gap closed."""
         ratios = replay(
-            self.return_model, tail, multiplier, self.sizes, "lpc-return-model", self.out, pooling
+            self.return_model,
+            tail,
+            multiplier,
+            self.sizes,
+            "lpc-return-model",
+            self.out,
+            pooling,
+            shared_floor,
         )["lpc-return-model"]
         sizes = self.sizes
         closed = [gap_closed(ratios[s], self.lru[s], self.belady[s]) for s in sizes]
@@ -123,6 +158,7 @@ class Study:
                 "tail": tail,
                 "window_multiplier": multiplier,
                 "pooling": pooling,
+                "shared_floor": shared_floor,
                 "hit_ratio": {str(s): ratios[s] for s in sizes},
                 "gap_closed": {str(s): c for s, c in zip(sizes, closed, strict=True)},
                 "mean_gap_closed": mean,
@@ -130,7 +166,8 @@ class Study:
         )
         if not self.quiet:
             cells = " ".join(f"{c:>6.1%}" for c in closed)
-            print(f"{tail:>10} m={multiplier:g} {pooling:>3}: {cells}  mean {mean:.1%}", flush=True)
+            name = f"{tail:>10} m={multiplier:g} {pooling:>3} floor={shared_floor}"
+            print(f"{name}: {cells}  mean {mean:.1%}", flush=True)
         return mean
 
 
@@ -147,17 +184,28 @@ def main() -> None:
     tail, multiplier = choose(criterion)
     or_criterion = study.variant(tail, multiplier, "or")
     pooling = choose_pooling(or_criterion, criterion[(tail, multiplier)])
+    without = or_criterion if pooling == "or" else criterion[(tail, multiplier)]
+    floors = {f: study.variant(tail, multiplier, pooling, f) for f in SHARED_FLOORS}
+    shared_floor = choose_shared_floor(floors, without)
     report = {
         "part": "training",
         "lru": {str(s): study.lru[s] for s in sizes},
         "belady": {str(s): study.belady[s] for s in sizes},
         "variants": study.rows,
-        "chosen": {"tail": tail, "window_multiplier": multiplier, "pooling": pooling},
+        "chosen": {
+            "tail": tail,
+            "window_multiplier": multiplier,
+            "pooling": pooling,
+            "shared_floor": shared_floor,
+        },
     }
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(f"chosen: tail {tail}, m = {multiplier:g}, pooling {pooling}")
+        print(
+            f"chosen: tail {tail}, m = {multiplier:g}, pooling {pooling}, "
+            f"shared floor {shared_floor}"
+        )
 
 
 if __name__ == "__main__":

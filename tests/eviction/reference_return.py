@@ -3,7 +3,8 @@
 Per free cached block it keeps the claims (curve, release time) of its conversations — the
 newest per conversation, at most `max_claims` — and at every eviction call scores every block
 by the largest P(return within W | silent a) of its claims (or, `pooling="or"`, the chance
-that any of them returns, 1 − ∏(1 − P)), W the running estimate (times the
+that any of them returns, 1 − ∏(1 − P)), at least `shared_floor` when two or more named
+conversations claim it, W the running estimate (times the
 multiplier) at the
 call's start (the eviction-age rule, or the turnover rule updated as the call starts); no keys
 kept, no heap.
@@ -35,8 +36,10 @@ class BruteForceReturnWindow(Evictor):
         window: EvictionAgeEstimate | TurnoverEstimate | None = None,
         window_multiplier: float = DEFAULT_WINDOW_MULTIPLIER,
         pooling: str = "max",
+        shared_floor: float | None = None,
     ) -> None:
         self.pooling = pooling
+        self.shared_floor = shared_floor
         self.window_multiplier = window_multiplier
         self.max_claims = max_claims
         self.fallback = fallback_score
@@ -82,6 +85,13 @@ class BruteForceReturnWindow(Evictor):
             self.uncached.remove(block_id)
 
     def value(self, block_id: int, now_s: float, window_s: float) -> float:
+        pooled = self.pooled(block_id, now_s, window_s)
+        named = {c.conversation_id for c in self.claims[block_id]} - {None}
+        if self.shared_floor is not None and len(named) >= 2:
+            return max(pooled, self.shared_floor)
+        return pooled
+
+    def pooled(self, block_id: int, now_s: float, window_s: float) -> float:
         scores = [claim_score(c, now_s, window_s, self.fallback) for c in self.claims[block_id]]
         if self.pooling == "max":
             return max(scores)

@@ -53,19 +53,31 @@ def curves_for(steps, seed: int) -> dict[str, ReturnCurve | None]:
 
 
 @pytest.mark.parametrize(
-    ("rule", "pooling"), [("turnover", "max"), ("eviction-age", "max"), ("turnover", "or")]
+    ("rule", "pooling", "floor"),
+    [
+        ("turnover", "max", None),
+        ("eviction-age", "max", None),
+        ("turnover", "or", None),
+        ("turnover", "max", 0.5),
+        ("turnover", "or", 0.25),
+    ],
 )
 @pytest.mark.parametrize("seed", range(10))
 def test_rekeying_at_every_eviction_matches_the_brute_force_definition(
-    seed: int, rule: str, pooling: str
+    seed: int, rule: str, pooling: str, floor: float | None
 ) -> None:
     steps = random_stream(seed, 400)
     curves = curves_for(steps, seed)
     fast_evictor = ReturnWindowEvictor(
-        48, rekey_interval_s=0.0, initial_window_s=5.0, window_rule=rule, pooling=pooling
+        48,
+        rekey_interval_s=0.0,
+        initial_window_s=5.0,
+        window_rule=rule,
+        pooling=pooling,
+        shared_floor=floor,
     )
     window = TurnoverEstimate(5.0) if rule == "turnover" else EvictionAgeEstimate(5.0)
-    slow_evictor = BruteForceReturnWindow(48, window=window, pooling=pooling)
+    slow_evictor = BruteForceReturnWindow(48, window=window, pooling=pooling, shared_floor=floor)
     fast = PrefixCacheBlockManager(48, block_size=4, evictor=fast_evictor)
     slow = PrefixCacheBlockManager(48, block_size=4, evictor=slow_evictor)
     fast_trace = replay(fast, steps, curves)
@@ -209,3 +221,20 @@ def test_or_pooling_is_the_chance_that_any_claimant_returns() -> None:
     assert evictor.score(protected, 0.0) == Claim.protected("C", 3.0).protected_score
     with pytest.raises(ValueError, match="pooling must be one of"):
         ReturnWindowEvictor(8, pooling="sum")
+
+
+def test_the_shared_floor_lifts_blocks_two_conversations_claim() -> None:
+    evictor = ReturnWindowEvictor(8, initial_window_s=10.0, window_multiplier=1.0, shared_floor=0.5)
+    never = step_curve(1000.0)  # P(within W) = 0
+    soon = step_curve(5.0)  # P(within W) = 1
+    assert evictor.score([Claim("A", never, 0.0), Claim("B", never, 0.0)], 1.0) == 0.5
+    assert evictor.score([Claim("A", soon, 0.0), Claim("B", never, 0.0)], 1.0) == 1.0
+    assert evictor.score([Claim("A", never, 0.0)], 1.0) == 0.0
+    # Anonymous claims never make a block shared.
+    assert evictor.score([Claim(None, never, 0.0), Claim("B", never, 0.0)], 1.0) == 0.0
+    protected = [Claim.protected("C", 3.0), Claim("A", never, 0.0)]
+    assert evictor.score(protected, 1.0) == Claim.protected("C", 3.0).protected_score
+    unfloored = ReturnWindowEvictor(8, initial_window_s=10.0, window_multiplier=1.0)
+    assert unfloored.score([Claim("A", never, 0.0), Claim("B", never, 0.0)], 1.0) == 0.0
+    with pytest.raises(ValueError, match="shared_floor"):
+        ReturnWindowEvictor(8, shared_floor=1.5)

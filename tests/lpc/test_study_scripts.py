@@ -42,6 +42,11 @@ def test_the_tail_and_multiplier_rules_as_written(monkeypatch) -> None:
     assert choose(_criterion({("flat", 8.0): 0.15, ("flat", 2.0): 0.145})) == ("flat", 2.0)
     assert study.choose_pooling(0.12, 0.109) == "or"
     assert study.choose_pooling(0.118, 0.109) == "max"
+    # The shared floor: none unless more than a point better; the smallest within a point.
+    floor = study.choose_shared_floor
+    assert floor({0.25: 0.11, 0.5: 0.118, 1.0: 0.119}, 0.109) is None
+    assert floor({0.25: 0.11, 0.5: 0.125, 1.0: 0.13}, 0.109) == 0.5
+    assert floor({0.25: 0.14, 0.5: 0.125, 1.0: 0.13}, 0.109) == 0.25
 
 
 def test_the_registry_entry_comes_back_after_a_failed_replay(monkeypatch, tmp_path) -> None:
