@@ -22,11 +22,13 @@ with `pooling="or"`, the chance that any of them returns within W, 1 − ∏(1 �
 claims taken as independent, as `lpc-pooled` pools its probabilities). A conversation that
 releases a block again replaces its own older claim.
 
-Shared floor (`shared_floor`, off by default): a block whose claims come from two or more
-conversations scores at least the floor. The claims speak only for the conversations that
+Shared floor (`shared_floor`, 0.25 by default; None turns it off): a block whose claims come
+from two or more conversations scores at least the floor. The claims speak only for the conversations that
 released the block, while a prefix several of them share is likely shared by the next new
 conversation too, which no claimant's return curve foresees (docs/results.md, "The 16M
-reading"). Anonymous claims (no conversation id) never make a block shared.
+reading"). Anonymous claims (no conversation id) never make a block shared. 0.25 was chosen
+among 0.25, 0.5 and 1 on the Mooncake trace's training part, with the learned curves (rule 6
+of `scripts/return_model_choices.py`).
 
 The score changes with time, so it is not a static key. The approximation: keys are
 re-computed for every queued run, and the heap rebuilt, at the first eviction at least
@@ -72,6 +74,9 @@ DEFAULT_WINDOW_RULE = "turnover"
 DEFAULT_WINDOW_MULTIPLIER = 4.0
 DEFAULT_MAX_CLAIMS = 4
 DEFAULT_FALLBACK_SCORE = 0.5
+# A block two or more conversations claim scores at least this (docs/results.md, "A floor
+# for shared prefixes").
+DEFAULT_SHARED_FLOOR = 0.25
 # A protected claim scores this plus its release time (times before 0 count as 0): above
 # every probability, and a later protection above an earlier one.
 PROTECTED_SCORE = 2.0
@@ -233,7 +238,7 @@ class ReturnWindowEvictor(PriorityEvictor):
         turnover_weight: float = DEFAULT_TURNOVER_WEIGHT,
         window_multiplier: float = DEFAULT_WINDOW_MULTIPLIER,
         pooling: str = "max",
-        shared_floor: float | None = None,
+        shared_floor: float | None = DEFAULT_SHARED_FLOOR,
     ) -> None:
         if not rekey_interval_s >= 0 or math.isnan(rekey_interval_s):
             raise ValueError(f"rekey_interval_s must be >= 0, got {rekey_interval_s!r}")

@@ -40,6 +40,14 @@ of fixed floors under a script-only subclass, `scripts/return_bound_shared.py`'s
    1}. The f with the largest criterion replaces no floor only if it raises the criterion by
    more than one point; among the f within one point of that largest, the smallest wins (it
    overrides the return curves least).
+
+Added the same day, after rule 6 had chosen f = 0.25 on the training part and the evaluation
+part had been replayed with it; written before this replay was run:
+
+7. Ties, with the choices of rules 2–6: `ties="age"` (blocks of equal score go older release
+   first, then deeper block: LRU's order where the curves say nothing, e.g. every block
+   silent beyond the grid scores 0) replaces `ties="depth"` (deeper block first, then older
+   release: LPC's rule) only if it raises the criterion by more than one point.
 """
 
 from __future__ import annotations

@@ -234,7 +234,11 @@ def test_the_shared_floor_lifts_blocks_two_conversations_claim() -> None:
     assert evictor.score([Claim(None, never, 0.0), Claim("B", never, 0.0)], 1.0) == 0.0
     protected = [Claim.protected("C", 3.0), Claim("A", never, 0.0)]
     assert evictor.score(protected, 1.0) == Claim.protected("C", 3.0).protected_score
-    unfloored = ReturnWindowEvictor(8, initial_window_s=10.0, window_multiplier=1.0)
+    shipped = ReturnWindowEvictor(8, initial_window_s=10.0, window_multiplier=1.0)
+    assert shipped.score([Claim("A", never, 0.0), Claim("B", never, 0.0)], 1.0) == 0.25
+    unfloored = ReturnWindowEvictor(
+        8, initial_window_s=10.0, window_multiplier=1.0, shared_floor=None
+    )
     assert unfloored.score([Claim("A", never, 0.0), Claim("B", never, 0.0)], 1.0) == 0.0
     with pytest.raises(ValueError, match="shared_floor"):
         ReturnWindowEvictor(8, shared_floor=1.5)
