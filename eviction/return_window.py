@@ -23,12 +23,12 @@ claims taken as independent, as `lpc-pooled` pools its probabilities). A convers
 releases a block again replaces its own older claim.
 
 Shared floor (`shared_floor`, 0.25 by default; None turns it off): a block whose claims come
-from two or more conversations scores at least the floor. The claims speak only for the conversations that
-released the block, while a prefix several of them share is likely shared by the next new
-conversation too, which no claimant's return curve foresees (docs/results.md, "The 16M
-reading"). Anonymous claims (no conversation id) never make a block shared. 0.25 was chosen
-among 0.25, 0.5 and 1 on the Mooncake trace's training part, with the learned curves (rule 6
-of `scripts/return_model_choices.py`).
+from two or more conversations scores at least the floor. The claims speak only for the
+conversations that released the block, while a prefix several of them share is likely shared
+by the next new conversation too, which no claimant's return curve foresees
+(docs/results.md, "The 16M reading"). Anonymous claims (no conversation id) never make a
+block shared. 0.25 was chosen among 0.25, 0.5 and 1 on the Mooncake trace's training part,
+with the learned curves (rule 6 of `scripts/return_model_choices.py`).
 
 The score changes with time, so it is not a static key. The approximation: keys are
 re-computed for every queued run, and the heap rebuilt, at the first eviction at least
@@ -38,8 +38,12 @@ order is exact at each re-keying and at most `rekey_interval_s` old in between. 
 release or hit is O(log runs) as in LPC; a re-keying is O(runs · claims) curve evaluations
 plus a heapify, amortised over the evictions of one interval.
 
-Ties (and runs with equal scores, e.g. the 0/1 scores of a perfect-knowledge curve) go to
-the deeper block, then to the older release, as in LPC; uncached blocks go first.
+Ties (and runs with equal scores, e.g. the 0/1 scores of a perfect-knowledge curve, or the
+0 of every block silent beyond a learned curve's grid) go, with `ties="depth"` (the
+default), to the deeper block, then to the older release, as in LPC; with `ties="age"`, to
+the older release (the block's newest claim), then to the deeper block: LRU's order where
+the curves say nothing, a conversation's tail still before its head. Uncached blocks go
+first.
 
 A release without a curve scores `fallback_score` (the replay's choice for a release nothing
 is known of yet); so does a curve whose answer is not a probability (a NaN key would break
@@ -174,6 +178,7 @@ class TurnoverEstimate(_SmoothedWindow):
 
 WINDOW_RULES = ("turnover", "eviction-age")
 POOLINGS = ("max", "or")
+TIES = ("depth", "age")
 
 
 def is_shared(claims: Sequence[Claim]) -> bool:
@@ -239,6 +244,7 @@ class ReturnWindowEvictor(PriorityEvictor):
         window_multiplier: float = DEFAULT_WINDOW_MULTIPLIER,
         pooling: str = "max",
         shared_floor: float | None = DEFAULT_SHARED_FLOOR,
+        ties: str = "depth",
     ) -> None:
         if not rekey_interval_s >= 0 or math.isnan(rekey_interval_s):
             raise ValueError(f"rekey_interval_s must be >= 0, got {rekey_interval_s!r}")
@@ -254,6 +260,9 @@ class ReturnWindowEvictor(PriorityEvictor):
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         if shared_floor is not None:
             check_probability(shared_floor, "shared_floor")
+        if ties not in TIES:
+            raise ValueError(f"ties must be one of {TIES}, got {ties!r}")
+        self.age_ties = ties == "age"
         self.pooling = pooling
         self.shared_floor = shared_floor
         self.window_rule = window_rule
@@ -294,6 +303,14 @@ class ReturnWindowEvictor(PriorityEvictor):
             return floor
         return best
 
+    def key(self, claims: Sequence[Claim], now_s: float) -> float | tuple[float, float]:
+        """The heap key: the score, and with `ties="age"` the newest claim's release time
+        after it (equal scores: the older release first)."""
+        score = self.score(claims, now_s)
+        if self.age_ties:
+            return (score, max(c.release_s for c in claims))
+        return score
+
     def _claims_after(self, block_id: int, claim: Claim) -> tuple[Claim, ...]:
         """The block's claims once `claim` joins them (max_claims newest, one per
         conversation; an anonymous release replaces nothing)."""
@@ -332,10 +349,10 @@ class ReturnWindowEvictor(PriorityEvictor):
                 break
         else:
             own = (claim,)
-            self._push_run(self.score(own, now), own, block_ids, freed.depths)
+            self._push_run(self.key(own, now), own, block_ids, freed.depths)
             return
         claims = [self._claims_after(b, claim) for b in block_ids]
-        keys = [self.score(c, now) for c in claims]
+        keys = [self.key(c, now) for c in claims]
         self._push_grouped(block_ids, freed.depths, keys, claims)
 
     def push_cached_each(self, freed: FreedBlocks, release: Release) -> None:
@@ -363,7 +380,7 @@ class ReturnWindowEvictor(PriorityEvictor):
         for block_id in block_ids:
             released_at[block_id] = now
         claims = [self._claims_after(b, claim) for b in block_ids]
-        self._push_deepest_first(freed, [self.score(c, now) for c in claims], claims)
+        self._push_deepest_first(freed, [self.key(c, now) for c in claims], claims)
 
     def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
         claim = Claim(release.conversation_id, release.return_curve, release.time_s)
@@ -378,7 +395,7 @@ class ReturnWindowEvictor(PriorityEvictor):
         """Add `claim` to the claims of blocks that are in use (not queued)."""
         for block_id in freed.block_ids:
             claims = self._claims_after(block_id, claim)
-            self._state[block_id] = Ghost(self.score(claims, claim.release_s), claims)
+            self._state[block_id] = Ghost(self.key(claims, claim.release_s), claims)
 
     def drop_claim(self, block_id: int, conversation_id: str | None) -> None:
         """Forget `conversation_id`'s claim on a block that is not queued (vLLM's CPU tier: a
@@ -411,6 +428,7 @@ class ReturnWindowEvictor(PriorityEvictor):
         w, fallback = self.window_s, self.fallback_score
         or_pooling = self.pooling == "or"
         floor = self.shared_floor
+        age_ties = self.age_ties
         cache: dict[int, float] = {}
         heap = []
         for _, _, seq, run in self._heap:
@@ -428,10 +446,11 @@ class ReturnWindowEvictor(PriorityEvictor):
                 best = pooled_score([cache[id(c)] for c in run.tag], "or")
             if floor is not None and best < floor and len(run.tag) > 1 and is_shared(run.tag):
                 best = floor
-            run.key = best
+            key = (best, max(c.release_s for c in run.tag)) if age_ties else best
+            run.key = key
             if run.ghost is not None:
-                run.ghost.key = best
-            heap.append((best, -run.depths[i], seq, run))
+                run.ghost.key = key
+            heap.append((key, -run.depths[i], seq, run))
         heapq.heapify(heap)
         self._heap = heap
         self._last_rekey_s = now_s

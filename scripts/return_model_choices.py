@@ -80,14 +80,16 @@ def replay(
     out: Path,
     pooling: str = "max",
     shared_floor: float | None = None,
+    ties: str = "depth",
 ) -> dict[str, dict[int, float]]:
     """Hit ratio per policy and size on the training part, `lpc-return` built with m,
-    `pooling` and `shared_floor`."""
+    `pooling`, `shared_floor` and `ties`."""
     factory = functools.partial(
         ReturnWindowEvictor,
         window_multiplier=multiplier,
         pooling=pooling,
         shared_floor=shared_floor,
+        ties=ties,
     )
     return replay_with_return_evictor(
         factory,
@@ -126,6 +128,11 @@ def choose_shared_floor(criterion: dict[float, float], without: float) -> float 
     return min(f for f, c in criterion.items() if c >= best - MARGIN)
 
 
+def choose_ties(age_criterion: float, depth_criterion: float) -> str:
+    """Rule 7 of the module docstring."""
+    return "age" if age_criterion > depth_criterion + MARGIN else "depth"
+
+
 @dataclass
 class Study:
     """The training-part replays of one run: LRU and Belady once, then each variant."""
@@ -145,7 +152,12 @@ class Study:
         self.lru, self.belady = base["lru"], base["belady"]
 
     def variant(
-        self, tail: str, multiplier: float, pooling: str, shared_floor: float | None = None
+        self,
+        tail: str,
+        multiplier: float,
+        pooling: str,
+        shared_floor: float | None = None,
+        ties: str = "depth",
     ) -> float:
         """Replay `lpc-return-model` so built; record it; its mean share of the gap closed."""
         ratios = replay(
@@ -157,6 +169,7 @@ class Study:
             self.out,
             pooling,
             shared_floor,
+            ties,
         )["lpc-return-model"]
         sizes = self.sizes
         closed = [gap_closed(ratios[s], self.lru[s], self.belady[s]) for s in sizes]
@@ -167,6 +180,7 @@ class Study:
                 "window_multiplier": multiplier,
                 "pooling": pooling,
                 "shared_floor": shared_floor,
+                "ties": ties,
                 "hit_ratio": {str(s): ratios[s] for s in sizes},
                 "gap_closed": {str(s): c for s, c in zip(sizes, closed, strict=True)},
                 "mean_gap_closed": mean,
@@ -174,7 +188,7 @@ class Study:
         )
         if not self.quiet:
             cells = " ".join(f"{c:>6.1%}" for c in closed)
-            name = f"{tail:>10} m={multiplier:g} {pooling:>3} floor={shared_floor}"
+            name = f"{tail:>10} m={multiplier:g} {pooling:>3} floor={shared_floor} {ties:>5}"
             print(f"{name}: {cells}  mean {mean:.1%}", flush=True)
         return mean
 
@@ -195,6 +209,9 @@ def main() -> None:
     without = or_criterion if pooling == "or" else criterion[(tail, multiplier)]
     floors = {f: study.variant(tail, multiplier, pooling, f) for f in SHARED_FLOORS}
     shared_floor = choose_shared_floor(floors, without)
+    with_floor = without if shared_floor is None else floors[shared_floor]
+    age = study.variant(tail, multiplier, pooling, shared_floor, "age")
+    ties = choose_ties(age, with_floor)
     report = {
         "part": "training",
         "lru": {str(s): study.lru[s] for s in sizes},
@@ -205,6 +222,7 @@ def main() -> None:
             "window_multiplier": multiplier,
             "pooling": pooling,
             "shared_floor": shared_floor,
+            "ties": ties,
         },
     }
     if args.json:
@@ -212,7 +230,7 @@ def main() -> None:
     else:
         print(
             f"chosen: tail {tail}, m = {multiplier:g}, pooling {pooling}, "
-            f"shared floor {shared_floor}"
+            f"shared floor {shared_floor}, ties {ties}"
         )
 
 

@@ -4,7 +4,8 @@ Per free cached block it keeps the claims (curve, release time) of its conversat
 newest per conversation, at most `max_claims` — and at every eviction call scores every block
 by the largest P(return within W | silent a) of its claims (or, `pooling="or"`, the chance
 that any of them returns, 1 − ∏(1 − P)), at least `shared_floor` when two or more named
-conversations claim it, W the running estimate (times the
+conversations claim it (ties: deeper block first, or with `ties="age"` older release
+first), W the running estimate (times the
 multiplier) at the
 call's start (the eviction-age rule, or the turnover rule updated as the call starts); no keys
 kept, no heap.
@@ -37,7 +38,9 @@ class BruteForceReturnWindow(Evictor):
         window_multiplier: float = DEFAULT_WINDOW_MULTIPLIER,
         pooling: str = "max",
         shared_floor: float | None = None,
+        ties: str = "depth",
     ) -> None:
+        self.ties = ties
         self.pooling = pooling
         self.shared_floor = shared_floor
         self.window_multiplier = window_multiplier
@@ -100,6 +103,16 @@ class BruteForceReturnWindow(Evictor):
             return max(scores)
         return 1.0 - math.prod(1.0 - p for p in chances)  # any of them returns within W
 
+    def rank(self, block_id: int, score: float) -> tuple[float, ...]:
+        """Eviction order: the score, then the deeper block, then the older push; with
+        `ties="age"`, the score, then the older release (the newest claim), then the deeper
+        block, then the older push."""
+        depth, order = self.free[block_id]
+        if self.ties == "age":
+            newest = max(c.release_s for c in self.claims[block_id])
+            return (score, newest, -depth, order)
+        return (score, -depth, order)
+
     def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
         if n > len(self.uncached):  # the turnover rule: one interval ends at each eviction
             elapsed = now_s - self.window_since_s
@@ -115,7 +128,7 @@ class BruteForceReturnWindow(Evictor):
             if self.uncached:
                 out.append(self.uncached.pop(0))
                 continue
-            victim = min(self.free, key=lambda b: (score[b], -self.free[b][0], self.free[b][1]))
+            victim = min(self.free, key=lambda b: self.rank(b, score[b]))
             del self.free[victim]
             del self.claims[victim]
             out.append(victim)

@@ -53,18 +53,20 @@ def curves_for(steps, seed: int) -> dict[str, ReturnCurve | None]:
 
 
 @pytest.mark.parametrize(
-    ("rule", "pooling", "floor"),
+    ("rule", "pooling", "floor", "ties"),
     [
-        ("turnover", "max", None),
-        ("eviction-age", "max", None),
-        ("turnover", "or", None),
-        ("turnover", "max", 0.5),
-        ("turnover", "or", 0.25),
+        ("turnover", "max", None, "depth"),
+        ("eviction-age", "max", None, "depth"),
+        ("turnover", "or", None, "depth"),
+        ("turnover", "max", 0.5, "depth"),
+        ("turnover", "or", 0.25, "depth"),
+        ("turnover", "max", 0.25, "age"),
+        ("eviction-age", "or", None, "age"),
     ],
 )
 @pytest.mark.parametrize("seed", range(10))
 def test_rekeying_at_every_eviction_matches_the_brute_force_definition(
-    seed: int, rule: str, pooling: str, floor: float | None
+    seed: int, rule: str, pooling: str, floor: float | None, ties: str
 ) -> None:
     steps = random_stream(seed, 400)
     curves = curves_for(steps, seed)
@@ -75,9 +77,12 @@ def test_rekeying_at_every_eviction_matches_the_brute_force_definition(
         window_rule=rule,
         pooling=pooling,
         shared_floor=floor,
+        ties=ties,
     )
     window = TurnoverEstimate(5.0) if rule == "turnover" else EvictionAgeEstimate(5.0)
-    slow_evictor = BruteForceReturnWindow(48, window=window, pooling=pooling, shared_floor=floor)
+    slow_evictor = BruteForceReturnWindow(
+        48, window=window, pooling=pooling, shared_floor=floor, ties=ties
+    )
     fast = PrefixCacheBlockManager(48, block_size=4, evictor=fast_evictor)
     slow = PrefixCacheBlockManager(48, block_size=4, evictor=slow_evictor)
     fast_trace = replay(fast, steps, curves)
@@ -166,8 +171,9 @@ def test_the_evictor_measures_its_own_eviction_age() -> None:
     assert evictor.window.value_s == pytest.approx(40.0) and evictor.window.observed == 1
 
 
-def test_the_conversation_that_comes_back_within_w_keeps_its_blocks() -> None:
-    evictor = make_evictor("lpc-return", 8, rekey_interval_s=0.0, initial_window_s=30.0)
+@pytest.mark.parametrize("ties", ["depth", "age"])
+def test_the_conversation_that_comes_back_within_w_keeps_its_blocks(ties: str) -> None:
+    evictor = make_evictor("lpc-return", 8, rekey_interval_s=0.0, initial_window_s=30.0, ties=ties)
     evictor.reset(range(8))
     blocks = evictor.pop_n(8, 0.0)
     late, soon, never = blocks[:2], blocks[2:4], blocks[4:6]
@@ -185,9 +191,15 @@ def test_the_conversation_that_comes_back_within_w_keeps_its_blocks() -> None:
     )
     evictor.push_uncached(blocks[6:])
     order = evictor.pop_n(8, 2.0)[2:]
-    # Both 0-score conversations go first (deeper block first, then the older release),
-    # then A, which comes back within W.
-    assert order == [late[0], never[0], late[1], never[1], soon[0], soon[1]]
+    # Both 0-score conversations go first, then A, which comes back within W; between them,
+    # the deeper block first, then the older release, or (`ties="age"`) the older release
+    # first, its tail before its head.
+    if ties == "depth":
+        assert order == [late[0], never[0], late[1], never[1], soon[0], soon[1]]
+    else:
+        assert order == [late[0], late[1], never[0], never[1], soon[0], soon[1]]
+    with pytest.raises(ValueError, match="ties must be one of"):
+        ReturnWindowEvictor(8, ties="newest")
 
 
 def test_max_pooling_keeps_a_block_a_returning_conversation_shares() -> None:

@@ -47,6 +47,8 @@ def test_the_tail_and_multiplier_rules_as_written(monkeypatch) -> None:
     assert floor({0.25: 0.11, 0.5: 0.118, 1.0: 0.119}, 0.109) is None
     assert floor({0.25: 0.11, 0.5: 0.125, 1.0: 0.13}, 0.109) == 0.5
     assert floor({0.25: 0.14, 0.5: 0.125, 1.0: 0.13}, 0.109) == 0.25
+    assert study.choose_ties(0.12, 0.109) == "age"
+    assert study.choose_ties(0.118, 0.109) == "depth"
 
 
 def test_the_registry_entry_comes_back_after_a_failed_replay(monkeypatch, tmp_path) -> None:
