@@ -26,9 +26,10 @@ Shared floor (`shared_floor`, 0.25 by default; None turns it off): a block whose
 from two or more conversations scores at least the floor. The claims speak only for the
 conversations that released the block, while a prefix several of them share is likely shared
 by the next new conversation too, which no claimant's return curve foresees
-(docs/results.md, "The 16M reading"). Anonymous claims (no conversation id) never make a
-block shared. 0.25 was chosen among 0.25, 0.5 and 1 on the Mooncake trace's training part,
-with the learned curves (rule 6 of `scripts/return_model_choices.py`).
+(docs/results.md, "An evictor that asks when: P(return within W | silent a)"). Anonymous
+claims (no conversation id) never make a block shared. 0.25 was chosen among 0.25, 0.5 and 1
+on the Mooncake trace's training part, with the learned curves (rule 6 of
+`scripts/return_model_choices.py`).
 
 The score changes with time, so it is not a static key. The approximation: keys are
 re-computed for every queued run, and the heap rebuilt, at the first eviction at least
@@ -39,11 +40,12 @@ release or hit is O(log runs) as in LPC; a re-keying is O(runs · claims) curve 
 plus a heapify, amortised over the evictions of one interval.
 
 Ties (and runs with equal scores, e.g. the 0/1 scores of a perfect-knowledge curve, or the
-0 of every block silent beyond a learned curve's grid) go, with `ties="depth"` (the
-default), to the deeper block, then to the older release, as in LPC; with `ties="age"`, to
-the older release (the block's newest claim), then to the deeper block: LRU's order where
-the curves say nothing, a conversation's tail still before its head. Uncached blocks go
-first.
+0 of every block silent beyond a learned curve's grid) go, with `ties="age"` (the default),
+to the older release (the block's newest claim), then to the deeper block: LRU's order where
+the curves say nothing, a conversation's tail still before its head; with `ties="depth"`,
+to the deeper block, then to the older release, as in LPC. Uncached blocks go first. "age"
+was chosen on the Mooncake trace's training part (rule 7 of
+`scripts/return_model_choices.py`).
 
 A release without a curve scores `fallback_score` (the replay's choice for a release nothing
 is known of yet); so does a curve whose answer is not a probability (a NaN key would break
@@ -81,6 +83,8 @@ DEFAULT_FALLBACK_SCORE = 0.5
 # A block two or more conversations claim scores at least this (docs/results.md, "A floor
 # for shared prefixes").
 DEFAULT_SHARED_FLOOR = 0.25
+# Equal scores go older release first (docs/results.md, "A floor for shared prefixes").
+DEFAULT_TIES = "age"
 # A protected claim scores this plus its release time (times before 0 count as 0): above
 # every probability, and a later protection above an earlier one.
 PROTECTED_SCORE = 2.0
@@ -244,7 +248,7 @@ class ReturnWindowEvictor(PriorityEvictor):
         window_multiplier: float = DEFAULT_WINDOW_MULTIPLIER,
         pooling: str = "max",
         shared_floor: float | None = DEFAULT_SHARED_FLOOR,
-        ties: str = "depth",
+        ties: str = DEFAULT_TIES,
     ) -> None:
         if not rekey_interval_s >= 0 or math.isnan(rekey_interval_s):
             raise ValueError(f"rekey_interval_s must be >= 0, got {rekey_interval_s!r}")

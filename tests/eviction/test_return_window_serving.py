@@ -183,7 +183,7 @@ def test_a_curve_answering_no_probability_scores_the_fallback() -> None:
         assert evictor.score(evictor._state[blocks[2 * i]].tag, 1.0) == 0.25
     evictor.pop_n(3, 10.0)  # re-keyed: still the fallback, and the heap stays in order
     evictor.check_invariants()
-    assert all(run[0] == 0.25 for run in evictor._heap)
+    assert all(run[0][0] == 0.25 for run in evictor._heap)
 
 
 def test_blocks_another_order_hands_out_count_towards_the_turnover() -> None:
