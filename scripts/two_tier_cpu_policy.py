@@ -45,6 +45,10 @@ GPU_POLICY = "lpc-pooled"
 CANDIDATES = ("lpc-pooled", "lpc-return-model")
 
 
+def _quiet(_: str) -> None:
+    """The replay's log, dropped: `--json` prints the report alone."""
+
+
 def either_tier(model: Path, return_model: Path, out: Path) -> dict[str, dict[int, float]]:
     """The either-tier hit ratio per CPU policy and CPU size on the training part."""
     options = ABOptions(
@@ -58,7 +62,8 @@ def either_tier(model: Path, return_model: Path, out: Path) -> dict[str, dict[in
         progress=False,
         **TRAINING_PART,
     )
-    outcome = run_ab(options, model_factory=access_source_factory(model), log=lambda _: None)
+    factory = access_source_factory(model, log=_quiet)
+    outcome = run_ab(options, model_factory=factory, log=_quiet)
     ratios: dict[str, dict[int, float]] = {}
     for result in outcome.two_tier:
         if result.policy == GPU_POLICY:
