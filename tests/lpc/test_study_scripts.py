@@ -59,3 +59,17 @@ def test_the_registry_entry_comes_back_after_a_failed_replay(monkeypatch, tmp_pa
     assert registry.POLICIES["lpc-return"] is entry
     assert helper.gap_closed(0.3, 0.2, 0.4) == pytest.approx(0.5)
     assert helper.gap_closed(0.3, 0.4, 0.4) == 0.0
+
+
+def test_the_cpu_half_rule_as_written(monkeypatch) -> None:
+    study = _load("two_tier_cpu_policy", monkeypatch)
+    sizes = study.CPU_SIZES
+    pooled = dict(zip(sizes, (0.283, 0.354, 0.385), strict=True))
+
+    def pick(returned: tuple[float, float, float]) -> str:
+        ratios = {"lpc-pooled": pooled, "lpc-return-model": dict(zip(sizes, returned, strict=True))}
+        return study.choose(ratios)
+
+    assert pick((0.284, 0.354, 0.386)) == "lpc-return-model"  # not below anywhere, higher mean
+    assert pick((0.290, 0.350, 0.390)) == "lpc-pooled"  # higher mean, below at 16M
+    assert pick((0.283, 0.354, 0.385)) == "lpc-pooled"  # equal everywhere: not higher
