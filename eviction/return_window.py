@@ -80,10 +80,10 @@ DEFAULT_WINDOW_RULE = "turnover"
 DEFAULT_WINDOW_MULTIPLIER = 4.0
 DEFAULT_MAX_CLAIMS = 4
 DEFAULT_FALLBACK_SCORE = 0.5
-# A block two or more conversations claim scores at least this (docs/results.md, "A floor
-# for shared prefixes").
+# A block two or more conversations claim scores at least this (docs/results.md, "A shared
+# floor and ties by age").
 DEFAULT_SHARED_FLOOR = 0.25
-# Equal scores go older release first (docs/results.md, "A floor for shared prefixes").
+# Equal scores go older release first (docs/results.md, "A shared floor and ties by age").
 DEFAULT_TIES = "age"
 # A protected claim scores this plus its release time (times before 0 count as 0): above
 # every probability, and a later protection above an earlier one.
