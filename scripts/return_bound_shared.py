@@ -6,57 +6,38 @@ docs/results.md ("An evictor that asks when") reads the bound's fall below LRU a
 prefixes *new* conversations share: a block's claims speak only for the conversations that
 released it, so a system prompt released by conversations that never return scores 0 and
 goes first, while LRU keeps it. The test: replay `lpc-return-true` (each release's curve is
-its conversation's true next arrival) twice on the same workload, once as shipped and once
-with a floor, a score of 1 for every block whose claims come from two or more conversations
-(`SharedFloorEvictor`, this script only; the evictor in `eviction/` is unchanged), beside
-LRU and Belady. `--part training` (the default, what the protocol lets choices read) replays
-the Mooncake trace's training part alone: split at its middle (884 s) and stopped at the
-default cut (1,768 s), so the cache warms on the first quarter of the trace and the second
-quarter is counted.
+its conversation's true next arrival) twice on the same workload, once with the evictor's
+rules of 2026-11-27 (no floor, depth ties) and once with a floor, a score of 1 for every
+block whose claims come from two or more conversations (`shared_floor=1.0`, depth ties),
+beside LRU and Belady. Both are pinned: the evictor's defaults have since become a 0.25
+floor and age ties (docs/results.md, "A shared floor and ties by age"). `--part training`
+(the default, what the protocol lets choices read) replays the Mooncake trace's training
+part alone: split at its middle (884 s) and stopped at the default cut (1,768 s), so the
+cache warms on the first quarter of the trace and the second quarter is counted.
 """
 
 from __future__ import annotations
 
 import argparse
-import heapq
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from study_replay import TRAINING_PART, gap_closed, replay_with_return_evictor
 
-from eviction.return_window import Claim, ReturnWindowEvictor
+from eviction.return_window import ReturnWindowEvictor
 
 SIZES = (2_500_000, 4_000_000, 6_000_000, 8_000_000, 12_000_000, 16_000_000)
 
 
-class SharedFloorEvictor(ReturnWindowEvictor):
-    """`lpc-return` whose blocks claimed by two or more conversations score `floor`."""
-
-    floor = 1.0
-
-    def _floor(self, claims: Sequence[Claim]) -> float:
-        return self.floor if len({c.conversation_id for c in claims}) >= 2 else -1.0
-
-    def score(self, claims: Sequence[Claim], now_s: float) -> float:
-        return max(super().score(claims, now_s), self._floor(claims))
-
-    def rekey(self, now_s: float) -> None:
-        super().rekey(now_s)
-        entries = []
-        for _, rank, seq, run in self._heap:
-            floor = self._floor(run.tag)
-            if floor > run.key:
-                run.key = floor
-                if run.ghost is not None:
-                    run.ghost.key = floor
-            entries.append((run.key, rank, seq, run))
-        heapq.heapify(entries)
-        self._heap = entries
+# The rules this study read on 2026-11-27, without and with the floor.
+WITHOUT_FLOOR = functools.partial(ReturnWindowEvictor, shared_floor=None, ties="depth")
+WITH_FLOOR = functools.partial(ReturnWindowEvictor, shared_floor=1.0, ties="depth")
 
 
 def replay(part: str, sizes: Sequence[int], floor: bool, out: Path) -> dict[str, dict[int, float]]:
-    factory = SharedFloorEvictor if floor else ReturnWindowEvictor
+    factory = WITH_FLOOR if floor else WITHOUT_FLOOR
     options = TRAINING_PART if part == "training" else {}
     return replay_with_return_evictor(factory, "lru,lpc-return-true,belady", sizes, out, **options)
 

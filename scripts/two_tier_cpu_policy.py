@@ -33,12 +33,13 @@ import argparse
 import json
 from pathlib import Path
 
+from study_replay import TRAINING_PART
+
 from lpc.access.source import access_source_factory
 from lpc.replay.ab_pipeline import ABOptions, run_ab
 from lpc.replay.policies import parse_policies
 from lpc.replay.two_tier import TierSettings
 
-TRAINING_PART = {"split_at": 884.0, "replay_until_s": 1768.0}
 GPU_TOKENS = 2_500_000
 CPU_SIZES = (8_000_000, 16_000_000, 32_000_000)
 GPU_POLICY = "lpc-pooled"

@@ -5,10 +5,8 @@ newest per conversation, at most `max_claims` — and at every eviction call sco
 by the largest P(return within W | silent a) of its claims (or, `pooling="or"`, the chance
 that any of them returns, 1 − ∏(1 − P)), at least `shared_floor` when two or more named
 conversations claim it (ties: deeper block first, or with `ties="age"` older release
-first), W the running estimate (times the
-multiplier) at the
-call's start (the eviction-age rule, or the turnover rule updated as the call starts); no keys
-kept, no heap.
+first), W the running estimate (times the multiplier) at the call's start (the
+eviction-age rule, or the turnover rule updated as the call starts); no keys kept, no heap.
 """
 
 from __future__ import annotations
