@@ -48,6 +48,17 @@ part had been replayed with it; written before this replay was run:
    first, then deeper block: LRU's order where the curves say nothing, e.g. every block
    silent beyond the grid scores 0) replaces `ties="depth"` (deeper block first, then older
    release: LPC's rule) only if it raises the criterion by more than one point.
+
+Added on 2026-11-28 (a later sitting), after rules 1–7 had run and the evaluation part had
+been read with their choices (there `lpc-return-model` stayed below `lpc-pooled` at 2.5M);
+written before this replay was run, and before the option it reads existed:
+
+8. Claim memory, with the choices of rules 2–7: `claim_memory_s=600` (`lpc-pooled`'s memory
+   window as it is, not chosen again: a content's claims outlive its eviction by that long,
+   so a prefix computed again after an eviction keeps the claims of the conversations that
+   released it before, and with two of them the shared floor, as `lpc-pooled`'s hash memory
+   keeps its sharing) replaces no memory only if it raises the criterion by more than one
+   point.
 """
 
 from __future__ import annotations
