@@ -31,6 +31,17 @@ claims (no conversation id) never make a block shared. 0.25 was chosen among 0.2
 on the Mooncake trace's training part, with the learned curves (rule 6 of
 `scripts/return_model_choices.py`).
 
+Claim memory (`claim_memory_s`, None by default: off): a content's claims outlive its
+eviction by that many seconds. Each release records, per block content (its hash), the claims
+the block holds after it; a block released again after it was evicted (or released for the
+first time) starts from the remembered claims released within the memory instead of from
+none, so a prefix computed again after an eviction keeps the claims of the conversations that
+released it before, and with two of them the shared floor (as `lpc-pooled`'s hash memory keeps
+its sharing). Protected claims are not remembered. The memory holds the contents released in
+the last `claim_memory_s` seconds, at most `memory_blocks_factor` per block of the pool (the
+oldest forgotten first); blocks without a hash are not remembered. The engine knows all of
+it when it keys the block: the releases it has seen.
+
 The score changes with time, so it is not a static key. The approximation: keys are
 re-computed for every queued run, and the heap rebuilt, at the first eviction at least
 `rekey_interval_s` after the last re-keying (0: before every eviction, which is exact); a
@@ -62,10 +73,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Sequence
 from typing import ClassVar
 
 from eviction.base import FreedBlocks, Release, ReturnCurveLike, check_probability
+from eviction.lpc_pooled import DEFAULT_MEMORY_BLOCKS_FACTOR
 from eviction.priority import PriorityEvictor
 from eviction.run_heap import Ghost, Run
 
@@ -249,6 +262,8 @@ class ReturnWindowEvictor(PriorityEvictor):
         pooling: str = "max",
         shared_floor: float | None = DEFAULT_SHARED_FLOOR,
         ties: str = DEFAULT_TIES,
+        claim_memory_s: float | None = None,
+        memory_blocks_factor: float = DEFAULT_MEMORY_BLOCKS_FACTOR,
     ) -> None:
         if not rekey_interval_s >= 0 or math.isnan(rekey_interval_s):
             raise ValueError(f"rekey_interval_s must be >= 0, got {rekey_interval_s!r}")
@@ -266,6 +281,23 @@ class ReturnWindowEvictor(PriorityEvictor):
             check_probability(shared_floor, "shared_floor")
         if ties not in TIES:
             raise ValueError(f"ties must be one of {TIES}, got {ties!r}")
+        if claim_memory_s is not None and (
+            not math.isfinite(claim_memory_s) or claim_memory_s <= 0
+        ):
+            raise ValueError(
+                f"claim_memory_s must be a finite number > 0 or None, got {claim_memory_s!r}"
+            )
+        if not math.isfinite(memory_blocks_factor) or memory_blocks_factor <= 0:
+            raise ValueError(
+                f"memory_blocks_factor must be a finite number > 0, got {memory_blocks_factor!r}"
+            )
+        self.claim_memory_s = claim_memory_s
+        self.memory_max_entries = max(1, int(memory_blocks_factor * num_blocks))
+        # content hash -> (time of its last release, the claims its block held after it);
+        # oldest release first. None: no memory.
+        self._memory: OrderedDict[Hashable, tuple[float, tuple[Claim, ...]]] | None = (
+            None if claim_memory_s is None else OrderedDict()
+        )
         self.age_ties = ties == "age"
         self.pooling = pooling
         self.shared_floor = shared_floor
@@ -315,15 +347,83 @@ class ReturnWindowEvictor(PriorityEvictor):
             return (score, max(c.release_s for c in claims))
         return score
 
-    def _claims_after(self, block_id: int, claim: Claim) -> tuple[Claim, ...]:
+    def _claims_after(
+        self, block_id: int, claim: Claim, block_hash: Hashable | None = None
+    ) -> tuple[Claim, ...]:
         """The block's claims once `claim` joins them (max_claims newest, one per
-        conversation; an anonymous release replaces nothing)."""
+        conversation; an anonymous release replaces nothing). A block that holds no claims
+        and was evicted since its last release (or never released) starts from its content's
+        remembered claims, with a claim memory."""
         old = self._state[block_id]
-        if old is None:
+        if old is not None:
+            held: Sequence[Claim] = old.tag
+        elif (
+            block_hash is not None
+            and self._memory is not None
+            and math.isnan(self._released_at[block_id])
+        ):
+            held = self._remembered(block_hash, claim.release_s)
+        else:
             return (claim,)
         cid = claim.conversation_id
-        others = [c for c in old.tag if cid is None or c.conversation_id != cid]
+        others = [c for c in held if cid is None or c.conversation_id != cid]
+        if not others:
+            return (claim,)
         return (claim, *others[: self.max_claims - 1])
+
+    def _remembered(self, block_hash: Hashable, now_s: float) -> Sequence[Claim]:
+        """The claims the memory holds for a content, those released within it and not
+        protected."""
+        entry = self._memory.get(block_hash)  # type: ignore[union-attr]
+        if entry is None:
+            return ()
+        cutoff = now_s - self.claim_memory_s  # type: ignore[operator]
+        return [c for c in entry[1] if c.protected_score is None and c.release_s >= cutoff]
+
+    def _expire_memory(self, now_s: float) -> None:
+        """Forget the contents last released before the memory's window."""
+        memory = self._memory
+        cutoff = now_s - self.claim_memory_s  # type: ignore[operator]
+        while memory:
+            oldest = next(iter(memory))
+            if memory[oldest][0] >= cutoff:
+                break
+            del memory[oldest]
+
+    def _record(
+        self, hashes: Sequence[Hashable | None], claims: Sequence[tuple[Claim, ...]], now_s: float
+    ) -> None:
+        """Remember each content's claims after this release, newest last; then bound the
+        memory's size, oldest first."""
+        memory = self._memory
+        for block_hash, held in zip(hashes, claims, strict=True):
+            if block_hash is not None:
+                memory.pop(block_hash, None)  # type: ignore[union-attr]
+                memory[block_hash] = (now_s, held)  # type: ignore[index]
+        for _ in range(len(memory) - self.memory_max_entries):  # type: ignore[arg-type]
+            memory.popitem(last=False)  # type: ignore[union-attr]
+
+    def _claims_of(self, freed: FreedBlocks, claim: Claim) -> list[tuple[Claim, ...]]:
+        """Every block's claims once `claim` joins them; with a claim memory, recorded there
+        (call before the blocks' release times are set)."""
+        block_ids = freed.block_ids
+        if self._memory is None:
+            return [self._claims_after(b, claim) for b in block_ids]
+        now = claim.release_s
+        self._expire_memory(now)
+        hashes = freed.hashes
+        claims = [self._claims_after(b, claim, h) for b, h in zip(block_ids, hashes, strict=True)]
+        self._record(hashes, claims, now)
+        return claims
+
+    def memory_size(self) -> int:
+        """Contents the claim memory holds now (0 without one)."""
+        return 0 if self._memory is None else len(self._memory)
+
+    def reset(self, block_ids: Iterable[int]) -> None:
+        super().reset(block_ids)
+        if self._memory is not None:
+            self._memory.clear()
 
     def push_cached(self, freed: FreedBlocks, release: Release) -> None:
         self._push(freed, Claim(release.conversation_id, release.return_curve, release.time_s))
@@ -339,6 +439,13 @@ class ReturnWindowEvictor(PriorityEvictor):
             return
         now = claim.release_s
         released_at = self._released_at
+        if self._memory is not None and freed.hashes.count(None) != len(freed.hashes):
+            claims = self._claims_of(freed, claim)
+            for block_id in block_ids:
+                released_at[block_id] = now
+            keys = self._keys(claims, now)
+            self._push_grouped(block_ids, freed.depths, keys, claims)
+            return
         for block_id in block_ids:
             released_at[block_id] = now
         # Fast path, one pass and no allocation per block (a 128K-token request frees 8,192):
@@ -358,6 +465,17 @@ class ReturnWindowEvictor(PriorityEvictor):
         claims = [self._claims_after(b, claim) for b in block_ids]
         keys = [self.key(c, now) for c in claims]
         self._push_grouped(block_ids, freed.depths, keys, claims)
+
+    def _keys(self, claims: Sequence[tuple[Claim, ...]], now_s: float) -> list:
+        """`key` of each block's claims; blocks holding the same claims share one."""
+        keys = []
+        last_claims: tuple[Claim, ...] | None = None
+        last_key = None
+        for held in claims:
+            if held != last_claims:
+                last_claims, last_key = held, self.key(held, now_s)
+            keys.append(last_key)
+        return keys
 
     def push_cached_each(self, freed: FreedBlocks, release: Release) -> None:
         """`push_cached` of each block alone, in the given order (any depths), all with the
@@ -380,11 +498,11 @@ class ReturnWindowEvictor(PriorityEvictor):
             self._push(freed, claim)
             return
         now = claim.release_s
+        claims = self._claims_of(freed, claim)
         released_at = self._released_at
         for block_id in block_ids:
             released_at[block_id] = now
-        claims = [self._claims_after(b, claim) for b in block_ids]
-        self._push_deepest_first(freed, [self.key(c, now) for c in claims], claims)
+        self._push_deepest_first(freed, self._keys(claims, now), claims)
 
     def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
         claim = Claim(release.conversation_id, release.return_curve, release.time_s)
@@ -397,8 +515,7 @@ class ReturnWindowEvictor(PriorityEvictor):
 
     def _remember_claim(self, freed: FreedBlocks, claim: Claim) -> None:
         """Add `claim` to the claims of blocks that are in use (not queued)."""
-        for block_id in freed.block_ids:
-            claims = self._claims_after(block_id, claim)
+        for block_id, claims in zip(freed.block_ids, self._claims_of(freed, claim), strict=True):
             self._state[block_id] = Ghost(self.key(claims, claim.release_s), claims)
 
     def drop_claim(self, block_id: int, conversation_id: str | None) -> None:

@@ -79,6 +79,7 @@ TAILS = ("flat", "log-linear")
 MULTIPLIERS = (1.0, 2.0, 4.0, 8.0)
 SHIPPED_MULTIPLIER = 4.0
 SHARED_FLOORS = (0.25, 0.5, 1.0)
+CLAIM_MEMORY_S = 600.0  # rule 8: `lpc-pooled`'s memory window, as it is
 MARGIN = 0.01  # one point of the gap
 
 
@@ -92,15 +93,17 @@ def replay(
     pooling: str = "max",
     shared_floor: float | None = None,
     ties: str = "depth",
+    claim_memory_s: float | None = None,
 ) -> dict[str, dict[int, float]]:
     """Hit ratio per policy and size on the training part, `lpc-return` built with m,
-    `pooling`, `shared_floor` and `ties`."""
+    `pooling`, `shared_floor`, `ties` and `claim_memory_s`."""
     factory = functools.partial(
         ReturnWindowEvictor,
         window_multiplier=multiplier,
         pooling=pooling,
         shared_floor=shared_floor,
         ties=ties,
+        claim_memory_s=claim_memory_s,
     )
     return replay_with_return_evictor(
         factory,
@@ -144,6 +147,11 @@ def choose_ties(age_criterion: float, depth_criterion: float) -> str:
     return "age" if age_criterion > depth_criterion + MARGIN else "depth"
 
 
+def choose_claim_memory(with_memory: float, without: float) -> float | None:
+    """Rule 8 of the module docstring: the memory's seconds, or None to keep none."""
+    return CLAIM_MEMORY_S if with_memory > without + MARGIN else None
+
+
 @dataclass
 class Study:
     """The training-part replays of one run: LRU and Belady once, then each variant."""
@@ -169,6 +177,7 @@ class Study:
         pooling: str,
         shared_floor: float | None = None,
         ties: str = "depth",
+        claim_memory_s: float | None = None,
     ) -> float:
         """Replay `lpc-return-model` so built; record it; its mean share of the gap closed."""
         ratios = replay(
@@ -181,6 +190,7 @@ class Study:
             pooling,
             shared_floor,
             ties,
+            claim_memory_s,
         )["lpc-return-model"]
         sizes = self.sizes
         closed = [gap_closed(ratios[s], self.lru[s], self.belady[s]) for s in sizes]
@@ -192,6 +202,7 @@ class Study:
                 "pooling": pooling,
                 "shared_floor": shared_floor,
                 "ties": ties,
+                "claim_memory_s": claim_memory_s,
                 "hit_ratio": {str(s): ratios[s] for s in sizes},
                 "gap_closed": {str(s): c for s, c in zip(sizes, closed, strict=True)},
                 "mean_gap_closed": mean,
@@ -199,7 +210,10 @@ class Study:
         )
         if not self.quiet:
             cells = " ".join(f"{c:>6.1%}" for c in closed)
-            name = f"{tail:>10} m={multiplier:g} {pooling:>3} floor={shared_floor} {ties:>5}"
+            name = (
+                f"{tail:>10} m={multiplier:g} {pooling:>3} floor={shared_floor} {ties:>5}"
+                f" memory={claim_memory_s}"
+            )
             print(f"{name}: {cells}  mean {mean:.1%}", flush=True)
         return mean
 
@@ -223,6 +237,9 @@ def main() -> None:
     with_floor = without if shared_floor is None else floors[shared_floor]
     age = study.variant(tail, multiplier, pooling, shared_floor, "age")
     ties = choose_ties(age, with_floor)
+    with_ties = age if ties == "age" else with_floor
+    remembering = study.variant(tail, multiplier, pooling, shared_floor, ties, CLAIM_MEMORY_S)
+    claim_memory_s = choose_claim_memory(remembering, with_ties)
     report = {
         "part": "training",
         "lru": {str(s): study.lru[s] for s in sizes},
@@ -234,6 +251,7 @@ def main() -> None:
             "pooling": pooling,
             "shared_floor": shared_floor,
             "ties": ties,
+            "claim_memory_s": claim_memory_s,
         },
     }
     if args.json:
@@ -241,7 +259,7 @@ def main() -> None:
     else:
         print(
             f"chosen: tail {tail}, m = {multiplier:g}, pooling {pooling}, "
-            f"shared floor {shared_floor}, ties {ties}"
+            f"shared floor {shared_floor}, ties {ties}, claim memory {claim_memory_s}"
         )
 
 

@@ -7,6 +7,10 @@ that any of them returns, 1 − ∏(1 − P)), at least `shared_floor` when two 
 conversations claim it (ties: deeper block first, or with `ties="age"` older release
 first), W the running estimate (times the multiplier) at the call's start (the
 eviction-age rule, or the turnover rule updated as the call starts); no keys kept, no heap.
+With `claim_memory_s`, each release remembers every block content's claims after it (newest
+write last, at most `max_entries` contents, writes older than the window forgotten), and a
+block that holds no claims starts from its content's remembered, unprotected claims released
+within the window.
 """
 
 from __future__ import annotations
@@ -37,7 +41,12 @@ class BruteForceReturnWindow(Evictor):
         pooling: str = "max",
         shared_floor: float | None = None,
         ties: str = "depth",
+        claim_memory_s: float | None = None,
+        max_entries: int = 1 << 30,
     ) -> None:
+        self.claim_memory_s = claim_memory_s
+        self.max_entries = max_entries
+        self.memory: dict[bytes, tuple[float, list[Claim]]] = {}  # content -> (time, claims)
         self.ties = ties
         self.pooling = pooling
         self.shared_floor = shared_floor
@@ -61,23 +70,47 @@ class BruteForceReturnWindow(Evictor):
     def push_uncached(self, block_ids: Sequence[int]) -> None:
         self.uncached[0:0] = list(block_ids)
 
-    def _record(self, block_id: int, release: Release) -> None:
+    def _held(self, block_id: int, block_hash: bytes | None, now_s: float) -> list[Claim]:
+        if block_id in self.claims:
+            return self.claims[block_id]
+        if self.claim_memory_s is None or block_hash is None or block_hash not in self.memory:
+            return []
+        cutoff = now_s - self.claim_memory_s
+        return [
+            c
+            for c in self.memory[block_hash][1]
+            if c.protected_score is None and c.release_s >= cutoff
+        ]
+
+    def _record_all(self, freed: FreedBlocks, release: Release) -> None:
+        now = release.time_s
+        if self.claim_memory_s is not None:
+            cutoff = now - self.claim_memory_s
+            self.memory = {h: e for h, e in self.memory.items() if e[0] >= cutoff}
         conv = release.conversation_id
-        old = self.claims.get(block_id, [])
-        others = [c for c in old if conv is None or c.conversation_id != conv]
-        claim = Claim(conv, release.return_curve, release.time_s)
-        self.claims[block_id] = [claim, *others[: self.max_claims - 1]]
+        claim = Claim(conv, release.return_curve, now)
+        new = {}
+        for block_id, block_hash in zip(freed.block_ids, freed.hashes, strict=True):
+            old = self._held(block_id, block_hash, now)
+            others = [c for c in old if conv is None or c.conversation_id != conv]
+            new[block_id] = [claim, *others[: self.max_claims - 1]]
+        for block_id, block_hash in zip(freed.block_ids, freed.hashes, strict=True):
+            self.claims[block_id] = new[block_id]
+            if self.claim_memory_s is not None and block_hash is not None:
+                self.memory.pop(block_hash, None)
+                self.memory[block_hash] = (now, new[block_id])
+        while len(self.memory) > self.max_entries:
+            del self.memory[next(iter(self.memory))]
 
     def push_cached(self, freed: FreedBlocks, release: Release) -> None:
+        self._record_all(freed, release)
         for block_id, depth in zip(freed.block_ids, freed.depths, strict=True):
-            self._record(block_id, release)
             self.released_at[block_id] = release.time_s
             self.free[block_id] = (depth, self.order)
             self.order += 1
 
     def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
-        for block_id in freed.block_ids:
-            self._record(block_id, release)
+        self._record_all(freed, release)
 
     def remove(self, block_id: int) -> None:
         if block_id in self.free:

@@ -53,23 +53,33 @@ def curves_for(steps, seed: int) -> dict[str, ReturnCurve | None]:
 
 
 @pytest.mark.parametrize(
-    ("rule", "pooling", "floor", "ties"),
+    ("rule", "pooling", "floor", "ties", "memory"),
     [
-        ("turnover", "max", None, "depth"),
-        ("eviction-age", "max", None, "depth"),
-        ("turnover", "or", None, "depth"),
-        ("turnover", "max", 0.5, "depth"),
-        ("turnover", "or", 0.25, "depth"),
-        ("turnover", "max", 0.25, "age"),
-        ("eviction-age", "or", None, "age"),
+        ("turnover", "max", None, "depth", None),
+        ("eviction-age", "max", None, "depth", None),
+        ("turnover", "or", None, "depth", None),
+        ("turnover", "max", 0.5, "depth", None),
+        ("turnover", "or", 0.25, "depth", None),
+        ("turnover", "max", 0.25, "age", None),
+        ("eviction-age", "or", None, "age", None),
+        # claim memory: (seconds, memory_blocks_factor); 0.25 × 48 blocks binds the size
+        ("turnover", "max", 0.25, "age", (30.0, 8.0)),
+        ("turnover", "max", 0.25, "age", (30.0, 0.25)),
+        ("eviction-age", "or", 0.5, "depth", (5.0, 8.0)),
     ],
 )
 @pytest.mark.parametrize("seed", range(10))
 def test_rekeying_at_every_eviction_matches_the_brute_force_definition(
-    seed: int, rule: str, pooling: str, floor: float | None, ties: str
+    seed: int,
+    rule: str,
+    pooling: str,
+    floor: float | None,
+    ties: str,
+    memory: tuple[float, float] | None,
 ) -> None:
     steps = random_stream(seed, 400)
     curves = curves_for(steps, seed)
+    memory_s, factor = (None, 8.0) if memory is None else memory
     fast_evictor = ReturnWindowEvictor(
         48,
         rekey_interval_s=0.0,
@@ -78,10 +88,18 @@ def test_rekeying_at_every_eviction_matches_the_brute_force_definition(
         pooling=pooling,
         shared_floor=floor,
         ties=ties,
+        claim_memory_s=memory_s,
+        memory_blocks_factor=factor,
     )
     window = TurnoverEstimate(5.0) if rule == "turnover" else EvictionAgeEstimate(5.0)
     slow_evictor = BruteForceReturnWindow(
-        48, window=window, pooling=pooling, shared_floor=floor, ties=ties
+        48,
+        window=window,
+        pooling=pooling,
+        shared_floor=floor,
+        ties=ties,
+        claim_memory_s=memory_s,
+        max_entries=fast_evictor.memory_max_entries,
     )
     fast = PrefixCacheBlockManager(48, block_size=4, evictor=fast_evictor)
     slow = PrefixCacheBlockManager(48, block_size=4, evictor=slow_evictor)
@@ -254,3 +272,64 @@ def test_the_shared_floor_lifts_blocks_two_conversations_claim() -> None:
     assert unfloored.score([Claim("A", never, 0.0), Claim("B", never, 0.0)], 1.0) == 0.0
     with pytest.raises(ValueError, match="shared_floor"):
         ReturnWindowEvictor(8, shared_floor=1.5)
+
+
+def test_the_claim_memory_gives_a_recomputed_prefix_its_earlier_claims() -> None:
+    never = step_curve(1000.0)  # P(within W) = 0
+
+    def release(evictor: ReturnWindowEvictor, block: int, content: bytes, conv: str, t: float):
+        evictor.push_cached(
+            FreedBlocks([block], [0], [content]), Release(t, None, conv, None, never)
+        )
+
+    def shared_then_evicted(claim_memory_s: float | None) -> ReturnWindowEvictor:
+        evictor = ReturnWindowEvictor(
+            4, initial_window_s=10.0, window_multiplier=1.0, claim_memory_s=claim_memory_s
+        )
+        evictor.reset([1, 2, 3])
+        release(evictor, 0, b"prefix", "A", 0.0)
+        evictor.remove(0)  # B reuses it
+        release(evictor, 0, b"prefix", "B", 1.0)
+        evictor.pop_n(4, 2.0)  # every block goes, the shared prefix last
+        return evictor
+
+    evictor = shared_then_evicted(10.0)
+    release(evictor, 1, b"prefix", "C", 3.0)  # the same content, computed again
+    claims = evictor._state[1].tag
+    assert [c.conversation_id for c in claims] == ["C", "B", "A"][: evictor.max_claims]
+    assert evictor.score(claims, 3.0) == 0.25  # shared: the floor
+    release(evictor, 2, b"other", "C", 3.0)
+    assert [c.conversation_id for c in evictor._state[2].tag] == ["C"]
+    assert evictor.memory_size() == 2
+
+    forgetful = shared_then_evicted(None)
+    release(forgetful, 1, b"prefix", "C", 3.0)
+    assert [c.conversation_id for c in forgetful._state[1].tag] == ["C"]
+    assert forgetful.memory_size() == 0
+
+    late = shared_then_evicted(10.0)
+    release(late, 1, b"prefix", "C", 12.0)  # the claims were released 11 and 12 s before
+    assert [c.conversation_id for c in late._state[1].tag] == ["C"]
+
+    # A protected claim is not remembered; a block still cached keeps its own claims.
+    guarded = ReturnWindowEvictor(4, initial_window_s=10.0, claim_memory_s=10.0)
+    guarded.reset([1, 2, 3])
+    guarded.push_protected(FreedBlocks([0], [0], [b"p"]), Release(0.0, None, "A"))
+    guarded.pop_n(4, 1.0)
+    release(guarded, 1, b"p", "C", 2.0)
+    assert [c.conversation_id for c in guarded._state[1].tag] == ["C"]
+    guarded.reset([0, 1, 2, 3])
+    assert guarded.memory_size() == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"claim_memory_s": 0.0}, "claim_memory_s must be a finite number > 0"),
+        ({"claim_memory_s": float("nan")}, "claim_memory_s must be a finite number > 0"),
+        ({"claim_memory_s": 60.0, "memory_blocks_factor": 0.0}, "memory_blocks_factor"),
+    ],
+)
+def test_bad_claim_memory_options_are_refused(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ReturnWindowEvictor(8, **options)
