@@ -49,6 +49,9 @@ def test_the_tail_and_multiplier_rules_as_written(monkeypatch) -> None:
     assert floor({0.25: 0.14, 0.5: 0.125, 1.0: 0.13}, 0.109) == 0.25
     assert study.choose_ties(0.12, 0.109) == "age"
     assert study.choose_ties(0.118, 0.109) == "depth"
+    # The claim memory: lpc-pooled's 600 s, only if more than a point better.
+    assert study.choose_claim_memory(0.1143, 0.1108) is None
+    assert study.choose_claim_memory(0.122, 0.1108) == 600.0
 
 
 def test_the_registry_entry_comes_back_after_a_failed_replay(monkeypatch, tmp_path) -> None:
