@@ -59,6 +59,18 @@ written before this replay was run, and before the option it reads existed:
    released it before, and with two of them the shared floor, as `lpc-pooled`'s hash memory
    keeps its sharing) replaces no memory only if it raises the criterion by more than one
    point.
+
+Added the same day, after rule 8 had kept no memory; written before this replay was run, and
+before the option it reads existed (motivated by rule 6's table: on the training part the
+floor's height moves 2.5M and 4M, and the evaluation part's 2.5M shortfall against
+`lpc-pooled`, whose floor is estimated online):
+
+9. Shared floor estimated online, with the choices of rules 2–8: `shared_floor="online"`
+   (the floor is the share of the evictor's shared releases, a block left claimed by two or
+   more named conversations, whose content was released again, by any conversation, within
+   the W in force at that release; judged at the first release after W has passed, with one
+   pseudo-release at 0.5, `lpc-pooled`'s prior) replaces the fixed floor of rule 6 only if
+   it raises the criterion by more than one point.
 """
 
 from __future__ import annotations
