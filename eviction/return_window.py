@@ -27,7 +27,12 @@ from two or more conversations scores at least the floor. The claims speak only 
 conversations that released the block, while a prefix several of them share is likely shared
 by the next new conversation too, which no claimant's return curve foresees
 (docs/results.md, "An evictor that asks when: P(return within W | silent a)"). Anonymous
-claims (no conversation id) never make a block shared. 0.25 was chosen among 0.25, 0.5 and 1
+claims (no conversation id) never make a block shared. `shared_floor="online"` estimates the
+floor instead, as `lpc-pooled` estimates its own (`SharedReuse`): the share of this evictor's
+shared releases (a block left claimed by two or more named conversations) whose content was
+released again, by any conversation, within the W in force at that release, judged at the
+first release after W has passed, with one pseudo-release at 0.5; the engine knows it at
+every release (the releases it has seen). 0.25 was chosen among 0.25, 0.5 and 1
 on the Mooncake trace's training part, with the learned curves (rule 6 of
 `scripts/return_model_choices.py`).
 
@@ -81,7 +86,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from typing import ClassVar
 
 from eviction.base import FreedBlocks, Release, ReturnCurveLike, check_probability
-from eviction.lpc_pooled import DEFAULT_MEMORY_BLOCKS_FACTOR
+from eviction.lpc_pooled import DEFAULT_MEMORY_BLOCKS_FACTOR, SHARED_PRIOR
 from eviction.priority import PriorityEvictor
 from eviction.run_heap import Ghost, Run
 
@@ -101,6 +106,8 @@ DEFAULT_FALLBACK_SCORE = 0.5
 DEFAULT_SHARED_FLOOR = 0.25
 # Equal scores go older release first (docs/results.md, "A shared floor and ties by age").
 DEFAULT_TIES = "age"
+# `shared_floor` value for the floor estimated online (`SharedReuse`).
+SHARED_FLOOR_ONLINE = "online"
 # A protected claim scores this plus its release time (times before 0 count as 0): above
 # every probability, and a later protection above an earlier one.
 PROTECTED_SCORE = 2.0
@@ -196,6 +203,81 @@ class TurnoverEstimate(_SmoothedWindow):
         self._move_towards(queued * elapsed_s / evicted)
 
 
+class _Judged:
+    """One shared release of a content, to be judged: its deadline (release time + W) and
+    the time of the content's next release (None until one comes)."""
+
+    __slots__ = ("content", "deadline_s", "next_s")
+
+    def __init__(self, content: Hashable, deadline_s: float) -> None:
+        self.content = content
+        self.deadline_s = deadline_s
+        self.next_s: float | None = None
+
+
+class SharedReuse:
+    """The online shared floor: the share of shared releases whose content was released again
+    within the W in force at that release.
+
+    Each shared release of a content (with a hash) waits in a heap by its deadline; the
+    content's next release, by any conversation, is noted on the newest waiting one; a release
+    at time t first judges every waiting release whose deadline is before t (every release up
+    to its deadline has been seen by then, if releases come in time order). One pseudo-release
+    at 0.5 (`lpc-pooled`'s prior) before any is judged.
+    """
+
+    def __init__(self) -> None:
+        self.judged = 0
+        self.reused = 0
+        self._due: list[tuple[float, int, _Judged]] = []
+        self._newest: dict[Hashable, _Judged] = {}
+        self._seq = 0
+
+    @property
+    def value(self) -> float:
+        """The floor now."""
+        return (self.reused + SHARED_PRIOR) / (self.judged + 1)
+
+    def waiting(self) -> int:
+        """Shared releases not judged yet."""
+        return len(self._due)
+
+    def observe(
+        self,
+        now_s: float,
+        hashes: Sequence[Hashable | None],
+        claims: Sequence[Sequence[Claim]],
+        window_s: float,
+    ) -> None:
+        """One release: judge what is due, note each content's release, and wait on each block
+        the release leaves shared."""
+        due, newest = self._due, self._newest
+        while due and due[0][0] < now_s:
+            _, _, judged = heapq.heappop(due)
+            self.judged += 1
+            if judged.next_s is not None and judged.next_s <= judged.deadline_s:
+                self.reused += 1
+            elif newest.get(judged.content) is judged:
+                del newest[judged.content]  # no release noted yet: nothing more to note
+        deadline = now_s + window_s
+        for block_hash, held in zip(hashes, claims, strict=True):
+            if block_hash is None:
+                continue
+            last = newest.pop(block_hash, None)
+            if last is not None and last.next_s is None:
+                last.next_s = now_s
+            if is_shared(held):
+                record = _Judged(block_hash, deadline)
+                newest[block_hash] = record
+                self._seq += 1
+                heapq.heappush(due, (deadline, self._seq, record))
+
+    def clear(self) -> None:
+        self.judged = self.reused = 0
+        self._due.clear()
+        self._newest.clear()
+
+
 WINDOW_RULES = ("turnover", "eviction-age")
 POOLINGS = ("max", "or")
 TIES = ("depth", "age")
@@ -263,7 +345,7 @@ class ReturnWindowEvictor(PriorityEvictor):
         turnover_weight: float = DEFAULT_TURNOVER_WEIGHT,
         window_multiplier: float = DEFAULT_WINDOW_MULTIPLIER,
         pooling: str = "max",
-        shared_floor: float | None = DEFAULT_SHARED_FLOOR,
+        shared_floor: float | str | None = DEFAULT_SHARED_FLOOR,
         ties: str = DEFAULT_TIES,
         claim_memory_s: float | None = None,
         memory_blocks_factor: float = DEFAULT_MEMORY_BLOCKS_FACTOR,
@@ -280,7 +362,13 @@ class ReturnWindowEvictor(PriorityEvictor):
             raise ValueError(f"window_multiplier must be > 0, got {window_multiplier!r}")
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
-        if shared_floor is not None:
+        if isinstance(shared_floor, str):
+            if shared_floor != SHARED_FLOOR_ONLINE:
+                raise ValueError(
+                    f"shared_floor must be a probability, {SHARED_FLOOR_ONLINE!r} or None, "
+                    f"got {shared_floor!r}"
+                )
+        elif shared_floor is not None:
             check_probability(shared_floor, "shared_floor")
         if ties not in TIES:
             raise ValueError(f"ties must be one of {TIES}, got {ties!r}")
@@ -304,6 +392,10 @@ class ReturnWindowEvictor(PriorityEvictor):
         self.age_ties = ties == "age"
         self.pooling = pooling
         self.shared_floor = shared_floor
+        # The online floor's estimate (None: the floor is a constant or off).
+        self.shared_reuse: SharedReuse | None = (
+            SharedReuse() if shared_floor == SHARED_FLOOR_ONLINE else None
+        )
         self.window_rule = window_rule
         self.window_multiplier = window_multiplier
         self.window: EvictionAgeEstimate | TurnoverEstimate = (
@@ -337,10 +429,16 @@ class ReturnWindowEvictor(PriorityEvictor):
             best = max(claim_score(c, now_s, w, fallback) for c in claims)
         else:
             best = pooled_score([claim_score(c, now_s, w, fallback) for c in claims], "or")
-        floor = self.shared_floor
+        floor = self.floor
         if floor is not None and best < floor and is_shared(claims):
             return floor
         return best
+
+    @property
+    def floor(self) -> float | None:
+        """The shared floor now: the constant, the online estimate, or None (off)."""
+        reuse = self.shared_reuse
+        return self.shared_floor if reuse is None else reuse.value  # type: ignore[return-value]
 
     def key(self, claims: Sequence[Claim], now_s: float) -> float | tuple[float, float]:
         """The heap key: the score, and with `ties="age"` the newest claim's release time
@@ -408,15 +506,20 @@ class ReturnWindowEvictor(PriorityEvictor):
 
     def _claims_of(self, freed: FreedBlocks, claim: Claim) -> list[tuple[Claim, ...]]:
         """Every block's claims once `claim` joins them; with a claim memory, recorded there
-        (call before the blocks' release times are set)."""
+        (call before the blocks' release times are set); with the online floor, observed."""
         block_ids = freed.block_ids
         if self._memory is None:
-            return [self._claims_after(b, claim) for b in block_ids]
-        now = claim.release_s
-        self._expire_memory(now)
-        hashes = freed.hashes
-        claims = [self._claims_after(b, claim, h) for b, h in zip(block_ids, hashes, strict=True)]
-        self._record(hashes, claims, now)
+            claims = [self._claims_after(b, claim) for b in block_ids]
+        else:
+            now = claim.release_s
+            self._expire_memory(now)
+            hashes = freed.hashes
+            claims = [
+                self._claims_after(b, claim, h) for b, h in zip(block_ids, hashes, strict=True)
+            ]
+            self._record(hashes, claims, now)
+        if self.shared_reuse is not None:
+            self.shared_reuse.observe(claim.release_s, freed.hashes, claims, self.window_s)
         return claims
 
     def memory_size(self) -> int:
@@ -427,6 +530,8 @@ class ReturnWindowEvictor(PriorityEvictor):
         super().reset(block_ids)
         if self._memory is not None:
             self._memory.clear()
+        if self.shared_reuse is not None:
+            self.shared_reuse.clear()
 
     def push_cached(self, freed: FreedBlocks, release: Release) -> None:
         self._push(freed, Claim(release.conversation_id, release.return_curve, release.time_s))
@@ -442,7 +547,9 @@ class ReturnWindowEvictor(PriorityEvictor):
             return
         now = claim.release_s
         released_at = self._released_at
-        if self._memory is not None and freed.hashes.count(None) != len(freed.hashes):
+        if self.shared_reuse is not None or (
+            self._memory is not None and freed.hashes.count(None) != len(freed.hashes)
+        ):
             claims = self._claims_of(freed, claim)
             for block_id in block_ids:
                 released_at[block_id] = now
@@ -551,7 +658,7 @@ class ReturnWindowEvictor(PriorityEvictor):
             self._window_since_s = now_s
         w, fallback = self.window_s, self.fallback_score
         or_pooling = self.pooling == "or"
-        floor = self.shared_floor
+        floor = self.floor
         age_ties = self.age_ties
         cache: dict[int, float] = {}
         heap = []

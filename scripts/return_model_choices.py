@@ -103,7 +103,7 @@ def replay(
     policies: str,
     out: Path,
     pooling: str = "max",
-    shared_floor: float | None = None,
+    shared_floor: float | str | None = None,
     ties: str = "depth",
     claim_memory_s: float | None = None,
 ) -> dict[str, dict[int, float]]:
@@ -164,6 +164,13 @@ def choose_claim_memory(with_memory: float, without: float) -> float | None:
     return CLAIM_MEMORY_S if with_memory > without + MARGIN else None
 
 
+def choose_online_floor(
+    online: float, fixed: float, fixed_floor: float | None
+) -> float | str | None:
+    """Rule 9 of the module docstring: "online", or the fixed floor rule 6 chose."""
+    return "online" if online > fixed + MARGIN else fixed_floor
+
+
 @dataclass
 class Study:
     """The training-part replays of one run: LRU and Belady once, then each variant."""
@@ -187,7 +194,7 @@ class Study:
         tail: str,
         multiplier: float,
         pooling: str,
-        shared_floor: float | None = None,
+        shared_floor: float | str | None = None,
         ties: str = "depth",
         claim_memory_s: float | None = None,
     ) -> float:
@@ -252,6 +259,9 @@ def main() -> None:
     with_ties = age if ties == "age" else with_floor
     remembering = study.variant(tail, multiplier, pooling, shared_floor, ties, CLAIM_MEMORY_S)
     claim_memory_s = choose_claim_memory(remembering, with_ties)
+    with_memory = remembering if claim_memory_s is not None else with_ties
+    online = study.variant(tail, multiplier, pooling, "online", ties, claim_memory_s)
+    shared_floor = choose_online_floor(online, with_memory, shared_floor)
     report = {
         "part": "training",
         "lru": {str(s): study.lru[s] for s in sizes},

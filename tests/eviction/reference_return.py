@@ -10,7 +10,10 @@ eviction-age rule, or the turnover rule updated as the call starts); no keys kep
 With `claim_memory_s`, each release remembers every block content's claims after it (newest
 write last, at most `max_entries` contents, writes older than the window forgotten), and a
 block that holds no claims starts from its content's remembered, unprotected claims released
-within the window.
+within the window. With `shared_floor="online"` the floor is, at each eviction call, (the
+shared releases whose deadline, release time + W then, is before the last release's time,
+and whose content was released again by the deadline, + 0.5) / (those shared releases + 1),
+counted from the whole history of releases.
 """
 
 from __future__ import annotations
@@ -39,12 +42,16 @@ class BruteForceReturnWindow(Evictor):
         window: EvictionAgeEstimate | TurnoverEstimate | None = None,
         window_multiplier: float = DEFAULT_WINDOW_MULTIPLIER,
         pooling: str = "max",
-        shared_floor: float | None = None,
+        shared_floor: float | str | None = None,
         ties: str = "depth",
         claim_memory_s: float | None = None,
         max_entries: int = 1 << 30,
     ) -> None:
         self.claim_memory_s = claim_memory_s
+        # every block release in order: (content, time); the shared ones: (index, deadline)
+        self.history: list[tuple[bytes | None, float]] = []
+        self.shared_history: list[tuple[int, float]] = []
+        self.last_release_s = -math.inf
         self.max_entries = max_entries
         self.memory: dict[bytes, tuple[float, list[Claim]]] = {}  # content -> (time, claims)
         self.ties = ties
@@ -94,6 +101,13 @@ class BruteForceReturnWindow(Evictor):
             old = self._held(block_id, block_hash, now)
             others = [c for c in old if conv is None or c.conversation_id != conv]
             new[block_id] = [claim, *others[: self.max_claims - 1]]
+        self.last_release_s = now
+        w = self.window.value_s * self.window_multiplier
+        for block_id, block_hash in zip(freed.block_ids, freed.hashes, strict=True):
+            if block_hash is not None:
+                if len({c.conversation_id for c in new[block_id]} - {None}) >= 2:
+                    self.shared_history.append((len(self.history), now + w))
+                self.history.append((block_hash, now))
         for block_id, block_hash in zip(freed.block_ids, freed.hashes, strict=True):
             self.claims[block_id] = new[block_id]
             if self.claim_memory_s is not None and block_hash is not None:
@@ -118,11 +132,25 @@ class BruteForceReturnWindow(Evictor):
         else:
             self.uncached.remove(block_id)
 
+    def floor(self) -> float | None:
+        if self.shared_floor != "online":
+            return self.shared_floor  # type: ignore[return-value]
+        judged = reused = 0
+        for index, deadline in self.shared_history:
+            if deadline >= self.last_release_s:
+                continue
+            judged += 1
+            content = self.history[index][0]
+            if any(h == content and t <= deadline for h, t in self.history[index + 1 :]):
+                reused += 1
+        return (reused + 0.5) / (judged + 1)
+
     def value(self, block_id: int, now_s: float, window_s: float) -> float:
         pooled = self.pooled(block_id, now_s, window_s)
         named = {c.conversation_id for c in self.claims[block_id]} - {None}
-        if self.shared_floor is not None and len(named) >= 2:
-            return max(pooled, self.shared_floor)
+        floor = self.floor_now
+        if floor is not None and len(named) >= 2:
+            return max(pooled, floor)
         return pooled
 
     def pooled(self, block_id: int, now_s: float, window_s: float) -> float:
@@ -153,6 +181,7 @@ class BruteForceReturnWindow(Evictor):
                 self.evicted_since = 0
                 self.window_since_s = now_s
         w = self.window.value_s * self.window_multiplier
+        self.floor_now = self.floor()
         score = {b: self.value(b, now_s, w) for b in self.free}
         out = []
         for _ in range(n):

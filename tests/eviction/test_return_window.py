@@ -12,6 +12,7 @@ from eviction.return_window import (
     Claim,
     EvictionAgeEstimate,
     ReturnWindowEvictor,
+    SharedReuse,
     TurnoverEstimate,
 )
 from lpc.blocks.block_manager import PrefixCacheBlockManager
@@ -66,6 +67,9 @@ def curves_for(steps, seed: int) -> dict[str, ReturnCurve | None]:
         ("turnover", "max", 0.25, "age", (30.0, 8.0)),
         ("turnover", "max", 0.25, "age", (30.0, 0.25)),
         ("eviction-age", "or", 0.5, "depth", (5.0, 8.0)),
+        # the floor estimated online
+        ("turnover", "max", "online", "age", None),
+        ("eviction-age", "or", "online", "depth", (30.0, 8.0)),
     ],
 )
 @pytest.mark.parametrize("seed", range(10))
@@ -73,7 +77,7 @@ def test_rekeying_at_every_eviction_matches_the_brute_force_definition(
     seed: int,
     rule: str,
     pooling: str,
-    floor: float | None,
+    floor: float | str | None,
     ties: str,
     memory: tuple[float, float] | None,
 ) -> None:
@@ -333,3 +337,31 @@ def test_the_claim_memory_gives_a_recomputed_prefix_its_earlier_claims() -> None
 def test_bad_claim_memory_options_are_refused(options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ReturnWindowEvictor(8, **options)
+
+
+def test_the_online_floor_is_the_share_of_shared_releases_reused_within_w() -> None:
+    reuse = SharedReuse()
+    shared = (Claim("A", None, 0.0), Claim("B", None, 0.0))
+    alone = (Claim("C", None, 0.0),)
+    assert reuse.value == 0.5  # the prior alone
+    reuse.observe(0.0, [b"h", b"g", None], [shared, alone, shared], 10.0)
+    assert reuse.waiting() == 1  # only the shared block with a content waits
+    reuse.observe(5.0, [b"h"], [alone], 10.0)  # released again within W
+    reuse.observe(10.0, [b"x"], [alone], 10.0)  # at the deadline: not judged yet
+    assert (reuse.judged, reuse.value) == (0, 0.5)
+    reuse.observe(11.0, [b"x"], [alone], 10.0)
+    assert (reuse.judged, reuse.reused, reuse.value) == (1, 1, 0.75)
+    reuse.observe(20.0, [b"h"], [shared], 10.0)
+    reuse.observe(31.0, [b"h"], [alone], 10.0)  # judged first: the release came too late
+    assert (reuse.judged, reuse.reused, reuse.value) == (2, 1, 0.5)
+    assert reuse.waiting() == 0 and not reuse._newest
+
+    evictor = ReturnWindowEvictor(8, initial_window_s=10.0, shared_floor="online")
+    assert evictor.floor == 0.5
+    evictor.shared_reuse.reused, evictor.shared_reuse.judged = 3, 3
+    never = step_curve(1000.0)
+    assert evictor.score([Claim("A", never, 0.0), Claim("B", never, 0.0)], 1.0) == 3.5 / 4
+    evictor.reset(range(8))
+    assert evictor.floor == 0.5
+    with pytest.raises(ValueError, match="shared_floor must be a probability, 'online' or None"):
+        ReturnWindowEvictor(8, shared_floor="sometimes")

@@ -52,6 +52,9 @@ def test_the_tail_and_multiplier_rules_as_written(monkeypatch) -> None:
     # The claim memory: lpc-pooled's 600 s, only if more than a point better.
     assert study.choose_claim_memory(0.1143, 0.1108) is None
     assert study.choose_claim_memory(0.122, 0.1108) == 600.0
+    # The online floor replaces rule 6's fixed one only if more than a point better.
+    assert study.choose_online_floor(0.118, 0.1108, 0.25) == 0.25
+    assert study.choose_online_floor(0.122, 0.1108, 0.25) == "online"
 
 
 def test_the_registry_entry_comes_back_after_a_failed_replay(monkeypatch, tmp_path) -> None:
