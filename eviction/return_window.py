@@ -45,8 +45,8 @@ none, so a prefix computed again after an eviction keeps the claims of the conve
 released it before, and with two of them the shared floor (as `lpc-pooled`'s hash memory keeps
 its sharing). Protected claims are not remembered. The memory holds the contents released in
 the last `claim_memory_s` seconds, at most `memory_blocks_factor` per block of the pool (the
-oldest forgotten first); blocks without a hash are not remembered; a claim later dropped
-(`drop_claim`) stays in the memory if the block was evicted before the drop. The engine knows
+oldest forgotten first); blocks without a hash are not remembered; `drop_claim` leaves the
+memory as it is (the block's next release rewrites its entry). The engine knows
 all of it when it keys the block: the releases it has seen. It stays off: at `lpc-pooled`'s 600 s it
 raised the mean gap closed on the Mooncake trace's training part by 0.37 points, short of the
 one-point margin of rule 8 of `scripts/return_model_choices.py` (docs/results.md, "A shared
