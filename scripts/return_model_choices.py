@@ -84,6 +84,7 @@ from pathlib import Path
 
 from study_replay import TRAINING_PART, gap_closed, replay_with_return_evictor
 
+from eviction.lpc_pooled import DEFAULT_MEMORY_WINDOW_S
 from eviction.return_window import ReturnWindowEvictor
 
 SIZES = (2_500_000, 4_000_000, 6_000_000, 8_000_000, 12_000_000, 16_000_000)
@@ -91,7 +92,7 @@ TAILS = ("flat", "log-linear")
 MULTIPLIERS = (1.0, 2.0, 4.0, 8.0)
 SHIPPED_MULTIPLIER = 4.0
 SHARED_FLOORS = (0.25, 0.5, 1.0)
-CLAIM_MEMORY_S = 600.0  # rule 8: `lpc-pooled`'s memory window, as it is
+CLAIM_MEMORY_S = DEFAULT_MEMORY_WINDOW_S  # rule 8: `lpc-pooled`'s memory window (600 s), as it is
 MARGIN = 0.01  # one point of the gap
 
 
