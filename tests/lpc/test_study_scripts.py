@@ -55,6 +55,22 @@ def test_the_tail_and_multiplier_rules_as_written(monkeypatch) -> None:
     # The online floor replaces rule 6's fixed one only if more than a point better.
     assert study.choose_online_floor(0.118, 0.1108, 0.25) == 0.25
     assert study.choose_online_floor(0.122, 0.1108, 0.25) == "online"
+    # Its second look: more than a point better on the second window, not worse on the first.
+    again = study.choose_online_floor_again
+    assert again(0.122, 0.1108, 0.1207, 0.1108, 0.25) == "online"
+    assert again(0.118, 0.1108, 0.1207, 0.1108, 0.25) == 0.25
+    assert again(0.122, 0.1108, 0.1100, 0.1108, 0.25) == 0.25
+
+
+def test_sizes_without_a_gap_are_left_out_of_the_second_windows_mean(monkeypatch) -> None:
+    study = _load("return_model_choices", monkeypatch)
+    closed = {1: 0.2, 2: 0.4, 3: -3.0}
+    lru = {1: 0.10, 2: 0.20, 3: 0.30}
+    belady = {1: 0.20, 2: 0.25, 3: 0.305}
+    assert study.mean_gap_closed(closed, lru, belady, 0.01) == (pytest.approx(0.3), [1, 2])
+    assert study.mean_gap_closed(closed, lru, belady, 0.0)[1] == [1, 2, 3]
+    with pytest.raises(ValueError, match="no size has an LRU→Belady gap"):
+        study.mean_gap_closed(closed, lru, belady, 0.2)
 
 
 def test_the_registry_entry_comes_back_after_a_failed_replay(monkeypatch, tmp_path) -> None:
