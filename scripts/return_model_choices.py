@@ -1,7 +1,9 @@
 """Choose, on the training part, the tail and the window multiplier of `lpc-return-model`.
 
     lpc train-return --trace mooncake --split-at 884 --no-classifier --out /tmp/ret_884
-    python scripts/return_model_choices.py --return-model /tmp/ret_884 [--json]
+    lpc train-return --trace mooncake --split-at 442 --no-classifier --out /tmp/ret_442
+    python scripts/return_model_choices.py --return-model /tmp/ret_884 \
+        --second-return-model /tmp/ret_442 [--json]
 
 `lpc-return`'s multiplier m (W = m × turnover) was chosen by the perfect-knowledge bound,
 and the learned curves stay flat beyond their grid's last point (840 s at split 0.5), so a
