@@ -88,6 +88,10 @@ windows' figures are reported whatever it decides:
     noise). `shared_floor="online"` replaces the fixed floor only if it raises this window's
     criterion by more than one point and it did not lower rule 9's criterion on the first
     window.
+
+Beside rule 10, for reference (it chooses nothing): rules 6 and 7's shipped choices on the
+same second window, each against what it replaced (no floor with depth ties, the floor with
+depth ties), so that a second window which cannot tell floors apart reads as such.
 """
 
 from __future__ import annotations
@@ -343,6 +347,13 @@ def main() -> None:
         shared_floor = choose_online_floor_again(
             online_again, fixed_again, online, with_memory, fixed_floor
         )
+        if not args.json:
+            print("for reference (chooses nothing): rules 6 and 7 on the second window", flush=True)
+        reference_rows = len(second.rows)
+        second.variant(tail, multiplier, pooling, None, "depth", claim_memory_s)
+        second.variant(tail, multiplier, pooling, fixed_floor, "depth", claim_memory_s)
+        for row in second.rows[reference_rows:]:
+            row["reference"] = True
         second_window = {
             "window": SECOND_WINDOW,
             "lru": {str(s): second.lru[s] for s in sizes},
