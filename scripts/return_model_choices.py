@@ -311,6 +311,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results/return-model-choices"))
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args()
+    for model in (args.return_model, args.second_return_model):
+        if model is not None and not model.is_dir():
+            # Checked up front: rule 10's model is read only after rules 1–9's replays.
+            parser.error(f"{model}: no return model there (make it with `lpc train-return`)")
     sizes = [int(s) for s in args.cache_sizes.split(",")]
     study = Study(args.return_model, sizes, args.out, quiet=args.json)
     criterion = {(t, m): study.variant(t, m, "max") for t in TAILS for m in MULTIPLIERS}
