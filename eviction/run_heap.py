@@ -142,9 +142,15 @@ class RunHeap:
         tags: Sequence[Any],
     ) -> list[Run]:
         """Queue blocks with per-block keys and tags, grouping equal neighbours into runs."""
+        n = len(block_ids)
+        if n and keys.count(keys[0]) == n and tags.count(tags[0]) == n:
+            # One key and tag for all (a request's chain, the common case): one run, found
+            # by the lists' own loops. Keys are never NaN, so `count`'s identity-or-equal
+            # test splits exactly where the loop's `!=` would: nowhere.
+            run = self._push_run(keys[0], tags[0], block_ids[:], depths[:])
+            return [] if run is None else [run]
         runs = []
         start = 0
-        n = len(block_ids)
         for i in range(1, n + 1):
             if i == n or keys[i] != keys[start] or tags[i] != tags[start]:
                 run = self._push_run(keys[start], tags[start], block_ids[start:i], depths[start:i])

@@ -195,24 +195,28 @@ def request_release(
     finished: FinishedReleases | None = None,
     stats: PluginStats | None = None,
 ) -> Release:
-    """The release a request's chunks get at `now_s`; the order of sources is the module's."""
+    """The release a request's chunks get at `now_s`; the order of sources is the module's.
+    Called at every access and finish of a request: no list of sources, no ABC check for a
+    plain dict (`lpc bench cache-policy`)."""
     rid = str(getattr(req_context, "req_id", ""))
     plugin = finished.get(rid) if finished is not None else None
     params = getattr(req_context, "kv_transfer_params", None)
-    params = params if isinstance(params, Mapping) else {}
+    if type(params) is not dict and not isinstance(params, Mapping):
+        params = {}
     probability = None
-    sources = [("the GPU plugin's release", plugin.probability if plugin else None)]
-    sources.append(
-        ("a request's kv_transfer_params lpc_probability", params.get("lpc_probability"))
-    )
-    for source, value in sources:
-        if value is None:
-            continue
+    value = plugin.probability if plugin is not None else None
+    if value is not None:
         if is_probability(value):
             probability = float(value)
-            break
-        if stats is not None:
-            stats.invalid_probability(source, value)
+        elif stats is not None:
+            stats.invalid_probability("the GPU plugin's release", value)
+    if probability is None:
+        value = params.get("lpc_probability")
+        if value is not None:
+            if is_probability(value):
+                probability = float(value)
+            elif stats is not None:
+                stats.invalid_probability("a request's kv_transfer_params lpc_probability", value)
     named = plugin.conversation_id if plugin is not None else None
     carried = params.get("lpc_conversation_id")
     conversation = (
@@ -394,13 +398,12 @@ class EvictorCachePolicy:
             return
         try:
             metadata = None if self.degraded else getattr(self.evictor, "metadata", None)
-            if metadata is not None:
-                for key in keys:
-                    record = chunks[key]
-                    if not record.provisional:
-                        record.held = metadata(record.slot)
             for key in keys:
-                chunks[key].provisional = True
+                record = chunks[key]
+                if not record.provisional:
+                    if metadata is not None:
+                        record.held = metadata(record.slot)
+                    record.provisional = True
             self._rerelease(keys, release, False)
         except Exception as error:
             self._failed(
@@ -739,7 +742,25 @@ class EvictorCachePolicy:
                 drop_claim(record.slot, drop)
             record.provisional = provisional
         if requeued:
-            self._enqueue(requeued)
+            self._push_released(requeued, release, provisional)
+
+    def _push_released(self, records: list[_Chunk], release: Release, provisional: bool) -> None:
+        """`_enqueue` of evictable chunks one release just re-keyed (`_rerelease`): one
+        release and kind, none pushed with it yet, so one push, tail first, with nothing to
+        look for (no `requeue`, no second release). The release path of every request."""
+        if len(records) > 1:
+            records = sorted(records, key=_DEPTH, reverse=True)  # stable: ties keep their order
+        key_of = self._key_of
+        slots = []
+        for record in records:
+            record.pushed = True
+            slots.append(record.slot)
+        freed = FreedBlocks(slots, [r.depth for r in records], [key_of[s] for s in slots])
+        evictor = self.evictor
+        if provisional:
+            getattr(evictor, "push_protected", evictor.push_cached)(freed, release)
+        else:
+            evictor.push_cached(freed, release)
 
     def _take_out(self, record: _Chunk, forget: bool) -> None:
         """Take an evictable chunk out of the evictor; with `forget`, drop its metadata too."""
