@@ -742,14 +742,14 @@ class EvictorCachePolicy:
                 drop_claim(record.slot, drop)
             record.provisional = provisional
         if requeued:
-            self._push_released(requeued, release, provisional)
+            # One release and kind, none pushed with it yet: one push, nothing for
+            # `_enqueue` to look for (the release path of every request).
+            requeued.sort(key=_DEPTH, reverse=True)  # stable: ties keep their order
+            self._push_sorted(requeued, release, provisional)
 
-    def _push_released(self, records: list[_Chunk], release: Release, provisional: bool) -> None:
-        """`_enqueue` of evictable chunks one release just re-keyed (`_rerelease`): one
-        release and kind, none pushed with it yet, so one push, tail first, with nothing to
-        look for (no `requeue`, no second release). The release path of every request."""
-        if len(records) > 1:
-            records = sorted(records, key=_DEPTH, reverse=True)  # stable: ties keep their order
+    def _push_sorted(self, records: list[_Chunk], release: Release, provisional: bool) -> None:
+        """One push of evictable chunks of one release and kind, sorted tail first, none
+        pushed with it yet: protected for a provisional release, cached for a final one."""
         key_of = self._key_of
         slots = []
         for record in records:
@@ -791,29 +791,11 @@ class EvictorCachePolicy:
             records = [r for r in records if not r.pushed]
             if not records:
                 return
-        for record in records:
-            record.pushed = True
-        first = records[0]
-        release, provisional = first.release, first.provisional
-        for record in records:
-            if record.release is not release or record.provisional is not provisional:
-                break
-        else:  # one release (a request's re-release): one push
-            slots = [r.slot for r in records]
-            freed = FreedBlocks(slots, [r.depth for r in records], [key_of[s] for s in slots])
-            if provisional:
-                getattr(evictor, "push_protected", evictor.push_cached)(freed, release)
-            else:
-                evictor.push_cached(freed, release)
-            return
         by_release: dict[tuple[int, bool], list[_Chunk]] = {}
         for record in records:
             by_release.setdefault((id(record.release), record.provisional), []).append(record)
-        protected = getattr(evictor, "push_protected", evictor.push_cached)
         for (_, provisional), group in by_release.items():
-            slots = [r.slot for r in group]
-            freed = FreedBlocks(slots, [r.depth for r in group], [key_of[s] for s in slots])
-            (protected if provisional else evictor.push_cached)(freed, group[0].release)
+            self._push_sorted(group, group[0].release, provisional)
 
     def _evict(self, n: int, protected: set[Any]) -> list[tuple[Any, Any]] | None:
         """The evictor's choice; records change only once it is complete, so an exception on
