@@ -8,8 +8,9 @@ either tier at least the best other pair's, and a TTFT p50 and p90 below every o
 pair's, at each CPU size. `lpc ab --offload-sizes` answers with the best other pair picked
 on the evaluation part itself (`two_tier.versus_best`): the largest of 41 noisy figures,
 the very choice-on-the-evaluation-part the protocol forbids for our own constants
-(docs/results.md, "The protocol"). This script makes that choice on the training part, so
-the evaluation part only reports. Both readings are printed.
+(docs/results.md, "The protocol: choices on the training part, intervals on the evaluation
+part"). This script makes that choice on the training part, so the evaluation part only
+reports. Both readings are printed.
 
 The rule, written on 2026-11-28 and committed before this script's first replay:
 
@@ -95,11 +96,22 @@ def best_others(results: Sequence[TwoTierResult]) -> dict[int, dict[str, tuple[s
     chosen: dict[int, dict[str, tuple[str, str]]] = {}
     for size in CPU_SIZES:
         others = [r for r in results if r.offload_tokens == size and pair(r) != SUBJECT]
+        if len({r.queried_tokens for r in others}) > 1:
+            raise ValueError(f"the pairs at {size} tokens replayed different requests")
         chosen[size] = {}
         for figure, (_, larger_better) in FIGURES.items():
             pick = max if larger_better else min
-            chosen[size][figure] = pair(pick(others, key=lambda r: getattr(r, figure)))
+            chosen[size][figure] = pair(pick(others, key=_value_of(figure)))
     return chosen
+
+
+def _value_of(figure: str):
+    """The figure a pick compares. The hit ratio as hit tokens (the pairs of one size share
+    their prompt tokens): the ratio is a sum of two floats, device and host, which rounds
+    differently for pairs with the same hits, and rule 2's ties must be exact ones."""
+    if figure == "hit_ratio":
+        return lambda r: r.device_hit_tokens + r.host_hit_tokens
+    return lambda r: getattr(r, figure)
 
 
 def report(
@@ -137,7 +149,8 @@ def _text(rows: list[dict]) -> str:
     lines = []
     for row in rows:
         size = row["offload_tokens"] // 1_000_000
-        unit = (100.0, "points") if row["figure"] == "hit_ratio" else (1000.0, "ms")
+        # hit ratio differences come in points already, TTFT ones in seconds
+        unit = (1.0, "points") if row["figure"] == "hit_ratio" else (1000.0, "ms")
         for reading in ("training", "evaluation"):
             r = row[reading]
             d = r["difference"]

@@ -95,3 +95,45 @@ def test_the_cpu_half_rule_as_written(monkeypatch) -> None:
     assert pick((0.284, 0.354, 0.386)) == "lpc-return-model"  # not below anywhere, higher mean
     assert pick((0.290, 0.350, 0.390)) == "lpc-pooled"  # higher mean, below at 16M
     assert pick((0.283, 0.354, 0.385)) == "lpc-pooled"  # equal everywhere: not higher
+
+
+def _pair_result(gpu: str, cpu: str, size: int, hit: float, p50: float, p90: float):
+    from types import SimpleNamespace
+
+    device = round(hit * 1000)  # hit tokens of 1,000 prompt tokens, split as a pair might
+    return SimpleNamespace(
+        policy=gpu,
+        offload_policy=cpu,
+        offload_tokens=size,
+        queried_tokens=1000,
+        device_hit_tokens=device // 3,
+        host_hit_tokens=device - device // 3,
+        hit_ratio=hit,
+        ttft_p50_s=p50,
+        ttft_p90_s=p90,
+    )
+
+
+def test_the_best_other_pair_rule_as_written(monkeypatch) -> None:
+    study = _load("two_tier_best_pair", monkeypatch)
+    results = []
+    for size in study.CPU_SIZES:
+        results += [
+            # LPC in both tiers is never its own competitor, even when it leads
+            _pair_result("lpc-pooled", "lpc-pooled", size, 0.50, 0.100, 0.500),
+            _pair_result("lru", "lru", size, 0.30, 0.140, 0.700),
+            _pair_result("lhd", "lpc-pooled", size, 0.32, 0.150, 0.690),
+            _pair_result("wa", "lhd", size, 0.32, 0.120, 0.710),  # ties on hits: grid order
+        ]
+        # the same hits, another device/host split: its float ratio rounds higher, and
+        # must not win the tie
+        results[-1].device_hit_tokens += 1
+        results[-1].host_hit_tokens -= 1
+        results[-1].hit_ratio += 1e-15
+    chosen = study.best_others(results)
+    for size in study.CPU_SIZES:
+        assert chosen[size] == {
+            "hit_ratio": ("lhd", "lpc-pooled"),
+            "ttft_p50_s": ("wa", "lhd"),
+            "ttft_p90_s": ("lhd", "lpc-pooled"),
+        }
