@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -105,7 +105,7 @@ def best_others(results: Sequence[TwoTierResult]) -> dict[int, dict[str, tuple[s
     return chosen
 
 
-def _value_of(figure: str):
+def _value_of(figure: str) -> Callable[[TwoTierResult], float]:
     """The figure a pick compares. The hit ratio as hit tokens (the pairs of one size share
     their prompt tokens): the ratio is a sum of two floats, device and host, which rounds
     differently for pairs with the same hits, and rule 2's ties must be exact ones."""
