@@ -137,3 +137,32 @@ def test_the_best_other_pair_rule_as_written(monkeypatch) -> None:
             "ttft_p50_s": ("wa", "lhd"),
             "ttft_p90_s": ("lhd", "lpc-pooled"),
         }
+
+
+def test_the_gpu_addition_split(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    study = _load("two_tier_gpu_addition", monkeypatch)
+    arrival = study.ARRIVAL
+    failed = study.two_tier_grid.FAILED
+    requests = [SimpleNamespace(num_prompt_tokens=n) for n in (100, 100, 100, 100)]
+    workload = SimpleNamespace(
+        block_size=10,
+        first_counted=1,  # request 0 warms the tiers and is not counted
+        cache_requests=requests,
+        events=[(float(i), arrival, i) for i in range(4)] + [(9.0, "finish", 0)],
+    )
+    trace = SimpleNamespace(device_blocks=[5, 3, failed, 2])  # request 2 was not served
+    tier = study.RecordingTier(SimpleNamespace())
+    # (CPU hit after the GPU's, the CPU tier's own prefix) per served arrival: 0, 1, 3
+    tier.calls = [(0, 9), (2, 5), (1, 4)]
+    shares = study.split_hits(workload, trace, tier)
+    # request 1: 3 + 2 = 5 blocks, all the CPU's own; request 3: 2 + 1 = 3 of an own 4
+    assert shares == {
+        "either": 80 / 200,
+        "cpu_own_prefix": 90 / 200,
+        "gpu_added": 0.0,
+        "cpu_prefix_unused": 10 / 200,
+    }
+    tier.calls = [(0, 9), (4, 2), (1, 4)]  # request 1: 3 + 4 = 7 blocks, its CPU held 2
+    assert study.split_hits(workload, trace, tier)["gpu_added"] == 50 / 200
