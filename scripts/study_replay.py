@@ -8,17 +8,65 @@ for the replay and restored after it, whatever happens.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import eviction.registry as registry
-from lpc.replay.ab_pipeline import ABOptions, run_ab
+from lpc.access.source import access_source_factory
+from lpc.replay.ab_pipeline import ABOptions, ABOutcome, run_ab
 from lpc.replay.policies import parse_policies
+from lpc.replay.two_tier import TierSettings
 
 # The training part alone: split at its middle, stopped at the default cut (1,768 s).
 TRAINING_PART = {"split_at": 884.0, "replay_until_s": 1768.0}
+# The access model `lpc ab --trace mooncake` reads by default (trained on the default split).
+SHIPPED_ACCESS_MODEL = Path(__file__).resolve().parents[1] / "models" / "mooncake-access"
+
+
+def quiet(_: str) -> None:
+    """A replay's log, dropped: `--json` prints the report alone."""
+
+
+def two_tier_ab(
+    model: Path,
+    gpu_policies: str,
+    cpu_policies: str,
+    gpu_tokens: int,
+    cpu_sizes: Sequence[int],
+    out: Path,
+    **options: Any,
+) -> ABOutcome:
+    """`lpc ab --trace mooncake` of every GPU × CPU policy pair, one GPU size, the CPU sizes,
+    with the access model in `model`; `options` go to `ABOptions` (e.g. `TRAINING_PART`)."""
+    return run_ab(
+        ABOptions(
+            trace=Path("mooncake"),
+            policies=tuple(parse_policies(gpu_policies)),
+            cache_sizes_tokens=(gpu_tokens,),
+            tiers=TierSettings(tuple(cpu_sizes), tuple(parse_policies(cpu_policies))),
+            model_reads_text=False,
+            out_dir=out,
+            progress=False,
+            **options,
+        ),
+        model_factory=access_source_factory(model, log=quiet),
+        log=quiet,
+    )
+
+
+def two_part_arguments(doc: str, out: str) -> argparse.Namespace:
+    """The command line of a script that replays the training part with `--model` (an access
+    model trained before 884 s) and the evaluation part with the shipped one."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument(
+        "--model", type=Path, required=True, help="access model trained before 884 s"
+    )
+    parser.add_argument("--out", type=Path, default=Path(out))
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    return parser.parse_args()
 
 
 def replay_with_return_evictor(

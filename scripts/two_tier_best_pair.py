@@ -39,26 +39,21 @@ each goal is read against.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from study_replay import TRAINING_PART
+from study_replay import SHIPPED_ACCESS_MODEL, TRAINING_PART, two_part_arguments, two_tier_ab
 
-from lpc.access.source import access_source_factory
-from lpc.replay.ab_pipeline import ABOptions, run_ab
 from lpc.replay.latency import TierLatency
-from lpc.replay.policies import parse_policies
-from lpc.replay.two_tier import TierSettings, TwoTierResult
+from lpc.replay.two_tier import TwoTierResult
 from lpc.replay.two_tier_intervals import SUBJECT, pair_difference
 
 GPU_TOKENS = 2_500_000
 CPU_SIZES = (8_000_000, 16_000_000, 32_000_000)
 GPU_POLICIES = "lru,lpc-pooled,wa,sae,lhd,session-ref"
 CPU_POLICIES = "lru,arc,lpc-pooled,wa,sae,lhd,session-ref"
-SHIPPED_MODEL = Path(__file__).resolve().parents[1] / "models" / "mooncake-access"
 # figure -> (the attribute of `PairDifference`, whether larger is better)
 FIGURES = {
     "hit_ratio": ("hit_ratio_points", True),
@@ -67,24 +62,10 @@ FIGURES = {
 }
 
 
-def _quiet(_: str) -> None:
-    """The replay's log, dropped: `--json` prints the report alone."""
-
-
 def grid(model: Path, out: Path, **options: object) -> list[TwoTierResult]:
     """Every pair of the grid at the three CPU sizes, as `lpc ab --offload-sizes` runs it."""
-    ab_options = ABOptions(
-        trace=Path("mooncake"),
-        policies=tuple(parse_policies(GPU_POLICIES)),
-        cache_sizes_tokens=(GPU_TOKENS,),
-        tiers=TierSettings(CPU_SIZES, tuple(parse_policies(CPU_POLICIES))),
-        model_reads_text=False,
-        out_dir=out,
-        progress=False,
-        **options,  # type: ignore[arg-type]
-    )
-    factory = access_source_factory(model, log=_quiet)
-    return list(run_ab(ab_options, model_factory=factory, log=_quiet).two_tier)
+    outcome = two_tier_ab(model, GPU_POLICIES, CPU_POLICIES, GPU_TOKENS, CPU_SIZES, out, **options)
+    return list(outcome.two_tier)
 
 
 def pair(result: TwoTierResult) -> tuple[str, str]:
@@ -164,15 +145,9 @@ def _text(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--model", type=Path, required=True, help="access model trained before 884 s"
-    )
-    parser.add_argument("--out", type=Path, default=Path("results/two-tier-best-pair"))
-    parser.add_argument("--json", action="store_true", help="print JSON")
-    args = parser.parse_args()
+    args = two_part_arguments(__doc__, "results/two-tier-best-pair")
     training = grid(args.model, args.out / "training", **TRAINING_PART)
-    evaluation = grid(SHIPPED_MODEL, args.out / "evaluation")
+    evaluation = grid(SHIPPED_ACCESS_MODEL, args.out / "evaluation")
     rows = report(training, evaluation)
     training_figures = [
         {

@@ -18,27 +18,21 @@ the shipped access model), GPU 2.5M tokens, CPU 8M / 16M / 32M tokens.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from study_replay import TRAINING_PART
+from study_replay import SHIPPED_ACCESS_MODEL, TRAINING_PART, two_part_arguments, two_tier_ab
 
 import lpc.replay.ab_pipeline as ab_pipeline
 import lpc.replay.two_tier_grid as two_tier_grid
-from lpc.access.source import access_source_factory
-from lpc.replay.ab_pipeline import ABOptions, run_ab
-from lpc.replay.policies import parse_policies
-from lpc.replay.two_tier import TierSettings
 from lpc.workload import ARRIVAL
 
 GPU_TOKENS = 2_500_000
 CPU_SIZES = (8_000_000, 16_000_000, 32_000_000)
 GPU_POLICIES = "lru,lpc-pooled,lhd"
 CPU_POLICIES = "lpc-pooled,lru"
-SHIPPED_MODEL = Path(__file__).resolve().parents[1] / "models" / "mooncake-access"
 
 
 class RecordingTier:
@@ -130,40 +124,17 @@ def measure(model: Path, out: Path, **options: Any) -> list[dict[str, Any]]:
 
     ab_pipeline._two_tier_grid = grid_and_split
     try:
-        run_ab(
-            ABOptions(
-                trace=Path("mooncake"),
-                policies=tuple(parse_policies(GPU_POLICIES)),
-                cache_sizes_tokens=(GPU_TOKENS,),
-                tiers=TierSettings(CPU_SIZES, tuple(parse_policies(CPU_POLICIES))),
-                model_reads_text=False,
-                out_dir=out,
-                progress=False,
-                **options,
-            ),
-            model_factory=access_source_factory(model, log=_quiet),
-            log=_quiet,
-        )
+        two_tier_ab(model, GPU_POLICIES, CPU_POLICIES, GPU_TOKENS, CPU_SIZES, out, **options)
     finally:
         ab_pipeline._two_tier_grid = original
     return rows
 
 
-def _quiet(_: str) -> None:
-    """The replay's log, dropped: `--json` prints the report alone."""
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--model", type=Path, required=True, help="access model trained before 884 s"
-    )
-    parser.add_argument("--out", type=Path, default=Path("results/two-tier-gpu-addition"))
-    parser.add_argument("--json", action="store_true", help="print JSON")
-    args = parser.parse_args()
+    args = two_part_arguments(__doc__, "results/two-tier-gpu-addition")
     report = {
         "training": measure(args.model, args.out / "training", **TRAINING_PART),
-        "evaluation": measure(SHIPPED_MODEL, args.out / "evaluation"),
+        "evaluation": measure(SHIPPED_ACCESS_MODEL, args.out / "evaluation"),
     }
     if args.json:
         print(json.dumps(report, indent=2))
