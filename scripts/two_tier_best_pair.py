@@ -43,6 +43,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from study_replay import SHIPPED_ACCESS_MODEL, TRAINING_PART, two_part_arguments, two_tier_ab
 
@@ -107,11 +108,14 @@ def report(
         here = {pair(r): r for r in evaluation if r.offload_tokens == size}
         there = {pair(r): r for r in training if r.offload_tokens == size}
         me = here[SUBJECT]
+        differences: dict[tuple[str, str], Any] = {}  # other pair -> its three differences
         for figure, (attribute, larger_better) in FIGURES.items():
             row: dict[str, object] = {"offload_tokens": size, "figure": figure}
             for reading, chosen in (("training", on_training), ("evaluation", on_evaluation)):
                 other = here[chosen[size][figure]]
-                difference = getattr(pair_difference(me, other, latency), attribute)
+                if pair(other) not in differences:
+                    differences[pair(other)] = pair_difference(me, other, latency)
+                difference = getattr(differences[pair(other)], attribute)
                 value = difference.value
                 row[reading] = {
                     "best_other": " + ".join(chosen[size][figure]),

@@ -33,12 +33,7 @@ import argparse
 import json
 from pathlib import Path
 
-from study_replay import TRAINING_PART
-
-from lpc.access.source import access_source_factory
-from lpc.replay.ab_pipeline import ABOptions, run_ab
-from lpc.replay.policies import parse_policies
-from lpc.replay.two_tier import TierSettings
+from study_replay import TRAINING_PART, two_tier_ab
 
 GPU_TOKENS = 2_500_000
 CPU_SIZES = (8_000_000, 16_000_000, 32_000_000)
@@ -46,25 +41,19 @@ GPU_POLICY = "lpc-pooled"
 CANDIDATES = ("lpc-pooled", "lpc-return-model")
 
 
-def _quiet(_: str) -> None:
-    """The replay's log, dropped: `--json` prints the report alone."""
-
-
 def either_tier(model: Path, return_model: Path, out: Path) -> dict[str, dict[int, float]]:
     """The either-tier hit ratio per CPU policy and CPU size on the training part."""
-    options = ABOptions(
-        trace=Path("mooncake"),
-        policies=tuple(parse_policies(GPU_POLICY)),
-        cache_sizes_tokens=(GPU_TOKENS,),
-        tiers=TierSettings(CPU_SIZES, tuple(parse_policies(",".join((*CANDIDATES, "lru"))))),
+    cpu_policies = ",".join((*CANDIDATES, "lru"))
+    outcome = two_tier_ab(
+        model,
+        GPU_POLICY,
+        cpu_policies,
+        GPU_TOKENS,
+        CPU_SIZES,
+        out,
         return_model=return_model,
-        model_reads_text=False,
-        out_dir=out,
-        progress=False,
         **TRAINING_PART,
     )
-    factory = access_source_factory(model, log=_quiet)
-    outcome = run_ab(options, model_factory=factory, log=_quiet)
     ratios: dict[str, dict[int, float]] = {}
     for result in outcome.two_tier:
         if result.policy == GPU_POLICY:
