@@ -127,6 +127,24 @@ def test_ab_binary_file_as_jsonl(bad_data, tmp_path: Path):
     assert_one_line_error(result, "ab", "picture.jsonl", "not JSON Lines")
 
 
+def test_ab_refuses_bad_data_before_it_loads_torch(bad_data, tmp_path: Path):
+    """The default policies need the bundled text model, whose predictor brings torch (seconds
+    to import); the data set is read first, so bad data is refused without it."""
+    probe = (
+        "import sys\n"
+        "from lpc.cli.main import main\n"
+        f"status = main(['ab', '--dataset', {str(bad_data['png'])!r}, '--format', 'lmsys',"
+        f" '--out', {str(tmp_path)!r}])\n"
+        "print('exit', status, 'torch' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert "not JSON Lines" in done.stderr, done.stderr[-2000:]
+    assert done.stdout.split()[-3:] == ["exit", "2", "False"], done.stdout[-2000:]
+
+
 @pytest.mark.parametrize("verb", ["ab", "train"])
 def test_no_usable_conversation_is_refused_with_what_was_skipped(bad_data, tmp_path, verb):
     out = tmp_path / "out"
