@@ -20,6 +20,11 @@ PNG_BYTES = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)) * 4 + b"\
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_python("-m", "lpc.cli", *args)
+
+
+def run_python(*argv: str) -> subprocess.CompletedProcess[str]:
+    """This checkout's Python in a fresh process, offline (no hub), from the repository root."""
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO_ROOT),
@@ -27,7 +32,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         "HF_DATASETS_OFFLINE": "1",
     }
     return subprocess.run(
-        [sys.executable, "-m", "lpc.cli", *args],
+        [sys.executable, *argv],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,
@@ -137,10 +142,7 @@ def test_ab_refuses_bad_data_before_it_loads_torch(bad_data, tmp_path: Path):
         f" '--out', {str(tmp_path)!r}])\n"
         "print('exit', status, 'torch' in sys.modules)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300
-    )
+    done = run_python("-c", probe)
     assert "not JSON Lines" in done.stderr, done.stderr[-2000:]
     assert done.stdout.split()[-3:] == ["exit", "2", "False"], done.stdout[-2000:]
 

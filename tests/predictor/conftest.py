@@ -171,11 +171,8 @@ def imported_e5(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Pat
     shared = tmp_path_factory.getbasetemp().parent / "e5"
     shared.mkdir(exist_ok=True)
     with (shared / "import.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            return import_e5(shared / "multilingual-e5-small-q4").path
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return import_e5(shared / "multilingual-e5-small-q4").path
 
 
 @pytest.fixture(scope="session")
