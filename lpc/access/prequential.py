@@ -118,7 +118,7 @@ def window_training_options(
     training part ending at the window's start (`--split-at` in seconds)."""
     return (
         TraceTrainOptions(trace=trace, split_at=window.start_s),
-        ReturnTrainOptions(trace=trace, split_at=window.start_s, classifier=None),
+        ReturnTrainOptions(trace=trace, split_at=window.start_s, classifier=None, intervals=0),
     )
 
 

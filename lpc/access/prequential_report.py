@@ -131,7 +131,8 @@ def _ci(ci: Sequence[float] | None) -> str:
 
 def quality_rows(windows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """One row per window: the classifier's AUC at 180 s, the hazard model's C / IBS / AUC at
-    60, 180, 600 s, and Kaplan–Meier per turn's C beside it."""
+    60, 180, 600 s, each with its 95 % interval where the window's JSON has one, and
+    Kaplan–Meier per turn's C beside it."""
     header = [
         "window",
         "releases (classifier / hazard)",
@@ -146,14 +147,16 @@ def quality_rows(windows: Sequence[dict[str, Any]]) -> tuple[list[str], list[lis
         clf, hz = window["quality"]["classifier"], window["quality"]["return_model"]
         model, km = hz["model"], hz["km_per_turn"]
         auc = model["auc"]
+        ci = model.get("ci95") or {}
+        auc_ci = ci.get("auc") or {}
         rows.append(
             [
                 window_label(window),
                 f"{clf['samples']:,} / {hz['samples']:,}",
                 f"{clf['roc_auc']['value']:.3f}{_ci(clf['roc_auc']['ci95'])}",
                 f"{model['concordance']:.3f}{_ci(model['concordance_ci95'])}",
-                _number(model["integrated_brier"]),
-                " / ".join(_number(auc[t]) for t in ("60", "180", "600")),
+                f"{_number(model['integrated_brier'])}{_ci(ci.get('integrated_brier'))}",
+                " / ".join(f"{_number(auc[t])}{_ci(auc_ci.get(t))}" for t in ("60", "180", "600")),
                 f"{_number(km['concordance'])} / {_number(km['auc']['180'])}",
             ]
         )

@@ -24,6 +24,13 @@ from lpc.traces.timeline import DEFAULT_SPLIT_AT
 from predictor.access_features import check_names, default_feature_names, feature_frame
 from predictor.return_time import ReturnTimePredictor, save_return_model
 from training.access_data import DEFAULT_ACCESS_HORIZON_S, DEFAULT_VALIDATION_FRACTION
+from training.quality_intervals import (
+    DEFAULT_RESAMPLES,
+    CurveSource,
+    HorizonSource,
+    Source,
+    quality_intervals,
+)
 from training.return_data import return_samples
 from training.return_fit import (
     ReturnFitConfig,
@@ -47,6 +54,9 @@ class ReturnTrainOptions:
     features: tuple[str, ...] | None = None
     classifier: Path | None = DEFAULT_CLASSIFIER  # None: no classifier baseline
     fit: ReturnFitConfig = field(default_factory=ReturnFitConfig)
+    # bootstrap resamples (over the evaluation part's conversations) of the quality figures'
+    # 95 % intervals; 0: none
+    intervals: int = DEFAULT_RESAMPLES
 
 
 @dataclass
@@ -93,18 +103,16 @@ def train_return_on_trace(options: ReturnTrainOptions, out: Path | None) -> Retu
     censoring = censoring_survival(training.targets.time_s, training.targets.observed)
     turn_km = fit_turn_kaplan_meier(training, km_grid(result.grid_s))
 
-    def score(part_name: str) -> dict[str, Any]:
-        part = samples.parts[part_name]
-        t, e = part.targets.time_s, part.targets.observed
-        model = predictor.survival(part.features)
-        return {
-            "model": curve_quality(t, e, result.grid_s, model, censoring),
-            "km_per_turn": curve_quality(
-                t, e, turn_km.grid_s, turn_km.survival(part.turn_index), censoring
-            ),
-        }
-
-    quality = score("evaluation")
+    t, e = evaluation.targets.time_s, evaluation.targets.observed
+    sources: dict[str, Source] = {
+        "model": CurveSource(result.grid_s, predictor.survival(evaluation.features)),
+        "km_per_turn": CurveSource(turn_km.grid_s, turn_km.survival(evaluation.turn_index)),
+    }
+    quality: dict[str, Any] = {
+        name: curve_quality(t, e, source.grid_s, source.survival, censoring)
+        for name, source in sources.items()
+        if isinstance(source, CurveSource)
+    }
     classifier_info = None
     if options.classifier is not None:
         from predictor.access_predictor import AccessPredictor
@@ -113,14 +121,21 @@ def train_return_on_trace(options: ReturnTrainOptions, out: Path | None) -> Retu
         rows = evaluation.rows
         features = feature_frame(table, classifier.feature_names).to_numpy()[rows]
         horizon = classifier.horizon_s or DEFAULT_ACCESS_HORIZON_S
-        quality["classifier"] = horizon_quality(
-            evaluation.targets.time_s,
-            evaluation.targets.observed,
-            classifier.predict(features),
-            horizon,
-            censoring,
-        )
+        p_within = classifier.predict(features)
+        sources["classifier"] = HorizonSource(horizon, p_within)
+        quality["classifier"] = horizon_quality(t, e, p_within, horizon, censoring)
         classifier_info = {"path": str(options.classifier), "horizon_s": horizon}
+    intervals = None
+    if options.intervals > 0:
+        intervals = quality_intervals(
+            t,
+            e,
+            table["conversation_id"].to_numpy()[evaluation.rows],
+            sources,
+            censoring,
+            n_resamples=options.intervals,
+            differences=(("model", "km_per_turn"), ("model", "classifier")),
+        )
     report: dict[str, Any] = {
         "trace": str(options.trace),
         "format": trace.format,
@@ -143,6 +158,7 @@ def train_return_on_trace(options: ReturnTrainOptions, out: Path | None) -> Retu
         },
         "classifier": classifier_info,
         "quality": quality,
+        "quality_ci95": intervals,
     }
     if out is not None:
         fingerprint = hashlib.sha256(

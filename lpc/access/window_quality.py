@@ -7,9 +7,10 @@ whole trace (a return after t + Δ is still a return): the classifier's ROC-AUC 
 on the rows whose label is known (a row whose horizon runs past the trace's end with no next
 request is dropped, `training.access_data.horizon_labels`), the hazard model's C, integrated
 Brier score and AUC at 60 / 180 / 600 s with IPCW from the window's training part
-(`training.return_quality`). The AUC and C carry a 95 % bootstrap interval over the window's
+(`training.return_quality`). Every figure carries a 95 % bootstrap interval over the window's
 conversations: a conversation's releases share its history, so conversations, not rows, are
-resampled.
+resampled (`training.quality_intervals` for the hazard model and Kaplan–Meier, the same draws
+for both).
 """
 
 from __future__ import annotations
@@ -26,14 +27,11 @@ from predictor.access_features import feature_frame
 from predictor.access_predictor import AccessPredictor
 from predictor.return_time import ReturnTimePredictor
 from training.access_data import DEFAULT_VALIDATION_FRACTION, horizon_labels
+from training.quality_intervals import CurveSource, quality_intervals
 from training.return_data import return_samples
 from training.return_fit import fit_turn_kaplan_meier, km_grid
-from training.return_quality import CONCORDANCE_HORIZON_S, curve_quality
-from training.survival_metrics import (
-    censoring_survival,
-    concordance_index,
-    survival_on_times,
-)
+from training.return_quality import curve_quality
+from training.survival_metrics import censoring_survival
 
 N_RESAMPLES = 1000
 CONFIDENCE = 0.95
@@ -92,18 +90,6 @@ def _weighted_auc(labels: np.ndarray, scores: np.ndarray) -> Callable[[np.ndarra
     return auc
 
 
-def _repeated_concordance(
-    time_s: np.ndarray, observed: np.ndarray, risk: np.ndarray
-) -> Callable[[np.ndarray], float]:
-    def concordance(weights: np.ndarray) -> float:
-        repeats = weights.astype(np.int64)
-        return concordance_index(
-            np.repeat(time_s, repeats), np.repeat(observed, repeats), np.repeat(risk, repeats)
-        )
-
-    return concordance
-
-
 def window_rows(table: pd.DataFrame, start_s: float, end_s: float) -> np.ndarray:
     """Positions (in the arrival-sorted table) of the requests arriving in [start_s, end_s)."""
     arrivals = table["arrival_s"].to_numpy()
@@ -145,9 +131,10 @@ def hazard_quality(
     validation_fraction: float = DEFAULT_VALIDATION_FRACTION,
     n_resamples: int = N_RESAMPLES,
 ) -> dict[str, Any]:
-    """C (with its interval), integrated Brier and AUC(t) of the hazard model on the window's
-    releases, beside Kaplan–Meier per turn fitted on the same training part (the cut at
-    `start_s`); targets censored at the trace's end, G from the training part."""
+    """C, integrated Brier and AUC(t) of the hazard model on the window's releases, beside
+    Kaplan–Meier per turn fitted on the same training part (the cut at `start_s`), each with
+    its 95 % interval and the model − KM differences paired (`training.quality_intervals`);
+    targets censored at the trace's end, G from the training part."""
     samples = return_samples(table, model.feature_names, start_s, validation_fraction)
     training, evaluation = samples.parts["training"], samples.parts["evaluation"]
     end_row = int(np.searchsorted(table["arrival_s"].to_numpy(), end_s, side="left"))
@@ -159,15 +146,32 @@ def hazard_quality(
     survival = model.survival(features)
     turn_km = fit_turn_kaplan_meier(training, km_grid(model.grid_s))
     km_survival = turn_km.survival(evaluation.turn_index[inside])
-    risk = 1.0 - survival_on_times(model.grid_s, survival, np.array([CONCORDANCE_HORIZON_S]))[:, 0]
     conversations = table["conversation_id"].to_numpy()[evaluation.rows[inside]]
-    c = conversation_bootstrap(_repeated_concordance(t, e, risk), conversations, n_resamples)
+    sources = {
+        "model": CurveSource(model.grid_s, survival),
+        "km_per_turn": CurveSource(turn_km.grid_s, km_survival),
+    }
+    intervals = quality_intervals(
+        t,
+        e,
+        conversations,
+        sources,
+        censoring,
+        n_resamples,
+        differences=(("model", "km_per_turn"),),
+    )
+    model_ci = intervals["sources"]["model"]
     return {
         "samples": int(t.size),
         "returned": int(e.sum()),
         "model": {
             **curve_quality(t, e, model.grid_s, survival, censoring),
-            "concordance_ci95": c.to_dict()["ci95"],
+            "concordance_ci95": model_ci["concordance"],
+            "ci95": model_ci,
         },
-        "km_per_turn": curve_quality(t, e, turn_km.grid_s, km_survival, censoring),
+        "km_per_turn": {
+            **curve_quality(t, e, turn_km.grid_s, km_survival, censoring),
+            "ci95": intervals["sources"]["km_per_turn"],
+        },
+        "model_minus_km_ci95": intervals["differences"]["model - km_per_turn"],
     }

@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
-from lpc.cli.arg_types import positive_float
+from lpc.cli.arg_types import non_negative_int, positive_float
 from lpc.replay.latency import QWEN3_8B, TierLatency
 
 _DEFAULTS = TierLatency()
@@ -21,16 +21,6 @@ def _non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -56,7 +46,7 @@ def add_tier_arguments(
     )
     group.add_argument(
         "--offload-store-threshold",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=0,
         help="store a block in the CPU tier only once it was offered this many times "
         "(vLLM's store_threshold; 0 or 1: always; default: %(default)s)",

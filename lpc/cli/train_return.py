@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from lpc.cli import extras
-from lpc.cli.arg_types import positive_int, split_at
+from lpc.cli.arg_types import non_negative_int, positive_int, split_at
 from lpc.errors import CommandError, UserError
 
 DESCRIPTION = """\
@@ -63,6 +63,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="train on the likelihood only: no gradient-boosted teacher, no distilled "
         "student candidates (the recipe before 2026-11-28)",
+    )
+    p.add_argument(
+        "--intervals",
+        type=non_negative_int,
+        default=1000,
+        metavar="RESAMPLES",
+        help="bootstrap resamples over the evaluation part's conversations for the quality "
+        "figures' 95 %% intervals, paired across sources; 0: none (default: %(default)s)",
     )
     p.add_argument(
         "--bench",
@@ -128,6 +136,7 @@ def _print_report(report: dict) -> None:
             f"{_fmt(auc.get('60')):>7}{_fmt(auc.get('180')):>8}{_fmt(auc.get('600')):>8}"
             f"{_fmt(brier.get('180')):>7}"
         )
+    _print_intervals(report.get("quality_ci95"), labels)
     if "bench" in report:
         b = report["bench"]
         print(
@@ -139,6 +148,30 @@ def _print_report(report: dict) -> None:
     print(f"load {t['load_s']:.1f} s, fit {t['fit_s']:.1f} s, total {t['total_s']:.1f} s")
     if "out" in report:
         print(f"wrote {report['out']}")
+
+
+def _interval(interval: list[float] | None) -> str:
+    return "—" if interval is None else f"[{interval[0]:.3f}, {interval[1]:.3f}]"
+
+
+def _print_intervals(intervals: dict | None, labels: dict[str, str]) -> None:
+    """The 95 % intervals of the quality table, and the paired differences between sources."""
+    if not intervals:
+        return
+    print(
+        f"\n95 % intervals ({intervals['resamples']} resamples of the evaluation part's "
+        "conversations; differences paired):"
+    )
+    rows = [(labels.get(k, k), q) for k, q in intervals["sources"].items()]
+    for pair, q in intervals["differences"].items():
+        a, b = pair.split(" - ")
+        rows.append((f"{labels.get(a, a)} − {labels.get(b, b)}", q))
+    for label, q in rows:
+        figures = [f"C {_interval(q.get('concordance'))}"]
+        if q.get("integrated_brier") is not None:
+            figures.append(f"IBS {_interval(q['integrated_brier'])}")
+        figures += [f"AUC{at} {_interval(v)}" for at, v in q.get("auc", {}).items()]
+        print(f"  {label}: " + ", ".join(figures))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -157,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
         validation_fraction=args.validation_share,
         classifier=None if args.no_classifier else args.classifier,
         fit=ReturnFitConfig(max_epochs=args.max_epochs, seed=args.seed, distil=not args.no_distil),
+        intervals=args.intervals,
     )
     try:
         outcome = train_return_on_trace(options, args.out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,37 @@ def test_report_and_artifact(trained) -> None:
         report["quality"]["model"]["concordance"]
     )
     assert isinstance(predictor.curves(predictor.mean[None, :].astype(float))[0], ReturnCurve)
+
+
+def test_every_quality_figure_has_its_interval(trained) -> None:
+    _, report = trained
+    intervals = report["quality_ci95"]
+    assert intervals["resamples"] == 1000 and intervals["confidence"] == 0.95
+    for name, quality in report["quality"].items():
+        ci = intervals["sources"][name]
+        for figure in ("concordance", "integrated_brier"):
+            low, high = ci[figure]
+            assert low <= quality[figure] <= high
+        for at in ("60", "180", "600"):
+            if math.isnan(quality["auc"][at]):  # no control followed that long in the slice
+                assert ci["auc"][at] is None
+                continue
+            low, high = ci["auc"][at]
+            assert low <= quality["auc"][at] <= high
+    difference = intervals["differences"]["model - km_per_turn"]["concordance"]
+    point = (
+        report["quality"]["model"]["concordance"] - report["quality"]["km_per_turn"]["concordance"]
+    )
+    assert difference[0] <= point <= difference[1]
+    assert set(intervals["differences"]) == {"model - km_per_turn"}  # no classifier scored
+
+
+def test_negative_resamples_are_refused(capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["train-return", "--intervals", "-1"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "--intervals" in err and "must be >= 0" in err
 
 
 def test_out_is_not_overwritten(trained) -> None:
