@@ -6,10 +6,11 @@
 `lpc-pooled` recognises a shared prefix through a hash memory: a content released by another
 conversation within the last `memory_window_s` seconds (600 s) is shared, and a shared block's
 probability is at least `p_shared` (eviction/lpc_pooled.py). The 600 s come from how long an
-LRU cache of 16M tokens keeps a block on the training part (docs/results.md, "The protocol",
-rule 3). A CPU tier of 8M–32M tokens behind a GPU tier keeps its chunks longer than that, so
-in the CPU tier the memory may forget a sharing that the tier itself still shows, and a
-popular prefix reused every 15 minutes is ranked as one conversation's private block.
+LRU cache of 16M tokens keeps a block on the training part (docs/results.md, "The protocol:
+choices on the training part, intervals on the evaluation part", rule 3). A CPU tier of
+8M–32M tokens behind a GPU tier keeps its chunks longer than that, so in the CPU tier the
+memory may forget a sharing that the tier itself still shows, and a popular prefix reused
+every 15 minutes is ranked as one conversation's private block.
 
 The rule, written on 2026-11-29 before this script's first replay (the evaluation part was not
 replayed with any memory window but 600 s):
