@@ -112,3 +112,17 @@ def test_a_mismatched_conversation_column_is_refused() -> None:
         quality_intervals(
             time_s, observed, conversations[:-1], {"m": CurveSource(grid_s, survival)}, censoring
         )
+
+
+def test_blocks_of_resamples_give_the_same_figures(monkeypatch) -> None:
+    import training.quality_intervals as qi
+
+    time_s, observed, grid_s, survival, conversations, censoring = synthetic_part(6)
+    weights = resample_weights(conversations, 9, seed=2)
+    source = CurveSource(grid_s, survival)
+    whole = figure_draws(weights, time_s, observed, source, censoring)
+    monkeypatch.setattr(qi, "BLOCK_BYTES", 8 * 2 * (time_s.size + 1))  # two resamples a block
+    assert len(qi.resample_blocks(weights, time_s.size)) == 5
+    split = figure_draws(weights, time_s, observed, source, censoring)
+    for figure, values in whole.items():
+        assert np.allclose(values, split[figure], rtol=1e-12, atol=0, equal_nan=True), figure
