@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from training.return_quality import CONCORDANCE_HORIZON_S, HORIZONS_S, IBS_GRID_S
-from training.survival_metrics import StepSurvival, survival_on_times
+from training.survival_metrics import StepSurvival, brier_losses, survival_on_times
 
 DEFAULT_RESAMPLES = 1000
 CONFIDENCE = 0.95
@@ -172,25 +172,6 @@ def weighted_auc(
             undefined = (block[:, cases].sum(1) == 0) | (cumulative[:, -1] == 0)
             out.append(np.where(undefined | (denominator <= 0), np.nan, numerator / denominator))
     return np.concatenate(out)
-
-
-def brier_losses(
-    time_s: np.ndarray,
-    observed: np.ndarray,
-    survival_at_t: np.ndarray,
-    t_s: float,
-    censoring: StepSurvival,
-) -> np.ndarray:
-    """Each release's IPCW Brier loss at `t_s`; their mean is `survival_metrics.brier_score`."""
-    time_s = np.asarray(time_s, float)
-    s = np.asarray(survival_at_t, float)
-    returned = np.asarray(observed, bool) & (time_s <= t_s)
-    g_event = censoring.value_before(time_s)
-    g_t = float(censoring.value_at(t_s))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        case = np.where(returned & (g_event > 0), s**2 / g_event, 0.0)
-    control = np.where(time_s > t_s, (1.0 - s) ** 2 / g_t, 0.0) if g_t > 0 else np.zeros_like(s)
-    return case + control
 
 
 def weighted_mean(weights: np.ndarray, losses: np.ndarray) -> np.ndarray:

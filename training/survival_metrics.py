@@ -96,14 +96,15 @@ def concordance_index(time_s: np.ndarray, observed: np.ndarray, risk: np.ndarray
     return float(concordant / comparable)
 
 
-def brier_score(
+def brier_losses(
     time_s: np.ndarray,
     observed: np.ndarray,
     survival_at_t: np.ndarray,
     t_s: float,
     censoring: StepSurvival,
-) -> float:
-    """IPCW Brier score at `t_s` of predictions S_i(t) (Graf et al. 1999)."""
+) -> np.ndarray:
+    """Each row's IPCW Brier loss at `t_s` (Graf et al. 1999): S_i(t)² / G(T_i−) for a return
+    by t, (1 − S_i(t))² / G(t) for a row still silent at t, 0 for one censored before t."""
     time_s = np.asarray(time_s, float)
     observed = np.asarray(observed, bool)
     s = np.asarray(survival_at_t, float)
@@ -114,7 +115,18 @@ def brier_score(
     with np.errstate(divide="ignore", invalid="ignore"):
         case = np.where(returned & (g_event > 0), s**2 / g_event, 0.0)
     control = np.where(silent, (1.0 - s) ** 2 / g_t, 0.0) if g_t > 0 else np.zeros_like(s)
-    return float(np.mean(case + control))
+    return case + control
+
+
+def brier_score(
+    time_s: np.ndarray,
+    observed: np.ndarray,
+    survival_at_t: np.ndarray,
+    t_s: float,
+    censoring: StepSurvival,
+) -> float:
+    """IPCW Brier score at `t_s` of predictions S_i(t): the mean of `brier_losses`."""
+    return float(np.mean(brier_losses(time_s, observed, survival_at_t, t_s, censoring)))
 
 
 def integrated_brier_score(
