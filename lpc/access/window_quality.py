@@ -27,7 +27,12 @@ from predictor.access_features import feature_frame
 from predictor.access_predictor import AccessPredictor
 from predictor.return_time import ReturnTimePredictor
 from training.access_data import DEFAULT_VALIDATION_FRACTION, horizon_labels
-from training.quality_intervals import CurveSource, quality_intervals
+from training.quality_intervals import (
+    CurveSource,
+    percentile_interval,
+    quality_intervals,
+    resample_weights,
+)
 from training.return_data import return_samples
 from training.return_fit import fit_turn_kaplan_meier, km_grid
 from training.return_quality import curve_quality
@@ -61,23 +66,12 @@ def conversation_bootstrap(
     window's conversations are resampled with replacement: a row's weight is how often its
     conversation was drawn. Resamples where the statistic is undefined (NaN: one class left)
     are skipped."""
-    codes = np.unique(conversations, return_inverse=True)[1]
-    count = int(codes.max()) + 1 if codes.size else 0
-    value = statistic(np.ones(codes.size))
-    if count < 2:
+    value = statistic(np.ones(len(conversations)))
+    if np.unique(conversations).size < 2:
         return Estimate(value, None, None)
-    rng = np.random.default_rng(seed)
-    draws = []
-    for _ in range(n_resamples):
-        drawn = np.bincount(rng.integers(0, count, count), minlength=count)
-        s = statistic(drawn[codes].astype(np.float64))
-        if np.isfinite(s):
-            draws.append(s)
-    if not draws:
-        return Estimate(value, None, None)
-    tail = (1.0 - confidence) / 2 * 100
-    low, high = np.percentile(draws, [tail, 100 - tail])
-    return Estimate(value, float(low), float(high))
+    weights = resample_weights(conversations, n_resamples, seed)
+    interval = percentile_interval(np.array([statistic(w) for w in weights]), confidence)
+    return Estimate(value, *(interval or (None, None)))
 
 
 def _weighted_auc(labels: np.ndarray, scores: np.ndarray) -> Callable[[np.ndarray], float]:
