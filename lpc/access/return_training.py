@@ -104,15 +104,14 @@ def train_return_on_trace(options: ReturnTrainOptions, out: Path | None) -> Retu
     turn_km = fit_turn_kaplan_meier(training, km_grid(result.grid_s))
 
     t, e = evaluation.targets.time_s, evaluation.targets.observed
-    sources: dict[str, Source] = {
+    curves = {
         "model": CurveSource(result.grid_s, predictor.survival(evaluation.features)),
         "km_per_turn": CurveSource(turn_km.grid_s, turn_km.survival(evaluation.turn_index)),
     }
     quality: dict[str, Any] = {
-        name: curve_quality(t, e, source.grid_s, source.survival, censoring)
-        for name, source in sources.items()
-        if isinstance(source, CurveSource)
+        name: curve_quality(t, e, c.grid_s, c.survival, censoring) for name, c in curves.items()
     }
+    sources: dict[str, Source] = dict(curves)
     classifier_info = None
     if options.classifier is not None:
         from predictor.access_predictor import AccessPredictor
