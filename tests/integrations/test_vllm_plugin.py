@@ -520,101 +520,32 @@ def access_model_run(
     return rows, stats
 
 
-def test_access_model_in_process_equals_our_replay_exactly(
-    vllm_python: Path, tmp_path: Path, capsys
-) -> None:
-    """vLLM + plugin predicting every release with the shipped access-only model, from vLLM's
-    request state and its conversation table, evicts exactly as `lpc ab --trace --policies
-    lpc --model` replays it (the features from the trace table): equal hit tokens."""
-    from lpc.cli.main import main
-
-    trace = tmp_path / "mooncake-sample.jsonl"
-    requests = mooncake_sample(trace)
-    cache_tokens = 300_000
-    rows, stats = access_model_run(trace, vllm_python, cache_tokens, requests)
-    plugin = rows["lpc"]
-    assert plugin["vllm_hit_tokens"] != rows["lru"]["vllm_hit_tokens"], "p changed nothing"
-
-    code = main(
-        [
-            "ab",
-            "--no-progress",
-            "--trace",
-            str(trace),
-            "--split-at",
-            "0",
-            "--policies",
-            "lpc",
-            "--model",
-            str(SHIPPED_ACCESS_MODEL),
-            "--cache-sizes",
-            str(cache_tokens),
-            "--block-size",
-            "512",
-            "--scale",
-            "0.01",
-            "--fallback-p",
-            "0.5",
-            "--out",
-            str(tmp_path / "ab"),
-            "--json",
-        ]
-    )
-    assert code == 0
-    report = json.loads(capsys.readouterr().out)
-    replayed = report["comparison"]["hit_ratio"]["lpc"][str(cache_tokens)]
-    assert replayed == plugin["vllm_hit_ratio"]
-    REPORT.append(
-        f"access model in process: Mooncake sample ({requests} requests, {cache_tokens} tokens, "
-        f"block 512): vLLM+plugin {100 * plugin['vllm_hit_ratio']:.4f}% == lpc ab "
-        f"{100 * replayed:.4f}% (LRU {100 * rows['lru']['vllm_hit_ratio']:.4f}%); "
-        f"{stats['predictions_in_process']} predictions in process"
-    )
-
-
-def overlapping_conversations(requests: list) -> set[str]:
-    """Conversations with a turn that arrives before the conversation's previous turn has
-    finished: the plugin's conversation table records a request when it finishes, so there it
-    sees another previous request than the trace table, which goes by arrival."""
-    previous_completion_s: dict[str, float] = {}
-    overlapping = set()
-    for request in requests:
-        conversation = request.turn.conversation_id
-        if request.arrival_s < previous_completion_s.get(conversation, float("-inf")):
-            overlapping.add(conversation)
-        previous_completion_s[conversation] = request.completion_s
-    return overlapping
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("evictor", ["lpc", "lpc-pooled"])
-def test_access_model_in_process_on_the_whole_mooncake_trace(
-    evictor: str, vllm_python: Path, tmp_path: Path, capsys
-) -> None:
-    """The whole bundled Mooncake trace (12,031 requests, 2.5M tokens, block 512) through
-    vLLM + plugin (LPC_EVICTOR `evictor`) predicting every release in process with the
-    shipped access model gives our replay's hit ratio exactly.
-
-    Three checks, from the inside out: the p the plugin used for each release (its request
-    log) equal the trace table's p to float noise — including the 21 conversations whose turns
-    overlap, where both forms take a request's history from the requests that finished before
-    it; our replay fed the plugin's p has vLLM's hit tokens and evictions; and `lpc ab
-    --trace --policies <evictor> --model` has them too. The conversation table is sized to
-    hold the hour (at the default 50M tokens it evicts conversations, whose next turns then
-    count as first turns)."""
+def check_access_model_in_process(
+    requests: list,
+    trace: Path,
+    vllm_python: Path,
+    evictor: str,
+    cache_tokens: int,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    timeout_s: float = 600,
+) -> dict:
+    """vLLM + plugin (LPC_EVICTOR `evictor`) predicting every release of `trace` in process
+    with the shipped access model gives our replay's hit ratio exactly, checked three ways,
+    from the inside out: the p the plugin used for each release (its request log) equal the
+    trace table's p to float noise — the conversations whose turns overlap included, where
+    both forms take a request's history from the requests that finished before it; our replay
+    fed the plugin's p has vLLM's hit tokens and evictions; and `lpc ab --trace --policies
+    <evictor> --model` has them too. The conversation table is sized to hold the hour (at the
+    default 50M tokens it evicts conversations on the whole trace, whose next turns then count
+    as first turns). Returns the figures the tests report."""
     from lpc.access.source import AccessSource
     from lpc.cli.main import main
     from lpc.replay.policies import PolicySpec
     from lpc.replay.simulator import prepare, replay
-    from lpc.traces.load import TraceOptions, load_trace
     from predictor.access_predictor import AccessPredictor
 
-    requests = load_trace("mooncake", TraceOptions()).requests
-    trace = tmp_path / "mooncake.jsonl"
-    write_trace(trace, requests, {"source": "bundled Mooncake conversation trace"})
     logs = tmp_path / "logs"
-    cache_tokens = 2_500_000  # above the trace's peak in-flight tokens: no allocation fails
-    assert len(requests) == 12_031
     rows, stats = access_model_run(
         trace,
         vllm_python,
@@ -622,12 +553,11 @@ def test_access_model_in_process_on_the_whole_mooncake_trace(
         len(requests),
         evictor,
         *("--request-log-dir", str(logs), "--conversation-table-max-tokens", "200000000"),
-        timeout_s=900,
+        timeout_s=timeout_s,
     )
     plugin, lru = rows[evictor], rows["lru"]
     assert plugin["vllm_failures"] == 0
     assert lru["vllm_hit_tokens"] == lru["ours_hit_tokens"]
-    assert plugin["vllm_hit_tokens"] != lru["vllm_hit_tokens"], "p changed nothing"
     assert stats["conversations_evicted"] == 0 and stats["conversations_expired"] == 0
 
     records = [
@@ -652,22 +582,99 @@ def test_access_model_in_process_on_the_whole_mooncake_trace(
     )
     assert code == 0
     replayed = json.loads(capsys.readouterr().out)["comparison"]["hit_ratio"][evictor]
-    assert replayed[str(cache_tokens)] == plugin["ours_hit_ratio"]
+    assert replayed[str(cache_tokens)] == plugin["ours_hit_ratio"] == plugin["vllm_hit_ratio"]
 
-    overlapping = overlapping_conversations(requests)
-    assert len(overlapping) == 21
     model_p = AccessSource(AccessPredictor.load(SHIPPED_ACCESS_MODEL)).predict_requests(requests)
     largest_difference = max(abs(a - b) for a, b in zip(model_p, used, strict=True))
     assert largest_difference < 1e-6  # float32 rounding of the batched vs one-request path
-    REPORT.append(
-        f"{evictor} with the access model in process: whole Mooncake trace ({len(requests)} "
-        f"requests, {cache_tokens} tokens, block 512): vLLM+plugin "
-        f"{100 * plugin['vllm_hit_ratio']:.4f}% ({plugin['vllm_hit_tokens']} hit tokens, "
-        f"{plugin['vllm_evictions']} evictions) == lpc ab {100 * plugin['ours_hit_ratio']:.4f}% "
-        f"== our replay fed the plugin's p; largest p difference {largest_difference:.1e} "
-        f"({len(overlapping)} conversations with overlapping turns; LRU "
-        f"{100 * lru['vllm_hit_ratio']:.4f}%)"
+    return {
+        "plugin": plugin,
+        "lru": lru,
+        "stats": stats,
+        "largest_difference": largest_difference,
+        "overlapping": len(overlapping_conversations(requests)),
+    }
+
+
+def report_access_model_in_process(what: str, evictor: str, cache_tokens: int, found: dict) -> str:
+    plugin, lru = found["plugin"], found["lru"]
+    return (
+        f"{evictor} with the access model in process: {what}, {cache_tokens} tokens, block "
+        f"512): vLLM+plugin {100 * plugin['vllm_hit_ratio']:.4f}% ({plugin['vllm_hit_tokens']} "
+        f"hit tokens, {plugin['vllm_evictions']} evictions) == lpc ab "
+        f"{100 * plugin['ours_hit_ratio']:.4f}% == our replay fed the plugin's p; largest p "
+        f"difference {found['largest_difference']:.1e} ({found['overlapping']} conversations "
+        f"with overlapping turns; LRU {100 * lru['vllm_hit_ratio']:.4f}%); "
+        f"{found['stats']['predictions_in_process']} predictions in process"
     )
+
+
+@pytest.mark.parametrize("evictor", ["lpc", "lpc-pooled"])
+def test_access_model_in_process_equals_our_replay_exactly(
+    evictor: str, vllm_python: Path, tmp_path: Path, capsys
+) -> None:
+    """vLLM + plugin predicting every release with the shipped access-only model, from vLLM's
+    request state and its conversation table, evicts exactly as `lpc ab --trace --policies
+    <evictor> --model` replays it (the features from the trace table) on a Mooncake sample:
+    the checks of the whole-trace run below (`engine_trace`), on one conversation in 40."""
+    from lpc.traces.lpc_trace import read_trace
+
+    trace = tmp_path / "mooncake-sample.jsonl"
+    mooncake_sample(trace)
+    requests = read_trace(trace).requests
+    cache_tokens = 300_000
+    found = check_access_model_in_process(
+        requests, trace, vllm_python, evictor, cache_tokens, tmp_path, capsys
+    )
+    if evictor == "lpc":  # lpc-pooled's trust gate may keep the fallback p on a sample
+        assert found["plugin"]["vllm_hit_tokens"] != found["lru"]["vllm_hit_tokens"], (
+            "p changed nothing"
+        )
+    what = f"Mooncake sample ({len(requests)} requests"
+    REPORT.append(report_access_model_in_process(what, evictor, cache_tokens, found))
+
+
+def overlapping_conversations(requests: list) -> set[str]:
+    """Conversations with a turn that arrives before the conversation's previous turn has
+    finished: the plugin's conversation table records a request when it finishes, so there it
+    sees another previous request than the trace table, which goes by arrival."""
+    previous_completion_s: dict[str, float] = {}
+    overlapping = set()
+    for request in requests:
+        conversation = request.turn.conversation_id
+        if request.arrival_s < previous_completion_s.get(conversation, float("-inf")):
+            overlapping.add(conversation)
+        previous_completion_s[conversation] = request.completion_s
+    return overlapping
+
+
+@pytest.mark.slow
+@pytest.mark.engine_trace
+@pytest.mark.parametrize("evictor", ["lpc", "lpc-pooled"])
+def test_access_model_in_process_on_the_whole_mooncake_trace(
+    evictor: str, vllm_python: Path, tmp_path: Path, capsys
+) -> None:
+    """The whole bundled Mooncake trace (12,031 requests, 2.5M tokens, block 512) through
+    vLLM + plugin predicting every release in process with the shipped access model gives our
+    replay's hit ratio exactly (`check_access_model_in_process`; the 21 conversations of the
+    hour whose turns overlap included). A documented command (docs/serving.md, `engine_trace`),
+    not CI: CI runs the same checks on a sample."""
+    from lpc.traces.load import TraceOptions, load_trace
+
+    requests = load_trace("mooncake", TraceOptions()).requests
+    trace = tmp_path / "mooncake.jsonl"
+    write_trace(trace, requests, {"source": "bundled Mooncake conversation trace"})
+    cache_tokens = 2_500_000  # above the trace's peak in-flight tokens: no allocation fails
+    assert len(requests) == 12_031
+    found = check_access_model_in_process(
+        requests, trace, vllm_python, evictor, cache_tokens, tmp_path, capsys, timeout_s=900
+    )
+    assert found["plugin"]["vllm_hit_tokens"] != found["lru"]["vllm_hit_tokens"], (
+        "p changed nothing"
+    )
+    assert found["overlapping"] == 21
+    what = f"whole Mooncake trace ({len(requests)} requests"
+    REPORT.append(report_access_model_in_process(what, evictor, cache_tokens, found))
 
 
 def synthetic_sample(path: Path, one_in: int = 20) -> int:

@@ -128,6 +128,7 @@ def test_prompt_text_only_when_asked(vllm_python: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.engine_trace
 def test_mooncake_through_vllm_logs_retrain_and_replay(
     vllm_python: Path, tmp_path: Path, capsys
 ) -> None:
@@ -135,7 +136,9 @@ def test_mooncake_through_vllm_logs_retrain_and_replay(
     yesterday, so the daily job's window holds it) through vLLM + plugin writes request logs;
     `lpc retrain --logs` trains an access-only model on them; `lpc ab --trace` on the same
     logs reproduces vLLM's hit ratio; a running `lpc serve` (holding the shipped access model)
-    reloads the model the job promotes."""
+    reloads the model the job promotes. A documented command (`engine_trace`), not CI: there
+    the log's replay is checked on synthetic chats above, and the daily job on request logs by
+    the slow tests of step 1b."""
     import httpx
 
     from lpc.traces.load import TraceOptions, load_trace
