@@ -13,7 +13,7 @@ order.
 
 Admission by work: a bound in windows does not bound the wait, since one window may cost
 fifty times another (a 512-token window against a ten-token first turn). So the caller may
-give each window its cost in tokens (the embedder's input, `predictor.admission`); the
+give each window its cost in tokens (the embedder's input, `predictor.rpc_admission`); the
 batcher learns seconds per token from the batches it runs (a moving average, and never less
 than the batch running now has already taken), and refuses a request (`QueueFullError`, at
 once) when the estimated model time ahead of it plus its own exceeds `max_expected_wait_s`.

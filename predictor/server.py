@@ -9,7 +9,7 @@ Why it is shaped this way:
   invalid) the client turns into its fallback probability.
 - Requests from several inference instances are micro-batched (batching.py): one embedding
   call per batch is what makes CPU serving affordable. A request is admitted by the work it
-  brings (its windows' tokens, admission.py), so overload is a 503 at once, not a timeout.
+  brings (its windows' tokens, rpc_admission.py), so overload is a 503 at once, not a timeout.
 - A retraining job promotes a new artifact without a restart (server_model.py).
 - An access-only model (no embedder) is served from the same endpoints: its items carry
   access feature values (rpc_schema.py) and each request is one small forward pass.

@@ -22,11 +22,11 @@ import numpy as np
 
 from predictor.access_features import check_servable, window_fields, windows_lacking
 from predictor.access_predictor import AccessPredictor
-from predictor.admission import WindowTokenEstimator
 from predictor.artifact import load_artifact, read_metadata
 from predictor.batching import PredictFn
 from predictor.features import ConversationWindow
 from predictor.predictor import Predictor
+from predictor.rpc_admission import WindowTokenEstimator
 
 ServedModel = Predictor | AccessPredictor
 DEFAULT_EMBED_BATCH_SIZE = 8  # a text model reloaded while an access model is in service

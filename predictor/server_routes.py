@@ -165,7 +165,7 @@ def probabilities_response(probabilities: np.ndarray) -> Response:
 
 
 async def window_tokens(windows: list[ConversationWindow], state: ServerState) -> list[int]:
-    """Each window's cost in embedder tokens (`predictor.admission`)."""
+    """Each window's cost in embedder tokens (`predictor.rpc_admission`)."""
     estimator = state.slot.estimator
     if estimator.chars_to_count(windows) <= INLINE_ESTIMATE_CHARS:
         return estimator.window_tokens(windows).tolist()

@@ -170,8 +170,8 @@ def run(args: argparse.Namespace) -> int:
         train_config_from,
     )
     from lpc.errors import CommandError, InvalidInputError
+    from predictor.bearer_token import read_bearer_token
     from predictor.embedders import load_embedder
-    from predictor.tokens import read_bearer_token
     from training.locations import default_registry_dir, default_return_registry_dir
     from training.retrain import RetrainConfig, run_retrain
     from training.return_fit import ReturnFitConfig

@@ -156,11 +156,11 @@ def run(args: argparse.Namespace) -> int:
     from lpc.errors import CommandError, InvalidInputError
     from predictor.access_features import check_servable
     from predictor.artifact import load_artifact
+    from predictor.bearer_token import read_bearer_token
     from predictor.embedders import load_embedder
     from predictor.predictor import Predictor
     from predictor.rpc_schema import RequestLimits
     from predictor.server import ServerConfig, create_app, load_served_model, uvicorn_server
-    from predictor.tokens import read_bearer_token
 
     artifact_path = artifact_from(args)
     if artifact_path is None:

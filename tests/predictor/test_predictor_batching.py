@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from predictor.admission import MAX_CHARS_PER_TOKEN, WindowTokenEstimator
 from predictor.batching import BatcherStoppedError, MicroBatcher, QueueFullError
 from predictor.features import ConversationWindow, FeatureConfig, WindowTextBuilder
+from predictor.rpc_admission import MAX_CHARS_PER_TOKEN, WindowTokenEstimator
 from tests.predictor.conftest import sample_windows
 from tests.predictor.fakes import HashingEmbedder, WhitespaceTokenizer
 
