@@ -36,7 +36,6 @@ from typing import Any
 from predictor.artifact import ArtifactMetadata, load_artifact, save_artifact
 from predictor.errors import UserError
 from predictor.model import ContinuationMLP
-from training.pause import pause_point
 
 VERSION_PATTERN = re.compile(r"^v(\d{4,})$")
 CURRENT = "current"
@@ -206,7 +205,6 @@ class ModelRegistry:
                 with path.open("rb") as handle:
                     os.fsync(handle.fileno())
         _fsync_dir(staging)
-        pause_point("registry-staged")
         for _ in range(100):
             version = self.next_version()
             try:
@@ -216,7 +214,6 @@ class ModelRegistry:
                     continue
                 raise
             _fsync_dir(self.root)
-            pause_point("registry-published")
             return version
         raise RegistryError(f"could not find a free version name in {self.root}")
 
@@ -228,7 +225,6 @@ class ModelRegistry:
         os.symlink(version, temporary)
         os.replace(temporary, self.current_link)
         _fsync_dir(self.root)
-        pause_point("registry-promoted")
 
     def append_history(self, entry: dict[str, Any]) -> None:
         self.ensure()

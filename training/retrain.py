@@ -43,7 +43,6 @@ from predictor.errors import InvalidInputError, UserError
 from training.conversation import Conversation
 from training.embedding_cache import EmbeddingCache, EmbedOptions
 from training.log_files import LogFile, LogSelection, discover_logs, select_logs
-from training.pause import pause_point
 from training.pipeline import TrainConfig, evaluate_artifact, train_predictor
 from training.promotion import Decision, decide
 from training.registry import ModelRegistry, RegistryLockedError, now_iso
@@ -390,7 +389,6 @@ def _train_on_traces(
         candidate = log_trainer.train(paths, registry.current_path())
     except UserError as error:  # a file that cannot be read, a split or horizon too long
         raise BadLogsError(str(error)) from None
-    pause_point("retrain-trained")
     logs.data.update(candidate.data)
     return _ScoredCandidate(
         candidate.model,
@@ -434,7 +432,6 @@ def _train_on_conversations(
         outcome.metrics.get("evaluation", {}),
         outcome.metrics["data"]["evaluation_samples"],
     )
-    pause_point("retrain-trained")
 
     current_path = registry.current_path()
     if current_path is not None and candidate.evaluation_samples:
@@ -463,7 +460,6 @@ def _load_conversations(config: RetrainConfig, logs: _SelectedLogs) -> list[Conv
     except UserError as error:  # a loader names the file and what is wrong in it
         raise BadLogsError(str(error)) from None
     logs.data.update(loaded)
-    pause_point("retrain-loaded")
     return conversations
 
 

@@ -21,7 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 DRIVER = """
 import sys
 from pathlib import Path
+from tests.training.pause_points import install
 from tests.training.test_training_retrain import config, retrain
+install(sys.argv[2], Path(sys.argv[3]))
 print(retrain(config(Path(sys.argv[1]), force=True)).status, flush=True)
 """
 
@@ -29,14 +31,9 @@ print(retrain(config(Path(sys.argv[1]), force=True)).status, flush=True)
 def run_until(point: str, tmp_path: Path, timeout_s: float = 600.0) -> None:
     """Start a retrain in a subprocess, wait until it pauses at `point`, SIGKILL it."""
     marker = tmp_path / "paused"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "LPC_PAUSE_AT": point,
-        "LPC_PAUSE_FILE": str(marker),
-    }
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     process = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, str(tmp_path)],
+        [sys.executable, "-c", DRIVER, str(tmp_path), point, str(marker)],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
