@@ -24,6 +24,7 @@ import json
 import math
 import threading
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -52,6 +53,30 @@ class ClientStats:
         return asdict(self)
 
 
+def check_predictor_url(url: object) -> str:
+    """`url` if it is an http(s) URL httpx can send to, else ValueError saying what is wrong.
+
+    Checked where the URL is configured: httpx would only find out at the first request (or
+    at `Client(base_url=...)`), as an `InvalidURL` that names no setting.
+    """
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ValueError(f"must be an http:// or https:// URL, got {url!r}")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # ValueError for a port that is not a number in [0, 65535]
+    except ValueError as error:
+        raise ValueError(f"is not a valid URL ({error}), got {url!r}") from None
+    if not parts.hostname:
+        raise ValueError(f"has no host, got {url!r}")
+    if port == 0:
+        raise ValueError(f"port must be in [1, 65535], got {url!r}")
+    try:
+        httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as error:
+        raise ValueError(f"is not a valid URL ({error}), got {url!r}") from None
+    return url
+
+
 class PredictorClient:
     """`predict(items)` → probabilities in order, or None. Thread-safe.
 
@@ -71,6 +96,10 @@ class PredictorClient:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         if max_items_per_request < 1:
             raise ValueError(f"max_items_per_request must be >= 1, got {max_items_per_request}")
+        try:
+            check_predictor_url(base_url)
+        except ValueError as error:
+            raise ValueError(f"base_url {error}") from None
         self.base_url = base_url.rstrip("/")
         self.timeout_s = float(timeout_s)
         self.max_items_per_request = max_items_per_request

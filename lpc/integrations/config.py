@@ -26,6 +26,7 @@ from eviction.lpc import (
 )
 from lpc.integrations.engine_checks import ALLOW_VARIABLE, parse_allowed
 from lpc.integrations.mode import DEFAULT_MODE, check_mode
+from predictor.client import check_predictor_url
 
 CONFIG_FILE_VARIABLE = "LPC_CONFIG"
 
@@ -74,6 +75,9 @@ class PluginConfig:
     caches of the engine's size replay the same requests and export their hit ratios).
     `control_file`, when set, is a file holding one of those words, read every
     `control_poll_s` seconds by a background thread: writing it switches the running engine.
+    Every interval and timeout above is at most `MAX_TIMER_S` (a day; 0 means never where
+    the field says so), and `predictor_url` must parse as an http(s) URL with a host and a
+    numeric port, so a typo stops the engine at load instead of killing a thread later.
     `allow_unverified` names engine configurations the plugin is not verified with that it
     may run in anyway (`engine_checks`: `kv-groups`, `speculative-decoding`; empty: refuse
     them when the engine starts).
@@ -163,9 +167,23 @@ def _check_positive(name: str, value: Any) -> None:
         raise PluginConfigError(f"{name} must be > 0, got {value!r}")
 
 
-def _check_non_negative(name: str, value: Any) -> None:
-    if _finite(name, value) < 0:
-        raise PluginConfigError(f"{name} must be >= 0, got {value!r}")
+# Every setting that ends up in a timer (a poll, a reload check, a timeout, a log interval)
+# is at most a day: a longer one is a typo, and past threading's limit (about 292 years) it
+# would kill the thread that waits on it (`LPC_CONTROL_POLL_S=1e10` did: the kill switch
+# stopped listening).
+MAX_TIMER_S = 86_400.0
+
+
+def _check_timer(name: str, value: Any) -> None:
+    if not 0 < _finite(name, value) <= MAX_TIMER_S:
+        raise PluginConfigError(f"{name} must be in (0, {MAX_TIMER_S:g}] seconds, got {value!r}")
+
+
+def _check_optional_timer(name: str, value: Any) -> None:
+    if not 0 <= _finite(name, value) <= MAX_TIMER_S:
+        raise PluginConfigError(
+            f"{name} must be 0 (never) or in (0, {MAX_TIMER_S:g}] seconds, got {value!r}"
+        )
 
 
 def _check_count(name: str, value: Any) -> None:
@@ -176,8 +194,10 @@ def _check_count(name: str, value: Any) -> None:
 def _check_url(name: str, value: Any) -> None:
     if value is None:
         return
-    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
-        raise PluginConfigError(f"{name} must be an http:// or https:// URL, got {value!r}")
+    try:
+        check_predictor_url(value)
+    except ValueError as error:
+        raise PluginConfigError(f"{name} {error}") from None
 
 
 def _check_optional_str(name: str, value: Any) -> None:
@@ -252,7 +272,7 @@ _FIELDS: dict[str, _FieldSpec] = {
         _FieldSpec("fallback_probability", "LPC_FALLBACK_P", _parse_float, _check_probability),
         _FieldSpec("probability_floor", "LPC_PROBABILITY_FLOOR", _parse_float, _check_floor),
         _FieldSpec("predictor_url", "LPC_PREDICTOR_URL", _parse_optional_str, _check_url),
-        _FieldSpec("predictor_timeout_s", "LPC_PREDICTOR_TIMEOUT_S", _parse_float, _check_positive),
+        _FieldSpec("predictor_timeout_s", "LPC_PREDICTOR_TIMEOUT_S", _parse_float, _check_timer),
         _FieldSpec(
             "predictor_token", "LPC_PREDICTOR_TOKEN", _parse_optional_str, _check_optional_str
         ),
@@ -261,7 +281,7 @@ _FIELDS: dict[str, _FieldSpec] = {
         ),
         _FieldSpec("max_prediction_batch", "LPC_MAX_PREDICTION_BATCH", _parse_int, _check_count),
         _FieldSpec(
-            "stats_log_interval_s", "LPC_STATS_LOG_INTERVAL_S", _parse_float, _check_non_negative
+            "stats_log_interval_s", "LPC_STATS_LOG_INTERVAL_S", _parse_float, _check_optional_timer
         ),
         _FieldSpec("metrics_port", "LPC_METRICS_PORT", _parse_optional_int, _check_port),
         _FieldSpec("metrics_host", "LPC_METRICS_HOST", str, _check_host),
@@ -286,7 +306,7 @@ _FIELDS: dict[str, _FieldSpec] = {
             "access_model_reload_s",
             "LPC_ACCESS_MODEL_RELOAD_S",
             _parse_float,
-            _check_non_negative,
+            _check_optional_timer,
         ),
         _FieldSpec(
             "conversation_table_size", "LPC_CONVERSATION_TABLE_SIZE", _parse_int, _check_count
@@ -305,11 +325,11 @@ _FIELDS: dict[str, _FieldSpec] = {
             "return_model_reload_s",
             "LPC_RETURN_MODEL_RELOAD_S",
             _parse_float,
-            _check_non_negative,
+            _check_optional_timer,
         ),
         _FieldSpec("mode", "LPC_MODE", str.lower, _check_mode),
         _FieldSpec("control_file", "LPC_CONTROL_FILE", _parse_optional_str, _check_optional_str),
-        _FieldSpec("control_poll_s", "LPC_CONTROL_POLL_S", _parse_float, _check_positive),
+        _FieldSpec("control_poll_s", "LPC_CONTROL_POLL_S", _parse_float, _check_timer),
         _FieldSpec("allow_unverified", ALLOW_VARIABLE, str, _check_unverified),
     )
 }

@@ -92,6 +92,17 @@ class ControlFileWatcher:
     """
 
     def __init__(self, path: str | Path, switch: ModeSwitch, poll_s: float = 1.0) -> None:
+        # Refused here, not in the thread: a wait past threading's limit raises OverflowError
+        # there, and a dead watcher would leave the kill switch deaf without a word.
+        if (
+            isinstance(poll_s, bool)
+            or not isinstance(poll_s, int | float)
+            or not 0 < poll_s <= threading.TIMEOUT_MAX
+        ):
+            raise ValueError(
+                f"control file poll_s must be in (0, {threading.TIMEOUT_MAX:g}] seconds, "
+                f"got {poll_s!r}"
+            )
         self.path = Path(path)
         self.switch = switch
         self.poll_s = poll_s

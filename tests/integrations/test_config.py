@@ -56,7 +56,20 @@ def test_environment_variables_set_fields() -> None:
         ("LPC_SCALE", "-1", "must be >= 0"),
         ("LPC_PROBABILITY_FLOOR", "0.5", "(0, 0.5)"),
         ("LPC_PREDICTOR_URL", "127.0.0.1:8100", "http:// or https://"),
-        ("LPC_PREDICTOR_TIMEOUT_S", "0", "must be > 0"),
+        ("LPC_PREDICTOR_TIMEOUT_S", "0", "must be in (0, 86400] seconds"),
+        # issue 44 case 7: accepted, then the kill switch's watcher thread died (OverflowError)
+        ("LPC_CONTROL_POLL_S", "1e10", "control_poll_s must be in (0, 86400] seconds"),
+        ("LPC_CONTROL_POLL_S", "0", "control_poll_s must be in (0, 86400] seconds"),
+        ("LPC_CONTROL_POLL_S", "inf", "finite"),
+        ("LPC_PREDICTOR_TIMEOUT_S", "1e10", "predictor_timeout_s must be in (0, 86400]"),
+        ("LPC_STATS_LOG_INTERVAL_S", "1e10", "must be 0 (never) or in (0, 86400]"),
+        ("LPC_ACCESS_MODEL_RELOAD_S", "1e10", "must be 0 (never) or in (0, 86400]"),
+        ("LPC_RETURN_MODEL_RELOAD_S", "-1", "must be 0 (never) or in (0, 86400]"),
+        # issue 44 case 12: raised httpx.InvalidURL at the first request, naming no variable
+        ("LPC_PREDICTOR_URL", "http://127.0.0.1:notaport", "predictor_url is not a valid URL"),
+        ("LPC_PREDICTOR_URL", "http://127.0.0.1:99999", "predictor_url is not a valid URL"),
+        ("LPC_PREDICTOR_URL", "http://:8100", "predictor_url has no host"),
+        ("LPC_PREDICTOR_URL", "http://127.0.0.1:0", "port must be in [1, 65535]"),
         ("LPC_MAX_PENDING_PREDICTIONS", "0", "integer >= 1"),
         ("LPC_MAX_PENDING_PREDICTIONS", "2.5", "not a valid value"),
         ("LPC_METRICS_PORT", "70000", "[1, 65535]"),
@@ -70,6 +83,30 @@ def test_bad_variables_name_the_variable_and_value(
         load_config({variable: value})
     message = str(error.value)
     assert variable in message and repr(value) in message and fragment in message
+
+
+def test_a_bad_timer_in_a_file_names_the_file_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "lpc.toml"
+    path.write_text("control_poll_s = 1e10\n")
+    with pytest.raises(
+        PluginConfigError, match=r"lpc\.toml: control_poll_s must be in \(0, 86400\]"
+    ):
+        load_config({"LPC_CONFIG": str(path)})
+    path.write_text('predictor_url = "http://127.0.0.1:notaport"\n')
+    with pytest.raises(PluginConfigError, match=r"lpc\.toml: predictor_url is not a valid URL"):
+        load_config({"LPC_CONFIG": str(path)})
+
+
+def test_the_longest_timers_and_a_url_with_a_path_are_accepted() -> None:
+    config = load_config(
+        {
+            "LPC_CONTROL_POLL_S": "86400",
+            "LPC_STATS_LOG_INTERVAL_S": "0",
+            "LPC_PREDICTOR_URL": "https://predictor.internal:8443/lpc/",
+        }
+    )
+    assert config.control_poll_s == 86400.0 and config.stats_log_interval_s == 0.0
+    assert config.predictor_url == "https://predictor.internal:8443/lpc/"
 
 
 def test_toml_file(tmp_path: Path) -> None:

@@ -109,6 +109,16 @@ def test_the_control_file_is_read_by_a_background_thread(tmp_path: Path) -> None
     assert switch.switches == 2
 
 
+@pytest.mark.parametrize("poll_s", [1e10, 0.0, -1.0, float("nan"), float("inf"), True])
+def test_a_poll_interval_no_timer_can_wait_is_refused_before_the_thread_starts(
+    tmp_path: Path, poll_s: float
+) -> None:
+    """Issue 44 case 7: with 1e10 the thread died of OverflowError and the kill switch went
+    deaf; the watcher now refuses the interval where it is given."""
+    with pytest.raises(ValueError, match=r"control file poll_s must be in \(0, "):
+        ControlFileWatcher(tmp_path / "mode", ModeSwitch(), poll_s=poll_s)
+
+
 def make_queue(evictor: str, num_blocks: int, switch: ModeSwitch, clock: Clock):
     config = PluginConfig(evictor=evictor, fallback_probability=0.5)
     runtime = QueueRuntime(config, PluginStats(), clock, mode=switch)
