@@ -20,12 +20,12 @@ embed=(${LPC_EMBED_ARGS:-})
 # 1. Fill the embedding cache (both halves, both modes), then train the variants from it.
 $lpc train --embed-only "${embed[@]}"
 $lpc train --mode merge --embed-only "${embed[@]}"
-$python scripts/predictor_experiments.py --variants paper,paper-b64,paper-b1024,paper-raw-turns \
+$python scripts/studies/predictor_experiments.py --variants paper,paper-b64,paper-b1024,paper-raw-turns \
     --seeds 0,1,2 --json "$out/predictor-paper-variants.json"
-$python scripts/predictor_experiments.py \
+$python scripts/studies/predictor_experiments.py \
     --variants prompt-mean,context,prompt-tokens,prompt-tokens-chars,prompt-tokens-wide,prompt-tokens-raw-turns,tokens,tokens-reply,all-finish \
     --json "$out/predictor-variants.json" --save-dir "$out/variants"
-$python scripts/predictor_experiments.py --mode merge --variants paper,prompt-tokens \
+$python scripts/studies/predictor_experiments.py --mode merge --variants paper,prompt-tokens \
     --json "$out/variants-merge.json" --save-dir "$out/variants-merge"
 
 # 2. The shipped model: the paper's recipe (docs/results.md §1-3 say why), with its metrics.
@@ -64,7 +64,7 @@ done
 # 5. Real traffic (docs/results.md, "Real traffic"): LRU's eviction ages, the access model on
 #    the Mooncake trace (each split with a model trained on its own training part), the
 #    synthetic trace, and the access predictor's speed.
-$python scripts/lru_eviction_age.py --json > "$out/lru-eviction-age.json"
+$python scripts/studies/lru_eviction_age.py --json > "$out/lru-eviction-age.json"
 $lpc train --trace mooncake --out "$out/access-0.5" --overwrite --json > "$out/train-access-0.5.json"
 $lpc ab --trace mooncake --model "$out/access-0.5" --out "$out/ab-trace-0.5" --json \
     > "$out/ab-trace-0.5.json"

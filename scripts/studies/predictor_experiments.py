@@ -6,7 +6,7 @@ MLP fit. Prints a table and writes JSON; `--save-dir` also keeps each variant's 
 `lpc ab --model`). Choose variants on the validation numbers; the evaluation half is reported
 once per variant and never used to pick anything.
 
-    .venv/bin/python scripts/predictor_experiments.py --variants paper,context,finish \
+    .venv/bin/python scripts/studies/predictor_experiments.py --variants paper,context,finish \
         --json results/predictor-variants.json --save-dir results/variants
 """
 
@@ -19,7 +19,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from lpc.replay.learned_source import ServingTokenCounter
 from predictor.access_features import needs_token_counts

@@ -1,6 +1,6 @@
 """How long LRU keeps a released block on a trace, per cache size (the access model's horizon).
 
-    python scripts/lru_eviction_age.py [--trace mooncake] [--split-at 0.5] [--part training]
+    python scripts/studies/lru_eviction_age.py [--trace mooncake] [--split-at 0.5] [--part training]
         [--json]
 
 Replays the trace under LRU at each default trace cache size and prints the median and
@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's packages
 
 from lpc.replay.ab import TRACE_CACHE_SIZES_TOKENS
 from lpc.replay.ab_pipeline import TRACE_MAX_MODEL_LEN

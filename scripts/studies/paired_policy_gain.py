@@ -1,6 +1,6 @@
 """The gain of one policy over another (not LRU) on a trace, with its paired 95 % interval.
 
-    python scripts/paired_policy_gain.py --trace mooncake --policy lpc-return-model \
+    python scripts/studies/paired_policy_gain.py --trace mooncake --policy lpc-return-model \
         --baseline lpc-pooled [--cache-sizes 2500000,4000000] [--split-at 0.5] \
         [--return-model DIR] [--out DIR] [--json]
 
@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's packages
 
 from lpc.access.source import access_source_factory
 from lpc.errors import UserError
