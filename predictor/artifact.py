@@ -13,16 +13,13 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
-import shutil
-import tempfile
-import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from predictor.access_features import FeatureError, check_names
+from predictor.atomic_files import write_folder_atomically
 from predictor.errors import UserError
 from predictor.features import FeatureConfig, FeatureConfigError
 from predictor.mlp_config import MLPConfig
@@ -240,21 +237,6 @@ class ModelArtifact:
     model: ContinuationMLP  # in eval mode
 
 
-def _fsync_folder(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durably(path: Path, payload: bytes) -> None:
-    with path.open("wb") as handle:
-        handle.write(payload)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
 def save_artifact(
     folder: Path | str,
     model: ContinuationMLP,
@@ -265,7 +247,8 @@ def save_artifact(
 
     An existing folder is an error unless `overwrite`; then it is moved aside and deleted after
     the new one is in place (a concurrent reader may briefly find no folder, never a partial
-    one). Returns the metadata as written.
+    one; `predictor.atomic_files`). A failed write raises `OutputWriteError` naming the
+    file and leaves no folder. Returns the metadata as written.
     """
     from safetensors.torch import save as save_tensors
 
@@ -290,23 +273,11 @@ def save_artifact(
             f"metadata is not strict JSON (NaN or infinity in metrics?): {error}"
         ) from error
 
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-    try:
-        _write_durably(staging / WEIGHTS_FILE, weights)
-        _write_durably(staging / METADATA_FILE, (text + "\n").encode("utf-8"))
-        staging.chmod(0o755)
-        _fsync_folder(staging)
-        retired = None
-        if folder.exists():
-            retired = folder.parent / f".{folder.name}.old-{os.getpid()}-{time.time_ns()}"
-            folder.rename(retired)
-        staging.rename(folder)
-        _fsync_folder(folder.parent)
-        if retired is not None:
-            shutil.rmtree(retired, ignore_errors=True)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    write_folder_atomically(
+        folder,
+        {WEIGHTS_FILE: weights, METADATA_FILE: (text + "\n").encode("utf-8")},
+        overwrite=overwrite,
+    )
     return metadata
 
 

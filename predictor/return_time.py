@@ -46,6 +46,7 @@ from predictor.access_features import (
 )
 from predictor.access_predictor import mlp_layers
 from predictor.artifact import ArtifactCorruptError, ArtifactIncompatibleError
+from predictor.atomic_files import write_folder_atomically
 from predictor.return_curve import (
     ReturnCurve,
     continued_hazard_exponent,
@@ -278,11 +279,15 @@ def save_return_model(
     weights: Sequence[np.ndarray],
     biases: Sequence[np.ndarray],
 ) -> ReturnModelMetadata:
-    """Write the artifact; `weights` are (in, out) matrices as the predictor multiplies."""
+    """Write the artifact; `weights` are (in, out) matrices as the predictor multiplies.
+
+    Both files or neither: the folder is staged and renamed into place, replacing an existing
+    one (`write_folder_atomically`), so a full disk never leaves weights without metadata; the
+    failure is an `OutputWriteError` naming the file.
+    """
     from safetensors.numpy import save as save_numpy
 
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, np.ndarray] = {}
     for index, (weight, bias) in enumerate(zip(weights, biases, strict=True)):
         tensors[f"layers.{index}.weight"] = np.ascontiguousarray(np.asarray(weight, np.float32).T)
@@ -295,6 +300,8 @@ def save_return_model(
             "created_at": metadata.created_at or datetime.now(UTC).isoformat(timespec="seconds"),
         }
     )
-    (folder / WEIGHTS_FILE).write_bytes(payload)
-    (folder / METADATA_FILE).write_text(json.dumps(stamped.to_dict(), indent=2, sort_keys=True))
+    text = json.dumps(stamped.to_dict(), indent=2, sort_keys=True)
+    write_folder_atomically(
+        folder, {WEIGHTS_FILE: payload, METADATA_FILE: text.encode("utf-8")}, overwrite=True
+    )
     return stamped

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from predictor.artifact import ArtifactMetadata, load_artifact, save_artifact
+from predictor.atomic_files import fsync_folder, write_text_atomically
 from predictor.errors import UserError
 from predictor.model import ContinuationMLP
 
@@ -55,25 +56,6 @@ class RegistryLockedError(RegistryError):
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_text_atomically(path: Path, text: str) -> None:
-    """Write a complete temporary sibling, fsync it, rename it over `path`."""
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}-{time.time_ns()}")
-    with temporary.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    _fsync_dir(path.parent)
 
 
 def registry_record(notes: dict[str, Any] | None) -> dict[str, Any]:
@@ -204,7 +186,7 @@ class ModelRegistry:
             if path.is_file():
                 with path.open("rb") as handle:
                     os.fsync(handle.fileno())
-        _fsync_dir(staging)
+        fsync_folder(staging)
         for _ in range(100):
             version = self.next_version()
             try:
@@ -213,7 +195,7 @@ class ModelRegistry:
                 if (self.root / version).exists():
                     continue
                 raise
-            _fsync_dir(self.root)
+            fsync_folder(self.root)
             return version
         raise RegistryError(f"could not find a free version name in {self.root}")
 
@@ -224,7 +206,7 @@ class ModelRegistry:
         temporary = self.root / f".{CURRENT}.tmp-{os.getpid()}-{time.time_ns()}"
         os.symlink(version, temporary)
         os.replace(temporary, self.current_link)
-        _fsync_dir(self.root)
+        fsync_folder(self.root)
 
     def append_history(self, entry: dict[str, Any]) -> None:
         self.ensure()
@@ -253,8 +235,15 @@ class ModelRegistry:
     def lock(self) -> Iterator[None]:
         """Exclusive, non-blocking: raises `RegistryLockedError` when another run holds it.
         The kernel releases the lock when the holder dies, so a killed run never blocks."""
-        self.ensure()
-        handle = (self.root / LOCK).open("a+")
+        try:
+            self.ensure()
+            handle = (self.root / LOCK).open("a+")
+        except OSError as error:  # a read-only or foreign folder: one line naming the file
+            where = error.filename or self.root / LOCK
+            raise RegistryError(
+                f"registry {self.root} cannot be locked: cannot write {where}: "
+                f"{error.strerror or error} (errno {error.errno})"
+            ) from None
         try:
             try:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

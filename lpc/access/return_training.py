@@ -23,6 +23,7 @@ from lpc.traces.linkage import DEFAULT_SHARED_FANOUT
 from lpc.traces.timeline import DEFAULT_SPLIT_AT
 from predictor.access_features import check_names, default_feature_names, feature_frame
 from predictor.return_time import ReturnTimePredictor, save_return_model
+from predictor.atomic_files import OutputWriteError
 from training.access_data import DEFAULT_ACCESS_HORIZON_S, DEFAULT_VALIDATION_FRACTION
 from training.quality_intervals import (
     DEFAULT_RESAMPLES,
@@ -175,8 +176,11 @@ def train_return_on_trace(options: ReturnTrainOptions, out: Path | None) -> Retu
                 "recipe": result.recipe,
             },
         )
-        save_return_model(out, metadata, result.weights, result.biases)
-        report["out"] = str(out)
+        try:
+            save_return_model(out, metadata, result.weights, result.biases)
+            report["out"] = str(out)
+        except OutputWriteError as error:  # the figures stay: the caller prints them
+            report["write_error"] = str(error)
     report["timings_s"] = {
         "load_s": round(loaded_s, 3),
         "fit_s": round(result.fit_seconds, 3),

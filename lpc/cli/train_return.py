@@ -177,6 +177,7 @@ def _print_intervals(intervals: dict | None, labels: dict[str, str]) -> None:
 def run(args: argparse.Namespace) -> int:
     extras.require("train")
     from lpc.access.return_training import ReturnTrainOptions, train_return_on_trace
+    from predictor.atomic_files import check_output_folder
     from training.return_fit import ReturnFitConfig
 
     if args.out is not None and args.out.exists() and not args.overwrite:
@@ -191,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
         classifier=None if args.no_classifier else args.classifier,
         fit=ReturnFitConfig(max_epochs=args.max_epochs, seed=args.seed, distil=not args.no_distil),
         intervals=args.intervals,
+    if args.out is not None:  # the artifact is staged beside --out: its folder must take it
+        check_output_folder(args.out.parent, "--out")
     )
     try:
         outcome = train_return_on_trace(options, args.out)
@@ -209,3 +212,5 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_report(report)
     return 0
+    if "write_error" in report:  # the figures are out; the artifact is not: exit 2, not 0
+        raise CommandError(f"{report['write_error']} (no model written; the figures are above)")

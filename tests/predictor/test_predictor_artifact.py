@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from predictor import artifact as artifact_module
+from predictor import atomic_files
 from predictor.artifact import (
     METADATA_FILE,
     WEIGHTS_FILE,
@@ -23,6 +23,7 @@ from predictor.artifact import (
     load_artifact,
     save_artifact,
 )
+from predictor.atomic_files import OutputWriteError
 from predictor.features import FeatureConfig
 from predictor.model import ContinuationMLP, MLPConfig, mlp_inputs
 from tests.predictor.conftest import make_artifact
@@ -80,8 +81,8 @@ def test_a_crash_while_writing_leaves_nothing_loadable(tmp_path: Path, monkeypat
             raise OSError("disk full")
         path.write_bytes(payload)
 
-    monkeypatch.setattr(artifact_module, "_write_durably", failing_write)
-    with pytest.raises(OSError, match="disk full"):
+    monkeypatch.setattr(atomic_files, "_write_synced", failing_write)
+    with pytest.raises(OutputWriteError, match=f"cannot write .*{METADATA_FILE}: disk full"):
         make_artifact(tmp_path / "a")
     assert calls == [WEIGHTS_FILE, METADATA_FILE]
     assert list(tmp_path.iterdir()) == []
