@@ -22,8 +22,8 @@ from lpc.replay.request_table import request_table
 from lpc.traces.linkage import DEFAULT_SHARED_FANOUT
 from lpc.traces.timeline import DEFAULT_SPLIT_AT
 from predictor.access_features import check_names, default_feature_names, feature_frame
-from predictor.return_time import ReturnTimePredictor, save_return_model
 from predictor.atomic_files import OutputWriteError
+from predictor.return_time import ReturnTimePredictor, save_return_model
 from training.access_data import DEFAULT_ACCESS_HORIZON_S, DEFAULT_VALIDATION_FRACTION
 from training.quality_intervals import (
     DEFAULT_RESAMPLES,

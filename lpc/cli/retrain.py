@@ -170,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         train_config_from,
     )
     from lpc.errors import CommandError, InvalidInputError
+    from predictor.atomic_files import check_output_folder
     from predictor.bearer_token import read_bearer_token
     from predictor.embedders import load_embedder
     from training.locations import default_registry_dir, default_return_registry_dir
@@ -219,6 +220,10 @@ def run(args: argparse.Namespace) -> int:
         )
     if not args.logs.is_dir():
         raise CommandError(f"--logs {args.logs} is not a folder")
+    # A registry the run could not write (read-only, full) is refused before the training.
+    check_output_folder(registry, "--registry")
+    if return_model is not None:
+        check_output_folder(return_model.registry_dir, "--return-registry")
     setup_threads(args)
     log = (
         (lambda m: print(m, file=sys.stderr, flush=True))

@@ -182,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.out is not None and args.out.exists() and not args.overwrite:
         raise CommandError(f"--out {args.out} exists; pass --overwrite to replace it")
+    if args.out is not None:  # the artifact is staged beside --out: its folder must take it
+        check_output_folder(args.out.parent, "--out")
     if not 0 < args.validation_share < 1:
         raise CommandError(f"--validation-share must be in (0, 1), got {args.validation_share}")
     options = ReturnTrainOptions(
@@ -192,8 +194,6 @@ def run(args: argparse.Namespace) -> int:
         classifier=None if args.no_classifier else args.classifier,
         fit=ReturnFitConfig(max_epochs=args.max_epochs, seed=args.seed, distil=not args.no_distil),
         intervals=args.intervals,
-    if args.out is not None:  # the artifact is staged beside --out: its folder must take it
-        check_output_folder(args.out.parent, "--out")
     )
     try:
         outcome = train_return_on_trace(options, args.out)
