@@ -47,23 +47,47 @@ class JsonLines:
 def read_bytes(path: Path) -> tuple[bytes, bool]:
     """The file's content, decompressed when it starts with the gzip magic bytes.
 
-    A gzip stream cut short (a copy interrupted, a log rotated mid-write) yields what was
-    decompressed before the cut; the half line at its end is then skipped like any cut line.
+    Every member of a multi-member gzip file is read, as `gzip -dc` does: logs compressed
+    one by one and joined (`cat a.gz b.gz`, `gzip -c >>`) are one file of all their lines.
+    Zero bytes after the last member (padding) are ignored, as gzip ignores them; any other
+    bytes there are an error naming their offset, never dropped in silence. A gzip stream cut
+    short (a copy interrupted, a log rotated mid-write) yields what was decompressed before
+    the cut; the half line at its end is then skipped like any cut line.
     """
     if not path.is_file():
         raise TraceError(f"{path}: no such trace file")
     raw = path.read_bytes()
     if not raw.startswith(GZIP_MAGIC):
         return raw, False
+    return _gunzip_members(path, raw), True
+
+
+def _gunzip_members(path: Path, raw: bytes) -> bytes:
+    """All members' data, one after the other (see `read_bytes`)."""
     chunks: list[bytes] = []
-    decompressor = zlib.decompressobj(wbits=31)
-    try:
-        chunks.append(decompressor.decompress(raw))
-        chunks.append(decompressor.flush())
-    except zlib.error as error:
-        if not chunks:
-            raise TraceError(f"{path}: not a readable gzip file ({error})") from None
-    return b"".join(chunks), True
+    start = 0  # byte offset of the member being read
+    member = 1
+    while True:
+        decompressor = zlib.decompressobj(wbits=31)
+        try:
+            chunks.append(decompressor.decompress(raw[start:]))
+        except zlib.error as error:
+            raise TraceError(
+                f"{path}: not a readable gzip file (member {member} at byte {start}: {error})"
+            ) from None
+        if not decompressor.eof:
+            return b"".join(chunks)  # cut short: its half last line is skipped and counted
+        rest = decompressor.unused_data
+        if not rest.strip(b"\0"):
+            return b"".join(chunks)
+        start = len(raw) - len(rest)
+        if not rest.startswith(GZIP_MAGIC):
+            raise TraceError(
+                f"{path}: byte {start}: {len(rest)} bytes after the end of gzip member "
+                f"{member} are not gzip data (trailing garbage, which `gzip -dc` would drop "
+                "with a warning); cut the file at that byte or recompress it"
+            )
+        member += 1
 
 
 def first_record(path: Path) -> tuple[int, dict[str, Any]] | None:

@@ -117,7 +117,9 @@ def _gather(path: Path) -> _Gathered:
 
     Each file of a folder may start with a header (every process writes its own); the first
     one is the trace's, and the others must agree on the block size, since one block size
-    expands every line of the merged trace."""
+    expands every line of the merged trace, and on the key, since ids hashed with another
+    key never match. A header anywhere but a file's first line is refused: it is the mark of
+    logs joined with `cat`, whose second file's order and key this reader cannot tell."""
     files = trace_files(path) if path.is_dir() else [path]
     rows: list[tuple[Path, int, dict]] = []
     header: dict[str, Any] = {}
@@ -128,7 +130,9 @@ def _gather(path: Path) -> _Gathered:
         if lines.skipped_last_lines:
             cut_files.append(file)
         for index, (lineno, record) in enumerate(lines.records):
-            if index == 0 and record.get("format") == TRACE_FORMAT:
+            if record.get("format") == TRACE_FORMAT:
+                if index > 0:
+                    raise _joined_logs(file, lineno, lines.records[0])
                 _check_header(file, lineno, record, header, header_file)
                 if header_file is None:
                     header, header_file = dict(record), file
@@ -137,6 +141,22 @@ def _gather(path: Path) -> _Gathered:
     if len(files) > 1:
         header["files"] = len(files)
     return _Gathered(rows, header, cut_files)
+
+
+def _joined_logs(file: Path, lineno: int, first: tuple[int, dict]) -> TraceError:
+    """The error for a header after a file's first line (logs joined with `cat`)."""
+    first_lineno, first_record = first
+    where = (
+        f"the first is line {first_lineno}"
+        if first_record.get("format") == TRACE_FORMAT
+        else f"after request lines from line {first_lineno}"
+    )
+    return fail(
+        file,
+        lineno,
+        f"a second header ({where}): were logs joined with cat? pass the files "
+        "separately (one folder holding each file as written, given as the trace or --logs)",
+    )
 
 
 def _check_header(
@@ -151,6 +171,15 @@ def _check_header(
             lineno,
             f"'hash_block_size' {record.get('hash_block_size')!r} differs from "
             f"{first.get('hash_block_size')!r} in {first_file}",
+        )
+    if first_file is not None and record.get("key_fingerprint") != first.get("key_fingerprint"):
+        raise fail(
+            file,
+            lineno,
+            f"'key_fingerprint' {record.get('key_fingerprint')!r} differs from "
+            f"{first.get('key_fingerprint')!r} in {first_file}: logs hashed with different "
+            "keys share no block ids, so their common prefixes would vanish; replay each "
+            "key's logs as a trace of its own",
         )
 
 
