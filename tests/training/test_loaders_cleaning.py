@@ -64,7 +64,38 @@ def test_lone_surrogates_become_replacement_characters():
     messages[0].content.encode("utf-8")  # encodable now
 
 
-def test_a_lone_surrogate_in_an_id_becomes_a_replacement_character():
-    assert record_id({"id": "\ud800x"}, "id") == "\ufffdx"
+def test_an_id_holding_a_lone_surrogate_is_refused_not_repaired():
+    with pytest.raises(RecordProblem) as caught:
+        record_id({"id": "\ud800x"}, "id")
+    assert caught.value.reason is SkipReason.INVALID_ID
+    assert "'id' is not valid Unicode: a lone surrogate \\ud800 at character 0" in str(caught.value)
     assert record_id({"id": "pair \U0001f642"}, "id") == "pair \U0001f642"
-    record_id({"id": "\udfff"}, "id").encode("utf-8")  # encodable, so it can be exported
+    assert record_id({"id": "dup\ufffd"}, "id") == "dup\ufffd"  # a real U+FFFD is text
+
+
+def test_ids_holding_lone_surrogates_are_counted_and_never_merge(tmp_path):
+    """Issue 44, case 5: `dup\\ud800`, `dup\\udbff` and `dup\\ufffd` loaded as one
+    conversation, two of them reported as `duplicate_id`."""
+    import json
+
+    from training.loaders import MalformedRecordError, load_conversations
+
+    path = tmp_path / "chats.jsonl"
+    ids = ["dup\ud800", "dup\udbff", "dup\ufffd"]
+    path.write_text(
+        "".join(
+            json.dumps({"id": i, "conversations": [{"from": "human", "value": f"hi {n}"}]}) + "\n"
+            for n, i in enumerate(ids)
+        )
+    )
+    assert "\\ud800" in path.read_text()  # as a JSON dump spells it
+    result = load_conversations(path, format="sharegpt")
+    assert [c.conversation_id for c in result.conversations] == ["dup\ufffd"]
+    assert dict(result.report.skipped) == {"invalid_id": 2}
+    assert result.report.problems[0] == (
+        f"{path}: record 0, line 1, byte 0: invalid_id: 'id' is not valid Unicode: a lone "
+        "surrogate \\ud800 at character 3 (half of a UTF-16 pair; an id cannot be repaired "
+        "without merging it with another)"
+    )
+    with pytest.raises(MalformedRecordError, match=r"record 0, line 1, byte 0: invalid_id"):
+        load_conversations(path, format="sharegpt", strict=True)

@@ -15,7 +15,9 @@ messages alternating, starting with a user message. The rules, applied in this o
 
 Text is otherwise kept exactly as found (no stripping): it is what the model would see, except
 that a lone UTF-16 surrogate (a JSON `\\ud83d` escape without its pair, which is no character)
-becomes U+FFFD (`lone_surrogates_replaced`).
+becomes U+FFFD (`lone_surrogates_replaced`). An id is never rewritten: one holding a lone
+surrogate makes its record an `invalid_id` skip (`record_id`), since a replaced id could merge
+with another.
 """
 
 from __future__ import annotations
@@ -61,12 +63,21 @@ def require_field(record: dict, key: str, what: str = "record") -> object:
 
 
 def record_id(record: dict, key: str) -> str:
-    """A record's id as text; ints are accepted (some dumps store numeric ids). A lone
-    surrogate becomes U+FFFD, as in message text, so that the id can be written out (an
-    exported trace, a report) like any other."""
+    """A record's id as text; ints are accepted (some dumps store numeric ids). An id holding
+    a lone surrogate is refused (`invalid_id`), not repaired as message text is: replacing
+    it by U+FFFD would merge `a\\ud800`, `a\\udbff` and a real `a\\ufffd` into one
+    conversation, and no file, report or exported trace can hold it as it is."""
     value = require_field(record, key)
     if isinstance(value, str) and value:
-        return _LONE_SURROGATE.sub("\ufffd", value)
+        match = _LONE_SURROGATE.search(value)
+        if match is not None:
+            raise RecordProblem(
+                SkipReason.INVALID_ID,
+                f"{key!r} is not valid Unicode: a lone surrogate \\u{ord(match.group()):04x} "
+                f"at character {match.start()} (half of a UTF-16 pair; an id cannot be "
+                "repaired without merging it with another)",
+            )
+        return value
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     raise RecordProblem(

@@ -20,7 +20,7 @@ MAX_PROBLEM_EXAMPLES = 20
 class SkipReason(StrEnum):
     """Why a record (or a conversation built from it) was not produced.
 
-    The first four make a record *malformed*: `strict=True` raises on them. The others are
+    The first five make a record *malformed*: `strict=True` raises on them. The others are
     cleaning decisions, counted in both modes.
     """
 
@@ -28,6 +28,7 @@ class SkipReason(StrEnum):
     NOT_AN_OBJECT = "not_an_object"
     MISSING_FIELD = "missing_field"
     WRONG_TYPE = "wrong_type"
+    INVALID_ID = "invalid_id"  # an id that is not Unicode text (a lone surrogate)
     EMPTY_CONVERSATION = "empty_conversation"
     NO_USER_MESSAGE = "no_user_message"
     DUPLICATE_ID = "duplicate_id"
@@ -40,6 +41,7 @@ MALFORMED_REASONS = frozenset(
         SkipReason.NOT_AN_OBJECT,
         SkipReason.MISSING_FIELD,
         SkipReason.WRONG_TYPE,
+        SkipReason.INVALID_ID,
     }
 )
 
