@@ -19,8 +19,10 @@ earlier part and judged, with the current model, on its later part (a time-order
 the decision, publishing and reload are the same. Then the return-time model is retrained
 on the same split (`training.return_retrain`, into its own registry): its outcome is the
 `return_model` section; the exit code stays the access model's decision, and a failure of
-that half changes neither the access result nor the current return model. Conversation logs
-carry no request times: the return half is skipped, saying so.
+that half changes neither the access result nor the current return model. The files are
+recorded as trained on (`state.json`) only after both halves decided on them, so a return
+half that failed, or a run killed during it, leaves them new for the next run.
+Conversation logs carry no request times: the return half is skipped, saying so.
 
 Outcome statuses map to exit codes (`EXIT_CODES`), so cron and systemd can tell a promotion
 from a kept model, a run with nothing to do, a run blocked by another one, log files that
@@ -47,6 +49,7 @@ from training.pipeline import TrainConfig, evaluate_artifact, train_predictor
 from training.promotion import Decision, decide
 from training.registry import ModelRegistry, RegistryLockedError, now_iso
 from training.return_retrain import FAILED as RETURN_FAILED
+from training.return_retrain import LOCKED as RETURN_LOCKED
 from training.return_retrain import (
     ReturnContext,
     ReturnModelOutcome,
@@ -307,7 +310,38 @@ def _run_locked(
         )
     except Exception as error:
         result.return_model = ReturnModelOutcome(RETURN_FAILED, f"{type(error).__name__}: {error}")
+    _consume_files(registry, logs, version, result, log)
     return result
+
+
+def _consume_files(
+    registry: ModelRegistry,
+    logs: _SelectedLogs,
+    version: str,
+    result: RetrainOutcome,
+    log: Log,
+) -> None:
+    """Record every file found as trained on (the next run's "new" starts after them), but
+    only once every model that reads them has decided on them: the access model always has
+    by now; the return half has unless it failed or was locked out. Until then the files
+    stay new, so a return half that failed, or a run killed during it, is trained again by
+    the next run rather than lost to a "no new log files" exit."""
+    returns = result.return_model
+    decided = returns is None or returns.decision not in (RETURN_FAILED, RETURN_LOCKED)
+    result.data["files_recorded_as_trained"] = decided
+    if not decided:
+        log(
+            f"logs: not recorded as trained on: the return-time model {returns.decision}; "
+            "the next run takes these files again"
+        )
+        return
+    registry.save_state(
+        {
+            "last_run_at": now_iso(),
+            "seen_files": sorted(f.identity for f in logs.found),
+            "last_version": version,
+        }
+    )
 
 
 def _pick_logs(
@@ -514,8 +548,8 @@ def _record_run(
     version: str,
     log: Log,
 ) -> None:
-    """Record the run: a history line, every file found as seen (the next run's new files
-    start after them) and old versions pruned."""
+    """Record the access half: a history line and old versions pruned (the files are
+    recorded as seen once the return half has decided too: `_consume_files`)."""
     registry.append_history(
         {
             "event": "retrain",
@@ -527,13 +561,6 @@ def _record_run(
             "current_metrics": candidate.current_metrics,
             "new_files": logs.data["new_files"],
             "files": len(logs.selection.files),
-        }
-    )
-    registry.save_state(
-        {
-            "last_run_at": now_iso(),
-            "seen_files": sorted(f.identity for f in logs.found),
-            "last_version": version,
         }
     )
     pruned = registry.prune(config.keep_versions)

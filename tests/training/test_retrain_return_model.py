@@ -18,7 +18,7 @@ from tests.training.trace_logs import chats, write_mooncake
 from training import return_retrain
 from training.access_fit import AccessFitConfig
 from training.registry import ModelRegistry
-from training.retrain import PROMOTED, RetrainConfig, RetrainOutcome, run_retrain
+from training.retrain import NO_NEW_DATA, PROMOTED, RetrainConfig, RetrainOutcome, run_retrain
 from training.return_fit import ReturnFitConfig
 from training.return_retrain import (
     DEFAULT_RETURN_TOLERANCE,
@@ -49,7 +49,7 @@ def return_config(root: Path, **kwargs) -> ReturnRetrainConfig:
     )
 
 
-def run(root: Path, returns: bool = True, **kwargs) -> RetrainOutcome:
+def run(root: Path, returns: bool = True, force: bool = True, **kwargs) -> RetrainOutcome:
     """One daily run through the Python API, quick fits for both halves."""
     config = RetrainConfig(
         logs_dir=root / "logs",
@@ -57,9 +57,11 @@ def run(root: Path, returns: bool = True, **kwargs) -> RetrainOutcome:
         cache_dir=root / "cache",
         return_model=return_config(root) if returns else None,
         min_evaluation_samples=MIN_SAMPLES,
-        force=True,
+        force=force,
     )
-    trainer = TraceLogTrainer(horizon_s=HORIZON_S, fit=QUICK_ACCESS_FIT)
+    trainer = TraceLogTrainer(
+        horizon_s=HORIZON_S, fit=QUICK_ACCESS_FIT, min_evaluation_requests=MIN_SAMPLES
+    )
     return run_retrain(config, _no_embedder, lambda m: None, log_trainer=trainer, **kwargs)
 
 
@@ -248,6 +250,9 @@ def test_a_failing_return_half_leaves_the_access_result_and_current_return_model
 
     second = run(logs, return_trainer=broken)
     assert (second.status, second.exit_code, second.version) == (PROMOTED, 0, "v0002")
+    # the return model has not decided on the files: they stay new for the next run
+    assert second.data["files_recorded_as_trained"] is False
+    assert ModelRegistry(logs / "registry").state()["last_version"] == "v0001"
     assert ModelRegistry(logs / "registry").current_version() == "v0002"  # access: recorded
     assert second.return_model.decision == FAILED
     assert second.return_model.reason == "RuntimeError: out of memory while fitting"
@@ -256,6 +261,33 @@ def test_a_failing_return_half_leaves_the_access_result_and_current_return_model
     assert store.current_version() == "v0001" and store.versions() == ["v0001"]
     assert store.history()[-1]["status"] == FAILED
     assert (logs / "returns" / "current" / "model.safetensors").read_bytes() == before
+
+
+class Killed(BaseException):
+    """What a SIGKILL is to the run: it ends there, no handler runs."""
+
+
+def test_a_run_killed_in_its_return_half_leaves_the_files_new(tmp_path: Path) -> None:
+    """Issue 44, case 6: the access half had recorded the files, so the next run found
+    nothing new and the return model never learnt from them."""
+    write_mooncake(tmp_path / "logs" / "t.jsonl", chats(HOURS_4_S, CONVERSATIONS, seed=2))
+
+    def killed(context, current, fit):
+        raise Killed
+
+    with pytest.raises(Killed):
+        run(tmp_path, force=False, return_trainer=killed)
+    access = ModelRegistry(tmp_path / "registry")
+    assert access.current_version() == "v0001"  # the access half was recorded
+    assert "seen_files" not in access.state()
+
+    second = run(tmp_path, force=False)  # not "no new log files": the files are still new
+    assert second.status == PROMOTED and second.data["files_recorded_as_trained"] is True
+    assert (second.return_model.decision, second.return_model.version) == (PROMOTED, "v0001")
+    assert access.state()["last_version"] == "v0002"
+
+    third = run(tmp_path, force=False)
+    assert (third.status, third.exit_code) == (NO_NEW_DATA, 4)
 
 
 def test_a_write_killed_half_way_is_never_published(logs: Path, context, monkeypatch) -> None:
