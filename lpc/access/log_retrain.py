@@ -13,6 +13,10 @@ today's traffic. Otherwise (Mooncake's ms from the trace's start, Bailian's rela
 or a single day), the evaluation part is the trace's last half in time (`split_in_time` at
 0.5, as `lpc train --trace` and `lpc ab`). `split_at` overrides both, with `lpc train
 --trace`'s meaning (a fraction of the span below 1, else seconds after the first arrival).
+Without `split_at`, an evaluation part holding fewer requests than `--min-eval-samples` is
+refused, saying so: one request stamped days ahead would make the newest day a day of one
+request (or, on relative times, move the half-way cut past the rest of the data), and stretch
+the training part over the empty days between (its validation slice then holds nothing).
 
 Labels: the conversation's next request within the horizon of this one's completion. A request
 without a next one whose horizon runs past the end of the data it is labelled from is
@@ -112,27 +116,71 @@ class EvaluationSplit:
     absolute_times: bool
 
 
-def time_ordered_split(trace: LoadedTrace, split_at: float | None) -> EvaluationSplit:
-    """The cut between training and evaluation part (the module docstring's rule)."""
+class ThinEvaluationError(UserError):
+    """The evaluation part (the newest UTC day, or the span's last part) holds too few
+    requests to judge a model on."""
+
+
+def time_ordered_split(
+    trace: LoadedTrace, split_at: float | None, min_evaluation_requests: int = 1
+) -> EvaluationSplit:
+    """The cut between training and evaluation part (the module docstring's rule). Unless
+    `split_at` gives the cut, the evaluation part must hold `min_evaluation_requests`, else
+    `ThinEvaluationError` says how many it holds and how far its first lies from the request
+    before it: one request stamped days ahead would otherwise be the whole newest day (or,
+    on relative times, move the half-way cut past the rest of the data), and stretch the
+    training part over an empty gap, whose validation slice then holds nothing."""
     requests = trace.requests
     origin_s = float(trace.info.get("time_origin_s", 0.0))  # imported traces start at 0
     first_s = origin_s + requests[0].arrival_s
     last_s = origin_s + requests[-1].arrival_s
     absolute = first_s >= ABSOLUTE_TIMES_FROM_S
-    if split_at is not None:
+    if split_at is not None:  # the operator's own cut: judged as it falls
         return EvaluationSplit(
             split_in_time(requests, split_at), f"--split-at {split_at:g}", None, absolute
         )
+    chosen: EvaluationSplit | None = None
     if absolute:
         day_start_s = (last_s // DAY_S) * DAY_S
         if day_start_s - first_s >= 1:
             day = dt.datetime.fromtimestamp(day_start_s, dt.UTC).strftime("%Y-%m-%d")
             split = split_in_time(requests, day_start_s - first_s)
-            return EvaluationSplit(split, "newest UTC day", day, absolute)
-    rule = f"last {1 - DEFAULT_SPLIT_AT:.0%} of the span in time" + (
-        " (a single UTC day)" if absolute else " (relative times)"
+            chosen = EvaluationSplit(split, "newest UTC day", day, absolute)
+    if chosen is None:
+        rule = f"last {1 - DEFAULT_SPLIT_AT:.0%} of the span in time" + (
+            " (a single UTC day)" if absolute else " (relative times)"
+        )
+        chosen = EvaluationSplit(split_in_time(requests, DEFAULT_SPLIT_AT), rule, None, absolute)
+    if chosen.split.eval_requests < min_evaluation_requests:
+        raise _thin_evaluation(trace, chosen, min_evaluation_requests)
+    return chosen
+
+
+def _thin_evaluation(
+    trace: LoadedTrace, chosen: EvaluationSplit, minimum: int
+) -> ThinEvaluationError:
+    """The refusal of an evaluation part too thin to judge on, saying what it holds."""
+    split = chosen.split
+    count = split.eval_requests
+    part = (
+        f"the newest UTC day, {chosen.evaluation_day},"
+        if chosen.evaluation_day is not None
+        else f"the evaluation part ({chosen.rule})"
     )
-    return EvaluationSplit(split_in_time(requests, DEFAULT_SPLIT_AT), rule, None, absolute)
+    first = trace.requests[split.first_eval]
+    where = f"the first, {first.request_id!r}"
+    if split.first_eval > 0:
+        gap_s = first.arrival_s - trace.requests[split.first_eval - 1].arrival_s
+        gap = f"{gap_s / DAY_S:.1f} days" if gap_s >= DAY_S else f"{gap_s:,.0f} s"
+        where += f", arrives {gap} after the one before it"
+    remedy = "A clock ahead? Remove those requests, "
+    if chosen.evaluation_day is not None:
+        remedy += "run the job later in that day, "
+    remedy += "or pass --split-at"
+    return ThinEvaluationError(
+        f"{part} holds only {count} request{'s' if count != 1 else ''} ({where}): fewer "
+        f"than --min-eval-samples {minimum} to judge a model on. {remedy}"
+    )
 
 
 @dataclass(frozen=True)
@@ -143,6 +191,8 @@ class TraceLogTrainer:
     validation_fraction: float = DEFAULT_VALIDATION_FRACTION
     split_at: float | None = None  # None: the module docstring's rule
     fit: AccessFitConfig = field(default_factory=AccessFitConfig)
+    # The evaluation part must hold this many requests (`lpc retrain --min-eval-samples`)
+    min_evaluation_requests: int = 200
 
     @staticmethod
     def handles(paths: list[Path]) -> bool:
@@ -155,7 +205,7 @@ class TraceLogTrainer:
         trace = load_trace_files(
             paths, fmt, TraceOptions(horizon_s=self.horizon_s, max_model_len=TRACE_MAX_MODEL_LEN)
         )
-        chosen = time_ordered_split(trace, self.split_at)
+        chosen = time_ordered_split(trace, self.split_at, self.min_evaluation_requests)
         split = chosen.split
         table = request_table(trace.requests, trace.request_types)
         names = default_feature_names(list(table.columns))

@@ -28,8 +28,9 @@ project's JSONL, the serving plugin's request logs requests-YYYY-MM-DD-pid*.json
 Mooncake files in date order on one clock, Bailian merged by timestamp). The split is in
 time, never shuffled: with absolute UTC times spanning two days or more, the newest UTC day
 is the evaluation part (yesterday's model judged on today's traffic); otherwise the last half
-of the span (--split-at changes it). Labels by --horizon; a request whose horizon runs past
-the data's end is censored (dropped and counted, never labelled "ended"). A current model the
+of the span; either is refused (exit 2) when it holds fewer requests than --min-eval-samples,
+saying so (--split-at sets the cut instead). Labels by --horizon; a request whose horizon runs
+past the data's end is censored (dropped and counted, never labelled "ended"). A current model the
 trace cannot feed (a text model) is reported and the candidate promoted. A folder mixing
 conversation and trace files, or trace formats, is refused (exit 2). Of the embedder and
 training flags, trace files use only --hidden (default 32,32), --seed and --threads.
@@ -40,7 +41,9 @@ the same evaluation part by the integrated Brier score (lower is better; --retur
 concordance reported). Its outcome is the `return_model` section; --no-return-model skips it,
 and conversation logs skip it (no request times). The exit status stays the access model's
 decision; a failure of the return half is reported there and changes neither the access
-model's result nor the current return model.
+model's result nor the current return model. Files count as trained on (the next run's "new"
+starts after them) only once both models have decided on them: after a return half that
+failed, was locked out or was killed, the next run takes the same files again.
 
 exit status (the access model's decision): 0 promoted, 3 kept the current model, 4 no new
 data, 5 another run holds the lock, 1 failed, 2 bad arguments or log files that cannot be
@@ -244,6 +247,7 @@ def run(args: argparse.Namespace) -> int:
         log_trainer=TraceLogTrainer(
             horizon_s=args.horizon,
             split_at=args.split_at,
+            min_evaluation_requests=args.min_eval_samples,
             fit=AccessFitConfig(
                 hidden_sizes=tuple(args.hidden) if args.hidden else AccessFitConfig.hidden_sizes,
                 seed=args.seed,
