@@ -240,3 +240,34 @@ def test_a_few_bad_bytes_in_json_lines_are_still_repaired(tmp_path):
     result = load_conversations(str(path))
     assert len(result.conversations) == 1
     assert result.report.invalid_utf8_bytes_replaced == 1
+
+
+def test_json_arrays_joined_with_cat_are_refused_naming_the_second(tmp_path):
+    """The JSON-array sibling of request logs joined with `cat`: the second array's records
+    were dropped with only a note."""
+    from training.loaders import load_conversations
+
+    first = '[{"id": "a", "conversations": [{"from": "human", "value": "hi"}]}]\n'
+    second = '[{"id": "b", "conversations": [{"from": "human", "value": "ho"}]}]\n'
+    path = tmp_path / "all.json"
+    path.write_text(first + second)
+    with pytest.raises(MalformedFileError) as caught:
+        load_conversations(path)
+    assert str(caught.value) == (
+        f"{path}: byte {len(first)}: a second JSON array after the first one's closing ']': "
+        "were files joined with cat? pass the files separately (a folder of them)"
+    )
+
+
+def test_a_gzip_conversation_file_is_named_as_gzip(tmp_path):
+    """The loaders read no compressed input: say so, rather than "binary data"."""
+    import gzip
+
+    path = tmp_path / "chats.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"id": "a"}\n'))
+    with pytest.raises(MalformedFileError) as caught:
+        detect_layout(path)
+    assert str(caught.value) == (
+        f"{path}: gzip-compressed; conversation files are read uncompressed "
+        f"(gzip -dc {path} > {tmp_path / 'chats.jsonl'})"
+    )

@@ -29,6 +29,7 @@ LAYOUTS = (JSON_ARRAY, JSON_LINES, PARQUET)
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 _PARQUET_MAGIC = b"PAR1"
+_GZIP_MAGIC = b"\x1f\x8b"
 _BOM = "\ufeff"
 _WHITESPACE = re.compile(r"[ \t\r\n]*")
 _CUT_NUMBER_TAIL = re.compile(r"[-+.eE0-9]*")
@@ -72,6 +73,11 @@ def detect_layout(path: Path) -> str:
         return PARQUET
     if path.suffix == ".parquet":
         raise MalformedFileError(f"{path}: named .parquet but does not start with Parquet magic")
+    if head.startswith(_GZIP_MAGIC):
+        raise MalformedFileError(
+            f"{path}: gzip-compressed; conversation files are read uncompressed "
+            f"(gzip -dc {path} > {path.with_suffix('')})"
+        )
     binary = _binary_evidence(head)
     if binary:
         raise MalformedFileError(
@@ -416,9 +422,18 @@ class _JsonArrayScanner:
         self.report.notes.append(f"{self.name}: {why} (at byte {offset})")
 
     def _check_trailing(self, at: int) -> None:
+        """Note text after the closing `]`; refuse a second array there (files joined with
+        `cat`), whose records would otherwise be lost."""
         while self.fill():
             pass
         rest = self.buf[at:].strip()
+        if rest.startswith("["):
+            start = self.skip_whitespace(at)
+            raise MalformedFileError(
+                f"{self.name}: byte {self.locate(start)[1]}: a second JSON array after the "
+                "first one's closing ']': were files joined with cat? pass the files "
+                "separately (a folder of them)"
+            )
         if rest:
             self.report.notes.append(
                 f"{self.name}: {len(rest)} characters after the closing ']' were ignored"
