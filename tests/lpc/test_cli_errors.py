@@ -1,5 +1,11 @@
-"""Bad input through the real CLI process: one line on stderr, exit status 2, no traceback;
-a bug (any other exception) keeps its traceback instead of passing for bad input."""
+"""Bad input through the CLI's entry point: one line on stderr, exit status 2, no traceback;
+a bug (any other exception) keeps its traceback instead of passing for bad input.
+
+The cases run `lpc.cli.main.main` in process (what `python -m lpc.cli` calls, stdout and
+stderr captured); only what a process alone can show starts one: that bad data is refused
+before torch is imported, and that a hub data set is refused offline (the hub reads its
+offline switch when it is first imported).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,8 +27,35 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PNG_BYTES = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)) * 4 + b"\nIEND\xaeB`\x82\n"
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_python("-m", "lpc.cli", *args)
+@dataclass
+class CliResult:
+    """What a run of `lpc` gave: its exit status and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+CliRunner = Callable[..., CliResult]
+
+
+@pytest.fixture
+def run_cli(capsys, monkeypatch) -> CliRunner:
+    """`lpc ARGS` in this process, from the repository root, offline."""
+    monkeypatch.chdir(REPO_ROOT)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+
+    def run(*args: str) -> CliResult:
+        capsys.readouterr()  # nothing printed before belongs to this run
+        try:
+            status = cli.main(list(args))
+        except SystemExit as exit_:  # argparse's usage errors
+            status = exit_.code if isinstance(exit_.code, int) else 1
+        printed = capsys.readouterr()
+        return CliResult(status, printed.out, printed.err)
+
+    return run
 
 
 def run_python(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -41,7 +76,9 @@ def run_python(*argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def assert_one_line_error(result: subprocess.CompletedProcess[str], verb: str, *words: str):
+def assert_one_line_error(
+    result: CliResult | subprocess.CompletedProcess[str], verb: str, *words: str
+) -> str:
     errors = [line for line in result.stderr.splitlines() if line.startswith(f"lpc {verb}: ")]
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
@@ -94,37 +131,39 @@ def bad_data(tmp_path: Path) -> dict[str, Path]:
     }
 
 
-def test_ab_missing_dataset(tmp_path: Path):
+def test_ab_missing_dataset(run_cli, tmp_path: Path):
     result = run_cli("ab", "--dataset", str(tmp_path / "nonexistent"), "--out", str(tmp_path))
     assert_one_line_error(result, "ab", "nonexistent", "no such file or folder")
 
 
-def test_ab_empty_folder(bad_data, tmp_path: Path):
+def test_ab_empty_folder(run_cli, bad_data, tmp_path: Path):
     result = run_cli("ab", "--dataset", str(bad_data["empty_folder"]), "--out", str(tmp_path))
     assert_one_line_error(result, "ab", "no data files")
 
 
 def test_ab_hub_dataset_offline(tmp_path: Path):
-    result = run_cli("ab", "--dataset", "hf:nosuch/dataset", "--out", str(tmp_path / "out"))
+    result = run_python(
+        "-m", "lpc.cli", "ab", "--dataset", "hf:nosuch/dataset", "--out", str(tmp_path / "out")
+    )
     assert_one_line_error(result, "ab", "nosuch/dataset")
 
 
-def test_ab_out_is_a_file(bad_data):
+def test_ab_out_is_a_file(run_cli, bad_data):
     result = run_cli("ab", "--out", str(bad_data["a_file"]), "--no-progress")
     assert_one_line_error(result, "ab", "--out", "not a folder")
 
 
-def test_ab_out_below_a_file(bad_data):
+def test_ab_out_below_a_file(run_cli, bad_data):
     result = run_cli("ab", "--out", str(bad_data["a_file"] / "ab"), "--no-progress")
     assert_one_line_error(result, "ab", "--out", "not a folder")
 
 
-def test_ab_empty_policies(tmp_path: Path):
+def test_ab_empty_policies(run_cli, tmp_path: Path):
     result = run_cli("ab", "--policies", "", "--out", str(tmp_path))
     assert_one_line_error(result, "ab", "--policies", "no policy given")
 
 
-def test_ab_binary_file_as_jsonl(bad_data, tmp_path: Path):
+def test_ab_binary_file_as_jsonl(run_cli, bad_data, tmp_path: Path):
     """Every format's loader refuses it (tests/training/test_loaders_readers.py); one CLI run."""
     result = run_cli(
         "ab", "--dataset", str(bad_data["png"]), "--format", "lmsys", "--out", str(tmp_path)
@@ -148,7 +187,7 @@ def test_ab_refuses_bad_data_before_it_loads_torch(bad_data, tmp_path: Path):
 
 
 @pytest.mark.parametrize("verb", ["ab", "train"])
-def test_no_usable_conversation_is_refused_with_what_was_skipped(bad_data, tmp_path, verb):
+def test_no_usable_conversation_is_refused_with_what_was_skipped(run_cli, bad_data, tmp_path, verb):
     out = tmp_path / "out"
     result = run_cli(verb, "--dataset", str(bad_data["assistant_only"]), "--out", str(out))
     assert_one_line_error(
@@ -156,7 +195,7 @@ def test_no_usable_conversation_is_refused_with_what_was_skipped(bad_data, tmp_p
     )
 
 
-def test_ab_refuses_an_empty_evaluation_half(tmp_path: Path):
+def test_ab_refuses_an_empty_evaluation_half(run_cli, tmp_path: Path):
     """One conversation, hashed into the training half: nothing to replay, not a 0 % table."""
     turns = [{"from": r, "value": v} for r, v in [("human", "q1"), ("gpt", "a"), ("human", "q2")]]
     data = tmp_path / "one.jsonl"
@@ -166,7 +205,7 @@ def test_ab_refuses_an_empty_evaluation_half(tmp_path: Path):
     assert not (tmp_path / "results.csv").exists()
 
 
-def test_train_refuses_samples_of_one_label(bad_data, tmp_path: Path):
+def test_train_refuses_samples_of_one_label(run_cli, bad_data, tmp_path: Path):
     out = tmp_path / "model"
     result = run_cli("train", "--dataset", str(bad_data["single_turn"]), "--out", str(out))
     assert_one_line_error(result, "train", "all 26 training samples are label 0")
@@ -177,7 +216,7 @@ def test_train_refuses_samples_of_one_label(bad_data, tmp_path: Path):
     assert "cleaned: leading assistant messages dropped 1" in data_line
 
 
-def test_serve_model_is_checked_not_abbreviated(bad_data, tmp_path: Path):
+def test_serve_model_is_checked_not_abbreviated(run_cli, bad_data, tmp_path: Path):
     corrupt = tmp_path / "corrupt-model"
     corrupt.mkdir()
     (corrupt / "metadata.json").write_text("{ not json")
@@ -185,7 +224,7 @@ def test_serve_model_is_checked_not_abbreviated(bad_data, tmp_path: Path):
     assert_one_line_error(result, "serve", "corrupt-model")
 
 
-def test_flag_prefixes_are_not_expanded(tmp_path: Path):
+def test_flag_prefixes_are_not_expanded(run_cli, tmp_path: Path):
     result = run_cli("serve", "--model-r", str(tmp_path))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "unrecognized arguments: --model-r" in result.stderr
