@@ -28,12 +28,14 @@ from predictor.access_features import (
     state_functions,
 )
 from predictor.artifact import (
+    WEIGHTS_FILE,
     ArtifactCorruptError,
     ArtifactIncompatibleError,
     ArtifactMetadata,
     check_declared_features,
     read_verified,
 )
+from predictor.artifact_checks import check_finite_tensors
 
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.(weight|bias)$")
 
@@ -120,6 +122,7 @@ class AccessPredictor:
             raise ArtifactCorruptError(
                 f"artifact {folder}: weights cannot be parsed ({error})"
             ) from error
+        check_finite_tensors(folder, WEIGHTS_FILE, state)
         weights, biases = mlp_layers(folder, state)
         return cls(metadata, weights, biases, folder)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from predictor.access_features import FeatureError, check_names
+from predictor.artifact_checks import check_finite_tensors, check_standardisation
 from predictor.atomic_files import write_folder_atomically
 from predictor.errors import UserError
 from predictor.features import FeatureConfig, FeatureConfigError
@@ -86,15 +87,10 @@ class AccessInput:
     std: float
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"access feature name must be a non-empty string, got {self.name!r}")
-        for what, value in (("mean", self.mean), ("std", self.std)):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"access feature {self.name!r}: {what} must be a number")
-            if not math.isfinite(value):
-                raise ValueError(f"access feature {self.name!r}: {what} is not finite")
-        if self.std <= 0:
-            raise ValueError(f"access feature {self.name!r}: std must be > 0, got {self.std!r}")
+        try:
+            check_standardisation(self.name, self.mean, self.std)
+        except ValueError as error:
+            raise ValueError(f"inputs.access_features: {error}") from None
 
 
 @dataclass(frozen=True)
@@ -370,6 +366,7 @@ def load_artifact(
         raise ArtifactCorruptError(
             f"artifact {folder}: {WEIGHTS_FILE} cannot be parsed ({error})"
         ) from error
+    check_finite_tensors(folder, WEIGHTS_FILE, state)
     model = ContinuationMLP(metadata.mlp_config)
     try:
         model.load_state_dict(state, strict=True)

@@ -45,7 +45,19 @@ from predictor.access_features import (
     state_functions,
 )
 from predictor.access_predictor import mlp_layers
-from predictor.artifact import ArtifactCorruptError, ArtifactIncompatibleError
+from predictor.artifact import (
+    ArtifactCorruptError,
+    ArtifactIncompatibleError,
+    ArtifactMissingError,
+)
+from predictor.artifact_checks import (
+    check_choice,
+    check_finite_tensors,
+    check_grid,
+    check_layer_sizes,
+    check_standardisation,
+    non_finite_tensor,
+)
 from predictor.atomic_files import write_folder_atomically
 from predictor.return_curve import (
     ReturnCurve,
@@ -62,6 +74,10 @@ WEIGHTS_FILE = "model.safetensors"
 # per log-second goes on (`predictor.return_curve.continued_hazard_exponent`).
 TAILS = ("flat", "log-linear")
 DEFAULT_TAIL = "flat"
+# The semantics this code implements: durations from the request's completion, the curve used
+# at its release. An artifact declaring anything else would be read with the wrong clock.
+TIME_ORIGINS = ("completion",)
+KNOWN_AT = ("release",)
 
 
 @dataclass(frozen=True)
@@ -71,6 +87,9 @@ class ReturnInput:
     name: str
     mean: float
     std: float
+
+    def __post_init__(self) -> None:
+        check_standardisation(self.name, self.mean, self.std)  # the predictor divides by std
 
 
 @dataclass(frozen=True)
@@ -89,6 +108,20 @@ class ReturnModelMetadata:
     notes: dict[str, Any] = field(default_factory=dict)
     created_at: str = ""
     weights_sha256: str = ""
+
+    def __post_init__(self) -> None:
+        """The shared checks (`predictor.artifact_checks`): a metadata record that exists is
+        one every loader and the trainer's writer can use."""
+        check_grid(self.grid_s)
+        if not self.inputs:
+            raise ValueError("inputs: the model reads no input")
+        for item in self.inputs:
+            if not isinstance(item, ReturnInput):
+                raise ValueError(f"inputs: {item!r} is not an input record")
+        check_layer_sizes("hidden_sizes", self.hidden_sizes)
+        check_layer_sizes("members", (self.members,))
+        check_choice("time_origin", self.time_origin, TIME_ORIGINS)
+        check_choice("known_at", self.known_at, KNOWN_AT)
 
     @property
     def feature_names(self) -> tuple[str, ...]:
@@ -151,9 +184,16 @@ class ReturnTimePredictor:
         self.tail = tail
         self.grid_s = np.asarray(metadata.grid_s, np.float64)
         self.feature_names = check_names(metadata.feature_names, f"artifact {path}", "state")
-        self.mean = np.array([i.mean for i in metadata.inputs], np.float32)
-        self.scale = np.array([1.0 / i.std for i in metadata.inputs], np.float32)
+        with np.errstate(over="ignore"):  # an overflow is what the check below refuses
+            self.mean = np.array([i.mean for i in metadata.inputs], np.float32)
+            self.scale = np.array([1.0 / i.std for i in metadata.inputs], np.float32)
+        if not (np.isfinite(self.mean).all() and np.isfinite(self.scale).all()):
+            raise ArtifactCorruptError(
+                f"artifact {path}: {METADATA_FILE} field inputs: a mean or 1/std is beyond "
+                "float32 (the arithmetic the model computes in)"
+            )
         self.weights, self.biases = weights, biases
+        check_finite_tensors(path, WEIGHTS_FILE, _layer_tensors(weights, biases))
         self.members = metadata.members
         outputs = self.members * (len(self.grid_s) - 1)
         expected = [len(self.feature_names), *metadata.hidden_sizes, outputs]
@@ -232,27 +272,56 @@ class ReturnTimePredictor:
 
     @classmethod
     def load(cls, folder: Path | str, tail: str = DEFAULT_TAIL) -> ReturnTimePredictor:
+        """Load and check (`predictor.artifact_checks`) a return-time artifact; anything
+        wrong is one `ArtifactError` line naming the folder, the file and the field."""
+        from safetensors import SafetensorError
         from safetensors.numpy import load as load_numpy
 
         folder = Path(folder)
         metadata = read_return_metadata(folder)
-        payload = (folder / WEIGHTS_FILE).read_bytes()
+        weights_path = folder / WEIGHTS_FILE
+        if not weights_path.is_file():
+            raise ArtifactMissingError(f"artifact {folder}: {WEIGHTS_FILE} is missing")
+        payload = weights_path.read_bytes()
         digest = hashlib.sha256(payload).hexdigest()
         if digest != metadata.weights_sha256:
             raise ArtifactCorruptError(
                 f"artifact {folder}: {WEIGHTS_FILE} sha256 {digest[:12]}… differs from the "
                 f"recorded {metadata.weights_sha256[:12]}…"
             )
-        weights, biases = mlp_layers(folder, load_numpy(payload))
+        try:
+            state = load_numpy(payload)
+        except (SafetensorError, ValueError) as error:
+            raise ArtifactCorruptError(
+                f"artifact {folder}: {WEIGHTS_FILE} cannot be parsed ({error})"
+            ) from error
+        check_finite_tensors(folder, WEIGHTS_FILE, state)
+        weights, biases = mlp_layers(folder, state)
         return cls(metadata, weights, biases, folder, tail)
 
 
+def _layer_tensors(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]) -> dict:
+    """The layers under the names the artifact stores them by (`layers.<i>.weight|bias`)."""
+    return {
+        **{f"layers.{i}.weight": w for i, w in enumerate(weights)},
+        **{f"layers.{i}.bias": b for i, b in enumerate(biases)},
+    }
+
+
 def read_return_metadata(folder: Path | str) -> ReturnModelMetadata:
+    """The checked metadata of a return-time artifact (`ReturnModelMetadata.__post_init__`);
+    one `ArtifactError` line naming the folder, the file and the field otherwise."""
     folder = Path(folder)
+    if not folder.is_dir():
+        raise ArtifactMissingError(f"artifact {folder} does not exist")
+    if not (folder / METADATA_FILE).is_file():
+        raise ArtifactMissingError(f"artifact {folder}: {METADATA_FILE} is missing")
     try:
-        record = json.loads((folder / METADATA_FILE).read_text())
+        record = json.loads((folder / METADATA_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
-        raise ArtifactCorruptError(f"artifact {folder}: unreadable metadata ({error})") from error
+        raise ArtifactCorruptError(
+            f"artifact {folder}: {METADATA_FILE} is unreadable ({error})"
+        ) from error
     # Checked before the rest is parsed: another kind of artifact (the 180-s classifier, a
     # text model) is refused for what it is, not for the fields it lacks.
     declared = record.get("predicts") if isinstance(record, dict) else None
@@ -261,16 +330,22 @@ def read_return_metadata(folder: Path | str) -> ReturnModelMetadata:
             f"artifact {folder} declares predicts: {declared!r}, not {PREDICTS!r}: not a "
             "return-time model (lpc train-return)"
         )
-    try:
-        metadata = ReturnModelMetadata.from_dict(record)
-    except (ValueError, KeyError, TypeError) as error:
-        raise ArtifactCorruptError(f"artifact {folder}: unreadable metadata ({error})") from error
-    if metadata.format_version != RETURN_FORMAT_VERSION:
+    version = record.get("format_version")
+    if version != RETURN_FORMAT_VERSION:
         raise ArtifactIncompatibleError(
-            f"artifact {folder}: return-model format {metadata.format_version}, this version "
+            f"artifact {folder}: return-model format {version!r}, this version "
             f"reads {RETURN_FORMAT_VERSION}"
         )
-    return metadata
+    try:
+        return ReturnModelMetadata.from_dict(record)
+    except KeyError as error:
+        raise ArtifactCorruptError(
+            f"artifact {folder}: {METADATA_FILE} lacks field {error.args[0]!r}"
+        ) from None
+    except (ValueError, TypeError) as error:
+        raise ArtifactCorruptError(
+            f"artifact {folder}: {METADATA_FILE} is invalid: {error}"
+        ) from None
 
 
 def save_return_model(
@@ -288,6 +363,9 @@ def save_return_model(
     from safetensors.numpy import save as save_numpy
 
     folder = Path(folder)
+    bad = non_finite_tensor(_layer_tensors(weights, biases))
+    if bad is not None:  # refused before anything is written
+        raise ValueError(f"return model for {folder}: tensor {bad!r} holds NaN or infinity")
     tensors: dict[str, np.ndarray] = {}
     for index, (weight, bias) in enumerate(zip(weights, biases, strict=True)):
         tensors[f"layers.{index}.weight"] = np.ascontiguousarray(np.asarray(weight, np.float32).T)

@@ -41,9 +41,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     check = actions.add_parser(
         "check",
-        help="verify a predictor artifact and print its metadata",
-        description="Loads the artifact with every integrity check (files, sizes, sha256, "
-        "format version, weights vs metadata) and prints its metadata.",
+        help="verify a model artifact (text predictor, access or return model), print metadata",
+        description="Tells the artifact's kind from its metadata.json (a text predictor, an "
+        "access model, a return-time model), loads it with that kind's loader and every check "
+        "it makes (files, sizes, sha256, format version, finite statistics and weights, the "
+        "return grid, weights vs metadata; predictor.artifact_checks: the same checks lpc ab "
+        "and the vLLM plugin make) and prints its metadata. A text predictor needs the text "
+        "extra (torch); the other kinds load with numpy.",
     )
     check.add_argument("artifact", type=Path, help="artifact folder")
     check.add_argument("--embedder-id", default=None, help="also require this embedder id")
@@ -81,17 +85,20 @@ def run_import_e5(args: argparse.Namespace) -> int:
 
 def run_check(args: argparse.Namespace) -> int:
     from lpc.errors import CommandError
-    from predictor.artifact import ArtifactError, load_artifact
+    from predictor.artifact import ArtifactError
+    from predictor.artifact_checks import KIND_TEXT, artifact_kind, check_artifact
 
+    if artifact_kind(args.artifact) == KIND_TEXT:
+        extras.require("text")  # torch reads a text predictor's weights
     try:
-        artifact = load_artifact(args.artifact, expected_embedder_id=args.embedder_id)
+        checked = check_artifact(args.artifact, expected_embedder_id=args.embedder_id)
     except ArtifactError as error:
         raise CommandError(f"{type(error).__name__}: {error}") from error
-    metadata = artifact.metadata.to_dict()
+    metadata = checked.metadata
     if args.json:
-        print(json.dumps(metadata, indent=2, sort_keys=True))
+        print(json.dumps({"kind": checked.kind, **metadata}, indent=2, sort_keys=True))
     else:
-        print(f"ok: {args.artifact}")
+        print(f"ok: {args.artifact} ({checked.kind})")
         for key in (
             "embedder_id",
             "embedder_spec",
@@ -102,6 +109,10 @@ def run_check(args: argparse.Namespace) -> int:
             "feature_fingerprint",
             "metrics",
             "inputs",  # only in artifacts that read access features
+            "predicts",  # the return-time model's
+            "grid_s",
+            "hidden_sizes",
+            "members",
         ):
             if key in metadata:
                 print(f"  {key}: {metadata[key]}")

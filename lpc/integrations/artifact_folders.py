@@ -134,7 +134,11 @@ def load_configured(
     starts; anything wrong is one `PluginConfigError` naming the setting, its value and the
     cause (`setting`: "LPC_ACCESS_MODEL (access_model)"; `what`: "an access-only model")."""
     try:
-        pointer = artifact_pointer(Path(value))
+        try:
+            pointer = artifact_pointer(Path(value))
+        except OSError:  # a missing file: the loader names it as `lpc ab` and `lpc models` do
+            load(str(resolve_artifact(Path(value))))
+            raise
         return LoadedArtifact.of(load(pointer[0]), pointer)
     except (OSError, UserError, ValueError) as error:
         raise PluginConfigError(

@@ -28,9 +28,9 @@ from lpc.integrations.return_runtime import LoadedReturnModel, ReturnModelRuntim
 from lpc.integrations.vllm_plugin import PluginRuntime, build_runtime
 from predictor.access_features import ConversationState, RequestState
 from predictor.return_curve import ReturnCurve
-from predictor.return_time import ReturnTimePredictor
 from tests.integrations.access_models import SHIPPED as SHIPPED_ACCESS
 from tests.integrations.test_fail_safe import Request, StepClock, make_runtime, run_engine
+from tests.predictor.broken_artifacts import damaged_copy
 
 SHIPPED_RETURN = SHIPPED_ACCESS.parent / "mooncake-return"
 
@@ -56,16 +56,9 @@ def test_lpc_return_is_refused_without_a_return_model_or_with_another_artifact(
     assert "\n" not in str(refused.value)
     with pytest.raises(PluginConfigError, match=r"LPC_RETURN_MODEL .* cannot load"):
         return_runtime(return_model=str(tmp_path / "nowhere"))
-    # NaN weights: a model whose probe curve is no survival curve.
-    broken = tmp_path / "nan"
-    shutil.copytree(SHIPPED_RETURN, broken)
-    predictor = ReturnTimePredictor.load(broken)
-    from predictor.return_time import save_return_model
-
-    weights = [np.asarray(w).copy() for w in predictor.weights]
-    weights[-1][:] = np.nan
-    save_return_model(broken, predictor.metadata, weights, predictor.biases)
-    with pytest.raises(PluginConfigError, match="not a survival curve"):
+    # NaN weights (written past the writer, which refuses them): refused by the shared check.
+    broken = damaged_copy(SHIPPED_RETURN, tmp_path / "nan", tensor="layers.2.weight")
+    with pytest.raises(PluginConfigError, match=r"'layers\.2\.weight' holds NaN or infinity"):
         return_runtime(return_model=str(broken))
 
 
