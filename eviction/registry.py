@@ -17,6 +17,7 @@ from eviction.belady import BeladyEvictor
 from eviction.fifo import FIFOEvictor
 from eviction.lfu import LFUEvictor
 from eviction.lhd import LHDEvictor
+from eviction.libcachesim_caches import LRBEvictor, ThreeLCacheEvictor
 from eviction.lpc import LPCEvictor
 from eviction.lpc_pooled import PooledLPCEvictor
 from eviction.lru import LRUEvictor
@@ -24,7 +25,9 @@ from eviction.return_window import ReturnWindowEvictor
 from eviction.s3fifo import S3FIFOEvictor
 from eviction.sae import SAEEvictor
 from eviction.session_ref import SessionRefEvictor
+from eviction.sglang_tlru import SGLangTLRUEvictor
 from eviction.sieve import SieveEvictor
+from eviction.tlru import TLRUEvictor
 from eviction.wa import WAEvictor
 
 PolicyKind = Literal["heuristic", "fitted", "learned", "upper bound"]
@@ -66,6 +69,19 @@ POLICIES: dict[str, PolicyEntry] = {
             "lhd", LHDEvictor, "least hit density, by age and hit-age class (NSDI'18)", "heuristic"
         ),
         PolicyEntry(
+            "lrb",
+            LRBEvictor,
+            "learned online: farthest predicted next release among sampled blocks "
+            "(NSDI'20, libCacheSim; needs lpc[rivals])",
+            "heuristic",
+        ),
+        PolicyEntry(
+            "3l-cache",
+            ThreeLCacheEvictor,
+            "learned online, LRB's idea at lower cost (FAST'25, libCacheSim; needs lpc[rivals])",
+            "heuristic",
+        ),
+        PolicyEntry(
             "sae",
             SAEEvictor,
             "worst session first, tail first (vLLM PR #50422, CPU offload tier)",
@@ -83,6 +99,19 @@ POLICIES: dict[str, PolicyEntry] = {
             SessionRefEvictor,
             "a live session's latest chain outranks unreferenced blocks until an idle "
             "timeout (SGLang session references)",
+            "fitted",
+        ),
+        PolicyEntry(
+            "tlru",
+            TLRUEvictor,
+            "tail-optimized LRU: a chain's blocks past the next turn's TTFT budget first, then "
+            "LRU (NeurIPS'25)",
+            "fitted",
+        ),
+        PolicyEntry(
+            "sglang-tlru",
+            SGLangTLRUEvictor,
+            "T-LRU with each block's high-water chain length (SGLang's tlru)",
             "fitted",
         ),
         PolicyEntry(

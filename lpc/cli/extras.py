@@ -59,13 +59,14 @@ OPTIONAL_MODULES: dict[str, OptionalModule] = {
     "uvicorn": OptionalModule("serve", "uvicorn"),
     "pydantic": OptionalModule("serve", "pydantic"),
     "pydantic_core": OptionalModule("serve", "pydantic"),
+    "libcachesim": OptionalModule("rivals", "libcachesim"),  # lrb, 3l-cache
 }
 
 # Extras that include others (pyproject.toml: `train = ["lpc[text,replay]", ...]`).
 EXTRAS_INCLUDE: dict[str, tuple[str, ...]] = {
     "train": ("text", "replay"),
     "serve": ("text",),
-    "all": ("replay", "text", "data", "train", "serve"),
+    "all": ("replay", "text", "data", "train", "serve", "rivals"),
 }
 
 

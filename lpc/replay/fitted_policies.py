@@ -1,6 +1,6 @@
 """What the `fitted` policies learn from a replay's training part, and the categories WA reads.
 
-Two policies in `eviction` take constants fitted offline (the registry's kind `fitted`):
+Four policies in `eviction` take constants fitted offline (the registry's kind `fitted`):
 
 - `wa` (workload-aware, ATC'25 / vLLM PR #22236) needs, per request category, the chance that
   a released block is used again and the rate of its reuse time (exponential). The PR
@@ -14,6 +14,8 @@ Two policies in `eviction` take constants fitted offline (the registry's kind `f
   arrives: the turn is the number of user messages in the chat request, the type the product
   surface that sent it, and the frontend tags the request with them (the PR's `type_info`).
 - `session-ref` (SGLang session references with an idle timeout) needs the timeout.
+- `tlru` and `sglang-tlru` (T-LRU) need the next prompt's blocks and the TTFT budget's
+  (`lpc.replay.tlru_fit`, which states their rule).
 
 Fitting rules, written down before any evaluation request is replayed:
 
@@ -46,6 +48,7 @@ import numpy as np
 from eviction.session_ref import DEFAULT_TIMEOUT_S
 from eviction.wa import DEFAULT_REUSE_PROBABILITY, DEFAULT_REUSE_RATE_PER_S
 from lpc.blocks.hashing import BlockHash
+from lpc.replay.tlru_fit import fit_tlru
 from lpc.workload import WorkloadRequest, observed_think_times
 
 MAX_TURN = 8  # turns 8, 9, ... share the category `<type>_8+`
@@ -56,7 +59,7 @@ TIMEOUT_QUANTILE = 0.9
 EM_ITERATIONS = 500
 EM_TOLERANCE = 1e-10
 
-FITTED_POLICIES = ("wa", "session-ref")
+FITTED_POLICIES = ("wa", "session-ref", "tlru", "sglang-tlru")
 
 
 def category_of(request_type: str, turn_index: int) -> str:
@@ -273,4 +276,8 @@ def fit_policies(
         timeout = fit_session_timeout(requests, fitted_on)
         fits.options["session-ref"] = timeout.evictor_options()
         fits.report["session-ref"] = timeout.to_dict()
+    for name in sorted(names & {"tlru", "sglang-tlru"}):  # one rule (lpc.replay.tlru_fit)
+        tlru = fit_tlru(requests, block_size, fitted_on)
+        fits.options[name] = tlru.evictor_options()
+        fits.report[name] = tlru.to_dict()
     return fits

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from eviction import POLICIES as REGISTRY
 from eviction import FreedBlocks, FutureUses, Release, make_evictor
+from tests.eviction.policy_marks import policy_params
 
-POLICIES = list(REGISTRY)
+POLICIES = policy_params(REGISTRY)
 
 
 def build(name: str, num_blocks: int):

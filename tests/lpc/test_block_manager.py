@@ -18,6 +18,7 @@ from lpc.blocks.block_manager import (
     UnknownRequestError,
 )
 from lpc.blocks.hashing import BlockHasher
+from tests.eviction.policy_marks import policy_params
 from tests.lpc.streams import Allocate, random_stream
 
 
@@ -38,7 +39,7 @@ def snapshot(manager: PrefixCacheBlockManager) -> tuple:
     )
 
 
-@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("policy", policy_params(POLICIES))
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_invariants_hold_at_every_step(policy: str, seed: int) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from eviction import POLICIES, FutureUses, make_evictor
 from lpc.replay.host_tier import HostTier
+from tests.eviction.policy_marks import policy_params
 
 
 def keys(prefix: str, n: int) -> list[bytes]:
@@ -113,7 +114,7 @@ def test_load_requires_resident_chunks() -> None:
         host.load("r3", [*a, b"gone"], 0, 3, 2.0)
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("policy", policy_params(sorted(POLICIES)))
 def test_every_policy_keeps_the_tier_consistent(policy: str) -> None:
     options = {"future": FutureUses()} if POLICIES[policy].kind == "upper bound" else {}
     host = tier(6, policy, **options)

@@ -1,0 +1,27 @@
+"""Registered policies as pytest parameters, the libCacheSim-backed learned caches marked slow.
+
+Each `lrb` or `3l-cache` evictor builds a libCacheSim cache (0.1–0.3 s; LRB reserves about
+190 MB) and lists its eviction order by evicting in a forked process, so the tests that run
+every policy through hundreds of random steps run those two with the slow tests only; their
+own fast tests are `tests/eviction/test_learned_caches.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+
+from eviction import POLICIES
+from eviction.libcachesim_caches import LearnedCacheEvictor
+
+
+def is_learned_cache(name: str) -> bool:
+    factory = POLICIES[name].factory
+    return isinstance(factory, type) and issubclass(factory, LearnedCacheEvictor)
+
+
+def policy_params(names: Iterable[str]) -> list[Any]:
+    """`names` for `pytest.mark.parametrize`, the learned caches marked slow."""
+    return [pytest.param(n, marks=pytest.mark.slow) if is_learned_cache(n) else n for n in names]
