@@ -125,10 +125,13 @@ def _gather(path: Path) -> _Gathered:
     header: dict[str, Any] = {}
     header_file: Path | None = None
     cut_files: list[Path] = []
+    headerless: list[tuple[Path, int]] = []  # files (and first line) that start without one
     for file in files:
         lines = read_json_lines(file)
         if lines.skipped_last_lines:
             cut_files.append(file)
+        if lines.records and lines.records[0][1].get("format") != TRACE_FORMAT:
+            headerless.append((file, lines.records[0][0]))
         for index, (lineno, record) in enumerate(lines.records):
             if record.get("format") == TRACE_FORMAT:
                 if index > 0:
@@ -138,6 +141,15 @@ def _gather(path: Path) -> _Gathered:
                     header, header_file = dict(record), file
                 continue
             rows.append((file, lineno, record))
+    if headerless and header.get("key_fingerprint") is not None:
+        file, lineno = headerless[0]
+        raise fail(
+            file,
+            lineno,
+            f"no header, while {header_file}'s names 'key_fingerprint' "
+            f"{header['key_fingerprint']!r}: the key of this file's ids cannot be checked (a "
+            "request log starts with its header; was it cut or joined by hand?)",
+        )
     if len(files) > 1:
         header["files"] = len(files)
     return _Gathered(rows, header, cut_files)

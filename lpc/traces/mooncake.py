@@ -34,7 +34,8 @@ def parse_mooncake(path: Path, lines: JsonLines) -> pd.DataFrame:
                 path,
                 lineno,
                 f"'timestamp' {record['timestamp']} is before the previous line's "
-                f"{previous_ms:g}: a Mooncake trace lists requests in arrival order",
+                f"{previous_ms:g}: a Mooncake trace lists requests in arrival order (a "
+                "clock that starts again: traces joined with cat? give each a file of its own)",
             )
         previous_ms = timestamp_ms
         input_length = count(record, "input_length", path, lineno, minimum=1)

@@ -179,3 +179,28 @@ def test_logs_with_different_keys_are_refused_naming_both_files(tmp_path: Path, 
     )
     with pytest.raises(TraceError, match="'key_fingerprint' 'bbbb2222' differs"):
         load_trace_files(sorted(logs.iterdir()), "lpc", TraceOptions())  # `lpc retrain`'s way
+
+
+def test_a_log_without_a_header_beside_keyed_logs_is_refused(tmp_path: Path) -> None:
+    """The sibling of mixed keys: a file that starts without its header has no key to
+    compare."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a.jsonl").write_text(request_log(1, "aaaa1111", 4))
+    text = request_log(2, "aaaa1111", 4)
+    (logs / "b.jsonl").write_text("".join(text.splitlines(keepends=True)[1:]))
+    with pytest.raises(TraceError) as caught:
+        load_trace(logs, TraceOptions())
+    assert str(caught.value) == (
+        f"{logs}/b.jsonl:1: no header, while {logs}/a.jsonl's names 'key_fingerprint' "
+        "'aaaa1111': the key of this file's ids cannot be checked (a request log starts with "
+        "its header; was it cut or joined by hand?)"
+    )
+
+
+def test_mooncake_traces_joined_with_cat_are_named_so(tmp_path: Path) -> None:
+    lines = bundled_lines()[:50]
+    path = tmp_path / "all.jsonl"
+    path.write_text("\n".join(lines + lines) + "\n")
+    with pytest.raises(TraceError, match=r"all.jsonl:51: 'timestamp' .* traces joined with cat\?"):
+        load_trace(path, TraceOptions())
