@@ -10,6 +10,8 @@ from eviction import FreedBlocks, LRUEvictor, Release, make_evictor
 from eviction.sglang_tlru import SGLangTLRUEvictor
 from eviction.tlru import TLRUEvictor
 from lpc.blocks.block_manager import PrefixCacheBlockManager
+from lpc.replay.tlru_fit import fit_tlru, new_prompt_blocks
+from lpc.workload import ScriptedTurn, WorkloadRequest
 from tests.eviction.kv_policy_streams import drive
 from tests.eviction.reference_kv_policies import PlainBase
 from tests.eviction.test_lpc_reference import replay
@@ -171,3 +173,30 @@ def test_bad_constants_are_refused_in_one_line(name: str, options: dict, message
     with pytest.raises(ValueError, match=message) as error:
         make_evictor(name, 4, **options)
     assert name in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_training_part_fits_the_next_prompt_and_the_budget() -> None:
+    """Follow-up turns adding 1, 2, 2, 3 and 10 new blocks (4-token blocks): Q = the median
+    (2), xi = the 0.9 quantile rounded up (ceil(7.2) = 8); first turns add nothing."""
+    requests = []
+    t = 0.0
+    for conv, added in (("a", [1, 2]), ("b", [2, 3, 10])):
+        history = 8  # tokens of the first turn's prompt and reply: 2 blocks
+        requests.append(_request(conv, 0, 4, history, t))
+        for turn, blocks in enumerate(added, start=1):
+            t += 1.0
+            prompt = history + 4 * blocks
+            history = prompt + 4  # one block of reply
+            requests.append(_request(conv, turn, prompt, history, t))
+    assert sorted(new_prompt_blocks(requests, 4)) == [1, 2, 2, 3, 10]
+    fit = fit_tlru(requests, 4, "test")
+    assert (fit.next_prompt_blocks, fit.threshold_blocks, fit.follow_ups) == (2, 8, 5)
+    assert fit_tlru(requests[:1], 4, "test").evictor_options() == {
+        "threshold_blocks": 0,
+        "next_prompt_blocks": 0,
+    }
+
+
+def _request(conv: str, turn: int, prompt: int, total: int, t: float) -> WorkloadRequest:
+    scripted = ScriptedTurn(conv, turn, list(range(total)), prompt, True)
+    return WorkloadRequest(f"{conv}{turn}", scripted, t, t + 0.5)
