@@ -12,13 +12,35 @@ import sys
 from collections.abc import Sequence
 
 from lpc import __version__
-from lpc.cli import ab, bench, models, prequential, retrain, serve, train, train_return, vllm_ab
+from lpc.cli import (
+    ab,
+    bench,
+    fleet,
+    models,
+    prequential,
+    retrain,
+    serve,
+    train,
+    train_return,
+    vllm_ab,
+)
 from lpc.cli.extras import missing_extra
 from lpc.errors import CommandError, UserError
 
 __all__ = ["CommandError", "build_parser", "main"]
 
-COMMAND_MODULES = (ab, vllm_ab, train, train_return, prequential, retrain, serve, models, bench)
+COMMAND_MODULES = (
+    ab,
+    vllm_ab,
+    fleet,
+    train,
+    train_return,
+    prequential,
+    retrain,
+    serve,
+    models,
+    bench,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
