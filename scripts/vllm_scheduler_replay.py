@@ -151,7 +151,8 @@ def load_plugins(clock: SimulatedClock) -> dict[str, Any]:
 
     load_general_plugins()
     loaded: dict[str, Any] = {"vllm_plugins": os.environ.get("VLLM_PLUGINS")}
-    if "lpc.integrations.vllm_plugin" not in sys.modules:
+    loaded["lpc_imported"] = "lpc.integrations.vllm_plugin" in sys.modules
+    if not loaded["lpc_imported"]:
         loaded["lpc"] = False
         return loaded
     from lpc.integrations import vllm_plugin

@@ -117,7 +117,7 @@ def compare(
                 checks[f"{run_.policy.label}_equals_replay"] = shadow_replay_check(
                     run_, requests_file.path
                 )
-            if run_.policy.name not in ("lpc-const", *SHADOW) or lru is None:
+            if run_.policy.name not in ("installed", "lpc-const", *SHADOW) or lru is None:
                 continue
             assert run_.records is not None and lru.records is not None
             divergence = first_divergence(lru.records, run_.records, PARITY_FIELDS)

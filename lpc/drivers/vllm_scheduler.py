@@ -7,7 +7,9 @@ environment (vLLM loads the plugin from its `vllm.general_plugins` entry point w
 and reads back its summary and per-step records. `lpc vllm-ab` (`lpc.cli.vllm_ab`) is the
 command; `tests/integrations/test_vllm_scheduler.py` the tests.
 
-Policies: `lru` is stock vLLM (`VLLM_PLUGINS=` empty: no plugin); `lpc-const[=P]` the plugin
+Policies: `lru` is stock vLLM (`VLLM_PLUGINS=` empty: no plugin); `installed` the plugin
+installed but not configured (`VLLM_PLUGINS` unset, so vLLM loads it, and no LPC setting: it
+must leave vLLM stock); `lpc-const[=P]` the plugin
 with one p for every release (its fallback p; no request carries one); `lpc` and `lpc-pooled`
 the plugin's two LPC evictors (`LPC_EVICTOR`) with p from an access-only model run in
 process (`LPC_ACCESS_MODEL`) or, without one, each request's `probability` from the trace
@@ -86,7 +88,7 @@ class PolicySettings:
 
 @dataclass(frozen=True)
 class Policy:
-    name: str  # lru, lpc-const, lpc, lpc-pooled, lpc-return, shadow, shadow-pooled
+    name: str  # lru, installed, lpc-const, lpc, lpc-pooled, lpc-return, shadow, shadow-pooled
     constant: float | None = None  # lpc-const's p
 
     @property
@@ -95,16 +97,16 @@ class Policy:
 
 
 def parse_policies(text: str) -> list[Policy]:
-    """`lru,lpc-const,lpc,lpc-pooled,lpc-return,shadow,shadow-pooled`; `lpc-const=P` sets the
-    constant (default 0.5)."""
+    """`lru,installed,lpc-const,lpc,lpc-pooled,lpc-return,shadow,shadow-pooled`;
+    `lpc-const=P` sets the constant (default 0.5)."""
     policies = []
     for item in (part.strip() for part in text.split(",")):
         if not item:
             continue
         name, _, value = item.partition("=")
-        if name not in ("lru", "lpc-const", *LEARNED, *SHADOW):
+        if name not in ("lru", "installed", "lpc-const", *LEARNED, *SHADOW):
             raise ValueError(
-                f"unknown policy {item!r}: choose lru, lpc-const[=P], lpc, lpc-pooled, "
+                f"unknown policy {item!r}: choose lru, installed, lpc-const[=P], lpc, lpc-pooled, "
                 "lpc-return, shadow, shadow-pooled"
             )
         if value and name != "lpc-const":
@@ -208,6 +210,8 @@ def policy_environment(policy: Policy, settings: PolicySettings) -> tuple[dict[s
     trace's probabilities."""
     if policy.name == "lru":
         return {"VLLM_PLUGINS": ""}, False
+    if policy.name == "installed":  # vLLM loads every installed plugin; LPC is not configured
+        return {}, False
     env = {
         "VLLM_PLUGINS": "lpc",
         "LPC_SCALE": repr(settings.scale_per_s),
@@ -329,7 +333,11 @@ def run_policy(
             f"the vLLM scheduler driver failed for {policy.label} (exit {done.returncode}):\n{tail}"
         )
     summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    expected = policy.name != "lru"
+    expected = policy.name not in ("lru", "installed")
+    if policy.name == "installed" and not summary["plugins"].get("lpc_imported"):
+        raise SchedulerRunFailed(
+            f"installed: vLLM did not load the LPC plugin (plugins {summary['plugins']})"
+        )
     if bool(summary["plugins"].get("lpc")) != expected:
         raise SchedulerRunFailed(
             f"{policy.label}: the LPC plugin was {'not ' if expected else ''}loaded by vLLM "

@@ -5,7 +5,9 @@ between releases. A plugin that patched a vLLM whose internals had changed would
 it would silently evict in the wrong order, or not at all. So registration first checks the
 version (pinned) and then the exact shape of everything it touches — the queue's methods,
 the signatures it wraps, the block fields it reads, the lookup of the queue class at
-`BlockPool` construction — and refuses to load, listing every mismatch, otherwise.
+`BlockPool` construction — and otherwise leaves vLLM stock, with one warning line listing
+every mismatch: a plugin that stopped the engine on an upgrade would turn a routine vLLM
+release into an outage, and stock vLLM is always a safe way to serve.
 """
 
 from __future__ import annotations
@@ -44,24 +46,15 @@ BLOCK_PROPERTIES = ("block_hash", "block_hash_num_tokens")
 ACCESS_REQUEST_FIELDS = ("arrival_time", "prompt_token_ids", "output_token_ids")
 
 
-class IncompatibleVllmError(RuntimeError):
-    """The installed vLLM is not one the plugin can patch safely."""
-
-
-def check_version(version: str, allow_untested: bool) -> str | None:
-    """None when supported; else the problem (a warning when `allow_untested`)."""
+def check_version(version: str) -> str | None:
+    """None when `version` is the verified one; else the problem, for the one warning line
+    (the plugin then leaves vLLM stock unless `ALLOW_UNTESTED_VARIABLE` is 1)."""
     if version == SUPPORTED_VLLM_VERSION:
         return None
-    problem = (
-        f"vLLM {version} is installed; the LPC plugin is pinned to vLLM "
-        f"{SUPPORTED_VLLM_VERSION} (it replaces vLLM internals that change between releases)"
+    return (
+        f"vLLM {version} is installed; the LPC plugin is verified with vLLM "
+        f"{SUPPORTED_VLLM_VERSION} only (it replaces vLLM internals that change between releases)"
     )
-    if not allow_untested:
-        raise IncompatibleVllmError(
-            f"{problem}. Install vllm=={SUPPORTED_VLLM_VERSION}, or set "
-            f"{ALLOW_UNTESTED_VARIABLE}=1 to load it anyway if every structural check passes."
-        )
-    return problem
 
 
 def _parameters(function: Any) -> tuple[str, ...]:

@@ -1,11 +1,15 @@
 """The vLLM plugin: LPC eviction in vLLM 0.33.0's prefix cache.
 
-vLLM loads it through the `vllm.general_plugins` entry point (`lpc`, allow-listed with
-`VLLM_PLUGINS=lpc`) in every process before the engine core builds its scheduler, so
-`register()` runs before any `BlockPool` exists. It then:
+vLLM loads it through the `vllm.general_plugins` entry point (`lpc`; vLLM loads every
+installed plugin when `VLLM_PLUGINS` is unset) in every process before the engine core builds
+its scheduler, so `register()` runs before any `BlockPool` exists. Installed, it changes
+nothing: it acts only where an operator configured LPC (`engine_config`: an `lpc` table in
+vLLM's `--additional-config`, installed when that engine's scheduler is built, or the `LPC_*`
+environment, installed at once). Where configured it:
 
-1. checks that the installed vLLM is the pinned one and has exactly the internals it patches
-   (`vllm_compat`), refusing to load otherwise;
+1. checks that the installed vLLM is the verified one and has exactly the internals it
+   patches (`vllm_compat`); otherwise it logs one warning line and vLLM runs stock (it never
+   stops vLLM from starting);
 2. replaces `vllm.v1.core.block_pool.FreeKVCacheBlockQueue`, which `BlockPool` looks up when
    it is built, with `LPCFreeBlockQueue`, an adapter driving `eviction.lpc.LPCEvictor`;
 3. wraps `KVCacheManager.free` and `pop_blocks_for_free` (a request releases its blocks) to
@@ -109,6 +113,7 @@ from eviction.lpc import DEFAULT_FALLBACK_PROBABILITY
 from lpc.integrations import engine_checks, vllm_compat
 from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
+from lpc.integrations.engine_config import config_from_table, configured_by_environment, lpc_table
 from lpc.integrations.finished_releases import FinishedReleases
 from lpc.integrations.metrics import (
     MetricsServer,
@@ -432,6 +437,11 @@ class _Registration:
 
 
 _REGISTRATION: _Registration | None = None
+# Why this process runs stock vLLM (an unverified vLLM), once said; None: not decided so.
+_STOCK_REASON: str | None = None
+# The scheduler class whose constructor waits for an `additional_config` `lpc` table, and
+# its own `__init__` (or _ABSENT); None: not armed.
+_ARMED: tuple[Any, Any] | None = None
 _ABSENT = object()  # an attribute the class inherited rather than defined
 _LOCK = threading.Lock()
 
@@ -674,15 +684,22 @@ def register(
     clock: Clock | None = None,
     predictor_client: PredictionClient | None = None,
 ) -> None:
-    """Install LPC eviction into vLLM (the `vllm.general_plugins` entry point).
+    """The `vllm.general_plugins` entry point: install LPC eviction where it is configured.
+
+    Opt in (`engine_config`): without arguments LPC is installed only when the `LPC_*`
+    environment configures it; otherwise the only change is a pass-through hook on the
+    scheduler's constructor that installs LPC when an engine's `--additional-config` has an
+    `lpc` table, and leaves every other engine exactly stock. Never refuses to start: on a
+    vLLM it is not verified with, it logs one warning line and vLLM runs stock
+    (`LPC_VLLM_ALLOW_UNTESTED=1` loads it anyway when every structural check passes). A bad
+    setting raises `PluginConfigError` naming the field.
 
     Idempotent: vLLM may load plugins several times per process; a call without arguments
-    while registered does nothing. Arguments (for tests and embedding) override the
-    environment's configuration, the clock and the predictor client; changing them requires
-    `unregister()` first. Raises `IncompatibleVllmError` on a vLLM it cannot patch safely and
-    `PluginConfigError` on a bad setting.
+    while registered does nothing. Arguments (for tests and embedding) configure LPC
+    explicitly and override the clock and the predictor client; changing them requires
+    `unregister()` first.
     """
-    global _REGISTRATION
+    global _STOCK_REASON
     with _LOCK:
         if _REGISTRATION is not None:
             if config is not None or clock is not None or predictor_client is not None:
@@ -691,22 +708,46 @@ def register(
                     "it with another configuration, clock or predictor client"
                 )
             return
-        modules = _import_vllm()
-        _check_vllm(modules)
-        config = config if config is not None else load_config()
-        runtime = build_runtime(
-            config,
-            clock,
-            predictor_client,
-            # Late-bound: the registration is complete before any queue is built.
-            activate=lambda: _activate(registration),
-        )
-        queues = runtime.queues
-        registration = _Registration(runtime, [])
-        for owner, name, value in _patches(modules, runtime):
-            registration.originals.append((owner, name, owner.__dict__.get(name, _ABSENT)))
-            setattr(owner, name, value)
-        _REGISTRATION = registration
+        if _STOCK_REASON is not None:  # said once; vLLM calls plugins again in this process
+            return
+        try:
+            modules = _import_vllm()
+        except Exception as error:  # not the vLLM it was built for: stock, said once
+            _STOCK_REASON = f"vLLM's modules cannot be imported ({error!r})"
+            logger.warning("LPC eviction is off, vLLM runs stock: %s", _STOCK_REASON)
+            return
+        reason = _unverified_vllm(modules)
+        if reason is not None:
+            _STOCK_REASON = reason
+            logger.warning("LPC eviction is off, vLLM runs stock: %s", reason)
+            return
+        if config is None and not configured_by_environment(os.environ):
+            _arm_additional_config(modules, clock, predictor_client)
+            return
+        _install(modules, config if config is not None else load_config(), clock, predictor_client)
+
+
+def _install(
+    modules: dict[str, Any],
+    config: PluginConfig,
+    clock: Clock | None,
+    predictor_client: PredictionClient | None,
+) -> None:
+    """Build the runtime and patch vLLM (under `_LOCK`, nothing registered yet)."""
+    global _REGISTRATION
+    runtime = build_runtime(
+        config,
+        clock,
+        predictor_client,
+        # Late-bound: the registration is complete before any queue is built.
+        activate=lambda: _activate(registration),
+    )
+    queues = runtime.queues
+    registration = _Registration(runtime, [])
+    for owner, name, value in _patches(modules, runtime):
+        registration.originals.append((owner, name, owner.__dict__.get(name, _ABSENT)))
+        setattr(owner, name, value)
+    _REGISTRATION = registration
     logger.info(
         "LPC eviction plugin registered in vLLM %s (pid %d): %s",
         modules["vllm"].__version__,
@@ -718,13 +759,48 @@ def register(
     )
 
 
-def _check_vllm(modules: dict[str, Any]) -> None:
-    """Refuse a vLLM whose structures the patches do not fit (`IncompatibleVllmError`, naming
-    every problem); load an untested version only when the operator allows it, with a
-    warning."""
+def _arm_additional_config(
+    modules: dict[str, Any], clock: Clock | None, predictor_client: PredictionClient | None
+) -> None:
+    """Unconfigured by the environment: wrap the scheduler's constructor so that an engine
+    whose `additional_config` has an `lpc` table installs LPC before it builds its KV cache
+    (its `BlockPool` looks the queue class up then); every other engine is built untouched."""
+    global _ARMED
+    if _ARMED is not None:
+        return
+    scheduler_class = modules["scheduler"].Scheduler
+    original = scheduler_class.__dict__.get("__init__", _ABSENT)
+    stock_init = scheduler_class.__init__
+
+    @functools.wraps(stock_init)
+    def __init__(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        if _REGISTRATION is None:
+            table = lpc_table(vllm_config)
+            if table is not None:
+                config = config_from_table(table)
+                with _LOCK:
+                    if _REGISTRATION is None:
+                        _install(modules, config, clock, predictor_client)
+                # The installed wrapper (engine checks, the CPU tier's settings), then this.
+                return scheduler_class.__init__(self, vllm_config, *args, **kwargs)
+        return stock_init(self, vllm_config, *args, **kwargs)
+
+    scheduler_class.__init__ = __init__
+    _ARMED = (scheduler_class, original)
+
+
+def _unverified_vllm(modules: dict[str, Any]) -> str | None:
+    """Why the plugin must leave this vLLM stock (None: it fits): a version it is not
+    verified with (unless `LPC_VLLM_ALLOW_UNTESTED=1`, then only a warning), or structures its
+    patches do not fit, every mismatch named."""
     version = modules["vllm"].__version__
+    untested = vllm_compat.check_version(version)
     allow_untested = os.environ.get(vllm_compat.ALLOW_UNTESTED_VARIABLE) == "1"
-    untested = vllm_compat.check_version(version, allow_untested)
+    if untested is not None and not allow_untested:
+        return (
+            f"{untested}; install vllm=={vllm_compat.SUPPORTED_VLLM_VERSION}, or set "
+            f"{vllm_compat.ALLOW_UNTESTED_VARIABLE}=1 to load it if every structural check passes"
+        )
     problems = vllm_compat.structural_problems(
         modules["block_pool"],
         modules["kv_cache_utils"],
@@ -734,11 +810,10 @@ def _check_vllm(modules: dict[str, Any]) -> None:
         modules["scheduler"],
     )
     if problems:
-        raise vllm_compat.IncompatibleVllmError(
-            f"cannot load the LPC plugin into vLLM {version}: " + "; ".join(problems)
-        )
-    if untested:
+        return f"the LPC plugin does not fit vLLM {version}: " + "; ".join(problems)
+    if untested is not None:
         logger.warning("%s; loading anyway (%s=1)", untested, vllm_compat.ALLOW_UNTESTED_VARIABLE)
+    return None
 
 
 def _patches(modules: dict[str, Any], runtime: PluginRuntime) -> list[tuple[Any, str, Any]]:
@@ -828,9 +903,12 @@ def _activate(registration: _Registration) -> None:
 
 def unregister() -> None:
     """Restore stock vLLM for pools built from now on (tests, or a process switching modes)."""
-    global _REGISTRATION
+    global _REGISTRATION, _ARMED, _STOCK_REASON
     with _LOCK:
         registration = _REGISTRATION
+        _STOCK_REASON = None
+        if _ARMED is not None and registration is None:
+            _disarm()
         if registration is None:
             return
         for owner, name, original in reversed(registration.originals):
@@ -851,6 +929,20 @@ def unregister() -> None:
         if registration.runtime.request_log is not None:
             registration.runtime.request_log.close()
         _REGISTRATION = None
+        if _ARMED is not None:
+            _disarm()
+
+
+def _disarm() -> None:
+    """Take the `additional_config` hook off the scheduler's constructor (under `_LOCK`)."""
+    global _ARMED
+    assert _ARMED is not None
+    scheduler_class, original = _ARMED
+    if original is _ABSENT:
+        delattr(scheduler_class, "__init__")
+    else:
+        scheduler_class.__init__ = original
+    _ARMED = None
 
 
 def is_registered() -> bool:

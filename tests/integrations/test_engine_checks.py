@@ -113,5 +113,5 @@ vllm_plugin.unregister()
 
 @pytest.mark.vllm
 def test_vllm_scheduler_refuses_a_hybrid_kv_cache(vllm_python: Path) -> None:
-    out = run_snippet(vllm_python, REFUSE_IN_VLLM, env={"VLLM_PLUGINS": "lpc"})
+    out = run_snippet(vllm_python, REFUSE_IN_VLLM, env={"VLLM_PLUGINS": "lpc", "LPC_MODE": "lpc"})
     assert "REFUSED: the LPC eviction plugin is not verified with 2 KV cache groups" in out

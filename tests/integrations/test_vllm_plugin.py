@@ -216,11 +216,121 @@ print(json.dumps({"queue": type(manager.block_pool.free_block_queue).__name__}))
 
 
 def test_vllm_loads_the_plugin_from_its_entry_point(vllm_python: Path, tmp_path: Path) -> None:
+    """Loaded by vLLM's own plugin machinery, LPC runs only where configured: installed and
+    loaded (`VLLM_PLUGINS` unset: vLLM loads every installed plugin) but not configured, vLLM
+    keeps its own queue."""
     site = entry_point_site(tmp_path, "vllm.general_plugins")
-    loaded = run_snippet(vllm_python, LOAD_AND_BUILD, {"VLLM_PLUGINS": "lpc"}, extra_path=site)
+    configured = {"VLLM_PLUGINS": "lpc", "LPC_MODE": "lpc"}
+    loaded = run_snippet(vllm_python, LOAD_AND_BUILD, configured, extra_path=site)
     assert json.loads(loaded.splitlines()[-1]) == {"queue": "LPCFreeKVCacheBlockQueue"}
+    installed = run_snippet(vllm_python, LOAD_AND_BUILD + INSTALLED_CHECK, extra_path=site)
+    assert json.loads(installed.splitlines()[-1]) == {
+        "queue": "FreeKVCacheBlockQueue",
+        "plugin_loaded": True,
+        "registered": False,
+        "stock_methods": True,
+    }
     other = run_snippet(vllm_python, LOAD_AND_BUILD, {"VLLM_PLUGINS": "other"}, extra_path=site)
     assert json.loads(other.splitlines()[-1]) == {"queue": "FreeKVCacheBlockQueue"}
+
+
+INSTALLED_CHECK = """
+import sys
+from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
+from lpc.integrations import vllm_plugin
+stock = all(
+    getattr(owner, name).__module__.startswith("vllm.")
+    for owner, name in (
+        (KVCacheManager, "free"), (KVCacheManager, "allocate_slots"),
+        (KVCacheManager, "pop_blocks_for_free"), (KVCacheManager, "get_computed_blocks"),
+        (BlockPool, "free_blocks"), (BlockPool, "__init__"),
+    )
+)
+print(json.dumps({
+    "queue": type(manager.block_pool.free_block_queue).__name__,
+    "plugin_loaded": "lpc.integrations.vllm_plugin" in sys.modules,
+    "registered": vllm_plugin.is_registered(),
+    "stock_methods": stock and manager.block_pool.free_block_queue.__class__ is FreeKVCacheBlockQueue,
+}))
+"""
+
+
+ADDITIONAL_CONFIG = """
+import json, logging, sys, torch
+from pathlib import Path
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+sys.path.insert(0, "scripts")
+import vllm_scheduler_replay as driver  # its stand-in model: a ModelConfig without weights
+Path(MODEL_DIR).mkdir(parents=True, exist_ok=True)
+driver.write_model_config(Path(MODEL_DIR), 64)
+driver.register_standin_architecture()
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.structured_output import StructuredOutputManager
+from lpc.integrations import vllm_plugin
+from lpc.integrations.config import PluginConfigError
+
+lines = []
+class Lines(logging.Handler):
+    def emit(self, record):
+        lines.append(record.getMessage())
+logging.getLogger("vllm.plugins.lpc").addHandler(Lines())
+logging.getLogger("vllm.plugins.lpc").setLevel(logging.INFO)  # vLLM's own level when serving
+
+def scheduler(additional):
+    vllm_config = VllmConfig(
+        model_config=ModelConfig(model=MODEL_DIR, skip_tokenizer_init=True, max_model_len=64,
+                                 dtype="float32", seed=0),
+        scheduler_config=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64,
+                                         max_model_len=64, is_encoder_decoder=False),
+        cache_config=CacheConfig(block_size=4, enable_prefix_caching=True),
+        device_config=DeviceConfig(device="cpu"),
+        additional_config=additional,
+    )
+    vllm_config.cache_config.num_gpu_blocks = 8
+    kv = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
+        ["layer0"], FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1,
+                                      dtype=torch.float32))])
+    built = Scheduler(vllm_config=vllm_config, kv_cache_config=kv,
+                      structured_output_manager=StructuredOutputManager(vllm_config),
+                      block_size=4, hash_block_size=4)
+    return type(built.kv_cache_manager.block_pool.free_block_queue).__name__
+
+out = {"plain": scheduler({}), "registered_after_plain": vllm_plugin.is_registered()}
+try:
+    scheduler({"lpc": {"fallback_probability": 1.5}})
+except PluginConfigError as error:
+    out["bad"] = str(error)
+out["lpc"] = scheduler({"lpc": {"evictor": "lpc", "fallback_probability": 0.3}})
+out["config"] = vllm_plugin.stats_snapshot()["config"]["fallback_probability"]
+out["logged"] = any("fallback_probability=0.3" in line for line in lines)
+vllm_plugin.unregister()
+out["after_unregister"] = scheduler({"lpc": {}})
+print(json.dumps(out))
+"""
+
+
+def test_vllm_s_additional_config_turns_lpc_on_for_that_engine(
+    vllm_python: Path, tmp_path: Path
+) -> None:
+    """`--additional-config '{"lpc": {...}}'`: the engine whose config has the table runs LPC
+    with those settings (validated, a bad field named; logged in vLLM's log); an engine
+    without it, in the same process, is stock vLLM."""
+    site = entry_point_site(tmp_path / "site", "vllm.general_plugins")
+    code = ADDITIONAL_CONFIG.replace("MODEL_DIR", repr(str(tmp_path / "model")))
+    out = json.loads(run_snippet(vllm_python, code, extra_path=site).splitlines()[-1])
+    assert out == {
+        "plain": "FreeKVCacheBlockQueue",
+        "registered_after_plain": False,
+        "bad": "additional_config['lpc'].fallback_probability must be in [0, 1], got 1.5",
+        "lpc": "LPCFreeKVCacheBlockQueue",
+        "config": 0.3,
+        "logged": True,
+        "after_unregister": "FreeKVCacheBlockQueue",
+    }
 
 
 def test_a_bad_setting_stops_vllm_with_a_clear_message(vllm_python: Path, tmp_path: Path) -> None:
@@ -255,16 +365,22 @@ def test_a_corrupt_access_model_stops_vllm_with_a_clear_message(
 
 
 REGISTER_ON_ALTERED_VLLM = """
+import logging
 import vllm, vllm.v1.core.kv_cache_utils as utils, vllm.v1.core.block_pool as pool
 from lpc.integrations import vllm_plugin
-from lpc.integrations.vllm_compat import IncompatibleVllmError
+warnings = []
+class Warnings(logging.Handler):
+    def emit(self, record):
+        if record.levelno >= logging.WARNING:
+            warnings.append(record.getMessage())
+logging.getLogger("vllm.plugins.lpc").addHandler(Warnings())
 {alteration}
-try:
-    vllm_plugin.register()
-except IncompatibleVllmError as error:
-    print("REFUSED:", error)
-else:
-    print("LOADED", pool.FreeKVCacheBlockQueue.__name__)
+vllm_plugin.register()
+vllm_plugin.register()  # vLLM loads plugins more than once per process: said once
+print("WARNINGS", len(warnings))
+for line in warnings:
+    print("WARNING:", line)
+print("QUEUE", pool.FreeKVCacheBlockQueue.__name__)
 """
 
 
@@ -274,14 +390,16 @@ else:
         (
             "vllm.__version__ = '0.34.0'",
             {},
-            "REFUSED: vLLM 0.34.0 is installed; the LPC plugin is pinned",
+            "WARNING: LPC eviction is off, vLLM runs stock: vLLM 0.34.0 is installed; the LPC "
+            "plugin is verified with vLLM 0.33.0 only",
         ),
-        ("vllm.__version__ = '0.34.0'", {"LPC_VLLM_ALLOW_UNTESTED": "1"}, "LOADED LPCFree"),
+        ("vllm.__version__ = '0.34.0'", {"LPC_VLLM_ALLOW_UNTESTED": "1"}, "QUEUE LPCFree"),
         (
             "utils.FreeKVCacheBlockQueue.pop_lru_n = lambda self, n: None",
             {},
-            "REFUSED: cannot load the LPC plugin into vLLM 0.33.0: FreeKVCacheBlockQueue has "
-            "methods the LPC queue does not implement: pop_lru_n",
+            "WARNING: LPC eviction is off, vLLM runs stock: the LPC plugin does not fit vLLM "
+            "0.33.0: FreeKVCacheBlockQueue has methods the LPC queue does not implement: "
+            "pop_lru_n",
         ),
         (
             "pool.BlockPool.free_blocks = lambda self, blocks, now: None",
@@ -303,11 +421,19 @@ else:
         "no-prompt-token-count",
     ],
 )
-def test_an_incompatible_vllm_is_refused(
+def test_an_unverified_vllm_runs_stock_with_one_warning(
     vllm_python: Path, alteration: str, env: dict, expected: str
 ) -> None:
-    out = run_snippet(vllm_python, REGISTER_ON_ALTERED_VLLM.format(alteration=alteration), env)
+    """A vLLM the plugin is not verified with never stops vLLM from starting: one warning
+    line (vLLM calls plugins more than once) and vLLM's own queue."""
+    configured = {"LPC_MODE": "lpc", **env}
+    code = REGISTER_ON_ALTERED_VLLM.format(alteration=alteration)
+    out = run_snippet(vllm_python, code, configured)
     assert expected in out, out
+    if "LPC_VLLM_ALLOW_UNTESTED" in env:
+        assert "WARNINGS 1" in out and "loading anyway" in out, out
+    else:
+        assert "WARNINGS 1" in out and "QUEUE FreeKVCacheBlockQueue" in out, out
 
 
 # -- the predictor down, hanging, or answering ---------------------------------------------
@@ -855,7 +981,7 @@ print("RESTORED")
 
 
 def test_registration_is_idempotent_and_reversible(vllm_python: Path) -> None:
-    out = run_snippet(vllm_python, REGISTER_TWICE)
+    out = run_snippet(vllm_python, REGISTER_TWICE, {"LPC_MODE": "lpc"})
     assert "RECONFIGURE: the LPC plugin is already registered" in out and "RESTORED" in out
 
 

@@ -10,6 +10,9 @@ mode, the kill switch, data parallelism, the whole trace) are the vLLM CI step's
 
 What one run shows (each policy in its own vLLM process, the plugin loaded by vLLM's
 `load_general_plugins` from its entry point):
+- installed but not configured (`VLLM_PLUGINS` unset, so vLLM loads it, and no LPC setting),
+  the plugin leaves vLLM stock: the same schedule as stock vLLM at every step, vLLM's own
+  queue class;
 - `lpc-const` schedules exactly as stock vLLM at every step (tokens per request, chunks,
   preemptions, prefix hits, the blocks allocated), with chunked prefills and preemptions
   actually happening;
@@ -32,7 +35,7 @@ ENGINE = (
     *("--kv-tokens", "2000", "--block-size", "16", "--max-num-batched-tokens", "256"),
     *("--max-num-seqs", "16", "--step-base-ms", "10", "--step-per-token-us", "100"),
 )
-POLICIES = ("lru", "lpc-const=0.5", "lpc-pooled")
+POLICIES = ("lru", "installed", "lpc-const=0.5", "lpc-pooled")
 
 
 def test_a_small_workload_through_vllm_scheduler(vllm_python: Path, tmp_path: Path) -> None:
@@ -51,6 +54,11 @@ def test_a_small_workload_through_vllm_scheduler(vllm_python: Path, tmp_path: Pa
     for key in ("prefix_cache_hits", "preemptions", "recomputed_tokens", "chunked_prefills"):
         assert const[key] == lru[key], key
     assert result["vllm"]["lru"]["queue"] == "FreeKVCacheBlockQueue"
+    installed = result["checks"]["installed_equals_lru"]
+    assert installed["equal"], installed["first_divergence"]
+    assert installed["steps_compared"] == lru["steps"]
+    assert result["vllm"]["installed"]["queue"] == "FreeKVCacheBlockQueue"
+    assert "VLLM_PLUGINS" not in result["vllm"]["installed"]["environment"]
     assert result["vllm"]["lpc-const=0.5"]["queue"] == "LPCFreeKVCacheBlockQueue"
 
     assert pooled["invariants_ok"], pooled["invariants"]
@@ -60,7 +68,8 @@ def test_a_small_workload_through_vllm_scheduler(vllm_python: Path, tmp_path: Pa
     order = result["checks"]["lru_order"]["lpc-pooled"]
     assert order["lpc_not_lru"] > 0, "lpc-pooled evicted in LRU's order throughout"
     REPORT.append(
-        f"scheduler sample ({count} requests): lpc-const == stock vLLM at all {lru['steps']} "
+        f"scheduler sample ({count} requests): installed but unconfigured and lpc-const == "
+        f"stock vLLM at all {lru['steps']} "
         f"steps ({lru['preemptions']} preemptions, {lru['chunked_prefills']} chunked "
         f"prefills); lpc-pooled invariants hold, {order['lpc_not_lru']} evictions unlike LRU"
     )

@@ -24,6 +24,7 @@ from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 from vllm.v1.request import Request, RequestStatus
 
 from lpc.integrations import vllm_plugin
+from lpc.integrations.config import load_config
 
 TIER_HORIZON_S = 900.0
 
@@ -93,7 +94,9 @@ if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     policy, module_path = args[0], args[1] if len(args) > 1 else None
     if plugin:
-        vllm_plugin.register()
+        # The LPC_* environment configures it (the access model), explicitly: installed but
+        # unconfigured, the plugin leaves vLLM stock.
+        vllm_plugin.register(config=load_config())
         runtime = vllm_plugin.registered_runtime()
         assert runtime is not None
         runtime.kv_connector_extra_config = {"lpc_horizon_s": TIER_HORIZON_S}
