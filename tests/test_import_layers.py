@@ -32,6 +32,7 @@ RANKS: dict[str, int] = {
     "lpc.difftest": 5,
     "lpc.drivers": 6,
     "lpc.benchmarks": 6,
+    "lpc.fleet": 6,
     "lpc.cli": 7,
 }
 
