@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -43,6 +43,21 @@ class OutputWriteError(UserError, OSError):
         super().__init__(f"{what} {Path(path)}: {reason}")
         self.path = Path(path)
         self.errno = code  # OSError's slot: a caller can still tell ENOSPC from EROFS
+
+
+class ResultsNotSavedError(UserError):
+    """A long run finished but some of its files could not be written (a full disk, a
+    read-only folder). `results` holds what was computed, so that the command prints it
+    instead of losing it; the message names every file that failed and those written."""
+
+    def __init__(
+        self, results: Any, failed: Sequence[OutputWriteError], written: Sequence[Path | str]
+    ) -> None:
+        self.results = results
+        self.failed = list(failed)
+        self.written = [Path(p) for p in written]
+        names = ", ".join(p.name for p in self.written) or "none"
+        super().__init__("; ".join(str(e) for e in self.failed) + f" (files written: {names})")
 
 
 def fsync_folder(folder: Path) -> None:

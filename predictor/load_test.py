@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from predictor.client import check_predictor_url
 from predictor.features import ConversationWindow
 from predictor.latency_stats import LatencySummary
 from predictor.rpc_schema import window_to_json
@@ -54,6 +55,16 @@ class LoadTestConfig:
             raise ValueError("max_items_per_request must be >= items_per_request")
         if not (self.duration_s > 0 and math.isfinite(self.duration_s)):
             raise ValueError(f"duration_s must be a finite number > 0, got {self.duration_s!r}")
+        try:
+            check_predictor_url(self.url)
+        except ValueError as error:
+            raise ValueError(f"url {error}") from None
+        # Both end up in a timer (httpx's timeout, a sleep): at most a day, as every timer.
+        if not (isinstance(self.timeout_s, int | float) and 0 < self.timeout_s <= 86_400):
+            raise ValueError(f"timeout_s must be in (0, 86400] seconds, got {self.timeout_s!r}")
+        backoff = self.overload_backoff_s
+        if not (isinstance(backoff, int | float) and 0 <= backoff <= 86_400):
+            raise ValueError(f"overload_backoff_s must be in [0, 86400] seconds, got {backoff!r}")
 
 
 @dataclass

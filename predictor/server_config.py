@@ -10,6 +10,9 @@ from predictor.errors import InvalidInputError
 from predictor.rpc_schema import RequestLimits
 
 DEFAULT_PORT = 8476
+# A timer (a batch wait, a timeout) longer than a day is a typo: refused when the settings are
+# made, with the field and its range, not honoured as an hour-long stall.
+MAX_TIMER_S = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -38,12 +41,23 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise bad(name, "must be a positive integer")
-        for name in ("max_wait_ms", "request_timeout_s", "graceful_timeout_s"):
+        for name, most in (
+            ("max_wait_ms", MAX_TIMER_S * 1000),
+            ("request_timeout_s", MAX_TIMER_S),
+            ("graceful_timeout_s", MAX_TIMER_S),
+        ):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or not 0 <= value < float("inf"):
-                raise bad(name, "must be a finite number >= 0")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 0 <= value <= most  # also refuses NaN
+            ):
+                raise bad(name, f"must be a number in [0, {most:g}]")
         if self.request_timeout_s == 0:
             raise bad("request_timeout_s", "must be > 0")
+        if self.max_wait_ms / 1000 >= self.request_timeout_s:
+            # every request would wait out its timeout before its batch starts
+            raise bad("max_wait_ms", "must be below request_timeout_s (in ms)")
         wait = self.max_expected_wait_s
         if wait is not None and (
             not isinstance(wait, int | float)

@@ -27,6 +27,7 @@ from lpc.access.training import TraceTrainOptions
 from lpc.errors import InvalidInputError
 from lpc.replay.ab import TRACE_CACHE_SIZES_TOKENS
 from lpc.replay.policies import PolicySpec, parse_policies
+from predictor.atomic_files import OutputWriteError, ResultsNotSavedError, write_text_atomically
 
 DEFAULT_STARTS_S = (1200.0, 1800.0, 2400.0, 3000.0)
 DEFAULT_WIDTH_S = 600.0
@@ -254,19 +255,32 @@ def run_prequential(
     options: PrequentialOptions, log: Callable[[str], None] = print
 ) -> list[WindowOutcome]:
     """Every window in turn; each window's JSON is written as soon as it is done
-    (`windows/<name>/prequential.json`), the whole list at the end (`prequential.json`)."""
+    (`windows/<name>/prequential.json`), the whole list at the end (`prequential.json`).
+
+    Each file is written atomically. One that cannot be written (a full disk) does not stop
+    the run: the windows go on, and at the end `ResultsNotSavedError` carries every outcome
+    and names the files that failed, so the caller can still print the figures."""
     from tqdm import tqdm
 
-    options.out_dir.mkdir(parents=True, exist_ok=True)
     outcomes = []
+    failed: list[OutputWriteError] = []
+    written: list[Path] = []
+
+    def save(path: Path, payload: Any) -> None:
+        try:
+            write_text_atomically(path, json.dumps(payload, indent=2))
+        except OutputWriteError as error:
+            log(f"{error}; the run goes on")
+            failed.append(error)
+        else:
+            written.append(path)
+
     bar = tqdm(options.windows, desc="windows", unit="window", disable=not options.progress)
     for window in bar:
         outcome = run_window(options, window, log)
-        folder = options.out_dir / "windows" / window.name
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "prequential.json").write_text(json.dumps(outcome.to_json(), indent=2))
+        save(options.out_dir / "windows" / window.name / "prequential.json", outcome.to_json())
         outcomes.append(outcome)
-    (options.out_dir / "prequential.json").write_text(
-        json.dumps([o.to_json() for o in outcomes], indent=2)
-    )
+    save(options.out_dir / "prequential.json", [o.to_json() for o in outcomes])
+    if failed:
+        raise ResultsNotSavedError(outcomes, failed, written)
     return outcomes

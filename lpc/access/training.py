@@ -19,6 +19,7 @@ from lpc.replay.request_table import request_table
 from lpc.traces.linkage import DEFAULT_SHARED_FANOUT
 from lpc.traces.timeline import DEFAULT_SPLIT_AT
 from predictor.access_features import check_names, default_feature_names
+from predictor.atomic_files import OutputWriteError
 from training.access_data import (
     DEFAULT_ACCESS_HORIZON_S,
     DEFAULT_VALIDATION_FRACTION,
@@ -99,8 +100,11 @@ def train_on_trace(options: TraceTrainOptions, out: Path | None) -> dict[str, An
             "validation_fraction": options.validation_fraction,
             "references": {k: result.metrics.get(k) for k in ("gbm", "turns_only")},
         }
-        save_access_model(out, result, fingerprint, notes)
-        report["out"] = str(out)
+        try:
+            save_access_model(out, result, fingerprint, notes)
+            report["out"] = str(out)
+        except OutputWriteError as error:  # the figures stay: the caller prints them
+            report["write_error"] = str(error)
     report["timings_s"] = {
         "load_s": round(loaded_s, 3),
         "fit_s": round(result.fit_seconds, 3),

@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lpc.cli import extras
 from lpc.cli.ab_tiers import add_tier_arguments, tier_settings_from
 from lpc.cli.arg_types import positive_float, positive_int, split_at
 from lpc.replay.ab import DEFAULT_CACHE_SIZES_TOKENS, TRACE_CACHE_SIZES_TOKENS
 from lpc.replay.policies import policy_help
+
+if TYPE_CHECKING:
+    from lpc.replay.ab_pipeline import ABOutcome
 
 DESCRIPTION = """\
 Replay a chat workload through the prefix-caching block manager once per eviction policy and
@@ -400,13 +404,14 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
     )
 
 
-def check_out_dir(out: Path) -> None:
-    """--out must be a folder or not exist yet: checked before minutes of replay, not after."""
-    from lpc.errors import CommandError
+def check_out_dir(out: Path, export_trace: Path | None = None) -> None:
+    """--out (and --export-trace's folder) must be writable: checked before minutes of
+    replay, not after (a path below a file, a read-only folder, a full disk)."""
+    from predictor.atomic_files import check_output_folder
 
-    existing = next((p for p in (out, *out.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        raise CommandError(f"--out {out}: {existing} exists and is not a folder")
+    check_output_folder(out, "--out")
+    if export_trace is not None:
+        check_output_folder(export_trace.parent, "--export-trace")
 
 
 def _is_access_model(model: Path) -> bool:
@@ -426,7 +431,8 @@ def run(args: argparse.Namespace) -> int:
     # The replay, the trace formats and the chat tokeniser (built for traces too).
     extras.require("replay", "data")
     from lpc.errors import CommandError
-    from lpc.replay.ab_pipeline import outcome_json, run_ab, summary_text
+    from lpc.replay.ab_pipeline import run_ab
+    from predictor.atomic_files import ResultsNotSavedError
     from training.loaders import check_source
 
     model = model_path_from(args)
@@ -460,13 +466,27 @@ def run(args: argparse.Namespace) -> int:
         factory = learned_source_factory(
             model, default_embedding_cache_dir(), EmbedOptions(progress=options.progress), log=log
         )
-    check_out_dir(options.out_dir)
+    check_out_dir(options.out_dir, options.export_trace)
     # Bad data, traces, models and embedders raise `UserError`s, which the CLI shows as one
     # line; anything else escaping run_ab is a bug and keeps its traceback.
-    outcome = run_ab(options, model_factory=factory, log=log)
-    if args.json:
+    try:
+        outcome = run_ab(options, model_factory=factory, log=log)
+    except ResultsNotSavedError as error:
+        # The figures are printed (JSON on stdout with --json), then the one-line error
+        # naming the files: exit 2, never 0, and nothing computed is lost.
+        _print_outcome(error.results, args.json)
+        raise
+    _print_outcome(outcome, args.json)
+    return 0
+
+
+def _print_outcome(outcome: ABOutcome, as_json: bool) -> None:
+    """The figures: on the terminal, or as JSON on stdout."""
+    from lpc.replay.ab_pipeline import outcome_json, summary_text
+
+    if as_json:
         print(outcome_json(outcome))
-        return 0
+        return
     print()
     print(summary_text(outcome))
     print()
@@ -475,5 +495,4 @@ def run(args: argparse.Namespace) -> int:
         f"replays: {t.get('replay_s', 0):.1f} s; total {t['total_s']:.1f} s "
         f"(load {t['load_s']:.1f} s, workload {t['workload_s']:.1f} s)"
     )
-    print(f"files: {', '.join(outcome.files.values())}")
-    return 0
+    print(f"files: {', '.join(outcome.files.values()) or 'none'}")

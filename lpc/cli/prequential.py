@@ -81,6 +81,7 @@ def options_from(args: argparse.Namespace):
     )
     from lpc.errors import InvalidInputError
     from lpc.replay.policies import parse_policies
+    from predictor.atomic_files import check_output_folder
 
     try:
         windows = window_grid(args.starts or DEFAULT_STARTS_S, args.width or DEFAULT_WIDTH_S)
@@ -89,8 +90,7 @@ def options_from(args: argparse.Namespace):
         raise CommandError(str(error)) from None
     if "lru" not in {p.label for p in policies}:
         raise CommandError("--policies must include lru: every gain is measured against it")
-    if args.out.exists() and not args.out.is_dir():
-        raise CommandError(f"--out {args.out} exists and is not a folder")
+    check_output_folder(args.out, "--out")  # before hours of windows, not after
     kwargs = {} if args.cache_sizes is None else {"cache_sizes_tokens": args.cache_sizes}
     return PrequentialOptions(
         trace=args.trace,
@@ -107,17 +107,38 @@ def run(args: argparse.Namespace) -> int:
     extras.require("replay", "train")
     from lpc.access.prequential import run_prequential
     from lpc.access.prequential_report import markdown_report
+    from predictor.atomic_files import (
+        OutputWriteError,
+        ResultsNotSavedError,
+        write_text_atomically,
+    )
 
     options = options_from(args)
     log = (lambda message: print(message, file=sys.stderr)) if args.json else print
-    outcomes = run_prequential(options, log=log)
+    try:
+        outcomes = run_prequential(options, log=log)
+    except ResultsNotSavedError as error:  # the figures first, then the one-line error
+        _print_windows([o.to_json() for o in error.results], args.json, error.written)
+        raise
     windows = [o.to_json() for o in outcomes]
-    report = markdown_report(windows)
-    (options.out_dir / "report.md").write_text(report, encoding="utf-8")
-    if args.json:
+    written = [options.out_dir / "prequential.json"]
+    report_path = options.out_dir / "report.md"
+    try:
+        write_text_atomically(report_path, markdown_report(windows))
+    except OutputWriteError as error:
+        _print_windows(windows, args.json, written)
+        raise ResultsNotSavedError(outcomes, [error], written) from error
+    _print_windows(windows, args.json, [*written, report_path])
+    return 0
+
+
+def _print_windows(windows: list[dict], as_json: bool, written: list[Path]) -> None:
+    """The figures: the markdown report on the terminal, or the windows as JSON on stdout."""
+    from lpc.access.prequential_report import markdown_report
+
+    if as_json:
         json.dump(windows, sys.stdout, indent=2, default=str)
         print()
-    else:
-        print(report)
-        print(f"files: {options.out_dir / 'prequential.json'}, {options.out_dir / 'report.md'}")
-    return 0
+        return
+    print(markdown_report(windows))
+    print(f"files: {', '.join(map(str, written)) or 'none'}")

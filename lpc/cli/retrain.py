@@ -175,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
     from lpc.errors import CommandError, InvalidInputError
     from predictor.atomic_files import check_output_folder
     from predictor.bearer_token import read_bearer_token
+    from predictor.client import check_predictor_url
     from predictor.embedders import load_embedder
     from training.locations import default_registry_dir, default_return_registry_dir
     from training.retrain import RetrainConfig, run_retrain
@@ -183,6 +184,11 @@ def run(args: argparse.Namespace) -> int:
 
     train_config, embed = train_config_from(args)
     token = read_bearer_token(args.notify_token_file, "--notify-token-file")  # UserError if bad
+    if args.notify_url is not None:  # else httpx.InvalidURL after the training, as a warning
+        try:
+            check_predictor_url(args.notify_url)
+        except ValueError as error:
+            raise CommandError(f"--notify-url {error}") from None
     registry = args.registry or default_registry_dir()
     try:
         return_model = None

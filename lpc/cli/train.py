@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from lpc.cli import extras, train_trace
 from lpc.cli.arg_types import positive_int
+from predictor.atomic_files import OutputWriteError
 
 if TYPE_CHECKING:  # the heavy modules are imported where a stage needs them
     from predictor.artifact import ArtifactMetadata
@@ -349,7 +350,12 @@ def run(args: argparse.Namespace) -> int:
     if args.embed_only:
         return embed_only(args, plan, data, cache)
     outcome = train_model(args, plan, data, embedder, cache)
-    published = publish(args, outcome)
+    try:
+        published = publish(args, outcome)
+    except OutputWriteError:  # a full disk: the metrics are printed, then the one-line error
+        total = time.perf_counter() - plan.started
+        print_outcome(args, outcome, None, total)
+        raise
     total = time.perf_counter() - plan.started
     outcome.metrics["timings_s"]["total_s"] = round(total, 3)
     print_outcome(args, outcome, published, total)
@@ -389,7 +395,9 @@ class Published:
 def check_flags(args: argparse.Namespace) -> None:
     """Refuse a missing data source and contradictory output flags before anything loads."""
     from lpc.errors import CommandError, UserError
+    from predictor.atomic_files import check_output_folder
     from training.loaders import check_source
+    from training.locations import default_registry_dir
 
     try:
         check_source(args.dataset)
@@ -399,6 +407,13 @@ def check_flags(args: argparse.Namespace) -> None:
         raise CommandError("--no-promote is for the registry; --out writes a plain folder")
     if args.out is not None and args.out.exists() and not args.overwrite:
         raise CommandError(f"--out {args.out} exists; pass --overwrite to replace it")
+    if args.embed_only:
+        return
+    # Where the artifact goes must take it: checked before the data loads, not after training.
+    if args.out is not None:  # staged beside --out, then renamed
+        check_output_folder(args.out.parent, "--out")
+    else:
+        check_output_folder(args.registry or default_registry_dir(), "--registry")
 
 
 def load_data(args: argparse.Namespace, plan: TrainPlan) -> TrainData:
@@ -541,34 +556,41 @@ def publish(args: argparse.Namespace, outcome: TrainingOutcome) -> Published:
 
 
 def print_outcome(
-    args: argparse.Namespace, outcome: TrainingOutcome, published: Published, total: float
+    args: argparse.Namespace,
+    outcome: TrainingOutcome,
+    published: Published | None,
+    total: float,
 ) -> None:
-    """The outcome as JSON, or as the metrics table, the artifact's place and the timings."""
+    """The outcome as JSON, or as the metrics table, the artifact's place and the timings.
+    `published` None: the artifact could not be written (the metrics are all there is)."""
     if args.json:
         print(
             json.dumps(
                 {
-                    "artifact": str(published.where),
-                    "version": published.version,
+                    "artifact": None if published is None else str(published.where),
+                    "version": None if published is None else published.version,
                     "metrics": outcome.metrics,
-                    "embedder_id": published.metadata.embedder_id,
+                    "embedder_id": outcome.artifact.metadata.embedder_id,
                 },
                 indent=2,
             )
         )
         return
-    version = published.version
     print()
     print(metrics_table(outcome.metrics))
     print()
-    print(
-        f"artifact: {published.where}"
-        + (
-            f" (version {version}" + (", current)" if not args.no_promote else ")")
-            if version
-            else ""
+    if published is None:
+        print("artifact: not written")
+    else:
+        version = published.version
+        print(
+            f"artifact: {published.where}"
+            + (
+                f" (version {version}" + (", current)" if not args.no_promote else ")")
+                if version
+                else ""
+            )
         )
-    )
     print(
         f"time: {total:.1f} s ("
         + ", ".join(

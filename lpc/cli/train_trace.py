@@ -140,12 +140,14 @@ def _print_report(report: dict) -> None:
 def run_trace(args: argparse.Namespace) -> int:
     from lpc.access.training import TraceTrainOptions, train_on_trace
     from lpc.errors import CommandError
+    from predictor.atomic_files import check_output_folder
     from training.access_fit import AccessFitConfig
 
     if args.out is None:
         raise CommandError("--trace writes an access-only model: give --out FOLDER")
     if args.out.exists() and not args.overwrite:
         raise CommandError(f"--out {args.out} exists; pass --overwrite to replace it")
+    check_output_folder(args.out.parent, "--out")  # staged beside --out: before the training
     if not 0 < args.validation_share < 1:
         raise CommandError(f"--validation-share must be in (0, 1), got {args.validation_share}")
     if not 0 <= args.teacher_share <= 1:
@@ -178,4 +180,6 @@ def run_trace(args: argparse.Namespace) -> int:
         print()
     else:
         _print_report(report)
+    if "write_error" in report:  # the figures are out; the artifact is not: exit 2, not 0
+        raise CommandError(f"{report['write_error']} (no model written; the figures are above)")
     return 0

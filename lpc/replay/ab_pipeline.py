@@ -76,6 +76,7 @@ from lpc.workload import (
     estimated_scale_per_s,
     open_loop_requests,
 )
+from predictor.atomic_files import OutputWriteError, ResultsNotSavedError, write_text_atomically
 from training.conversation import Conversation
 
 if TYPE_CHECKING:
@@ -253,15 +254,15 @@ def run_ab(
     _fit_policies(loaded, work, context, replayer)
     if replayer.fits.report:
         timings["fit_policies_s"] = time.perf_counter() - t0
-    work.options.out_dir.mkdir(parents=True, exist_ok=True)
     files: dict[str, str] = {}
+    unsaved: list[OutputWriteError] = []  # files that could not be written, the run goes on
     two_tier: list[TwoTierResult] = []
     if work.options.workload.latency.closed_loop:
         if work.options.tiers is not None:
             raise InvalidInputError("--offload-sizes replays a fixed timeline, not --closed-loop")
         results, summary = _replay_closed_loop(loaded, work, replayer, timings)
     else:
-        results, summary = _replay_open_loop(work, replayer, files, timings, log, two_tier)
+        results, summary = _replay_open_loop(work, replayer, files, timings, log, two_tier, unsaved)
     sweep, sweep_scales = _think_time_sweep(loaded, replayer, timings)
 
     comparison = compare(results)
@@ -278,7 +279,9 @@ def run_ab(
     outcome = ABOutcome(
         work.options, summary, results, comparison, sweep, timings, files, two_tier, versus
     )
-    _write_files(outcome, work.options.out_dir)
+    failed = unsaved + _write_files(outcome, work.options.out_dir)
+    if failed:  # the outcome travels with the error: the command still prints the figures
+        raise ResultsNotSavedError(outcome, failed, list(outcome.files.values()))
     return outcome
 
 
@@ -873,6 +876,7 @@ def _replay_open_loop(
     timings: dict[str, float],
     log: Callable[[str], None],
     two_tier: list[TwoTierResult],
+    unsaved: list[OutputWriteError],
 ) -> tuple[list[ReplayResult], dict[str, Any]]:
     """Stage 4: predict every request once, then replay the grid (every policy at every
     cache size) on the one prepared workload; with --offload-sizes also every GPU × CPU
@@ -882,7 +886,11 @@ def _replay_open_loop(
     values = replayer.predictions(requests)
     timings["predict_s"] = time.perf_counter() - t0
     if options.export_trace is not None:
-        _export_trace(work, values, files, log)
+        try:
+            _export_trace(work, values, files, log)
+        except OutputWriteError as error:  # the replay's figures are worth more than it
+            log(f"trace: {error}; the replay goes on")
+            unsaved.append(error)
     assert options.block_size is not None
     if work.trace_info and work.trace_block_size:
         check_block_size(options.block_size, work.trace_block_size)
@@ -965,7 +973,12 @@ def _export_trace(
     assert options.export_trace is not None
     probability = values.get(options.trace_probabilities) if options.trace_probabilities else None
     header = _trace_header(options, work.source_desc)
-    write_trace(options.export_trace, work.requests, header, probability)
+    try:  # atomic: a failed write leaves no half trace
+        write_trace(options.export_trace, work.requests, header, probability)
+    except OutputWriteError:
+        raise
+    except OSError as error:
+        raise OutputWriteError(options.export_trace, error) from error
     files["trace"] = str(options.export_trace)
     log(f"trace: wrote {len(work.requests)} requests to {options.export_trace}")
 
@@ -1125,42 +1138,71 @@ def _summary(
     }
 
 
-def _write_files(outcome: ABOutcome, out: Path) -> None:
+def _write_files(outcome: ABOutcome, out: Path) -> list[OutputWriteError]:
+    """Every result file, each written atomically; one that cannot be written is skipped and
+    its error returned, so a failure costs that file only and never leaves half of it.
+    `outcome.files` lists the files written; results.json comes last and lists them all."""
     policies = [p.label for p in outcome.options.policies]
-    files = outcome.files
-    write_csv(out / "results.csv", outcome.results)
-    files["csv"] = str(out / "results.csv")
-    plot_hit_vs_size(
-        out / "hit_ratio_vs_cache_size.png",
-        outcome.comparison,
-        policies,
-        "Token hit ratio vs cache size",
-    )
-    files["plot_cache_size"] = str(out / "hit_ratio_vs_cache_size.png")
+    writers: list[tuple[str, str, Callable[[Path], None]]] = [
+        ("csv", "results.csv", lambda path: write_csv(path, outcome.results)),
+        (
+            "plot_cache_size",
+            "hit_ratio_vs_cache_size.png",
+            lambda path: plot_hit_vs_size(
+                path, outcome.comparison, policies, "Token hit ratio vs cache size"
+            ),
+        ),
+    ]
     if outcome.sweep:
         rows = [r for results in outcome.sweep.values() for r in results]
-        write_csv(out / "think_time_sweep.csv", rows)
-        plot_hit_vs_think_time(
-            out / "hit_ratio_vs_think_time.png",
-            outcome.sweep,
-            policies,
-            f"Token hit ratio vs λ_chat at {outcome.options.sweep_cache_tokens // 1000}K tokens",
-        )
-        files["sweep_csv"] = str(out / "think_time_sweep.csv")
-        files["plot_think_time"] = str(out / "hit_ratio_vs_think_time.png")
+        title = f"Token hit ratio vs λ_chat at {outcome.options.sweep_cache_tokens // 1000}K tokens"
+        writers += [
+            ("sweep_csv", "think_time_sweep.csv", lambda path: write_csv(path, rows)),
+            (
+                "plot_think_time",
+                "hit_ratio_vs_think_time.png",
+                lambda path: plot_hit_vs_think_time(path, outcome.sweep, policies, title),
+            ),
+        ]
     if outcome.two_tier:
-        write_two_tier_csv(out / "two_tier.csv", outcome.two_tier)
-        plot_two_tier(out / "two_tier_hit_ratio.png", outcome.two_tier)
-        files["two_tier_csv"] = str(out / "two_tier.csv")
-        files["plot_two_tier"] = str(out / "two_tier_hit_ratio.png")
-    files["markdown"] = str(out / "report.md")
-    files["json"] = str(out / "results.json")
+        writers += [
+            ("two_tier_csv", "two_tier.csv", lambda p: write_two_tier_csv(p, outcome.two_tier)),
+            (
+                "plot_two_tier",
+                "two_tier_hit_ratio.png",
+                lambda p: plot_two_tier(p, outcome.two_tier),
+            ),
+        ]
     # A path that is not valid UTF-8 (a byte such as \xff in a file name) comes back as the
     # bytes it was, as in the terminal, instead of failing the write.
-    (out / "report.md").write_text(
-        markdown_report(outcome), encoding="utf-8", errors="surrogateescape"
+    writers.append(
+        (
+            "markdown",
+            "report.md",
+            lambda path: write_text_atomically(
+                path, markdown_report(outcome), errors="surrogateescape"
+            ),
+        )
     )
-    write_json(out / "results.json", outcome.to_json())
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return [OutputWriteError(out, error, "cannot create")]
+    failed: list[OutputWriteError] = []
+    for key, name, write in writers:
+        try:
+            write(out / name)
+        except OutputWriteError as error:
+            failed.append(error)
+        else:
+            outcome.files[key] = str(out / name)
+    outcome.files["json"] = str(out / "results.json")
+    try:
+        write_json(out / "results.json", outcome.to_json())
+    except OutputWriteError as error:
+        del outcome.files["json"]
+        failed.append(error)
+    return failed
 
 
 def _scale_text(used: float | None, configured: float | None) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 from lpc.replay.ab import Comparison
 from lpc.replay.simulator import ReplayResult
+from predictor.atomic_files import atomic_open, atomic_path, write_text_atomically
 
 
 def _k(size: int) -> str:
@@ -147,7 +148,7 @@ def write_csv(
     path: Path, results: Sequence[ReplayResult], extra: Mapping[str, Any] | None = None
 ) -> None:
     rows = [{**(extra or {}), **r.to_dict()} for r in results]
-    with path.open("w", newline="") as handle:
+    with atomic_open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
@@ -175,8 +176,18 @@ def _line_plot(
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Save a matplotlib figure atomically (no truncated PNG on a full disk), then free it."""
+    import matplotlib.pyplot as plt
+
+    try:
+        with atomic_path(path) as temporary:
+            fig.savefig(temporary, dpi=120)
+    finally:
+        plt.close(fig)
 
 
 def plot_hit_vs_size(
@@ -224,4 +235,4 @@ def sweep_table(
 
 
 def write_json(path: Path, payload: Mapping[str, Any]) -> None:
-    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    write_text_atomically(path, json.dumps(payload, indent=2, default=str) + "\n")

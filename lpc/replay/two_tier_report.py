@@ -11,7 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lpc.replay.report import save_figure
 from lpc.replay.two_tier import TierSettings, TwoTierResult
+from predictor.atomic_files import atomic_open
 
 TABLE_HEADER = [
     "gpu policy",
@@ -66,7 +68,7 @@ def two_tier_json(tiers: TierSettings, results: Sequence[TwoTierResult]) -> dict
 
 def write_two_tier_csv(path: Path, results: Sequence[TwoTierResult]) -> None:
     rows = [r.to_dict() for r in results]
-    with path.open("w", newline="") as handle:
+    with atomic_open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
@@ -97,5 +99,4 @@ def plot_two_tier(path: Path, results: Sequence[TwoTierResult]) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -108,3 +108,15 @@ def test_a_full_disk_while_publishing_leaves_no_version(tmp_path: Path, monkeypa
     with pytest.raises(OutputWriteError, match=r"cannot write .*model\.safetensors: No space left"):
         registry.publish(model, metadata)
     assert registry.versions() == [] and list(registry.root.iterdir()) == []
+
+
+def test_a_malformed_notify_url_is_refused_before_training(tmp_path: Path, capsys) -> None:
+    """A sibling of issue 44's case 12: the URL the daily job notifies `lpc serve` at was
+    only tried after the training, and its httpx.InvalidURL became a warning."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    args = ["--registry", str(tmp_path / "registry"), "--notify-url", "http://127.0.0.1:notaport"]
+    assert main(["retrain", "--logs", str(logs), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("lpc retrain: error: --notify-url is not a valid URL ("), err
+    assert err.endswith("got 'http://127.0.0.1:notaport'") and "\n" not in err
