@@ -60,13 +60,14 @@ OPTIONAL_MODULES: dict[str, OptionalModule] = {
     "pydantic": OptionalModule("serve", "pydantic"),
     "pydantic_core": OptionalModule("serve", "pydantic"),
     "libcachesim": OptionalModule("rivals", "libcachesim"),  # lrb, 3l-cache
+    "ray": OptionalModule("ray", "ray"),  # lpc fleet --ray
 }
 
 # Extras that include others (pyproject.toml: `train = ["lpc[text,replay]", ...]`).
 EXTRAS_INCLUDE: dict[str, tuple[str, ...]] = {
     "train": ("text", "replay"),
     "serve": ("text",),
-    "all": ("replay", "text", "data", "train", "serve", "rivals"),
+    "all": ("replay", "text", "data", "train", "serve", "rivals", "ray"),
 }
 
 

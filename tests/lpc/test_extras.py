@@ -46,7 +46,7 @@ def test_the_optional_modules_table_matches_pyproject() -> None:
     for name, module in extras.OPTIONAL_MODULES.items():
         assert module.distribution in distributions(module.extra), (name, module)
     named = {m.distribution for m in extras.OPTIONAL_MODULES.values()}
-    for extra in ("replay", "text", "data", "train", "serve", "rivals"):
+    for extra in ("replay", "text", "data", "train", "serve", "rivals", "ray"):
         assert distributions(extra) <= named, f"{extra}: a distribution with no import name"
     for extra, included in extras.EXTRAS_INCLUDE.items():
         listed = {
@@ -57,7 +57,7 @@ def test_the_optional_modules_table_matches_pyproject() -> None:
         }
         assert listed == set(included), extra
     assert distributions("all") == set().union(
-        *(distributions(e) for e in ("replay", "text", "data", "train", "serve", "rivals"))
+        *(distributions(e) for e in ("replay", "text", "data", "train", "serve", "rivals", "ray"))
     )
 
 
