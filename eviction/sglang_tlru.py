@@ -30,9 +30,10 @@ before its shallower ones within each phase.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
-from eviction.tlru import TLRUEvictor
+from eviction.tlru import REST, SAFE, TLRUEvictor
 
 
 class SGLangTLRUEvictor(TLRUEvictor):
@@ -40,8 +41,21 @@ class SGLangTLRUEvictor(TLRUEvictor):
 
     name: ClassVar[str] = "sglang-tlru"
 
-    def _history_for(self, block_id: int, release_blocks: int) -> int:
-        return max(self._history[block_id], release_blocks)
+    def _place(self, block_ids: Sequence[int]) -> None:
+        history, depth, queue = self._history, self._depth, self._queue
+        length = self._release_blocks
+        extra = self.next_prompt_blocks - self.threshold_blocks
+        safe, rest = self._safe, self._rest
+        for block_id in block_ids:
+            high_water = history[block_id] = max(history[block_id], length)
+            if depth[block_id] >= max(high_water + extra, 0):
+                safe.append(block_id)
+                queue[block_id] = SAFE
+            else:
+                rest.append(block_id)
+                queue[block_id] = REST
 
-    def _note_shared(self, block_id: int) -> None:
-        self._history[block_id] = max(self._history[block_id], self._release_blocks)
+    def _note_shared(self, block_ids: Sequence[int]) -> None:
+        history, length = self._history, self._release_blocks
+        for block_id in block_ids:
+            history[block_id] = max(history[block_id], length)

@@ -43,6 +43,8 @@ from typing import ClassVar
 from eviction.base import Evictor, FreedBlocks, Release
 from eviction.linked_list import BlockList
 
+NOT_QUEUED, SAFE, REST = 0, 1, 2
+
 
 def check_blocks(value: object, what: str) -> int:
     """Raise ValueError unless `value` is an int >= 0 (a count of blocks)."""
@@ -73,6 +75,7 @@ class TLRUEvictor(Evictor):
         n = self._num_blocks
         self._depth = [0] * n
         self._history = [0] * n  # the L the block's safety was decided with (blocks)
+        self._queue = [NOT_QUEUED] * n  # which of the two queues holds a free cached block
         self._release: Release | None = None
         self._release_blocks = 0  # L of the release being processed
         self._release_freed: list[int] = []  # its blocks freed by the first call
@@ -83,10 +86,6 @@ class TLRUEvictor(Evictor):
 
     def is_tel_safe(self, block_id: int) -> bool:
         return self._depth[block_id] >= self.budget(self._history[block_id])
-
-    def _history_for(self, block_id: int, release_blocks: int) -> int:
-        """The L that decides a released block's safety (here: its releasing chain's)."""
-        return release_blocks
 
     # -- a release ------------------------------------------------------------------------
     def _begin(self, freed: FreedBlocks, release: Release) -> bool:
@@ -100,9 +99,20 @@ class TLRUEvictor(Evictor):
         self._release_blocks = longest
         return True
 
-    def _place(self, block_id: int) -> None:
-        self._history[block_id] = self._history_for(block_id, self._release_blocks)
-        (self._safe if self.is_tel_safe(block_id) else self._rest).append(block_id)
+    def _place(self, block_ids: Sequence[int]) -> None:
+        """Queue freed blocks (depths known) by the release's L: the whole chain's budget."""
+        history, depth, queue = self._history, self._depth, self._queue
+        length = self._release_blocks
+        budget = self.budget(length)
+        safe, rest = self._safe, self._rest
+        for block_id in block_ids:
+            history[block_id] = length
+            if depth[block_id] >= budget:
+                safe.append(block_id)
+                queue[block_id] = SAFE
+            else:
+                rest.append(block_id)
+                queue[block_id] = REST
 
     def push_cached(self, freed: FreedBlocks, release: Release) -> None:
         if self._begin(freed, release):
@@ -110,7 +120,7 @@ class TLRUEvictor(Evictor):
         depth = self._depth
         for block_id, block_depth in zip(freed.block_ids, freed.depths, strict=True):
             depth[block_id] = block_depth
-            self._place(block_id)
+        self._place(freed.block_ids)
         self._release_freed.extend(freed.block_ids)
 
     def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
@@ -118,23 +128,23 @@ class TLRUEvictor(Evictor):
             self._requeue_freed()
         for block_id, block_depth in zip(freed.block_ids, freed.depths, strict=True):
             self._depth[block_id] = block_depth
-            self._note_shared(block_id)
+        self._note_shared(freed.block_ids)
 
-    def _note_shared(self, block_id: int) -> None:
-        """A block in use was released by one of its requests (nothing to queue here)."""
+    def _note_shared(self, block_ids: Sequence[int]) -> None:
+        """Blocks in use were released by one of their requests (nothing to queue here)."""
         return None
 
     def _requeue_freed(self) -> None:
         """The release's L grew: its freed blocks still free take their places again, in
         their release order (ahead of nothing released later: they are the newest)."""
-        for block_id in self._release_freed:
-            if block_id in self._safe:
-                self._safe.remove(block_id)
-            elif block_id in self._rest:
-                self._rest.remove(block_id)
-            else:
-                continue  # hit or evicted since
-            self._place(block_id)
+        still_free = [b for b in self._release_freed if self._queue[b] != NOT_QUEUED]
+        for block_id in still_free:
+            self._dequeue(block_id)
+        self._place(still_free)
+
+    def _dequeue(self, block_id: int) -> None:
+        (self._safe if self._queue[block_id] == SAFE else self._rest).remove(block_id)
+        self._queue[block_id] = NOT_QUEUED
 
     # -- the evictor contract -------------------------------------------------------------
     def reset(self, block_ids: Iterable[int]) -> None:
@@ -144,18 +154,14 @@ class TLRUEvictor(Evictor):
         self._clear()
 
     def push_uncached(self, block_ids: Sequence[int]) -> None:
+        history = self._history
         for block_id in block_ids:
-            self._forget(block_id)
+            history[block_id] = 0  # the content is gone
         self._uncached.prepend_n(block_ids)
 
-    def _forget(self, block_id: int) -> None:
-        self._history[block_id] = 0
-
     def remove(self, block_id: int) -> None:
-        if block_id in self._safe:
-            self._safe.remove(block_id)
-        elif block_id in self._rest:
-            self._rest.remove(block_id)
+        if self._queue[block_id] != NOT_QUEUED:
+            self._dequeue(block_id)
         else:
             self._uncached.remove(block_id)
 
@@ -163,10 +169,13 @@ class TLRUEvictor(Evictor):
         if n > len(self):
             raise IndexError(f"cannot pop {n} blocks: only {len(self)} are free")
         out = self._uncached.pop_n(min(n, self._uncached.size))
-        for queue in (self._safe, self._rest):
-            take = min(n - len(out), queue.size)
-            for block_id in queue.pop_n(take):
-                self._forget(block_id)
+        history, queue = self._history, self._queue
+        for source in (self._safe, self._rest):
+            if len(out) == n:
+                break
+            for block_id in source.pop_n(min(n - len(out), source.size)):
+                history[block_id] = 0  # evicted: its content is gone
+                queue[block_id] = NOT_QUEUED
                 out.append(block_id)
         return out
 
@@ -183,7 +192,11 @@ class TLRUEvictor(Evictor):
         Evictor.check_invariants(self)
         for queue in (self._uncached, self._safe, self._rest):
             queue.check_invariants()
-        for block_id in self._safe:
-            assert self.is_tel_safe(block_id), f"{self.name}: block {block_id} is not TEL-safe"
-        for block_id in self._rest:
-            assert not self.is_tel_safe(block_id), f"{self.name}: TEL-safe block {block_id} waits"
+        for code, queue in ((SAFE, self._safe), (REST, self._rest)):
+            for block_id in queue:
+                assert self._queue[block_id] == code, f"{self.name}: block {block_id}'s queue tag"
+                assert self.is_tel_safe(block_id) == (code == SAFE), (
+                    f"{self.name}: block {block_id} is in the wrong phase"
+                )
+        tagged = sum(code != NOT_QUEUED for code in self._queue)
+        assert tagged == self._safe.size + self._rest.size, f"{self.name}: stale queue tags"
