@@ -9,6 +9,12 @@ that no return came by then. Each part is labelled from its own data, as the cla
 the fitting slice up to the validation cut, the validation slice up to the training part's
 end, the whole training part (for the refit) up to that end, the evaluation part up to the
 trace's last arrival. Features are the classifier's, from the same `feature_frame`.
+
+The validation slice is the training part's last `validation_fraction` of its span, as the
+classifier's; when that span holds no release (a small trace, or a gap in the traffic), it is
+the training part's last `validation_fraction` of its releases instead (at least one), cut
+where their arrivals change (`validation_slice`), so that the choices still have rows to be
+made on. Both rules read the training part only.
 """
 
 from __future__ import annotations
@@ -90,6 +96,26 @@ class ReturnSamples:
     parts: dict[str, ReturnPart]
     cuts: TimeParts
     span_start_s: float
+    validation_slice: str = "span"  # or "releases": how the slice was cut (`validation_slice`)
+
+
+def validation_slice(
+    arrivals: np.ndarray, cuts: TimeParts, validation_fraction: float
+) -> tuple[TimeParts, str]:
+    """The cuts of the validation slice: `cuts` (the training part's last share of its span)
+    when that slice holds a release, else the last share of the training part's releases,
+    moved back to the first release arriving at the same instant as its first one (a slice
+    never splits one arrival time). An empty training part, or one arriving all at one
+    instant, keeps an empty slice: the fit refuses it (`training.return_fit.check_learnable`)."""
+    n = cuts.evaluation
+    if cuts.validation < n or n < 2:
+        return cuts, "span"
+    first = n - max(1, round(validation_fraction * n))
+    first = int(np.searchsorted(arrivals[:n], arrivals[first], side="left"))
+    if first == 0:
+        return cuts, "span"
+    moved = TimeParts(first, n, float(arrivals[first]), cuts.evaluation_cut_s)
+    return moved, "releases"
 
 
 def return_samples(
@@ -99,7 +125,11 @@ def return_samples(
     validation_fraction: float = DEFAULT_VALIDATION_FRACTION,
 ) -> ReturnSamples:
     table = table.reset_index(drop=True)
-    cuts = time_parts(table, cut_s, validation_fraction)
+    cuts, rule = validation_slice(
+        table["arrival_s"].to_numpy(np.float64),
+        time_parts(table, cut_s, validation_fraction),
+        validation_fraction,
+    )
     values = feature_frame(table, feature_names).to_numpy()
     turn_index = turn_indices(table)
     end_s = float(table["arrival_s"].iloc[-1])
@@ -120,4 +150,4 @@ def return_samples(
             rows,
         )
     start = float(table["arrival_s"].iloc[0]) if len(table) else 0.0
-    return ReturnSamples(tuple(feature_names), parts, cuts, start)
+    return ReturnSamples(tuple(feature_names), parts, cuts, start, rule)

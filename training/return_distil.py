@@ -109,6 +109,8 @@ class HazardTeacher:
             raise RuntimeError("the teacher is not fitted")
         features = np.asarray(features, np.float64)
         n, intervals = len(features), len(self.grid_s) - 1
+        if n == 0:  # scikit-learn refuses an empty batch; no rows have no logits
+            return np.zeros((0, intervals))
         log_end = np.log(self.grid_s[1:])
         x = np.concatenate(
             [np.repeat(features, intervals, axis=0), np.tile(log_end, n)[:, None]], axis=1

@@ -25,6 +25,11 @@ Every choice is made on the training part by a rule fixed before the evaluation 
   better by more than `SIMPLER_MARGIN_NATS` per row. A part the teacher cannot learn from
   (one label only) skips this step, said in the report.
 
+Data the hazard cannot be learnt from is refused before any fit, in one line that says what is
+missing (`check_learnable`): a slice without releases, no return inside the grid in the fitting
+slice (a single class: every release censored), or features that are not finite numbers. A
+fit whose served weights come out non-finite is refused too; nothing is returned to be saved.
+
 The likelihood is censoring-aware and matches the curve the predictor serves: with S(t)
 interpolated between grid points as `ReturnCurve` does, a return observed at t in interval k
 has density (S(t_{k-1}) − S(t_k)) / (t ln(t_k / t_{k-1})) (the first interval, linear in t:
@@ -42,6 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from predictor.artifact_checks import non_finite_tensor
+from predictor.errors import InvalidInputError
 from predictor.return_curve import ReturnCurve, log_spaced_edges
 from predictor.return_time import ReturnInput, ReturnModelMetadata
 from training.return_data import ReturnPart, ReturnSamples, ReturnTargets
@@ -73,6 +80,45 @@ def training_grid_last_s(samples: ReturnSamples) -> float:
     """Half the training part's span, rounded down to whole minutes (at least 60 s)."""
     span = samples.cuts.evaluation_cut_s - samples.span_start_s
     return max(60.0, 60.0 * np.floor(span / 2.0 / 60.0))
+
+
+def check_learnable(samples: ReturnSamples) -> None:
+    """`InvalidInputError` (one line: what is missing, and where) unless the fitting and the
+    validation slice each hold releases with finite features and the fitting slice saw at
+    least one return inside the grid: a hazard fitted without one would say "never returns"
+    for everyone, and standardising an empty or non-finite column gives NaN statistics."""
+    sizes = {p: samples.parts[p].size for p in ("fit", "validation")}
+    if sizes["fit"] + sizes["validation"] == 0:
+        raise InvalidInputError(
+            "no usable samples: the training part holds no release (a trace whose requests "
+            "all arrive at one instant has no span to split; a later --split-at, or a longer "
+            "trace)"
+        )
+    for part, size in sizes.items():
+        if size == 0:
+            raise InvalidInputError(
+                f"no usable samples: the {part} slice of the training part holds no release "
+                f"({sizes['fit']} fit, {sizes['validation']} validation; its requests arrive "
+                "at too few instants to split)"
+            )
+    for part in ("fit", "validation"):
+        features = samples.parts[part].features
+        finite = np.isfinite(features).all(axis=0)
+        if not finite.all():
+            names = [n for n, ok in zip(samples.feature_names, finite, strict=True) if not ok]
+            raise InvalidInputError(
+                f"non-finite statistics: the {part} slice's feature(s) {', '.join(names)} "
+                "hold NaN or infinite values"
+            )
+    fit = samples.parts["fit"].targets
+    last_s = training_grid_last_s(samples)
+    inside = int((fit.observed & (fit.time_s <= last_s)).sum())
+    if inside == 0:
+        raise InvalidInputError(
+            f"a single class: none of the fitting slice's {sizes['fit']} releases saw its "
+            f"conversation return within the grid's {last_s:g} s (every one censored); a "
+            "longer trace or a later --split-at"
+        )
 
 
 def density_constant(grid_s: np.ndarray, targets: ReturnTargets) -> np.ndarray:
@@ -289,6 +335,7 @@ def _numpy_layers(model) -> tuple[list[np.ndarray], list[np.ndarray]]:
 def fit_return_model(samples: ReturnSamples, config: ReturnFitConfig) -> ReturnFitResult:
     """Choose the grid and the architecture on the validation slice, then refit on the whole
     training part for the chosen epoch count."""
+    check_learnable(samples)  # before torch is imported: a refusal costs no second
     import torch
 
     torch.set_num_threads(config.threads)
@@ -361,6 +408,13 @@ def fit_return_model(samples: ReturnSamples, config: ReturnFitConfig) -> ReturnF
             )
         ]
         weights, biases = merge_networks(networks)
+    layers = {f"weight {i}": w for i, w in enumerate(weights)}
+    bad = non_finite_tensor({**layers, **{f"bias {i}": b for i, b in enumerate(biases)}})
+    if bad is not None or not (np.isfinite(mean).all() and np.isfinite(std).all()):
+        raise InvalidInputError(
+            "non-finite statistics: the fitted network's weights or its inputs' means and "
+            "standard deviations are not finite (training diverged); no model is written"
+        )
     return ReturnFitResult(
         grid,
         hidden,

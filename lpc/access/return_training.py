@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from lpc.errors import InvalidInputError
 from lpc.replay.ab_pipeline import TRACE_MAX_MODEL_LEN
 from lpc.replay.request_table import request_table
 from lpc.traces.linkage import DEFAULT_SHARED_FANOUT
@@ -25,6 +26,7 @@ from predictor.access_features import check_names, default_feature_names, featur
 from predictor.atomic_files import OutputWriteError
 from predictor.return_time import ReturnTimePredictor, save_return_model
 from training.access_data import DEFAULT_ACCESS_HORIZON_S, DEFAULT_VALIDATION_FRACTION
+from training.locations import SHIPPED_ACCESS_MODEL_NAME, shipped_model_dir
 from training.quality_intervals import (
     DEFAULT_RESAMPLES,
     CurveSource,
@@ -42,7 +44,25 @@ from training.return_fit import (
 from training.return_quality import curve_quality, horizon_quality
 from training.survival_metrics import censoring_survival
 
-DEFAULT_CLASSIFIER = Path("models/mooncake-access")
+# `ReturnTrainOptions.classifier`'s default: the 180-s classifier shipped with the code,
+# found beside the package (`shipped_model_dir`), wherever the command runs from.
+SHIPPED_CLASSIFIER = "shipped"
+
+
+def classifier_path(classifier: Path | str | None) -> Path | None:
+    """The classifier baseline's folder: None for none, the shipped one for
+    `SHIPPED_CLASSIFIER` (refused in one line when this install has none), else the path."""
+    if classifier is None:
+        return None
+    if classifier == SHIPPED_CLASSIFIER:
+        shipped = shipped_model_dir(SHIPPED_ACCESS_MODEL_NAME)
+        if shipped is None:
+            raise InvalidInputError(
+                f"the shipped classifier models/{SHIPPED_ACCESS_MODEL_NAME} is not beside this "
+                "installation: pass --classifier DIR or --no-classifier"
+            )
+        return shipped
+    return Path(classifier)
 
 
 @dataclass(frozen=True)
@@ -53,7 +73,8 @@ class ReturnTrainOptions:
     shared_fanout: int = DEFAULT_SHARED_FANOUT
     validation_fraction: float = DEFAULT_VALIDATION_FRACTION
     features: tuple[str, ...] | None = None
-    classifier: Path | None = DEFAULT_CLASSIFIER  # None: no classifier baseline
+    # the 180-s classifier scored as a baseline: a folder, `SHIPPED_CLASSIFIER`, or None
+    classifier: Path | str | None = SHIPPED_CLASSIFIER
     fit: ReturnFitConfig = field(default_factory=ReturnFitConfig)
     # bootstrap resamples (over the evaluation part's conversations) of the quality figures'
     # 95 % intervals; 0: none
@@ -73,6 +94,7 @@ def train_return_on_trace(options: ReturnTrainOptions, out: Path | None) -> Retu
     from lpc.traces.timeline import split_in_time
 
     started = time.perf_counter()
+    classifier_folder = classifier_path(options.classifier)  # refused before the trace loads
     trace = load_trace(
         options.trace,
         TraceOptions(
@@ -114,17 +136,17 @@ def train_return_on_trace(options: ReturnTrainOptions, out: Path | None) -> Retu
     }
     sources: dict[str, Source] = dict(curves)
     classifier_info = None
-    if options.classifier is not None:
+    if classifier_folder is not None:
         from predictor.access_predictor import AccessPredictor
 
-        classifier = AccessPredictor.load(options.classifier)
+        classifier = AccessPredictor.load(classifier_folder)
         rows = evaluation.rows
         features = feature_frame(table, classifier.feature_names).to_numpy()[rows]
         horizon = classifier.horizon_s or DEFAULT_ACCESS_HORIZON_S
         p_within = classifier.predict(features)
         sources["classifier"] = HorizonSource(horizon, p_within)
         quality["classifier"] = horizon_quality(t, e, p_within, horizon, censoring)
-        classifier_info = {"path": str(options.classifier), "horizon_s": horizon}
+        classifier_info = {"path": str(classifier_folder), "horizon_s": horizon}
     intervals = None
     if options.intervals > 0:
         intervals = quality_intervals(
@@ -144,6 +166,7 @@ def train_return_on_trace(options: ReturnTrainOptions, out: Path | None) -> Retu
         "features": list(names),
         "known_at": predictor.known_at,
         "samples": {p: samples.parts[p].counts() for p in samples.parts},
+        "validation_slice": samples.validation_slice,
         "grid_s": [round(float(t), 3) for t in result.grid_s],
         "hidden_sizes": list(result.hidden),
         "epochs": result.epochs,

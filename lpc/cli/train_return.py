@@ -47,8 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--classifier",
         type=Path,
-        default=Path("models/mooncake-access"),
-        help="the horizon classifier scored as a baseline (default: %(default)s)",
+        default=None,
+        help="the horizon classifier scored as a baseline (default: the shipped "
+        "models/mooncake-access beside the installed package, from any working directory)",
     )
     p.add_argument("--no-classifier", action="store_true", help="score no classifier")
     p.add_argument(
@@ -97,6 +98,11 @@ def _print_report(report: dict) -> None:
         print(
             f"  {part}: {counts['samples']} releases, {counts['returned']} returns seen, "
             f"{counts['censored']} censored"
+        )
+    if report.get("validation_slice") == "releases":
+        print(
+            "  (the last share of the training part's span holds no release: the validation "
+            "slice is its last share of releases instead)"
         )
     grid = report["grid_s"]
     print(
@@ -176,7 +182,11 @@ def _print_intervals(intervals: dict | None, labels: dict[str, str]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     extras.require("train")
-    from lpc.access.return_training import ReturnTrainOptions, train_return_on_trace
+    from lpc.access.return_training import (
+        SHIPPED_CLASSIFIER,
+        ReturnTrainOptions,
+        train_return_on_trace,
+    )
     from predictor.atomic_files import check_output_folder
     from training.return_fit import ReturnFitConfig
 
@@ -191,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         trace_format=args.trace_format,
         split_at=args.split_at,
         validation_fraction=args.validation_share,
-        classifier=None if args.no_classifier else args.classifier,
+        classifier=None if args.no_classifier else (args.classifier or SHIPPED_CLASSIFIER),
         fit=ReturnFitConfig(max_epochs=args.max_epochs, seed=args.seed, distil=not args.no_distil),
         intervals=args.intervals,
     )

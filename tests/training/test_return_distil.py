@@ -167,15 +167,21 @@ def test_an_adopted_student_is_served_alone(monkeypatch) -> None:
     assert len(curves) == 50 and all(0.0 <= c.never_share <= 1.0 for c in curves)
 
 
-def test_a_fitting_slice_without_returns_skips_distillation_and_says_why() -> None:
+def test_a_fitting_slice_without_returns_is_refused_before_any_fit() -> None:
+    """A single class (every release censored): neither the hazard nor its teacher can be
+    learnt, so nothing is fitted (the teacher's own refusal is kept for a part whose
+    person-period rows are of one label all the same)."""
     from dataclasses import replace
 
+    from predictor.errors import InvalidInputError
     from training.return_fit import ReturnFitConfig, fit_return_model
 
     samples = _samples()
     fit = samples.parts["fit"]
     silent = _part(np.full(fit.size, 600.0), np.zeros(fit.size, bool), fit.features)
     samples = replace(samples, parts={**samples.parts, "fit": silent})
-    result = fit_return_model(samples, ReturnFitConfig(max_epochs=3, patience=2))
-    assert result.distillation["tried"] is False and result.recipe == "likelihood"
-    assert "returns and non-returns" in result.distillation["reason"]
+    with pytest.raises(InvalidInputError, match="a single class: none of the fitting") as refused:
+        fit_return_model(samples, ReturnFitConfig(max_epochs=3, patience=2))
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ValueError, match="returns and non-returns"):
+        HazardTeacher(GRID).fit(silent)
