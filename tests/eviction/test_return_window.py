@@ -6,6 +6,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eviction import FreedBlocks, Release, make_evictor
 from eviction.return_window import (
@@ -72,7 +74,8 @@ def curves_for(steps, seed: int) -> dict[str, ReturnCurve | None]:
         ("eviction-age", "or", "online", "depth", (30.0, 8.0)),
     ],
 )
-@pytest.mark.parametrize("seed", range(10))
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
 def test_rekeying_at_every_eviction_matches_the_brute_force_definition(
     seed: int,
     rule: str,
