@@ -44,6 +44,7 @@ import numpy as np
 
 from lpc.replay.latency import QWEN3_8B, KVShape, TierLatency
 from lpc.replay.latency_calibration import copy_bandwidth, fit_prefill
+from predictor.atomic_files import write_text_atomically
 
 QWEN3_8B_CONFIG: dict[str, Any] = {
     "vocab_size": 151_936,
@@ -491,9 +492,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         if args.out:
-            tmp = args.out.with_suffix(args.out.suffix + ".tmp")
-            tmp.write_text(json.dumps(report, indent=2) + "\n")
-            tmp.replace(args.out)
+            write_text_atomically(args.out, json.dumps(report, indent=2) + "\n")
 
     save()
     if not args.skip_copy:

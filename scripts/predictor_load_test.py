@@ -38,6 +38,7 @@ from predictor.runtime import prefer_passive_openmp  # noqa: E402
 prefer_passive_openmp()  # before torch is imported: see predictor/runtime.py
 
 from lpc.cli.bench_predictor import sharegpt_windows, untrained_artifact  # noqa: E402
+from predictor.atomic_files import write_text_atomically  # noqa: E402
 from predictor.benchmark import synthetic_windows, worst_case_windows  # noqa: E402
 from predictor.embedders import load_embedder  # noqa: E402
 from predictor.features import ConversationWindow  # noqa: E402
@@ -222,7 +223,7 @@ def main() -> int:
     text = json.dumps(result, indent=2, default=str)
     print(text)
     if args.output:
-        args.output.write_text(text + "\n", encoding="utf-8")
+        write_text_atomically(args.output, text + "\n")  # printed above whatever happens
     return 0 if result["passed"] else 1
 
 

@@ -124,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
     from lpc.drivers.scheduler_ab import compare, print_table
     from lpc.drivers.vllm_driver import vllm_python_path
     from lpc.drivers.vllm_scheduler import EngineSettings, PolicySettings, SchedulerRunFailed
+    from predictor.atomic_files import check_output_folder
 
     if args.one_in < 1:
         raise CommandError(f"--one-in must be >= 1, got {args.one_in}")
@@ -139,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
     python = args.vllm_python or vllm_python_path()
     if not python.exists():
         raise CommandError(f"no vLLM python at {python}; run scripts/setup_vllm_plugin.sh")
+    if args.records_dir is not None:  # the engines write there: checked before they start
+        check_output_folder(args.records_dir, "--records-dir")
     engine = EngineSettings(
         kv_tokens=args.kv_tokens,
         block_size=args.block_size,
