@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from predictor.atomic_files import atomic_path, write_text_atomically
 from predictor.embedders.base import Embedder
 from predictor.errors import InvalidInputError, UserError
 from predictor.features import FeatureConfig, WindowTextBuilder
@@ -149,26 +150,16 @@ def namespace_name(embedder_id: str) -> str:
     return f"{slug}-{digest}"
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_table_atomically(path: Path, table) -> None:
-    """Arrow IPC file written to a temporary sibling, fsynced, then renamed into place."""
+    """Arrow IPC file written to a temporary sibling, synced, then renamed into place."""
     import pyarrow as pa
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with pa.OSFile(str(temporary), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+    with (
+        atomic_path(path) as temporary,
+        pa.OSFile(str(temporary), "wb") as sink,
+        pa.ipc.new_file(sink, table.schema) as writer,
+    ):
         writer.write_table(table)
-    with temporary.open("rb+") as handle:
-        os.fsync(handle.fileno())
-    temporary.rename(path)
-    _fsync_dir(path.parent)
 
 
 def _read_table(path: Path):
@@ -432,10 +423,7 @@ class EmbeddingCache:
             "probe_vectors": probes.tolist(),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        path = self._namespace_path()
-        temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        temporary.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
-        temporary.rename(path)
+        write_text_atomically(self._namespace_path(), json.dumps(payload, indent=1) + "\n")
 
     def text_index(self, config: FeatureConfig) -> TextIndex:
         fingerprint = config.fingerprint()
@@ -444,9 +432,7 @@ class EmbeddingCache:
             folder.mkdir(parents=True, exist_ok=True)
             config_file = folder / "feature_config.json"
             if not config_file.exists():
-                config_file.write_text(
-                    json.dumps(config.to_dict(), indent=1) + "\n", encoding="utf-8"
-                )
+                write_text_atomically(config_file, json.dumps(config.to_dict(), indent=1) + "\n")
             self._text_indexes[fingerprint] = TextIndex(folder)
         return self._text_indexes[fingerprint]
 

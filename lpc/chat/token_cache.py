@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import zipfile
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -34,6 +33,7 @@ from lpc.chat.tokenization import (
     tokenize_conversations,
 )
 from lpc.chat.tokenizers import ChatTokenizer, default_chat_tokenizer
+from predictor.atomic_files import atomic_open
 from training.conversation import Conversation
 
 CACHE_DIR_ENV = "LPC_CACHE_DIR"
@@ -132,17 +132,8 @@ def write_tokenized(path: Path, key: dict, result: TokenizedConversations) -> No
         "num_output_tokens": np.array([t.num_output_tokens for t in turns], dtype=np.int64),
         "has_reply": np.array([t.has_reply for t in turns], dtype=np.bool_),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, "wb") as f:
+        np.savez(f, **arrays)
 
 
 def read_tokenized(path: Path, key: dict) -> TokenizedConversations | None:
