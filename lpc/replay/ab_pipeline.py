@@ -973,12 +973,8 @@ def _export_trace(
     assert options.export_trace is not None
     probability = values.get(options.trace_probabilities) if options.trace_probabilities else None
     header = _trace_header(options, work.source_desc)
-    try:  # atomic: a failed write leaves no half trace
-        write_trace(options.export_trace, work.requests, header, probability)
-    except OutputWriteError:
-        raise
-    except OSError as error:
-        raise OutputWriteError(options.export_trace, error) from error
+    # atomic: a failed write leaves no half trace (OutputWriteError naming it)
+    write_trace(options.export_trace, work.requests, header, probability)
     files["trace"] = str(options.export_trace)
     log(f"trace: wrote {len(work.requests)} requests to {options.export_trace}")
 

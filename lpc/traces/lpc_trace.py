@@ -32,8 +32,6 @@ last line (a log still being written) is skipped and counted.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +43,7 @@ from lpc.traces.expand import SyntheticTokens, expand_requests
 from lpc.traces.jsonl import TraceError, fail, not_unicode, read_json_lines
 from lpc.traces.linkage import DEFAULT_SHARED_FANOUT, link_by_prefix
 from lpc.workload import ScriptedTurn, WorkloadRequest, compact_tokens
+from predictor.atomic_files import atomic_open
 
 TRACE_FORMAT = "lpc-trace"
 TRACE_VERSION = 1
@@ -643,19 +642,12 @@ def write_trace(
     if probabilities is not None and len(probabilities) != len(requests):
         raise ValueError(f"{len(probabilities)} probabilities for {len(requests)} requests")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for index, line in enumerate(trace_lines(requests, header, probabilities)):
-                try:
-                    handle.write(line + "\n")
-                except UnicodeEncodeError:
-                    raise _not_writable(path, index, line) from None
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, "w") as handle:  # a failure (OutputWriteError) leaves no file
+        for index, line in enumerate(trace_lines(requests, header, probabilities)):
+            try:
+                handle.write(line + "\n")
+            except UnicodeEncodeError:
+                raise _not_writable(path, index, line) from None
 
 
 def _not_writable(path: Path, index: int, line: str) -> InvalidInputError:
