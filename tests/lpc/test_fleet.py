@@ -251,3 +251,28 @@ def test_hit_ratio_interval_brackets_the_ratio(prepared) -> None:
     )
     low, high = hit_ratio_interval(r.per_request, prompt)
     assert low < r.token_hit_ratio < high
+
+
+def test_cli_prints_json_and_refuses_bad_flags_in_one_line(small_trace, tmp_path, capsys) -> None:
+    from lpc.cli.main import main
+
+    argv = ["fleet", "--trace", str(small_trace), "--policies", "lru", "--no-progress"]
+    out = tmp_path / "f"
+    assert (
+        main([*argv, "--instances", "1,2", "--routers", "round-robin", "--json", "--out", str(out)])
+        == 0
+    )
+    printed = json.loads(capsys.readouterr().out)
+    assert [(c["instances"], c["router"]) for c in printed["cells"]] == [
+        (1, "round-robin"),
+        (2, "round-robin"),
+    ]
+    assert printed["cells"][0]["token_hit_ratio_ci95"] is not None
+    for flags, message in [
+        (["--routers", "random"], "--routers: unknown router 'random'"),
+        (["--ray-address", "auto"], "--ray-address goes with --ray"),
+        (["--policies", "belady", "--instances", "4"], "belady needs each instance's own future"),
+    ]:
+        assert main([*argv, *flags, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and message in err, err
