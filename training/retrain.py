@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from predictor.artifact import ArtifactError
+from predictor.client import check_predictor_url
 from predictor.embedders.base import Embedder
 from predictor.errors import InvalidInputError, UserError
 from training.conversation import Conversation
@@ -131,8 +132,11 @@ class RetrainConfig:
             raise bad("min_evaluation_samples", "must be a positive integer")
         if not isinstance(self.keep_versions, int) or self.keep_versions < 1:
             raise bad("keep_versions", "must be a positive integer")
-        if self.notify_url is not None and not self.notify_url.startswith(("http://", "https://")):
-            raise bad("notify_url", "must start with http:// or https://")
+        if self.notify_url is not None:  # parsed now, not tried after hours of training
+            try:
+                check_predictor_url(self.notify_url)
+            except ValueError as error:
+                raise InvalidInputError(f"RetrainConfig.notify_url {error}") from None
 
 
 @dataclass

@@ -120,3 +120,11 @@ def test_a_malformed_notify_url_is_refused_before_training(tmp_path: Path, capsy
     err = capsys.readouterr().err.strip()
     assert err.startswith("lpc retrain: error: --notify-url is not a valid URL ("), err
     assert err.endswith("got 'http://127.0.0.1:notaport'") and "\n" not in err
+
+
+def test_the_daily_jobs_config_parses_its_notify_url(tmp_path: Path) -> None:
+    from predictor.errors import InvalidInputError
+    from training.retrain import RetrainConfig
+
+    with pytest.raises(InvalidInputError, match=r"^RetrainConfig\.notify_url is not a valid URL"):
+        RetrainConfig(tmp_path, tmp_path / "r", tmp_path / "c", notify_url="http://h:notaport")
