@@ -276,16 +276,48 @@ def _mlp_probabilities(model: ContinuationMLP, x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-logits))
 
 
+def check_learnable(samples: AccessSamples) -> None:
+    """`InvalidInputError` (one line: what is missing, and where) unless the fitting and the
+    validation slice each hold uncensored samples of both classes with finite features; an
+    empty slice, a single class or a NaN column would give a model of NaN statistics or one
+    that has learnt nothing, and the validation choices nothing to be made on."""
+    remedy = f"choose a shorter --horizon (now {samples.horizon_s:g} s) or a later --split-at"
+    rows = {p: samples.labels[p].size + samples.censored[p] for p in ("fit", "validation")}
+    if sum(rows.values()) == 0:
+        raise InvalidInputError(
+            "no usable samples: the training part holds no request (a trace whose requests all "
+            "arrive at one instant has no span to split; a later --split-at, or a longer trace)"
+        )
+    for part in ("fit", "validation"):
+        if rows[part] == 0:
+            raise InvalidInputError(
+                f"no usable samples: the {part} slice of the training part holds no request "
+                "(a gap in the traffic?): a later --split-at or another --validation-share"
+            )
+        labels = samples.labels[part]
+        if labels.size == 0:
+            raise InvalidInputError(
+                f"no usable samples: the {part} slice holds no uncensored sample "
+                f"({samples.censored[part]} censored): {remedy}"
+            )
+        if labels.min() == labels.max():
+            raise InvalidInputError(
+                f"a single class: the {part} slice's {labels.size} uncensored samples are all "
+                f"labelled {int(labels[0])}: {remedy}"
+            )
+        finite = np.isfinite(samples.features[part]).all(axis=0)
+        if not finite.all():
+            names = [n for n, ok in zip(samples.feature_names, finite, strict=True) if not ok]
+            raise InvalidInputError(
+                f"non-finite statistics: the {part} slice's feature(s) {', '.join(names)} "
+                "hold NaN or infinite values"
+            )
+
+
 def fit_access_model(samples: AccessSamples, config: AccessFitConfig) -> AccessFitResult:
     from sklearn.metrics import roc_auc_score
 
-    for part in ("fit", "validation"):
-        labels = samples.labels[part]
-        if labels.size == 0 or labels.min() == labels.max():
-            raise InvalidInputError(
-                f"the {part} slice holds {labels.size} uncensored samples of one class only: "
-                f"choose a shorter --horizon (now {samples.horizon_s:g} s) or a later --split-at"
-            )
+    check_learnable(samples)
     started = time.perf_counter()
     model, mean, std, member_epochs, validation_auc = _fit_mlp(samples, config)
     epochs = max(member_epochs)

@@ -166,6 +166,11 @@ def turns_ablation(
 def check_both_labels(samples: Sequence[TurnSample]) -> None:
     """Refuse, before any embedding or fitting, samples that are all one label: the classifier
     and its metrics need both (sklearn would only fail at the end with "Input contains NaN")."""
+    if not samples:
+        raise InvalidInputError(
+            "no usable samples: the training half holds no user turn (an empty dataset, or "
+            "every conversation fell in the evaluation half)"
+        )
     labels = {s.label for s in samples}
     if len(labels) == 1:
         (label,) = labels
