@@ -185,16 +185,17 @@ class BlockIds:
 
 @dataclass
 class RequestLogCounters:
-    """Totals since the writer started; `records_dropped` sums the three reasons."""
+    """Totals since the writer started; `records_dropped` sums the three `dropped_*`."""
 
     records_written: int = 0
     records_dropped: int = 0
     dropped_queue_full: int = 0
     dropped_write_errors: int = 0
+    dropped_invalid_id: int = 0  # an id held a lone surrogate: no line can keep it apart
     bytes_written: int = 0
     files_opened: int = 0
     finish_before_arrival: int = 0  # the clock went backwards during a request: clamped
-    invalid_unicode: int = 0  # a string field held a lone surrogate: replaced by U+FFFD
+    invalid_unicode: int = 0  # a recorded prompt held a lone surrogate: U+FFFD in its place
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: int) -> None:
@@ -325,8 +326,11 @@ class RequestLogWriter:
         lines = [self._line(record) for record in batch]
         try:
             data = "".join(lines).encode("utf-8")
+            kept = len(batch)
         except UnicodeEncodeError:
-            data = self._encode_replacing(lines)
+            data, kept = self._encode_replacing(batch, lines)
+        if not kept:
+            return
         if (
             self._file is None
             or day != self._day
@@ -336,7 +340,7 @@ class RequestLogWriter:
         assert self._file is not None
         self._file.write(data)
         self._file_bytes += len(data)
-        self.counters.add(records_written=len(batch), bytes_written=len(data))
+        self.counters.add(records_written=kept, bytes_written=len(data))
 
     def _open(self, day: str) -> None:
         """A new file for `day` (after the newest of this process's files of that day)."""
@@ -400,15 +404,33 @@ class RequestLogWriter:
             out["user_prompts"] = list(record.user_prompts)
         return json.dumps(out, ensure_ascii=False, separators=(",", ":")) + "\n"
 
-    def _encode_replacing(self, lines: list[str]) -> bytes:
-        """A batch holding a lone surrogate (an id that is half a UTF-16 pair), which UTF-8
-        cannot encode and a reader refuses: each such record is kept with U+FFFD in its
-        place, and counted; the rest of the batch is written as it is."""
+    def _encode_replacing(
+        self, batch: list[FinishedRequest], lines: list[str]
+    ) -> tuple[bytes, int]:
+        """A batch holding a lone surrogate (half a UTF-16 pair), which UTF-8 cannot encode
+        and a reader refuses, as bytes and the number of records kept.
+
+        In a recorded prompt it becomes U+FFFD (text, repaired as the loaders repair
+        messages; counted). In an id it cannot: `dup\\ud800` and `dup\\udbff` would both
+        become `dup\\ufffd` and merge two conversations (three, with a real `dup\\ufffd`), and
+        an escape would be refused by every trace reader. Such a record is dropped and counted
+        (`dropped_invalid_id`); the rest of the batch is written as it is.
+        """
         parts = []
-        for line in lines:
+        for record, line in zip(batch, lines, strict=True):
             try:
                 parts.append(line.encode("utf-8"))
+                continue
             except UnicodeEncodeError:
-                self.counters.add(invalid_unicode=1)
-                parts.append(_SURROGATE.sub("\ufffd", line).encode("utf-8"))
-        return b"".join(parts)
+                pass
+            ids = (record.request_id, record.conversation_id, record.request_type)
+            if any(value is not None and _SURROGATE.search(value) for value in ids):
+                self.counters.add(records_dropped=1, dropped_invalid_id=1)
+                self._warn(
+                    "request log: an id holds a lone surrogate (half a UTF-16 pair), which "
+                    "no log line can hold without merging it with another id: dropping its record"
+                )
+                continue
+            self.counters.add(invalid_unicode=1)
+            parts.append(_SURROGATE.sub("\ufffd", line).encode("utf-8"))
+        return b"".join(parts), len(parts)

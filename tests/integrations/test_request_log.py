@@ -306,18 +306,43 @@ def test_daily_files_and_size_rotation(tmp_path: Path) -> None:
     assert len(read_trace(tmp_path).requests) == 9
 
 
-def test_a_lone_surrogate_in_an_id_is_replaced_and_counted(tmp_path: Path) -> None:
-    """A conversation or request id holding half a UTF-16 pair cannot be written as UTF-8:
-    its record is kept with U+FFFD in its place (and counted), the rest of the batch too."""
+def test_ids_holding_lone_surrogates_never_merge_in_the_log(tmp_path: Path, caplog) -> None:
+    """Issue 44's sibling: `dup\\ud800` and `dup\\udbff` were both written as `dup\\ufffd`
+    and merged with a real `dup\\ufffd`. An id (conversation, request or request type)
+    holding half a UTF-16 pair is dropped from the log and counted, its batch kept; a recorded
+    prompt holding one is text and keeps its record with U+FFFD (counted)."""
+    writer = RequestLogWriter(RequestLogConfig(tmp_path, salt="s", record_text=True), pid=1)
+    with caplog.at_level(logging.WARNING, logger="vllm.plugins.lpc"):
+        writer.append(record(0, conversation_id="dup\ud800"))
+        writer.append(record(1, conversation_id="dup\udbff"))
+        writer.append(record(2, conversation_id="dup\ufffd"))  # a real U+FFFD is text
+        writer.append(record(3, request_id="r\udc003"))
+        writer.append(record(4, request_type="text\ud800"))
+        writer.append(record(5, user_prompts=("half a pair \ud83d here",)))
+        written(writer)
+        writer.close()
+    counters = writer.counters.snapshot()
+    assert counters["records_written"] == 2 and counters["invalid_unicode"] == 1
+    assert counters["records_dropped"] == counters["dropped_invalid_id"] == 4
+    trace = read_trace(tmp_path)
+    assert [(r.request_id, r.conversation_id) for r in trace.requests] == [
+        ("r2", "dup\ufffd"),
+        ("r5", "conv1"),
+    ]
+    (path,) = log_files(tmp_path)
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert lines[2]["user_prompts"] == ["half a pair \ufffd here"]
+    assert [r.message for r in caplog.records] == [
+        "request log: an id holds a lone surrogate (half a UTF-16 pair), which no log line "
+        "can hold without merging it with another id: dropping its record (counted in "
+        "records_dropped)"
+    ]
+
+
+def test_a_batch_of_ids_that_cannot_be_written_opens_no_file(tmp_path: Path) -> None:
     writer = RequestLogWriter(RequestLogConfig(tmp_path, salt="s"), pid=1)
-    writer.append(record(0))
-    writer.append(record(1, conversation_id="\ud800x", request_id="r\udc001"))
-    writer.append(record(2))
+    writer.append(record(0, conversation_id="dup\ud800"))
     written(writer)
     writer.close()
-    counters = writer.counters.snapshot()
-    assert counters["records_written"] == 3 and counters["records_dropped"] == 0
-    assert counters["invalid_unicode"] == 1
-    trace = read_trace(tmp_path)
-    assert [r.request_id for r in trace.requests] == ["r0", "r\ufffd1", "r2"]
-    assert trace.requests[1].conversation_id == "\ufffdx"
+    assert writer.counters.snapshot()["dropped_invalid_id"] == 1
+    assert log_files(tmp_path) == []
