@@ -54,11 +54,19 @@ class FreedBlocks:
     Parallel lists (one record per release, not per block, keeps the hot path cheap):
     `depths[i]` is block i's index in its sequence (0 = the first block of the prompt) and
     `hashes[i]` identifies its content, for policies that look at the future of a trace.
+    `chain=True` says the blocks are one sequence's contiguous tail, tail first, so block i's
+    parent is block i + 1 (a request's free: the block manager's, the engine's); then
+    `parent_id` is the block that holds the shallowest one's parent (still in use by other
+    requests; None when the blocks start the sequence or the caller does not know it). A
+    prefix-closed evictor links them to know which blocks are leaves; other callers (a CPU
+    tier's resident chunks, which may skip depths) leave `chain` False.
     """
 
     block_ids: Sequence[int]
     depths: Sequence[int]
     hashes: Sequence[bytes | None]
+    parent_id: int | None = None
+    chain: bool = False
 
     def __len__(self) -> int:
         return len(self.block_ids)
@@ -104,6 +112,10 @@ class Evictor(ABC):
     """
 
     name: ClassVar[str] = "base"
+    # True when the policy never evicts a cached block while a cached descendant of it (in
+    # its hash chain) stays: a block whose parent is gone can never be hit again, so keeping
+    # it wastes its space. The block manager then checks that no cached block is an orphan.
+    prefix_closed: ClassVar[bool] = False
 
     @abstractmethod
     def reset(self, block_ids: Iterable[int]) -> None: ...

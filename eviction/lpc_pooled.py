@@ -306,6 +306,8 @@ class PooledLPCEvictor(LPCEvictor):
         block_ids = freed.block_ids
         if not block_ids:
             return
+        if freed.chain:
+            self._link_chain(block_ids, freed.parent_id)
         now = release.time_s
         memory = self._memory
         if memory or self._pending:

@@ -24,6 +24,21 @@ heap when its entries exceed twice the queued blocks plus 1,024 (runs whose ever
 hit piled up; hits add no entries, so between pops the excess grows only by the releases
 since).
 
+**Prefix closure (leaves first).** A block whose parent content is evicted can never be hit
+again (a hit is a prefix), so a cached block must not be evicted while a cached descendant
+stays. Keys alone do not ensure it: a parent re-released by its only conversation with a low
+p takes a key below that of a child branch released earlier with a high p. So the heap also
+knows the chain: `_link_chain` records each released block's parent (block i + 1 of a release
+listed tail first, and `FreedBlocks.parent_id` for the shallowest) and counts each block's
+cached children. A block that reaches the root while it still has a cached child is not
+handed out: it is set aside (`_deferred`, still free and counted) and goes back into the heap,
+at its own place (same key, depth and age), when its last cached child is handed out. The
+order is therefore exactly "the smallest (key, −depth, age) among the free blocks with no
+cached child": the keys' order itself whenever it already evicts leaves first (then nothing
+is ever set aside), and otherwise it differs only in holding parents back until their
+subtrees are gone. Blocks released without a known parent are not linked to one (an engine
+adapter that sees only the freed blocks links within each release).
+
 Policies subclass `RunHeap` (through `PriorityEvictor`) so their hot paths touch these lists
 directly; the protected methods here are the heap's whole interface.
 """
@@ -67,6 +82,11 @@ class Run:
         self.live = len(block_ids)  # blocks still queued in this run (not popped, not hit)
         self.ghost: Ghost | None = None
 
+    def __lt__(self, other: Run) -> bool:
+        # Entries compare runs only on a full tie of (key, rank, seq), which only a set-aside
+        # parent and its own run's head can reach: either may go first.
+        return False
+
 
 Key: TypeAlias = Any  # totally ordered: a float, or a tuple of them
 Entry: TypeAlias = tuple[Key, int, int, Run]  # (key, rank: −depth of head, run seq, run)
@@ -81,11 +101,72 @@ class RunHeap:
         self._state: list[Run | Ghost | None] = [None] * num_blocks
         self._next_seq = 0
         self._queued = 0
+        # Prefix closure: each cached block's parent (−1: none known) and how many cached
+        # blocks name it as their parent; free blocks held back for a cached child.
+        self._parent = [-1] * num_blocks
+        self._children = [0] * num_blocks
+        self._deferred: dict[int, Run] = {}
 
     def _clear_heap(self) -> None:
         self._heap.clear()
-        self._state = [None] * len(self._state)
+        n = len(self._state)
+        self._state = [None] * n
         self._queued = 0
+        self._parent = [-1] * n
+        self._children = [0] * n
+        self._deferred.clear()
+
+    def _link_chain(self, block_ids: Sequence[int], parent_id: int | None) -> None:
+        """Record the parents of a release's blocks, listed tail first: block i's parent is
+        block i + 1, the last one's is `parent_id` (None: unknown, the old link stays). A
+        block's content fixes its parent's content, so a link changes only when the parent's
+        content sits in another block (a duplicate)."""
+        parent, children = self._parent, self._children
+        up = -1 if parent_id is None else parent_id
+        for block_id, p in zip(block_ids, [*block_ids[1:], up], strict=True):
+            old = parent[block_id]
+            if old != p and p >= 0:
+                children[p] += 1
+                parent[block_id] = p
+                if old >= 0:
+                    self._drop_child(old)
+
+    def _unlink(self, block_id: int) -> bool:
+        """The block lost its content: its parent has one cached child less. Returns True
+        when that puts a set-aside parent back into the heap (the root may have changed)."""
+        parent = self._parent
+        p = parent[block_id]
+        if p < 0:
+            return False
+        parent[block_id] = -1
+        return self._drop_child(p)
+
+    def _drop_child(self, p: int) -> bool:
+        """Block p has one cached child less; a held-back p with none left goes back into
+        the heap (True: the root may have changed)."""
+        c = self._children[p] - 1
+        self._children[p] = c
+        if c or p not in self._deferred:
+            return False
+        return self._requeue_deferred(p)
+
+    def _defer(self, run: Run, j: int) -> None:
+        """Hold back block j of `run` (the caller has taken it out of the run's count): it
+        has a cached child. It stays free, in a run of its own outside the heap, with the
+        same key, tag and depth, ranked just after its old run among equal keys and depths."""
+        block_id = run.block_ids[j]
+        held = Run(run.key, run.tag, [block_id], [run.depths[j]], run.seq)
+        held.seq = run.seq + 0.5  # unique among entries; the same age against other runs
+        self._state[block_id] = held
+        self._deferred[block_id] = held
+
+    def _requeue_deferred(self, block_id: int) -> bool:
+        """Put a held-back block into the heap (if it is still free and held back)."""
+        held = self._deferred.pop(block_id)
+        if not held.live or self._state[block_id] is not held:
+            return False
+        heapq.heappush(self._heap, (held.key, -held.depths[0], held.seq, held))
+        return True
 
     def _is_queued(self, block_id: int) -> bool:
         return type(self._state[block_id]) is Run
@@ -192,6 +273,7 @@ class RunHeap:
         if type(self._state[block_id]) is Run:
             raise ValueError(f"block {block_id} is queued; remove it first")
         self._state[block_id] = None
+        self._unlink(block_id)
 
     def remove(self, block_id: int) -> None:
         """Take a free block out: a queued one leaves its run, whose ghost (same key and tag)
@@ -214,7 +296,9 @@ class RunHeap:
         self._queued -= 1
 
     def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
-        """The next n blocks to reuse: uncached ones first, then the smallest keys in order.
+        """The next n blocks to reuse: uncached ones first, then the smallest keys in order,
+        leaves first (a block with a cached child is held back until it has none: the
+        module's prefix closure).
 
         Popped cached blocks forget their runs. One frame for the whole call: this is the
         allocation path of every request.
@@ -229,12 +313,17 @@ class RunHeap:
         if len(self._heap) > 2 * self._queued + 1024:
             self._rebuild()  # hits left more dead runs than live blocks
         heap, state = self._heap, self._state
+        children, parent = self._children, self._parent
         need = n - from_uncached
         self._queued -= need
+        force = False  # set only if every free block waits for a child (a corrupt chain)
         while need:
+            if not heap:
+                self._release_all_deferred()
+                force = True
             key, rank, seq, run = heap[0]
             live = run.live
-            if not live:  # every block of the run was hit since
+            if not live:  # every block of the run was hit (or held back) since
                 heappop(heap)
                 continue
             size = len(heap)
@@ -246,42 +335,56 @@ class RunHeap:
                     heapreplace(heap, (key, exact, seq, run))
                     continue
                 block_id = run.block_ids[i]
-                state[block_id] = None
-                out.append(block_id)
-                need -= 1
                 run.live = live - 1
                 run.cursor = i + 1
                 if live == 1:
                     heappop(heap)
+                if children[block_id] and not force:
+                    self._defer(run, i)
+                    continue
+                state[block_id] = None
+                out.append(block_id)
+                need -= 1
+                if parent[block_id] >= 0:
+                    self._unlink(block_id)
                 continue
-            # Strictly the smallest key: the run's live blocks go first, in order.
+            # Strictly the smallest key: the run's live blocks go first, in order, until a
+            # held-back parent comes back into the heap (it may be the new root).
             ids = run.block_ids
             m = len(ids)
             i = run.cursor
-            if live == m - i:
-                j = i + need if i + need < m else m
-                take = ids[i:j]
-                out.extend(take)
-                for block_id in take:
-                    state[block_id] = None
-                taken = j - i
-            else:
-                taken = 0
-                j = i
-                while j < m and taken < need:
-                    block_id = ids[j]
-                    j += 1
-                    if state[block_id] is run:
-                        state[block_id] = None
-                        out.append(block_id)
-                        taken += 1
+            taken = 0
+            j = i
+            requeued = False
+            while j < m and taken < need:
+                block_id = ids[j]
+                j += 1
+                if state[block_id] is not run:
+                    continue
+                live -= 1
+                if children[block_id] and not force:
+                    self._defer(run, j - 1)
+                    continue
+                state[block_id] = None
+                out.append(block_id)
+                taken += 1
+                if parent[block_id] >= 0 and self._unlink(block_id):
+                    requeued = True
+                    break
             need -= taken
-            run.live = live = live - taken
+            run.live = live
             run.cursor = j
-            if live:
-                break  # `need` is met
-            heappop(heap)  # the run is used up
+            if not live and not requeued:
+                heappop(heap)  # the run is used up (and still the root)
         return out
+
+    def _release_all_deferred(self) -> None:
+        """Put every held-back block into the heap: only reached when no free block is a leaf,
+        which parent links that form a cycle (a corrupt caller) could cause."""
+        for block_id in list(self._deferred):
+            self._requeue_deferred(block_id)
+        if not self._heap:
+            raise RuntimeError("run heap: blocks are counted free but none is queued")
 
     def discard_n(self, block_ids: Sequence[int]) -> None:
         """Take out free blocks that another order handed out (the plugin's LRU mode): each
@@ -290,12 +393,15 @@ class RunHeap:
         to clean up the runs these leave behind."""
         state = self._state
         uncached = self._uncached
+        parent = self._parent
         for block_id in block_ids:
             run = state[block_id]
             if type(run) is Run:
                 state[block_id] = None
                 run.live -= 1
                 self._queued -= 1
+                if parent[block_id] >= 0:
+                    self._unlink(block_id)
             else:
                 uncached.remove(block_id)
         if len(self._heap) > 2 * self._queued + 1024:
@@ -335,8 +441,11 @@ class RunHeap:
         - a run's `live` counts exactly its blocks at or after the cursor whose slot points
           at it, and no block before the cursor does: so `live == m − cursor` really means
           no hit lies ahead of the cursor, the fact the slicing pop path trusts;
-        - every slot that holds a run points at a run in the heap, and `_queued` is the
-          number of such slots.
+        - every slot that holds a run points at a run in the heap or a held-back one, and
+          `_queued` is the number of such slots;
+        - prefix closure: each block's child count is the number of blocks that name it as
+          their parent, a held-back block still has a cached child, and a block in the heap
+          with a cached child is never the one `pop_n` hands out next.
         """
         heap, state = self._heap, self._state
         for k in range(1, len(heap)):
@@ -352,12 +461,36 @@ class RunHeap:
             assert id(run) not in queued_runs, f"run heap: run {run.seq} is queued twice"
             queued_runs.add(id(run))
             self._check_run(run)
+        for block_id, held in self._deferred.items():
+            if held.live and state[block_id] is held:
+                assert self._children[block_id] > 0, (
+                    f"run heap: block {block_id} is held back but has no cached child"
+                )
+                queued_runs.add(id(held))
         slots = [b for b, s in enumerate(state) if type(s) is Run]
         for b in slots:
             assert id(state[b]) in queued_runs, f"run heap: block {b} points at an unqueued run"
         assert len(slots) == self._queued, (
             f"run heap: {len(slots)} blocks are queued but the count says {self._queued}"
         )
+        self._check_closure()
+
+    def _check_closure(self) -> None:
+        """The child counts match the parent links, and the next block `pop_n` would hand
+        out (the first of `_ordered`) has no cached child."""
+        counts = [0] * len(self._children)
+        for p in self._parent:
+            if p >= 0:
+                counts[p] += 1
+        for block_id, (have, want) in enumerate(zip(self._children, counts, strict=True)):
+            assert have == want, (
+                f"run heap: block {block_id} counts {have} cached children, {want} name it"
+            )
+        order = list(self._ordered())
+        if order and self._children[order[0]]:
+            assert all(self._children[b] for b in order), (
+                f"run heap: block {order[0]} would be evicted before its cached child"
+            )
 
     def _check_run(self, run: Run) -> None:
         ids, depths, state = run.block_ids, run.depths, self._state
@@ -381,12 +514,14 @@ class RunHeap:
         return 0
 
     def _runs(self) -> Iterator[Run]:
-        """Every run in the heap (dead ones included), in no order."""
+        """Every run in the heap (dead ones included) and every held-back one, in no order."""
         for entry in self._heap:
             yield entry[3]
+        yield from self._deferred.values()
 
     def _ordered(self) -> Iterator[int]:
-        """Queued blocks in pop order, without popping (O(n log n); for tests and debugging)."""
+        """Queued blocks in pop order, without popping (O(n log n); for tests and debugging):
+        the smallest (key, −depth, age) among the blocks with no queued child, as `pop_n`."""
         state = self._state
         items = []
         for run in self._runs():
@@ -394,5 +529,24 @@ class RunHeap:
                 block_id = run.block_ids[j]
                 if state[block_id] is run:
                     items.append((run.key, -run.depths[j], run.seq, block_id))
-        items.sort()
-        return (item[3] for item in items)
+        # As pop_n counts them: every cached child, queued or not (a child in use while its
+        # parent is free only arises from duplicate contents, and holds the parent back).
+        waiting = {block_id: self._children[block_id] for *_, block_id in items}
+        heapq.heapify(items)
+        held: dict[int, tuple[Key, int, float, int]] = {}
+        order: list[int] = []
+        while items:
+            item = heapq.heappop(items)
+            block_id = item[3]
+            if waiting[block_id]:
+                held[block_id] = item
+                continue
+            order.append(block_id)
+            p = self._parent[block_id]
+            if p in waiting:
+                waiting[p] -= 1
+                if not waiting[p] and p in held:
+                    heapq.heappush(items, held.pop(p))
+        # Blocks whose child never leaves: only a corrupt chain or duplicate contents.
+        order.extend(block_id for *_, block_id in sorted(held.values()))
+        return iter(order)

@@ -153,6 +153,9 @@ class PrefixCacheBlockManager:
         self.counters = CacheCounters()
         self._ref_count = [0] * num_blocks
         self._block_hash: list[BlockHash | None] = [None] * num_blocks
+        # The hash of each cached block's parent (None: the first block of its sequence):
+        # what the prefix-closure check asks of the cache.
+        self._parent_hash: list[BlockHash | None] = [None] * num_blocks
         # hash -> one block id, or an insertion-ordered dict of duplicate block ids (vLLM's
         # append-only block tables can cache identical content twice).
         self._cached: dict[BlockHash, int | dict[int, None]] = {}
@@ -287,6 +290,7 @@ class PrefixCacheBlockManager:
             h = hashes[i]
             # New blocks carry no hash yet; cache them (duplicates allowed, like vLLM).
             block_hash[b] = h
+            self._parent_hash[b] = hashes[i - 1] if i else None
             entry = cached.get(h)
             if entry is None:
                 cached[h] = b
@@ -342,6 +346,7 @@ class PrefixCacheBlockManager:
             b = table[i]
             h = block_hashes[i]
             block_hash[b] = h
+            self._parent_hash[b] = block_hashes[i - 1] if i else None
             entry = cached.get(h)
             if entry is None:
                 cached[h] = b
@@ -404,7 +409,19 @@ class PrefixCacheBlockManager:
         )
         self.evictor.push_uncached(uncached)
         if freed_ids:
-            self.evictor.push_cached(FreedBlocks(freed_ids, freed_depths, freed_hashes), release)
+            # The freed cached blocks are the sequence's tail (others hold a prefix): the block
+            # before the shallowest is their parent, which a prefix-closed evictor links.
+            top = freed_depths[-1]
+            self.evictor.push_cached(
+                FreedBlocks(
+                    freed_ids,
+                    freed_depths,
+                    freed_hashes,
+                    parent_id=table[top - 1] if top else None,
+                    chain=True,
+                ),
+                release,
+            )
         if shared_ids:
             self.evictor.note_shared_release(
                 FreedBlocks(shared_ids, shared_depths, shared_hashes), release
@@ -454,3 +471,11 @@ class PrefixCacheBlockManager:
                 assert self._block_hash[b] == h, f"block {b} is cached under a hash it lacks"
         num_mapped = sum(len(v) for v in self.cached_hashes().values())
         assert num_mapped == self.num_cached_blocks, "hash map and block hashes disagree"
+        if self.evictor.prefix_closed:
+            # No orphan: a cached block whose parent content is gone can never be hit again.
+            for b in range(1, self.num_blocks):
+                parent = self._parent_hash[b]
+                if self._block_hash[b] is not None and parent is not None:
+                    assert parent in self._cached, (
+                        f"{self.evictor.name}: block {b} is cached but its parent is evicted"
+                    )

@@ -376,10 +376,14 @@ def _freed(blocks: Sequence[Any]) -> FreedBlocks:
     # its hash covers (0 when unknown): `LPCEvictor` compares depths only with each other, to
     # evict the deeper of two blocks with equal keys, so (index + 1) · block size orders blocks
     # exactly as their index does, without knowing the group's block size.
+    # vLLM frees a request's blocks tail first, and those whose count reached 0 are the
+    # sequence's tail (other requests hold a prefix): a chain, whose top's parent the queue
+    # does not see (links within the release are what prefix closure needs for a branch).
     return FreedBlocks(
         [block.block_id for block in blocks],
         [block.block_hash_num_tokens or 0 for block in blocks],
         [block.block_hash for block in blocks],
+        chain=True,
     )
 
 

@@ -2,7 +2,8 @@
 
 It keeps, per free cached block, the (p, t_last) of the releases that count under max pooling
 and at every eviction recomputes every block's decayed probability
-p·d / (p·d + 1 − p), d = exp(−scale·(now − t_last)) — no static keys, no heap.
+p·d / (p·d + 1 − p), d = exp(−scale·(now − t_last)) — no static keys, no heap — and takes the
+smallest among the leaves (free blocks no cached block names as its parent: prefix closure).
 """
 
 from __future__ import annotations
@@ -10,6 +11,26 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from eviction import Evictor, FreedBlocks, Release, decayed_probability
+
+
+def link_chain(parent: dict[int, int], freed: FreedBlocks) -> None:
+    """Prefix closure: a chain release names each block's parent (block i + 1, then
+    `parent_id`; an unknown parent keeps the old link)."""
+    if not freed.chain:
+        return
+    ids = freed.block_ids
+    for i, block_id in enumerate(ids):
+        p = ids[i + 1] if i + 1 < len(ids) else freed.parent_id
+        if p is not None:
+            parent[block_id] = p
+
+
+def leaves(free: Iterable[int], parent: dict[int, int]) -> list[int]:
+    """The free blocks no cached block names as its parent: the only ones a prefix-closed
+    evictor may take (all of them if none is, which only a corrupt chain gives)."""
+    named = set(parent.values())
+    out = [b for b in free if b not in named]
+    return out or list(free)
 
 
 class BruteForceLPC(Evictor):
@@ -26,6 +47,7 @@ class BruteForceLPC(Evictor):
         self.owner: dict[int, str | None] = {}
         self.shared: set[int] = set()
         self.free: dict[int, tuple[int, int]] = {}  # cached free block -> (depth, push order)
+        self.parent: dict[int, int] = {}  # cached block -> its parent block (prefix closure)
         self.order = 0
 
     def reset(self, block_ids: Iterable[int]) -> None:
@@ -34,6 +56,7 @@ class BruteForceLPC(Evictor):
         self.owner.clear()
         self.shared.clear()
         self.free.clear()
+        self.parent.clear()
 
     def push_uncached(self, block_ids: Sequence[int]) -> None:
         self.uncached[0:0] = list(block_ids)
@@ -51,6 +74,7 @@ class BruteForceLPC(Evictor):
             self.pooled[block_id].append((p, release.time_s))  # max over all of them
 
     def push_cached(self, freed: FreedBlocks, release: Release) -> None:
+        link_chain(self.parent, freed)
         for block_id, depth in zip(freed.block_ids, freed.depths, strict=True):
             self._record(block_id, release)
             self.free[block_id] = (depth, self.order)
@@ -76,11 +100,12 @@ class BruteForceLPC(Evictor):
                 out.append(self.uncached.pop(0))
                 continue
             victim = min(
-                self.free,
+                leaves(self.free, self.parent),
                 key=lambda b: (self.value(b, now_s), -self.free[b][0], self.free[b][1]),
             )
             del self.free[victim]
             del self.pooled[victim]
+            self.parent.pop(victim, None)
             self.owner.pop(victim, None)
             self.shared.discard(victim)
             out.append(victim)

@@ -18,6 +18,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from eviction import Evictor, FreedBlocks, Release, decayed_probability
+from tests.eviction.reference import leaves, link_chain
 
 FLOOR = 1e-6
 
@@ -63,6 +64,7 @@ class BruteForcePooledLPC(Evictor):
         self.uncached: list[int] = []
         self.metadata: dict[int, _Metadata] = {}
         self.free: dict[int, tuple[int, int]] = {}  # cached free block -> (depth, push order)
+        self.parent: dict[int, int] = {}  # cached block -> its parent block (prefix closure)
         self.history: dict[Hashable, list[_Released]] = {}  # content -> its releases, in order
         self.order = 0
         self.min_labels = model_min_labels
@@ -73,6 +75,7 @@ class BruteForcePooledLPC(Evictor):
         self.uncached = list(block_ids)
         self.metadata.clear()
         self.free.clear()
+        self.parent.clear()
         self.history.clear()
         self.predicted.clear()
 
@@ -150,6 +153,7 @@ class BruteForcePooledLPC(Evictor):
         if not freed.block_ids:
             return
         self._record(freed, release)
+        link_chain(self.parent, freed)
         for block_id, depth in zip(freed.block_ids, freed.depths, strict=True):
             self.free[block_id] = (depth, self.order)
             self.order += 1
@@ -174,11 +178,12 @@ class BruteForcePooledLPC(Evictor):
                 out.append(self.uncached.pop(0))
                 continue
             victim = min(
-                self.free,
+                leaves(self.free, self.parent),
                 key=lambda b: (self.value(b, now_s), -self.free[b][0], self.free[b][1]),
             )
             del self.free[victim]
             del self.metadata[victim]
+            self.parent.pop(victim, None)
             out.append(victim)
         return out
 

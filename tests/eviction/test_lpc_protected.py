@@ -22,7 +22,9 @@ NUM_BLOCKS = 60
 
 def freed(block_ids: list[int], conversation: int) -> FreedBlocks:
     """Blocks of one request, tail first (deepest first), with content hashes that repeat
-    across conversations for the first blocks (a shared system prompt)."""
+    across conversations for the first blocks (a shared system prompt). The random histories
+    below draw them from any blocks, so they are no real sequence's tail: not a chain (prefix
+    closure is tested in test_prefix_closure.py)."""
     depths = list(range(len(block_ids), 0, -1))
     hashes = [b"system" if d == 1 else f"c{conversation}-{d}".encode() for d in depths]
     return FreedBlocks(block_ids, depths, hashes)
