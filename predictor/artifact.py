@@ -19,7 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from predictor.access_features import FeatureError, check_names
-from predictor.artifact_checks import check_finite_tensors, check_standardisation
+from predictor.artifact_checks import (
+    check_finite_tensors,
+    check_standardisation,
+    number_problem,
+)
 from predictor.atomic_files import write_folder_atomically
 from predictor.errors import UserError
 from predictor.features import FeatureConfig, FeatureConfigError
@@ -112,6 +116,13 @@ class ArtifactInputs:
         names = [f.name for f in self.access_features]
         if len(set(names)) != len(names):
             raise ValueError(f"inputs list an access feature twice: {names}")
+        if self.horizon_s is not None:  # the label's horizon, which the plugin's window reads
+            problem = number_problem(self.horizon_s)
+            if problem is not None or self.horizon_s <= 0:
+                raise ValueError(
+                    f"inputs.horizon_s must be a finite number of seconds > 0, got "
+                    f"{self.horizon_s!r}"
+                )
 
     @property
     def access_names(self) -> tuple[str, ...]:

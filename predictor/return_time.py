@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # pandas is imported where a table is read: the engine path n
 
 from predictor.access_features import (
     ConversationState,
+    FeatureError,
     RequestState,
     check_names,
     feature_frame,
@@ -183,7 +184,10 @@ class ReturnTimePredictor:
         self.path = path
         self.tail = tail
         self.grid_s = np.asarray(metadata.grid_s, np.float64)
-        self.feature_names = check_names(metadata.feature_names, f"artifact {path}", "state")
+        try:  # an input no engine state can compute: refused as the access model's are
+            self.feature_names = check_names(metadata.feature_names, f"artifact {path}", "state")
+        except FeatureError as error:
+            raise ArtifactIncompatibleError(str(error)) from None
         with np.errstate(over="ignore"):  # an overflow is what the check below refuses
             self.mean = np.array([i.mean for i in metadata.inputs], np.float32)
             self.scale = np.array([1.0 / i.std for i in metadata.inputs], np.float32)

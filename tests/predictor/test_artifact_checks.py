@@ -75,6 +75,7 @@ RETURN_DAMAGES: dict[str, tuple[Callable | None, str | None, bool, tuple[str, ..
     "weights_nan": (None, "layers.0.weight", False, ("'layers.0.weight' holds NaN",)),
     "bias_nan": (None, "layers.2.bias", False, ("'layers.2.bias' holds NaN",)),
     "no_weights": (None, None, True, ("model.safetensors is missing",)),
+    "unknown_feature": (setter("inputs", 0, "name", value="bogus"), None, False, ("'bogus'",)),
 }
 
 
@@ -114,18 +115,26 @@ def test_every_loader_refuses_a_damaged_return_model_alike(
     assert str(replay.value) in err
 
 
-def test_lpc_ab_refuses_a_return_model_with_a_nan_grid_point(
-    damaged_return_models: dict[str, Path], capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("name", ["grid_nan", "mean_nan", "std_zero", "no_weights"])
+def test_lpc_ab_refuses_a_damaged_return_model(
+    name: str, damaged_return_models: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Case 2 verbatim: this replay exited 0 with 12.46 % (the intact model: 22.54 %)."""
-    folder = damaged_return_models["grid_nan"]
+    """Case 2 verbatim (this replay exited 0 with 12.46 %; the intact model gives 22.54 %),
+    and cases 3 and 10 (a NaN mean replayed on the fallback; std 0 and a missing
+    model.safetensors were ZeroDivisionError and FileNotFoundError tracebacks)."""
+    folder = damaged_return_models[name]
     argv = ["ab", "--trace", "mooncake", "--policies", "lru,lpc-return-model"]
     assert main([*argv, "--return-model", str(folder), "--cache-sizes", "4M"]) == 2
     captured = capsys.readouterr()
-    assert captured.err.strip() == (
-        f"lpc ab: error: artifact {folder}: metadata.json is invalid: grid_s[3] is not finite (nan)"
-    )
-    assert "hit" not in captured.out
+    err = captured.err.strip()
+    assert err.startswith(f"lpc ab: error: artifact {folder}")
+    _one_line(err, folder, RETURN_DAMAGES[name][3])
+    if name == "grid_nan":
+        assert err == (
+            f"lpc ab: error: artifact {folder}: metadata.json is invalid: grid_s[3] is not "
+            "finite (nan)"
+        )
+    assert captured.out == ""
 
 
 ACCESS_DAMAGES: dict[str, tuple[Callable | None, str | None, bool, tuple[str, ...]]] = {
@@ -149,6 +158,12 @@ ACCESS_DAMAGES: dict[str, tuple[Callable | None, str | None, bool, tuple[str, ..
     ),
     "weights_nan": (None, "last", False, ("model.safetensors tensor", "holds NaN")),
     "no_weights": (None, None, True, ("model.safetensors is missing",)),
+    "horizon_negative": (
+        setter("inputs", "horizon_s", value=-5.0),
+        None,
+        False,
+        ("inputs.horizon_s must be a finite number of seconds > 0",),
+    ),
 }
 
 
