@@ -12,6 +12,7 @@ only here and only when asked for.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -104,9 +105,18 @@ def map_on_ray(
     return results
 
 
-def _replay_shared(shared: tuple[PreparedWorkload, ReplaySettings], cell: FleetCell) -> FleetResult:
+def _replay_shared(
+    shared: tuple[PreparedWorkload, ReplaySettings], cell: FleetCell
+) -> tuple[FleetResult, str, int]:
+    """A cell replayed in a Ray worker, with the worker (node and process) and its peak
+    resident memory in bytes so far (Linux reports `ru_maxrss` in KiB)."""
+    import resource
+    import socket
+
     workload, settings = shared
-    return replay_cell(workload, settings, cell)
+    result = replay_cell(workload, settings, cell)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return result, f"{socket.gethostname()}:{os.getpid()}", peak
 
 
 def run_cells(
@@ -115,8 +125,10 @@ def run_cells(
     cells: Sequence[FleetCell],
     executor: Executor | None = None,
     on_result: Callable[[FleetResult], None] | None = None,
+    worker_peak_bytes: dict[str, int] | None = None,
 ) -> list[FleetResult]:
-    """Every cell's replay, in the order of `cells`, on `executor` (serial by default)."""
+    """Every cell's replay, in the order of `cells`, on `executor` (serial by default). On
+    Ray, `worker_peak_bytes` (when given) receives each worker's peak resident memory."""
     executor = executor or Executor()
     for cell in cells:
         check_cell(cell)  # before any task starts
@@ -127,7 +139,16 @@ def run_cells(
             if on_result is not None:
                 on_result(results[-1])
         return results
-    return map_on_ray(executor, _replay_shared, (workload, settings), cells, on_result)
+    peaks = worker_peak_bytes if worker_peak_bytes is not None else {}
+
+    def received(value: tuple[FleetResult, str, int]) -> None:
+        result, worker, peak = value
+        peaks[worker] = max(peaks.get(worker, 0), peak)
+        if on_result is not None:
+            on_result(result)
+
+    done = map_on_ray(executor, _replay_shared, (workload, settings), cells, received)
+    return [result for result, _, _ in done]
 
 
 def settings_dict(settings: ReplaySettings) -> dict[str, Any]:

@@ -211,6 +211,7 @@ def run_fleet(
     options.out_dir.mkdir(parents=True, exist_ok=True)
     cells_out: list[CellFigures] = []
     workloads: dict[int, dict[str, Any]] = {}
+    workloads_memory: dict[int, dict[str, Any]] = {}
     for n in options.instance_counts:
         t0 = time.perf_counter()
         ab = (
@@ -221,6 +222,7 @@ def run_fleet(
         prepared = prepare_workload(replace(ab, cache_sizes_tokens=sizes), model_factory, log)
         timings[f"workload_{n}_s"] = time.perf_counter() - t0
         workloads[n] = prepared.summary
+        workloads[n]["prepared_peak_rss_bytes"] = peak_rss_bytes()
         cells = [
             FleetCell(router, policy, n, size)
             for router in options.routers
@@ -231,19 +233,37 @@ def run_fleet(
         with tqdm(
             total=len(cells), desc=f"{n} instances", unit="cell", disable=not options.progress
         ) as bar:
+            peaks: dict[str, int] = {}
             results = run_cells(
                 prepared.workload,
                 prepared.settings,
                 cells,
                 options.executor,
                 lambda _: bar.update(),
+                peaks,
             )
         timings[f"replay_{n}_s"] = time.perf_counter() - t0
+        # processor-seconds of the cells themselves, wherever they ran
+        timings[f"replay_{n}_cells_s"] = sum(r.seconds for r in results)
+        if peaks:
+            workloads_memory[n] = {
+                "workers": len(peaks),
+                "peak_rss_bytes_per_worker": sorted(peaks.values()),
+            }
         cells_out += figures(results, prepared.workload)
     timings["total_s"] = time.perf_counter() - started
+    for n, memory in workloads_memory.items():
+        workloads[n]["ray"] = memory
     outcome = FleetOutcome(options, workloads, cells_out, timings)
     write_files(outcome)
     return outcome
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _pct(value: float | None) -> str:
