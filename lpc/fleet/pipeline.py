@@ -182,16 +182,16 @@ class FleetOutcome:
 
 def fleet_trace_for(options: FleetOptions, instances: int, log: Callable[[str], None]) -> Path:
     """The trace replayed at `instances` instances: the given one for one copy, else its
-    k-copy fleet (`lpc.fleet.scale`), written once into the output folder."""
+    k-copy fleet (`lpc.fleet.scale`), written into the output folder (every run: a file left
+    by an earlier run may come from another source)."""
     trace = options.ab.trace
     assert trace is not None
     copies = options.copies or instances
     if copies == 1:
         return trace
     out = options.out_dir / f"fleet-trace-{Path(str(trace)).name.split('.')[0]}-x{copies}.jsonl.gz"
-    if not out.exists():
-        write_scaled_trace(trace, copies, out)
-        log(f"fleet: wrote {copies} copies of {trace} to {out}")
+    write_scaled_trace(trace, copies, out)
+    log(f"fleet: wrote {copies} copies of {trace} to {out}")
     return out
 
 
