@@ -27,6 +27,9 @@ from tests.lpc.streams import random_stream
 libcachesim = pytest.importorskip("libcachesim", reason="needs lpc[rivals] (libcachesim)")
 
 CLASSES = [LRBEvictor, ThreeLCacheEvictor]
+# The adapter is one class: its mechanics are checked on 3L-Cache in the default suite (LRB
+# costs 0.2-0.3 s per cache), on LRB too with the slow tests.
+MECHANICS = [pytest.param(LRBEvictor, marks=pytest.mark.slow), ThreeLCacheEvictor]
 
 
 class PlainLearnedCache:
@@ -102,7 +105,7 @@ def run_stream(evictor: LearnedCacheEvictor, plain: PlainLearnedCache | None, se
     return evictions
 
 
-@pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize("cls", MECHANICS)
 def test_each_pop_is_the_bare_caches_own_choice(cls: type[LearnedCacheEvictor]) -> None:
     evictor = cls(24)
     evictions = run_stream(evictor, PlainLearnedCache(cls.CACHE_CLASS), seed=1)
@@ -126,7 +129,7 @@ def test_untrained_it_evicts_like_lru_under_the_block_manager(
     assert learned.counters == lru.counters
 
 
-@pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize("cls", MECHANICS)
 def test_the_contract_holds_and_free_block_ids_is_the_pop_order(
     cls: type[LearnedCacheEvictor],
 ) -> None:
