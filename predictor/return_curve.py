@@ -53,8 +53,9 @@ class ReturnCurve:
         t, s = np.asarray(self.times_s, float), np.asarray(self.survival, float)
         if t.ndim != 1 or t.shape != s.shape or len(t) < 2:
             raise ValueError("times_s and survival must be 1-d, of one length >= 2")
-        if t[0] != 0.0 or np.any(np.diff(t) <= 0):
-            raise ValueError("times_s must start at 0 and increase")
+        # `diff > 0` is False for NaN (`diff <= 0` would be too, letting a NaN through)
+        if t[0] != 0.0 or not np.all(np.diff(t) > 0) or not np.all(np.isfinite(t)):
+            raise ValueError("times_s must be finite, start at 0 and increase")
         if not np.all(np.isfinite(s)) or abs(s[0] - 1.0) > 1e-9 or np.any(np.diff(s) > 1e-12):
             raise ValueError("survival must start at 1 and never increase")
         if s[-1] < -1e-12:

@@ -45,6 +45,15 @@ def test_bad_curves_are_refused() -> None:
     assert edges[0] == 0 and edges[1] == 5 and edges[-1] == pytest.approx(3600)
 
 
+@pytest.mark.parametrize(
+    "times", [[0.0, 5.0, float("nan"), 60.0], [0.0, float("nan")], [0.0, 5.0, float("inf")]]
+)
+def test_a_grid_with_a_nan_or_infinite_point_is_refused(times: list[float]) -> None:
+    """Issue 44, case 2: `diff(t) <= 0` is False for NaN, so such a grid passed."""
+    with pytest.raises(ValueError, match="times_s must be finite"):
+        ReturnCurve(np.array(times), np.linspace(1.0, 0.5, len(times)))
+
+
 def test_a_curve_valid_by_construction_answers_the_same_unchecked() -> None:
     checked = curve()
     fast = ReturnCurve.of_valid(checked.times_s, checked.survival)
