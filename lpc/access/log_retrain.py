@@ -45,7 +45,13 @@ from lpc.replay.ab_pipeline import TRACE_MAX_MODEL_LEN
 from lpc.replay.request_table import request_table
 from lpc.traces.files import json_lines_problem, load_trace_files, trace_format_by_content
 from lpc.traces.load import LoadedTrace, TraceOptions
-from lpc.traces.timeline import DEFAULT_SPLIT_AT, TimeSplit, split_in_time
+from lpc.traces.timeline import (
+    DAY_S,
+    DEFAULT_SPLIT_AT,
+    TimeSplit,
+    arrival_after_gap,
+    split_in_time,
+)
 from predictor.access_features import default_feature_names
 from training.access_data import (
     DEFAULT_ACCESS_HORIZON_S,
@@ -60,7 +66,6 @@ from training.return_retrain import ReturnContext
 # Epoch seconds from 2000-01-01 UTC on are absolute times: no relative trace (ms or seconds
 # from its own start) runs for thirty years.
 ABSOLUTE_TIMES_FROM_S = 946_684_800.0
-DAY_S = 86_400.0
 
 
 class MixedLogsError(UserError):
@@ -167,12 +172,7 @@ def _thin_evaluation(
         if chosen.evaluation_day is not None
         else f"the evaluation part ({chosen.rule})"
     )
-    first = trace.requests[split.first_eval]
-    where = f"the first, {first.request_id!r}"
-    if split.first_eval > 0:
-        gap_s = first.arrival_s - trace.requests[split.first_eval - 1].arrival_s
-        gap = f"{gap_s / DAY_S:.1f} days" if gap_s >= DAY_S else f"{gap_s:,.0f} s"
-        where += f", arrives {gap} after the one before it"
+    where = f"the first, {arrival_after_gap(trace.requests, split.first_eval)}"
     remedy = "A clock ahead? Remove those requests, "
     if chosen.evaluation_day is not None:
         remedy += "run the job later in that day, "

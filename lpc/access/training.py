@@ -17,12 +17,15 @@ from typing import Any
 from lpc.replay.ab_pipeline import TRACE_MAX_MODEL_LEN
 from lpc.replay.request_table import request_table
 from lpc.traces.linkage import DEFAULT_SHARED_FANOUT
-from lpc.traces.timeline import DEFAULT_SPLIT_AT
+from lpc.traces.load import LoadedTrace
+from lpc.traces.timeline import DEFAULT_SPLIT_AT, TimeSplit, arrival_after_gap
 from predictor.access_features import check_names, default_feature_names
 from predictor.atomic_files import OutputWriteError
+from predictor.errors import InvalidInputError
 from training.access_data import (
     DEFAULT_ACCESS_HORIZON_S,
     DEFAULT_VALIDATION_FRACTION,
+    AccessSamples,
     access_samples,
 )
 from training.access_fit import AccessFitConfig, fit_access_model, save_access_model
@@ -38,6 +41,33 @@ class TraceTrainOptions:
     validation_fraction: float = DEFAULT_VALIDATION_FRACTION
     features: tuple[str, ...] | None = None  # None: every feature the trace can feed
     fit: AccessFitConfig = field(default_factory=AccessFitConfig)
+
+
+def check_validation_slice(
+    trace: LoadedTrace, split: TimeSplit, samples: AccessSamples, validation_fraction: float
+) -> None:
+    """`InvalidInputError` naming the real cause when the validation slice holds no request.
+
+    The slice is the training part's last share of its time span, so it is empty only when a
+    gap swallows it, and the request after the gap is the evaluation part's first. One request
+    stamped days ahead is the usual cause: `--split-at`'s fraction of the span then cuts in
+    the empty days, leaving that request alone in the evaluation part, and no horizon helps.
+    The refusal says how many requests the slice and the evaluation part hold and how long
+    the gap is, in the daily job's words (`arrival_after_gap`)."""
+    parts = samples.parts
+    if parts.validation != parts.evaluation or split.first_eval == 0:
+        return  # a slice with requests, or no training part at all (fit_access_model says)
+    start_s = split.start_s
+    count = split.eval_requests
+    raise InvalidInputError(
+        "no usable samples: the validation slice of the training part holds no request (its "
+        f"last {validation_fraction:.0%} in time, {parts.validation_cut_s - start_s:,.0f} s to "
+        f"{parts.evaluation_cut_s - start_s:,.0f} s after the first arrival): the next, "
+        f"{arrival_after_gap(trace.requests, split.first_eval)}, and begins an evaluation "
+        f"part of {count} request{'s' if count != 1 else ''}. A clock ahead? Remove those "
+        "requests, or pass --split-at in seconds; a gap in the traffic? another --split-at "
+        "or --validation-share"
+    )
 
 
 def train_on_trace(options: TraceTrainOptions, out: Path | None) -> dict[str, Any]:
@@ -68,6 +98,7 @@ def train_on_trace(options: TraceTrainOptions, out: Path | None) -> dict[str, An
     samples = access_samples(
         table, names, split.cut_s, options.horizon_s, options.validation_fraction
     )
+    check_validation_slice(trace, split, samples, options.validation_fraction)
     result = fit_access_model(samples, options.fit)
     fingerprint = hashlib.sha256(
         f"{trace.path.name}:{len(trace.requests)}:{split.cut_s}:{options.horizon_s}".encode()

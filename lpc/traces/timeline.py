@@ -19,6 +19,7 @@ from lpc.errors import InvalidInputError
 from lpc.traces.expand import SyntheticTokens
 from lpc.workload import LatencyModel, ScriptedTurn, WorkloadRequest, compact_tokens
 
+DAY_S = 86_400.0
 DEFAULT_HORIZON_S = 1800.0
 DEFAULT_SPLIT_AT = 0.5
 
@@ -152,6 +153,20 @@ def split_in_time(requests: Sequence[WorkloadRequest], split_at: float) -> TimeS
             f"after the first arrival; the trace spans {last - first:g} s)"
         )
     return TimeSplit(cut_s, first_eval, len(requests), first)
+
+
+def arrival_after_gap(requests: Sequence[WorkloadRequest], index: int) -> str:
+    """`'c9#0', arrives 3.0 days after the one before it`: request `index` and the gap before
+    it, as a refusal of a part too thin to learn or judge on names it. One request stamped
+    days ahead is such a part, and the empty span before it is the real cause, which advice
+    about the horizon or the split would hide (the daily job and `lpc train --trace` alike)."""
+    request = requests[index]
+    words = repr(request.request_id)
+    if index > 0:
+        gap_s = request.arrival_s - requests[index - 1].arrival_s
+        gap = f"{gap_s / DAY_S:.1f} days" if gap_s >= DAY_S else f"{gap_s:,.0f} s"
+        words += f", arrives {gap} after the one before it"
+    return words
 
 
 def training_turn_counts(requests: Sequence[WorkloadRequest], split: TimeSplit) -> list[int]:

@@ -1,0 +1,34 @@
+"""`lpc train --trace` on a trace with one request stamped days ahead (issue 44's sibling of
+the daily job's thin evaluation part): the refusal names the empty validation slice, the
+gap and the one request beyond it, in the daily job's words, not a shorter --horizon."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lpc.cli.main import main
+from tests.training.test_retrain_traces import DAY_S, HOURS_4_S
+from tests.training.trace_logs import TraceRequest, chats, write_mooncake
+
+
+def test_a_line_days_ahead_is_named_not_blamed_on_the_horizon(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    requests = chats(HOURS_4_S, 120, seed=3)
+    ahead_s = requests[-1].arrival_s + 3 * DAY_S
+    requests.append(TraceRequest(9999, 0, ahead_s, ahead_s + 2, 600, 30))
+    trace = write_mooncake(tmp_path / "m.jsonl", requests)
+    out = tmp_path / "model"
+    assert main(["train", "--trace", str(trace), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "lpc train: error: no usable samples: the validation slice of the training part holds "
+        "no request (its last 30% in time, 95,698 s to 136,712 s after the first arrival): "
+        f"the next, 'line{len(requests)}', arrives 3.0 days after the one before it, and "
+        "begins an evaluation part of 1 request. A clock ahead? Remove those requests, or "
+        "pass --split-at in seconds; a gap in the traffic? another --split-at or "
+        "--validation-share"
+    )
+    assert "--horizon" not in err and not out.exists()
