@@ -109,13 +109,44 @@ def test_garbage_to_the_end_is_one_problem_and_a_note(tmp_path):
     assert any("rest of the file was ignored" in note for note in report.notes)
 
 
-def test_trailing_data_and_byte_order_mark_are_noted(tmp_path):
+def test_a_byte_order_mark_and_trailing_whitespace_are_noted_or_ignored(tmp_path):
     path = tmp_path / "a.json"
-    path.write_bytes(b'\xef\xbb\xbf[{"id": "a"}]\n{"id": "b"}\n')
+    path.write_bytes(b'\xef\xbb\xbf[{"id": "a"}]\n \r\n\t\n')
     records, report = read_array(path)
     assert [r.value["id"] for r in records] == ["a"]
-    assert any("byte order mark" in note for note in report.notes)
-    assert any("after the closing ']'" in note for note in report.notes)
+    assert report.notes == [f"{path}: UTF-8 byte order mark skipped"]
+
+
+def test_a_record_after_the_closing_bracket_is_refused_naming_its_byte(tmp_path):
+    """Issue 44's sibling of arrays joined with `cat`: a record appended after the array
+    (`echo '{...}' >> chats.json`) was dropped with only a note; now the file is refused at
+    its byte, in both modes, as a second array is."""
+    from training.loaders import load_conversations
+
+    first = '\ufeff[{"id": "a", "conversations": [{"from": "human", "value": "hi"}]}]\n'
+    record = '{"id": "b", "conversations": [{"from": "human", "value": "ho"}]}\n'
+    path = tmp_path / "chats.json"
+    path.write_text(first + record, encoding="utf-8")
+    byte = len(first.encode("utf-8"))
+    for strict in (False, True):
+        with pytest.raises(MalformedFileError) as caught:
+            load_conversations(path, strict=strict)
+        assert str(caught.value) == (
+            f"{path}: byte {byte}: a JSON record after the array's closing ']', which would be "
+            "lost: was it appended to the file? move it inside the array, or pass it as a "
+            "separate JSON Lines file"
+        )
+
+
+def test_other_text_after_the_closing_bracket_is_refused_naming_its_byte(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text('[{"id": "a"}],\n  "oops"\n')
+    with pytest.raises(MalformedFileError) as caught:
+        read_array(path, chunk_bytes=4)
+    assert str(caught.value) == (
+        f"{path}: byte 13: 10 characters after the array's closing ']' (starting ',\\n  \"oops\"'): "
+        "not JSON this file can hold; remove them"
+    )
 
 
 def test_invalid_bytes_in_an_array_item_are_counted_on_that_item(tmp_path):

@@ -422,22 +422,31 @@ class _JsonArrayScanner:
         self.report.notes.append(f"{self.name}: {why} (at byte {offset})")
 
     def _check_trailing(self, at: int) -> None:
-        """Note text after the closing `]`; refuse a second array there (files joined with
-        `cat`), whose records would otherwise be lost."""
+        """Refuse anything but whitespace after the closing `]`, naming its byte: a second
+        array (files joined with `cat`), a record (appended with `>>`) or other text would
+        otherwise be lost with only a note, its records never read nor counted."""
         while self.fill():
             pass
-        rest = self.buf[at:].strip()
-        if rest.startswith("["):
-            start = self.skip_whitespace(at)
+        start = self.skip_whitespace(at)
+        if start >= len(self.buf):
+            return
+        where = f"{self.name}: byte {self.locate(start)[1]}"
+        if self.buf[start] == "[":
             raise MalformedFileError(
-                f"{self.name}: byte {self.locate(start)[1]}: a second JSON array after the "
-                "first one's closing ']': were files joined with cat? pass the files "
-                "separately (a folder of them)"
+                f"{where}: a second JSON array after the first one's closing ']': were files "
+                "joined with cat? pass the files separately (a folder of them)"
             )
-        if rest:
-            self.report.notes.append(
-                f"{self.name}: {len(rest)} characters after the closing ']' were ignored"
+        if self.buf[start] == "{":
+            raise MalformedFileError(
+                f"{where}: a JSON record after the array's closing ']', which would be lost: "
+                "was it appended to the file? move it inside the array, or pass it as a "
+                "separate JSON Lines file"
             )
+        rest = self.buf[start:].rstrip()
+        raise MalformedFileError(
+            f"{where}: {len(rest)} characters after the array's closing ']' (starting "
+            f"{rest[:20]!r}): not JSON this file can hold; remove them"
+        )
 
 
 def iter_parquet_records(
