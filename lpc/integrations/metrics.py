@@ -73,7 +73,7 @@ MODES = ("lpc", "lru", "shadow")
 # Exported only when the request log is on (`request_log_dir`).
 REQUEST_LOG_COUNTERS: dict[str, str] = {
     "request_log_records_written": "Finished requests written to the request log",
-    "request_log_records_dropped": "Finished requests the request log dropped (queue or disk)",
+    "request_log_records_dropped": "Finished requests the request log dropped (queue, disk or id)",
     "request_log_bytes_written": "Bytes written to the request log",
 }
 
