@@ -213,7 +213,7 @@ def run_fleet(
     workloads: dict[int, dict[str, Any]] = {}
     workloads_memory: dict[int, dict[str, Any]] = {}
     for n in options.instance_counts:
-        t0 = time.perf_counter()
+        t0, t0_cpu = time.perf_counter(), time.process_time()
         ab = (
             options.ab
             if options.ab.trace is None
@@ -221,6 +221,7 @@ def run_fleet(
         )
         prepared = prepare_workload(replace(ab, cache_sizes_tokens=sizes), model_factory, log)
         timings[f"workload_{n}_s"] = time.perf_counter() - t0
+        timings[f"workload_{n}_cpu_s"] = time.process_time() - t0_cpu
         workloads[n] = prepared.summary
         workloads[n]["prepared_peak_rss_bytes"] = peak_rss_bytes()
         cells = [
@@ -244,7 +245,7 @@ def run_fleet(
             )
         timings[f"replay_{n}_s"] = time.perf_counter() - t0
         # processor-seconds of the cells themselves, wherever they ran
-        timings[f"replay_{n}_cells_s"] = sum(r.seconds for r in results)
+        timings[f"replay_{n}_cells_cpu_s"] = sum(r.cpu_seconds for r in results)
         if peaks:
             workloads_memory[n] = {
                 "workers": len(peaks),

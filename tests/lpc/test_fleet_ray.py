@@ -67,6 +67,8 @@ def test_ray_cells_equal_the_serial_cells(local_ray, prepared) -> None:
     )
     assert len(done) == len(cells)
     for a, b in zip(serial, on_ray, strict=True):
-        assert dataclasses.replace(a, seconds=0.0) == dataclasses.replace(b, seconds=0.0)
+        assert dataclasses.replace(a, seconds=0.0, cpu_seconds=0.0) == dataclasses.replace(
+            b, seconds=0.0, cpu_seconds=0.0
+        )
         assert a.per_request is not None and b.per_request is not None
         assert np.array_equal(a.per_request.hit_tokens, b.per_request.hit_tokens)
