@@ -152,7 +152,7 @@ def check_artifact(folder: Path | str, expected_embedder_id: str | None = None) 
     """Load `folder` with its kind's loader (every check that loader makes) and return its
     metadata; raises that loader's one-line `ArtifactError`. A text predictor needs torch;
     the other two kinds load with numpy."""
-    from predictor.artifact import ArtifactIncompatibleError, load_artifact
+    from predictor.artifact import EmbedderMismatchError, load_artifact
 
     folder = Path(folder)
     kind = artifact_kind(folder)
@@ -165,11 +165,11 @@ def check_artifact(folder: Path | str, expected_embedder_id: str | None = None) 
 
         metadata = AccessPredictor.load(folder).metadata.to_dict()
     else:
-        metadata = load_artifact(folder).metadata.to_dict()
+        metadata = load_artifact(folder, expected_embedder_id).metadata.to_dict()
     if expected_embedder_id is not None:
         declared = metadata.get("embedder_id")
         if declared != expected_embedder_id:
-            raise ArtifactIncompatibleError(
+            raise EmbedderMismatchError(
                 f"artifact {folder} ({kind}) was trained on embedder {declared!r}, "
                 f"not {expected_embedder_id!r}"
             )
