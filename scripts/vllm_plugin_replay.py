@@ -217,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
                 request_log_text=args.request_log_text,
                 request_log_salt=args.request_log_salt,
                 access_model=args.access_model,
+                # The plans' probabilities ride in the requests as a trusted API layer would
+                # set them (behind a router: `trust`).
+                trust_request_hints=True,
             )
             if args.conversation_table_max_tokens is not None:
                 config = dataclasses.replace(

@@ -232,7 +232,8 @@ def policy_environment(policy: Policy, settings: PolicySettings) -> tuple[dict[s
         env["LPC_RETURN_MODEL"] = str(Path(settings.return_model).resolve())
         env["LPC_RETURN_MODEL_RELOAD_S"] = "0"
     if settings.access_model is None:
-        return env, True
+        # The trace's p ride in the requests as a trusted API layer sets them (`trust`).
+        return {**env, "LPC_TRUST_REQUEST_HINTS": "1"}, True
     env["LPC_ACCESS_MODEL"] = str(Path(settings.access_model).resolve())
     env["LPC_ACCESS_MODEL_RELOAD_S"] = "0"
     return env, False

@@ -81,6 +81,13 @@ class PluginConfig:
     `allow_unverified` names engine configurations the plugin is not verified with that it
     may run in anyway (`engine_checks`: `kv-groups`, `speculative-decoding`; empty: refuse
     them when the engine starts).
+    The trust boundary (`trust`): a probability in a request's body (`lpc_probability`, e.g.
+    vLLM's `vllm_xargs`) is ignored unless `trust_request_hints` (every client is trusted:
+    only behind a router that sets or strips the field) or it carries `lpc_signature`, an
+    HMAC-SHA256 under `hint_key` (the router's key) over the probability, conversation and
+    tenant. Hints in vLLM's orchestrator channel (`Request.kv_hints`) are trusted. Conversation
+    ids, from the body or vLLM's `session_id`, are always namespaced by the request's tenant
+    (`cache_salt`, LoRA adapter).
     """
 
     evictor: str = "lpc-pooled"
@@ -111,6 +118,8 @@ class PluginConfig:
     control_file: str | None = None
     control_poll_s: float = 1.0
     allow_unverified: str = ""
+    trust_request_hints: bool = False
+    hint_key: str | None = None
 
     def __post_init__(self) -> None:
         for spec in _FIELDS.values():
@@ -119,7 +128,7 @@ class PluginConfig:
     def as_dict(self) -> dict[str, Any]:
         """The settings, with the predictor token masked (for logs and `stats_snapshot()`)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        for secret in ("predictor_token", "request_log_salt"):
+        for secret in ("predictor_token", "request_log_salt", "hint_key"):
             if out[secret]:
                 out[secret] = "***"
         return out
@@ -331,6 +340,8 @@ _FIELDS: dict[str, _FieldSpec] = {
         _FieldSpec("control_file", "LPC_CONTROL_FILE", _parse_optional_str, _check_optional_str),
         _FieldSpec("control_poll_s", "LPC_CONTROL_POLL_S", _parse_float, _check_timer),
         _FieldSpec("allow_unverified", ALLOW_VARIABLE, str, _check_unverified),
+        _FieldSpec("trust_request_hints", "LPC_TRUST_REQUEST_HINTS", _parse_bool, _check_bool),
+        _FieldSpec("hint_key", "LPC_HINT_KEY", _parse_optional_str, _check_optional_str),
     )
 }
 ENVIRONMENT_VARIABLES: dict[str, str] = {spec.variable: spec.name for spec in _FIELDS.values()}

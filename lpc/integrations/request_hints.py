@@ -7,7 +7,9 @@ Requests carry LPC's fields in the engine's free-form per-request arguments (vLL
     {"lpc_conversation_id": "c-17", "lpc_user_prompts": [...],  # (b) predict it asynchronously
      "lpc_turn_count": 4}
 
-`lpc_conversation_id` also names the conversation for max pooling of shared blocks. A serving
+`lpc_conversation_id` also names the conversation for max pooling of shared blocks;
+`lpc_signature` is a router's HMAC over the probability (`trust`). What is parsed here is not
+yet trusted: `trust.HintTrust` decides what a release may use. A serving
 engine must never fail a request over these optional fields, so malformed ones are dropped
 and counted (`PluginStats.invalid_hints`), and the rest of the request is served as usual.
 """
@@ -23,6 +25,8 @@ PROBABILITY_KEY = "lpc_probability"
 CONVERSATION_KEY = "lpc_conversation_id"
 USER_PROMPTS_KEY = "lpc_user_prompts"
 TURN_COUNT_KEY = "lpc_turn_count"
+SIGNATURE_KEY = "lpc_signature"
+MAX_SIGNATURE_CHARS = 128
 
 MAX_CONVERSATION_ID_CHARS = 256
 
@@ -36,6 +40,7 @@ class RequestHints:
     user_prompts: tuple[str, ...] = ()
     turn_count: int | None = None
     problems: tuple[str, ...] = ()
+    signature: str | None = None  # lpc_signature, unchecked (`trust.HintTrust` checks it)
 
     @property
     def can_predict(self) -> bool:
@@ -108,6 +113,15 @@ def parse_hints(extra_args: Mapping[str, Any] | None) -> RequestHints:
         problems.append(f"{TURN_COUNT_KEY} must be an integer >= 1, got {turn_count!r}")
         turn_count = None
 
+    signature = extra_args.get(SIGNATURE_KEY)
+    if signature is not None and (
+        not isinstance(signature, str) or not 0 < len(signature) <= MAX_SIGNATURE_CHARS
+    ):
+        problems.append(
+            f"{SIGNATURE_KEY} must be a string of 1 to {MAX_SIGNATURE_CHARS} characters"
+        )
+        signature = None
+
     if probability is None and conversation_id is None and not user_prompts and not problems:
         return NO_HINTS
     return RequestHints(
@@ -116,4 +130,5 @@ def parse_hints(extra_args: Mapping[str, Any] | None) -> RequestHints:
         user_prompts,
         turn_count,
         tuple(problems),
+        signature,
     )

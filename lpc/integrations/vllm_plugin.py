@@ -129,6 +129,7 @@ from lpc.integrations.request_hints import PROBABILITY_KEY, RequestHints, parse_
 from lpc.integrations.return_runtime import load_return_runtime
 from lpc.integrations.shadow import ShadowFeed
 from lpc.integrations.stats import PluginStats, is_probability
+from lpc.integrations.trust import HintTrust
 from lpc.integrations.vllm_queue import (
     Clock,
     LPCFreeBlockQueue,
@@ -179,20 +180,30 @@ class PluginRuntime:
     # The CPU tier's policy of this engine, once vLLM has built one (its evictor's W is
     # exported beside the GPU queue's).
     cpu_tier_policy: Any = None
+    # Which hints a release may use (`trust`); from the configuration.
+    trust: HintTrust = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.trust = HintTrust(self.config.trust_request_hints, self.config.hint_key)
 
     @property
     def clock(self) -> Clock:
         return self.queues.clock
 
     def hints_for(self, request: Any) -> RequestHints:
+        """The request's hints as a release may use them: parsed, then through the trust
+        boundary (`trust`: an unsigned body probability dropped, the conversation namespaced
+        by tenant, vLLM's `session_id` and `kv_hints` read)."""
         params = request.sampling_params
         extra_args = params.extra_args if params is not None else None
-        hints = parse_hints(extra_args)
+        hints, untrusted = self.trust.apply(request, parse_hints(extra_args))
+        if untrusted:
+            self.stats.add(untrusted_probabilities=1)
         if hints.problems:
             self.stats.add(invalid_hints=1)
             if hints.probability is None and isinstance(extra_args, Mapping):
                 carried = extra_args.get(PROBABILITY_KEY)
-                if carried is not None:  # given, and not a finite number in [0, 1]
+                if carried is not None and not is_probability(carried):  # given, and bad
                     self.stats.invalid_probability("a request's lpc_probability", carried)
             if self.stats.invalid_hints <= MAX_LOGGED_INVALID_HINTS:
                 logger.warning(
@@ -223,7 +234,8 @@ class PluginRuntime:
         hints = self.hints.get(request.request_id)
         if hints is None:
             params = request.sampling_params
-            hints = parse_hints(params.extra_args if params is not None else None)
+            extra_args = params.extra_args if params is not None else None
+            hints = self.trust.apply(request, parse_hints(extra_args))[0]
         return hints.conversation_id
 
     def release_for(self, request: Any) -> Release:

@@ -382,7 +382,9 @@ def test_a_text_artifact_stays_with_the_predictor_rpc() -> None:
 
 def test_requests_carrying_p_still_feed_the_conversation_history() -> None:
     stats = PluginStats()
-    config = PluginConfig(access_model=str(SHIPPED), access_model_reload_s=0.0)
+    config = PluginConfig(
+        access_model=str(SHIPPED), access_model_reload_s=0.0, trust_request_hints=True
+    )
     runtime = PluginRuntime(config, stats, QueueRuntime(config, stats, lambda: 0.0), None, None)
     runtime.access = load_access_runtime(config, stats)
     assert runtime.access is not None

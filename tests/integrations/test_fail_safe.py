@@ -186,6 +186,7 @@ def make_runtime(
     client: Any = None,
     **config: Any,
 ) -> PluginRuntime:
+    config.setdefault("trust_request_hints", True)  # requests carry p as a trusted API sets it
     config = PluginConfig(
         evictor=evictor, fallback_probability=FALLBACK_P, stats_log_interval_s=0.0, **config
     )

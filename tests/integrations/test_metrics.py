@@ -155,7 +155,7 @@ def test_each_rank_serves_on_its_own_port(monkeypatch: pytest.MonkeyPatch) -> No
 
 # -- the trust gate, the histograms, shadow figures ---------------------------------------------
 def make_runtime(config: PluginConfig | None = None, clock: Any = None) -> PluginRuntime:
-    config = config or PluginConfig()
+    config = config or PluginConfig(trust_request_hints=True)
     stats = PluginStats()
     queues = QueueRuntime(config, stats, clock or (lambda: 0.0))
     return PluginRuntime(config, stats, queues, None, None)

@@ -42,10 +42,11 @@ class Answers:
 
 def runtime_with(board: bool = True, client: Any = None) -> PluginRuntime:
     stats = PluginStats()
-    queues = QueueRuntime(PluginConfig(), stats, clock=lambda: 42.0)
+    config = PluginConfig(trust_request_hints=True)  # requests carry p as a trusted API sets it
+    queues = QueueRuntime(config, stats, clock=lambda: 42.0)
     client = (client or Answers()) if board else None
     return PluginRuntime(
-        PluginConfig(), stats, queues, client, PredictionBoard(client, stats) if board else None
+        config, stats, queues, client, PredictionBoard(client, stats) if board else None
     )
 
 

@@ -36,7 +36,12 @@ SHIPPED_RETURN = SHIPPED_ACCESS.parent / "mooncake-return"
 
 
 def return_runtime(**config: Any) -> PluginRuntime:
-    settings = {"evictor": "lpc-return", "return_model": str(SHIPPED_RETURN), **config}
+    settings = {
+        "evictor": "lpc-return",
+        "return_model": str(SHIPPED_RETURN),
+        "trust_request_hints": True,  # requests carry p as a trusted API layer sets it
+        **config,
+    }
     config_ = PluginConfig(stats_log_interval_s=0.0, **settings)
     return build_runtime(config_, clock=StepClock())
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 from vllm.sampling_params import SamplingParams
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
@@ -96,7 +97,8 @@ if __name__ == "__main__":
     if plugin:
         # The LPC_* environment configures it (the access model), explicitly: installed but
         # unconfigured, the plugin leaves vLLM stock.
-        vllm_plugin.register(config=load_config())
+        # The requests carry their p as a trusted API layer sets them (`trust`).
+        vllm_plugin.register(config=replace(load_config(), trust_request_hints=True))
         runtime = vllm_plugin.registered_runtime()
         assert runtime is not None
         runtime.kv_connector_extra_config = {"lpc_horizon_s": TIER_HORIZON_S}
