@@ -175,6 +175,8 @@ class LearnedCacheEvictor(Evictor):
         self._obj_of_hash: dict[bytes, int] = {}
         self._next_obj = 0
         self._request = self._lcs.Request(obj_size=1)
+        self._changes = 0  # state changes so far: a dry run's order is reused until the next
+        self._dry_run: tuple[int, list[int]] | None = None
 
     def _object_for(self, block_id: int, block_hash: bytes | None) -> int:
         obj = self._obj_of_block[block_id]
@@ -193,6 +195,7 @@ class LearnedCacheEvictor(Evictor):
     def _access(self, freed: FreedBlocks, release: Release, idle: bool) -> None:
         if not len(freed):
             return
+        self._changes += 1
         cache = self._cache
         if cache is None:
             cache = self._cache = self._new_cache()
@@ -237,6 +240,7 @@ class LearnedCacheEvictor(Evictor):
         self._clear()
 
     def push_uncached(self, block_ids: Sequence[int]) -> None:
+        self._changes += 1
         for block_id in block_ids:
             self._forget(block_id)  # its content left without an eviction
         self._uncached.prepend_n(block_ids)
@@ -248,6 +252,7 @@ class LearnedCacheEvictor(Evictor):
         self._access(freed, release, idle=False)
 
     def remove(self, block_id: int) -> None:
+        self._changes += 1
         if self._free[block_id]:
             self._free[block_id] = False
             self._num_free -= 1
@@ -259,6 +264,7 @@ class LearnedCacheEvictor(Evictor):
         from_uncached = min(n, uncached.size)
         if n > from_uncached + self._num_free:
             raise IndexError(f"cannot pop {n} blocks: only {len(self)} are free")
+        self._changes += 1
         out = uncached.pop_n(from_uncached)
         for _ in range(n - from_uncached):
             out.append(self._evict(now_s))
@@ -274,10 +280,13 @@ class LearnedCacheEvictor(Evictor):
 
     def free_block_ids(self) -> list[int]:
         """Uncached blocks, then the learned cache's choices, found by evicting in a forked
-        copy of the process (a libCacheSim cache cannot be copied). For tests; POSIX only."""
+        copy of the process (a libCacheSim cache cannot be copied), once per state. For
+        tests; POSIX only."""
         head = list(self._uncached)
         if not self._num_free:
             return head
+        if self._dry_run is not None and self._dry_run[0] == self._changes:
+            return [*head, *self._dry_run[1]]
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: evict everything, report the order, exit without cleanup
@@ -295,6 +304,7 @@ class LearnedCacheEvictor(Evictor):
         order = array("q")
         order.frombytes(data)
         assert len(order) == self._num_free, f"{self.name}: the dry run evicted {len(order)}"
+        self._dry_run = (self._changes, order.tolist())
         return [*head, *order]
 
     def check_invariants(self) -> None:
