@@ -33,9 +33,9 @@ from predictor.artifact import (
     ArtifactIncompatibleError,
     ArtifactMetadata,
     check_declared_features,
+    check_finite_tensors,
     read_verified,
 )
-from predictor.artifact_checks import check_finite_tensors
 
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.(weight|bias)$")
 

@@ -19,11 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from predictor.access_features import FeatureError, check_names
-from predictor.artifact_checks import (
-    check_finite_tensors,
-    check_standardisation,
-    number_problem,
-)
+from predictor.artifact_checks import check_standardisation, non_finite_tensor, number_problem
 from predictor.atomic_files import write_folder_atomically
 from predictor.errors import UserError
 from predictor.features import FeatureConfig, FeatureConfigError
@@ -68,6 +64,16 @@ class EmbedderMismatchError(ArtifactIncompatibleError):
 
 class DimensionMismatchError(ArtifactIncompatibleError):
     """Expects embeddings of another size."""
+
+
+def check_finite_tensors(folder: Path | str | None, file: str, tensors: dict[str, Any]) -> None:
+    """`ArtifactCorruptError` naming the file and tensor when a weight is NaN or infinite
+    (it would turn every prediction into NaN, which the fallbacks then hide)."""
+    bad = non_finite_tensor(tensors)
+    if bad is not None:
+        raise ArtifactCorruptError(
+            f"artifact {folder}: {file} tensor {bad!r} holds NaN or infinity"
+        )
 
 
 def check_declared_features(metadata: ArtifactMetadata, folder: Path | str | None) -> None:

@@ -10,25 +10,17 @@ deviation (a division by zero at load), a return grid that does not start at 0 a
 (NaN compares False, so `diff <= 0` lets a NaN through), and semantics this code does not
 implement (`time_origin`, `known_at`).
 
-`check_artifact` tells the kind from `metadata.json` and loads the folder with that kind's
-loader, which is what `lpc models check` prints.
+The checks import nothing of the project's, so every loader can import them
+(`predictor.artifact_kinds` tells an artifact's kind and loads it with that kind's loader).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-KIND_TEXT = "text predictor"
-KIND_ACCESS = "access model"
-KIND_RETURN = "return model"
-KINDS = (KIND_TEXT, KIND_ACCESS, KIND_RETURN)
 
 
 def number_problem(value: Any) -> str | None:
@@ -97,80 +89,3 @@ def non_finite_tensor(tensors: dict[str, Any]) -> str | None:
         if not np.isfinite(np.asarray(tensors[name], dtype=np.float64)).all():
             return name
     return None
-
-
-def check_finite_tensors(folder: Path | str | None, file: str, tensors: dict[str, Any]) -> None:
-    """`ArtifactCorruptError` naming the file and tensor when a weight is NaN or infinite
-    (it would turn every prediction into NaN, which the fallbacks then hide)."""
-    from predictor.artifact import ArtifactCorruptError
-
-    bad = non_finite_tensor(tensors)
-    if bad is not None:
-        raise ArtifactCorruptError(
-            f"artifact {folder}: {file} tensor {bad!r} holds NaN or infinity"
-        )
-
-
-def artifact_kind_of(record: Any) -> str:
-    """The kind of artifact a parsed `metadata.json` describes (see `KINDS`): a return-time
-    model declares what it predicts; an access model declares inputs without a text window;
-    anything else is read as a text predictor (whose loader names what it lacks)."""
-    from predictor.return_time import PREDICTS
-
-    if not isinstance(record, dict):
-        return KIND_TEXT
-    if record.get("predicts") == PREDICTS:
-        return KIND_RETURN
-    inputs = record.get("inputs")
-    if isinstance(inputs, dict) and inputs.get("text_window") is False:
-        return KIND_ACCESS
-    return KIND_TEXT
-
-
-def artifact_kind(folder: Path | str) -> str:
-    """`artifact_kind_of` the folder's `metadata.json`; the loaders refuse a missing or
-    unreadable one, so this reads it leniently (a text predictor by default)."""
-    from predictor.artifact import METADATA_FILE
-
-    try:
-        record = json.loads((Path(folder) / METADATA_FILE).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return KIND_TEXT
-    return artifact_kind_of(record)
-
-
-@dataclass(frozen=True)
-class CheckedArtifact:
-    """An artifact that passed its kind's loader: what `lpc models check` prints."""
-
-    path: Path
-    kind: str
-    metadata: dict[str, Any]
-
-
-def check_artifact(folder: Path | str, expected_embedder_id: str | None = None) -> CheckedArtifact:
-    """Load `folder` with its kind's loader (every check that loader makes) and return its
-    metadata; raises that loader's one-line `ArtifactError`. A text predictor needs torch;
-    the other two kinds load with numpy."""
-    from predictor.artifact import EmbedderMismatchError, load_artifact
-
-    folder = Path(folder)
-    kind = artifact_kind(folder)
-    if kind == KIND_RETURN:
-        from predictor.return_time import ReturnTimePredictor
-
-        metadata = ReturnTimePredictor.load(folder).metadata.to_dict()
-    elif kind == KIND_ACCESS:
-        from predictor.access_predictor import AccessPredictor
-
-        metadata = AccessPredictor.load(folder).metadata.to_dict()
-    else:
-        metadata = load_artifact(folder, expected_embedder_id).metadata.to_dict()
-    if expected_embedder_id is not None:
-        declared = metadata.get("embedder_id")
-        if declared != expected_embedder_id:
-            raise EmbedderMismatchError(
-                f"artifact {folder} ({kind}) was trained on embedder {declared!r}, "
-                f"not {expected_embedder_id!r}"
-            )
-    return CheckedArtifact(folder, kind, metadata)

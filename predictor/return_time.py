@@ -50,10 +50,10 @@ from predictor.artifact import (
     ArtifactCorruptError,
     ArtifactIncompatibleError,
     ArtifactMissingError,
+    check_finite_tensors,
 )
 from predictor.artifact_checks import (
     check_choice,
-    check_finite_tensors,
     check_grid,
     check_layer_sizes,
     check_standardisation,

@@ -86,7 +86,7 @@ def run_import_e5(args: argparse.Namespace) -> int:
 def run_check(args: argparse.Namespace) -> int:
     from lpc.errors import CommandError
     from predictor.artifact import ArtifactError
-    from predictor.artifact_checks import KIND_TEXT, artifact_kind, check_artifact
+    from predictor.artifact_kinds import KIND_TEXT, artifact_kind, check_artifact
 
     if artifact_kind(args.artifact) == KIND_TEXT:
         extras.require("text")  # torch reads a text predictor's weights

@@ -126,7 +126,7 @@ def test_non_finite_features_are_refused(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_small_trace_with_an_empty_validation_span_trains(tmp_path: Path) -> None:
     """Case 9 end to end: exit 0, distillation tried, a model every loader accepts."""
-    from predictor.artifact_checks import KIND_RETURN, check_artifact
+    from predictor.artifact_kinds import KIND_RETURN, check_artifact
 
     trace = gap_trace(tmp_path / "gap.jsonl")
     out = tmp_path / "model"

@@ -20,14 +20,8 @@ from lpc.integrations.vllm_plugin import build_runtime
 from lpc.replay.return_sources import load_return_model
 from predictor.access_predictor import AccessPredictor
 from predictor.artifact import ArtifactError, ArtifactMissingError
-from predictor.artifact_checks import (
-    KIND_ACCESS,
-    KIND_RETURN,
-    KIND_TEXT,
-    artifact_kind,
-    check_grid,
-    check_standardisation,
-)
+from predictor.artifact_checks import check_grid, check_standardisation
+from predictor.artifact_kinds import KIND_ACCESS, KIND_RETURN, KIND_TEXT, artifact_kind
 from predictor.return_time import (
     ReturnInput,
     ReturnModelMetadata,
