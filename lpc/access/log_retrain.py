@@ -16,7 +16,9 @@ or a single day), the evaluation part is the trace's last half in time (`split_i
 Without `split_at`, an evaluation part holding fewer requests than `--min-eval-samples` is
 refused, saying so: one request stamped days ahead would make the newest day a day of one
 request (or, on relative times, move the half-way cut past the rest of the data), and stretch
-the training part over the empty days between (its validation slice then holds nothing).
+the training part over the empty days between (its validation slice then holds nothing). With
+`split_at`, a validation slice left empty is refused as `lpc train --trace` refuses it
+(`check_validation_slice`: the gap and the request after it).
 
 Labels: the conversation's next request within the horizon of this one's completion. A request
 without a next one whose horizon runs past the end of the data it is labelled from is
@@ -40,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from lpc.access.training import check_validation_slice
 from lpc.errors import UserError
 from lpc.replay.ab_pipeline import TRACE_MAX_MODEL_LEN
 from lpc.replay.request_table import request_table
@@ -212,6 +215,7 @@ class TraceLogTrainer:
         samples = access_samples(
             table, names, split.cut_s, self.horizon_s, self.validation_fraction
         )
+        check_validation_slice(trace, split, samples, self.validation_fraction)
         result = fit_access_model(samples, self.fit)
         fingerprint = hashlib.sha256(
             "\n".join(sorted(p.name for p in paths)).encode() + f":{split.cut_s}".encode()
