@@ -86,7 +86,8 @@ def curve_problem(curve: object, grid_s: np.ndarray) -> str | None:
 
 
 def load_checked_return(folder: str | Path) -> ReturnTimePredictor:
-    """`ReturnTimePredictor.load`, refusing (ValueError) a model whose curve for a probe
+    """`ReturnTimePredictor.load` (every check `lpc ab` and `lpc models check` make:
+    `predictor.artifact_checks`), refusing too (ValueError) a model whose curve for a probe
     request is not a valid `ReturnCurve` (checked in full, its grid included): it would give
     garbage for every release."""
     predictor = ReturnTimePredictor.load(folder)
