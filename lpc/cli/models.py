@@ -86,7 +86,7 @@ def run_import_e5(args: argparse.Namespace) -> int:
 def run_check(args: argparse.Namespace) -> int:
     from lpc.errors import CommandError
     from predictor.artifact import ArtifactError
-    from predictor.artifact_kinds import KIND_TEXT, artifact_kind, check_artifact
+    from predictor.artifact_kinds import KIND_RETURN, KIND_TEXT, artifact_kind, check_artifact
 
     if artifact_kind(args.artifact) == KIND_TEXT:
         extras.require("text")  # torch reads a text predictor's weights
@@ -97,6 +97,14 @@ def run_check(args: argparse.Namespace) -> int:
     metadata = checked.metadata
     if args.json:
         print(json.dumps({"kind": checked.kind, **metadata}, indent=2, sort_keys=True))
+    elif checked.kind == KIND_RETURN:
+        print(f"ok: {args.artifact} ({checked.kind})")
+        grid = metadata["grid_s"]
+        print(f"  predicts: {metadata['predicts']}, from {metadata['time_origin']}")
+        print(f"  grid_s: {len(grid) - 1} points, {grid[1]:g} s … {grid[-1]:g} s")
+        print(f"  hidden_sizes: {metadata['hidden_sizes']}, members: {metadata['members']}")
+        print(f"  inputs: {', '.join(i['name'] for i in metadata['inputs'])}")
+        print(f"  created_at: {metadata['created_at']}")
     else:
         print(f"ok: {args.artifact} ({checked.kind})")
         for key in (
@@ -109,10 +117,6 @@ def run_check(args: argparse.Namespace) -> int:
             "feature_fingerprint",
             "metrics",
             "inputs",  # only in artifacts that read access features
-            "predicts",  # the return-time model's
-            "grid_s",
-            "hidden_sizes",
-            "members",
         ):
             if key in metadata:
                 print(f"  {key}: {metadata[key]}")

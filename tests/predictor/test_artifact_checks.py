@@ -208,6 +208,10 @@ def test_models_check_recognises_each_shipped_kind(
     assert printed["kind"] == kind
     if kind == KIND_RETURN:
         assert printed["predicts"] == "return_time_survival" and printed["grid_s"][0] == 0.0
+        assert main(["models", "check", str(shipped)]) == 0
+        text = capsys.readouterr().out.splitlines()
+        assert text[0] == f"ok: {shipped} (return model)"
+        assert "  grid_s: 12 points, 5 s … 840 s" in text
 
 
 def test_models_check_names_a_missing_folder(
