@@ -137,22 +137,13 @@ class LPCEvictor(PriorityEvictor):
         conversation_id = release.conversation_id
         # An anonymous release owns no block: its tag matches none.
         own_tag = NO_TAG if conversation_id is None else conversation_id
-        state = self._state
         run = self._new_run(key, conversation_id, block_ids, freed.depths)
-        # Fast path, one pass: blocks cached for the first time, or released again by their
-        # only conversation, all take this release's key and form a single run.
-        for block_id in block_ids:
-            old = state[block_id]
-            if old is not None and old.tag != own_tag:
-                break
-            state[block_id] = run
-        else:
+        # Fast path: blocks cached for the first time, or released again by their only
+        # conversation, all take this release's key and form a single run.
+        if self._claim(block_ids, run, own_tag):
             self._enqueue(run)
             return
-        # Some block is shared. The blocks claimed so far were new or this conversation's
-        # own, which pooling treats alike: forget the claim and pool block by block.
-        for claimed in block_ids[: block_ids.index(block_id)]:
-            state[claimed] = None
+        # Some block is shared: pool block by block.
         keys, tags = self._pooled(block_ids, key, conversation_id)
         self._push_grouped(block_ids, freed.depths, keys, tags)
 

@@ -55,6 +55,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable
+from itertools import repeat
 from typing import ClassVar
 
 from eviction.base import FreedBlocks, Release
@@ -66,6 +67,7 @@ from eviction.lpc import (
     SHARED,
     LPCEvictor,
 )
+from eviction.run_heap import consume
 
 # The access model's default label horizon (training.access_defaults.DEFAULT_ACCESS_HORIZON_S).
 DEFAULT_SHARED_HORIZON_S = 180.0
@@ -335,40 +337,32 @@ class PooledLPCEvictor(LPCEvictor):
         # Fast path: blocks new to the cache or released again by their only conversation,
         # whose content the memory does not know as shared, all take this release's key and
         # form a single run (the common case). First the blocks' own metadata, as in
-        # LPCEvictor, then the memory (skipped when no block carries a hash).
-        shared_at = -1
-        for block_id in block_ids:
-            old = state[block_id]
-            if old is not None and old.tag != own_tag:
-                shared_at = block_ids.index(block_id)
-                break
-            state[block_id] = run
+        # LPCEvictor, then the memory (skipped when no block carries a hash). Each is a few
+        # C-level passes: the distinct memory entries of a chain are those of the few
+        # releases it came from, and a chain's contents go to the memory's end as a whole.
+        claimed = self._claim(block_ids, run, own_tag)
+        shared = not claimed
         hashes = freed.hashes
-        if shared_at < 0 and hashes.count(None) != len(hashes):
+        if claimed and hashes.count(None) != len(hashes):
+            known = hashes if None not in hashes else [h for h in hashes if h is not None]
             window = self.memory_window_s
-            for block_hash in hashes:
-                if block_hash is None:
-                    continue
-                last = memory.pop(block_hash, None)
-                if (
-                    last is not None
-                    and (last[2] or last[0] != conversation_id)
-                    and now - last[1] <= window
-                ):
-                    memory[block_hash] = last
-                    shared_at = len(block_ids)  # every block was claimed
+            entries = set(map(memory.get, known))
+            entries.discard(None)
+            for last in entries:
+                if (last[2] or last[0] != conversation_id) and now - last[1] <= window:
+                    shared = True
                     break
-                memory[block_hash] = (conversation_id, now, False)
-            if len(memory) > self.memory_max_entries:
-                self._bound_memory()
-        if shared_at < 0:
+            else:
+                consume(map(memory.pop, known, repeat(None)), 0)
+                memory.update(zip(known, repeat((conversation_id, now, False))))
+                if len(memory) > self.memory_max_entries:
+                    self._bound_memory()
+        if not shared:
             self._enqueue(run)
             return
-        # Some block is shared. The blocks claimed so far were new or this conversation's
-        # own, which the slow path treats alike (and the memory entries just written say
-        # the same): forget the claim and key block by block.
-        for claimed in block_ids[:shared_at]:
-            state[claimed] = None
+        # Some block is shared: key block by block (the claim, if any, is undone).
+        if claimed:
+            consume(map(state.__setitem__, block_ids, repeat(None)), 0)
         keys, tags = self._keys(freed, release, p)
         self._bound_memory()
         self._push_grouped(block_ids, freed.depths, keys, tags)

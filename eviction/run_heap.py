@@ -46,13 +46,17 @@ directly; the protected methods here are the heap's whole interface.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Iterator, Sequence
+from itertools import compress, repeat
+from operator import ne
 from typing import Any, TypeAlias
 
 from eviction.linked_list import BlockList
 
 heappop = heapq.heappop  # one global load on the pop path, per used-up run
 heapreplace = heapq.heapreplace
+consume = deque  # deque(iterator, 0) runs an iterator in C, keeping nothing
 
 
 class Ghost:
@@ -121,15 +125,21 @@ class RunHeap:
         block i + 1, the last one's is `parent_id` (None: unknown, the old link stays). A
         block's content fixes its parent's content, so a link changes only when the parent's
         content sits in another block (a duplicate)."""
-        parent, children = self._parent, self._children
-        up = -1 if parent_id is None else parent_id
-        for block_id, p in zip(block_ids, [*block_ids[1:], up], strict=True):
-            old = parent[block_id]
-            if old != p and p >= 0:
-                children[p] += 1
-                parent[block_id] = p
-                if old >= 0:
-                    self._drop_child(old)
+        parent = self._parent
+        # C-level passes: a chain released again (the common case) has its links already.
+        current = list(map(parent.__getitem__, block_ids))
+        expected = list(block_ids[1:])
+        expected.append(current[-1] if parent_id is None else parent_id)
+        if current == expected:
+            return
+        children = self._children
+        for j in compress(range(len(expected)), map(ne, current, expected)):
+            p = expected[j]  # >= 0: an unknown top parent keeps its link, so never differs
+            children[p] += 1
+            parent[block_ids[j]] = p
+            old = current[j]
+            if old >= 0:
+                self._drop_child(old)
 
     def _unlink(self, block_id: int) -> bool:
         """The block lost its content: its parent has one cached child less. Returns True
@@ -193,6 +203,20 @@ class RunHeap:
         seq = self._next_seq
         self._next_seq = seq + 1
         return Run(key, tag, block_ids, depths, seq)
+
+    def _claim(self, block_ids: Sequence[int], run: Run, own_tag: Any) -> bool:
+        """Point the blocks' slots at `run` if each is new (no metadata) or tagged `own_tag`
+        (released before by this release's conversation only); else change nothing and
+        return False. Both passes run in C (a set of the few distinct runs and ghosts the
+        blocks come from, a map of stores): no Python step per block."""
+        state = self._state
+        olds = set(map(state.__getitem__, block_ids))
+        olds.discard(None)
+        for old in olds:
+            if old.tag != own_tag:
+                return False
+        consume(map(state.__setitem__, block_ids, repeat(run)), 0)
+        return True
 
     def _enqueue(self, run: Run) -> None:
         """Queue a new run under its key (the caller has pointed its blocks' slots at it)."""

@@ -10,6 +10,7 @@ from lpc.cli import (
     bench_evictor,
     bench_log,
     bench_predictor,
+    bench_queue,
     bench_release,
 )
 
@@ -20,6 +21,7 @@ BENCH_MODULES = (
     bench_access,
     bench_log,
     bench_release,
+    bench_queue,
 )
 
 

@@ -40,12 +40,15 @@ from __future__ import annotations
 
 import sys
 import time
-from array import array
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter, is_not
 from typing import Any, ClassVar
+
+import numpy as np
 
 from eviction.base import FreedBlocks, Release
 from eviction.lpc import LPCEvictor
@@ -181,8 +184,9 @@ class LPCFreeBlockQueue:
                     "block ids equal to their positions in the pool"
                 )
         self._blocks = list(blocks)
-        # Each block's last release time (the queue's clock): its age when evicted.
-        self._released_s = array("d", bytes(8 * len(blocks)))
+        # Each block's last release time (the queue's clock): its age when evicted. A numpy
+        # array, so that a release writes its chain's times, and a pop reads them, in C.
+        self._released_s = np.zeros(len(blocks))
         self._learned = self.runtime.new_evictor(len(blocks))
         self._learned.reset(range(len(blocks)))
         # What decides evictions: the learned evictor, or in lru/shadow mode an `LRUOrder`
@@ -218,7 +222,7 @@ class LPCFreeBlockQueue:
             runtime = self.runtime
             runtime.stats.add(evictions=1)
             try:  # metrics only: the block is already vLLM's
-                age = runtime.clock() - self._released_s[block.block_id]
+                age = runtime.clock() - float(self._released_s[block.block_id])
                 runtime.histograms.eviction_age_s.observe(age)
             except Exception as error:
                 runtime.stats.plugin_error("the eviction-age histogram", error)
@@ -231,37 +235,31 @@ class LPCFreeBlockQueue:
             self._apply_mode()
         if n > len(self._evictor):
             raise ValueError(f"cannot pop {n} blocks: only {len(self._evictor)} are free")
-        blocks = self._blocks
-        popped = [blocks[i] for i in self._evictor.pop_n(n, self.runtime.clock())]
-        evicted = sum(1 for block in popped if block.block_hash is not None)
+        ids = self._evictor.pop_n(n, self.runtime.clock())
+        popped = list(map(self._blocks.__getitem__, ids))
+        cached = list(map(is_not, map(_block_hash, popped), repeat(None)))
+        evicted = cached.count(True)
         if evicted:
             self.runtime.stats.add(evictions=evicted)
             try:  # metrics only: the blocks are already vLLM's
-                self._observe_eviction_ages(popped)
+                self._observe_eviction_ages(ids, cached)
             except Exception as error:
                 self.runtime.stats.plugin_error("the eviction-age histogram", error)
         return popped
 
-    def _observe_eviction_ages(self, popped: list[Any]) -> None:
-        """Eviction ages of the cached blocks among `popped`: one observation per run of
-        blocks released together (equal release times), not one per block."""
+    def _observe_eviction_ages(self, ids: list[int], cached: list[bool]) -> None:
+        """Eviction ages of the cached blocks among those popped (`ids`; `cached[i]` says
+        whether block i held a hash): one observation per run of consecutive blocks released
+        together (equal release times), not one per block. In C but for one step per run."""
         runtime = self.runtime
-        now = runtime.clock()
-        released = self._released_s
+        times = self._released_s[np.fromiter(ids, np.intp, len(ids))]
+        times = times[np.fromiter(cached, bool, len(cached))]
+        starts = np.flatnonzero(np.diff(times)) + 1
+        counts = np.diff(np.concatenate(([0], starts, [len(times)])))
+        ages = runtime.clock() - times[np.concatenate(([0], starts))]
         observe = runtime.histograms.eviction_age_s.observe_n
-        last, times = None, 0
-        for block in popped:
-            if block.block_hash is None:
-                continue
-            t = released[block.block_id]
-            if t == last:
-                times += 1
-                continue
-            if times:
-                observe(now - last, times)
-            last, times = t, 1
-        if times:
-            observe(now - last, times)
+        for age, count in zip(ages.tolist(), counts.tolist(), strict=True):
+            observe(age, count)
 
     def remove(self, block: Any) -> None:
         try:
@@ -289,9 +287,8 @@ class LPCFreeBlockQueue:
             runtime.stats.plugin_error("the LPC queue's append", error)
             self._append_as_lru(freed)
         try:  # for the eviction-age histogram
-            released, now = self._released_s, release.time_s
-            for block_id in freed.block_ids:
-                released[block_id] = now
+            ids = freed.block_ids
+            self._released_s[np.fromiter(ids, np.intp, len(ids))] = release.time_s
         except Exception as error:
             runtime.stats.plugin_error("the LPC queue's release times", error)
         if protected:
@@ -371,6 +368,10 @@ class LPCFreeBlockQueue:
         return self._learned
 
 
+_block_id = attrgetter("block_id")
+_block_hash = attrgetter("block_hash")
+
+
 def _freed(blocks: Sequence[Any]) -> FreedBlocks:
     # Fresh lists: the evictor keeps references to them. A block's depth is the token count
     # its hash covers (0 when unknown): `LPCEvictor` compares depths only with each other, to
@@ -379,10 +380,23 @@ def _freed(blocks: Sequence[Any]) -> FreedBlocks:
     # vLLM frees a request's blocks tail first, and those whose count reached 0 are the
     # sequence's tail (other requests hold a prefix): a chain, whose top's parent the queue
     # does not see (links within the release are what prefix closure needs for a branch).
+    # So its depths step down by one block from the tail's: a range from the two ends, with
+    # no pass over the blocks, whenever the ends say so (else each block's own). The ids and
+    # hashes are read in C (`map`), not by a Python loop.
+    n = len(blocks)
+    deepest = blocks[0].block_hash_num_tokens or 0
+    top = blocks[-1].block_hash_num_tokens or 0
+    step = (deepest - top) // (n - 1) if n > 1 else 0
+    if n == 1:
+        depths: Sequence[int] = [deepest]
+    elif step > 0 and deepest - top == step * (n - 1):
+        depths = range(deepest, top - step, -step)
+    else:
+        depths = [block.block_hash_num_tokens or 0 for block in blocks]
     return FreedBlocks(
-        [block.block_id for block in blocks],
-        [block.block_hash_num_tokens or 0 for block in blocks],
-        [block.block_hash for block in blocks],
+        list(map(_block_id, blocks)),
+        depths,
+        list(map(_block_hash, blocks)),
         chain=True,
     )
 

@@ -173,10 +173,10 @@ def test_constant_p_orders_like_vllms_lru(ops, p: float) -> None:
             assert ids(got) == lru.pop_n(arg)
             for b in got:
                 b.block_hash = None  # lazy eviction: a popped block loses its content
-            # Some blocks get a hash, as full blocks do.
-            for depth, b in enumerate(got):
-                if (b.block_id + step) % 3:
-                    cache(b, depth)
+            # The full blocks get a hash: a prefix of the request's blocks, as in vLLM (a
+            # free then hands the queue a chain's tail, which prefix closure links).
+            for depth, b in enumerate(got[: len(got) - (got[0].block_id + step) % 2]):
+                cache(b, depth)
             held.append(got)
         elif kind == "free" and held:
             table = held.pop(arg % len(held))
@@ -191,7 +191,8 @@ def test_constant_p_orders_like_vllms_lru(ops, p: float) -> None:
                 FreedBlocks(ids(cached), [0] * len(cached), [None] * len(cached)), Release(0)
             )
         elif kind == "hit":
-            free_cached = [b for b in queue.get_all_free_blocks() if b.block_hash is not None]
+            # A hit is a prefix: here a chain's first block (vLLM's hits hold every parent).
+            free_cached = [b for b in queue.get_all_free_blocks() if b.block_hash_num_tokens == 16]
             if free_cached:
                 block = free_cached[arg % len(free_cached)]
                 queue.remove(block)
