@@ -221,6 +221,6 @@ def run(args: argparse.Namespace) -> int:
         print()
     else:
         _print_report(report)
-    return 0
     if "write_error" in report:  # the figures are out; the artifact is not: exit 2, not 0
         raise CommandError(f"{report['write_error']} (no model written; the figures are above)")
+    return 0
