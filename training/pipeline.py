@@ -9,7 +9,6 @@ code that serves the model, so the numbers describe what is deployed.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -24,6 +23,7 @@ from predictor.embedders import DEFAULT_EMBEDDER_SPEC
 from predictor.embedders.base import Embedder
 from predictor.errors import InvalidInputError
 from predictor.features import FeatureConfig, encode_turn_counts
+from predictor.json_values import finite_or_none
 from predictor.model import DEFAULT_HIDDEN_SIZES, MLPConfig, input_matrix
 from predictor.predictor import Predictor
 from training.conversation import Conversation
@@ -129,13 +129,6 @@ def predict_samples(
     return predictor.predict_from_embeddings(embeddings, turn_counts_of(samples), extras)
 
 
-def _json_safe(metrics: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-        for k, v in metrics.items()
-    }
-
-
 def score(
     labels: np.ndarray, probabilities: np.ndarray, train_rate: float, weighted_rate: float
 ) -> dict[str, Any]:
@@ -144,7 +137,7 @@ def score(
     metrics["brier_prior_corrected"] = round(
         brier_prior_corrected(labels, probabilities, weighted_rate, train_rate), 6
     )
-    return _json_safe(metrics)
+    return finite_or_none(metrics)
 
 
 def turns_ablation(
@@ -157,7 +150,7 @@ def turns_ablation(
     out = {}
     for name, majority in (("majority", True), ("rate", False)):
         baseline = TurnsBaseline.fit(conversations_turns, majority=majority)
-        out[name] = _json_safe(
+        out[name] = finite_or_none(
             classification_metrics(labels, baseline.predict_counts(counts)).to_dict()
         )
     return out

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from predictor.errors import InvalidInputError, UserError
+from predictor.json_values import finite_or_none
 from predictor.return_time import ReturnModelMetadata, ReturnTimePredictor, save_return_model
 from training.promotion import Decision, decide
 from training.registry import ModelRegistry, RegistryLockedError, registry_record
@@ -170,15 +171,7 @@ def _quality(
     observed long enough for the AUC at 600 s) becomes None, so the outcome and the history
     stay valid JSON."""
     quality = curve_quality(part.targets.time_s, part.targets.observed, grid_s, survival, censoring)
-    return {**_finite(quality), "samples": part.size}
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, float) and not np.isfinite(value):
-        return None
-    return value
+    return {**finite_or_none(quality), "samples": part.size}
 
 
 def train_return_candidate(

@@ -10,6 +10,7 @@ from pathlib import Path
 from lpc.cli import extras
 from lpc.cli.arg_types import non_negative_int, positive_int, split_at
 from lpc.errors import CommandError, UserError
+from predictor.json_values import finite_or_none
 
 DESCRIPTION = """\
 Train a censoring-aware model of the time from a request's completion to its conversation's
@@ -217,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
             outcome.predictor, outcome.evaluation_features
         ).to_dict()
     if args.json:
-        json.dump(report, sys.stdout, indent=2)
+        json.dump(finite_or_none(report), sys.stdout, indent=2, allow_nan=False)
         print()
     else:
         _print_report(report)
