@@ -19,7 +19,7 @@ fitted constants are those `lpc ab --trace` builds, so one instance under any ro
 figures exactly. Reports per router × policy × instance count × size the fleet token hit ratio
 with its 95 % interval, the gain over LRU under the same router (paired interval), the load
 balance (busiest instance's prompt tokens over the mean) and the TTFT of the latency model;
-writes fleet.json, fleet.csv, fleet.md and fleet.png to --out.
+writes fleet.json, fleet.csv, report.md and fleet.png to --out.
 
 With --ray the replays run as Ray tasks (pip install 'lpc[ray]'): locally with --workers CPUs,
 or on the cluster at --ray-address; the figures equal the serial run's.
@@ -141,7 +141,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--out",
         type=Path,
         default=Path("results/fleet"),
-        help="folder for fleet.json, .csv, .md, .png and the scaled traces (default: %(default)s)",
+        help="folder for fleet.json, fleet.csv, report.md, fleet.png and the scaled traces "
+        "(default: %(default)s)",
     )
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
     run.add_argument("--json", action="store_true", help="print all figures as JSON")

@@ -395,7 +395,7 @@ def write_files(outcome: FleetOutcome) -> None:
     files = {
         "json": out / "fleet.json",
         "csv": out / "fleet.csv",
-        "markdown": out / "fleet.md",
+        "markdown": out / "report.md",
         "plot": out / "fleet.png",
     }
     outcome.files = {k: str(v) for k, v in files.items()}
