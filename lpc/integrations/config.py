@@ -58,7 +58,8 @@ class PluginConfig:
     finished request, for replays and retraining): daily files per process, rotated at
     `request_log_max_file_mb`; prompt text only with `request_log_text`; block ids keyed by
     `request_log_salt` (None: a random key kept in the folder); at most
-    `request_log_queue_size` records waiting (more are dropped and counted, never waited for).
+    `request_log_queue_size` records waiting (more are dropped and counted, never waited for);
+    files of days more than `request_log_retention_days` UTC days old are deleted (0: kept).
     `access_model` is an access-only artifact folder (or a registry folder, whose `current`
     is followed) the plugin predicts with in process at each release; a background thread
     looks for a newly promoted one every `access_model_reload_s` (0: never). The conversation table
@@ -107,6 +108,7 @@ class PluginConfig:
     request_log_text: bool = False
     request_log_salt: str | None = None
     request_log_queue_size: int = 65536
+    request_log_retention_days: int = 30
     access_model: str | None = None
     access_model_reload_s: float = 60.0
     conversation_table_size: int = 100_000
@@ -214,6 +216,13 @@ def _check_optional_str(name: str, value: Any) -> None:
         raise PluginConfigError(f"{name} must be a non-empty string, got {value!r}")
 
 
+def _check_days(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 3650:
+        raise PluginConfigError(
+            f"{name} must be a whole number of days in [0, 3650], got {value!r}"
+        )
+
+
 def _check_port(name: str, value: Any) -> None:
     if value is None:
         return
@@ -309,6 +318,12 @@ _FIELDS: dict[str, _FieldSpec] = {
         ),
         _FieldSpec(
             "request_log_queue_size", "LPC_REQUEST_LOG_QUEUE_SIZE", _parse_int, _check_count
+        ),
+        _FieldSpec(
+            "request_log_retention_days",
+            "LPC_REQUEST_LOG_RETENTION_DAYS",
+            _parse_int,
+            _check_days,
         ),
         _FieldSpec("access_model", "LPC_ACCESS_MODEL", _parse_optional_str, _check_optional_str),
         _FieldSpec(

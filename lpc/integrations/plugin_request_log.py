@@ -101,6 +101,7 @@ class PluginRequestLog:
                     record_text=config.request_log_text,
                     salt=config.request_log_salt,
                     queue_size=config.request_log_queue_size,
+                    retention_days=config.request_log_retention_days,
                 )
             )
         return writer

@@ -3,7 +3,9 @@
 The engine's scheduler thread calls `RequestLogWriter.append` when a request releases its
 blocks; that call only puts the record on a bounded queue and never blocks or raises. A
 background thread turns records into JSON lines and appends them to daily (UTC) files in the
-log folder, one file per process (its pid in the name), rotated at a size cap. Anything that
+log folder, one file per process (its pid in the name), rotated at a size cap; files of days
+older than the retention (`retention_days`, UTC days) are deleted when a new day's file
+opens, whichever process wrote them, so the folder cannot grow without bound. Anything that
 goes wrong there — a full queue, a full disk, an unwritable folder — drops records, counts
 them and logs a warning at most once per `warn_interval_s`; serving never notices.
 
@@ -47,6 +49,9 @@ FILE_PATTERN = re.compile(r"^requests-(\d{4}-\d{2}-\d{2})-pid(\d+)-(\d+)\.jsonl$
 PROBABILITY_SOURCES = ("client", "model", "fallback")
 DEFAULT_MAX_FILE_BYTES = 256 * 1024 * 1024
 DEFAULT_QUEUE_SIZE = 65536
+# A month: longer than the daily job's windows (it reads the last days' files), short
+# enough that a busy engine's log stays a bounded share of its disk.
+DEFAULT_RETENTION_DAYS = 30
 _MAX_BATCH = 1024
 _ID_MASK = (1 << 63) - 1  # ids stay within a signed 64-bit int for every JSON reader
 
@@ -92,6 +97,8 @@ class RequestLogConfig:
     salt: str | None = None  # the deployment key; None: a random key kept in the folder
     queue_size: int = DEFAULT_QUEUE_SIZE
     warn_interval_s: float = 60.0
+    # Files of days more than this many UTC days before the newest are deleted (0: kept).
+    retention_days: int = DEFAULT_RETENTION_DAYS
 
 
 class LogFile(Protocol):
@@ -194,6 +201,7 @@ class RequestLogCounters:
     dropped_invalid_id: int = 0  # an id held a lone surrogate: no line can keep it apart
     bytes_written: int = 0
     files_opened: int = 0
+    files_expired: int = 0  # deleted: of a day older than the retention
     finish_before_arrival: int = 0  # the clock went backwards during a request: clamped
     invalid_unicode: int = 0  # a recorded prompt held a lone surrogate: U+FFFD in its place
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -336,11 +344,31 @@ class RequestLogWriter:
             or day != self._day
             or self._file_bytes + len(data) > self.config.max_file_bytes
         ):
+            if day != self._day:
+                self._expire(day)
             self._open(day)
         assert self._file is not None
         self._file.write(data)
         self._file_bytes += len(data)
         self.counters.add(records_written=kept, bytes_written=len(data))
+
+    def _expire(self, day: str) -> None:
+        """Delete the folder's log files of days more than `retention_days` before `day`
+        (a failure is counted as a warning, never a lost record)."""
+        keep_days = self.config.retention_days
+        if keep_days <= 0:
+            return
+        first_kept = (dt.date.fromisoformat(day) - dt.timedelta(days=keep_days)).isoformat()
+        try:
+            for path in self.config.directory.iterdir():
+                match = FILE_PATTERN.match(path.name)
+                if match and match.group(1) < first_kept:
+                    path.unlink(missing_ok=True)
+                    self.counters.add(files_expired=1)
+        except OSError as error:
+            self._warn(
+                "request log: cannot delete expired files in %s: %s", self.config.directory, error
+            )
 
     def _open(self, day: str) -> None:
         """A new file for `day` (after the newest of this process's files of that day)."""

@@ -306,6 +306,37 @@ def test_daily_files_and_size_rotation(tmp_path: Path) -> None:
     assert len(read_trace(tmp_path).requests) == 9
 
 
+def test_files_older_than_the_retention_are_deleted_when_a_new_day_opens(tmp_path: Path) -> None:
+    """Retention bounds the folder: another process's old file goes too; a file of a name
+    the log does not write, and the files within the retention, stay."""
+    old = tmp_path / "requests-2026-10-01-pid99-000.jsonl"  # 48 days before the first record
+    kept = tmp_path / "requests-2026-11-17-pid99-000.jsonl"
+    foreign = tmp_path / "notes-2026-01-01.jsonl"
+    for path in (old, kept, foreign):
+        path.write_text("{}\n")
+    writer = RequestLogWriter(RequestLogConfig(tmp_path, salt="s", retention_days=30), pid=7)
+    writer.append(record(0))
+    written(writer)
+    assert not old.exists() and kept.exists() and foreign.exists()
+    assert writer.counters.snapshot()["files_expired"] == 1
+    # 31 days on: the new day's file expires both November files, this writer's own too.
+    writer.append(record(1, arrival_s=T0 + 31 * DAY_S))
+    written(writer)
+    writer.close()
+    assert not kept.exists() and writer.counters.snapshot()["files_expired"] == 3
+    assert {p.name[9:19] for p in log_files(tmp_path)} == {"2026-12-19"}
+
+
+def test_a_zero_retention_keeps_every_file(tmp_path: Path) -> None:
+    old = tmp_path / "requests-2020-01-01-pid99-000.jsonl"
+    old.write_text("{}\n")
+    writer = RequestLogWriter(RequestLogConfig(tmp_path, salt="s", retention_days=0), pid=7)
+    writer.append(record(0))
+    written(writer)
+    writer.close()
+    assert old.exists() and writer.counters.snapshot()["files_expired"] == 0
+
+
 def test_ids_holding_lone_surrogates_never_merge_in_the_log(tmp_path: Path, caplog) -> None:
     """Issue 44's sibling: `dup\\ud800` and `dup\\udbff` were both written as `dup\\ufffd`
     and merged with a real `dup\\ufffd`. An id (conversation, request or request type)
