@@ -97,6 +97,7 @@ WINDOW_GAUGES: dict[str, str] = {
 # snapshot["histograms"] key -> help text (exported as lpc_<key>)
 HISTOGRAMS: dict[str, str] = {
     "release_seconds": "The plugin's work for one request's release (p, features, table)",
+    "free_seconds": "KVCacheManager.free of one request: the plugin, vLLM and the LPC queue",
     "release_probability": "The p releases carry (from the request or the model; not fallbacks)",
     "eviction_age_seconds": "Seconds from a cached block's release to its eviction",
 }

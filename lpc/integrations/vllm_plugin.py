@@ -490,8 +490,12 @@ def _wrap_manager_free(original: Any) -> Any:
         runtime = _runtime_of(self.block_pool)
         if runtime is None:
             return original(self, request)
-        with runtime.queues.releasing(runtime.safe_release_for(request)):
-            return original(self, request)
+        start_ns = perf_counter_ns()
+        try:
+            with runtime.queues.releasing(runtime.safe_release_for(request)):
+                return original(self, request)
+        finally:
+            runtime.queues.histograms.free_latency_ns.observe(perf_counter_ns() - start_ns)
 
     return free
 

@@ -726,3 +726,15 @@ def test_bad_priorities_in_a_radix_tree_evict_as_no_prediction() -> None:
     for bad in (NAN, INF, -1, 2_000_000):
         order, strategy = evicted(bad)
         assert order == reference and strategy.invalid_priorities > 0
+
+
+def test_the_whole_free_path_is_timed_queue_work_included(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`lpc_free_seconds` times all of `KVCacheManager.free` (the plugin's release, vLLM's loop
+    and the LPC queue's work), not only the plugin's part (`lpc_release_seconds`)."""
+    run = run_engine(
+        make_runtime(), lambda i, c: {"lpc_probability": good_p(i)}, monkeypatch, steps=120
+    )
+    histograms = run.runtime.queues.histograms.snapshot()
+    free, release = histograms["free_seconds"], histograms["release_seconds"]
+    assert free.count == release.count == run.stats["releases"] > 0  # one per freed request
+    assert free.total > release.total  # the whole free holds the plugin's part and more

@@ -273,6 +273,7 @@ def test_the_snapshot_carries_rank_gate_and_histograms(monkeypatch: pytest.Monke
     assert snapshot["gate_model_trusted"] == 0.0 and snapshot["gate_labels_judged"] == 0.0
     assert set(snapshot["histograms"]) == {
         "release_seconds",
+        "free_seconds",
         "release_probability",
         "eviction_age_seconds",
     }
