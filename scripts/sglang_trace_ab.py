@@ -110,7 +110,13 @@ def compare(
     assert workload is not None
     our_seconds = time.perf_counter() - started
     rows_wanted = POLICIES + ((TICK_ROW,) if with_ticks else ())
-    config = {"scale_per_s": scale_per_s, "fallback_probability": fallback_probability}
+    # The trace's p ride in `priority` as a router that sets it would (trusted: the strategy's
+    # trust boundary).
+    config = {
+        "scale_per_s": scale_per_s,
+        "fallback_probability": fallback_probability,
+        "trust_request_priority": True,
+    }
     stream = {
         "capacity_tokens": cache_tokens,
         "kind": kind,

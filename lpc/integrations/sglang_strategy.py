@@ -24,10 +24,16 @@ docs/serving.md: the key uses the pooled p with the latest access time (the pape
 max(p_cur, p_new) without first decaying the old p), and a node never lowers its p, so a
 conversation's newer, lower prediction does not replace its older one on shared nodes.
 
+Trust boundary (`trust`, as in the vLLM plugin): a request's `priority` is set by whoever
+sends it, so by default it is not read as p — every node gets the fallback p and the order is
+LRU's — unless `trust_request_priority` is true (the server sits behind a router that sets or
+strips `priority`; SGLang's radix nodes carry no tenant or signature to check). A priority
+ignored so is counted in `LPCStrategy.untrusted_priorities`.
+
 `register()` (the `sglang.srt.plugins` entry point, allow-listed with SGLANG_PLUGINS=lpc)
 adds the factory to SGLang's `_EVICTION_POLICY_FACTORIES` and "lpc" to the CLI's choices.
-`--radix-eviction-policy-config '{"scale_per_s": 0.01, "fallback_probability": 0.4}'` is
-passed to `LPCStrategy` as keyword arguments.
+`--radix-eviction-policy-config '{"scale_per_s": 0.01, "fallback_probability": 0.4,
+"trust_request_priority": true}'` is passed to `LPCStrategy` as keyword arguments.
 """
 
 from __future__ import annotations
@@ -87,7 +93,13 @@ class LPCStrategy:
         scale_per_s: float = DEFAULT_SCALE_PER_S,
         fallback_probability: float = DEFAULT_FALLBACK_PROBABILITY,
         probability_floor: float = DEFAULT_PROBABILITY_FLOOR,
+        trust_request_priority: bool = False,
     ) -> None:
+        if not isinstance(trust_request_priority, bool):
+            raise ValueError(
+                f"lpc eviction policy: trust_request_priority must be true or false, "
+                f"got {trust_request_priority!r}"
+            )
         if (
             isinstance(scale_per_s, bool)
             or not isinstance(scale_per_s, int | float)
@@ -110,13 +122,18 @@ class LPCStrategy:
         self.scale_per_s = float(scale_per_s)
         self.fallback_probability = float(fallback_probability)
         self.probability_floor = float(probability_floor)
+        self.trust_request_priority = trust_request_priority
         self.invalid_priorities = 0  # evaluations of a node whose priority carries no p
+        self.untrusted_priorities = 0  # evaluations of a node whose p was not trusted
 
     def probability(self, node: Any) -> float:
         priority = node.priority
         p = priority_to_probability(priority)
         if p is not None:
-            return p
+            if self.trust_request_priority:
+                return p
+            self.untrusted_priorities += 1
+            return self.fallback_probability
         if priority is not None and priority != 0:  # set, but no p in parts per million
             self.invalid_priorities += 1
             if self.invalid_priorities == 1:

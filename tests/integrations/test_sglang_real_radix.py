@@ -40,7 +40,7 @@ from lpc.drivers.sglang_radix import KINDS, RealRadixCache
 from lpc.integrations.sglang_strategy import LPCStrategy
 from tests.integrations import sglang_scenarios as s
 
-CONFIG = {{"scale_per_s": 0.01, "fallback_probability": 0.5}}
+CONFIG = {{"scale_per_s": 0.01, "fallback_probability": 0.5, "trust_request_priority": True}}
 out = {{}}
 for kind in KINDS:
     trees = []

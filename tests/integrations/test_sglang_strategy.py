@@ -49,7 +49,10 @@ class StandInLRU:
 
 
 def standin(strategy: object | None = None) -> sglang_scenarios.NewTree:
-    return lambda clock: StandInRadixCache(strategy or LPCStrategy(), clock)
+    """The stand-in tree with `strategy`, by default LPC behind a router that sets `priority`
+    (trusted); `test_an_untrusted_priority_is_not_p` checks the default."""
+    trusted = LPCStrategy(trust_request_priority=True)
+    return lambda clock: StandInRadixCache(strategy or trusted, clock)
 
 
 def test_priority_carries_p_in_parts_per_million() -> None:
@@ -70,8 +73,23 @@ class _Node:
         self.last_access_time = last_access_time
 
 
+def test_an_untrusted_priority_is_not_p() -> None:
+    """By default a client's `priority` is not read as p: every node the fallback p, LRU's
+    order (`sglang_strategy`'s trust boundary), and each ignored priority counted."""
+    strategy = LPCStrategy(fallback_probability=0.3)
+    assert strategy.get_priority(_Node(999_999, 50.0)) == pytest.approx(
+        static_key(0.3, 50.0, 0.01, 1e-6)
+    )
+    assert strategy.untrusted_priorities == 1
+    for seed in range(3):
+        untrusted = sglang_scenarios.random_operations(standin(LPCStrategy()), seed, True)
+        assert untrusted == sglang_scenarios.random_operations(standin(StandInLRU()), seed, True)
+    with pytest.raises(ValueError, match="trust_request_priority must be true or false"):
+        LPCStrategy(trust_request_priority="yes")  # type: ignore[arg-type]
+
+
 def test_get_priority_is_lpcs_static_key() -> None:
-    strategy = LPCStrategy(scale_per_s=0.02, fallback_probability=0.3)
+    strategy = LPCStrategy(scale_per_s=0.02, fallback_probability=0.3, trust_request_priority=True)
     assert strategy.get_priority(_Node(830_000, 50.0)) == pytest.approx(
         static_key(0.83, 50.0, 0.02, 1e-6)
     )
