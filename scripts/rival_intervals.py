@@ -1,11 +1,16 @@
 """The learned rivals (LRB, 3L-Cache, T-LRU, SGLang's tlru) against LRU and LPC on a trace,
 every gain with its paired 95 % interval.
 
-    python scripts/rival_intervals.py [--trace mooncake] [--cache-sizes 2500000,...]
-        [--rivals lrb,3l-cache,tlru,sglang-tlru] [--against lpc-pooled,lpc-return-model]
-        [--split-at 0.5] [--return-model DIR] [--workers 2] [--out DIR] [--json]
+    python scripts/rival_intervals.py [--trace mooncake | --dataset sharegpt]
+        [--cache-sizes 2500000,...] [--rivals lrb,3l-cache,tlru,sglang-tlru]
+        [--against lpc-pooled,lpc-return-model] [--split-at 0.5] [--return-model DIR]
+        [--workers 2] [--out DIR] [--json]
 
-One `lpc ab` run replays LRU, the LPC policies and the rivals on the one prepared workload;
+On a trace the access-feature model (`models/mooncake-access`) feeds the LPC policies, as in
+`lpc ab --trace`; with `--dataset` the paper's workload is generated from the data set's
+evaluation half (`lpc ab`'s defaults) and the shipped text predictor feeds them (`--against
+lpc,lpc-pooled` there: the return-time model is a trace's). One `lpc ab` run replays LRU, the
+LPC policies and the rivals on the one prepared workload;
 each rival's gain over LRU and each LPC policy's gain over the rival are paired bootstrap
 intervals over the evaluation part's conversations (`lpc.replay.intervals`): each resample
 takes the same conversations for both policies. T-LRU's constants are fitted on the training
@@ -24,11 +29,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from lpc.access.source import access_source_factory
 from lpc.errors import UserError
-from lpc.replay.ab import TRACE_CACHE_SIZES_TOKENS
+from lpc.replay.ab import DEFAULT_CACHE_SIZES_TOKENS, TRACE_CACHE_SIZES_TOKENS
 from lpc.replay.ab_pipeline import ABOptions, run_ab
 from lpc.replay.intervals import paired_gain_interval
+from lpc.replay.learned_source import learned_source_factory
 from lpc.replay.policies import parse_policies
-from training.locations import SHIPPED_ACCESS_MODEL_NAME, shipped_model_dir
+from training.embedding_cache import EmbedOptions
+from training.locations import (
+    SHIPPED_ACCESS_MODEL_NAME,
+    SHIPPED_MODEL_NAME,
+    default_embedding_cache_dir,
+    shipped_model_dir,
+)
 
 DEFAULT_RIVALS = "lrb,3l-cache,tlru,sglang-tlru"
 DEFAULT_AGAINST = "lpc-pooled,lpc-return-model"
@@ -61,7 +73,10 @@ def _interval(ours: Any, theirs: Any) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", default="mooncake", help="trace file or bundled name")
-    parser.add_argument("--cache-sizes", type=_sizes, default=TRACE_CACHE_SIZES_TOKENS)
+    parser.add_argument(
+        "--dataset", default=None, help="replay this chat data set's workload instead of --trace"
+    )
+    parser.add_argument("--cache-sizes", type=_sizes, default=None, help="tokens (lpc ab's)")
     parser.add_argument("--rivals", type=_names, default=_names(DEFAULT_RIVALS))
     parser.add_argument(
         "--against", type=_names, default=_names(DEFAULT_AGAINST), help="LPC policies"
@@ -76,29 +91,45 @@ def main() -> int:
         parser.error(f"--workers must be >= 1, got {args.workers}")
     names = list(dict.fromkeys(("lru", *args.against, *args.rivals)))
     log = (lambda _: None) if args.json else print
+    on_trace = args.dataset is None
+    default_sizes = TRACE_CACHE_SIZES_TOKENS if on_trace else DEFAULT_CACHE_SIZES_TOKENS
+    sizes = args.cache_sizes or default_sizes
     try:
         specs = tuple(parse_policies(",".join(names)))
-        model = shipped_model_dir(SHIPPED_ACCESS_MODEL_NAME)
         needs_model = any(s.source == "model" for s in specs)
-        options = ABOptions(
-            trace=Path(args.trace) if Path(args.trace).exists() else args.trace,
-            split_at=args.split_at,
-            policies=specs,
-            cache_sizes_tokens=args.cache_sizes,
-            workers=args.workers,
-            progress=not args.json,
-            out_dir=args.out,
-            model_reads_text=False,
-            return_model=args.return_model,
-        )
-        factory = access_source_factory(model, log=log) if needs_model and model else None
+        common = {
+            "policies": specs,
+            "cache_sizes_tokens": sizes,
+            "workers": args.workers,
+            "progress": not args.json,
+            "out_dir": args.out,
+            "return_model": args.return_model,
+        }
+        if on_trace:
+            trace = Path(args.trace) if Path(args.trace).exists() else args.trace
+            options = ABOptions(
+                trace=trace, split_at=args.split_at, model_reads_text=False, **common
+            )
+            model = shipped_model_dir(SHIPPED_ACCESS_MODEL_NAME)
+            factory = access_source_factory(model, log=log) if needs_model and model else None
+        else:
+            options = ABOptions(dataset=args.dataset, **common)
+            model = shipped_model_dir(SHIPPED_MODEL_NAME)
+            factory = None
+            if needs_model and model is not None:
+                factory = learned_source_factory(
+                    model,
+                    default_embedding_cache_dir(),
+                    EmbedOptions(progress=not args.json),
+                    log=log,
+                )
         outcome = run_ab(options, model_factory=factory, log=log)
     except UserError as error:
         print(f"rival_intervals: error: {error}", file=sys.stderr)
         return 2
     by = {(r.policy, r.cache_tokens): r for r in outcome.results}
     rows = []
-    for size in args.cache_sizes:
+    for size in sizes:
         lru = by[("lru", size)]
         for rival in args.rivals:
             ours = by[(rival, size)]
@@ -120,7 +151,7 @@ def main() -> int:
             )
     fitted = outcome.workload_summary.get("fitted_policies", {})
     if args.json:
-        print(json.dumps({"lru": _lru_row(by, args.cache_sizes), "rows": rows, "fitted": fitted}))
+        print(json.dumps({"lru": _lru_row(by, sizes), "rows": rows, "fitted": fitted}))
         return 0
     for row in rows:
         line = f"{row['cache_tokens']:>11,} {row['rival']:<12} {row['hit_ratio']:.2%}"
