@@ -14,7 +14,8 @@ one eviction policy, behind a router (round-robin, least-loaded by queued tokens
 session-sticky with rebalancing, prefix-aware with ties broken by load). A trace is scaled to
 a fleet of k copies (k = the instance count unless --copies): each copy's block ids are
 offset so copies share no block, and its arrivals are shifted by a fraction of a gap
-(docs/design.md, "The fleet"). The workload, the probabilities, the return curves and the
+(docs/design.md, "The fleet"); the ShareGPT workload (--trace none) is scaled by k times its
+active conversations. The workload, the probabilities, the return curves and the
 fitted constants are those `lpc ab --trace` builds, so one instance under any router gives its
 figures exactly. Reports per router × policy × instance count × size the fleet token hit ratio
 with its 95 % interval, the gain over LRU under the same router (paired interval), the load
@@ -55,7 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--copies",
         type=positive_int,
         default=None,
-        help="copies of the trace merged into the fleet's traffic (default: the instance count)",
+        help="the fleet's traffic is k copies of the trace merged (with --trace none: k times "
+        "--max-active, i.e. k times the rate); default: k = the instance count",
     )
     data.add_argument(
         "--split-at",
@@ -179,8 +181,6 @@ def options_from(args: argparse.Namespace):
             resolve_trace(trace)
         except TraceError as error:
             raise CommandError(f"--trace: {error}") from None
-    elif args.copies not in (None, 1):
-        raise CommandError("--copies scales a --trace; --trace none generates its workload")
     if any(p.evictor == "belady" for p in policies) and max(args.instances) > 1:
         raise CommandError("belady needs each instance's own future: run it with --instances 1")
     if args.ray_address and not args.ray:

@@ -5,7 +5,8 @@ The workload is built by `lpc ab`'s own stages (load, fit on the training part, 
 prepare): the same requests, probabilities, return curves, decay scale, fallback and fitted
 constants `lpc ab --trace` replays, so one instance gives `lpc ab`'s hit tokens. A trace is
 scaled to a fleet of k copies (`lpc.fleet.scale`; k = the instance count unless given), so
-each instance carries the original trace's load on average.
+each instance carries the original trace's load on average; a generated workload (ShareGPT)
+is scaled by k times the active conversations, i.e. k times the rate.
 """
 
 from __future__ import annotations
@@ -195,6 +196,22 @@ def fleet_trace_for(options: FleetOptions, instances: int, log: Callable[[str], 
     return out
 
 
+def fleet_workload_for(
+    options: FleetOptions, instances: int, log: Callable[[str], None]
+) -> abp.ABOptions:
+    """The workload at `instances` instances: a trace scaled to k copies, or a generated
+    workload with k times the active conversations (k = --copies, else the instance count),
+    so each instance carries one instance's load on average."""
+    if options.ab.trace is not None:
+        return replace(options.ab, trace=fleet_trace_for(options, instances, log))
+    config = options.ab.workload
+    copies = options.copies or instances
+    return replace(
+        options.ab,
+        workload=replace(config, max_active_conversations=config.max_active_conversations * copies),
+    )
+
+
 def run_fleet(
     options: FleetOptions,
     model_factory: abp.ModelSourceFactory | None = None,
@@ -203,8 +220,6 @@ def run_fleet(
     """Per instance count: its workload, then every router × policy × size cell."""
     from tqdm import tqdm
 
-    if options.ab.trace is None and options.copies not in (None, 1):
-        raise InvalidInputError("--copies scales a --trace; a generated workload has no copies")
     started = time.perf_counter()
     timings: dict[str, float] = {}
     sizes = options.ab.cache_sizes_tokens or abp.TRACE_CACHE_SIZES_TOKENS
@@ -214,11 +229,7 @@ def run_fleet(
     workloads_memory: dict[int, dict[str, Any]] = {}
     for n in options.instance_counts:
         t0, t0_cpu = time.perf_counter(), time.process_time()
-        ab = (
-            options.ab
-            if options.ab.trace is None
-            else replace(options.ab, trace=fleet_trace_for(options, n, log))
-        )
+        ab = fleet_workload_for(options, n, log)
         prepared = prepare_workload(replace(ab, cache_sizes_tokens=sizes), model_factory, log)
         timings[f"workload_{n}_s"] = time.perf_counter() - t0
         timings[f"workload_{n}_cpu_s"] = time.process_time() - t0_cpu

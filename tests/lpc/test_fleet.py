@@ -276,3 +276,13 @@ def test_cli_prints_json_and_refuses_bad_flags_in_one_line(small_trace, tmp_path
         assert main([*argv, *flags, "--out", str(out)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and message in err, err
+
+
+def test_a_generated_workload_is_scaled_by_its_active_conversations() -> None:
+    from lpc.fleet.pipeline import fleet_workload_for
+    from lpc.workload import WorkloadConfig
+
+    ab = ABOptions(workload=WorkloadConfig(max_active_conversations=50))
+    assert fleet_workload_for(FleetOptions(ab), 4, print).workload.max_active_conversations == 200
+    two = FleetOptions(ab, copies=2)
+    assert fleet_workload_for(two, 4, print).workload.max_active_conversations == 100
