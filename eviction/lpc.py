@@ -118,8 +118,6 @@ class LPCEvictor(PriorityEvictor):
         block_ids = freed.block_ids
         if not block_ids:
             return
-        if freed.chain:
-            self._link_chain(block_ids, freed.parent_id)
         # key_for(release), inlined: its two frames (key_for, static_key) and min/max calls
         # are 5.1 % of the block operation on `lpc bench evictor` (callgrind, default plan:
         # 706 against 744 instructions per operation). The brute-force reference tests pin
@@ -142,10 +140,14 @@ class LPCEvictor(PriorityEvictor):
         # conversation, all take this release's key and form a single run.
         if self._claim(block_ids, run, own_tag):
             self._enqueue(run)
+            if freed.chain:
+                self._link_runs([run], freed.parent_id)
             return
         # Some block is shared: pool block by block.
         keys, tags = self._pooled(block_ids, key, conversation_id)
-        self._push_grouped(block_ids, freed.depths, keys, tags)
+        runs = self._push_grouped(block_ids, freed.depths, keys, tags)
+        if freed.chain:
+            self._link_runs(runs, freed.parent_id)
 
     def push_cached_each(self, freed: FreedBlocks, release: Release) -> None:
         """`push_cached` of each block alone, in the given order (any depths), all with the
@@ -210,12 +212,12 @@ class LPCEvictor(PriorityEvictor):
         block_ids = freed.block_ids
         if not block_ids:
             return
-        if freed.chain:
-            self._link_chain(block_ids, freed.parent_id)
         keys, tags = self._pooled(
             block_ids, self.protected_key(release.time_s), release.conversation_id
         )
-        self._push_grouped(block_ids, freed.depths, keys, tags)
+        runs = self._push_grouped(block_ids, freed.depths, keys, tags)
+        if freed.chain:
+            self._link_runs(runs, freed.parent_id)
 
     def note_protected_release(self, freed: FreedBlocks, release: Release) -> None:
         """`push_protected` for cached blocks the preempted request gives up while other

@@ -308,8 +308,6 @@ class PooledLPCEvictor(LPCEvictor):
         block_ids = freed.block_ids
         if not block_ids:
             return
-        if freed.chain:
-            self._link_chain(block_ids, freed.parent_id)
         now = release.time_s
         memory = self._memory
         if memory or self._pending:
@@ -359,13 +357,17 @@ class PooledLPCEvictor(LPCEvictor):
                     self._bound_memory()
         if not shared:
             self._enqueue(run)
+            if freed.chain:
+                self._link_runs([run], freed.parent_id)
             return
         # Some block is shared: key block by block (the claim, if any, is undone).
         if claimed:
             consume(map(state.__setitem__, block_ids, repeat(None)), 0)
         keys, tags = self._keys(freed, release, p)
         self._bound_memory()
-        self._push_grouped(block_ids, freed.depths, keys, tags)
+        runs = self._push_grouped(block_ids, freed.depths, keys, tags)
+        if freed.chain:
+            self._link_runs(runs, freed.parent_id)
 
     def push_cached_each(self, freed: FreedBlocks, release: Release) -> None:
         """`push_cached` of each block alone, in the given order, all with the same release,

@@ -28,16 +28,21 @@ since).
 again (a hit is a prefix), so a cached block must not be evicted while a cached descendant
 stays. Keys alone do not ensure it: a parent re-released by its only conversation with a low
 p takes a key below that of a child branch released earlier with a high p. So the heap also
-knows the chain: `_link_chain` records each released block's parent (block i + 1 of a release
-listed tail first, and `FreedBlocks.parent_id` for the shallowest) and counts each block's
-cached children. A block that reaches the root while it still has a cached child is not
+knows the chain, at O(runs) per release: a run pushed from a request's chain (`_link_runs`,
+`FreedBlocks.chain`) links its blocks implicitly (block j's parent is block j + 1, read from
+the block's position `_pos`), and only the run's top block gets an explicit link (to the next
+run of the same release, or `FreedBlocks.parent_id`). A block that leaves a chain run without
+losing its content (a hit, or held back) turns the implicit links it was part of into explicit
+ones (`_make_explicit`: O(1), and a hit is already a step per block in the engine). Each block
+counts its explicitly linked cached children; an implicit child is always deeper in the same
+run, so the run hands it out first. A block that reaches the root with a cached child is not
 handed out: it is set aside (`_deferred`, still free and counted) and goes back into the heap,
 at its own place (same key, depth and age), when its last cached child is handed out. The
 order is therefore exactly "the smallest (key, −depth, age) among the free blocks with no
-cached child": the keys' order itself whenever it already evicts leaves first (then nothing
-is ever set aside), and otherwise it differs only in holding parents back until their
-subtrees are gone. Blocks released without a known parent are not linked to one (an engine
-adapter that sees only the freed blocks links within each release).
+cached child": the keys' order itself whenever it already evicts leaves first (then nothing is
+ever set aside), and otherwise it differs only in holding parents back until their subtrees
+are gone. Blocks released without a known parent are not linked to one (an engine adapter
+that sees only the freed blocks links within each release).
 
 Policies subclass `RunHeap` (through `PriorityEvictor`) so their hot paths touch these lists
 directly; the protected methods here are the heap's whole interface.
@@ -48,8 +53,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Iterator, Sequence
-from itertools import compress, repeat
-from operator import ne
+from itertools import repeat
 from typing import Any, TypeAlias
 
 from eviction.linked_list import BlockList
@@ -72,7 +76,7 @@ class Ghost:
 class Run:
     """Blocks queued together under one key; `tag` is the policy's own metadata."""
 
-    __slots__ = ("block_ids", "cursor", "depths", "ghost", "key", "live", "seq", "tag")
+    __slots__ = ("block_ids", "chain", "cursor", "depths", "ghost", "key", "live", "seq", "tag")
 
     def __init__(
         self, key: Any, tag: Any, block_ids: Sequence[int], depths: Sequence[int], seq: int
@@ -85,6 +89,8 @@ class Run:
         self.seq = seq
         self.live = len(block_ids)  # blocks still queued in this run (not popped, not hit)
         self.ghost: Ghost | None = None
+        # A chain's run (a request's contiguous tail): block j's parent is block j + 1.
+        self.chain = False
 
     def __lt__(self, other: Run) -> bool:
         # Entries compare runs only on a full tie of (key, rank, seq), which only a set-aside
@@ -110,6 +116,7 @@ class RunHeap:
         self._parent = [-1] * num_blocks
         self._children = [0] * num_blocks
         self._deferred: dict[int, Run] = {}
+        self._pos = [0] * num_blocks  # each queued block's index in its run
 
     def _clear_heap(self) -> None:
         self._heap.clear()
@@ -119,27 +126,42 @@ class RunHeap:
         self._parent = [-1] * n
         self._children = [0] * n
         self._deferred.clear()
+        self._pos = [0] * n
 
-    def _link_chain(self, block_ids: Sequence[int], parent_id: int | None) -> None:
-        """Record the parents of a release's blocks, listed tail first: block i's parent is
-        block i + 1, the last one's is `parent_id` (None: unknown, the old link stays). A
-        block's content fixes its parent's content, so a link changes only when the parent's
-        content sits in another block (a duplicate)."""
+    def _link_runs(self, runs: Sequence[Run], parent_id: int | None) -> None:
+        """Mark the runs one release of a chain made (deepest run first) as chains: within a
+        run the links are implicit (block j's parent is block j + 1); each run's top block is
+        linked explicitly to the next run's first block, the last one's to `parent_id` (None:
+        unknown, an old link stays). O(runs), whatever the chain's length."""
+        for k, run in enumerate(runs):
+            run.chain = True
+            p = runs[k + 1].block_ids[0] if k + 1 < len(runs) else parent_id
+            if p is not None:
+                self._set_parent(run.block_ids[-1], p)
+
+    def _set_parent(self, block_id: int, p: int) -> None:
+        """An explicit link: `p` holds the block's parent (counted in p's children)."""
         parent = self._parent
-        # C-level passes: a chain released again (the common case) has its links already.
-        current = list(map(parent.__getitem__, block_ids))
-        expected = list(block_ids[1:])
-        expected.append(current[-1] if parent_id is None else parent_id)
-        if current == expected:
+        old = parent[block_id]
+        if old == p:
             return
-        children = self._children
-        for j in compress(range(len(expected)), map(ne, current, expected)):
-            p = expected[j]  # >= 0: an unknown top parent keeps its link, so never differs
-            children[p] += 1
-            parent[block_ids[j]] = p
-            old = current[j]
-            if old >= 0:
-                self._drop_child(old)
+        self._children[p] += 1
+        parent[block_id] = p
+        if old >= 0:
+            self._drop_child(old)
+
+    def _make_explicit(self, run: Run, j: int) -> None:
+        """Block j of a chain run leaves it without losing its content (a hit, or held back):
+        the implicit links it was part of become explicit, its own (to block j + 1) and its
+        child's (block j − 1, if still queued in the run)."""
+        ids, parent = run.block_ids, self._parent
+        block_id = ids[j]
+        if j + 1 < len(ids) and parent[block_id] < 0:
+            self._set_parent(block_id, ids[j + 1])
+        if j:
+            child = ids[j - 1]
+            if self._state[child] is run and parent[child] < 0:
+                self._set_parent(child, block_id)
 
     def _unlink(self, block_id: int) -> bool:
         """The block lost its content: its parent has one cached child less. Returns True
@@ -165,9 +187,12 @@ class RunHeap:
         has a cached child. It stays free, in a run of its own outside the heap, with the
         same key, tag and depth, ranked just after its old run among equal keys and depths."""
         block_id = run.block_ids[j]
+        if run.chain:
+            self._make_explicit(run, j)
         held = Run(run.key, run.tag, [block_id], [run.depths[j]], run.seq)
         held.seq = run.seq + 0.5  # unique among entries; the same age against other runs
         self._state[block_id] = held
+        self._pos[block_id] = 0
         self._deferred[block_id] = held
 
     def _requeue_deferred(self, block_id: int) -> bool:
@@ -216,6 +241,7 @@ class RunHeap:
             if old.tag != own_tag:
                 return False
         consume(map(state.__setitem__, block_ids, repeat(run)), 0)
+        consume(map(self._pos.__setitem__, block_ids, range(len(block_ids))), 0)
         return True
 
     def _enqueue(self, run: Run) -> None:
@@ -233,9 +259,10 @@ class RunHeap:
         if not block_ids:
             return None
         run = self._new_run(key, tag, block_ids, depths)
-        state = self._state
-        for block_id in block_ids:
+        state, pos = self._state, self._pos
+        for j, block_id in enumerate(block_ids):
             state[block_id] = run
+            pos[block_id] = j
         self._enqueue(run)
         return run
 
@@ -312,6 +339,13 @@ class RunHeap:
         if type(run) is not Run:  # a ghost or None: the block is not queued, so uncached
             self._uncached.remove(block_id)
             return
+        if run.chain:  # `_make_explicit`, inlined where it has nothing to do (a hit's path)
+            j = self._pos[block_id]
+            ids = run.block_ids
+            if (j + 1 < len(ids) and self._parent[block_id] < 0) or (
+                j and state[ids[j - 1]] is run and self._parent[ids[j - 1]] < 0
+            ):
+                self._make_explicit(run, j)
         ghost = run.ghost
         if ghost is None:  # the run's first hit
             ghost = run.ghost = Ghost(run.key, run.tag)
@@ -337,7 +371,7 @@ class RunHeap:
         if len(self._heap) > 2 * self._queued + 1024:
             self._rebuild()  # hits left more dead runs than live blocks
         heap, state = self._heap, self._state
-        children, parent = self._children, self._parent
+        children, parent, deferred = self._children, self._parent, self._deferred
         need = n - from_uncached
         self._queued -= need
         force = False  # set only if every free block waits for a child (a corrupt chain)
@@ -380,6 +414,21 @@ class RunHeap:
             taken = 0
             j = i
             requeued = False
+            if live == m - i:
+                # No hit ahead of the cursor: when no block to hand out has a cached child or
+                # an explicit parent (a chain run's own links are implicit), they go by C-level
+                # passes, as a linked list would hand them out.
+                k = i + need if i + need < m else m
+                take = ids[i:k]
+                if (
+                    not any(map(children.__getitem__, take))
+                    and max(map(parent.__getitem__, take)) < 0
+                ):
+                    out.extend(take)
+                    consume(map(state.__setitem__, take, repeat(None)), 0)
+                    taken = k - i
+                    j = k
+                    live -= taken
             while j < m and taken < need:
                 block_id = ids[j]
                 j += 1
@@ -392,9 +441,14 @@ class RunHeap:
                 state[block_id] = None
                 out.append(block_id)
                 taken += 1
-                if parent[block_id] >= 0 and self._unlink(block_id):
-                    requeued = True
-                    break
+                p = parent[block_id]
+                if p >= 0:  # an explicit link (`_unlink`, inlined: the allocation path)
+                    parent[block_id] = -1
+                    c = children[p] - 1
+                    children[p] = c
+                    if not c and p in deferred and self._requeue_deferred(p):
+                        requeued = True
+                        break
             need -= taken
             run.live = live
             run.cursor = j
@@ -510,11 +564,21 @@ class RunHeap:
             assert have == want, (
                 f"run heap: block {block_id} counts {have} cached children, {want} name it"
             )
-        order = list(self._ordered())
-        if order and self._children[order[0]]:
-            assert all(self._children[b] for b in order), (
+        order, stuck = self._closure_order()
+        if order and stuck < len(order):
+            assert not self._children[order[0]], (
                 f"run heap: block {order[0]} would be evicted before its cached child"
             )
+
+    def _parent_of(self, block_id: int) -> int:
+        """A queued block's parent: its explicit link, else the next block of its chain run
+        (−1: none known)."""
+        p = self._parent[block_id]
+        run = self._state[block_id]
+        if p >= 0 or type(run) is not Run or not run.chain:
+            return p
+        j = self._pos[block_id] + 1
+        return run.block_ids[j] if j < len(run.block_ids) else -1
 
     def _check_run(self, run: Run) -> None:
         ids, depths, state = run.block_ids, run.depths, self._state
@@ -524,6 +588,9 @@ class RunHeap:
         )
         assert not any(state[b] is run for b in ids[: run.cursor]), (
             f"run heap: run {run.seq} has a queued block behind its cursor"
+        )
+        assert all(self._pos[b] == j for j, b in enumerate(ids) if state[b] is run), (
+            f"run heap: run {run.seq} has a block whose position is not its index"
         )
         live = sum(1 for b in ids[run.cursor :] if state[b] is run)
         assert run.live == live, f"run heap: run {run.seq} counts {run.live} live, has {live}"
@@ -546,6 +613,11 @@ class RunHeap:
     def _ordered(self) -> Iterator[int]:
         """Queued blocks in pop order, without popping (O(n log n); for tests and debugging):
         the smallest (key, −depth, age) among the blocks with no queued child, as `pop_n`."""
+        return iter(self._closure_order()[0])
+
+    def _closure_order(self) -> tuple[list[int], int]:
+        """`_ordered`'s order, and how many blocks at its end wait for a child that never
+        leaves (only links that form a cycle, from a corrupt caller, leave any)."""
         state = self._state
         items = []
         for run in self._runs():
@@ -553,9 +625,16 @@ class RunHeap:
                 block_id = run.block_ids[j]
                 if state[block_id] is run:
                     items.append((run.key, -run.depths[j], run.seq, block_id))
-        # As pop_n counts them: every cached child, queued or not (a child in use while its
-        # parent is free only arises from duplicate contents, and holds the parent back).
+        # As pop_n counts them: every explicitly linked cached child, queued or not (a child
+        # in use while its parent is free only arises from duplicate contents, and holds the
+        # parent back); a queued block's implicit parent (the next block of its chain run)
+        # waits for it too, though the order already puts it first.
         waiting = {block_id: self._children[block_id] for *_, block_id in items}
+        up = {block_id: self._parent_of(block_id) for block_id in waiting}
+        for block_id in waiting:
+            p = up[block_id]
+            if p >= 0 and self._parent[block_id] < 0 and p in waiting:
+                waiting[p] += 1
         heapq.heapify(items)
         held: dict[int, tuple[Key, int, float, int]] = {}
         order: list[int] = []
@@ -566,11 +645,11 @@ class RunHeap:
                 held[block_id] = item
                 continue
             order.append(block_id)
-            p = self._parent[block_id]
+            p = up[block_id]
             if p in waiting:
                 waiting[p] -= 1
                 if not waiting[p] and p in held:
                     heapq.heappush(items, held.pop(p))
         # Blocks whose child never leaves: only a corrupt chain or duplicate contents.
         order.extend(block_id for *_, block_id in sorted(held.values()))
-        return iter(order)
+        return order, len(held)

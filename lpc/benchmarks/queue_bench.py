@@ -11,9 +11,10 @@ multi-turn request, on real vLLM 0.33 `KVCacheBlock`s:
 vLLM's `FreeKVCacheBlockQueue` and the plugin's `LPCFreeBlockQueue` (its default evictor,
 `lpc-pooled`) run the same requests in one process, interleaved request by request (which
 queue goes first alternates), each on its own blocks; hashes are given and evicted blocks reset
-untimed, as vLLM's block pool does around these calls. The garbage collector is off while
-timing. Each figure is the median and 99th percentile of the per-request times, in
-microseconds, and their ratio to vLLM's.
+untimed, as vLLM's block pool does around these calls. The timer is the thread's CPU time
+(`time.thread_time_ns`), so that other processes on a loaded machine do not count; the
+garbage collector is off while timing. Each figure is the median and 99th percentile of the
+per-request times, in microseconds, and their ratio to vLLM's.
 
 Runs in vLLM's venv (`python -m lpc.benchmarks.queue_bench`, as `lpc bench queue` calls it):
 it prints one JSON record on its last line.
@@ -105,12 +106,12 @@ def run_size(tokens: int, requests: int, evictor: str, seed: int = 0) -> SizeRes
             side = sides[name]
             queue, previous, ns = side["queue"], side["previous"], side["ns"]
             touched = previous[:hit] if previous is not None else []
-            t0 = time.perf_counter_ns()
+            t0 = time.thread_time_ns()
             for block in touched:
                 queue.remove(block)
-            t1 = time.perf_counter_ns()
+            t1 = time.thread_time_ns()
             fresh = queue.popleft_n(n - len(touched))
-            t2 = time.perf_counter_ns()
+            t2 = time.thread_time_ns()
             for i, block in enumerate(fresh):  # vLLM's pool: evicted content goes, new comes
                 if block.block_hash is not None:
                     block.reset_hash()
@@ -118,9 +119,9 @@ def run_size(tokens: int, requests: int, evictor: str, seed: int = 0) -> SizeRes
             chain = touched + fresh
             tail_first = chain[::-1]
             with runtime.releasing(release):
-                t3 = time.perf_counter_ns()
+                t3 = time.thread_time_ns()
                 queue.append_n(tail_first)
-                t4 = time.perf_counter_ns()
+                t4 = time.thread_time_ns()
             side["previous"] = chain
             if r >= WARMUP_REQUESTS:
                 if touched:

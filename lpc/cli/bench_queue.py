@@ -25,7 +25,8 @@ def register(targets: argparse._SubParsersAction) -> None:
             "vLLM 0.33 KVCacheBlocks, with vLLM's FreeKVCacheBlockQueue and the plugin's "
             "LPCFreeBlockQueue interleaved request by request in one process (vLLM's venv). "
             "Prints p50 and p99 per request and their ratio to vLLM's "
-            "(lpc/benchmarks/queue_bench.py). Timer: time.perf_counter_ns, garbage collector off."
+            "(lpc/benchmarks/queue_bench.py). Timer: the thread's CPU time (time.thread_time_ns), "
+            "garbage collector off."
         ),
     )
     parser.add_argument(
