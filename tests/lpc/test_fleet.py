@@ -114,6 +114,7 @@ def test_one_instance_gives_lpc_abs_hit_tokens(small_trace, tmp_path) -> None:
     assert all(v > 0 for v in expected.values())
 
 
+@pytest.mark.slow  # the whole pipeline, 8 cells and the plot: several seconds
 def test_fleet_cells_count_every_request_once_and_report_files(small_trace, tmp_path) -> None:
     ab = ab_options(small_trace, tmp_path / "ab", "lru,lpc-turns")
     options = FleetOptions(ab, (2,), ROUTERS, out_dir=tmp_path / "f", progress=False)
