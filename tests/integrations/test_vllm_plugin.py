@@ -144,7 +144,7 @@ def test_per_request_p_matches_our_lpc_manager(
     stream = streams[seed]
     name = stream.config.name
     start = time.perf_counter()
-    ours = list(replay_stream(stream, planned_lpc(agreement_plans[name], SETTINGS)))
+    ours = list(replay_stream(stream, planned_lpc(agreement_plans[name], SETTINGS, stream)))
     our_seconds = time.perf_counter() - start
     divergence = first_divergence(stream, ours, agreement_run.plugin[name])
     if divergence is not None:
@@ -196,7 +196,7 @@ def test_equal_release_times_break_ties_deepest_first(
         name = stream.config.name
         plan = plans[name]
         assert first_divergence(stream, run.plugin[name], run.stock[name]) is not None
-        ours = list(replay_stream(stream, planned_lpc(plan, SETTINGS)))
+        ours = list(replay_stream(stream, planned_lpc(plan, SETTINGS, stream)))
         divergence = first_divergence(stream, ours, run.plugin[name])
         assert divergence is None, divergence.message("vLLM+plugin")
 
@@ -502,7 +502,10 @@ def test_vllm_keeps_serving_when_the_predictor_fails(
 
 
 def _probability_of(conversation_id: str) -> float:
-    return (0.1, 0.35, 0.6, 0.85, 0.97)[int(conversation_id.split("-")[1]) % 5]
+    """The fake predictor's answer for a conversation (the plugin sends it namespaced by
+    tenant, `salt=tenant-a/conv-3`: the plan's id is its last part)."""
+    plain = conversation_id.rsplit("/", 1)[-1]
+    return (0.1, 0.35, 0.6, 0.85, 0.97)[int(plain.split("-")[1]) % 5]
 
 
 def test_predictions_back_in_time_drive_eviction(
@@ -548,7 +551,7 @@ def test_predictions_back_in_time_drive_eviction(
                 for rid, r in plans[name].requests.items()
             }
         )
-        ours = list(replay_stream(stream, planned_lpc(predicted, SETTINGS)))
+        ours = list(replay_stream(stream, planned_lpc(predicted, SETTINGS, stream)))
         divergence = first_divergence(stream, ours, run.plugin[name])
         assert divergence is None, divergence.message("vLLM+plugin")
     REPORT.append(
