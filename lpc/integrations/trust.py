@@ -6,7 +6,7 @@ on one-shot prompts keeps its blocks over every other tenant's (a victim's prefi
 fell from 0.97 to 0.00). So by default the body's probability is ignored; it is used only
 
 - when it arrives through vLLM's orchestrator channel (`Request.kv_hints`: an action of type
-  `lpc.release`, version 1, payload `{"probability": p, "conversation_id": id}`), which only
+  `lpc-release`, version 1, payload `{"probability": p, "conversation_id": id}`), which only
   the frontend or router sets;
 - when it carries `lpc_signature`, an HMAC-SHA256 under the configured `hint_key` over the
   probability, the conversation and the tenant (`sign_hint`, for routers);
@@ -29,7 +29,7 @@ from typing import Any
 
 from lpc.integrations.request_hints import MAX_CONVERSATION_ID_CHARS, RequestHints
 
-KV_HINT_ACTION = "lpc.release"
+KV_HINT_ACTION = "lpc-release"
 KV_HINT_VERSION = "1"
 _SIGNATURE_DOMAIN = "lpc-hint-v1"
 
