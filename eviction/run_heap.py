@@ -29,12 +29,13 @@ again (a hit is a prefix), so a cached block must not be evicted while a cached 
 stays. Keys alone do not ensure it: a parent re-released by its only conversation with a low
 p takes a key below that of a child branch released earlier with a high p. So the heap also
 knows the chain, at O(runs) per release: a run pushed from a request's chain (`_link_runs`,
-`FreedBlocks.chain`) links its blocks implicitly (block j's parent is block j + 1, read from
-the block's position `_pos`), and only the run's top block gets an explicit link (to the next
-run of the same release, or `FreedBlocks.parent_id`). A block that leaves a chain run without
-losing its content (a hit, or held back) turns the implicit links it was part of into explicit
-ones (`_make_explicit`: O(1), and a hit is already a step per block in the engine). Each block
-counts its explicitly linked cached children; an implicit child is always deeper in the same
+`FreedBlocks.chain`) links its blocks implicitly (block j's parent is block j + 1, j read
+from the block's position `_pos`, a numpy array a release writes by one scatter in C), and
+only the run's top block gets an explicit link (to the next run of the same release, or
+`FreedBlocks.parent_id`). A block that leaves a chain run without losing its content (a hit,
+or held back) turns the implicit links it was part of into explicit ones (`_make_explicit`:
+O(1), and a hit is already a step per block in the engine). Each block counts its explicitly
+linked cached children; an implicit child is always deeper in the same
 run, so the run hands it out first. A block that reaches the root with a cached child is not
 handed out: it is set aside (`_deferred`, still free and counted) and goes back into the heap,
 at its own place (same key, depth and age), when its last cached child is handed out. The
@@ -56,6 +57,8 @@ from collections.abc import Iterator, Sequence
 from itertools import repeat
 from typing import Any, TypeAlias
 
+import numpy as np
+
 from eviction.linked_list import BlockList
 
 heappop = heapq.heappop  # one global load on the pop path, per used-up run
@@ -76,7 +79,17 @@ class Ghost:
 class Run:
     """Blocks queued together under one key; `tag` is the policy's own metadata."""
 
-    __slots__ = ("block_ids", "chain", "cursor", "depths", "ghost", "key", "live", "seq", "tag")
+    __slots__ = (
+        "block_ids",
+        "chain",
+        "cursor",
+        "depths",
+        "ghost",
+        "key",
+        "live",
+        "seq",
+        "tag",
+    )
 
     def __init__(
         self, key: Any, tag: Any, block_ids: Sequence[int], depths: Sequence[int], seq: int
@@ -116,7 +129,10 @@ class RunHeap:
         self._parent = [-1] * num_blocks
         self._children = [0] * num_blocks
         self._deferred: dict[int, Run] = {}
-        self._pos = [0] * num_blocks  # each queued block's index in its run
+        # Each queued block's index in its run: numpy, so that a release writes its run's
+        # positions by one scatter in C (`_write_positions`) instead of a store per block.
+        self._pos = np.zeros(num_blocks, np.intp)
+        self._arange = np.arange(num_blocks, dtype=np.intp)
 
     def _clear_heap(self) -> None:
         self._heap.clear()
@@ -126,7 +142,7 @@ class RunHeap:
         self._parent = [-1] * n
         self._children = [0] * n
         self._deferred.clear()
-        self._pos = [0] * n
+        self._pos[:] = 0
 
     def _link_runs(self, runs: Sequence[Run], parent_id: int | None) -> None:
         """Mark the runs one release of a chain made (deepest run first) as chains: within a
@@ -203,6 +219,11 @@ class RunHeap:
         heapq.heappush(self._heap, (held.key, -held.depths[0], held.seq, held))
         return True
 
+    def _write_positions(self, block_ids: Sequence[int]) -> None:
+        """Each block's index in its new run, by one gather and one scatter in C."""
+        n = len(block_ids)
+        self._pos[np.fromiter(block_ids, np.intp, n)] = self._arange[:n]
+
     def _is_queued(self, block_id: int) -> bool:
         return type(self._state[block_id]) is Run
 
@@ -241,7 +262,7 @@ class RunHeap:
             if old.tag != own_tag:
                 return False
         consume(map(state.__setitem__, block_ids, repeat(run)), 0)
-        consume(map(self._pos.__setitem__, block_ids, range(len(block_ids))), 0)
+        self._write_positions(block_ids)
         return True
 
     def _enqueue(self, run: Run) -> None:
@@ -259,10 +280,8 @@ class RunHeap:
         if not block_ids:
             return None
         run = self._new_run(key, tag, block_ids, depths)
-        state, pos = self._state, self._pos
-        for j, block_id in enumerate(block_ids):
-            state[block_id] = run
-            pos[block_id] = j
+        consume(map(self._state.__setitem__, block_ids, repeat(run)), 0)
+        self._write_positions(block_ids)
         self._enqueue(run)
         return run
 
@@ -340,7 +359,7 @@ class RunHeap:
             self._uncached.remove(block_id)
             return
         if run.chain:  # `_make_explicit`, inlined where it has nothing to do (a hit's path)
-            j = self._pos[block_id]
+            j = self._pos.item(block_id)
             ids = run.block_ids
             if (j + 1 < len(ids) and self._parent[block_id] < 0) or (
                 j and state[ids[j - 1]] is run and self._parent[ids[j - 1]] < 0
@@ -577,7 +596,7 @@ class RunHeap:
         run = self._state[block_id]
         if p >= 0 or type(run) is not Run or not run.chain:
             return p
-        j = self._pos[block_id] + 1
+        j = self._pos.item(block_id) + 1
         return run.block_ids[j] if j < len(run.block_ids) else -1
 
     def _check_run(self, run: Run) -> None:

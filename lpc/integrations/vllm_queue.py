@@ -188,6 +188,11 @@ class LPCFreeBlockQueue:
         # array, so that a release writes its chain's times, and a pop reads them, in C.
         self._released_s = np.zeros(len(blocks))
         self._learned = self.runtime.new_evictor(len(blocks))
+        # How a release reads its blocks' hashes: vLLM's `block_hash` is a property over the
+        # slot `_block_hash`; reading the slot in C halves the pass. Plain LPC never reads a
+        # hash (only the pooled memory and lpc-return do): its releases skip the pass.
+        self._hash_of = _hash_getter(blocks)
+        self._reads_hashes = type(self._learned) is not LPCEvictor
         self._learned.reset(range(len(blocks)))
         # What decides evictions: the learned evictor, or in lru/shadow mode an `LRUOrder`
         # over it (`_apply_mode`, at a pop).
@@ -237,23 +242,29 @@ class LPCFreeBlockQueue:
             raise ValueError(f"cannot pop {n} blocks: only {len(self._evictor)} are free")
         ids = self._evictor.pop_n(n, self.runtime.clock())
         popped = list(map(self._blocks.__getitem__, ids))
-        cached = list(map(is_not, map(_block_hash, popped), repeat(None)))
+        cached = list(map(is_not, map(self._hash_of, popped), repeat(None)))
         evicted = cached.count(True)
         if evicted:
             self.runtime.stats.add(evictions=evicted)
             try:  # metrics only: the blocks are already vLLM's
-                self._observe_eviction_ages(ids, cached)
+                self._observe_eviction_ages(ids, None if evicted == n else cached)
             except Exception as error:
                 self.runtime.stats.plugin_error("the eviction-age histogram", error)
         return popped
 
-    def _observe_eviction_ages(self, ids: list[int], cached: list[bool]) -> None:
+    def _observe_eviction_ages(self, ids: list[int], cached: list[bool] | None) -> None:
         """Eviction ages of the cached blocks among those popped (`ids`; `cached[i]` says
-        whether block i held a hash): one observation per run of consecutive blocks released
-        together (equal release times), not one per block. In C but for one step per run."""
+        whether block i held a hash, None: all did): one observation per run of consecutive
+        blocks released together (equal release times), not one per block. In C but for one
+        step per run; one release's blocks (the common case) take two reductions."""
         runtime = self.runtime
         times = self._released_s[np.fromiter(ids, np.intp, len(ids))]
-        times = times[np.fromiter(cached, bool, len(cached))]
+        if cached is not None:
+            times = times[np.fromiter(cached, bool, len(cached))]
+        first = float(times[0])
+        if first == times.min() == times.max():
+            runtime.histograms.eviction_age_s.observe_n(runtime.clock() - first, len(times))
+            return
         starts = np.flatnonzero(np.diff(times)) + 1
         counts = np.diff(np.concatenate(([0], starts, [len(times)])))
         ages = runtime.clock() - times[np.concatenate(([0], starts))]
@@ -275,7 +286,7 @@ class LPCFreeBlockQueue:
         if not blocks:
             return
         runtime = self.runtime
-        freed = _freed(blocks)
+        freed = _freed(blocks, self._hash_of if self._reads_hashes else None)
         release = runtime.current_release()
         protected = type(release) is ProtectedRelease
         try:
@@ -354,9 +365,9 @@ class LPCFreeBlockQueue:
         if blocks:
             try:
                 if type(release) is ProtectedRelease:
-                    self._evictor.note_protected_release(_freed(blocks), release)
+                    self._evictor.note_protected_release(_freed(blocks, self._hash_of), release)
                 else:
-                    self._evictor.note_shared_release(_freed(blocks), release)
+                    self._evictor.note_shared_release(_freed(blocks, self._hash_of), release)
             except Exception as error:
                 self.runtime.stats.plugin_error("the LPC queue's shared release", error)
                 return
@@ -370,9 +381,22 @@ class LPCFreeBlockQueue:
 
 _block_id = attrgetter("block_id")
 _block_hash = attrgetter("block_hash")
+_block_hash_slot = attrgetter("_block_hash")
 
 
-def _freed(blocks: Sequence[Any]) -> FreedBlocks:
+def _hash_getter(blocks: Sequence[Any]) -> Callable[[Any], Any]:
+    """`attrgetter` of the blocks' hash: vLLM's slot when `block_hash` is the property that
+    returns it (vLLM 0.33's `KVCacheBlock`), else the attribute itself (duck-typed blocks)."""
+    if blocks:
+        kind = type(blocks[0])
+        if isinstance(getattr(kind, "block_hash", None), property) and hasattr(
+            blocks[0], "_block_hash"
+        ):
+            return _block_hash_slot
+    return _block_hash
+
+
+def _freed(blocks: Sequence[Any], hash_of: Callable[[Any], Any] | None) -> FreedBlocks:
     # Fresh lists: the evictor keeps references to them. A block's depth is the token count
     # its hash covers (0 when unknown): `LPCEvictor` compares depths only with each other, to
     # evict the deeper of two blocks with equal keys, so (index + 1) · block size orders blocks
@@ -382,7 +406,8 @@ def _freed(blocks: Sequence[Any]) -> FreedBlocks:
     # does not see (links within the release are what prefix closure needs for a branch).
     # So its depths step down by one block from the tail's: a range from the two ends, with
     # no pass over the blocks, whenever the ends say so (else each block's own). The ids and
-    # hashes are read in C (`map`), not by a Python loop.
+    # hashes are read in C (`map`), not by a Python loop; `hash_of` None: the evictor reads
+    # no hash, so none is read (all None, as for blocks whose caller passes none).
     n = len(blocks)
     deepest = blocks[0].block_hash_num_tokens or 0
     top = blocks[-1].block_hash_num_tokens or 0
@@ -396,7 +421,7 @@ def _freed(blocks: Sequence[Any]) -> FreedBlocks:
     return FreedBlocks(
         list(map(_block_id, blocks)),
         depths,
-        list(map(_block_hash, blocks)),
+        [None] * n if hash_of is None else list(map(hash_of, blocks)),
         chain=True,
     )
 
