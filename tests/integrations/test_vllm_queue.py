@@ -140,6 +140,52 @@ def test_the_pooled_evictor_ors_shared_releases_and_remembers_content() -> None:
     assert queue.evictor.memory_size() == 1
 
 
+class SlotBlock:
+    """vLLM 0.33's `KVCacheBlock` layout: `block_hash` is a property over a slot."""
+
+    __slots__ = ("_block_hash", "block_hash_num_tokens", "block_id")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self._block_hash: bytes | None = None
+        self.block_hash_num_tokens: int | None = None
+
+    @property
+    def block_hash(self) -> bytes | None:
+        return self._block_hash
+
+
+def test_hashes_are_read_from_vllms_slot_and_only_by_evictors_that_use_them() -> None:
+    """The pooled memory sees the same contents through the slot as through the property,
+    across conversations and as one chain; plain LPC reads no hash at all."""
+    runtime = QueueRuntime(
+        PluginConfig(evictor="lpc-pooled", scale_per_s=0.0, fallback_probability=0.1),
+        PluginStats(),
+        Clock(),
+    )
+    blocks = [SlotBlock(i) for i in range(6)]
+    queue = bind_queue_class(runtime)(blocks)
+    assert repr(queue._hash_of) == "operator.attrgetter('_block_hash')" and queue._reads_hashes
+    taken = queue.popleft_n(6)
+    for depth, block in enumerate(taken[:3]):
+        block._block_hash = b"doc-%d" % depth
+        block.block_hash_num_tokens = (depth + 1) * 16
+    with runtime.releasing(Release(1.0, 0.5, "conv-a")):
+        queue.append_n(taken[:3][::-1])
+    assert queue.evictor.memory_size() == 3
+    for depth, block in enumerate(taken[3:]):  # the same contents, computed again by b
+        block._block_hash = b"doc-%d" % depth
+        block.block_hash_num_tokens = (depth + 1) * 16
+    with runtime.releasing(Release(2.0, 0.5, "conv-b")):
+        queue.append_n(taken[3:][::-1])
+    assert queue.evictor.memory_size() == 3  # one entry per content, now shared
+    # Untrusted model: releases take the fallback p 0.1; shared content its floor (prior 0.5).
+    assert queue.evictor.pooled_key(3) == pytest.approx(0.0)
+    assert queue.evictor.pooled_key(0) == pytest.approx(math.log(0.1 / 0.9))
+    plain, _, _ = make_queue(2)
+    assert not plain._reads_hashes
+
+
 def test_activation_runs_once_per_runtime() -> None:
     calls = []
     runtime = QueueRuntime(PluginConfig(), PluginStats(), activate=lambda: calls.append(1))
