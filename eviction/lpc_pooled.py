@@ -351,7 +351,8 @@ class PooledLPCEvictor(LPCEvictor):
                     shared = True
                     break
             else:
-                consume(map(memory.pop, known, repeat(None)), 0)
+                if entries:  # remembered contents move to the memory's end (none: no pass)
+                    consume(map(memory.pop, known, repeat(None)), 0)
                 memory.update(zip(known, repeat((conversation_id, now, False))))
                 if len(memory) > self.memory_max_entries:
                     self._bound_memory()
