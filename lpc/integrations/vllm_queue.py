@@ -242,12 +242,13 @@ class LPCFreeBlockQueue:
             raise ValueError(f"cannot pop {n} blocks: only {len(self._evictor)} are free")
         ids = self._evictor.pop_n(n, self.runtime.clock())
         popped = list(map(self._blocks.__getitem__, ids))
-        cached = list(map(is_not, map(self._hash_of, popped), repeat(None)))
-        evicted = cached.count(True)
+        hashes = list(map(self._hash_of, popped))
+        evicted = n - hashes.count(None)
         if evicted:
             self.runtime.stats.add(evictions=evicted)
             try:  # metrics only: the blocks are already vLLM's
-                self._observe_eviction_ages(ids, None if evicted == n else cached)
+                cached = None if evicted == n else list(map(is_not, hashes, repeat(None)))
+                self._observe_eviction_ages(ids, cached)
             except Exception as error:
                 self.runtime.stats.plugin_error("the eviction-age histogram", error)
         return popped
