@@ -133,6 +133,19 @@ class RunHeap:
         # positions by one scatter in C (`_write_positions`) instead of a store per block.
         self._pos = np.zeros(num_blocks, np.intp)
         self._arange = np.arange(num_blocks, dtype=np.intp)
+        # Reads go through a memoryview of the same buffer: a Python int at about a list's
+        # cost, where indexing the array (a numpy scalar) costs a hit three times as much.
+        self._pos_of = memoryview(self._pos)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A memoryview cannot be pickled or copied: rebuilt over the copy's own array.
+        state = self.__dict__.copy()
+        del state["_pos_of"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pos_of = memoryview(self._pos)
 
     def _clear_heap(self) -> None:
         self._heap.clear()
@@ -358,13 +371,17 @@ class RunHeap:
         if type(run) is not Run:  # a ghost or None: the block is not queued, so uncached
             self._uncached.remove(block_id)
             return
-        if run.chain:  # `_make_explicit`, inlined where it has nothing to do (a hit's path)
-            j = self._pos.item(block_id)
-            ids = run.block_ids
-            if (j + 1 < len(ids) and self._parent[block_id] < 0) or (
-                j and state[ids[j - 1]] is run and self._parent[ids[j - 1]] < 0
-            ):
-                self._make_explicit(run, j)
+        parent = self._parent
+        if run.chain:  # the queued child's implicit link to this block becomes explicit
+            j = self._pos_of[block_id]
+            if j:
+                child = run.block_ids[j - 1]
+                if state[child] is run and parent[child] < 0:
+                    self._set_parent(child, block_id)
+        if parent[block_id] >= 0:
+            # A block in use holds its parent back no more: whoever hit it holds its prefix,
+            # this parent or a duplicate of its content. Its next release links it afresh.
+            self._unlink(block_id)
         ghost = run.ghost
         if ghost is None:  # the run's first hit
             ghost = run.ghost = Ghost(run.key, run.tag)
@@ -596,7 +613,7 @@ class RunHeap:
         run = self._state[block_id]
         if p >= 0 or type(run) is not Run or not run.chain:
             return p
-        j = self._pos.item(block_id) + 1
+        j = self._pos_of[block_id] + 1
         return run.block_ids[j] if j < len(run.block_ids) else -1
 
     def _check_run(self, run: Run) -> None:

@@ -180,3 +180,25 @@ def test_the_branching_streams_hold_parents_back(name: str) -> None:
             False,
         )
     assert held_back > 0
+
+
+@pytest.mark.parametrize("copy_of", ["deepcopy", "pickle"])
+def test_a_copy_keeps_its_own_chain_positions(copy_of: str) -> None:
+    """The positions a hit reads (`RunHeap._pos`, read through a memoryview) belong to each
+    copy: hits and a new release in a copy leave the original's chain and order intact."""
+    import copy
+    import pickle
+
+    evictor = LPCEvictor(8)
+    evictor.reset(range(8))
+    evictor.pop_n(8)
+    evictor.push_cached(
+        FreedBlocks([3, 2, 1, 0], [3, 2, 1, 0], [None] * 4, chain=True), Release(0.0, 0.5, "a")
+    )
+    twin = copy.deepcopy(evictor) if copy_of == "deepcopy" else pickle.loads(pickle.dumps(evictor))
+    twin.remove(1)  # a hit: block 0 becomes 1's explicit parent, 1 block 2's
+    twin.push_cached(FreedBlocks([1], [1], [None], 0, chain=True), Release(1.0, 0.9, "b"))
+    twin.check_invariants()
+    evictor.check_invariants()
+    assert evictor._pos_of[1] == 2 and twin._pos_of[1] == 0  # its own run now
+    assert twin.pop_n(4) == [3, 2, 1, 0] and evictor.pop_n(4) == [3, 2, 1, 0]
