@@ -458,7 +458,8 @@ class RunHeap:
                 take = ids[i:k]
                 if (
                     not any(map(children.__getitem__, take))
-                    and max(map(parent.__getitem__, take)) < 0
+                    # every parent -1 (none explicit): a count, cheaper than max's compares
+                    and list(map(parent.__getitem__, take)).count(-1) == len(take)
                 ):
                     out.extend(take)
                     consume(map(state.__setitem__, take, repeat(None)), 0)
