@@ -33,8 +33,10 @@ knows the chain, at O(runs) per release: a run pushed from a request's chain (`_
 from the block's position `_pos`, a numpy array a release writes by one scatter in C), and
 only the run's top block gets an explicit link (to the next run of the same release, or
 `FreedBlocks.parent_id`). A block that leaves a chain run without losing its content (a hit,
-or held back) turns the implicit links it was part of into explicit ones (`_make_explicit`:
-O(1), and a hit is already a step per block in the engine). Each block counts its explicitly
+or held back) turns its queued child's implicit link to it into an explicit one (O(1), and a
+hit is already a step per block in the engine); a hit block also drops its own link, since a
+block in use holds its parent back no more (whoever hit it holds that prefix, the parent or a
+duplicate of its content; its next release links it afresh). Each block counts its explicitly
 linked cached children; an implicit child is always deeper in the same
 run, so the run hands it out first. A block that reaches the root with a cached child is not
 handed out: it is set aside (`_deferred`, still free and counted) and goes back into the heap,

@@ -11,6 +11,7 @@ as the plugin's trust boundary does (`lpc.integrations.trust`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from types import SimpleNamespace
 
 from eviction import FreedBlocks, LPCEvictor, Release
@@ -45,7 +46,9 @@ class PlannedLPCEvictor(LPCEvictor):
         )
 
     def push_cached(self, freed: FreedBlocks, release: Release) -> None:
-        super().push_cached(freed, self._planned(release))
+        # vLLM's free queue is handed the freed blocks alone: the plugin never learns the
+        # parent of a release's shallowest block, so the manager is given the same view.
+        super().push_cached(replace(freed, parent_id=None), self._planned(release))
 
     def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
         super().note_shared_release(freed, self._planned(release))
