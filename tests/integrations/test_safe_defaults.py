@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from eviction import LPCEvictor, PooledLPCEvictor
-from lpc.integrations.config import PluginConfig, load_config
+from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
 from lpc.integrations.vllm_plugin import build_runtime
 from lpc.integrations.vllm_queue import bind_queue_class
 from tests.integrations.access_models import SHIPPED
@@ -68,13 +68,21 @@ def test_the_horizon_comes_from_the_loaded_access_model(tmp_path: Path) -> None:
     assert (short.horizon_s, short.memory_window_s) == (60.0, 600.0)
 
 
-@pytest.mark.parametrize("horizon", [None, math.nan, -5.0, 0.0])
-def test_a_model_without_a_usable_horizon_keeps_the_default(
-    horizon: float | None, tmp_path: Path
-) -> None:
-    folder = model_with_horizon(tmp_path, horizon)
+def test_a_model_without_a_horizon_keeps_the_default(tmp_path: Path) -> None:
+    folder = model_with_horizon(tmp_path, None)
     evictor = evictor_of(PluginConfig(access_model=str(folder)))
     assert evictor.horizon_s == 180.0
+
+
+@pytest.mark.parametrize("horizon", [math.nan, -5.0, 0.0])
+def test_a_model_with_a_broken_horizon_is_refused_naming_the_field(
+    horizon: float, tmp_path: Path
+) -> None:
+    """A recorded horizon that is not a positive number is a damaged artifact: the shared
+    artifact check refuses it at start-up, as `lpc ab` and `lpc models check` do."""
+    folder = model_with_horizon(tmp_path, horizon)
+    with pytest.raises(PluginConfigError, match=r"LPC_ACCESS_MODEL.*inputs\.horizon_s must be"):
+        evictor_of(PluginConfig(access_model=str(folder)))
 
 
 def test_plain_lpc_has_no_horizon() -> None:
