@@ -11,7 +11,9 @@ multi-turn request, on real vLLM 0.33 `KVCacheBlock`s:
 vLLM's `FreeKVCacheBlockQueue` and the plugin's `LPCFreeBlockQueue` (its default evictor,
 `lpc-pooled`) run the same requests in one process, interleaved request by request (which
 queue goes first alternates), each on its own blocks; hashes are given and evicted blocks reset
-untimed, as vLLM's block pool does around these calls. The timer is the thread's CPU time
+untimed, as vLLM's block pool does around these calls. `--mode lru` (or `shadow`) times the
+plugin with its kill switch thrown: the queue evicts in vLLM's LRU order while the learned
+evictor still sees every release. The timer is the thread's CPU time
 (`time.thread_time_ns`), so that other processes on a loaded machine do not count; the
 garbage collector is off while timing. Each figure is the median and 99th percentile of the
 per-request times, in microseconds, and their ratio to vLLM's.
@@ -34,6 +36,7 @@ from typing import Any
 
 from eviction.base import Release
 from lpc.integrations.config import PluginConfig
+from lpc.integrations.mode import DEFAULT_MODE, MODES, ModeSwitch
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.vllm_queue import QueueRuntime, bind_queue_class
 
@@ -78,8 +81,11 @@ def _figure(samples_ns: list[int]) -> Figure:
     return Figure(statistics.median(ordered) / 1e3, p99 / 1e3)
 
 
-def run_size(tokens: int, requests: int, evictor: str, seed: int = 0) -> SizeResult:
-    """Both queues through the same `requests` requests of `tokens` tokens."""
+def run_size(
+    tokens: int, requests: int, evictor: str, seed: int = 0, mode: str = DEFAULT_MODE
+) -> SizeResult:
+    """Both queues through the same `requests` requests of `tokens` tokens; the plugin's
+    queue in `mode` (`lpc`, or `lru`/`shadow`: the kill switch thrown)."""
     from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 
     n = tokens // BLOCK_SIZE
@@ -87,7 +93,10 @@ def run_size(tokens: int, requests: int, evictor: str, seed: int = 0) -> SizeRes
     num_blocks = 4 * n + 64
     clock = StepClock()
     runtime = QueueRuntime(
-        PluginConfig(evictor=evictor, stats_log_interval_s=0.0), PluginStats(), clock
+        PluginConfig(evictor=evictor, stats_log_interval_s=0.0),
+        PluginStats(),
+        clock,
+        mode=ModeSwitch(mode),
     )
     sides: dict[str, dict[str, Any]] = {}
     for name in ("stock", "lpc"):
@@ -155,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-blocks", type=int, default=400_000)
     parser.add_argument("--evictor", default="lpc-pooled")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mode", choices=MODES, default=DEFAULT_MODE)
     args = parser.parse_args(argv)
     sizes = [int(part) for part in args.sizes.split(",") if part.strip()]
     results = []
@@ -164,11 +174,13 @@ def main(argv: list[str] | None = None) -> int:
         for tokens in sizes:
             requests = requests_for(tokens, args.budget_blocks)
             print(f"queue bench: {tokens:,} tokens, {requests} requests", file=sys.stderr)
-            results.append(asdict(run_size(tokens, requests, args.evictor, args.seed)))
+            result = run_size(tokens, requests, args.evictor, args.seed, args.mode)
+            results.append(asdict(result))
             gc.collect()
     finally:
         gc.enable()
-    print(json.dumps({"evictor": args.evictor, "block_size": BLOCK_SIZE, "sizes": results}))
+    record = {"evictor": args.evictor, "mode": args.mode, "block_size": BLOCK_SIZE}
+    print(json.dumps({**record, "sizes": results}))
     return 0
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from lpc.cli.arg_types import positive_int
+from lpc.integrations.mode import DEFAULT_MODE, MODES
 
 DEFAULT_VLLM_PYTHON = Path(".vllm-venv/bin/python")
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -45,6 +46,13 @@ def register(targets: argparse._SubParsersAction) -> None:
         choices=("lpc-pooled", "lpc"),
         default="lpc-pooled",
         help="the queue's evictor (default lpc-pooled, the plugin's default)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=MODES,
+        default=DEFAULT_MODE,
+        help="the plugin's mode: lpc (default), or lru/shadow, the kill switch thrown (LRU "
+        "order while the learned evictor still sees every release)",
     )
     parser.add_argument(
         "--vllm-python",
@@ -89,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         str(args.budget_blocks),
         "--evictor",
         args.evictor,
+        "--mode",
+        args.mode,
     ]
     # The worker's progress lines go to our stderr as they come; its record is its last line.
     done = subprocess.run(command, cwd=REPOSITORY, stdout=subprocess.PIPE, text=True)
@@ -100,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(record))
         return 0
     print(
-        f"free queue, {record['evictor']} against vLLM's FreeKVCacheBlockQueue "
+        f"free queue, {record['evictor']} ({record['mode']} mode) against vLLM's "
+        "FreeKVCacheBlockQueue "
         "(µs per request, interleaved in one process)"
     )
     print(f"  {'tokens':>8} {'call':<6} {'vLLM p50':>9} {'LPC p50':>9} {'×':>6} {'p99 ×':>6}")
