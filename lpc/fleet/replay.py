@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from eviction import ReturnCurveLike
 from lpc.blocks.block_manager import CacheCounters, PrefixCacheBlockManager
 from lpc.errors import InvalidInputError
 from lpc.fleet.routers import Arrival, Load, make_router
@@ -28,6 +27,7 @@ from lpc.replay.simulator import (
     PreparedWorkload,
     RequestHits,
     num_blocks_for,
+    request_curves,
     request_probabilities,
 )
 from lpc.workload import ARRIVAL
@@ -126,15 +126,7 @@ def fleet_replay(
     ]
     router = make_router(cell.router)
     probabilities = request_probabilities(workload, spec)
-    curves: Sequence[ReturnCurveLike | None] | None = None
-    if spec.curve_source is not None:
-        try:
-            curves = workload.curves[spec.curve_source]
-        except KeyError:
-            raise ValueError(
-                f"policy {spec.label!r} needs the {spec.curve_source!r} return curves, "
-                f"which this workload was not prepared with"
-            ) from None
+    curves = request_curves(workload, spec)
     cache_requests = workload.cache_requests
     categories: Sequence[str | None] = workload.categories or [None] * len(cache_requests)
     first_counted = workload.first_counted

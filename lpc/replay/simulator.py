@@ -263,6 +263,22 @@ def num_blocks_for(cache_tokens: int, block_size: int) -> int:
     return cache_tokens // block_size + 1
 
 
+def request_curves(
+    workload: PreparedWorkload, spec: PolicySpec
+) -> Sequence[ReturnCurveLike | None] | None:
+    """The return curve each request releases its blocks with under `spec` (None: the
+    policy reads none)."""
+    if spec.curve_source is None:
+        return None
+    try:
+        return workload.curves[spec.curve_source]
+    except KeyError:
+        raise ValueError(
+            f"policy {spec.label!r} needs the {spec.curve_source!r} return curves, "
+            f"which this workload was not prepared with"
+        ) from None
+
+
 def request_probabilities(workload: PreparedWorkload, spec: PolicySpec) -> Sequence[float | None]:
     """The probability each request releases its blocks with under `spec`: none for a
     heuristic, the constant of lpc-const, else the prepared source's predictions."""
@@ -298,15 +314,7 @@ def replay(
     )
     manager = PrefixCacheBlockManager(num_blocks, workload.block_size, evictor=evictor)
     probabilities = request_probabilities(workload, spec)
-    curves: Sequence[ReturnCurveLike | None] | None = None
-    if spec.curve_source is not None:
-        try:
-            curves = workload.curves[spec.curve_source]
-        except KeyError:
-            raise ValueError(
-                f"policy {spec.label!r} needs the {spec.curve_source!r} return curves, "
-                f"which this workload was not prepared with"
-            ) from None
+    curves = request_curves(workload, spec)
     cache_requests = workload.cache_requests
     categories: Sequence[str | None] = workload.categories or [None] * len(cache_requests)
     failed_prompt_tokens = 0
