@@ -153,6 +153,11 @@ def test_the_vllm_plugin_runs_with_the_access_model_in_the_core(core: Path, tmp_
         shutil.copy2(REPO / "tests" / name, work / "tests" / name)
     for path in sorted((REPO / "tests" / "integrations").glob("*.py")):
         shutil.copy2(path, work / "tests" / "integrations" / path.name)
+    # The damaged-artifact helper the plugin's refusal tests share with the predictor's
+    # (numpy and the standard library only).
+    (work / "tests" / "predictor").mkdir()
+    for name in ("__init__.py", "broken_artifacts.py"):
+        shutil.copy2(REPO / "tests" / "predictor" / name, work / "tests" / "predictor" / name)
     for model in ("mooncake-access", "mooncake-return"):
         shutil.copytree(REPO / "models" / model, work / "models" / model)
     (work / "pytest.ini").write_text(PYTEST_INI)
