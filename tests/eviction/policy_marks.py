@@ -33,3 +33,17 @@ def policy_params(names: Iterable[str]) -> list[Any]:
         pytest.param(n, marks=pytest.mark.slow) if is_learned_cache(n) or n in SLOW_VARIANTS else n
         for n in names
     ]
+
+
+# Each example of a learned cache builds a ~200 MB libCacheSim cache and forks to list its
+# order, so the random-stream tests draw fewer of them (in their own slow test).
+LEARNED_CACHE_EXAMPLES = 6
+
+
+def other_policies(names: Iterable[str]) -> list[Any]:
+    """`policy_params` of every name but the learned caches."""
+    return policy_params(n for n in names if not is_learned_cache(n))
+
+
+def learned_caches(names: Iterable[str]) -> list[str]:
+    return [n for n in names if is_learned_cache(n)]

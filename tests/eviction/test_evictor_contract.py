@@ -10,7 +10,12 @@ from hypothesis import strategies as st
 
 from eviction import POLICIES as REGISTRY
 from eviction import FreedBlocks, FutureUses, Release, make_evictor
-from tests.eviction.policy_marks import policy_params
+from tests.eviction.policy_marks import (
+    LEARNED_CACHE_EXAMPLES,
+    learned_caches,
+    other_policies,
+    policy_params,
+)
 
 POLICIES = policy_params(REGISTRY)
 
@@ -21,10 +26,23 @@ def build(name: str, num_blocks: int):
     return make_evictor(name, num_blocks)
 
 
-@pytest.mark.parametrize("name", POLICIES)
+@pytest.mark.parametrize("name", other_policies(REGISTRY))
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_random_operations_keep_the_free_set_exact(name: str, seed: int) -> None:
+    check_random_operations(name, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", learned_caches(REGISTRY))
+@settings(max_examples=LEARNED_CACHE_EXAMPLES, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_random_operations_keep_a_learned_caches_free_set_exact(name: str, seed: int) -> None:
+    check_random_operations(name, seed)
+
+
+def check_random_operations(name: str, seed: int) -> None:
+    """200 random pops, hits and releases; the free set checked after each."""
     rng = random.Random(seed)
     num_blocks = 30
     evictor = build(name, num_blocks)

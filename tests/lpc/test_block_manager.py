@@ -18,7 +18,7 @@ from lpc.blocks.block_manager import (
     UnknownRequestError,
 )
 from lpc.blocks.hashing import BlockHasher
-from tests.eviction.policy_marks import policy_params
+from tests.eviction.policy_marks import LEARNED_CACHE_EXAMPLES, learned_caches, other_policies
 from tests.lpc.streams import Allocate, random_stream
 
 
@@ -39,10 +39,23 @@ def snapshot(manager: PrefixCacheBlockManager) -> tuple:
     )
 
 
-@pytest.mark.parametrize("policy", policy_params(POLICIES))
+@pytest.mark.parametrize("policy", other_policies(POLICIES))
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_invariants_hold_at_every_step(policy: str, seed: int) -> None:
+    check_invariants_on_a_stream(policy, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", learned_caches(POLICIES))
+@settings(max_examples=LEARNED_CACHE_EXAMPLES, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_invariants_hold_at_every_step_with_a_learned_cache(policy: str, seed: int) -> None:
+    check_invariants_on_a_stream(policy, seed)
+
+
+def check_invariants_on_a_stream(policy: str, seed: int) -> None:
+    """A random stream of allocations and frees; every invariant checked after each step."""
     manager = manager_with(policy)
     creator_salt: dict[bytes, str | None] = {}
     for step in random_stream(seed, 150):
