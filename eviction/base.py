@@ -13,7 +13,7 @@ import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 
 class ReturnCurveLike(Protocol):
@@ -164,3 +164,21 @@ class Evictor(ABC):
         )
         for block_id in order:
             assert block_id in self, f"{self.name}: free block {block_id} fails membership"
+
+
+class FreeFlags:
+    """`len` and `in` for an evictor that keeps a free flag per block (`_free`), their count
+    (`_num_free`) and the uncached blocks' list (`_uncached`). Listed before `Evictor`."""
+
+    _free: Any
+    _num_free: int
+    _num_blocks: int
+    _uncached: Any
+
+    def __len__(self) -> int:
+        return self._uncached.size + self._num_free
+
+    def __contains__(self, block_id: object) -> bool:
+        if not isinstance(block_id, int) or not 0 <= block_id < self._num_blocks:
+            return False
+        return self._free[block_id] or block_id in self._uncached

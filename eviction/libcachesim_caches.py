@@ -55,7 +55,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
-from eviction.base import Evictor, FreedBlocks, Release
+from eviction.base import Evictor, FreedBlocks, FreeFlags, Release
 from eviction.linked_list import BlockList
 
 INSTALL_HINT = "pip install 'lpc[rivals]' (libcachesim)"
@@ -125,7 +125,7 @@ class _CandidateSlot:
             self._raw = None  # the last reference: the cache is freed now, safely
 
 
-class LearnedCacheEvictor(Evictor):
+class LearnedCacheEvictor(FreeFlags, Evictor):
     """Uncached blocks first (reused LIFO), then the learned cache's choices among free
     cached blocks. Subclasses name the libCacheSim class and its parameters."""
 
@@ -269,14 +269,6 @@ class LearnedCacheEvictor(Evictor):
         for _ in range(n - from_uncached):
             out.append(self._evict(now_s))
         return out
-
-    def __len__(self) -> int:
-        return self._uncached.size + self._num_free
-
-    def __contains__(self, block_id: object) -> bool:
-        if not isinstance(block_id, int) or not 0 <= block_id < self._num_blocks:
-            return False
-        return self._free[block_id] or block_id in self._uncached
 
     def free_block_ids(self) -> list[int]:
         """Uncached blocks, then the learned cache's choices, found by evicting in a forked

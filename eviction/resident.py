@@ -27,11 +27,11 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Iterable, Sequence
 
-from eviction.base import Evictor, FreedBlocks, Release, dry_run_copy
+from eviction.base import Evictor, FreedBlocks, FreeFlags, Release, dry_run_copy
 from eviction.linked_list import BlockList
 
 
-class ResidentEvictor(Evictor):
+class ResidentEvictor(FreeFlags, Evictor):
     """Uncached blocks in a list, then cached ones in the policy's own queues."""
 
     def __init__(self, num_blocks: int) -> None:
@@ -122,14 +122,6 @@ class ResidentEvictor(Evictor):
             self._num_free -= 1
             out.append(victim)
         return out
-
-    def __len__(self) -> int:
-        return self._uncached.size + self._num_free
-
-    def __contains__(self, block_id: object) -> bool:
-        if not isinstance(block_id, int) or not 0 <= block_id < self._num_blocks:
-            return False
-        return self._free[block_id] or block_id in self._uncached
 
     def free_block_ids(self) -> list[int]:
         """Uncached blocks, then the cached ones in the order evictions would take them.

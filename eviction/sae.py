@@ -72,7 +72,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
-from eviction.base import Evictor, FreedBlocks, Release, dry_run_copy
+from eviction.base import Evictor, FreedBlocks, FreeFlags, Release, dry_run_copy
 from eviction.linked_list import BlockList
 
 NO_SESSION = -1
@@ -91,7 +91,7 @@ class _Session:
         self.in_heap = False  # an entry with the current version is in the heap
 
 
-class SAEEvictor(Evictor):
+class SAEEvictor(FreeFlags, Evictor):
     """Uncached blocks in a list, then sessions worst first, each from its tail."""
 
     name: ClassVar[str] = "sae"
@@ -395,14 +395,6 @@ class SAEEvictor(Evictor):
         s.free -= 1
         self._leave_session(victim)
         return victim
-
-    def __len__(self) -> int:
-        return self._uncached.size + self._num_free
-
-    def __contains__(self, block_id: object) -> bool:
-        if not isinstance(block_id, int) or not 0 <= block_id < self._num_blocks:
-            return False
-        return self._free[block_id] or block_id in self._uncached
 
     def free_block_ids(self) -> list[int]:
         """Uncached blocks, then a dry run of evictions on a copy. O(n), for tests."""

@@ -54,7 +54,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
-from eviction.base import Evictor, FreedBlocks, Release, dry_run_copy
+from eviction.base import Evictor, FreedBlocks, FreeFlags, Release, dry_run_copy
 from eviction.linked_list import BlockList
 
 # Unfitted default (contract tests, the microbenchmark); the replay fits its own.
@@ -70,7 +70,7 @@ class _Session:
         self.chain: list[tuple[int, int]] = []  # (block, its content generation)
 
 
-class SessionRefEvictor(Evictor):
+class SessionRefEvictor(FreeFlags, Evictor):
     """Uncached blocks in a list, then the unreferenced partition, then the referenced one."""
 
     name: ClassVar[str] = "session-ref"
@@ -230,14 +230,6 @@ class SessionRefEvictor(Evictor):
         self._referenced = [(seqs[b], b) for b in blocks if refs[b]]
         heapq.heapify(self._unreferenced)
         heapq.heapify(self._referenced)
-
-    def __len__(self) -> int:
-        return self._uncached.size + self._num_free
-
-    def __contains__(self, block_id: object) -> bool:
-        if not isinstance(block_id, int) or not 0 <= block_id < self._num_blocks:
-            return False
-        return self._free[block_id] or block_id in self._uncached
 
     def free_block_ids(self, now_s: float | None = None) -> list[int]:
         """The pop order at `now_s` (default: the latest time seen): a dry run on a copy."""
