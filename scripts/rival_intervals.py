@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from lpc.access.source import access_source_factory
 from lpc.errors import UserError
 from lpc.replay.ab import DEFAULT_CACHE_SIZES_TOKENS, TRACE_CACHE_SIZES_TOKENS
-from lpc.replay.ab_pipeline import ABOptions, run_ab
+from lpc.replay.ab_options import ABOptions
+from lpc.replay.ab_run import run_ab
 from lpc.replay.intervals import paired_gain_interval
 from lpc.replay.learned_source import learned_source_factory
 from lpc.replay.policies import parse_policies

@@ -44,7 +44,7 @@ import numpy as np
 
 from lpc.access.training import check_validation_slice
 from lpc.errors import UserError
-from lpc.replay.ab_pipeline import TRACE_MAX_MODEL_LEN
+from lpc.replay.ab_options import TRACE_MAX_MODEL_LEN
 from lpc.replay.request_table import request_table
 from lpc.traces.files import json_lines_problem, load_trace_files, trace_format_by_content
 from lpc.traces.load import LoadedTrace, TraceOptions

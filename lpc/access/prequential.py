@@ -165,7 +165,7 @@ def train_window_models(
 def window_quality(trace: str | Path, window: Window, folder: Path) -> dict[str, Any]:
     """Both models of `folder` scored on the window's releases."""
     from lpc.access.window_quality import classifier_quality, hazard_quality
-    from lpc.replay.ab_pipeline import TRACE_MAX_MODEL_LEN
+    from lpc.replay.ab_options import TRACE_MAX_MODEL_LEN
     from lpc.replay.request_table import request_table
     from lpc.traces.load import TraceOptions, load_trace
     from predictor.access_predictor import AccessPredictor
@@ -195,7 +195,8 @@ def replay_window(
     window's own models (`folder`/access for the access policies, `folder`/return for
     `lpc-return-model`), both trained before the window."""
     from lpc.access.source import access_source_factory
-    from lpc.replay.ab_pipeline import ABOptions, run_ab
+    from lpc.replay.ab_options import ABOptions
+    from lpc.replay.ab_run import run_ab
 
     ab_options = ABOptions(
         trace=Path(options.trace),

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from lpc.errors import InvalidInputError
-from lpc.replay.ab_pipeline import TRACE_MAX_MODEL_LEN
+from lpc.replay.ab_options import TRACE_MAX_MODEL_LEN
 from lpc.replay.request_table import request_table
 from lpc.traces.linkage import DEFAULT_SHARED_FANOUT
 from lpc.traces.timeline import DEFAULT_SPLIT_AT

@@ -48,7 +48,7 @@ class AccessSource:
 
 
 def access_source_factory(model: Path, log: Callable[[str], None] = print):
-    """A `ModelSourceFactory` for `lpc.replay.ab_pipeline.run_ab` over an access-only artifact."""
+    """A `ModelSourceFactory` for `lpc.replay.ab_run.run_ab` over an access-only artifact."""
 
     def factory(context) -> AccessSource:
         access_model = AccessPredictor.load(model)

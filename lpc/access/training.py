@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lpc.replay.ab_pipeline import TRACE_MAX_MODEL_LEN
+from lpc.replay.ab_options import TRACE_MAX_MODEL_LEN
 from lpc.replay.request_table import request_table
 from lpc.traces.linkage import DEFAULT_SHARED_FANOUT
 from lpc.traces.load import LoadedTrace

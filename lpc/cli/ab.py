@@ -14,7 +14,7 @@ from lpc.replay.ab import DEFAULT_CACHE_SIZES_TOKENS, TRACE_CACHE_SIZES_TOKENS
 from lpc.replay.policies import policy_help
 
 if TYPE_CHECKING:
-    from lpc.replay.ab_pipeline import ABOutcome
+    from lpc.replay.ab_report import ABOutcome
 
 DESCRIPTION = """\
 Replay a chat workload through the prefix-caching block manager once per eviction policy and
@@ -319,7 +319,7 @@ def _with_learned_lpc(policies: tuple[str, ...]) -> tuple[str, ...]:
 
 def options_from(args: argparse.Namespace, model_available: bool = False):
     from lpc.errors import CommandError, InvalidInputError
-    from lpc.replay.ab_pipeline import ABOptions
+    from lpc.replay.ab_options import ABOptions
     from lpc.replay.policies import default_policies, default_trace_policies, parse_policies
     from lpc.traces.jsonl import TraceError
     from lpc.traces.load import resolve_trace
@@ -431,7 +431,7 @@ def run(args: argparse.Namespace) -> int:
     # The replay, the trace formats and the chat tokeniser (built for traces too).
     extras.require("replay", "data")
     from lpc.errors import CommandError
-    from lpc.replay.ab_pipeline import run_ab
+    from lpc.replay.ab_run import run_ab
     from predictor.atomic_files import ResultsNotSavedError
     from training.loaders import check_source
 
@@ -482,7 +482,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_outcome(outcome: ABOutcome, as_json: bool) -> None:
     """The figures: on the terminal, or as JSON on stdout."""
-    from lpc.replay.ab_pipeline import outcome_json, summary_text
+    from lpc.replay.ab_report import outcome_json, summary_text
 
     if as_json:
         print(outcome_json(outcome))

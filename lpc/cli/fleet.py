@@ -158,7 +158,7 @@ def options_from(args: argparse.Namespace):
     from lpc.fleet.fanout import Executor
     from lpc.fleet.pipeline import FleetOptions
     from lpc.fleet.routers import ROUTERS
-    from lpc.replay.ab_pipeline import ABOptions
+    from lpc.replay.ab_options import ABOptions
     from lpc.replay.policies import parse_policies
     from lpc.traces.jsonl import TraceError
     from lpc.traces.load import resolve_trace

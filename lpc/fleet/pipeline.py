@@ -29,8 +29,16 @@ from lpc.errors import InvalidInputError
 from lpc.fleet.fanout import Executor, run_cells, settings_dict
 from lpc.fleet.replay import FleetCell, FleetResult
 from lpc.fleet.scale import write_scaled_trace
-from lpc.replay import ab_pipeline as abp
-from lpc.replay.ab import ReplaySettings
+from lpc.replay.ab import TRACE_CACHE_SIZES_TOKENS, ReplaySettings
+from lpc.replay.ab_options import (
+    DATASET_MAX_MODEL_LEN,
+    TRACE_MAX_MODEL_LEN,
+    ABOptions,
+    ModelSourceFactory,
+)
+from lpc.replay.ab_plan import build_workload, dataset_context, load_inputs
+from lpc.replay.ab_run import workload_summary
+from lpc.replay.ab_sources import fit_policy_constants, fit_sources
 from lpc.replay.intervals import paired_gain_interval
 from lpc.replay.simulator import PreparedWorkload, RequestHits, prepare
 from lpc.traces.expand import check_block_size
@@ -43,7 +51,7 @@ class FleetOptions:
     """The fleet grid. `ab` carries the workload settings `lpc ab` takes (trace, split,
     latency, model paths, policies); its cache sizes are per instance."""
 
-    ab: abp.ABOptions
+    ab: ABOptions
     instance_counts: tuple[int, ...] = (1, 4)
     routers: tuple[str, ...] = ("round-robin", "least-loaded", "session-sticky", "prefix-aware")
     copies: int | None = None  # None: as many copies of the trace as instances
@@ -62,8 +70,8 @@ class FleetWorkload:
 
 
 def prepare_workload(
-    options: abp.ABOptions,
-    model_factory: abp.ModelSourceFactory | None,
+    options: ABOptions,
+    model_factory: ModelSourceFactory | None,
     log: Callable[[str], None],
 ) -> FleetWorkload:
     """`lpc ab`'s stages 1–3 and its `prepare` call, stopping before its grid."""
@@ -71,15 +79,15 @@ def prepare_workload(
     options = replace(
         options,
         max_model_len=options.max_model_len
-        or (abp.TRACE_MAX_MODEL_LEN if is_trace else abp.DATASET_MAX_MODEL_LEN),
+        or (TRACE_MAX_MODEL_LEN if is_trace else DATASET_MAX_MODEL_LEN),
     )
     if options.workload.latency.closed_loop:
         raise InvalidInputError("the fleet replays a fixed timeline; it cannot run --closed-loop")
-    loaded = abp._load(options, log)
-    context = abp._dataset_context(loaded.dataset)
-    work = abp._build_workload(loaded, context, log)
-    replayer = abp._fit_sources(work, context, model_factory)
-    abp._fit_policies(loaded, work, context, replayer)
+    loaded = load_inputs(options, log)
+    context = dataset_context(loaded.dataset)
+    work = build_workload(loaded, context, log)
+    replayer = fit_sources(work, context, model_factory)
+    fit_policy_constants(loaded, work, context, replayer)
     requests = work.requests
     values = replayer.predictions(requests)
     block_size = work.options.block_size
@@ -95,7 +103,7 @@ def prepare_workload(
         curves=replayer.curves(requests),
     )
     settings = replayer.settings_for(requests)
-    summary = abp._summary(workload, requests, work.options, work.source_desc)
+    summary = workload_summary(workload, requests, work.options, work.source_desc)
     if replayer.fits.report:
         summary["fitted_policies"] = replayer.fits.report
     if work.trace_info:
@@ -198,7 +206,7 @@ def fleet_trace_for(options: FleetOptions, instances: int, log: Callable[[str], 
 
 def fleet_workload_for(
     options: FleetOptions, instances: int, log: Callable[[str], None]
-) -> abp.ABOptions:
+) -> ABOptions:
     """The workload at `instances` instances: a trace scaled to k copies, or a generated
     workload with k times the active conversations (k = --copies, else the instance count),
     so each instance carries one instance's load on average."""
@@ -214,7 +222,7 @@ def fleet_workload_for(
 
 def run_fleet(
     options: FleetOptions,
-    model_factory: abp.ModelSourceFactory | None = None,
+    model_factory: ModelSourceFactory | None = None,
     log: Callable[[str], None] = print,
 ) -> FleetOutcome:
     """Per instance count: its workload, then every router × policy × size cell."""
@@ -222,7 +230,7 @@ def run_fleet(
 
     started = time.perf_counter()
     timings: dict[str, float] = {}
-    sizes = options.ab.cache_sizes_tokens or abp.TRACE_CACHE_SIZES_TOKENS
+    sizes = options.ab.cache_sizes_tokens or TRACE_CACHE_SIZES_TOKENS
     options.out_dir.mkdir(parents=True, exist_ok=True)
     cells_out: list[CellFigures] = []
     workloads: dict[int, dict[str, Any]] = {}

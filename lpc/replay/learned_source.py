@@ -147,7 +147,7 @@ class ServingTokenCounter:
 def learned_source_factory(
     model: Path, cache_dir: Path, embed_options: EmbedOptions, device: str | None = None, log=print
 ):
-    """A `ModelSourceFactory` for `lpc.replay.ab_pipeline.run_ab`: loads the predictor (and its
+    """A `ModelSourceFactory` for `lpc.replay.ab_run.run_ab`: loads the predictor (and its
     embedder) when the harness needs it, with the evaluation conversations for lookups."""
 
     def factory(context) -> LearnedSource:

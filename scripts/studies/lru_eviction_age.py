@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's packages
 
 from lpc.replay.ab import TRACE_CACHE_SIZES_TOKENS
-from lpc.replay.ab_pipeline import TRACE_MAX_MODEL_LEN
+from lpc.replay.ab_options import TRACE_MAX_MODEL_LEN
 from lpc.replay.eviction_age import lru_eviction_ages
 from lpc.replay.simulator import prepare
 from lpc.traces.load import TraceOptions, load_trace

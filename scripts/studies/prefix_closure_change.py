@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's packages
 
-import lpc.replay.ab_pipeline as ab_pipeline
+import lpc.replay.ab_run as ab_run
 from eviction.run_heap import RunHeap
 from lpc.cli.main import build_parser
 from lpc.replay.intervals import paired_gain_interval
@@ -32,7 +32,7 @@ def replay(argv: list[str], closure: bool) -> dict:
     --offload-sizes also the two-tier results by (GPU policy + CPU policy, GPU size, CPU size),
     their hits in either tier."""
     captured = {}
-    run_ab = ab_pipeline.run_ab
+    run_ab = ab_run.run_ab
 
     def capture(*args, **kwargs):
         outcome = run_ab(*args, **kwargs)
@@ -40,7 +40,7 @@ def replay(argv: list[str], closure: bool) -> dict:
         return outcome
 
     link = RunHeap._link_runs
-    ab_pipeline.run_ab = capture
+    ab_run.run_ab = capture
     if not closure:
         RunHeap._link_runs = lambda self, runs, parent_id: None
     try:
@@ -48,7 +48,7 @@ def replay(argv: list[str], closure: bool) -> dict:
         with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
             args.run(args)  # lpc ab's own JSON: not ours
     finally:
-        ab_pipeline.run_ab = run_ab
+        ab_run.run_ab = run_ab
         RunHeap._link_runs = link
     outcome = captured["outcome"]
     out: dict = {

@@ -13,7 +13,8 @@ from eviction import LRUEvictor
 from lpc.blocks.block_manager import CacheRequest, PrefixCacheBlockManager
 from lpc.errors import InvalidInputError
 from lpc.replay import simulator
-from lpc.replay.ab_pipeline import ABOptions, run_ab
+from lpc.replay.ab_options import ABOptions
+from lpc.replay.ab_run import run_ab
 from lpc.replay.fitted_policies import (
     MAX_TURN,
     category_of,

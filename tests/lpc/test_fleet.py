@@ -27,7 +27,8 @@ from lpc.fleet.routers import (
     session_home,
 )
 from lpc.fleet.scale import copy_shift_ms, scaled_records, write_scaled_trace
-from lpc.replay.ab_pipeline import ABOptions, run_ab
+from lpc.replay.ab_options import ABOptions
+from lpc.replay.ab_run import run_ab
 from lpc.replay.policies import parse_policies
 from lpc.replay.simulator import replay
 from tests.lpc.traces.helpers import bundled_lines

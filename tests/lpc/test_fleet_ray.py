@@ -14,7 +14,7 @@ import pytest
 from lpc.fleet.fanout import Executor, run_cells
 from lpc.fleet.pipeline import prepare_workload
 from lpc.fleet.replay import FleetCell
-from lpc.replay.ab_pipeline import ABOptions
+from lpc.replay.ab_options import ABOptions
 from lpc.replay.policies import parse_policies
 from tests.lpc.traces.helpers import bundled_lines
 

@@ -19,7 +19,9 @@ from lpc.access.prequential_report import markdown_report, verdict
 from lpc.access.window_quality import conversation_bootstrap, window_rows
 from lpc.cli.main import main
 from lpc.errors import InvalidInputError
-from lpc.replay.ab_pipeline import TRACE_MAX_MODEL_LEN, ABOptions, _replay_until, run_ab
+from lpc.replay.ab_options import TRACE_MAX_MODEL_LEN, ABOptions
+from lpc.replay.ab_plan import replay_until
+from lpc.replay.ab_run import run_ab
 from lpc.replay.policies import parse_policies, parse_policy
 from lpc.replay.simulator import prepare, replay
 from lpc.traces.load import TraceOptions, load_trace
@@ -111,13 +113,13 @@ def test_check_window_bookkeeping_refuses_a_training_cut_past_t() -> None:
 def test_replay_until_counts_the_window_and_warms_on_everything_before() -> None:
     requests = [_request(f"c{i}", 0, float(i)) for i in (0, 5, 10, 10, 20, 30, 30, 40)]
     split = split_in_time(requests, 10.0)  # requests [0, 2) warm the cache
-    window, kept = _replay_until(requests, split, 30.0)
+    window, kept = replay_until(requests, split, 30.0)
     assert (window.first_eval, kept) == (2, 5)  # counted: the arrivals in [10 s, 30 s)
     assert window.train_requests == 2 and window.eval_requests == 3
-    _, kept = _replay_until(requests, split, 31.0)
+    _, kept = replay_until(requests, split, 31.0)
     assert kept == 7  # both requests at 30 s are in [10 s, 31 s)
     with pytest.raises(InvalidInputError, match="must lie after the split"):
-        _replay_until(requests, split, 10.0)
+        replay_until(requests, split, 10.0)
 
 
 @pytest.fixture(scope="module")

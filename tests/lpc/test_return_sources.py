@@ -11,7 +11,8 @@ import pytest
 
 from eviction.return_window import TurnoverEstimate
 from lpc.errors import InvalidInputError
-from lpc.replay.ab_pipeline import ABOptions, run_ab
+from lpc.replay.ab_options import ABOptions
+from lpc.replay.ab_run import run_ab
 from lpc.replay.policies import parse_policies, parse_policy
 from lpc.replay.return_sources import (
     NEVER_RETURNS,

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from lpc.access.source import access_source_factory
-from lpc.replay.ab_pipeline import ABOptions, run_ab
+from lpc.replay.ab_options import ABOptions
+from lpc.replay.ab_run import run_ab
 from lpc.replay.latency import TierLatency, summarise_ttft
 from lpc.replay.policies import parse_policies
 from lpc.replay.two_tier import TierSettings, TwoTierRequestHits, TwoTierResult

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lpc.replay.ab_pipeline import ABOptions, run_ab
+from lpc.replay.ab_options import ABOptions
+from lpc.replay.ab_run import run_ab
 from lpc.replay.policies import parse_policies, parse_policy
 from lpc.replay.simulator import prepare, replay
 from lpc.traces.load import TraceOptions, load_trace
