@@ -223,8 +223,10 @@ class TokenTimedModel:
     def __init__(self, seconds_per_token: float) -> None:
         self.seconds_per_token = seconds_per_token
         self.batches: list[int] = []
+        self.started_at: list[float] = []  # time.monotonic() as each batch began
 
     def predict(self, batch):
+        self.started_at.append(time.monotonic())
         self.batches.append(len(batch))
         time.sleep(self.seconds_per_token * sum(len(w.conversation_id) for w in batch))
         return np.array([w.turn_count / 1000 for w in batch])
@@ -349,16 +351,21 @@ def test_a_running_batch_slower_than_learned_raises_the_estimate():
         )
         batcher.seconds_per_token = 1e-4  # as if learned on a faster model
         slow = batcher.enqueue(sized(1, 20, "b"), [20])
+        while not model.started_at:  # the batch is on the worker
+            await asyncio.sleep(0.01)
         await asyncio.sleep(0.2)
+        # The batcher's clock started before the model's, so it has seen at least this much.
+        taken = time.monotonic() - model.started_at[0]
         during = batcher.expected_wait_s(100)
         average = batcher.seconds_per_token
         await slow
         await batcher.stop()
-        return during, average
+        return during, average, taken
 
-    during, average = run(scenario())
+    during, average, taken = run(scenario())
     assert average == 1e-4, "the slow batch finished before the check: nothing was tested"
-    assert during >= 100 * 0.2 / 20  # the 0.2 s per 20 tokens already taken, not 100 x 1e-4
+    # What the running batch has already taken per token, times 100 tokens: not 100 x 1e-4.
+    assert during >= 100 * taken / 20 > 0.9  # taken: the 0.2 s slept, at least
 
 
 # -- the cost of a window: WindowTokenEstimator --------------------------------------------
