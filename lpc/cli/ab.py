@@ -14,7 +14,11 @@ from lpc.replay.ab import DEFAULT_CACHE_SIZES_TOKENS, TRACE_CACHE_SIZES_TOKENS
 from lpc.replay.policies import policy_help
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from lpc.replay.ab_options import ABOptions, ModelSourceFactory
     from lpc.replay.ab_report import ABOutcome
+    from lpc.replay.policies import PolicySpec
 
 DESCRIPTION = """\
 Replay a chat workload through the prefix-caching block manager once per eviction policy and
@@ -83,6 +87,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_data_arguments(p)
+    _add_workload_arguments(p)
+    _add_policy_arguments(p)
+    _add_sweep_arguments(p)
+    add_tier_arguments(p, _sizes)
+    _add_output_arguments(p)
+    p.set_defaults(run=run)
+
+
+def _add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the requests come from: a chat data set or a request trace."""
     data = p.add_argument_group("data")
     data.add_argument(
         "--dataset",
@@ -146,6 +161,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default: 32768; 131072 for a --trace)",
     )
 
+
+def _add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    """The generated workload: the paper's think times, window and latency model."""
     work = p.add_argument_group("workload (the paper's method)")
     work.add_argument(
         "--think-time",
@@ -189,6 +207,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="latency model: seconds per generated token (default: %(default)s)",
     )
 
+
+def _add_policy_arguments(p: argparse.ArgumentParser) -> None:
+    """The policies, the cache sizes and what the learned policies read."""
     pol = p.add_argument_group("policies and cache")
     pol.add_argument("--policies", default=None, help=POLICY_HELP)
     pol.add_argument(
@@ -245,6 +266,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "log-second goes on); docs/results.md, 'When a conversation returns'",
     )
 
+
+def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:
+    """The think-time sweep: more generated workloads at one cache size."""
     sweep = p.add_argument_group("think-time sweep")
     sweep.add_argument(
         "--think-time-sweep",
@@ -260,7 +284,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="cache size in tokens for the sweep (default: %(default)s, the paper's 40 GB)",
     )
 
-    add_tier_arguments(p, _sizes)
+
+def _add_output_arguments(p: argparse.ArgumentParser) -> None:
+    """Result files, the exported trace, parallelism and what is printed."""
     out = p.add_argument_group("output")
     out.add_argument(
         "--out",
@@ -289,7 +315,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     out.add_argument(
         "--json", action="store_true", help="print all figures as JSON instead of tables"
     )
-    p.set_defaults(run=run)
 
 
 def model_path_from(args: argparse.Namespace) -> Path | None:
@@ -317,15 +342,12 @@ def _with_learned_lpc(policies: tuple[str, ...]) -> tuple[str, ...]:
     return (*policies[:at], "lpc", "lpc-pooled", *policies[at:])
 
 
-def options_from(args: argparse.Namespace, model_available: bool = False):
+def _policies_from(args: argparse.Namespace, model_available: bool) -> tuple[PolicySpec, ...]:
+    """--policies, else the defaults for a data set or a trace (learned LPC joins them when a
+    model is available). An empty --policies is a mistake to report, not the defaults."""
     from lpc.errors import CommandError, InvalidInputError
-    from lpc.replay.ab_options import ABOptions
     from lpc.replay.policies import default_policies, default_trace_policies, parse_policies
-    from lpc.traces.jsonl import TraceError
-    from lpc.traces.load import resolve_trace
-    from lpc.workload import LatencyModel, WorkloadConfig
 
-    # An empty --policies is a mistake to report, not a request for the defaults.
     if args.trace:
         defaults = default_trace_policies()
         if model_available:  # learned LPC (the access model) joins the trace policies
@@ -334,16 +356,29 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
         defaults = default_policies(model_available)
     text = ",".join(defaults) if args.policies is None else args.policies
     try:
-        policies = tuple(parse_policies(text))
+        return tuple(parse_policies(text))
     except InvalidInputError as error:
         raise CommandError(f"--policies: {error}") from None
+
+
+def _duration_from(args: argparse.Namespace) -> float | None:
+    """--duration in seconds; None for 'all'."""
+    from lpc.errors import CommandError
+
     if args.duration == "all":
-        duration = None
-    else:
-        try:
-            duration = positive_float(args.duration)
-        except argparse.ArgumentTypeError as error:
-            raise CommandError(f"--duration: {error} (or 'all')") from None
+        return None
+    try:
+        return positive_float(args.duration)
+    except argparse.ArgumentTypeError as error:
+        raise CommandError(f"--duration: {error} (or 'all')") from None
+
+
+def _check_flags(args: argparse.Namespace, policies: tuple[PolicySpec, ...]) -> None:
+    """Values and combinations of flags that cannot run, refused before anything loads."""
+    from lpc.errors import CommandError
+    from lpc.traces.jsonl import TraceError
+    from lpc.traces.load import resolve_trace
+
     if args.fallback_p is not None and not 0.0 <= args.fallback_p <= 1.0:
         raise CommandError(f"--fallback-p must be in [0, 1], got {args.fallback_p}")
     per_token = args.time_per_output_token
@@ -368,6 +403,16 @@ def options_from(args: argparse.Namespace, model_available: bool = False):
         raise CommandError("--think-time-sweep generates workloads; it cannot replay --trace")
     if not args.trace and any(p.source == "trace" for p in policies):
         raise CommandError("policy lpc-trace replays a trace's logged probabilities: add --trace")
+
+
+def options_from(args: argparse.Namespace, model_available: bool = False) -> ABOptions:
+    """The parsed flags as `ABOptions`, every value and combination checked."""
+    from lpc.replay.ab_options import ABOptions
+    from lpc.workload import LatencyModel, WorkloadConfig
+
+    policies = _policies_from(args, model_available)
+    duration = _duration_from(args)
+    _check_flags(args, policies)
     latency = LatencyModel(
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         time_per_output_token_s=args.time_per_output_token,
@@ -424,13 +469,43 @@ def _is_access_model(model: Path) -> bool:
         raise CommandError(str(error)) from None
 
 
+def _model_source(
+    options: ABOptions, model: Path | None, log: Callable[[str], None]
+) -> tuple[ABOptions, ModelSourceFactory | None]:
+    """The factory of the learned predictor's source when a policy (or the exported trace)
+    reads it: the access-feature model's, or the text model's (which embeds the prompts)."""
+    from dataclasses import replace
+
+    from lpc.errors import CommandError
+
+    wants_model = options.trace_probabilities == "model" or any(
+        p.source == "model" for p in options.policies
+    )
+    if not wants_model:
+        return options, None
+    if model is None:
+        learned = [p.label for p in options.policies if p.source == "model"] or ["lpc"]
+        raise CommandError(f"policy {learned[0]!r} needs a trained predictor model (--model PATH)")
+    if _is_access_model(model):
+        from lpc.access.source import access_source_factory
+
+        return replace(options, model_reads_text=False), access_source_factory(model, log=log)
+    extras.require("text")  # a text model embeds the prompts
+    from lpc.replay.learned_source import learned_source_factory
+    from training.embedding_cache import EmbedOptions
+    from training.locations import default_embedding_cache_dir
+
+    factory = learned_source_factory(
+        model, default_embedding_cache_dir(), EmbedOptions(progress=options.progress), log=log
+    )
+    return options, factory
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
-    from dataclasses import replace
 
     # The replay, the trace formats and the chat tokeniser (built for traces too).
     extras.require("replay", "data")
-    from lpc.errors import CommandError
     from lpc.replay.ab_run import run_ab
     from predictor.atomic_files import ResultsNotSavedError
     from training.loaders import check_source
@@ -445,27 +520,7 @@ def run(args: argparse.Namespace) -> int:
 
         load_return_model(options.return_model)  # so is an artifact of the wrong kind
     log = (lambda message: print(message, file=sys.stderr)) if args.json else print
-    wants_model = options.trace_probabilities == "model" or any(
-        p.source == "model" for p in options.policies
-    )
-    if wants_model and model is None:
-        learned = [p.label for p in options.policies if p.source == "model"] or ["lpc"]
-        raise CommandError(f"policy {learned[0]!r} needs a trained predictor model (--model PATH)")
-    factory = None
-    if wants_model and model is not None and _is_access_model(model):
-        options = replace(options, model_reads_text=False)
-        from lpc.access.source import access_source_factory
-
-        factory = access_source_factory(model, log=log)
-    elif wants_model and model is not None:
-        extras.require("text")  # a text model embeds the prompts
-        from lpc.replay.learned_source import learned_source_factory
-        from training.embedding_cache import EmbedOptions
-        from training.locations import default_embedding_cache_dir
-
-        factory = learned_source_factory(
-            model, default_embedding_cache_dir(), EmbedOptions(progress=options.progress), log=log
-        )
+    options, factory = _model_source(options, model, log)
     check_out_dir(options.out_dir, options.export_trace)
     # Bad data, traces, models and embedders raise `UserError`s, which the CLI shows as one
     # line; anything else escaping run_ab is a bug and keeps its traceback.
