@@ -54,6 +54,7 @@ directly; the protected methods here are the heap's whole interface.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterator, Sequence
 from itertools import repeat
@@ -138,6 +139,12 @@ class RunHeap:
         # Reads go through a memoryview of the same buffer: a Python int at about a list's
         # cost, where indexing the array (a numpy scalar) costs a hit three times as much.
         self._pos_of = memoryview(self._pos)
+        # The scan order (`iter_after`): (key, seq, run) of every run entered into the heap,
+        # sorted; built by the first scan and kept from then on (None until a scan asks).
+        self._order: list[tuple[Key, float, Run]] | None = None
+        self._order_heap: list[Entry] | None = None  # the heap list it was built from
+        self.order_builds = 0  # how many times the scan order was built (tests count them)
+        self.scan_runs = 0  # runs a scan looked at (tests bound it)
 
     def __getstate__(self) -> dict[str, Any]:
         # A memoryview cannot be pickled or copied: rebuilt over the copy's own array.
@@ -158,6 +165,7 @@ class RunHeap:
         self._children = [0] * n
         self._deferred.clear()
         self._pos[:] = 0
+        self._order = None
 
     def _link_runs(self, runs: Sequence[Run], parent_id: int | None) -> None:
         """Mark the runs one release of a chain made (deepest run first) as chains: within a
@@ -232,6 +240,8 @@ class RunHeap:
         if not held.live or self._state[block_id] is not held:
             return False
         heapq.heappush(self._heap, (held.key, -held.depths[0], held.seq, held))
+        if self._order is not None:
+            insort(self._order, (held.key, held.seq, held))
         return True
 
     def _write_positions(self, block_ids: Sequence[int]) -> None:
@@ -284,6 +294,8 @@ class RunHeap:
         """Queue a new run under its key (the caller has pointed its blocks' slots at it)."""
         self._queued += run.live
         heapq.heappush(self._heap, (run.key, -run.depths[0], run.seq, run))
+        if self._order is not None:
+            insort(self._order, (run.key, run.seq, run))
 
     def _push_run(
         self, key: Key, tag: Any, block_ids: Sequence[int], depths: Sequence[int]
@@ -523,6 +535,76 @@ class RunHeap:
                 uncached.remove(block_id)
         if len(self._heap) > 2 * self._queued + 1024:
             self._rebuild()
+
+    def iter_after(self, block_id: int | None) -> Iterator[int]:
+        """Free blocks in scan order after `block_id` (from the first when None; none when it
+        is not free or is held back): what vLLM's lazy CPU offload walks every step
+        (`FreeKVCacheBlockQueue.iter_blocks_after`), so it costs O(log runs) to find the
+        block and O(1) per block after it, not a sort of the whole order.
+
+        The scan order is the pop order but for two things it does not model: runs with equal
+        keys are listed run after run (oldest first, each deepest first) where `pop_n`
+        interleaves them by depth, and a block held back for a cached child is listed only
+        once it is back in the heap (at its own key). It rests on a sorted list of the runs
+        (key, seq), built on the first scan (O(runs log runs)) and kept from then on: one
+        `insort` per queued run, in C; rebuilt when the heap list was replaced (a rebuild, or
+        `lpc-return`'s re-keying) or when used-up runs outnumber the heap's entries. Do not
+        change the heap while the iterator is suspended.
+        """
+        order = self._order
+        if (
+            order is None
+            or self._order_heap is not self._heap
+            or len(order) > 2 * len(self._heap) + 1024
+        ):
+            order = self._build_order()
+        state = self._state
+        if block_id is None:
+            yield from self._uncached
+            i, start = 0, -1
+        else:
+            run = state[block_id]
+            if type(run) is not Run:
+                if block_id not in self._uncached:
+                    return
+                uncached = iter(self._uncached)
+                for b in uncached:
+                    if b == block_id:
+                        break
+                yield from uncached
+                i, start = 0, -1
+            else:
+                i = bisect_left(order, (run.key, run.seq))
+                if i == len(order) or order[i][2] is not run:
+                    return  # held back for a cached child: not listed until it is back
+                start = self._pos_of[block_id] + 1
+        n = len(order)
+        while i < n:
+            run = order[i][2]
+            i += 1
+            self.scan_runs += 1
+            live = run.live
+            if not live:
+                continue
+            ids = run.block_ids
+            cursor = run.cursor
+            j = cursor if start < cursor else start
+            start = -1
+            if live == len(ids) - cursor:  # nothing hit ahead of the cursor: a C-level slice
+                yield from ids[j:]
+            else:
+                for b in ids[j:]:
+                    if state[b] is run:
+                        yield b
+
+    def _build_order(self) -> list[tuple[Key, float, Run]]:
+        """The scan order's sorted runs, from the heap's live entries (`iter_after`)."""
+        order = [(run.key, run.seq, run) for _, _, _, run in self._heap if run.live]
+        order.sort(key=lambda entry: entry[:2])
+        self._order = order
+        self._order_heap = self._heap
+        self.order_builds += 1
+        return order
 
     def _queued_in_push_order(self) -> list[int]:
         """Queued blocks in the order they were pushed: run by run, oldest first, each run's

@@ -3,40 +3,27 @@
 Three modes (`LPC_MODE`, default `lpc`):
 
     lpc      the free queue evicts by the learned order (the plugin's purpose)
-    lru      the free queue evicts in stock vLLM's order, exactly (the kill switch)
-    shadow   the engine evicts as in `lru`; the plugin replays the same requests through
-             metadata-only LPC and LRU caches of the engine's size (`shadow`) and exports
-             both hit ratios
+    lru      the kill switch: the free queue is vLLM's own `FreeKVCacheBlockQueue`, and the
+             plugin's hooks do nothing (the pool is stock vLLM's)
+    shadow   the free queue is vLLM's own as in `lru`; the plugin replays the same requests
+             through metadata-only LPC and LRU caches of the engine's size (`shadow`) and
+             exports both hit ratios
 
 A switch is asked for from any thread — the control file's watcher (`LPC_CONTROL_FILE`,
-polled by a daemon thread, never by the scheduler), `vllm_plugin.set_mode()` — and only
-recorded here (`ModeSwitch.set`). Each free queue applies it on the scheduler thread, at its
-next pop, so no structure is touched by two threads: a pop compares one attribute.
-
-Exact LRU order (`LRUOrder`). The learned evictor keeps running in `lru` mode: it sees every
-release, hit and free, so switching back to `lpc` resumes the learned order with everything it
-knows. Beside it, an LRU list holds the same free blocks in vLLM's order and decides what is
-evicted; a block it hands out is discarded from the learned evictor. When the switch to LRU is
-applied, the list is rebuilt from the learned evictor (`PriorityEvictor.lru_order`): blocks
-without a hash first, in the order vLLM's queue keeps them (the same list), then cached blocks
-by their latest release, oldest first, each release tail first. That is the order stock vLLM's
-`FreeKVCacheBlockQueue` gives the same free blocks, since the relative order of a linked list's
-entries depends only on when each was appended, not on which others left it. So after the
-switch every eviction is the one stock vLLM would make from the same free blocks.
+polled by a daemon thread, never by the scheduler), `vllm_plugin.set_mode()` — and applied by
+that thread: each attached free queue changes its class (`LPCFreeBlockQueue.follow`), one
+store per queue under this switch's lock, no block touched. The scheduler thread pays nothing
+for a switch; what the blocks the old structure still holds cost is paid one pop at a time
+(the drain, docs/design.md "The kill switch").
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+import weakref
 from pathlib import Path
-from typing import Any
-
-from eviction.base import FreedBlocks, Release
-from eviction.lpc import LPCEvictor
-from eviction.lru import LRUEvictor
-from eviction.return_window import ReturnWindowEvictor
+from typing import Any, Protocol
 
 logger = logging.getLogger("vllm.plugins.lpc")
 
@@ -52,29 +39,49 @@ def check_mode(value: object, what: str = "mode") -> str:
     return mode  # type: ignore[return-value]
 
 
-class ModeSwitch:
-    """The mode the engine should run in, and how many times it changed.
+class FollowsMode(Protocol):
+    """A free queue that takes the mode on (`LPCFreeBlockQueue.follow`)."""
 
-    Written by any thread (a plain attribute store, atomic in CPython), read by the scheduler
-    thread: `lru_order` is what a free queue compares at each pop.
+    def follow(self, mode: str) -> None: ...
+
+
+class ModeSwitch:
+    """The mode the engine runs in, how many times it changed, and the queues that follow it.
+
+    `set` runs on the thread that asks (never the scheduler's): under `lock` it records the
+    mode and has every attached queue follow it, O(1) per queue. A queue that changes its own
+    class (the end of a drain, on the scheduler thread) takes the same lock, so a switch is
+    never lost between the two threads.
     """
 
     def __init__(self, mode: str = DEFAULT_MODE) -> None:
         self.mode = check_mode(mode)
-        self.lru_order = self.mode != "lpc"
+        self.lru_order = self.mode != "lpc"  # the queues evict in vLLM's LRU order
         self.switches = 0
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
+        self._queues: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def attach(self, queue: FollowsMode) -> None:
+        """Have `queue` follow the mode from now on (it takes the current one at once)."""
+        with self.lock:
+            self._queues.add(queue)
+            queue.follow(self.mode)
 
     def set(self, mode: str, source: str) -> bool:
         """Ask for `mode` (ValueError if it is none); True when it changed. Logged."""
         mode = check_mode(mode)
-        with self._lock:
+        with self.lock:
             old = self.mode
             if mode == old:
                 return False
             self.mode = mode
             self.lru_order = mode != "lpc"
             self.switches += 1
+            for queue in list(self._queues):
+                try:
+                    queue.follow(mode)
+                except Exception as error:  # never leave the other queues behind
+                    logger.error("LPC: a free queue could not follow mode %s: %r", mode, error)
         logger.warning("LPC mode switched from %s to %s (%s)", old, mode, source)
         return True
 
@@ -148,77 +155,3 @@ class ControlFileWatcher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
-
-
-class LRUOrder:
-    """The learned evictor's free blocks, handed out in stock vLLM's LRU order.
-
-    Offers what `LPCFreeBlockQueue` calls on its evictor. Every release, hit and free reaches
-    both structures; evictions come from the LRU list and are discarded from the learned
-    evictor (`discard_n`), which therefore stays ready to take over again.
-    """
-
-    def __init__(self, learned: LPCEvictor | ReturnWindowEvictor, num_blocks: int) -> None:
-        self.learned = learned
-        self.lru = LRUEvictor(num_blocks)
-        self.lru.reset(learned.lru_order())
-
-    def push_cached(self, freed: FreedBlocks, release: Release) -> None:
-        try:
-            self.learned.push_cached(freed, release)
-        finally:  # the LRU list is vLLM's order whatever the learned evictor made of it
-            self._append(freed.block_ids)
-
-    def push_protected(self, freed: FreedBlocks, release: Release) -> None:
-        """A preempted request's blocks: after every free block in the learned order, and
-        appended (last) in LRU's, as stock vLLM appends them."""
-        try:
-            self.learned.push_protected(freed, release)
-        finally:
-            self._append(freed.block_ids)
-
-    def note_protected_release(self, freed: FreedBlocks, release: Release) -> None:
-        self.learned.note_protected_release(freed, release)
-
-    def _append(self, block_ids: Sequence[int]) -> None:
-        lru = self.lru
-        # A retried append (the queue's fail-safe path) must not link a block twice.
-        fresh = [b for b in block_ids if b not in lru]
-        lru.append_n(fresh)
-
-    def push_uncached(self, block_ids: Sequence[int]) -> None:
-        self.learned.push_uncached(block_ids)
-        lru = self.lru
-        lru.prepend_n([b for b in block_ids if b not in lru])
-
-    def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
-        self.learned.note_shared_release(freed, release)
-
-    def remove(self, block_id: int) -> None:
-        self.learned.remove(block_id)  # KeyError for a block that is not free, as before
-        self.lru.remove(block_id)
-
-    def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
-        block_ids = self.lru.pop_n(n)
-        self.learned.discard_n(block_ids)
-        return block_ids
-
-    def pop(self, now_s: float = 0.0) -> int:
-        return self.pop_n(1)[0]
-
-    def __len__(self) -> int:
-        return len(self.lru)
-
-    def __contains__(self, block_id: object) -> bool:
-        return block_id in self.learned
-
-    def free_block_ids(self) -> list[int]:
-        return self.lru.free_block_ids()
-
-    def check_invariants(self) -> None:
-        """Both structures hold the same free blocks (for tests)."""
-        self.learned.check_invariants()
-        self.lru.check_invariants()
-        assert sorted(self.lru.free_block_ids()) == sorted(self.learned.free_block_ids()), (
-            "LRU order: the LRU list and the learned evictor hold different free blocks"
-        )

@@ -1,8 +1,9 @@
-"""The kill switch without vLLM: the mode, the control file, and LRU order exactly.
+"""The kill switch without vLLM: the mode, the control file, and each mode's eviction order.
 
-The LRU reference is `eviction.LRUEvictor`, block for block vLLM's `FreeKVCacheBlockQueue`
-(the differential tests against vLLM check it); the scheduler replay checks the plugin's queue
-against vLLM's own queue too (`scripts/vllm_scheduler_replay.py`, `LRUOrderCheck`).
+The list reference is `eviction.LRUEvictor`, block for block vLLM's `FreeKVCacheBlockQueue`
+(the differential tests against vLLM check it); the off queue is vLLM's own class (here its
+transcription, `stock_queue`; against vLLM in test_kill_switch_vllm.py), and the scheduler
+replay checks it against vLLM's queue too (`scripts/vllm_scheduler_replay.py`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,16 @@ import pytest
 
 from eviction import LRUEvictor, Release
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
-from lpc.integrations.mode import ControlFileWatcher, LRUOrder, ModeSwitch, check_mode
+from lpc.integrations.mode import ControlFileWatcher, ModeSwitch, check_mode
 from lpc.integrations.stats import PluginStats
-from lpc.integrations.vllm_queue import ProtectedRelease, QueueRuntime, bind_queue_class
+from lpc.integrations.stock_queue import StockFreeBlockQueue
+from lpc.integrations.vllm_queue import (
+    VLLM_METHODS,
+    LPCFreeBlockQueue,
+    ProtectedRelease,
+    QueueRuntime,
+    bind_queue_class,
+)
 from predictor.return_curve import ReturnCurve
 
 
@@ -134,26 +142,40 @@ CURVES = [
 ]
 
 
+def expected_order(queue, listed: list[int], blocks) -> list[int]:
+    """The free order the kill switch promises (module docstring of `vllm_queue`): in lpc
+    mode vLLM's list, then the learned order; off, the list's leading hash-less blocks, the
+    learned order (what is left to drain), the rest of the list."""
+    learned = queue.evictor.free_block_ids()
+    if type(queue) is type(queue).classes.lpc:
+        return listed + learned
+    k = 0
+    while k < len(listed) and blocks[listed[k]].block_hash is None:
+        k += 1
+    return listed[:k] + learned + listed[k:]
+
+
 @pytest.mark.parametrize(
     ("evictor", "seed"),
     [(e, seed) for e in ("lpc", "lpc-pooled") for seed in range(4)]
     + [("lpc-return", seed) for seed in range(2)],
 )
-def test_lru_mode_evicts_exactly_as_vllms_queue(evictor: str, seed: int) -> None:
+def test_every_mode_evicts_as_promised_and_off_is_vllms_queue(evictor: str, seed: int) -> None:
     """Random frees (cached and not, probabilities, conversations, blocks others hold,
-    preemptions), hits, allocations and mode switches. The reference LRU list gets the same
-    frees and hits, and loses the blocks the queue hands out. Whenever the mode is lru or shadow, the queue's
-    whole free order is the reference's, and so is every block it hands out; in lpc mode it
-    is the learned evictor's own order."""
+    preemptions), hits, allocations and mode switches. The reference is vLLM's list as the
+    switch promises to keep it (`LRUEvictor`, block for block vLLM's queue): uncached
+    releases always at its front, cached ones at its tail while off. Every pop and the whole
+    free order are the promised ones; off with nothing left to drain, the queue's class runs
+    vLLM's own methods, and `lru` leaves the plugin's hooks out (no `LPCFreeBlockQueue`)."""
     rng = random.Random(seed)
     num_blocks = 48
     switch = ModeSwitch()
     clock = Clock()
     queue, blocks, runtime = make_queue(evictor, num_blocks, switch, clock)
-    reference = LRUEvictor(num_blocks)
-    reference.reset(range(num_blocks))
+    listed = LRUEvictor(num_blocks)
+    listed.reset(range(num_blocks))
     in_use: list[Block] = []
-    lru_pops = lpc_pops_unlike_lru = switches = 0
+    off_pops = lpc_pops_unlike_list = switches = drained = 0
     for step in range(800):
         clock.now += rng.random()
         action = rng.random()
@@ -161,25 +183,40 @@ def test_lru_mode_evicts_exactly_as_vllms_queue(evictor: str, seed: int) -> None
             switches += switch.set(rng.choice(["lpc", "lru", "shadow"]), "test")
         elif action < 0.4 and queue.num_free_blocks:
             n = rng.randint(1, min(6, queue.num_free_blocks))
-            front = reference.free_block_ids()[:n]
+            want = expected_order(queue, listed.free_block_ids(), blocks)[:n]
+            learned = set(queue.evictor.free_block_ids())
             popped = queue.popleft_n(n) if n > 1 else [queue.popleft()]
             ids = [b.block_id for b in popped]
-            if switch.lru_order:
-                assert ids == reference.pop_n(n), f"step {step}: not LRU's eviction"
-                lru_pops += n
+            if evictor == "lpc-return":  # its pop re-keys first: the learned part as a set
+                assert [b in learned for b in ids] == [b in learned for b in want], step
+                ids_learned = [b for b in ids if b in learned]
+                assert [b for b in ids if b not in learned] == [
+                    b for b in want if b not in learned
+                ], f"step {step}: not the promised eviction"
+                assert len(ids_learned) == len(set(ids_learned) & learned)
             else:
-                lpc_pops_unlike_lru += ids != front
-                for block_id in ids:
-                    reference.remove(block_id)
+                assert ids == want, f"step {step}: not the promised eviction"
+            off_pops += n * switch.lru_order
+            lpc_pops_unlike_list += not switch.lru_order and ids != listed.free_block_ids()[:n]
+            for block_id in ids:
+                if block_id in listed:
+                    listed.remove(block_id)
             for block in popped:
                 block.block_hash = block.block_hash_num_tokens = None  # evicted: new content
             in_use.extend(popped)
+            if switch.lru_order and not len(queue.evictor):  # a pop found nothing to drain
+                drained += 1
+                classes = type(queue).classes
+                assert type(queue) is classes.off(switch.mode, draining=False)
+                for name in VLLM_METHODS:
+                    assert getattr(type(queue), name) is getattr(StockFreeBlockQueue, name)
         elif action < 0.55:
             free_cached = [b for b in blocks if b.block_hash is not None and b not in in_use]
             if free_cached:
                 block = rng.choice(free_cached)
                 queue.remove(block)
-                reference.remove(block.block_id)
+                if block.block_id in listed:
+                    listed.remove(block.block_id)
                 in_use.append(block)
         elif in_use:
             k = rng.randint(1, min(5, len(in_use)))
@@ -190,8 +227,6 @@ def test_lru_mode_evicts_exactly_as_vllms_queue(evictor: str, seed: int) -> None
                 if block.block_hash is not None:  # a chain is freed deepest first
                     block.block_hash_num_tokens = 16 * (depth + 1)
             freed = list(reversed(chain))  # the tail first, as vLLM frees
-            # A preempted request's release (its blocks after every free one in LPC's order)
-            # now and then: stock vLLM appends them like any other.
             kind = ProtectedRelease if rng.random() < 0.15 else Release
             release = kind(
                 clock(),
@@ -201,33 +236,33 @@ def test_lru_mode_evicts_exactly_as_vllms_queue(evictor: str, seed: int) -> None
             )
             cached = [b for b in freed if b.block_hash is not None]
             uncached = [b for b in freed if b.block_hash is None]
+            off = switch.lru_order
             with runtime.releasing(release):
                 queue.append_n(cached)
                 if rng.random() < 0.3:  # cached blocks another request still holds
                     shared = [b for b in in_use if b.block_hash is not None][:2]
                     queue.note_shared_release(shared, release)
             queue.prepend_n(uncached)
-            reference.append_n([b.block_id for b in cached])
-            reference.prepend_n([b.block_id for b in uncached])
+            if off:
+                listed.append_n([b.block_id for b in cached])
+            listed.prepend_n([b.block_id for b in uncached])
         order = [b.block_id for b in queue.get_all_free_blocks()]
-        if switch.lru_order:
-            assert order == reference.free_block_ids(), f"step {step}: not LRU's order"
-            assert isinstance(queue._evictor, LRUOrder)
-            queue._evictor.check_invariants()
-        else:
-            assert order == queue.evictor.free_block_ids()
+        assert order == expected_order(queue, listed.free_block_ids(), blocks), f"step {step}"
+        assert queue.num_free_blocks == len(order) == num_blocks - len(in_use)
+        assert isinstance(queue, LPCFreeBlockQueue) == (switch.mode != "lru")
         queue.evictor.check_invariants()
-    assert switches >= 3 and lru_pops > 50, "the stream never exercised the switch"
-    assert lpc_pops_unlike_lru > 0, "LPC never differed from LRU: the check proves nothing"
+    assert switches >= 3 and off_pops > 50 and drained, "the stream never exercised the switch"
+    assert lpc_pops_unlike_list > 0, "LPC never differed from LRU: the check proves nothing"
 
 
-def test_blocks_freed_in_lpc_mode_take_their_release_order_in_lru_mode() -> None:
-    """The rebuild, by hand: LPC queued the low-p release last-evicted-first; the switch puts
-    every block back in release order, uncached ones first."""
+def test_a_switch_off_drains_the_learned_blocks_first_then_is_vllms_queue() -> None:
+    """By hand: LPC queued the low-p release first-evicted; switched off, its blocks go
+    first in that order (uncached ones before them), new releases join vLLM's list behind
+    them; drained, the queue is vLLM's; switched on, the list's blocks go first."""
     switch = ModeSwitch()
     clock = Clock()
-    queue, _, runtime = make_queue("lpc", 6, switch, clock)
-    taken = queue.popleft_n(6)
+    queue, _, runtime = make_queue("lpc", 8, switch, clock)
+    taken = queue.popleft_n(8)
     for release_index, (ids, p) in enumerate([([0, 1], 0.9), ([2, 3], 0.1), ([4], 0.5)]):
         clock.now = float(release_index)
         chain = [taken[i] for i in ids]
@@ -238,8 +273,16 @@ def test_blocks_freed_in_lpc_mode_take_their_release_order_in_lru_mode() -> None
     queue.prepend_n([taken[5]])
     assert [b.block_id for b in queue.get_all_free_blocks()] == [5, 3, 2, 4, 1, 0]
     switch.set("lru", "test")
-    assert [b.block_id for b in queue.get_all_free_blocks()] == [5, 1, 0, 3, 2, 4]
-    assert [b.block_id for b in queue.popleft_n(3)] == [5, 1, 0]
+    taken[6].block_hash, taken[6].block_hash_num_tokens = b"6", 16
+    queue.append_n([taken[6]])  # a release while draining: vLLM's list, behind the old ones
+    queue.prepend_n([taken[7]])
+    assert [b.block_id for b in queue.get_all_free_blocks()] == [7, 5, 3, 2, 4, 1, 0, 6]
+    assert [b.block_id for b in queue.popleft_n(4)] == [7, 5, 3, 2]
+    assert type(queue).__name__ == "LPCOffDrainingQueue"
+    assert [b.block_id for b in queue.popleft_n(3)] == [4, 1, 0]
+    assert type(queue).__name__ == "LPCOffStockQueue", "drained: vLLM's own queue"
     switch.set("lpc", "test")
-    assert [b.block_id for b in queue.get_all_free_blocks()] == [3, 2, 4], "LPC order resumed"
+    with runtime.releasing(Release(9.0, 0.01, "c9")):
+        queue.append_n([taken[0]])
+    assert [b.block_id for b in queue.get_all_free_blocks()] == [6, 0], "the list goes first"
     queue.evictor.check_invariants()

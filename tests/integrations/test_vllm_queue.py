@@ -143,10 +143,18 @@ def test_the_pooled_evictor_ors_shared_releases_and_remembers_content() -> None:
 class SlotBlock:
     """vLLM 0.33's `KVCacheBlock` layout: `block_hash` is a property over a slot."""
 
-    __slots__ = ("_block_hash", "block_hash_num_tokens", "block_id")
+    __slots__ = (
+        "_block_hash",
+        "block_hash_num_tokens",
+        "block_id",
+        "next_free_block",
+        "prev_free_block",
+    )
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
+        self.prev_free_block: SlotBlock | None = None
+        self.next_free_block: SlotBlock | None = None
         self._block_hash: bytes | None = None
         self.block_hash_num_tokens: int | None = None
 
