@@ -402,3 +402,59 @@ def evaluate_artifact(
     )
     probabilities = predict_samples(predictor, embeddings, samples)
     return classification_metrics(labels_of(samples), probabilities).to_dict()
+
+
+def embed_both_halves(
+    cache: EmbeddingCache, split: SampleSplit, features: FeatureConfig, embed: EmbedOptions
+) -> EmbedStats:
+    """Fill the embedding cache for the training and evaluation halves without training (on a
+    GPU box, say): a later run elsewhere reads the embeddings instead of computing them."""
+    stats = EmbedStats()
+    for samples in (split.training_half, split.evaluation):
+        sample_embeddings(cache, samples, features, embed, stats)
+    return stats
+
+
+@dataclass(frozen=True)
+class PublishedArtifact:
+    """Where a trained artifact went: a plain folder (version None) or a registry version."""
+
+    where: Path
+    version: str | None
+    metadata: ArtifactMetadata
+
+
+def publish_artifact(
+    outcome: TrainingOutcome,
+    out: Path | None,
+    overwrite: bool,
+    registry_dir: Path,
+    promote: bool,
+    source: str,
+) -> PublishedArtifact:
+    """Write the artifact to `out`, or publish it as the registry's next version (promoted
+    when `promote`) with a history entry, all under the registry's lock."""
+    from predictor.artifact import save_artifact
+    from training.registry import ModelRegistry
+
+    if out is not None:
+        metadata = save_artifact(
+            out, outcome.artifact.model, outcome.artifact.metadata, overwrite=overwrite
+        )
+        return PublishedArtifact(out, None, metadata)
+    registry = ModelRegistry(registry_dir)
+    with registry.lock():
+        version = registry.publish(
+            outcome.artifact.model, outcome.artifact.metadata, {"source": source}
+        )
+        if promote:
+            registry.promote(version)
+        registry.append_history(
+            {
+                "event": "train",
+                "version": version,
+                "promoted": promote,
+                "metrics": outcome.metrics.get("evaluation"),
+            }
+        )
+    return PublishedArtifact(registry.root / version, version, outcome.artifact.metadata)

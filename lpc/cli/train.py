@@ -16,12 +16,11 @@ from lpc.cli.arg_types import positive_int
 from predictor.atomic_files import OutputWriteError
 
 if TYPE_CHECKING:  # the heavy modules are imported where a stage needs them
-    from predictor.artifact import ArtifactMetadata
     from predictor.embedders.base import Embedder
     from training.data import SampleSplit
     from training.embedding_cache import EmbeddingCache, EmbedOptions
     from training.loaders import LoadResult
-    from training.pipeline import TrainConfig, TrainingOutcome
+    from training.pipeline import PublishedArtifact, TrainConfig, TrainingOutcome
 
 DESCRIPTION = """\
 Train LPC's continuation predictor the paper's way: one sample per user turn (label: does the
@@ -80,8 +79,15 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_training_arguments(p: argparse.ArgumentParser) -> None:
     """Flags shared by `lpc train` and `lpc retrain`: embedder, features, MLP, fit, cache."""
-    from predictor.access_features import computable_on, features_help  # the help lists them
+    _add_embedder_arguments(p)
+    _add_feature_arguments(p)
+    _add_fit_arguments(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
 
+
+def _add_embedder_arguments(p: argparse.ArgumentParser) -> None:
+    """The embedder, where it runs, and its embedding cache."""
     emb = p.add_argument_group("embedder and embedding cache")
     emb.add_argument(
         "--embedder",
@@ -118,6 +124,11 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
         help="embedding cache folder (default: $LPC_CACHE_DIR/embeddings, else "
         ".cache/lpc/embeddings in the checkout)",
     )
+
+
+def _add_feature_arguments(p: argparse.ArgumentParser) -> None:
+    """The predictor's inputs: the prompt window and the opt-in scalars."""
+    from predictor.access_features import computable_on, features_help  # the help lists them
 
     feat = p.add_argument_group(
         'features (docs/predictor.md "Features"; defaults are the paper\'s)'
@@ -157,6 +168,9 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
         "(default: none, the paper's inputs; see docs/training.md §5)",
     )
 
+
+def _add_fit_arguments(p: argparse.ArgumentParser) -> None:
+    """The MLP and its fit: sizes, optimiser, stopping, validation share, devices."""
     fit = p.add_argument_group("training (defaults are the paper's recipe)")
     fit.add_argument(
         "--hidden",
@@ -209,8 +223,6 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="Lightning strategy, e.g. ddp for several GPUs (default: auto)",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
 
 
 def train_config_from(args: argparse.Namespace):
@@ -383,15 +395,6 @@ class TrainData:
     load_s: float
 
 
-@dataclass(frozen=True)
-class Published:
-    """Where the artifact went: a plain folder (version None) or a registry version."""
-
-    where: Path
-    version: str | None
-    metadata: ArtifactMetadata
-
-
 def check_flags(args: argparse.Namespace) -> None:
     """Refuse a missing data source and contradictory output flags before anything loads."""
     from lpc.errors import CommandError, UserError
@@ -467,12 +470,9 @@ def embed_only(
 ) -> int:
     """--embed-only: fill the cache for both halves (e.g. on a GPU box) and report; a later
     `lpc train` elsewhere then reads the embeddings instead of computing them."""
-    from training.embedding_cache import EmbedStats
-    from training.pipeline import sample_embeddings
+    from training.pipeline import embed_both_halves
 
-    stats = EmbedStats()
-    for samples in (data.split.training_half, data.split.evaluation):
-        sample_embeddings(cache, samples, plan.config.feature_config, plan.embed, stats)
+    stats = embed_both_halves(cache, data.split, plan.config.feature_config, plan.embed)
     summary = {
         "embedding": stats.to_dict(),
         "cache": str(cache.folder),
@@ -525,40 +525,20 @@ def train_model(
     return outcome
 
 
-def publish(args: argparse.Namespace, outcome: TrainingOutcome) -> Published:
-    """Write the artifact to --out, or publish it as the registry's next version (promoted
-    unless --no-promote) with a history entry, all under the registry's lock."""
-    from predictor.artifact import save_artifact
+def publish(args: argparse.Namespace, outcome: TrainingOutcome) -> PublishedArtifact:
+    """--out, else the registry's next version (promoted unless --no-promote)."""
     from training.locations import default_registry_dir
-    from training.registry import ModelRegistry
+    from training.pipeline import publish_artifact
 
-    if args.out is not None:
-        metadata = save_artifact(
-            args.out, outcome.artifact.model, outcome.artifact.metadata, overwrite=args.overwrite
-        )
-        return Published(args.out, None, metadata)
-    registry = ModelRegistry(args.registry or default_registry_dir())
-    with registry.lock():
-        version = registry.publish(
-            outcome.artifact.model, outcome.artifact.metadata, {"source": "lpc train"}
-        )
-        if not args.no_promote:
-            registry.promote(version)
-        registry.append_history(
-            {
-                "event": "train",
-                "version": version,
-                "promoted": not args.no_promote,
-                "metrics": outcome.metrics.get("evaluation"),
-            }
-        )
-    return Published(registry.root / version, version, outcome.artifact.metadata)
+    registry = args.registry or default_registry_dir()
+    promote = not args.no_promote
+    return publish_artifact(outcome, args.out, args.overwrite, registry, promote, "lpc train")
 
 
 def print_outcome(
     args: argparse.Namespace,
     outcome: TrainingOutcome,
-    published: Published | None,
+    published: PublishedArtifact | None,
     total: float,
 ) -> None:
     """The outcome as JSON, or as the metrics table, the artifact's place and the timings.
