@@ -307,6 +307,8 @@ def build_scheduler(args: argparse.Namespace, model_dir: Path) -> tuple[Any, Any
         async_scheduling=False,
     )
     cache_config = CacheConfig(block_size=args.block_size, enable_prefix_caching=True)
+    if args.eviction_policy is not None:  # vLLM's eviction-policy seam (a patched vLLM)
+        cache_config.eviction_policy = args.eviction_policy
     vllm_config = VllmConfig(
         model_config=model_config,
         scheduler_config=scheduler_config,
@@ -748,6 +750,11 @@ def main(argv: list[str] | None = None) -> int:
         help="build the scheduler of one rank of a data-parallel engine of this many ranks",
     )
     parser.add_argument("--data-parallel-rank", type=int, default=0, help="that rank")
+    parser.add_argument(
+        "--eviction-policy",
+        help="CacheConfig.eviction_policy, for a vLLM with the eviction-policy seam "
+        "(docs/vllm-eviction-seam.patch); the plugin registers its queue there as lpc",
+    )
     parser.add_argument("--label", default="", help="the policy, for the summary")
     args = parser.parse_args(argv)
     started = time.perf_counter()

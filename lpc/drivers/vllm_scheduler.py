@@ -276,9 +276,12 @@ def run_policy(
     records: bool = True,
     timeout_s: float = TIMEOUT_S,
     switch_at: str = "",
+    eviction_policy: str | None = None,
 ) -> PolicyRun:
     """Serve `requests` with vLLM's scheduler under `policy`, in a fresh driver process;
-    `switch_at` (`STEP:MODE,...`) switches the plugin's mode before those steps."""
+    `switch_at` (`STEP:MODE,...`) switches the plugin's mode before those steps;
+    `eviction_policy` sets vLLM's `CacheConfig.eviction_policy` (a vLLM with the seam of
+    docs/vllm-eviction-seam.patch)."""
     max_model_len = max_model_len_for(requests, engine)
     if engine.kv_tokens < max_model_len:
         raise ValueError(
@@ -310,6 +313,8 @@ def run_policy(
         command.append("--send-probabilities")
     if switch_at:
         command += ["--switch-at", switch_at]
+    if eviction_policy is not None:
+        command += ["--eviction-policy", eviction_policy]
     shadow_path = workdir / f"{slug}.shadow.jsonl" if policy.name in SHADOW else None
     if shadow_path is not None:
         command += ["--shadow-events", str(shadow_path)]

@@ -8,6 +8,10 @@ the signatures it wraps, the block fields it reads, the lookup of the queue clas
 `BlockPool` construction — and otherwise leaves vLLM stock, with one warning line listing
 every mismatch: a plugin that stopped the engine on an upgrade would turn a routine vLLM
 release into an outage, and stock vLLM is always a safe way to serve.
+
+A vLLM with the eviction-policy seam (docs/vllm-eviction-seam.patch; `has_seam`) is checked
+instead by `seam_problems`: the seam's own shape and what the LPC queue reads, with no version
+pin, since the plugin then replaces and wraps nothing (`vllm_seam`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ WRAPPED_SIGNATURES: dict[tuple[str, str], tuple[str, ...]] = {
     ("KVCacheManager", "free"): ("self", "request"),
     ("KVCacheManager", "pop_blocks_for_free"): ("self", "request"),
 }
+# The eviction-policy seam's factory methods the plugin calls (`vllm_seam`).
+SEAM_FACTORY_METHODS = ("register_eviction_policy", "get_eviction_policy_cls")
 BLOCK_FIELDS = ("block_id", "ref_cnt", "pool", "is_null")
 BLOCK_PROPERTIES = ("block_hash", "block_hash_num_tokens")
 # What the in-process access model reads from a releasing request (`access_runtime`).
@@ -71,7 +77,24 @@ def structural_problems(
 ) -> list[str]:
     """Everything about these vLLM modules that differs from what the plugin expects: every
     check of `STRUCTURE_CHECKS` runs, so one refusal lists every mismatch, in that order."""
-    vllm = _Vllm(
+    vllm = _vllm(
+        block_pool, kv_cache_utils, kv_cache_manager, request_module, sampling_params, scheduler
+    )
+    problems: list[str] = []
+    for check in STRUCTURE_CHECKS:
+        problems.extend(check(vllm))
+    return problems
+
+
+def _vllm(
+    block_pool: ModuleType,
+    kv_cache_utils: ModuleType,
+    kv_cache_manager: ModuleType,
+    request_module: ModuleType,
+    sampling_params: ModuleType,
+    scheduler: ModuleType,
+) -> _Vllm:
+    return _Vllm(
         block_pool=block_pool,
         kv_cache_utils=kv_cache_utils,
         request_module=request_module,
@@ -83,10 +106,6 @@ def structural_problems(
             "Scheduler": getattr(scheduler, "Scheduler", None),
         },
     )
-    problems: list[str] = []
-    for check in STRUCTURE_CHECKS:
-        problems.extend(check(vllm))
-    return problems
 
 
 @dataclass(frozen=True)
@@ -248,6 +267,29 @@ def _sampling_params(vllm: _Vllm) -> list[str]:
     return [] if "extra_args" in declared else ["SamplingParams has no extra_args"]
 
 
+def _seam(vllm: _Vllm) -> list[str]:
+    """The eviction-policy seam (docs/vllm-eviction-seam.patch) has the shape the plugin uses:
+    the factory's two class methods, the pool's `eviction_policy`, and a `KVCacheManager.free`
+    that calls the policy's `on_request_freed`."""
+    factory = getattr(vllm.block_pool, "EvictionPolicyFactory", None)
+    if factory is None:
+        return ["vllm.v1.core.block_pool has no EvictionPolicyFactory"]
+    problems = [
+        f"EvictionPolicyFactory has no {name}"
+        for name in SEAM_FACTORY_METHODS
+        if not callable(getattr(factory, name, None))
+    ]
+    pool = vllm.owners["BlockPool"]
+    if pool is not None and "eviction_policy" not in _parameters(pool.__init__):
+        problems.append("BlockPool.__init__ takes no eviction_policy")
+    manager = vllm.owners["KVCacheManager"]
+    free = getattr(manager, "free", None) if manager is not None else None
+    names = getattr(getattr(free, "__code__", None), "co_names", ())
+    if free is None or not {"on_request_freed", "_on_request_freed"} & set(names):
+        problems.append("KVCacheManager.free does not call the policy's on_request_freed")
+    return problems
+
+
 # Run in this order; a refusal lists the problems in this order.
 STRUCTURE_CHECKS: tuple[Callable[[_Vllm], list[str]], ...] = (
     _owner_classes,
@@ -261,3 +303,39 @@ STRUCTURE_CHECKS: tuple[Callable[[_Vllm], list[str]], ...] = (
     _request,
     _sampling_params,
 )
+
+# What the seam path needs (no class replaced, no method wrapped): the seam itself, and the
+# queue, block, request and sampling-parameter shapes the LPC queue and its release read.
+SEAM_CHECKS: tuple[Callable[[_Vllm], list[str]], ...] = (
+    _owner_classes,
+    _queue_methods,
+    _seam,
+    _kv_cache_block,
+    _request,
+    _sampling_params,
+)
+
+
+def has_seam(block_pool: ModuleType) -> bool:
+    """Does this vLLM publish the eviction-policy seam (`EvictionPolicyFactory` in its block
+    pool module)? Then the plugin registers its queue there and patches nothing."""
+    return getattr(block_pool, "EvictionPolicyFactory", None) is not None
+
+
+def seam_problems(
+    block_pool: ModuleType,
+    kv_cache_utils: ModuleType,
+    kv_cache_manager: ModuleType,
+    request_module: ModuleType,
+    sampling_params: ModuleType,
+    scheduler: ModuleType,
+) -> list[str]:
+    """Every mismatch between this vLLM's seam and what the seam path expects (`SEAM_CHECKS`).
+    No version pin: the seam is the contract, so any vLLM that has it in this shape fits."""
+    vllm = _vllm(
+        block_pool, kv_cache_utils, kv_cache_manager, request_module, sampling_params, scheduler
+    )
+    problems: list[str] = []
+    for check in SEAM_CHECKS:
+        problems.extend(check(vllm))
+    return problems
