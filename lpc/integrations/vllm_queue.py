@@ -213,8 +213,9 @@ class _QueueCore:
     """
 
     runtime: ClassVar[QueueRuntime]
-    stock: ClassVar[type]  # the engine's FreeKVCacheBlockQueue: its methods run the list
-    classes: ClassVar[ModeClasses]
+    # The engine's FreeKVCacheBlockQueue: its methods run the list (`bind_queue_class`).
+    stock: ClassVar[type] = StockFreeBlockQueue
+    classes: ClassVar[ModeClasses | None] = None
     _learned: LearnedEvictor
     _blocks: list[Any]
     _released_s: np.ndarray
@@ -232,8 +233,10 @@ class _QueueCore:
         current = type(self)
         if mode == "lpc" and not self._tripped:
             target = classes.lpc
-        else:
-            draining = current is classes.lpc or current in classes.draining.values()
+        else:  # a tripped queue's learned structure is empty: vLLM's queue at once
+            draining = not self._tripped and (
+                current is classes.lpc or current in classes.draining.values()
+            )
             target = classes.off(mode, draining)
         if current is not target:
             self.__class__ = target
@@ -411,6 +414,9 @@ class LPCFreeBlockQueue(_QueueCore):
                     f"block at position {index} has id {block.block_id}; the LPC queue needs "
                     "block ids equal to their positions in the pool"
                 )
+        classes = type(self).classes
+        if classes is None or classes.lpc is not type(self):  # a subclass defined elsewhere
+            _with_mode_classes(type(self))
         self.stock.__init__(self, blocks)  # every block free, in vLLM's list, in id order
         self._blocks = list(blocks)
         # Each block's last release time (the queue's clock): its age when evicted. A numpy
@@ -653,19 +659,35 @@ def bind_queue_class(runtime: QueueRuntime, stock: type | None = None) -> type[L
     on pools whose queue is one (`vllm_plugin._runtime_of`), leave such a pool to vLLM."""
     stock = StockFreeBlockQueue if stock is None else stock
     shared: dict[str, Any] = {"runtime": runtime, "stock": stock}
+    lpc = type("LPCFreeKVCacheBlockQueue", (LPCFreeBlockQueue, stock), dict(shared))
+    return _with_mode_classes(lpc, shared)
+
+
+def _with_mode_classes(lpc: type, shared: dict[str, Any] | None = None) -> type:
+    """Give the `lpc` mode's class its off classes (`ModeClasses`). With `shared` (the
+    runtime and vLLM's class, `bind_queue_class`), `lru`'s are built on vLLM's class alone,
+    so they are no `LPCFreeBlockQueue`; without it (a subclass defined elsewhere, e.g. the
+    seam's queue) every class derives from `lpc`, keeping what it adds."""
+    stock = lpc.stock
     own = {name: getattr(stock, name) for name in VLLM_METHODS}
     releases = {name: own[name] for name in ("append", "append_n", "prepend_n")}
     quiet = {"note_shared_release": _Draining.note_shared_release}
-    lpc = type("LPCFreeKVCacheBlockQueue", (LPCFreeBlockQueue, stock), dict(shared))
-    draining = {
-        "shadow": type("LPCShadowDrainingQueue", (_Draining, lpc), dict(releases)),
-        "lru": type("LPCOffDrainingQueue", (_Draining, _QueueCore, stock), shared | releases),
-    }
-    drained = {
-        "shadow": type("LPCShadowStockQueue", (lpc,), own | quiet),
-        "lru": type("LPCOffStockQueue", (_QueueCore, stock), shared | own | quiet),
-    }
-    classes = ModeClasses(lpc, draining, drained)
-    for cls in (lpc, *draining.values(), *drained.values()):
+    name = lpc.__name__
+    shadow_draining = type(f"{name}ShadowDraining", (_Draining, lpc), dict(releases))
+    shadow_drained = type(f"{name}ShadowStock", (lpc,), own | quiet)
+    if shared is None:
+        lru_draining = type(f"{name}OffDraining", (_Draining, lpc), dict(releases))
+        lru_drained = type(f"{name}OffStock", (lpc,), own | quiet)
+    else:
+        lru_draining = type(
+            "LPCOffDrainingQueue", (_Draining, _QueueCore, stock), shared | releases
+        )
+        lru_drained = type("LPCOffStockQueue", (_QueueCore, stock), shared | own | quiet)
+    classes = ModeClasses(
+        lpc,
+        {"shadow": shadow_draining, "lru": lru_draining},
+        {"shadow": shadow_drained, "lru": lru_drained},
+    )
+    for cls in (lpc, shadow_draining, shadow_drained, lru_draining, lru_drained):
         cls.classes = classes
     return lpc

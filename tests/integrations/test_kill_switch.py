@@ -1,0 +1,266 @@
+"""The kill switch's costs and its fail-safe, without vLLM, by counting (never by timing).
+
+- a switch costs O(1) on any thread: the Python and C calls of `ModeSwitch.set`, and of the
+  first pop after it, are the same at 1K and 100K free blocks;
+- the lazy-offload scan (`iter_blocks_after`) finds its cursor in O(log runs) and walks O(1)
+  runs per run of blocks it yields, and its order index is built once, not per scan;
+- an evictor that raises never reaches the caller, in any mode: the queue hands its blocks
+  to vLLM's list and runs stock from then on.
+The same against real vLLM blocks and queue: test_kill_switch_vllm.py.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from eviction import Release
+from lpc.integrations.config import PluginConfig
+from lpc.integrations.mode import ModeSwitch
+from lpc.integrations.stats import PluginStats
+from lpc.integrations.vllm_queue import LPCFreeBlockQueue, QueueRuntime, bind_queue_class
+
+
+class Block:
+    """vLLM's `KVCacheBlock` fields the queue and the list read (`ref_cnt`: the pool's)."""
+
+    __slots__ = (
+        "block_hash",
+        "block_hash_num_tokens",
+        "block_id",
+        "next_free_block",
+        "prev_free_block",
+        "ref_cnt",
+    )
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.block_hash: bytes | None = None
+        self.block_hash_num_tokens: int | None = None
+        self.prev_free_block: Block | None = None
+        self.next_free_block: Block | None = None
+        self.ref_cnt = 0
+
+
+def make_queue(num_blocks: int, mode: str = "lpc", evictor: str = "lpc"):
+    switch = ModeSwitch(mode)
+    runtime = QueueRuntime(PluginConfig(evictor=evictor), PluginStats(), lambda: 0.0, mode=switch)
+    blocks = [Block(i) for i in range(num_blocks)]
+    return bind_queue_class(runtime)(blocks), blocks, runtime
+
+
+def release_chains(queue: Any, runtime: QueueRuntime, chains: int, length: int) -> None:
+    """`chains` requests of `length` blocks each: allocated, cached, freed tail first with
+    distinct probabilities (so every run has its own key)."""
+    for c in range(chains):
+        chain = queue.popleft_n(length)
+        for depth, block in enumerate(chain):
+            block.block_hash = b"cached"  # plain LPC reads no hash, only that there is one
+            block.block_hash_num_tokens = 16 * (depth + 1)
+        with runtime.releasing(Release(float(c), 0.05 + 0.9 * (c * 7919 % chains) / chains, "c")):
+            queue.append_n(chain[::-1])
+
+
+def calls(work: Callable[[], Any]) -> int:
+    """Python and C function calls `work` makes (`sys.setprofile`): an operation count."""
+    count = 0
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        nonlocal count
+        if event in ("call", "c_call"):
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        work()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def switch_costs(num_blocks: int) -> tuple[int, int, int, int]:
+    """Calls of: a switch off with every block in the learned structure, the first pop after
+    it; a switch on with every block in vLLM's list, the first pop after that."""
+    queue, _, runtime = make_queue(num_blocks)
+    release_chains(queue, runtime, num_blocks // 1000, 1000)
+    assert len(queue.evictor) == num_blocks
+    off = calls(lambda: runtime.mode.set("lru", "test"))
+    first_off = calls(lambda: queue.popleft_n(16))
+    assert type(queue).__name__ == "LPCOffDrainingQueue"
+    queue, _, runtime = make_queue(num_blocks, "lru")  # every block in vLLM's list
+    on = calls(lambda: runtime.mode.set("lpc", "test"))
+    first_on = calls(lambda: queue.popleft_n(16))
+    assert type(queue).__name__ == "LPCFreeKVCacheBlockQueue"
+    return off, first_off, on, first_on
+
+
+@pytest.mark.parametrize(
+    "large_blocks", [10_000, pytest.param(100_000, marks=pytest.mark.slow)], ids=str
+)
+def test_a_switch_costs_the_same_at_1k_and_100k_free_blocks(large_blocks: int) -> None:
+    ModeSwitch().set("lru", "warm-up")  # the logger's first record fills its caches
+    small, large = switch_costs(1_000), switch_costs(large_blocks)
+    assert small[0] == large[0] and small[2] == large[2], (small, large)
+    assert large[0] < 300, f"switching off made {large[0]} calls"
+    # The first pop after the switch drains 16 blocks of one run: O(1) calls, not O(n).
+    assert large[1] <= small[1] + 5 and large[1] < 120, (small, large)
+    assert large[3] == small[3], (small, large)
+
+
+def test_switching_never_touches_a_block() -> None:
+    """No block's field is read or written by a switch: it changes one class pointer."""
+    queue, blocks, runtime = make_queue(2_000)
+    release_chains(queue, runtime, 2, 1000)
+    before = [(b.prev_free_block, b.next_free_block, b.block_hash) for b in blocks]
+    classes = set()
+    for mode in ("lru", "shadow", "lpc", "shadow", "lru", "lpc"):
+        runtime.mode.set(mode, "test")
+        classes.add(type(queue).__name__)
+    assert before == [(b.prev_free_block, b.next_free_block, b.block_hash) for b in blocks]
+    assert len(classes) == 3 and len(queue.evictor) == 2_000
+
+
+def test_the_offload_scan_finds_its_cursor_and_walks_only_what_it_yields() -> None:
+    """100 runs of 50 blocks: scans of 120 blocks after cursors anywhere in the order
+    yield the order's next 120 blocks, looking at no more runs than they span (+1), and the
+    run index is built once across scans with releases, hits and pops between them."""
+    queue, blocks, runtime = make_queue(5_000)
+    release_chains(queue, runtime, 100, 50)
+    learned = queue.evictor
+    rng = random.Random(0)
+    for step in range(10):
+        order = learned.free_block_ids()  # distinct keys, no branch: the scan order
+        at = rng.randrange(len(order) - 200)
+        cursor = blocks[order[at]]
+        runs_before = learned.scan_runs
+        scanned = []
+        for block in queue.iter_blocks_after(cursor):
+            scanned.append(block.block_id)
+            if len(scanned) == 120:
+                break
+        assert scanned == order[at + 1 : at + 121], f"scan {step}"
+        assert learned.scan_runs - runs_before <= 120 // 50 + 2, "walked runs it did not yield"
+        # Between scans the engine works: a hit, an allocation and a release.
+        hit = blocks[order[rng.randrange(len(order))]]
+        queue.remove(hit)
+        taken = queue.popleft_n(3)
+        with runtime.releasing(Release(2_000.0 + step, rng.random(), "x")):
+            queue.append_n([hit])
+        for block in taken:
+            block.block_hash, block.block_hash_num_tokens = None, None
+        queue.prepend_n(taken)
+    assert learned.order_builds == 1
+    assert list(queue.iter_blocks_after(blocks[queue.popleft().block_id])) == []
+
+
+def test_the_offload_scan_visits_vllms_list_first_in_lpc_mode_and_the_learned_order_after() -> None:
+    queue, blocks, runtime = make_queue(40)
+    release_chains(queue, runtime, 3, 10)  # 30 blocks learned, 10 uncached in the list
+    listed = [b.block_id for b in queue.stock.get_all_free_blocks(queue)]
+    learned = queue.evictor.free_block_ids()
+    assert [b.block_id for b in queue.iter_blocks_after(None)] == listed + learned
+    assert [b.block_id for b in queue.iter_blocks_after(blocks[listed[-1]])] == learned
+    runtime.mode.set("shadow", "test")  # draining: the same order the pops take
+    assert [b.block_id for b in queue.iter_blocks_after(None)] == listed + learned
+    assert [b.block_id for b in queue.iter_blocks_after(blocks[learned[4]])] == learned[5:]
+
+
+class Failing(RuntimeError):
+    pass
+
+
+FAILING_METHODS = (
+    "pop_n",
+    "remove",
+    "push_cached",
+    "push_protected",
+    "note_shared_release",
+    "iter_after",
+    "free_block_ids",
+    "__contains__",
+)
+
+
+def break_evictor(queue: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every method of the learned evictor the queue calls raises from now on."""
+    learned = queue.evictor
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise Failing("injected")
+
+    for name in FAILING_METHODS:
+        if name == "__contains__":
+            monkeypatch.setattr(type(learned), name, fail)
+        else:
+            monkeypatch.setattr(learned, name, fail)
+
+
+@pytest.mark.parametrize("start", ["lpc", "lru", "shadow"])
+@pytest.mark.parametrize("seed", range(3))
+def test_no_evictor_error_reaches_the_caller_in_any_mode(
+    start: str, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A random stream of vLLM's calls with switches; at a random step every evictor method
+    starts raising. Nothing raises to the caller, no free block is lost or doubled, and a
+    queue whose evictor failed on a pop, a hit or a scan runs vLLM's list from then on."""
+    rng = random.Random(seed)
+    queue, blocks, runtime = make_queue(64, start, "lpc-pooled")
+    break_at = rng.randrange(50, 250)
+    in_use: list[Block] = []
+    for step in range(400):
+        if step == break_at:
+            break_evictor(queue, monkeypatch)
+        action = rng.random()
+        if action < 0.03:
+            runtime.mode.set(rng.choice(["lpc", "lru", "shadow"]), "test")
+        elif action < 0.35 and queue.num_free_blocks:
+            n = rng.randint(1, min(6, queue.num_free_blocks))
+            popped = queue.popleft_n(n) if n > 1 else [queue.popleft()]
+            for block in popped:
+                assert block.ref_cnt == 0, f"step {step}: block {block.block_id} handed out twice"
+                block.ref_cnt = 1
+                block.block_hash = block.block_hash_num_tokens = None
+            in_use.extend(popped)
+        elif action < 0.5:
+            free_cached = [b for b in blocks if b.ref_cnt == 0 and b.block_hash is not None]
+            if free_cached:
+                block = rng.choice(free_cached)
+                queue.remove(block)
+                block.ref_cnt = 1
+                in_use.append(block)
+        elif action < 0.6:
+            cursor = rng.choice([None, rng.choice(blocks)])
+            for k, _ in enumerate(queue.iter_blocks_after(cursor)):
+                if k == 20:
+                    break
+        elif in_use:
+            k = min(len(in_use), rng.randint(1, 4))
+            chain = [in_use.pop(rng.randrange(len(in_use))) for _ in range(k)]
+            for depth, block in enumerate(chain):
+                block.ref_cnt = 0
+                if rng.random() < 0.8:
+                    block.block_hash = bytes([seed, step % 256, depth, block.block_id])
+                    block.block_hash_num_tokens = 16 * (depth + 1)
+            freed = chain[::-1]
+            release = Release(float(step), rng.random(), f"c{rng.randrange(4)}")
+            queue.prepend_n([b for b in freed if b.block_hash is None])  # vLLM's order
+            with runtime.releasing(release):
+                queue.append_n([b for b in freed if b.block_hash is not None])
+                shared = [b for b in in_use if b.block_hash is not None][:2]
+                queue.note_shared_release(shared, release)
+        free = [b for b in blocks if b.ref_cnt == 0]
+        assert queue.num_free_blocks == len(free), f"step {step}: free blocks miscounted"
+    if queue._tripped:
+        assert type(queue) in type(queue).classes.drained.values(), "tripped: vLLM's list"
+        assert queue.num_free_blocks == len(queue.stock.get_all_free_blocks(queue))
+        assert runtime.stats.snapshot()["plugin_errors"] > 0
+        runtime.mode.set("lpc" if runtime.mode.mode != "lpc" else "shadow", "test")
+        runtime.mode.set("lpc", "test")
+        assert type(queue) in type(queue).classes.drained.values(), "tripped stays off"
+    runtime.mode.set("lru", "test")
+    queue.popleft_n(queue.num_free_blocks)  # whatever was left to drain, then vLLM's list
+    assert not isinstance(queue, LPCFreeBlockQueue), "lru: the plugin's hooks stand aside"
