@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -252,3 +253,30 @@ def bench_rpc_overhead(
         "overhead_ms_p50": round(float(np.median(differences_ms)), 3),
         "overhead_ms_mean": round(float(np.mean(differences_ms)), 3),
     }
+
+
+def untrained_artifact(
+    folder: Path, embedder: Embedder, spec: str, window_encoding: str = "joined"
+) -> Path:
+    """An MLP with random weights saved as an artifact: speed does not depend on the weights."""
+    import torch
+
+    from predictor.artifact import ArtifactMetadata, save_artifact
+    from predictor.features import FeatureConfig
+    from predictor.model import ContinuationMLP, MLPConfig
+
+    torch.manual_seed(0)
+    config = MLPConfig(embedding_dim=embedder.dim)
+    save_artifact(
+        folder,
+        ContinuationMLP(config),
+        ArtifactMetadata(
+            embedder_id=embedder.embedder_id,
+            feature_config=FeatureConfig(window_encoding=window_encoding),
+            mlp_config=config,
+            base_rate=0.5,
+            embedder_spec=spec,
+            notes={"untrained": "benchmark only"},
+        ),
+    )
+    return folder

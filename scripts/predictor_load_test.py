@@ -37,9 +37,13 @@ from predictor.runtime import prefer_passive_openmp  # noqa: E402
 
 prefer_passive_openmp()  # before torch is imported: see predictor/runtime.py
 
-from lpc.cli.bench_predictor import sharegpt_windows, untrained_artifact  # noqa: E402
+from lpc.benchmarks.predictor_bench import sharegpt_windows  # noqa: E402
 from predictor.atomic_files import write_text_atomically  # noqa: E402
-from predictor.benchmark import synthetic_windows, worst_case_windows  # noqa: E402
+from predictor.benchmark import (  # noqa: E402
+    synthetic_windows,
+    untrained_artifact,
+    worst_case_windows,
+)
 from predictor.embedders import load_embedder  # noqa: E402
 from predictor.features import ConversationWindow  # noqa: E402
 from predictor.load_test import LoadTestConfig, run_load_test  # noqa: E402
