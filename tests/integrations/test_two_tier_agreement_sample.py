@@ -1,12 +1,13 @@
 """The two-tier replay's CPU tier against real vLLM 0.33's `CPUOffloadingManager` on a Mooncake
-sample, in the default suite: one conversation in 10 of the bundled trace (1,218 requests,
-block size 512), GPU 250K tokens (LRU), every request's CPU hit and the chunks stored and
-evicted compared exactly, as tests/vllm/test_two_tier_agreement.py (whose helpers these are)
-does on a synthetic workload and on the whole trace, in the vLLM CI step.
+sample: one conversation in 10 of the bundled trace (1,218 requests, block size 512), GPU
+250K tokens (LRU), every request's CPU hit and the chunks stored and evicted compared
+exactly, as tests/vllm/test_two_tier_agreement.py (whose helpers these are) does on a
+synthetic workload and on the whole trace, in the vLLM CI step.
 
-It needs vLLM's venv (`.vllm-venv`, or `LPC_VLLM_PYTHON`), which the README's test command
-sets up (`scripts/bootstrap.sh --with-vllm`); without it the tests are skipped, loudly (the
-`vllm_python` fixture, asked for first so that nothing is loaded before the skip). Every
+Marked `vllm`: it runs in CI step 3 (.ci/run), not in the default suite (about 25 s). It
+needs vLLM's venv (`.vllm-venv`, or `LPC_VLLM_PYTHON`), which `scripts/bootstrap.sh
+--with-vllm` sets up; without it the tests are skipped, loudly (the `vllm_python` fixture,
+asked for first so that nothing is loaded before the skip). Every
 stream runs through one driver process (vLLM's import, about 10 s, paid once).
 
 - vLLM's built-in policies, CPU 800K tokens, store threshold 0 and 2: `lru` against our `lru`
@@ -50,6 +51,8 @@ from tests.vllm.test_two_tier_agreement import (
 GPU_TOKENS = 250_000
 CPU_TOKENS = 800_000
 TRANSCRIPTION = Path(__file__).resolve().parents[2] / "lpc" / "replay" / "vllm_arc_policy.py"
+
+pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")

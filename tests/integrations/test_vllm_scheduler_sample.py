@@ -1,11 +1,12 @@
-"""A sample of `lpc vllm-ab` in the default suite: vLLM 0.33.0's own `Scheduler`, stock and
-with the plugin, on a workload small enough to run in seconds and tight enough that prompts
-are chunked and requests preempted.
+"""A sample of `lpc vllm-ab`: vLLM 0.33.0's own `Scheduler`, stock and with the plugin, on a
+workload small enough to run in seconds and tight enough that prompts are chunked and
+requests preempted.
 
-It needs vLLM's venv (`.vllm-venv`, or `LPC_VLLM_PYTHON`), which the README's test command
-sets up (`scripts/bootstrap.sh --with-vllm`); without it the test is skipped, loudly (the
-`vllm_python` fixture). The full checks (the Mooncake sample with the access model, shadow
-mode, the kill switch, data parallelism, the whole trace) are the vLLM CI step's
+Marked `vllm`: it runs in CI step 3 (.ci/run), not in the default suite (about 35 s of
+engine start-ups). It needs vLLM's venv with the LPC core (`.vllm-venv`, or
+`LPC_VLLM_PYTHON`; `scripts/setup_vllm_plugin.sh`, which `scripts/bootstrap.sh --with-vllm`
+runs); without it the test is skipped, loudly (the `vllm_python` fixture). The full checks
+(the Mooncake sample with the access model, shadow mode, the kill switch, data parallelism, the whole trace) are the vLLM CI step's
 (tests/integrations/test_vllm_scheduler.py, marked `vllm`).
 
 What one run shows (each policy in its own vLLM process, the plugin loaded by vLLM's
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.integrations.report import REPORT
 from tests.integrations.test_vllm_scheduler import rows_of, run_scheduler_ab, sharegpt_like
 
@@ -36,6 +39,8 @@ ENGINE = (
     *("--max-num-seqs", "16", "--step-base-ms", "10", "--step-per-token-us", "100"),
 )
 POLICIES = ("lru", "installed", "lpc-const=0.5", "lpc-pooled")
+
+pytestmark = pytest.mark.vllm
 
 
 def test_a_small_workload_through_vllm_scheduler(vllm_python: Path, tmp_path: Path) -> None:
