@@ -9,10 +9,10 @@
 # Override with LPC_TORCH_SPEC (e.g. LPC_TORCH_SPEC="torch==2.13.0" or a CUDA index) on a GPU box.
 #
 # `--with-vllm` (the README's test command) also makes ./.vllm-venv ready for the plugin's
-# tests (scripts/setup_vllm_plugin.sh: vLLM 0.33.0 in its own venv, the LPC core in it), so
-# that the default suite drives vLLM's own scheduler on a small sample. When vLLM cannot be
-# installed (no package index) it says so loudly and goes on: those tests are then skipped,
-# loudly, and everything else runs.
+# tests (scripts/setup_vllm_plugin.sh: vLLM 0.33.0 in its own venv, the LPC core in it), which
+# the tests marked `vllm` (CI steps 2 and 3) drive. When vLLM cannot be installed (no package
+# index) it says so loudly and goes on: those tests are then skipped, loudly, and everything
+# else runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
