@@ -40,6 +40,8 @@ from predictor.atomic_files import OutputWriteError, write_text_atomically
 
 @dataclass
 class ABOutcome:
+    """One `lpc ab` run: its options, its figures, how long each stage took, the files written."""
+
     options: ABOptions
     workload_summary: dict[str, Any]
     results: list[ReplayResult]
@@ -203,6 +205,7 @@ def _scale_text(used: float | None, configured: float | None) -> str:
 
 
 def markdown_report(outcome: ABOutcome) -> str:
+    """report.md: the workload, the comparison tables, the plots and the timings."""
     s = outcome.workload_summary
     policies = [p.label for p in outcome.options.policies]
     if "trace" in s:
@@ -375,6 +378,7 @@ def _markdown_trace_report(outcome: ABOutcome) -> str:
 
 
 def summary_text(outcome: ABOutcome) -> str:
+    """The terminal report: the trace or fitted policies, then every table."""
     policies = [p.label for p in outcome.options.policies]
     text = terminal_report(outcome.comparison, policies)
     summary = outcome.workload_summary
@@ -402,4 +406,5 @@ def summary_text(outcome: ABOutcome) -> str:
 
 
 def outcome_json(outcome: ABOutcome) -> str:
+    """Every figure as JSON (`lpc ab --json`)."""
     return json.dumps(outcome.to_json(), indent=2, default=str)
