@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -238,6 +239,9 @@ def main() -> None:
     parser.add_argument("module_path", nargs="?")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    # The plan's requests carry their p in kv_transfer_params as an API layer the operator
+    # trusts sets it; by default the CPU tier ignores a body's p (`vllm_cache_policy`).
+    os.environ["LPC_TRUST_REQUEST_HINTS"] = "1"
     with open(args.plan) as handle:
         plan = CachePolicyPlan.from_dict(json.load(handle))
     steps, info = record(plan, args.policy, args.module_path)

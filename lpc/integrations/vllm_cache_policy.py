@@ -20,17 +20,33 @@ the access model cannot run here; the GPU plugin (`vllm_plugin`, registered in t
 core process with `VLLM_PLUGINS=lpc`) runs it when the request frees its GPU blocks and
 records the release by request id (`finished_releases`). The probability is, in order:
 
-1. the GPU plugin's release of this request (the request's `extra_args` p, the in-process
-   access model, the predictor's answer; a fallback there stays a fallback): known once the
-   request finished, which is when the connector calls `on_request_finished`, one scheduler
-   step after `KVCacheManager.free`; not known for stores made while the request runs;
-2. the request's `kv_transfer_params["lpc_probability"]`, known from its arrival;
-3. the fallback p (the evictor's; the plugin's `fallback_probability` when it is registered).
+1. the GPU plugin's release of this request (the request's `extra_args` p through the
+   plugin's trust boundary, the in-process access model, the predictor's answer; a fallback
+   there stays a fallback): known once the request finished, which is when the connector calls
+   `on_request_finished`, one scheduler step after `KVCacheManager.free`; not known for stores
+   made while the request runs;
+2. an `lpc-release` action in the request's `kv_hints` (vLLM's orchestrator channel, which
+   only the frontend or router sets: trusted);
+3. the request's `kv_transfer_params["lpc_probability"]`, known from its arrival, but set by
+   whoever sends the request, so ignored by default (counted in `untrusted_probabilities`,
+   once per request): used only with a valid `lpc_signature` beside it (HMAC-SHA256 under
+   `hint_key`, `trust.sign_hint` with the tenant "") or when every client is trusted
+   (`trust_request_hints`). The settings are the GPU plugin's when it is registered, else the
+   same `LPC_*` variables (`tier_trust`). The trust boundary is the plugin's
+   (`trust.HintTrust.apply`), applied to the context once per request (`tier_hints`, kept in
+   vLLM's per-request scratch);
+4. the fallback p (the evictor's; the plugin's `fallback_probability` when it is registered).
 
-Its conversation: the plugin's release when the request named one (`lpc_conversation_id` in
-`extra_args`); else `kv_transfer_params["lpc_conversation_id"]`; else an action of `kv_hints`
-whose payload carries `lpc_conversation_id` or `conversation_id`; else the request id (each
-request its own conversation, as the plugin does without one).
+Its conversation: the plugin's release when the request named one; else the GPU plugin's
+hints of the running request (its `session_id`, `kv_hints` or `lpc_conversation_id`,
+namespaced by its tenant: `cache_salt` and LoRA); else the `kv_hints` action's; else
+`kv_transfer_params["lpc_conversation_id"]` namespaced by the context's tenant; else an action
+of `kv_hints` whose payload carries `lpc_conversation_id` or `conversation_id`; else the
+request id (each request its own conversation, as the plugin does without one). vLLM 0.33's
+`ReqContext` carries no tenant, so without the GPU plugin a context's conversation id is not
+namespaced: it raises no key by itself (a probability does), but one tenant's id could be
+confused with another's in `lpc-pooled`'s conversation memory; run the plugin beside the tier
+(its namespaced ids come first) where tenants do not trust each other.
 
 One store, one release. `prepare_store` inserts a request's new chunks in one loop, each call
 reading the clock; with an engine's clock (`time.monotonic`) each chunk would carry its own
@@ -135,9 +151,16 @@ from typing import Any
 from eviction import FreedBlocks, Release, make_evictor
 from eviction.lpc_pooled import DEFAULT_MEMORY_WINDOW_S, DEFAULT_SHARED_HORIZON_S
 from eviction.return_window import ReturnWindowEvictor
-from lpc.integrations.config import PluginConfigError
+from lpc.integrations.config import PluginConfigError, load_config
 from lpc.integrations.finished_releases import FinishedReleases
+from lpc.integrations.request_hints import (
+    CONVERSATION_KEY,
+    PROBABILITY_KEY,
+    SIGNATURE_KEY,
+    RequestHints,
+)
 from lpc.integrations.stats import PluginStats, is_probability
+from lpc.integrations.trust import HintTrust
 from lpc.integrations.vllm_plugin import PluginRuntime, registered_runtime
 
 # vLLM class name -> the evictor of `eviction.POLICIES` that orders the chunks
@@ -189,20 +212,70 @@ def hinted_conversation(kv_hints: Any) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class TierHints:
+    """What a request's context may tell the CPU tier, through the trust boundary (`trust`):
+    parsed once per request and kept in vLLM's per-request scratch (`ReqContext.set_state`)."""
+
+    probability: float | None = None
+    conversation_id: str | None = None
+
+
+def tier_hints(req_context: Any, trust: HintTrust, stats: PluginStats | None = None) -> TierHints:
+    """The request's p and conversation from its context, by the GPU plugin's rules
+    (`HintTrust.apply`): an action `lpc-release` in `kv_hints` (vLLM's orchestrator channel)
+    is trusted; `kv_transfer_params["lpc_probability"]`, from the request body, only with a
+    valid `lpc_signature` beside it or `trust_request_hints`, else ignored and counted in
+    `untrusted_probabilities`; the conversation namespaced by the context's tenant. Counted
+    once per request where the context keeps state (vLLM's does)."""
+    get_state = getattr(req_context, "get_state", None)
+    if get_state is not None:
+        kept = get_state(TierHints)
+        if isinstance(kept, TierHints):
+            return kept
+    params = getattr(req_context, "kv_transfer_params", None)
+    if type(params) is not dict and not isinstance(params, Mapping):
+        params = {}
+    probability = params.get(PROBABILITY_KEY)
+    if probability is not None and not is_probability(probability):
+        if stats is not None:
+            stats.invalid_probability("a request's kv_transfer_params lpc_probability", probability)
+        probability = None
+    carried = params.get(CONVERSATION_KEY)
+    signature = params.get(SIGNATURE_KEY)
+    body = RequestHints(
+        None if probability is None else float(probability),
+        str(carried) if carried else None,
+        signature=signature if isinstance(signature, str) else None,
+    )
+    trusted, untrusted = trust.apply(req_context, body)
+    if untrusted and stats is not None:
+        stats.add(untrusted_probabilities=1)
+    hints = TierHints(trusted.probability, trusted.conversation_id)
+    set_state = getattr(req_context, "set_state", None)
+    if set_state is not None:
+        set_state(hints)
+    return hints
+
+
+UNTRUSTED = HintTrust()  # the default: no client is trusted, no key to check signatures
+
+
 def request_release(
     req_context: Any,
     now_s: float,
     finished: FinishedReleases | None = None,
     stats: PluginStats | None = None,
+    trust: HintTrust = UNTRUSTED,
+    running: Callable[[str], Any] | None = None,
 ) -> Release:
     """The release a request's chunks get at `now_s`; the order of sources is the module's.
+    `running`: the GPU plugin's hints of a request it has scheduled (through its own trust
+    boundary, the conversation namespaced by the request's tenant), None without the plugin.
     Called at every access and finish of a request: no list of sources, no ABC check for a
     plain dict (`lpc bench cache-policy`)."""
     rid = str(getattr(req_context, "req_id", ""))
     plugin = finished.get(rid) if finished is not None else None
-    params = getattr(req_context, "kv_transfer_params", None)
-    if type(params) is not dict and not isinstance(params, Mapping):
-        params = {}
     probability = None
     value = plugin.probability if plugin is not None else None
     if value is not None:
@@ -210,23 +283,30 @@ def request_release(
             probability = float(value)
         elif stats is not None:
             stats.invalid_probability("the GPU plugin's release", value)
+    hints = tier_hints(req_context, trust, stats)
     if probability is None:
-        value = params.get("lpc_probability")
-        if value is not None:
-            if is_probability(value):
-                probability = float(value)
-            elif stats is not None:
-                stats.invalid_probability("a request's kv_transfer_params lpc_probability", value)
+        probability = hints.probability
     named = plugin.conversation_id if plugin is not None else None
-    carried = params.get("lpc_conversation_id")
+    gpu = running(rid) if running is not None and not named else None
     conversation = (
         (named if named and named != rid else None)
-        or (str(carried) if carried else None)
+        or getattr(gpu, "conversation_id", None)
+        or hints.conversation_id
         or hinted_conversation(getattr(req_context, "kv_hints", None))
         or rid
     )
     curve = plugin.return_curve if plugin is not None else None
     return Release(now_s, probability, conversation, return_curve=curve)
+
+
+def tier_trust(runtime: PluginRuntime | None) -> HintTrust:
+    """Which hints the CPU tier may use: the GPU plugin's settings when it is registered in
+    this engine, else the same settings from the `LPC_*` environment (`trust_request_hints`,
+    `hint_key`; a bad one refused at start-up, naming it); by default none."""
+    if runtime is not None:
+        return runtime.trust
+    config = load_config()
+    return HintTrust(config.trust_request_hints, config.hint_key)
 
 
 def tier_horizon_s(runtime: PluginRuntime | None) -> float:
@@ -297,6 +377,8 @@ class EvictorCachePolicy:
         clock: Callable[[], float] = time.monotonic,
         stats: PluginStats | None = None,
         finished: FinishedReleases | None = None,
+        trust: HintTrust = UNTRUSTED,
+        running: Callable[[str], Any] | None = None,
         **evictor_options: Any,
     ) -> None:
         if cache_capacity < 1:
@@ -304,6 +386,10 @@ class EvictorCachePolicy:
         self.cache_capacity = cache_capacity
         self.stats = stats if stats is not None else PluginStats()
         self.finished = finished
+        # Which of a request's context hints the tier may use (`tier_hints`), and the GPU
+        # plugin's hints of the requests it is running (`request_release`).
+        self.trust = trust
+        self.running = running
         self._evictor_name = evictor
         self._evictor_options = evictor_options
         self._clock = clock
@@ -619,7 +705,10 @@ class EvictorCachePolicy:
             if final is None:
                 rid = str(getattr(req_context, "req_id", ""))
                 final = self.finished is not None and self.finished.get(rid) is not None
-            return request_release(req_context, now, self.finished, self.stats), final
+            release = request_release(
+                req_context, now, self.finished, self.stats, self.trust, self.running
+            )
+            return release, final
         except Exception as error:
             self.stats.plugin_error("the CPU tier's request release", error)
             rid = getattr(req_context, "req_id", None)
@@ -870,9 +959,13 @@ class ReturnEvictorCachePolicy(EvictorCachePolicy):
         clock: Callable[[], float] = time.monotonic,
         stats: PluginStats | None = None,
         finished: FinishedReleases | None = None,
+        trust: HintTrust = UNTRUSTED,
+        running: Callable[[str], Any] | None = None,
         **evictor_options: Any,
     ) -> None:
-        super().__init__(cache_capacity, evictor, clock, stats, finished, **evictor_options)
+        super().__init__(
+            cache_capacity, evictor, clock, stats, finished, trust, running, **evictor_options
+        )
 
     def on_request_access(self, keys: Iterable[Any], req_context: Any) -> None:
         """vLLM's first sight of `keys` for this request (at `prepare_load`, and at
@@ -891,7 +984,9 @@ class ReturnEvictorCachePolicy(EvictorCachePolicy):
         if not final:
             return None
         try:
-            stored_as = request_release(req_context, release.time_s).conversation_id
+            stored_as = request_release(
+                req_context, release.time_s, trust=self.trust, running=self.running
+            ).conversation_id
         except Exception as error:  # the claim pools with the final one; nothing else changes
             self.stats.plugin_error("the CPU tier's store-time conversation", error)
             return None
@@ -950,6 +1045,8 @@ def vllm_class(name: str) -> type:
             clock=runtime.clock if runtime is not None else time.monotonic,
             stats=runtime.stats if runtime is not None else None,
             finished=runtime.finished if runtime is not None else None,
+            trust=tier_trust(runtime),
+            running=runtime.hints.get if runtime is not None else None,
             **tier_evictor_options(evictor, runtime),
         )
         if runtime is not None:

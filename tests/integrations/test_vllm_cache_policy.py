@@ -2,7 +2,9 @@
 (probability order, protected keys, atomic failure, pinned chunks, fallback p), chain order
 (tail before head, a shared prefix after its suffixes), where p and the conversation come
 from (the GPU plugin's release, kv_transfer_params, kv_hints), the tier's horizon, and the
-fail-safe (bad p, raising evictor, context and clock)."""
+fail-safe (bad p, raising evictor, context and clock). The requests here carry their p in
+`kv_transfer_params` as an API layer the operator trusts sets it (`trust_request_hints`);
+what an untrusted body gets is in test_vllm_cache_policy_trust.py."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from lpc.integrations import vllm_cache_policy, vllm_plugin
 from lpc.integrations.config import PluginConfigError
 from lpc.integrations.finished_releases import FinishedReleases
 from lpc.integrations.stats import PluginStats
+from lpc.integrations.trust import HintTrust
 from lpc.integrations.vllm_cache_policy import (
     EvictorCachePolicy,
     hinted_conversation,
@@ -27,6 +30,13 @@ from lpc.integrations.vllm_cache_policy import (
 )
 from tests.integrations.test_fail_safe import Request as FakeRequest
 from tests.integrations.test_fail_safe import make_runtime, with_model
+
+TRUSTED = HintTrust(trust_request_hints=True)
+
+
+def trusted_policy(*args: Any, **kwargs: Any) -> EvictorCachePolicy:
+    """A policy whose requests' `kv_transfer_params` come from a trusted API layer."""
+    return EvictorCachePolicy(*args, trust=TRUSTED, **kwargs)
 
 
 @dataclass
@@ -71,7 +81,7 @@ def request(rid: str, p: object) -> Context:
 
 @pytest.fixture
 def policy() -> EvictorCachePolicy:
-    return EvictorCachePolicy(6, "lpc", clock=Clock())
+    return trusted_policy(6, "lpc", clock=Clock())
 
 
 def test_the_least_likely_request_is_evicted_first(policy: EvictorCachePolicy) -> None:
@@ -120,7 +130,7 @@ def test_a_request_without_a_valid_probability_takes_the_fallback(
 
 
 def test_remove_frees_the_slot_and_capacity_is_enforced() -> None:
-    policy = EvictorCachePolicy(2, "lru")
+    policy = trusted_policy(2, "lru")
     context = Context("r")
     policy.insert(b"k0", Status(0), context)  # a store in flight: not evictable
     policy.insert(b"k1", Status(1), context)
@@ -150,7 +160,7 @@ def evicted_order(policy: EvictorCachePolicy) -> list[bytes]:
 
 @pytest.mark.parametrize("evictor", ["lpc", "lpc-pooled"])
 def test_a_conversations_tail_goes_before_its_head(evictor: str) -> None:
-    policy = EvictorCachePolicy(6, evictor, clock=Clock())
+    policy = trusted_policy(6, evictor, clock=Clock())
     keys = store(policy, "a", 4, request("a", 0.7))
     assert evicted_order(policy) == keys[::-1]
 
@@ -175,7 +185,7 @@ def test_a_shared_prefix_outlives_its_suffixes(p_first: float, p_second: float) 
     """Max pooling: the prefix two conversations share keeps the larger of their keys, so it
     goes after both suffixes (at a tie on the key, the deeper chunk goes first)."""
     clock = Clock()
-    policy = EvictorCachePolicy(6, "lpc", clock=clock)
+    policy = trusted_policy(6, "lpc", clock=clock)
     prefix = store(policy, "s", 1, request("first", p_first))
     first = store_after(policy, prefix, "x", request("first", p_first))
     clock.now = 10.0
@@ -190,9 +200,9 @@ def test_the_gpu_plugins_release_comes_first_then_kv_transfer_params() -> None:
     finished.record("a", Release(0.0, 0.05, "conv-a"))
     finished.record("b", Release(0.0, None, "b"))  # the plugin fell back: no p, no conversation
     params = {"lpc_probability": 0.9, "lpc_conversation_id": "params-a"}
-    release = request_release(Context("a", params), 3.0, finished)
+    release = request_release(Context("a", params), 3.0, finished, trust=TRUSTED)
     assert release == Release(3.0, 0.05, "conv-a")
-    release = request_release(Context("b", params), 3.0, finished)
+    release = request_release(Context("b", params), 3.0, finished, trust=TRUSTED)
     assert release == Release(3.0, 0.9, "params-a")
     assert request_release(Context("c"), 3.0, finished) == Release(3.0, None, "c")
 
@@ -213,7 +223,7 @@ def test_predictions_come_from_the_plugins_in_process_access_model() -> None:
     for index, rid in enumerate(["likely", "unlikely"]):
         runtime.release_for(FakeRequest(rid, index, {"lpc_conversation_id": f"c-{rid}"}))
     assert runtime.finished.get("unlikely") is not None
-    policy = EvictorCachePolicy(6, "lpc", clock=Clock(), finished=runtime.finished)
+    policy = trusted_policy(6, "lpc", clock=Clock(), finished=runtime.finished)
     likely = store(policy, "a", 2, Context("likely"))
     unlikely = store(policy, "b", 2, Context("unlikely"))
     assert sorted(k for k, _ in policy.evict(2, set()) or []) == sorted(unlikely)
@@ -240,7 +250,7 @@ def test_the_tiers_horizon_is_its_own_setting_else_the_models() -> None:
     options = tier_evictor_options("lpc-pooled", runtime)
     assert options["horizon_s"] == 1200.0 and options["memory_window_s"] == 1200.0
     assert options["fallback_probability"] == runtime.config.fallback_probability
-    policy = EvictorCachePolicy(4, "lpc-pooled", **options)
+    policy = trusted_policy(4, "lpc-pooled", **options)
     assert policy.evictor.horizon_s == 1200.0
     assert "horizon_s" not in tier_evictor_options("lpc", runtime)
     for bad in (0, -5.0, float("nan"), "long", True):
@@ -272,7 +282,7 @@ def test_the_scheduler_wrapper_hands_the_connector_config_to_the_tier(
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -0.2, 1.5, True])
 def test_a_bad_probability_is_counted_and_takes_the_fallback(bad: object) -> None:
     stats = PluginStats()
-    policy = EvictorCachePolicy(6, "lpc", clock=Clock(), stats=stats)
+    policy = trusted_policy(6, "lpc", clock=Clock(), stats=stats)
     store(policy, "a", 2, request("a", 0.3))
     store(policy, "b", 2, request("b", bad))  # the fallback 0.5: outlives a
     assert {k[:1] for k, _ in policy.evict(2, set()) or []} == {b"a"}
@@ -283,7 +293,8 @@ def test_a_bad_probability_in_the_plugins_release_is_counted() -> None:
     stats = PluginStats()
     finished = FinishedReleases()
     finished.record("r", Release(0.0, float("nan"), "c"))
-    release = request_release(Context("r", {"lpc_probability": 0.2}), 1.0, finished, stats)
+    context = Context("r", {"lpc_probability": 0.2})
+    release = request_release(context, 1.0, finished, stats, TRUSTED)
     assert release.probability == 0.2 and stats.invalid_probabilities == 1
 
 
@@ -302,7 +313,7 @@ class RaisingContext(Context):
 
 def test_a_broken_request_context_costs_only_the_prediction() -> None:
     stats = PluginStats()
-    policy = EvictorCachePolicy(4, "lpc", clock=Clock(), stats=stats)
+    policy = trusted_policy(4, "lpc", clock=Clock(), stats=stats)
     context = RaisingContext("r")
     policy.insert(b"k", Status(0, ref_cnt=0), context)
     policy.touch([b"k"], context)
@@ -329,7 +340,7 @@ def fail_once(target: Any, name: str) -> list[int]:
 @pytest.mark.parametrize("method", ["push_cached", "remove"])
 def test_an_evictor_that_raises_in_a_hook_is_rebuilt(method: str) -> None:
     stats = PluginStats()
-    policy = EvictorCachePolicy(6, "lpc", clock=Clock(), stats=stats)
+    policy = trusted_policy(6, "lpc", clock=Clock(), stats=stats)
     store(policy, "a", 2, request("a", 0.9))
     context = request("b", 0.1)
     unlikely = store_running(policy, "b", 2, context)
@@ -346,7 +357,7 @@ def test_an_evictor_that_raises_in_a_hook_is_rebuilt(method: str) -> None:
 def test_a_raising_eviction_falls_back_to_lru_atomically() -> None:
     clock = Clock()
     stats = PluginStats()
-    policy = EvictorCachePolicy(6, "lpc", clock=clock, stats=stats)
+    policy = trusted_policy(6, "lpc", clock=clock, stats=stats)
     old = store(policy, "a", 2, request("a", 0.9))
     clock.now = 5.0
     store(policy, "b", 2, request("b", 0.1))
@@ -363,7 +374,7 @@ def test_an_evictor_that_cannot_be_rebuilt_leaves_the_tier_in_lru_order(
 ) -> None:
     clock = Clock()
     stats = PluginStats()
-    policy = EvictorCachePolicy(6, "lpc", clock=clock, stats=stats)
+    policy = trusted_policy(6, "lpc", clock=clock, stats=stats)
     monkeypatch.setattr(vllm_cache_policy, "make_evictor", failing_make_evictor)
     fail_once(policy.evictor, "push_cached")
     old = store(policy, "a", 2, request("a", 0.1))
@@ -388,7 +399,7 @@ def test_a_tier_whose_evictor_never_existed_stores_and_finishes_in_lru_order(
     monkeypatch.setattr(vllm_cache_policy, "make_evictor", failing_make_evictor)
     clock = Clock()
     stats = PluginStats()
-    policy = EvictorCachePolicy(6, "lpc", clock=clock, stats=stats)
+    policy = trusted_policy(6, "lpc", clock=clock, stats=stats)
     assert policy.degraded and stats.plugin_errors == 1
     old = store(policy, "a", 2, request("a", 0.9))
     clock.now = 5.0
@@ -404,7 +415,7 @@ def test_the_final_release_replaces_a_provisional_one_of_another_conversation() 
     the provisional key, and the tail still goes first."""
     clock = Clock()
     finished = FinishedReleases()
-    policy = EvictorCachePolicy(6, "lpc", clock=clock, finished=finished)
+    policy = trusted_policy(6, "lpc", clock=clock, finished=finished)
     for rid, p in [("moderate", 0.3), ("unlikely", 0.1)]:
         context = Context(rid)
         keys = [f"{rid}-{i}".encode() for i in range(2)]
@@ -422,7 +433,7 @@ def test_the_final_release_replaces_a_provisional_one_of_another_conversation() 
 
 def test_a_running_requests_touch_moves_only_its_own_chunks() -> None:
     clock = Clock()
-    policy = EvictorCachePolicy(6, "lpc", clock=clock)
+    policy = trusted_policy(6, "lpc", clock=clock)
     unlikely = store(policy, "u", 2, request("u", 0.1))
     likely = store(policy, "l", 2, request("l", 0.9))
     clock.now = 50.0
@@ -433,7 +444,7 @@ def test_a_running_requests_touch_moves_only_its_own_chunks() -> None:
 def test_a_removed_chunks_slot_forgets_its_release() -> None:
     """vLLM removes a chunk whose store failed; the next chunk in its slot must not inherit
     the old chunk's key through max pooling."""
-    policy = EvictorCachePolicy(3, "lpc", clock=Clock())
+    policy = trusted_policy(3, "lpc", clock=Clock())
     (old,) = store(policy, "o", 1, request("o", 0.99))
     slot = policy._chunks[old].slot
     policy.get(old).ref_cnt = 1
@@ -475,7 +486,7 @@ def store_running(policy: EvictorCachePolicy, prefix: str, n: int, context: Cont
 def test_a_running_requests_store_goes_tail_first_on_an_engines_clock(evictor: str) -> None:
     """Each insert reads a later instant; the run of one store shares its first release, so
     the chain's tail goes before its head (one release per chunk would send the head first)."""
-    policy = EvictorCachePolicy(8, evictor, clock=TickingClock())
+    policy = trusted_policy(8, evictor, clock=TickingClock())
     keys = store_running(policy, "a", 4, request("a", 0.5))
     evicted = [key for key, _ in policy.evict(4, set()) or []]
     assert evicted == keys[::-1]
@@ -485,7 +496,7 @@ def test_any_other_hook_ends_a_run_of_inserts() -> None:
     """A later store of the same request, after another hook, is a release of its own: its
     chunks are newer, so they stay after the first store's."""
     clock = Clock()
-    policy = EvictorCachePolicy(8, "lpc", clock=clock)
+    policy = trusted_policy(8, "lpc", clock=clock)
     context = request("a", 0.5)
     first = store_running(policy, "a", 2, context)
     policy.on_store_miss([b"x"], context)  # the next step's prepare_store begins
@@ -510,7 +521,7 @@ def test_a_store_that_protects_a_chunk_leaves_its_key(evictor: str) -> None:
     not as a second release of their last request (which `lpc-pooled` would OR-pool with
     itself, raising a shared chunk's key at every store that protects it)."""
     clock = Clock()
-    policy = EvictorCachePolicy(8, evictor, clock=clock)
+    policy = trusted_policy(8, evictor, clock=clock)
     key = shared_chunk(policy, clock)
     slot = policy._chunks[key].slot
     before = policy.evictor.pooled_key(slot)
@@ -526,7 +537,7 @@ def test_a_store_that_protects_a_chunk_leaves_its_key(evictor: str) -> None:
 def test_a_load_leaves_the_chunks_key(evictor: str) -> None:
     """A load pins a chunk (out of the evictor) and unpins it: it goes back to its place."""
     clock = Clock()
-    policy = EvictorCachePolicy(8, evictor, clock=clock)
+    policy = trusted_policy(8, evictor, clock=clock)
     key = shared_chunk(policy, clock)
     slot = policy._chunks[key].slot
     before = policy.evictor.pooled_key(slot)
@@ -545,7 +556,7 @@ def test_a_running_requests_protected_store_keeps_its_provisional_place() -> Non
     """A provisional chunk a later store protects goes back with its own protected key, not
     one raised by the likelier releases since (as LRU keeps a running request's rank)."""
     clock = Clock()
-    policy = EvictorCachePolicy(8, "lpc", clock=clock)
+    policy = trusted_policy(8, "lpc", clock=clock)
     running = store_running(policy, "a", 1, request("running", 0.5))
     clock.now = 1.0
     store(policy, "b", 1, request("likely", 0.99))  # pushes both; raises the highest logit
@@ -563,7 +574,7 @@ def test_a_running_request_holds_what_it_reads_and_its_finish_restores_their_poo
     unlikely prefix it reads outlives a likelier chunk while it runs; at its finish the
     chunks pool with what they held before (max pooling with the first conversation)."""
     clock = Clock()
-    policy = EvictorCachePolicy(4, "lpc", clock=clock)
+    policy = trusted_policy(4, "lpc", clock=clock)
     prefix = store(policy, "s", 1, request("first", 0.05))
     clock.now = 1.0
     likely = store(policy, "l", 1, request("likely", 0.9))
@@ -581,7 +592,7 @@ def test_a_running_request_holds_what_it_reads_and_its_finish_restores_their_poo
 def test_a_fault_while_holding_a_read_chunk_falls_back_to_lru() -> None:
     stats = PluginStats()
     clock = Clock()
-    policy = EvictorCachePolicy(4, "lpc", clock=clock, stats=stats)
+    policy = trusted_policy(4, "lpc", clock=clock, stats=stats)
     prefix = store(policy, "s", 2, request("first", 0.5))
     fail_once(policy.evictor, "metadata")
     clock.now = 1.0

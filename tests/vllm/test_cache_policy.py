@@ -42,7 +42,20 @@ def drive(vllm_python: Path, *args: str, **variables: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def runs(vllm_python: Path) -> dict[str, list[dict]]:
     return {
-        "lpc": drive(vllm_python, "LPCCachePolicy", "lpc.integrations.vllm_cache_policy"),
+        # No plugin: the requests' p in kv_transfer_params, from an API layer the operator
+        # trusts (by default the CPU tier ignores a body's p).
+        "lpc": drive(
+            vllm_python,
+            "LPCCachePolicy",
+            "lpc.integrations.vllm_cache_policy",
+            LPC_TRUST_REQUEST_HINTS="1",
+        ),
+        "untrusted": drive(
+            vllm_python,
+            "LPCCachePolicy",
+            "lpc.integrations.vllm_cache_policy",
+            LPC_TRUST_REQUEST_HINTS="0",
+        ),
         "lru": drive(vllm_python, "lru"),
         "plugin": drive(
             vllm_python, "LPCCachePolicy", "lpc.integrations.vllm_cache_policy", "--plugin"
@@ -67,6 +80,12 @@ def test_vllm_loads_lpc_by_name_and_evicts_the_unlikely_request(runs) -> None:
     assert plain["resident"] == ["likely-0", "likely-1", "third-0", "third-1"]
     # vLLM's own LRU on the same calls evicts the oldest request instead.
     assert sorted(runs["lru"][0]["evicted"]["third"]) == ["likely-0", "likely-1"]
+
+
+def test_an_untrusted_body_probability_leaves_lrus_order(runs) -> None:
+    """Without the trust setting the same requests' p = 0.9 / 0.1 in kv_transfer_params are
+    ignored: every chunk takes the fallback p, and the oldest go first, as vLLM's LRU."""
+    assert runs["untrusted"][0]["evicted"] == runs["lru"][0]["evicted"]
 
 
 def test_a_chunk_pinned_by_a_load_is_never_evicted(runs) -> None:
