@@ -68,7 +68,6 @@ COUNTERS: dict[str, str] = {
     "predictor_failures": "Predictor calls that failed (error, timeout, overload)",
     "invalid_hints": "Requests whose LPC fields were malformed and ignored",
     "untrusted_probabilities": "Request-body probabilities ignored as untrusted (not signed)",
-    "untrusted_conversations": "CPU-tier request conversation ids ignored as untrusted",
     "evictions": "Cached blocks evicted to be reused",
     "cached_blocks_released": "Cached blocks released to the evictor",
     "uncached_blocks_released": "Blocks without a hash released (reused first)",

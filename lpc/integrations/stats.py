@@ -28,9 +28,8 @@ class PluginStats:
     or when too many were pending (`predictions_dropped`). `invalid_hints` counts requests
     whose LPC fields were malformed and ignored; `untrusted_probabilities` requests whose body
     carried a probability the trust boundary ignored (`trust`: not signed, clients not
-    trusted), in either tier; `untrusted_conversations` CPU-tier requests whose
-    `kv_transfer_params` conversation id was ignored (vLLM's `ReqContext` carries no tenant to
-    namespace it by: `vllm_cache_policy`). Block counters: `evictions` (a cached block
+    trusted), in either tier (the CPU tier's from `kv_transfer_params`: `vllm_cache_policy`).
+    Block counters: `evictions` (a cached block
     handed out again), `cached_blocks_released`, `uncached_blocks_released` and
     `shared_blocks_released` (released by one request while others still hold them).
     With an access-only model in process: `predictions_in_process` (releases whose p it
@@ -68,7 +67,6 @@ class PluginStats:
     predictor_calls: int = 0
     invalid_hints: int = 0
     untrusted_probabilities: int = 0
-    untrusted_conversations: int = 0
     evictions: int = 0
     cached_blocks_released: int = 0
     uncached_blocks_released: int = 0
