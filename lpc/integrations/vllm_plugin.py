@@ -116,10 +116,12 @@ from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
 from lpc.integrations.engine_config import config_from_table, configured_by_environment, lpc_table
 from lpc.integrations.finished_releases import FinishedReleases
 from lpc.integrations.metrics import (
-    MetricsServer,
+    MetricsExport,
     gate_state,
-    metrics_port_for,
-    start_metrics_server,
+    memory_bytes,
+    model_name_of,
+    plugin_structures,
+    start_export,
     window_state,
 )
 from lpc.integrations.mode import ControlFileWatcher, ModeSwitch
@@ -182,6 +184,8 @@ class PluginRuntime:
     cpu_tier_policy: Any = None
     # Which hints a release may use (`trust`); from the configuration.
     trust: HintTrust = field(init=False)
+    # The engine's `model_name` metrics label (vLLM's `served_model_name`; `metrics`).
+    model_name: str = ""
 
     def __post_init__(self) -> None:
         self.trust = HintTrust(self.config.trust_request_hints, self.config.hint_key)
@@ -444,7 +448,7 @@ class PluginRuntime:
 class _Registration:
     runtime: PluginRuntime
     originals: list[tuple[Any, str, Any]]  # (owner, attribute, original value or _ABSENT)
-    metrics: MetricsServer | None = None
+    metrics: MetricsExport | None = None
     control: ControlFileWatcher | None = None
 
 
@@ -591,6 +595,7 @@ def _wrap_scheduler_init(original: Any) -> Any:
         if registration is not None:
             config = registration.runtime.config
             registration.runtime.kv_connector_extra_config = connector_extra_config(vllm_config)
+            registration.runtime.model_name = model_name_of(vllm_config)
             allowed = engine_checks.parse_allowed(config.allow_unverified)
             for item in engine_checks.check_engine(vllm_config, kv_cache_config, allowed):
                 logger.warning(
@@ -890,14 +895,11 @@ def _activate(registration: _Registration) -> None:
     if runtime.access is not None:
         runtime.access.block_size = engine.hash_block_size
         runtime.access.start_background()  # reloads and token compaction, off this thread
-    if config.metrics_port is not None and registration.metrics is None:
-        # The server reads the whole snapshot (counters, client, configuration), not only
-        # `runtime.stats`, the plugin's counters. Each data-parallel engine core serves its
-        # own, on the port offset by its rank (`metrics_port_for`).
-        registration.metrics = start_metrics_server(
-            stats_snapshot,
-            config.metrics_host,
-            metrics_port_for(config.metrics_port, engine.data_parallel_rank),
+    if registration.metrics is None:
+        # vLLM's /metrics when it reads multiprocess files, else the plugin's own port (each
+        # data-parallel engine core on the port offset by its rank); `metrics` says why.
+        registration.metrics = start_export(
+            stats_snapshot, config.metrics_host, config.metrics_port, engine.data_parallel_rank
         )
     if config.control_file is not None and registration.control is None:
         # A background thread reads the file: the scheduler thread only compares the mode.
@@ -1010,6 +1012,8 @@ def stats_snapshot() -> dict[str, Any]:
     queues = runtime.queues
     out["evictor_horizon_s"] = queues.evictor_horizon_s
     out["dp_rank"] = queues.engine.data_parallel_rank
+    out["model_name"] = runtime.model_name
+    out["memory_bytes"] = memory_bytes(plugin_structures(runtime))
     if queues.evictor is not None:
         out.update(gate_state(queues.evictor))
         out.update(window_state(queues.evictor))

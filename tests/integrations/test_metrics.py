@@ -1,6 +1,8 @@
-"""The plugin's metrics: the counters' log line, the Prometheus endpoint on the loopback, every
-data-parallel rank on its own port with its rank label, lpc-pooled's trust gate, the
-histograms (release latency, p, eviction age) and generic `shadow_*` gauges."""
+"""The plugin's metrics: the counters' log line, vLLM's names and labels (`vllm:lpc_*`,
+`model_name`, `engine`), counters as counters, the fallback endpoint on the loopback with
+every data-parallel rank on its own port, lpc-pooled's trust gate, the histograms (release
+latency, p, eviction age), generic `shadow_*` gauges, and the memory of LPC's structures.
+vLLM's `/metrics` route (multiprocess files) is in test_metrics_route.py."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 
 from eviction import PooledLPCEvictor, Release
 from eviction.base import FreedBlocks
-from lpc.integrations import vllm_plugin
+from lpc.integrations import metrics, vllm_plugin
 from lpc.integrations.config import PluginConfig
 from lpc.integrations.engine_context import (
     EngineContext,
@@ -59,14 +61,21 @@ def test_prometheus_endpoint_serves_the_counters_with_the_rank() -> None:
     stats = PluginStats()
     stats.add(releases=7, evictions=11, predictor_failures=2, fallbacks_used=3, plugin_errors=1)
     text = scrape(
-        lambda: {"registered": True, **stats.snapshot(), "pending_predictions": 4, "dp_rank": 2}
+        lambda: {
+            "registered": True,
+            **stats.snapshot(),
+            "pending_predictions": 4,
+            "dp_rank": 2,
+            "model_name": "qwen",
+        }
     )
-    assert 'lpc_releases_total{dp_rank="2"} 7.0' in text
-    assert 'lpc_evictions_total{dp_rank="2"} 11.0' in text
-    assert 'lpc_predictor_failures_total{dp_rank="2"} 2.0' in text
-    assert 'lpc_fallbacks_used_total{dp_rank="2"} 3.0' in text
-    assert 'lpc_plugin_errors_total{dp_rank="2"} 1.0' in text  # caught faults
-    assert 'lpc_pending_predictions{dp_rank="2"} 4.0' in text
+    labels = '{engine="2",model_name="qwen"}'
+    assert f"vllm:lpc_releases_total{labels} 7.0" in text
+    assert f"vllm:lpc_evictions_total{labels} 11.0" in text
+    assert f"vllm:lpc_predictor_failures_total{labels} 2.0" in text
+    assert f"vllm:lpc_fallbacks_used_total{labels} 3.0" in text
+    assert f"vllm:lpc_plugin_errors_total{labels} 1.0" in text  # caught faults
+    assert f"vllm:lpc_pending_predictions{labels} 4.0" in text
 
 
 def test_a_taken_port_is_a_warning_not_a_crash() -> None:
@@ -145,8 +154,9 @@ def test_each_rank_serves_on_its_own_port(monkeypatch: pytest.MonkeyPatch) -> No
         metrics_port_for(65535, 1)
     started = []
     monkeypatch.setattr(
-        vllm_plugin, "start_metrics_server", lambda read, host, port: started.append(port)
+        metrics, "start_metrics_server", lambda read, host, port: started.append(port)
     )
+    monkeypatch.delenv(metrics.MULTIPROC_VARIABLE, raising=False)  # no vLLM route: the port
     runtime = make_runtime(PluginConfig(metrics_port=9476))
     runtime.queues.engine = EngineContext(16, 2, "config")
     vllm_plugin._activate(vllm_plugin._Registration(runtime, []))
@@ -172,8 +182,8 @@ def test_the_trust_gate_is_exported() -> None:
     assert state["gate_model_log_loss"] < state["gate_constant_log_loss"]
     assert gate_state(PooledLPCEvictor(8, model_min_labels=None)) == {}  # gate off
     text = scrape(lambda: {"registered": True, **state})
-    assert 'lpc_gate_model_trusted{dp_rank="0"} 1.0' in text
-    assert 'lpc_gate_labels_judged{dp_rank="0"} 3.0' in text
+    assert 'vllm:lpc_gate_model_trusted{engine="0",model_name=""} 1.0' in text
+    assert 'vllm:lpc_gate_labels_judged_total{engine="0",model_name=""} 3.0' in text
 
 
 def test_shadow_figures_are_exported_as_gauges() -> None:
@@ -185,8 +195,8 @@ def test_shadow_figures_are_exported_as_gauges() -> None:
         "shadow_flag": True,
     }
     text = scrape(lambda: snapshot)
-    assert 'lpc_shadow_lru_hit_ratio{dp_rank="0"} 0.25' in text
-    assert 'lpc_shadow_lpc_hit_ratio{dp_rank="0"} 0.31' in text
+    assert 'vllm:lpc_shadow_lru_hit_ratio{engine="0",model_name=""} 0.25' in text
+    assert 'vllm:lpc_shadow_lpc_hit_ratio{engine="0",model_name=""} 0.31' in text
     assert "shadow_note" not in text and "shadow_flag" not in text
 
 
@@ -249,11 +259,12 @@ def test_histograms_are_served_in_seconds() -> None:
     snapshot = {k: v.as_dict() for k, v in histograms.snapshot().items()}
     assert json.loads(json.dumps(snapshot)) == snapshot  # stats_snapshot stays JSON
     text = scrape(lambda: {"registered": True, "histograms": snapshot})
-    assert 'lpc_release_seconds_bucket{dp_rank="0",le="5e-06"} 0.0' in text
-    assert 'lpc_release_seconds_bucket{dp_rank="0",le="1e-05"} 1.0' in text
-    assert 'lpc_release_seconds_count{dp_rank="0"} 1.0' in text
-    assert 'lpc_eviction_age_seconds_bucket{dp_rank="0",le="120.0"} 3.0' in text
-    assert 'lpc_release_probability_count{dp_rank="0"} 0.0' in text
+    # The exposition sorts labels by name.
+    assert 'vllm:lpc_release_seconds_bucket{engine="0",le="5e-06",model_name=""} 0.0' in text
+    assert 'vllm:lpc_release_seconds_bucket{engine="0",le="1e-05",model_name=""} 1.0' in text
+    assert 'vllm:lpc_release_seconds_count{engine="0",model_name=""} 1.0' in text
+    assert 'vllm:lpc_eviction_age_seconds_bucket{engine="0",le="120.0",model_name=""} 3.0' in text
+    assert 'vllm:lpc_release_probability_count{engine="0",model_name=""} 0.0' in text
 
 
 def test_histogram_bounds_are_checked() -> None:
@@ -303,11 +314,159 @@ def test_the_mode_and_the_shadow_figures_are_exported() -> None:
             text = response.read().decode()
     finally:
         server.close()
-    assert 'lpc_mode{dp_rank="0",mode="shadow"} 1.0' in text
-    assert 'lpc_mode{dp_rank="0",mode="lpc"} 0.0' in text
-    assert 'lpc_mode_switches_total{dp_rank="0"} 2.0' in text
-    assert 'lpc_shadow_lpc_hit_ratio{dp_rank="0"} 0.4' in text
-    assert 'lpc_shadow_lru_hit_ratio{dp_rank="0"} 0.2' in text
-    assert 'lpc_shadow_queries_total{dp_rank="0"} 40.0' in text
-    assert 'lpc_shadow_lpc_hits_total{dp_rank="0"} 16.0' in text
-    assert text.count("lpc_shadow_lpc_hit_ratio{") == 1  # named, not exported twice
+    labels = 'engine="0",model_name=""'
+    assert 'vllm:lpc_mode{engine="0",mode="shadow",model_name=""} 1.0' in text
+    assert 'vllm:lpc_mode{engine="0",mode="lpc",model_name=""} 0.0' in text
+    assert f"vllm:lpc_mode_switches_total{{{labels}}} 2.0" in text
+    assert f"vllm:lpc_shadow_lpc_hit_ratio{{{labels}}} 0.4" in text
+    assert f"vllm:lpc_shadow_lru_hit_ratio{{{labels}}} 0.2" in text
+    assert f"vllm:lpc_shadow_queries_total{{{labels}}} 40.0" in text
+    assert f"vllm:lpc_shadow_lpc_hits_total{{{labels}}} 16.0" in text
+    assert text.count("vllm:lpc_shadow_lpc_hit_ratio{") == 1  # named, not exported twice
+
+
+# -- vLLM's names and labels, counters as counters, LPC's memory ------------------------------
+def render(read: Any) -> str:
+    """The exposition text of the plugin's families, without a server."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics._Collector(read))
+    return generate_latest(registry).decode()
+
+
+def families_of(text: str) -> dict[str, Any]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def test_names_labels_and_types_follow_vllms() -> None:
+    """Every family is `vllm:lpc_<snake case>`; every sample carries vLLM's `model_name` and
+    `engine` labels; everything that only grows is a counter (`_total`), including the trust
+    gate's judged labels and lpc-return's re-keyings, which were gauges."""
+    stats = PluginStats()
+    stats.add(releases=3)
+    snapshot = {
+        "registered": True,
+        **stats.snapshot(),
+        "dp_rank": 1,
+        "model_name": "Qwen/Qwen3-8B",
+        "mode": "lpc",
+        "mode_switches": 0,
+        "gate_model_trusted": 1.0,
+        "gate_labels_judged": 5.0,
+        "return_window_seconds": 30.0,
+        "return_rekeys": 4.0,
+        "cpu_return_rekeys": 2.0,
+        "request_log_records_written": 9,
+        "memory_bytes": {"gpu_evictor": 1024.0},
+        "histograms": {k: v.as_dict() for k, v in PluginHistograms().snapshot().items()},
+    }
+    families = families_of(render(lambda: snapshot))
+    counters = {
+        *metrics.COUNTERS,
+        *metrics.GATE_COUNTERS,
+        *metrics.WINDOW_COUNTERS,
+        "request_log_records_written",
+        "mode_switches",
+    }
+    for name in counters:
+        assert families[f"vllm:lpc_{name}"].type == "counter", name
+    for name in ("gate_model_trusted", "return_window_seconds", "memory_bytes", "mode"):
+        assert families[f"vllm:lpc_{name}"].type == "gauge", name
+    assert families["vllm:lpc_free_seconds"].type == "histogram"
+    assert families["vllm:lpc_releases"].samples[0].name == "vllm:lpc_releases_total"
+    for name, family in families.items():
+        assert name.startswith("vllm:lpc_") and name[5:] == name[5:].lower(), name
+        for sample in family.samples:
+            assert sample.labels["model_name"] == "Qwen/Qwen3-8B", sample
+            assert sample.labels["engine"] == "1", sample
+            assert "dp_rank" not in sample.labels
+
+
+def test_the_model_name_is_vllms_served_model_name() -> None:
+    @dataclass
+    class ModelConfig:
+        model: str = "/models/qwen"
+        served_model_name: Any = None
+
+    @dataclass
+    class Config:
+        model_config: ModelConfig = field(default_factory=ModelConfig)
+
+    assert metrics.model_name_of(Config(ModelConfig(served_model_name="qwen"))) == "qwen"
+    assert metrics.model_name_of(Config(ModelConfig(served_model_name=["a", "b"]))) == "a"
+    assert metrics.model_name_of(Config()) == "/models/qwen"  # vLLM's own fallback
+    assert metrics.model_name_of(object()) == ""
+
+
+def snapshot_of(runtime: PluginRuntime, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    monkeypatch.setattr(vllm_plugin, "_REGISTRATION", vllm_plugin._Registration(runtime, []))
+    return vllm_plugin.stats_snapshot()
+
+
+def test_the_memory_of_lpcs_structures_is_exported_and_follows_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`vllm:lpc_memory_bytes{structure=...}` is above 0 and grows with the structures: a
+    larger pool's evictor, more requests' state."""
+    runtime = make_runtime(PluginConfig(evictor="lpc-pooled"))
+    runtime.model_name = "m"
+    bind_queue_class(runtime.queues)([Block(i) for i in range(64)])
+    small = snapshot_of(runtime, monkeypatch)["memory_bytes"]
+    assert small["gpu_evictor"] > 0 and small["requests"] > 0
+    bind_queue_class(runtime.queues)([Block(i) for i in range(8192)])  # a larger pool
+    for i in range(500):
+        runtime.deferred_releases[i] = Release(float(i), 0.5, f"conversation-{i}")
+    snapshot = snapshot_of(runtime, monkeypatch)
+    large = snapshot["memory_bytes"]
+    assert large["gpu_evictor"] > 10 * small["gpu_evictor"]
+    assert large["requests"] > small["requests"] + 500 * 50  # a Release is more than 50 bytes
+    family = families_of(render(lambda: snapshot))["vllm:lpc_memory_bytes"]
+    exported = {s.labels["structure"]: s.value for s in family.samples}
+    assert exported["gpu_evictor"] == large["gpu_evictor"]
+    assert all(s.labels["model_name"] == "m" for s in family.samples)
+
+
+class Foreign:
+    """Stands for vLLM's objects (a `KVCacheBlock`): not LPC's memory."""
+
+    def __init__(self) -> None:
+        self.payload = [float(i) for i in range(100)]
+
+
+def test_the_memory_estimate_counts_ours_once_and_not_vllms() -> None:
+    floats = [float(i) + 0.5 for i in range(10_000)]
+    assert metrics.estimate_bytes(floats) >= 10_000 * (8 + 24)  # pointers and float objects
+    shared = [-1] * 10_000  # the interpreter's own small ints: only the pointers
+    assert metrics.estimate_bytes(shared) < 10_000 * 8 + 100
+    foreign = [Foreign() for _ in range(100)]
+    assert metrics.estimate_bytes(foreign) < 100 * 8 + 200  # the list, not vLLM's objects
+    seen: set[int] = set()
+    first = metrics.estimate_bytes(floats, seen)
+    assert metrics.estimate_bytes(floats, seen) == 0 < first  # shared structures count once
+
+
+def test_the_memory_estimate_costs_the_same_whatever_the_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Measured at scrape time in constant work: the same number of objects sized for a
+    container of 100 and of 20,000 elements (a sample, scaled)."""
+    import sys as real_sys
+
+    calls = [0]
+
+    class CountingSys:
+        @staticmethod
+        def getsizeof(value: object, default: int = 0) -> int:
+            calls[0] += 1
+            return real_sys.getsizeof(value, default)
+
+    monkeypatch.setattr(metrics, "sys", CountingSys)
+    counts = []
+    for n in (100, 20_000):
+        calls[0] = 0
+        metrics.estimate_bytes({i: [float(i)] for i in range(n)})
+        counts.append(calls[0])
+    assert counts[0] == counts[1]
