@@ -7,8 +7,9 @@ scored on the same resamples, so differences between sources (model − Kaplan�
 classifier) get paired intervals. The censoring distribution G comes from the training part
 and is not resampled: only the scored part is.
 
-A resample is a weight per release (how often its conversation was drawn), and every metric
-is a weighted one, equal to the metric of the resampled rows written out (tested):
+A resample is a weight per release (how often its conversation was drawn,
+`training.paired_bootstrap`), and every metric is a weighted one, equal to the metric of the
+resampled rows written out (tested):
 - Brier at t and the integrated Brier score are means of a per-release loss;
 - the IPCW AUC at t sums, per case, the weight of the controls below its risk: the controls'
   weights summed in risk order and read at each case's rank, all resamples at once;
@@ -28,12 +29,17 @@ from typing import Any
 
 import numpy as np
 
+from training.paired_bootstrap import (
+    CONFIDENCE,
+    N_RESAMPLES,
+    SEED,
+    percentile_interval,
+    resample_weights,
+    weighted_mean,
+)
 from training.return_quality import CONCORDANCE_HORIZON_S, HORIZONS_S, IBS_GRID_S
 from training.survival_metrics import StepSurvival, brier_losses, survival_on_times
 
-DEFAULT_RESAMPLES = 1000
-CONFIDENCE = 0.95
-SEED = 0
 BLOCK_BYTES = 64 * 2**20  # a block of resamples' running sums stays within this
 
 
@@ -54,19 +60,6 @@ class HorizonSource:
 
 
 Source = CurveSource | HorizonSource
-
-
-def resample_weights(conversations: np.ndarray, n_resamples: int, seed: int = SEED) -> np.ndarray:
-    """(n_resamples, n) weights: row i's weight in resample b is how often its
-    conversation was drawn when all conversations are drawn with replacement."""
-    codes = np.unique(np.asarray(conversations), return_inverse=True)[1].ravel()
-    count = int(codes.max()) + 1 if codes.size else 0
-    rng = np.random.default_rng(seed)
-    weights = np.empty((n_resamples, codes.size))
-    for b in range(n_resamples):
-        drawn = np.bincount(rng.integers(0, count, count), minlength=count)
-        weights[b] = drawn[codes]
-    return weights
 
 
 class ResampleFenwick:
@@ -174,11 +167,6 @@ def weighted_auc(
     return np.concatenate(out)
 
 
-def weighted_mean(weights: np.ndarray, losses: np.ndarray) -> np.ndarray:
-    """Σ w_i loss_i / Σ w_i for each row of `weights`."""
-    return (weights @ losses) / weights.sum(1)
-
-
 def figure_draws(
     weights: np.ndarray,
     time_s: np.ndarray,
@@ -222,16 +210,6 @@ def figure_draws(
     return draws
 
 
-def percentile_interval(draws: np.ndarray, confidence: float = CONFIDENCE) -> list[float] | None:
-    """The percentile interval of the defined draws (None when none is)."""
-    defined = draws[np.isfinite(draws)]
-    if defined.size == 0:
-        return None
-    tail = (1.0 - confidence) / 2 * 100
-    low, high = np.percentile(defined, [tail, 100 - tail])
-    return [float(low), float(high)]
-
-
 def nested(intervals: Mapping[str, list[float] | None]) -> dict[str, Any]:
     """{'auc@60': x} → {'auc': {'60': x}}, the shape of `return_quality`'s figures."""
     out: dict[str, Any] = {}
@@ -250,7 +228,7 @@ def quality_intervals(
     conversations: np.ndarray,
     sources: Mapping[str, Source],
     censoring: StepSurvival,
-    n_resamples: int = DEFAULT_RESAMPLES,
+    n_resamples: int = N_RESAMPLES,
     seed: int = SEED,
     differences: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, Any]:

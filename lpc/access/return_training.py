@@ -27,13 +27,8 @@ from predictor.atomic_files import OutputWriteError
 from predictor.return_time import ReturnTimePredictor, save_return_model
 from training.access_data import DEFAULT_ACCESS_HORIZON_S, DEFAULT_VALIDATION_FRACTION
 from training.locations import SHIPPED_ACCESS_MODEL_NAME, shipped_model_dir
-from training.quality_intervals import (
-    DEFAULT_RESAMPLES,
-    CurveSource,
-    HorizonSource,
-    Source,
-    quality_intervals,
-)
+from training.paired_bootstrap import N_RESAMPLES
+from training.quality_intervals import CurveSource, HorizonSource, Source, quality_intervals
 from training.return_data import return_samples
 from training.return_fit import (
     ReturnFitConfig,
@@ -78,7 +73,7 @@ class ReturnTrainOptions:
     fit: ReturnFitConfig = field(default_factory=ReturnFitConfig)
     # bootstrap resamples (over the evaluation part's conversations) of the quality figures'
     # 95 % intervals; 0: none
-    intervals: int = DEFAULT_RESAMPLES
+    intervals: int = N_RESAMPLES
 
 
 @dataclass

@@ -7,24 +7,28 @@ Pairing: both policies replay the same requests, so each resample takes the same
 for both, and the statistic is the ratio of their hit tokens over those conversations (the
 queried tokens are the same for both and cancel): gain = Σ hits(policy) / Σ hits(LRU) − 1.
 
-The interval is the percentile interval of `N_RESAMPLES` resamples (scipy's `bootstrap`,
-paired, seeded), so the same replay always reports the same interval. It describes the
-evaluation part's sampling of conversations only; the cache's own dynamics (a conversation's
-hits depend on the others') are held fixed, as in any replay.
+The interval is the percentile interval of `N_RESAMPLES` seeded resamples
+(`training.paired_bootstrap`, drawn as scipy's `bootstrap` draws them), so the same replay
+always reports the same interval. It describes the evaluation part's sampling of
+conversations only; the cache's own dynamics (a conversation's hits depend on the others')
+are held fixed, as in any replay.
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
 from lpc.replay.simulator import RequestHits
-
-N_RESAMPLES = 1000
-CONFIDENCE = 0.95
-SEED = 0
+from training.paired_bootstrap import (
+    CONFIDENCE,
+    N_RESAMPLES,
+    SEED,
+    paired_gain,
+    percentile_interval,
+    resample_weights,
+)
 
 
 @dataclass(frozen=True)
@@ -52,8 +56,6 @@ def paired_gain_interval(
     """The gain of `policy` over `baseline` and its bootstrap interval; None when the baseline
     hits nothing (no ratio) or fewer than two conversations are counted (nothing to resample).
     Both must come from replays of the same workload (same requests, same conversations)."""
-    from scipy.stats import DegenerateDataWarning, bootstrap
-
     if not np.array_equal(policy.conversations, baseline.conversations):
         raise ValueError("a paired interval needs two replays of the same counted requests")
     count = int(policy.conversations.max()) + 1 if len(policy.conversations) else 0
@@ -65,23 +67,7 @@ def paired_gain_interval(
     if np.array_equal(ours, theirs):  # the same hits everywhere: every resample gives 0
         return GainInterval(0.0, 0.0, 0.0)
 
-    def gain(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return a.sum(axis=axis) / b.sum(axis=axis) - 1.0
-
-    with warnings.catch_warnings():
-        # A distribution with one value (a gain that no resample changes) is an answer here,
-        # not a problem: its percentile interval is that value.
-        warnings.simplefilter("ignore", DegenerateDataWarning)
-        result = bootstrap(
-            (ours, theirs),
-            gain,
-            paired=True,
-            vectorized=True,
-            n_resamples=n_resamples,
-            confidence_level=confidence,
-            method="percentile",
-            rng=np.random.default_rng(seed),
-        )
-    low, high = result.confidence_interval
-    return GainInterval(float(gain(ours, theirs)), float(low), float(high))
+    weights = resample_weights(np.arange(count), n_resamples, seed, count=count)
+    interval = percentile_interval(paired_gain(ours, theirs, weights), confidence, quantile="scipy")
+    low, high = interval if interval is not None else (float("nan"), float("nan"))
+    return GainInterval(paired_gain(ours, theirs), low, high)

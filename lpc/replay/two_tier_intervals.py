@@ -7,7 +7,7 @@ is one draw of which conversations fell in the evaluation part. Conversations ar
 comparison replay the same requests, so each resample weighs both pairs' requests alike.
 
 Three differences, subject minus other, each with its percentile interval over
-`N_RESAMPLES` seeded resamples:
+`N_RESAMPLES` seeded resamples (`training.paired_bootstrap`, multinomial draws):
 - the hit ratio in either tier, in points: Σ hits / Σ prompt tokens over the resampled
   conversations (requests of a conversation drawn k times count k times);
 - the TTFT p50 and p90, in seconds: the latency model's per-request TTFT, its weighted
@@ -31,10 +31,15 @@ import numpy as np
 
 from lpc.replay.latency import TierLatency
 from lpc.replay.two_tier import TwoTierRequestHits, TwoTierResult
+from training.paired_bootstrap import (
+    CONFIDENCE,
+    N_RESAMPLES,
+    SEED,
+    percentile_interval,
+    resample_weights,
+    weighted_percentile,
+)
 
-N_RESAMPLES = 1000
-CONFIDENCE = 0.95
-SEED = 0
 # LPC in both tiers as the product ships it: the plugin's default evictor on the GPU and the
 # `LPCPooledCachePolicy` in vLLM's CPU tier.
 SUBJECT = ("lpc-pooled", "lpc-pooled")
@@ -62,27 +67,17 @@ class PairDifference:
     ttft_p90_s: Difference
 
 
-def _weights(conversations: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
-    """(resamples × requests) weights: how often each request's conversation was drawn."""
+def replay_weights(conversations: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
+    """(resamples × requests) weights. The replay's conversation ids index the workload's
+    conversations, so every index up to the largest counted one is drawn (multinomially)."""
     count = int(conversations.max()) + 1
-    rng = np.random.default_rng(seed)
-    draws = rng.multinomial(count, np.full(count, 1.0 / count), size=n_resamples)
-    return draws[:, conversations].astype(np.float64)
-
-
-def _weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> np.ndarray:
-    """Per row of `weights`, the smallest value whose weighted CDF reaches q (inverted CDF)."""
-    order = np.argsort(values, kind="stable")
-    cumulative = np.cumsum(weights[:, order], axis=1)
-    threshold = q * cumulative[:, -1:]
-    index = np.argmax(cumulative >= threshold, axis=1)
-    return values[order][index]
+    return resample_weights(conversations, n_resamples, seed, count=count, draw="multinomial")
 
 
 def _interval(samples: np.ndarray, value: float, confidence: float) -> Difference:
-    tail = (1.0 - confidence) / 2 * 100
-    low, high = np.percentile(samples, [tail, 100 - tail])
-    return Difference(value, float(low), float(high))
+    interval = percentile_interval(samples, confidence)
+    low, high = interval if interval is not None else (float("nan"), float("nan"))
+    return Difference(value, low, high)
 
 
 def ttft_per_request(hits: TwoTierRequestHits, latency: TierLatency) -> np.ndarray:
@@ -123,8 +118,8 @@ def _figure(
         samples = 100.0 * (weights @ hits) / (weights @ a.prompt_tokens)
         return _interval(samples, 100.0 * (subject.hit_ratio - other.hit_ratio), confidence)
     q = {"ttft_p50_s": 0.5, "ttft_p90_s": 0.9}[figure]
-    samples = _weighted_percentile(ttft_per_request(a, latency), weights, q)
-    samples -= _weighted_percentile(ttft_per_request(b, latency), weights, q)
+    samples = weighted_percentile(ttft_per_request(a, latency), weights, q)
+    samples -= weighted_percentile(ttft_per_request(b, latency), weights, q)
     value = getattr(subject, figure) - getattr(other, figure)
     return _interval(samples, value, confidence)
 
@@ -143,7 +138,7 @@ def pair_difference(
     """The subject pair minus the other, each figure with its paired bootstrap interval.
     Both must come from replays of the same workload (the same counted requests)."""
     a, _ = _paired_hits(subject, other)
-    weights = _weights(a.conversations, n_resamples, seed)
+    weights = replay_weights(a.conversations, n_resamples, seed)
     return PairDifference(
         *(_figure(f, subject, other, latency, weights, confidence) for f in FIGURES)
     )
@@ -174,7 +169,7 @@ def versus_best(
             continue
         me = mine[0]
         assert me.request_hits is not None
-        weights = _weights(me.request_hits.conversations, n_resamples, SEED)
+        weights = replay_weights(me.request_hits.conversations, n_resamples, SEED)
         best_hit = max(others, key=lambda r: r.hit_ratio)
         best_p50 = min(others, key=lambda r: r.ttft_p50_s)
         best_p90 = min(others, key=lambda r: r.ttft_p90_s)

@@ -15,9 +15,8 @@ from lpc.replay.latency import TierLatency, summarise_ttft
 from lpc.replay.policies import parse_policies
 from lpc.replay.two_tier import TierSettings, TwoTierRequestHits, TwoTierResult
 from lpc.replay.two_tier_intervals import (
-    _weighted_percentile,
-    _weights,
     pair_difference,
+    replay_weights,
     ttft_per_request,
     versus_best,
     versus_best_text,
@@ -93,7 +92,7 @@ def test_the_hit_difference_of_each_resample_is_recomputed_by_hand() -> None:
     a = result("lpc-pooled", "lpc-pooled", device, host, conv)
     b_device, b_host, _ = random_pair(4, n=50, conversations=12)
     b = result("lru", "lru", b_device, b_host, conv)
-    weights = _weights(np.asarray(conv), 5, 0)
+    weights = replay_weights(np.asarray(conv), 5, 0)
     counts = np.random.default_rng(0).multinomial(12, [1 / 12] * 12, size=5)
     for row, draw in zip(weights, counts, strict=True):
         expected = [draw[c] for c in conv]
@@ -103,18 +102,6 @@ def test_the_hit_difference_of_each_resample_is_recomputed_by_hand() -> None:
     samples = [100 * (w @ hits_a - w @ hits_b) / (w @ np.full(50, 1024)) for w in weights]
     d = pair_difference(a, b, LATENCY, n_resamples=5)
     assert min(samples) <= d.hit_ratio_points.low <= d.hit_ratio_points.high <= max(samples)
-
-
-def test_the_weighted_percentile_is_the_inverted_cdf_of_the_repeated_values() -> None:
-    rng = np.random.default_rng(5)
-    values = rng.random(40)
-    weights = rng.integers(0, 4, size=(6, 40)).astype(float)
-    weights[:, 0] += 1  # no row of zeros
-    for q in (0.5, 0.9):
-        got = _weighted_percentile(values, weights, q)
-        for row, value in zip(weights, got, strict=True):
-            repeated = np.repeat(values, row.astype(int))
-            assert value == np.percentile(repeated, 100 * q, method="inverted_cdf")
 
 
 def test_ttft_per_request_is_the_latency_model_of_each_request() -> None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from training.paired_bootstrap import resample_weights
 from training.quality_intervals import (
     CurveSource,
     HorizonSource,
     figure_draws,
     quality_intervals,
-    resample_weights,
 )
 from training.return_quality import curve_quality, horizon_quality
 from training.survival_metrics import censoring_survival
@@ -63,17 +63,6 @@ def test_unit_weights_give_the_point_figures() -> None:
     expected = curve_quality(time_s, observed, grid_s, survival, censoring)
     assert draws["concordance"][0] == pytest.approx(expected["concordance"], abs=1e-6)
     assert draws["auc@600"][0] == pytest.approx(expected["auc"]["600"], abs=1e-6)
-
-
-def test_resample_weights_draw_whole_conversations() -> None:
-    conversations = np.array(["a", "a", "b", "c", "c", "c"])
-    weights = resample_weights(conversations, 50, seed=1)
-    assert weights.shape == (50, 6)
-    # every resample draws 3 conversations; a conversation's rows share its weight
-    assert np.all(weights[:, [0, 2, 3]].sum(1) == 3)
-    assert np.all(weights[:, 0] == weights[:, 1])
-    assert np.all((weights[:, 3] == weights[:, 4]) & (weights[:, 4] == weights[:, 5]))
-    assert np.array_equal(weights, resample_weights(conversations, 50, seed=1))
 
 
 def test_intervals_hold_the_point_and_differences_are_paired() -> None:
