@@ -12,11 +12,19 @@ vLLM's `FreeKVCacheBlockQueue` and the plugin's `LPCFreeBlockQueue` (its default
 `lpc-pooled`) run the same requests in one process, interleaved request by request (which
 queue goes first alternates), each on its own blocks; hashes are given and evicted blocks reset
 untimed, as vLLM's block pool does around these calls. `--mode lru` (or `shadow`) times the
-plugin with its kill switch thrown: the queue evicts in vLLM's LRU order while the learned
-evictor still sees every release. The timer is the thread's CPU time
+plugin with its kill switch thrown: the queue is vLLM's own (`vllm_queue.bind_queue_class`
+over vLLM's class). The timer is the thread's CPU time
 (`time.thread_time_ns`), so that other processes on a loaded machine do not count; the
 garbage collector is off while timing. Each figure is the median and 99th percentile of the
 per-request times, in microseconds, and their ratio to vLLM's.
+
+`--switch` adds, per size, the kill switch at `--free-blocks` free blocks (`run_switch`): the
+CPU time of the switch itself (on the thread that asks: the control file's watcher, or
+`set_mode`), and each allocation while the learned blocks drain against vLLM's allocation of
+the same blocks; then the switch back on. `--scan` adds vLLM's lazy CPU offload walk
+(`run_scan`): `iter_blocks_after` from its cursor for `--scan-blocks` blocks (vLLM's target:
+2 × max_num_batched_tokens / block size, 1,024 at its default 8,192), one request allocated
+and freed between walks, both queues holding `--free-blocks` free blocks.
 
 Runs in vLLM's venv (`python -m lpc.benchmarks.queue_bench`, as `lpc bench queue` calls it):
 it prints one JSON record on its last line.
@@ -39,6 +47,9 @@ from lpc.integrations.config import PluginConfig
 from lpc.integrations.mode import DEFAULT_MODE, MODES, ModeSwitch
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.vllm_queue import QueueRuntime, bind_queue_class
+
+DEFAULT_FREE_BLOCKS = 100_000
+DEFAULT_SCAN_BLOCKS = 1_024  # vLLM's lazy target at max_num_batched_tokens 8192
 
 DEFAULT_SIZES = (1_024, 11_264, 131_072)  # 1K, 11K, 128K tokens per request
 BLOCK_SIZE = 16
@@ -102,7 +113,9 @@ def run_size(
     for name in ("stock", "lpc"):
         blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         queue = (
-            FreeKVCacheBlockQueue(blocks) if name == "stock" else bind_queue_class(runtime)(blocks)
+            FreeKVCacheBlockQueue(blocks)
+            if name == "stock"
+            else bind_queue_class(runtime, FreeKVCacheBlockQueue)(blocks)
         )
         sides[name] = {"queue": queue, "previous": None, "ns": {op: [] for op in OPERATIONS}}
     rng = random.Random(seed)
@@ -153,6 +166,184 @@ def run_size(
     )
 
 
+@dataclass(frozen=True)
+class SwitchResult:
+    """The kill switch at `free_blocks` free blocks, requests of `tokens` tokens (µs)."""
+
+    tokens: int
+    free_blocks: int
+    switch_off_us: float  # the switch itself, on the thread that asks
+    switch_on_us: float
+    drain_allocations: int  # allocations until the learned blocks were gone
+    drain_alloc: Figure  # those allocations, the plugin's queue
+    drain_alloc_max_us: float
+    stock_alloc: Figure  # vLLM's allocation of as many blocks from its own full queue
+    ratio_p50: float
+    first_alloc_after_on_us: float
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """vLLM's lazy-offload walk of `scan_blocks` blocks after its cursor (µs per walk)."""
+
+    tokens: int
+    free_blocks: int
+    scan_blocks: int
+    walks: int
+    stock: Figure
+    lpc: Figure
+    ratio_p50: float
+    ratio_p99: float
+    # A walk stops at `scan_blocks` or at the queue's end: vLLM's cursor sits near its
+    # list's tail (new releases join behind it), LPC's new releases land anywhere in its
+    # order, so the walks differ in length; per block visited they compare like for like.
+    stock_blocks_per_walk: float  # medians over the walks
+    lpc_blocks_per_walk: float
+    stock_ns_per_block: float
+    lpc_ns_per_block: float
+    ratio_per_block: float
+
+
+def _fill(queue: Any, runtime: QueueRuntime, free_blocks: int, n: int, rng: random.Random) -> None:
+    """Release `free_blocks` cached blocks in requests of `n`, each under its own p."""
+    for r in range(max(1, free_blocks // n)):
+        chain = queue.popleft_n(n)
+        for i, block in enumerate(chain):
+            if block.block_hash is not None:
+                block.reset_hash()
+            block.set_block_hash(f"fill-{r}-{i}".encode(), (i + 1) * BLOCK_SIZE)
+        with runtime.releasing(Release(float(r), rng.random(), f"c{r}")):
+            queue.append_n(chain[::-1])
+
+
+def run_switch(tokens: int, evictor: str, free_blocks: int, seed: int = 0) -> SwitchResult:
+    """Switch off with `free_blocks` learned blocks, allocate requests of `tokens` tokens
+    until they are drained (each allocation timed, and vLLM's own allocation of as many
+    blocks from its queue beside it), then switch back on with every block in vLLM's list."""
+    from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+
+    n = tokens // BLOCK_SIZE
+    num_blocks = free_blocks + n
+    clock = StepClock()
+    runtime = QueueRuntime(
+        PluginConfig(evictor=evictor, stats_log_interval_s=0.0), PluginStats(), clock
+    )
+    rng = random.Random(seed)
+    queue = bind_queue_class(runtime, FreeKVCacheBlockQueue)(
+        [KVCacheBlock(i) for i in range(num_blocks)]
+    )
+    stock = FreeKVCacheBlockQueue([KVCacheBlock(i) for i in range(num_blocks)])
+    _fill(queue, runtime, free_blocks, n, rng)
+    t0 = time.thread_time_ns()
+    runtime.mode.set("lru", "queue bench")
+    switch_off_ns = time.thread_time_ns() - t0
+    drain_ns: list[int] = []
+    stock_ns: list[int] = []
+    taken: list[Any] = []
+    while len(queue.evictor) and queue.num_free_blocks >= n:
+        t0 = time.thread_time_ns()
+        taken += queue.popleft_n(n)
+        t1 = time.thread_time_ns()
+        allocated = stock.popleft_n(n)  # vLLM's allocation of as many blocks
+        t2 = time.thread_time_ns()
+        stock.append_n(allocated)  # untimed: keeps vLLM's queue full
+        drain_ns.append(t1 - t0)
+        stock_ns.append(t2 - t1)
+    for start in range(0, len(taken), n):  # freed while off: into vLLM's list
+        queue.append_n(taken[start : start + n][::-1])
+    t0 = time.thread_time_ns()
+    runtime.mode.set("lpc", "queue bench")
+    switch_on_ns = time.thread_time_ns() - t0
+    t0 = time.thread_time_ns()
+    queue.popleft_n(n)
+    first_on_ns = time.thread_time_ns() - t0
+    drain, stock_figure = _figure(drain_ns), _figure(stock_ns)
+    return SwitchResult(
+        tokens=tokens,
+        free_blocks=free_blocks,
+        switch_off_us=switch_off_ns / 1e3,
+        switch_on_us=switch_on_ns / 1e3,
+        drain_allocations=len(drain_ns),
+        drain_alloc=drain,
+        drain_alloc_max_us=max(drain_ns) / 1e3,
+        stock_alloc=stock_figure,
+        ratio_p50=drain.p50_us / stock_figure.p50_us,
+        first_alloc_after_on_us=first_on_ns / 1e3,
+    )
+
+
+def run_scan(
+    tokens: int, evictor: str, free_blocks: int, scan_blocks: int, walks: int, seed: int = 0
+) -> ScanResult:
+    """Both queues hold `free_blocks` cached blocks; each step walks `scan_blocks` blocks
+    after the cursor as vLLM's lazy offload does (`SimpleCPUOffloadScheduler`: from the last
+    block it visited; from the front when that block was allocated since, or at the end),
+    then allocates and frees one request of `tokens` tokens."""
+    from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+
+    n = tokens // BLOCK_SIZE
+    num_blocks = free_blocks + n
+    clock = StepClock()
+    runtime = QueueRuntime(
+        PluginConfig(evictor=evictor, stats_log_interval_s=0.0), PluginStats(), clock
+    )
+    sides: dict[str, dict[str, Any]] = {}
+    for name in ("stock", "lpc"):
+        rng = random.Random(seed)
+        blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        queue = (
+            FreeKVCacheBlockQueue(blocks)
+            if name == "stock"
+            else bind_queue_class(runtime, FreeKVCacheBlockQueue)(blocks)
+        )
+        _fill(queue, runtime, free_blocks, n, rng)
+        sides[name] = {"queue": queue, "cursor": None, "ns": [], "visited": []}
+    rng = random.Random(seed + 1)
+    for step in range(walks):
+        release = Release(float(10_000 + step), rng.random(), f"w{step}")
+        for name in ("stock", "lpc") if step % 2 else ("lpc", "stock"):
+            side = sides[name]
+            queue, cursor = side["queue"], side["cursor"]
+            last = cursor
+            covered = 0
+            t0 = time.thread_time_ns()
+            for covered, block in enumerate(queue.iter_blocks_after(cursor)):
+                if covered >= scan_blocks:
+                    break
+                last = block
+            t1 = time.thread_time_ns()
+            side["ns"].append(t1 - t0)
+            side["visited"].append(covered + 1)
+            chain = queue.popleft_n(n)
+            side["cursor"] = None if last is cursor or any(b is last for b in chain) else last
+            for i, block in enumerate(chain):
+                if block.block_hash is not None:
+                    block.reset_hash()
+                block.set_block_hash(f"walk-{step}-{i}".encode(), (i + 1) * BLOCK_SIZE)
+            with runtime.releasing(release):
+                queue.append_n(chain[::-1])
+    stock, lpc = _figure(sides["stock"]["ns"]), _figure(sides["lpc"]["ns"])
+    per_block = {  # the median walk's ns per block visited
+        name: statistics.median(ns / v for ns, v in zip(side["ns"], side["visited"], strict=True))
+        for name, side in sides.items()
+    }
+    return ScanResult(
+        tokens=tokens,
+        free_blocks=free_blocks,
+        scan_blocks=scan_blocks,
+        walks=walks,
+        stock=stock,
+        lpc=lpc,
+        ratio_p50=lpc.p50_us / stock.p50_us,
+        ratio_p99=lpc.p99_us / stock.p99_us,
+        stock_blocks_per_walk=statistics.median(sides["stock"]["visited"]),
+        lpc_blocks_per_walk=statistics.median(sides["lpc"]["visited"]),
+        stock_ns_per_block=per_block["stock"],
+        lpc_ns_per_block=per_block["lpc"],
+        ratio_per_block=per_block["lpc"] / per_block["stock"],
+    )
+
+
 def requests_for(tokens: int, budget_blocks: int) -> int:
     """Requests per size: about `budget_blocks` blocks released, at least 20 requests."""
     return max(20, budget_blocks // max(1, tokens // BLOCK_SIZE))
@@ -165,6 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--evictor", default="lpc-pooled")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mode", choices=MODES, default=DEFAULT_MODE)
+    parser.add_argument("--switch", action="store_true")
+    parser.add_argument("--scan", action="store_true")
+    parser.add_argument("--free-blocks", type=int, default=DEFAULT_FREE_BLOCKS)
+    parser.add_argument("--scan-blocks", type=int, default=DEFAULT_SCAN_BLOCKS)
+    parser.add_argument("--walks", type=int, default=200)
     args = parser.parse_args(argv)
     sizes = [int(part) for part in args.sizes.split(",") if part.strip()]
     results = []
@@ -174,12 +370,31 @@ def main(argv: list[str] | None = None) -> int:
         for tokens in sizes:
             requests = requests_for(tokens, args.budget_blocks)
             print(f"queue bench: {tokens:,} tokens, {requests} requests", file=sys.stderr)
-            result = run_size(tokens, requests, args.evictor, args.seed, args.mode)
-            results.append(asdict(result))
+            result = asdict(run_size(tokens, requests, args.evictor, args.seed, args.mode))
             gc.collect()
+            if args.switch:
+                print(
+                    f"queue bench: the switch at {args.free_blocks:,} free blocks", file=sys.stderr
+                )
+                switch = run_switch(tokens, args.evictor, args.free_blocks, args.seed)
+                result["switch"] = asdict(switch)
+                gc.collect()
+            if args.scan:
+                print(f"queue bench: the offload walk, {args.walks} walks", file=sys.stderr)
+                scan = run_scan(
+                    tokens, args.evictor, args.free_blocks, args.scan_blocks, args.walks, args.seed
+                )
+                result["scan"] = asdict(scan)
+                gc.collect()
+            results.append(result)
     finally:
         gc.enable()
-    record = {"evictor": args.evictor, "mode": args.mode, "block_size": BLOCK_SIZE}
+    record = {
+        "evictor": args.evictor,
+        "mode": args.mode,
+        "block_size": BLOCK_SIZE,
+        "free_blocks": args.free_blocks if args.switch or args.scan else None,
+    }
     print(json.dumps({**record, "sizes": results}))
     return 0
 

@@ -345,10 +345,10 @@ class _QueueCore:
 
     def _learned_after(self, block_id: int | None) -> Iterator[Any]:
         """The learned structure's blocks in its scan order after `block_id`
-        (`RunHeap.iter_after`); an evictor error ends the scan, never reaches vLLM."""
-        blocks = self._blocks
+        (`RunHeap.iter_after`, chained in C); an evictor error ends the scan, never reaches
+        vLLM. One Python step per block: this frame's."""
         try:
-            yield from map(blocks.__getitem__, self._learned.iter_after(block_id))
+            yield from map(self._blocks.__getitem__, self._learned.iter_after(block_id))
         except Exception as error:
             self.runtime.stats.plugin_error("the LPC queue's scan for the CPU offload", error)
 
@@ -525,9 +525,15 @@ class LPCFreeBlockQueue(_QueueCore):
         O(log runs) to start, O(1) per block: vLLM's lazy CPU offload calls it every step."""
         if cursor is None or cursor.prev_free_block is not None:
             yield from self.stock.iter_blocks_after(self, cursor)
-            yield from self._learned_after(None)
+            after = None
         elif self._holds(cursor):
-            yield from self._learned_after(cursor.block_id)
+            after = cursor.block_id
+        else:
+            return
+        try:  # inlined `_learned_after`: one generator frame per block, as vLLM's own walk
+            yield from map(self._blocks.__getitem__, self._learned.iter_after(after))
+        except Exception as error:
+            self.runtime.stats.plugin_error("the LPC queue's scan for the CPU offload", error)
 
 
 class _Draining:
