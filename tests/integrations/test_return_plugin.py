@@ -278,9 +278,11 @@ def test_w_is_exported_with_the_counters(monkeypatch: pytest.MonkeyPatch) -> Non
     assert snapshot["return_rekeys"] == evictor.rekeys > 0
     assert snapshot["return_curves_in_process"] == snapshot["releases"] > 0
     families = {f.name: f for f in _Collector(lambda: snapshot).collect()}
-    assert families["lpc_return_window_seconds"].samples[0].value == evictor.window_s
-    assert "lpc_return_curves_in_process" in families
-    assert "lpc_gate_model_trusted" not in families
+    assert families["vllm:lpc_return_window_seconds"].samples[0].value == evictor.window_s
+    assert families["vllm:lpc_return_rekeys"].type == "counter"
+    assert families["vllm:lpc_return_rekeys"].samples[0].value == evictor.rekeys
+    assert "vllm:lpc_return_curves_in_process" in families
+    assert "vllm:lpc_gate_model_trusted" not in families
     line = runtime.stats.summary()
     assert f"return curves {snapshot['return_curves_in_process']} (failed 0" in line
 
