@@ -25,6 +25,12 @@ environment, installed at once). Where configured it:
    `log_prompt_tokens` need it, others ignore it); in shadow mode, to admit the request to the
    shadow caches.
 
+On a vLLM with the eviction-policy seam (docs/vllm-eviction-seam.patch: `EvictionPolicyFactory`
+in its block pool module) none of this is patched: `register()` registers the LPC queue there
+as the policy `lpc` (`vllm_seam`), vLLM builds it for the pools configured with
+`eviction_policy="lpc"`, and its `on_request_freed` hook computes each release with the same
+code (`safe_release_for`, `shared_blocks`).
+
 A release's probability is, in order: the request's `extra_args["lpc_probability"]`; with
 an access-only model configured (`access_model`), the model's p computed in process at the
 release (`access_runtime`; no RPC); the asynchronous prediction for its
@@ -103,14 +109,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from eviction.base import Release
 from eviction.lpc import DEFAULT_FALLBACK_PROBABILITY
-from lpc.integrations import engine_checks, vllm_compat
+from lpc.integrations import engine_checks, vllm_compat, vllm_seam
 from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
 from lpc.integrations.engine_config import config_from_table, configured_by_environment, lpc_table
@@ -459,6 +465,9 @@ _STOCK_REASON: str | None = None
 # its own `__init__` (or _ABSENT); None: not armed.
 _ARMED: tuple[Any, Any] | None = None
 _ABSENT = object()  # an attribute the class inherited rather than defined
+# With vLLM's eviction-policy seam: the modules, clock and predictor client `register()` was
+# given, for a runtime installed when vLLM builds the first LPC queue (`seam_runtime`).
+_SEAM: dict[str, Any] = {}
 _LOCK = threading.Lock()
 
 
@@ -531,15 +540,7 @@ def _wrap_free_blocks(original: Any) -> Any:
         queues = runtime.queues
         try:
             release = queues.active_release() or runtime.take_deferred_release(blocks)
-            # Cached blocks whose count stays above zero: this release shares them with others.
-            shared = [
-                block
-                for block in blocks
-                if block.ref_cnt > 1
-                and block.block_hash is not None
-                and not block.is_null
-                and (block.pool is None or block.pool is self)
-            ]
+            shared = shared_blocks(blocks, self)
         except Exception as error:  # stock vLLM: the fallback p, no pooling metadata
             runtime.stats.plugin_error("preparing a free of blocks", error)
             release, shared = None, []
@@ -552,6 +553,20 @@ def _wrap_free_blocks(original: Any) -> Any:
         return None
 
     return free_blocks
+
+
+def shared_blocks(ordered_blocks: Sequence[Any], pool: Any) -> list[Any]:
+    """Cached blocks of `pool` among those a release frees whose count stays above zero: the
+    release shares them with other requests (max pooling notes them). The wrapped
+    `free_blocks` and the seam's `on_request_freed` (`vllm_seam`) both read them here."""
+    return [
+        block
+        for block in ordered_blocks
+        if block.ref_cnt > 1
+        and block.block_hash is not None
+        and not block.is_null
+        and (block.pool is None or block.pool is pool)
+    ]
 
 
 def _wrap_allocate_slots(original: Any) -> Any:
@@ -658,6 +673,7 @@ def build_runtime(
     clock: Clock | None = None,
     predictor_client: PredictionClient | None = None,
     activate: Callable[[], None] | None = None,
+    queue_runtime: type[QueueRuntime] = QueueRuntime,
 ) -> PluginRuntime:
     """What `register()` sets up before it patches vLLM (nothing here imports vLLM): the
     counters, the predictor client and board, the queues' shared runtime, the in-process access
@@ -671,7 +687,7 @@ def build_runtime(
         if client is not None
         else None
     )
-    queues = QueueRuntime(
+    queues = queue_runtime(
         config,
         counters,
         clock if clock is not None else time.monotonic,
@@ -737,6 +753,9 @@ def register(
             _STOCK_REASON = f"vLLM's modules cannot be imported ({error!r})"
             logger.warning("LPC eviction is off, vLLM runs stock: %s", _STOCK_REASON)
             return
+        if vllm_compat.has_seam(modules["block_pool"]):
+            _register_seam(modules, config, clock, predictor_client)
+            return
         reason = _unverified_vllm(modules)
         if reason is not None:
             _STOCK_REASON = reason
@@ -753,8 +772,10 @@ def _install(
     config: PluginConfig,
     clock: Clock | None,
     predictor_client: PredictionClient | None,
+    seam: bool = False,
 ) -> None:
-    """Build the runtime and patch vLLM (under `_LOCK`, nothing registered yet)."""
+    """Build the runtime and patch vLLM (under `_LOCK`, nothing registered yet); with the
+    `seam`, patch nothing (`vllm_seam`: vLLM builds the queue and calls it)."""
     global _REGISTRATION
     runtime = build_runtime(
         config,
@@ -762,10 +783,11 @@ def _install(
         predictor_client,
         # Late-bound: the registration is complete before any queue is built.
         activate=lambda: _activate(registration),
+        queue_runtime=vllm_seam.SeamQueueRuntime if seam else QueueRuntime,
     )
     queues = runtime.queues
     registration = _Registration(runtime, [])
-    for owner, name, value in _patches(modules, runtime):
+    for owner, name, value in [] if seam else _patches(modules, runtime):
         registration.originals.append((owner, name, owner.__dict__.get(name, _ABSENT)))
         setattr(owner, name, value)
     _REGISTRATION = registration
@@ -778,6 +800,51 @@ def _install(
             for k, v in {**config.as_dict(), "horizon_s": queues.evictor_horizon_s}.items()
         ),
     )
+
+
+def _register_seam(
+    modules: dict[str, Any],
+    config: PluginConfig | None,
+    clock: Clock | None,
+    predictor_client: PredictionClient | None,
+) -> None:
+    """vLLM has the eviction-policy seam: register the LPC queue as its policy `lpc` and patch
+    nothing (`vllm_seam`). Configured (arguments or the `LPC_*` environment), the runtime is
+    built now; else when a pool configured with `eviction_policy="lpc"` builds its queue
+    (`seam_runtime`). A seam of another shape: stock, said once (under `_LOCK`)."""
+    global _STOCK_REASON
+    problems = vllm_seam.seam_problems(modules)
+    if problems:
+        _STOCK_REASON = "the LPC plugin does not fit this vLLM's eviction-policy seam: " + (
+            "; ".join(problems)
+        )
+        logger.warning("LPC eviction is off, vLLM runs stock: %s", _STOCK_REASON)
+        return
+    vllm_seam.register_seam(modules["block_pool"])
+    _SEAM.update(modules=modules, clock=clock, predictor_client=predictor_client)
+    if config is not None or configured_by_environment(os.environ):
+        _install_seam(config if config is not None else load_config())
+
+
+def _install_seam(config: PluginConfig) -> None:
+    """The seam path's registration (under `_LOCK`, nothing registered yet)."""
+    missing = vllm_seam.unsupported_by_seam(config)
+    if missing:
+        logger.warning("LPC through vLLM's eviction-policy seam leaves out: %s", "; ".join(missing))
+    _install(_SEAM["modules"], config, _SEAM["clock"], _SEAM["predictor_client"], seam=True)
+
+
+def seam_runtime() -> PluginRuntime:
+    """The runtime an LPC queue built by vLLM's `EvictionPolicyFactory` uses: the registered
+    one, else one installed now from the `LPC_*` environment (the pool's `eviction_policy`
+    named LPC, which is the opt-in)."""
+    with _LOCK:
+        if _REGISTRATION is None:
+            if not _SEAM:  # resolved by module path, the plugin not loaded by vLLM
+                _SEAM.update(modules=_import_vllm(), clock=None, predictor_client=None)
+            _install_seam(load_config())
+        assert _REGISTRATION is not None
+        return _REGISTRATION.runtime
 
 
 def _arm_additional_config(
@@ -849,7 +916,11 @@ def _patches(modules: dict[str, Any], runtime: PluginRuntime) -> list[tuple[Any,
     scheduler_class = modules["scheduler"].Scheduler
     patches: list[tuple[Any, str, Any]] = [
         (scheduler_class, "__init__", _wrap_scheduler_init(scheduler_class.__init__)),
-        (block_pool, "FreeKVCacheBlockQueue", bind_queue_class(runtime.queues)),
+        (
+            block_pool,
+            "FreeKVCacheBlockQueue",  # over vLLM's own class: the kill switch's off mode
+            bind_queue_class(runtime.queues, modules["kv_cache_utils"].FreeKVCacheBlockQueue),
+        ),
         (pool_class, "free_blocks", _wrap_free_blocks(pool_class.free_blocks)),
         (manager_class, "free", _wrap_manager_free(manager_class.free)),
         (
