@@ -58,7 +58,24 @@ def request_log_lines() -> list[dict]:
     ]
 
 
+def small_chats(folder: Path) -> Path:
+    """A few chats with 1 to 3 user turns: what `--split-at 0` fits lpc-turns on (the bundled
+    ShareGPT, the default --dataset, takes seconds to load and tells these tests nothing)."""
+    records = []
+    for c in range(24):
+        messages = []
+        for t in range(1 + c % 3):
+            messages += [
+                {"role": "user", "content": f"question {t} of chat {c}"},
+                {"role": "assistant", "content": f"answer {t}"},
+            ]
+        records.append({"id": f"chat{c}", "messages": messages})
+    return write_lines(folder / "chats.jsonl", records)
+
+
 def lpc_ab(trace: Path, out: Path, *args: str) -> int:
+    if "--split-at" in args:  # no training part in the trace: the --dataset's half fits
+        args = (*args, "--dataset", str(small_chats(trace.parent)))
     return main(
         [
             "ab",
