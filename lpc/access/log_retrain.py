@@ -36,9 +36,11 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,7 +48,12 @@ from lpc.access.training import check_validation_slice
 from lpc.errors import UserError
 from lpc.replay.ab_options import TRACE_MAX_MODEL_LEN
 from lpc.replay.request_table import request_table
-from lpc.traces.files import json_lines_problem, load_trace_files, trace_format_by_content
+from lpc.traces.files import (
+    json_lines_problem,
+    load_lpc_files_apart,
+    load_trace_files,
+    trace_format_by_content,
+)
 from lpc.traces.load import LoadedTrace, TraceOptions
 from lpc.traces.timeline import (
     DAY_S,
@@ -65,6 +72,9 @@ from training.access_fit import AccessFitConfig, access_metadata, fit_access_mod
 from training.metrics import classification_metrics
 from training.retrain import LogCandidate
 from training.return_retrain import ReturnContext
+
+if TYPE_CHECKING:
+    from lpc.fleet.fanout import Executor
 
 # Epoch seconds from 2000-01-01 UTC on are absolute times: no relative trace (ms or seconds
 # from its own start) runs for thirty years.
@@ -196,6 +206,10 @@ class TraceLogTrainer:
     fit: AccessFitConfig = field(default_factory=AccessFitConfig)
     # The evaluation part must hold this many requests (`lpc retrain --min-eval-samples`)
     min_evaluation_requests: int = 200
+    # Where the files are parsed: None or serial here; Ray (`lpc retrain --ray`): one task
+    # per file of the project's JSONL (request logs), the same trace (`load_lpc_files_apart`)
+    executor: Executor | None = None
+    log: Callable[[str], None] | None = field(default=None, compare=False)
 
     @staticmethod
     def handles(paths: list[Path]) -> bool:
@@ -205,12 +219,9 @@ class TraceLogTrainer:
     def train(self, paths: list[Path], current: Path | None) -> LogCandidate:
         fmt = trace_format_of_files(paths)
         assert fmt is not None, "train() is called only when handles() said yes"
-        trace = load_trace_files(
-            paths, fmt, TraceOptions(horizon_s=self.horizon_s, max_model_len=TRACE_MAX_MODEL_LEN)
-        )
+        trace, table, read = self._read(paths, fmt)
         chosen = time_ordered_split(trace, self.split_at, self.min_evaluation_requests)
         split = chosen.split
-        table = request_table(trace.requests, trace.request_types)
         names = default_feature_names(list(table.columns))
         samples = access_samples(
             table, names, split.cut_s, self.horizon_s, self.validation_fraction
@@ -251,7 +262,7 @@ class TraceLogTrainer:
             evaluation_samples=int(samples.labels["evaluation"].size),
             current_metrics=current_metrics,
             current_problem=problem,
-            data=evaluation,
+            data={**evaluation, "read": read},
             return_context=ReturnContext(
                 table,
                 tuple(names),
@@ -265,6 +276,60 @@ class TraceLogTrainer:
                 },
             ),
         )
+
+    def _read(self, paths: list[Path], fmt: str) -> tuple[LoadedTrace, Any, dict[str, Any]]:
+        """The files as one trace and its request table, and how they were read (for the
+        report; not part of the model's metadata, which is the same either way)."""
+        options = TraceOptions(horizon_s=self.horizon_s, max_model_len=TRACE_MAX_MODEL_LEN)
+        started = time.perf_counter()
+        executor = self.executor
+        if executor is None or executor.kind == "serial" or fmt != "lpc":
+            if executor is not None and executor.kind == "ray" and self.log is not None:
+                self.log(f"logs: {fmt} files are read serially (Ray reads request logs)")
+            trace = load_trace_files(paths, fmt, options)
+            table = request_table(trace.requests, trace.request_types)
+            return trace, table, {"on": "serial", "seconds": _since(started)}
+        from lpc.fleet.fanout import RayMapper
+        from lpc.fleet.request_logs import (
+            TABLE_TASKS_PER_WORKER,
+            conversation_groups,
+            request_table_apart,
+        )
+
+        mapper = RayMapper(executor, _progress(self.log, "log files parsed"))
+        trace = load_lpc_files_apart(paths, options, mapper)
+        parsed_s = _since(started)
+        groups = conversation_groups(trace.requests, TABLE_TASKS_PER_WORKER * executor.workers)
+        mapper.on_item = _progress(self.log, "request-table groups built")
+        table = request_table_apart(trace.requests, groups, mapper)
+        return (
+            trace,
+            table,
+            {
+                "on": "ray",
+                "address": executor.address,
+                "workers": executor.workers if executor.address is None else None,
+                "file_tasks": len(paths),
+                "table_tasks": len(groups),
+                "parse_seconds": parsed_s,
+                "seconds": _since(started),
+                "worker_peak_bytes": dict(sorted(mapper.worker_peak_bytes.items())),
+            },
+        )
+
+
+def _since(started: float) -> float:
+    return round(time.perf_counter() - started, 3)
+
+
+def _progress(log: Callable[[str], None] | None, what: str) -> Callable[[int, int], None]:
+    """`done/total <what>` about ten times over a run of tasks (nothing without a log)."""
+
+    def report(done: int, total: int) -> None:
+        if log is not None and (done % max(1, total // 10) == 0 or done == total):
+            log(f"logs: {done}/{total} {what} on Ray")
+
+    return report
 
 
 def _score_current(

@@ -45,6 +45,14 @@ model's result nor the current return model. Files count as trained on (the next
 starts after them) only once both models have decided on them: after a return half that
 failed, was locked out or was killed, the next run takes the same files again.
 
+With --ray (pip install 'lpc[ray]') a fleet's request logs (the project's JSONL) are read on
+Ray: each file is parsed in a task of its own, the driver merges them in the serial order
+(a conversation spanning files stays one), and the request table is built per group of
+conversations, a task each; locally with --workers CPUs, or on the cluster at --ray-address.
+The samples and the model equal the serial run's. Mooncake and Bailian files are read
+serially. The `data.read` section says how the files were read, with each Ray worker's peak
+memory.
+
 exit status (the access model's decision): 0 promoted, 3 kept the current model, 4 no new
 data, 5 another run holds the lock, 1 failed, 2 bad arguments or log files that cannot be
 read (the message names the file and line). See docs/training.md and scripts/lpc-retrain.*.
@@ -160,6 +168,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     returns.add_argument(
         "--no-return-model", action="store_true", help="do not retrain the return-time model"
     )
+    ray = p.add_argument_group("reading a fleet's request logs on Ray")
+    ray.add_argument(
+        "--ray",
+        action="store_true",
+        help="parse request-log files one Ray task each and build their request table per "
+        "group of conversations (needs lpc[ray]); the same samples and model as without it",
+    )
+    ray.add_argument(
+        "--ray-address",
+        help="with --ray: the cluster to run on (ray://host:10001, or 'auto'); default: a "
+        "local Ray with --workers CPUs",
+    )
+    ray.add_argument(
+        "--workers",
+        type=positive_int,
+        default=2,
+        help="with --ray: CPUs of the local Ray (default: %(default)s)",
+    )
     add_training_arguments(p)
     p.set_defaults(run=run)
 
@@ -241,7 +267,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if not args.horizon > 0:
         raise CommandError(f"--horizon must be > 0 seconds, got {args.horizon}")
+    if args.ray_address and not args.ray:
+        raise CommandError("--ray-address goes with --ray")
     from lpc.access.log_retrain import TraceLogTrainer
+    from lpc.fleet.fanout import Executor
     from training.access_fit import AccessFitConfig
     from training.retrain import BAD_INPUT
 
@@ -259,6 +288,8 @@ def run(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 threads=args.threads or AccessFitConfig.threads,
             ),
+            executor=Executor("ray" if args.ray else "serial", args.ray_address, args.workers),
+            log=log,
         ),
     )
     if outcome.status == BAD_INPUT and not args.json:

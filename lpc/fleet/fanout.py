@@ -6,18 +6,20 @@ instance) reads the same prepared workload and nothing else, so they are indepen
 task per cell: locally (`ray.init` with `workers` CPUs) by default, or on the cluster at
 `address` (`ray://host:10001`, or `auto` for the cluster this process runs in). A replay is a
 deterministic function of the workload and the cell, so the results equal the serial run's
-digit for digit (a test checks). Ray is an optional extra (`pip install lpc[ray]`), imported
-only here and only when asked for.
+digit for digit (a test checks). The daily job's reading of a fleet's request logs runs on
+the same plumbing (`RayMapper`: one task per log file, then per group of conversations for
+the request table; `lpc.access.log_retrain`). Ray is an optional extra (`pip install
+lpc[ray]`), imported only here and only when asked for.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from lpc.errors import InvalidInputError
+from lpc.errors import InvalidInputError, UserError
 from lpc.fleet.replay import FleetCell, FleetResult, check_cell, fleet_replay
 from lpc.replay.ab import ReplaySettings
 from lpc.replay.simulator import PreparedWorkload
@@ -105,18 +107,23 @@ def map_on_ray(
     return results
 
 
-def _replay_shared(
-    shared: tuple[PreparedWorkload, ReplaySettings], cell: FleetCell
-) -> tuple[FleetResult, str, int]:
-    """A cell replayed in a Ray worker, with the worker (node and process) and its peak
-    resident memory in bytes so far (Linux reports `ru_maxrss` in KiB)."""
+def worker_and_peak() -> tuple[str, int]:
+    """This worker (node and process) and its peak resident memory in bytes so far (Linux
+    reports `ru_maxrss` in KiB)."""
     import resource
     import socket
 
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return f"{socket.gethostname()}:{os.getpid()}", peak
+
+
+def _replay_shared(
+    shared: tuple[PreparedWorkload, ReplaySettings], cell: FleetCell
+) -> tuple[FleetResult, str, int]:
+    """A cell replayed in a Ray worker, with the worker and its peak memory."""
     workload, settings = shared
     result = replay_cell(workload, settings, cell)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return result, f"{socket.gethostname()}:{os.getpid()}", peak
+    return result, *worker_and_peak()
 
 
 def run_cells(
@@ -159,3 +166,47 @@ def settings_dict(settings: ReplaySettings) -> dict[str, Any]:
         "fallback_probability": settings.fallback_probability,
         "policy_options": {k: dict(v) for k, v in options.items()},
     }
+
+
+def _call_guarded(
+    shared: tuple[Callable[[Any, Any], Any], Any], item: Any
+) -> tuple[Any, UserError | None, str, int]:
+    """`function(shared, item)` in a Ray worker; bad input comes back as the error itself
+    (Ray would wrap it in its traceback), with the worker and its peak memory."""
+    function, argument = shared
+    try:
+        result, error = function(argument, item), None
+    except UserError as bad:
+        result, error = None, bad
+    return result, error, *worker_and_peak()
+
+
+@dataclass
+class RayMapper:
+    """`function(shared, item)` for every item as Ray tasks (`map_on_ray`), results in the
+    items' order: e.g. one task per log file (`lpc.traces.files.FileMapper`). The first item
+    (in that order) whose input is bad raises its own error, once every task is done.
+    `on_item(done, total)` reports progress; `worker_peak_bytes` gathers each worker's peak
+    resident memory over every call."""
+
+    executor: Executor
+    on_item: Callable[[int, int], None] | None = None
+    worker_peak_bytes: dict[str, int] = field(default_factory=dict)
+
+    def __call__(
+        self, function: Callable[[Any, Any], Any], shared: Any, items: Sequence[Any]
+    ) -> list[Any]:
+        done = [0]
+
+        def received(value: tuple[Any, UserError | None, str, int]) -> None:
+            _, _, worker, peak = value
+            self.worker_peak_bytes[worker] = max(self.worker_peak_bytes.get(worker, 0), peak)
+            done[0] += 1
+            if self.on_item is not None:
+                self.on_item(done[0], len(items))
+
+        results = map_on_ray(self.executor, _call_guarded, (function, shared), items, received)
+        for _, error, _, _ in results:
+            if error is not None:
+                raise error
+        return [result for result, _, _, _ in results]

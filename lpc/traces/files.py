@@ -13,6 +13,13 @@ How files of that format are combined:
   joins its conversation; `chat_id`s are unique across the files.
 
 Every error names the file and line it was found in, never a temporary copy.
+
+The project's JSONL can also be read with its files parsed apart (`map_files`: one call per
+file, e.g. a Ray task each, `lpc.fleet.fanout.file_mapper`): each file's lines are read and
+checked on their own (`parse_lpc_file`, the bulk of the work), then the driver merges them in
+the order `read_trace` merges a folder's (by time; equal times by the files' given order,
+then arrival order and line) and links the conversations over the whole trace, so a
+conversation spanning files is one conversation and the requests equal the serial read's.
 """
 
 from __future__ import annotations
@@ -23,14 +30,24 @@ import re
 import tempfile
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from lpc.traces.bailian import looks_like_bailian
 from lpc.traces.jsonl import GZIP_MAGIC, TraceError, read_json_lines
-from lpc.traces.load import LoadedTrace, TraceOptions, load_trace
-from lpc.traces.lpc_trace import TRACE_FORMAT
+from lpc.traces.load import LoadedTrace, TraceOptions, load_trace, loaded_lpc_trace
+from lpc.traces.lpc_trace import (
+    TRACE_FORMAT,
+    Trace,
+    _check_header,
+    _hash_block_size,
+    _joined_logs,
+    _Line,
+    _parse_line,
+    _requests,
+    fail,
+)
 from lpc.traces.mooncake import looks_like_mooncake
 
 LPC_TRACE_KEYS = frozenset({"arrival_s", "completion_s"})
@@ -80,6 +97,126 @@ def _first_record(path: Path) -> tuple[Any, str | None]:
         return json.loads(line), None
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None, "not JSON Lines: its first line is not JSON"
+
+
+@dataclass(frozen=True)
+class ParsedLpcFile:
+    """One file of the project's JSONL, its lines read and checked (`parse_lpc_file`)."""
+
+    lines: list[_Line]
+    cut_last_line: bool
+
+
+# (function of the shared block size and a file, block size, files) -> results in file order
+FileMapper = Callable[
+    [Callable[[int | None, Path], ParsedLpcFile], int | None, Sequence[Path]],
+    list[ParsedLpcFile],
+]
+
+
+def parse_lpc_file(block_size: int | None, path: Path) -> ParsedLpcFile:
+    """A file's request lines checked on their own, as `read_trace` checks them; a header
+    anywhere but the first line is refused as there (logs joined with cat). `block_size` is
+    the trace's (`lpc_headers`), since a file without a header takes the first file's."""
+    read = read_json_lines(path)
+    lines = []
+    for index, (lineno, record) in enumerate(read.records):
+        if record.get("format") == TRACE_FORMAT:
+            if index > 0:
+                raise _joined_logs(path, lineno, read.records[0])
+            continue
+        lines.append(_parse_line(path, lineno, record, block_size, None))
+    return ParsedLpcFile(lines, bool(read.skipped_last_lines))
+
+
+def lpc_headers(paths: Sequence[Path]) -> dict[str, Any]:
+    """The trace's header from the files' first lines, checked as `read_trace` checks a
+    folder's: every header agrees with the first on block size and key, and no file goes
+    without one beside keyed logs."""
+    header: dict[str, Any] = {}
+    header_file: Path | None = None
+    headerless: list[tuple[Path, int]] = []
+    for path in paths:
+        lineno, record = _first_numbered_record(path)
+        if not isinstance(record, dict):
+            continue  # an empty file; a broken first line is the file's parse error
+        if record.get("format") != TRACE_FORMAT:
+            headerless.append((path, lineno))
+            continue
+        _check_header(path, lineno, record, header, header_file)
+        if header_file is None:
+            header, header_file = dict(record), path
+    if headerless and header.get("key_fingerprint") is not None:
+        path, lineno = headerless[0]
+        raise fail(
+            path,
+            lineno,
+            f"no header, while {header_file}'s names 'key_fingerprint' "
+            f"{header['key_fingerprint']!r}: the key of this file's ids cannot be checked (a "
+            "request log starts with its header; was it cut or joined by hand?)",
+        )
+    if len(paths) > 1:
+        header["files"] = len(paths)
+    return header
+
+
+def _first_numbered_record(path: Path) -> tuple[int, Any]:
+    """The first non-blank line's number and JSON value ((0, None) for an empty file or a
+    first line that is not JSON: the file's own read reports it)."""
+    with path.open("rb") as raw:
+        compressed = raw.read(2) == GZIP_MAGIC
+    opener = gzip.open if compressed else open
+    with opener(path, "rb") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if line.strip():
+                try:
+                    return lineno, json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    return 0, None
+    return 0, None
+
+
+def load_lpc_files_apart(
+    paths: Sequence[Path], options: TraceOptions, map_files: FileMapper
+) -> LoadedTrace:
+    """The project's JSONL files as one trace, each file parsed by `map_files` (see the
+    module docstring); equal to `load_trace_files(paths, "lpc", options)`."""
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise TraceError("no trace files given")
+    header = lpc_headers(paths)
+    block_size = _hash_block_size(paths[0], header)
+    parsed = map_files(parse_lpc_file, block_size, paths)
+    keyed = [
+        ((line.arrival, index, line.arrival_order, line.lineno), line)
+        for index, part in enumerate(parsed)
+        for line in part.lines
+    ]
+    if not keyed:
+        raise TraceError(f"{paths[-1].parent}: the trace holds no requests")
+    keyed.sort(key=lambda item: item[0])  # `_Line.sort_key`, the files by their given order
+    lines = [line for _, line in keyed]
+    del keyed
+    cut_files = tuple(p for p, part in zip(paths, parsed, strict=True) if part.cut_last_line)
+    probabilities = [line.probability for line in lines]
+    cached = [line.cached_tokens for line in lines]
+    trace = Trace(
+        _requests(lines, block_size),
+        header,
+        probabilities if any(p is not None for p in probabilities) else None,
+        block_size,
+        len(cut_files),
+        cached if any(c is not None for c in cached) else None,
+        cut_files,
+    )
+    if len(paths) == 1:  # as `load_trace` reads one file: the file, gzip or not
+        with paths[0].open("rb") as raw:
+            compressed = raw.read(2) == GZIP_MAGIC
+        loaded = loaded_lpc_trace(trace, paths[0], options, compressed)
+    else:  # as `load_trace` reads a folder, then named by the files' own
+        loaded = loaded_lpc_trace(trace, paths[-1].parent, options)
+    loaded.info["files"] = len(paths)
+    return loaded
 
 
 def load_trace_files(

@@ -116,55 +116,76 @@ def load_trace(
         compressed = lines.compressed
     if fmt not in TRACE_FORMATS:
         raise TraceError(f"unknown trace format {fmt!r}; choose from {', '.join(TRACE_FORMATS)}")
+    if fmt == "lpc":
+        return loaded_lpc_trace(read_trace(path, tokenize), path, options, compressed)
     info: dict[str, Any] = {"format": fmt, "compressed": compressed}
     request_types: list[str] | None = None
-    request_log = False
-    if fmt == "lpc":
-        trace = read_trace(path, tokenize)
-        requests, logged = trace.requests, trace.logged_probabilities
-        block_size = trace.hash_block_size
-        info["skipped_last_lines"] = trace.skipped_last_lines
-        if trace.cut_files:
-            info["cut_last_line_files"] = [str(p) for p in trace.cut_files]
-        request_log = trace.header.get("source") == LOG_SOURCE
-        if request_log:
-            info["request_log"] = request_log_summary(trace)
+    if fmt == "mooncake":
+        table = parse_mooncake(path, lines)
+        linkage = link_by_prefix(table["hash_ids"].tolist(), options.shared_fanout)
+        table["conversation_id"] = [f"c{table.at[i, 'line']}" for i in linkage.conversation]
+        table["turn_index"] = linkage.turn_index
+        table["parent_row"] = linkage.parent
+        table["request_id"] = [f"line{n}" for n in table["line"]]
+        info["linkage"] = linkage.stats()
+        block_size = MOONCAKE_BLOCK_SIZE
     else:
-        if fmt == "mooncake":
-            table = parse_mooncake(path, lines)
-            linkage = link_by_prefix(table["hash_ids"].tolist(), options.shared_fanout)
-            table["conversation_id"] = [f"c{table.at[i, 'line']}" for i in linkage.conversation]
-            table["turn_index"] = linkage.turn_index
-            table["parent_row"] = linkage.parent
-            table["request_id"] = [f"line{n}" for n in table["line"]]
-            info["linkage"] = linkage.stats()
-            block_size = MOONCAKE_BLOCK_SIZE
-        else:
-            table, orphans = parse_bailian(path, lines)
-            table["request_id"] = table["chat_id"].astype(str)
-            info["orphans"] = orphans
-            info["types"] = dict(Counter(table["type"]))
-            request_types = [str(t) for t in table["type"]]
-            block_size = BAILIAN_BLOCK_SIZE
-        info["skipped_last_lines"] = lines.skipped_last_lines
-        if lines.skipped_last_lines:
-            info["cut_last_line_files"] = [str(path)]
-        requests = imported_requests(table, block_size)
-        logged = None
-        info["time_origin_s"] = float(table["arrival_s"].min())
+        table, orphans = parse_bailian(path, lines)
+        table["request_id"] = table["chat_id"].astype(str)
+        info["orphans"] = orphans
+        info["types"] = dict(Counter(table["type"]))
+        request_types = [str(t) for t in table["type"]]
+        block_size = BAILIAN_BLOCK_SIZE
+    info["skipped_last_lines"] = lines.skipped_last_lines
+    if lines.skipped_last_lines:
+        info["cut_last_line_files"] = [str(path)]
+    requests = imported_requests(table, block_size)
+    logged = None
+    info["time_origin_s"] = float(table["arrival_s"].min())
+    requests = _cut_and_label(requests, options, info, completed=False)
+    return LoadedTrace(requests, logged, fmt, path, block_size, info, request_types)
+
+
+def loaded_lpc_trace(
+    trace: Trace, path: Path, options: TraceOptions, compressed: bool = False
+) -> LoadedTrace:
+    """A parsed `lpc` trace (a file, or a folder's files merged) as a replay loads it; the
+    daily job's files parsed one per task (`lpc.traces.files`) end here too."""
+    info: dict[str, Any] = {"format": "lpc", "compressed": compressed}
+    info["skipped_last_lines"] = trace.skipped_last_lines
+    if trace.cut_files:
+        info["cut_last_line_files"] = [str(p) for p in trace.cut_files]
+    request_log = trace.header.get("source") == LOG_SOURCE
+    if request_log:
+        info["request_log"] = request_log_summary(trace)
+    requests = trace.requests
+    if request_log:  # a request log has the engine's own finish times; labels by horizon
+        requests = _cut_and_label(requests, options, info, completed=True)
+    elif options.max_model_len is not None:
+        requests, cut = cut_to_max_model_len(requests, options.max_model_len)
+        info["cut_to_max_model_len"] = cut
+    return LoadedTrace(
+        requests, trace.logged_probabilities, "lpc", path, trace.hash_block_size, info
+    )
+
+
+def _cut_and_label(
+    requests: list[WorkloadRequest], options: TraceOptions, info: dict[str, Any], completed: bool
+) -> list[WorkloadRequest]:
+    """Requests cut to `max_model_len`, completed by the latency model unless `completed`,
+    and labelled by the horizon; what was cut and labelled goes into `info`."""
     if options.max_model_len is not None:
         requests, cut = cut_to_max_model_len(requests, options.max_model_len)
         info["cut_to_max_model_len"] = cut
-    if fmt != "lpc" or request_log:
-        if not request_log:  # a request log has the engine's own finish times
-            complete(requests, options.latency)
-        labels = horizon_labels(requests, options.horizon_s)
-        for request, label in zip(requests, labels.labels, strict=True):
-            request.turn.has_next_turn = label
-        info["horizon_s"] = options.horizon_s
-        info["censored_labels"] = labels.censored
-        info["continuing_labels"] = sum(labels.labels)
-    return LoadedTrace(requests, logged, fmt, path, block_size, info, request_types)
+    if not completed:
+        complete(requests, options.latency)
+    labels = horizon_labels(requests, options.horizon_s)
+    for request, label in zip(requests, labels.labels, strict=True):
+        request.turn.has_next_turn = label
+    info["horizon_s"] = options.horizon_s
+    info["censored_labels"] = labels.censored
+    info["continuing_labels"] = sum(labels.labels)
+    return requests
 
 
 def request_log_summary(trace: Trace) -> dict[str, Any]:
