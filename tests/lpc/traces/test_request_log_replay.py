@@ -106,6 +106,10 @@ def test_lpc_ab_replays_a_log_folder(tmp_path: Path, capsys) -> None:
             str(CACHE_TOKENS),
             "--scale",
             "0.01",  # the run's LPC decay scale (replay's default)
+            # the run's fallback p (replay's default); without it the fallback is fitted on
+            # the bundled ShareGPT, seconds of loading that no logged request needs
+            "--fallback-p",
+            "0.5",
             "--out",
             str(tmp_path / "out"),
             "--json",
