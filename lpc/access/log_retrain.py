@@ -313,6 +313,7 @@ class TraceLogTrainer:
                 "table_tasks": len(groups),
                 "parse_seconds": parsed_s,
                 "seconds": _since(started),
+                "task_cpu_s": round(mapper.task_cpu_s, 3),
                 "worker_peak_bytes": dict(sorted(mapper.worker_peak_bytes.items())),
             },
         )

@@ -170,15 +170,19 @@ def settings_dict(settings: ReplaySettings) -> dict[str, Any]:
 
 def _call_guarded(
     shared: tuple[Callable[[Any, Any], Any], Any], item: Any
-) -> tuple[Any, UserError | None, str, int]:
+) -> tuple[Any, UserError | None, float, str, int]:
     """`function(shared, item)` in a Ray worker; bad input comes back as the error itself
-    (Ray would wrap it in its traceback), with the worker and its peak memory."""
+    (Ray would wrap it in its traceback), with the call's processor seconds, the worker and
+    its peak memory."""
+    import time
+
     function, argument = shared
+    started = time.process_time()
     try:
         result, error = function(argument, item), None
     except UserError as bad:
         result, error = None, bad
-    return result, error, *worker_and_peak()
+    return result, error, time.process_time() - started, *worker_and_peak()
 
 
 @dataclass
@@ -187,26 +191,28 @@ class RayMapper:
     items' order: e.g. one task per log file (`lpc.traces.files.FileMapper`). The first item
     (in that order) whose input is bad raises its own error, once every task is done.
     `on_item(done, total)` reports progress; `worker_peak_bytes` gathers each worker's peak
-    resident memory over every call."""
+    resident memory, `task_cpu_s` the tasks' processor seconds, over every call."""
 
     executor: Executor
     on_item: Callable[[int, int], None] | None = None
     worker_peak_bytes: dict[str, int] = field(default_factory=dict)
+    task_cpu_s: float = 0.0
 
     def __call__(
         self, function: Callable[[Any, Any], Any], shared: Any, items: Sequence[Any]
     ) -> list[Any]:
         done = [0]
 
-        def received(value: tuple[Any, UserError | None, str, int]) -> None:
-            _, _, worker, peak = value
+        def received(value: tuple[Any, UserError | None, float, str, int]) -> None:
+            _, _, cpu_s, worker, peak = value
             self.worker_peak_bytes[worker] = max(self.worker_peak_bytes.get(worker, 0), peak)
+            self.task_cpu_s += cpu_s
             done[0] += 1
             if self.on_item is not None:
                 self.on_item(done[0], len(items))
 
         results = map_on_ray(self.executor, _call_guarded, (function, shared), items, received)
-        for _, error, _, _ in results:
+        for _, error, *_ in results:
             if error is not None:
                 raise error
-        return [result for result, _, _, _ in results]
+        return [result for result, *_ in results]

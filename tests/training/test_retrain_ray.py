@@ -139,7 +139,7 @@ def test_ray_reads_the_logs_into_the_serial_samples_and_model(
     assert serial.data.pop("read")["on"] == "serial"
     read = on_ray.data.pop("read")
     assert read["on"] == "ray" and read["file_tasks"] == len(sharded_logs)
-    assert read["table_tasks"] > 1 and read["worker_peak_bytes"]
+    assert read["table_tasks"] > 1 and read["worker_peak_bytes"] and read["task_cpu_s"] > 0
     assert serial.data["split_rule"] == "newest UTC day"  # the files' two days
     assert serial.data == on_ray.data
 
