@@ -51,8 +51,36 @@ def register(targets: argparse._SubParsersAction) -> None:
         "--mode",
         choices=MODES,
         default=DEFAULT_MODE,
-        help="the plugin's mode: lpc (default), or lru/shadow, the kill switch thrown (LRU "
-        "order while the learned evictor still sees every release)",
+        help="the plugin's mode: lpc (default), or lru/shadow, the kill switch thrown (the "
+        "queue is vLLM's own FreeKVCacheBlockQueue)",
+    )
+    parser.add_argument(
+        "--switch",
+        action="store_true",
+        help="also time the kill switch at --free-blocks learned blocks: the switch's CPU "
+        "time, each allocation while they drain against vLLM's, the switch back on",
+    )
+    parser.add_argument(
+        "--scan",
+        action="store_true",
+        help="also time vLLM's lazy CPU-offload walk (iter_blocks_after from its cursor, "
+        "--scan-blocks blocks) with --free-blocks free blocks, both queues",
+    )
+    parser.add_argument(
+        "--free-blocks",
+        type=positive_int,
+        default=100_000,
+        help="free blocks for --switch and --scan (default 100000)",
+    )
+    parser.add_argument(
+        "--scan-blocks",
+        type=positive_int,
+        default=1_024,
+        help="blocks per walk for --scan (default 1024: vLLM's lazy target at "
+        "max_num_batched_tokens 8192)",
+    )
+    parser.add_argument(
+        "--walks", type=positive_int, default=200, help="walks per size for --scan (default 200)"
     )
     parser.add_argument(
         "--vllm-python",
@@ -99,6 +127,14 @@ def run(args: argparse.Namespace) -> int:
         args.evictor,
         "--mode",
         args.mode,
+        "--free-blocks",
+        str(args.free_blocks),
+        "--scan-blocks",
+        str(args.scan_blocks),
+        "--walks",
+        str(args.walks),
+        *(["--switch"] if args.switch else []),
+        *(["--scan"] if args.scan else []),
     ]
     # The worker's progress lines go to our stderr as they come; its record is its last line.
     done = subprocess.run(command, cwd=REPOSITORY, stdout=subprocess.PIPE, text=True)
@@ -121,6 +157,24 @@ def run(args: argparse.Namespace) -> int:
                 f"  {size['tokens']:>8,} {op:<6} {size['stock'][op]['p50_us']:9.1f} "
                 f"{size['lpc'][op]['p50_us']:9.1f} {size['ratio_p50'][op]:6.2f} "
                 f"{size['ratio_p99'][op]:6.2f}"
+            )
+    for size in record["sizes"]:
+        switch = size.get("switch")
+        if switch:
+            print(
+                f"  {size['tokens']:>8,} switch at {switch['free_blocks']:,} free blocks: off "
+                f"{switch['switch_off_us']:.0f} µs, on {switch['switch_on_us']:.0f} µs (the "
+                f"asking thread); {switch['drain_allocations']} allocations drain, p50 "
+                f"{switch['drain_alloc']['p50_us']:.1f} µs ({switch['ratio_p50']:.2f}× vLLM's), "
+                f"max {switch['drain_alloc_max_us']:.0f} µs"
+            )
+        scan = size.get("scan")
+        if scan:
+            print(
+                f"  {size['tokens']:>8,} offload walk of ≤{scan['scan_blocks']} blocks: p50 "
+                f"{scan['stock']['p50_us']:.1f} µs vLLM, {scan['lpc']['p50_us']:.1f} µs LPC "
+                f"({scan['ratio_p50']:.2f}×, p99 {scan['ratio_p99']:.2f}×); per block "
+                f"{scan['ratio_per_block']:.2f}×"
             )
     sys.stdout.flush()
     return 0
