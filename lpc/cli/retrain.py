@@ -269,6 +269,11 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--horizon must be > 0 seconds, got {args.horizon}")
     if args.ray_address and not args.ray:
         raise CommandError("--ray-address goes with --ray")
+    if args.ray:  # refused now, not as unreadable logs once the files are picked
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise CommandError("--ray needs Ray: pip install 'lpc[ray]' (or run without --ray)")
     from lpc.access.log_retrain import TraceLogTrainer
     from lpc.fleet.fanout import Executor
     from training.access_fit import AccessFitConfig

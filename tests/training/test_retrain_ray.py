@@ -11,6 +11,7 @@ are skipped with the reason (pytest -ra lists it), never passed silently.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 from lpc.access.log_retrain import TraceLogTrainer
+from lpc.cli.main import main
 from lpc.fleet.fanout import Executor
 from lpc.fleet.request_logs import conversation_groups, request_table_apart, write_request_logs
 from lpc.fleet.scale import write_scaled_trace
@@ -165,3 +167,20 @@ def test_ray_reads_the_logs_into_the_serial_samples_and_model(
     features = torch.as_tensor(samples[0].features["evaluation"], dtype=torch.float32)
     with torch.no_grad():
         assert torch.equal(serial.model(features), on_ray.model(features))
+
+
+def test_retrain_refuses_ray_flags_it_cannot_use(
+    sharded_logs: list[Path], tmp_path: Path, capsys, monkeypatch
+) -> None:
+    logs = ["retrain", "--logs", str(sharded_logs[0].parent), "--registry", str(tmp_path)]
+    assert main([*logs, "--ray-address", "auto"]) == 2
+    assert "--ray-address goes with --ray" in capsys.readouterr().err
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "ray" else real_find_spec(name, *a),
+    )
+    assert main([*logs, "--ray"]) == 2
+    assert "--ray needs Ray: pip install 'lpc[ray]'" in capsys.readouterr().err
+    assert not (tmp_path / "history.jsonl").exists()  # refused before the job started
