@@ -50,10 +50,30 @@ def test_lpc_bench_queue_times_both_queues(vllm_python: Path, capsys) -> None:
 
 @pytest.mark.vllm
 def test_lpc_bench_queue_times_the_kill_switch(vllm_python: Path, capsys) -> None:
-    """`--mode lru`: the plugin's queue evicts in LRU order; every figure is still there."""
+    """`--mode lru`: the plugin's queue is vLLM's own; every figure is still there."""
     args = ["bench", "queue", "--sizes", "256", "--budget-blocks", "64", "--mode", "lru"]
     assert main([*args, "--json", "--vllm-python", str(vllm_python)]) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["mode"] == "lru" and figures["sizes"][0]["requests"] == 20
     for op in ("touch", "alloc", "free"):
         assert figures["sizes"][0]["lpc"][op]["p50_us"] > 0
+
+
+@pytest.mark.vllm
+def test_lpc_bench_queue_times_the_switch_and_the_offload_walk(vllm_python: Path, capsys) -> None:
+    """`--switch --scan`: the switch's cost, the drain's allocations and the lazy-offload walk
+    are reported per size, in JSON and in the table."""
+    args = ["bench", "queue", "--sizes", "256", "--budget-blocks", "64", "--switch", "--scan"]
+    args += ["--free-blocks", "2000", "--walks", "20", "--vllm-python", str(vllm_python)]
+    assert main([*args, "--json"]) == 0
+    size = json.loads(capsys.readouterr().out)["sizes"][0]
+    switch, scan = size["switch"], size["scan"]
+    assert switch["free_blocks"] == 2000 and switch["drain_allocations"] > 0
+    assert 0 < switch["drain_alloc"]["p50_us"] <= switch["drain_alloc_max_us"]
+    assert switch["switch_off_us"] > 0 and switch["switch_on_us"] > 0
+    assert scan["walks"] == 20 and scan["scan_blocks"] == 1024
+    assert scan["stock"]["p50_us"] > 0 and scan["lpc"]["p50_us"] > 0
+    assert scan["lpc_blocks_per_walk"] > 0 and scan["ratio_per_block"] > 0
+    assert main(args) == 0
+    table = capsys.readouterr().out
+    assert "switch at 2,000 free blocks" in table and "offload walk" in table
