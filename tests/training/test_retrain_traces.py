@@ -337,10 +337,13 @@ def test_mooncake_files_are_read_as_one_trace_on_one_clock(tmp_path: Path, capsy
 
 def test_the_cli_passes_split_at_and_hidden_to_the_trace_path(tmp_path: Path, capsys):
     write_mooncake(tmp_path / "logs" / "t.jsonl", chats(HOURS_4_S, 80, seed=8))
+    # a short return-model fit: its rules are tests/training/test_retrain_return_model.py's
     extra = ("--json", "--split-at", "0.6", "--hidden", "8", "--seed", "1")
+    extra += ("--return-max-epochs", "3")
     code, outcome = cli(tmp_path / "logs", tmp_path / "registry", capsys, *extra)
     assert (code, outcome["status"]) == (0, PROMOTED), outcome["reason"]
     assert outcome["data"]["split_rule"] == "--split-at 0.6"
+    assert outcome["return_model"]["decision"] == PROMOTED, outcome["return_model"]
     model = AccessPredictor.load(tmp_path / "registry" / "current")
     # --hidden sizes each member; the artifact stores the members as one block-diagonal MLP
     assert model.metadata.metrics["member_hidden_sizes"] == [8]
