@@ -62,23 +62,30 @@ def resample_weights(
 
 
 def percentile_interval(
-    draws: np.ndarray, confidence: float = CONFIDENCE, *, quantile: Quantile = "numpy"
+    draws: np.ndarray,
+    confidence: float = CONFIDENCE,
+    *,
+    quantile: Quantile = "numpy",
+    omit_undefined: bool = True,
 ) -> list[float] | None:
-    """The central `confidence` percentile interval of a figure's draws, [low, high]. A draw
-    where the figure is undefined (NaN or infinite: no comparable pair, nothing to divide by)
-    is left out; None when no draw is defined."""
+    """The central `confidence` percentile interval of a figure's draws, [low, high].
+    `omit_undefined` (the quality table's rule): a draw where the figure is undefined (NaN or
+    infinite: no comparable pair, one class left) is left out, None when none is defined.
+    Without it the draws are read as they are, as the replay's intervals always have been: a
+    resample with nothing to divide by makes the interval NaN, not a narrower one."""
     draws = np.asarray(draws, dtype=np.float64)
-    defined = draws[np.isfinite(draws)]
-    if defined.size == 0:
-        return None
+    if omit_undefined:
+        draws = draws[np.isfinite(draws)]
+        if draws.size == 0:
+            return None
     if quantile == "scipy":
         from scipy import stats
 
         alpha = np.float64((1.0 - confidence) / 2)
-        low, high = stats.quantile(defined, np.stack([alpha, 1 - alpha]), axis=-1)
+        low, high = stats.quantile(draws, np.stack([alpha, 1 - alpha]), axis=-1)
     elif quantile == "numpy":
         tail = (1.0 - confidence) / 2 * 100
-        low, high = np.percentile(defined, [tail, 100 - tail])
+        low, high = np.percentile(draws, [tail, 100 - tail])
     else:
         raise ValueError(f"quantile must be 'numpy' or 'scipy', got {quantile!r}")
     return [float(low), float(high)]

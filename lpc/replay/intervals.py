@@ -68,6 +68,7 @@ def paired_gain_interval(
         return GainInterval(0.0, 0.0, 0.0)
 
     weights = resample_weights(np.arange(count), n_resamples, seed, count=count)
-    interval = percentile_interval(paired_gain(ours, theirs, weights), confidence, quantile="scipy")
-    low, high = interval if interval is not None else (float("nan"), float("nan"))
-    return GainInterval(paired_gain(ours, theirs), low, high)
+    draws = paired_gain(ours, theirs, weights)
+    interval = percentile_interval(draws, confidence, quantile="scipy", omit_undefined=False)
+    assert interval is not None  # with every draw read, there is always one
+    return GainInterval(paired_gain(ours, theirs), *interval)

@@ -75,9 +75,9 @@ def replay_weights(conversations: np.ndarray, n_resamples: int, seed: int) -> np
 
 
 def _interval(samples: np.ndarray, value: float, confidence: float) -> Difference:
-    interval = percentile_interval(samples, confidence)
-    low, high = interval if interval is not None else (float("nan"), float("nan"))
-    return Difference(value, low, high)
+    interval = percentile_interval(samples, confidence, omit_undefined=False)
+    assert interval is not None  # with every draw read, there is always one
+    return Difference(value, *interval)
 
 
 def ttft_per_request(hits: TwoTierRequestHits, latency: TierLatency) -> np.ndarray:

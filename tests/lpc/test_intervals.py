@@ -65,3 +65,12 @@ def test_replays_of_different_requests_cannot_be_paired() -> None:
         paired_gain_interval(hits([1, 2], [0, 1]), hits([1, 2], [1, 0]))
     assert paired_gain_interval(hits([1, 2], [0, 0]), hits([1, 2], [0, 0])) is None
     assert paired_gain_interval(hits([1, 2], [0, 1]), hits([0, 0], [0, 1])) is None
+
+
+def test_a_resample_without_baseline_hits_leaves_the_interval_undefined() -> None:
+    # conversation 0 holds every baseline hit: a resample without it has no ratio
+    interval = paired_gain_interval(
+        hits([5, 0, 0, 1], [0, 1, 2, 3]), hits([3, 0, 0, 0], [0, 1, 2, 3])
+    )
+    assert interval is not None and interval.gain == 1.0
+    assert np.isnan(interval.low) and np.isnan(interval.high)

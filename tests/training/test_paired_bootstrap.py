@@ -127,6 +127,16 @@ def test_no_defined_draw_is_no_interval() -> None:
     assert percentile_interval(np.full(9, 2.5)) == [2.5, 2.5]
 
 
+@pytest.mark.parametrize("quantile", ["numpy", "scipy"])
+def test_draws_read_as_they_are_make_an_undefined_draw_an_undefined_interval(quantile) -> None:
+    draws = np.array([0.1, 0.2, np.nan, 0.3])
+    kept = percentile_interval(draws, quantile=quantile, omit_undefined=False)
+    assert kept is not None and np.isnan(kept).all()
+    assert percentile_interval(draws, quantile=quantile) == percentile_interval(
+        np.array([0.1, 0.2, 0.3]), quantile=quantile
+    )
+
+
 @FAST
 @given(
     rows=st.lists(
