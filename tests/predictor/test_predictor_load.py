@@ -2,8 +2,8 @@
 
 The model is the deterministic hashing embedder behind a predictor that sleeps per batch (a
 stand-in for embedding time), so answers are compared exactly and the queue fills without
-burning CPU. The short run is in the default suite; the acceptance run (64 clients, 30 s) is
-marked slow. `scripts/predictor_load_test.py` does the same against `lpc serve` with e5.
+burning CPU. Every run here is marked slow: its pass leans on wall-clock time (CI step 1b runs
+them); the default suite checks the same rules by counting (test_predictor_batching.py). `scripts/predictor_load_test.py` does the same against `lpc serve` with e5.
 """
 
 from __future__ import annotations
@@ -62,6 +62,10 @@ def check(report, clients: int) -> None:
     assert report.healthy_after and report.health_after["queue_depth"] == 0
 
 
+# Wall-clock runs whose outcome leans on the machine's speed: out of the default suite, where
+# tests/predictor/test_predictor_batching.py checks the queue bound and admission by work by
+# counting, and test_predictor_server.py the server's 503s under concurrent clients.
+@pytest.mark.slow
 def test_short_load_with_overload(tiny_artifact):
     report = load(tiny_artifact, clients=24, duration_s=2.0, max_queue=8)
     check(report, 24)
@@ -144,6 +148,7 @@ def check_mixed(short, long, metrics: str) -> None:
     assert 'lpc_predictor_errors_total{kind="timeout"}' not in metrics
 
 
+@pytest.mark.slow
 def test_mixed_sizes_overload_is_refused_at_once_never_timed_out(tiny_artifact):
     short, long, metrics = mixed_load(tiny_artifact, clients=64, long_s=2.5, request_timeout_s=2.0)
     check_mixed(short, long, metrics)
