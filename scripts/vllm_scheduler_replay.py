@@ -197,24 +197,33 @@ class LRUOrderCheck:
 
     def _popleft(self, original: Any) -> Any:
         def popleft() -> Any:
+            lru = self._vllm_s_own()
             block = original()
-            self._popped([block.block_id])
+            self._popped([block.block_id], lru)
             return block
 
         return popleft
 
     def _popleft_n(self, original: Any) -> Any:
         def popleft_n(n: int) -> list[Any]:
+            lru = self._vllm_s_own()
             blocks = original(n)
-            self._popped([b.block_id for b in blocks])
+            self._popped([b.block_id for b in blocks], lru)
             return blocks
 
         return popleft_n
 
-    def _popped(self, ids: list[int]) -> None:
+    def _vllm_s_own(self) -> bool:
+        """Is the queue vLLM's own list now (off, its learned blocks drained: the class of
+        `lpc.integrations.vllm_queue.ModeClasses.drained`)? Read before a pop: the pop that
+        drains the last learned block changes the class."""
+        kind = type(self.queue)
+        return kind in kind.classes.drained.values()
+
+    def _popped(self, ids: list[int], lru: bool) -> None:
         if not ids:
             return
-        if self.queue._lru_order:  # the mode this pop was made in
+        if lru:  # the mode this pop was made in
             expected = [b.block_id for b in self.reference.popleft_n(len(ids))]
             self.counts["lru_pops"] += len(ids)
             self.counts["lru_mismatches"] += sum(a != b for a, b in zip(ids, expected, strict=True))
