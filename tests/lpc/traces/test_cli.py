@@ -1,9 +1,11 @@
-"""`lpc ab --trace` as a user runs it: bad traces give one line and exit 2, no traceback."""
+"""`lpc ab --trace` as a user runs it: bad traces give one line and exit 2, no traceback.
+
+In process (`lpc.cli.main.main`, as the console script calls it): an exception that escaped
+the CLI's error handling would fail the test with its traceback.
+"""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,35 +13,24 @@ import pytest
 from lpc.cli.main import main
 from tests.lpc.traces.helpers import bundled_lines, mooncake_record, write_lines
 
-ROOT = Path(__file__).resolve().parents[3]
 
-
-def lpc_ab(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "lpc.cli", "ab", "--no-progress", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def one_error_line(result: subprocess.CompletedProcess) -> str:
-    assert result.returncode == 2, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+def one_error_line(capsys, *args: str) -> str:
+    assert main(["ab", "--no-progress", *args]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
 
 
-def test_a_bad_trace_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_a_bad_trace_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
     # Other bad fields go through the same path; test_import checks their messages.
     path = write_lines(tmp_path / "t.jsonl", [mooncake_record(5, [0]), mooncake_record(2, [0])])
-    line = one_error_line(lpc_ab("--trace", str(path), "--out", str(tmp_path / "o")))
+    line = one_error_line(capsys, "--trace", str(path), "--out", str(tmp_path / "o"))
     assert line.startswith("lpc ab: error: ") and "t.jsonl:2: 'timestamp' 2 is before" in line
 
 
-def test_a_missing_trace_fails_before_any_data_is_loaded(tmp_path: Path) -> None:
-    line = one_error_line(lpc_ab("--trace", str(tmp_path / "missing.jsonl")))
+def test_a_missing_trace_fails_before_any_data_is_loaded(tmp_path: Path, capsys) -> None:
+    line = one_error_line(capsys, "--trace", str(tmp_path / "missing.jsonl"))
     assert "missing.jsonl: no such trace file" in line
 
 
