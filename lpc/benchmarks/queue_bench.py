@@ -12,7 +12,7 @@ vLLM's `FreeKVCacheBlockQueue` and the plugin's `LPCFreeBlockQueue` (its default
 `lpc-pooled`) run the same requests in one process, interleaved request by request (which
 queue goes first alternates), each on its own blocks; hashes are given and evicted blocks reset
 untimed, as vLLM's block pool does around these calls. `--mode lru` (or `shadow`) times the
-plugin with its kill switch thrown: the queue is vLLM's own (`vllm_queue.bind_queue_class`
+plugin with its kill switch thrown: the pool holds vLLM's own queue (`vllm_queue.bind_queue_class`
 over vLLM's class). The timer is the thread's CPU time
 (`time.thread_time_ns`), so that other processes on a loaded machine do not count; the
 garbage collector is off while timing. Each figure is the median and 99th percentile of the
@@ -111,13 +111,14 @@ def run_size(
     )
     sides: dict[str, dict[str, Any]] = {}
     for name in ("stock", "lpc"):
-        blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        queue = (
+        pool = PoolStandIn()
+        blocks = [KVCacheBlock(i, pool=pool) for i in range(num_blocks)]
+        pool.free_block_queue = (
             FreeKVCacheBlockQueue(blocks)
             if name == "stock"
             else bind_queue_class(runtime, FreeKVCacheBlockQueue)(blocks)
         )
-        sides[name] = {"queue": queue, "previous": None, "ns": {op: [] for op in OPERATIONS}}
+        sides[name] = {"pool": pool, "previous": None, "ns": {op: [] for op in OPERATIONS}}
     rng = random.Random(seed)
     for r in range(WARMUP_REQUESTS + requests):
         clock.now = float(r)
@@ -126,13 +127,13 @@ def run_size(
         order = ("stock", "lpc") if r % 2 else ("lpc", "stock")
         for name in order:
             side = sides[name]
-            queue, previous, ns = side["queue"], side["previous"], side["ns"]
+            pool, previous, ns = side["pool"], side["previous"], side["ns"]
             touched = previous[:hit] if previous is not None else []
             t0 = time.thread_time_ns()
-            for block in touched:
-                queue.remove(block)
+            for block in touched:  # BlockPool.touch: `self.free_block_queue.remove(block)`
+                pool.free_block_queue.remove(block)
             t1 = time.thread_time_ns()
-            fresh = queue.popleft_n(n - len(touched))
+            fresh = pool.free_block_queue.popleft_n(n - len(touched))
             t2 = time.thread_time_ns()
             for i, block in enumerate(fresh):  # vLLM's pool: evicted content goes, new comes
                 if block.block_hash is not None:
@@ -142,7 +143,7 @@ def run_size(
             tail_first = chain[::-1]
             with runtime.releasing(release):
                 t3 = time.thread_time_ns()
-                queue.append_n(tail_first)
+                pool.free_block_queue.append_n(tail_first)
                 t4 = time.thread_time_ns()
             side["previous"] = chain
             if r >= WARMUP_REQUESTS:
@@ -164,6 +165,13 @@ def run_size(
             op: figures["lpc"][op].p99_us / figures["stock"][op].p99_us for op in OPERATIONS
         },
     )
+
+
+class PoolStandIn:
+    """What the queue sees of vLLM's `BlockPool`: the attribute that holds its free queue,
+    which vLLM reads at every call and the kill switch may point at vLLM's own queue."""
+
+    free_block_queue: Any = None
 
 
 @dataclass(frozen=True)
@@ -204,9 +212,10 @@ class ScanResult:
     ratio_per_block: float
 
 
-def _fill(queue: Any, runtime: QueueRuntime, free_blocks: int, n: int, rng: random.Random) -> None:
+def _fill(pool: Any, runtime: QueueRuntime, free_blocks: int, n: int, rng: random.Random) -> None:
     """Release `free_blocks` cached blocks in requests of `n`, each under its own p."""
     for r in range(max(1, free_blocks // n)):
+        queue = pool.free_block_queue
         chain = queue.popleft_n(n)
         for i, block in enumerate(chain):
             if block.block_hash is not None:
@@ -229,11 +238,13 @@ def run_switch(tokens: int, evictor: str, free_blocks: int, seed: int = 0) -> Sw
         PluginConfig(evictor=evictor, stats_log_interval_s=0.0), PluginStats(), clock
     )
     rng = random.Random(seed)
+    pool = PoolStandIn()
     queue = bind_queue_class(runtime, FreeKVCacheBlockQueue)(
-        [KVCacheBlock(i) for i in range(num_blocks)]
+        [KVCacheBlock(i, pool=pool) for i in range(num_blocks)]
     )
+    pool.free_block_queue = queue
     stock = FreeKVCacheBlockQueue([KVCacheBlock(i) for i in range(num_blocks)])
-    _fill(queue, runtime, free_blocks, n, rng)
+    _fill(pool, runtime, free_blocks, n, rng)
     t0 = time.thread_time_ns()
     runtime.mode.set("lru", "queue bench")
     switch_off_ns = time.thread_time_ns() - t0
@@ -242,7 +253,7 @@ def run_switch(tokens: int, evictor: str, free_blocks: int, seed: int = 0) -> Sw
     taken: list[Any] = []
     while len(queue.evictor) and queue.num_free_blocks >= n:
         t0 = time.thread_time_ns()
-        taken += queue.popleft_n(n)
+        taken += pool.free_block_queue.popleft_n(n)
         t1 = time.thread_time_ns()
         allocated = stock.popleft_n(n)  # vLLM's allocation of as many blocks
         t2 = time.thread_time_ns()
@@ -250,12 +261,12 @@ def run_switch(tokens: int, evictor: str, free_blocks: int, seed: int = 0) -> Sw
         drain_ns.append(t1 - t0)
         stock_ns.append(t2 - t1)
     for start in range(0, len(taken), n):  # freed while off: into vLLM's list
-        queue.append_n(taken[start : start + n][::-1])
+        pool.free_block_queue.append_n(taken[start : start + n][::-1])
     t0 = time.thread_time_ns()
     runtime.mode.set("lpc", "queue bench")
     switch_on_ns = time.thread_time_ns() - t0
     t0 = time.thread_time_ns()
-    queue.popleft_n(n)
+    pool.free_block_queue.popleft_n(n)
     first_on_ns = time.thread_time_ns() - t0
     drain, stock_figure = _figure(drain_ns), _figure(stock_ns)
     return SwitchResult(
@@ -290,20 +301,21 @@ def run_scan(
     sides: dict[str, dict[str, Any]] = {}
     for name in ("stock", "lpc"):
         rng = random.Random(seed)
-        blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        queue = (
+        pool = PoolStandIn()
+        blocks = [KVCacheBlock(i, pool=pool) for i in range(num_blocks)]
+        pool.free_block_queue = (
             FreeKVCacheBlockQueue(blocks)
             if name == "stock"
             else bind_queue_class(runtime, FreeKVCacheBlockQueue)(blocks)
         )
-        _fill(queue, runtime, free_blocks, n, rng)
-        sides[name] = {"queue": queue, "cursor": None, "ns": [], "visited": []}
+        _fill(pool, runtime, free_blocks, n, rng)
+        sides[name] = {"pool": pool, "cursor": None, "ns": [], "visited": []}
     rng = random.Random(seed + 1)
     for step in range(walks):
         release = Release(float(10_000 + step), rng.random(), f"w{step}")
         for name in ("stock", "lpc") if step % 2 else ("lpc", "stock"):
             side = sides[name]
-            queue, cursor = side["queue"], side["cursor"]
+            queue, cursor = side["pool"].free_block_queue, side["cursor"]
             last = cursor
             covered = 0
             t0 = time.thread_time_ns()

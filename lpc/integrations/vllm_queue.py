@@ -174,92 +174,104 @@ class QueueRuntime:
         return evictor
 
 
-# The methods vLLM's `BlockPool` (and its CPU offload) calls on its free queue: what each mode's
-# class takes from vLLM's own class (off, drained) or defines (lpc, draining).
-VLLM_METHODS = (
-    "popleft",
-    "popleft_n",
-    "remove",
-    "append",
-    "append_n",
-    "prepend_n",
-    "get_all_free_blocks",
-    "iter_blocks_after",
-)
+# What the queue does with a call, by mode (`follow`): evict by the learned order; drain the
+# learned blocks after a switch off; or pass every call through to vLLM's own queue.
+LPC, DRAINING, THROUGH = "lpc", "draining", "through"
 
 
-@dataclass(frozen=True)
-class ModeClasses:
-    """The classes one queue takes in turn (`follow`): `lpc`, and per off mode (`lru`,
-    `shadow`) the draining class and the drained one, which is vLLM's queue."""
+class LPCFreeBlockQueue:
+    """A drop-in for vLLM 0.33's `FreeKVCacheBlockQueue` that evicts by LPC.
 
-    lpc: type
-    draining: dict[str, type]
-    drained: dict[str, type]
+    vLLM builds it as `FreeKVCacheBlockQueue(blocks)` with only the block list, so the
+    shared `QueueRuntime` is a class attribute of the subclass `bind_queue_class` makes at
+    registration, and so is `stock`, vLLM's own queue class. Block ids must be the blocks'
+    positions in the list (vLLM's invariant).
 
-    def off(self, mode: str, draining: bool) -> type:
-        flavour = "shadow" if mode == "shadow" else "lru"
-        return (self.draining if draining else self.drained)[flavour]
-
-
-class _QueueCore:
-    """What every mode's class shares: the learned structure, the fail-safe, the mode.
-
-    State (set by `LPCFreeBlockQueue.__init__`, kept across class changes): vLLM's linked list
-    (its own attributes: `fake_free_list_head`/`_tail`; `num_free_blocks` counts the free
-    blocks of both structures), `_learned` (the learned evictor over block ids), `_blocks`.
-    A free block is in exactly one of them: linked (`prev_free_block` set) or held by
-    `_learned`.
+    Two structures hold the free blocks: `_list`, an instance of vLLM's own queue (its list
+    and its count), and the learned evictor; `num_free_blocks` is their sum. In `lpc` mode
+    cached releases go to the learned evictor, blocks without a hash to the list's front (as
+    vLLM puts them), and pops take the list first (its hash-less blocks, then any cached ones
+    left from an off mode, in their LRU order), then the learned order. At start every block
+    is in the list (uncached, in id order), as in vLLM. Off (`lru`, `shadow`) the learned
+    blocks drain first (`DRAINING`), then every call goes to `_list` (`THROUGH`), and in `lru`
+    the pool itself is handed `_list` (`_hand_over`): vLLM's own object, its own methods, no
+    plugin code on any call (`vllm_plugin`'s hooks act only on pools whose queue is an
+    `LPCFreeBlockQueue`). Switching on hands the pool this queue again.
     """
 
     runtime: ClassVar[QueueRuntime]
-    # The engine's FreeKVCacheBlockQueue: its methods run the list (`bind_queue_class`).
+    # The engine's FreeKVCacheBlockQueue (`bind_queue_class`); the transcription without vLLM.
     stock: ClassVar[type] = StockFreeBlockQueue
-    classes: ClassVar[ModeClasses | None] = None
-    _learned: LearnedEvictor
-    _blocks: list[Any]
-    _released_s: np.ndarray
-    _tripped: bool
-    num_free_blocks: int
-    fake_free_list_head: Any
-    fake_free_list_tail: Any
+
+    def __init__(self, blocks: list[Any]) -> None:
+        for index, block in enumerate(blocks):
+            if block.block_id != index:
+                raise ValueError(
+                    f"block at position {index} has id {block.block_id}; the LPC queue needs "
+                    "block ids equal to their positions in the pool"
+                )
+        self._list = self.stock(blocks)  # every block free, in vLLM's list, in id order
+        # The pool that will hold this queue (vLLM 0.33's blocks know it): off in `lru`, it
+        # is handed `_list` itself. None (blocks without one): calls pass through instead.
+        self._pool = getattr(blocks[0], "pool", None) if blocks else None
+        self._blocks = list(blocks)
+        # Each block's last release time (the queue's clock): its age when evicted. A numpy
+        # array, so that a release writes its chain's times, and a pop reads them, in C.
+        self._released_s = np.zeros(len(blocks))
+        self._learned = self.runtime.new_evictor(len(blocks))
+        # How a release reads its blocks' hashes: vLLM's `block_hash` is a property over the
+        # slot `_block_hash`; reading the slot in C halves the pass. Plain LPC never reads a
+        # hash (only the pooled memory and lpc-return do): its releases skip the pass.
+        self._hash_of = _hash_getter(blocks)
+        self._reads_hashes = type(self._learned) is not LPCEvictor
+        self._learned.reset([])
+        self._phase = LPC
+        self._tripped = False
+        self.runtime.queue_built()
+        self.runtime.mode.attach(self)
 
     # -- the mode ----------------------------------------------------------------------------
     def follow(self, mode: str) -> None:
-        """Take `mode` on: called under the mode switch's lock, from any thread. O(1): one
-        class store. Off from `lpc`, the learned structure may hold blocks: the draining
-        class evicts them first (`_Draining`); on from off, the list's blocks go first."""
-        classes = self.classes
-        current = type(self)
+        """Take `mode` on: called under the mode switch's lock, from any thread. O(1): a
+        phase and at most the pool's queue attribute change, no block is touched. Both
+        objects the pool may hold share one list and its count (`_list`), so a call that
+        reaches either one, before or after the change, finds the same free blocks."""
         if mode == "lpc" and not self._tripped:
-            target = classes.lpc
-        else:  # a tripped queue's learned structure is empty: vLLM's queue at once
-            draining = not self._tripped and (
-                current is classes.lpc or current in classes.draining.values()
-            )
-            target = classes.off(mode, draining)
-        if current is not target:
-            self.__class__ = target
+            self._phase = LPC
+            self._install(self)
+            return
+        if self._phase != THROUGH:  # the learned evictor may hold blocks: the pops drain them
+            self._phase = DRAINING
+        if mode == "shadow" or self._phase != THROUGH:  # shadow needs the plugin's hooks
+            self._install(self)
+        else:
+            self._install(self._list)
+
+    def _install(self, queue: Any) -> None:
+        """Hand the pool `queue` (this queue, or vLLM's `_list`) if it holds the other."""
+        pool = self._pool
+        if pool is not None and getattr(pool, "free_block_queue", None) in (self, self._list):
+            pool.free_block_queue = queue
 
     def _drained(self) -> None:
-        """The learned structure is empty while draining: from now on the queue is vLLM's own
-        (on the scheduler thread, under the switch's lock so a switch is not lost)."""
+        """The learned evictor is empty while draining: from now on every call goes to vLLM's
+        queue, which in `lru` the pool holds itself (on the scheduler thread, under the
+        switch's lock so that a switch is not lost)."""
         switch = self.runtime.mode
         with switch.lock:
-            classes = self.classes
-            if type(self) in classes.draining.values() and not len(self._learned):
-                self.__class__ = classes.off(switch.mode, draining=False)
+            if self._phase == DRAINING and not len(self._learned):
+                self._phase = THROUGH
+                self.follow(switch.mode)
 
-    # -- the learned structure, fail-safe ------------------------------------------------
+    # -- the learned evictor, fail-safe ----------------------------------------------------
     def _take_learned(self, n: int) -> list[Any]:
-        """Pop `n` blocks from the learned structure (the caller checked it holds them)."""
+        """Pop `n` blocks from the learned evictor (the caller checked it holds them)."""
         runtime = self.runtime
         try:
             ids = self._learned.pop_n(n, runtime.clock())
         except Exception as error:
             self._trip("the LPC queue's pop", error)
-            return self.stock.popleft_n(self, n)
-        self.num_free_blocks -= n
+            return self._list.popleft_n(n)
         popped = list(map(self._blocks.__getitem__, ids))
         hashes = list(map(self._hash_of, popped))
         evicted = n - hashes.count(None)
@@ -294,13 +306,13 @@ class _QueueCore:
 
     def _trip(self, where: str, error: Exception) -> None:
         """The learned evictor failed where vLLM cannot take an error: hand every block it
-        holds to vLLM's list (its tail), and run vLLM's own queue from now on, whatever the
-        mode says (counted in `plugin_errors`, logged). O(blocks), once."""
+        holds to vLLM's list (its tail) and pass every call to vLLM's queue from now on,
+        whatever the mode says (counted in `plugin_errors`, logged). O(blocks), once."""
         runtime = self.runtime
         runtime.stats.plugin_error(f"{where} (this queue runs stock vLLM from now on)", error)
         try:
             held = self._learned.free_block_ids()
-        except Exception:  # the evictor cannot say: the free blocks no structure links
+        except Exception:  # the evictor cannot say: the free blocks no list links
             held = [
                 block.block_id
                 for block in self._blocks
@@ -309,28 +321,74 @@ class _QueueCore:
                 and not getattr(block, "is_null", False)
             ]
         blocks = self._blocks
-        salvaged = [blocks[i] for i in held if blocks[i].prev_free_block is None]
-        self.stock.append_n(self, salvaged)
-        # Recount from the list itself: an evictor that failed half way may have lost blocks.
-        count = 0
-        node = self.fake_free_list_head.next_free_block
-        tail = self.fake_free_list_tail
-        while node is not tail:
-            count += 1
-            node = node.next_free_block
-        self.num_free_blocks = count
+        self._list.append_n([blocks[i] for i in held if blocks[i].prev_free_block is None])
         try:
             self._learned.reset([])
         except Exception as reset_error:
             runtime.stats.plugin_error("resetting the failed learned evictor", reset_error)
-        with runtime.mode.lock:
+        switch = runtime.mode
+        with switch.lock:
             self._tripped = True
-            self.follow(runtime.mode.mode)
+            self._phase = THROUGH
+            self.follow(switch.mode)
+
+    # -- what BlockPool calls ------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return self._list.num_free_blocks + len(self._learned)
+
+    def popleft(self) -> Any:
+        listed = self._list
+        phase = self._phase
+        if phase == LPC:
+            if listed.num_free_blocks:
+                return listed.popleft()
+            if not len(self._learned):
+                raise ValueError("No free blocks available")
+            return self._take_learned(1)[0]
+        if phase == THROUGH:
+            return listed.popleft()
+        return self.popleft_n(1)[0]
+
+    def popleft_n(self, n: int) -> list[Any]:
+        if n == 0:
+            return []
+        listed = self._list
+        phase = self._phase
+        if phase == THROUGH:
+            return listed.popleft_n(n)
+        in_list = listed.num_free_blocks
+        held = len(self._learned)
+        if n > in_list + held:
+            raise ValueError(f"cannot pop {n} blocks: only {in_list + held} are free")
+        if phase == LPC:
+            if n <= in_list:
+                return listed.popleft_n(n)
+            out = listed.popleft_n(in_list) if in_list else []
+            out += self._take_learned(n - in_list)
+            return out
+        # Draining: the list's leading hash-less blocks (vLLM reuses those first), the learned
+        # blocks (all released before every cached block in the list: LRU's order across the
+        # boundary; among them the learned order), then the list.
+        out = []
+        head, tail = listed.fake_free_list_head, listed.fake_free_list_tail
+        while len(out) < n:
+            first = head.next_free_block
+            if first is tail or first.block_hash is not None:
+                break
+            out.append(listed.popleft())
+        if len(out) < n and held:
+            out += self._take_learned(min(n - len(out), held))
+        if not len(self._learned):
+            self._drained()
+        if len(out) < n:
+            out += listed.popleft_n(n - len(out))
+        return out
 
     def remove(self, block: Any) -> None:
         """A hit on a free block: out of whichever structure holds it."""
         if block.prev_free_block is not None:
-            self.stock.remove(self, block)
+            self._list.remove(block)
             return
         try:
             self._learned.remove(block.block_id)
@@ -339,128 +397,20 @@ class _QueueCore:
         except Exception as error:
             self._trip("the LPC queue's remove", error)
             if block.prev_free_block is not None:  # salvaged into the list: take it out
-                self.stock.remove(self, block)
-            return  # else lost with the evictor's state: out of every structure, as asked
-        self.num_free_blocks -= 1
-
-    def _learned_after(self, block_id: int | None) -> Iterator[Any]:
-        """The learned structure's blocks in its scan order after `block_id`
-        (`RunHeap.iter_after`, chained in C); an evictor error ends the scan, never reaches
-        vLLM. One Python step per block: this frame's."""
-        try:
-            yield from map(self._blocks.__getitem__, self._learned.iter_after(block_id))
-        except Exception as error:
-            self.runtime.stats.plugin_error("the LPC queue's scan for the CPU offload", error)
-
-    def _holds(self, block: Any) -> bool:
-        try:
-            return block.block_id in self._learned
-        except Exception as error:
-            self.runtime.stats.plugin_error("the LPC queue's membership test", error)
-            return False
-
-    def get_all_free_blocks(self) -> list[Any]:
-        """Every free block in eviction order, exactly (O(n log n): vLLM uses it in tests)."""
-        listed = self.stock.get_all_free_blocks(self)
-        blocks = self._blocks
-        learned = [blocks[i] for i in self._learned.free_block_ids()]
-        if type(self) is self.classes.lpc:
-            return listed + learned
-        k = 0
-        while k < len(listed) and listed[k].block_hash is None:
-            k += 1
-        return listed[:k] + learned + listed[k:]
-
-    # -- what the plugin adds --------------------------------------------------------------
-    def note_shared_release(self, blocks: Sequence[Any], release: Release) -> None:
-        """Cached blocks this release gave up while other requests still hold them (pooling
-        metadata only: on an error it is skipped, as stock vLLM has none)."""
-        if blocks:
-            try:
-                if type(release) is ProtectedRelease:
-                    self._learned.note_protected_release(_freed(blocks, self._hash_of), release)
-                else:
-                    self._learned.note_shared_release(_freed(blocks, self._hash_of), release)
-            except Exception as error:
-                self.runtime.stats.plugin_error("the LPC queue's shared release", error)
-                return
-            self.runtime.stats.add(shared_blocks_released=len(blocks))
-
-    @property
-    def evictor(self) -> LearnedEvictor:
-        """The learned evictor (empty once an off mode drained it)."""
-        return self._learned
-
-
-class LPCFreeBlockQueue(_QueueCore):
-    """A drop-in for vLLM 0.33's `FreeKVCacheBlockQueue` that evicts by LPC (`lpc` mode).
-
-    vLLM builds it as `FreeKVCacheBlockQueue(blocks)` with only the block list, so the
-    shared `QueueRuntime` is a class attribute of the subclass `bind_queue_class` makes at
-    registration, with the engine's own queue class as its second base. Block ids must be the
-    blocks' positions in the list (vLLM's invariant).
-
-    Two structures hold the free blocks: vLLM's linked list and the learned evictor. In `lpc`
-    mode releases of cached blocks go to the learned evictor; blocks without a hash go to the
-    front of the list, as vLLM puts them; pops take the list first (its hash-less blocks, then
-    any cached ones left from an off mode, in their LRU order), then the learned order. At
-    start every block is in the list (uncached, in id order), as in vLLM.
-    """
-
-    def __init__(self, blocks: list[Any]) -> None:
-        for index, block in enumerate(blocks):
-            if block.block_id != index:
-                raise ValueError(
-                    f"block at position {index} has id {block.block_id}; the LPC queue needs "
-                    "block ids equal to their positions in the pool"
-                )
-        classes = type(self).classes
-        if classes is None or classes.lpc is not type(self):  # a subclass defined elsewhere
-            _with_mode_classes(type(self))
-        self.stock.__init__(self, blocks)  # every block free, in vLLM's list, in id order
-        self._blocks = list(blocks)
-        # Each block's last release time (the queue's clock): its age when evicted. A numpy
-        # array, so that a release writes its chain's times, and a pop reads them, in C.
-        self._released_s = np.zeros(len(blocks))
-        self._learned = self.runtime.new_evictor(len(blocks))
-        # How a release reads its blocks' hashes: vLLM's `block_hash` is a property over the
-        # slot `_block_hash`; reading the slot in C halves the pass. Plain LPC never reads a
-        # hash (only the pooled memory and lpc-return do): its releases skip the pass.
-        self._hash_of = _hash_getter(blocks)
-        self._reads_hashes = type(self._learned) is not LPCEvictor
-        self._learned.reset([])
-        self._tripped = False
-        self.runtime.queue_built()
-        self.runtime.mode.attach(self)  # an off mode makes this vLLM's own queue at once
-
-    # -- what BlockPool calls ------------------------------------------------------------
-    def popleft(self) -> Any:
-        if self.fake_free_list_head.next_free_block is not self.fake_free_list_tail:
-            return self.stock.popleft(self)
-        if not self.num_free_blocks:
-            raise ValueError("No free blocks available")
-        return self._take_learned(1)[0]
-
-    def popleft_n(self, n: int) -> list[Any]:
-        if n == 0:
-            return []
-        if n > self.num_free_blocks:
-            raise ValueError(f"cannot pop {n} blocks: only {self.num_free_blocks} are free")
-        if self.fake_free_list_head.next_free_block is self.fake_free_list_tail:
-            return self._take_learned(n)
-        linked = self.num_free_blocks - len(self._learned)
-        if n <= linked:
-            return self.stock.popleft_n(self, n)
-        out = self.stock.popleft_n(self, linked)
-        out += self._take_learned(n - linked)
-        return out
+                self._list.remove(block)
 
     def append(self, block: Any) -> None:
-        self.append_n([block])
+        if self._phase == LPC:
+            self.append_n([block])
+        else:
+            self._list.append(block)
 
     def append_n(self, blocks: Sequence[Any]) -> None:
         """Blocks with a hash whose last holder released them, the sequence's tail first."""
         if not blocks:
+            return
+        if self._phase != LPC:
+            self._list.append_n(blocks)
             return
         runtime = self.runtime
         release = runtime.current_release()
@@ -471,7 +421,6 @@ class LPCFreeBlockQueue(_QueueCore):
                 self._learned.push_protected(freed, release)
             else:
                 self._learned.push_cached(freed, release)
-            self.num_free_blocks += len(blocks)
         except Exception as error:
             runtime.stats.plugin_error("the LPC queue's append", error)
             self._append_as_lru(blocks)
@@ -504,109 +453,120 @@ class LPCFreeBlockQueue(_QueueCore):
                     [freed.hashes[i] for i in keep],
                 )
                 learned.push_cached(left, Release(self.runtime.clock(), None, None))
-            self.num_free_blocks += len(blocks)
             return
         except Exception as error:
             self._trip("the LPC queue's fallback append", error)
-        rest = [block for block in blocks if block.prev_free_block is None]
-        self.stock.append_n(self, rest)
+        self._list.append_n([block for block in blocks if block.prev_free_block is None])
 
     def prepend_n(self, blocks: Sequence[Any]) -> None:
         """Blocks without a hash: reused before any cached block, at the list's front, as
         vLLM puts them."""
         if not blocks:
             return
-        self.stock.prepend_n(self, blocks)
-        self.runtime.stats.add(uncached_blocks_released=len(blocks))
+        self._list.prepend_n(blocks)
+        if self._phase == LPC:
+            self.runtime.stats.add(uncached_blocks_released=len(blocks))
+
+    def get_all_free_blocks(self) -> list[Any]:
+        """Every free block in eviction order, exactly (O(n log n): vLLM uses it in tests)."""
+        listed = self._list.get_all_free_blocks()
+        blocks = self._blocks
+        learned = [blocks[i] for i in self._learned.free_block_ids()]
+        if self._phase == LPC:
+            return listed + learned
+        k = 0
+        while k < len(listed) and listed[k].block_hash is None:
+            k += 1
+        return listed[:k] + learned + listed[k:]
 
     def iter_blocks_after(self, cursor: Any | None) -> Iterator[Any]:
         """Free blocks in eviction order after `cursor` (all when None, none if it is not
-        free): the list's, then the learned structure's scan order (`RunHeap.iter_after`).
-        O(log runs) to start, O(1) per block: vLLM's lazy CPU offload calls it every step."""
+        free): in lpc mode the list's, then the learned evictor's scan order
+        (`RunHeap.iter_after`): O(log runs) to start, one Python step per block. vLLM's lazy
+        CPU offload walks it every step."""
+        listed = self._list
+        if self._phase == THROUGH:
+            return listed.iter_blocks_after(cursor)
+        if self._phase == DRAINING:
+            return self._iter_draining(cursor)
+        return self._iter_lpc(cursor)
+
+    def _iter_lpc(self, cursor: Any | None) -> Iterator[Any]:
         if cursor is None or cursor.prev_free_block is not None:
-            yield from self.stock.iter_blocks_after(self, cursor)
+            yield from self._list.iter_blocks_after(cursor)
             after = None
         elif self._holds(cursor):
             after = cursor.block_id
         else:
             return
-        try:  # inlined `_learned_after`: one generator frame per block, as vLLM's own walk
+        try:  # one generator frame per block, as vLLM's own walk
             yield from map(self._blocks.__getitem__, self._learned.iter_after(after))
         except Exception as error:
             self.runtime.stats.plugin_error("the LPC queue's scan for the CPU offload", error)
 
-
-class _Draining:
-    """An off mode while the learned structure still holds blocks (`lru` or `shadow` just
-    thrown): releases go to vLLM's list by vLLM's own methods (the class dict binds them);
-    pops take the list's leading hash-less blocks (vLLM reuses those first), then the learned
-    structure's blocks in its own order (all released before every cached block in the list,
-    so LRU's order across the boundary), then the list. When the learned structure is empty
-    the queue becomes vLLM's own (`_drained`). O(log runs) per pop, nothing rebuilt."""
-
-    def popleft(self: Any) -> Any:
-        first = self.fake_free_list_head.next_free_block
-        if first is not self.fake_free_list_tail and first.block_hash is None:
-            return self.stock.popleft(self)
-        if len(self._learned):
-            block = self._take_learned(1)[0]
-            if not len(self._learned):
-                self._drained()
-            return block
-        self._drained()
-        return self.stock.popleft(self)
-
-    def popleft_n(self: Any, n: int) -> list[Any]:
-        if n == 0:
-            return []
-        if n > self.num_free_blocks:
-            raise ValueError(f"cannot pop {n} blocks: only {self.num_free_blocks} are free")
-        out: list[Any] = []
-        head, tail = self.fake_free_list_head, self.fake_free_list_tail
-        while len(out) < n:
-            first = head.next_free_block
-            if first is tail or first.block_hash is not None:
-                break
-            out.append(self.stock.popleft(self))
-        held = len(self._learned)
-        if len(out) < n and held:
-            out += self._take_learned(min(n - len(out), held))
-        if not len(self._learned):
-            self._drained()
-        if len(out) < n:
-            out += self.stock.popleft_n(self, n - len(out))
-        return out
-
-    def iter_blocks_after(self: Any, cursor: Any | None) -> Iterator[Any]:
-        """In pop order: the list's leading hash-less blocks, the learned structure's, then
-        the rest of the list."""
-        tail = self.fake_free_list_tail
+    def _iter_draining(self, cursor: Any | None) -> Iterator[Any]:
+        """In pop order: the list's leading hash-less blocks, the learned ones, the rest."""
+        listed = self._list
+        tail = listed.fake_free_list_tail
         prefix = []
-        node = self.fake_free_list_head.next_free_block
+        node = listed.fake_free_list_head.next_free_block
         while node is not tail and node.block_hash is None:
             prefix.append(node)
             node = node.next_free_block
         rest_from = node  # the first list block after the hash-less prefix
         if cursor is None:
             yield from prefix
-            yield from self._learned_after(None)
+            after = None
         elif cursor.prev_free_block is not None:
             at = next((i for i, block in enumerate(prefix) if block is cursor), None)
             if at is None:
-                yield from self.stock.iter_blocks_after(self, cursor)
+                yield from listed.iter_blocks_after(cursor)
                 return
             yield from prefix[at + 1 :]
-            yield from self._learned_after(None)
+            after = None
         elif self._holds(cursor):
-            yield from self._learned_after(cursor.block_id)
+            after = cursor.block_id
         else:
             return
+        try:
+            yield from map(self._blocks.__getitem__, self._learned.iter_after(after))
+        except Exception as error:
+            self.runtime.stats.plugin_error("the LPC queue's scan for the CPU offload", error)
         if rest_from is not tail:
             yield rest_from
-            yield from self.stock.iter_blocks_after(self, rest_from)
+            yield from listed.iter_blocks_after(rest_from)
 
-    def note_shared_release(self: Any, blocks: Sequence[Any], release: Release) -> None:
-        """Off: no pooling metadata is kept (the learned structure only drains)."""
+    def _holds(self, block: Any) -> bool:
+        try:
+            return block.block_id in self._learned
+        except Exception as error:
+            self.runtime.stats.plugin_error("the LPC queue's membership test", error)
+            return False
+
+    # -- what the plugin adds --------------------------------------------------------------
+    def note_shared_release(self, blocks: Sequence[Any], release: Release) -> None:
+        """Cached blocks this release gave up while other requests still hold them (pooling
+        metadata only: on an error it is skipped, as stock vLLM has none; off, none is kept)."""
+        if blocks and self._phase == LPC:
+            try:
+                if type(release) is ProtectedRelease:
+                    self._learned.note_protected_release(_freed(blocks, self._hash_of), release)
+                else:
+                    self._learned.note_shared_release(_freed(blocks, self._hash_of), release)
+            except Exception as error:
+                self.runtime.stats.plugin_error("the LPC queue's shared release", error)
+                return
+            self.runtime.stats.add(shared_blocks_released=len(blocks))
+
+    @property
+    def phase(self) -> str:
+        """lpc, draining (off, learned blocks left) or through (off: vLLM's queue)."""
+        return self._phase
+
+    @property
+    def evictor(self) -> LearnedEvictor:
+        """The learned evictor (empty once an off mode drained it)."""
+        return self._learned
 
 
 _block_id = attrgetter("block_id")
@@ -658,42 +618,10 @@ def _freed(blocks: Sequence[Any], hash_of: Callable[[Any], Any] | None) -> Freed
 
 def bind_queue_class(runtime: QueueRuntime, stock: type | None = None) -> type[LPCFreeBlockQueue]:
     """The queue class `BlockPool` will instantiate, bound to this process's runtime, over
-    `stock`: the engine's own `FreeKVCacheBlockQueue` (its list and its methods are the off
-    mode; None: `stock_queue.StockFreeBlockQueue`, the transcription, where vLLM is absent).
-
-    The off classes for `lru` are no `LPCFreeBlockQueue`: the plugin's hooks, which act only
-    on pools whose queue is one (`vllm_plugin._runtime_of`), leave such a pool to vLLM."""
+    `stock`: the engine's own `FreeKVCacheBlockQueue` (its instance holds the list, and is
+    what the pool holds while the kill switch is off; None: `stock_queue.StockFreeBlockQueue`,
+    the transcription, where vLLM is absent)."""
     stock = StockFreeBlockQueue if stock is None else stock
-    shared: dict[str, Any] = {"runtime": runtime, "stock": stock}
-    lpc = type("LPCFreeKVCacheBlockQueue", (LPCFreeBlockQueue, stock), dict(shared))
-    return _with_mode_classes(lpc, shared)
-
-
-def _with_mode_classes(lpc: type, shared: dict[str, Any] | None = None) -> type:
-    """Give the `lpc` mode's class its off classes (`ModeClasses`). With `shared` (the
-    runtime and vLLM's class, `bind_queue_class`), `lru`'s are built on vLLM's class alone,
-    so they are no `LPCFreeBlockQueue`; without it (a subclass defined elsewhere, e.g. the
-    seam's queue) every class derives from `lpc`, keeping what it adds."""
-    stock = lpc.stock
-    own = {name: getattr(stock, name) for name in VLLM_METHODS}
-    releases = {name: own[name] for name in ("append", "append_n", "prepend_n")}
-    quiet = {"note_shared_release": _Draining.note_shared_release}
-    name = lpc.__name__
-    shadow_draining = type(f"{name}ShadowDraining", (_Draining, lpc), dict(releases))
-    shadow_drained = type(f"{name}ShadowStock", (lpc,), own | quiet)
-    if shared is None:
-        lru_draining = type(f"{name}OffDraining", (_Draining, lpc), dict(releases))
-        lru_drained = type(f"{name}OffStock", (lpc,), own | quiet)
-    else:
-        lru_draining = type(
-            "LPCOffDrainingQueue", (_Draining, _QueueCore, stock), shared | releases
-        )
-        lru_drained = type("LPCOffStockQueue", (_QueueCore, stock), shared | own | quiet)
-    classes = ModeClasses(
-        lpc,
-        {"shadow": shadow_draining, "lru": lru_draining},
-        {"shadow": shadow_drained, "lru": lru_drained},
+    return type(
+        "LPCFreeKVCacheBlockQueue", (LPCFreeBlockQueue,), {"runtime": runtime, "stock": stock}
     )
-    for cls in (lpc, shadow_draining, shadow_drained, lru_draining, lru_drained):
-        cls.classes = classes
-    return lpc

@@ -25,20 +25,29 @@ from lpc.integrations.stats import PluginStats
 from lpc.integrations.vllm_queue import LPCFreeBlockQueue, QueueRuntime, bind_queue_class
 
 
+class Pool:
+    """What the queue sees of vLLM's `BlockPool`: the attribute that holds its free queue."""
+
+    free_block_queue: Any = None
+
+
 class Block:
-    """vLLM's `KVCacheBlock` fields the queue and the list read (`ref_cnt`: the pool's)."""
+    """vLLM's `KVCacheBlock` fields the queue and the list read (`ref_cnt`, `pool`: the
+    pool's)."""
 
     __slots__ = (
         "block_hash",
         "block_hash_num_tokens",
         "block_id",
         "next_free_block",
+        "pool",
         "prev_free_block",
         "ref_cnt",
     )
 
-    def __init__(self, block_id: int) -> None:
+    def __init__(self, block_id: int, pool: Pool) -> None:
         self.block_id = block_id
+        self.pool = pool
         self.block_hash: bytes | None = None
         self.block_hash_num_tokens: int | None = None
         self.prev_free_block: Block | None = None
@@ -49,8 +58,10 @@ class Block:
 def make_queue(num_blocks: int, mode: str = "lpc", evictor: str = "lpc"):
     switch = ModeSwitch(mode)
     runtime = QueueRuntime(PluginConfig(evictor=evictor), PluginStats(), lambda: 0.0, mode=switch)
-    blocks = [Block(i) for i in range(num_blocks)]
-    return bind_queue_class(runtime)(blocks), blocks, runtime
+    pool = Pool()
+    blocks = [Block(i, pool) for i in range(num_blocks)]
+    pool.free_block_queue = bind_queue_class(runtime)(blocks)
+    return pool.free_block_queue, blocks, runtime
 
 
 def release_chains(queue: Any, runtime: QueueRuntime, chains: int, length: int) -> None:
@@ -90,11 +101,13 @@ def switch_costs(num_blocks: int) -> tuple[int, int, int, int]:
     assert len(queue.evictor) == num_blocks
     off = calls(lambda: runtime.mode.set("lru", "test"))
     first_off = calls(lambda: queue.popleft_n(16))
-    assert type(queue).__name__ == "LPCOffDrainingQueue"
-    queue, _, runtime = make_queue(num_blocks, "lru")  # every block in vLLM's list
+    assert queue.phase == "draining"
+    queue, blocks, runtime = make_queue(num_blocks, "lru")  # every block in vLLM's list
+    queue.append_n(queue.popleft_n(1))  # the first pop hands the pool vLLM's own queue
+    assert blocks[0].pool.free_block_queue is queue._list
     on = calls(lambda: runtime.mode.set("lpc", "test"))
     first_on = calls(lambda: queue.popleft_n(16))
-    assert type(queue).__name__ == "LPCFreeKVCacheBlockQueue"
+    assert queue.phase == "lpc" and blocks[0].pool.free_block_queue is queue
     return off, first_off, on, first_on
 
 
@@ -112,16 +125,16 @@ def test_a_switch_costs_the_same_at_1k_and_100k_free_blocks(large_blocks: int) -
 
 
 def test_switching_never_touches_a_block() -> None:
-    """No block's field is read or written by a switch: it changes one class pointer."""
+    """No block's field is read or written by a switch: it changes the queue's phase."""
     queue, blocks, runtime = make_queue(2_000)
     release_chains(queue, runtime, 2, 1000)
     before = [(b.prev_free_block, b.next_free_block, b.block_hash) for b in blocks]
-    classes = set()
+    phases = set()
     for mode in ("lru", "shadow", "lpc", "shadow", "lru", "lpc"):
         runtime.mode.set(mode, "test")
-        classes.add(type(queue).__name__)
+        phases.add(queue.phase)
     assert before == [(b.prev_free_block, b.next_free_block, b.block_hash) for b in blocks]
-    assert len(classes) == 3 and len(queue.evictor) == 2_000
+    assert phases == {"lpc", "draining"} and len(queue.evictor) == 2_000
 
 
 def test_the_offload_scan_finds_its_cursor_and_walks_only_what_it_yields() -> None:
@@ -160,7 +173,7 @@ def test_the_offload_scan_finds_its_cursor_and_walks_only_what_it_yields() -> No
 def test_the_offload_scan_visits_vllms_list_first_in_lpc_mode_and_the_learned_order_after() -> None:
     queue, blocks, runtime = make_queue(40)
     release_chains(queue, runtime, 3, 10)  # 30 blocks learned, 10 uncached in the list
-    listed = [b.block_id for b in queue.stock.get_all_free_blocks(queue)]
+    listed = [b.block_id for b in queue._list.get_all_free_blocks()]
     learned = queue.evictor.free_block_ids()
     assert [b.block_id for b in queue.iter_blocks_after(None)] == listed + learned
     assert [b.block_id for b in queue.iter_blocks_after(blocks[listed[-1]])] == learned
@@ -219,7 +232,8 @@ def test_no_evictor_error_reaches_the_caller_in_any_mode(
             runtime.mode.set(rng.choice(["lpc", "lru", "shadow"]), "test")
         elif action < 0.35 and queue.num_free_blocks:
             n = rng.randint(1, min(6, queue.num_free_blocks))
-            popped = queue.popleft_n(n) if n > 1 else [queue.popleft()]
+            engine = blocks[0].pool.free_block_queue
+            popped = engine.popleft_n(n) if n > 1 else [engine.popleft()]
             for block in popped:
                 assert block.ref_cnt == 0, f"step {step}: block {block.block_id} handed out twice"
                 block.ref_cnt = 1
@@ -229,12 +243,12 @@ def test_no_evictor_error_reaches_the_caller_in_any_mode(
             free_cached = [b for b in blocks if b.ref_cnt == 0 and b.block_hash is not None]
             if free_cached:
                 block = rng.choice(free_cached)
-                queue.remove(block)
+                blocks[0].pool.free_block_queue.remove(block)
                 block.ref_cnt = 1
                 in_use.append(block)
         elif action < 0.6:
             cursor = rng.choice([None, rng.choice(blocks)])
-            for k, _ in enumerate(queue.iter_blocks_after(cursor)):
+            for k, _ in enumerate(blocks[0].pool.free_block_queue.iter_blocks_after(cursor)):
                 if k == 20:
                     break
         elif in_use:
@@ -247,20 +261,23 @@ def test_no_evictor_error_reaches_the_caller_in_any_mode(
                     block.block_hash_num_tokens = 16 * (depth + 1)
             freed = chain[::-1]
             release = Release(float(step), rng.random(), f"c{rng.randrange(4)}")
-            queue.prepend_n([b for b in freed if b.block_hash is None])  # vLLM's order
+            engine = blocks[0].pool.free_block_queue
+            engine.prepend_n([b for b in freed if b.block_hash is None])  # vLLM's order
             with runtime.releasing(release):
-                queue.append_n([b for b in freed if b.block_hash is not None])
-                shared = [b for b in in_use if b.block_hash is not None][:2]
-                queue.note_shared_release(shared, release)
+                engine.append_n([b for b in freed if b.block_hash is not None])
+                if isinstance(engine, LPCFreeBlockQueue):
+                    shared = [b for b in in_use if b.block_hash is not None][:2]
+                    engine.note_shared_release(shared, release)
         free = [b for b in blocks if b.ref_cnt == 0]
         assert queue.num_free_blocks == len(free), f"step {step}: free blocks miscounted"
     if queue._tripped:
-        assert type(queue) in type(queue).classes.drained.values(), "tripped: vLLM's list"
-        assert queue.num_free_blocks == len(queue.stock.get_all_free_blocks(queue))
+        assert queue.phase == "through" and not len(queue.evictor), "tripped: vLLM's list"
+        assert queue.num_free_blocks == len(queue._list.get_all_free_blocks())
         assert runtime.stats.snapshot()["plugin_errors"] > 0
         runtime.mode.set("lpc" if runtime.mode.mode != "lpc" else "shadow", "test")
         runtime.mode.set("lpc", "test")
-        assert type(queue) in type(queue).classes.drained.values(), "tripped stays off"
+        assert queue.phase == "through", "a tripped queue stays off"
     runtime.mode.set("lru", "test")
-    queue.popleft_n(queue.num_free_blocks)  # whatever was left to drain, then vLLM's list
-    assert not isinstance(queue, LPCFreeBlockQueue), "lru: the plugin's hooks stand aside"
+    engine = blocks[0].pool.free_block_queue
+    engine.popleft_n(engine.num_free_blocks)  # whatever was left to drain, then vLLM's list
+    assert blocks[0].pool.free_block_queue is queue._list, "lru: the pool holds vLLM's queue"

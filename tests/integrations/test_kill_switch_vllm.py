@@ -1,8 +1,9 @@
 """The kill switch against real vLLM 0.33: its own `FreeKVCacheBlockQueue` and `KVCacheBlock`s.
 
 - the transcription the default suite uses (`stock_queue`) is vLLM's queue, call for call;
-- the queue the plugin builds over vLLM's class, thrown to `lru`, runs vLLM's own functions
-  once the learned blocks are drained, and evicts what vLLM's queue evicts, block for block;
+- the queue the plugin builds over vLLM's class, thrown to `lru`, hands the pool vLLM's own
+  queue object once the learned blocks are drained, which evicts what a fresh vLLM queue
+  given the same calls evicts, block for block;
 - a switch at 100K free blocks makes the same number of calls as at 1K;
 - an evictor that raises never reaches vLLM's `BlockPool` (allocate, touch, free), in any mode.
 """
@@ -26,13 +27,18 @@ from lpc.integrations.config import PluginConfig
 from lpc.integrations.mode import ModeSwitch
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.stock_queue import StockFreeBlockQueue
-from lpc.integrations.vllm_queue import VLLM_METHODS, QueueRuntime, bind_queue_class
+from lpc.integrations.vllm_queue import QueueRuntime, bind_queue_class
+
+class Pool:  # what the queue sees of BlockPool: the attribute that holds its free queue
+    free_block_queue = None
 
 def make(num_blocks, mode="lpc", evictor="lpc"):
     runtime = QueueRuntime(PluginConfig(evictor=evictor), PluginStats(), lambda: 0.0,
                            mode=ModeSwitch(mode))
-    blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-    return bind_queue_class(runtime, FreeKVCacheBlockQueue)(blocks), blocks, runtime
+    pool = Pool()
+    blocks = [KVCacheBlock(i, pool=pool) for i in range(num_blocks)]
+    pool.free_block_queue = bind_queue_class(runtime, FreeKVCacheBlockQueue)(blocks)
+    return pool.free_block_queue, blocks, runtime
 """
 
 TRANSCRIPTION = (
@@ -104,12 +110,14 @@ for c in range(6):
         queue.append_n(chain[::-1])
 learned = queue.evictor.free_block_ids()
 runtime.mode.set("lru", "test")
-draining = type(queue).__name__
+draining = queue.phase
 order = [b.block_id for b in queue.get_all_free_blocks()]
-uncached = [b.block_id for b in queue.stock.get_all_free_blocks(queue)]
-in_use = queue.popleft_n(queue.num_free_blocks)  # the uncached, then the learned: drained
-drained = type(queue).__name__
-own = all(getattr(type(queue), name) is getattr(FreeKVCacheBlockQueue, name) for name in VLLM_METHODS)
+uncached = [b.block_id for b in queue._list.get_all_free_blocks()]
+pool = blocks[0].pool
+in_use = pool.free_block_queue.popleft_n(queue.num_free_blocks)  # uncached, learned: drained
+drained = queue.phase
+own = type(pool.free_block_queue) is FreeKVCacheBlockQueue
+queue = pool.free_block_queue  # what vLLM calls from now on
 # From now on the same calls on vLLM's own queue give the same blocks, block for block.
 reference_blocks = [KVCacheBlock(i) for i in range(64)]
 reference = FreeKVCacheBlockQueue(reference_blocks)
@@ -139,8 +147,8 @@ print(json.dumps({"draining": draining, "drained": drained, "vllm_methods": own,
 def test_off_is_vllms_own_queue_once_drained(vllm_python: Path) -> None:
     out = json.loads(run_snippet(vllm_python, OFF_IS_STOCK).splitlines()[-1])
     assert out == {
-        "draining": "LPCOffDrainingQueue",
-        "drained": "LPCOffStockQueue",
+        "draining": "draining",
+        "drained": "through",
         "vllm_methods": True,
         "same": True,
         "drain_order": True,
@@ -175,6 +183,7 @@ def costs(num_blocks):
     off = calls(lambda: runtime.mode.set("lru", "test"))
     first = calls(lambda: queue.popleft_n(16))
     queue2, _, runtime2 = make(num_blocks, "lru")
+    queue2.append_n(queue2.popleft_n(1))  # hands the pool vLLM's own queue
     on = calls(lambda: runtime2.mode.set("lpc", "test"))
     return off, first, on
 
@@ -247,7 +256,7 @@ for mode in ("lpc", "lru", "shadow"):
                     pool.touch([block])
                     held.append([block])
             elif action < 0.7:
-                for k, _ in enumerate(queue.iter_blocks_after(None)):
+                for k, _ in enumerate(pool.free_block_queue.iter_blocks_after(None)):
                     if k == 10:
                         break
             elif held:
@@ -258,7 +267,7 @@ for mode in ("lpc", "lru", "shadow"):
         free = sum(1 for b in pool.blocks if b.ref_cnt == 0 and not b.is_null)
         assert pool.get_num_free_blocks() == free, (mode, step)
     del type(learned).__contains__
-    results[mode] = {"errors": errors, "tripped": queue._tripped}
+    results[mode] = {"errors": errors, "tripped": queue._tripped, "phase": queue.phase}
 print(json.dumps(results))
 """
 )

@@ -23,7 +23,6 @@ from lpc.integrations.mode import ControlFileWatcher, ModeSwitch, check_mode
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.stock_queue import StockFreeBlockQueue
 from lpc.integrations.vllm_queue import (
-    VLLM_METHODS,
     LPCFreeBlockQueue,
     ProtectedRelease,
     QueueRuntime,
@@ -37,6 +36,13 @@ class Block:
     block_id: int
     block_hash: bytes | None = None
     block_hash_num_tokens: int | None = None
+    pool: Pool | None = None  # vLLM 0.33's blocks know their pool
+
+
+class Pool:
+    """What the queue sees of vLLM's `BlockPool`: the attribute that holds its free queue."""
+
+    free_block_queue: object = None
 
 
 class Clock:
@@ -130,8 +136,10 @@ def test_a_poll_interval_no_timer_can_wait_is_refused_before_the_thread_starts(
 def make_queue(evictor: str, num_blocks: int, switch: ModeSwitch, clock: Clock):
     config = PluginConfig(evictor=evictor, fallback_probability=0.5)
     runtime = QueueRuntime(config, PluginStats(), clock, mode=switch)
-    blocks = [Block(i) for i in range(num_blocks)]
-    return bind_queue_class(runtime)(blocks), blocks, runtime
+    pool = Pool()
+    blocks = [Block(i, pool=pool) for i in range(num_blocks)]
+    pool.free_block_queue = bind_queue_class(runtime)(blocks)
+    return pool.free_block_queue, blocks, runtime
 
 
 # Return curves the releases carry (`lpc-return` reads them; the LPC evictors do not).
@@ -147,7 +155,7 @@ def expected_order(queue, listed: list[int], blocks) -> list[int]:
     mode vLLM's list, then the learned order; off, the list's leading hash-less blocks, the
     learned order (what is left to drain), the rest of the list."""
     learned = queue.evictor.free_block_ids()
-    if type(queue) is type(queue).classes.lpc:
+    if queue.phase == "lpc":
         return listed + learned
     k = 0
     while k < len(listed) and blocks[listed[k]].block_hash is None:
@@ -165,8 +173,9 @@ def test_every_mode_evicts_as_promised_and_off_is_vllms_queue(evictor: str, seed
     preemptions), hits, allocations and mode switches. The reference is vLLM's list as the
     switch promises to keep it (`LRUEvictor`, block for block vLLM's queue): uncached
     releases always at its front, cached ones at its tail while off. Every pop and the whole
-    free order are the promised ones; off with nothing left to drain, the queue's class runs
-    vLLM's own methods, and `lru` leaves the plugin's hooks out (no `LPCFreeBlockQueue`)."""
+    free order are the promised ones; the calls go where vLLM sends them, to the pool's
+    queue: off with nothing left to drain, in `lru` that is vLLM's own queue object, which
+    leaves the plugin's hooks out (no `LPCFreeBlockQueue`)."""
     rng = random.Random(seed)
     num_blocks = 48
     switch = ModeSwitch()
@@ -174,6 +183,7 @@ def test_every_mode_evicts_as_promised_and_off_is_vllms_queue(evictor: str, seed
     queue, blocks, runtime = make_queue(evictor, num_blocks, switch, clock)
     listed = LRUEvictor(num_blocks)
     listed.reset(range(num_blocks))
+    pool = blocks[0].pool
     in_use: list[Block] = []
     off_pops = lpc_pops_unlike_list = switches = drained = 0
     for step in range(800):
@@ -185,7 +195,8 @@ def test_every_mode_evicts_as_promised_and_off_is_vllms_queue(evictor: str, seed
             n = rng.randint(1, min(6, queue.num_free_blocks))
             want = expected_order(queue, listed.free_block_ids(), blocks)[:n]
             learned = set(queue.evictor.free_block_ids())
-            popped = queue.popleft_n(n) if n > 1 else [queue.popleft()]
+            engine = pool.free_block_queue
+            popped = engine.popleft_n(n) if n > 1 else [engine.popleft()]
             ids = [b.block_id for b in popped]
             if evictor == "lpc-return":  # its pop re-keys first: the learned part as a set
                 assert [b in learned for b in ids] == [b in learned for b in want], step
@@ -206,15 +217,17 @@ def test_every_mode_evicts_as_promised_and_off_is_vllms_queue(evictor: str, seed
             in_use.extend(popped)
             if switch.lru_order and not len(queue.evictor):  # a pop found nothing to drain
                 drained += 1
-                classes = type(queue).classes
-                assert type(queue) is classes.off(switch.mode, draining=False)
-                for name in VLLM_METHODS:
-                    assert getattr(type(queue), name) is getattr(StockFreeBlockQueue, name)
+                assert queue.phase == "through"
+                if switch.mode == "lru":
+                    assert pool.free_block_queue is queue._list
+                    assert type(queue._list) is StockFreeBlockQueue
+                else:
+                    assert pool.free_block_queue is queue
         elif action < 0.55:
             free_cached = [b for b in blocks if b.block_hash is not None and b not in in_use]
             if free_cached:
                 block = rng.choice(free_cached)
-                queue.remove(block)
+                pool.free_block_queue.remove(block)
                 if block.block_id in listed:
                     listed.remove(block.block_id)
                 in_use.append(block)
@@ -237,19 +250,22 @@ def test_every_mode_evicts_as_promised_and_off_is_vllms_queue(evictor: str, seed
             cached = [b for b in freed if b.block_hash is not None]
             uncached = [b for b in freed if b.block_hash is None]
             off = switch.lru_order
+            engine = pool.free_block_queue
+            engine.prepend_n(uncached)  # vLLM's order: the hash-less first
             with runtime.releasing(release):
-                queue.append_n(cached)
-                if rng.random() < 0.3:  # cached blocks another request still holds
+                engine.append_n(cached)
+                if rng.random() < 0.3 and isinstance(engine, LPCFreeBlockQueue):
                     shared = [b for b in in_use if b.block_hash is not None][:2]
-                    queue.note_shared_release(shared, release)
-            queue.prepend_n(uncached)
+                    engine.note_shared_release(shared, release)
             if off:
                 listed.append_n([b.block_id for b in cached])
             listed.prepend_n([b.block_id for b in uncached])
         order = [b.block_id for b in queue.get_all_free_blocks()]
         assert order == expected_order(queue, listed.free_block_ids(), blocks), f"step {step}"
         assert queue.num_free_blocks == len(order) == num_blocks - len(in_use)
-        assert isinstance(queue, LPCFreeBlockQueue) == (switch.mode != "lru")
+        assert pool.free_block_queue in (queue, queue._list)
+        handed_over = switch.mode == "lru" and queue.phase == "through"
+        assert isinstance(pool.free_block_queue, LPCFreeBlockQueue) != handed_over
         queue.evictor.check_invariants()
     assert switches >= 3 and off_pops > 50 and drained, "the stream never exercised the switch"
     assert lpc_pops_unlike_list > 0, "LPC never differed from LRU: the check proves nothing"
@@ -278,10 +294,12 @@ def test_a_switch_off_drains_the_learned_blocks_first_then_is_vllms_queue() -> N
     queue.prepend_n([taken[7]])
     assert [b.block_id for b in queue.get_all_free_blocks()] == [7, 5, 3, 2, 4, 1, 0, 6]
     assert [b.block_id for b in queue.popleft_n(4)] == [7, 5, 3, 2]
-    assert type(queue).__name__ == "LPCOffDrainingQueue"
+    assert queue.phase == "draining"
     assert [b.block_id for b in queue.popleft_n(3)] == [4, 1, 0]
-    assert type(queue).__name__ == "LPCOffStockQueue", "drained: vLLM's own queue"
+    pool = taken[0].pool
+    assert queue.phase == "through" and pool.free_block_queue is queue._list, "vLLM's own"
     switch.set("lpc", "test")
+    assert pool.free_block_queue is queue
     with runtime.releasing(Release(9.0, 0.01, "c9")):
         queue.append_n([taken[0]])
     assert [b.block_id for b in queue.get_all_free_blocks()] == [6, 0], "the list goes first"
