@@ -61,3 +61,18 @@ def test_each_size_separates_the_policies() -> None:
         for key, hits in EXPECTED_TABLES[name].items():
             by_size.setdefault(key.rsplit("@", 1)[1], set()).add(hits)
         assert all(len(values) >= 5 for values in by_size.values()), (name, by_size)
+
+
+def test_the_pinned_values_keep_the_policies_in_order() -> None:
+    """What the pinned figures must satisfy whatever the code: belady bounds every policy at
+    every size, LPC with one constant p is LRU (any p), and LRU's hits grow with the cache."""
+    for name in ("mooncake", "sharegpt"):
+        rows: dict[int, dict[str, int]] = {}
+        for key, hits in EXPECTED_TABLES[name].items():
+            policy, size = key.rsplit("@", 1)
+            rows.setdefault(int(size), {})[policy] = hits
+        for size, row in rows.items():
+            assert row["belady"] == max(row.values()), (name, size)
+            assert row["lpc-const"] == row["lpc-const=0.9"] == row["lru"], (name, size)
+        lru = [rows[size]["lru"] for size in sorted(rows)]
+        assert lru == sorted(lru) and lru[0] < lru[-1], (name, lru)
