@@ -27,16 +27,18 @@ from predictor.access_features import feature_frame
 from predictor.access_predictor import AccessPredictor
 from predictor.return_time import ReturnTimePredictor
 from training.access_data import DEFAULT_VALIDATION_FRACTION, horizon_labels
-from training.paired_bootstrap import percentile_interval, resample_weights
+from training.paired_bootstrap import (
+    CONFIDENCE,
+    N_RESAMPLES,
+    SEED,
+    percentile_interval,
+    resample_weights,
+)
 from training.quality_intervals import CurveSource, quality_intervals
 from training.return_data import return_samples
 from training.return_fit import fit_turn_kaplan_meier, km_grid
 from training.return_quality import curve_quality
 from training.survival_metrics import censoring_survival
-
-N_RESAMPLES = 1000
-CONFIDENCE = 0.95
-SEED = 0
 
 
 @dataclass(frozen=True)
