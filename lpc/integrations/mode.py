@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import weakref
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -59,12 +58,19 @@ class ModeSwitch:
         self.lru_order = self.mode != "lpc"  # the queues evict in vLLM's LRU order
         self.switches = 0
         self.lock = threading.Lock()
-        self._queues: weakref.WeakSet[Any] = weakref.WeakSet()
+        # Strong references: off in `lru`, vLLM's pool holds only vLLM's own queue object,
+        # and this is what keeps the LPC queue (and the way back on) alive.
+        self._queues: list[FollowsMode] = []
+
+    @property
+    def queues(self) -> tuple[FollowsMode, ...]:
+        """The queues that follow this switch."""
+        return tuple(self._queues)
 
     def attach(self, queue: FollowsMode) -> None:
         """Have `queue` follow the mode from now on (it takes the current one at once)."""
         with self.lock:
-            self._queues.add(queue)
+            self._queues.append(queue)
             queue.follow(self.mode)
 
     def set(self, mode: str, source: str) -> bool:
@@ -77,7 +83,7 @@ class ModeSwitch:
             self.mode = mode
             self.lru_order = mode != "lpc"
             self.switches += 1
-            for queue in list(self._queues):
+            for queue in self._queues:
                 try:
                     queue.follow(mode)
                 except Exception as error:  # never leave the other queues behind

@@ -11,6 +11,7 @@ The same against real vLLM blocks and queue: test_kill_switch_vllm.py.
 
 from __future__ import annotations
 
+import gc
 import random
 import sys
 from collections.abc import Callable
@@ -281,3 +282,17 @@ def test_no_evictor_error_reaches_the_caller_in_any_mode(
     engine = blocks[0].pool.free_block_queue
     engine.popleft_n(engine.num_free_blocks)  # whatever was left to drain, then vLLM's list
     assert blocks[0].pool.free_block_queue is queue._list, "lru: the pool holds vLLM's queue"
+
+
+def test_the_lpc_queue_outlives_the_handover_and_comes_back_on() -> None:
+    """Off in `lru`, the pool holds only vLLM's queue object; the switch keeps the LPC queue,
+    so switching on gives it back, with the list's blocks going first."""
+    queue, blocks, runtime = make_queue(8, "lru")
+    pool = blocks[0].pool
+    pool.free_block_queue.popleft()  # the first pop hands the pool vLLM's own queue
+    assert pool.free_block_queue is queue._list
+    del queue
+    gc.collect()
+    runtime.mode.set("lpc", "test")
+    assert isinstance(pool.free_block_queue, LPCFreeBlockQueue)
+    assert [b.block_id for b in pool.free_block_queue.popleft_n(7)] == list(range(1, 8))
