@@ -20,11 +20,13 @@ What the patch points learn by wrapping, the queue learns from `on_request_freed
   deepest one the request alone holds) opens its group's `append_n`; any other append (an
   unpin, a deferred free) is outside a release, as with the patch points.
 
-Not carried by the seam (a `KVCacheManager.allocate_slots` / `get_computed_blocks` hook would
-be needed, so the seam path logs one line when they are configured): the predictor RPC's
-asks, the shadow caches' admissions, the request log's prefix hits, and frees deferred through
-`pop_blocks_for_free` (their blocks take the fallback p at the current time, LRU's place). The
-LPC settings come from the `LPC_*` environment or `register(config)`.
+Not carried by the seam (each needs a hook it does not have; the seam path logs one line
+naming the configured ones, `unsupported_by_seam`): the predictor RPC's asks, the shadow
+caches' admissions, the request log's prefix hits, what the patch points read in
+`Scheduler.__init__` (the CPU tier's settings, the engine checks, the metrics' `model_name`),
+and frees deferred through `pop_blocks_for_free` (their blocks take the fallback p at the
+current time, LRU's place). The LPC settings come from the `LPC_*` environment or
+`register(config)`.
 """
 
 from __future__ import annotations
