@@ -10,7 +10,10 @@ processor time, peak resident memory of the process):
 1. `lpc fleet` at the matching instance count (k copies on `--instances` instances, the
    session-sticky router, `--policies` at one `--cache-size`), serially;
 2. `lpc retrain --logs` on the shards, serially and with `--ray --workers W` (each Ray
-   worker's peak memory comes from the job's own report, `data.read.worker_peak_bytes`).
+   worker's peak memory comes from the job's own report, `data.read.worker_peak_bytes`);
+3. `stages`, in this process: the daily job's stages one by one (read, request table,
+   samples, fit), serially, then the read and the table on Ray, the driver's processor time
+   apart from the tasks' (`/usr/bin/time` counts Ray's processes with the driver).
 Run it with `nice -n 10`. `--json` prints every figure; `--skip` leaves steps out.
 
     nice -n 10 .venv/bin/python scripts/fleet_day.py --copies 21 --out results/fleet-day --json
@@ -29,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-STEPS = ("replay", "retrain-serial", "retrain-ray")
+STEPS = ("replay", "retrain-serial", "retrain-ray", "stages")
 TIME_FIELDS = {
     "wall": re.compile(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)"),
     "user_s": re.compile(r"User time \(seconds\): ([\d.]+)"),
@@ -100,6 +103,59 @@ def build(copies: int, instances: int, start: dt.datetime, out: Path) -> dict[st
     }
 
 
+def stage_costs(logs: Path, workers: int, horizon_s: float = 180.0) -> dict[str, Any]:
+    """Processor and wall seconds of each stage of the daily job's trace branch (the
+    `TraceLogTrainer` path), serially and on Ray (the driver's and the tasks' apart)."""
+    from lpc.access.log_retrain import time_ordered_split
+    from lpc.fleet.fanout import Executor, RayMapper, start_ray
+    from lpc.fleet.request_logs import (
+        TABLE_TASKS_PER_WORKER,
+        conversation_groups,
+        request_table_apart,
+    )
+    from lpc.replay.ab_options import TRACE_MAX_MODEL_LEN
+    from lpc.replay.request_table import request_table
+    from lpc.traces.files import load_lpc_files_apart, load_trace_files
+    from lpc.traces.load import TraceOptions
+    from predictor.access_features import default_feature_names
+    from training.access_data import access_samples
+    from training.access_fit import AccessFitConfig, fit_access_model
+
+    paths = sorted(logs.glob("*.jsonl"))
+    options = TraceOptions(horizon_s=horizon_s, max_model_len=TRACE_MAX_MODEL_LEN)
+    costs: dict[str, Any] = {}
+
+    def stage(name: str, work: Any) -> Any:
+        cpu, wall = time.process_time(), time.perf_counter()
+        result = work()
+        costs[name] = {
+            "cpu_s": round(time.process_time() - cpu, 2),
+            "wall_s": round(time.perf_counter() - wall, 2),
+        }
+        return result
+
+    trace = stage("serial_read", lambda: load_trace_files(paths, "lpc", options))
+    table = stage("serial_table", lambda: request_table(trace.requests))
+    cut_s = time_ordered_split(trace, None).split.cut_s
+    names = default_feature_names(list(table.columns))
+    samples = stage("samples", lambda: access_samples(table, names, cut_s, horizon_s))
+    stage("fit", lambda: fit_access_model(samples, AccessFitConfig()))
+    executor = Executor("ray", workers=workers)
+    mapper = RayMapper(executor)
+    stage("ray_start", lambda: start_ray(executor))
+    on_ray = stage("ray_read_driver", lambda: load_lpc_files_apart(paths, options, mapper))
+    costs["ray_read_tasks_cpu_s"] = round(mapper.task_cpu_s, 2)
+    mapper.task_cpu_s = 0.0
+    groups = conversation_groups(on_ray.requests, TABLE_TASKS_PER_WORKER * workers)
+    table_on_ray = stage(
+        "ray_table_driver", lambda: request_table_apart(on_ray.requests, groups, mapper)
+    )
+    costs["ray_table_tasks_cpu_s"] = round(mapper.task_cpu_s, 2)
+    costs["requests"] = len(trace.requests)
+    costs["tables_equal"] = bool(table_on_ray.equals(table))
+    return costs
+
+
 def replay_summary(output: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The fleet's cells: router, policy, hit ratio and its interval."""
     cells = (output or {}).get("cells", [])
@@ -140,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-return-model", action="store_true", help="retrain the access model only"
     )
+    parser.add_argument(
+        "--reuse-logs", action="store_true", help="keep the request logs --out already holds"
+    )
     parser.add_argument("--skip", default="", help=f"steps to leave out: {', '.join(STEPS)}")
     parser.add_argument("--json", action="store_true", help="print every figure as JSON")
     args = parser.parse_args(argv)
@@ -162,9 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    say(f"building the fleet-day: {args.copies} copies, {instances} instances")
-    report: dict[str, Any] = {"build": build(args.copies, instances, start, out)}
-    say(f"built: {json.dumps(report['build'])}")
+    report: dict[str, Any] = {}
+    if args.reuse_logs and any((out / "logs").glob("*.jsonl")):
+        say(f"reusing the request logs in {out / 'logs'}")
+    else:
+        say(f"building the fleet-day: {args.copies} copies, {instances} instances")
+        report["build"] = build(args.copies, instances, start, out)
+        say(f"built: {json.dumps(report['build'])}")
     if "replay" not in skip:
         say("replaying the fleet (lpc fleet, serial)")
         run = timed(
@@ -197,12 +260,18 @@ def main(argv: list[str] | None = None) -> int:
         run["outcome"] = retrain_summary(run.pop("output"))
         report[step] = run
         say(f"{step}: {run['wall_s']} s wall, {run['peak_rss_mb']} MB peak")
+    if "stages" not in skip:
+        say("stages: the daily job's stages one by one, serially and on Ray")
+        report["stages"] = stage_costs(out / "logs", args.workers)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         for step, figures in report.items():
+            if step == "stages":
+                print(f"stages: {json.dumps(figures)}")
+                continue
             wall, peak = figures.get("wall_s"), figures.get("peak_rss_mb")
-            print(f"{step}: {wall} s wall, {figures.get('cpu_s')} processor-s, {peak} MB peak")
+            print(f"{step}: {wall} s wall, {figures.get('cpu_s')} processor-s, {peak} MiB peak")
     (out / "fleet_day.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
