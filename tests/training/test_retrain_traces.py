@@ -40,7 +40,9 @@ from training.retrain import (
 DAY_S = 86_400.0
 HOURS_4_S = 4 * 3600.0
 HORIZON_S = 180.0
-QUICK_FIT = AccessFitConfig(max_epochs=20, patience=4, threads=1)
+# A quick fit: two members, no refit on the whole training part (the CLI test below runs the
+# defaults); the promotion rules judge whatever it learns.
+QUICK_FIT = AccessFitConfig(ensemble=2, refit=False, max_epochs=20, patience=4, threads=1)
 
 
 def two_utc_days_start_s() -> float:
