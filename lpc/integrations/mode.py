@@ -3,18 +3,19 @@
 Three modes (`LPC_MODE`, default `lpc`):
 
     lpc      the free queue evicts by the learned order (the plugin's purpose)
-    lru      the kill switch: the free queue is vLLM's own `FreeKVCacheBlockQueue`, and the
-             plugin's hooks do nothing (the pool is stock vLLM's)
-    shadow   the free queue is vLLM's own as in `lru`; the plugin replays the same requests
+    lru      the kill switch: once the learned blocks are evicted, the pool holds vLLM's own
+             `FreeKVCacheBlockQueue` object, and the plugin's hooks do nothing
+    shadow   the free queue passes every call to vLLM's own, as in `lru` (the pool keeps the
+             plugin's queue, whose hooks must run); the plugin replays the same requests
              through metadata-only LPC and LRU caches of the engine's size (`shadow`) and
              exports both hit ratios
 
 A switch is asked for from any thread — the control file's watcher (`LPC_CONTROL_FILE`,
 polled by a daemon thread, never by the scheduler), `vllm_plugin.set_mode()` — and applied by
-that thread: each attached free queue changes its class (`LPCFreeBlockQueue.follow`), one
-store per queue under this switch's lock, no block touched. The scheduler thread pays nothing
-for a switch; what the blocks the old structure still holds cost is paid one pop at a time
-(the drain, docs/design.md "The kill switch").
+that thread: each attached free queue takes the mode on (`LPCFreeBlockQueue.follow`: its phase,
+and at most its pool's queue attribute) under this switch's lock, no block touched. The
+scheduler thread pays nothing for a switch; what the blocks the old structure still holds
+cost is paid one pop at a time (the drain, docs/design.md "The kill switch").
 """
 
 from __future__ import annotations

@@ -13,13 +13,13 @@ current time. A preempted request's release (`ProtectedRelease`) queues its bloc
 free block (`LPCEvictor.push_protected`): it will need them again in milliseconds, and LRU
 queues them last too.
 
-Two structures hold the free blocks: the engine's own `FreeKVCacheBlockQueue` list (the
-queue's second base class, `bind_queue_class`) and the learned evictor. The mode
-(`QueueRuntime.mode`, switchable while the engine runs; see `mode`) picks the queue's class:
-in `lpc` cached releases go to the learned evictor; in `lru` and `shadow` (off) the queue is
-vLLM's own list, its methods unchanged, once the learned evictor has drained (its blocks are
-evicted first, one pop at a time: `_Draining`). A switch changes one class pointer and touches
-no block (docs/design.md, "The kill switch").
+Two structures hold the free blocks: an instance of the engine's own `FreeKVCacheBlockQueue`
+(`_list`; `bind_queue_class` takes vLLM's class) and the learned evictor. The mode
+(`QueueRuntime.mode`, switchable while the engine runs; see `mode`) sets the queue's phase: in
+`lpc` cached releases go to the learned evictor; switched off (`lru`, `shadow`) releases go to
+vLLM's list, the learned blocks are evicted first, one pop at a time (`DRAINING`), then every
+call goes to vLLM's object (`THROUGH`), which in `lru` the pool is handed itself. A switch
+touches no block (docs/design.md, "The kill switch").
 
 The evictor is built from the configuration and, with `lpc-pooled`, the loaded access model's
 label horizon (`QueueRuntime.horizon_s`, from its artifact's metadata; 180 s without one).
