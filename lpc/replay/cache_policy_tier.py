@@ -51,7 +51,7 @@ from lpc.replay.host_tier import (
 from lpc.replay.vllm_arc_policy import ReplayARCCachePolicy
 
 # The CPU-tier policies that are vLLM's own classes, transcribed (built from the capacity alone,
-# as the manager builds them): `lpc.replay.policies.CPU_TIER_POLICIES` names them.
+# as the manager builds them), one per name of `eviction.registry.CPU_TIER_ONLY`.
 VLLM_POLICIES: dict[str, type[ReplayARCCachePolicy]] = {"vllm-arc": ReplayARCCachePolicy}
 
 

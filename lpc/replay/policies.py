@@ -1,15 +1,9 @@
-"""Named policies for the A/B harness: an evictor plus, for LPC, a probability source.
+"""What the A/B harness needs of a policy beyond its evictor: the probability or return-curve
+source that feeds it and the settings it is built with.
 
-Every eviction policy in `eviction.registry` is selectable by its name. LPC, the learned one,
-is named by the probability source that feeds it (`LPC_VARIANTS`): lpc (the learned
-predictor), lpc-turns (the turns-only ablation), lpc-const[=P] (one constant p, a sanity
-check that should track lru), lpc-trace (a trace's logged p) and oracle (the true label, an
-upper bound); lpc-pooled is the learned predictor driving the `lpc-pooled` evictor (OR
-pooling and a shared-prefix floor, `eviction.lpc_pooled`). The `lpc-return` evictor, which
-asks when a conversation comes back, is named by the return-curve source that feeds it
-(`RETURN_VARIANTS`). `vllm-arc` is vLLM's own ARC for its CPU offload tier, no evictor: the
-two-tier replay's CPU tier runs its class (`CPU_TIER_POLICIES`), and the GPU tier refuses it.
-The help text and error messages are built from these tables.
+Every name (`lru`, `lpc-turns`, `lpc-const=0.25`, `lpc-pooled(source=turns)`, `vllm-arc`) is
+resolved by `eviction.registry.resolve_policy`; `PolicySpec` is a resolved name as the replay
+reads it. The help text and error messages are built from the registry.
 """
 
 from __future__ import annotations
@@ -19,6 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from eviction import POLICIES, Evictor, FutureUses, make_evictor, policy_names
+from eviction.registry import (
+    ALIASES,
+    CPU_TIER_ONLY,
+    PolicyParams,
+    ResolvedPolicy,
+    resolve_policy,
+    split_policy_names,
+)
 from lpc.errors import InvalidInputError
 
 HEURISTICS = policy_names("heuristic")
@@ -61,98 +63,9 @@ def _is_known(name: str) -> bool:
     return spec.evictor in POLICIES
 
 
-@dataclass(frozen=True)
-class LPCVariant:
-    """An LPC evictor fed one probability source; `upper_bound` when the source is not
-    deployable. `evictor` names the learned evictor in `eviction.POLICIES`."""
-
-    name: str
-    source: str
-    description: str
-    upper_bound: bool = False
-    evictor: str = "lpc"
-
-
-LPC_VARIANTS: dict[str, LPCVariant] = {
-    v.name: v
-    for v in (
-        LPCVariant("lpc", "model", "LPC with the learned predictor (--model)"),
-        LPCVariant(
-            "lpc-pooled",
-            "model",
-            "the learned predictor with OR pooling across conversations and an online "
-            "floor for prefixes shared across them (eviction/lpc_pooled.py)",
-            evictor="lpc-pooled",
-        ),
-        LPCVariant(
-            "lpc-turns", "turns", "LPC with the turns-only ablation fitted on the training half"
-        ),
-        LPCVariant("lpc-const", "const", "LPC with one constant p (lpc-const=P, default 0.5)"),
-        LPCVariant("lpc-trace", "trace", "LPC with the 'probability' logged in a --trace"),
-        LPCVariant("oracle", "oracle", "LPC with the true label", upper_bound=True),
-    )
-}
-
-
-@dataclass(frozen=True)
-class ReturnVariant:
-    """The `lpc-return` evictor fed one return-curve source (`lpc.replay.return_sources`)."""
-
-    name: str
-    curve_source: str
-    description: str
-    upper_bound: bool = False
-    evictor: str = "lpc-return"
-
-
-RETURN_VARIANTS: dict[str, ReturnVariant] = {
-    v.name: v
-    for v in (
-        ReturnVariant(
-            "lpc-return-km",
-            "km-turn",
-            "P(return within its own eviction age | silent a) from Kaplan–Meier return curves "
-            "per turn, fitted on the training part (eviction/return_window.py)",
-        ),
-        ReturnVariant(
-            "lpc-return-model",
-            "model",
-            "the same evictor fed the return-time hazard model's curve per release, from the "
-            "access features an engine knows at the release (--return-model)",
-        ),
-        ReturnVariant(
-            "lpc-return-true",
-            "true-return",
-            "the same evictor fed each conversation's true next arrival (a step curve)",
-            upper_bound=True,
-        ),
-    )
-}
-
-
-@dataclass(frozen=True)
-class CpuTierPolicy:
-    """A policy of vLLM's CPU offload tier that is no evictor of `eviction.POLICIES`: the
-    two-tier replay's CPU tier runs its vLLM class itself (`cache_policy_tier.VLLM_POLICIES`),
-    and it has no place in the GPU tier (`gpu_instead` is the nearest GPU-tier policy)."""
-
-    name: str
-    description: str
-    gpu_instead: str
-
-
-CPU_TIER_POLICIES: dict[str, CpuTierPolicy] = {
-    p.name: p
-    for p in (
-        CpuTierPolicy(
-            "vllm-arc",
-            "vLLM 0.33's own ARC for its CPU offload tier (ARCCachePolicy, transcribed in "
-            "lpc/replay/vllm_arc_policy.py), run as CPUOffloadingManager runs it; CPU tier only "
-            "(arc is FAST'03 ARC)",
-            gpu_instead="arc (FAST'03 ARC)",
-        ),
-    )
-}
+# The registry's variant names by what they parameterise (the golden tests pin each one).
+LPC_VARIANTS = tuple(n for n, a in ALIASES.items() if a.params.source is not None)
+RETURN_VARIANTS = tuple(n for n, a in ALIASES.items() if a.params.curve is not None)
 
 
 @dataclass(frozen=True)
@@ -167,47 +80,33 @@ class PolicySpec:
     curve_source: str | None = None
 
     @property
+    def resolved(self) -> ResolvedPolicy:
+        params = PolicyParams(self.source, self.constant, self.curve_source)
+        return ResolvedPolicy(self.label, self.evictor, params)
+
+    @property
     def cpu_tier_only(self) -> bool:
-        """A vLLM CPU-tier policy (`CPU_TIER_POLICIES`), not an evictor."""
-        return self.evictor in CPU_TIER_POLICIES
+        """A vLLM CPU-tier policy (`eviction.registry.CPU_TIER_ONLY`), not an evictor."""
+        return self.resolved.cpu_tier_only
 
     @property
     def is_upper_bound(self) -> bool:
-        if self.cpu_tier_only:
-            return False
-        variant = LPC_VARIANTS.get(self.label.partition("=")[0])
-        if variant is not None:
-            return variant.upper_bound
-        if self.label in RETURN_VARIANTS:
-            return RETURN_VARIANTS[self.label].upper_bound
-        return POLICIES[self.evictor].kind == "upper bound"
-
-
-def selectable_names() -> list[str]:
-    """Every name `parse_policy` accepts, as a user would type it."""
-    names = [name for name, entry in POLICIES.items() if entry.kind != "learned"]
-    names += [f"{name}[=P]" if v.source == "const" else name for name, v in LPC_VARIANTS.items()]
-    names += list(RETURN_VARIANTS)
-    names += list(CPU_TIER_POLICIES)
-    return names
+        return self.resolved.is_upper_bound
 
 
 def policy_help() -> str:
     """`lpc ab --policies` help: the defaults, then every policy with its one-line summary."""
     heuristics = "; ".join(f"{n}: {POLICIES[n].description}" for n in HEURISTICS)
     fitted = "; ".join(f"{n}: {POLICIES[n].description}" for n in FITTED)
+    bound = {n: resolve_policy(n).is_upper_bound for n in ALIASES}
     learned = "; ".join(
-        f"{'lpc-const[=P]' if v.source == 'const' else n}: {v.description}"
-        for n, v in LPC_VARIANTS.items()
-        if not v.upper_bound
+        f"{n}{'[=P]' if a.takes_p else ''}: {a.description}"
+        for n, a in ALIASES.items()
+        if not bound[n]
     )
-    learned += "".join(
-        f"; {n}: {v.description}" for n, v in RETURN_VARIANTS.items() if not v.upper_bound
-    )
-    bounds = [f"{n}: {v.description}" for n, v in LPC_VARIANTS.items() if v.upper_bound]
-    bounds += [f"{n}: {v.description}" for n, v in RETURN_VARIANTS.items() if v.upper_bound]
+    bounds = [f"{n}: {a.description}" for n, a in ALIASES.items() if bound[n]]
     bounds += [f"{n}: {POLICIES[n].description}" for n in policy_names("upper bound")]
-    cpu_only = "; ".join(f"{n}: {p.description}" for n, p in CPU_TIER_POLICIES.items())
+    cpu_only = "; ".join(f"{n}: {p.description}" for n, p in CPU_TIER_ONLY.items())
     return (
         f"comma-separated policies (default: {','.join(DEFAULT_POLICIES)}, and lpc when a "
         "predictor model is available; on a --trace: "
@@ -221,35 +120,19 @@ def policy_help() -> str:
 
 
 def parse_policy(text: str) -> PolicySpec:
-    name = text.strip()
-    entry = POLICIES.get(name)
-    if entry is not None and entry.kind != "learned":
-        return PolicySpec(name, name)
-    returning = RETURN_VARIANTS.get(name)
-    if returning is not None:
-        return PolicySpec(name, returning.evictor, curve_source=returning.curve_source)
-    if name in CPU_TIER_POLICIES:
-        return PolicySpec(name, name)
-    base, has_value, value = name.partition("=")
-    variant = LPC_VARIANTS.get(base)
-    if variant is not None and (not has_value or variant.source == "const"):
-        if variant.source != "const":
-            return PolicySpec(name, variant.evictor, variant.source)
-        value = value or "0.5"
-        try:
-            p = float(value)
-        except ValueError:
-            raise InvalidInputError(f"policy {name!r}: {value!r} is not a number") from None
-        if not 0.0 <= p <= 1.0:
-            raise InvalidInputError(f"policy {name!r}: p must be in [0, 1]")
-        return PolicySpec(name, variant.evictor, "const", p)
-    raise InvalidInputError(f"unknown policy {name!r}; choose from {', '.join(selectable_names())}")
+    """The run a policy name asks for, resolved by the registry (`resolve_policy`)."""
+    try:
+        resolved = resolve_policy(text)
+    except ValueError as error:
+        raise InvalidInputError(str(error)) from None
+    params = resolved.params
+    return PolicySpec(resolved.label, resolved.policy, params.source, params.p, params.curve)
 
 
 def parse_policies(text: str, cpu_tier: bool = False) -> list[PolicySpec]:
-    """The policies of a comma-separated list; a CPU-tier-only one (`CPU_TIER_POLICIES`) is
+    """The policies of a comma-separated list; a CPU-tier-only one (`CPU_TIER_ONLY`) is
     refused unless `cpu_tier` (the list is `--offload-policies`)."""
-    specs = [parse_policy(part) for part in text.split(",") if part.strip()]
+    specs = [parse_policy(part) for part in split_policy_names(text)]
     if not specs:
         raise InvalidInputError("no policy given")
     if not cpu_tier:
@@ -265,7 +148,7 @@ def parse_policies(text: str, cpu_tier: bool = False) -> list[PolicySpec]:
 def refuse_in_gpu_tier(spec: PolicySpec) -> None:
     """A CPU-tier-only policy cannot order the GPU prefix cache: say so, and what to use."""
     if spec.cpu_tier_only:
-        policy = CPU_TIER_POLICIES[spec.evictor]
+        policy = CPU_TIER_ONLY[spec.evictor]
         raise InvalidInputError(
             f"{spec.label} is vLLM's CPU offload tier policy, not a GPU prefix-cache evictor: "
             f"give it to --offload-policies; for the GPU tier use {policy.gpu_instead}"

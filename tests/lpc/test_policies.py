@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 
 from eviction import POLICIES, make_evictor
+from eviction.registry import ALIASES, CPU_TIER_ONLY
 from lpc.benchmarks.evictor_worker import TIMEABLE_POLICIES
 from lpc.cli.main import build_parser, main
 from lpc.replay.policies import (
-    CPU_TIER_POLICIES,
-    LPC_VARIANTS,
     build_evictor,
     evictor_options,
     parse_policies,
@@ -35,7 +34,7 @@ def test_every_non_learned_policy_parses_under_its_own_name(name: str) -> None:
 
 def test_the_help_names_every_policy_and_variant() -> None:
     text = policy_help()
-    for name in [*POLICIES, *LPC_VARIANTS, *CPU_TIER_POLICIES]:
+    for name in [*POLICIES, *ALIASES, *CPU_TIER_ONLY]:
         assert name in text, name
     ab_help = build_parser()._subparsers._group_actions[0].choices["ab"].format_help()
     assert "s3fifo" in ab_help and "sieve" in ab_help and "arc" in ab_help
@@ -112,3 +111,65 @@ def test_ab_runs_the_new_baselines_by_name(chats, capsys) -> None:  # noqa: F811
     assert set(hit) == {"lru", "s3fifo", "sieve", "arc"}
     for name in ("s3fifo", "sieve", "arc"):
         assert 0.0 < hit[name]["3000"] <= hit[name]["12000"] + 1e-12, name
+
+
+def test_a_parameterised_name_is_the_alias_it_equals() -> None:
+    """`lpc(source=turns)` runs and is labelled exactly as `lpc-turns`: one policy, two
+    spellings, the same report."""
+    for spelled, alias in (
+        ("lpc(source=turns)", "lpc-turns"),
+        ("lpc( source = oracle )", "oracle"),
+        ("lpc(source=const,p=0.25)", "lpc-const=0.25"),
+        ("lpc(p=0.5,source=const)", "lpc-const"),
+        ("lpc-return(curve=model)", "lpc-return-model"),
+        ("lpc-pooled(source=model)", "lpc-pooled"),
+    ):
+        assert parse_policy(spelled) == parse_policy(alias), spelled
+    assert parse_policy("lpc-return(curve=true-return)").is_upper_bound
+
+
+def test_a_variant_without_an_alias_is_a_parameter_away() -> None:
+    spec = parse_policy("lpc-pooled(source=turns)")
+    assert (spec.label, spec.evictor, spec.source) == (
+        "lpc-pooled(source=turns)",
+        "lpc-pooled",
+        "turns",
+    )
+    assert parse_policy("lpc-pooled(source=oracle)").is_upper_bound
+    specs = parse_policies("lru,lpc-pooled(source=const,p=0.3),lpc-turns")
+    assert [(s.label, s.evictor, s.constant) for s in specs] == [
+        ("lru", "lru", None),
+        ("lpc-pooled(source=const,p=0.3)", "lpc-pooled", 0.3),
+        ("lpc-turns", "lpc", None),
+    ]
+    with pytest.raises(ValueError, match="policy listed twice: lpc-turns"):
+        parse_policies("lpc-turns,lpc(source=turns)")
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("lru(source=model)", "lru takes no parameters"),
+        ("lpc(source=access)", "source must be one of model, turns, const, trace, oracle"),
+        ("lpc(curve=model)", "lpc has no parameter 'curve'"),
+        ("lpc()", "'' is not key=value"),
+        ("lpc(source=turns,source=model)", "source given twice"),
+        ("lpc-return(source=model)", "lpc-return has no parameter 'source'"),
+        ("lpc(source=const)", "p goes with source=const"),
+        ("lpc(source=turns,p=0.2)", "p goes with source=const"),
+        ("lpc(source=const,p=2)", r"p must be in \[0, 1\]"),
+        ("lpc(source=const,p=x)", "'x' is not a number"),
+        ("mru(source=model)", "unknown policy"),
+        ("lpc(source=turns", "unknown policy"),
+    ],
+)
+def test_a_bad_parameter_is_named(name: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as error:
+        parse_policy(name)
+    assert "\n" not in str(error.value) and repr(name) in str(error.value)
+
+
+def test_every_cpu_tier_only_policy_has_its_engine_class() -> None:
+    from lpc.replay.cache_policy_tier import VLLM_POLICIES
+
+    assert set(VLLM_POLICIES) == set(CPU_TIER_ONLY)
