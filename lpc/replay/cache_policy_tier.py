@@ -39,9 +39,9 @@ from typing import Any
 from eviction import Release
 from eviction.base import ReturnCurveLike
 from lpc.blocks.hashing import BlockHash
+from lpc.integrations.cpu_tier_policy import EvictorCachePolicy
 from lpc.integrations.finished_releases import FinishedReleases
 from lpc.integrations.stats import PluginStats
-from lpc.integrations.vllm_cache_policy import EvictorCachePolicy
 from lpc.replay.host_tier import (
     DEFAULT_MAX_TRACKER_SIZE,
     HostCounters,

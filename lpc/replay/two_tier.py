@@ -28,7 +28,7 @@ import numpy as np
 
 from eviction import make_evictor
 from lpc.blocks.block_manager import PrefixCacheBlockManager
-from lpc.integrations.vllm_cache_policy import cache_policy_class
+from lpc.integrations.cpu_tier_policy import cache_policy_class
 from lpc.replay.ab import ReplaySettings
 from lpc.replay.cache_policy_tier import CachePolicyTier
 from lpc.replay.host_tier import CpuTier, HostTier

@@ -8,7 +8,9 @@ what an untrusted body gets is in test_vllm_cache_policy_trust.py."""
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,18 +18,20 @@ import pytest
 
 from eviction import Release
 from eviction.lpc_pooled import DEFAULT_SHARED_HORIZON_S
-from lpc.integrations import vllm_cache_policy, vllm_plugin
+from lpc.integrations import cpu_tier_policy, vllm_plugin
 from lpc.integrations.config import PluginConfigError
-from lpc.integrations.finished_releases import FinishedReleases
-from lpc.integrations.stats import PluginStats
-from lpc.integrations.trust import HintTrust
-from lpc.integrations.vllm_cache_policy import (
+from lpc.integrations.cpu_tier_policy import (
+    CACHE_POLICY_EVICTORS,
     EvictorCachePolicy,
+    cache_policy_class,
     hinted_conversation,
     request_release,
     tier_evictor_options,
     tier_horizon_s,
 )
+from lpc.integrations.finished_releases import FinishedReleases
+from lpc.integrations.stats import PluginStats
+from lpc.integrations.trust import HintTrust
 from tests.integrations.test_fail_safe import Request as FakeRequest
 from tests.integrations.test_fail_safe import make_runtime, with_model
 
@@ -144,9 +148,26 @@ def test_remove_frees_the_slot_and_capacity_is_enforced() -> None:
     assert policy.get(b"k1") is None and len(policy.evictor) == 0
 
 
-def test_the_module_names_only_its_policies() -> None:
-    with pytest.raises(AttributeError, match="NoSuchPolicy"):
-        vllm_cache_policy.NoSuchPolicy  # noqa: B018
+def test_each_vllm_class_is_written_out_on_its_evictor() -> None:
+    """vLLM resolves `eviction_policy` with `getattr(module, name)`: every name of
+    `CACHE_POLICY_EVICTORS` is a class of `vllm_cache_policy` (read here without importing
+    vLLM), on the base `cache_policy_class` gives its evictor, built with that evictor; the
+    module synthesises nothing."""
+    source = Path(cpu_tier_policy.__file__).with_name("vllm_cache_policy.py").read_text()
+    tree = ast.parse(source)
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    assert set(classes) == set(CACHE_POLICY_EVICTORS)
+    assert not any(isinstance(n, ast.FunctionDef) for n in tree.body)  # no __getattr__
+    for name, evictor in CACHE_POLICY_EVICTORS.items():
+        bases = [ast.unparse(base) for base in classes[name].bases]
+        expected = cache_policy_class(evictor)
+        assert expected is not None and bases == [expected.__name__, "CachePolicy"], name
+        calls = [
+            node
+            for node in ast.walk(classes[name])
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "init_for_engine"
+        ]
+        assert [ast.literal_eval(call.args[2]) for call in calls] == [evictor], name
 
 
 # -- chain order ------------------------------------------------------------------------------
@@ -375,7 +396,7 @@ def test_an_evictor_that_cannot_be_rebuilt_leaves_the_tier_in_lru_order(
     clock = Clock()
     stats = PluginStats()
     policy = trusted_policy(6, "lpc", clock=clock, stats=stats)
-    monkeypatch.setattr(vllm_cache_policy, "make_evictor", failing_make_evictor)
+    monkeypatch.setattr(cpu_tier_policy, "make_evictor", failing_make_evictor)
     fail_once(policy.evictor, "push_cached")
     old = store(policy, "a", 2, request("a", 0.1))
     assert policy.degraded and stats.plugin_errors == 2
@@ -396,7 +417,7 @@ def test_a_tier_whose_evictor_never_existed_stores_and_finishes_in_lru_order(
 ) -> None:
     """Degraded from the start (no evictor was ever built): a request's finish, with its
     chunks still waiting to be queued, reaches no evictor and raises nothing."""
-    monkeypatch.setattr(vllm_cache_policy, "make_evictor", failing_make_evictor)
+    monkeypatch.setattr(cpu_tier_policy, "make_evictor", failing_make_evictor)
     clock = Clock()
     stats = PluginStats()
     policy = trusted_policy(6, "lpc", clock=clock, stats=stats)

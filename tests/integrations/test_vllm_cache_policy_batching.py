@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eviction import Release
+from lpc.integrations.cpu_tier_policy import EvictorCachePolicy, ReturnEvictorCachePolicy
 from lpc.integrations.finished_releases import FinishedReleases
-from lpc.integrations.vllm_cache_policy import EvictorCachePolicy, ReturnEvictorCachePolicy
 from predictor.return_curve import ReturnCurve
 from tests.integrations.test_vllm_cache_policy import Clock, Context, Status
 

@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 
 from lpc.integrations.config import PluginConfigError
-from lpc.integrations.request_hints import RequestHints
-from lpc.integrations.stats import PluginStats
-from lpc.integrations.trust import KV_HINT_ACTION, KV_HINT_VERSION, HintTrust, sign_hint
-from lpc.integrations.vllm_cache_policy import (
+from lpc.integrations.cpu_tier_policy import (
     EvictorCachePolicy,
     TierHints,
     request_release,
     tier_trust,
 )
+from lpc.integrations.request_hints import RequestHints
+from lpc.integrations.stats import PluginStats
+from lpc.integrations.trust import KV_HINT_ACTION, KV_HINT_VERSION, HintTrust, sign_hint
 
 KEY = "router-key"
 

@@ -19,14 +19,14 @@ import pytest
 from eviction import Release
 from eviction.return_window import ReturnWindowEvictor
 from lpc.integrations.config import PluginConfigError
-from lpc.integrations.finished_releases import FinishedReleases
-from lpc.integrations.vllm_cache_policy import (
+from lpc.integrations.cpu_tier_policy import (
     CACHE_POLICY_EVICTORS,
     ReturnEvictorCachePolicy,
     check_return_tier,
     request_release,
     tier_evictor_options,
 )
+from lpc.integrations.finished_releases import FinishedReleases
 from lpc.replay.ab import ReplaySettings
 from lpc.replay.policies import parse_policy
 from lpc.replay.return_sources import true_return_curves

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from eviction import make_evictor
-from lpc.integrations.vllm_cache_policy import EvictorCachePolicy
+from lpc.integrations.cpu_tier_policy import EvictorCachePolicy
 from lpc.replay.ab import ReplaySettings
 from lpc.replay.cache_policy_tier import CachePolicyTier
 from lpc.replay.host_tier import HostTier

@@ -1,0 +1,1041 @@
+"""LPC's order for vLLM 0.33's CPU offload tier, without vLLM: the logic of the tier's
+`CachePolicy` classes (`lpc.integrations.vllm_cache_policy`, which vLLM loads by name and
+module path and which subclass vLLM's `CachePolicy` with `EvictorCachePolicy`).
+
+vLLM 0.33's `CPUOffloadingManager` (`vllm/v1/kv_offload/cpu/manager.py`) delegates the order
+of its CPU chunks to a `CachePolicy` (`vllm/v1/kv_offload/cpu/policies/base.py`) that
+`CachePolicyFactory` resolves by name; a name it does not know is imported from
+`cache_policy_module_path` (docs/serving.md, "CPU offload tier").
+
+`LPCCachePolicy` orders chunks with `eviction.lpc.LPCEvictor`, `LPCPooledCachePolicy` with
+`eviction.lpc_pooled.PooledLPCEvictor`, `LPCReturnCachePolicy` with
+`eviction.return_window.ReturnWindowEvictor` (`lpc-return`: below, "The return-time policy").
+
+Where a request's probability and conversation come from (`request_release`). vLLM hands a
+policy a `ReqContext` (request id, `kv_transfer_params`, `kv_hints`), never the `Request`, so
+the access model cannot run here; the GPU plugin (`vllm_plugin`, registered in the same engine
+core process with `VLLM_PLUGINS=lpc`) runs it when the request frees its GPU blocks and
+records the release by request id (`finished_releases`). The probability is, in order:
+
+1. the GPU plugin's release of this request (the request's `extra_args` p through the
+   plugin's trust boundary, the in-process access model, the predictor's answer; a fallback
+   there stays a fallback): known once the request finished, which is when the connector calls
+   `on_request_finished`, one scheduler step after `KVCacheManager.free`; not known for stores
+   made while the request runs;
+2. an `lpc-release` action in the request's `kv_hints` (vLLM's orchestrator channel, which
+   only the frontend or router sets: trusted);
+3. the request's `kv_transfer_params["lpc_probability"]`, known from its arrival, but set by
+   whoever sends the request, so ignored by default (counted in `untrusted_probabilities`,
+   once per request): used only with a valid `lpc_signature` beside it (HMAC-SHA256 under
+   `hint_key`, `trust.sign_hint` with the tenant "") or when every client is trusted
+   (`trust_request_hints`). The settings are the GPU plugin's when it is registered, else the
+   same `LPC_*` variables (`tier_trust`). The trust boundary is the plugin's
+   (`trust.HintTrust.apply`), applied to the context once per request (`tier_hints`, kept in
+   vLLM's per-request scratch);
+4. the fallback p (the evictor's; the plugin's `fallback_probability` when it is registered).
+
+Its conversation: the plugin's release when the request named one; else the GPU plugin's
+hints of the running request (its `session_id`, `kv_hints` or `lpc_conversation_id`,
+namespaced by its tenant: `cache_salt` and LoRA); else the `kv_hints` action's; else
+`kv_transfer_params["lpc_conversation_id"]` namespaced by the context's tenant; else an action
+of `kv_hints` whose payload carries `lpc_conversation_id` or `conversation_id`; else the
+request id (each request its own conversation, as the plugin does without one). vLLM 0.33's
+`ReqContext` carries no tenant, so without the GPU plugin a context's conversation id is not
+namespaced: it raises no key by itself (a probability does), but one tenant's id could be
+confused with another's in `lpc-pooled`'s conversation memory; run the plugin beside the tier
+(its namespaced ids come first) where tenants do not trust each other.
+
+One store, one release. `prepare_store` inserts a request's new chunks in one loop, each call
+reading the clock; with an engine's clock (`time.monotonic`) each chunk would carry its own
+instant, microseconds apart, and the head of the chain (stored first, so released earliest)
+would go before its tail. So consecutive inserts of one request share the release of the first
+one (its time, p and conversation): the run ends at any other hook of the policy (`evict`,
+`remove`, `touch`, `on_store_miss`, `on_request_access`, `on_request_finished`,
+`mark_non_evictable`, `clear`), at an insert of another request, or `MAX_INSERT_RUN_S` after
+its first insert (a store loop takes far less). Its chunks then differ in depth only, and the
+tail goes first, as in the GPU pool.
+
+A request's release is final once it finished (`on_request_finished`, or a store after the GPU
+plugin released it). Chunks stored before that are provisional: queued after every chunk
+queued so far, as LRU queues a fresh insert and the GPU plugin a preempted request's blocks
+(`push_protected`: no p used, nothing learned); a running request's `touch` moves only such
+chunks. The resident chunks a running request reads (vLLM's `on_request_access`: the chunks
+it loads, and those its store finds) are held the same way, as vLLM's `lru` ranks them with
+the request, so the head of its prompt does not go before the tail it stores; what the
+evictor held for them is set aside (`RunHeap.metadata`). The final release forgets a
+provisional chunk's metadata (`RunHeap.forget`), or restores what a held one had
+(`RunHeap.restore_metadata`), before keying it, so the request's p and conversation replace
+the provisional key instead of pooling with it, and pool with the other conversations'
+claims as before (max pooling). The two-tier replay runs these two
+classes themselves (`lpc.replay.cache_policy_tier`), called as `CPUOffloadingManager` calls
+them, so that its figures for LPC in the CPU tier are what this tier does in vLLM — checked
+request by request against the real manager (tests/vllm/test_two_tier_agreement.py).
+
+The return-time policy (`LPCReturnCachePolicy`, `ReturnEvictorCachePolicy`). A chunk is worth
+P(its conversation comes back within W | silent since its release), W = 4 × this tier's own
+measured turnover (its own evictor measures it; one return-time model serves both tiers). The
+curve of a request is the GPU plugin's release's (`Release.return_curve`, from the in-process
+return-time model, `LPC_RETURN_MODEL`), so the policy needs the plugin registered with one and
+refuses to start without it. Its releases are those of the two-tier replay's CPU tier
+(`lpc.replay.host_tier`), so that what the replay measures (docs/results.md, "The model as the
+evictor's curve source") is what this tier does in vLLM — checked chunk for chunk against
+`CPUOffloadingManager` (tests/vllm/test_two_tier_agreement.py):
+
+- at a request's store-time accesses — the chunks it stores (`insert`) and the resident
+  chunks it reuses or loads (`on_request_access`, which vLLM calls before it evicts for the
+  store) — the chunks take the request's release at that instant: its conversation, and its
+  curve if the GPU plugin has released it already, else none (the fallback score: nothing is
+  known yet of when it comes back). These are ordinary releases, not provisional ones: no
+  protected key (a protected claim would outrank every scored chunk until the request ends),
+  and a conversation's new release replaces its own older claim, as in the replay;
+- at its finish (`on_request_finished`) every chunk it accessed takes its final release with
+  the curve. A store-time claim made under another conversation id than the final one (the
+  request id, when the tier could not know the conversation then: `lpc_conversation_id` only
+  in `extra_args`) is dropped first (`ReturnWindowEvictor.drop_claim`), so it does not pool
+  with the final claim at the fallback score.
+
+Its horizon is its own tier's: `LPCPooledCachePolicy` judges reuse over
+`kv_connector_extra_config["lpc_horizon_s"]` when set (the CPU tier keeps chunks longer than
+the GPU pool, so its operator may want a longer question), else the loaded access model's
+label horizon (the question its p answers), else 180 s; its memory window is the longer of
+600 s and that horizon. vLLM builds a policy with its capacity only; the GPU plugin, which
+wraps `Scheduler.__init__`, hands the policy the engine's `kv_connector_extra_config`, so the
+key is read only with the plugin registered.
+
+Fail-safe, as the plugin's (`stats.PluginStats`, shared with it when registered): every
+probability is checked finite in [0, 1] (else the fallback p, `invalid_probabilities`); an
+exception in LPC's code inside a hook is counted in `plugin_errors`, logged once per hook and
+never raised into vLLM, and that call does what LRU would: the chunks it releases take the
+fallback p at the current time, and a failed eviction picks the chunks of the oldest release,
+tail first. The evictor is then rebuilt from the policy's own records (chunk, evictable,
+release); if even that fails, the tier stays in that LRU order. vLLM's own contract errors
+stay vLLM's (an insert beyond capacity, an unknown key).
+
+How the hooks map onto the evictor contract (`eviction/base.py`): the evictor holds exactly
+the evictable chunks (reference count 0) once the pending ones are pushed (before anything
+reads the order: `EvictorCachePolicy`); each chunk has a slot id for it. `insert` gives the
+chunk a slot and, once the store completes (`mark_evictable`), hands it to the evictor with
+its depth (the key's end-token position: only the order of depths matters) and the storing
+request's release; `mark_non_evictable` (a load pins it) takes it out, and `mark_evictable`
+puts it back. `touch` and
+`on_request_finished` re-release a request's chunks tail first with its release (the finish
+is where the connector reports the whole request: every chunk it stored or reused); a chunk
+keeps its pooling metadata across the re-release, so one another conversation released too
+keeps the larger key (max pooling). `evict(n, protected)` checks first that n
+unprotected chunks are evictable (else `None`, no change: vLLM's atomic contract), takes the
+protected ones out, pops n, and puts the protected ones back. A chunk that goes back with
+the release the evictor has seen already (protected, or unpinned with no release since) goes
+back to its place (`LPCEvictor.requeue`: the same key and claim), not as a second release,
+which `lpc-pooled` would OR-pool with itself and record again; the return-time evictor, whose
+keys move with its window and which has no `requeue`, takes the release again (its store-time
+releases are that instant's: the same claim).
+
+`EvictorCachePolicy` holds the logic and runs without vLLM (the two-tier replay and the tests
+run it); `lpc.integrations.vllm_cache_policy` writes out one vLLM class per policy on top of it
+and is imported only inside an engine.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import time
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from eviction import FreedBlocks, Release, make_evictor
+from eviction.lpc_pooled import DEFAULT_MEMORY_WINDOW_S, DEFAULT_SHARED_HORIZON_S
+from eviction.return_window import ReturnWindowEvictor
+from lpc.integrations.config import PluginConfigError, load_config
+from lpc.integrations.finished_releases import FinishedReleases
+from lpc.integrations.request_hints import (
+    CONVERSATION_KEY,
+    PROBABILITY_KEY,
+    SIGNATURE_KEY,
+    RequestHints,
+)
+from lpc.integrations.stats import PluginStats, is_probability
+from lpc.integrations.trust import HintTrust
+from lpc.integrations.vllm_plugin import PluginRuntime, registered_runtime
+
+# vLLM class name -> the evictor of `eviction.POLICIES` that orders the chunks
+CACHE_POLICY_EVICTORS = {
+    "LPCCachePolicy": "lpc",
+    "LPCPooledCachePolicy": "lpc-pooled",
+    "LPCReturnCachePolicy": "lpc-return",
+}
+HORIZON_KEY = "lpc_horizon_s"  # in kv_connector_extra_config
+HINT_CONVERSATION_KEYS = ("lpc_conversation_id", "conversation_id")  # in a kv_hints payload
+# The longest a run of one request's consecutive inserts shares its first insert's release (the
+# module says why); one `prepare_store` loop takes microseconds per chunk.
+MAX_INSERT_RUN_S = 0.5
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """What the policy keeps per resident chunk: vLLM's status object, its evictor slot, the
+    release it goes to the evictor with, and whether vLLM lets it be evicted (its store is
+    complete and nothing reads it). These records are the truth the evictor is rebuilt from."""
+
+    status: Any
+    slot: int
+    depth: int
+    release: Release
+    evictable: bool = False
+    provisional: bool = False  # released by a request that has not finished yet
+    # `release` reached the evictor, which keeps its key while the chunk is out (protected
+    # from a store's evictions, or pinned by a load): it goes back with `requeue`, not as a
+    # second release (`_enqueue`).
+    pushed: bool = False
+    # What the evictor held for the chunk before a running request's access made it
+    # provisional (`on_request_access`); restored at the final release, which then pools with
+    # it. None: the chunk's only release is provisional (a running request stored it).
+    held: Any = None
+
+
+def hinted_conversation(kv_hints: Any) -> str | None:
+    """A conversation id carried by one of `kv_hints`' actions (vLLM's `KvHintsEnvelope`:
+    actions with a JSON payload), under `lpc_conversation_id` or `conversation_id`."""
+    for action in getattr(kv_hints, "actions", None) or ():
+        payload = getattr(action, "payload", None)
+        if not isinstance(payload, Mapping):
+            continue
+        for name in HINT_CONVERSATION_KEYS:
+            value = payload.get(name)
+            if isinstance(value, str) and value:
+                return value
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class TierHints:
+    """What a request's context may tell the CPU tier, through the trust boundary (`trust`):
+    parsed once per request and kept in vLLM's per-request scratch (`ReqContext.set_state`)."""
+
+    probability: float | None = None
+    conversation_id: str | None = None
+
+
+def tier_hints(req_context: Any, trust: HintTrust, stats: PluginStats | None = None) -> TierHints:
+    """The request's p and conversation from its context, by the GPU plugin's rules
+    (`HintTrust.apply`): an action `lpc-release` in `kv_hints` (vLLM's orchestrator channel)
+    is trusted; `kv_transfer_params["lpc_probability"]`, from the request body, only with a
+    valid `lpc_signature` beside it or `trust_request_hints`, else ignored and counted in
+    `untrusted_probabilities`; the conversation namespaced by the context's tenant. Counted
+    once per request where the context keeps state (vLLM's does)."""
+    get_state = getattr(req_context, "get_state", None)
+    if get_state is not None:
+        kept = get_state(TierHints)
+        if isinstance(kept, TierHints):
+            return kept
+    params = getattr(req_context, "kv_transfer_params", None)
+    if type(params) is not dict and not isinstance(params, Mapping):
+        params = {}
+    probability = params.get(PROBABILITY_KEY)
+    if probability is not None and not is_probability(probability):
+        if stats is not None:
+            stats.invalid_probability("a request's kv_transfer_params lpc_probability", probability)
+        probability = None
+    carried = params.get(CONVERSATION_KEY)
+    signature = params.get(SIGNATURE_KEY)
+    body = RequestHints(
+        None if probability is None else float(probability),
+        str(carried) if carried else None,
+        signature=signature if isinstance(signature, str) else None,
+    )
+    trusted, untrusted = trust.apply(req_context, body)
+    if untrusted and stats is not None:
+        stats.add(untrusted_probabilities=1)
+    hints = TierHints(trusted.probability, trusted.conversation_id)
+    set_state = getattr(req_context, "set_state", None)
+    if set_state is not None:
+        set_state(hints)
+    return hints
+
+
+UNTRUSTED = HintTrust()  # the default: no client is trusted, no key to check signatures
+
+
+def request_release(
+    req_context: Any,
+    now_s: float,
+    finished: FinishedReleases | None = None,
+    stats: PluginStats | None = None,
+    trust: HintTrust = UNTRUSTED,
+    running: Callable[[str], Any] | None = None,
+) -> Release:
+    """The release a request's chunks get at `now_s`; the order of sources is the module's.
+    `running`: the GPU plugin's hints of a request it has scheduled (through its own trust
+    boundary, the conversation namespaced by the request's tenant), None without the plugin.
+    Called at every access and finish of a request: no list of sources, no ABC check for a
+    plain dict (`lpc bench cache-policy`)."""
+    rid = str(getattr(req_context, "req_id", ""))
+    plugin = finished.get(rid) if finished is not None else None
+    probability = None
+    value = plugin.probability if plugin is not None else None
+    if value is not None:
+        if is_probability(value):
+            probability = float(value)
+        elif stats is not None:
+            stats.invalid_probability("the GPU plugin's release", value)
+    hints = tier_hints(req_context, trust, stats)
+    if probability is None:
+        probability = hints.probability
+    named = plugin.conversation_id if plugin is not None else None
+    gpu = running(rid) if running is not None and not named else None
+    conversation = (
+        (named if named and named != rid else None)
+        or getattr(gpu, "conversation_id", None)
+        or hints.conversation_id
+        or hinted_conversation(getattr(req_context, "kv_hints", None))
+        or rid
+    )
+    curve = plugin.return_curve if plugin is not None else None
+    return Release(now_s, probability, conversation, return_curve=curve)
+
+
+def tier_trust(runtime: PluginRuntime | None) -> HintTrust:
+    """Which hints the CPU tier may use: the GPU plugin's settings when it is registered in
+    this engine, else the same settings from the `LPC_*` environment (`trust_request_hints`,
+    `hint_key`; a bad one refused at start-up, naming it); by default none."""
+    if runtime is not None:
+        return runtime.trust
+    config = load_config()
+    return HintTrust(config.trust_request_hints, config.hint_key)
+
+
+def tier_horizon_s(runtime: PluginRuntime | None) -> float:
+    """The CPU tier's label horizon: `lpc_horizon_s` of the connector's extra config, else the
+    access model's, else the default (the module says why)."""
+    if runtime is not None:
+        raw = runtime.kv_connector_extra_config.get(HORIZON_KEY)
+        if raw is not None:
+            if (
+                isinstance(raw, bool)
+                or not isinstance(raw, int | float)
+                or not math.isfinite(raw)
+                or raw <= 0
+            ):
+                raise PluginConfigError(
+                    f"kv_connector_extra_config {HORIZON_KEY} must be a finite number > 0, "
+                    f"got {raw!r}"
+                )
+            return float(raw)
+        if runtime.access is not None and runtime.access.horizon_s is not None:
+            return runtime.access.horizon_s
+    return DEFAULT_SHARED_HORIZON_S
+
+
+def tier_evictor_options(evictor: str, runtime: PluginRuntime | None) -> dict[str, Any]:
+    """The evictor's settings: the plugin's (scale, fallback p, floor) when it is registered,
+    and for `lpc-pooled` the tier's horizon and a memory window at least that long;
+    `lpc-return` keeps its own constants (W from this tier's turnover), as the replay runs it."""
+    options: dict[str, Any] = {}
+    if evictor == ReturnWindowEvictor.name:
+        return options
+    if runtime is not None:
+        config = runtime.config
+        options.update(
+            scale_per_s=config.scale_per_s,
+            fallback_probability=config.fallback_probability,
+            probability_floor=config.probability_floor,
+        )
+    if evictor == "lpc-pooled":
+        horizon_s = tier_horizon_s(runtime)
+        options.update(horizon_s=horizon_s, memory_window_s=max(DEFAULT_MEMORY_WINDOW_S, horizon_s))
+    return options
+
+
+class EvictorCachePolicy:
+    """vLLM's `CachePolicy` methods over an evictor of `eviction/` (see the module).
+
+    Cost per call (`lpc bench cache-policy`). vLLM calls `get` for every chunk it looks up
+    and `mark_evictable` for every chunk whose store or load completes, one call each, so
+    both are the dicts' and the list's own C methods, bound on the instance: `get` reads
+    a key -> status map, `mark_evictable` appends the key to a list of pending chunks.
+    The pending chunks reach the evictor, in call order, before anything reads or changes
+    the evictor's order (`_flush`: `evict`, `mark_non_evictable`, `remove`, `touch`,
+    `on_request_finished`), consecutive ones of equal release in one push
+    (`push_cached_each`, `push_protected_each`: exactly the single pushes' keys and order).
+    A run of one request's consecutive inserts shares one `Release` (`_insert_release`).
+
+    `provisional_stores`: whether a running request's releases are provisional (LPC's
+    policies: protected keys until its final release; the module) or ordinary releases that
+    move every chunk they name (`ReturnEvictorCachePolicy`)."""
+
+    provisional_stores: bool = True
+
+    def __init__(
+        self,
+        cache_capacity: int,
+        evictor: str = "lpc",
+        clock: Callable[[], float] = time.monotonic,
+        stats: PluginStats | None = None,
+        finished: FinishedReleases | None = None,
+        trust: HintTrust = UNTRUSTED,
+        running: Callable[[str], Any] | None = None,
+        **evictor_options: Any,
+    ) -> None:
+        if cache_capacity < 1:
+            raise ValueError(f"cache_capacity must be >= 1, got {cache_capacity}")
+        self.cache_capacity = cache_capacity
+        self.stats = stats if stats is not None else PluginStats()
+        self.finished = finished
+        # Which of a request's context hints the tier may use (`tier_hints`), and the GPU
+        # plugin's hints of the requests it is running (`request_release`).
+        self.trust = trust
+        self.running = running
+        self._evictor_name = evictor
+        self._evictor_options = evictor_options
+        self._clock = clock
+        self._chunks: dict[Any, _Chunk] = {}
+        self._status: dict[Any, Any] = {}  # key -> vLLM's chunk status (what `get` returns)
+        self._key_of: dict[int, Any] = {}
+        self._free_slots: list[int] = []
+        self._pending: list[Any] = []  # keys made evictable, not yet in the evictor
+        # (request context, time, the GPU plugin's release, release, final, request id) of the
+        # last insert
+        self._last_insert: tuple[Any, float, Any, Release, bool, str] | None = None
+        # The two per-chunk hooks, without a Python frame (the class's methods say the same).
+        self.get = self._status.get  # type: ignore[method-assign]
+        self.mark_evictable = self._pending.append  # type: ignore[method-assign]
+        self.degraded = False  # the evictor could not be rebuilt: LRU order from the records
+        self.clear()
+
+    # -- CachePolicy ----------------------------------------------------------------------
+    def get(self, key: Any) -> Any:
+        return self._status.get(key)
+
+    def insert(self, key: Any, chunk: Any, req_context: Any) -> None:
+        if not self._free_slots:
+            raise RuntimeError(f"insert beyond the capacity of {self.cache_capacity} chunks")
+        slot = self._free_slots.pop()
+        # `_insert_release`, inlined for the common case (the next insert of a run, the GPU
+        # plugin's release of the request unchanged since its first insert).
+        last = self._last_insert
+        finished = self.finished
+        if (
+            last is not None
+            and last[0] is req_context
+            and self._clock() - last[1] <= MAX_INSERT_RUN_S
+            and (finished is None or finished.get(last[5]) is last[2])
+        ):
+            release, final = last[3], last[4]
+        else:
+            release, final = self._insert_release(req_context)
+        try:
+            position = req_context.get_offload_key_position(key)
+            depth = 0 if position is None else int(position)
+        except Exception as error:  # the chunk is kept, at depth 0
+            self.stats.plugin_error("the CPU tier's insert", error)
+            depth = 0
+        provisional = self.provisional_stores and not final
+        self._chunks[key] = _Chunk(chunk, slot, depth, release, provisional=provisional)
+        self._status[key] = chunk
+        self._key_of[slot] = key
+        if chunk.ref_cnt == 0:
+            self._pending.append(key)
+
+    def remove(self, key: Any) -> None:
+        self._last_insert = None
+        if self._pending:
+            self._flush()
+        record = self._chunks.pop(key)
+        del self._status[key]
+        del self._key_of[record.slot]
+        self._free_slots.append(record.slot)
+        if not self.degraded:
+            try:
+                self._take_out(record, forget=True)
+            except Exception as error:
+                self._failed("remove", error)
+
+    def touch(self, keys: Iterable[Any], req_context: Any) -> None:
+        self._last_insert = None
+        self._release_keys("touch", list(keys), req_context, None)
+
+    def on_store_miss(self, keys: Iterable[Any], req_context: Any) -> None:
+        """A miss holds nothing to reorder (the keys are not resident yet); it ends a run of
+        inserts (the module)."""
+        self._last_insert = None
+
+    def on_request_access(self, keys: Iterable[Any], req_context: Any) -> None:
+        """vLLM's first sight of `keys` for a request (its `prepare_load`, and its
+        `prepare_store` before it evicts): the resident ones are held for the running request
+        as its stores are, provisional (after every chunk queued so far, as vLLM's `lru` ranks
+        a request's accessed chunks with the request), so that the head of its prompt does
+        not go before the tail it stores; what the evictor held for them is kept aside and
+        restored at the final release, which pools with it as before (`_rerelease`). A chunk
+        another running request holds already moves to this one's place."""
+        self._last_insert = None
+        chunks = self._chunks
+        keys = [key for key in keys if key in chunks]
+        if not keys:
+            return
+        if self._pending:
+            self._flush()
+        release, final = self._release(req_context, None)
+        if final:  # released by the GPU plugin already: its finish follows in this step
+            return
+        try:
+            metadata = None if self.degraded else getattr(self.evictor, "metadata", None)
+            for key in keys:
+                record = chunks[key]
+                if not record.provisional:
+                    if metadata is not None:
+                        record.held = metadata(record.slot)
+                    record.provisional = True
+            self._rerelease(keys, release, False)
+        except Exception as error:
+            self._failed(
+                "on_request_access", error, lambda: self._lru_rerelease(keys, release, False)
+            )
+
+    def on_request_finished(
+        self,
+        key_groups: Sequence[Sequence[Any]],
+        insertion_only_keys: set[Any],
+        reused_keys: set[Any],
+        req_context: Any,
+    ) -> None:
+        self._last_insert = None
+        keys = [key for group in key_groups for key in group]
+        self._release_keys("on_request_finished", keys, req_context, True)
+
+    def evict(self, n: int, protected: set[Any]) -> list[tuple[Any, Any]] | None:
+        self._last_insert = None
+        if n == 0:
+            return []
+        if self._pending:
+            self._flush()
+        if not self.degraded:
+            try:
+                return self._evict(n, protected)
+            except Exception as error:
+                self.stats.plugin_error("the CPU tier's evict", error)
+                self._rebuild()
+        return self._evict_lru(n, protected)
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._status.clear()
+        self._key_of.clear()
+        self._pending.clear()
+        self._last_insert = None
+        self._free_slots = list(range(self.cache_capacity, 0, -1))
+        self._rebuild()
+
+    def mark_evictable(self, key: Any) -> None:
+        """The chunk waits in `_pending` for the next `_flush` (the instance binds this to
+        the list's `append`)."""
+        self._pending.append(key)
+
+    def mark_non_evictable(self, key: Any) -> None:
+        self._last_insert = None
+        if self._pending:
+            self._flush()
+        record = self._chunks[key]
+        if not record.evictable:
+            return
+        record.evictable = False
+        if not self.degraded:
+            try:
+                self.evictor.remove(record.slot)
+            except Exception as error:
+                self._failed("mark_non_evictable", error)
+
+    # -- checks (not vLLM's) -----------------------------------------------------------------
+    def __len__(self) -> int:
+        """Resident chunks."""
+        return len(self._chunks)
+
+    def __iter__(self) -> Iterator[Any]:
+        """The resident chunks' keys."""
+        return iter(self._chunks)
+
+    def check_invariants(self) -> None:
+        """The records, vLLM's statuses and the slots agree, and the evictor holds exactly the
+        evictable chunks but those waiting in `_pending` (`_flush` pushes them). Reads only."""
+        chunks = self._chunks
+        assert chunks.keys() == self._status.keys(), "the records and vLLM's statuses differ"
+        assert len(self._key_of) == len(chunks), "a slot is missing its key"
+        assert len(chunks) + len(self._free_slots) == self.cache_capacity, "a slot is lost"
+        for key, record in chunks.items():
+            assert self._key_of[record.slot] == key, f"slot {record.slot} disagrees with its key"
+        if self.degraded:
+            return
+        queued = sum(record.evictable for record in chunks.values())
+        self.evictor.check_invariants()
+        assert len(self.evictor) == queued, (
+            f"the evictor holds {len(self.evictor)} chunks, {queued} are evictable"
+        )
+
+    # -- internals --------------------------------------------------------------------------
+    def _flush(self, finishing: Container[Any] = ()) -> set[Any]:
+        """Hand the pending chunks to the evictor (`mark_evictable`'s deferred part), in call
+        order. The evictor sees what one push per call would have shown it: consecutive
+        chunks of equal release and kind go in one `push_*_each`, which the evictors of the
+        LPC family make equal to their single pushes; others get one push per chunk. An
+        unknown key is counted as an error of `mark_evictable`, as its own call would be.
+
+        `finishing`: the keys a request's final release re-keys next (`_release_keys`). A
+        provisional chunk among them would be pushed with the protected key only to be taken
+        out again, its metadata forgotten or restored, and pushed with the final release:
+        that push leaves nothing behind (no key, tag or count outlives `forget` and
+        `restore_metadata`, and other blocks keep their order), so such chunks become
+        evictable without it. Returns their keys, for `_rerelease` (empty when the evictor
+        was rebuilt here: the rebuild queued every evictable chunk)."""
+        keys = self._pending[:]
+        self._pending.clear()
+        chunks = self._chunks
+        records = []
+        unqueued: set[Any] = set()
+        unknown = None
+        for key in keys:
+            record = chunks.get(key)
+            if record is None:
+                unknown = key
+            elif not record.evictable:
+                record.evictable = True
+                if record.provisional and not record.pushed and key in finishing:
+                    unqueued.add(key)
+                else:
+                    records.append(record)
+        try:
+            if records and not self.degraded:
+                self._enqueue_in_order(records)
+            if unknown is not None:
+                raise KeyError(f"mark_evictable of a chunk not in the tier: {unknown!r}")
+        except Exception as error:
+            self._failed("mark_evictable", error)
+            return set()
+        return unqueued
+
+    def _enqueue_in_order(self, records: list[_Chunk]) -> None:
+        """Push chunks in the order given, one push per run of equal (release, kind); a run of
+        chunks back from a load whose release the evictor has seen goes back to its place
+        (`requeue`, as in `_enqueue`)."""
+        evictor = self.evictor
+        key_of = self._key_of
+        requeue = getattr(evictor, "requeue", None)
+        n = len(records)
+        i = 0
+        while i < n:
+            first = records[i]
+            if requeue is not None and first.pushed:  # back from a load: its place again
+                j = i + 1
+                while j < n and records[j].pushed:
+                    j += 1
+                group = records[i:j]
+                i = j
+                slots = [r.slot for r in group]
+                requeue(FreedBlocks(slots, [r.depth for r in group], [key_of[s] for s in slots]))
+                continue
+            release, provisional = first.release, first.provisional
+            j = i + 1
+            while j < n:
+                other = records[j]
+                if (
+                    (requeue is not None and other.pushed)
+                    or other.provisional is not provisional
+                    or (other.release is not release and other.release != release)
+                ):
+                    break
+                j += 1
+            group = records[i:j]
+            i = j
+            for record in group:
+                record.pushed = True
+            if provisional:
+                each = getattr(evictor, "push_protected_each", None)
+                single = getattr(evictor, "push_protected", evictor.push_cached)
+            else:
+                each = getattr(evictor, "push_cached_each", None)
+                single = evictor.push_cached
+            if each is not None:
+                slots = [r.slot for r in group]
+                each(
+                    FreedBlocks(slots, [r.depth for r in group], [key_of[s] for s in slots]),
+                    release,
+                )
+            else:
+                for r in group:
+                    single(FreedBlocks([r.slot], [r.depth], [key_of[r.slot]]), release)
+
+    def _insert_release(self, req_context: Any) -> tuple[Release, bool]:
+        """`_release` for an insert: a run of one request's consecutive inserts (one
+        `prepare_store`) shares its first insert's release, so that its chunks differ in depth
+        only (the tail goes first) and group into one push. Any other hook ends the run."""
+        now = self._clock()
+        finished = self.finished
+        plugin = None
+        rid = ""  # read only with the GPU plugin's releases
+        if finished is not None:
+            try:
+                rid = str(getattr(req_context, "req_id", ""))
+                plugin = finished.get(rid)
+            except Exception:  # `_release` counts it
+                plugin = None
+        last = self._last_insert
+        if (
+            last is not None
+            and last[0] is req_context
+            and now - last[1] <= MAX_INSERT_RUN_S
+            and last[2] is plugin
+        ):
+            return last[3], last[4]
+        release, final = self._release(req_context, None, now)
+        self._last_insert = (req_context, now, plugin, release, final, rid)
+        return release, final
+
+    def _release(
+        self, req_context: Any, final: bool | None, now: float | None = None
+    ) -> tuple[Release, bool]:
+        """`request_release`, or on an error in it the fallback p at the current time; and
+        whether it is the request's final release: at `on_request_finished` (`final` True), or
+        once the GPU plugin has released the finished request (`final` None: look)."""
+        if now is None:
+            now = self._clock()
+        try:
+            if final is None:
+                rid = str(getattr(req_context, "req_id", ""))
+                final = self.finished is not None and self.finished.get(rid) is not None
+            release = request_release(
+                req_context, now, self.finished, self.stats, self.trust, self.running
+            )
+            return release, final
+        except Exception as error:
+            self.stats.plugin_error("the CPU tier's request release", error)
+            rid = getattr(req_context, "req_id", None)
+            return Release(now, None, rid if isinstance(rid, str) else None), bool(final)
+
+    def _release_keys(
+        self, hook: str, keys: list[Any], req_context: Any, final: bool | None
+    ) -> None:
+        """Give `keys` (head to tail) the request's release; on an error LRU's move to the
+        most recent place: the fallback p at the current time."""
+        unqueued: set[Any] = set()
+        if self._pending:
+            # A final release re-keys every chunk it names: the provisional ones waiting to be
+            # queued skip their protected push when the evictor forgets it anyway (`_flush`).
+            skip = final is True and self.provisional_stores and self._forgets()
+            unqueued = self._flush(set(keys) if skip else ())
+        release, final = self._release(req_context, final)
+        drop = self._stale_conversation(req_context, release, final)
+        # Without provisional releases every release moves every chunk it names.
+        final = final or not self.provisional_stores
+        try:
+            self._rerelease(keys, release, final, drop, unqueued)
+        except Exception as error:
+            self._failed(hook, error, lambda: self._lru_rerelease(keys, release, final))
+
+    def _stale_conversation(self, req_context: Any, release: Release, final: bool) -> str | None:
+        """A conversation whose claim the release's chunks drop first (`_rerelease`); none
+        here (LPC's policies forget a provisional chunk's key instead)."""
+        return None
+
+    def _lru_rerelease(self, keys: list[Any], release: Release, final: bool) -> None:
+        """`_release_keys`' fallback: the records take the fallback p at the current time."""
+        fallback = Release(self._clock(), None, release.conversation_id)
+        for key in keys:
+            record = self._chunks.get(key)
+            if record is not None and (final or record.provisional):
+                record.release, record.provisional = fallback, not final
+                record.pushed = False
+                if final:
+                    record.held = None
+
+    def _failed(
+        self, hook: str, error: Exception, fallback: Callable[[], None] | None = None
+    ) -> None:
+        """An exception in LPC's part of a hook: counted, logged once, and the evictor is
+        rebuilt from the records (after `fallback` fixed them up): vLLM never sees it."""
+        self.stats.plugin_error(f"the CPU tier's {hook}", error)
+        if fallback is not None:
+            try:
+                fallback()
+            except Exception as second:
+                self.stats.plugin_error(f"the CPU tier's {hook} fallback", second)
+        self._rebuild()
+
+    def _forgets(self) -> bool:
+        """Whether the evictor drops and restores a chunk's metadata (`forget`,
+        `restore_metadata`): a final release then erases what a provisional push left."""
+        if self.degraded:  # no evictor to push to (`_flush` pushes nothing)
+            return False
+        evictor = self.evictor
+        return hasattr(evictor, "forget") and hasattr(evictor, "restore_metadata")
+
+    def _rerelease(
+        self,
+        keys: list[Any],
+        release: Release,
+        final: bool,
+        drop: str | None = None,
+        unqueued: Container[Any] = (),
+    ) -> None:
+        """Give `keys` the request's release; evictable ones go back to the evictor tail
+        first, pinned ones keep it for when they become evictable. With `drop`, the chunks
+        first lose that conversation's claim (`ReturnEvictorCachePolicy`).
+
+        A final release re-keys every chunk. Re-queued chunks keep their pooling metadata
+        (`RunHeap.remove` leaves it), so a chunk shared with another conversation keeps the
+        larger key (max pooling); a chunk whose only release was provisional forgets it first,
+        so the request's final p (and conversation) replaces it rather than pooling with it.
+        A provisional release (a running request's touch) moves only provisional chunks: the
+        others keep the keys their conversations' releases gave them. `unqueued`: evictable
+        chunks `_flush` left out of the evictor (there is nothing to take out)."""
+        chunks = self._chunks
+        provisional = not final
+        if self.degraded:
+            for key in keys:
+                record = chunks.get(key)
+                if record is not None and (final or record.provisional):
+                    record.release = release
+                    record.pushed = False
+                    record.provisional = provisional
+                    if final:
+                        record.held = None
+            return
+        evictor = self.evictor
+        remove = evictor.remove
+        forget = getattr(evictor, "forget", None) if final else None
+        restore = getattr(evictor, "restore_metadata", None)
+        drop_claim = evictor.drop_claim if drop is not None else None  # type: ignore[union-attr]
+        requeued = []
+        # One pass, chunk by chunk in the given order (the evictor's calls in the order of
+        # two passes: no call reads another chunk's record).
+        for key in keys:
+            record = chunks.get(key)
+            if record is None or not (final or record.provisional):
+                continue
+            record.release = release
+            record.pushed = False
+            if record.evictable:
+                if not unqueued or key not in unqueued:
+                    remove(record.slot)
+                requeued.append(record)
+            if forget is not None and record.provisional:
+                held = record.held
+                if held is not None:  # held by a running request's access
+                    restore(record.slot, held)  # type: ignore[misc]
+                    record.held = None
+                else:
+                    forget(record.slot)
+            if drop_claim is not None:
+                drop_claim(record.slot, drop)
+            record.provisional = provisional
+        if requeued:
+            # One release and kind, none pushed with it yet: one push, nothing for
+            # `_enqueue` to look for (the release path of every request).
+            requeued.sort(key=_DEPTH, reverse=True)  # stable: ties keep their order
+            self._push_sorted(requeued, release, provisional)
+
+    def _push_sorted(self, records: list[_Chunk], release: Release, provisional: bool) -> None:
+        """One push of evictable chunks of one release and kind, sorted tail first, none
+        pushed with it yet: protected for a provisional release, cached for a final one."""
+        key_of = self._key_of
+        slots = []
+        for record in records:
+            record.pushed = True
+            slots.append(record.slot)
+        freed = FreedBlocks(slots, [r.depth for r in records], [key_of[s] for s in slots])
+        evictor = self.evictor
+        if provisional:
+            getattr(evictor, "push_protected", evictor.push_cached)(freed, release)
+        else:
+            evictor.push_cached(freed, release)
+
+    def _take_out(self, record: _Chunk, forget: bool) -> None:
+        """Take an evictable chunk out of the evictor; with `forget`, drop its metadata too."""
+        if record.evictable:
+            self.evictor.remove(record.slot)
+        if forget and hasattr(self.evictor, "forget"):
+            self.evictor.forget(record.slot)
+
+    def _enqueue(self, records: list[_Chunk]) -> None:
+        """Hand evictable chunks to the evictor tail first, grouped by their release. A
+        provisional release queues its chunks as the GPU plugin queues a preempted request's
+        (`push_protected`: after every chunk queued so far, LRU's place for a fresh insert,
+        nothing learned from it); a final one is an ordinary release (`push_cached`). A chunk
+        whose release the evictor has seen already (`_Chunk.pushed`) goes back to the place
+        it left (`requeue`, where the evictor's keys are static: the LPC family); the
+        return-time evictor, whose keys move with its window, takes the release again."""
+        if not records:
+            return
+        if len(records) > 1:
+            records = sorted(records, key=_DEPTH, reverse=True)  # stable: ties keep their order
+        evictor = self.evictor
+        key_of = self._key_of
+        requeue = getattr(evictor, "requeue", None)
+        if requeue is not None and any(r.pushed for r in records):
+            back = [r for r in records if r.pushed]
+            slots = [r.slot for r in back]
+            requeue(FreedBlocks(slots, [r.depth for r in back], [key_of[s] for s in slots]))
+            records = [r for r in records if not r.pushed]
+            if not records:
+                return
+        by_release: dict[tuple[int, bool], list[_Chunk]] = {}
+        for record in records:
+            by_release.setdefault((id(record.release), record.provisional), []).append(record)
+        for (_, provisional), group in by_release.items():
+            self._push_sorted(group, group[0].release, provisional)
+
+    def _evict(self, n: int, protected: set[Any]) -> list[tuple[Any, Any]] | None:
+        """The evictor's choice; records change only once it is complete, so an exception on
+        the way leaves them as they were (the caller rebuilds the evictor from them)."""
+        chunks = self._chunks
+        shielded = []
+        for key in protected:
+            record = chunks.get(key)
+            if record is not None and record.evictable:
+                shielded.append(record)
+        evictor = self.evictor
+        if len(evictor) - len(shielded) < n:
+            return None
+        for record in shielded:
+            evictor.remove(record.slot)
+        slots = evictor.pop_n(n, self._clock())
+        self._enqueue(shielded)
+        key_of = self._key_of
+        return [self._drop(key_of[slot]) for slot in slots]
+
+    def _evict_lru(self, n: int, protected: set[Any]) -> list[tuple[Any, Any]] | None:
+        """LRU's choice from the records: the oldest releases first, tail first."""
+        candidates = [
+            (record.release.time_s, -record.depth, i, key)
+            for i, (key, record) in enumerate(self._chunks.items())
+            if record.evictable and key not in protected
+        ]
+        if len(candidates) < n:
+            return None
+        candidates.sort()
+        evicted = [self._drop(key) for *_, key in candidates[:n]]
+        if not self.degraded:
+            self._rebuild()
+        return evicted
+
+    def _drop(self, key: Any) -> tuple[Any, Any]:
+        record = self._chunks.pop(key)
+        del self._status[key]
+        del self._key_of[record.slot]
+        self._free_slots.append(record.slot)
+        return key, record.status
+
+    def _rebuild(self) -> None:
+        """A new evictor holding exactly the evictable records; if that fails, LRU order from
+        the records from now on (`degraded`)."""
+        try:
+            self.evictor = make_evictor(
+                self._evictor_name, self.cache_capacity + 1, **self._evictor_options
+            )
+            self.evictor.reset([])
+            self.degraded = False
+            for record in self._chunks.values():
+                record.pushed = False  # the new evictor has seen no release
+            self._enqueue([r for r in self._chunks.values() if r.evictable])
+        except Exception as error:
+            self.stats.plugin_error("rebuilding the CPU tier's evictor", error)
+            self.degraded = True
+
+
+class ReturnEvictorCachePolicy(EvictorCachePolicy):
+    """`EvictorCachePolicy` over the return-window evictor, with the two-tier replay's
+    releases (the module's "The return-time policy"): no provisional releases, a request's
+    first access to resident chunks re-releases them, and its final release drops the claim
+    its store-time releases made under another conversation id."""
+
+    provisional_stores = False
+
+    def __init__(
+        self,
+        cache_capacity: int,
+        evictor: str = ReturnWindowEvictor.name,
+        clock: Callable[[], float] = time.monotonic,
+        stats: PluginStats | None = None,
+        finished: FinishedReleases | None = None,
+        trust: HintTrust = UNTRUSTED,
+        running: Callable[[str], Any] | None = None,
+        **evictor_options: Any,
+    ) -> None:
+        super().__init__(
+            cache_capacity, evictor, clock, stats, finished, trust, running, **evictor_options
+        )
+
+    def on_request_access(self, keys: Iterable[Any], req_context: Any) -> None:
+        """vLLM's first sight of `keys` for this request (at `prepare_load`, and at
+        `prepare_store` before it evicts): the resident ones take the request's release now,
+        as the replay's offer re-releases the chunks it finds resident."""
+        self._last_insert = None
+        chunks = self._chunks
+        resident = [key for key in keys if key in chunks]
+        if resident:
+            self._release_keys("on_request_access", resident, req_context, None)
+
+    def _stale_conversation(self, req_context: Any, release: Release, final: bool) -> str | None:
+        """At a final release: the conversation the tier gave the request's store-time
+        releases, when it is not the final one's (the GPU plugin named the conversation, the
+        request's context did not)."""
+        if not final:
+            return None
+        try:
+            stored_as = request_release(
+                req_context, release.time_s, trust=self.trust, running=self.running
+            ).conversation_id
+        except Exception as error:  # the claim pools with the final one; nothing else changes
+            self.stats.plugin_error("the CPU tier's store-time conversation", error)
+            return None
+        return stored_as if stored_as != release.conversation_id else None
+
+
+_DEPTH = operator.attrgetter("depth")
+
+
+def check_return_tier(runtime: PluginRuntime | None) -> None:
+    """Refuse `LPCReturnCachePolicy` without the curves it is for: the GPU plugin registered
+    in this engine with a return-time model (else every chunk would take the fallback score)."""
+    access = runtime.access if runtime is not None else None
+    if access is None or access.returns is None:
+        raise PluginConfigError(
+            "eviction_policy LPCReturnCachePolicy needs the LPC plugin in the engine "
+            "(VLLM_PLUGINS=lpc) with a return-time model (LPC_RETURN_MODEL): each request's "
+            "curve comes from the plugin's release"
+        )
+
+
+def cache_policy_class(evictor: str) -> type[EvictorCachePolicy] | None:
+    """The class that runs `evictor` as one of our vLLM CPU-tier policies
+    (`CACHE_POLICY_EVICTORS`), without vLLM's base class: what those classes build on and
+    what the two-tier replay runs itself (`lpc.replay.cache_policy_tier`). None when no
+    policy of ours runs that evictor."""
+    if evictor not in CACHE_POLICY_EVICTORS.values():
+        return None
+    if evictor == ReturnWindowEvictor.name:
+        return ReturnEvictorCachePolicy
+    return EvictorCachePolicy
+
+
+def init_for_engine(policy: EvictorCachePolicy, cache_capacity: int, evictor: str) -> None:
+    """What a vLLM class of ours does once vLLM's `CachePolicy.__init__` ran: vLLM builds it
+    with the capacity only, so the GPU plugin's registration, when there is one in this
+    process, gives it the counters, the finished requests' releases, the clock and the
+    evictor's settings, and learns of it (its W is exported)."""
+    base = cache_policy_class(evictor)
+    assert base is not None and isinstance(policy, base), f"{evictor} is not {type(policy)}'s"
+    runtime = registered_runtime()
+    if base is ReturnEvictorCachePolicy:
+        check_return_tier(runtime)
+    base.__init__(
+        policy,
+        cache_capacity,
+        evictor,
+        clock=runtime.clock if runtime is not None else time.monotonic,
+        stats=runtime.stats if runtime is not None else None,
+        finished=runtime.finished if runtime is not None else None,
+        trust=tier_trust(runtime),
+        running=runtime.hints.get if runtime is not None else None,
+        **tier_evictor_options(evictor, runtime),
+    )
+    if runtime is not None:
+        runtime.cpu_tier_policy = policy
