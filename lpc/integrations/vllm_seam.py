@@ -31,6 +31,7 @@ current time, LRU's place). The LPC settings come from the `LPC_*` environment o
 
 from __future__ import annotations
 
+import importlib
 import logging
 import multiprocessing
 from collections.abc import Sequence
@@ -96,8 +97,10 @@ class LPCSeamQueue(LPCFreeBlockQueue):
         if isinstance(queues, SeamQueueRuntime) and not queues.seam_activated:
             queues.engine = seam_engine_context(hash_block_size)
         self.runtime = queues  # this instance's (the class attribute of the patch path)
+        # The list (and, off, the pool's queue) is vLLM's own queue class, as on the patch path.
+        self.stock = importlib.import_module("vllm.v1.core.kv_cache_utils").FreeKVCacheBlockQueue
         self._plugin = plugin
-        self._pool = blocks[0].pool if blocks else None
+        self._block_pool = blocks[0].pool if blocks else None  # vLLM's blocks know their pool
         self._pending: _PendingRelease | None = None
         super().__init__(blocks)
 
@@ -118,7 +121,7 @@ class LPCSeamQueue(LPCFreeBlockQueue):
             openers: set[int] = set()
             for group in blocks:
                 ordered = group[::-1]  # vLLM frees tail first
-                shared.extend(shared_blocks(ordered, self._pool))
+                shared.extend(shared_blocks(ordered, self._block_pool))
                 opener = self._first_freed(ordered)
                 if opener is not None:
                     openers.add(opener)
@@ -132,7 +135,7 @@ class LPCSeamQueue(LPCFreeBlockQueue):
     def _first_freed(self, ordered: Sequence[Any]) -> int | None:
         """The id of the first block of `ordered` that this free queues as cached (held by
         this request alone): the first `append_n` of this group starts with it."""
-        pool = self._pool
+        pool = self._block_pool
         for block in ordered:
             if (
                 block.ref_cnt == 1
