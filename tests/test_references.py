@@ -135,8 +135,11 @@ def markdown_target(name: str, cited_in: Path) -> Path | None:
 
 
 def headings(path: Path) -> set[str]:
+    """A file's headings, each also without a trailing parenthesis (the modules it is about,
+    as in "The kill switch (`vllm_queue.py`)"), which a citation may leave out."""
     text = path.read_text(encoding="utf-8")
-    return {h.strip() for h in re.findall(r"^#{1,6}\s+(.+)$", text, flags=re.MULTILINE)}
+    found = {h.strip() for h in re.findall(r"^#{1,6}\s+(.+)$", text, flags=re.MULTILINE)}
+    return found | {re.sub(r"\s*\([^()]*\)$", "", h) for h in found}
 
 
 def numbered_sections(path: Path) -> set[int]:

@@ -4,7 +4,7 @@ Resample weights drawn from a seed, the percentile interval of a figure's draws,
 paired gain Σ ours / Σ theirs − 1; the callers (`lpc.replay.intervals`,
 `lpc.replay.two_tier_intervals`, `training.quality_intervals`) compute their own figures under
 these weights. Why conversations are the unit, and the two draw schemes: docs/design.md,
-"Statistics".
+"Statistics: paired intervals".
 """
 
 from __future__ import annotations
