@@ -179,21 +179,36 @@ def load_plugins(clock: SimulatedClock) -> dict[str, Any]:
 
 class LRUOrderCheck:
     """Stock vLLM's `FreeKVCacheBlockQueue` over stand-in blocks, fed every call the block pool
-    makes on the plugin's queue (wrapped on this instance only). While the plugin evicts in LRU
-    order (lru, shadow) each block it hands out must be the one this queue hands out; in lpc
-    mode the plugin's choice is taken out of it, and counted when it differs from its front."""
+    makes on its free queue: the plugin's, or, off and drained in `lru`, the vLLM queue object
+    the plugin handed the pool (both wrapped on their instance only, each counting the calls
+    that reach it from the pool). While the plugin's queue passes every call to vLLM's (its
+    phase `through`) each block it hands out must be the one this queue hands out; otherwise
+    the plugin's choice is taken out of it, and counted when it differs from its front."""
 
-    def __init__(self, queue: Any) -> None:
+    def __init__(self, pool: Any, queue: Any) -> None:
         from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 
+        self.pool = pool
         self.queue = queue
         self.standins = [KVCacheBlock(block_id=i) for i in range(len(queue._blocks))]
         # The pool took its null block already: the reference starts from the same free list.
         free = [self.standins[b.block_id] for b in queue.get_all_free_blocks()]
         self.reference = FreeKVCacheBlockQueue(free)
         self.counts = {"lru_pops": 0, "lru_mismatches": 0, "lpc_pops": 0, "lpc_not_lru": 0}
-        for name in ("popleft", "popleft_n", "remove", "append", "append_n", "prepend_n"):
-            setattr(queue, name, getattr(self, "_" + name)(getattr(queue, name)))
+        for target in (queue, queue._list):
+            for name in ("popleft", "popleft_n", "remove", "append", "append_n", "prepend_n"):
+                original = getattr(target, name)
+                wrapped = getattr(self, "_" + name)(original)
+                setattr(target, name, self._from_pool(target, original, wrapped))
+
+    def _from_pool(self, target: Any, original: Any, wrapped: Any) -> Any:
+        """`wrapped` for the calls the pool makes on `target`, `original` for the plugin's
+        queue's own calls on its list."""
+
+        def call(*args: Any) -> Any:
+            return (wrapped if self.pool.free_block_queue is target else original)(*args)
+
+        return call
 
     def _popleft(self, original: Any) -> Any:
         def popleft() -> Any:
@@ -214,11 +229,9 @@ class LRUOrderCheck:
         return popleft_n
 
     def _vllm_s_own(self) -> bool:
-        """Is the queue vLLM's own list now (off, its learned blocks drained: the class of
-        `lpc.integrations.vllm_queue.ModeClasses.drained`)? Read before a pop: the pop that
-        drains the last learned block changes the class."""
-        kind = type(self.queue)
-        return kind in kind.classes.drained.values()
+        """Is the queue vLLM's own list now (off, its learned blocks drained: phase
+        `through`)? Read before a pop: the pop that drains the last learned block changes it."""
+        return self.queue.phase == "through"
 
     def _popped(self, ids: list[int], lru: bool) -> None:
         if not ids:
@@ -785,8 +798,14 @@ def main(argv: list[str] | None = None) -> int:
         shadow_events: list[Any] | None = None
         if plugins.get("lpc"):
             from lpc.integrations import vllm_plugin
+            from lpc.integrations.vllm_queue import LPCFreeBlockQueue
 
-            order_check = LRUOrderCheck(scheduler.kv_cache_manager.block_pool.free_block_queue)
+            pool = scheduler.kv_cache_manager.block_pool
+            queue = pool.free_block_queue
+            if not isinstance(queue, LPCFreeBlockQueue):  # off in lru: vLLM's own queue
+                switch = vllm_plugin.registered_runtime().queues.mode
+                queue = next(q for q in switch.queues if q._pool is pool)
+            order_check = LRUOrderCheck(pool, queue)
             if args.shadow_events is not None:
                 shadow_events = vllm_plugin._REGISTRATION.runtime.shadow.events = []
         elif args.switch_at or args.shadow_events:
