@@ -195,6 +195,7 @@ class LRUOrderCheck:
         free = [self.standins[b.block_id] for b in queue.get_all_free_blocks()]
         self.reference = FreeKVCacheBlockQueue(free)
         self.counts = {"lru_pops": 0, "lru_mismatches": 0, "lpc_pops": 0, "lpc_not_lru": 0}
+        self._inside = False
         for target in (queue, queue._list):
             for name in ("popleft", "popleft_n", "remove", "append", "append_n", "prepend_n"):
                 original = getattr(target, name)
@@ -203,10 +204,17 @@ class LRUOrderCheck:
 
     def _from_pool(self, target: Any, original: Any, wrapped: Any) -> Any:
         """`wrapped` for the calls the pool makes on `target`, `original` for the plugin's
-        queue's own calls on its list."""
+        queue's own calls on its list (made inside a call of the pool's, even when that call
+        hands the pool the list half way: the end of a drain)."""
 
         def call(*args: Any) -> Any:
-            return (wrapped if self.pool.free_block_queue is target else original)(*args)
+            if self._inside or self.pool.free_block_queue is not target:
+                return original(*args)
+            self._inside = True
+            try:
+                return wrapped(*args)
+            finally:
+                self._inside = False
 
         return call
 
