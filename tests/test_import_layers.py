@@ -28,11 +28,11 @@ RANKS: dict[str, int] = {
     "lpc.traces": 3,
     "lpc.chat": 3,
     "lpc.replay": 4,
-    "lpc.access": 5,
     "lpc.difftest": 5,
+    "lpc.fleet": 5,
+    "lpc.access": 6,
     "lpc.drivers": 6,
     "lpc.benchmarks": 6,
-    "lpc.fleet": 6,
     "lpc.cli": 7,
 }
 

@@ -15,7 +15,7 @@ How files of that format are combined:
 Every error names the file and line it was found in, never a temporary copy.
 
 The project's JSONL can also be read with its files parsed apart (`map_files`: one call per
-file, e.g. a Ray task each, `lpc.fleet.fanout.file_mapper`): each file's lines are read and
+file, e.g. a Ray task each, `lpc.fleet.fanout.RayMapper`): each file's lines are read and
 checked on their own (`parse_lpc_file`, the bulk of the work), then the driver merges them in
 the order `read_trace` merges a folder's (by time; equal times by the files' given order,
 then arrival order and line) and links the conversations over the whole trace, so a
