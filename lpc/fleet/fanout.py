@@ -14,7 +14,9 @@ lpc[ray]`), imported only here and only when asked for.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,20 +92,24 @@ def map_on_ray(
     on_result: Callable[[Any], None] | None = None,
 ) -> list[Any]:
     """`[function(shared, item) for item in items]` as Ray tasks, `shared` sent once through
-    the object store; results in the order of `items`, `on_result` called as each finishes."""
-    ray = start_ray(executor)
-    shared_ref = ray.put(shared)
-    task = ray.remote(num_cpus=1)(function)
-    refs = [task.remote(shared_ref, item) for item in items]
-    order = {ref: i for i, ref in enumerate(refs)}
-    results: list[Any] = [None] * len(refs)
-    pending = list(refs)
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        for ref in done:
-            results[order[ref]] = value = ray.get(ref)
-            if on_result is not None:
-                on_result(value)
+    the object store; results in the order of `items`, `on_result` called as each finishes.
+
+    Ray's driver prints the cluster's messages (a worker killed for memory, "(raylet) ...") on
+    standard output; they go to standard error here, so that `--json` output stays JSON."""
+    with contextlib.redirect_stdout(sys.stderr):
+        ray = start_ray(executor)
+        shared_ref = ray.put(shared)
+        task = ray.remote(num_cpus=1)(function)
+        refs = [task.remote(shared_ref, item) for item in items]
+        order = {ref: i for i, ref in enumerate(refs)}
+        results: list[Any] = [None] * len(refs)
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                results[order[ref]] = value = ray.get(ref)
+                if on_result is not None:
+                    on_result(value)
     return results
 
 
