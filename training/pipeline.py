@@ -435,7 +435,7 @@ def publish_artifact(
     """Write the artifact to `out`, or publish it as the registry's next version (promoted
     when `promote`) with a history entry, all under the registry's lock."""
     from predictor.artifact import save_artifact
-    from training.registry import ModelRegistry
+    from training.model_registry import ModelRegistry
 
     if out is not None:
         metadata = save_artifact(

@@ -46,9 +46,9 @@ from predictor.errors import InvalidInputError, UserError
 from training.conversation import Conversation
 from training.embedding_cache import EmbeddingCache, EmbedOptions
 from training.log_files import LogFile, LogSelection, discover_logs, select_logs
+from training.model_registry import ModelRegistry, RegistryLockedError, now_iso
 from training.pipeline import TrainConfig, evaluate_artifact, train_predictor
 from training.promotion import Decision, decide
-from training.registry import ModelRegistry, RegistryLockedError, now_iso
 from training.return_retrain import FAILED as RETURN_FAILED
 from training.return_retrain import LOCKED as RETURN_LOCKED
 from training.return_retrain import (

@@ -36,8 +36,8 @@ import pandas as pd
 from predictor.errors import InvalidInputError, UserError
 from predictor.json_values import finite_or_none
 from predictor.return_time import ReturnModelMetadata, ReturnTimePredictor, save_return_model
+from training.model_registry import ModelRegistry, RegistryLockedError, registry_record
 from training.promotion import Decision, decide
-from training.registry import ModelRegistry, RegistryLockedError, registry_record
 from training.return_data import ReturnPart, return_samples
 from training.return_fit import ReturnFitConfig, fit_return_model
 from training.return_quality import curve_quality

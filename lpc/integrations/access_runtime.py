@@ -8,7 +8,7 @@ into the model's inputs, and `AccessPredictor` computes p in microseconds. Featu
 never duplicated here.
 
 Reload, off the scheduler thread: the configured path is an artifact folder or a registry
-folder (its `current` link is followed, as `training.registry` promotes by repointing it). A
+folder (its `current` link is followed, as `training.model_registry` promotes by repointing it). A
 daemon thread (`start_background`, started where the engine's first LPC queue is built) looks
 every `reload_s` seconds at the resolved folder and its files' modification times; on a change
 it loads the new model (about a millisecond: numpy, no torch), probes it and publishes it with

@@ -2,7 +2,7 @@
 (`access_runtime`) and the return-time model (`return_runtime`) reload by.
 
 A configured path is an artifact folder or a registry folder whose `current` link is followed
-(`training.registry` promotes a version by repointing it). A loaded model remembers the
+(`training.model_registry` promotes a version by repointing it). A loaded model remembers the
 `ArtifactPointer` it was loaded from; a background thread compares it with the folder's now.
 """
 

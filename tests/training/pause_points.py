@@ -48,7 +48,7 @@ def install(point: str, marker: Path) -> None:
     - `registry-published`: the version renamed into place, `current` not switched yet;
     - `retrain-trained`: the candidate trained, nothing written.
     """
-    import training.registry as registry
+    import training.model_registry as registry
     import training.retrain as retrain
 
     if point == "registry-staged":

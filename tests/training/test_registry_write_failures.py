@@ -15,7 +15,7 @@ import pytest
 from lpc.cli.main import main
 from predictor import atomic_files
 from predictor.atomic_files import OutputWriteError
-from training.registry import ModelRegistry, RegistryError
+from training.model_registry import ModelRegistry, RegistryError
 
 READ_ONLY = f"Read-only file system (errno {errno.EROFS})"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.lpc.traces.test_joined_logs import request_log
 from tests.training.test_retrain_traces import DAY_S, HOURS_4_S, cli, two_utc_days_start_s
 from tests.training.trace_logs import TraceRequest, chats, write_lpc, write_mooncake
-from training.registry import ModelRegistry
+from training.model_registry import ModelRegistry
 
 
 def refused(logs: Path, registry: Path, capsys, *extra: str) -> str:

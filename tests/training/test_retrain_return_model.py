@@ -17,7 +17,7 @@ from tests.training.test_retrain_traces import HORIZON_S, HOURS_4_S, _no_embedde
 from tests.training.trace_logs import chats, write_mooncake
 from training import return_retrain
 from training.access_fit import AccessFitConfig
-from training.registry import ModelRegistry
+from training.model_registry import ModelRegistry
 from training.retrain import NO_NEW_DATA, PROMOTED, RetrainConfig, RetrainOutcome, run_retrain
 from training.return_fit import ReturnFitConfig
 from training.return_retrain import (

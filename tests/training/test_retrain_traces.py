@@ -26,7 +26,7 @@ from tests.training.trace_logs import (
     write_mooncake,
 )
 from training.access_fit import AccessFitConfig
-from training.registry import ModelRegistry
+from training.model_registry import ModelRegistry
 from training.retrain import (
     BAD_INPUT,
     KEPT,

@@ -10,7 +10,7 @@ import torch
 from predictor.artifact import ArtifactMetadata, load_artifact
 from predictor.features import FeatureConfig
 from predictor.model import ContinuationMLP, MLPConfig
-from training.registry import ModelRegistry, RegistryError, RegistryLockedError
+from training.model_registry import ModelRegistry, RegistryError, RegistryLockedError
 
 
 def model_and_metadata(seed: int) -> tuple[ContinuationMLP, ArtifactMetadata]:

@@ -14,8 +14,8 @@ from tests.predictor.fakes import HashingEmbedder
 from tests.training.synthetic import synthetic_conversations, write_openai_jsonl
 from training.embedding_cache import EmbedOptions
 from training.fit import FitConfig
+from training.model_registry import ModelRegistry
 from training.pipeline import TrainConfig
-from training.registry import ModelRegistry
 from training.retrain import (
     BAD_INPUT,
     EXIT_CODES,

@@ -14,7 +14,7 @@ import pytest
 
 from predictor.artifact import load_artifact
 from tests.training.test_training_retrain import add_log, config, retrain
-from training.registry import ModelRegistry
+from training.model_registry import ModelRegistry
 from training.retrain import LOCKED, PROMOTED
 
 REPO = Path(__file__).resolve().parents[2]
