@@ -474,6 +474,11 @@ class Engine:
         self.high_water: dict[str, int] = {}  # request id -> most tokens ever computed
         self.chunked: set[str] = set()  # requests whose current prefill spans several steps
         self.evictions = 0
+        # --time-steps: the scheduler thread's CPU time (thread_time_ns) in vLLM's own calls
+        # (add_request, schedule, update_from_output), per step; None: not timed.
+        self.step_cpu_ns: list[int] | None = [] if args.time_steps else None
+        self.add_cpu_ns = 0
+        self.step_ns = 0
         self.switches = parse_switches(args.switch_at) if args.switch_at else {}
         self.switched: list[list[Any]] = []  # [step, mode] as applied
         self.totals = {
@@ -532,7 +537,9 @@ class Engine:
             block_hasher=self.hasher,
         )
         self.outputs[rid] = output or [0]
+        started = time.thread_time_ns()
         self.scheduler.add_request(request)
+        self.add_cpu_ns += time.thread_time_ns() - started
         self.totals["requests"] += 1
 
     def run(self, requests: Iterator[dict[str, Any]], sink: IO[str] | None) -> float:
@@ -556,7 +563,9 @@ class Engine:
 
                 vllm_plugin.set_mode(mode, f"--switch-at {step}:{mode}")
                 self.switched.append([step, mode])
+            started = time.thread_time_ns()
             output = scheduler.schedule()
+            self.step_ns = time.thread_time_ns() - started
             total = output.total_num_scheduled_tokens
             if total == 0 and not output.preempted_req_ids:
                 # A call that only hands finished requests' ids on, as the engine core's
@@ -589,7 +598,11 @@ class Engine:
     def _update(self, output: Any) -> Any:
         """`update_from_output` with the synthetic model output; the step's prefix-cache
         stats, from the `SchedulerStats` it returns (what vLLM's loggers count)."""
-        outputs = self.scheduler.update_from_output(output, self._model_output(output))
+        model_output = self._model_output(output)
+        started = time.thread_time_ns()
+        outputs = self.scheduler.update_from_output(output, model_output)
+        if self.step_cpu_ns is not None:
+            self.step_cpu_ns.append(self.step_ns + time.thread_time_ns() - started)
         for engine_outputs in outputs.values():
             if engine_outputs.scheduler_stats is not None:
                 return engine_outputs.scheduler_stats.prefix_cache_stats
@@ -742,6 +755,24 @@ def write_shadow_events(path: Path, events: list[Any]) -> None:
             sink.write(json.dumps(line) + "\n")
 
 
+def scheduler_cpu(step_ns: list[int], add_ns: int) -> dict[str, Any]:
+    """The scheduler thread's CPU in vLLM's calls: in all, and per step (schedule plus
+    update_from_output, which frees finished requests: the plugin's release and scoring)."""
+    ordered = sorted(step_ns)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e3 if ordered else 0.0
+
+    return {
+        "total_s": round((sum(step_ns) + add_ns) / 1e9, 6),
+        "add_request_s": round(add_ns / 1e9, 6),
+        "steps": len(step_ns),
+        "step_mean_us": round(sum(step_ns) / len(step_ns) / 1e3, 3) if step_ns else 0.0,
+        "step_p50_us": round(at(0.5), 3),
+        "step_p99_us": round(at(0.99), 3),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=Path, required=True, help="JSON-lines requests")
@@ -785,6 +816,12 @@ def main(argv: list[str] | None = None) -> int:
         help="CacheConfig.eviction_policy, for a vLLM with the eviction-policy seam "
         "(docs/vllm-eviction-seam.patch); the plugin registers its queue there as lpc",
     )
+    parser.add_argument(
+        "--time-steps",
+        action="store_true",
+        help="time the scheduler thread's CPU in vLLM's calls per step (the LRU-order check, "
+        "a test harness's wrapper of the plugin's queue, is then left out)",
+    )
     parser.add_argument("--label", default="", help="the policy, for the summary")
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -813,7 +850,8 @@ def main(argv: list[str] | None = None) -> int:
             if not isinstance(queue, LPCFreeBlockQueue):  # off in lru: vLLM's own queue
                 switch = vllm_plugin.registered_runtime().queues.mode
                 queue = next(q for q in switch.queues if q._pool is pool)
-            order_check = LRUOrderCheck(pool, queue)
+            if not args.time_steps:
+                order_check = LRUOrderCheck(pool, queue)
             if args.shadow_events is not None:
                 shadow_events = vllm_plugin._REGISTRATION.runtime.shadow.events = []
         elif args.switch_at or args.shadow_events:
@@ -854,6 +892,8 @@ def main(argv: list[str] | None = None) -> int:
                 "prefix_caching": scheduler.cache_config.enable_prefix_caching,
             },
         }
+        if engine.step_cpu_ns is not None:
+            summary["scheduler_cpu"] = scheduler_cpu(engine.step_cpu_ns, engine.add_cpu_ns)
         if plugins.get("lpc"):
             from lpc.integrations import vllm_plugin
 
@@ -861,8 +901,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise DriverError("the shadow caches did not catch up within 600 s")
             summary["plugin_stats"] = vllm_plugin.stats_snapshot()
             summary["mode_switches"] = engine.switched
-            assert order_check is not None
-            summary["lru_order_check"] = order_check.counts
+            if order_check is not None:
+                summary["lru_order_check"] = order_check.counts
             if shadow_events is not None:
                 write_shadow_events(args.shadow_events, shadow_events)
     except (DriverError, ImportError, ValueError) as exc:

@@ -23,7 +23,9 @@ Reported per policy: the token hit ratio of vLLM's own `SchedulerStats` (prefix-
 queries of first admissions, as `vllm:prefix_cache_hits` / `vllm:prefix_cache_queries`
 count them; a preempted request's second lookup is counted apart), steps, preemptions,
 tokens recomputed after a preemption, chunked prefills (prefills spread over several steps),
-evictions; a shadow's two hit ratios. Checked: `lpc-const`, `shadow` and `shadow-pooled`
+evictions; a shadow's two hit ratios; with `--time-steps`, the scheduler thread's CPU time in
+vLLM's calls (add_request, schedule, update_from_output: the plugin's release and scoring
+included) and its ratio to `lru`'s. Checked: `lpc-const`, `shadow` and `shadow-pooled`
 schedule exactly as `lru` at every step (tokens per request, preemptions, prefix hits, the
 blocks allocated); while a plugin run is in lru or shadow mode, each block it evicts is the one
 stock vLLM's `FreeKVCacheBlockQueue`, fed the same calls, evicts; a shadow's figures equal our
@@ -113,6 +115,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="serve the trace with the scheduler of rank RANK of a SIZE-rank data-parallel "
         "engine (what that rank's engine core builds; default: no data parallelism)",
     )
+    p.add_argument(
+        "--time-steps",
+        action="store_true",
+        help="report each policy's scheduler CPU per step (thread time in vLLM's calls) and its "
+        "ratio to lru's; run with --jobs 1 on a quiet machine (the LRU-order check is left out)",
+    )
     p.add_argument("--jobs", type=int, default=1, help="policies run at once (1)")
     p.add_argument("--records-dir", type=Path, help="keep the per-step records here")
     p.add_argument("--vllm-python", type=Path, help="python of vLLM's venv (.vllm-venv)")
@@ -172,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
             args.records_dir,
             args.jobs,
             args.switch_at,
+            time_steps=args.time_steps,
         )
     except (ValueError, SchedulerRunFailed) as error:
         raise CommandError(str(error)) from None

@@ -80,8 +80,10 @@ def compare(
     records_dir: Path | None = None,
     jobs: int = 1,
     switch_at: str = "",
+    time_steps: bool = False,
 ) -> dict[str, Any]:
-    """Every policy's run of the trace through vLLM's scheduler, and the checks."""
+    """Every policy's run of the trace through vLLM's scheduler, and the checks;
+    `time_steps`: each run's scheduler CPU per step, and its ratio to `lru`'s."""
     policies = parse_policies(policies_text)
     started = time.perf_counter()
     requests, logged, path = load_requests(trace, one_in)
@@ -96,7 +98,14 @@ def compare(
         def run(policy: Any) -> PolicyRun:
             switches = switch_at if policy.name in LEARNED else ""
             return run_policy(
-                vllm_python, requests_file, policy, engine, settings, workdir, switch_at=switches
+                vllm_python,
+                requests_file,
+                policy,
+                engine,
+                settings,
+                workdir,
+                switch_at=switches,
+                time_steps=time_steps,
             )
 
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -228,4 +237,24 @@ def print_table(result: dict[str, Any]) -> None:
                 else f"DIFFERENT: {value['first_divergence']}"
             )
             print(f"{key.removesuffix('_equals_lru')} vs lru: {verdict}")
+    print_scheduler_cpu(result["rows"])
     print(f"wall {result['wall_seconds']}s; {'OK' if result['ok'] else 'CHECK FAILED'}")
+
+
+def print_scheduler_cpu(rows: list[dict[str, Any]]) -> None:
+    """Each policy's scheduler CPU (`--time-steps`), and its ratio to lru's."""
+    base = next((r["scheduler_cpu"] for r in rows if r["policy"] == "lru"), None)
+    for row in rows:
+        cpu = row.get("scheduler_cpu")
+        if not cpu:
+            continue
+        ratio = ""
+        if base and base["total_s"] > 0 and row["policy"] != "lru":
+            ratio = (
+                f"; {cpu['total_s'] / base['total_s']:.3f}x lru in all, "
+                f"{cpu['step_p50_us'] / max(base['step_p50_us'], 1e-9):.3f}x at p50"
+            )
+        print(
+            f"{row['policy']}: scheduler CPU {cpu['total_s']:.3f} s over {cpu['steps']} steps "
+            f"(p50 {cpu['step_p50_us']:.0f} us, p99 {cpu['step_p99_us']:.0f} us){ratio}"
+        )

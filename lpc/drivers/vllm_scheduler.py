@@ -277,11 +277,12 @@ def run_policy(
     timeout_s: float = TIMEOUT_S,
     switch_at: str = "",
     eviction_policy: str | None = None,
+    time_steps: bool = False,
 ) -> PolicyRun:
     """Serve `requests` with vLLM's scheduler under `policy`, in a fresh driver process;
     `switch_at` (`STEP:MODE,...`) switches the plugin's mode before those steps;
     `eviction_policy` sets vLLM's `CacheConfig.eviction_policy` (a vLLM with the seam of
-    docs/vllm-eviction-seam.patch)."""
+    docs/vllm-eviction-seam.patch); `time_steps` times the scheduler thread's CPU per step."""
     max_model_len = max_model_len_for(requests, engine)
     if engine.kv_tokens < max_model_len:
         raise ValueError(
@@ -315,6 +316,8 @@ def run_policy(
         command += ["--switch-at", switch_at]
     if eviction_policy is not None:
         command += ["--eviction-policy", eviction_policy]
+    if time_steps:
+        command.append("--time-steps")
     shadow_path = workdir / f"{slug}.shadow.jsonl" if policy.name in SHADOW else None
     if shadow_path is not None:
         command += ["--shadow-events", str(shadow_path)]
@@ -406,6 +409,7 @@ def policy_row(run: PolicyRun) -> dict[str, Any]:
         "max_waiting": totals["max_waiting"],
         "simulated_seconds": run.summary["simulated_seconds"],
         "invariants_ok": run.summary["invariants"]["ok"],
+        "scheduler_cpu": run.summary.get("scheduler_cpu"),
         "invariants": run.summary["invariants"]["checks"],
         "releases": stats.get("releases"),
         "protected_releases": stats.get("preemptions"),
