@@ -38,3 +38,21 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.section("LPC inside real serving engines")
     for line in _SUMMARY:
         terminalreporter.write_line(line)
+
+
+RAY_WORKERS = 2  # the local Ray's processors (`local_ray`)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray for the tests that fan out on it, or a loud skip when it cannot start."""
+    try:
+        import ray
+    except ModuleNotFoundError:
+        pytest.skip("RAY NOT TESTED: Ray is not installed (pip install 'lpc[ray]')")
+    try:
+        ray.init(num_cpus=RAY_WORKERS, include_dashboard=False, log_to_driver=False)
+    except Exception as error:  # any failure to start is a reason to skip, stated
+        pytest.skip(f"RAY NOT TESTED: a local Ray could not start: {error}")
+    yield ray
+    ray.shutdown()

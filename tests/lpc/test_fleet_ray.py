@@ -16,23 +16,8 @@ from lpc.fleet.pipeline import prepare_workload
 from lpc.fleet.replay import FleetCell
 from lpc.replay.ab_options import ABOptions
 from lpc.replay.policies import parse_policies
+from tests.conftest import RAY_WORKERS as WORKERS
 from tests.lpc.traces.helpers import bundled_lines
-
-WORKERS = 2
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    try:
-        import ray
-    except ModuleNotFoundError:
-        pytest.skip("RAY NOT TESTED: Ray is not installed (pip install 'lpc[ray]')")
-    try:
-        ray.init(num_cpus=WORKERS, include_dashboard=False, log_to_driver=False)
-    except Exception as error:  # any failure to start is a reason to skip, stated
-        pytest.skip(f"RAY NOT TESTED: a local Ray could not start: {error}")
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -28,11 +28,11 @@ from lpc.replay.request_table import request_table
 from lpc.traces.files import load_lpc_files_apart, load_trace_files
 from lpc.traces.jsonl import TraceError
 from lpc.traces.load import LoadedTrace, TraceOptions, load_trace
+from tests.conftest import RAY_WORKERS as WORKERS
 from tests.lpc.traces.helpers import bundled_lines
 from training.access_data import access_samples
 from training.access_fit import AccessFitConfig
 
-WORKERS = 2
 HORIZON_S = 20.0
 OPTIONS = TraceOptions(horizon_s=HORIZON_S, max_model_len=TRACE_MAX_MODEL_LEN)
 MIDNIGHT_S = 1_767_225_600.0  # 2026-01-01 00:00 UTC
@@ -41,20 +41,6 @@ QUICK_FIT = AccessFitConfig(max_epochs=4, patience=2, ensemble=1, teacher_share=
 
 def _serial_map(function, shared, items):
     return [function(shared, item) for item in items]
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    try:
-        import ray
-    except ModuleNotFoundError:
-        pytest.skip("RAY NOT TESTED: Ray is not installed (pip install 'lpc[ray]')")
-    try:
-        ray.init(num_cpus=WORKERS, include_dashboard=False, log_to_driver=False)
-    except Exception as error:  # any failure to start is a reason to skip, stated
-        pytest.skip(f"RAY NOT TESTED: a local Ray could not start: {error}")
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
