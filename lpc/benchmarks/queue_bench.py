@@ -44,7 +44,7 @@ from typing import Any
 
 from eviction.base import Release
 from lpc.integrations.config import PluginConfig
-from lpc.integrations.mode import DEFAULT_MODE, MODES, ModeSwitch
+from lpc.integrations.kill_switch import DEFAULT_MODE, MODES, ModeSwitch
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.vllm_queue import QueueRuntime, bind_queue_class
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from lpc.cli.arg_types import positive_int
-from lpc.integrations.mode import DEFAULT_MODE, MODES
+from lpc.integrations.kill_switch import DEFAULT_MODE, MODES
 
 DEFAULT_VLLM_PYTHON = Path(".vllm-venv/bin/python")
 REPOSITORY = Path(__file__).resolve().parents[2]

@@ -25,7 +25,7 @@ from eviction.lpc import (
     DEFAULT_SCALE_PER_S,
 )
 from lpc.integrations.engine_checks import ALLOW_VARIABLE, parse_allowed
-from lpc.integrations.mode import DEFAULT_MODE, check_mode
+from lpc.integrations.kill_switch import DEFAULT_MODE, check_mode
 from predictor.client import check_predictor_url
 
 CONFIG_FILE_VARIABLE = "LPC_CONFIG"

@@ -1,6 +1,6 @@
 """Shadow mode: what LPC and LRU would hit on the engine's own traffic, before LPC evicts.
 
-While the mode is `shadow` the engine evicts in stock vLLM's order (`mode`), and the
+While the mode is `shadow` the engine evicts in stock vLLM's order (`kill_switch`), and the
 plugin replays the same requests through two metadata-only caches of the engine's size — our
 block manager (`lpc.blocks`) with the configured learned evictor, and with LRU — holding block
 ids, hashes and reference counts, never KV. Their token hit ratios are exported
@@ -44,7 +44,7 @@ from typing import Any
 from eviction.base import Evictor
 from eviction.lru import LRUEvictor
 from lpc.blocks.block_manager import CacheRequest, PrefixCacheBlockManager, UnknownRequestError
-from lpc.integrations.mode import ModeSwitch
+from lpc.integrations.kill_switch import ModeSwitch
 from lpc.integrations.stats import PluginStats
 
 logger = logging.getLogger("vllm.plugins.lpc")

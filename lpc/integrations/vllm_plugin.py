@@ -86,7 +86,7 @@ queue's `append_n`): an exception there gives that call stock vLLM's behaviour (
 the current time, LRU's place), counts in `plugin_errors`, is logged once per place and never
 reaches vLLM. vLLM's own code (the original methods) runs unguarded, as without the plugin.
 
-Kill switch and shadow mode (`mode`, `shadow`). The mode (`LPC_MODE`: lpc, lru, shadow)
+Kill switch and shadow mode (`kill_switch`, `shadow`). The mode (`LPC_MODE`: lpc, lru, shadow)
 can be switched while the engine runs — the control file's background watcher
 (`LPC_CONTROL_FILE`), `set_mode()` — and each free queue applies it at its next pop: `lru`
 evicts in stock vLLM's order exactly, `shadow` too while `ShadowFeed` replays the requests
@@ -121,6 +121,7 @@ from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
 from lpc.integrations.engine_config import config_from_table, configured_by_environment, lpc_table
 from lpc.integrations.finished_releases import FinishedReleases
+from lpc.integrations.kill_switch import ControlFileWatcher, ModeSwitch
 from lpc.integrations.metrics import (
     MetricsExport,
     gate_state,
@@ -130,7 +131,6 @@ from lpc.integrations.metrics import (
     start_export,
     window_state,
 )
-from lpc.integrations.mode import ControlFileWatcher, ModeSwitch
 from lpc.integrations.plugin_request_log import PluginRequestLog
 from lpc.integrations.predictions import PredictionBoard, PredictionClient
 from lpc.integrations.request_hints import PROBABILITY_KEY, RequestHints, parse_hints

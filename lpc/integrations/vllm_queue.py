@@ -15,7 +15,7 @@ queues them last too.
 
 Two structures hold the free blocks: an instance of the engine's own `FreeKVCacheBlockQueue`
 (`_list`; `bind_queue_class` takes vLLM's class) and the learned evictor. The mode
-(`QueueRuntime.mode`, switchable while the engine runs; see `mode`) sets the queue's phase: in
+(`QueueRuntime.mode`, switchable while the engine runs: `kill_switch`) sets the phase: in
 `lpc` cached releases go to the learned evictor; switched off (`lru`, `shadow`) releases go to
 vLLM's list, the learned blocks are evicted first, one pop at a time (`DRAINING`), then every
 call goes to vLLM's object (`THROUGH`), which in `lru` the pool is handed itself. A switch
@@ -65,7 +65,7 @@ from eviction.return_window import ReturnWindowEvictor
 from lpc.integrations.config import PluginConfig
 from lpc.integrations.engine_context import EngineContext, engine_context
 from lpc.integrations.histograms import PluginHistograms
-from lpc.integrations.mode import ModeSwitch
+from lpc.integrations.kill_switch import ModeSwitch
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.stock_queue import StockFreeBlockQueue
 
@@ -98,7 +98,7 @@ class QueueRuntime:
     engine: EngineContext = field(default_factory=EngineContext)
     # The latest queue's (its trust gate, or lpc-return's window, is exported).
     evictor: LearnedEvictor | None = None
-    # lpc, lru or shadow; the queues follow a change at once (`mode`, the kill switch).
+    # lpc, lru or shadow; the queues follow a change at once (`kill_switch`).
     mode: ModeSwitch = field(default_factory=ModeSwitch)
     _release: ContextVar[Release | None] = field(
         default_factory=lambda: ContextVar("lpc_release", default=None)

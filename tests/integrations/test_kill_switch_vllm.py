@@ -24,7 +24,7 @@ import json, random, sys
 from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 from eviction import Release
 from lpc.integrations.config import PluginConfig
-from lpc.integrations.mode import ModeSwitch
+from lpc.integrations.kill_switch import ModeSwitch
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.stock_queue import StockFreeBlockQueue
 from lpc.integrations.vllm_queue import QueueRuntime, bind_queue_class

@@ -19,7 +19,7 @@ import pytest
 
 from eviction import LRUEvictor, Release
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
-from lpc.integrations.mode import ControlFileWatcher, ModeSwitch, check_mode
+from lpc.integrations.kill_switch import ControlFileWatcher, ModeSwitch, check_mode
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.stock_queue import StockFreeBlockQueue
 from lpc.integrations.vllm_queue import (

@@ -17,7 +17,7 @@ import pytest
 
 from eviction import Release
 from lpc.integrations.config import PluginConfig
-from lpc.integrations.mode import ModeSwitch
+from lpc.integrations.kill_switch import ModeSwitch
 from lpc.integrations.shadow import Admission, Finish, ShadowFeed, Start
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.vllm_queue import QueueRuntime
