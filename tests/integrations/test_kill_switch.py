@@ -118,7 +118,9 @@ def switch_costs(num_blocks: int) -> tuple[int, int, int, int]:
 def test_a_switch_costs_the_same_at_1k_and_100k_free_blocks(large_blocks: int) -> None:
     ModeSwitch().set("lru", "warm-up")  # the logger's first record fills its caches
     small, large = switch_costs(1_000), switch_costs(large_blocks)
-    assert small[0] == large[0] and small[2] == large[2], (small, large)
+    # A constant number of calls either way (logging's own caching moves a few): an O(n)
+    # switch would make 100K.
+    assert abs(small[0] - large[0]) <= 16 and abs(small[2] - large[2]) <= 16, (small, large)
     assert large[0] < 300, f"switching off made {large[0]} calls"
     # The first pop after the switch drains 16 blocks of one run: O(1) calls, not O(n).
     assert large[1] <= small[1] + 5 and large[1] < 120, (small, large)
