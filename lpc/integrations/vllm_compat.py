@@ -80,10 +80,7 @@ def structural_problems(
     vllm = _vllm(
         block_pool, kv_cache_utils, kv_cache_manager, request_module, sampling_params, scheduler
     )
-    problems: list[str] = []
-    for check in STRUCTURE_CHECKS:
-        problems.extend(check(vllm))
-    return problems
+    return [problem for check in STRUCTURE_CHECKS for problem in check(vllm)]
 
 
 def _vllm(
@@ -335,7 +332,4 @@ def seam_problems(
     vllm = _vllm(
         block_pool, kv_cache_utils, kv_cache_manager, request_module, sampling_params, scheduler
     )
-    problems: list[str] = []
-    for check in SEAM_CHECKS:
-        problems.extend(check(vllm))
-    return problems
+    return [problem for check in SEAM_CHECKS for problem in check(vllm)]
