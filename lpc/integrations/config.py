@@ -89,6 +89,11 @@ class PluginConfig:
     tenant. Hints in vLLM's orchestrator channel (`Request.kv_hints`) are trusted. Conversation
     ids, from the body or vLLM's `session_id`, are always namespaced by the request's tenant
     (`cache_salt`, LoRA adapter).
+    `pinned_share` caps one tenant's pinned share of the pool: at most that fraction of the
+    free queue's blocks may be held by one tenant's releases whose trusted hint put their p
+    above `fallback_probability` (above LRU's place); a release that would pass it is keyed
+    at the fallback p instead (`pinned_share_capped`). The default 0.5 follows the rule that
+    no single tenant may hold a majority of the pool above LRU's place; 1.0 is no cap.
     """
 
     evictor: str = "lpc-pooled"
@@ -122,6 +127,7 @@ class PluginConfig:
     allow_unverified: str = ""
     trust_request_hints: bool = False
     hint_key: str | None = None
+    pinned_share: float = 0.5
 
     def __post_init__(self) -> None:
         for spec in _FIELDS.values():
@@ -357,6 +363,7 @@ _FIELDS: dict[str, _FieldSpec] = {
         _FieldSpec("allow_unverified", ALLOW_VARIABLE, str, _check_unverified),
         _FieldSpec("trust_request_hints", "LPC_TRUST_REQUEST_HINTS", _parse_bool, _check_bool),
         _FieldSpec("hint_key", "LPC_HINT_KEY", _parse_optional_str, _check_optional_str),
+        _FieldSpec("pinned_share", "LPC_PINNED_SHARE", _parse_float, _check_probability),
     )
 }
 ENVIRONMENT_VARIABLES: dict[str, str] = {spec.variable: spec.name for spec in _FIELDS.values()}

@@ -68,6 +68,7 @@ COUNTERS: dict[str, str] = {
     "predictor_failures": "Predictor calls that failed (error, timeout, overload)",
     "invalid_hints": "Requests whose LPC fields were malformed and ignored",
     "untrusted_probabilities": "Request-body probabilities ignored as untrusted (not signed)",
+    "pinned_share_capped": "Trusted-hint releases keyed at the fallback p: tenant's pinned cap",
     "evictions": "Cached blocks evicted to be reused",
     "cached_blocks_released": "Cached blocks released to the evictor",
     "uncached_blocks_released": "Blocks without a hash released (reused first)",

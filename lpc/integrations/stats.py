@@ -29,6 +29,8 @@ class PluginStats:
     whose LPC fields were malformed and ignored; `untrusted_probabilities` requests whose body
     carried a probability the trust boundary ignored (`trust`: not signed, clients not
     trusted), in either tier (the CPU tier's from `kv_transfer_params`: `vllm_cache_policy`).
+    `pinned_share_capped` counts releases keyed at the fallback p because their blocks would
+    have taken their tenant's pinned blocks past `pinned_share` of the pool (`vllm_queue`).
     Block counters: `evictions` (a cached block
     handed out again), `cached_blocks_released`, `uncached_blocks_released` and
     `shared_blocks_released` (released by one request while others still hold them).
@@ -67,6 +69,7 @@ class PluginStats:
     predictor_calls: int = 0
     invalid_hints: int = 0
     untrusted_probabilities: int = 0
+    pinned_share_capped: int = 0
     evictions: int = 0
     cached_blocks_released: int = 0
     uncached_blocks_released: int = 0

@@ -37,6 +37,15 @@ vLLM's list and the queue is vLLM's own from then on. A scan for the CPU offload
 (`iter_blocks_after`) that fails ends early. Errors that are vLLM's own contract (popping from
 an empty queue, removing a block that is not free) are raised as vLLM raises them.
 
+The pinned cap (`pinned_share`): a release whose p is a trusted hint (`HintRelease`, made by
+the plugin, which knows the request's tenant) above the fallback p pins its blocks above LRU's
+place; the queue counts each tenant's pinned blocks while the learned evictor holds them, and
+keys a release that would take its tenant past `pinned_share` × the pool's blocks at the
+fallback p instead (`pinned_share_capped`). A numpy array holds each block's tenant index (0:
+not pinned), written per release as the release times are; pops and removes take their blocks
+out of the counts, and tripping empties them. `lpc-return` ranks by the return curve, not the
+p, so nothing is pinned there.
+
 This module imports nothing from vLLM: blocks are duck-typed (`block_id`, `block_hash`,
 `block_hash_num_tokens`, and the list's `prev_free_block`/`next_free_block`), and vLLM's queue
 class is passed in, so it is tested with real `KVCacheBlock`s in vLLM's venv and with the
@@ -50,7 +59,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import repeat
 from operator import attrgetter, is_not
 from typing import Any, ClassVar
@@ -80,6 +89,21 @@ class ProtectedRelease(Release):
     """The release of a request that is not finished (preempted): its blocks are queued after
     every free block (`LPCEvictor.push_protected`), since it asks for them again as soon as it
     is rescheduled; its probability is not used."""
+
+
+@dataclass(frozen=True, slots=True)
+class HintRelease(Release):
+    """A finished request's release whose p is a trusted hint from the request (`trust`),
+    with the request's tenant (`trust.tenant_of`): the plugin, which reads the request, makes
+    it, so the queue counts the blocks against that tenant's pinned share with no other
+    state (`pinned_share`)."""
+
+    tenant: str = ""
+
+
+# Tenants one queue counts apart for the pinned cap: the first 4096 it sees; every later one
+# shares one count (so they are capped together), and the table stays bounded.
+MAX_PINNING_TENANTS = 4096
 
 
 @dataclass
@@ -219,6 +243,16 @@ class LPCFreeBlockQueue:
         # array, so that a release writes its chain's times, and a pop reads them, in C.
         self._released_s = np.zeros(len(blocks))
         self._learned = self.runtime.new_evictor(len(blocks))
+        # The pinned cap: per block the tenant index whose trusted hint pinned it while the
+        # learned evictor holds it (0: not pinned), per tenant index its pinned blocks; the
+        # last index is every tenant past MAX_PINNING_TENANTS (2 bytes a block hold them all).
+        self._pins = type(self._learned) is not ReturnWindowEvictor  # lpc-return keys no p
+        self._pin_cap = self.runtime.config.pinned_share * len(blocks)
+        self._pinned_by = np.zeros(len(blocks), np.uint16)
+        self._pinned = np.zeros(MAX_PINNING_TENANTS + 2, np.int64)
+        self._pinned_total = 0
+        self._tenants: dict[str, int] = {}
+        self._capped: tuple[Release, Release] | None = None  # the last capped release
         # How a release reads its blocks' hashes: vLLM's `block_hash` is a property over the
         # slot `_block_hash`; reading the slot in C halves the pass. Plain LPC never reads a
         # hash (only the pooled memory and lpc-return do): its releases skip the pass.
@@ -272,6 +306,8 @@ class LPCFreeBlockQueue:
         except Exception as error:
             self._trip("the LPC queue's pop", error)
             return self._list.popleft_n(n)
+        if self._pinned_total:
+            self._unpin(ids)
         popped = list(map(self._blocks.__getitem__, ids))
         hashes = list(map(self._hash_of, popped))
         evicted = n - hashes.count(None)
@@ -283,6 +319,65 @@ class LPCFreeBlockQueue:
             except Exception as error:
                 runtime.stats.plugin_error("the eviction-age histogram", error)
         return popped
+
+    # -- the pinned cap ---------------------------------------------------------------------
+    def _tenant_index(self, tenant: str) -> int:
+        tenants = self._tenants
+        index = tenants.get(tenant)
+        if index is None:
+            if len(tenants) >= MAX_PINNING_TENANTS:
+                return MAX_PINNING_TENANTS + 1
+            index = tenants[tenant] = len(tenants) + 1
+        return index
+
+    def _pin(self, release: HintRelease, n: int, shared: bool = False) -> tuple[Release, int]:
+        """The release as the evictor is to key it, and the tenant index its `n` blocks count
+        against (0: not pinned). A p above the fallback p pins, unless the blocks would take
+        the tenant's pinned blocks past the cap: then the fallback p (LRU's place), counted
+        once per release. `shared`: blocks others still hold (pooling metadata, not counted):
+        the same test, and a release capped on its freed blocks stays capped."""
+        capped = self._capped
+        if capped is not None and capped[0] is release:
+            return capped[1], 0
+        p = release.probability
+        if p is None or not p > self.runtime.config.fallback_probability:
+            return release, 0
+        index = self._tenant_index(release.tenant)
+        if self._pinned[index] + n <= self._pin_cap:
+            return release, 0 if shared else index
+        keyed = replace(release, probability=None)
+        self._capped = (release, keyed)
+        self.runtime.stats.add(pinned_share_capped=1)
+        return keyed, 0
+
+    def _unpin(self, ids: Sequence[int]) -> None:
+        """Blocks that left the learned evictor leave their tenants' pinned counts. On an
+        error every count is dropped (the cap counts afresh; the blocks are vLLM's)."""
+        try:
+            index = np.fromiter(ids, np.intp, len(ids))
+            owners = self._pinned_by[index]
+            owners = owners[owners != 0]
+            if len(owners):
+                np.subtract.at(self._pinned, owners, 1)
+                self._pinned_by[index] = 0
+                self._pinned_total -= len(owners)
+        except Exception as error:
+            self.runtime.stats.plugin_error("the LPC queue's pinned counts", error)
+            self._clear_pins()
+
+    def _clear_pins(self) -> None:
+        """No block pinned: the learned evictor was emptied (tripped)."""
+        self._pinned_by[:] = 0
+        self._pinned[:] = 0
+        self._pinned_total = 0
+
+    def pinned_counts(self) -> dict[str, int]:
+        """Each tenant's pinned blocks now (tenants past the table's bound under "*")."""
+        counts = {tenant: int(self._pinned[i]) for tenant, i in self._tenants.items()}
+        overflow = int(self._pinned[MAX_PINNING_TENANTS + 1])
+        if overflow:
+            counts["*"] = overflow
+        return {tenant: count for tenant, count in counts.items() if count}
 
     def _observe_eviction_ages(self, ids: list[int], cached: list[bool] | None) -> None:
         """Eviction ages of the cached blocks among those popped (`ids`; `cached[i]` says
@@ -326,6 +421,7 @@ class LPCFreeBlockQueue:
             self._learned.reset([])
         except Exception as reset_error:
             runtime.stats.plugin_error("resetting the failed learned evictor", reset_error)
+        self._clear_pins()
         switch = runtime.mode
         with switch.lock:
             self._tripped = True
@@ -398,6 +494,9 @@ class LPCFreeBlockQueue:
             self._trip("the LPC queue's remove", error)
             if block.prev_free_block is not None:  # salvaged into the list: take it out
                 self._list.remove(block)
+            return
+        if self._pinned_total:
+            self._unpin((block.block_id,))
 
     def append(self, block: Any) -> None:
         if self._phase == LPC:
@@ -415,7 +514,10 @@ class LPCFreeBlockQueue:
         runtime = self.runtime
         release = runtime.current_release()
         protected = type(release) is ProtectedRelease
+        pin = 0  # the tenant index the blocks count against (`_pin`)
         try:
+            if type(release) is HintRelease and self._pins:
+                release, pin = self._pin(release, len(blocks))
             freed = _freed(blocks, self._hash_of if self._reads_hashes else None)
             if protected:
                 self._learned.push_protected(freed, release)
@@ -423,12 +525,18 @@ class LPCFreeBlockQueue:
                 self._learned.push_cached(freed, release)
         except Exception as error:
             runtime.stats.plugin_error("the LPC queue's append", error)
+            pin = 0  # queued at the fallback p (`_append_as_lru`): not pinned
             self._append_as_lru(blocks)
             if self._tripped:
                 return
-        try:  # for the eviction-age histogram
+        try:  # for the eviction-age histogram, and the pinned counts
             ids = list(map(_block_id, blocks))
-            self._released_s[np.fromiter(ids, np.intp, len(ids))] = release.time_s
+            index = np.fromiter(ids, np.intp, len(ids))
+            self._released_s[index] = release.time_s
+            if pin:
+                self._pinned_by[index] = pin
+                self._pinned[pin] += len(ids)
+                self._pinned_total += len(ids)
         except Exception as error:
             runtime.stats.plugin_error("the LPC queue's release times", error)
         if protected:
@@ -549,6 +657,8 @@ class LPCFreeBlockQueue:
         metadata only: on an error it is skipped, as stock vLLM has none; off, none is kept)."""
         if blocks and self._phase == LPC:
             try:
+                if type(release) is HintRelease and self._pins:
+                    release = self._pin(release, len(blocks), shared=True)[0]
                 if type(release) is ProtectedRelease:
                     self._learned.note_protected_release(_freed(blocks, self._hash_of), release)
                 else:

@@ -1,0 +1,343 @@
+"""One tenant's pinned share of the pool (`pinned_share`), without vLLM.
+
+A tenant's pinned blocks are the free blocks the learned evictor holds that its releases put
+above LRU's place with a trusted hint (`HintRelease`, p above the fallback p). A release that
+would take them past `pinned_share` × the pool's blocks is keyed at the fallback p. Here: the
+cap binds against a tenant sending p = 1.0; the counts equal a brute-force count under random
+vLLM calls, mode switches and a failing evictor; the setting is validated like the others.
+The pin attack on real vLLM, capped: test_trust.py.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from eviction import Release
+from lpc.integrations import vllm_queue
+from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
+from lpc.integrations.engine_config import config_from_table
+from lpc.integrations.kill_switch import ModeSwitch
+from lpc.integrations.stats import PluginStats
+from lpc.integrations.vllm_plugin import PluginRuntime
+from lpc.integrations.vllm_queue import (
+    HintRelease,
+    LPCFreeBlockQueue,
+    ProtectedRelease,
+    QueueRuntime,
+    bind_queue_class,
+)
+
+
+class Pool:
+    """What the queue sees of vLLM's `BlockPool`: the attribute that holds its free queue."""
+
+    free_block_queue: Any = None
+
+
+class Block:
+    """vLLM's `KVCacheBlock` fields the queue and the list read."""
+
+    __slots__ = (
+        "block_hash",
+        "block_hash_num_tokens",
+        "block_id",
+        "next_free_block",
+        "pool",
+        "prev_free_block",
+        "ref_cnt",
+    )
+
+    def __init__(self, block_id: int, pool: Pool) -> None:
+        self.block_id = block_id
+        self.pool = pool
+        self.block_hash: bytes | None = None
+        self.block_hash_num_tokens: int | None = None
+        self.prev_free_block: Block | None = None
+        self.next_free_block: Block | None = None
+        self.ref_cnt = 0
+
+
+def make_queue(num_blocks: int, **config: Any) -> tuple[Any, list[Block], QueueRuntime]:
+    config.setdefault("evictor", "lpc")
+    runtime = QueueRuntime(
+        PluginConfig(**config), PluginStats(), lambda: 0.0, mode=ModeSwitch("lpc")
+    )
+    pool = Pool()
+    blocks = [Block(i, pool) for i in range(num_blocks)]
+    pool.free_block_queue = bind_queue_class(runtime)(blocks)
+    return pool.free_block_queue, blocks, runtime
+
+
+def release(queue: Any, runtime: QueueRuntime, chain: list[Block], why: Release) -> None:
+    """Free `chain` (allocation order) as vLLM does: cached blocks tail first, under `why`."""
+    for depth, block in enumerate(chain):
+        block.ref_cnt = 0
+        block.block_hash = bytes([depth, block.block_id % 256, block.block_id // 256])
+        block.block_hash_num_tokens = 16 * (depth + 1)
+    with runtime.releasing(why):
+        queue.append_n(chain[::-1])
+
+
+def take(queue: Any, n: int) -> list[Block]:
+    blocks = queue.popleft_n(n)
+    for block in blocks:
+        block.ref_cnt = 1
+    return blocks
+
+
+def test_the_cap_binds_on_a_tenant_sending_p_1() -> None:
+    """A 64-block pool at share 0.25: the attacker's p = 1.0 pins 16 blocks (4 chains of 4),
+    no more; its later chains are keyed at the fallback p, LRU's place among the victim's."""
+    queue, _, runtime = make_queue(64, pinned_share=0.25, fallback_probability=0.5)
+    attacker_chains = []
+    for step in range(12):
+        chain = take(queue, 4)
+        if step % 2 == 0:
+            attacker_chains.append(chain)
+            why: Release = HintRelease(float(step), 1.0, f"a{step}", tenant="salt=a")
+        else:
+            why = Release(float(step), None, f"v{step}")
+        release(queue, runtime, chain, why)
+        assert queue.pinned_counts().get("salt=a", 0) <= 16
+    assert queue.pinned_counts() == {"salt=a": 16}
+    assert runtime.stats.pinned_share_capped == 2  # releases 5 and 6 of the attacker's
+    order = [b.block_id for b in queue.get_all_free_blocks()]
+    pinned = {b.block_id for chain in attacker_chains[:4] for b in chain}
+    assert set(order[-16:]) == pinned, "the pinned chains go last"
+    capped = attacker_chains[4][0].block_id  # released at t = 8, after the victim's t = 7
+    victim_before, victim_after = 7 * 4 + 1, 9 * 4 + 1  # blocks of releases t = 7, t = 9
+    assert order.index(victim_before) < order.index(capped) < order.index(victim_after)
+    # Evicting pinned blocks makes room again: the next hint pins.
+    queue.popleft_n(len(order) - 8)  # every block but the last two pinned chains
+    assert queue.pinned_counts() == {"salt=a": 8}
+    release(queue, runtime, take(queue, 4), HintRelease(20.0, 1.0, "a20", tenant="salt=a"))
+    assert queue.pinned_counts() == {"salt=a": 8} and runtime.stats.pinned_share_capped == 2
+
+
+def test_tenants_are_capped_apart_and_only_hints_above_the_fallback_pin() -> None:
+    queue, _, runtime = make_queue(40, pinned_share=0.25, fallback_probability=0.3)  # cap 10
+    for step, why in enumerate(
+        [
+            HintRelease(0.0, 0.9, "a", tenant="salt=a"),
+            HintRelease(1.0, 0.9, "b", tenant="salt=b"),
+            HintRelease(2.0, 0.3, "a", tenant="salt=a"),  # at the fallback p: not pinned
+            Release(3.0, 0.99, "m"),  # the model's p (or an untrusted one): not counted
+            ProtectedRelease(4.0, None, "a"),  # a preempted request's: not counted
+            HintRelease(5.0, 0.9, "a", tenant="salt=a"),
+            HintRelease(6.0, 0.9, "a", tenant="salt=a"),  # 12 > 10: capped
+        ]
+    ):
+        release(queue, runtime, take(queue, 4), why)
+        assert step < 6 or runtime.stats.pinned_share_capped == 1
+    assert queue.pinned_counts() == {"salt=a": 8, "salt=b": 4}
+
+
+def test_a_capped_release_pools_no_hint_into_its_shared_blocks() -> None:
+    queue, _, runtime = make_queue(16, pinned_share=0.25, fallback_probability=0.5)  # cap 4
+    release(queue, runtime, take(queue, 4), HintRelease(0.0, 1.0, "a0", tenant="t"))
+    held = take(queue, 3)  # another request holds these, then shares them
+    why = HintRelease(1.0, 1.0, "a1", tenant="t")
+    release(queue, runtime, take(queue, 2), why)  # 4 + 2 > 4: capped
+    queue.note_shared_release(held, why)
+    assert runtime.stats.pinned_share_capped == 1
+    fallback_key = queue.evictor.key_for(Release(1.0, None, "x"))
+    assert [queue.evictor.pooled_key(b.block_id) for b in held] == [fallback_key] * 3
+
+
+def test_tenants_past_the_table_share_one_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_queue, "MAX_PINNING_TENANTS", 2)
+    queue, _, runtime = make_queue(40, pinned_share=0.25)  # cap 10
+    for tenant in ("a", "b", "c", "d", "e"):
+        release(queue, runtime, take(queue, 4), HintRelease(0.0, 1.0, tenant, tenant=tenant))
+    # c and d share the third count (8 blocks); e would take it to 12: capped.
+    assert queue.pinned_counts() == {"a": 4, "b": 4, "*": 8}
+    assert runtime.stats.pinned_share_capped == 1
+
+
+def test_share_one_is_no_cap_and_lpc_return_pins_nothing() -> None:
+    queue, _, runtime = make_queue(20, pinned_share=1.0)
+    for step in range(5):
+        release(queue, runtime, take(queue, 4), HintRelease(float(step), 1.0, "a", tenant="a"))
+    assert queue.pinned_counts() == {"a": 20} and runtime.stats.pinned_share_capped == 0
+    queue, _, runtime = make_queue(20, evictor="lpc-return", pinned_share=0.0)
+    release(queue, runtime, take(queue, 4), HintRelease(0.0, 1.0, "a", tenant="a"))
+    assert queue.pinned_counts() == {} and runtime.stats.pinned_share_capped == 0
+
+
+class Failing(Exception):
+    pass
+
+
+def break_evictor(queue: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every method of the learned evictor the queue calls raises from now on."""
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise Failing("injected")
+
+    learned = queue.evictor
+    for name in ("pop_n", "remove", "push_cached", "push_protected", "note_shared_release"):
+        monkeypatch.setattr(learned, name, fail)
+
+
+@pytest.mark.parametrize("evictor", ["lpc", "lpc-pooled"])
+@pytest.mark.parametrize("seed", range(4))
+def test_the_counts_are_the_pinned_blocks_under_random_calls(
+    evictor: str, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A random stream of vLLM's calls (pops, hits, releases with and without hints, shared
+    releases, switches off and on) and, in half the seeds, an evictor that starts raising:
+    after every call each tenant's count is the brute-force count of the free blocks the
+    learned evictor holds whose last release pinned them, and never above the cap."""
+    rng = random.Random(seed)
+    num_blocks, share, fallback = 48, 0.15, 0.4
+    queue, blocks, runtime = make_queue(
+        num_blocks, evictor=evictor, pinned_share=share, fallback_probability=fallback
+    )
+    cap = share * num_blocks
+    pinned_by: dict[int, str] = {}  # block id -> tenant its last release pinned it for
+    break_at = rng.randrange(400, 560) if seed % 2 else None
+    in_use: list[Block] = []
+    most = 0  # the most blocks one tenant held pinned
+
+    def brute() -> Counter[str]:
+        """Free blocks outside vLLM's list (so the learned evictor's) pinned by a tenant."""
+        return Counter(
+            pinned_by[b.block_id]
+            for b in blocks
+            if b.ref_cnt == 0 and b.prev_free_block is None and b.block_id in pinned_by
+        )
+
+    for step in range(600):
+        if step == break_at:
+            break_evictor(queue, monkeypatch)
+        engine = blocks[0].pool.free_block_queue
+        action = rng.random()
+        if action < 0.02:  # off for a while now and then; on most of the time
+            runtime.mode.set(rng.choice(["lpc", "lpc", "lru", "shadow"]), "test")
+        elif action < 0.35 and engine.num_free_blocks:
+            n = rng.randint(1, min(6, engine.num_free_blocks))
+            popped = engine.popleft_n(n) if n > 1 else [engine.popleft()]
+            for block in popped:
+                assert block.ref_cnt == 0, f"step {step}: block {block.block_id} handed twice"
+                block.ref_cnt = 1
+                block.block_hash = block.block_hash_num_tokens = None
+            in_use.extend(popped)
+        elif action < 0.5:
+            free_cached = [b for b in blocks if b.ref_cnt == 0 and b.block_hash is not None]
+            if free_cached:
+                block = rng.choice(free_cached)
+                engine.remove(block)
+                block.ref_cnt = 1
+                in_use.append(block)
+        elif in_use:
+            k = min(len(in_use), rng.randint(1, 5))
+            chain = [in_use.pop(rng.randrange(len(in_use))) for _ in range(k)]
+            tenant = rng.choice(["salt=a", "salt=b", "", "lora=x"])
+            p = rng.choice([1.0, 0.9, fallback, 0.1, None])
+            kind = rng.random()
+            if kind < 0.6 and p is not None:
+                why: Release = HintRelease(float(step), p, f"c{step}", tenant=tenant)
+            elif kind < 0.7:
+                why = ProtectedRelease(float(step), None, f"c{step}")
+            else:
+                why = Release(float(step), p, f"c{step}")
+            cached = [b for b in chain if rng.random() < 0.85]
+            for block in chain:
+                block.ref_cnt = 0
+                pinned_by.pop(block.block_id, None)
+            # The rule, brute force: the queue takes the release (LPC's phase, the pool holds
+            # it, the evictor answers), a hint above the fallback p, the tenant's count after
+            # it within the cap.
+            takes = (
+                isinstance(engine, LPCFreeBlockQueue)
+                and engine.phase == "lpc"
+                and not engine._tripped
+                and (break_at is None or step < break_at)
+            )
+            pins = type(why) is HintRelease and p is not None and p > fallback and takes
+            if pins and cached and brute()[tenant] + len(cached) <= cap:
+                for block in cached:
+                    pinned_by[block.block_id] = tenant
+            for depth, block in enumerate(cached):
+                block.block_hash = bytes([seed, step % 256, depth, block.block_id])
+                block.block_hash_num_tokens = 16 * (depth + 1)
+            for block in chain:
+                if block not in cached:
+                    block.block_hash = block.block_hash_num_tokens = None
+            engine.prepend_n([b for b in chain[::-1] if b.block_hash is None])
+            with runtime.releasing(why):
+                engine.append_n([b for b in chain[::-1] if b.block_hash is not None])
+                if isinstance(engine, LPCFreeBlockQueue):
+                    shared = [b for b in in_use if b.block_hash is not None][:2]
+                    engine.note_shared_release(shared, why)
+        counts = queue.pinned_counts()
+        assert counts == {t: c for t, c in brute().items() if c}, f"step {step}"
+        assert all(count <= cap for count in counts.values()), f"step {step}: past the cap"
+        assert queue._pinned_total == sum(counts.values())
+        most = max(most, *counts.values(), 0)
+        if not len(queue.evictor) or queue._tripped:
+            assert counts == {}, f"step {step}: the evictor is empty, and so are the counts"
+    assert most > cap / 2 and runtime.stats.pinned_share_capped > 0, "the cap never bound"
+    assert break_at is None or queue._tripped, "the failing evictor tripped the queue"
+
+
+# -- the plugin: which releases carry a tenant ----------------------------------------------
+def finished_request(extra_args: dict[str, Any], salt: str | None) -> SimpleNamespace:
+    return SimpleNamespace(
+        request_id="r1",
+        sampling_params=SimpleNamespace(extra_args=extra_args),
+        cache_salt=salt,
+        lora_request=None,
+        session_id=None,
+        kv_hints=None,
+        is_finished=lambda: True,
+    )
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_the_plugin_gives_a_trusted_hint_its_tenant(trusted: bool) -> None:
+    config = PluginConfig(stats_log_interval_s=0.0, trust_request_hints=trusted)
+    stats = PluginStats()
+    runtime = PluginRuntime(config, stats, QueueRuntime(config, stats, lambda: 5.0), None, None)
+    body = {"lpc_probability": 1.0, "lpc_conversation_id": "c1"}
+    made, source = runtime.release_and_source(finished_request(body, "acme"))
+    if trusted:
+        assert type(made) is HintRelease and made.tenant == "salt=acme" and source == "client"
+        assert made.probability == 1.0
+    else:  # ignored: the fallback p, nothing to count against the tenant
+        assert type(made) is Release and made.probability is None and source == "fallback"
+
+
+# -- the setting ----------------------------------------------------------------------------
+def test_pinned_share_is_configured_and_validated_like_the_other_fields(tmp_path: Any) -> None:
+    assert PluginConfig().pinned_share == 0.5
+    assert load_config({"LPC_PINNED_SHARE": "0.25"}).pinned_share == 0.25
+    assert config_from_table({"pinned_share": 1}).pinned_share == 1
+    path = tmp_path / "lpc.toml"
+    path.write_text("pinned_share = 0.1\n")
+    assert load_config({"LPC_CONFIG": str(path)}).pinned_share == 0.1
+    for text, message in (
+        ("1.5", "LPC_PINNED_SHARE='1.5': pinned_share must be in [0, 1], got 1.5"),
+        ("-0.1", "pinned_share must be in [0, 1]"),
+        ("nan", "pinned_share must be a finite number"),
+        ("half", "LPC_PINNED_SHARE='half': not a valid value for pinned_share"),
+    ):
+        with pytest.raises(
+            PluginConfigError, match=message.replace("[", r"\[").replace("]", r"\]")
+        ):
+            load_config({"LPC_PINNED_SHARE": text})
+    with pytest.raises(
+        PluginConfigError,
+        match=r"additional_config\['lpc'\]\.pinned_share must be in \[0, 1\], got 2",
+    ):
+        config_from_table({"pinned_share": 2})
+    with pytest.raises(PluginConfigError, match="pinned_share must be a finite number"):
+        PluginConfig(pinned_share="0.5")  # type: ignore[arg-type]
+    path.write_text("pinned_share = 7\n")
+    with pytest.raises(PluginConfigError, match=r"lpc.toml: pinned_share must be in \[0, 1\]"):
+        load_config({"LPC_CONFIG": str(path)})
