@@ -15,6 +15,15 @@ from predictor.access_predictor import AccessPredictor
 from tests.lpc.traces.helpers import bundled_lines, write_lines
 
 SLICE_LINES = 2500  # about 12 minutes of traffic
+# Replaying with the trained model and refusing bad flags need no training-sized slice: a
+# 3-minute one has requests in both parts of its split and linked turns for LPC to score.
+SHORT_LINES = 600
+
+
+@pytest.fixture(scope="module")
+def short_trace(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("short")
+    return write_lines(folder / "short.jsonl", bundled_lines()[:SHORT_LINES])
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +74,13 @@ def test_train_on_a_trace_end_to_end(trained) -> None:
     assert predictor.feature_names == tuple(report["features"])
 
 
-def test_ab_runs_learned_lpc_from_the_access_model(slice_trace: Path, trained, tmp_path) -> None:
+def test_ab_runs_learned_lpc_from_the_access_model(short_trace: Path, trained, tmp_path) -> None:
     import contextlib
     import io
 
     model, _ = trained
     buffer = io.StringIO()
-    args = ["ab", "--trace", str(slice_trace), "--model", str(model), "--policies", "lru,lpc"]
+    args = ["ab", "--trace", str(short_trace), "--model", str(model), "--policies", "lru,lpc"]
     args += ["--cache-sizes", "1000000,2000000", "--out", str(tmp_path), "--no-progress"]
     with contextlib.redirect_stdout(buffer):
         assert main([*args, "--json", "--workers", "1"]) == 0
@@ -81,10 +90,10 @@ def test_ab_runs_learned_lpc_from_the_access_model(slice_trace: Path, trained, t
     assert all(0 <= r["token_hit_ratio"] <= 1 for r in outcome["results"])
 
 
-def test_train_trace_needs_out_and_a_valid_feature(slice_trace: Path, tmp_path, capsys) -> None:
-    assert main(["train", "--trace", str(slice_trace)]) == 2
+def test_train_trace_needs_out_and_a_valid_feature(short_trace: Path, tmp_path, capsys) -> None:
+    assert main(["train", "--trace", str(short_trace)]) == 2
     assert "give --out FOLDER" in capsys.readouterr().err
-    args = ["train", "--trace", str(slice_trace), "--out", str(tmp_path / "m")]
+    args = ["train", "--trace", str(short_trace), "--out", str(tmp_path / "m")]
     assert main([*args, "--access-features", "log_turn,log_shoe_size"]) == 2
     assert "--access-features: unknown feature 'log_shoe_size'" in capsys.readouterr().err
     # a registered text-model feature has no trace-table computation: refused by name
