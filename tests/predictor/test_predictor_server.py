@@ -43,6 +43,33 @@ class SlowPredictor(Predictor):
         return super().predict(windows)
 
 
+class GatedPredictor(Predictor):
+    """Holds every batch until the test opens `gate` (a subclass per test gives its own): the
+    queue stays full, or a request in flight, for as long as the test needs however slow the
+    machine, where a sleep's head start could run out first."""
+
+    gate: threading.Event
+
+    def predict(self, windows):
+        self.started_windows = getattr(self, "started_windows", 0) + len(windows)
+        if not self.gate.wait(timeout=60):
+            raise TimeoutError("the test never opened the gate")
+        return super().predict(windows)
+
+
+def gated() -> type[GatedPredictor]:
+    return type("Gated", (GatedPredictor,), {"gate": threading.Event()})
+
+
+def wait_until(condition, what: str) -> None:
+    """Polls `condition` (a state the test drives the server into, not a race); 60 s is
+    a hang, not a slow machine."""
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
 @pytest.fixture
 def reference(tiny_artifact: Path) -> Predictor:
     return Predictor.load(tiny_artifact, embedder=HashingEmbedder())
@@ -175,7 +202,8 @@ def test_raw_bodies_nan_bad_json_and_oversize(tiny_artifact):
 
 
 def test_overload_answers_503_and_the_server_stays_healthy(tiny_artifact, reference):
-    app, config = serve(tiny_artifact, SlowPredictor, max_batch=2, max_queue_items=4)
+    predictor_class = gated()
+    app, config = serve(tiny_artifact, predictor_class, max_batch=2, max_queue_items=4)
     windows = sample_windows(24, seed=3)
     expected = reference.predict(windows)
     statuses: list[int] = [0] * len(windows)
@@ -203,6 +231,9 @@ def test_overload_answers_503_and_the_server_stays_healthy(tiny_artifact, refere
         threads = [threading.Thread(target=worker, args=(j,)) for j in range(len(windows))]
         for t in threads:
             t.start()
+        # Held batches: 24 requests cannot all fit a queue of 4 and a batch of 2.
+        wait_until(lambda: 503 in statuses, "no request was refused while the batches were held")
+        predictor_class.gate.set()
         for t in threads:
             t.join()
         assert httpx.get(url + "/healthz").json()["status"] == "ok"
@@ -455,10 +486,8 @@ def test_reload_to_a_prompt_tokens_model_mid_queue(tmp_path, tiny_artifact, prom
     shutil.copytree(tiny_artifact, old)
     shutil.copytree(prompt_tokens_artifact, new)
 
-    class Slower(SlowPredictor):
-        delay_s = 1.0
-
-    app, config = serve(old, Slower, max_batch=2, max_queue_items=8)
+    predictor_class = gated()
+    app, config = serve(old, predictor_class, max_batch=2, max_queue_items=8)
     first, lacking, carrying = token_windows(3, seed=9)
     lacking = replace(lacking, prompt_tokens=None)
     fresh = Predictor.load(new, embedder=HashingEmbedder())
@@ -473,19 +502,16 @@ def test_reload_to_a_prompt_tokens_model_mid_queue(tmp_path, tiny_artifact, prom
         slow = app.state.slot.current
         threads = [threading.Thread(target=post, args=("first", first))]
         threads[0].start()
-        deadline = time.monotonic() + 20
-        while getattr(slow, "started_windows", 0) < 1:  # the old model is busy with `first`
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+        # the old model is busy with `first` (held at the gate)
+        wait_until(lambda: getattr(slow, "started_windows", 0) >= 1, "`first` never started")
         for name, window in (("lacking", lacking), ("carrying", carrying)):
             threads.append(threading.Thread(target=post, args=(name, window)))
             threads[-1].start()
-        while app.state.batcher.queued_items < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+        wait_until(lambda: app.state.batcher.queued_items >= 2, "the two never queued")
         reload = httpx.post(url + "/v1/reload", json={"artifact": str(new)})
         assert reload.status_code == 200, reload.text
         assert getattr(slow, "started_windows", 0) == 1, "the swap came too late to test"
+        predictor_class.gate.set()
         for t in threads:
             t.join()
     assert responses["first"].status_code == 200
@@ -680,10 +706,8 @@ def test_under_overload_the_body_is_not_even_read(tiny_artifact):
     """When no request could be admitted, the refusal comes before the body is parsed: a
     503 even for a body that is not JSON (cheap refusals keep the event loop free)."""
 
-    class Slower(SlowPredictor):
-        delay_s = 1.0
-
-    app, config = serve(tiny_artifact, Slower, max_batch=1, max_queue_items=1)
+    predictor_class = gated()
+    app, config = serve(tiny_artifact, predictor_class, max_batch=1, max_queue_items=1)
     window = {"items": [VALID]}
     with running_server(app, config) as (url, _):
         busy = [
@@ -695,17 +719,14 @@ def test_under_overload_the_body_is_not_even_read(tiny_artifact):
             for _ in range(2)
         ]
         busy[0].start()
-        deadline = time.monotonic() + 20
-        while getattr(app.state.slot.current, "started_windows", 0) < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+        current = app.state.slot.current
+        wait_until(lambda: getattr(current, "started_windows", 0) >= 1, "no batch started")
         busy[1].start()
-        while app.state.batcher.queued_items < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+        wait_until(lambda: app.state.batcher.queued_items >= 1, "nothing queued")
         refused = httpx.post(url + "/v1/predict", content=b"{not json")
         assert refused.status_code == 503 and refused.json()["detail"] == "overloaded"
         assert "queue holds 1 windows" in refused.json()["reason"]
+        predictor_class.gate.set()
         for thread in busy:
             thread.join()
         assert httpx.post(url + "/v1/predict", content=b"{not json").status_code == 422
