@@ -4,6 +4,7 @@ admission by work (the tokens each window costs)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import numpy as np
@@ -232,6 +233,22 @@ class TokenTimedModel:
         return np.array([w.turn_count / 1000 for w in batch])
 
 
+class HeldModel(TokenTimedModel):
+    """A batch that runs until the test sets `release`: on the worker for as long as the test
+    needs, however loaded the machine (a sleep's length could run out first)."""
+
+    def __init__(self) -> None:
+        super().__init__(seconds_per_token=0.0)
+        self.release = threading.Event()
+
+    def predict(self, batch):
+        self.started_at.append(time.monotonic())
+        self.batches.append(len(batch))
+        if not self.release.wait(timeout=60):
+            raise TimeoutError("the test never released the batch")
+        return np.array([w.turn_count / 1000 for w in batch])
+
+
 async def started_batcher(
     model: TokenTimedModel, *, max_batch: int, max_queue_items: int, max_expected_wait_s: float
 ) -> MicroBatcher:
@@ -343,7 +360,7 @@ def test_windows_default_to_one_token_each_and_costs_are_checked():
 def test_a_running_batch_slower_than_learned_raises_the_estimate():
     """The estimate never assumes less than the batch on the worker has already taken per
     token, so a model that slows down is refused from before its slow batch finishes."""
-    model = TokenTimedModel(seconds_per_token=5e-2)  # a 20-token batch: 1 s
+    model = HeldModel()  # a 20-token batch, held on the worker until released
 
     async def scenario():
         batcher = await started_batcher(
@@ -358,6 +375,7 @@ def test_a_running_batch_slower_than_learned_raises_the_estimate():
         taken = time.monotonic() - model.started_at[0]
         during = batcher.expected_wait_s(100)
         average = batcher.seconds_per_token
+        model.release.set()
         await slow
         await batcher.stop()
         return during, average, taken
