@@ -41,11 +41,52 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 RAY_WORKERS = 2  # the local Ray's processors (`local_ray`)
+# Files that share a session fixture too costly to build twice run in one worker: the Ray files
+# share one local Ray instead of starting one each (possibly at once, on the two cores).
+SHARED_WORKER_FILES = {
+    "tests/lpc/test_fleet_ray.py": "ray",
+    "tests/training/test_retrain_ray.py": "ray",
+}
 
 
-@pytest.fixture(scope="module")
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadfile`, each file whole to one worker (a module-scoped fixture is built once),
+    with the files of one `SHARED_WORKER_FILES` group sent together. Any other `--dist` is
+    pytest-xdist's own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileOrGroupScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return SHARED_WORKER_FILES.get(path, path)
+
+    return FileOrGroupScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that starts Ray from a file not listed would start a second one in its worker."""
+    unlisted = sorted(
+        {
+            item.nodeid.split("::", 1)[0]
+            for item in items
+            if "local_ray" in getattr(item, "fixturenames", ())
+            and item.nodeid.split("::", 1)[0] not in SHARED_WORKER_FILES
+        }
+    )
+    if unlisted:
+        raise pytest.UsageError(
+            f"tests/conftest.py: {', '.join(unlisted)} use local_ray; add them to "
+            "SHARED_WORKER_FILES"
+        )
+
+
+@pytest.fixture(scope="session")
 def local_ray():
-    """A local Ray for the tests that fan out on it, or a loud skip when it cannot start."""
+    """A local Ray for the tests that fan out on it, or a loud skip when it cannot start.
+    Started once per process: its files run in one worker (`SHARED_WORKER_FILES`)."""
     try:
         import ray
     except ModuleNotFoundError:

@@ -1,7 +1,8 @@
 """Fleet cells on a local Ray give the serial run's figures digit for digit.
 
-Ray starts once for this module, locally with two CPUs. Where it is not installed or cannot
-start, the test is skipped with the reason (pytest -ra lists it), never passed silently.
+Ray starts once per test process (the files that use it run in one worker), locally with two
+CPUs. Where it is not installed or cannot start, the test is skipped with the reason (pytest -ra
+lists it), never passed silently.
 """
 
 from __future__ import annotations

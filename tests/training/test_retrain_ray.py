@@ -3,9 +3,10 @@ request table and samples, the same model as the serial read.
 
 The logs: the head of the bundled Mooncake hour scaled to two copies, written as request logs
 of three instances (`lpc.fleet.request_logs`) over an hour that crosses a UTC midnight, so
-each instance has a file per day and many conversations span two files. Ray starts once for
-this module, locally with two CPUs; where it is not installed or cannot start, the Ray tests
-are skipped with the reason (pytest -ra lists it), never passed silently.
+each instance has a file per day and many conversations span two files. Ray starts once per
+test process (the files that use it run in one worker), locally with two CPUs; where it is not
+installed or cannot start, the Ray tests are skipped with the reason (pytest -ra lists it),
+never passed silently.
 """
 
 from __future__ import annotations
