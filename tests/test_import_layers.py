@@ -10,6 +10,7 @@ have to).
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -81,9 +82,11 @@ def imported_modules(node: ast.AST) -> list[str]:
     return [name for name in names if name.split(".")[0] in TOP_PACKAGES]
 
 
-def imports(path: Path) -> set[str]:
+@functools.cache
+def imports(path: Path) -> frozenset[str]:
+    """The project modules `path` imports, parsed once per process (two tests walk them all)."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    return {name for node in ast.walk(tree) for name in imported_modules(node)}
+    return frozenset(name for node in ast.walk(tree) for name in imported_modules(node))
 
 
 def layer_violations() -> list[str]:
