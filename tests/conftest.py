@@ -42,10 +42,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 RAY_WORKERS = 2  # the local Ray's processors (`local_ray`)
 # Files that share a session fixture too costly to build twice run in one worker: the Ray files
-# share one local Ray instead of starting one each (possibly at once, on the two cores).
+# share one local Ray instead of starting one each (possibly at once, on the two cores); the
+# embedder files share the imported e5 checkpoint and the loaded embedders
+# (tests/predictor/conftest.py), instead of one worker waiting on the other's import.
 SHARED_WORKER_FILES = {
     "tests/lpc/test_fleet_ray.py": "ray",
     "tests/training/test_retrain_ray.py": "ray",
+    "tests/predictor/test_predictor_cli.py": "embedders",
+    "tests/predictor/test_predictor_e5_import.py": "embedders",
+    "tests/predictor/test_predictor_real_embedder.py": "embedders",
 }
 
 
