@@ -35,13 +35,13 @@ A release's probability is, in order: the request's `extra_args["lpc_probability
 an access-only model configured (`access_model`), the model's p computed in process at the
 release (`access_runtime`; no RPC); the asynchronous prediction for its
 `lpc_conversation_id` if it has arrived; the fallback p. Time comes from an injectable clock
-(default `time.monotonic`). A release whose p is the request's own (a trusted hint: `trust`)
-is a `HintRelease` carrying the request's tenant, which the free queue counts against the
-tenant's pinned share of the pool (`pinned_share`). With a return-time model
-(`return_model`), every finished release also carries its conversation's return curve,
-computed in process from the same features as the access model's p, whatever the p's source
-(`return_runtime`; None, the evictor's fallback score, when it fails): the `lpc-return`
-evictor, in the free queue or the CPU tier, reads it.
+(default `time.monotonic`). A finished request's release is a `TenantRelease`: it carries
+the request's tenant and whether its p is the request's own (a trusted hint: `trust`), which
+the free queue counts against the tenant's pinned share of the pool (`pinned_share`). With a
+return-time model (`return_model`), every finished release also carries its conversation's
+return curve, computed in process from the same features as the access model's p, whatever
+the p's source (`return_runtime`; None, the evictor's fallback score, when it fails): the
+`lpc-return` evictor, in the free queue or the CPU tier, reads it.
 
 When the access features' inputs are known to the plugin (all read at the release, from
 vLLM's `Request` and the plugin's `ConversationTable`):
@@ -143,10 +143,10 @@ from lpc.integrations.stats import PluginStats, is_probability
 from lpc.integrations.trust import HintTrust, tenant_of
 from lpc.integrations.vllm_queue import (
     Clock,
-    HintRelease,
     LPCFreeBlockQueue,
     ProtectedRelease,
     QueueRuntime,
+    TenantRelease,
     bind_queue_class,
 )
 
@@ -339,13 +339,16 @@ class PluginRuntime:
                 self.request_log.finished(request, hints, used, source)
             except Exception as error:
                 self.stats.plugin_error("the request log", error)
-        conversation = hints.conversation_id or rid
-        if counter == "probabilities_from_request":  # a trusted hint: its tenant's pinned cap
-            release: Release = HintRelease(
-                now, probability, conversation, return_curve=curve, tenant=tenant_of(request)
-            )
-            return release, source
-        return Release(now, probability, conversation, return_curve=curve), source
+        # The tenant, and whether the p is its trusted hint: the queue's pinned cap.
+        release = TenantRelease(
+            now,
+            probability,
+            hints.conversation_id or rid,
+            return_curve=curve,
+            tenant=tenant_of(request),
+            hinted=counter == "probabilities_from_request",
+        )
+        return release, source
 
     def _probability(
         self, request: Any, hints: RequestHints

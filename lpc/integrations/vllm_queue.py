@@ -37,14 +37,15 @@ vLLM's list and the queue is vLLM's own from then on. A scan for the CPU offload
 (`iter_blocks_after`) that fails ends early. Errors that are vLLM's own contract (popping from
 an empty queue, removing a block that is not free) are raised as vLLM raises them.
 
-The pinned cap (`pinned_share`): a release whose p is a trusted hint (`HintRelease`, made by
-the plugin, which knows the request's tenant) above the fallback p pins its blocks above LRU's
-place; the queue counts each tenant's pinned blocks while the learned evictor holds them, and
+The pinned cap (`pinned_share`): a finished request's release carries its tenant
+(`TenantRelease`, made by the plugin, which reads the request); one whose p is a trusted hint
+above the fallback p pins its blocks above LRU's place. The queue counts each tenant's pinned
+blocks while the learned evictor holds them and, once a second tenant has released into it,
 keys a release that would take its tenant past `pinned_share` × the pool's blocks at the
-fallback p instead (`pinned_share_capped`). A numpy array holds each block's tenant index (0:
-not pinned), written per release as the release times are; pops and removes take their blocks
-out of the counts, and tripping empties them. `lpc-return` ranks by the return curve, not the
-p, so nothing is pinned there.
+fallback p instead (`pinned_share_capped`): a lone tenant displaces only its own blocks. A
+numpy array holds each block's tenant index (0: not pinned), written per release as the
+release times are; pops and removes take their blocks out of the counts, and tripping empties
+them. `lpc-return` ranks by the return curve, not the p, so nothing is pinned there.
 
 This module imports nothing from vLLM: blocks are duck-typed (`block_id`, `block_hash`,
 `block_hash_num_tokens`, and the list's `prev_free_block`/`next_free_block`), and vLLM's queue
@@ -92,13 +93,14 @@ class ProtectedRelease(Release):
 
 
 @dataclass(frozen=True, slots=True)
-class HintRelease(Release):
-    """A finished request's release whose p is a trusted hint from the request (`trust`),
-    with the request's tenant (`trust.tenant_of`): the plugin, which reads the request, makes
-    it, so the queue counts the blocks against that tenant's pinned share with no other
-    state (`pinned_share`)."""
+class TenantRelease(Release):
+    """A finished request's release with the request's tenant (`trust.tenant_of`), and
+    whether its p is a trusted hint from the request (`hinted`; `trust`): the plugin, which
+    reads the request, makes it, so the queue needs no other state to cap a tenant's pinned
+    share (`pinned_share`)."""
 
     tenant: str = ""
+    hinted: bool = False
 
 
 # Tenants one queue counts apart for the pinned cap: the first 4096 it sees; every later one
@@ -253,6 +255,8 @@ class LPCFreeBlockQueue:
         self._pinned_total = 0
         self._tenants: dict[str, int] = {}
         self._capped: tuple[Release, Release] | None = None  # the last capped release
+        self._lone_tenant: str | None = None  # the only tenant that released here so far
+        self._shared_pool = False  # a second tenant released here: the cap binds
         # How a release reads its blocks' hashes: vLLM's `block_hash` is a property over the
         # slot `_block_hash`; reading the slot in C halves the pass. Plain LPC never reads a
         # hash (only the pooled memory and lpc-return do): its releases skip the pass.
@@ -330,20 +334,29 @@ class LPCFreeBlockQueue:
             index = tenants[tenant] = len(tenants) + 1
         return index
 
-    def _pin(self, release: HintRelease, n: int, shared: bool = False) -> tuple[Release, int]:
+    def _note_tenant(self, tenant: str) -> None:
+        """A tenant released into this queue: the second one shares the pool with the first,
+        and from then on the cap binds."""
+        if self._lone_tenant is None:
+            self._lone_tenant = tenant
+        elif tenant != self._lone_tenant:
+            self._shared_pool = True
+
+    def _pin(self, release: TenantRelease, n: int, shared: bool = False) -> tuple[Release, int]:
         """The release as the evictor is to key it, and the tenant index its `n` blocks count
-        against (0: not pinned). A p above the fallback p pins, unless the blocks would take
-        the tenant's pinned blocks past the cap: then the fallback p (LRU's place), counted
-        once per release. `shared`: blocks others still hold (pooling metadata, not counted):
-        the same test, and a release capped on its freed blocks stays capped."""
+        against (0: not pinned). A trusted hint above the fallback p pins, unless the pool is
+        shared and the blocks would take the tenant's pinned blocks past the cap: then the
+        fallback p (LRU's place), counted once per release. `shared`: blocks others still hold
+        (pooling metadata, not counted): the same test, and a release capped on its freed
+        blocks stays capped."""
         capped = self._capped
         if capped is not None and capped[0] is release:
             return capped[1], 0
         p = release.probability
-        if p is None or not p > self.runtime.config.fallback_probability:
+        if not release.hinted or p is None or not p > self.runtime.config.fallback_probability:
             return release, 0
         index = self._tenant_index(release.tenant)
-        if self._pinned[index] + n <= self._pin_cap:
+        if not self._shared_pool or self._pinned[index] + n <= self._pin_cap:
             return release, 0 if shared else index
         keyed = replace(release, probability=None)
         self._capped = (release, keyed)
@@ -516,7 +529,9 @@ class LPCFreeBlockQueue:
         protected = type(release) is ProtectedRelease
         pin = 0  # the tenant index the blocks count against (`_pin`)
         try:
-            if type(release) is HintRelease and self._pins:
+            if type(release) is TenantRelease and self._pins:
+                if not self._shared_pool:
+                    self._note_tenant(release.tenant)
                 release, pin = self._pin(release, len(blocks))
             freed = _freed(blocks, self._hash_of if self._reads_hashes else None)
             if protected:
@@ -657,7 +672,7 @@ class LPCFreeBlockQueue:
         metadata only: on an error it is skipped, as stock vLLM has none; off, none is kept)."""
         if blocks and self._phase == LPC:
             try:
-                if type(release) is HintRelease and self._pins:
+                if type(release) is TenantRelease and self._pins:
                     release = self._pin(release, len(blocks), shared=True)[0]
                 if type(release) is ProtectedRelease:
                     self._learned.note_protected_release(_freed(blocks, self._hash_of), release)
