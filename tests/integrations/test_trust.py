@@ -2,8 +2,9 @@
 
 The unmarked tests need no vLLM. The `vllm`-marked one is the pin attack on real vLLM 0.33.0's
 `KVCacheManager`: one tenant sends p = 1.0 on one-shot prompts; with the defaults the other
-tenant keeps stock vLLM's prefix hits exactly, and trusting every client (the operator's
-explicit choice) shows what the attack would do.
+tenant keeps stock vLLM's prefix hits exactly, trusting every client (the operator's
+explicit choice) shows what the attack would do, and a small enough `pinned_share` how much
+of it the cap holds off.
 """
 
 from __future__ import annotations
@@ -201,30 +202,51 @@ def run(config):
     return {"victim_hit_ratio": hits["victim"][0] / hits["victim"][1],
             "victim_hit_tokens": hits["victim"][0],
             "untrusted": stats.get("untrusted_probabilities"),
-            "from_request": stats.get("probabilities_from_request")}
+            "from_request": stats.get("probabilities_from_request"),
+            "capped": stats.get("pinned_share_capped")}
 
 base = PluginConfig(evictor="lpc", scale_per_s=0.01, fallback_probability=0.5,
                     stats_log_interval_s=0.0)
+trusting = replace(base, trust_request_hints=True)
 print(json.dumps({"stock": run(None), "plugin": run(base),
-                  "trusting": run(replace(base, trust_request_hints=True))}))
+                  "trusting": run(replace(trusting, pinned_share=1.0)),
+                  "capped": run(replace(trusting, pinned_share=CAPPED_SHARE)),
+                  "half": run(replace(trusting, pinned_share=0.5))}))
 """
+# The cap that binds in the pin attack, from its sizes (chosen before it was run): between
+# two turns of one victim chat come 16 one-shot prompts (64 blocks) and the 8 chats' turns
+# (8 x 6 blocks at turn 1): 112 of the pool's 128 usable blocks must stay in LRU's order for
+# the victim's first repeat to hit as with stock vLLM, which leaves 16 blocks to pin: 16 of
+# the 129 blocks the queue is built with, 0.125 (the attacker's first four prompts).
+CAPPED_SHARE = 0.125
 
 
 @pytest.mark.vllm
 def test_the_pin_attack_leaves_the_other_tenant_stock_s_hit_ratio(vllm_python: Path) -> None:
-    out = json.loads(run_snippet(vllm_python, PIN_ATTACK).splitlines()[-1])
-    stock, plugin, trusting = out["stock"], out["plugin"], out["trusting"]
+    snippet = PIN_ATTACK.replace("CAPPED_SHARE", repr(CAPPED_SHARE))
+    out = json.loads(run_snippet(vllm_python, snippet).splitlines()[-1])
+    stock, plugin, trusting, capped = out["stock"], out["plugin"], out["trusting"], out["capped"]
     assert stock["victim_hit_tokens"] > 0, "the victim never hits: the workload tests nothing"
     # The defaults: the attacker's p = 1.0 is ignored (counted), the victim's hits are stock's.
     assert plugin["victim_hit_tokens"] == stock["victim_hit_tokens"]
     assert plugin["untrusted"] == 96 and plugin["from_request"] == 0
     # Trusting every client (an operator's explicit choice) lets the attack through: the
     # check above can fail.
-    assert trusting["from_request"] == 96
+    assert trusting["from_request"] == 96 and trusting["capped"] == 0  # pinned_share 1.0
     assert trusting["victim_hit_ratio"] < stock["victim_hit_ratio"] / 2
+    # Trusting every client, with one tenant's pinned share capped: its first four prompts
+    # pin 16 blocks, never evicted (their key stays above every fallback key over the run's
+    # 144 s), so its other 92 are keyed at the fallback p, and the victim's hit ratio is well
+    # above the uncapped run's (not stock's: the 16 pinned blocks still cost it the repeats
+    # whose reuse distance lies between 112 and 128 blocks).
+    assert capped["from_request"] == 96 and capped["capped"] == 92
+    assert capped["victim_hit_ratio"] > 2 * trusting["victim_hit_ratio"]
     REPORT.append(
         f"pin attack (one tenant sends p = 1.0 on one-shot prompts): the other tenant's hit "
         f"ratio stock {stock['victim_hit_ratio']:.3f}, plugin (defaults) "
         f"{plugin['victim_hit_ratio']:.3f} (equal; 96 untrusted p ignored), plugin trusting "
-        f"every client {trusting['victim_hit_ratio']:.3f}"
+        f"every client {trusting['victim_hit_ratio']:.3f} (pinned_share 1.0), "
+        f"{capped['victim_hit_ratio']:.3f} with pinned_share {CAPPED_SHARE} "
+        f"({capped['capped']} releases capped), "
+        f"{out['half']['victim_hit_ratio']:.3f} with 0.5"
     )
