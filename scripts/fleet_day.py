@@ -16,7 +16,8 @@ processor time, peak resident memory of the process):
    apart from the tasks' (`/usr/bin/time` counts Ray's processes with the driver).
 Run it with `nice -n 10`. `--json` prints every figure; `--skip` leaves steps out.
 
-    nice -n 10 .venv/bin/python scripts/fleet_day.py --copies 21 --out results/fleet-day --json
+    nice -n 10 .venv/bin/python scripts/fleet_day.py --copies 83 --out results/fleet-day-83 \
+        --no-return-model --skip stages --json      # about 1M requests (docs/results.md)
 """
 
 from __future__ import annotations
