@@ -33,35 +33,7 @@ from lpc.integrations.vllm_queue import (
     TenantRelease,
     bind_queue_class,
 )
-
-
-class Pool:
-    """What the queue sees of vLLM's `BlockPool`: the attribute that holds its free queue."""
-
-    free_block_queue: Any = None
-
-
-class Block:
-    """vLLM's `KVCacheBlock` fields the queue and the list read."""
-
-    __slots__ = (
-        "block_hash",
-        "block_hash_num_tokens",
-        "block_id",
-        "next_free_block",
-        "pool",
-        "prev_free_block",
-        "ref_cnt",
-    )
-
-    def __init__(self, block_id: int, pool: Pool) -> None:
-        self.block_id = block_id
-        self.pool = pool
-        self.block_hash: bytes | None = None
-        self.block_hash_num_tokens: int | None = None
-        self.prev_free_block: Block | None = None
-        self.next_free_block: Block | None = None
-        self.ref_cnt = 0
+from tests.integrations.pool_blocks import Block, Pool
 
 
 def make_queue(num_blocks: int, **config: Any) -> tuple[Any, list[Block], QueueRuntime]:
