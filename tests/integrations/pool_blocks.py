@@ -34,3 +34,14 @@ class Block:
         self.prev_free_block: Block | None = None
         self.next_free_block: Block | None = None
         self.ref_cnt = 0
+
+
+def allocate(queue: Any, n: int, step: int) -> list[Block]:
+    """Pop `n` blocks as vLLM's pool allocates them (`popleft` for one, `popleft_n` for more)
+    and mark them in use: a reference each, the hash reset. A block handed out twice fails."""
+    popped = queue.popleft_n(n) if n > 1 else [queue.popleft()]
+    for block in popped:
+        assert block.ref_cnt == 0, f"step {step}: block {block.block_id} handed out twice"
+        block.ref_cnt = 1
+        block.block_hash = block.block_hash_num_tokens = None
+    return popped

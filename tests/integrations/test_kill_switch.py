@@ -24,7 +24,7 @@ from lpc.integrations.config import PluginConfig
 from lpc.integrations.kill_switch import ModeSwitch
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.vllm_queue import LPCFreeBlockQueue, QueueRuntime, bind_queue_class
-from tests.integrations.pool_blocks import Block, Pool
+from tests.integrations.pool_blocks import Block, Pool, allocate
 
 
 def make_queue(num_blocks: int, mode: str = "lpc", evictor: str = "lpc"):
@@ -206,13 +206,7 @@ def test_no_evictor_error_reaches_the_caller_in_any_mode(
             runtime.mode.set(rng.choice(["lpc", "lru", "shadow"]), "test")
         elif action < 0.35 and queue.num_free_blocks:
             n = rng.randint(1, min(6, queue.num_free_blocks))
-            engine = blocks[0].pool.free_block_queue
-            popped = engine.popleft_n(n) if n > 1 else [engine.popleft()]
-            for block in popped:
-                assert block.ref_cnt == 0, f"step {step}: block {block.block_id} handed out twice"
-                block.ref_cnt = 1
-                block.block_hash = block.block_hash_num_tokens = None
-            in_use.extend(popped)
+            in_use.extend(allocate(blocks[0].pool.free_block_queue, n, step))
         elif action < 0.5:
             free_cached = [b for b in blocks if b.ref_cnt == 0 and b.block_hash is not None]
             if free_cached:

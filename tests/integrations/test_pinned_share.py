@@ -33,7 +33,7 @@ from lpc.integrations.vllm_queue import (
     TenantRelease,
     bind_queue_class,
 )
-from tests.integrations.pool_blocks import Block, Pool
+from tests.integrations.pool_blocks import Block, Pool, allocate
 
 
 def make_queue(num_blocks: int, **config: Any) -> tuple[Any, list[Block], QueueRuntime]:
@@ -219,12 +219,7 @@ def test_the_counts_are_the_pinned_blocks_under_random_calls(
             runtime.mode.set(rng.choice(["lpc", "lpc", "lru", "shadow"]), "test")
         elif action < 0.35 and engine.num_free_blocks:
             n = rng.randint(1, min(6, engine.num_free_blocks))
-            popped = engine.popleft_n(n) if n > 1 else [engine.popleft()]
-            for block in popped:
-                assert block.ref_cnt == 0, f"step {step}: block {block.block_id} handed twice"
-                block.ref_cnt = 1
-                block.block_hash = block.block_hash_num_tokens = None
-            in_use.extend(popped)
+            in_use.extend(allocate(engine, n, step))
         elif action < 0.5:
             free_cached = [b for b in blocks if b.ref_cnt == 0 and b.block_hash is not None]
             if free_cached:
