@@ -220,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
                 # The plans' probabilities ride in the requests as a trusted API layer would
                 # set them (behind a router: `trust`).
                 trust_request_hints=True,
+                # Our block manager, which this replay is checked against step by step on
+                # streams of several tenants (`cache_salt`), models no pinned cap.
+                pinned_share=1.0,
             )
             if args.conversation_table_max_tokens is not None:
                 config = dataclasses.replace(

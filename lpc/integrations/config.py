@@ -93,10 +93,9 @@ class PluginConfig:
     free queue's blocks may be held by one tenant's releases whose trusted hint put their p
     above `fallback_probability` (above LRU's place); a release that would pass it is keyed
     at the fallback p instead (`pinned_share_capped`), once a second tenant has released into
-    the pool (a lone tenant displaces only its own blocks). 0.5 follows the rule that no
-    single tenant may hold a majority of the pool above LRU's place while another tenant
-    shares it; the default 1.0 is no cap, because the replays the plugin is verified against
-    step by step (our block manager, stock vLLM under a constant p) do not model one.
+    the pool (a lone tenant displaces only its own blocks). The default 0.5 follows the rule
+    that no single tenant may hold a majority of the pool above LRU's place while another
+    tenant shares it; 1.0 is no cap.
     """
 
     evictor: str = "lpc-pooled"
@@ -130,7 +129,7 @@ class PluginConfig:
     allow_unverified: str = ""
     trust_request_hints: bool = False
     hint_key: str | None = None
-    pinned_share: float = 1.0
+    pinned_share: float = 0.5
 
     def __post_init__(self) -> None:
         for spec in _FIELDS.values():

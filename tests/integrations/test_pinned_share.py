@@ -316,9 +316,24 @@ def test_the_plugin_gives_a_trusted_hint_its_tenant(trusted: bool) -> None:
         assert not made.hinted and made.probability is None and source == "fallback"
 
 
+def test_by_default_no_tenant_pins_more_than_half_of_a_shared_pool() -> None:
+    """Defaults (`pinned_share` 0.5): a tenant sending p = 1.0 on every release pins at most
+    half of a 64-block pool once another tenant shares it, and a lone tenant is not capped."""
+    queue, _, runtime = make_queue(64)
+    for step in range(10):  # a lone tenant: 40 blocks pinned, nothing capped
+        release(queue, runtime, take(queue, 4), hint(float(step), 1.0, "salt=a"))
+    assert queue.pinned_counts() == {"salt=a": 40} and runtime.stats.pinned_share_capped == 0
+    shared, _, runtime = make_queue(64)
+    release(shared, runtime, take(shared, 4), TenantRelease(0.0, None, "v0", tenant="salt=v"))
+    for step in range(1, 11):
+        release(shared, runtime, take(shared, 4), hint(float(step), 1.0, "salt=a"))
+        assert shared.pinned_counts().get("salt=a", 0) <= 32
+    assert shared.pinned_counts() == {"salt=a": 32} and runtime.stats.pinned_share_capped == 2
+
+
 # -- the setting ----------------------------------------------------------------------------
 def test_pinned_share_is_configured_and_validated_like_the_other_fields(tmp_path: Any) -> None:
-    assert PluginConfig().pinned_share == 1.0  # no cap unless configured
+    assert PluginConfig().pinned_share == 0.5  # no tenant holds a majority of a shared pool
     assert load_config({"LPC_PINNED_SHARE": "0.25"}).pinned_share == 0.25
     assert config_from_table({"pinned_share": 1}).pinned_share == 1
     path = tmp_path / "lpc.toml"
