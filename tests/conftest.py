@@ -23,6 +23,19 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import pytest
 
+try:
+    from hypothesis import settings
+except ModuleNotFoundError:  # an engine's venv running only tests/integrations
+    settings = None
+
+if settings is not None:
+    # Property tests are reproducible and independent of machine load: the examples come from
+    # the test's own digest (`derandomize`, so no example database either) and no example has
+    # a deadline. `HYPOTHESIS_PROFILE=explore` draws new examples on each run instead.
+    settings.register_profile("lpc", deadline=None, derandomize=True, print_blob=True)
+    settings.register_profile("explore", deadline=None, print_blob=True)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "lpc"))
+
 ENGINE_REPORT = "lpc_engine_report"
 _SUMMARY: list[str] = []
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from eviction import Evictor, FreedBlocks, Release
 from lpc.blocks.block_manager import PrefixCacheBlockManager
 from tests.lpc.streams import Allocate
+from tests.properties import exercised
 
 
 def drive(
@@ -87,6 +88,15 @@ def drive(
         fast.check_invariants()
     assert fast.pop_n(len(free), now) == plain.pop_n(len(free), now)
     return seen
+
+
+def exercised_enough(seen: Counter) -> None:
+    """The stream `drive` returned `seen` for evicted, hit and split enough to compare on (more
+    than 30 cached evictions, 10 hits and 5 split releases); a property test discards it if
+    not."""
+    exercised("evictions", seen["evictions"], 30)
+    exercised("hits", seen["hits"], 10)
+    exercised("shared releases", seen["shared releases"], 5)
 
 
 def replay_with_turns(manager: PrefixCacheBlockManager, steps, types: Sequence[str] = ("chat",)):

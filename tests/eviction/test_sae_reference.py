@@ -4,27 +4,27 @@ tail, with touch, merge, ghost seeding and decay as the PR has them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
+from hypothesis import given
 
 from eviction import FreedBlocks, Release, SAEEvictor
 from lpc.blocks.block_manager import PrefixCacheBlockManager
-from tests.eviction.kv_policy_streams import drive
+from tests.eviction.kv_policy_streams import drive, exercised_enough
 from tests.eviction.reference_kv_policies import PlainSAE
 from tests.eviction.test_lpc_reference import replay
 from tests.lpc.streams import random_stream
+from tests.properties import SEEDS, examples, exercised
 
 
 @pytest.mark.parametrize("decay_interval", [7, 500])
-@pytest.mark.parametrize("seed", range(20))
+@examples(20)
+@given(seed=SEEDS)
 def test_victims_match_the_plain_reference_on_random_streams(
     seed: int, decay_interval: int
 ) -> None:
     fast = SAEEvictor(24, decay_interval=decay_interval)
     plain = PlainSAE(24, decay_interval=decay_interval)
-    seen = drive(fast, plain, seed, 24)
-    assert seen["evictions"] > 30 and seen["hits"] > 10 and seen["shared releases"] > 5
+    exercised_enough(drive(fast, plain, seed, 24))
 
 
 class _SweepingSAE(SAEEvictor):
@@ -40,57 +40,35 @@ class _EagerSAE(SAEEvictor):
             self._ghost_current(block_hash)
 
 
-@dataclass(frozen=True)
-class EagerReading:
-    """The eager table after one seed's stream: every key's ghost score, every session's
-    hits."""
-
-    scores: dict[bytes, float]
-    session_hits: dict[int, float]
-
-
-@pytest.fixture(scope="module")
-def eager_readings() -> dict[int, EagerReading]:
-    """The eager run of each seed, driven once: the sweeping and the plain lazy table meet the
-    same stream, so both compare with one reading (its pops checked against the plain
-    reference as they come, as before)."""
-    return {}
-
-
-def eager_reading(seed: int, readings: dict[int, EagerReading]) -> EagerReading:
-    if seed not in readings:
-        eager = _EagerSAE(24, decay_interval=2)
-        drive(eager, PlainSAE(24, decay_interval=2), seed, 24, steps=1200, hashes=120)
-        readings[seed] = EagerReading(
-            {key: eager.ghost_score(key) for key in GHOST_KEYS},
-            {session_id: session.hits for session_id, session in eager._sessions.items()},
-        )
-    return readings[seed]
-
-
 GHOST_KEYS = [bytes([h]) for h in range(120)]
 
 
-@pytest.mark.parametrize("sweep", [False, True])
-@pytest.mark.parametrize("seed", range(12))
-def test_lazily_decayed_ghost_scores_are_bit_for_bit_the_eager_ones(
-    seed: int, sweep: bool, eager_readings: dict[int, EagerReading]
-) -> None:
+@examples(12)
+@given(seed=SEEDS)
+def test_lazily_decayed_ghost_scores_are_bit_for_bit_the_eager_ones(seed: int) -> None:
     """The ghost table decays when read (and in sweeps); every score, and every pruning, is
     exactly the eager table's, compared with `==` (and with the plain reference's to the last
-    bits, which computes a hit's bump as 12 / log2 rather than 1 / log2 * 12)."""
-    lazy = (_SweepingSAE if sweep else SAEEvictor)(24, decay_interval=2)
-    plain = PlainSAE(24, decay_interval=2)
-    drive(lazy, plain, seed, 24, steps=1200, hashes=120)
-    eager = eager_reading(seed, eager_readings)
-    assert plain.lookups_since_decay >= 100  # about fifty decays: entries are pruned
-    assert any(key not in plain.ghost for key in GHOST_KEYS) and plain.ghost
-    for key in GHOST_KEYS:
-        assert lazy.ghost_score(key) == eager.scores[key], f"seed {seed}: {key!r}"
-        assert lazy.ghost_score(key) == pytest.approx(plain.ghost.get(key, 0.0), rel=1e-12)
-    assert lazy._sessions.keys() == eager.session_hits.keys()
-    for session_id, session in lazy._sessions.items():
-        assert session.hits == eager.session_hits[session_id]
+    bits, which computes a hit's bump as 12 / log2 rather than 1 / log2 * 12). The eager run
+    and both lazy ones (without and with sweeps) meet the same stream, each pop checked against
+    the plain reference as it comes."""
+    eager = _EagerSAE(24, decay_interval=2)
+    drive(eager, PlainSAE(24, decay_interval=2), seed, 24, steps=1200, hashes=120)
+    eager_scores = {key: eager.ghost_score(key) for key in GHOST_KEYS}
+    eager_hits = {session_id: session.hits for session_id, session in eager._sessions.items()}
+    for lazy_class in (SAEEvictor, _SweepingSAE):
+        lazy = lazy_class(24, decay_interval=2)
+        plain = PlainSAE(24, decay_interval=2)
+        drive(lazy, plain, seed, 24, steps=1200, hashes=120)
+        for key in GHOST_KEYS:
+            assert lazy.ghost_score(key) == eager_scores[key], f"{lazy_class}: {key!r}"
+            assert lazy.ghost_score(key) == pytest.approx(plain.ghost.get(key, 0.0), rel=1e-12)
+        assert lazy._sessions.keys() == eager_hits.keys()
+        for session_id, session in lazy._sessions.items():
+            assert session.hits == eager_hits[session_id]
+    # about fifty decays: entries are pruned
+    exercised("lookups since the last decay", plain.lookups_since_decay, 99)
+    exercised("ghost keys pruned", sum(key not in plain.ghost for key in GHOST_KEYS), 0)
+    exercised("ghost keys kept", len(plain.ghost), 0)
 
 
 def test_a_ghost_entry_decayed_under_the_threshold_while_resident_is_kept_until_a_decay() -> None:
@@ -128,7 +106,8 @@ def test_a_store_seeds_from_the_ghost_table_as_pruned_by_its_own_touchs_decay() 
 
 
 @pytest.mark.parametrize("decay_interval", [5, 500])
-@pytest.mark.parametrize("seed", range(8))
+@examples(8)
+@given(seed=SEEDS)
 def test_block_manager_allocations_match_the_plain_reference(
     seed: int, decay_interval: int
 ) -> None:
@@ -141,9 +120,9 @@ def test_block_manager_allocations_match_the_plain_reference(
     )
     fast_trace = replay(fast, steps)
     plain_trace = replay(plain, steps)
-    assert sum(len(a.evicted_block_ids) for a in fast_trace if a is not None) > 20
     assert fast_trace == plain_trace
     assert fast.counters == plain.counters
+    exercised("evictions", sum(len(a.evicted_block_ids) for a in fast_trace if a is not None), 20)
 
 
 def chain(ids: list[int], first_depth: int = 0) -> FreedBlocks:

@@ -1,0 +1,36 @@
+"""What the property tests share: the seeds of their random streams, how many examples they
+run, and how they discard a stream that did not reach what the test is about.
+
+The streams are functions of a `random.Random` seed (tests/lpc/streams.py,
+tests/eviction/kv_policy_streams.py, lpc.difftest.streams), so Hypothesis draws the seed.
+Which seeds, and in which order, comes from the profile registered in tests/conftest.py
+(reproducible by default).
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import assume, event, settings
+from hypothesis import strategies as st
+
+SEEDS = st.integers(0, 2**32 - 1)
+
+
+def examples(n: int) -> settings:
+    """`n` examples, no deadline; `LPC_HYPOTHESIS_SCALE=k` runs k times as many (a longer
+    search, with `HYPOTHESIS_PROFILE=explore` for examples not run before)."""
+    scale = int(os.environ.get("LPC_HYPOTHESIS_SCALE", "1"))
+    if scale < 1:
+        raise ValueError(f"LPC_HYPOTHESIS_SCALE must be an int >= 1, not {scale}")
+    return settings(max_examples=n * scale, deadline=None)
+
+
+def exercised(what: str, count: int, more_than: int) -> None:
+    """A stream that reached `what` `more_than` times or fewer proves little about it: the
+    example is discarded (after its comparisons ran: a difference still fails). If every
+    stream is discarded the test fails (Hypothesis: unsatisfiable), and so it does when 50 are
+    before 10 are kept (health check `filter_too_much`): the comparison must stay non-trivial.
+    The count is reported in Hypothesis's statistics (`--hypothesis-show-statistics`)."""
+    event(f"{what} > {more_than}", str(count > more_than))
+    assume(count > more_than)
