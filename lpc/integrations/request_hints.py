@@ -41,6 +41,7 @@ class RequestHints:
     turn_count: int | None = None
     problems: tuple[str, ...] = ()
     signature: str | None = None  # lpc_signature, unchecked (`trust.HintTrust` checks it)
+    tenant: str = ""  # the request's tenant, set by the trust boundary (`trust.tenant_of`)
 
     @property
     def can_predict(self) -> bool:

@@ -124,7 +124,8 @@ class HintTrust:
         """The hints a release may use, and whether a body probability was dropped as
         untrusted. The conversation: the orchestrator's, else vLLM's `session_id`, else the
         body's, namespaced by tenant; the probability: the orchestrator's, else the body's if
-        signed or all clients are trusted, else none (the model's or the fallback p)."""
+        signed or all clients are trusted, else none (the model's or the fallback p). The
+        hints carry the tenant (the release counts its pinned blocks against it)."""
         tenant = tenant_of(request)
         kv_hint = kv_hint_of(request)
         session = getattr(request, "session_id", None)
@@ -155,6 +156,7 @@ class HintTrust:
                 hints,
                 probability=probability,
                 conversation_id=None if conversation is None else namespaced(tenant, conversation),
+                tenant=tenant,
             ),
             dropped,
         )

@@ -140,7 +140,7 @@ from lpc.integrations.request_hints import PROBABILITY_KEY, RequestHints, parse_
 from lpc.integrations.return_runtime import load_return_runtime
 from lpc.integrations.shadow import ShadowFeed
 from lpc.integrations.stats import PluginStats, is_probability
-from lpc.integrations.trust import HintTrust, tenant_of
+from lpc.integrations.trust import HintTrust
 from lpc.integrations.vllm_queue import (
     Clock,
     LPCFreeBlockQueue,
@@ -345,8 +345,8 @@ class PluginRuntime:
             probability,
             hints.conversation_id or rid,
             return_curve=curve,
-            tenant=tenant_of(request),
-            hinted=counter == "probabilities_from_request",
+            tenant=hints.tenant,
+            hinted=source == "client",
         )
         return release, source
 
