@@ -7,43 +7,56 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
 
 from eviction import FreedBlocks, LHDEvictor, Release
 from eviction.lhd import MAX_AGE, hit_age_class, model_hit_densities
 from lpc.blocks.block_manager import PrefixCacheBlockManager
-from tests.eviction.kv_policy_streams import drive
+from tests.eviction.kv_policy_streams import drive, exercised_enough
 from tests.eviction.reference_kv_policies import PlainLHD
 from tests.eviction.test_lpc_reference import replay
 from tests.lpc.streams import random_stream
-
-# (blocks, age unit, accesses per reconfiguration): a small pool with frequent models; a
-# pool large enough for explorers (1 %); ages that overflow MAX_AGE (tiny unit).
-SETTINGS = [(24, 0.5, 40, range(12)), (300, 1.0, 25, range(4)), (24, 0.01, 30, range(12))]
-CASES = [(seed, *setting[:3]) for setting in SETTINGS for seed in setting[3]]
+from tests.properties import SEEDS, examples, exercised
 
 
-@pytest.mark.parametrize(("seed", "num_blocks", "unit", "period"), CASES)
-def test_victims_match_the_plain_reference_on_random_streams(
-    seed: int, num_blocks: int, unit: float, period: int
-) -> None:
+def compare_on_a_random_stream(seed: int, num_blocks: int, unit: float, period: int) -> None:
     fast = LHDEvictor(num_blocks, unit, period, seed=seed)
     plain = PlainLHD(num_blocks, unit, period, seed=seed)
     steps = 400 if num_blocks < 100 else 1500
     seen = drive(fast, plain, seed, num_blocks, steps=steps)
-    assert fast.reconfigurations > 3
-    assert seen["evictions"] > 30 and seen["hits"] > 10 and seen["shared releases"] > 5
+    exercised("reconfigurations", fast.reconfigurations, 3)
+    exercised_enough(seen)
 
 
-@pytest.mark.parametrize("seed", range(8))
+# (age unit, accesses per reconfiguration): a small pool with frequent models; ages that
+# overflow MAX_AGE (tiny unit).
+@pytest.mark.parametrize(("unit", "period"), [(0.5, 40), (0.01, 30)])
+@examples(12)
+@given(seed=SEEDS)
+def test_victims_match_the_plain_reference_on_random_streams(
+    seed: int, unit: float, period: int
+) -> None:
+    compare_on_a_random_stream(seed, 24, unit, period)
+
+
+@examples(4)
+@given(seed=SEEDS)
+def test_victims_match_the_plain_reference_with_explorers(seed: int) -> None:
+    """A pool large enough for explorers (1 %)."""
+    compare_on_a_random_stream(seed, 300, 1.0, 25)
+
+
+@examples(8)
+@given(seed=SEEDS)
 def test_block_manager_allocations_match_the_plain_reference(seed: int) -> None:
     steps = random_stream(seed, 400)
     fast = PrefixCacheBlockManager(48, block_size=4, evictor=LHDEvictor(48, 0.5, 50))
     plain = PrefixCacheBlockManager(48, block_size=4, evictor=PlainLHD(48, 0.5, 50))
     fast_trace = replay(fast, steps)
     plain_trace = replay(plain, steps)
-    assert sum(len(a.evicted_block_ids) for a in fast_trace if a is not None) > 20
     assert fast_trace == plain_trace
     assert fast.counters == plain.counters
+    exercised("evictions", sum(len(a.evicted_block_ids) for a in fast_trace if a is not None), 20)
 
 
 def test_hit_age_classes_are_libcachesims() -> None:
