@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 
 import pytest
+from hypothesis import given
 
 from lpc.difftest.checks import (
     check_salt_isolation,
@@ -29,8 +30,10 @@ from lpc.difftest.ops import (
 )
 from lpc.difftest.replay import replay_stream
 from lpc.difftest.streams import StreamParams, generate_stream, params_for_seed
+from tests.properties import SEEDS, examples, exercised
 
-SEEDS = range(20)
+# Pools small enough (of the 40 to 96 blocks `params_for_seed` draws) that allocations fail.
+SMALL_POOL_SEEDS = SEEDS.filter(lambda seed: params_for_seed(seed).num_blocks <= 60)
 
 
 def test_streams_are_deterministic_per_seed() -> None:
@@ -74,8 +77,11 @@ def test_bad_streams_are_rejected_with_the_line_number(line: str) -> None:
         list(read_streams(io.StringIO(line)))
 
 
-@pytest.mark.parametrize("seed", SEEDS)
+@examples(20)
+@given(seed=SEEDS)
 def test_streams_exercise_what_can_differ(seed: int) -> None:
+    """Every seed's stream, not only the vLLM suite's (`LPC_VLLM_DIFF_SEEDS`, 0 to 19 by
+    default): a property of the generator."""
     stream = generate_stream(seed)
     bs = stream.config.block_size
     news = [op for op in stream.ops if isinstance(op, NewRequest)]
@@ -104,16 +110,18 @@ def test_streams_exercise_what_can_differ(seed: int) -> None:
     assert frees_out_of_order(stream) > 100
 
 
-@pytest.mark.parametrize("seed", [3, 16])
+@examples(2)
+@given(seed=SMALL_POOL_SEEDS)
 def test_our_replay_keeps_invariants_isolates_salts_and_is_not_trivial(seed: int) -> None:
     stream = generate_stream(seed)
     records = list(replay_stream(stream, observe=lambda manager, _: manager.check_invariants()))
     assert len(records) == len(stream.ops) + 1
     totals = replay_totals(stream, records)
-    assert totals.hit_requests > 300 and totals.evictions > 1000 and totals.failures > 10
+    assert totals.hit_requests > 300 and totals.evictions > 1000
     report = check_salt_isolation(stream, records)
     assert report.violations == ()
     assert report.cross_salt_opportunities > 10 and report.salted_hits > 50
+    exercised("failed allocations", totals.failures, 10)  # most small pools fail some
 
 
 def test_salt_isolation_check_catches_a_leak() -> None:
