@@ -13,8 +13,10 @@ import math
 import random
 
 import pytest
+from hypothesis import given
 
 from eviction import FreedBlocks, LPCEvictor, PooledLPCEvictor, Release, static_key
+from tests.properties import SEEDS, examples
 
 NAN = float("nan")
 NUM_BLOCKS = 200
@@ -35,11 +37,12 @@ def eviction_order(evictor: LPCEvictor, count: int) -> list[int]:
     return order
 
 
-@pytest.mark.parametrize("trial", range(50))
-def test_nan_probabilities_do_not_misorder_the_valid_blocks(trial: int) -> None:
+@examples(50)
+@given(seed=SEEDS)
+def test_nan_probabilities_do_not_misorder_the_valid_blocks(seed: int) -> None:
     """5 % NaN among random p: the valid blocks leave in the order of their keys, and a NaN
     block exactly where a release without a prediction would have put it."""
-    rng = random.Random(trial)
+    rng = random.Random(seed)
     n = 120
     probabilities: list[float | None] = [
         NAN if rng.random() < 0.05 else rng.uniform(0.01, 0.99) for _ in range(n)
