@@ -247,6 +247,38 @@ class LPCEvictor(PriorityEvictor):
             tags.append(ghost.tag)
         self._push_deepest_first(freed, keys, tags)
 
+    def own_runs(self, freed: FreedBlocks) -> list[Run]:
+        """The runs that hold blocks just pushed (`push_cached`) under their release alone,
+        not pooled with another conversation's: what a prediction that arrives after the
+        release re-keys (`rekey_late`). Read right after the push (a C-level pass)."""
+        runs = set(map(self._state.__getitem__, freed.block_ids))
+        return [run for run in runs if type(run) is Run and run.tag != SHARED]
+
+    def late_key(self, release: Release) -> float | None:
+        """The key a prediction that arrived after its release gives that release's own
+        runs (its p, clamped, at the release's time); None keeps the key they have."""
+        p = release.probability
+        if p is None or p != p:
+            return None
+        floor = self.probability_floor
+        p = floor if p < floor else (1.0 - floor if p > 1.0 - floor else p)
+        logit = math.log(p / (1.0 - p))
+        if logit > self.top_logit:
+            self.top_logit = logit
+        return logit + self.scale_per_s * release.time_s
+
+    def rekey_late(self, runs: Sequence[Run], release: Release) -> int:
+        """Re-key a release's own runs (`own_runs`, queued at the fallback p when it had no
+        prediction yet) with the prediction that came later (`release.probability`): one heap
+        push per run still queued, as if the prediction had come in time. Blocks it shared
+        with other conversations keep their pooled key, and blocks released since by a
+        newer release, or held back for prefix closure, keep theirs. Returns the runs
+        re-keyed."""
+        key = self.late_key(release)
+        if key is None:
+            return 0
+        return sum(self._rekey_run(run, key) for run in runs if run.key != key)
+
     def pooled_key(self, block_id: int) -> float | None:
         """The block's current static key (None when it holds no pooled metadata)."""
         metadata = self._state[block_id]

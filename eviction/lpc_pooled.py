@@ -406,6 +406,14 @@ class PooledLPCEvictor(LPCEvictor):
         for i, block_id in enumerate(freed.block_ids):
             self._remember(keys[i], tags[i], [block_id], [freed.depths[i]])
 
+    def late_key(self, release: Release) -> float | None:
+        """`LPCEvictor.late_key` when the trust gate trusts the model now; else None (the
+        fallback p stays). The gate scores only predictions that came in time: a late one is
+        not recorded as a label."""
+        if not self.model_trusted:
+            return None
+        return super().late_key(release)
+
     def memory_size(self) -> int:
         """Contents the memory holds now (released within the window)."""
         return len(self._memory)

@@ -297,6 +297,32 @@ class RunHeap:
         if self._order is not None:
             insort(self._order, (run.key, run.seq, run))
 
+    def _rekey_run(self, run: Run, key: Key) -> bool:
+        """Queue a run's live blocks under a new key, as of the same age: a new run holds
+        them (same tag, chain and sequence number), and the old one, left with none, is
+        dropped when it reaches the root. One heap push, and C-level passes over the blocks
+        (their slots and positions) unless a hit left holes ahead of the cursor. Blocks held
+        back for prefix closure keep their key. False when no block of the run is queued."""
+        live = run.live
+        if not live:
+            return False
+        i = self._head(run)
+        ids = run.block_ids
+        block_ids, depths = ids[i:], run.depths[i:]
+        state = self._state
+        moved = block_ids if live == len(block_ids) else [b for b in block_ids if state[b] is run]
+        new = Run(key, run.tag, block_ids, depths, run.seq)
+        new.chain = run.chain
+        new.live = live
+        consume(map(state.__setitem__, moved, repeat(new)), 0)
+        self._write_positions(block_ids)
+        run.live = 0
+        run.cursor = len(ids)
+        heapq.heappush(self._heap, (key, -depths[0], new.seq, new))
+        if self._order is not None:
+            insort(self._order, (key, new.seq, new))
+        return True
+
     def _push_run(
         self, key: Key, tag: Any, block_ids: Sequence[int], depths: Sequence[int]
     ) -> Run | None:
