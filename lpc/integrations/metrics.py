@@ -63,6 +63,8 @@ COUNTERS: dict[str, str] = {
     "predictions_requested": "Predictions asked of the predictor",
     "predictions_answered": "Predictions the predictor answered",
     "predictions_late": "Predictions not back when their request released its blocks",
+    "late_predictions_used": "Releases re-keyed in a free queue by a prediction that came late",
+    "late_runs_rekeyed": "Runs of blocks re-keyed by predictions that came late",
     "predictions_dropped": "Predictions not asked because too many were pending",
     "predictor_calls": "Batched calls to the predictor",
     "predictor_failures": "Predictor calls that failed (error, timeout, overload)",

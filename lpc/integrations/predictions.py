@@ -3,8 +3,10 @@
 LPC needs a request's probability only when the request releases its blocks, seconds after
 it was scheduled, so the prediction runs beside inference: `ask` queues the request's item
 and returns at once, one worker thread sends everything queued as one batch to the predictor,
-and `take` at release time returns the answer if it is there and None otherwise (the caller
-then uses its fallback p). Nothing on the engine's hot path ever waits for the predictor.
+and `claim` at release time returns the answer if it is there and None otherwise (the caller
+then uses its fallback p). Nothing on the engine's hot path ever waits for the predictor. An
+answer that comes after the release goes to `on_late` when one is given (the free queues then
+re-key the release: `late_predictions`), else it is dropped.
 
 Memory stays bounded: at most `max_pending` requests are queued, in flight or answered but
 not yet taken; beyond that a request simply gets no prediction (`predictions_dropped`).
@@ -20,7 +22,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from lpc.integrations.stats import PluginStats, is_probability
@@ -28,6 +30,7 @@ from lpc.integrations.stats import PluginStats, is_probability
 logger = logging.getLogger(__name__)
 
 _PENDING = object()  # asked for, no answer yet
+_LATE = object()  # asked for, released before its answer came: the answer goes to `on_late`
 _STOP = object()
 
 
@@ -50,6 +53,7 @@ class PredictionBoard:
         stats: PluginStats,
         max_pending: int = 4096,
         max_batch: int = 64,
+        on_late: Callable[[str, float], None] | None = None,
     ) -> None:
         if max_pending < 1 or max_batch < 1:
             raise ValueError("max_pending and max_batch must be >= 1")
@@ -57,6 +61,8 @@ class PredictionBoard:
         self._stats = stats
         self._max_pending = max_pending
         self._max_batch = max_batch
+        # Where an answer goes that comes after its request was released (None: dropped).
+        self._on_late = on_late
         self._lock = threading.Lock()
         # request id -> _PENDING or the probability (None: the predictor failed)
         self._answers: dict[str, object] = {}
@@ -91,14 +97,25 @@ class PredictionBoard:
         return request_id in self._answers
 
     def take(self, request_id: str) -> float | None:
-        """The request's prediction if it has arrived, else None; forgets the request."""
+        """The request's prediction if it has arrived, else None (`claim`)."""
+        return self.claim(request_id)[0]
+
+    def claim(self, request_id: str) -> tuple[float | None, bool]:
+        """At the request's release: its prediction if it has arrived, and whether it is
+        still on its way to `on_late` (then the p is None). The request is forgotten, or,
+        when its answer is on its way and `on_late` is set, kept until the answer comes."""
         with self._lock:
             answer = self._answers.pop(request_id, None)
+            coming = answer is _PENDING and self._on_late is not None
+            if coming or answer is _LATE:
+                self._answers[request_id] = _LATE
         if answer is _PENDING:
-            # The worker will find no entry when the answer comes, and drop it.
+            # Without `on_late` the worker finds no entry when the answer comes, and drops it.
             self._stats.add(predictions_late=1)
-            return None
-        return answer  # type: ignore[return-value]
+            return None, coming
+        if answer is _LATE:  # claimed before: its answer goes to `on_late` once
+            return None, False
+        return answer, False  # type: ignore[return-value]
 
     def forget(self, request_id: str) -> None:
         """Drop the request's entry without counting it (it will never be released)."""
@@ -122,7 +139,7 @@ class PredictionBoard:
     def in_flight(self) -> int:
         """Requests whose prediction has not come back yet."""
         with self._lock:
-            return sum(1 for answer in self._answers.values() if answer is _PENDING)
+            return sum(1 for answer in self._answers.values() if answer in _ON_THEIR_WAY)
 
     def _run(self) -> None:
         while True:
@@ -146,8 +163,8 @@ class PredictionBoard:
 
     def _answer(self, batch: list[tuple[str, Mapping[str, Any]]]) -> None:
         with self._lock:
-            # Requests released while queued need no answer.
-            live = [(rid, item) for rid, item in batch if self._answers.get(rid) is _PENDING]
+            # Requests released while queued need no answer (unless `on_late` takes it).
+            live = [(rid, item) for rid, item in batch if self._answers.get(rid) in _ON_THEIR_WAY]
         if not live:
             return
         try:
@@ -174,14 +191,30 @@ class PredictionBoard:
                     len(live),
                 )
             probabilities = None
+        late: list[tuple[str, float]] = []
         with self._lock:
             for i, (rid, _) in enumerate(live):
-                if self._answers.get(rid) is _PENDING:
+                answer = self._answers.get(rid)
+                if answer is _PENDING:
                     self._answers[rid] = None if probabilities is None else probabilities[i]
+                elif answer is _LATE:
+                    del self._answers[rid]
+                    if probabilities is not None:
+                        late.append((rid, float(probabilities[i])))
+        on_late = self._on_late
+        if late and on_late is not None:
+            for rid, probability in late:
+                try:
+                    on_late(rid, probability)
+                except Exception as error:  # never kill the worker
+                    self._stats.plugin_error("delivering a late prediction", error)
         if probabilities is None:
             self._stats.add(predictor_calls=1, predictor_failures=1)
         else:
             self._stats.add(predictor_calls=1, predictions_answered=len(live))
+
+
+_ON_THEIR_WAY = (_PENDING, _LATE)
 
 
 def _valid_answer(probabilities: object, count: int) -> bool:

@@ -21,7 +21,9 @@ class PluginStats:
     Releases (a request giving its blocks back) by where their probability came from:
     `probabilities_from_request` (the request carried one), `predictions_used` (an asynchronous
     prediction had arrived), `fallbacks_used` (neither: the configured fallback p). A release
-    falls back when no prediction was asked for, when it was late (`predictions_late`), when
+    falls back when no prediction was asked for, when it was late (`predictions_late`; when
+    it comes later, `late_predictions_used` counts the releases it re-keyed in a free queue and
+    `late_runs_rekeyed` their runs: `late_predictions`), when
     its predictor call failed (`predictor_failures` counts failed calls of `predictor_calls`,
     errors and timeouts alike; the client's own breakdown is
     `stats_snapshot()["predictor_client"]`),
@@ -64,6 +66,8 @@ class PluginStats:
     predictions_requested: int = 0
     predictions_answered: int = 0
     predictions_late: int = 0
+    late_predictions_used: int = 0
+    late_runs_rekeyed: int = 0
     predictions_dropped: int = 0
     predictor_failures: int = 0
     predictor_calls: int = 0

@@ -34,7 +34,8 @@ code (`safe_release_for`, `shared_blocks`).
 A release's probability is, in order: the request's `extra_args["lpc_probability"]`; with
 an access-only model configured (`access_model`), the model's p computed in process at the
 release (`access_runtime`; no RPC); the asynchronous prediction for its
-`lpc_conversation_id` if it has arrived; the fallback p. Time comes from an injectable clock
+`lpc_conversation_id` if it has arrived; the fallback p (and when that prediction comes later,
+the free queues re-key the release's own blocks: `late_predictions`). Time comes from an injectable clock
 (default `time.monotonic`). A finished request's release is a `TenantRelease`: it carries
 the request's tenant and whether its p is the request's own (a trusted hint: `trust`), which
 the free queue counts against the tenant's pinned share of the pool (`pinned_share`). With a
@@ -315,8 +316,11 @@ class PluginRuntime:
         hints = self.hints.pop(rid, None)
         if hints is None:
             hints = self.hints_for(request)
+        awaiting = None  # the prediction is on its way: the queues re-key when it comes
         try:
             probability, counter, curve = self._probability(request, hints)
+            if counter == "predictions_late":
+                awaiting, counter = rid, "fallbacks_used"
         except Exception as error:
             self.stats.plugin_error("the release's probability", error)
             if self.board is not None:
@@ -347,6 +351,7 @@ class PluginRuntime:
             return_curve=curve,
             tenant=hints.tenant,
             hinted=source == "client",
+            awaiting=awaiting,
         )
         return release, source
 
@@ -355,7 +360,9 @@ class PluginRuntime:
     ) -> tuple[float | None, str, ReturnCurve | None]:
         """The release's p (unchecked), the counter of its source, and its return curve from
         the in-process return-time model (checked; None without one, or the fallback score).
-        One in-process release computes both from the same features."""
+        One in-process release computes both from the same features. The counter
+        `predictions_late` (not a release's source) says the p is None while the predictor's
+        answer is on its way."""
         rid = request.request_id
         probability = hints.probability
         access = self.access
@@ -378,7 +385,9 @@ class PluginRuntime:
         if access is not None:
             probability, curve = self.in_process_release(request, hints)
         if (access is None or access.model is None) and self.board is not None:
-            probability = self.board.take(rid)
+            probability, coming = self.board.claim(rid)
+            if coming:
+                return None, "predictions_late", curve
         counter = "fallbacks_used" if probability is None else "predictions_used"
         return probability, counter, curve
 
@@ -692,19 +701,23 @@ def build_runtime(
     model and, from its artifact, the model-specific constants the evictor is built with."""
     counters = PluginStats()
     client = predictor_client if predictor_client is not None else make_predictor_client(config)
-    board = (
-        PredictionBoard(
-            client, counters, config.max_pending_predictions, config.max_prediction_batch
-        )
-        if client is not None
-        else None
-    )
     queues = queue_runtime(
         config,
         counters,
         clock if clock is not None else time.monotonic,
         activate=activate,
         mode=ModeSwitch(config.mode),
+    )
+    board = (
+        PredictionBoard(
+            client,
+            counters,
+            config.max_pending_predictions,
+            config.max_prediction_batch,
+            on_late=queues.late.deliver,
+        )
+        if client is not None
+        else None
     )
     runtime = PluginRuntime(config, counters, queues, client, board)
     runtime.shadow = ShadowFeed(

@@ -76,6 +76,7 @@ from lpc.integrations.config import PluginConfig
 from lpc.integrations.engine_context import EngineContext, engine_context
 from lpc.integrations.histograms import PluginHistograms
 from lpc.integrations.kill_switch import ModeSwitch
+from lpc.integrations.late_predictions import MAX_WAITING, LatePredictions
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.stock_queue import StockFreeBlockQueue
 
@@ -101,6 +102,9 @@ class TenantRelease(Release):
 
     tenant: str = ""
     hinted: bool = False
+    # The request whose prediction is still on its way (`late_predictions`): its blocks are
+    # queued at the fallback p and re-keyed when it comes. None: nothing to wait for.
+    awaiting: str | None = None
 
 
 # Tenants one queue counts apart for the pinned cap: the first 4096 it sees; every later one
@@ -126,6 +130,8 @@ class QueueRuntime:
     evictor: LearnedEvictor | None = None
     # lpc, lru or shadow; the queues follow a change at once (`kill_switch`).
     mode: ModeSwitch = field(default_factory=ModeSwitch)
+    # Predictions that came after their release, for every queue to re-key.
+    late: LatePredictions = field(default_factory=LatePredictions)
     _release: ContextVar[Release | None] = field(
         default_factory=lambda: ContextVar("lpc_release", default=None)
     )
@@ -262,6 +268,11 @@ class LPCFreeBlockQueue:
         # hash (only the pooled memory and lpc-return do): its releases skip the pass.
         self._hash_of = _hash_getter(blocks)
         self._reads_hashes = type(self._learned) is not LPCEvictor
+        # Late predictions: this queue's inbox, and its releases still waiting for one (by
+        # request id: the release's own runs and the release), at most MAX_WAITING.
+        self._late_inbox = self.runtime.late.inbox()
+        self._awaiting: dict[str, tuple[list[Any], Release]] = {}
+        self._rekeys = isinstance(self._learned, LPCEvictor)  # lpc-return keys no p
         self._learned.reset([])
         self._phase = LPC
         self._tripped = False
@@ -305,6 +316,8 @@ class LPCFreeBlockQueue:
     def _take_learned(self, n: int) -> list[Any]:
         """Pop `n` blocks from the learned evictor (the caller checked it holds them)."""
         runtime = self.runtime
+        if self._late_inbox:
+            self._rekey_late()
         try:
             ids = self._learned.pop_n(n, runtime.clock())
         except Exception as error:
@@ -323,6 +336,39 @@ class LPCFreeBlockQueue:
             except Exception as error:
                 runtime.stats.plugin_error("the eviction-age histogram", error)
         return popped
+
+    # -- late predictions --------------------------------------------------------------------
+    def _await(self, release: TenantRelease, freed: FreedBlocks) -> None:
+        """Keep a release queued at the fallback p until its prediction comes: its own runs
+        (`LPCEvictor.own_runs`), under its request id (the oldest forgotten past the bound)."""
+        awaiting = self._awaiting
+        runs = self._learned.own_runs(freed)
+        kept = awaiting.get(release.awaiting)
+        if kept is not None and kept[1] is release:  # the same release, freed in parts
+            runs = kept[0] + runs
+        awaiting[release.awaiting] = (runs, release)
+        if len(awaiting) > MAX_WAITING:
+            del awaiting[next(iter(awaiting))]
+
+    def _rekey_late(self) -> None:
+        """Re-key the releases whose predictions came since the last pop: one heap push per
+        run still queued (`LPCEvictor.rekey_late`). An error costs those releases their
+        prediction, never the pop."""
+        inbox, awaiting = self._late_inbox, self._awaiting
+        used = rekeyed = 0
+        try:
+            while inbox:
+                request_id, probability = inbox.popleft()
+                kept = awaiting.pop(request_id, None)
+                if kept is None:
+                    continue
+                runs, release = kept
+                rekeyed += self._learned.rekey_late(runs, replace(release, probability=probability))
+                used += 1
+        except Exception as error:
+            self.runtime.stats.plugin_error("re-keying a release by its late prediction", error)
+        if used:
+            self.runtime.stats.add(late_predictions_used=used, late_runs_rekeyed=rekeyed)
 
     # -- the pinned cap ---------------------------------------------------------------------
     def _tenant_index(self, tenant: str) -> int:
@@ -435,6 +481,7 @@ class LPCFreeBlockQueue:
         except Exception as reset_error:
             runtime.stats.plugin_error("resetting the failed learned evictor", reset_error)
         self._clear_pins()
+        self._awaiting.clear()
         switch = runtime.mode
         with switch.lock:
             self._tripped = True
@@ -538,6 +585,8 @@ class LPCFreeBlockQueue:
                 self._learned.push_protected(freed, release)
             else:
                 self._learned.push_cached(freed, release)
+                if self._rekeys and type(release) is TenantRelease and release.awaiting:
+                    self._await(release, freed)
         except Exception as error:
             runtime.stats.plugin_error("the LPC queue's append", error)
             pin = 0  # queued at the fallback p (`_append_as_lru`): not pinned
