@@ -163,45 +163,30 @@ def _train_member(
     stopping); without one, exactly `epochs` epochs."""
     import torch
 
+    from training.loop import LoopSettings, permuted_batches, train_loop
+
     torch.manual_seed(seed)
     model = ContinuationMLP(MLPConfig(0, config.hidden_sizes, 0.0, names, turn_column=False))
     x, y = train
-    optimiser = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
     loss_fn = torch.nn.BCEWithLogitsLoss()
-    generator = torch.Generator().manual_seed(seed)
-    best_loss, best_state, best_epoch, stale = float("inf"), None, epochs, 0
-    for epoch in range(1, epochs + 1):
-        model.train()
-        order = torch.randperm(len(x), generator=generator)
-        for start in range(0, len(x), config.batch_size):
-            batch = order[start : start + config.batch_size]
-            optimiser.zero_grad()
-            loss_fn(model(x[batch]), y[batch]).backward()
-            optimiser.step()
-        if validation is None:
-            continue
-        model.eval()
-        with torch.no_grad():
-            val_loss = float(loss_fn(model(validation[0]), validation[1]))
-        if val_loss < best_loss - 1e-5:
-            best_loss, best_epoch, stale = val_loss, epoch, 0
-            best_state = {k: v.clone() for k, v in model.state_dict().items()}
-        else:
-            stale += 1
-            if stale >= config.patience:
-                break
-    if best_state is not None:
-        model.load_state_dict(best_state)
-    model.eval()
-    return model, best_epoch
+    result = train_loop(
+        model,
+        lambda model, rows: loss_fn(model(x[rows]), y[rows]),
+        permuted_batches(len(x), config.batch_size, torch.Generator().manual_seed(seed)),
+        LoopSettings(config.learning_rate, epochs, config.patience),
+        None
+        if validation is None
+        else lambda model: float(loss_fn(model(validation[0]), validation[1])),
+    )
+    return model, result.best_epoch
 
 
 def merge_members(members: list[ContinuationMLP]) -> ContinuationMLP:
-    """One MLP whose logit is the mean of the members' logits: hidden layers side by side
-    (the first layer's rows stacked, later layers block-diagonal), the output layer's weights
-    concatenated and divided by the member count. Exact, so the artifact and the numpy
-    predictor stay a plain MLP's."""
+    """One MLP whose logit is the mean of the members' logits (`training.ensemble`, "mean"):
+    exact, so the artifact and the numpy predictor stay a plain MLP's."""
     import torch
+
+    from training.ensemble import linear_layers, merge_layers
 
     first = members[0].config
     config = MLPConfig(
@@ -212,21 +197,11 @@ def merge_members(members: list[ContinuationMLP]) -> ContinuationMLP:
         turn_column=False,
     )
     merged = ContinuationMLP(config)
-    linears = [[m for m in member.layers if isinstance(m, torch.nn.Linear)] for member in members]
-    targets = [m for m in merged.layers if isinstance(m, torch.nn.Linear)]
-    last = len(targets) - 1
+    layers = merge_layers([linear_layers(member) for member in members], "mean")
     with torch.no_grad():
-        for layer, target in enumerate(targets):
-            parts = [member[layer] for member in linears]
-            if layer == 0:
-                target.weight.copy_(torch.cat([p.weight for p in parts], dim=0))
-                target.bias.copy_(torch.cat([p.bias for p in parts]))
-            elif layer < last:
-                target.weight.copy_(torch.block_diag(*(p.weight for p in parts)))
-                target.bias.copy_(torch.cat([p.bias for p in parts]))
-            else:
-                target.weight.copy_(torch.cat([p.weight for p in parts], dim=1) / len(parts))
-                target.bias.copy_(torch.stack([p.bias for p in parts]).mean(dim=0))
+        for target, (weight, bias) in zip(linear_layers(merged), layers, strict=True):
+            target[0].copy_(weight)
+            target[1].copy_(bias)
     merged.eval()
     return merged
 

@@ -222,23 +222,6 @@ def mixture_nll(row_log_densities: list[np.ndarray]) -> float:
     return float(-mixed.mean())
 
 
-def merge_networks(
-    members: list[tuple[list[np.ndarray], list[np.ndarray]]],
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Networks side by side as one: the first layer's outputs stacked, every later layer
-    block-diagonal, so the last layer gives each member's logits in turn."""
-    from scipy.linalg import block_diag
-
-    weights, biases = [], []
-    for layer in range(len(members[0][0])):
-        parts = [m[0][layer] for m in members]
-        weights.append(
-            np.concatenate(parts, axis=1) if layer == 0 else block_diag(*parts).astype(np.float32)
-        )
-        biases.append(np.concatenate([m[1][layer] for m in members]))
-    return weights, biases
-
-
 def train_hazard(
     train: _Prepared,
     validation: _Prepared | None,
@@ -254,40 +237,28 @@ def train_hazard(
     early stopping reads the validation likelihood either way."""
     import torch
 
+    from training.loop import LoopSettings, permuted_batches, train_loop
+
     torch.manual_seed(config.seed)
     model = _network(train.x.shape[1], hidden, outputs)
-    optimiser = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
-    generator = torch.Generator().manual_seed(config.seed)
-    best, best_state, best_epoch, stale = float("inf"), None, epochs, 0
-    for epoch in range(1, epochs + 1):
-        model.train()
-        order = torch.randperm(train.x.shape[0], generator=generator)
-        for start in range(0, len(order), config.batch_size):
-            x, index, observed = _subset(train, order[start : start + config.batch_size])
-            optimiser.zero_grad()
-            logits = model(x)
-            if teacher_logits is None:
-                loss = -log_likelihood(logits, index, observed).mean()
-            else:
-                batch = order[start : start + config.batch_size]
-                loss = ((logits - teacher_logits[batch]) ** 2).mean()
-            loss.backward()
-            optimiser.step()
-        if validation is None:
-            continue
-        model.eval()
-        loss = _mean_nll(model, validation)
-        if loss < best - 1e-5:
-            best, best_epoch, stale = loss, epoch, 0
-            best_state = {k: v.clone() for k, v in model.state_dict().items()}
-        else:
-            stale += 1
-            if stale >= config.patience:
-                break
-    if best_state is not None:
-        model.load_state_dict(best_state)
-    model.eval()
-    return model, best_epoch, best
+
+    def batch_loss(model: Any, rows: Any) -> Any:
+        x, index, observed = _subset(train, rows)
+        logits = model(x)
+        if teacher_logits is None:
+            return -log_likelihood(logits, index, observed).mean()
+        return ((logits - teacher_logits[rows]) ** 2).mean()
+
+    result = train_loop(
+        model,
+        batch_loss,
+        permuted_batches(
+            train.x.shape[0], config.batch_size, torch.Generator().manual_seed(config.seed)
+        ),
+        LoopSettings(config.learning_rate, epochs, config.patience),
+        None if validation is None else lambda model: _mean_nll(model, validation),
+    )
+    return model, result.best_epoch, result.best_loss
 
 
 @dataclass
@@ -323,12 +294,14 @@ class ReturnFitResult:
         )
 
 
-def _numpy_layers(model) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    import torch
+def served_layers(networks: list[Any]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The networks side by side as one (`training.ensemble`, "stack": the last layer gives
+    each member's logits in turn), as the numpy predictor multiplies: weights (in, out)."""
+    from training.ensemble import linear_layers, merge_layers
 
-    linears = [m for m in model if isinstance(m, torch.nn.Linear)]
-    weights = [m.weight.detach().numpy().T.astype(np.float32) for m in linears]
-    biases = [m.bias.detach().numpy().astype(np.float32) for m in linears]
+    layers = merge_layers([linear_layers(network) for network in networks], "stack")
+    weights = [np.ascontiguousarray(w.numpy().T, dtype=np.float32) for w, _ in layers]
+    biases = [np.ascontiguousarray(b.numpy(), dtype=np.float32) for _, b in layers]
     return weights, biases
 
 
@@ -393,21 +366,19 @@ def fit_return_model(samples: ReturnSamples, config: ReturnFitConfig) -> ReturnF
         network = train_hazard(
             training_p, None, hidden, len(grid) - 1, config, int(student["epochs"]), targets
         )[0]
-        weights, biases = merge_networks([_numpy_layers(network)])
+        weights, biases = served_layers([network])
         served_epochs = [int(student["epochs"])]
         chosen = student
     else:
         networks = [
-            _numpy_layers(
-                train_hazard(
-                    training_p, None, hidden, len(grid) - 1, replace(config, seed=seed), epochs
-                )[0]
-            )
+            train_hazard(
+                training_p, None, hidden, len(grid) - 1, replace(config, seed=seed), epochs
+            )[0]
             for seed, epochs in zip(
                 range(config.seed, config.seed + len(served_epochs)), served_epochs, strict=True
             )
         ]
-        weights, biases = merge_networks(networks)
+        weights, biases = served_layers(networks)
     layers = {f"weight {i}": w for i, w in enumerate(weights)}
     bad = non_finite_tensor({**layers, **{f"bias {i}": b for i, b in enumerate(biases)}})
     if bad is not None or not (np.isfinite(mean).all() and np.isfinite(std).all()):

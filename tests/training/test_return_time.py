@@ -16,8 +16,8 @@ from training.return_fit import (
     fit_turn_kaplan_meier,
     interval_index,
     log_likelihood,
-    merge_networks,
     mixture_nll,
+    served_layers,
 )
 
 torch = pytest.importorskip("torch")
@@ -143,11 +143,14 @@ def test_merged_networks_serve_the_members_average_curve(tmp_path) -> None:
 
     rng = np.random.default_rng(1)
     grid = np.array([0.0, 5.0, 40.0, 300.0])
-    members = [
-        ([rng.normal(size=(2, 3)), rng.normal(size=(3, 3))], [rng.normal(size=3)] * 2)
-        for _ in range(3)
-    ]
-    weights, biases = merge_networks(members)
+    networks = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        networks.append(
+            torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 3))
+        )
+    members = [served_layers([network]) for network in networks]
+    weights, biases = served_layers(networks)
     metadata = ReturnModelMetadata(
         grid_s=tuple(grid),
         inputs=(ReturnInput("log_turn", 0.0, 1.0), ReturnInput("log_prompt_tokens", 0.0, 1.0)),

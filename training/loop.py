@@ -1,0 +1,123 @@
+"""The one minibatch training loop of the text, access and return models.
+
+Each model brings its network, its loss on a batch of row numbers and, when early stopping,
+its validation loss; the loop is the same for all three: an epoch is one pass over the rows in
+an order drawn from a seeded generator, each batch a zero_grad / backward / Adam step. With a
+validation loss it keeps the state of the epoch with the lowest one (a later epoch must be
+lower by more than `LoopSettings.min_improvement` to count) and stops after `patience` epochs
+without such an improvement, or at once when the loss is not finite (a diverged network does
+not come back); that state is loaded back at the end. Without one it trains exactly `epochs`
+epochs (the refits on a whole training part, for the epoch count early stopping chose).
+
+The order of the rows has two forms, both seeded, each kept so that models trained before the
+loop was shared come out bit for bit the same:
+
+- `permuted_batches` (access and return models): one `randperm` per epoch, cut into batches.
+- `loader_batches` (the text model, formerly under Lightning): a shuffling torch `DataLoader`,
+  whose passes draw more from the generator than the permutation alone (a seed per pass
+  first); `loader_pass` is its unshuffled counterpart for validation,
+  whose passes each draw one number from torch's global generator, as they did under
+  Lightning, which moves the dropout masks of the epochs after it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+BatchLoss = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]  # (model, rows) → loss
+Validation = Callable[[torch.nn.Module], float]  # model in eval mode → validation loss
+EpochOrder = Callable[[], Iterable[torch.Tensor]]  # one epoch's batches of row numbers
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    learning_rate: float
+    max_epochs: int  # the most epochs with a validation loss; exactly this many without
+    patience: int = 1  # epochs without improvement before stopping
+    min_improvement: float = 1e-5  # a validation loss must be this much lower to count
+
+
+@dataclass
+class LoopResult:
+    model: torch.nn.Module  # the kept state, in eval mode
+    best_epoch: int  # 1-based; `max_epochs` when nothing was validated or nothing improved
+    best_loss: float  # inf when nothing was validated
+    val_losses: list[float] = field(default_factory=list)  # one per epoch run, when validated
+
+
+def permuted_batches(rows: int, batch_size: int, generator: torch.Generator) -> EpochOrder:
+    """Per epoch one permutation of the rows from `generator`, in batches of `batch_size`."""
+
+    def epoch() -> Iterable[torch.Tensor]:
+        order = torch.randperm(rows, generator=generator)
+        return [order[start : start + batch_size] for start in range(0, rows, batch_size)]
+
+    return epoch
+
+
+def loader_batches(rows: int, batch_size: int, generator: torch.Generator) -> EpochOrder:
+    """Per epoch a pass of a shuffling `DataLoader` over the row numbers, seeded by
+    `generator` (the text model's order since it was trained under Lightning)."""
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(
+        torch.arange(rows), batch_size=batch_size, shuffle=True, generator=generator
+    )
+    batches = len(loader)
+    # Exactly `batches` taken, never the end-of-pass signal: when the rows fill the batches
+    # exactly, asking for one more would draw the sampler's second permutation, which the
+    # Lightning-trained models never did.
+    return lambda: itertools.islice(loader, batches)
+
+
+def loader_pass(rows: int, batch_size: int) -> Iterable[torch.Tensor]:
+    """The row numbers in order, in batches, through an unshuffled `DataLoader`."""
+    from torch.utils.data import DataLoader
+
+    return DataLoader(torch.arange(rows), batch_size=batch_size, shuffle=False)
+
+
+def train_loop(
+    model: torch.nn.Module,
+    batch_loss: BatchLoss,
+    order: EpochOrder,
+    settings: LoopSettings,
+    validation: Validation | None = None,
+) -> LoopResult:
+    """Train `model` in place with Adam; return it with the kept state loaded, in eval mode."""
+    optimiser = torch.optim.Adam(model.parameters(), lr=settings.learning_rate)
+    best_loss, best_state, best_epoch, stale = math.inf, None, settings.max_epochs, 0
+    losses: list[float] = []
+    for epoch in range(1, settings.max_epochs + 1):
+        model.train()
+        for rows in order():
+            optimiser.zero_grad()
+            batch_loss(model, rows).backward()
+            optimiser.step()
+        if validation is None:
+            continue
+        model.eval()
+        with torch.no_grad():
+            loss = validation(model)
+        losses.append(loss)
+        if loss < best_loss - settings.min_improvement:
+            best_loss, best_epoch, stale = loss, epoch, 0
+            best_state = _copy_state(model)
+        else:
+            stale += 1
+            if stale >= settings.patience or not math.isfinite(loss):
+                break
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    model.eval()
+    return LoopResult(model, best_epoch, best_loss, losses)
+
+
+def _copy_state(model: torch.nn.Module) -> dict[str, Any]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
