@@ -1,4 +1,4 @@
-"""Training end to end: samples → cached embeddings → Lightning fit → held-out metrics.
+"""Training end to end: samples → cached embeddings → MLP fit → held-out metrics.
 
 `train_predictor` is the library call behind `lpc train` and the daily job: it takes
 conversations (any loader's), trains on the training half only (validation inside it picks

@@ -213,15 +213,7 @@ def _add_fit_arguments(p: argparse.ArgumentParser) -> None:
     fit.add_argument(
         "--accelerator",
         default="cpu",
-        help="Lightning accelerator for the MLP: cpu (default), gpu, auto",
-    )
-    fit.add_argument(
-        "--train-devices", default="1", help="Lightning devices, e.g. 4 or 0,1 (default: 1)"
-    )
-    fit.add_argument(
-        "--strategy",
-        default="auto",
-        help="Lightning strategy, e.g. ddp for several GPUs (default: auto)",
+        help="the one device the MLP trains on: cpu (default), gpu, auto",
     )
 
 
@@ -233,9 +225,6 @@ def train_config_from(args: argparse.Namespace):
     from training.fit import FitConfig
     from training.pipeline import TrainConfig
 
-    devices: int | str = args.train_devices
-    if isinstance(devices, str) and devices.isdigit():
-        devices = int(devices)
     try:
         features = FeatureConfig(
             num_previous_prompts=args.previous_prompts,
@@ -251,9 +240,6 @@ def train_config_from(args: argparse.Namespace):
             class_weighting=args.class_weighting,
             seed=args.seed,
             accelerator=args.accelerator,
-            devices=devices,
-            strategy=args.strategy,
-            progress=False,
         )
         config = TrainConfig(
             embedder_spec=args.embedder,

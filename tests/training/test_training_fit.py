@@ -1,4 +1,4 @@
-"""Lightning training: deterministic, keeps the lowest-validation-loss checkpoint, learns."""
+"""The text model's fit: deterministic, keeps the lowest-validation-loss checkpoint, learns."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from predictor.model import MLPConfig
-from training.fit import FitConfig, fit_mlp
-from training.lightning_module import balanced_class_weights
+from training.fit import FitConfig, WeightedBCE, balanced_class_weights, fit_mlp
 
 
 def toy(n: int, seed: int, dim: int = 8) -> tuple[np.ndarray, np.ndarray]:
@@ -51,12 +50,8 @@ def test_keeps_the_checkpoint_with_the_lowest_validation_loss():
     assert result.epochs_run == len(result.val_losses)
     assert result.best_epoch == int(np.argmin(result.val_losses))
     assert result.best_val_loss == min(result.val_losses)
-    from training.lightning_module import ContinuationModule
-
-    module = ContinuationModule(result.model.config, class_weights=result.class_weights)
-    module.model = result.model
     with torch.no_grad():
-        loss = module.weighted_loss(
+        loss = WeightedBCE(result.class_weights)(
             result.model(torch.from_numpy(vx)), torch.from_numpy(vy.astype(np.float32))
         )
     assert float(loss) == pytest.approx(result.best_val_loss, rel=1e-4)
@@ -100,6 +95,8 @@ def test_config_validation_names_the_field():
         FitConfig(learning_rate=0)
     with pytest.raises(ValueError, match=r"FitConfig\.class_weighting"):
         FitConfig(class_weighting="inverse")
+    with pytest.raises(ValueError, match=r"FitConfig\.accelerator"):
+        FitConfig(accelerator="tpu")
     x, y = toy(10, 0)
     with pytest.raises(ValueError, match="columns"):
         fit_mlp(x, y, x, y, MLPConfig(embedding_dim=4), FitConfig(max_epochs=1))
