@@ -2,9 +2,10 @@
 size of `Request.block_hashes` and the data-parallel rank of this engine core.
 
 vLLM builds the free-block queue as `FreeKVCacheBlockQueue(blocks)`, inside
-`BlockPool.__init__` (which holds `hash_block_size`), inside the `Scheduler.__init__` of the
-engine core (which holds the `VllmConfig`). Neither is passed to the queue, so the plugin reads
-them, once, from those constructors' frames on the call stack; nothing on the hot path.
+`BlockPool.__init__`, inside the `Scheduler.__init__` of the engine core (which holds the
+`VllmConfig`). The queue is given only the blocks, but vLLM 0.33's blocks know their pool
+(`KVCacheBlock.pool`), which has set its `hash_block_size` by then; the `VllmConfig` is the one
+the plugin's scheduler hook saw last (`QueueRuntime.vllm_config`). Read once, off the hot path.
 
 The data-parallel rank (vLLM 0.33): every engine core process of a data-parallel deployment
 runs its own scheduler, block pool and so its own plugin. vLLM sets
@@ -20,12 +21,9 @@ from __future__ import annotations
 
 import multiprocessing
 import re
-import sys
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
-MAX_FRAMES = 40  # how far up the stack the constructors are looked for
 _DP_SUFFIX = re.compile(r"_DP(\d+)$")
 
 
@@ -54,23 +52,12 @@ def rank_of_process_name(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def engine_context(frame: FrameType | None = None) -> EngineContext:
-    """Walk up from `frame` (default: the caller's) to the block pool and the scheduler that
-    are building the queue; what they say, with the fallbacks of the module docstring."""
-    frame = frame if frame is not None else sys._getframe(1)
-    block_size: int | None = None
-    rank: int | None = None
-    for _ in range(MAX_FRAMES):
-        if frame is None or (block_size is not None and rank is not None):
-            break
-        owner = frame.f_locals.get("self")
-        if owner is not None:
-            size = getattr(owner, "hash_block_size", None)
-            if block_size is None and isinstance(size, int) and size > 0:
-                block_size = size
-            if rank is None:
-                rank = rank_of_config(getattr(owner, "vllm_config", None))
-        frame = frame.f_back
+def engine_context(pool: Any = None, vllm_config: Any = None) -> EngineContext:
+    """What the block pool building the queue (its `hash_block_size`) and the scheduler's
+    config say, with the fallbacks of the module docstring."""
+    size = getattr(pool, "hash_block_size", None)
+    block_size = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+    rank = rank_of_config(vllm_config)
     if rank is not None:
         return EngineContext(block_size, rank, "config")
     rank = rank_of_process_name(multiprocessing.current_process().name)

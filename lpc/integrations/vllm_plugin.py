@@ -31,18 +31,18 @@ as the policy `lpc` (`vllm_seam`), vLLM builds it for the pools configured with
 `eviction_policy="lpc"`, and its `on_request_freed` hook computes each release with the same
 code (`safe_release_for`, `shared_blocks`).
 
-A release's probability is, in order: the request's `extra_args["lpc_probability"]`; with
-an access-only model configured (`access_model`), the model's p computed in process at the
-release (`access_runtime`; no RPC); the asynchronous prediction for its
-`lpc_conversation_id` if it has arrived; the fallback p (and when that prediction comes later,
-the free queues re-key the release's own blocks: `late_predictions`). Time comes from an injectable clock
-(default `time.monotonic`). A finished request's release is a `TenantRelease`: it carries
-the request's tenant and whether its p is the request's own (a trusted hint: `trust`), which
-the free queue counts against the tenant's pinned share of the pool (`pinned_share`). With a
-return-time model (`return_model`), every finished release also carries its conversation's
-return curve, computed in process from the same features as the access model's p, whatever
-the p's source (`return_runtime`; None, the evictor's fallback score, when it fails): the
-`lpc-return` evictor, in the free queue or the CPU tier, reads it.
+A release's probability is, in order: the request's `extra_args["lpc_probability"]`; with an
+access-only model configured (`access_model`), the model's p computed in process at the release
+(`access_runtime`; no RPC); the asynchronous prediction for its `lpc_conversation_id` if it has
+arrived; the fallback p (and when that prediction comes later, the free queues re-key the
+release's own blocks: `late_predictions`). Time comes from an injectable clock (default
+`time.monotonic`). A finished request's release is a `TenantRelease`: it carries the request's
+tenant and whether its p is the request's own (a trusted hint: `trust`), which the free queue
+counts against the tenant's pinned share of the pool (`pinned_share`). With a return-time model
+(`return_model`), every finished release also carries its conversation's return curve, computed
+in process from the same features as the access model's p, whatever the p's source
+(`return_runtime`; None, the evictor's fallback score, when it fails): the `lpc-return`
+evictor, in the free queue or the CPU tier, reads it.
 
 When the access features' inputs are known to the plugin (all read at the release, from
 vLLM's `Request` and the plugin's `ConversationTable`):
@@ -314,11 +314,12 @@ class PluginRuntime:
         costs the release its prediction, not the request (`plugin_errors`)."""
         rid = request.request_id
         hints = self.hints.pop(rid, None)
+        scheduled = hints is not None  # seen by the scheduling hook, which asked if it could
         if hints is None:
             hints = self.hints_for(request)
         awaiting = None  # the prediction is on its way: the queues re-key when it comes
         try:
-            probability, counter, curve = self._probability(request, hints)
+            probability, counter, curve = self._probability(request, hints, not scheduled)
             if counter == "predictions_late":
                 awaiting, counter = rid, "fallbacks_used"
         except Exception as error:
@@ -356,13 +357,14 @@ class PluginRuntime:
         return release, source
 
     def _probability(
-        self, request: Any, hints: RequestHints
+        self, request: Any, hints: RequestHints, ask: bool = False
     ) -> tuple[float | None, str, ReturnCurve | None]:
         """The release's p (unchecked), the counter of its source, and its return curve from
         the in-process return-time model (checked; None without one, or the fallback score).
         One in-process release computes both from the same features. The counter
         `predictions_late` (not a release's source) says the p is None while the predictor's
-        answer is on its way."""
+        answer is on its way. `ask`: the request was never seen scheduled (the seam path has
+        no scheduling hook), so its prediction is asked for now."""
         rid = request.request_id
         probability = hints.probability
         access = self.access
@@ -384,8 +386,12 @@ class PluginRuntime:
         curve = None
         if access is not None:
             probability, curve = self.in_process_release(request, hints)
-        if (access is None or access.model is None) and self.board is not None:
-            probability, coming = self.board.claim(rid)
+        board = self.board
+        if (access is None or access.model is None) and board is not None:
+            if ask and hints.can_predict and not board.has(rid):
+                # Asked now; the release is re-keyed when the answer comes.
+                board.ask(rid, hints.prediction_item(engine_prompt_tokens(request)))
+            probability, coming = board.claim(rid)
             if coming:
                 return None, "predictions_late", curve
         counter = "fallbacks_used" if probability is None else "predictions_used"
@@ -631,6 +637,8 @@ def _wrap_scheduler_init(original: Any) -> Any:
         if registration is not None:
             config = registration.runtime.config
             registration.runtime.kv_connector_extra_config = connector_extra_config(vllm_config)
+            # The engine's config, for the first queue this scheduler's pool builds (its DP rank).
+            registration.runtime.queues.vllm_config = vllm_config
             registration.runtime.model_name = model_name_of(vllm_config)
             allowed = engine_checks.parse_allowed(config.allow_unverified)
             for item in engine_checks.check_engine(vllm_config, kv_cache_config, allowed):

@@ -55,7 +55,6 @@ transcription (`stock_queue`) everywhere else.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -124,8 +123,10 @@ class QueueRuntime:
     # `lpc-pooled` judges reuse and the model over. None: no model loaded, the default.
     horizon_s: float | None = None
     histograms: PluginHistograms = field(default_factory=PluginHistograms)
-    # Learned from vLLM's constructors when the first queue is built (`engine_context`).
+    # Learned when the first queue is built (`engine_context`): from its block pool, and the
+    # config of the scheduler being built (set by the plugin's scheduler hook).
     engine: EngineContext = field(default_factory=EngineContext)
+    vllm_config: Any = None
     # The latest queue's (its trust gate, or lpc-return's window, is exported).
     evictor: LearnedEvictor | None = None
     # lpc, lru or shadow; the queues follow a change at once (`kill_switch`).
@@ -137,11 +138,12 @@ class QueueRuntime:
     )
     _active: bool = False
 
-    def queue_built(self) -> None:
+    def queue_built(self, pool: Any = None) -> None:
+        """The first queue of the process is built (in `pool`, when its blocks know it)."""
         if not self._active:
             self._active = True
             try:
-                self.engine = engine_context(sys._getframe(1))
+                self.engine = engine_context(pool, self.vllm_config)
             except Exception as error:  # unknown block size, rank 0: still correct
                 self.stats.plugin_error("reading the engine's block size and rank", error)
             if self.activate is not None:
@@ -276,7 +278,7 @@ class LPCFreeBlockQueue:
         self._learned.reset([])
         self._phase = LPC
         self._tripped = False
-        self.runtime.queue_built()
+        self.runtime.queue_built(self._pool)
         self.runtime.mode.attach(self)
 
     # -- the mode ----------------------------------------------------------------------------

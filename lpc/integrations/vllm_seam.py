@@ -21,13 +21,14 @@ What the patch points learn by wrapping, the queue learns from `on_request_freed
   deepest one the request alone holds) opens its group's `append_n`; any other append (an
   unpin, a deferred free) is outside a release, as with the patch points.
 
-Not carried by the seam (each needs a hook it does not have; the seam path logs one line
-naming the configured ones, `unsupported_by_seam`): the predictor RPC's asks, the shadow
-caches' admissions, the request log's prefix hits, what the patch points read in
-`Scheduler.__init__` (the CPU tier's settings, the engine checks, the metrics' `model_name`),
-and frees deferred through `pop_blocks_for_free` (their blocks take the fallback p at the
-current time, LRU's place). The LPC settings come from the `LPC_*` environment or
-`register(config)`.
+Not carried by the seam (each needs a hook it does not have; the seam path logs one line naming
+the configured ones, `unsupported_by_seam`): the shadow caches' admissions, the request log's
+prefix hits, what the patch points read in `Scheduler.__init__` (the CPU tier's settings, the
+engine checks, the metrics' `model_name`), and frees deferred through `pop_blocks_for_free`
+(their blocks take the fallback p at the current time, LRU's place). The LPC settings come from
+the `LPC_*` environment or `register(config)`. The predictor RPC is asked at the release
+instead of at the first scheduling: the release is queued at the fallback p and re-keyed when
+the answer comes (`late_predictions`).
 """
 
 from __future__ import annotations
@@ -52,11 +53,11 @@ SEAM_QUEUE_CLASS = "LPCSeamQueue"
 
 class SeamQueueRuntime(QueueRuntime):
     """`QueueRuntime` whose engine facts come from the seam (the pool hands the queue its hash
-    block size; the rank is the engine core's process name), not from the call stack."""
+    block size; the rank is the engine core's process name)."""
 
     seam_activated: bool = False
 
-    def queue_built(self) -> None:
+    def queue_built(self, pool: Any = None) -> None:
         if self.seam_activated:
             return
         self.seam_activated = True
@@ -92,8 +93,6 @@ def unsupported_by_seam(config: PluginConfig) -> list[str]:
     """The configured features the seam path cannot serve (they need hooks it has no
     counterpart for), for the one log line."""
     missing = []
-    if config.predictor_url is not None:
-        missing.append("predictor_url (asked when a request is first scheduled)")
     if config.request_log_dir is not None:
         missing.append("request_log_dir's prefix hits (noted in get_computed_blocks)")
     if config.mode == "shadow":

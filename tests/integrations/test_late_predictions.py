@@ -131,3 +131,21 @@ def test_a_late_prediction_puts_the_blocks_where_one_in_time_would() -> None:
     runtime.queues.late.inboxes[0].clear()  # the answer lost: nothing re-keyed
     queue.popleft_n(4)
     assert runtime.stats.late_predictions_used == 0
+
+
+def test_a_request_never_asked_for_is_asked_at_its_release_and_re_keyed() -> None:
+    """The seam path has no scheduling hook: the release asks, queues the blocks at the
+    fallback p, and the answer re-keys them at the next pop."""
+    runtime, queue, client = plugin(0.9)
+    old = Request("old", Params({"lpc_conversation_id": "a", "lpc_user_prompts": ["hi"]}))
+    chains = [queue.popleft_n(4), queue.popleft_n(4)]
+    for block in chains[0] + chains[1]:
+        block.ref_cnt = 1
+    release(runtime, queue, old, chains[0])  # asked here, not at scheduling
+    runtime.queues.clock = lambda: 1.0
+    release(runtime, queue, Request("new"), chains[1])
+    assert runtime.stats.predictions_requested == 1 and runtime.stats.predictions_late == 1
+    client.gate.set()
+    runtime.board.close()
+    assert [block.block_id for block in queue.popleft_n(8)] == [7, 6, 5, 4, 3, 2, 1, 0]
+    assert runtime.stats.late_predictions_used == 1

@@ -105,16 +105,8 @@ class FakeBlockPool:
 
     def __init__(self, queue_class: type, num_blocks: int, hash_block_size: int) -> None:
         self.hash_block_size = hash_block_size
-        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.blocks = [Block(i, pool=self) for i in range(num_blocks)]
         self.free_block_queue = queue_class(self.blocks)
-
-
-class FakeScheduler:
-    """Builds the pool in its constructor and holds the engine's config, as vLLM's does."""
-
-    def __init__(self, vllm_config: FakeVllmConfig, queue_class: type) -> None:
-        self.vllm_config = vllm_config
-        self.pool = FakeBlockPool(queue_class, 8, hash_block_size=16)
 
 
 @dataclass
@@ -122,12 +114,16 @@ class Block:
     block_id: int
     block_hash: bytes | None = None
     block_hash_num_tokens: int | None = None
+    pool: Any = None  # vLLM 0.33's blocks know their pool
 
 
-def test_the_engine_context_comes_from_the_scheduler_building_the_queue() -> None:
+def test_the_engine_context_comes_from_the_pool_and_the_schedulers_config() -> None:
     queues = QueueRuntime(PluginConfig(), PluginStats())
-    config = FakeVllmConfig(FakeParallelConfig(data_parallel_rank=0, data_parallel_index=3))
-    FakeScheduler(config, bind_queue_class(queues))
+    # What the plugin's scheduler hook records before vLLM builds the scheduler's pool.
+    queues.vllm_config = FakeVllmConfig(
+        FakeParallelConfig(data_parallel_rank=0, data_parallel_index=3)
+    )
+    FakeBlockPool(bind_queue_class(queues), 8, hash_block_size=16)
     assert queues.engine == EngineContext(16, 3, "config")
 
 
