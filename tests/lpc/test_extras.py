@@ -20,7 +20,7 @@ from lpc.cli import main as cli
 PYPROJECT = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]
 CORE = {re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower() for r in PROJECT["dependencies"]}
-HEAVY = {"torch", "lightning", "transformers", "datasets", "sentence-transformers", "pandas"}
+HEAVY = {"torch", "transformers", "datasets", "sentence-transformers", "pandas"}
 
 
 def distributions(extra: str) -> set[str]:
@@ -63,7 +63,7 @@ def test_the_optional_modules_table_matches_pyproject() -> None:
 
 def test_require_names_every_missing_module(monkeypatch: pytest.MonkeyPatch) -> None:
     real = extras.importlib.util.find_spec
-    absent = {"lightning", "sklearn"}
+    absent = {"datasets", "sklearn"}
     monkeypatch.setattr(
         extras.importlib.util, "find_spec", lambda n: None if n in absent else real(n)
     )
@@ -72,7 +72,7 @@ def test_require_names_every_missing_module(monkeypatch: pytest.MonkeyPatch) -> 
         extras.require("train")
     message = str(error.value)
     assert "lpc[train]" in message and "pip install 'lpc[train]'" in message
-    assert "lightning" in message and "sklearn" in message
+    assert "datasets" in message and "sklearn" in message
     with pytest.raises(ValueError, match="unknown extra"):
         extras.require("gpu")
 
