@@ -1,58 +1,149 @@
-"""The CPU tier running one of LPC's vLLM `CachePolicy` classes itself, called as vLLM 0.33's
-`CPUOffloadingManager` calls it: the two-tier replay's CPU tier for `lpc` and `lpc-pooled`,
-and for `vllm-arc`, vLLM's own ARC (`vllm_arc_policy`, transcribed from vLLM 0.33.0: not the
-replay's `arc`, FAST'03 ARC under `HostTier`'s rules).
+"""The two-tier replay's CPU tier: vLLM 0.33's `CPUOffloadingManager` (the manager's part: the
+chunk pool and its reference counts, the store threshold's tracker, each request's accesses),
+making the manager's calls into a `CachePolicy`-shaped object, in its order, with its arguments
+(`vllm/v1/kv_offload/cpu/manager.py`). One simulation serves every CPU policy; only the policy
+differs:
+- `lpc` and `lpc-pooled` run inside the vLLM classes LPC ships for them (`EvictorCachePolicy`
+  of `lpc.integrations.cpu_tier_policy`, one class for the replay and the engine), whose
+  release rules were made for vLLM's hook order: a running request's stored chunks are
+  provisional (queued after every chunk queued so far, where LRU queues a fresh insert, with no
+  p and nothing learned, so they are not lost before the request finishes), the resident
+  chunks it reads are held the same way, and only `on_request_finished` releases them all with
+  the request's p;
+- `vllm-arc` is vLLM's own ARC (`vllm_arc_policy`, transcribed from vLLM 0.33.0: not the
+  replay's `arc`, FAST'03 ARC);
+- every other evictor of `eviction/` runs in `host_tier.HostTierPolicy`, the replay's release
+  rules (a request's chunks released at its store with no prediction yet, and again at its
+  finish with its p): vLLM's `lru`'s and `LPCReturnCachePolicy`'s rules.
+The request's p reaches the policy as in the engine: the GPU plugin's release, recorded by
+request id (`FinishedReleases`) when the request finishes, just before `on_request_finished`.
+tests/vllm/test_two_tier_agreement.py checks this tier against the real manager, request by
+request, with vLLM's `lru` and `arc` and with LPC's classes.
 
-`host_tier.HostTier` stands an evictor in for vLLM's policy under one set of release rules: a
-request's offered chunks are released when it stores them, with no prediction yet, and again
-when it finishes, with its p. Those are the rules of vLLM's `lru` and of
-`LPCReturnCachePolicy`, not of `LPCCachePolicy` and `LPCPooledCachePolicy`
-(`lpc.integrations.vllm_cache_policy`), which were made for vLLM's hook order: a running
-request's stored chunks are provisional (queued after every chunk queued so far, where LRU
-queues a fresh insert, with no p and nothing learned, so they are not lost before the request
-finishes), the resident chunks it reads are held the same way (their keys set aside and
-restored at its finish), and only `on_request_finished` releases them all with the request's
-p. Replayed under `HostTier`'s rules, "LPC in the CPU
-tier" would be a policy vLLM never runs. So here the policy class runs as it does in the
-engine (one class serves the replay and the engine): this module holds what the manager
-owns — the chunk pool and its reference counts, the store threshold's tracker, each request's
-accesses — and makes the manager's calls into the policy, in its order, with its arguments
-(`vllm/v1/kv_offload/cpu/manager.py`). The request's p reaches the policy as in the engine:
-the GPU plugin's release, recorded by request id (`FinishedReleases`) when the request
-finishes, just before `on_request_finished`. tests/vllm/test_two_tier_agreement.py checks this
-tier against the real manager running the same classes, request by request.
+What vLLM 0.33 does (read from its source; paths under `vllm/`):
+- Granularity. The CPU tier stores chunks of `blocks_per_chunk` GPU blocks
+  (`distributed/kv_transfer/kv_connector/v1/offloading/config.py`: `block_size` in
+  `kv_connector_extra_config` must be a multiple of the GPU block size; default 1 block per
+  chunk). A chunk's key is the hash of its last GPU block, so a chunk is one point of the
+  prefix chain. This tier models the default: one chunk per GPU block.
+- Size. `--kv-offloading-size` GiB becomes `cpu_bytes_to_use`; the number of chunks is that
+  divided by the KV bytes of a chunk (`v1/kv_offload/cpu/spec.py`, `CPUOffloadingSpec`).
+  Here the size is given in tokens; `lpc.replay.latency` converts it to bytes.
+- What is stored and when. Stores are write-through, not write-back on GPU eviction: at every
+  scheduler step `OffloadingConnectorScheduler._build_store_jobs`
+  (`.../offloading/scheduler.py`) offers the chunks a request has newly computed, up to
+  `offload_prompt_only` (default True, `v1/kv_offload/base.py`) the prompt's full chunks.
+  At the lookup (`get_num_new_matched_tokens`) `next_stored_chunk_idx` restarts at 0, so
+  every full chunk of the prompt is offered, those the GPU prefix cache served included.
+  Here a request's prompt is offered once, right after its lookup (its prefill computes it).
+- Store threshold. `CPUOffloadingManager.prepare_store` stores an offered chunk only when the
+  chunk has been offered at least `store_threshold` times (default 0, i.e. always; at >= 2 an
+  LRU-ordered tracker of at most `max_tracker_size` = 64,000 keys counts offers). Chunks
+  already resident are not stored again; they count as reused.
+- Eviction. When the free chunks do not suffice, `prepare_store` asks the policy to
+  `evict(n, protected)` with every key of the offer protected; if it cannot, the whole store
+  is dropped (`None`, "cannot store chunks"). An evicted chunk is simply gone: nothing moves
+  further down, and the GPU tier is not told.
+- Lookup. The scheduler first takes the GPU prefix cache's hit (`num_computed_tokens`), then
+  `_lookup_complete_chunks` / `_maximal_prefix_lookup` look the CPU keys up from the first
+  chunk after the GPU hit and stop at the first miss: the CPU tier only continues the GPU
+  prefix. The hit is loaded into freshly allocated GPU blocks before the request runs
+  (`prepare_load` pins the chunks with a reference count; `complete_load` unpins them).
+- Recency. `lookup` does not touch. A policy sees a request's accesses through
+  `on_request_access` (store-time, provisional) and `on_request_finished(key_groups,
+  insertion_only_keys, reused_keys, req_context)` when the request finishes.
 
 Per request, as the connector's scheduler drives the manager (loads and stores are
-instantaneous here, as in `HostTier`): at its arrival the lookup (`get` from the GPU hit on,
-stopping at the first miss), the load of the hit (`prepare_load` then `complete_load`) and the
-store of the prompt's full chunks (`prepare_store` then `complete_store`); at its end
+instantaneous here): at its arrival the lookup (`get` from the GPU hit on, stopping at the
+first miss), the load of the hit (`prepare_load` then `complete_load`) and the store of the
+prompt's full chunks (`prepare_store` then `complete_store`); at its end
 `on_request_finished`. The load, the store and the finish set the policy's clock to the
 event's time first.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from eviction import Release
+from eviction import Evictor, Release
 from eviction.base import ReturnCurveLike
 from lpc.blocks.hashing import BlockHash
 from lpc.integrations.cpu_tier_policy import EvictorCachePolicy
 from lpc.integrations.finished_releases import FinishedReleases
+from lpc.integrations.request_hints import CONVERSATION_KEY
 from lpc.integrations.stats import PluginStats
-from lpc.replay.host_tier import (
-    DEFAULT_MAX_TRACKER_SIZE,
-    HostCounters,
-    OfferCounts,
-    check_tier_settings,
-)
+from lpc.replay.host_tier import HostTierPolicy
 from lpc.replay.vllm_arc_policy import ReplayARCCachePolicy
+
+DEFAULT_MAX_TRACKER_SIZE = 64_000  # vLLM's CPUOffloadingManager default
 
 # The CPU-tier policies that are vLLM's own classes, transcribed (built from the capacity alone,
 # as the manager builds them), one per name of `eviction.registry.CPU_TIER_ONLY`.
 VLLM_POLICIES: dict[str, type[ReplayARCCachePolicy]] = {"vllm-arc": ReplayARCCachePolicy}
+
+# What the tier runs: LPC's vLLM classes, vLLM's own, or an evictor under the replay's rules.
+TierPolicy = EvictorCachePolicy | ReplayARCCachePolicy | HostTierPolicy
+
+
+@dataclass(slots=True)
+class HostCounters:
+    """Running totals of the CPU tier."""
+
+    offered_chunks: int = 0
+    stored_chunks: int = 0
+    evictions: int = 0
+    skipped_below_threshold: int = 0
+    failed_stores: int = 0
+    loaded_chunks: int = 0
+
+
+class OfferCounts:
+    """vLLM's store-threshold tracker (`CPUOffloadingManager._record_accesses`): offers per
+    key, oldest first, at most `max_tracker_size` keys."""
+
+    def __init__(self, max_tracker_size: int) -> None:
+        self.max_tracker_size = max_tracker_size
+        self._offers: OrderedDict[BlockHash, int] = OrderedDict()
+
+    def get(self, key: BlockHash) -> int:
+        """How many times `key` was offered (0 once the tracker forgot it)."""
+        return self._offers.get(key, 0)
+
+    def count(self, hashes: Sequence[BlockHash]) -> None:
+        """Count each offered key; a full tracker forgets its oldest key that is not part of
+        this offer."""
+        offers = self._offers
+        protected: set[BlockHash] = set()
+        for h in hashes:
+            if h in offers:
+                offers.move_to_end(h)
+                offers[h] += 1
+                protected.add(h)
+        unprotected = len(offers) - len(protected)
+        for h in hashes:
+            if h in offers:
+                continue
+            if len(offers) >= self.max_tracker_size:
+                if unprotected == 0:
+                    continue
+                offers.popitem(last=False)
+                unprotected -= 1
+            offers[h] = 1
+
+
+def check_tier_settings(num_chunks: int, store_threshold: int, max_tracker_size: int) -> None:
+    """A CPU tier's settings: a ValueError that names the first bad one."""
+    if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
+        raise ValueError(f"num_chunks must be an int >= 1, got {num_chunks!r}")
+    if isinstance(store_threshold, bool) or not isinstance(store_threshold, int):
+        raise ValueError(f"store_threshold must be an int, got {store_threshold!r}")
+    if store_threshold < 0:
+        raise ValueError(f"store_threshold must be >= 0, got {store_threshold}")
+    if max_tracker_size < 1:
+        raise ValueError(f"max_tracker_size must be >= 1, got {max_tracker_size}")
 
 
 class EventClock:
@@ -102,18 +193,15 @@ class ReplayStats(PluginStats):
 
 
 class CachePolicyTier:
-    """A pool of `num_chunks` CPU chunks ordered by `policy` (an `EvictorCachePolicy` built on
-    `clock` and `finished`, which this tier sets and fills, or one of vLLM's own policies,
-    `VLLM_POLICIES`, which read neither); `block_size` tokens per chunk give the keys'
-    positions. Same interface as `HostTier` (`host_tier.CpuTier`)."""
-
-    # A load pins, touches and re-releases what the request reads (`on_request_access`).
-    reads_loads = True
+    """A pool of `num_chunks` CPU chunks ordered by `policy` (an `EvictorCachePolicy` or a
+    `HostTierPolicy` built on `clock` and `finished`, which this tier sets and fills, or one of
+    vLLM's own policies, `VLLM_POLICIES`, which read neither); `block_size` tokens per chunk
+    give the keys' positions."""
 
     def __init__(
         self,
         num_chunks: int,
-        policy: EvictorCachePolicy | ReplayARCCachePolicy,
+        policy: TierPolicy,
         clock: EventClock,
         finished: FinishedReleases,
         block_size: int,
@@ -127,6 +215,11 @@ class CachePolicyTier:
             )
         self.num_chunks = num_chunks
         self.policy = policy
+        # Whether the tier's state depends on the chunks a request loads (the GPU hit decides
+        # where its CPU lookup starts): a policy that holds or re-releases what a request
+        # reads does; `HostTierPolicy` does not, and then one tier serves several GPU replays
+        # at once (`two_tier_grid.replay_host_tier_for`).
+        self.reads_loads: bool = policy_reads_loads(type(policy))
         self.clock = clock
         self.finished = finished
         self.block_size = block_size
@@ -158,6 +251,25 @@ class CachePolicyTier:
             **evictor_options,
         )
         return cls(num_chunks, policy, clock, finished, block_size, store_threshold)
+
+    @classmethod
+    def over_evictor(
+        cls,
+        num_chunks: int,
+        evictor: Evictor,
+        block_size: int,
+        store_threshold: int = 0,
+        max_tracker_size: int = DEFAULT_MAX_TRACKER_SIZE,
+    ) -> CachePolicyTier:
+        """A tier whose chunks `evictor` orders under the replay's release rules
+        (`HostTierPolicy`; the evictor built for `num_chunks + 1` blocks), on this tier's clock
+        and finished releases."""
+        check_tier_settings(num_chunks, store_threshold, max_tracker_size)
+        clock, finished = EventClock(), FinishedReleases()
+        policy = HostTierPolicy(num_chunks, evictor, block_size, clock, finished)
+        return cls(
+            num_chunks, policy, clock, finished, block_size, store_threshold, max_tracker_size
+        )
 
     @classmethod
     def running_vllm(
@@ -243,8 +355,8 @@ class CachePolicyTier:
         counters.offered_chunks += len(hashes)
         context = self._context(request_id, conversation_id)
         block_size = self.block_size
-        for depth, key in enumerate(hashes):
-            context.positions[key] = (depth + 1) * block_size
+        ends = range(block_size, (len(hashes) + 1) * block_size, block_size)
+        context.positions.update(zip(hashes, ends, strict=True))
         policy = self.policy
         get = policy.get
         keys = list(hashes)
@@ -266,8 +378,12 @@ class CachePolicyTier:
         if misses:
             policy.on_store_miss(misses, context)
             context.store_misses.update(misses)
-        recorded = {*to_store, *resident}
-        self._record_access(context, [key for key in keys if key in recorded], resident)
+        if len(to_store) + len(resident) < len(keys):  # the threshold kept some out
+            recorded = {*to_store, *resident}
+            keys_recorded = [key for key in keys if key in recorded]
+        else:
+            keys_recorded = keys
+        self._record_access(context, keys_recorded, resident)
         if not to_store:
             return 0
         to_evict = len(to_store) - (self.num_chunks - self._resident)
@@ -337,7 +453,7 @@ class CachePolicyTier:
         conversation in `kv_transfer_params`, as a client that names it sends it."""
         context = self._requests.get(request_id)
         if context is None:
-            params = {"lpc_conversation_id": conversation_id} if conversation_id else None
+            params = {CONVERSATION_KEY: conversation_id} if conversation_id else None
             context = self._requests[request_id] = RequestContext(request_id, params)
         return context
 
@@ -354,3 +470,9 @@ class CachePolicyTier:
             self.policy.on_request_access(new, context)
         inserted = context.inserted
         context.reused.update(key for key in reused if key not in inserted)
+
+
+def policy_reads_loads(policy_class: type) -> bool:
+    """Whether a tier running `policy_class` reads its loads (`CachePolicyTier.reads_loads`):
+    unless the class says it does not, as `HostTierPolicy` does."""
+    return bool(getattr(policy_class, "reads_loads", True))

@@ -1,368 +1,440 @@
-"""The CPU (host) tier below the GPU prefix cache, with vLLM 0.33's `OffloadingConnector`
-semantics and any evictor of `eviction/` in place of vLLM's `CachePolicy`.
+"""The replay's own release rules for the CPU tier, as a vLLM `CachePolicy` over any evictor of
+`eviction/` (`HostTierPolicy`): what the one CPU-tier simulation
+(`cache_policy_tier.CachePolicyTier`, vLLM 0.33's `CPUOffloadingManager`) runs for every CPU
+policy that has no vLLM class of its own.
 
-What vLLM 0.33 does (read from its source; paths under `vllm/`):
-- Granularity. The CPU tier stores chunks of `blocks_per_chunk` GPU blocks
-  (`distributed/kv_transfer/kv_connector/v1/offloading/config.py`: `block_size` in
-  `kv_connector_extra_config` must be a multiple of the GPU block size; default 1 block per
-  chunk). A chunk's key is the hash of its last GPU block, so a chunk is one point of the
-  prefix chain. This tier models the default: one chunk per GPU block.
-- Size. `--kv-offloading-size` GiB becomes `cpu_bytes_to_use`; the number of chunks is that
-  divided by the KV bytes of a chunk (`v1/kv_offload/cpu/spec.py`, `CPUOffloadingSpec`).
-  Here the size is given in tokens; `lpc.replay.latency` converts it to bytes.
-- What is stored and when. Stores are write-through, not write-back on GPU eviction: at every
-  scheduler step `OffloadingConnectorScheduler._build_store_jobs`
-  (`.../offloading/scheduler.py`) offers the chunks a request has newly computed, up to
-  `offload_prompt_only` (default True, `v1/kv_offload/base.py`) the prompt's full chunks.
-  At the lookup (`get_num_new_matched_tokens`) `next_stored_chunk_idx` restarts at 0, so
-  every full chunk of the prompt is offered, those the GPU prefix cache served included.
-  Here a request's prompt is offered once, right after its lookup (its prefill computes it).
-- Store threshold. `CPUOffloadingManager.prepare_store` (`v1/kv_offload/cpu/manager.py`)
-  stores an offered chunk only when the chunk has been offered at least `store_threshold`
-  times (default 0, i.e. always; at >= 2 an LRU-ordered tracker of at most
-  `max_tracker_size` = 64,000 keys counts offers). Chunks already resident are not stored
-  again; they count as reused.
-- Eviction. When the free chunks do not suffice, `prepare_store` asks the policy to
-  `evict(n, protected)` with every key of the offer protected; if it cannot, the whole store
-  is dropped (`None`, "cannot store chunks"). An evicted chunk is simply gone: nothing moves
-  further down, and the GPU tier is not told.
-- Lookup. The scheduler first takes the GPU prefix cache's hit (`num_computed_tokens`), then
-  `_lookup_complete_chunks` / `_maximal_prefix_lookup` look the CPU keys up from the first
-  chunk after the GPU hit and stop at the first miss: the CPU tier only continues the GPU
-  prefix. The hit is loaded into freshly allocated GPU blocks before the request runs
-  (`prepare_load` pins the chunks with a reference count; `complete_load` unpins them).
-- Recency. `lookup` does not touch. A policy sees a request's accesses through
-  `on_request_access` (store-time, provisional) and `on_request_finished(key_groups,
-  insertion_only_keys, reused_keys, req_context)` when the request finishes; vLLM's LRU gives
-  the head of the prompt the newest rank, so a prompt's tail is evicted before its head.
+The rules (a request's chunks, tail first, as the GPU block manager frees a sequence):
+- its store, once over, releases the chunks it stored with every resident chunk it accessed
+  since its last store (those it loads and those its store finds: vLLM's `on_request_access`;
+  and those its store's eviction protects), at the store's time, with the request's
+  conversation and no prediction yet;
+- its finish (`on_request_finished`) releases again every chunk it saw that is still
+  resident, with its release as the GPU plugin recorded it (`FinishedReleases`: its predicted
+  continuation probability, conversation, workload category and return curve).
 
-How the evictor stands in for the `CachePolicy`: every CPU slot lives in the evictor (loads
-and stores are instantaneous here, so no chunk is ever pinned across events). Storing pops
-slots (a popped slot that held a chunk is an eviction); the offer's resident chunks are taken
-out of the evictor first, which is vLLM's `protected`. The offer's chunks then go back
-tail first (the order the GPU block manager frees a sequence in) with the request's
-conversation and no prediction yet, and again when the request finishes, with its predicted
-continuation probability: `on_request_finished` is where vLLM hands a policy the request.
+These are vLLM's `lru`'s rules (its `on_request_access` ranks a request's chunks when it first
+sees them, its `on_request_finished` again) and `LPCReturnCachePolicy`'s (made to follow them;
+both checked against vLLM, tests/vllm/test_two_tier_agreement.py). They are not those of
+`LPCCachePolicy` and `LPCPooledCachePolicy`, which keep a running request's stores provisional
+until it finishes: the replay runs `lpc` and `lpc-pooled` inside those classes instead. The
+other evictors have no vLLM class; they run under these rules.
 
-These release rules are vLLM's `lru`'s (its `on_request_access` ranks a request's chunks when
-it first sees them, its `on_request_finished` again) and `LPCReturnCachePolicy`'s (made to
-follow them; both checked against vLLM, tests/vllm/test_two_tier_agreement.py). They are not
-those of `LPCCachePolicy` and `LPCPooledCachePolicy`, which keep a running request's stores
-provisional until it finishes: the replay runs `lpc` and `lpc-pooled` inside those classes
-instead (`cache_policy_tier.CachePolicyTier`, the same interface, `CpuTier`). The other
-evictors have no vLLM class; they run under these rules.
+How the evictor holds the tier: every CPU slot lives in it, slot ids 1..n as the GPU block
+manager's (its block 0 is the null block), free ones uncached, so a store pops slots (a popped
+slot that held a chunk is an eviction). One store is one evictor event, in this order: the
+resident chunks it holds leave the evictor, prefix first (vLLM's `protected`); one `pop_n`
+gives every chunk it stores a slot; one `push_cached` puts the held and stored chunks back,
+tail first. vLLM's manager splits a store into `evict(n)` for what its free chunks lack and
+one `insert` per chunk, so `evict` pops the free slots too (held for the inserts that follow),
+a store that needs no eviction pops its free slots when it is over, and a store is over at the
+next call that reads or changes the evictor's order (`_flush`): another request's access or
+insert, an eviction after this store inserted, a finish, `touch`, `remove`, `clear`.
+
+Pins. A load pins chunks only while it runs (`mark_non_evictable`, then `mark_evictable`);
+they stay in the evictor, and an eviction shields a pinned one (out before the pop, back after
+it with its last release). The replay's loads complete within their event, so no pin is ever
+seen by an eviction there, and a load makes no evictor call: which chunks a request loaded
+never changes the order, only which requests stored (`reads_loads`).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+import operator
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any
 
 from eviction import Evictor, FreedBlocks, Release
-from eviction.base import ReturnCurveLike
-from lpc.blocks.hashing import BlockHash
-
-DEFAULT_MAX_TRACKER_SIZE = 64_000  # vLLM's CPUOffloadingManager default
+from lpc.integrations.finished_releases import FinishedReleases
+from lpc.integrations.request_hints import CONVERSATION_KEY
 
 
 @dataclass(slots=True)
-class HostCounters:
-    """Running totals of the CPU tier."""
+class _Chunk:
+    """A resident chunk: vLLM's status object, its evictor slot (0 until its store pops one),
+    its depth in the prompt, the release it is in the evictor with (or goes back with), and
+    where it stands: its store complete (`ready`), pinned by a load, held by the open store,
+    in the evictor (`queued`: every ready chunk but those the open store took out or inserted)."""
 
-    offered_chunks: int = 0
-    stored_chunks: int = 0
-    evictions: int = 0
-    skipped_below_threshold: int = 0
-    failed_stores: int = 0
-    loaded_chunks: int = 0
-
-
-class CpuTier(Protocol):
-    """What the two-tier replay asks of a CPU tier: `HostTier`, or
-    `cache_policy_tier.CachePolicyTier` for the policies whose vLLM class it runs itself."""
-
-    num_chunks: int
-    counters: HostCounters
-    # Whether the tier's state depends on the chunks a request loads (the GPU hit decides
-    # where its CPU lookup starts); when not, one tier serves several GPU replays at once
-    # (`two_tier_grid.replay_host_tier_for`).
-    reads_loads: bool
-
-    def __contains__(self, block_hash: object) -> bool: ...
-
-    def __iter__(self) -> Iterator[BlockHash]: ...
-
-    def __len__(self) -> int: ...
-
-    def lookup(self, hashes: Sequence[BlockHash], start: int, end: int) -> int: ...
-
-    def load(
-        self,
-        request_id: str,
-        hashes: Sequence[BlockHash],
-        start: int,
-        count: int,
-        now_s: float,
-        conversation_id: str | None = None,
-    ) -> None: ...
-
-    def offer(
-        self,
-        request_id: str,
-        hashes: Sequence[BlockHash],
-        now_s: float,
-        conversation_id: str | None = None,
-    ) -> int: ...
-
-    def finish(
-        self,
-        request_id: str,
-        now_s: float,
-        probability: float | None,
-        conversation_id: str,
-        category: str | None = None,
-        return_curve: ReturnCurveLike | None = None,
-    ) -> None: ...
-
-    def check_invariants(self) -> None: ...
+    status: Any
+    slot: int
+    depth: int
+    release: Release | None = None
+    queued: bool = False
+    ready: bool = False
+    pinned: bool = False
+    held: bool = False
 
 
 @dataclass(slots=True)
-class _Access:
-    """The chunks one request stored or reused, by depth in its prompt, for its finish."""
+class _Store:
+    """The open store of one request: its context, conversation and time, the resident chunks
+    it holds (first access first), the chunks it inserted, and whether the held ones left the
+    evictor already (at its eviction)."""
 
-    by_depth: dict[int, BlockHash] = field(default_factory=dict)
-
-
-class OfferCounts:
-    """vLLM's store-threshold tracker (`CPUOffloadingManager._record_accesses`): offers per
-    key, oldest first, at most `max_tracker_size` keys."""
-
-    def __init__(self, max_tracker_size: int) -> None:
-        self.max_tracker_size = max_tracker_size
-        self._offers: OrderedDict[BlockHash, int] = OrderedDict()
-
-    def get(self, key: BlockHash) -> int:
-        """How many times `key` was offered (0 once the tracker forgot it)."""
-        return self._offers.get(key, 0)
-
-    def count(self, hashes: Sequence[BlockHash]) -> None:
-        """Count each offered key; a full tracker forgets its oldest key that is not part of
-        this offer."""
-        offers = self._offers
-        protected: set[BlockHash] = set()
-        for h in hashes:
-            if h in offers:
-                offers.move_to_end(h)
-                offers[h] += 1
-                protected.add(h)
-        unprotected = len(offers) - len(protected)
-        for h in hashes:
-            if h in offers:
-                continue
-            if len(offers) >= self.max_tracker_size:
-                if unprotected == 0:
-                    continue
-                offers.popitem(last=False)
-                unprotected -= 1
-            offers[h] = 1
+    context: Any
+    conversation_id: str
+    time_s: float
+    held: list[Any] = field(default_factory=list)
+    inserted: list[Any] = field(default_factory=list)
+    taken_out: bool = False
 
 
-def check_tier_settings(num_chunks: int, store_threshold: int, max_tracker_size: int) -> None:
-    """A CPU tier's settings, as `HostTier` and `CachePolicyTier` take them: a ValueError that
-    names the first bad one."""
-    if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
-        raise ValueError(f"num_chunks must be an int >= 1, got {num_chunks!r}")
-    if isinstance(store_threshold, bool) or not isinstance(store_threshold, int):
-        raise ValueError(f"store_threshold must be an int, got {store_threshold!r}")
-    if store_threshold < 0:
-        raise ValueError(f"store_threshold must be >= 0, got {store_threshold}")
-    if max_tracker_size < 1:
-        raise ValueError(f"max_tracker_size must be >= 1, got {max_tracker_size}")
+class HostTierPolicy:
+    """vLLM's `CachePolicy` hooks over `evictor` under the replay's release rules (see the
+    module). `evictor` must be built for `cache_capacity + 1` blocks; `block_size` tokens per
+    chunk turn a key's end-token position (`get_offload_key_position`) into its depth; `clock`
+    and `finished` are the tier's (the event's time, the GPU plugin's releases)."""
 
-
-class HostTier:
-    """A pool of `num_chunks` CPU chunks, one GPU block each, ordered by `evictor`.
-
-    The evictor must be built for `num_chunks + 1` blocks: slot ids are 1..num_chunks, as
-    the GPU block manager's are (its block 0 is the null block)."""
-
-    # A load only records chunks that the request's offer, which always follows it, records
-    # and releases again (every resident chunk of the prompt, with the rest): what the tier
-    # holds and in what order never depends on which chunks a request loaded, only on which
-    # requests reached it.
+    # A load changes nothing in the evictor (the module): one pass of this policy serves GPU
+    # replays with different hits (`two_tier_grid.replay_host_tier_for`).
     reads_loads = False
 
     def __init__(
         self,
-        num_chunks: int,
+        cache_capacity: int,
         evictor: Evictor,
-        store_threshold: int = 0,
-        max_tracker_size: int = DEFAULT_MAX_TRACKER_SIZE,
+        block_size: int,
+        clock: Callable[[], float] = time.monotonic,
+        finished: FinishedReleases | None = None,
     ) -> None:
-        check_tier_settings(num_chunks, store_threshold, max_tracker_size)
-        self.num_chunks = num_chunks
+        if cache_capacity < 1:
+            raise ValueError(f"cache_capacity must be >= 1, got {cache_capacity}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.cache_capacity = cache_capacity
         self.evictor = evictor
-        self.store_threshold = store_threshold
-        self.max_tracker_size = max_tracker_size
-        self.counters = HostCounters()
-        self._slot_of: dict[BlockHash, int] = {}
-        self._hash_of: list[BlockHash | None] = [None] * (num_chunks + 1)
-        # Offers per key; only with a threshold of 2 or more, as in vLLM.
-        self._offers = OfferCounts(max_tracker_size) if store_threshold >= 2 else None
-        self._accesses: dict[str, _Access] = {}
-        evictor.reset(range(1, num_chunks + 1))
+        self.block_size = block_size
+        self.finished = finished
+        self._clock = clock
+        self._chunks: dict[Any, _Chunk] = {}
+        self._status: dict[Any, Any] = {}
+        self._key_of: list[Any] = []
+        self._reserve: list[int] = []  # slots popped for the open store's inserts, last first
+        self._store: _Store | None = None
+        self._num_queued = 0  # chunks in the evictor
+        self._num_slotless = 0  # the open store's inserts that wait for a slot
+        self._pinned: set[Any] = set()  # chunks a load reads (they stay in the evictor)
+        self.get = self._status.get  # type: ignore[method-assign]
+        self.clear()
 
-    def __contains__(self, block_hash: object) -> bool:
-        return block_hash in self._slot_of
+    # -- CachePolicy ------------------------------------------------------------------------
+    def get(self, key: Any) -> Any:
+        return self._status.get(key)
 
-    def __iter__(self) -> Iterator[BlockHash]:
-        """The resident chunks' keys."""
-        return iter(self._slot_of)
+    def insert(self, key: Any, chunk: Any, req_context: Any) -> None:
+        chunks = self._chunks
+        if key in chunks:
+            raise KeyError(f"insert of a resident chunk: {key!r}")
+        if len(chunks) >= self.cache_capacity:
+            raise RuntimeError(f"insert beyond the capacity of {self.cache_capacity} chunks")
+        store = self._store
+        if store is None or store.context is not req_context:
+            store = self._open(req_context)
+        else:
+            store.time_s = self._clock()
+        reserve = self._reserve
+        slot = reserve.pop() if reserve else 0
+        position = req_context.get_offload_key_position(key)
+        depth = 0 if position is None else position // self.block_size - 1
+        # (status, slot, depth, release, queued, ready, pinned, held), positional: the hot path
+        chunks[key] = _Chunk(chunk, slot, depth, None, False, chunk.ref_cnt == 0, False, True)
+        self._status[key] = chunk
+        if slot:
+            self._key_of[slot] = key
+        else:
+            self._num_slotless += 1
+        store.inserted.append(key)
 
+    def remove(self, key: Any) -> None:
+        self._flush()
+        record = self._drop(key)
+        if record.slot:
+            if record.queued:
+                self.evictor.remove(record.slot)
+            self.evictor.push_uncached([record.slot])
+
+    def touch(self, keys: Iterable[Any], req_context: Any) -> None:
+        """LRU's touch: the keys take the request's release now (no prediction), tail first."""
+        self._flush()
+        release = Release(self._clock(), None, _conversation(req_context))
+        self._rerelease(list(keys), req_context, release)
+
+    def on_store_miss(self, keys: Iterable[Any], req_context: Any) -> None:
+        """Nothing: a missed key is not resident, so there is nothing to reorder (vLLM's default
+        would `touch` it)."""
+        return
+
+    def on_request_access(self, keys: Iterable[Any], req_context: Any) -> None:
+        """The request's store holds the resident keys, released with it when it is over."""
+        store = self._open(req_context)
+        chunks = self._chunks
+        position = req_context.get_offload_key_position
+        block_size = self.block_size
+        held = store.held
+        for key in keys:
+            record = chunks.get(key)
+            if record is None:
+                continue
+            at = position(key)
+            if at is not None:
+                record.depth = at // block_size - 1
+            if not record.held:
+                record.held = True
+                held.append(key)
+
+    def on_request_finished(
+        self,
+        key_groups: Sequence[Sequence[Any]],
+        insertion_only_keys: set[Any],
+        reused_keys: set[Any],
+        req_context: Any,
+    ) -> None:
+        """Every key the request saw takes its final release, tail first: the GPU plugin's,
+        recorded by request id (its p, conversation, category and curve), else no p now."""
+        self._flush()
+        release = None
+        if self.finished is not None:
+            release = self.finished.get(str(getattr(req_context, "req_id", "")))
+        if release is None:
+            release = Release(self._clock(), None, _conversation(req_context))
+        self._rerelease([key for group in key_groups for key in group], req_context, release)
+
+    def evict(self, n: int, protected: set[Any]) -> list[tuple[Any, Any]] | None:
+        """`n` chunks out, none protected, pinned or held by the open store, or None with no
+        change. The open store's held chunks leave the evictor first (prefix first), then one
+        `pop_n` takes the free slots its inserts get too."""
+        if n == 0:
+            return []
+        store = self._store
+        if store is not None and store.inserted:  # a new store of the same request
+            self._flush()
+            store = None
+        if self._reserve:  # slots an eviction popped that no insert took: free again
+            self.evictor.push_uncached(self._reserve[::-1])
+            self._reserve = []
+        chunks = self._chunks
+        shielded: dict[Any, _Chunk] = {}
+        for key in protected:
+            record = chunks.get(key)
+            if record is None or record.held or not record.queued:
+                continue
+            if store is not None:  # the store releases what it protects, as its accesses
+                record.held = True
+                store.held.append(key)
+            else:
+                shielded[key] = record
+        for key in self._pinned:  # read by a load, still in the evictor
+            record = chunks[key]
+            if record.queued and not record.held:
+                shielded[key] = record
+        held_out = 0
+        if store is not None and not store.taken_out:
+            held_out = sum(chunks[key].queued for key in store.held if key in chunks)
+        if n > self._num_queued - held_out - len(shielded):
+            return None
+        if store is not None:
+            self._take_out(store)
+        shielded_records = sorted(shielded.values(), key=_DEPTH)  # a set's order is no order
+        remove = self.evictor.remove
+        for record in shielded_records:
+            remove(record.slot)
+            record.queued = False
+        self._num_queued -= len(shielded_records)
+        free = self.cache_capacity - (len(chunks) - self._num_slotless)
+        slots = self.evictor.pop_n(n + free, self._clock())
+        key_of = self._key_of
+        evicted = []
+        for slot in slots:
+            key = key_of[slot]
+            if key is not None:
+                evicted.append((key, self._drop(key).status))
+        self._reserve = slots[::-1]  # `insert` pops from the end: pop order
+        for record in reversed(shielded_records):
+            self._push([record], record.release)
+        return evicted
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._status.clear()
+        self._pinned.clear()
+        self._key_of = [None] * (self.cache_capacity + 1)
+        self._reserve = []
+        self._store = None
+        self._num_queued = self._num_slotless = 0
+        self.evictor.reset(range(1, self.cache_capacity + 1))
+
+    def mark_evictable(self, key: Any) -> None:
+        """A load of the chunk completed (it is no longer pinned), or its store did: then it
+        goes back with its store, or, when that is over already, alone with its release."""
+        record = self._chunks[key]
+        if record.ready:
+            record.pinned = False
+            self._pinned.discard(key)
+            return
+        record.ready = True
+        if record.held or not record.slot:
+            return
+        self._flush()
+        self._push([record], record.release)
+
+    def mark_non_evictable(self, key: Any) -> None:
+        """A load pins the chunk; it stays in the evictor, shielded from evictions (module)."""
+        self._chunks[key].pinned = True
+        self._pinned.add(key)
+
+    # -- checks (not vLLM's) ------------------------------------------------------------------
     def __len__(self) -> int:
         """Resident chunks."""
-        return len(self._slot_of)
+        return len(self._chunks)
 
-    def lookup(self, hashes: Sequence[BlockHash], start: int, end: int) -> int:
-        """How many consecutive chunks from `hashes[start]` on (before `end`) are resident:
-        the CPU hit that continues a GPU hit of `start` blocks. Touches nothing."""
-        n = 0
-        slot_of = self._slot_of
-        for h in hashes[start:end]:
-            if h not in slot_of:
-                break
-            n += 1
-        return n
-
-    def load(
-        self,
-        request_id: str,
-        hashes: Sequence[BlockHash],
-        start: int,
-        count: int,
-        now_s: float,
-        conversation_id: str | None = None,
-    ) -> None:
-        """Load `count` chunks from `hashes[start]` on into the GPU at `now_s`: they count as
-        reused by the request (vLLM's `prepare_load` records them). Nothing is released at a
-        load under these rules (the offer that follows releases them), so neither the time nor
-        the request's conversation is read here."""
-        access = self._accesses.setdefault(request_id, _Access())
-        for depth in range(start, start + count):
-            if hashes[depth] not in self._slot_of:
-                raise KeyError(f"request {request_id}: chunk at depth {depth} is not resident")
-            access.by_depth[depth] = hashes[depth]
-        self.counters.loaded_chunks += count
-
-    def offer(
-        self,
-        request_id: str,
-        hashes: Sequence[BlockHash],
-        now_s: float,
-        conversation_id: str | None = None,
-    ) -> int:
-        """vLLM's `prepare_store` + `complete_store` for a request's prompt chunks, in prefix
-        order. Returns how many chunks were stored."""
-        counters = self.counters
-        counters.offered_chunks += len(hashes)
-        if self._offers is not None:
-            self._offers.count(hashes)
-        slot_of = self._slot_of
-        resident: list[int] = []
-        seen: set[BlockHash] = set()
-        candidates = []
-        for d, h in enumerate(hashes):
-            if h in slot_of:
-                resident.append(d)
-            elif h not in seen:
-                seen.add(h)
-                candidates.append(d)
-        if self._offers is not None:
-            offers, threshold = self._offers, self.store_threshold
-            kept = [d for d in candidates if offers.get(hashes[d]) >= threshold]
-            counters.skipped_below_threshold += len(candidates) - len(kept)
-            candidates = kept
-        by_depth = self._accesses.setdefault(request_id, _Access()).by_depth
-        for d in resident:
-            by_depth[d] = hashes[d]
-        for d in candidates:
-            by_depth[d] = hashes[d]
-        evictor = self.evictor
-        # vLLM protects every key of the offer from this store's evictions.
-        remove = evictor.remove
-        for d in resident:
-            remove(slot_of[hashes[d]])
-        stored: list[int] = []
-        if candidates and len(candidates) <= len(evictor):
-            slots = evictor.pop_n(len(candidates), now_s)
-            for slot in slots:
-                old = self._hash_of[slot]
-                if old is not None:
-                    del slot_of[old]
-                    counters.evictions += 1
-            for d, slot in zip(candidates, slots, strict=True):
-                slot_of[hashes[d]] = slot
-                self._hash_of[slot] = hashes[d]
-            stored = candidates
-            counters.stored_chunks += len(stored)
-        elif candidates:
-            counters.failed_stores += 1
-        depths = sorted([*resident, *stored], reverse=True)
-        self._release(hashes, depths, Release(now_s, None, conversation_id or request_id))
-        return len(stored)
-
-    def finish(
-        self,
-        request_id: str,
-        now_s: float,
-        probability: float | None,
-        conversation_id: str,
-        category: str | None = None,
-        return_curve: ReturnCurveLike | None = None,
-    ) -> None:
-        """vLLM's `on_request_finished`: the request's stored and reused chunks that are still
-        resident go back to the evictor, tail first, with the request's probability (and its
-        workload category, for the policies that keep one queue per category, and its return
-        curve, for those that ask when the conversation comes back)."""
-        access = self._accesses.pop(request_id, None)
-        if access is None:
-            return
-        slot_of = self._slot_of
-        by_depth = access.by_depth
-        live = sorted([d for d, h in by_depth.items() if h in slot_of], reverse=True)
-        if not live:
-            return
-        live_hashes = [by_depth[d] for d in live]
-        slots = [slot_of[h] for h in live_hashes]
-        remove = self.evictor.remove
-        for slot in slots:
-            remove(slot)
-        freed = FreedBlocks(list(slots), live, live_hashes)
-        self.evictor.push_cached(
-            freed,
-            Release(
-                now_s, probability, conversation_id, category=category, return_curve=return_curve
-            ),
-        )
+    def __iter__(self) -> Iterator[Any]:
+        """The resident chunks' keys."""
+        return iter(self._chunks)
 
     def check_invariants(self) -> None:
-        """Every slot is in the evictor (nothing is pinned between events) and the two maps
-        agree."""
+        """The records, vLLM's statuses and the slots agree, and every slot is in exactly one
+        place: free in the evictor, reserved for the open store, or a chunk's (in the evictor
+        or out of it). Reads only: closing the open store here would move its evictor calls."""
+        chunks = self._chunks
+        assert chunks.keys() == self._status.keys(), "the records and vLLM's statuses differ"
+        slotted = [record for record in chunks.values() if record.slot]
+        for key, record in chunks.items():
+            if record.slot:
+                assert self._key_of[record.slot] == key, f"slot {record.slot} disagrees"
+        assert sum(k is not None for k in self._key_of) == len(slotted), "a slot lost its key"
+        assert len(chunks) - len(slotted) == self._num_slotless, "slotless inserts miscounted"
+        assert len(chunks) + len(self._reserve) <= self.cache_capacity, "over capacity"
+        assert self._pinned == {key for key, record in chunks.items() if record.pinned}
+        store = self._store
+        inserted = set() if store is None else set(store.inserted)
+        taken_out = store is not None and store.taken_out
+        for key, record in chunks.items():  # in the evictor: every ready chunk but the store's
+            out = key in inserted or (record.held and taken_out)
+            assert record.queued == (record.ready and not out), f"{key!r} misplaced"
         self.evictor.check_invariants()
-        assert len(self.evictor) == self.num_chunks, "a CPU slot is missing from the evictor"
-        for h, slot in self._slot_of.items():
-            assert self._hash_of[slot] == h, f"slot {slot} disagrees with its key"
-        assert sum(h is not None for h in self._hash_of) == len(self._slot_of)
-
-    # -- internals ----------------------------------------------------------------------
-    def _release(self, hashes: Sequence[BlockHash], depths: list[int], release: Release) -> None:
-        if not depths:
-            return
-        slot_of = self._slot_of
-        freed = FreedBlocks(
-            [slot_of[hashes[d]] for d in depths], depths, [hashes[d] for d in depths]
+        queued = sum(record.queued for record in slotted)
+        assert queued == self._num_queued, f"{queued} chunks queued, {self._num_queued} counted"
+        free = self.cache_capacity - len(slotted) - len(self._reserve)
+        assert len(self.evictor) == free + queued, (
+            f"the evictor holds {len(self.evictor)} slots, {free} free + {queued} queued"
         )
+        held = sum(record.held for record in chunks.values())
+        assert held == (0 if store is None else len({*store.held, *store.inserted} & set(chunks)))
+
+    # -- internals ----------------------------------------------------------------------------
+    def _open(self, req_context: Any) -> _Store:
+        """The request's open store (another request's is over first), at the clock's time."""
+        store = self._store
+        now = self._clock()
+        if store is not None and store.context is not req_context:
+            self._flush()
+            store = None
+        if store is None:
+            store = self._store = _Store(req_context, _conversation(req_context), now)
+        store.time_s = now
+        return store
+
+    def _flush(self) -> None:
+        """Close the open store: its held chunks leave the evictor (unless its eviction took
+        them out), its slotless inserts pop free slots, and all go back in one push, tail
+        first, with the store's release."""
+        store = self._store
+        if store is None:
+            return
+        self._store = None
+        if not store.taken_out:
+            self._take_out(store)
+        chunks = self._chunks
+        inserted = [(key, chunks[key]) for key in store.inserted if key in chunks]
+        slotless = [(key, record) for key, record in inserted if not record.slot]
+        if slotless:
+            slots = self.evictor.pop_n(len(slotless), store.time_s)
+            key_of = self._key_of
+            for (key, record), slot in zip(slotless, slots, strict=True):
+                if key_of[slot] is not None:
+                    raise RuntimeError(f"the evictor handed out cached slot {slot} for a free one")
+                record.slot = slot
+                key_of[slot] = key
+            self._num_slotless -= len(slotless)
+        records = [chunks[key] for key in store.held if key in chunks]
+        records.extend(record for _, record in inserted)
+        release = Release(store.time_s, None, store.conversation_id)
+        for record in records:
+            record.held = False
+            record.release = release
+        records.sort(key=_DEPTH, reverse=True)
+        self._push(records, release)
+
+    def _take_out(self, store: _Store) -> None:
+        """The store's held chunks leave the evictor, prefix first."""
+        store.taken_out = True
+        chunks = self._chunks
+        held = [chunks[key] for key in store.held if key in chunks]
+        held.sort(key=_DEPTH)
+        remove = self.evictor.remove
+        for record in held:
+            if record.queued:
+                remove(record.slot)
+                record.queued = False
+                self._num_queued -= 1
+
+    def _rerelease(self, keys: list[Any], req_context: Any, release: Release) -> None:
+        """The resident `keys` go back to the evictor with `release`, tail first (those whose
+        store is in flight keep it for when it completes)."""
+        chunks = self._chunks
+        position = req_context.get_offload_key_position
+        block_size = self.block_size
+        records = []
+        for key in keys:
+            record = chunks.get(key)
+            if record is not None:
+                at = position(key)
+                if at is not None:
+                    record.depth = at // block_size - 1
+                records.append(record)
+        records.sort(key=_DEPTH, reverse=True)
+        remove = self.evictor.remove
+        for record in records:
+            record.release = release
+            if record.queued:
+                remove(record.slot)
+                record.queued = False
+                self._num_queued -= 1
+        self._push(records, release)
+
+    def _push(self, records: list[_Chunk], release: Release | None) -> None:
+        """One `push_cached` of the ready ones among `records` (tail first already)."""
+        pushed = [record for record in records if record.ready and record.slot]
+        if not pushed or release is None:
+            return
+        key_of = self._key_of
+        slots = [record.slot for record in pushed]
+        freed = FreedBlocks(slots, [record.depth for record in pushed], [key_of[s] for s in slots])
         self.evictor.push_cached(freed, release)
+        for record in pushed:
+            record.queued = True
+        self._num_queued += len(pushed)
+
+    def _drop(self, key: Any) -> _Chunk:
+        """Forget a chunk (evicted, or removed by vLLM); its record says where it was."""
+        record = self._chunks.pop(key)
+        del self._status[key]
+        self._pinned.discard(key)
+        if record.slot:
+            self._key_of[record.slot] = None
+        else:
+            self._num_slotless -= 1
+        if record.queued:
+            self._num_queued -= 1
+        return record
+
+
+def _conversation(req_context: Any) -> str:
+    """The request's conversation as its context carries it, else its id."""
+    params = getattr(req_context, "kv_transfer_params", None) or {}
+    return params.get(CONVERSATION_KEY) or str(getattr(req_context, "req_id", ""))
+
+
+_DEPTH = operator.attrgetter("depth")  # a key's depth: its end-token position // block_size - 1

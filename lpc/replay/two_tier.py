@@ -2,10 +2,11 @@
 
 The GPU tier is the single-tier replay's block manager, unchanged: the same lookups,
 allocations, frees and counters, so its device hits equal `simulator.replay`'s hits for the
-same policy and size. The CPU tier (`host_tier.HostTier`, vLLM 0.33's `OffloadingConnector`
-semantics; for `lpc` and `lpc-pooled`, `cache_policy_tier.CachePolicyTier`, their vLLM class
-run as vLLM's manager runs it, and for `vllm-arc` vLLM's own ARC, run the same way) sees, per
-request at its arrival:
+same policy and size. The CPU tier (`cache_policy_tier.CachePolicyTier`, vLLM 0.33's
+`OffloadingConnector` and `CPUOffloadingManager`, driving a `CachePolicy`: for `lpc` and
+`lpc-pooled` their vLLM class, for `vllm-arc` vLLM's own ARC, for every other policy its
+evictor under the replay's release rules, `host_tier.HostTierPolicy`) sees, per request at its
+arrival:
 
 1. the GPU lookup's hit of d blocks (capped, like the GPU's, so that the prompt's last token
    is always computed);
@@ -28,10 +29,10 @@ import numpy as np
 
 from eviction import make_evictor
 from lpc.blocks.block_manager import PrefixCacheBlockManager
-from lpc.integrations.cpu_tier_policy import cache_policy_class
+from lpc.integrations.cpu_tier_policy import EvictorCachePolicy, cache_policy_class
 from lpc.replay.ab import ReplaySettings
-from lpc.replay.cache_policy_tier import CachePolicyTier
-from lpc.replay.host_tier import CpuTier, HostTier
+from lpc.replay.cache_policy_tier import VLLM_POLICIES, CachePolicyTier, TierPolicy
+from lpc.replay.host_tier import HostTierPolicy
 from lpc.replay.latency import TierLatency, summarise_ttft
 from lpc.replay.policies import PolicySpec, build_evictor, evictor_options
 from lpc.replay.return_sources import request_curves
@@ -162,14 +163,14 @@ def host_tier(
     offload_tokens: int,
     settings: ReplaySettings,
     store_threshold: int = 0,
-) -> CpuTier:
-    """The CPU tier of `offload_tokens` tokens, one chunk per GPU block, ordered by
-    `offload_spec`'s evictor. `lpc` and `lpc-pooled` run inside their vLLM class
-    (`LPCCachePolicy`, `LPCPooledCachePolicy`: `cache_policy_tier.CachePolicyTier`), whose
-    release rules are not `HostTier`'s, and `vllm-arc` is vLLM's `ARCCachePolicy` run the same
-    way; every other evictor stands in for vLLM's policy under `HostTier`'s rules (built for
-    the chunks' slot ids 1..n, as the GPU pool's)."""
+) -> CachePolicyTier:
+    """The CPU tier of `offload_tokens` tokens, one chunk per GPU block, running
+    `offload_spec`'s policy (`cpu_policy_class`): `lpc` and `lpc-pooled` inside their vLLM
+    class (`LPCCachePolicy`, `LPCPooledCachePolicy`), `vllm-arc` as vLLM's `ARCCachePolicy`,
+    every other evictor under the replay's release rules (`HostTierPolicy`, the evictor built
+    for the chunks' slot ids 1..n, as the GPU pool's)."""
     num_chunks = num_blocks_for(offload_tokens, workload.block_size) - 1
+    policy_class = cpu_policy_class(offload_spec)
     if offload_spec.cpu_tier_only:
         return CachePolicyTier.running_vllm(
             offload_spec.evictor, num_chunks, workload.block_size, store_threshold
@@ -181,11 +182,12 @@ def host_tier(
         workload.future,
         settings.policy_options.get(offload_spec.evictor),
     )
-    if host_tier_class(offload_spec) is HostTier:
+    if policy_class is HostTierPolicy:
         evictor = make_evictor(offload_spec.evictor, num_chunks + 1, **options)
-        return HostTier(num_chunks, evictor, store_threshold)
-    policy_class = cache_policy_class(offload_spec.evictor)
-    assert policy_class is not None  # `host_tier_class`
+        return CachePolicyTier.over_evictor(
+            num_chunks, evictor, workload.block_size, store_threshold
+        )
+    assert issubclass(policy_class, EvictorCachePolicy)  # `cpu_policy_class`
     return CachePolicyTier.running(
         policy_class,
         num_chunks,
@@ -196,14 +198,17 @@ def host_tier(
     )
 
 
-def host_tier_class(offload_spec: PolicySpec) -> type[HostTier] | type[CachePolicyTier]:
-    """The class of `host_tier`'s tier for `offload_spec` (without building it)."""
+def cpu_policy_class(offload_spec: PolicySpec) -> type[TierPolicy]:
+    """The `CachePolicy` class `host_tier`'s tier runs for `offload_spec`: vLLM's own for a
+    CPU-tier-only name, LPC's vLLM class for an evictor one runs with provisional stores (its
+    release rules are not the replay's), else `HostTierPolicy` (`LPCReturnCachePolicy`
+    follows its rules)."""
     if offload_spec.cpu_tier_only:
-        return CachePolicyTier
+        return VLLM_POLICIES[offload_spec.evictor]
     policy_class = cache_policy_class(offload_spec.evictor)
     if policy_class is not None and policy_class.provisional_stores:
-        return CachePolicyTier
-    return HostTier
+        return policy_class
+    return HostTierPolicy
 
 
 def replay_two_tier(

@@ -34,6 +34,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 
 from lpc.replay.ab import ReplaySettings
+from lpc.replay.cache_policy_tier import policy_reads_loads
 from lpc.replay.latency import TierLatency
 from lpc.replay.policies import PolicySpec
 from lpc.replay.return_sources import request_curves
@@ -41,9 +42,9 @@ from lpc.replay.simulator import PreparedWorkload, request_probabilities
 from lpc.replay.two_tier import (
     TierSettings,
     TwoTierResult,
+    cpu_policy_class,
     gpu_tier,
     host_tier,
-    host_tier_class,
     measured_result,
 )
 from lpc.workload import ARRIVAL
@@ -139,7 +140,7 @@ def replay_host_tier(
 def shares_host_pass(offload_spec: PolicySpec) -> bool:
     """Whether one CPU-tier pass of `offload_spec` serves every GPU replay that failed the
     same requests (`replay_host_tier_for`): its tier does not read its loads."""
-    return not host_tier_class(offload_spec).reads_loads
+    return not policy_reads_loads(cpu_policy_class(offload_spec))
 
 
 def failed_requests(gpu_trace: GpuTrace) -> tuple[int, ...]:

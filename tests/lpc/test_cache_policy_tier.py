@@ -1,7 +1,7 @@
 """The replay's CPU tier running LPC's vLLM policies themselves (`CachePolicyTier`): the
 policies' release rules (a running request's stores are provisional, the chunks it reuses keep
-their keys, the finish releases all with its p), where they part from `HostTier`'s, and the
-manager's own rules (write-through, lookups from the GPU hit on, the store threshold, atomic
+their keys, the finish releases all with its p), where they part from the replay's own
+(`HostTierPolicy`), and the manager's own rules (write-through, lookups from the GPU hit on, the store threshold, atomic
 failed stores). Checked against vLLM's real manager in tests/vllm/test_two_tier_agreement.py."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from eviction import make_evictor
 from lpc.integrations.cpu_tier_policy import EvictorCachePolicy
 from lpc.replay.ab import ReplaySettings
 from lpc.replay.cache_policy_tier import CachePolicyTier
-from lpc.replay.host_tier import HostTier
+from lpc.replay.host_tier import HostTierPolicy
 from lpc.replay.policies import parse_policy
 from lpc.replay.simulator import prepare
-from lpc.replay.two_tier import host_tier
+from lpc.replay.two_tier import cpu_policy_class, host_tier
+from lpc.replay.vllm_arc_policy import ReplayARCCachePolicy
 from lpc.workload import WorkloadConfig, open_loop_requests
 from tests.lpc.synthetic import conversations
 
@@ -31,15 +32,15 @@ def tier(num_chunks: int, evictor: str = "lpc", threshold: int = 0) -> CachePoli
     return CachePolicyTier.running(EvictorCachePolicy, num_chunks, evictor, options, 16, threshold)
 
 
-def host(num_chunks: int) -> HostTier:
+def host(num_chunks: int) -> CachePolicyTier:
     evictor = make_evictor("lpc", num_chunks + 1, scale_per_s=1e-2, fallback_probability=0.5)
-    return HostTier(num_chunks, evictor)
+    return CachePolicyTier.over_evictor(num_chunks, evictor, 16)
 
 
 def test_a_running_requests_stores_outlive_finished_ones_until_it_finishes() -> None:
     a, b, new = keys("a", 2), keys("b", 2), keys("n", 2)
     # The policy queues rb's chunks provisionally, after every chunk queued so far (LRU's
-    # place): a goes. HostTier's rules release them at once with the fallback p: b goes.
+    # place): a goes. The replay's own rules release them at once with the fallback p: b goes.
     policy_tier, stand_in = tier(4), host(4)
     for cpu in (policy_tier, stand_in):
         cpu.offer("ra", a, 0.0, "ca")
@@ -169,12 +170,15 @@ def test_the_replay_runs_lpc_lpc_pooled_and_vllm_arc_inside_their_vllm_class() -
     convs = conversations(10, seed=2)
     workload = prepare(open_loop_requests(convs, WorkloadConfig(duration_s=60)), 16, {})
     settings = ReplaySettings()
-    for name, kind in [
-        ("lpc-pooled", CachePolicyTier),
-        ("lpc-const", CachePolicyTier),
-        ("vllm-arc", CachePolicyTier),  # vLLM's ARCCachePolicy (lpc/replay/vllm_arc_policy.py)
-        ("lru", HostTier),
-        ("arc", HostTier),  # FAST'03 ARC, an evictor
-        ("lpc-return-true", HostTier),  # LPCReturnCachePolicy follows HostTier's rules
+    for name, kind, reads_loads in [
+        ("lpc-pooled", EvictorCachePolicy, True),
+        ("lpc-const", EvictorCachePolicy, True),
+        ("vllm-arc", ReplayARCCachePolicy, True),  # vLLM's ARC (lpc/replay/vllm_arc_policy.py)
+        ("lru", HostTierPolicy, False),
+        ("arc", HostTierPolicy, False),  # FAST'03 ARC, an evictor
+        ("lpc-return-true", HostTierPolicy, False),  # LPCReturnCachePolicy follows its rules
     ]:
-        assert type(host_tier(workload, parse_policy(name), 1600, settings)) is kind, name
+        spec = parse_policy(name)
+        cpu = host_tier(workload, spec, 1600, settings)
+        assert type(cpu.policy) is kind is cpu_policy_class(spec), name
+        assert cpu.reads_loads is reads_loads, name
