@@ -44,19 +44,6 @@ def test_a_late_answer_goes_to_on_late_and_a_failed_one_nowhere() -> None:
     assert board.pending == 0 and stats.predictor_failures == 1
 
 
-def test_without_on_late_a_late_answer_is_dropped() -> None:
-    stats = PluginStats()
-    client = FakeClient(by_conversation)
-    client.gate.clear()
-    board = PredictionBoard(client, stats)
-    board.ask("r1", item("a"))
-    assert client.entered.wait(10)
-    assert board.claim("r1") == (None, False)
-    client.gate.set()
-    board.close()
-    assert board.pending == 0
-
-
 def plugin(p: float) -> tuple[PluginRuntime, Any, FakeClient]:
     """A plugin runtime whose predictor answers `p` once its gate opens, and an LPC queue."""
     stats = PluginStats()

@@ -71,7 +71,7 @@ def test_a_late_answer_is_not_waited_for_and_then_dropped() -> None:
     board = PredictionBoard(client, stats)
     board.ask("r1", item("a"))
     assert client.entered.wait(10)
-    assert board.take("r1") is None  # returns at once although the predictor is busy
+    assert board.claim("r1") == (None, False)  # at once, though busy; no `on_late` to wait
     assert stats.predictions_late == 1
     client.gate.set()
     wait_until(lambda: stats.predictor_calls == 1)
