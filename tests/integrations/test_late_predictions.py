@@ -19,7 +19,7 @@ from lpc.integrations.vllm_plugin import PluginRuntime
 from lpc.integrations.vllm_queue import QueueRuntime, bind_queue_class
 from tests.integrations.pool_blocks import Block, Pool
 from tests.integrations.test_plugin_runtime import Params, Request
-from tests.integrations.test_predictions import FakeClient, by_conversation, item
+from tests.integrations.test_predictions import FakeClient, item
 
 
 def test_a_late_answer_goes_to_on_late_and_a_failed_one_nowhere() -> None:
