@@ -11,7 +11,7 @@ asked for first so that nothing is loaded before the skip). Every
 stream runs through one driver process (vLLM's import, about 10 s, paid once).
 
 - vLLM's built-in policies, CPU 800K tokens, store threshold 0 and 2: `lru` against our `lru`
-  (`HostTier`), `arc` against our `vllm-arc` (`lpc.replay.vllm_arc_policy`, vLLM's
+  (`HostTierPolicy`), `arc` against our `vllm-arc` (`lpc.replay.vllm_arc_policy`, vLLM's
   `ARCCachePolicy` transcribed). Teeth: vLLM's `lru` gives 75 and 24 of the 1,215 requests the
   GPU pool holds (the 3 others reach neither tier) another CPU hit than `arc` (thresholds 0 and
   2).

@@ -10,7 +10,7 @@ and the helpers. The same checks on a Mooncake sample (one conversation in 10 of
 as tests/integrations/test_vllm_scheduler.py samples it) run in the default suite:
 tests/integrations/test_two_tier_agreement_sample.py.
 
-- vLLM's built-in `lru` against our `lru` (`HostTier`), with and without vLLM's store
+- vLLM's built-in `lru` against our `lru` (`HostTierPolicy`), with and without vLLM's store
   threshold; on the whole trace 46,127 CPU-hit blocks, 184,199 chunks evicted.
 - vLLM's built-in `arc` (`ARCCachePolicy`, selected by name as `lru` is) against our
   `vllm-arc`, its transcription (`lpc.replay.vllm_arc_policy`, run inside `CachePolicyTier`):
@@ -18,7 +18,7 @@ tests/integrations/test_two_tier_agreement_sample.py.
   blocks, 200,589 chunks stored, 184,964 evicted). The checks have teeth: the same stream
   through the manager with vLLM's `lru` (in the same driver process) gives 33 and 17 of the 245
   synthetic requests another CPU hit (thresholds 0 and 2) and 592 of the whole trace's 12,031,
-  and each check requires some. The replay's `arc` (FAST'03 ARC under `HostTier`'s rules) is
+  and each check requires some. The replay's `arc` (FAST'03 ARC under `HostTierPolicy`'s rules) is
   another policy: 36 and 19 synthetic requests, 1,218 of the whole trace's, differ from vLLM's
   `arc`.
 - LPC's own CPU-tier policies: our replay with `lpc` or `lpc-pooled` in the CPU tier (run inside
@@ -28,7 +28,7 @@ tests/integrations/test_two_tier_agreement_sample.py.
   Mooncake): the same CPU hit for every request, the same chunks stored and evicted, on the
   synthetic workload (store threshold 0 and 2) and on the whole trace (and on the sample). The
   sizes are ones where the policies' release rules decide some request's CPU hit: run under
-  `HostTier`'s rules instead, each of the ten checks (these six and the sample's four) fails (2
+  `HostTierPolicy`'s rules instead, each of the ten checks (these six and the sample's four) fails (2
   to 20 requests differ on the synthetic workload, 4 to 8 on the sample, 10 for `lpc` and 3 for
   `lpc-pooled` on the whole trace); so do 7 of the 8 synthetic and sample checks if the replay
   skips the manager's `on_request_access` calls.
@@ -441,7 +441,7 @@ def check_lpc_agreement(
     require_lpc_teeth(replayed, vllm)
 
 
-# (CPU tokens, store threshold, least CPU-hit blocks) where HostTier's release rules, run for
+# (CPU tokens, store threshold, least CPU-hit blocks) where HostTierPolicy's release rules, run for
 # these policies, give some request another CPU hit: the check's teeth (the module docstring).
 @pytest.mark.parametrize(
     ("cpu_tokens", "threshold", "least_hits"), [(6000, 0, 1000), (4000, 2, 500)]
