@@ -12,17 +12,21 @@ One run, under the registry's lock:
    probabilities); either way publish it as a new version that records the decision and why;
 6. tell a running `lpc serve` to reload (`notify_url`), which swaps models between batches.
 
-Trace files: when the selected files are request traces (no text: Mooncake, Bailian, the
-project's JSONL, the serving engine's request logs), steps 3 and 4 are a `LogTrainer`'s,
-injected by the caller (`lpc.access.log_retrain`): an access-only candidate fitted on the trace's
-earlier part and judged, with the current model, on its later part (a time-ordered split);
-the decision, publishing and reload are the same. Then the return-time model is retrained
-on the same split (`training.return_retrain`, into its own registry): its outcome is the
-`return_model` section; the exit code stays the access model's decision, and a failure of
-that half changes neither the access result nor the current return model. The files are
-recorded as trained on (`state.json`) only after both halves decided on them, so a return
-half that failed, or a run killed during it, leaves them new for the next run.
-Conversation logs carry no request times: the return half is skipped, saying so.
+Models are plug-ins (`training.model_kinds.ModelKind`: train a candidate and score the
+current model, decide, publish to its registry); steps 5 and 6's bookkeeping is theirs in
+common (`publish_and_record`). The first kind is the access or text model
+(`AccessModelKind`); its decision is the exit code. Trace files: when the selected files are
+request traces (no text: Mooncake, Bailian, the project's JSONL, the serving engine's request
+logs), steps 3 and 4 are a `LogTrainer`'s, injected by the caller (`lpc.access.log_retrain`):
+an access-only candidate fitted on the trace's earlier part and judged, with the current
+model, on its later part (a time-ordered split); the decision, publishing and reload are the
+same. Then each follower kind runs on the split the first one handed on, under its own
+registry's lock (`run_follower`): by default the return-time model
+(`training.return_retrain.ReturnModelKind`), whose outcome is the `return_model` section; a
+follower's failure changes neither the access result nor its own current model. The files
+are recorded as trained on (`state.json`) only after every kind decided on them, so a
+follower that failed, or a run killed during it, leaves them new for the next run.
+Conversation logs carry no request times: the return-time model is skipped, saying so.
 
 Outcome statuses map to exit codes (`EXIT_CODES`), so cron and systemd can tell a promotion
 from a kept model, a run with nothing to do, a run blocked by another one, log files that
@@ -46,17 +50,22 @@ from predictor.errors import InvalidInputError, UserError
 from training.conversation import Conversation
 from training.embedding_cache import EmbeddingCache, EmbedOptions
 from training.log_files import LogFile, LogSelection, discover_logs, select_logs
+from training.model_kinds import FAILED as FOLLOWER_FAILED
+from training.model_kinds import (
+    FollowerKind,
+    KindOutcome,
+    clean_leftovers,
+    publish_and_record,
+    run_follower,
+)
 from training.model_registry import ModelRegistry, RegistryLockedError, now_iso
 from training.pipeline import TrainConfig, evaluate_artifact, train_predictor
 from training.promotion import Decision, decide
-from training.return_retrain import FAILED as RETURN_FAILED
-from training.return_retrain import LOCKED as RETURN_LOCKED
 from training.return_retrain import (
     ReturnContext,
-    ReturnModelOutcome,
+    ReturnModelKind,
     ReturnRetrainConfig,
     ReturnTrainer,
-    retrain_return_model,
     train_return_candidate,
 )
 from training.samples import TokenCounter
@@ -71,17 +80,18 @@ EmbedderLoader = Callable[[str], Embedder]
 
 
 @dataclass
-class LogCandidate:
-    """A candidate trained from request logs, and the current model's score beside it."""
+class AccessCandidate:
+    """A trained access or text candidate, and the current model scored on the same held-out
+    samples (shaped as `training.model_kinds.KindCandidate`, with what it publishes)."""
 
     model: Any  # ContinuationMLP
     metadata: Any  # ArtifactMetadata
     metrics: dict[str, Any]
     evaluation_samples: int
-    current_metrics: dict[str, Any] | None
-    current_problem: str | None
-    data: dict[str, Any]
-    return_context: ReturnContext | None = None  # the split, for the return-time half
+    current_metrics: dict[str, Any] | None = None
+    current_problem: str | None = None  # why the current model could not be scored
+    data: dict[str, Any] = field(default_factory=dict)  # trace files: for the report
+    return_context: ReturnContext | None = None  # trace files: the split, for the followers
 
 
 class LogTrainer(Protocol):
@@ -92,7 +102,7 @@ class LogTrainer(Protocol):
     cannot read, naming the file and line."""
 
     def handles(self, paths: list[Path]) -> bool: ...
-    def train(self, paths: list[Path], current: Path | None) -> LogCandidate: ...
+    def train(self, paths: list[Path], current: Path | None) -> AccessCandidate: ...
 
 
 class BadLogsError(Exception):
@@ -150,11 +160,16 @@ class RetrainOutcome:
     data: dict[str, Any] = field(default_factory=dict)
     notified: bool | None = None
     seconds: float = 0.0
-    return_model: ReturnModelOutcome | None = None  # None: the run trained nothing
+    # the follower kinds' sections (`return_model`); empty: the run trained nothing
+    sections: dict[str, KindOutcome] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
         return EXIT_CODES[self.status]
+
+    @property
+    def return_model(self) -> KindOutcome | None:
+        return self.sections.get("return_model")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -168,7 +183,8 @@ class RetrainOutcome:
             "data": self.data,
             "notified": self.notified,
             "seconds": round(self.seconds, 3),
-            "return_model": None if self.return_model is None else self.return_model.to_dict(),
+            "return_model": None,
+            **{section: outcome.to_dict() for section, outcome in self.sections.items()},
         }
 
 
@@ -214,12 +230,16 @@ def run_retrain(
     token_counter: TokenCounter | None = None,
     log_trainer: LogTrainer | None = None,
     return_trainer: ReturnTrainer = train_return_candidate,
+    followers: list[FollowerKind] | None = None,
 ) -> RetrainOutcome:
     """One daily run (see the module docstring). Never raises for expected failures: the
     outcome's status says what happened. `token_counter`: for token finish features;
-    log_trainer: trains on trace files when the selected files are ones; return_trainer:
-    fits the return-time candidate (`config.return_model` set, trace files only)."""
+    log_trainer: trains on trace files when the selected files are ones; followers: the
+    model kinds retrained after the access or text model (default: the return-time model,
+    `config.return_model`, fitted by `return_trainer`)."""
     started = time.perf_counter()
+    if followers is None:
+        followers = [ReturnModelKind(config.return_model, return_trainer)]
     registry = ModelRegistry(config.registry_dir)
     try:
         with registry.lock():
@@ -232,7 +252,7 @@ def run_retrain(
                     now or datetime.now(UTC),
                     token_counter,
                     log_trainer,
-                    return_trainer,
+                    followers,
                 )
             except BadLogsError as error:  # recorded; the files are left for a fixed rerun
                 outcome = RetrainOutcome(
@@ -272,16 +292,66 @@ class _SelectedLogs:
 
 
 @dataclass
-class _ScoredCandidate:
-    """A trained candidate and the current model, scored on the same held-out samples."""
+class AccessModelKind:
+    """The access or text model as the daily job's first model kind
+    (`training.model_kinds.ModelKind`): trained on the selected logs (trace files through
+    the log trainer, conversations through `train_predictor`), judged on `config.metric`,
+    published to the job's registry. Its decision is the run's exit status."""
 
-    model: Any  # ContinuationMLP
-    metadata: Any  # ArtifactMetadata
-    metrics: dict[str, Any]
-    evaluation_samples: int
-    current_metrics: dict[str, Any] | None = None
-    current_problem: str | None = None  # why the current model could not be scored
-    return_context: ReturnContext | None = None  # trace files: the split, for the return half
+    config: RetrainConfig
+    registry: ModelRegistry
+    logs: _SelectedLogs
+    load_embedder: EmbedderLoader
+    token_counter: TokenCounter | None
+    log_trainer: LogTrainer | None
+    log: Log
+    label: str = "registry"
+
+    @property
+    def metric(self) -> str:
+        return self.config.metric
+
+    @property
+    def tolerance(self) -> float:
+        return self.config.tolerance
+
+    @property
+    def keep_versions(self) -> int:
+        return self.config.keep_versions
+
+    def train(self, handoff: None, log: Log) -> AccessCandidate:
+        """The first kind trains on the selected logs; nothing is handed to it."""
+        return _train_candidate(
+            self.config,
+            self.registry,
+            self.logs,
+            self.load_embedder,
+            log,
+            self.token_counter,
+            self.log_trainer,
+        )
+
+    def decide(self, candidate: AccessCandidate) -> Decision:
+        """Promote or keep (`decide`, on the configured metric and tolerance), logged."""
+        config = self.config
+        decision = decide(
+            candidate.metrics,
+            candidate.current_metrics,
+            config.metric,
+            config.tolerance,
+            candidate.evaluation_samples,
+            config.min_evaluation_samples,
+            candidate.current_problem,
+        )
+        verdict = "promote" if decision.promote else "keep current"
+        self.log(f"decision: {verdict}: {decision.reason}")
+        return decision
+
+    def publish(self, candidate: AccessCandidate, registry_notes: dict[str, Any]) -> str:
+        return self.registry.publish(candidate.model, candidate.metadata, registry_notes)
+
+    def history_extra(self) -> dict[str, Any]:
+        return {"new_files": self.logs.data["new_files"], "files": len(self.logs.selection.files)}
 
 
 def _run_locked(
@@ -291,30 +361,29 @@ def _run_locked(
     log: Log,
     now: datetime,
     token_counter: TokenCounter | None,
-    log_trainer: LogTrainer | None = None,
-    return_trainer: ReturnTrainer = train_return_candidate,
+    log_trainer: LogTrainer | None,
+    followers: list[FollowerKind],
 ) -> RetrainOutcome:
     """The run's stages, in order (see the module docstring). A `BadLogsError` or any other
-    exception propagates to `run_retrain`, which records it. The return-time half runs once
-    the access half is recorded and reported, and never raises."""
+    exception of the first kind propagates to `run_retrain`, which records it. Each follower
+    kind runs once the first kind is recorded and reported, and never raises."""
     logs = _pick_logs(config, registry, now, log)
     nothing_to_do = _nothing_to_learn(config, logs)
     if nothing_to_do is not None:
         return nothing_to_do
-    candidate = _train_candidate(
-        config, registry, logs, load_embedder, log, token_counter, log_trainer
-    )
-    decision = _judge(config, candidate, log)
-    version = _publish(config, registry, logs, candidate, decision)
-    _record_run(config, registry, logs, candidate, decision, version, log)
+    first = AccessModelKind(config, registry, logs, load_embedder, token_counter, log_trainer, log)
+    candidate = first.train(None, log)
+    decision, version = publish_and_record(first, candidate, logs.current_version, log)
     result = _report(config, registry, logs, candidate, decision, version, log)
-    try:  # it reports its own failures; this guard keeps the access result whatever happens
-        result.return_model = retrain_return_model(
-            config.return_model, candidate.return_context, log, return_trainer
-        )
-    except Exception as error:
-        result.return_model = ReturnModelOutcome(RETURN_FAILED, f"{type(error).__name__}: {error}")
-    _consume_files(registry, logs, version, result, log)
+    decided = []
+    for kind in followers:
+        try:  # it reports its own failures; this guard keeps the first result whatever happens
+            outcome = run_follower(kind, candidate.return_context, log)
+        except Exception as error:
+            outcome = KindOutcome(FOLLOWER_FAILED, f"{type(error).__name__}: {error}", kind.metric)
+        result.sections[kind.section] = outcome
+        decided.append((kind, outcome))
+    _consume_files(registry, logs, version, result, decided, log)
     return result
 
 
@@ -323,21 +392,22 @@ def _consume_files(
     logs: _SelectedLogs,
     version: str,
     result: RetrainOutcome,
+    followers: list[tuple[FollowerKind, KindOutcome]],
     log: Log,
 ) -> None:
     """Record every file found as trained on (the next run's "new" starts after them), but
-    only once every model that reads them has decided on them: the access model always has
-    by now; the return half has unless it failed or was locked out. Until then the files
-    stay new, so a return half that failed, or a run killed during it, is trained again by
-    the next run rather than lost to a "no new log files" exit."""
-    returns = result.return_model
-    decided = returns is None or returns.decision not in (RETURN_FAILED, RETURN_LOCKED)
-    result.data["files_recorded_as_trained"] = decided
-    if not decided:
-        log(
-            f"logs: not recorded as trained on: the return-time model {returns.decision}; "
-            "the next run takes these files again"
-        )
+    only once every model that reads them has decided on them: the first kind always has
+    by now; a follower has unless it failed or was locked out. Until then the files stay
+    new, so a follower that failed, or a run killed during it, is trained again by the next
+    run rather than lost to a "no new log files" exit."""
+    undecided = [(kind, outcome) for kind, outcome in followers if not outcome.files_decided]
+    result.data["files_recorded_as_trained"] = not undecided
+    if undecided:
+        for kind, outcome in undecided:
+            log(
+                f"logs: not recorded as trained on: {kind.describe} {outcome.decision}; "
+                "the next run takes these files again"
+            )
         return
     registry.save_state(
         {
@@ -353,9 +423,7 @@ def _pick_logs(
 ) -> _SelectedLogs:
     """Clear what a killed run left in the registry, then pick the files to train on: the new
     ones since the last run plus the window of older ones (`training.log_files`)."""
-    removed = registry.clean_staging()
-    if removed:
-        log(f"registry: removed leftovers of an interrupted run: {', '.join(removed)}")
+    clean_leftovers(registry, "registry", log)
     state = registry.state()
     found = discover_logs(config.logs_dir)
     selection = select_logs(found, state.get("seen_files", []), now, config.window_days)
@@ -394,7 +462,7 @@ def _train_candidate(
     log: Log,
     token_counter: TokenCounter | None,
     log_trainer: LogTrainer | None,
-) -> _ScoredCandidate:
+) -> AccessCandidate:
     """Train a candidate on the selected files and score the current model beside it: trace
     files through the caller's log trainer, conversations through `train_predictor`. Files
     that cannot be read are bad input (`BadLogsError`), not a failed run."""
@@ -419,7 +487,7 @@ def _train_on_traces(
     registry: ModelRegistry,
     logs: _SelectedLogs,
     log: Log,
-) -> _ScoredCandidate:
+) -> AccessCandidate:
     """An access-only candidate from request traces (no text); the trainer scores the current
     model too, on the later part of the same traces."""
     log("logs are trace files: training an access-only model (no text)")
@@ -428,15 +496,7 @@ def _train_on_traces(
     except UserError as error:  # a file that cannot be read, a split or horizon too long
         raise BadLogsError(str(error)) from None
     logs.data.update(candidate.data)
-    return _ScoredCandidate(
-        candidate.model,
-        candidate.metadata,
-        candidate.metrics,
-        candidate.evaluation_samples,
-        candidate.current_metrics,
-        candidate.current_problem,
-        candidate.return_context,
-    )
+    return candidate
 
 
 def _train_on_conversations(
@@ -446,7 +506,7 @@ def _train_on_conversations(
     load_embedder: EmbedderLoader,
     log: Log,
     token_counter: TokenCounter | None,
-) -> _ScoredCandidate:
+) -> AccessCandidate:
     """A candidate trained on the training half of the logged conversations, and the current
     model scored on the candidate's evaluation half (the same samples, so the two compare)."""
     conversations = _load_conversations(config, logs)
@@ -464,7 +524,7 @@ def _train_on_conversations(
         log=log,
         token_counter=token_counter,
     )
-    candidate = _ScoredCandidate(
+    candidate = AccessCandidate(
         outcome.artifact.model,
         outcome.artifact.metadata,
         outcome.metrics.get("evaluation", {}),
@@ -501,82 +561,11 @@ def _load_conversations(config: RetrainConfig, logs: _SelectedLogs) -> list[Conv
     return conversations
 
 
-def _judge(config: RetrainConfig, candidate: _ScoredCandidate, log: Log) -> Decision:
-    """Promote or keep (`decide`, on the configured metric and tolerance), logged."""
-    decision = decide(
-        candidate.metrics,
-        candidate.current_metrics,
-        config.metric,
-        config.tolerance,
-        candidate.evaluation_samples,
-        config.min_evaluation_samples,
-        candidate.current_problem,
-    )
-    log(f"decision: {'promote' if decision.promote else 'keep current'}: {decision.reason}")
-    return decision
-
-
-def _publish(
-    config: RetrainConfig,
-    registry: ModelRegistry,
-    logs: _SelectedLogs,
-    candidate: _ScoredCandidate,
-    decision: Decision,
-) -> str:
-    """Publish the candidate as a new version whichever the decision (the version records the
-    decision and why, so a kept candidate can still be inspected), and make it current when
-    promoted. Returns the version."""
-    version = registry.publish(
-        candidate.model,
-        candidate.metadata,
-        {
-            "decision": PROMOTED if decision.promote else KEPT,
-            "reason": decision.reason,
-            "metric": config.metric,
-            "tolerance": config.tolerance,
-            "compared_with": logs.current_version,
-            "current_metrics": candidate.current_metrics,
-        },
-    )
-    if decision.promote:
-        registry.promote(version)
-    return version
-
-
-def _record_run(
-    config: RetrainConfig,
-    registry: ModelRegistry,
-    logs: _SelectedLogs,
-    candidate: _ScoredCandidate,
-    decision: Decision,
-    version: str,
-    log: Log,
-) -> None:
-    """Record the access half: a history line and old versions pruned (the files are
-    recorded as seen once the return half has decided too: `_consume_files`)."""
-    registry.append_history(
-        {
-            "event": "retrain",
-            "status": PROMOTED if decision.promote else KEPT,
-            "version": version,
-            "reason": decision.reason,
-            "compared_with": logs.current_version,
-            "candidate_metrics": candidate.metrics,
-            "current_metrics": candidate.current_metrics,
-            "new_files": logs.data["new_files"],
-            "files": len(logs.selection.files),
-        }
-    )
-    pruned = registry.prune(config.keep_versions)
-    if pruned:
-        log(f"registry: pruned {', '.join(pruned)}")
-
-
 def _report(
     config: RetrainConfig,
     registry: ModelRegistry,
     logs: _SelectedLogs,
-    candidate: _ScoredCandidate,
+    candidate: AccessCandidate,
     decision: Decision,
     version: str,
     log: Log,

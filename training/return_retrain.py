@@ -1,4 +1,4 @@
-"""The daily job's return-time half: retrain the hazard model, judge it, promote or keep.
+"""The daily job's return-time model kind: retrain the hazard model, judge it, promote or keep.
 
 When `lpc retrain` trains on trace files, the access candidate's split is handed on here
 (`ReturnContext`: the same request table, features, cut and validation share), so the
@@ -15,16 +15,15 @@ current one's by more than that. Concordance is reported beside it. No current m
 that does not load or that these requests cannot feed: promote, saying why.
 
 The return registry is a `ModelRegistry` of its own (versions, `current`, history, lock,
-atomic writes), checked with the return model's loader. This half runs after the access
-half is recorded and never raises: a failure is reported in its outcome (`failed`) and can
-neither change the access model's result nor the current return model.
+atomic writes), checked with the return model's loader. `ReturnModelKind` is the plug-in
+(`training.model_kinds`): the job runs it as a follower, after the access model is recorded,
+and it never raises: a failure is reported in its outcome (`failed`) and can neither change
+the access model's result nor the current return model.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,14 +35,19 @@ import pandas as pd
 from predictor.errors import InvalidInputError, UserError
 from predictor.json_values import finite_or_none
 from predictor.return_time import ReturnModelMetadata, ReturnTimePredictor, save_return_model
-from training.model_registry import ModelRegistry, RegistryLockedError, registry_record
+from training.model_kinds import FAILED as FAILED  # the decisions, re-exported
+from training.model_kinds import KEPT as KEPT
+from training.model_kinds import LOCKED as LOCKED
+from training.model_kinds import PROMOTED as PROMOTED
+from training.model_kinds import SKIPPED as SKIPPED
+from training.model_kinds import KindOutcome, run_follower
+from training.model_registry import ModelRegistry, registry_record
 from training.promotion import Decision, decide
 from training.return_data import ReturnPart, return_samples
 from training.return_fit import ReturnFitConfig, fit_return_model
 from training.return_quality import curve_quality
 from training.survival_metrics import StepSurvival, censoring_survival
 
-PROMOTED, KEPT, SKIPPED, FAILED, LOCKED = "promoted", "kept", "skipped", "failed", "locked"
 METRIC = "integrated_brier"
 # IBS units; the hazard model beats Kaplan-Meier per turn by 0.008 on Mooncake (split 0.5),
 # so a quarter of that edge is noise to tolerate, not a loss to accept.
@@ -101,35 +105,6 @@ class ReturnCandidate:
 
 
 ReturnTrainer = Callable[[ReturnContext, Path | None, ReturnFitConfig], ReturnCandidate]
-
-
-@dataclass
-class ReturnModelOutcome:
-    """The `return_model` section of the daily job's outcome."""
-
-    decision: str  # promoted, kept, skipped, failed, locked
-    reason: str
-    version: str | None = None
-    current_version: str | None = None
-    candidate_metrics: dict[str, Any] | None = None
-    current_metrics: dict[str, Any] | None = None
-    registry: str | None = None
-    fit: dict[str, Any] | None = None
-    seconds: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "decision": self.decision,
-            "reason": self.reason,
-            "metric": METRIC,
-            "version": self.version,
-            "current_version": self.current_version,
-            "candidate_metrics": self.candidate_metrics,
-            "current_metrics": self.current_metrics,
-            "registry": self.registry,
-            "fit": self.fit,
-            "seconds": round(self.seconds, 3),
-        }
 
 
 def decide_return(
@@ -241,113 +216,77 @@ def score_current_return(
     return _quality(evaluation, current.grid_s, survival, censoring), None
 
 
-def run_return_half(
-    config: ReturnRetrainConfig,
-    context: ReturnContext,
-    log: Log,
-    trainer: ReturnTrainer = train_return_candidate,
-) -> ReturnModelOutcome:
-    """Train, judge, publish (every candidate, as the access registry does) and promote, under
-    the return registry's own lock. Never raises: a failure is the outcome's `failed`, and
-    the current return model stays as it was (writes are the registry's atomic ones)."""
-    started = time.perf_counter()
-    registry = ModelRegistry(config.registry_dir, check=ReturnTimePredictor.load)
-    try:
-        with registry.lock():
-            try:
-                outcome = _judge_and_publish(config, context, registry, log, trainer)
-            except Exception as error:  # reported; the access result is already recorded
-                outcome = ReturnModelOutcome(
-                    FAILED,
-                    f"{type(error).__name__}: {error}",
-                    current_version=registry.current_version(),
-                    registry=str(registry.root),
-                )
-                _try_history(
-                    registry, {"event": "retrain", "status": FAILED, "reason": outcome.reason}
-                )
-    except RegistryLockedError as error:
-        outcome = ReturnModelOutcome(LOCKED, str(error), registry=str(registry.root))
-    except Exception as error:  # e.g. a registry folder that cannot be created
-        outcome = ReturnModelOutcome(
-            FAILED, f"{type(error).__name__}: {error}", registry=str(registry.root)
+@dataclass
+class ReturnModelKind:
+    """The return-time model as a plug-in of the daily job (`training.model_kinds`): trained
+    on the split the access model hands on, judged by the integrated Brier score, published
+    to its own registry. `config` None: not asked for (--no-return-model)."""
+
+    config: ReturnRetrainConfig | None
+    trainer: ReturnTrainer = train_return_candidate
+    section: str = "return_model"
+    name: str = "return model"
+    describe: str = "the return-time model"
+    label: str = "return registry"
+    metric: str = METRIC
+    _registry: ModelRegistry | None = field(default=None, init=False, repr=False)
+
+    @property
+    def registry(self) -> ModelRegistry:
+        assert self.config is not None, "a skipped return model has no registry"
+        if self._registry is None:
+            self._registry = ModelRegistry(self.config.registry_dir, check=ReturnTimePredictor.load)
+        return self._registry
+
+    @property
+    def tolerance(self) -> float:
+        assert self.config is not None
+        return self.config.tolerance
+
+    @property
+    def keep_versions(self) -> int:
+        assert self.config is not None
+        return self.config.keep_versions
+
+    def skip_reason(self, handoff: ReturnContext | None) -> str | None:
+        """Not asked for, or no split to train on (conversation logs: no request times)."""
+        if self.config is None:
+            return "not asked for (--no-return-model)"
+        if handoff is None:
+            return (
+                "the logs are conversation text: a return time needs request arrival times "
+                "(trace files)"
+            )
+        return None
+
+    def train(self, handoff: ReturnContext, log: Log) -> ReturnCandidate:
+        assert self.config is not None
+        log("return model: training the return-time candidate on the same split")
+        return self.trainer(handoff, self.registry.current_path(), self.config.fit)
+
+    def decide(self, candidate: ReturnCandidate) -> Decision:
+        assert self.config is not None
+        return decide_return(
+            candidate.metrics,
+            candidate.current_metrics,
+            self.config.tolerance,
+            candidate.evaluation_samples,
+            self.config.min_evaluation_samples,
+            candidate.current_problem,
         )
-    outcome.seconds = time.perf_counter() - started
-    log(f"return model: {outcome.decision}: {outcome.reason}")
-    return outcome
 
+    def publish(self, candidate: ReturnCandidate, registry_notes: dict[str, Any]) -> str:
+        notes = {**candidate.metadata.notes, "registry": registry_record(registry_notes)}
+        metadata = replace(candidate.metadata, notes=notes)
+        return self.registry.publish_folder(
+            lambda folder: save_return_model(folder, metadata, candidate.weights, candidate.biases)
+        )
 
-def _try_history(registry: ModelRegistry, entry: dict[str, Any]) -> None:
-    # the outcome already says what failed; a history that cannot be written loses nothing more
-    with contextlib.suppress(Exception):
-        registry.append_history(entry)
+    def history_extra(self) -> dict[str, Any]:
+        return {}
 
-
-def _judge_and_publish(
-    config: ReturnRetrainConfig,
-    context: ReturnContext,
-    registry: ModelRegistry,
-    log: Log,
-    trainer: ReturnTrainer,
-) -> ReturnModelOutcome:
-    removed = registry.clean_staging()
-    if removed:
-        log(f"return registry: removed leftovers of an interrupted run: {', '.join(removed)}")
-    compared_with = registry.current_version()
-    log("return model: training the return-time candidate on the same split")
-    candidate = trainer(context, registry.current_path(), config.fit)
-    verdict = decide_return(
-        candidate.metrics,
-        candidate.current_metrics,
-        config.tolerance,
-        candidate.evaluation_samples,
-        config.min_evaluation_samples,
-        candidate.current_problem,
-    )
-    decision = PROMOTED if verdict.promote else KEPT
-    notes = {
-        **candidate.metadata.notes,
-        "registry": registry_record(
-            {
-                "decision": decision,
-                "reason": verdict.reason,
-                "metric": METRIC,
-                "tolerance": config.tolerance,
-                "compared_with": compared_with,
-                "current_metrics": candidate.current_metrics,
-            }
-        ),
-    }
-    metadata = replace(candidate.metadata, notes=notes)
-    version = registry.publish_folder(
-        lambda folder: save_return_model(folder, metadata, candidate.weights, candidate.biases)
-    )
-    if verdict.promote:
-        registry.promote(version)
-    registry.append_history(
-        {
-            "event": "retrain",
-            "status": decision,
-            "version": version,
-            "reason": verdict.reason,
-            "compared_with": compared_with,
-            "candidate_metrics": candidate.metrics,
-            "current_metrics": candidate.current_metrics,
-        }
-    )
-    pruned = registry.prune(config.keep_versions)
-    if pruned:
-        log(f"return registry: pruned {', '.join(pruned)}")
-    return ReturnModelOutcome(
-        decision,
-        verdict.reason,
-        version,
-        registry.current_version(),
-        candidate.metrics,
-        candidate.current_metrics,
-        str(registry.root),
-        candidate.fit,
-    )
+    def outcome_fit(self, candidate: ReturnCandidate) -> dict[str, Any]:
+        return candidate.fit
 
 
 def retrain_return_model(
@@ -355,15 +294,7 @@ def retrain_return_model(
     context: ReturnContext | None,
     log: Log,
     trainer: ReturnTrainer = train_return_candidate,
-) -> ReturnModelOutcome:
-    """The daily job's return half (`run_return_half`), or why it is skipped: not asked for
-    (`config` None), or no split to train on (conversation logs: no request times)."""
-    if config is None:
-        return ReturnModelOutcome(SKIPPED, "not asked for (--no-return-model)")
-    if context is None:
-        return ReturnModelOutcome(
-            SKIPPED,
-            "the logs are conversation text: a return time needs request arrival times "
-            "(trace files)",
-        )
-    return run_return_half(config, context, log, trainer)
+) -> KindOutcome:
+    """The return model's turn in the daily job (`run_follower`: never raises), or why it is
+    skipped (`ReturnModelKind.skip_reason`)."""
+    return run_follower(ReturnModelKind(config, trainer), context, log)

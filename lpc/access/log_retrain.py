@@ -28,7 +28,7 @@ current model is scored on the candidate's evaluation samples; one these samples
 the candidate with that reason (`training.retrain.decide`).
 
 The candidate carries its split on (`ReturnContext`: the request table, features, cut and
-validation share), so the job's return-time half (`training.return_retrain`) trains on the
+validation share), so the job's return-time model (`training.return_retrain`) trains on the
 same training part and is judged on the same evaluation part.
 """
 
@@ -70,7 +70,7 @@ from training.access_data import (
 )
 from training.access_fit import AccessFitConfig, access_metadata, fit_access_model
 from training.metrics import classification_metrics
-from training.retrain import LogCandidate
+from training.retrain import AccessCandidate
 from training.return_retrain import ReturnContext
 
 if TYPE_CHECKING:
@@ -216,7 +216,7 @@ class TraceLogTrainer:
         """Whether the selected files are trace files (by content; a mix raises)."""
         return bool(paths) and trace_format_of_files(paths) is not None
 
-    def train(self, paths: list[Path], current: Path | None) -> LogCandidate:
+    def train(self, paths: list[Path], current: Path | None) -> AccessCandidate:
         fmt = trace_format_of_files(paths)
         assert fmt is not None, "train() is called only when handles() said yes"
         trace, table, read = self._read(paths, fmt)
@@ -255,7 +255,7 @@ class TraceLogTrainer:
             current_metrics, problem = _score_current(
                 current, table, split.cut_s, self.horizon_s, self.validation_fraction
             )
-        return LogCandidate(
+        return AccessCandidate(
             model=result.model,
             metadata=metadata,
             metrics=result.metrics.get("mlp", {}),

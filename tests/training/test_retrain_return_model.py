@@ -29,7 +29,6 @@ from training.return_retrain import (
     ReturnRetrainConfig,
     decide_return,
     retrain_return_model,
-    run_return_half,
     score_current_return,
     train_return_candidate,
 )
@@ -179,7 +178,7 @@ def _score(model: ReturnTimePredictor, context) -> dict:
 
 
 def test_a_candidate_worse_by_more_than_the_tolerance_is_kept_out(logs: Path, context):
-    kept = run_return_half(return_config(logs), context, lambda m: None, _worse_by(5.0))
+    kept = retrain_return_model(return_config(logs), context, lambda m: None, _worse_by(5.0))
     assert (kept.decision, kept.current_version, kept.version) == (KEPT, "v0001", "v0002")
     assert kept.reason.startswith("worse: candidate IBS")
     new, old = kept.candidate_metrics["integrated_brier"], kept.current_metrics["integrated_brier"]
@@ -300,7 +299,7 @@ def test_a_write_killed_half_way_is_never_published(logs: Path, context, monkeyp
         raise OSError("No space left on device")
 
     monkeypatch.setattr(return_retrain, "save_return_model", half_written)
-    second = run_return_half(return_config(logs), context, lambda m: None)
+    second = retrain_return_model(return_config(logs), context, lambda m: None)
     assert second.decision == FAILED and "No space left on device" in second.reason
     store = returns(logs)
     assert store.versions() == ["v0001"] and store.current_version() == "v0001"
@@ -308,7 +307,7 @@ def test_a_write_killed_half_way_is_never_published(logs: Path, context, monkeyp
     assert [p.name for p in (logs / "returns").glob(".incoming-*")]  # the hidden leftover
 
     monkeypatch.undo()
-    third = run_return_half(return_config(logs), context, lambda m: None)
+    third = retrain_return_model(return_config(logs), context, lambda m: None)
     assert third.decision == PROMOTED
     assert not list((logs / "returns").glob(".incoming-*"))
     assert returns(logs).versions() == ["v0001", "v0002"]
