@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from training.model_registry import ModelRegistry, RegistryLockedError
@@ -97,18 +97,7 @@ class KindOutcome:
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "decision": self.decision,
-            "reason": self.reason,
-            "metric": self.metric,
-            "version": self.version,
-            "current_version": self.current_version,
-            "candidate_metrics": self.candidate_metrics,
-            "current_metrics": self.current_metrics,
-            "registry": self.registry,
-            "fit": self.fit,
-            "seconds": round(self.seconds, 3),
-        }
+        return {**asdict(self), "seconds": round(self.seconds, 3)}
 
     @property
     def files_decided(self) -> bool:
