@@ -317,11 +317,9 @@ class PluginRuntime:
         scheduled = hints is not None  # seen by the scheduling hook, which asked if it could
         if hints is None:
             hints = self.hints_for(request)
-        awaiting = None  # the prediction is on its way: the queues re-key when it comes
+        coming = False  # the prediction is on its way: the queues re-key when it comes
         try:
-            probability, counter, curve = self._probability(request, hints, not scheduled)
-            if counter == "predictions_late":
-                awaiting, counter = rid, "fallbacks_used"
+            probability, counter, curve, coming = self._probability(request, hints, not scheduled)
         except Exception as error:
             self.stats.plugin_error("the release's probability", error)
             if self.board is not None:
@@ -352,19 +350,19 @@ class PluginRuntime:
             return_curve=curve,
             tenant=hints.tenant,
             hinted=source == "client",
-            awaiting=awaiting,
+            awaiting=rid if coming else None,
         )
         return release, source
 
     def _probability(
         self, request: Any, hints: RequestHints, ask: bool = False
-    ) -> tuple[float | None, str, ReturnCurve | None]:
-        """The release's p (unchecked), the counter of its source, and its return curve from
-        the in-process return-time model (checked; None without one, or the fallback score).
-        One in-process release computes both from the same features. The counter
-        `predictions_late` (not a release's source) says the p is None while the predictor's
-        answer is on its way. `ask`: the request was never seen scheduled (the seam path has
-        no scheduling hook), so its prediction is asked for now."""
+    ) -> tuple[float | None, str, ReturnCurve | None, bool]:
+        """The release's p (unchecked), the counter of its source, its return curve from the
+        in-process return-time model (checked; None without one, or the fallback score), and
+        whether the predictor's answer is still on its way (then the p is None). One
+        in-process release computes the p and the curve from the same features. `ask`: the
+        request was never seen scheduled (the seam path has no scheduling hook), so its
+        prediction is asked for now."""
         rid = request.request_id
         probability = hints.probability
         access = self.access
@@ -382,7 +380,7 @@ class PluginRuntime:
                     )
                 except Exception as error:  # the request's own p stands
                     self.stats.plugin_error("recording a request in the conversation table", error)
-            return probability, "probabilities_from_request", curve
+            return probability, "probabilities_from_request", curve, False
         curve = None
         if access is not None:
             probability, curve = self.in_process_release(request, hints)
@@ -393,9 +391,9 @@ class PluginRuntime:
                 board.ask(rid, hints.prediction_item(engine_prompt_tokens(request)))
             probability, coming = board.claim(rid)
             if coming:
-                return None, "predictions_late", curve
+                return None, "fallbacks_used", curve, True
         counter = "fallbacks_used" if probability is None else "predictions_used"
-        return probability, counter, curve
+        return probability, counter, curve, False
 
     def _log_stats(self, now: float) -> float:
         """The counters' log line (not the first time: nothing happened yet); when the next
