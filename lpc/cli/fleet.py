@@ -44,7 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    data = p.add_argument_group("workload")
+    _add_workload_args(p.add_argument_group("workload"))
+    _add_fleet_args(p.add_argument_group("fleet"))
+    _add_output_args(p.add_argument_group("execution and output"))
+    p.set_defaults(run=run_command)
+
+
+def _add_workload_args(data: argparse._ArgumentGroup) -> None:
     data.add_argument(
         "--trace",
         default="mooncake",
@@ -89,7 +95,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=1200.0,
         help="with --trace none: window in seconds (default: %(default)s)",
     )
-    fleet = p.add_argument_group("fleet")
+
+
+def _add_fleet_args(fleet: argparse._ArgumentGroup) -> None:
     fleet.add_argument(
         "--instances",
         type=_counts,
@@ -124,7 +132,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="return-time artifact for lpc-return-model (default: the shipped "
         "models/mooncake-return)",
     )
-    run = p.add_argument_group("execution and output")
+
+
+def _add_output_args(run: argparse._ArgumentGroup) -> None:
     run.add_argument(
         "--ray", action="store_true", help="run the replays as Ray tasks (needs lpc[ray])"
     )
@@ -148,7 +158,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
     run.add_argument("--json", action="store_true", help="print all figures as JSON")
-    p.set_defaults(run=run_command)
 
 
 def options_from(args: argparse.Namespace):
