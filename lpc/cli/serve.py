@@ -40,6 +40,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    _add_model_args(parser, computable_on("window"))
+    _add_limit_args(parser)
+    _add_runtime_args(parser)
+    parser.set_defaults(run=run)
+
+
+def _add_model_args(parser: argparse.ArgumentParser, request_features: tuple[str, ...]) -> None:
+    """What is served: the artifact, its embedder and device."""
     parser.add_argument(
         "--artifact",
         "--model",
@@ -50,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"else the shipped model models/{SHIPPED_MODEL_NAME} if present. "
         "A model trained with the opt-in log_prompt_tokens feature (not the shipped one) "
         "needs prompt_tokens in every item; a text model may read only the features a request "
-        f"carries ({', '.join(computable_on('window'))}), any other is refused at start. "
+        f"carries ({', '.join(request_features)}), any other is refused at start. "
         "An access-only model (lpc train --trace, lpc retrain --logs) is served without an "
         "embedder: its items carry access_features",
     )
@@ -60,6 +68,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="embedder spec; default: the one the artifact was trained with",
     )
     parser.add_argument("--device", default=None, help="torch device (default: GPU if any)")
+
+
+def _add_limit_args(parser: argparse.ArgumentParser) -> None:
+    """Where it listens, and the bounds on batches, queues, bodies and time."""
     parser.add_argument(
         "--host", default="127.0.0.1", help="bind address; keep loopback unless a token is set"
     )
@@ -109,6 +121,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=30.0,
         help="on shutdown, how long requests in flight may take to finish",
     )
+
+
+def _add_runtime_args(parser: argparse.ArgumentParser) -> None:
+    """The embedder's batching and threads, authentication, reload root and logging."""
     parser.add_argument(
         "--embed-batch-size",
         type=int,
@@ -141,7 +157,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=["critical", "error", "warning", "info", "debug"],
         help="uvicorn log level",
     )
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
