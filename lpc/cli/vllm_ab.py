@@ -53,6 +53,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("trace", help="JSONL trace (lpc ab --export-trace) or a bundled name")
+    _add_policy_args(p)
+    _add_engine_args(p)
+    _add_plugin_args(p)
+    _add_run_args(p)
+    p.set_defaults(run=run)
+
+
+def _add_policy_args(p: argparse.ArgumentParser) -> None:
+    """Which policies run, and when the kill switch flips them."""
     p.add_argument(
         "--policies",
         default="lru,lpc-const,lpc,lpc-pooled",
@@ -65,6 +74,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="STEP:MODE[,STEP:MODE...]: switch lpc and lpc-pooled to MODE (lpc, lru, shadow) "
         "before that step, as the control file does in a deployment",
     )
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    """vLLM's engine: the pool, the scheduler's budgets and the modelled step time."""
     p.add_argument("--kv-tokens", type=int, required=True, help="KV pool size in tokens")
     p.add_argument("--block-size", type=int, default=16, help="tokens per block (16)")
     p.add_argument(
@@ -81,6 +94,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=10.0,
         help="step time: per scheduled token (10 us)",
     )
+
+
+def _add_plugin_args(p: argparse.ArgumentParser) -> None:
+    """The plugin's constants and the models it runs in process."""
     p.add_argument("--scale", type=float, default=1e-2, help="LPC decay scale per second")
     p.add_argument("--fallback-p", type=float, default=0.5, help="the plugin's fallback p")
     p.add_argument(
@@ -100,6 +117,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         help="the plugin's LPC_CONVERSATION_TABLE_MAX_TOKENS (its default when not given)",
     )
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    """The sample, the checks, the timing and the output."""
     p.add_argument(
         "--one-in", type=int, default=1, help="keep one conversation in N (stable crc32)"
     )
@@ -125,7 +146,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--records-dir", type=Path, help="keep the per-step records here")
     p.add_argument("--vllm-python", type=Path, help="python of vLLM's venv (.vllm-venv)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
