@@ -163,7 +163,7 @@ def _train_member(
     stopping); without one, exactly `epochs` epochs."""
     import torch
 
-    from training.loop import LoopSettings, permuted_batches, train_loop
+    from training.loop import permuted_batches, train_loop
 
     torch.manual_seed(seed)
     model = ContinuationMLP(MLPConfig(0, config.hidden_sizes, 0.0, names, turn_column=False))
@@ -173,8 +173,10 @@ def _train_member(
         model,
         lambda model, rows: loss_fn(model(x[rows]), y[rows]),
         permuted_batches(len(x), config.batch_size, torch.Generator().manual_seed(seed)),
-        LoopSettings(config.learning_rate, epochs, config.patience),
-        None
+        learning_rate=config.learning_rate,
+        max_epochs=epochs,
+        patience=config.patience,
+        validation=None
         if validation is None
         else lambda model: float(loss_fn(model(validation[0]), validation[1])),
     )

@@ -165,7 +165,7 @@ def _fit(
 ) -> FitResult:
     import torch
 
-    from training.loop import LoopSettings, loader_batches, loader_pass, train_loop
+    from training.loop import loader_batches, loader_pass, train_loop
 
     device = training_device(config.accelerator)
     train_x, train_y = _tensors("training", train_inputs, train_labels, device)
@@ -196,8 +196,11 @@ def _fit(
         model,
         batch_loss,
         loader_batches(len(train_y), config.batch_size, generator),
-        LoopSettings(config.learning_rate, config.max_epochs, config.patience, 0.0),
-        validation,
+        learning_rate=config.learning_rate,
+        max_epochs=config.max_epochs,
+        patience=config.patience,
+        min_improvement=0.0,
+        validation=validation,
     )
     losses = result.val_losses
     return FitResult(

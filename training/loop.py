@@ -4,7 +4,7 @@ Each model brings its network, its loss on a batch of row numbers and, when earl
 its validation loss; the loop is the same for all three: an epoch is one pass over the rows in
 an order drawn from a seeded generator, each batch a zero_grad / backward / Adam step. With a
 validation loss it keeps the state of the epoch with the lowest one (a later epoch must be
-lower by more than `LoopSettings.min_improvement` to count) and stops after `patience` epochs
+lower by more than `min_improvement` to count) and stops after `patience` epochs
 without such an improvement, or at once when the loss is not finite (a diverged network does
 not come back); that state is loaded back at the end. Without one it trains exactly `epochs`
 epochs (the refits on a whole training part, for the epoch count early stopping chose).
@@ -32,14 +32,6 @@ import torch
 BatchLoss = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]  # (model, rows) → loss
 Validation = Callable[[torch.nn.Module], float]  # model in eval mode → validation loss
 EpochOrder = Callable[[], Iterable[torch.Tensor]]  # one epoch's batches of row numbers
-
-
-@dataclass(frozen=True)
-class LoopSettings:
-    learning_rate: float
-    max_epochs: int  # the most epochs with a validation loss; exactly this many without
-    patience: int = 1  # epochs without improvement before stopping
-    min_improvement: float = 1e-5  # a validation loss must be this much lower to count
 
 
 @dataclass
@@ -86,14 +78,23 @@ def train_loop(
     model: torch.nn.Module,
     batch_loss: BatchLoss,
     order: EpochOrder,
-    settings: LoopSettings,
+    *,
+    learning_rate: float,
+    max_epochs: int,
+    patience: int = 1,
+    min_improvement: float = 1e-5,
     validation: Validation | None = None,
 ) -> LoopResult:
-    """Train `model` in place with Adam; return it with the kept state loaded, in eval mode."""
-    optimiser = torch.optim.Adam(model.parameters(), lr=settings.learning_rate)
-    best_loss, best_state, best_epoch, stale = math.inf, None, settings.max_epochs, 0
+    """Train `model` in place with Adam; return it with the kept state loaded, in eval mode.
+
+    `max_epochs`: the most epochs with a `validation` loss, exactly this many without one;
+    `patience`: epochs without improvement before stopping; `min_improvement`: how much lower
+    a validation loss must be to count. The callers' fit settings (`FitConfig`,
+    `AccessFitConfig`, `ReturnFitConfig`) pass their own values straight through."""
+    optimiser = torch.optim.Adam(model.parameters(), lr=learning_rate)
+    best_loss, best_state, best_epoch, stale = math.inf, None, max_epochs, 0
     losses: list[float] = []
-    for epoch in range(1, settings.max_epochs + 1):
+    for epoch in range(1, max_epochs + 1):
         model.train()
         for rows in order():
             optimiser.zero_grad()
@@ -105,12 +106,12 @@ def train_loop(
         with torch.no_grad():
             loss = validation(model)
         losses.append(loss)
-        if loss < best_loss - settings.min_improvement:
+        if loss < best_loss - min_improvement:
             best_loss, best_epoch, stale = loss, epoch, 0
             best_state = _copy_state(model)
         else:
             stale += 1
-            if stale >= settings.patience or not math.isfinite(loss):
+            if stale >= patience or not math.isfinite(loss):
                 break
     if best_state is not None:
         model.load_state_dict(best_state)

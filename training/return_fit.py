@@ -237,7 +237,7 @@ def train_hazard(
     early stopping reads the validation likelihood either way."""
     import torch
 
-    from training.loop import LoopSettings, permuted_batches, train_loop
+    from training.loop import permuted_batches, train_loop
 
     torch.manual_seed(config.seed)
     model = _network(train.x.shape[1], hidden, outputs)
@@ -255,8 +255,10 @@ def train_hazard(
         permuted_batches(
             train.x.shape[0], config.batch_size, torch.Generator().manual_seed(config.seed)
         ),
-        LoopSettings(config.learning_rate, epochs, config.patience),
-        None if validation is None else lambda model: _mean_nll(model, validation),
+        learning_rate=config.learning_rate,
+        max_epochs=epochs,
+        patience=config.patience,
+        validation=None if validation is None else lambda model: _mean_nll(model, validation),
     )
     return model, result.best_epoch, result.best_loss
 

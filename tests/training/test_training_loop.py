@@ -10,7 +10,6 @@ torch = pytest.importorskip("torch")
 
 from training.ensemble import linear_layers, merge_layers  # noqa: E402
 from training.loop import (  # noqa: E402
-    LoopSettings,
     loader_batches,
     permuted_batches,
     train_loop,
@@ -37,16 +36,18 @@ def _scripted(losses: list[float]):
     return validation, seen
 
 
-def _run(losses: list[float], settings: LoopSettings):
+def _run(losses: list[float], **settings):
     model, batch_loss, rows = _problem()
     validation, seen = _scripted(losses)
     order = permuted_batches(rows, 8, torch.Generator().manual_seed(0))
-    return train_loop(model, batch_loss, order, settings, validation), seen
+    return train_loop(
+        model, batch_loss, order, learning_rate=1e-2, validation=validation, **settings
+    ), seen
 
 
 def test_keeps_the_best_epoch_and_stops_after_patience_epochs_without_improvement() -> None:
     # 1.99999 is not lower than 2 by more than 1e-5: no improvement, as 2.5 and 4 are not.
-    result, seen = _run([3.0, 2.0, 2.5, 1.99999, 4.0, 0.5], LoopSettings(1e-2, 10, patience=3))
+    result, seen = _run([3.0, 2.0, 2.5, 1.99999, 4.0, 0.5], max_epochs=10, patience=3)
     assert result.best_epoch == 2 and result.best_loss == 2.0
     assert result.val_losses == [3.0, 2.0, 2.5, 1.99999, 4.0]  # stopped before the 0.5
     for name, value in result.model.state_dict().items():
@@ -56,12 +57,12 @@ def test_keeps_the_best_epoch_and_stops_after_patience_epochs_without_improvemen
 
 
 def test_without_a_threshold_any_lower_loss_improves() -> None:
-    result, _ = _run([3.0, 2.0, 1.99999], LoopSettings(1e-2, 3, patience=3, min_improvement=0))
+    result, _ = _run([3.0, 2.0, 1.99999], max_epochs=3, patience=3, min_improvement=0)
     assert result.best_epoch == 3
 
 
 def test_a_loss_that_is_not_finite_stops_at_once() -> None:
-    result, seen = _run([3.0, math.nan, 1.0], LoopSettings(1e-2, 10, patience=5))
+    result, seen = _run([3.0, math.nan, 1.0], max_epochs=10, patience=5)
     assert result.val_losses[:1] == [3.0] and len(result.val_losses) == 2
     assert result.best_epoch == 1
     assert torch.equal(result.model.state_dict()["0.weight"], seen[0]["0.weight"])
@@ -76,7 +77,7 @@ def test_without_validation_it_trains_exactly_the_epochs_asked() -> None:
         return batch_loss(m, rows_)
 
     order = permuted_batches(rows, 16, torch.Generator().manual_seed(0))
-    result = train_loop(model, counted, order, LoopSettings(1e-2, 3, patience=1))
+    result = train_loop(model, counted, order, learning_rate=1e-2, max_epochs=3, patience=1)
     assert batches == [16, 16, 8] * 3
     assert result.best_epoch == 3 and result.best_loss == math.inf and result.val_losses == []
 
