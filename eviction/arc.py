@@ -1,33 +1,11 @@
 """ARC: recency list T1 and frequency list T2, ghost lists B1 and B2, an adaptive target p.
 
-Megiddo and Modha, "ARC: a self-tuning, low overhead replacement cache", FAST 2003, Figure 4
-(cache size c; lists ordered LRU first, MRU last), followed step by step:
+Megiddo and Modha, FAST 2003, Figure 4, followed step by step over the block-manager events
+of `eviction.resident`: the first release of a block's content is a miss, a hit on a free
+cached block is Case I, and each popped cached block is one REPLACE, run at the pop (so the
+tie |T1| = p goes to T2) and taking the least recent *free* block of a list.
 
-    Case I    x in T1 or T2 (a hit): move x to the MRU end of T2.
-    Case II   x in B1: p = min(c, p + max(|B2| / |B1|, 1)); REPLACE; move x to MRU of T2.
-    Case III  x in B2: p = max(0, p − max(|B1| / |B2|, 1)); REPLACE; move x to MRU of T2.
-    Case IV   x nowhere: if |T1| + |B1| = c: (|T1| < c) delete the LRU of B1, REPLACE
-              (else evict the LRU of T1); elif the four lists hold >= c: if they hold 2c,
-              delete the LRU of B2; REPLACE. Put x at MRU of T1.
-    REPLACE:  if |T1| >= 1 and (|T1| > p or (x in B2 and |T1| = p)):
-                  move the LRU of T1 to MRU of B1
-              else: move the LRU of T2 to MRU of B2.
-
-Block-manager events (see `eviction.resident`): the first release of a block's content is a
-miss (Cases II to IV, by the ghost lists, which hold hashes: blocks with no hash leave no
-ghost), a hit on a free cached block (`remove`) is Case I, and each popped cached block is one
-REPLACE. A block manager evicts when it needs a block, before the content that will fill it
-is known, so REPLACE runs at the pop, not at the miss that follows: it cannot know whether
-the missed object is in B2, and breaks the tie |T1| = p towards T2. By then the block the miss
-fills is already in the pool, so |T1| < c always holds in Case IV and the only eviction left
-to a miss is REPLACE's; the directory upkeep (deleting ghost LRUs) stays at the miss. REPLACE
-takes the least recent *free* block of a list, stepping over blocks in use; a list with no
-free block leaves the choice to the other.
-
-Depth: like vLLM's LRU, a block's recency is that of its release: a hit moves the block into
-T2 at once, and its release moves it to T2's MRU end again, in the release's tail-first
-order. So the deeper blocks of a chain are always less recent than their parents, in T1 (one
-release inserts them) and in T2, and are replaced first.
+The paper's steps, and the readings of this port: docs/design.md, "ARC, step by step".
 """
 
 from __future__ import annotations

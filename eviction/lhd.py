@@ -1,52 +1,12 @@
 """LHD: Least Hit Density; evict the block with the fewest expected hits per unit of
 space-time, given its age and its class.
 
-Source: Beckmann, Chen, Cidon, "LHD: Improving Cache Hit Rate by Maximizing Hit Density",
-NSDI'18 ("LHD predicts each object's expected hits-per-space-consumed (hit density) [...]
-rigorously models objects' behavior using conditional probability"), in the authors' code as
-libCacheSim ships it (`libCacheSim/cache/eviction/LHD/lhd.cpp`, `lhd.hpp`), followed step by
-step:
+Beckmann, Chen, Cidon, NSDI'18, as the authors' code in libCacheSim has it. An access is a
+release; ages are seconds of the replay's clock in 4-s ticks; the victim is the exact minimum
+over all free blocks, so a replay is deterministic.
 
-    update(id) [every access]:
-        if a hit: hits[class][age] += 1; lastLastHitAge = lastHitAge; lastHitAge = age
-        else [insert]: lastLastHitAge = MAX_AGE; lastHitAge = 0
-        timestamp = now; explorer = (rand % 32 == 0) and explorerBudget > 0
-                                    and numReconfigurations < 50
-        every ACCS_PER_RECONFIGURATION accesses: reconfigure()
-    replaced(id) [every eviction]: evictions[class][age] += 1
-    reconfigure(): hits, evictions *= EWMA_DECAY (0.9); then, for each class, from the
-        oldest age down:  totalHits += hits[a]; totalEvents += hits[a] + evictions[a];
-        lifetime += totalEvents; hitDensities[a] = totalHits / lifetime (0 if no events)
-    getHitDensity(tag): age = (now − timestamp) >> ageCoarseningShift, capped at MAX_AGE − 1,
-        where it is the lowest rank; else hitDensities[class][age] / size (+1 for explorers)
-    class = hitAgeClass(lastHitAge + lastLastHitAge) [about log2(MAX_AGE / age), 16 classes]
-    policy before the first reconfiguration: hitDensities[c][a] = (c + 1) / (a + 1)
-
-hitDensities[a] is Σ_{x≥a} hits(x) / Σ_{x≥a} Σ_{y≥x} events(y): the expected hits of an
-object that has reached age a, divided by its expected remaining time in the cache.
-
-Choices of this port:
-- an access is a release: every request that held a cached block (it computed it, or hit
-  it) releases it once, through `push_cached` or `note_shared_release`; the first release of
-  a block's content inserts it, a later one is a hit at the age since the previous release.
-  A block in use cannot be evicted and is not ranked;
-- ages are in seconds of the replay's clock, coarsened to `age_unit_s` (4 s) ticks with
-  MAX_AGE = 1024 ticks (68 minutes), instead of counted in accesses with a coarsening
-  adapted online; size is one block for every block (one app class);
-- the paper ranks a random sample of candidates; here the victim is the exact minimum over
-  all free blocks, what the sampling approximates, so a replay is deterministic. Ties go to
-  the older release, then to the block pushed first (the deeper one within a release);
-  libCacheSim's extra candidates (the last 8 admitted) exist only for sampling and are left
-  out;
-- explorers (1 % of the pool, never evicted while other blocks remain) are drawn from a
-  seeded generator, one draw per access, as libCacheSim draws them;
-- ACCS_PER_RECONFIGURATION is 2^14 block accesses (the paper's 2^20 would never fire on a
-  trace of a few hundred thousand block releases).
-
-Structure: free blocks grouped by (class, release tick, explorer); a group shares one rank at
-any instant, and its blocks leave in push order. A pop ranks every group once (the ranks
-cannot change during a pop: the tables change only at a reconfiguration, which an access
-triggers) and merges the groups through a heap on (rank, tick, head's push order).
+The source step by step, the choices of this port and the structure: docs/design.md,
+"LHD's source".
 """
 
 from __future__ import annotations

@@ -1,48 +1,12 @@
 """LRB and 3L-Cache, the learned CDN caches, run on the block stream behind the evictor contract.
 
-Sources: libCacheSim's reference implementations in its Python bindings (`libcachesim` on
-PyPI, 0.3.x; extra `lpc[rivals]`):
-- LRB, "Learning Relaxed Belady for Content Distribution Network Caching" (Song et al., NSDI
-  2020): "LRB mimics a relaxed Belady algorithm, using the boundary of Belady's [the
-  memory window] ... it samples eviction candidates and evicts the one whose predicted next
-  request is farthest." A LightGBM regressor on each object's past inter-request distances,
-  exponentially decayed counters (EDC) and size; trained online on batches of 131,072 labelled
-  samples; until its first model exists it evicts the least recently requested object.
-- 3L-Cache, "Low Overhead and Precise Learning-based Eviction Policy for Caches" (Zhou et al.,
-  FAST 2025): LRB's kind of learned eviction at a fraction of its cost, with fewer candidates
-  sampled by a bidirectional policy and the model retrained as the workload drifts.
-- GL-Cache (FAST 2023) is not here: it learns a utility per *segment* of objects and evicts
-  whole segments, and libCacheSim 0.3.5 crashes (segmentation fault) when asked for its next
-  victim (`to_evict`), so it cannot name the one block a prefix cache must hand out.
+libCacheSim's own implementations (`libcachesim` on PyPI, 0.3.x; extra `lpc[rivals]`), with
+libCacheSim's default parameters: a release is one request per block under an object id that
+stays with the block's content, and each pop is the cache's own choice. This module is also
+the one place of the workaround for libCacheSim 0.3.5's crash when such a cache is freed.
 
-Their parameters are libCacheSim's defaults, not chosen on any part of a trace: LRB's memory
-window 67,108,864 requests, 64 sampled candidates, LightGBM with 32 trees of 32 leaves;
-3L-Cache's own defaults. Every block weighs 1 (byte and object miss ratio are the same).
-
-What each learned cache sees, mapped onto the block manager:
-- one request per block each time a request releases it (`push_cached` and
-  `note_shared_release`: a release is an access, clock = the release time in seconds), under
-  an object id that stays with the block's content (its hash) across evictions, so the
-  caches' per-object histories (LRB's distances, EDCs) carry over when content comes back;
-- only free cached blocks are candidates: the cache's own choice (`to_evict`, then `evict`)
-  decides each pop; a choice that is a block in use, or content the pool no longer holds,
-  leaves the learned cache and the cache is asked again (libCacheSim's LRB and 3L-Cache
-  cannot remove an object on demand, so a hit takes the block out of the candidates here and
-  out of the learned cache when the cache first chooses it; its next release inserts it
-  again, as a miss);
-- it cannot see: which blocks are in use (it may spend choices on them), the chain a block
-  belongs to (no depth, no conversation, no prediction), nor prefix closure (it may evict a
-  parent before its child: the block manager then cannot hit the child, as with LRU's order
-  across requests);
-- its capacity is set far above the pool, so it never evicts by itself: the block manager's
-  pops are its only evictions.
-
-libCacheSim 0.3.5 aborts the process when an LRB or 3L-Cache object that has named a victim
-is freed: `to_evict` stores a pointer into the cache's parameters in `to_evict_candidate`,
-which the cache's `free` then passes to `free()`. `_CandidateSlot` puts the original pointer
-back before the object is released (its offset in `cache_t` is found once per process on a
-probe and checked against the object `to_evict` returns; if it cannot be found the policy
-refuses to run rather than risk the crash).
+What each cache sees, what it cannot, and the crash: docs/design.md, "LRB and 3L-Cache through
+libCacheSim".
 """
 
 from __future__ import annotations

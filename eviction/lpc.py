@@ -1,19 +1,11 @@
 """LPC: evict the cached block whose conversation is least likely to come back, right now.
 
-The paper's decayed probability p_cur = p·d / (p·d + 1 − p), d = exp(−scale·(now − t_last)),
-satisfies logit(p_cur) = logit(p) − scale·(now − t_last). The shift scale·now is the same for
-every block, so ordering blocks by p_cur at any instant is ordering them by the static key
+The paper's decayed probability is ordered by the static key logit(p) + scale·t_last, so a
+plain heap on it is exact at every instant; max pooling over conversations sharing a block.
+A release without a prediction, or with a NaN p, takes the fallback p; any other p is clamped
+to [floor, 1 − floor], so no key is ever NaN.
 
-    k = logit(p) + scale·t_last,
-
-which never changes while a block waits. A plain heap on k is therefore exact at every
-instant, with no periodic re-evaluation. Max pooling over conversations sharing a block is
-max(k_old, k_new); a block released again by its one and only conversation takes the new key,
-since that conversation's newest prediction supersedes its older one.
-
-A release without a prediction, or with a NaN p (no information), takes the fallback p; any
-other p, ±inf included, is clamped to [floor, 1 − floor], so no key is ever NaN (a NaN key
-would break the heap's order for every other block).
+Why: docs/design.md, "LPC's key".
 """
 
 from __future__ import annotations

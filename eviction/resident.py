@@ -1,25 +1,10 @@
 """Shared machinery for the queue-based cache policies (S3-FIFO, SIEVE, ARC).
 
-These policies come from object caches, where every resident object can be evicted. In a
-block manager a cached block is resident from its first release until it is popped, but
-while a request holds it (after a hit, until its release) it is pinned: it cannot be evicted.
-So the policy's queues hold every *resident* block, free or in use, and the block manager's
-events map onto the paper's as follows (every subclass relies on this, and its docstring
-says what the paper's events then do):
+The one place that maps the block manager's events onto an object cache's (insert, hit,
+return, evict): queues hold every *resident* block, free or in use, and eviction steps over
+the blocks a request holds. Each subclass's docstring says what the paper's events then do.
 
-- insert (a miss that brings an object in): `push_cached` of a block the evictor holds no
-  metadata for, i.e. content released for the first time since its block was popped;
-- hit (an access of a resident object): `remove` of a free cached block; it is then in use;
-- return: `push_cached` of a block that is still resident (it was hit, and its request has
-  released it); not an access, the block only becomes evictable again;
-- evict: `pop_n` once the uncached blocks are used up; the policy's eviction runs as the
-  paper says, but steps over blocks in use wherever it would take one, leaving them and their
-  metadata untouched (a cache cannot evict an object being read);
-- `push_uncached` of a resident block drops it without an eviction (its content is gone).
-
-Queue sizes count resident blocks, free or in use, since those occupy the cache. Blocks with
-no cached hash sit in a list in front of everything, reused first in vLLM's order. A hit of a
-block in use that the evictor never sees (a second request sharing it) is not counted.
+The mapping: docs/design.md, "Object-cache baselines" and "The events (`eviction/resident.py`)".
 """
 
 from __future__ import annotations

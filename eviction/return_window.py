@@ -1,83 +1,13 @@
 """Evict the block whose conversation is least likely to come back while the cache holds it.
 
-LPC asks "does this conversation continue?"; a cache asks "does it come back before I would
-evict its blocks?". This evictor ranks a cached block by
+`lpc-return` ranks a cached block by P(next request within W | silent for a) =
+(S(a) − S(a + W)) / S(a), S the releasing conversation's return-time survival curve and W a
+multiple of the evictor's own measured holding time. Pooling over conversations' claims, a
+shared floor, an optional claim memory, periodic re-keying, ties and protected releases are
+all here.
 
-    P(next request within W | silent for a) = (S(a) − S(a + W)) / S(a),
-
-where S is the releasing conversation's return-time survival curve (any `ReturnCurveLike`:
-a learned model, Kaplan–Meier per turn, a trace's true return time), a = now − the release
-time, and W = `window_multiplier` (4) × the evictor's own measured holding time, measured
-online so that one rule serves a small GPU cache and a large CPU tier alike: by default the
-turnover (queued cached blocks over the eviction rate, `TurnoverEstimate`), or the mean age
-at eviction (`EvictionAgeEstimate`). The multiplier is there because the blocks this policy
-keeps stay far longer than the blocks it gives up, which dominate either mean; 4 was chosen
-on the Mooncake trace's training part (docs/results.md, "An evictor that asks when:
-P(return within W | silent a)").
-
-Pooling: a block released by several conversations keeps one claim (curve and release time)
-per conversation, the newest `max_claims` of them, and takes the largest of their scores
-(`pooling="max"`, the default: the block is worth what its likeliest user makes of it), or,
-with `pooling="or"`, the chance that any of them returns within W, 1 − ∏(1 − P_i) (the
-claims taken as independent, as `lpc-pooled` pools its probabilities). A conversation that
-releases a block again replaces its own older claim.
-
-Shared floor (`shared_floor`, 0.25 by default; None turns it off): a block whose claims come
-from two or more conversations scores at least the floor. The claims speak only for the
-conversations that released the block, while a prefix several of them share is likely shared
-by the next new conversation too, which no claimant's return curve foresees
-(docs/results.md, "An evictor that asks when: P(return within W | silent a)"). Anonymous
-claims (no conversation id) never make a block shared. `shared_floor="online"` estimates the
-floor instead, as `lpc-pooled` estimates its own (`SharedReuse`): the share of this evictor's
-shared releases (a block left claimed by two or more named conversations) whose content was
-released again, by any conversation, within the W in force at that release, judged at the
-first release after W has passed, with one pseudo-release at 0.5; the engine knows it at
-every release (the releases it has seen). 0.25 was chosen among 0.25, 0.5 and 1 on the
-Mooncake trace's training part, with the learned curves (rule 6 of
-`scripts/return_model_choices.py`); the online floor, tried there by rule 9, fell 0.007
-points short of its one-point margin, gave the same hits as 0.25 on a second window of the
-training part (rule 10), and stays an option.
-
-Claim memory (`claim_memory_s`, None by default: off): a content's claims outlive its
-eviction by that many seconds. Each release records, per block content (its hash), the claims
-the block holds after it; a block released again after it was evicted (or released for the
-first time) starts from the remembered claims released within the memory instead of from
-none, so a prefix computed again after an eviction keeps the claims of the conversations that
-released it before, and with two of them the shared floor (as `lpc-pooled`'s hash memory keeps
-its sharing). Protected claims are not remembered. The memory holds the contents released in
-the last `claim_memory_s` seconds, at most `memory_blocks_factor` per block of the pool (the
-oldest forgotten first); blocks without a hash are not remembered; `drop_claim` leaves the
-memory as it is (the block's next release rewrites its entry). The engine knows
-all of it when it keys the block: the releases it has seen. It stays off: at `lpc-pooled`'s 600 s it
-raised the mean gap closed on the Mooncake trace's training part by 0.37 points, short of the
-one-point margin of rule 8 of `scripts/return_model_choices.py` (docs/results.md, "A shared
-floor and ties by age").
-
-The score changes with time, so it is not a static key. The approximation: keys are
-re-computed for every queued run, and the heap rebuilt, at the first eviction at least
-`rekey_interval_s` after the last re-keying (0: before every eviction, which is exact); a
-release between re-keyings is keyed at its own instant (a = 0) with the current W. So the
-order is exact at each re-keying and at most `rekey_interval_s` old in between. Cost: a
-release or hit is O(log runs) as in LPC; a re-keying is O(runs · claims) curve evaluations
-plus a heapify, amortised over the evictions of one interval.
-
-Ties (and runs with equal scores, e.g. the 0/1 scores of a perfect-knowledge curve, or the
-0 of every block silent beyond a learned curve's grid) go, with `ties="age"` (the default),
-to the older release (the block's newest claim), then to the deeper block: LRU's order where
-the curves say nothing, a conversation's tail still before its head; with `ties="depth"`,
-to the deeper block, then to the older release, as in LPC. Uncached blocks go first. "age"
-was chosen on the Mooncake trace's training part (rule 7 of
-`scripts/return_model_choices.py`).
-
-A release without a curve scores `fallback_score` (the replay's choice for a release nothing
-is known of yet); so does a curve whose answer is not a probability (a NaN key would break
-the heap's order for every other block). A preempted request's blocks (`push_protected`, the
-serving plugin's `ProtectedRelease`) take a protected claim instead, whose score is above
-every probability: they go after every other queued block until the request is rescheduled
-and takes them back (or a later release of its conversation replaces the claim), and among
-themselves the earlier protection goes first, as LRU appends them at its tail. A re-keying
-keeps that score. `push_cached_each` / `push_protected_each` push blocks one by one in one
-call, with exactly the keys and order of single pushes (vLLM's CPU tier batches them).
+The rules, the approximation and how each constant was chosen: docs/design.md, "The
+return-time evictor (`eviction/return_window.py`)".
 """
 
 from __future__ import annotations

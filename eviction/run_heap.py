@@ -1,54 +1,13 @@
 """A min-heap of block *runs*: the blocks one release hands over share a priority key.
 
-A request releases a whole chain of blocks at once, and the policies here give most of them
-the same key (LPC: one prediction and one release time for the whole request). So the heap
-orders runs, not blocks. A run lists its blocks deepest first, which is also their eviction
-order within the run: ties in key evict the deeper block first (a child is useless without
-its parent), then the block of the older run.
+A plain `heapq` of (key, rank, seq, run) entries, one per run; ties in key evict the deeper
+block first, then the block of the older run. It also keeps prefix closure: a block is never
+handed out while a cached descendant in its chain stays. Policies subclass `RunHeap` (through
+`PriorityEvictor`) so their hot paths touch these lists directly; the protected methods here
+are the heap's whole interface.
 
-The heap is a plain `heapq` of (key, rank, seq, run) entries, one per run: rank is −depth of
-the run's head when the entry was pushed, seq the run's sequence number (unique, so a
-comparison never reaches the run). The rank is lazy: it goes stale as the head moves past
-popped or hit blocks, which only makes the entry sort *earlier* than it should, never later,
-and it matters only when the root's key ties with a child's; then the root is re-ranked
-exactly before each block it gives. A root whose key is strictly below its children's is the
-minimum whatever the ranks say, and hands out its blocks by slicing, like a linked list.
-
-Each block has one slot in `_state`: the `Run` it is queued in; or, once a hit took it out
-of the heap, that run's `Ghost` (the same key and `tag`, the policy's per-block metadata,
-which must survive while the block is in use); or None once it is handed out with new
-content. A hit therefore costs one store and one count (the run's `live` blocks); the cursor
-skips such blocks when it reaches them, and a run with no live block left is dropped when it
-reaches the root (lazy deletion). Everything is O(log runs) amortised; `pop_n` rebuilds the
-heap when its entries exceed twice the queued blocks plus 1,024 (runs whose every block was
-hit piled up; hits add no entries, so between pops the excess grows only by the releases
-since).
-
-**Prefix closure (leaves first).** A block whose parent content is evicted can never be hit
-again (a hit is a prefix), so a cached block must not be evicted while a cached descendant
-stays. Keys alone do not ensure it: a parent re-released by its only conversation with a low
-p takes a key below that of a child branch released earlier with a high p. So the heap also
-knows the chain, at O(runs) per release: a run pushed from a request's chain (`_link_runs`,
-`FreedBlocks.chain`) links its blocks implicitly (block j's parent is block j + 1, j read
-from the block's position `_pos`, a numpy array a release writes by one scatter in C), and
-only the run's top block gets an explicit link (to the next run of the same release, or
-`FreedBlocks.parent_id`). A block that leaves a chain run without losing its content (a hit,
-or held back) turns its queued child's implicit link to it into an explicit one (O(1), and a
-hit is already a step per block in the engine); a hit block also drops its own link, since a
-block in use holds its parent back no more (whoever hit it holds that prefix, the parent or a
-duplicate of its content; its next release links it afresh). Each block counts its explicitly
-linked cached children; an implicit child is always deeper in the same
-run, so the run hands it out first. A block that reaches the root with a cached child is not
-handed out: it is set aside (`_deferred`, still free and counted) and goes back into the heap,
-at its own place (same key, depth and age), when its last cached child is handed out. The
-order is therefore exactly "the smallest (key, −depth, age) among the free blocks with no
-cached child": the keys' order itself whenever it already evicts leaves first (then nothing is
-ever set aside), and otherwise it differs only in holding parents back until their subtrees
-are gone. Blocks released without a known parent are not linked to one (an engine adapter
-that sees only the freed blocks links within each release).
-
-Policies subclass `RunHeap` (through `PriorityEvictor`) so their hot paths touch these lists
-directly; the protected methods here are the heap's whole interface.
+The design and its bound: docs/design.md, "LPC's key" (with "Prefix closure") and "The run
+heap's bookkeeping".
 """
 
 from __future__ import annotations

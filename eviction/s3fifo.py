@@ -1,38 +1,11 @@
 """S3-FIFO: a small FIFO for new blocks, a main FIFO for reused ones, a ghost FIFO of hashes.
 
-Yang, Zhang, Qiu, Yue, Vinayak, "FIFO queues are all you need for cache eviction", SOSP 2023,
-Algorithm 1, followed step by step:
+Yang et al., SOSP 2023, Algorithm 1, followed step by step over the block-manager events of
+`eviction.resident`: the first release of a block's content is the insert, a hit on a free
+cached block is the hit, and each popped cached block is one eviction. S is 10 % of the pool,
+M the rest, G as many hashes as M holds blocks.
 
-    insert(x):  if x in G: insert x to head of M  else: insert x to head of S
-    hit(x):     x.freq = min(x.freq + 1, 3)
-    evict():    if S.size >= 10% of the cache: evictS()  else: evictM()
-    evictS():   while not evicted and S.size > 0:
-                    t = tail of S
-                    if t.freq > 1: insert t to M; if M is full: evictM()
-                    else: insert t to G; evicted = true
-                    remove t from S
-    evictM():   while not evicted and M.size > 0:
-                    t = tail of M
-                    if t.freq > 0: insert t to head of M; t.freq -= 1
-                    else: remove t from M; evicted = true
-
-Block-manager events (see `eviction.resident`): the first release of a block's content is
-the insert (a new object has freq 0), a hit on a free cached block (`remove`) is the hit, its
-later release changes nothing (FIFO positions do not depend on accesses), and each popped
-cached block is one eviction. The cache is the pool: S is 10% of `num_blocks` (at least 1
-block), M the rest, and G remembers as many evicted hashes as M holds blocks (blocks with no
-hash leave no ghost). Three readings the paper leaves open, fixed here:
-- a queue's tail is its oldest *free* block: blocks in use are stepped over, untouched;
-- "M is full" means M holds at least its share of the pool;
-- a block evicted by the `evictM()` nested in `evictS()` ends that eviction: the block
-  manager asks for one block per eviction, where the paper's loop would evict a second.
-When the queue `evict()` picks has no free block, or evictS() only promoted, the other queue
-is evicted from.
-
-Depth: a request's blocks are released tail first, so a chain inserted by one release sits
-deepest-oldest in S and its deeper blocks are evicted (or promoted) before their parents. A
-hit on a block is a hit on all its ancestors, so a parent's frequency is at least its
-child's until the cap of 3 or a demotion in M separates them.
+The algorithm and the readings the paper leaves open: docs/design.md, "S3-FIFO, step by step".
 """
 
 from __future__ import annotations

@@ -1,68 +1,12 @@
 """SAE: session-aware eviction; blocks grouped by the request that stored them, the worst
 session evicted first, each from its tail.
 
-Source: vLLM PR #50422, "[kv_offload] Session Aware Eviction Policy" (open),
-`vllm/v1/kv_offload/cpu/policies/sae.py`, a policy for the CPU offload tier: "SAE
-(Session-Aware Eviction) groups blocks stored by the same request into a *session* and
-evicts session-worst-first, tail-first, so shared prefixes outlive their suffixes." Its
-docstring, followed here step by step:
+vLLM PR #50422 (open), `vllm/v1/kv_offload/cpu/policies/sae.py`, with the PR's constants; a
+request's release is its touch and its store. The ghost table decays lazily, bit for bit as
+the eager decay would.
 
-    Session Score:
-        session_score(s) = last_touch
-                         + hits * TOUCH_WEIGHT
-                         + PREFIX_DEPTH_BONUS_SCALE
-                             / (1 + prefix_depth / PREFIX_DEPTH_HALF_LIFE)
-        Lower score = worse.
-    touch: Increments the logical clock, then walks the touched keys once: each key's
-        residency (resident + ready = hit, otherwise miss) drives a ghost_hit_weight /
-        ghost_miss_weight bump to its ghost score, weighted by the key's position within the
-        touch batch [1 / log2(position + 2)]. Separately, collects the set of unique sessions
-        touched and bumps each one's hits and last_touch by one. Every decay_interval-th
-        call, session hits and ghost scores are scaled by decay_factor and non-resident ghost
-        entries below a small threshold [0.01] are pruned.
-    insertion (open_session -> insert* -> close_session): open_session either merges into a
-        session recorded by a recent same-request lookup [the session of the request's last
-        resident hit] or opens a fresh session tagged with the batch's prefix depth [the
-        number of already-cached blocks preceding the first newly stored key]. insert
-        appends to the open session; for a freshly-opened session, hits is seeded from each
-        key's ghost score (divided by ghost_norm).
-    evict: walks sessions in worst-first order, yielding idle [ref_cnt == 0] keys from each
-        session's tail until n are collected.
-
-Constants are the PR's: TOUCH_WEIGHT 1500, PREFIX_DEPTH_BONUS_SCALE 30000,
-PREFIX_DEPTH_HALF_LIFE 8, decay every 500 touches by 0.9, ghost weights 12 (hit) and 1
-(miss), ghost_norm 12. Ties in score go to the older session (the PR's stable sort over
-sessions in creation order).
-
-Mapped onto the block manager (either tier: the evictor sees one event per finished request):
-- a request's release is its touch and its store. Its keys are the cached blocks it held,
-  in prefix order (depth = position): those it frees (`push_cached`) and those others still
-  hold (`note_shared_release`; both calls carry one `Release` object and make one touch).
-  A block resident before the release is a hit (the request reused it), any other a miss;
-- the blocks that are new (content first released now) are the stored keys: they join the
-  session of the request's deepest hit (the PR's merge pointer: its last resident lookup),
-  or a fresh session whose prefix depth is the depth of the shallowest new block;
-- a block in use is not idle: the walk steps over it, as over a block with ref_cnt > 0;
-- a block whose content goes away without an eviction (`push_uncached`) leaves its session,
-  as the PR's `remove`.
-The PR's admission gate (decline a store whose fresh session would score below the worst
-incumbent) has no counterpart: a block manager cannot decline a released block, which is
-already in the pool. Such a session is the worst one and goes first anyway, up to its ghost
-seed.
-
-Structures: sessions in a heap by score with lazy versions (a touch re-pushes the sessions it
-bumped; a decay rebuilds it); a session with no idle block leaves the heap until one of its
-blocks is freed; each session's keys in an insertion-ordered dict, walked from the end.
-
-The ghost table decays lazily. Each entry keeps its score and the decay it is current to; a
-read or a bump first applies the decays it missed, one multiplication each, in order, so its
-value is bit for bit the eager one. An entry is pruned at a decay only while its hash is not
-resident, so an entry is also brought up to date whenever its hash's residency changes: the
-decays it then misses all saw one residency, and, the score only falling, the entry is pruned
-exactly when its score after them is under the threshold. A sweep brings every entry up to
-date (pruning the dead ones) whenever the table has doubled since the last, which bounds its
-memory. Eager decay walked the whole table every `decay_interval` touches, about a third of a
-replay's time on a large pool.
+The PR's rules, their mapping onto the block manager and the structures: docs/design.md,
+"SAE's source".
 """
 
 from __future__ import annotations

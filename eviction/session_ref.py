@@ -1,49 +1,12 @@
 """session-ref: SGLang-style soft session references; a live session's blocks outrank the
 unreferenced ones, and a session idle longer than a timeout lets go of them.
 
-Source: SGLang's session-reference-aware unified radix cache (`--enable-session-radix-cache`;
-sgl-project/sglang PRs #27058 and #29173, `python/sglang/srt/mem_cache/unified_cache/
-cache_mixin/session_unified_radix_cache.py` and the tree components). A request carrying a
-`session_id` registers its reusable leaf: `register_session_ref` "Register[s] a non-streaming
-request's reusable leaves with each component", and `register_session_leaf` moves the
-session's coverage "from `old_ancestor` forward to `leaf`" (a continuing turn), each covered
-node counting its sessions in `session_ref`; a later version drops "a branch this session
-left behind when the new leaf diverges". Closing a session "releases a session's tagged
-reference" (`release_session`: each covered node's `session_ref` −1). Eviction: "current only
-evict non-ref node first then ref node" (PR #29173, review thread on `swa_component.py`), and
-the reviewers' fix keeps "referenced/unreferenced LRU partitions". A reference is a soft
-signal, not a pin: a referenced block is still evicted once no unreferenced one is left.
+SGLang's session-reference-aware radix cache (PRs #27058 and #29173): a session (a
+conversation) references the chain of its latest release; free cached blocks are evicted
+unreferenced first, then referenced, each in vLLM's LRU order. The timeout is fitted on the
+replay's training part (`lpc.replay.fitted_policies`).
 
-Mapped onto the block manager:
-- a session is a conversation (`Release.conversation_id`); releases without one reference
-  nothing;
-- a session references the chain of its latest release, i.e. every cached block the request
-  held (the blocks it frees and those other requests still hold, `note_shared_release`; both
-  calls of one release carry the same `Release` object and extend one chain). Its next
-  release moves the reference to the new chain; blocks of the old chain the new one does not
-  contain (an abandoned branch, a tail the next prompt did not keep) lose it, as in SGLang;
-- SGLang closes a session on an explicit `close`; a replayed trace has none, so a session
-  idle longer than `timeout_s` since its latest release counts as closed and drops its
-  references (checked lazily when blocks are popped, in the order of the sessions' latest
-  releases, so times must not run backwards). A later release opens it again. The
-  timeout is fitted on the replay's training part (`lpc.replay.fitted_policies`: the 0.9
-  quantile of the training part's gaps between a completion and the same conversation's
-  next arrival, fixed before any evaluation request is seen);
-- free cached blocks are evicted unreferenced first, then referenced, each partition in
-  vLLM's LRU order (release order, a release's blocks tail first). Uncached blocks go before
-  both.
-
-Within one conversation that only extends its prefix, the latest chain holds every block the
-conversation has, so the order is LRU's except that a session's blocks stay ahead of older
-unreferenced ones for up to `timeout_s`; what differs from LRU is the abandoned blocks
-(evicted first even when recent) and sessions past the timeout.
-
-Structures: per block a reference count and a content generation (bumped when its content
-goes away, which voids every session's entry for it without a search); per session its chain
-as (block, generation) pairs; sessions in an OrderedDict by latest release (expiry pops the
-front); the two partitions as lazy heaps of (release sequence, block), an entry valid while
-its block is free, was pushed at that sequence and has the partition's reference state.
-Everything is O(log n) per block amortised.
+The source, the mapping and the structures: docs/design.md, "session-ref's source".
 """
 
 from __future__ import annotations

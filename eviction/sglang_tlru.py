@@ -1,31 +1,11 @@
 """SGLang's `tlru` radix eviction strategy: T-LRU with L the high-water depth of every chain
 through a block.
 
-Source: SGLang 0.5.23, `sglang/srt/mem_cache/evict_policy.py` (`--radix-eviction-policy
-tlru`, merged in #34012), `TLRUStrategy.get_priority`:
+SGLang 0.5.23, `TLRUStrategy.get_priority`; `eviction/tlru.py` has the paper's statement and
+the queues. Here a block's L is the longest chain any request released through it since its
+content was cached, and starts over when the content goes.
 
-    budget = max(
-        node._tlru_history_len + self.next_prompt_estimate - self.threshold, 0
-    )
-    cached_without_this_node = node._tlru_cached_prefix_len - len(node.key)
-    tel_safe = cached_without_this_node >= budget
-    return (-1 if tel_safe else 0, node.last_access_time)
-
-with, from its comment: "node._tlru_history_len is the branch's high-water depth, i.e. the
-paper's L, and deliberately does not shrink when the tail is trimmed. Deriving L from what is
-still resident instead would leave the shortened conversation over budget on the next pass
-too, and T-LRU would walk it down to nothing rather than stopping after (threshold - Q_hat)
-tokens." `unified_tree_core._set_tlru_lens_and_raise_history` raises the history of a new
-node and of every ancestor to the new node's prefix length; the defaults are threshold =
-next_prompt_estimate = 0 (then nothing is TEL-safe: LRU).
-
-In block terms (`eviction/tlru.py` has the paper's statement and the queues): a block's L is
-the longest chain that any request released through it (freed or still shared) since the
-block's content was cached; it never shrinks while the content stays, and starts over when
-the block is evicted or its content dropped. SGLang counts tokens (multiply the paper's blocks
-by the page size); here, as in the paper, ξ and Q̂ are blocks. SGLang's radix tree evicts only
-leaves; here a request's blocks are released tail first, so a chain's deeper blocks leave
-before its shallower ones within each phase.
+The source and its reading in blocks: docs/design.md, "T-LRU and SGLang's tlru".
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """SIEVE: one FIFO queue, a visited bit per block, and a hand that sweeps from tail to head.
 
-Zhang, Yang, Yue, Vigfusson, Rashmi, "SIEVE is simpler than LRU: an efficient turn-key
-eviction algorithm for web caches", NSDI 2024; its pseudo-code, followed step by step:
+Zhang et al., NSDI 2024, followed step by step over the block-manager events of
+`eviction.resident`: the first release of a block's content is the insert, a hit on a free
+cached block sets its bit, and each popped cached block is one eviction; the hand steps over
+blocks in use without clearing their bit.
 
-    hit(x):     x.visited = 1
-    insert(x):  insert x at the head, x.visited = 0
-    evict():    o = hand, or the tail when there is none
-                while o.visited: o.visited = 0; o = o.prev, or the tail when there is none
-                hand = o.prev; remove o
-
-(`prev` points towards the head: the hand moves from old to new blocks and wraps around.)
-
-Block-manager events (see `eviction.resident`): the first release of a block's content is
-the insert, a hit on a free cached block (`remove`) sets its bit, its later release changes
-nothing (blocks never move in the queue), and each popped cached block is one eviction. The
-hand steps over blocks in use without clearing their bit, as if they were not in the queue
-(they cannot be evicted); a block whose content goes away without an eviction leaves the
-queue, and the hand, if it pointed there, moves on to the next newer block, as in the
-authors' libCacheSim.
-
-Depth: a request's blocks are released tail first, so within one release the deeper blocks
-are older and the hand reaches them before their parents. A hit on a block is a hit on all
-its ancestors, so a parent's bit is set whenever its child's is.
+The pseudo-code and its reading: docs/design.md, "SIEVE, step by step".
 """
 
 from __future__ import annotations

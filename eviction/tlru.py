@@ -1,38 +1,12 @@
 """T-LRU: tail-optimized LRU; the part of a conversation the next turn's TTFT does not need goes
 first, then LRU.
 
-Source: "Tail-Optimized Caching for LLM Inference" (Zhang et al., NeurIPS 2025, arXiv
-2510.15152), written from its published description: the abstract ("we propose Tail-Optimized
-LRU (T-LRU), a simple adaptation of LRU that ... evicts the part of each conversation's cache
-that will not reduce the next turn's TTFT below the latency threshold"; P90 TTFT −27.5 % on
-WildChat) and the statement that SGLang's implementation quotes (SGLang 0.5.23,
-`sglang/srt/mem_cache/evict_policy.py`, `TLRUStrategy`; this repository holds no copy of the
-paper itself):
+Zhang et al., NeurIPS 2025, from its published description. A request that releases a chain
+of L blocks keeps blocks at depth < max(L + Q̂ − ξ, 0); deeper ones are TEL-safe and go first
+(phase 1), then the others (phase 2), each an LRU queue. The replay fits Q̂ and ξ on the
+training part (`lpc.replay.fitted_policies`).
 
-    A conversation with history length L whose next prompt is expected to add Q_hat tokens
-    only has to keep L + Q_hat - threshold tokens cached to hold its next prefill under the
-    TTFT budget; tokens past that budget cannot improve tail latency and are "TEL-safe",
-    i.e. free to evict. ... the existing eviction driver then drains them before anything
-    else (the paper's phase 1) and continues in plain recency order once they run out
-    (phase 2).
-
-The paper states the threshold ξ and the next prompt Q̂ in blocks, as here. In block terms: a
-request that releases a chain of L blocks (its history: prompt and reply, the blocks it
-cached) keeps blocks at depth < max(L + Q̂ − ξ, 0); its blocks at depth ≥ that budget are
-TEL-safe. Phase 1 evicts TEL-safe blocks least recently released first; phase 2 the others
-the same way. Both phases are LRU queues, so every operation is O(1).
-
-L is the releasing request's own chain, the paper's per-conversation history: a block takes
-the safety its latest release gives it. `eviction/sglang_tlru.py` keeps SGLang's variant, where
-L is the high-water depth of every chain through the block. With ξ ≤ Q̂ nothing is TEL-safe
-and T-LRU is LRU (SGLang's defaults, ξ = Q̂ = 0); the replay fits Q̂ and ξ on the training
-part (`lpc.replay.fitted_policies`). A release comes in up to two calls (`push_cached`, then
-`note_shared_release`, one `Release` object): L counts the blocks of both, and the blocks of
-the first call move to the queue the complete L gives them.
-
-What it cannot see inside a prefix cache: the next prompt's real length (Q̂ is one number for
-every turn) and whether the conversation returns at all (T-LRU optimises the tail latency of
-the turns that come; a conversation that ended keeps its budget).
+The source and what the policy cannot see: docs/design.md, "T-LRU and SGLang's tlru".
 """
 
 from __future__ import annotations

@@ -1,47 +1,12 @@
 """WA: workload-aware eviction; one LRU queue per request category, and the queue head least
 likely to be reused in the coming window goes first.
 
-Sources: Wang, Han, Wei, Shen, Zhang, Fang, Chen, Yu, Chen, "KVCache Cache in the Wild:
-Characterizing and Optimizing KVCache Cache at a Large Cloud Provider", USENIX ATC'25, and its
-vLLM port, PR #22236 ("[Perf][Feat][Core] Workload-Aware KVCache Eviction Policy", closed
-unmerged). The PR's description states the algorithm:
+Wang et al., USENIX ATC'25, and its vLLM port, PR #22236 (closed unmerged). (p_c, λ_c) per
+category come from the replay's training part (`lpc.replay.fitted_policies.fit_wa`); W is the
+running mean age of the blocks the cache evicts.
 
-    "the WA policy estimates a KV cache reuse probability for each workload, and the WA free
-    queue selects the block with the lowest predicted reuse probability in the upcoming time
-    window as the eviction candidate. [...] WAQ maintains multiple doubly linked queues [...]
-    Each doubly linked queue corresponds to a specific workload category, and all blocks
-    within a given queue belong to that same category. [...] When `append` is called, WAQ
-    inserts the KVCacheBlock into its category's queue. [...] When `popLeft` is called, WAQ
-    considers all queues and selects the block with the lowest reuse probability. Since
-    blocks within each queue remain sorted by last accessed time (LRU), only the first block
-    in each queue needs evaluation."
-
-and the category: "a client can set a request's workload type as `text_1`, meaning this
-request is the first turn of a chat catalog, or `file_2` meaning the request is the second
-turn of file analysis". The PR profiles reuse on the first hour of the Bailian trace and
-serves the second; the paper fits each category's reuse time with an exponential
-distribution. Its exact probability formula is in the paper, which was not reachable from
-this workspace; the model below is that distribution read as a conditional probability.
-
-The model. A block released by a request of category c is used again with probability p_c,
-after an exponential time of rate λ_c; otherwise never. A block idle for t seconds (since its
-last release) and not reused yet is reused within the next W seconds with probability
-
-    P_c(t) = p_c·(e^(−λ_c·t) − e^(−λ_c·(t+W))) / (1 − p_c + p_c·e^(−λ_c·t)),
-
-which falls with t for every category, so a queue's head (its oldest block) has its lowest
-P and comparing heads finds the global minimum, as the PR says. (p_c, λ_c) come from the
-replay's training part (`lpc.replay.fitted_policies.fit_wa`); a category nothing was fitted
-for, or a release without one, takes `default`. W, the "upcoming time window", is the cache's
-own horizon: a running mean of the ages (time since release) of the blocks it evicts, weight
-`window_weight` per eviction, infinite until the first eviction. The PR's text leaves W to
-the paper; this is our reading of it, and it makes the window follow the cache size.
-
-Block-manager events: a block's category is the one of the release that freed it (a block
-shared by several requests takes the category of the last one to let it go); a hit takes it
-out of its queue, its next release appends it to the tail of that release's category's
-queue. Ties in P go to the older release, then to the block pushed first, so within a
-release the deeper block leaves first (the manager frees tail first).
+The model, the sources quoted and the block-manager events: docs/design.md, "KV-cache
+baselines" (**WA**) and "WA's source".
 """
 
 from __future__ import annotations
