@@ -1,37 +1,13 @@
 """An access-only model inside the plugin: a probability per release, in process, no RPC.
 
-At a release the plugin builds the request's `RequestState` from vLLM's request (arrival,
-prompt and output tokens, the prefix it shares with its conversation's previous request) and
-reads the `ConversationState` its conversation's finished requests left in the
-`ConversationTable`; the registry's engine-state forms (`predictor.access_features`) turn them
-into the model's inputs, and `AccessPredictor` computes p in microseconds. Feature code is
-never duplicated here.
+At a release the plugin builds the request's `RequestState` and reads its conversation's
+`ConversationState` from the `ConversationTable`; the registry's engine-state forms
+(`predictor.access_features`) turn them into the model's inputs, and `AccessPredictor`
+computes p in microseconds. Feature code is never duplicated here. A background thread reloads
+a promoted model and compacts the table's tokens, so the release path does no file I/O; with a
+return-time model loaded (`return_runtime`) the same release also gives its return curve.
 
-Reload, off the scheduler thread: the configured path is an artifact folder or a registry
-folder (its `current` link is followed, as `training.model_registry` promotes by repointing it). A
-daemon thread (`start_background`, started where the engine's first LPC queue is built) looks
-every `reload_s` seconds at the resolved folder and its files' modification times; on a change
-it loads the new model (about a millisecond: numpy, no torch), probes it and publishes it with
-one assignment (`LoadedModel`). The release path only reads the current `LoadedModel`: no
-`stat`, no file I/O, no load. A failed load keeps the old model, counts
-`access_model_reload_failures` and warns once per failed artifact. "Failed" covers whatever the
-folder holds: missing or garbage files, a file where the folder was, an artifact that loads but
-whose p on a probe request is not a finite number in [0, 1] (e.g. NaN weights; at startup such
-a model is refused like a corrupt one). `check_for_promoted_model()` is one such check, run
-synchronously (what the thread runs; tests call it to reload deterministically). The same
-thread compacts the token sequences the conversation table keeps (`conversation_table`), so
-the release path never converts tokens either.
-
-Model-specific constants come from the loaded artifact's metadata: `horizon_s` (its label
-horizon, `inputs.horizon_s`) is what `lpc-pooled` judges reuse and the model over, and
-`base_rate` its training base rate. A promoted model with another horizon is used, but the
-evictor keeps the horizon it was built with until the engine restarts (a warning says so).
-
-The return-time model (`return_runtime.ReturnModelRuntime`, `LPC_RETURN_MODEL`) reads the
-same features: when one is loaded, each finished release's `RequestState` and
-`ConversationState` also give its return curve (`release`), and the same thread reloads it.
-Either model may run without the other; with only the return model the runtime keeps the
-conversation table for it and predicts no p.
+Reload, model constants and failures: docs/design.md, "The access runtime".
 """
 
 from __future__ import annotations

@@ -1,30 +1,11 @@
 """The plugin's memory of conversations: what an access-only model needs from earlier turns.
 
-An access feature reads a request's conversation history (turn, think times, the previous
-request's sizes and tokens: `predictor.access_features.ConversationState`). The engine forgets
-a request once it finishes, so the plugin keeps one entry per conversation id, replaced when a
-request of that conversation finishes. Memory is bounded three ways, all configurable: at most
-`max_conversations` entries and `max_tokens` stored previous-request tokens (4 bytes each once
-compacted; only kept when a model reads the shared prefix), least recently updated evicted
-first; and an entry idle longer than `expiry_s` is dropped (a conversation coming back later
-starts afresh, as a first request would). One `OrderedDict` in update order serves both LRU and
-expiry: its front is always the entry idle longest.
+One entry per conversation id, replaced when a request of that conversation finishes, bounded
+by entries, stored tokens and idle time. A finished request's tokens are kept as references to
+vLLM's own lists and block hashes and compacted later on a background thread, so the next
+request's exact shared prefix costs O(log blocks) hash comparisons on the scheduler thread.
 
-The shared prefix without per-token work on the scheduler thread. A release keeps the
-finishing request's sequence as a `StoredSequence`: references to vLLM's own prompt list,
-output list and chained full-block hashes (`Request.block_hashes`, computed by vLLM anyway), no
-copy. A background thread later compacts the tokens into a 4-byte array (`compact`, in chunks,
-so it never holds the interpreter lock long); until then the references serve. The next
-request's shared prefix (`shared_prefix`) then costs O(log blocks) hash comparisons (vLLM's
-hashes are chained: equal hashes at block k mean equal tokens in blocks 0..k, so the first
-differing block is found by bisection) plus a token comparison from the start of that block,
-which stops within it when its tokens differ. The value is the token-level longest common
-prefix, exactly (`shared_prefix_tokens`, the reference, on the same sequences). Where the
-hashes cannot say it — no hashes (prefix caching off: nothing is cached, so the prefix only
-feeds the model), an unknown block size, or two blocks with equal tokens but different hashes
-(another LoRA adapter, `cache_salt` or multimodal input, or vLLM's lookahead tokens) — the
-comparison goes on token by token past that block, still exact, in O(tokens) chunks of
-C-level list comparisons.
+Bounds and the shared prefix: docs/design.md, "The conversation table".
 """
 
 from __future__ import annotations

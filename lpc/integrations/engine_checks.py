@@ -1,22 +1,11 @@
 """Engine configurations the plugin is not verified with, refused when the engine starts.
 
-LPC's free queue is tested inside vLLM's own `Scheduler` with one full-attention KV cache
-group, without speculative decoding, alone or as one data-parallel rank (each rank is its own
-engine core with its own scheduler and KV cache, so the plugin runs in each unchanged). Two
-configurations change what reaches the queue in ways no test covers:
+Several KV cache groups (hybrid models) and speculative decoding change what reaches the free
+queue in ways no test covers, so the patched `Scheduler.__init__` refuses such an engine with
+a message that says what to do, unless `LPC_ALLOW_UNVERIFIED` names the configuration
+(`kv-groups`, `speculative-decoding`), which then logs a warning.
 
-- **several KV cache groups** (hybrid models: sliding-window or Mamba layers beside full
-  attention): one pool serves every group, blocks of the sliding-window group are freed while
-  their request runs (outside any release, so with the fallback p), and a prefix hit needs
-  every group to hit;
-- **speculative decoding**: draft tokens take slots and lookahead blocks that are rolled
-  back, and EAGLE drops the last block of a hit.
-
-Rather than run there silently, the patched `Scheduler.__init__` refuses to build such an
-engine with a message that says what to do: run that engine without the plugin, or name the
-configurations to accept anyway in `LPC_ALLOW_UNVERIFIED` (comma-separated: `kv-groups`,
-`speculative-decoding`), which then logs a warning. vLLM's own block accounting is unchanged
-either way; only LPC's order is unverified there.
+Why these two: docs/design.md, "Engine checks and engine context".
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """What the plugin learns about its engine when vLLM builds the first LPC queue: the hash block
 size of `Request.block_hashes` and the data-parallel rank of this engine core.
 
-vLLM builds the free-block queue as `FreeKVCacheBlockQueue(blocks)`, inside
-`BlockPool.__init__`, inside the `Scheduler.__init__` of the engine core (which holds the
-`VllmConfig`). The queue is given only the blocks, but vLLM 0.33's blocks know their pool
-(`KVCacheBlock.pool`), which has set its `hash_block_size` by then; the `VllmConfig` is the one
-the plugin's scheduler hook saw last (`QueueRuntime.vllm_config`). Read once, off the hot path.
-
-The data-parallel rank (vLLM 0.33): every engine core process of a data-parallel deployment
-runs its own scheduler, block pool and so its own plugin. vLLM sets
-`parallel_config.data_parallel_index` to the engine's DP rank in `run_engine_core` (and in the
-Ray actor) for every model; `data_parallel_rank` itself is reset to 0 for dense models, whose
-ranks run independently (`reconfigure_for_independent_dp_rank`). So the rank is, in order:
-`data_parallel_index` of the scheduler's config, else its `data_parallel_rank`, else the
-`_DP<rank>` suffix vLLM gives the engine core's process name (`EngineCore_DP3`,
-`DPEngineCoreActor_DP3`), else 0 (no data parallelism).
+Read once, off the hot path, from the pool the queue's blocks know and the `VllmConfig` the
+plugin's scheduler hook saw last. Where each comes from in vLLM 0.33: docs/design.md,
+"Engine checks and engine context".
 """
 
 from __future__ import annotations

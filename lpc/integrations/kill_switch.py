@@ -1,21 +1,12 @@
 """The plugin's mode, switchable while the engine runs: the kill switch.
 
-Three modes (`LPC_MODE`, default `lpc`):
+Three modes (`LPC_MODE`, default `lpc`): `lpc` evicts by the learned order; `lru` hands the
+pool vLLM's own queue once the learned blocks are evicted; `shadow` evicts as `lru` does while
+the plugin replays the same requests through metadata-only LPC and LRU caches (`shadow`). A
+switch is asked for from any thread (the control file's watcher, `vllm_plugin.set_mode()`)
+and applied by that thread under this switch's lock, no block touched.
 
-    lpc      the free queue evicts by the learned order (the plugin's purpose)
-    lru      the kill switch: once the learned blocks are evicted, the pool holds vLLM's own
-             `FreeKVCacheBlockQueue` object, and the plugin's hooks do nothing
-    shadow   the free queue passes every call to vLLM's own, as in `lru` (the pool keeps the
-             plugin's queue, whose hooks must run); the plugin replays the same requests
-             through metadata-only LPC and LRU caches of the engine's size (`shadow`) and
-             exports both hit ratios
-
-A switch is asked for from any thread — the control file's watcher (`LPC_CONTROL_FILE`,
-polled by a daemon thread, never by the scheduler), `vllm_plugin.set_mode()` — and applied by
-that thread: each attached free queue takes the mode on (`LPCFreeBlockQueue.follow`: its phase,
-and at most its pool's queue attribute) under this switch's lock, no block touched. The
-scheduler thread pays nothing for a switch; what the blocks the old structure still holds
-cost is paid one pop at a time (the drain, docs/design.md "The kill switch").
+The design: docs/design.md, "The kill switch".
 """
 
 from __future__ import annotations

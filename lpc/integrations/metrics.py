@@ -1,30 +1,11 @@
 """The plugin's metrics in vLLM's own `/metrics`, named and labelled as vLLM names its own.
 
-Names and labels follow vLLM's `PrometheusStatLogger`: a `vllm:` prefix (`vllm:lpc_<name>`),
-snake case, counters exported as counters (`_total`), seconds and bytes in the names, and the
-labels `model_name` (vLLM's `served_model_name`) and `engine` (the engine index: the
-data-parallel rank of the engine core, `engine_context`). The families are built once, from
-the plugin's snapshot at scrape or flush time (`metric_families`): nothing is done on the
-eviction hot path.
+The families are built once, from the plugin's snapshot at scrape or flush time
+(`metric_families`): nothing is done on the eviction hot path. The engine core writes them
+as prometheus_client multiprocess files for vLLM's API server (`MultiprocessWriter`,
+`MetricsFlusher`), or serves them on its own port (`start_export`).
 
-The route (docs/design.md, "Metrics through vLLM's /metrics"). Eviction runs in the engine
-core process; vLLM serves `/metrics` from the API server process. When vLLM's
-`PROMETHEUS_MULTIPROC_DIR` is set (vLLM sets it itself with `--api-server-count` > 1, and an
-operator may set it for one API server), vLLM's `/metrics` reads every process's
-prometheus_client multiprocess files in it (`get_prometheus_registry`); the engine core then
-writes LPC's families there (`MultiprocessWriter`), from a background thread every
-`FLUSH_INTERVAL_S` and once more at shutdown (`MetricsFlusher`), and they appear beside vLLM's
-own. Without it, vLLM's `/metrics` reads only the API server's registry, which no engine-core
-counter reaches without patching vLLM; the fallback is the plugin's own port (`metrics_port`:
-the engine core of rank r serves the same families on `metrics_port + r`), and with neither
-one line at start-up says how to get them (`start_export`).
-
-Besides the plugin's counters: the trust gate of `lpc-pooled` (`gate_state`), the window W of
-`lpc-return` in either tier (`window_state`), histograms of the free path's and the release's
-latency, of the p releases carry and of cached blocks' age at eviction (`histograms`), the
-memory LPC's structures hold (`memory_bytes`, estimated at scrape time from the structures'
-sizes: `estimate_bytes`), the mode, and any numeric `shadow_*` key of the snapshot as a gauge
-of the same name (whatever publishes shadow hit ratios only has to put them there).
+The route, the names and what is exported: docs/design.md, "Metrics through vLLM's /metrics".
 """
 
 from __future__ import annotations

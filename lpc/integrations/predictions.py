@@ -1,20 +1,11 @@
 """Asynchronous continuation predictions, asked for when a request starts, read when it ends.
 
-LPC needs a request's probability only when the request releases its blocks, seconds after
-it was scheduled, so the prediction runs beside inference: `ask` queues the request's item
-and returns at once, one worker thread sends everything queued as one batch to the predictor,
-and `claim` at release time returns the answer if it is there and None otherwise (the caller
-then uses its fallback p). Nothing on the engine's hot path ever waits for the predictor. An
-answer that comes after the release goes to `on_late` when one is given (the free queues then
-re-key the release: `late_predictions`), else it is dropped.
+`ask` queues the request's item and returns at once, one worker thread sends everything queued
+as one batch to the predictor, and `claim` at release time returns the answer if it is there
+and None otherwise (the caller then uses its fallback p). Nothing on the engine's hot path ever
+waits for the predictor; a late answer goes to `on_late` (the free queues re-key the release).
 
-Memory stays bounded: at most `max_pending` requests are queued, in flight or answered but
-not yet taken; beyond that a request simply gets no prediction (`predictions_dropped`).
-
-An answer is used only when it holds one finite number in [0, 1] per item. Otherwise the
-call counts as failed (`predictor_failures`) and each of its requests gets the fallback p;
-its values that are not such numbers (NaN, ±inf, outside [0, 1], not numbers) also count in
-`invalid_probabilities`.
+Bounds and checks: docs/design.md, "Predictions beside inference".
 """
 
 from __future__ import annotations

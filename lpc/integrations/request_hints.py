@@ -1,17 +1,11 @@
 """What a request tells the eviction plugin: its probability, or what to predict it from.
 
-Requests carry LPC's fields in the engine's free-form per-request arguments (vLLM's
-`SamplingParams.extra_args`), set by the API layer:
-
-    {"lpc_probability": 0.83}                                  # (a) a prediction made upstream
-    {"lpc_conversation_id": "c-17", "lpc_user_prompts": [...],  # (b) predict it asynchronously
-     "lpc_turn_count": 4}
-
-`lpc_conversation_id` also names the conversation for max pooling of shared blocks;
-`lpc_signature` is a router's HMAC over the probability (`trust`). What is parsed here is not
-yet trusted: `trust.HintTrust` decides what a release may use. A serving
-engine must never fail a request over these optional fields, so malformed ones are dropped
-and counted (`PluginStats.invalid_hints`), and the rest of the request is served as usual.
+Requests carry LPC's fields in vLLM's `SamplingParams.extra_args`: `lpc_probability` (a
+prediction made upstream), or `lpc_conversation_id`, `lpc_user_prompts` and `lpc_turn_count`
+(predict it asynchronously); `lpc_signature` is a router's HMAC over the probability (`trust`).
+What is parsed here is not yet trusted: `trust.HintTrust` decides what a release may use.
+Malformed fields are dropped and counted (`PluginStats.invalid_hints`), never failing a
+request. The fields: docs/serving.md, "How requests carry probabilities".
 """
 
 from __future__ import annotations

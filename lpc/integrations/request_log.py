@@ -1,25 +1,12 @@
 """The serving stack's own request log: one `lpc` trace line per finished request.
 
-The engine's scheduler thread calls `RequestLogWriter.append` when a request releases its
-blocks; that call only puts the record on a bounded queue and never blocks or raises. A
-background thread turns records into JSON lines and appends them to daily (UTC) files in the
-log folder, one file per process (its pid in the name), rotated at a size cap; files of days
-older than the retention (`retention_days`, UTC days) are deleted when a new day's file
-opens, whichever process wrote them, so the folder cannot grow without bound. Anything that
-goes wrong there — a full queue, a full disk, an unwritable folder — drops records, counts
-them and logs a warning at most once per `warn_interval_s`; serving never notices.
+`RequestLogWriter.append`, called on the scheduler thread, only puts the record on a bounded
+queue and never blocks or raises; a background thread writes daily files, rotates and prunes
+them, and drops and counts records when anything goes wrong. Prompts are logged as keyed
+hashes of the engine's block hashes, never as text unless `record_text` is on.
 
-Privacy: prompts are logged as block hash ids, not text. Each id is a keyed hash (BLAKE2b
-with the deployment's key) of the engine's chained block hash, so equal prefixes give equal
-ids within a deployment and the log reveals nothing about the tokens; a replay needs only the
-ids' identity. The key is the configured salt or, without one, a random key kept in the log
-folder (`.lpc-log-key`, created once and shared by every process writing there). User prompt
-text is recorded only when `record_text` is on.
-
-File layout (docs/traces.md, "Request logs"): `requests-YYYY-MM-DD-pid<pid>-<n>.jsonl`, each
-file starting with an `lpc-trace` header. A write error closes the file and the next batch
-opens a new one, so a line cut by a crash or a full disk is always its file's last line,
-which the trace reader skips and counts.
+Files, privacy and failures: docs/design.md, "The request log"; the format: docs/traces.md,
+"Request logs".
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
 """The return-time model inside the plugin: a `ReturnCurve` per finished release, in process.
 
-The `lpc-return` evictor (`eviction/return_window.py`) ranks a block by P(its conversation
-comes back within W | silent for a), read off the releasing conversation's return curve.
-`predictor.return_time.ReturnTimePredictor` gives that curve from the same access features
-the in-process access model reads (`predictor.access_features`: the request's `RequestState`
-and its conversation's `ConversationState`), so the plugin computes it where it computes the
-access model's p: in `access_runtime.AccessRuntime`'s release, from the one state it builds
-there (only what the engine knows at the release; no per-token work, no file I/O). One model
-serves both tiers: the GPU plugin's release carries the curve to the free queue and, by
-request id, to the CPU tier's `LPCReturnCachePolicy` (`vllm_cache_policy`).
+`predictor.return_time.ReturnTimePredictor` gives the curve `lpc-return` reads from the same
+access features the in-process access model reads, computed where that model's p is: in
+`access_runtime.AccessRuntime`'s release. One model serves both tiers: the GPU plugin's release
+carries the curve to the free queue and, by request id, to the CPU tier's
+`LPCReturnCachePolicy`.
 
-The configured path (`LPC_RETURN_MODEL`) is an artifact folder of `lpc train-return` or a
-registry folder whose `current` is followed (the daily job's `<registry>-return`). It is
-loaded, checked to declare `predicts: return_time_survival` and probed at start-up; anything
-else stops the plugin with one line naming the setting. Reloads happen off the scheduler
-thread, as the access model's (`AccessRuntime`'s background thread calls
-`check_for_promoted_model` every `LPC_RETURN_MODEL_RELOAD_S`): a promoted model is loaded,
-probed and published with one assignment; one that cannot be used leaves the old one in place,
-counts `return_model_reload_failures` and warns once per state of the folder.
-
-Fail-safe (`curve`): a curve that is not a valid `ReturnCurve`, or an exception while
-computing it, gives no curve — the evictor's fallback score for that release — and is counted
-(`invalid_return_curves`, `return_curve_errors`) with the first of each logged; the release
-goes on. Only checked curves reach the evictor, so its re-keying (`p_return_within` on every
-queued claim) cannot raise inside vLLM's allocation.
+Loading, reloads and the fail-safe: docs/design.md, "The return-time runtime".
 """
 
 from __future__ import annotations

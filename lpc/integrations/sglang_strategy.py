@@ -1,39 +1,13 @@
 """LPC as an SGLang 0.5.23 eviction strategy: `--radix-eviction-policy lpc`.
 
-SGLang's radix cache evicts leaves in the order of `EvictionStrategy.get_priority(node)`,
-smallest first (it heapifies the evictable leaves at each `evict()`). LPC's static key
-logit(p) + scale·t_last is exactly such a sort key, so the whole policy is `get_priority`:
+SGLang's radix cache evicts leaves in the order of `EvictionStrategy.get_priority(node)`, and
+LPC's static key logit(p) + scale·t_last is such a sort key, so the whole policy is
+`get_priority`: t_last is `node.last_access_time`, p the request's integer `priority` in parts
+per million (0: no prediction), read only when `trust_request_priority` is set. `register()`
+adds the factory to SGLang's `_EVICTION_POLICY_FACTORIES`.
 
-- t_last is `node.last_access_time`, which SGLang refreshes on every node of a matched or
-  inserted path (`time.monotonic()` seconds in `RadixCache`);
-- p is carried by the request's integer `priority` (SGLang has no float per-request field
-  that reaches the tree): p in parts per million, `probability_to_priority(0.83) == 830000`.
-  Priority 0 — SGLang's value when a request sets none — means "no prediction": the
-  configured fallback p applies. SGLang copies the request's priority into every node it
-  inserts and keeps, on every node of an inserted path, `max(node.priority, priority)`
-  (`RadixCache._insert_helper`; a split node inherits its child's), so a prefix shared by
-  several requests carries the highest p among them: SGLang itself max-pools p.
-
-A priority that is no p in parts per million (NaN, ±inf, negative, above 1,000,000: p outside
-[0, 1]) gets the fallback p, is counted in `LPCStrategy.invalid_priorities` (per evaluation:
-SGLang asks for a node's priority at each eviction) and logged once per strategy. The key is
-never NaN.
-
-This pooling differs from our vLLM evictor's in two ways, both documented in
-docs/serving.md: the key uses the pooled p with the latest access time (the paper's rule
-max(p_cur, p_new) without first decaying the old p), and a node never lowers its p, so a
-conversation's newer, lower prediction does not replace its older one on shared nodes.
-
-Trust boundary (`trust`, as in the vLLM plugin): a request's `priority` is set by whoever
-sends it, so by default it is not read as p — every node gets the fallback p and the order is
-LRU's — unless `trust_request_priority` is true (the server sits behind a router that sets or
-strips `priority`; SGLang's radix nodes carry no tenant or signature to check). A priority
-ignored so is counted in `LPCStrategy.untrusted_priorities`.
-
-`register()` (the `sglang.srt.plugins` entry point, allow-listed with SGLANG_PLUGINS=lpc)
-adds the factory to SGLang's `_EVICTION_POLICY_FACTORIES` and "lpc" to the CLI's choices.
-`--radix-eviction-policy-config '{"scale_per_s": 0.01, "fallback_probability": 0.4,
-"trust_request_priority": true}'` is passed to `LPCStrategy` as keyword arguments.
+How SGLang carries and pools p, bad priorities and trust: docs/design.md, "The SGLang
+strategy".
 """
 
 from __future__ import annotations

@@ -1,35 +1,12 @@
 """Shadow mode: what LPC and LRU would hit on the engine's own traffic, before LPC evicts.
 
 While the mode is `shadow` the engine evicts in stock vLLM's order (`kill_switch`), and the
-plugin replays the same requests through two metadata-only caches of the engine's size — our
-block manager (`lpc.blocks`) with the configured learned evictor, and with LRU — holding block
-ids, hashes and reference counts, never KV. Their token hit ratios are exported
-(`shadow_lpc_hit_ratio`, `shadow_lru_hit_ratio`), so an operator sees LPC's gain on their own
-traffic before switching it on.
+plugin replays the same requests through two metadata-only block managers of the engine's
+size, one with the configured learned evictor and one with LRU, and exports their token hit
+ratios. The scheduler thread only queues events (`ShadowFeed`); a background thread applies
+them in order, so the figures are deterministic.
 
-The requests the shadow replays, precisely (what "the same requests" means):
-
-- a request *enters* at its first scheduling — the first `allocate_slots` that succeeds for
-  it, while it has computed nothing and was never preempted — at the plugin's clock then,
-  with its `num_tokens` (the prompt) and vLLM's hashes of its full blocks. Each cache looks
-  up its longest cached prefix, capped as vLLM caps it (at least one token left to compute),
-  and gives it blocks for its prompt. That lookup is the shadow's query: `shadow_queries`
-  counts its tokens, `shadow_<cache>_hits` the hit tokens (vLLM's units for
-  `prefix_cache_queries` and `prefix_cache_hits`). A cache that cannot hold the request counts
-  the query with no hit and skips its finish (as `lpc.replay` does);
-- it *finishes* when vLLM frees it finished (not when a preemption frees it: the shadow keeps
-  its blocks, as a replay does), at the release's time and with the probability the plugin
-  computed for it (the fallback p when none): each cache first extends it to its
-  `num_computed_tokens` (prompt and output, the blocks vLLM cached for it) with vLLM's hashes
-  (`PrefixCacheBlockManager.grow`; a cache too full to extend it frees what it holds), then
-  frees it tail first with that release (and its return curve, which `lpc-return` reads);
-- requests running when the shadow started are left out, start to finish.
-
-The scheduler thread only copies a request's hashes and queues an event (`ShadowFeed`); a
-background thread applies the events to the caches in order, so the figures are
-deterministic: `drain()` waits for every event queued so far (tests, the scheduler replay).
-Leaving `shadow` mode stops the replay (figures stay as they were); entering it again starts
-fresh, empty caches.
+Which requests, when, and with what: docs/design.md, "Shadow mode".
 """
 
 from __future__ import annotations

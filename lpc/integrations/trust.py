@@ -1,22 +1,11 @@
 """The trust boundary of the serving plugins: which hints may move another tenant's cache.
 
-A probability in a request's body (vLLM's `vllm_xargs` -> `SamplingParams.extra_args`,
-SGLang's `priority`) is set by whoever sends the request. Trusted, one client sending p = 1.0
-on one-shot prompts keeps its blocks over every other tenant's (a victim's prefix-hit ratio
-fell from 0.97 to 0.00). So by default the body's probability is ignored; it is used only
+A probability in a request's body is set by whoever sends the request, so by default it is
+ignored; it is used only through vLLM's orchestrator channel (`kv_hints`), with a valid
+`lpc_signature` (HMAC-SHA256 under `hint_key`, `sign_hint`), or when the operator trusts every
+client (`trust_request_hints`). Conversation ids are namespaced by the request's tenant.
 
-- when it arrives through vLLM's orchestrator channel (`Request.kv_hints`: an action of type
-  `lpc-release`, version 1, payload `{"probability": p, "conversation_id": id}`), which only
-  the frontend or router sets;
-- when it carries `lpc_signature`, an HMAC-SHA256 under the configured `hint_key` over the
-  probability, the conversation and the tenant (`sign_hint`, for routers);
-- when the operator declares every client trusted (`trust_request_hints`: behind a router
-  that sets or strips the field).
-
-Conversation ids are namespaced by the request's tenant (`cache_salt` and LoRA adapter, the
-same things that separate vLLM's own prefix cache), so a client can name only its own
-tenant's conversations; vLLM's own `session_id` (`X-Session-ID`) names the conversation when
-present, before the body's `lpc_conversation_id`.
+Why and how: docs/design.md, "The trust boundary".
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Is the installed vLLM the one the plugin was built against? Checked before patching.
 
-The plugin replaces an internal class and wraps internal methods, and vLLM's internals move
-between releases. A plugin that patched a vLLM whose internals had changed would not fail:
-it would silently evict in the wrong order, or not at all. So registration first checks the
-version (pinned) and then the exact shape of everything it touches — the queue's methods,
-the signatures it wraps, the block fields it reads, the lookup of the queue class at
-`BlockPool` construction — and otherwise leaves vLLM stock, with one warning line listing
-every mismatch: a plugin that stopped the engine on an upgrade would turn a routine vLLM
-release into an outage, and stock vLLM is always a safe way to serve.
+Registration checks the version (pinned) and the exact shape of everything the plugin touches,
+and otherwise leaves vLLM stock with one warning line listing every mismatch. A vLLM with the
+eviction-policy seam is checked instead by `seam_problems` (no version pin, since nothing is
+patched there).
 
-A vLLM with the eviction-policy seam (docs/vllm-eviction-seam.patch; `has_seam`) is checked
-instead by `seam_problems`: the seam's own shape and what the LPC queue reads, with no version
-pin, since the plugin then replaces and wraps nothing (`vllm_seam`).
+Why: docs/design.md, "Checked before patching".
 """
 
 from __future__ import annotations

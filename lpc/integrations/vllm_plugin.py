@@ -1,108 +1,14 @@
 """The vLLM plugin: LPC eviction in vLLM 0.33.0's prefix cache.
 
-vLLM loads it through the `vllm.general_plugins` entry point (`lpc`; vLLM loads every
-installed plugin when `VLLM_PLUGINS` is unset) in every process before the engine core builds
-its scheduler, so `register()` runs before any `BlockPool` exists. Installed, it changes
-nothing: it acts only where an operator configured LPC (`engine_config`: an `lpc` table in
-vLLM's `--additional-config`, installed when that engine's scheduler is built, or the `LPC_*`
-environment, installed at once). Where configured it:
+vLLM loads it through the `vllm.general_plugins` entry point (`lpc`) in every process before
+the engine core builds its scheduler. Installed, it changes nothing; where an operator
+configured LPC (`engine_config`) it checks vLLM (`vllm_compat`), replaces the free-block queue
+class with `LPCFreeBlockQueue` and wraps the methods that tell it each release's probability,
+time and conversation, or, on a vLLM with the eviction-policy seam, registers the queue there
+(`vllm_seam`). A release is made once per request, in `PluginRuntime.release_for`.
 
-1. checks that the installed vLLM is the verified one and has exactly the internals it
-   patches (`vllm_compat`); otherwise it logs one warning line and vLLM runs stock (it never
-   stops vLLM from starting);
-2. replaces `vllm.v1.core.block_pool.FreeKVCacheBlockQueue`, which `BlockPool` looks up when
-   it is built, with `LPCFreeBlockQueue`, an adapter driving `eviction.lpc.LPCEvictor`;
-3. wraps `KVCacheManager.free` and `pop_blocks_for_free` (a request releases its blocks) to
-   tell the queues the release's probability, time and conversation, and `BlockPool.free_blocks`
-   to report the cached blocks a release gives up while other requests still hold them
-   (max pooling needs them);
-4. with `request_log_dir` set, appends a line per finished request to the request log
-   (`plugin_request_log`, `request_log`; a background writer, never waited for) and wraps
-   `KVCacheManager.get_computed_blocks` to note each request's prefix-cache hit;
-5. wraps `KVCacheManager.allocate_slots`: when a predictor is configured, to ask for the
-   request's prediction the first time it is scheduled, without waiting for it (the item
-   carries the request's `num_prompt_tokens` as `prompt_tokens`: models trained with
-   `log_prompt_tokens` need it, others ignore it); in shadow mode, to admit the request to the
-   shadow caches.
-
-On a vLLM with the eviction-policy seam (docs/vllm-eviction-seam.patch: `EvictionPolicyFactory`
-in its block pool module) none of this is patched: `register()` registers the LPC queue there
-as the policy `lpc` (`vllm_seam`), vLLM builds it for the pools configured with
-`eviction_policy="lpc"`, and its `on_request_freed` hook computes each release with the same
-code (`safe_release_for`, `shared_blocks`).
-
-A release's probability is, in order: the request's `extra_args["lpc_probability"]`; with an
-access-only model configured (`access_model`), the model's p computed in process at the release
-(`access_runtime`; no RPC); the asynchronous prediction for its `lpc_conversation_id` if it has
-arrived; the fallback p (and when that prediction comes later, the free queues re-key the
-release's own blocks: `late_predictions`). Time comes from an injectable clock (default
-`time.monotonic`). A finished request's release is a `TenantRelease`: it carries the request's
-tenant and whether its p is the request's own (a trusted hint: `trust`), which the free queue
-counts against the tenant's pinned share of the pool (`pinned_share`). With a return-time model
-(`return_model`), every finished release also carries its conversation's return curve, computed
-in process from the same features as the access model's p, whatever the p's source
-(`return_runtime`; None, the evictor's fallback score, when it fails): the `lpc-return`
-evictor, in the free queue or the CPU tier, reads it.
-
-When the access features' inputs are known to the plugin (all read at the release, from
-vLLM's `Request` and the plugin's `ConversationTable`):
-
-    value                          vLLM source                         known at
-    arrival time                   `Request.arrival_time` (epoch s)     arrival
-    prompt tokens                  `Request.num_prompt_tokens`          arrival
-    shared prefix with previous    `Request.block_hashes` and one       arrival
-                                   block of `prompt_token_ids` vs the
-                                   table's previous request's hashes
-                                   and tokens (`conversation_table`)
-    conversation id                `extra_args["lpc_conversation_id"]`  arrival
-    turn, think times, age         the conversation's table entry       arrival
-    output tokens                  `Request.num_output_tokens`          release
-    completion time                the plugin's wall clock (epoch s,    release
-                                   or the injected clock)
-    cached tokens                  `get_computed_blocks` (request log)  scheduling
-
-A finished request then replaces its conversation's entry (a preempted one does not), also
-when it carried its own `lpc_probability`, so the conversation's history stays complete.
-
-Preemption: a request vLLM frees before it finishes (`is_unfinished`: preempted under KV
-pressure, or a failed KV load to retry) gets a `ProtectedRelease` instead (`preemption_release`,
-counted in `preemptions`): its blocks are queued after every free block, the way LRU queues them
-last, so the KV it needs again when rescheduled — usually milliseconds later — is the last to be
-evicted. Its probability is not asked for, and its hints stay for the release that finishes it.
-
-Call flow. A release (time, probability, conversation) is made once per request, in
-`PluginRuntime.release_for`, and reaches the LPC queue by one of three routes, depending on
-how vLLM frees the request's blocks:
-
-    vLLM call (patched)                   the plugin                      route of the release
-    KVCacheManager.allocate_slots         first scheduling: board.ask     none (prediction -> board)
-    KVCacheManager.free(request)          release_for, original free      1. a ContextVar, set by
-      -> BlockPool.free_blocks(blocks)    queues.active_release()            QueueRuntime.releasing
-    KVCacheManager.pop_blocks_for_free    release_for now; vLLM frees     2. deferred_releases, by
-      ... later free_blocks(blocks)       take_deferred_release(blocks)      id(block); then route 1
-    BlockPool.free_blocks, ref_cnt > 1    blocks others still hold        3. note_shared_release
-    FreeKVCacheBlockQueue (replaced)      first queue built: _activate    (the queue reads route 1)
-
-Fail-safe: every probability is checked at the release, whatever its source (`release_and_source`:
-a finite number in [0, 1], else the fallback p and `invalid_probabilities`), and the patched
-methods run the plugin's own work through guards (`safe_release_for`, `safe_on_scheduled`, the
-queue's `append_n`): an exception there gives that call stock vLLM's behaviour (the fallback p at
-the current time, LRU's place), counts in `plugin_errors`, is logged once per place and never
-reaches vLLM. vLLM's own code (the original methods) runs unguarded, as without the plugin.
-
-Kill switch and shadow mode (`kill_switch`, `shadow`). The mode (`LPC_MODE`: lpc, lru, shadow)
-can be switched while the engine runs — the control file's background watcher
-(`LPC_CONTROL_FILE`), `set_mode()` — and each free queue applies it at its next pop: `lru`
-evicts in stock vLLM's order exactly, `shadow` too while `ShadowFeed` replays the requests
-(admitted in `allocate_slots`, finished in `safe_release_for`) through metadata-only LPC and
-LRU caches on a background thread (`drain_shadow()` waits for it).
-
-Patched methods find their `PluginRuntime` through `_runtime_of(pool)`, which reads the
-module-level `_REGISTRATION`: the one active registration (its runtime and the original
-attributes it replaced); a plugin that patches classes inherently has one. They act only on
-pools whose queue is LPC's, so a pool built before registration (or after `unregister()`)
-behaves exactly as stock vLLM. `stats_snapshot()` reads the same registration: it is what the
-metrics server and callers in the process see.
+What it patches, where a release's p comes from, the call flow, preemption, the fail-safe and
+the one registration: docs/design.md, "The vLLM plugin (`lpc/integrations/vllm_plugin.py`)".
 """
 
 from __future__ import annotations

@@ -1,56 +1,13 @@
 """vLLM's free-block queue, ordered by LPC instead of LRU: an adapter over `LPCEvictor`.
 
-vLLM's `BlockPool` keeps every free block in a `FreeKVCacheBlockQueue` and evicts by popping
-its front. `LPCFreeBlockQueue` offers the same methods on the same `KVCacheBlock` objects but
-keeps no order of its own: it maps blocks to their ids and drives `eviction.lpc.LPCEvictor`,
-the one implementation of LPC's ordering (static key logit(p) + scale·t, max pooling, deeper
-block first on ties, blocks without a hash before every cached one).
+`LPCFreeBlockQueue` offers `FreeKVCacheBlockQueue`'s methods on the same `KVCacheBlock`
+objects but keeps no order of its own: it maps blocks to their ids and drives the learned
+evictor, the one implementation of its ordering. What it cannot see, a release's probability,
+time and conversation, comes from the release context the plugin sets (`QueueRuntime`). It
+imports nothing from vLLM: blocks are duck-typed and vLLM's queue class is passed in.
 
-What the queue cannot see — the probability, time and conversation of a release — comes from
-the release context the plugin sets while vLLM frees a request (`QueueRuntime.releasing`).
-Blocks appended outside any release (e.g. `BlockPool.unpin_blocks`) get the fallback p at the
-current time. A preempted request's release (`ProtectedRelease`) queues its blocks after every
-free block (`LPCEvictor.push_protected`): it will need them again in milliseconds, and LRU
-queues them last too.
-
-Two structures hold the free blocks: an instance of the engine's own `FreeKVCacheBlockQueue`
-(`_list`; `bind_queue_class` takes vLLM's class) and the learned evictor. The mode
-(`QueueRuntime.mode`, switchable while the engine runs: `kill_switch`) sets the phase: in
-`lpc` cached releases go to the learned evictor; switched off (`lru`, `shadow`) releases go to
-vLLM's list, the learned blocks are evicted first, one pop at a time (`DRAINING`), then every
-call goes to vLLM's object (`THROUGH`), which in `lru` the pool is handed itself. A switch
-touches no block (docs/design.md, "The kill switch").
-
-The evictor is built from the configuration and, with `lpc-pooled`, the loaded access model's
-label horizon (`QueueRuntime.horizon_s`, from its artifact's metadata; 180 s without one).
-With `lpc-return` it is `eviction.return_window.ReturnWindowEvictor`: a release carries its
-conversation's return curve (`Release.return_curve`, from the in-process return-time model;
-none: the evictor's fallback score), a preempted request's blocks take a protected claim that
-ranks after every other block, and LRU mode rebuilds LRU's order from it exactly as from LPC.
-
-Fail-safe: an exception in LPC's part of `append_n` (the release's key, pooling) or of
-`note_shared_release` never reaches vLLM's `BlockPool`, which would be left half way through a
-free. It is counted (`plugin_errors`, the first one logged) and the blocks are queued with the
-fallback p at the current time (LRU's place). An exception where vLLM needs an answer (a pop,
-a hit's `remove`, that fallback) trips the queue (`_trip`): the learned evictor's blocks go to
-vLLM's list and the queue is vLLM's own from then on. A scan for the CPU offload
-(`iter_blocks_after`) that fails ends early. Errors that are vLLM's own contract (popping from
-an empty queue, removing a block that is not free) are raised as vLLM raises them.
-
-The pinned cap (`pinned_share`): a finished request's release carries its tenant
-(`TenantRelease`, made by the plugin, which reads the request); one whose p is a trusted hint
-above the fallback p pins its blocks above LRU's place. The queue counts each tenant's pinned
-blocks while the learned evictor holds them and, once a second tenant has released into it,
-keys a release that would take its tenant past `pinned_share` × the pool's blocks at the
-fallback p instead (`pinned_share_capped`): a lone tenant displaces only its own blocks. A
-numpy array holds each block's tenant index (0: not pinned), written per release as the
-release times are; pops and removes take their blocks out of the counts, and tripping empties
-them. `lpc-return` ranks by the return curve, not the p, so nothing is pinned there.
-
-This module imports nothing from vLLM: blocks are duck-typed (`block_id`, `block_hash`,
-`block_hash_num_tokens`, and the list's `prev_free_block`/`next_free_block`), and vLLM's queue
-class is passed in, so it is tested with real `KVCacheBlock`s in vLLM's venv and with the
-transcription (`stock_queue`) everywhere else.
+The two structures and the mode: docs/design.md, "The kill switch"; releases, the evictor,
+the fail-safe and the pinned cap: "The free queue (`lpc/integrations/vllm_queue.py`)".
 """
 
 from __future__ import annotations

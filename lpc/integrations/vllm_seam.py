@@ -1,34 +1,13 @@
 """The plugin through vLLM's eviction-policy seam, where vLLM has it: nothing patched.
 
-`docs/vllm-eviction-seam.patch` proposes to vLLM an `EvictionPolicyFactory` in
-`vllm.v1.core.block_pool`: a `BlockPool` whose `CacheConfig.eviction_policy` names a
-registered policy builds that class as its free-block queue, and `KVCacheManager.free` calls the
-queue's `on_request_freed(request, blocks)` before it frees the request's blocks. On such a
-vLLM, `vllm_plugin.register()` calls `register_seam()` instead of patching: it registers
-`LPCSeamQueue` (`vllm_seam_queue`, the module vLLM imports by path) under the name `lpc` and
-replaces no class, wraps no `Scheduler`, `KVCacheManager` or `BlockPool` method and reads no
-call stack. Only the pools configured with
-`eviction_policy="lpc"` get the LPC queue; every other pool keeps vLLM's own.
+On a vLLM with `docs/vllm-eviction-seam.patch`'s `EvictionPolicyFactory`,
+`vllm_plugin.register()` calls `register_seam()` instead of patching: it registers
+`LPCSeamQueue` (`vllm_seam_queue`) as the policy `lpc`, and only pools configured with
+`eviction_policy="lpc"` get the LPC queue. The queue learns each release from
+`on_request_freed`.
 
-What the patch points learn by wrapping, the queue learns from `on_request_freed`:
-- the release (probability, time, conversation namespaced by tenant, preemption as a
-  `ProtectedRelease`): `PluginRuntime.safe_release_for`, the same call the wrapped
-  `KVCacheManager.free` makes;
-- the cached blocks the request gives up while others still hold them (max pooling):
-  `vllm_plugin.shared_blocks`, the same scan the wrapped `BlockPool.free_blocks` makes, noted
-  after the request's freed blocks are queued, as there;
-- which `append_n` calls carry that release: the first block each group will free (the
-  deepest one the request alone holds) opens its group's `append_n`; any other append (an
-  unpin, a deferred free) is outside a release, as with the patch points.
-
-Not carried by the seam (each needs a hook it does not have; the seam path logs one line naming
-the configured ones, `unsupported_by_seam`): the shadow caches' admissions, the request log's
-prefix hits, what the patch points read in `Scheduler.__init__` (the CPU tier's settings, the
-engine checks, the metrics' `model_name`), and frees deferred through `pop_blocks_for_free`
-(their blocks take the fallback p at the current time, LRU's place). The LPC settings come from
-the `LPC_*` environment or `register(config)`. The predictor RPC is asked at the release
-instead of at the first scheduling: the release is queued at the fallback p and re-keyed when
-the answer comes (`late_predictions`).
+What the seam carries and what it does not: docs/design.md, "Through vLLM's eviction-policy
+seam".
 """
 
 from __future__ import annotations
