@@ -1,21 +1,12 @@
 """One cache policy's ns per operation in vLLM's CPU offload tier; run in vLLM's venv.
 
 `python -m lpc.benchmarks.cache_policy_worker PLAN.json POLICY [MODULE_PATH] [--repeats N]`
-prints one JSON line. Real vLLM's `CPUOffloadingManager` first drives the policy through
-the plan (`cache_policy_plan`) the way the `OffloadingConnector`'s scheduler side does: at an
-arrival, `lookup` of the prompt's chunks up to the first miss, `prepare_load` of the hit
-(its chunks stay pinned until the request finishes), then `prepare_store` and
-`complete_store` of the prompt; `in_flight` arrivals later, `complete_load` and
-`on_request_finished`. A proxy in front of the policy records every call the manager makes
-(get, insert, remove, touch, on_store_miss, on_request_access, on_request_finished, evict,
-mark_evictable, mark_non_evictable), and the chunks' reference counts as the policy sees them.
+prints one JSON line. Real vLLM's `CPUOffloadingManager` drives the policy through the plan
+(`cache_policy_plan`) while a proxy records every call; the calls are then replayed into a
+fresh policy, checked, and timed against a no-op loop.
 
-The recorded calls are then replayed into a fresh policy: once checked (each `evict` must
-return the chunks it returned under the manager, so the replay is the same run), then timed,
-`--repeats` times, against the same loop with every policy call replaced by a no-op
-function. ns per operation = (policy loop - no-op loop) / policy calls, best repeat: the
-policy's own cost, net of the manager, the replay loop and the call itself. LPC's policies
-read a logical clock (the plan's request times) so that the replay repeats the run.
+How the plan drives the manager and what the figure nets out: docs/design.md, "The CPU-tier
+policy benchmark".
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """Nanoseconds per free-queue operation: our evictors (lru and lpc by default) vs vLLM's queue.
 
-Each policy is first driven through a seeded multi-turn chat plan to record the exact calls
-it receives (the plan grows until every policy receives at least the requested number of
-block operations). The calls go to a file, and every implementation replays its file in a
-fresh process of its own, in interleaved rounds: our evictors through `evictor_worker`,
-vLLM's `FreeKVCacheBlockQueue` through `scripts/vllm_queue_bench.py` inside vLLM's virtual
-environment (its pins clash with ours), replaying the calls recorded for our lru (identical
-by construction: our lru reproduces vLLM's queue block for block). Both sides run the same
-timing code, so the only difference left is the queue.
-
-Two figures per implementation: the headline ns per operation includes the Python call
-that makes it (a block manager pays it; only the replay loop's own iteration is
-subtracted), and the body figure subtracts a no-op call per operation as well.
+Each policy is first driven through a seeded multi-turn chat plan to record the exact calls it
+receives; every implementation then replays its file in a fresh process of its own, in
+interleaved rounds: our evictors through `evictor_worker`, vLLM's `FreeKVCacheBlockQueue`
+through `scripts/vllm_queue_bench.py` inside vLLM's virtual environment (its pins clash with
+ours), replaying the calls recorded for our lru (identical by construction: our lru
+reproduces vLLM's queue block for block). Both sides run the same timing code, so the only
+difference left is the queue. The method and the two figures (with and without the call):
+docs/design.md, "Evictor speed".
 """
 
 from __future__ import annotations

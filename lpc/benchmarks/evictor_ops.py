@@ -1,15 +1,12 @@
 """A seeded multi-turn chat workload at the level of free-queue operations.
 
 Pure Python with no dependency beyond the standard library, so the same plan can be replayed
-inside vLLM's own environment against its `FreeKVCacheBlockQueue`.
-
-The plan is a sequence of conversation events, the way a block manager drives its free queue:
-a turn starts (the conversation's cached chain is hit block by block from the root until the
-first block the policy already evicted — each hit removes a block from the queue — then new
-blocks are popped), and a turn ends (the whole chain is released, deepest block first, with
-the conversation's id and a continuation probability). Which blocks are popped, and so how
-many hits later turns get, depends on the policy; each policy's operations are counted and
-timed on its own replay. Operations are counted per block: popping 8 blocks is 8 operations.
+inside vLLM's own environment against its `FreeKVCacheBlockQueue`. A turn starts (its
+conversation's cached chain is hit block by block from the root until the first block the
+policy already evicted, then new blocks are popped) and ends (the whole chain is released,
+deepest block first, with the conversation's id and a continuation probability). Which blocks
+are popped depends on the policy, so each policy's operations are counted and timed on its own
+replay; operations are counted per block. docs/design.md, "Evictor speed".
 """
 
 from __future__ import annotations

@@ -2,14 +2,13 @@
 records per second the writer thread turns into lines on disk.
 
 Release path: the same LRU replay of a synthetic multi-turn chat workload through our block
-manager, without a log and with one, best of `repeats`. During the logged replay the writer
-thread is held (its first `open` waits), so the difference is only what the releasing thread
-pays: building the record and `put_nowait` (the queue holds every record). The plugin's own
-path (`PluginRequestLog.finished` on a vLLM-like request object) is timed alone too.
-
-Writer: the held thread is then let go and the time it takes to write the queued records
-(keyed block ids, JSON, `os.write`) gives records per second. A third replay with the writer
-running alongside shows what both threads cost together (they share the GIL).
+manager, without a log and with one, best of `repeats`; in the logged replay the writer
+thread is held (its first `open` waits, the queue holds every record), so only what the
+releasing thread pays counts: the record and `put_nowait`. The plugin's own path
+(`PluginRequestLog.finished` on a vLLM-like request object) is timed alone too. Writer: the
+held thread is let go, and the time it takes to write the queued records (keyed block ids,
+JSON, `os.write`) gives records per second; a third replay with the writer running alongside
+shows what both threads cost together (they share the GIL).
 """
 
 from __future__ import annotations

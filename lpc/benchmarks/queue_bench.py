@@ -1,33 +1,13 @@
 """The free queue's share of vLLM's free and allocation paths: LPC's queue against vLLM's own.
 
 Times, per request size, the three calls vLLM's `BlockPool` makes on its free queue for one
-multi-turn request, on real vLLM 0.33 `KVCacheBlock`s:
-- `touch`: the `remove` of each block the request hits, the first half of its conversation's
-  previous turn (every request is the next turn of one conversation, so no block is shared
-  across conversations);
-- `alloc`: `popleft_n` of the blocks it computes, evicting older cached ones;
-- `free`: `append_n` of its whole chain, tail first, under the request's release (p and
-  conversation, as the plugin sets them while vLLM frees).
-vLLM's `FreeKVCacheBlockQueue` and the plugin's `LPCFreeBlockQueue` (its default evictor,
-`lpc-pooled`) run the same requests in one process, interleaved request by request (which
-queue goes first alternates), each on its own blocks; hashes are given and evicted blocks reset
-untimed, as vLLM's block pool does around these calls. `--mode lru` (or `shadow`) times the
-plugin with its kill switch thrown: the pool holds vLLM's own queue (`vllm_queue.bind_queue_class`
-over vLLM's class). The timer is the thread's CPU time
-(`time.thread_time_ns`), so that other processes on a loaded machine do not count; the
-garbage collector is off while timing. Each figure is the median and 99th percentile of the
-per-request times, in microseconds, and their ratio to vLLM's.
+multi-turn request (`touch`, `alloc`, `free`) on real vLLM 0.33 `KVCacheBlock`s, vLLM's queue
+and the plugin's interleaved request by request; `--switch` adds the kill switch and `--scan`
+vLLM's lazy CPU offload walk. Runs in vLLM's venv (`python -m lpc.benchmarks.queue_bench`, as
+`lpc bench queue` calls it): it prints one JSON record on its last line.
 
-`--switch` adds, per size, the kill switch at `--free-blocks` free blocks (`run_switch`): the
-CPU time of the switch itself (on the thread that asks: the control file's watcher, or
-`set_mode`), and each allocation while the learned blocks drain against vLLM's allocation of
-the same blocks; then the switch back on. `--scan` adds vLLM's lazy CPU offload walk
-(`run_scan`): `iter_blocks_after` from its cursor for `--scan-blocks` blocks (vLLM's target:
-2 × max_num_batched_tokens / block size, 1,024 at its default 8,192), one request allocated
-and freed between walks, both queues holding `--free-blocks` free blocks.
-
-Runs in vLLM's venv (`python -m lpc.benchmarks.queue_bench`, as `lpc bench queue` calls it):
-it prints one JSON record on its last line.
+What is timed and how: docs/design.md, "The queue benchmark"; the figures: docs/serving.md,
+"The free queue against vLLM's own (`lpc bench queue`)".
 """
 
 from __future__ import annotations

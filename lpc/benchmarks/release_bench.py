@@ -1,24 +1,12 @@
 """Latency of the vLLM plugin's release path, with the access model in process.
 
 One release is what the plugin does when vLLM frees a finished request: `PluginRuntime`'s
-`safe_release_for` (the request's p from the shipped access model: features from the request
-and its conversation's table entry, the shared prefix from vLLM's block hashes, the forward
-pass, the table update; timed into the release-latency histogram as in the engine) and then the
-LPC queue's `append_n` of the request's blocks under that release (the evictor's keys; vLLM's
-`BlockPool.free_blocks` calls it with every block whose count reached 0). With the `lpc-return`
-evictor the release computes the return-time model's curve instead (the same features, its
-forward pass and survival curve, the curve's check; no access model unless one is given) and
-`append_n` queues the blocks under the curve's score. Requests and blocks
-are duck-typed like vLLM 0.33's `Request` (prompt list, output list, chained `block_hashes`,
-`num_prompt_tokens`, sampling params carrying `lpc_conversation_id`) and `KVCacheBlock`.
+`safe_release_for` (the request's p, or with `lpc-return` its return curve) and then the LPC
+queue's `append_n` of the request's blocks under that release. Requests and blocks are
+duck-typed like vLLM 0.33's `Request` and `KVCacheBlock`.
 
-Workload per size: `conversations` conversations, each with a table entry already (warm:
-every timed request is a later turn). A request's prompt is its conversation's fixed history
-(`tokens` − 128 tokens, a multiple of the block size) followed by a new 64-token message; its
-output is 64 tokens. So the shared prefix with the previous turn is the history, found past
-log2(blocks) hash comparisons and one block of tokens. Before each timed release its blocks
-are popped from the queue (evicting older ones, as vLLM's allocation does) and given hashes;
-none of that, nor building the request, is timed. The timer is `time.perf_counter_ns`.
+What one release includes and the workload: docs/design.md, "The release-path benchmark"; the
+figures: docs/serving.md, "Release-path latency".
 """
 
 from __future__ import annotations

@@ -1,64 +1,13 @@
 """The two-tier replay's CPU tier: vLLM 0.33's `CPUOffloadingManager` (the manager's part: the
 chunk pool and its reference counts, the store threshold's tracker, each request's accesses),
-making the manager's calls into a `CachePolicy`-shaped object, in its order, with its arguments
-(`vllm/v1/kv_offload/cpu/manager.py`). One simulation serves every CPU policy; only the policy
-differs:
-- `lpc` and `lpc-pooled` run inside the vLLM classes LPC ships for them (`EvictorCachePolicy`
-  of `lpc.integrations.cpu_tier_policy`, one class for the replay and the engine), whose
-  release rules were made for vLLM's hook order: a running request's stored chunks are
-  provisional (queued after every chunk queued so far, where LRU queues a fresh insert, with no
-  p and nothing learned, so they are not lost before the request finishes), the resident
-  chunks it reads are held the same way, and only `on_request_finished` releases them all with
-  the request's p;
-- `vllm-arc` is vLLM's own ARC (`vllm_arc_policy`, transcribed from vLLM 0.33.0: not the
-  replay's `arc`, FAST'03 ARC);
-- every other evictor of `eviction/` runs in `host_tier.HostTierPolicy`, the replay's release
-  rules (a request's chunks released at its store with no prediction yet, and again at its
-  finish with its p): vLLM's `lru`'s and `LPCReturnCachePolicy`'s rules.
-The request's p reaches the policy as in the engine: the GPU plugin's release, recorded by
-request id (`FinishedReleases`) when the request finishes, just before `on_request_finished`.
-tests/vllm/test_two_tier_agreement.py checks this tier against the real manager, request by
-request, with vLLM's `lru` and `arc` and with LPC's classes.
+making the manager's calls into a `CachePolicy`-shaped object, in its order, with its arguments.
 
-What vLLM 0.33 does (read from its source; paths under `vllm/`):
-- Granularity. The CPU tier stores chunks of `blocks_per_chunk` GPU blocks
-  (`distributed/kv_transfer/kv_connector/v1/offloading/config.py`: `block_size` in
-  `kv_connector_extra_config` must be a multiple of the GPU block size; default 1 block per
-  chunk). A chunk's key is the hash of its last GPU block, so a chunk is one point of the
-  prefix chain. This tier models the default: one chunk per GPU block.
-- Size. `--kv-offloading-size` GiB becomes `cpu_bytes_to_use`; the number of chunks is that
-  divided by the KV bytes of a chunk (`v1/kv_offload/cpu/spec.py`, `CPUOffloadingSpec`).
-  Here the size is given in tokens; `lpc.replay.latency` converts it to bytes.
-- What is stored and when. Stores are write-through, not write-back on GPU eviction: at every
-  scheduler step `OffloadingConnectorScheduler._build_store_jobs`
-  (`.../offloading/scheduler.py`) offers the chunks a request has newly computed, up to
-  `offload_prompt_only` (default True, `v1/kv_offload/base.py`) the prompt's full chunks.
-  At the lookup (`get_num_new_matched_tokens`) `next_stored_chunk_idx` restarts at 0, so
-  every full chunk of the prompt is offered, those the GPU prefix cache served included.
-  Here a request's prompt is offered once, right after its lookup (its prefill computes it).
-- Store threshold. `CPUOffloadingManager.prepare_store` stores an offered chunk only when the
-  chunk has been offered at least `store_threshold` times (default 0, i.e. always; at >= 2 an
-  LRU-ordered tracker of at most `max_tracker_size` = 64,000 keys counts offers). Chunks
-  already resident are not stored again; they count as reused.
-- Eviction. When the free chunks do not suffice, `prepare_store` asks the policy to
-  `evict(n, protected)` with every key of the offer protected; if it cannot, the whole store
-  is dropped (`None`, "cannot store chunks"). An evicted chunk is simply gone: nothing moves
-  further down, and the GPU tier is not told.
-- Lookup. The scheduler first takes the GPU prefix cache's hit (`num_computed_tokens`), then
-  `_lookup_complete_chunks` / `_maximal_prefix_lookup` look the CPU keys up from the first
-  chunk after the GPU hit and stop at the first miss: the CPU tier only continues the GPU
-  prefix. The hit is loaded into freshly allocated GPU blocks before the request runs
-  (`prepare_load` pins the chunks with a reference count; `complete_load` unpins them).
-- Recency. `lookup` does not touch. A policy sees a request's accesses through
-  `on_request_access` (store-time, provisional) and `on_request_finished(key_groups,
-  insertion_only_keys, reused_keys, req_context)` when the request finishes.
+One simulation serves every CPU policy; only the policy differs: `lpc` and `lpc-pooled` in the
+vLLM classes LPC ships (`lpc.integrations.cpu_tier_policy`), `vllm-arc` in vLLM's own ARC
+(`vllm_arc_policy`), every other evictor in `host_tier.HostTierPolicy`.
 
-Per request, as the connector's scheduler drives the manager (loads and stores are
-instantaneous here): at its arrival the lookup (`get` from the GPU hit on, stopping at the
-first miss), the load of the hit (`prepare_load` then `complete_load`) and the store of the
-prompt's full chunks (`prepare_store` then `complete_store`); at its end
-`on_request_finished`. The load, the store and the finish set the policy's clock to the
-event's time first.
+Why, and what vLLM 0.33 does, read from its source: docs/design.md, "Two tiers" and "What
+vLLM 0.33's CPU tier does".
 """
 
 from __future__ import annotations

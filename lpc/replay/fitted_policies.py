@@ -1,37 +1,11 @@
 """What the `fitted` policies learn from a replay's training part, and the categories WA reads.
 
-Four policies in `eviction` take constants fitted offline (the registry's kind `fitted`):
+`wa` needs, per request category (request type × turn), the chance that a released block is
+used again and the rate of its reuse time; `session-ref` needs its idle timeout; `tlru` and
+`sglang-tlru` take theirs from `lpc.replay.tlru_fit`. Every rule is written down before any
+evaluation request is replayed.
 
-- `wa` (workload-aware, ATC'25 / vLLM PR #22236) needs, per request category, the chance that
-  a released block is used again and the rate of its reuse time (exponential). The PR
-  profiles the first hour of the Bailian trace and serves the second; here the training part
-  plays the first hour. A *category* is request type × turn, as the PR's tags (`text_1`,
-  `file_2`): the type is the trace's own where it records one (Bailian's `type`: text,
-  search, image, file); ShareGPT and Mooncake record none (every request is a chat turn), so
-  there the type is `chat` and the category is the turn alone. The turn is the request's
-  1-based turn in its conversation (a data set's turn; a Mooncake conversation's depth from
-  prefix linkage), turns from `MAX_TURN` on merged. An engine knows both when the request
-  arrives: the turn is the number of user messages in the chat request, the type the product
-  surface that sent it, and the frontend tags the request with them (the PR's `type_info`).
-- `session-ref` (SGLang session references with an idle timeout) needs the timeout.
-- `tlru` and `sglang-tlru` (T-LRU) need the next prompt's blocks and the TTFT budget's
-  (`lpc.replay.tlru_fit`, which states their rule).
-
-Fitting rules, written down before any evaluation request is replayed:
-
-- WA. A *release* is one cached block of one training request at its completion (every full
-  block of its sequence, as the block manager caches them), in the request's category. Its
-  reuse is the first later training request whose prompt could hit that block (its content
-  among the prompt's hashed blocks), at that request's arrival; the reuse time runs from
-  the completion. A release with no reuse before the end of the training part is censored
-  at that end. Per category, the mixture "reused with probability p after an Exp(λ) time,
-  else never" is fitted by maximum likelihood with censoring (EM: `fit_cure_exponential`).
-  A category with fewer than `MIN_RELEASES` releases or `MIN_REUSES` observed reuses takes
-  the fit pooled over its type, else over everything (the evictor's default).
-- session-ref. The timeout is the `TIMEOUT_QUANTILE` (0.9) quantile of the training part's
-  think times (a completion to the same conversation's next arrival, both in the training
-  part): a session idle for longer than 90 % of the returns that were seen is taken to be
-  closed. `DEFAULT_TIMEOUT_S` when the training part has no such gap.
+The categories and the fitting rules: docs/design.md, "Fitting rules".
 """
 
 from __future__ import annotations

@@ -3,38 +3,11 @@
 (`cache_policy_tier.CachePolicyTier`, vLLM 0.33's `CPUOffloadingManager`) runs for every CPU
 policy that has no vLLM class of its own.
 
-The rules (a request's chunks, tail first, as the GPU block manager frees a sequence):
-- its store, once over, releases the chunks it stored with every resident chunk it accessed
-  since its last store (those it loads and those its store finds: vLLM's `on_request_access`;
-  and those its store's eviction protects), at the store's time, with the request's
-  conversation and no prediction yet;
-- its finish (`on_request_finished`) releases again every chunk it saw that is still
-  resident, with its release as the GPU plugin recorded it (`FinishedReleases`: its predicted
-  continuation probability, conversation, workload category and return curve).
+A request's store releases its chunks with no prediction yet, and its finish releases them
+again with its predicted p: vLLM's `lru`'s rules and `LPCReturnCachePolicy`'s.
 
-These are vLLM's `lru`'s rules (its `on_request_access` ranks a request's chunks when it first
-sees them, its `on_request_finished` again) and `LPCReturnCachePolicy`'s (made to follow them;
-both checked against vLLM, tests/vllm/test_two_tier_agreement.py). They are not those of
-`LPCCachePolicy` and `LPCPooledCachePolicy`, which keep a running request's stores provisional
-until it finishes: the replay runs `lpc` and `lpc-pooled` inside those classes instead. The
-other evictors have no vLLM class; they run under these rules.
-
-How the evictor holds the tier: every CPU slot lives in it, slot ids 1..n as the GPU block
-manager's (its block 0 is the null block), free ones uncached, so a store pops slots (a popped
-slot that held a chunk is an eviction). One store is one evictor event, in this order: the
-resident chunks it holds leave the evictor, prefix first (vLLM's `protected`); one `pop_n`
-gives every chunk it stores a slot; one `push_cached` puts the held and stored chunks back,
-tail first. vLLM's manager splits a store into `evict(n)` for what its free chunks lack and
-one `insert` per chunk, so `evict` pops the free slots too (held for the inserts that follow),
-a store that needs no eviction pops its free slots when it is over, and a store is over at the
-next call that reads or changes the evictor's order (`_flush`): another request's access or
-insert, an eviction after this store inserted, a finish, `touch`, `remove`, `clear`.
-
-Pins. A load pins chunks only while it runs (`mark_non_evictable`, then `mark_evictable`);
-they stay in the evictor, and an eviction shields a pinned one (out before the pop, back after
-it with its last release). The replay's loads complete within their event, so no pin is ever
-seen by an eviction there, and a load makes no evictor call: which chunks a request loaded
-never changes the order, only which requests stored (`reads_loads`).
+The rules, how the evictor holds the tier, and pins: docs/design.md, "Two tiers" and "The
+replay's release rules".
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """95 % confidence intervals for a policy's gain over LRU: a paired bootstrap over conversations.
 
-A hit-ratio gain measured on one replay of one trace is one draw: which conversations happened
-to be in the evaluation part decides part of it. Conversations, not requests, are the unit that
-is resampled, because a conversation's requests share its prefix and hit or miss together.
-Pairing: both policies replay the same requests, so each resample takes the same conversations
-for both, and the statistic is the ratio of their hit tokens over those conversations (the
-queried tokens are the same for both and cancel): gain = Σ hits(policy) / Σ hits(LRU) − 1.
-
+Both policies replay the same requests, so each resample takes the same conversations for
+both, and the statistic is gain = Σ hits(policy) / Σ hits(LRU) − 1 over those conversations.
 The interval is the percentile interval of `N_RESAMPLES` seeded resamples
-(`training.paired_bootstrap`, drawn as scipy's `bootstrap` draws them), so the same replay
-always reports the same interval. It describes the evaluation part's sampling of
-conversations only; the cache's own dynamics (a conversation's hits depend on the others')
-are held fixed, as in any replay.
+(`training.paired_bootstrap`), so the same replay always reports the same interval.
+
+Why conversations, and what the interval describes: docs/design.md, "Statistics: paired
+intervals" and "The replay's intervals".
 """
 
 from __future__ import annotations

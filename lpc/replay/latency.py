@@ -1,39 +1,12 @@
 """What a hit in each tier costs in time: the two-tier replay's latency model.
 
-A GPU (device) hit is free: its KV is already where attention reads it. A CPU (host) hit costs
-a host→device copy of the block's KV over PCIe. A miss costs a prefill on the GPU, after the
-hit prefix. The time to first token of a request of k hit (cached) and n missed tokens is
+A GPU hit is free, a CPU hit costs a host→device copy of its KV, and a miss costs a causal
+prefill after the hit prefix: ttft = overhead + n / prefill speed + pair cost · ((k + n)² − k²)
++ host-hit tokens · KV bytes per token / host→device bandwidth, one request on its own.
+Defaults are Qwen3-8B on one H100 SXM (`QWEN3_8B`), every figure overridable.
 
-    ttft = overhead + n / prefill speed + pair cost · ((k + n)² − k²)
-           + host-hit tokens · KV bytes per token / host→device bandwidth
-
-one request on its own: no batching with other requests and no queueing behind them (the
-trace's timeline is fixed, so waiting for the GPU is not modelled), and copies do not overlap
-the prefill (vLLM's `OffloadingConnector` loads a request's hit before it is scheduled). The
-prefill term is the causal prefill's time T(L) = L / speed + pair cost · L² of the whole
-prompt less that of the cached prefix: the projections and MLP cost per token, attention per
-pair of tokens, so a token costs more the longer the context it attends to.
-
-Defaults are those of Qwen3-8B on one H100 SXM (`QWEN3_8B`), every figure overridable:
-- KV bytes per token = 2 (K and V) × 36 layers × 8 KV heads × 128 head dim × 2 bytes
-  (bfloat16) = 147,456 B; from Qwen3-8B's `config.json` on the Hugging Face Hub
-  (`num_hidden_layers` 36, `num_key_value_heads` 8, `head_dim` 128, `torch_dtype` bfloat16).
-- host→device bandwidth 30 GB/s: measured on one H100 80GB HBM3 (PCIe Gen5 x16), 10,240
-  tokens of KV in 46,080 pages of 32 KB (one layer's K or V of a 16-token block) from
-  scattered pinned host pages, all in one `cuMemcpyBatchAsync` call as vLLM's CPU tier copies
-  pages of 28 KB and more: 30.8 GB/s at best, rounded (34.0 in a later run; one bulk copy:
-  54–55 GB/s).
-- prefill 33,000 tokens/s and 0.51 ns per token pair: T(L) fitted on prefills of 2,048 to
-  131,072 tokens measured on that GPU (`transformers`' Qwen3 with Qwen3-8B's shape, random
-  bfloat16 weights, `sdpa` attention; max error 1.8 %), rounded. 8,192 tokens then take
-  0.28 s (29,000 tokens/s), 131,072 take 12.8 s (10,200 tokens/s). In `transformers` a
-  prefill after a cached prefix took 20–107 % longer than the model's difference of the two
-  prefills; an engine's paged attention is built to avoid that cost, but its own suffix
-  timings are not measured (docs/results.md).
-- overhead 20 ms: scheduling and the forward pass that samples the first token (not measured).
-
-`scripts/measure_tier_latency.py` measures these figures on any CUDA GPU; docs/results.md
-("Two tiers", "The latency model, measured") has the runs.
+Where each default comes from: docs/design.md, "Two tiers" and "The latency model's figures";
+the runs: docs/results.md, "The latency model, measured".
 """
 
 from __future__ import annotations

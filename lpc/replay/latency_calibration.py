@@ -1,19 +1,10 @@
 """Turn prefill and copy timings measured on a GPU into the latency model's figures.
 
 `scripts/measure_tier_latency.py` times a model's prefill at several prompt lengths and the
-host→device copy of a hit's KV; this module fits what the two-tier replay's latency model
-(`lpc.replay.latency.TierLatency`) needs from them, so that the fit can be tested without a GPU.
+host→device copy of a hit's KV; this module fits what `lpc.replay.latency.TierLatency` needs
+from them, T(L) = c + a·L + b·L², so that the fit can be tested without a GPU.
 
-A causal prefill of L tokens costs a part per token (the projections and the MLP) and a part
-per pair of tokens (attention: token i attends to the i tokens before it), so
-
-    T(L) = c + a·L + b·L²
-
-and the prefill of n uncached tokens after a cached prefix of k tokens costs what the whole
-prompt costs minus what the prefix would: T(k + n) − T(k) = a·n + b·((k + n)² − k²). The
-coefficients are fitted by least squares with a, b, c ≥ 0 (scikit-learn's
-`LinearRegression(positive=True)`), each length weighted by 1/T(L)², i.e. relative error, so
-that short prompts count as much as long ones.
+The fit: docs/design.md, "The latency model's figures".
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """The learned probability source of the A/B harness: a trained predictor over cached embeddings.
 
-For each replayed turn it builds the predictor's window (the turn's user prompt and up to N
-before it, its turn count), embeds it through the embedding cache that training filled (the
-evaluation half's turns are usually there already; missing ones are embedded once, with a
-progress bar, and kept), and runs the MLP in batches — the same `Predictor` code the RPC
-server runs, so the A/B measures what would be deployed.
+For each replayed turn it builds the predictor's window, embeds it through the embedding cache
+that training filled (missing turns are embedded once, with a progress bar, and kept), and
+runs the MLP in batches — the same `Predictor` code the RPC server runs, so the A/B measures
+what would be deployed. A model trained with extra features also needs each finishing
+request's size and reply.
 
-A model trained with extra features (the feature registry, `predictor.access_features`,
-computes them from a training sample: `sample_matrix`) also needs each finishing request's
-size and reply. Token sizes come with every replayed turn (its prompt and
-output tokens, counted by the harness's serving tokenizer — the counts `ServingTokenCounter`
-gives training); character features come from the evaluation conversations the harness loaded
-(looked up by conversation id and turn index), so a `--trace` replay cannot feed them.
+Where those features come from: docs/design.md, "The learned source".
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Where the `lpc-return` evictor's return curves come from: one curve per request's release.
 
 A curve says when the releasing conversation's next request arrives, counted from this
-request's completion (its release). Three sources:
+request's completion. Three sources: `true-return` (the trace's true next arrival, an upper
+bound), `km-turn` (Kaplan–Meier per turn on the training part) and `model` (the return-time
+hazard model, trained on the training part alone).
 
-- `true-return` (perfect knowledge, an upper bound): the trace's true next arrival of the
-  conversation, as a step curve (S = 1 before it, 0 from it on; no next request: S = 1
-  throughout). Through the evictor it gives the bound of the question itself.
-- `km-turn` (deployable): Kaplan–Meier survival of the return time per turn number, fitted
-  on the training part. A release whose next request falls after the training part's end is
-  censored there, so conversations that stop and conversations that return late are told
-  apart only as far as the part can see. Turns from `max_turn` on share one curve; a turn
-  with fewer than `min_samples` releases takes the curve of all turns.
-- `model` (deployable): the return-time hazard model's curve (`lpc train-return`,
-  `predictor.return_time.ReturnTimePredictor`), from the access features an engine knows at
-  the release, computed for all requests in one batched pass. The model must come from the
-  training part alone: `check_trained_before` refuses one whose recorded training part
-  reaches past this replay's.
+Each source's rules: docs/design.md, "Return-curve sources".
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """T-LRU's two constants (`eviction/tlru.py`, `eviction/sglang_tlru.py`) from a training part.
 
-T-LRU keeps L + Q̂ − ξ blocks of a chain of L: Q̂ is the next prompt's expected new blocks and
-ξ the blocks a turn may prefill within its TTFT budget. The rule, written down before any
-evaluation request is replayed:
-
-- a follow-up turn's *new blocks* are its prompt's full blocks minus the full blocks of its
-  conversation's previous request (prompt and reply), at least 0; only turns whose previous
-  request is in the training part count;
-- Q̂ = the median of the new blocks (rounded to the nearest block);
-- ξ = their 0.9 quantile (rounded up): a turn prefills its own new blocks anyway, so evicting
-  a chain's last ξ − Q̂ blocks asks a typical next turn for no more uncached prefill than 90 %
-  of turns already pay. The paper sets ξ from a TTFT service objective; a trace records none,
-  and the quantile stands in for it.
-
-With no follow-up turn in the training part both are 0 and T-LRU is LRU.
+Q̂ is the median of follow-up turns' new blocks and ξ their 0.9 quantile (rounded up); with no
+follow-up turn in the training part both are 0 and T-LRU is LRU. The rule, written down before
+any evaluation request is replayed: docs/design.md, "Fitting rules".
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """Replay a workload through two tiers: the GPU prefix cache and a CPU tier below it.
 
-The GPU tier is the single-tier replay's block manager, unchanged: the same lookups,
-allocations, frees and counters, so its device hits equal `simulator.replay`'s hits for the
-same policy and size. The CPU tier (`cache_policy_tier.CachePolicyTier`, vLLM 0.33's
-`OffloadingConnector` and `CPUOffloadingManager`, driving a `CachePolicy`: for `lpc` and
-`lpc-pooled` their vLLM class, for `vllm-arc` vLLM's own ARC, for every other policy its
-evictor under the replay's release rules, `host_tier.HostTierPolicy`) sees, per request at its
-arrival:
+The GPU tier is the single-tier replay's block manager, unchanged, so its device hits equal
+`simulator.replay`'s for the same policy and size; the CPU tier is
+`cache_policy_tier.CachePolicyTier`. Per request at its arrival: the GPU lookup's hit, the CPU
+lookup continuing from it (loaded into the GPU), the write-through offer of the prompt's full
+blocks; at its completion, its finish with its predicted probability. This is the reference
+the grid (`two_tier_grid`) is checked against.
 
-1. the GPU lookup's hit of d blocks (capped, like the GPU's, so that the prompt's last token
-   is always computed);
-2. the CPU lookup continuing from block d: h more blocks, loaded into the GPU;
-3. the offer of the prompt's full blocks, stored write-through (a request the GPU pool
-   cannot hold is served uncached and stores nothing);
-
-and at its completion the request's finish with its predicted probability. A request whose
-blocks the GPU pool cannot hold counts as a miss in both tiers, as in the single-tier replay.
-Each (GPU policy, CPU policy) pair replays the one identical prepared workload.
+The rules: docs/design.md, "Two tiers".
 """
 
 from __future__ import annotations

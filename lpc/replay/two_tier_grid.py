@@ -1,28 +1,12 @@
 """Every two-tier policy pair without replaying the GPU tier once per pair.
 
-In `two_tier.replay_two_tier` the GPU tier never reads the CPU tier: the block manager sees
-only the request's hashes, its allocation and its free (a block loaded from the CPU is cached
-on the GPU exactly like a recomputed one). What the CPU tier reads of the GPU tier (per
-arrival, the GPU lookup's hit it continues, the hit after allocation, and whether the
-allocation failed; per completion, whether the request was held at all) therefore depends
-only on the GPU policy and size. So the grid replays the GPU tier once per (GPU policy, GPU
-size) into a `GpuTrace`, then only the CPU tier for every (CPU policy, CPU size) against that
-trace, each CPU policy's sizes in one pass over the events. The figures are those of
-`replay_two_tier` for the same pair, counter for counter (tests/lpc/test_two_tier_grid.py
-checks it); that function stays the reference, and the one `per_request` comes from.
+The GPU tier never reads the CPU tier, so the grid replays it once per (GPU policy, GPU size)
+into a `GpuTrace`, then only the CPU tier for every (CPU policy, CPU size) against that trace,
+each CPU policy's sizes in one pass, in forked worker processes. The figures are those of
+`two_tier.replay_two_tier` for the same pair, counter for counter.
 
-Most CPU policies do not even need a pass per GPU replay. Under `HostTier`'s rules a request
-offers its whole prompt and its load records nothing the offer does not, so the CPU tier's
-state depends on the GPU tier only through which requests it failed; of the GPU hit it reads
-only where its lookup starts, and a lookup changes nothing. One pass per (CPU policy, GPU
-size, set of failed requests) therefore serves every GPU policy, looking each request up
-once per GPU replay (`replay_host_tier_for`). The policies run in their vLLM class
-(`CachePolicyTier`: `lpc`, `lpc-pooled`, `vllm-arc`) touch what a request loads, and keep a
-pass per GPU replay.
-
-The replays are independent once their GPU trace exists, so they run in forked worker
-processes, as the single-tier grid's do (`lpc.replay.ab`): the prepared workload is inherited,
-only the GPU traces (two ints per request) and the results travel through pipes.
+Why this is exact, and the passes shared across GPU policies: docs/design.md, "Two tiers" and
+"The grid's passes".
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """95 % intervals for the two-tier replay: one policy pair against another, paired over
 conversations.
 
-As for the single tier (`lpc.replay.intervals`), a figure measured on one replay of one trace
-is one draw of which conversations fell in the evaluation part. Conversations are resampled
-(a conversation's requests share its prefix and hit or miss together), and the two pairs of a
-comparison replay the same requests, so each resample weighs both pairs' requests alike.
+Three differences, subject minus other, each with its percentile interval over `N_RESAMPLES`
+seeded resamples (`training.paired_bootstrap`, multinomial draws): the either-tier hit ratio
+and the TTFT p50 and p90. `versus_best` compares LPC's pair with the best other pair.
 
-Three differences, subject minus other, each with its percentile interval over
-`N_RESAMPLES` seeded resamples (`training.paired_bootstrap`, multinomial draws):
-- the hit ratio in either tier, in points: Σ hits / Σ prompt tokens over the resampled
-  conversations (requests of a conversation drawn k times count k times);
-- the TTFT p50 and p90, in seconds: the latency model's per-request TTFT, its weighted
-  percentile over the resample (the inverted-CDF percentile, which the point estimate,
-  numpy's interpolated percentile of the whole part, differs from by at most one request's
-  step).
-
-`versus_best` asks what the issue of tiered KV asks of LPC in both tiers: at each pair of
-sizes, is its either-tier hit ratio at least the best other pair's, and its TTFT p50 and p90
-below every other pair's. The best other pair is picked on the evaluation part itself (the
-largest of many noisy figures), so its interval is a little optimistic for the other pair:
-read a difference whose interval spans 0 as "not told apart", not as a tie won or lost.
+The figures and how to read them: docs/design.md, "The replay's intervals".
 """
 
 from __future__ import annotations

@@ -1,33 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """vLLM's own ARC policy for its CPU offload tier, transcribed so that the two-tier replay runs
-it without vLLM installed: the replay's CPU-tier policy `vllm-arc`
-(`lpc.replay.cache_policy_tier.CachePolicyTier`, called as vLLM's `CPUOffloadingManager` calls
-it).
+it without vLLM installed: the replay's CPU-tier policy `vllm-arc`.
 
-Source: vllm==0.33.0, `vllm/v1/kv_offload/cpu/policies/arc.py` (`ARCCachePolicy`), with what
-it takes from `vllm/v1/kv_offload/cpu/policies/base.py` (`order_request_keys`, and the
-`CachePolicy` hooks ARC inherits: `on_request_access`, `mark_evictable` and
-`mark_non_evictable`, which do nothing). Copyright contributors to the vLLM project; licensed
-under the Apache License, Version 2.0 (https://www.apache.org/licenses/LICENSE-2.0). The
-methods are vLLM's statement for statement. What differs: no vLLM base class and no
-`typing_extensions.override`; keys and chunks are typed `Any` (a chunk is whatever the manager
-allocates, read through `ref_cnt` and `is_ready`, as vLLM's `ChunkStatus`: `ref_cnt` is -1
-while its store is in flight, then the number of loads reading it; `is_ready` is
-`ref_cnt >= 0`); the request context is anything with `get_offload_key_position`. Nothing
-here decides differently from vLLM's class; `ReplayARCCachePolicy` only adds what the replay's
-tier reads (the resident keys, their number, the invariants). tests/lpc/test_vllm_arc_policy.py
-checks the contract; tests/integrations/test_two_tier_agreement_sample.py compares the methods
-with vLLM's source, and it and tests/vllm/test_two_tier_agreement.py the replay with the real
-manager running vLLM's `arc`, request by request.
+Source: vllm==0.33.0, `vllm/v1/kv_offload/cpu/policies/arc.py` (`ARCCachePolicy`). Copyright
+contributors to the vLLM project; licensed under the Apache License, Version 2.0
+(https://www.apache.org/licenses/LICENSE-2.0). The methods are vLLM's statement for
+statement; `ReplayARCCachePolicy` only adds what the replay's tier reads.
 
-This is not the replay's `arc` (eviction/arc.py, Megiddo and Modha's ARC, FAST'03), which
-adapts at every access of one key stream and moves a key to T2 on its second access. vLLM's
-ARC is request-scoped: T1 → T2 only when a request reuses a ready chunk (at the request's
-finish, or on `touch`), a chunk the request stored itself stays in T1; the target of T1 moves
-when a store misses a key held by a ghost list (`on_store_miss`), once per key and request;
-an eviction takes `n` chunks at once or none, skipping pinned (`ref_cnt != 0`) and protected
-ones, and each ghost list is cut to the capacity after it.
+What differs from vLLM's file, the checks, and how it differs from the replay's `arc`:
+docs/design.md, "vLLM's ARC, transcribed".
 """
 
 from __future__ import annotations
