@@ -13,14 +13,15 @@ those rows gives h_k(x) for every interval, and the student — an MLP of the se
 regresses its K logits onto the teacher's (`training.return_fit.train_hazard` with
 `teacher_logits`). Only the student is served: the numpy predictor stays in microseconds.
 
-The teacher's settings (`TEACHER`) were chosen among four on the Mooncake training part's
-validation slice at split 0.5 (docs/results.md); whether a distilled student is served at all
-is `training.return_fit`'s rule.
+The teacher's settings (`HAZARD_TEACHER_PARAMS`) were chosen among four on the Mooncake
+training part's validation slice at split 0.5 (docs/results.md); whether a distilled student
+is served at all is `training.return_fit`'s rule.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,14 +31,12 @@ from training.return_grid import interval_index
 LOGIT_CLIP = 1e-6  # teacher hazards are clipped to [1e-6, 1 − 1e-6] before the logit
 
 
-@dataclass(frozen=True)
-class TeacherSettings:
-    learning_rate: float = 0.05
-    max_iter: int = 400
-    min_samples_leaf: int = 40
-
-
-TEACHER = TeacherSettings()
+# scikit-learn's HistGradientBoostingClassifier settings of the teacher (the module docstring)
+HAZARD_TEACHER_PARAMS: dict[str, Any] = {
+    "learning_rate": 0.05,
+    "max_iter": 400,
+    "min_samples_leaf": 40,
+}
 
 
 @dataclass(frozen=True)
@@ -73,9 +72,14 @@ def person_period(part: ReturnPart, grid_s: np.ndarray) -> PersonPeriod:
 class HazardTeacher:
     """h_k(x) for every interval of a grid, from gradient-boosted trees on person periods."""
 
-    def __init__(self, grid_s: np.ndarray, settings: TeacherSettings = TEACHER, seed: int = 0):
+    def __init__(
+        self,
+        grid_s: np.ndarray,
+        params: dict[str, Any] = HAZARD_TEACHER_PARAMS,
+        seed: int = 0,
+    ):
         self.grid_s = np.asarray(grid_s, float)
-        self.settings = settings
+        self.params = params
         self.seed = seed
         self._model = None
 
@@ -88,13 +92,9 @@ class HazardTeacher:
                 "the hazard teacher needs returns and non-returns in its part; "
                 f"got {len(rows.label)} person-period rows of one label"
             )
-        s = self.settings
-        self._model = HistGradientBoostingClassifier(
-            learning_rate=s.learning_rate,
-            max_iter=s.max_iter,
-            min_samples_leaf=s.min_samples_leaf,
-            random_state=self.seed,
-        ).fit(rows.x, rows.label, sample_weight=rows.weight)
+        self._model = HistGradientBoostingClassifier(**self.params, random_state=self.seed).fit(
+            rows.x, rows.label, sample_weight=rows.weight
+        )
         return self
 
     @property

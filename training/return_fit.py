@@ -42,7 +42,7 @@ Training drops the constant; comparing grids keeps it (a density, comparable acr
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -52,7 +52,7 @@ from predictor.errors import InvalidInputError
 from predictor.return_curve import ReturnCurve, log_spaced_edges
 from predictor.return_time import ReturnInput, ReturnModelMetadata
 from training.return_data import ReturnPart, ReturnSamples, ReturnTargets
-from training.return_distil import TEACHER, HazardTeacher
+from training.return_distil import HAZARD_TEACHER_PARAMS, HazardTeacher
 from training.return_grid import IntervalIndex, interval_index
 from training.survival_metrics import kaplan_meier
 
@@ -440,7 +440,7 @@ def _distil_candidates(
     chosen = choose_candidate(students)
     return {
         "tried": True,
-        "teacher": asdict(TEACHER),
+        "teacher": dict(HAZARD_TEACHER_PARAMS),
         "teacher_iterations": teacher.iterations,
         "teacher_val_nll": teacher_val_nll,
         "students": students,

@@ -138,10 +138,12 @@ def test_the_small_trace_with_an_empty_validation_span_trains(tmp_path: Path) ->
     assert report["validation_slice"] == "releases"
     assert report["distillation"]["tried"] is True
     assert check_artifact(out).kind == KIND_RETURN
-    from training.return_distil import HazardTeacher, TeacherSettings
+    from training.return_distil import HAZARD_TEACHER_PARAMS, HazardTeacher
 
     _, samples = _gap_samples(tmp_path)
     fit = samples.parts["fit"]
     grid = np.array([0.0, 5.0, 60.0, 600.0])
-    teacher = HazardTeacher(grid, TeacherSettings(max_iter=3, min_samples_leaf=1)).fit(fit)
+    teacher = HazardTeacher(
+        grid, {**HAZARD_TEACHER_PARAMS, "max_iter": 3, "min_samples_leaf": 1}
+    ).fit(fit)
     assert teacher.logits(fit.features[:0]).shape == (0, 3)  # no rows, no logits, no error
