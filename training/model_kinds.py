@@ -26,6 +26,10 @@ from training.model_registry import ModelRegistry, RegistryLockedError
 from training.promotion import Decision
 
 PROMOTED, KEPT, SKIPPED, FAILED, LOCKED = "promoted", "kept", "skipped", "failed", "locked"
+# The job's promotion settings shared by every kind (`lpc retrain --min-eval-samples`,
+# `--keep-versions`): one value for every registry.
+DEFAULT_MIN_EVALUATION_SAMPLES = 200
+DEFAULT_KEEP_VERSIONS = 20
 
 Log = Callable[[str], None]
 

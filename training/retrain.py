@@ -50,14 +50,16 @@ from predictor.errors import InvalidInputError, UserError
 from training.conversation import Conversation
 from training.embedding_cache import EmbeddingCache, EmbedOptions
 from training.log_files import LogFile, LogSelection, discover_logs, select_logs
-from training.model_kinds import FAILED as FOLLOWER_FAILED
 from training.model_kinds import (
+    DEFAULT_KEEP_VERSIONS,
+    DEFAULT_MIN_EVALUATION_SAMPLES,
     FollowerKind,
     KindOutcome,
     clean_leftovers,
     publish_and_record,
     run_follower,
 )
+from training.model_kinds import FAILED as FOLLOWER_FAILED
 from training.model_registry import ModelRegistry, RegistryLockedError, now_iso
 from training.pipeline import TrainConfig, evaluate_artifact, train_predictor
 from training.promotion import Decision, decide
@@ -119,8 +121,8 @@ class RetrainConfig:
     mode: str | None = None
     metric: str = "roc_auc"
     tolerance: float = 0.005
-    min_evaluation_samples: int = 200
-    keep_versions: int = 20
+    min_evaluation_samples: int = DEFAULT_MIN_EVALUATION_SAMPLES  # for every model kind
+    keep_versions: int = DEFAULT_KEEP_VERSIONS  # in every registry
     force: bool = False
     notify_url: str | None = None
     notify_token: str | None = field(default=None, repr=False)
@@ -239,7 +241,14 @@ def run_retrain(
     `config.return_model`, fitted by `return_trainer`)."""
     started = time.perf_counter()
     if followers is None:
-        followers = [ReturnModelKind(config.return_model, return_trainer)]
+        followers = [
+            ReturnModelKind(
+                config.return_model,
+                return_trainer,
+                config.min_evaluation_samples,
+                config.keep_versions,
+            )
+        ]
     registry = ModelRegistry(config.registry_dir)
     try:
         with registry.lock():

@@ -35,12 +35,17 @@ import pandas as pd
 from predictor.errors import InvalidInputError, UserError
 from predictor.json_values import finite_or_none
 from predictor.return_time import ReturnModelMetadata, ReturnTimePredictor, save_return_model
+from training.model_kinds import (
+    DEFAULT_KEEP_VERSIONS,
+    DEFAULT_MIN_EVALUATION_SAMPLES,
+    KindOutcome,
+    run_follower,
+)
 from training.model_kinds import FAILED as FAILED  # the decisions, re-exported
 from training.model_kinds import KEPT as KEPT
 from training.model_kinds import LOCKED as LOCKED
 from training.model_kinds import PROMOTED as PROMOTED
 from training.model_kinds import SKIPPED as SKIPPED
-from training.model_kinds import KindOutcome, run_follower
 from training.model_registry import ModelRegistry, registry_record
 from training.promotion import Decision, decide
 from training.return_data import ReturnPart, return_samples
@@ -58,12 +63,12 @@ Log = Callable[[str], None]
 
 @dataclass(frozen=True)
 class ReturnRetrainConfig:
-    """Settings of the return half (`lpc retrain --return-*`)."""
+    """Settings of the return half of its own (`lpc retrain --return-*`); the evaluation
+    minimum and the versions kept are the job's, one value for both registries
+    (`RetrainConfig.min_evaluation_samples`, `keep_versions`)."""
 
     registry_dir: Path
     tolerance: float = DEFAULT_RETURN_TOLERANCE
-    min_evaluation_samples: int = 200
-    keep_versions: int = 20
     fit: ReturnFitConfig = field(default_factory=ReturnFitConfig)
 
     def __post_init__(self) -> None:
@@ -71,12 +76,6 @@ class ReturnRetrainConfig:
             raise InvalidInputError(
                 f"ReturnRetrainConfig.tolerance must be in [0, 1), got {self.tolerance!r}"
             )
-        for name in ("min_evaluation_samples", "keep_versions"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise InvalidInputError(
-                    f"ReturnRetrainConfig.{name} must be a positive integer, got {value!r}"
-                )
 
 
 @dataclass(frozen=True)
@@ -220,10 +219,13 @@ def score_current_return(
 class ReturnModelKind:
     """The return-time model as a plug-in of the daily job (`training.model_kinds`): trained
     on the split the access model hands on, judged by the integrated Brier score, published
-    to its own registry. `config` None: not asked for (--no-return-model)."""
+    to its own registry. `config` None: not asked for (--no-return-model);
+    `min_evaluation_samples` and `keep_versions`: the job's (`RetrainConfig`)."""
 
     config: ReturnRetrainConfig | None
     trainer: ReturnTrainer = train_return_candidate
+    min_evaluation_samples: int = DEFAULT_MIN_EVALUATION_SAMPLES
+    keep_versions: int = DEFAULT_KEEP_VERSIONS
     section: str = "return_model"
     name: str = "return model"
     describe: str = "the return-time model"
@@ -242,11 +244,6 @@ class ReturnModelKind:
     def tolerance(self) -> float:
         assert self.config is not None
         return self.config.tolerance
-
-    @property
-    def keep_versions(self) -> int:
-        assert self.config is not None
-        return self.config.keep_versions
 
     def skip_reason(self, handoff: ReturnContext | None) -> str | None:
         """Not asked for, or no split to train on (conversation logs: no request times)."""
@@ -271,7 +268,7 @@ class ReturnModelKind:
             candidate.current_metrics,
             self.config.tolerance,
             candidate.evaluation_samples,
-            self.config.min_evaluation_samples,
+            self.min_evaluation_samples,
             candidate.current_problem,
         )
 
@@ -294,7 +291,10 @@ def retrain_return_model(
     context: ReturnContext | None,
     log: Log,
     trainer: ReturnTrainer = train_return_candidate,
+    min_evaluation_samples: int = DEFAULT_MIN_EVALUATION_SAMPLES,
+    keep_versions: int = DEFAULT_KEEP_VERSIONS,
 ) -> KindOutcome:
     """The return model's turn in the daily job (`run_follower`: never raises), or why it is
     skipped (`ReturnModelKind.skip_reason`)."""
-    return run_follower(ReturnModelKind(config, trainer), context, log)
+    kind = ReturnModelKind(config, trainer, min_evaluation_samples, keep_versions)
+    return run_follower(kind, context, log)

@@ -222,8 +222,6 @@ def run(args: argparse.Namespace) -> int:
             return_model = ReturnRetrainConfig(
                 registry_dir=args.return_registry or default_return_registry_dir(registry),
                 tolerance=args.return_tolerance,
-                min_evaluation_samples=args.min_eval_samples,
-                keep_versions=args.keep_versions,
                 fit=ReturnFitConfig(
                     max_epochs=args.return_max_epochs, seed=args.seed, threads=args.threads or 1
                 ),

@@ -17,6 +17,7 @@ from tests.training.test_retrain_traces import HORIZON_S, HOURS_4_S, _no_embedde
 from tests.training.trace_logs import chats, write_mooncake
 from training import return_retrain
 from training.access_fit import AccessFitConfig
+from training.model_kinds import KindOutcome
 from training.model_registry import ModelRegistry
 from training.retrain import NO_NEW_DATA, PROMOTED, RetrainConfig, RetrainOutcome, run_retrain
 from training.return_fit import ReturnFitConfig
@@ -43,8 +44,13 @@ MIN_SAMPLES = 100
 
 
 def return_config(root: Path, **kwargs) -> ReturnRetrainConfig:
-    return ReturnRetrainConfig(
-        root / "returns", fit=QUICK_RETURN_FIT, min_evaluation_samples=MIN_SAMPLES, **kwargs
+    return ReturnRetrainConfig(root / "returns", fit=QUICK_RETURN_FIT, **kwargs)
+
+
+def retrain_returns(root: Path, context, trainer=train_return_candidate) -> KindOutcome:
+    """The return half alone, with the job's evaluation minimum of these tests."""
+    return retrain_return_model(
+        return_config(root), context, lambda m: None, trainer, min_evaluation_samples=MIN_SAMPLES
     )
 
 
@@ -178,7 +184,7 @@ def _score(model: ReturnTimePredictor, context) -> dict:
 
 
 def test_a_candidate_worse_by_more_than_the_tolerance_is_kept_out(logs: Path, context):
-    kept = retrain_return_model(return_config(logs), context, lambda m: None, _worse_by(5.0))
+    kept = retrain_returns(logs, context, _worse_by(5.0))
     assert (kept.decision, kept.current_version, kept.version) == (KEPT, "v0001", "v0002")
     assert kept.reason.startswith("worse: candidate IBS")
     new, old = kept.candidate_metrics["integrated_brier"], kept.current_metrics["integrated_brier"]
@@ -299,7 +305,7 @@ def test_a_write_killed_half_way_is_never_published(logs: Path, context, monkeyp
         raise OSError("No space left on device")
 
     monkeypatch.setattr(return_retrain, "save_return_model", half_written)
-    second = retrain_return_model(return_config(logs), context, lambda m: None)
+    second = retrain_returns(logs, context)
     assert second.decision == FAILED and "No space left on device" in second.reason
     store = returns(logs)
     assert store.versions() == ["v0001"] and store.current_version() == "v0001"
@@ -307,7 +313,7 @@ def test_a_write_killed_half_way_is_never_published(logs: Path, context, monkeyp
     assert [p.name for p in (logs / "returns").glob(".incoming-*")]  # the hidden leftover
 
     monkeypatch.undo()
-    third = retrain_return_model(return_config(logs), context, lambda m: None)
+    third = retrain_returns(logs, context)
     assert third.decision == PROMOTED
     assert not list((logs / "returns").glob(".incoming-*"))
     assert returns(logs).versions() == ["v0001", "v0002"]
