@@ -4,7 +4,7 @@ The one place that maps the block manager's events onto an object cache's (inser
 return, evict): queues hold every *resident* block, free or in use, and eviction steps over
 the blocks a request holds. Each subclass's docstring says what the paper's events then do.
 
-The mapping: docs/design.md, "Object-cache baselines" and "The events (`eviction/resident.py`)".
+The mapping: docs/design.md, "Object-cache baselines: S3-FIFO, SIEVE, ARC" and "The events".
 """
 
 from __future__ import annotations

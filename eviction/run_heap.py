@@ -6,8 +6,8 @@ handed out while a cached descendant in its chain stays. Policies subclass `RunH
 `PriorityEvictor`) so their hot paths touch these lists directly; the protected methods here
 are the heap's whole interface.
 
-The design and its bound: docs/design.md, "LPC's key" (with "Prefix closure") and "The run
-heap's bookkeeping".
+The design and its bound: docs/design.md, "LPC's key" (its **Prefix closure** paragraph) and
+"The run heap's bookkeeping".
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ category come from the replay's training part (`lpc.replay.fitted_policies.fit_w
 running mean age of the blocks the cache evicts.
 
 The model, the sources quoted and the block-manager events: docs/design.md, "KV-cache
-baselines" (**WA**) and "WA's source".
+baselines: WA, SAE, LHD, session-ref" (**WA**) and "WA's source".
 """
 
 from __future__ import annotations
