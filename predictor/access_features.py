@@ -1,43 +1,13 @@
 """The feature registry: every scalar input of every model, one record per feature.
 
-Each record names a feature, says when a real engine knows its value (`arrival`: when the
-request arrives; `scheduling`: when it is scheduled and its cache hit is known; `release`:
-when it finishes and frees its blocks, which is when LPC consumes the prediction) and how it
-is computed on each path that can feed it; a path whose computation a record lacks cannot use
-that feature, and asking for it there is an error that names it (`check_computable`):
+Each record names a feature, says when a real engine knows its value (`arrival`,
+`scheduling`, `release`) and how it is computed on each path that can feed it: `from_table`
+(training and the trace replay), `from_state` (the vLLM plugin), `from_sample` (training a text
+model), `from_window` (`lpc serve`); asking for a feature on a path that cannot compute it is an
+error that names it (`check_computable`). Adding a feature is one entry in `ACCESS_FEATURES` or
+`TEXT_FEATURES`; everything else reads `FEATURES_BY_NAME`.
 
-- `from_table(table)` (path "table"): training an access model, and the trace replay, on a
-  pandas frame with one row per request and the `REQUEST_COLUMNS` below; `feature_frame`
-  hands it the rows in completion order, and a row reads only earlier rows of its
-  conversation (groupby + shift), i.e. the requests that finished before it, never a later one;
-- `from_state(request, conversation)` (path "state"): the vLLM plugin and `lpc bench access`,
-  from the request's own `RequestState` and the `ConversationState` its earlier requests left
-  behind; an access model's RPC item carries these values by name (`rpc_schema`);
-- `from_sample(sample)` (path "sample"): training a text model, and the conversation replay,
-  from one user turn (`predictor.text_features.TextSample`);
-- `from_window(window)` (path "window"): `lpc serve`, from a text prediction request's
-  `ConversationWindow` (reading its optional `window_field`, e.g. `prompt_tokens`).
-
-Computations of one feature on different paths must agree number for number (tests check
-each pair). Values that span decades (token counts, seconds, characters) are log1p-scaled; an
-access artifact stores the mean and standard deviation each input is standardised with.
-Nothing here reads an artefact only a data set has (a segment cut, a label, a later request):
-a feature must be computable by an engine at the time its record names. Adding a feature is
-one entry in `ACCESS_FEATURES` or `TEXT_FEATURES`; training, the artifact checks, the RPC
-schema, the replays, the plugin and the CLI help all read `FEATURES_BY_NAME`.
-
-The prefix a request shares with its conversation's previous request (`shared_prefix_tokens`)
-is the engine-side definition of "reusable prefix": the actual cache hit depends on the policy
-and the cache size (so in a replay it would differ per policy), while the longest common
-prefix of this prompt with the previous request's prompt and output is known at arrival from
-the two token sequences alone, and is the most any policy could have hit from that request.
-
-"Previous" and "so far" mean the conversation's requests that finished before this one: an
-engine learns a request when it releases its blocks, and the prediction is used at this
-request's release. For a conversation whose turns follow one another that is every request
-that arrived before this one, known at its arrival (the `known_at` the records state); a turn
-that arrives while its predecessor still runs (a branch, a retry) counts the predecessor only
-if it finished first, and so sees, by its release, what the engine has seen by then.
+The paths, "previous" and the shared prefix: docs/design.md, "The feature registry".
 """
 
 from __future__ import annotations

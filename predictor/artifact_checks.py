@@ -1,17 +1,11 @@
 """The checks every model artifact passes before anything predicts with it, in one place.
 
-Three kinds of artifact ship in `models/` (a text predictor, an access model, a return-time
-model) and four places load them: the replay (`lpc ab`), the vLLM plugin, the prediction
-server and `lpc models check`. Each loader calls the checks below for the fields its kind
-has, so the places agree: an artifact one refuses, all refuse, with the same one line naming
-the file and the field. The checks catch what a sha256 cannot (it only proves the weights are
-the ones recorded): NaN or infinite statistics and weights, a zero or negative standard
-deviation (a division by zero at load), a return grid that does not start at 0 and increase
-(NaN compares False, so `diff <= 0` lets a NaN through), and semantics this code does not
-implement (`time_origin`, `known_at`).
+Each of the four places that load an artifact (the replay, the vLLM plugin, the prediction
+server, `lpc models check`) calls the checks below for the fields its kind has, so an artifact
+one refuses, all refuse, with the same one line naming the file and the field. The checks
+import nothing of the project's, so every loader can import them.
 
-The checks import nothing of the project's, so every loader can import them
-(`predictor.artifact_kinds` tells an artifact's kind and loads it with that kind's loader).
+What they catch that a sha256 cannot: docs/design.md, "Artifact checks".
 """
 
 from __future__ import annotations

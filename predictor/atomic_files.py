@@ -1,16 +1,11 @@
 """Writing results and artifacts so that a failure never leaves a truncated file behind.
 
-Every writer of results or artifacts goes through here. A file is written to a hidden
-temporary sibling, synced, then renamed over its name, so a reader finds the old file, the
-new one or none, never half of one; a folder of files (an artifact) is staged the same way
-and renamed into place in one step. A write that fails (a full disk, a read-only folder)
-removes its temporary and raises `OutputWriteError`, one line naming the file: the CLI shows
-it as such, after printing the figures it could not save.
-
-`check_output_folder` is the pre-flight of every command that writes into a folder: it runs
-before the long work, so a read-only folder or a full disk fails in a second, not after an
-hour of replay. It lives in `predictor` (rank 0, standard library only) so that `training`
-and every `lpc` package can use the one implementation.
+Every writer of results or artifacts goes through here: a file (or an artifact's folder) is
+written to a hidden temporary sibling, synced, then renamed into place; a failed write removes
+its temporary and raises `OutputWriteError`, one line naming the file. `check_output_folder`
+is the pre-flight of every command that writes into a folder. It lives in `predictor` (rank 0,
+standard library only) so that `training` and every `lpc` package can use the one
+implementation. docs/design.md, "Atomic files".
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """Dynamic micro-batching: many small concurrent requests, one embedding call per batch.
 
-Requests wait in a FIFO of bounded size (counted in windows, not requests). A batch closes
-when it holds `max_batch` windows or when the oldest waiting request has waited `max_wait_s`;
-it runs on one worker thread while the event loop keeps accepting and queueing requests, and
-whatever queued meanwhile forms the next batch. So with `max_wait_s=0` (the server's default)
-a lone request is dispatched at once, with no added latency, and batches still form under
-load; a positive wait trades latency for fuller batches (worth it on a GPU, hardly on a CPU). A
-request that does not fit in the queue is refused at once (`QueueFullError` → HTTP 503): under
-overload, callers get a fast "no" and fall back to their default probability, and memory stays
-bounded. A large request may be split over consecutive batches; its answer is assembled in
-order.
+Requests wait in a bounded FIFO; a batch closes at `max_batch` windows or when the oldest
+request has waited `max_wait_s`, and runs on one worker thread while the event loop keeps
+queueing. A request that does not fit, by windows or by the expected model time ahead of it
+(`max_expected_wait_s`), is refused at once (`QueueFullError` → HTTP 503). The predicting
+function is looked up per batch, so a model swap never mixes two models in one batch.
 
-Admission by work: a bound in windows does not bound the wait, since one window may cost
-fifty times another (a 512-token window against a ten-token first turn). So the caller may
-give each window its cost in tokens (the embedder's input, `predictor.rpc_admission`); the
-batcher learns seconds per token from the batches it runs (a moving average, and never less
-than the batch running now has already taken), and refuses a request (`QueueFullError`, at
-once) when the estimated model time ahead of it plus its own exceeds `max_expected_wait_s`.
-Without costs, every window costs 1 and the rule counts windows.
-
-The function that predicts is looked up for every batch, so a model swapped in between
-batches takes effect atomically: no batch mixes two models.
+Why, and admission by work: docs/design.md, "Micro-batching and admission".
 """
 
 from __future__ import annotations

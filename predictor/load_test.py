@@ -1,16 +1,11 @@
 """Closed-loop load against a running prediction server, with every answer checked.
 
 Each of `clients` threads sends a request, waits for the answer, and sends the next, until
-`duration_s` has passed (or `max_requests` were sent). A request carries `items_per_request`
-windows, or, with `max_items_per_request`, a number drawn uniformly from that range (seeded
-per client, so runs repeat): mixed request sizes, the load admission by work is for.
+`duration_s` has passed (or `max_requests` were sent); request sizes may be mixed. Every
+request ends in exactly one outcome (right, mismatched, 503, another status, a transport
+failure); the acceptance is zero lost, zero mismatched, and a healthy server afterwards.
 
-Every request ends in exactly one outcome: 200 with the expected probabilities, 200 with
-wrong ones (mismatched), 503 (overloaded, the documented answer past the queue bound; the
-client backs off briefly, as a caller that falls back and asks again on its next request
-would), another status (a 504 among them), or a transport failure. "Lost" requests are those
-with no answer at all; the acceptance is zero lost, zero mismatched, and a healthy server
-afterwards.
+The outcomes and the request sizes: docs/design.md, "The load test".
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """When a conversation comes back: a survival curve, and the question an evictor asks of it.
 
-A "returns within H" label cannot tell a late return from an ending; a cache of any size asks
-instead "given that this conversation has been silent for a seconds, how likely is its next
-request within the next W seconds", where W is how long this cache will still hold its blocks.
-Both the learned return-time model and the baselines (Kaplan–Meier per turn, the true return
-times of a trace) answer through one record, a `ReturnCurve`: the survival function
-S(t) = P(no next request by t after the release) on increasing grid points, with S(0) = 1;
-the share that never returns is what S keeps at the last point (P(T > t_K) ≥ P(never)).
+A `ReturnCurve` is the survival function S(t) = P(no next request by t after the release) on
+increasing grid points, S(0) = 1; the learned return-time model and the baselines all answer
+through it. An evictor asks P(return within W | silent for a) = (S(a) − S(a + W)) / S(a).
+Pure numpy, microseconds.
 
-    P(return within W | silent for a) = (S(a) − S(a + W)) / S(a)
-
-Between grid points S is interpolated linearly in log time (the grid is log-spaced, and the
-hazard of returning is roughly constant per log-second). Beyond the last point the data say
-nothing; a curve says what it assumes there with its `tail_exponent` β:
-S(t) = S(t_K) · (t / t_K)^(−β). β = 0 (the default) keeps S at its last value, nothing more
-returns; `continued_hazard_exponent` continues the last interval's hazard per log-second, as the
-interpolation inside the grid does. Pure numpy, microseconds.
+Why this question, the interpolation and the tail: docs/design.md, "Return curves".
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """`ReturnTimePredictor`: access features in, a `ReturnCurve` per release out, in microseconds.
 
-The model is a discrete-time hazard over a log-spaced grid 0 = t_0 < t_1 < … < t_K: a small
-ReLU MLP (or a linear map) gives one logit per interval (t_{k-1}, t_k], the hazard
-h_k = sigmoid(logit_k) is the chance of the next request arriving in that interval given
-none before it, and S(t_k) = ∏_{j<=k} (1 − h_j). What S keeps at t_K is the share that does
-not return within the grid, "never" included: the data cannot tell a return after t_K from
-none, and the evictor's windows are far shorter. `ReturnCurve` interpolates between the grid
-points (linearly in log time), the same interpolation the training likelihood uses; beyond
-the last point it keeps S flat, or, with `tail="log-linear"`, continues the last interval's
-hazard per log-second (`TAILS`), for caches that hold blocks longer than the grid reaches.
+The model is a discrete-time hazard over a log-spaced grid: a small ReLU MLP (or a linear
+map) gives one logit per interval, and S(t_k) = ∏_{j<=k} (1 − h_j). An artifact may hold
+several members side by side as one wider network, whose curves are averaged. The artifact is
+`metadata.json` and `model.safetensors` (numpy-readable; no torch needed).
 
-An artifact may hold several such networks (`members`, trained from different seeds) side
-by side as one wider network (the first layer's outputs stacked, later layers
-block-diagonal), whose last layer gives each member's K logits in turn; the served curve is
-the members' average S, itself a survival curve (a mixture), so it stays one `ReturnCurve`.
-
-The artifact is a folder of `metadata.json` (what it predicts, the grid, the features with
-the mean and standard deviation each is standardised with, the layer sizes, the weights'
-sha256, the training report) and `model.safetensors` (numpy-readable; no torch needed).
+The hazard, the members and the artifact: docs/design.md, "The return-time model".
 """
 
 from __future__ import annotations

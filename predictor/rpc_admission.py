@@ -1,22 +1,11 @@
 """The work a prediction request brings: the tokens the embedder will be fed for each window.
 
-The server admits a request only when the model time queued ahead of it, plus its own, fits
-in a bound (batching.py). Counting that work in windows misjudges it badly: a first-turn
-window of a few words is ~10 tokens, a window of five long prompts is the whole 512-token
-budget, and a transformer's time grows with the tokens it is fed. So the batcher learns
-seconds per token, and each window is charged the tokens its embedder input will hold,
-computed here the way `features.WindowTextBuilder` composes that input, without building it:
+The batcher admits a request by the model time queued ahead of it, learnt in seconds per
+token; each window is charged the tokens its embedder input will hold, computed here the way
+`features.WindowTextBuilder` composes that input, without building it. Errors lean towards
+charging more, never less.
 
-- joined windows (the paper's encoding): the prefix and special tokens, plus each of the last
-  N+1 prompts cut to its share of the content budget (`share_policy="even"`: an equal share
-  per slot; `"redistribute"`: the content budget as a whole);
-- `prompt_mean` windows: each prompt is embedded alone, so each pays the overhead and its
-  share (cached prompts cost nothing at all: the estimate is an upper bound there).
-
-Only prompts short enough to matter are tokenized: a prompt longer than its share times
-`MAX_CHARS_PER_TOKEN` characters is charged its full share unread (an upper bound on what it
-can cost), so one request costs at most its items × N+1 × that many characters of tokenizing,
-a small fraction of embedding them. Errors lean towards charging more, never less.
+Why tokens and how they are estimated: docs/design.md, "Micro-batching and admission".
 """
 
 from __future__ import annotations

@@ -1,42 +1,12 @@
 """The prediction RPC's JSON shapes and the limits that bound one request.
 
-Request (`POST /v1/predict`):
+`POST /v1/predict` takes `{"items": [...]}` and answers `{"probabilities": [...]}`, one per
+item, in order: a text model's items carry `user_prompts`, `turn_count` and optionally
+`prompt_tokens`; an access-only model's carry `access_features` by name. Validation is strict
+and every size is bounded, so a caller's bug surfaces as a 422 naming the field and item.
 
-    {"items": [{"conversation_id": "c1", "user_prompts": ["older", "current"],
-                "turn_count": 7, "prompt_tokens": 1532}, ...]}
-
-Response: `{"probabilities": [0.83, ...]}`, one probability per item, in order.
-
-`prompt_tokens` (optional, an int >= 0) is the request's prompt size in the serving engine's
-tokens (`ConversationWindow.prompt_tokens`, vLLM's `num_prompt_tokens`: the prompt alone, not
-the prompt + output that training's `request_tokens` counts). Which optional fields a text
-model needs follows from the features it reads: the feature registry
-(`predictor.access_features`) names the window field each feature's window computation reads
-(`log_prompt_tokens` reads `prompt_tokens`); the server answers 422 for an item without a
-field its model needs, and any other model ignores the field.
-
-An access-only model (`predictor.access_predictor`) reads no text: each of its items carries
-the values of the access features the model reads (names in `/healthz`'s
-`model.access_features`), raw, before standardisation, exactly as
-`predictor.access_features.feature_row(names, request, conversation)` computes them from the
-engine's request and conversation state (every name must be a registered feature an engine
-computes, `access_feature_names`):
-
-    {"items": [{"conversation_id": "c1",
-                "access_features": {"log_turn": 1.0986, "log_prompt_tokens": 7.3, ...}}, ...]}
-
-Every feature the model reads must be given and no other (422 naming the item and feature);
-a value must be a number finite in float32, the arithmetic the model computes in (a 422 at the
-feature for NaN, an infinity, or |value| > 3.4e38), and one so far from the training data
-that its standardised value or a layer's output overflows float32 is a 422 at the feature
-too (`out_of_range_details`: the model has no probability for such an item); an item of the
-other kind than the model in service (`access_features` for a text model,
-`user_prompts` for an access model) is a 422 that says which kind the model takes.
-
-Validation is strict (no "7" for 7, no 7.0, no true) so a caller's bug surfaces as a 422 that
-says which field of which item is wrong, instead of a silently coerced prediction. Every size
-is bounded: items per request, prompts per item, characters per prompt, id length, and the
-body itself and its JSON nesting depth (both checked before parsing).
+The shapes and the rules: docs/design.md, "The prediction RPC's shapes"; docs/predictor.md,
+"`POST /v1/predict`".
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """`lpc serve`: the batched prediction RPC beside inference (FastAPI + uvicorn).
 
 Endpoints: `POST /v1/predict`, `POST /v1/reload`, `GET /healthz`, `GET /metrics`. See
-docs/predictor.md for the JSON, the status codes and the metric names.
+docs/predictor.md for the JSON, the status codes and the metric names. The app is assembled
+here from parts with one job each: settings (server_config.py), the model in service
+(server_model.py), endpoints as routers (server_routes.py), reading a bounded JSON body
+(server_body.py), refusals as exception classes with one handler (server_errors.py), and
+request metrics as middleware (server_middleware.py).
 
-Why it is shaped this way:
-- The inference engine asks once per user request and must never wait on us, so every
-  request is answered quickly: a probability, or an explicit refusal (503 overloaded, 422
-  invalid) the client turns into its fallback probability.
-- Requests from several inference instances are micro-batched (batching.py): one embedding
-  call per batch is what makes CPU serving affordable. A request is admitted by the work it
-  brings (its windows' tokens, rpc_admission.py), so overload is a 503 at once, not a timeout.
-- A retraining job promotes a new artifact without a restart (server_model.py).
-- An access-only model (no embedder) is served from the same endpoints: its items carry
-  access feature values (rpc_schema.py) and each request is one small forward pass.
-- Binds 127.0.0.1 unless told otherwise; a bearer token can be required for /v1/*.
-
-The app is assembled here from parts with one job each: settings (server_config.py), the
-model in service (server_model.py), endpoints as routers (server_routes.py), reading a
-bounded JSON body (server_body.py), refusals as exception classes with one handler
-(server_errors.py), and request metrics as middleware (server_middleware.py).
+Why it is shaped this way: docs/design.md, "The prediction server".
 """
 
 from __future__ import annotations

@@ -1,29 +1,8 @@
 """Prometheus metrics of the prediction server, in a registry owned by one app instance.
 
 A per-app `CollectorRegistry` (not the process-global default) keeps two servers in one
-process (tests) from sharing counters. Names, all prefixed `lpc_predictor_`:
-
-- `requests_total{endpoint,status}`       HTTP requests by endpoint and status code
-- `error_responses_total{endpoint,status,status_class}`  every 4xx/5xx answer, whoever gave
-                                          it (auth, body reader, endpoint, an unhandled
-                                          exception, routing): `endpoint` is predict,
-                                          reload, healthz, metrics or unmatched;
-                                          `status_class` 4xx or 5xx
-- `request_latency_seconds{endpoint}`     histogram, arrival to response
-- `batch_size`                            histogram of windows per model batch
-- `batch_latency_seconds`                 histogram of model time per batch
-- `queue_depth`                           gauge, windows waiting for a batch
-- `predictions_total`                     windows answered
-- `errors_total{kind}`                    overloaded, invalid, unauthorized, timeout,
-                                          prediction_failed, reload_failed, body_too_large,
-                                          forbidden, shutting_down, internal (an unhandled
-                                          exception)
-- `expected_wait_seconds`                 gauge, the estimated wait of a request arriving
-                                          now (what admission bounds; 0 before measured)
-- `model_info{embedder_id,weights_sha256,artifact,kind}`  gauge = 1 for the model being
-                                          served; `kind` text or access (access-only,
-                                          `embedder_id` none)
-- `reloads_total{outcome}`                model swaps (ok / failed)
+process (tests) from sharing counters. Names are all prefixed `lpc_predictor_`; every name, its
+type and its labels: docs/predictor.md, "`GET /healthz`, `GET /metrics`".
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Samples for access-feature training: horizon labels with censoring, split by time.
 
 Label: "the conversation's next request arrives within `horizon_s` of this one's completion".
-A cache needs exactly that, not "the conversation ever continues": a block is worth keeping
-only while the cache could still hold it, and LRU at the default Mooncake sizes evicts a
-released block 49–510 s after its release (`lpc.replay.eviction_age`; docs/results.md), so a return
-an hour later finds it gone whatever the policy.
+A request without a next request whose horizon runs past the end of the data it is labelled
+from is censored: dropped, never labelled 0. Each part is labelled only from what it holds.
 
-Censoring: a request without a next request whose horizon runs past the end of the data it
-is labelled from cannot be called "ended" — it is dropped (never labelled 0). Each part is
-labelled only from what it holds: the training part's labels end at the cut (a deployment
-trains on yesterday's logs, which end), the validation slice (the training part's last
-`validation_fraction` by time) and the fitting slice likewise end at their own cuts, and the
-evaluation part's labels use the whole data. The horizon must therefore be well below the span
-of each part, or censoring leaves no negatives: with a 1-hour trace split in half, a 30-minute
-horizon drops every evaluation request that has no next one, and only positives remain.
+Why a horizon, and how each part's labels end: docs/design.md, "Horizon labels and
+censoring".
 """
 
 from __future__ import annotations

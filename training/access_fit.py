@@ -1,34 +1,12 @@
 """Train the access-only continuation model and judge it against two references.
 
-The model is an average of small ReLU MLPs (default four of 3×48) over standardised access
-features, each trained with BCE and Adam from its own seed. Its training targets are, by
-default, not the 0/1 labels but the probabilities that gradient-boosted trees like the
-reference below (twice as many trees) give the same rows they are fitted on (distillation,
-`AccessFitConfig.teacher_share`): on ~2–5k noisy rows the trees' smoothed probabilities are an
-easier target than the labels, and on Mooncake the MLP that mimics them beats the
-label-trained MLP by up to 0.008 AUC and is level with the reference trees (above them on the
-shortest training part; docs/results.md "Real traffic"), while the
-artifact stays a numpy MLP (a tree ensemble is not served). Each member first trains on the
-fitting slice, keeping the epoch with the lowest validation loss against the validation slice's
-*labels* (the validation slice is later in time than every fitting row, never shuffled across
-the cut); then, by default, it is trained again from scratch on the whole training part
-(fitting slice + validation slice, with the trees refitted on it as teacher) for that many
-epochs, so the served model has seen the most recent traffic too. The members' logits are
-averaged, which is exactly one wider MLP whose weights are block-diagonal (`merge_members`):
-the artifact and the numpy predictor stay those of a plain MLP. On the Mooncake trace the
-average of four is steadier across seeds and splits than any single member (docs/results.md).
-Unweighted BCE keeps the probabilities calibrated (against soft targets: as calibrated as the
-teacher, whose own loss is log loss): LPC's key logit(p) + scale·t mixes p with time, and the
-fallback p of a request without a prediction must be on the same scale.
+The model is an average of small ReLU MLPs over standardised access features, by default
+distilled from gradient-boosted trees, early-stopped on the validation slice and refitted on
+the whole training part; the members merge into one wider MLP, so the artifact and the numpy
+predictor stay those of a plain MLP. The references are a turns-only rate table and
+scikit-learn's HistGradientBoostingClassifier, on the same features and rows.
 
-References on the same features and rows, scored on the evaluation part with the same
-scikit-learn metrics: a turns-only rate table (the paper's LPC_turns, fitted on horizon
-labels) and scikit-learn's HistGradientBoostingClassifier (shallow trees, chosen by its
-validation AUC; refitted on the whole training part like the MLP). The MLP stays the served
-model unless the gradient-boosted reference beats its evaluation AUC by more than
-`GBM_PREFERRED_MARGIN_AUC` (then the report says so; serving a tree ensemble is not built).
-Both are also scored on the validation slice as trained on the fitting slice alone
-(`metrics["validation"]`): the figure to compare variants on without looking at evaluation.
+The recipe and why each step: docs/design.md, "The access model's recipe".
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
 """Window embeddings computed once and kept on disk, shared by training and the A/B harness.
 
 Embedding is the only expensive step of training (the embedder is frozen), so every vector is
-computed once per embedder and reused across epochs, runs, data sets and the A/B harness.
+computed once per embedder and reused across epochs, runs, data sets and the A/B harness. The
+cache is keyed by the embedder id, the feature configuration and the text itself, checked
+against probe texts when opened, and written in atomic, resumable chunks.
 
-Layout, under `<root>/v1/<embedder namespace>/`:
-- `namespace.json`: the embedder id, the vector size and the vectors of fixed probe texts.
-- `vectors/shard-*.arrow`: Arrow IPC files of (`text_key`, `vector`): the embedding of the
-  exact text the embedder was fed (`text_key` = first 16 bytes of its SHA-256).
-- `texts/<feature fingerprint>/part-*.arrow`: (`window_key`, `text_key`): which text a
-  window's prompts become under one feature configuration (`window_key` hashes the prompts).
-
-With `window_encoding="prompt_mean"` the unit is a single prompt (indexed as a one-prompt
-window) and a window's vector is the re-normalised mean of its prompts' vectors, as the
-predictor serves it. So a cached vector is keyed by the embedder id, the feature configuration
-and the data itself (a window's prompts); a data set's fingerprint
-(`training.samples.samples_fingerprint`) names the rows of one training set. Keying vectors
-by text means two feature configurations that give a window the same text share its vector
-(most short windows under `even` and `redistribute`).
-
-Never stale: the namespace is derived from the embedder id, and when a namespace is opened
-with an embedder, the probe texts are embedded again and compared with the stored vectors; an
-embedder that changed behind the same id (new weights in the same folder, another prefix)
-retires the whole namespace (renamed aside, never read again).
-
-Resumable and atomic: work proceeds in chunks of windows; each chunk's text index and vectors
-are written to temporary files, fsynced and renamed into place. A killed job loses at most the
-chunk in flight, and a reader never sees a half-written shard. Concurrent writers are harmless
-(a duplicate vector is ignored on read).
+The layout and its guarantees: docs/design.md, "The embedding cache".
 """
 
 from __future__ import annotations

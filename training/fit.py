@@ -1,19 +1,11 @@
 """How the text model's MLP is trained: class-weighted BCE, Adam, the lowest validation loss.
 
-The paper's recipe: Adam, learning rate 5e-4, at most 20 epochs, keep the weights with the
-lowest validation loss. We stop early once the validation loss has not improved for
-`patience` epochs (the best weights are kept either way). The loop is the one the access and
-return models train with (`training.loop`); runs are seeded and deterministic on CPU: one seed,
-one model, bit for bit.
+The paper's recipe (Adam, learning rate 5e-4, at most 20 epochs, the weights with the lowest
+validation loss), with early stopping after `patience` epochs, through the loop the access and
+return models train with (`training.loop`); seeded and deterministic on CPU. `accelerator`
+picks the one device the fit runs on: `cpu`, `gpu` (or `cuda`), or `auto`.
 
-The loss is binary cross-entropy on logits with per-class weights: in chat data most turns are
-followed by another one (≈ 71 % in ShareGPT), and without up-weighting the minority class the
-MLP drifts towards "always continues". Weights `n / (2 · n_class)` make both classes count
-equally; the order of the outputs — all the evictor uses — is unaffected by the resulting
-shift of the probabilities (see `training.metrics.prior_shift`).
-
-`accelerator` picks the one device the fit runs on: `cpu`, `gpu` (or `cuda`), or `auto` (a GPU
-when there is one). A 3×128 MLP on a few million rows trains in minutes on one device.
+Why class weights: docs/design.md, "The text model's fit".
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Which logged conversations the daily job trains on: new files plus a window of older ones.
 
-Logs are files in one folder (searched recursively), in any format the loaders read (`.json`,
-`.jsonl`, `.ndjson`, `.parquet`: ShareGPT, LMSys, Chatbot-Arena, OpenAI messages), or trace
-files (`.jsonl`, `.jsonl.gz`: Mooncake, Bailian, the project's JSONL;
-`lpc.access.log_retrain`). A file's date is the first `YYYY-MM-DD` or `YYYYMMDD` in its name
-(e.g. `chats-2025-06-01.jsonl`, `20250601/part-0.parquet` counts the folder name too), else its
-modification time. The job remembers which files (path, size, modification time) it has trained
-on; a file it has not seen, or one that changed since, is *new*. Each run trains on every new
-file plus every file dated within the last `window_days` days, so the model follows the traffic
-and forgets what is old.
+Logs are files in one folder (searched recursively), conversation logs or trace files. The job
+remembers which files it has trained on; each run trains on every new or changed file plus
+every file dated within the last `window_days` days, so the model follows the traffic and
+forgets what is old.
 
-A conversation can span two files (a chat continued the next day); the newest file's copy
-wins, as it has the most turns. Log only conversations that have ended: the last turn of a
-chat still going on would be labelled "does not continue".
+Formats, dates and conversations spanning files: docs/design.md, "Which logs a run reads".
 """
 
 from __future__ import annotations

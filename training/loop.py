@@ -1,22 +1,11 @@
 """The one minibatch training loop of the text, access and return models.
 
 Each model brings its network, its loss on a batch of row numbers and, when early stopping,
-its validation loss; the loop is the same for all three: an epoch is one pass over the rows in
-an order drawn from a seeded generator, each batch a zero_grad / backward / Adam step. With a
-validation loss it keeps the state of the epoch with the lowest one (a later epoch must be
-lower by more than `min_improvement` to count) and stops after `patience` epochs
-without such an improvement, or at once when the loss is not finite (a diverged network does
-not come back); that state is loaded back at the end. Without one it trains exactly `epochs`
-epochs (the refits on a whole training part, for the epoch count early stopping chose).
+its validation loss; the loop runs the epochs, keeps the state of the best epoch and loads it
+back. The order of the rows has two seeded forms (`permuted_batches`, `loader_batches`), each
+kept because the shipped models were trained with it.
 
-The order of the rows has two forms, both seeded, each kept because the shipped models were
-trained with it and a seed must keep giving them bit for bit:
-
-- `permuted_batches` (access and return models): one `randperm` per epoch, cut into batches.
-- `loader_batches` (the text model): a shuffling torch `DataLoader`, whose passes draw more
-  from the generator than the permutation alone (a seed per pass first); `loader_pass` is its
-  unshuffled counterpart for validation, whose passes each draw one number from torch's
-  global generator, which moves the dropout masks of the epochs after it.
+The loop and the two orders: docs/design.md, "The training loop".
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """A versioned model registry: numbered artifact folders and an atomically switched `current`.
 
-Layout of a registry folder:
-- `v0001/`, `v0002/`, …: predictor artifacts (`predictor.artifact`), never modified once
-  published. Each records in its metadata (`notes.registry`) how it came to be and, for the
-  daily job, the promotion decision and why.
-- `current`: a symbolic link to the version in service (relative, e.g. `current -> v0002`).
-  Readers (`lpc serve --artifact <registry>/current`, `lpc ab --model …`) follow it when they
-  load, so repointing it is how a model is promoted.
-- `history.jsonl`: one JSON line per training run or decision, oldest first.
-- `state.json`: what the daily job needs to remember (the newest log it has trained on).
-- `.lock`: held (flock) by a daily job while it runs.
+Versions (`v0001/`, …) are never modified once published; `current` is a relative symbolic
+link to the version in service, so repointing it is how a model is promoted; `history.jsonl`,
+`state.json` and `.lock` hold the runs, the job's memory and its lock. Every write is atomic:
+a process killed at any point leaves the previous `current` intact.
 
-Atomicity, so that nothing half-written can ever be loaded: an artifact is written into a
-hidden staging folder (`.incoming-*`, itself written atomically by `save_artifact`) and
-renamed to its version name in one step; `current`, `history.jsonl` and `state.json` are
-replaced by renaming a complete temporary file over them. A process killed at any point leaves
-the previous `current` intact and at worst a hidden staging folder, removed by the next run.
+The layout and how each write is made atomic: docs/design.md, "The model registry".
 """
 
 from __future__ import annotations

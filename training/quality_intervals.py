@@ -1,24 +1,12 @@
 """95 % intervals for the return-time quality table: a paired bootstrap over conversations.
 
-`training.return_quality` scores a source once; a figure without its interval cannot say
-whether the hazard model and a baseline differ. A conversation's releases share its history,
-so conversations, not releases, are resampled (with replacement, seeded); every source is
-scored on the same resamples, so differences between sources (model − Kaplan–Meier, model −
-classifier) get paired intervals. The censoring distribution G comes from the training part
-and is not resampled: only the scored part is.
+Every source is scored on the same resamples of conversations, so differences between sources
+get paired intervals; the censoring distribution G comes from the training part and is not
+resampled. Every metric is a weighted one, equal to the metric of the resampled rows written
+out, and Harrell's C runs in O(n log n) vector operations per bootstrap.
 
-A resample is a weight per release (how often its conversation was drawn,
-`training.paired_bootstrap`), and every metric is a weighted one, equal to the metric of the
-resampled rows written out (tested):
-- Brier at t and the integrated Brier score are means of a per-release loss;
-- the IPCW AUC at t sums, per case, the weight of the controls below its risk: the controls'
-  weights summed in risk order and read at each case's rank, all resamples at once;
-- Harrell's C sums, per observed release, the weight of the releases with a later time and
-  a lower risk: releases taken latest first into a Fenwick tree over the risk ranks whose
-  entries are vectors (one value per resample), so a bootstrap costs O(n log n) vector
-  operations, not the O(n²) of the pairs.
-Percentile intervals at 2.5 % and 97.5 %; a resample where a figure is undefined (no
-comparable pair, one class left) is left out of that figure's interval.
+The weighted metrics: docs/design.md, "Statistics: paired intervals" and "The return-time
+quality intervals".
 """
 
 from __future__ import annotations

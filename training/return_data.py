@@ -1,20 +1,11 @@
 """Samples for the return-time model: time to the next request, censored at the data's end.
 
-The duration is measured as the 180-s classifier's label measures it (`horizon_labels`):
-from this request's completion (its release, when the prediction is used) to the arrival of
-the conversation's next request, 0 when that one arrived before this one finished (a branch
-or a retry). A request with no next request seen is censored, never "ended": its duration is
-the time from its completion to the end of the data it is labelled from, and all it says is
-that no return came by then. Each part is labelled from its own data, as the classifier's:
-the fitting slice up to the validation cut, the validation slice up to the training part's
-end, the whole training part (for the refit) up to that end, the evaluation part up to the
-trace's last arrival. Features are the classifier's, from the same `feature_frame`.
+The duration runs from this request's completion to the arrival of the conversation's next
+request, as the 180-s classifier's label measures it; a request with no next request seen is
+censored at the end of the data it is labelled from. Features are the classifier's, from the
+same `feature_frame`.
 
-The validation slice is the training part's last `validation_fraction` of its span, as the
-classifier's; when that span holds no release (a small trace, or a gap in the traffic), it is
-the training part's last `validation_fraction` of its releases instead (at least one), cut
-where their arrivals change (`validation_slice`), so that the choices still have rows to be
-made on. Both rules read the training part only.
+Each part's labels and the validation slice: docs/design.md, "Return-time samples".
 """
 
 from __future__ import annotations

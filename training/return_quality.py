@@ -1,17 +1,10 @@
 """The quality table of a return-time source on a scored part: C, integrated Brier, AUC(t).
 
-Fixed before any evaluation part was read:
-- **concordance**: Harrell's C with the risk 1 − S(180 s) (the chance of a return within the
-  classifier's horizon, so a survival model and the 180-s classifier rank by the same
-  question; a median is no use here, since most curves never fall below 0.5);
-- **integrated Brier score**: IPCW (censoring distribution G by Kaplan–Meier on the
-  training part), trapezoid over `IBS_GRID_S`: 5 s to 600 s, the first model grid point to
-  the replay's memory window, every 5 s;
-- **AUC at 60 / 180 / 600 s**: cumulative/dynamic, IPCW with the same G, risk 1 − S(t);
-- **Brier at 60 / 180 / 600 s**, the points the integral runs through.
-A source that answers only at one horizon (the 180-s classifier: p = P(return within
-180 s), i.e. S(180 s) = 1 − p) gets C, AUC and Brier at 180 s, and nothing else: mapping
-one probability to a whole curve would be a model of its own.
+Harrell's C with the risk 1 − S(180 s), the IPCW integrated Brier score over `IBS_GRID_S`, and
+AUC and Brier at 60 / 180 / 600 s, all fixed before any evaluation part was read; a source
+that answers only at one horizon gets only that horizon's figures.
+
+The table's definitions: docs/design.md, "The return-time quality table".
 """
 
 from __future__ import annotations

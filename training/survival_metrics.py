@@ -1,22 +1,10 @@
 """Scoring return-time predictions on censored data: Kaplan–Meier, Harrell's C, IPCW Brier, AUC.
 
-Every metric takes durations `time_s` (the return, or the censoring time) and `observed`
-(True: the next request came at `time_s`; False: the data ended first, nothing is known
-after). A censored row is never counted as an ending: it is a control only while its
-censoring time lies beyond the horizon asked about, and it carries no weight after it.
+Every metric takes durations `time_s` and `observed`; a censored row is never counted as an
+ending. Pure numpy; `tests/training/test_survival_metrics.py` checks each against
+hand-computed cases.
 
-- `kaplan_meier`: S(t) as a step function, for the per-turn baseline and for the censoring
-  distribution G(t) = P(C > t) (the same estimator with the indicator flipped).
-- `concordance_index`: Harrell's C: among pairs where one row's return is observed before
-  the other's time, the share where that row got the higher risk (ties in risk count half).
-- `brier_score` / `integrated_brier_score`: Graf et al.'s IPCW Brier score at t, a row that
-  returned by t weighted 1/G(T), a row still silent at t weighted 1/G(t); integrated with the
-  trapezoid rule over a time grid and divided by its length.
-- `cumulative_dynamic_auc`: the cumulative/dynamic time-dependent AUC at t (Uno et al.'s
-  IPCW form, as scikit-survival computes it): cases returned by t (weighted 1/G(T)),
-  controls still silent after t.
-
-Pure numpy; `tests/training/test_survival_metrics.py` checks each against hand-computed cases.
+Each metric's definition: docs/design.md, "Survival metrics".
 """
 
 from __future__ import annotations

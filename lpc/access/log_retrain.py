@@ -1,35 +1,15 @@
 """The daily job on trace files: an access-only candidate, judged on a time-ordered split.
 
-`lpc retrain --logs DIR` hands the files it selected here when they are trace files —
-recognised by content (`lpc.traces.files`): Mooncake, Bailian or the project's JSONL, the
-serving plugin's request logs included. They hold no text, so the candidate is an access-only
-model, as `lpc train --trace` trains it. The files are read as one trace
-(`load_trace_files` says how each format's files combine).
+`lpc retrain --logs DIR` hands the files it selected here when they are trace files
+(`lpc.traces.files`: Mooncake, Bailian or the project's JSONL, the serving plugin's request
+logs included), read as one trace (`load_trace_files`). They hold no text, so the candidate is
+an access-only model, as `lpc train --trace` trains it, fitted before a time-ordered cut (the
+newest UTC day, else the last half; `split_at` overrides both) and judged with the current
+model after it. The candidate carries its split on (`ReturnContext`), so the job's
+return-time model (`training.return_retrain`) trains and is judged on the same parts.
 
-The time-ordered split (never shuffled across the cut): when the trace's times are absolute
-UTC times (epoch seconds: request logs, project JSONL stamped with `time.time()`) and span two
-UTC days or more, the newest UTC day is the evaluation part, so yesterday's model is judged on
-today's traffic. Otherwise (Mooncake's ms from the trace's start, Bailian's relative seconds,
-or a single day), the evaluation part is the trace's last half in time (`split_in_time` at
-0.5, as `lpc train --trace` and `lpc ab`). `split_at` overrides both, with `lpc train
---trace`'s meaning (a fraction of the span below 1, else seconds after the first arrival).
-Without `split_at`, an evaluation part holding fewer requests than `--min-eval-samples` is
-refused, saying so: one request stamped days ahead would make the newest day a day of one
-request (or, on relative times, move the half-way cut past the rest of the data), and stretch
-the training part over the empty days between (its validation slice then holds nothing). With
-`split_at`, a validation slice left empty is refused as `lpc train --trace` refuses it
-(`check_validation_slice`: the gap and the request after it).
-
-Labels: the conversation's next request within the horizon of this one's completion. A request
-without a next one whose horizon runs past the end of the data it is labelled from is
-censored: dropped and counted (`samples.<part>.censored`), never labelled "ended". The
-current model is scored on the candidate's evaluation samples; one these samples cannot feed
-(a text model, or an access feature the trace lacks) is reported as unusable, which promotes
-the candidate with that reason (`training.retrain.decide`).
-
-The candidate carries its split on (`ReturnContext`: the request table, features, cut and
-validation share), so the job's return-time model (`training.return_retrain`) trains on the
-same training part and is judged on the same evaluation part.
+The split, its refusals, the labels and the judgement: docs/training.md, "6. Registry and the
+daily job" (**Trace files.**).
 """
 
 from __future__ import annotations

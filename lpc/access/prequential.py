@@ -1,15 +1,13 @@
 """Prequential evaluation on a trace: train before t, replay [t, t + Δ), roll t.
 
-One cut of a trace is one draw. Here every window is a deployment of its own: the access
-classifier and the return-time model are trained on the requests arriving before t (the
-shipped recipes and validation rules, nothing re-tuned), the cache is warmed by replaying
-everything before t, and hit ratios count the requests arriving in [t, t + Δ) only (the replay
-stops at t + Δ: `ABOptions.replay_until_s`). Model quality is scored on the same window's
-releases (`lpc.access.window_quality`). The protocol and the grid are in docs/results.md
-("Prequential windows").
-
-Trained models are kept under the output folder (`models/t<seconds>/access`, `…/return`) and
-reused when present, so a rerun replays without retraining.
+Every window is a deployment of its own: the access classifier and the return-time model are
+trained on the requests arriving before t (the shipped recipes and validation rules, nothing
+re-tuned), the cache is warmed by replaying everything before t, and hit ratios count the
+requests arriving in [t, t + Δ) only (`ABOptions.replay_until_s`). Model quality is scored on
+the same window's releases (`lpc.access.window_quality`). Trained models are kept under the
+output folder (`models/t<seconds>/access`, `…/return`) and reused when present, so a rerun
+replays without retraining. The protocol and the grid: docs/results.md ("Prequential
+windows").
 """
 
 from __future__ import annotations

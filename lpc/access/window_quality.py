@@ -4,13 +4,11 @@ The trainers (`lpc.access.training`, `lpc.access.return_training`) score the who
 their cut; a prequential window asks how the models trained before t do on the next Δ only.
 The window's rows are scored exactly as the evaluation part's are, with targets seen from the
 whole trace (a return after t + Δ is still a return): the classifier's ROC-AUC at its horizon
-on the rows whose label is known (a row whose horizon runs past the trace's end with no next
-request is dropped, `training.access_data.horizon_labels`), the hazard model's C, integrated
-Brier score and AUC at 60 / 180 / 600 s with IPCW from the window's training part
+on the rows whose label is known (`training.access_data.horizon_labels`), the hazard model's
+C, integrated Brier score and AUC at 60 / 180 / 600 s with IPCW from the window's training part
 (`training.return_quality`). Every figure carries a 95 % bootstrap interval over the window's
-conversations: a conversation's releases share its history, so conversations, not rows, are
-resampled (`training.quality_intervals` for the hazard model and Kaplan–Meier, the same draws
-for both).
+conversations (`training.quality_intervals` for the hazard model and Kaplan–Meier, the same
+draws for both). Why conversations: docs/design.md, "Statistics: paired intervals".
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """Block hash ids → the token sequences the block manager replays, without materialising them.
 
-A trace gives each prompt as block ids (equal id = equal content of that block). Each id is
-expanded into `trace_block_size` synthetic tokens: the block with dense id d holds tokens
-d·B, d·B + 1, …, d·B + B − 1 (B the trace's block size; ids are renumbered densely in order
-of first appearance). Distinct blocks therefore never share a token, equal ids share all of
-theirs, and any replay block size b that divides B sees exactly the prefix sharing the ids
-state: b-token blocks inside a shared B-token block are shared, nothing else is. A prompt's
-last block is partial (only `input_length mod B` of its tokens). Output tokens follow the
-prompt and are unique to their request (numbered after every prompt token) — unless the ids
-cover the output too (`covers_output`: a request log's `sequence_hash_ids`, where the engine
-hashed the reply's blocks, which the next turn's prompt repeats); then every token comes from
-its block's id alike.
-
-`SyntheticTokens` is a lazy `Sequence[int]`: it stores the ids, not the ~145M tokens of a real
-trace. `synthetic_block_hashes` computes each request's chain of block hashes with the block
-manager's own `BlockHasher` over those tokens, hashing each (parent, block id) once for the
-whole trace — the same hashes as `BlockHasher.hash_sequence(list(tokens))` (a test checks).
+Each id is expanded into `trace_block_size` synthetic tokens of its dense id, so equal ids
+share all their tokens and different ids none (docs/traces.md, "From block ids to tokens").
+When the ids cover the output too (`covers_output`: a request log's `sequence_hash_ids`, where
+the engine hashed the reply's blocks, which the next turn's prompt repeats), every token comes
+from its block's id alike; otherwise output tokens are unique to their request. `SyntheticTokens`
+is a lazy `Sequence[int]` holding the ids; `synthetic_block_hashes` hashes each (parent, block
+id) once for the whole trace with the block manager's own `BlockHasher`, the same hashes as
+`BlockHasher.hash_sequence(list(tokens))` (a test checks).
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """Several trace files read as one trace: the daily job's folder of logs.
 
-A file is a trace file by its content (its first line: Mooncake, Bailian or the project's
-JSON lines; gzip or plain by the magic bytes), not by its name. One folder holds one format.
-How files of that format are combined:
-
-- `lpc` (the project's JSONL, the serving plugin's request logs included): merged by time, as
-  `load_trace` reads a folder (`arrival_s` of every file is on one clock).
-- `mooncake`: concatenated in the given (date) order and linked by prefix as one trace; the
-  files must share one clock (ms from one start), so each file's first timestamp must not be
-  before the previous file's last one. A file that restarts the clock is another trace.
-- `bailian`: concatenated and sorted by `timestamp`, so a `parent_chat_id` in an earlier file
-  joins its conversation; `chat_id`s are unique across the files.
-
-Every error names the file and line it was found in, never a temporary copy.
-
-The project's JSONL can also be read with its files parsed apart (`map_files`: one call per
-file, e.g. a Ray task each, `lpc.fleet.fanout.RayMapper`): each file's lines are read and
-checked on their own (`parse_lpc_file`, the bulk of the work), then the driver merges them in
-the order `read_trace` merges a folder's (by time; equal times by the files' given order,
-then arrival order and line) and links the conversations over the whole trace, so a
-conversation spanning files is one conversation and the requests equal the serial read's.
+A file is a trace file by its content (its first line: Mooncake, Bailian or the project's JSON
+lines; gzip or plain by the magic bytes), not by its name; one folder holds one format, and
+every error names the file and line it was found in, never a temporary copy. How each format's
+files combine: docs/training.md, "6. Registry and the daily job" (*Files of one format are
+read as one trace*). The project's JSONL can also be read with its files parsed apart
+(`map_files`, `parse_lpc_file`: one call per file, e.g. a Ray task each), giving the serial
+read's requests: docs/design.md, "The fleet" (**The daily job on a fleet's logs**).
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Conversations inferred from shared prefixes, for traces that carry no conversation ids.
 
-The rule (docs/traces.md, "Prefix linkage (Mooncake)"), for requests in arrival order whose
-block ids are prefix hashes (equal id at a position = equal prompt up to the end of that block):
-
-1. A block is *shared* when its fan-out — the number of distinct ids that follow it across
-   the whole trace, counting "the prompt ends here" as one — is at least `shared_fanout`.
-   A system prompt or a document many users paste is followed by many different prompts;
-   a conversation's own history is followed by its next turns (fan-out 1 to 3).
-2. A request's candidate parent is an earlier request with which it shares the longest
-   prefix: its deepest block that an earlier request also holds. Ties (several earlier
-   requests hold that block) go to the most recent one.
-3. It links to that parent only when that deepest shared block is not shared (rule 1);
-   otherwise, or when no block is shared at all, it starts a new conversation.
-4. A linked request joins its parent's conversation with turn index parent's + 1. Several
-   later requests may link to one parent (an edited or regenerated turn): all join the
-   conversation as branches of the same turn.
+For requests in arrival order whose block ids are prefix hashes: a block is *shared* when its
+fan-out is at least `shared_fanout`; a request links to the most recent earlier request holding
+its deepest block any earlier request holds, unless that block is shared, and joins its
+conversation with turn index parent's + 1 (several later requests may link to one parent, as
+branches of the same turn). The rule and why: docs/traces.md, "Prefix linkage (Mooncake)".
 """
 
 from __future__ import annotations

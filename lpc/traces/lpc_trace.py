@@ -1,32 +1,13 @@
 """Request traces as JSON lines: the format `lpc ab --trace` replays and `--export-trace` writes.
 
-One request per line (an optional first line is a header, `{"format": "lpc-trace", ...}`):
+One request per line, an optional first line a header (`{"format": "lpc-trace", ...}`); a
+request carries its conversation, arrival and completion times and its prompt in one of the
+token, chat-message or block-hash forms (`hash_ids`, or a request log's `sequence_hash_ids`).
+Real serving logs are the intended input (`lpc.integrations.request_log` writes them: a folder
+of files, read here merged by time); generated workloads export the same format. Files may be
+gzip-compressed; a cut last line (a log still being written) is skipped and counted.
 
-    conversation_id   str, required
-    arrival_s         number >= 0, required
-    completion_s      number >= arrival_s, required
-    prompt_token_ids  [int >= 0], and output_token_ids [int >= 0]      } one of three
-    messages          [{"role", "content"}] ending with the user turn, } forms; messages are
-    output            the assistant's reply text                       } tokenised on reading
-    hash_ids          [int >= 0] one per block of the header's `hash_block_size` prompt
-                      tokens, with input_length and output_length (the block-hash form of
-                      imported production traces; expanded by `lpc.traces.expand`)
-    sequence_hash_ids the same over prompt and output tokens (a request log's form)
-    conversation_id   may be left out in the block-hash forms: inferred by prefix linkage
-    cached_tokens     int, optional: the engine's prefix-cache hit (a request log)
-    arrival_order     int, optional: breaks ties of equal arrival_s within a file
-    probability_source, request_type   str, optional (a request log)
-    request_id        str, optional (default "<conversation_id>#<turn_index>")
-    turn_index        int >= 0, optional (default: order of arrival within the conversation)
-    has_next_turn     bool, optional (default: a later request of the conversation exists)
-    user_prompts      [str], optional: the recent user prompts, current last (for predictors)
-    cache_salt        str or null, optional;  lora_id  str, int or null, optional
-    probability       number in [0, 1] or null, optional: a prediction logged by the server
-
-Real serving logs are the intended input (`lpc.integrations.request_log` writes them: a
-folder of files, read here merged by time); generated workloads export the same format, so
-any trace can be replayed by anyone with the same numbers. Files may be gzip-compressed; a cut
-last line (a log still being written) is skipped and counted.
+Every field: docs/traces.md, "The `lpc` format".
 """
 
 from __future__ import annotations

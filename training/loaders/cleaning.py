@@ -1,23 +1,11 @@
 """The cleaning rules every loader applies, so all formats come out in one shape.
 
 A cleaned conversation is: at most one system message, first; then user and assistant
-messages alternating, starting with a user message. The rules, applied in this order:
+messages alternating, starting with a user message. Roles are mapped by `ROLE_MAP`, empty
+messages dropped, misplaced system and assistant messages dropped, consecutive messages of one
+role merged; text is otherwise kept exactly as found. Every change is counted.
 
-1. Roles are mapped case-insensitively by `ROLE_MAP`; a message with any other role is dropped
-   and counted under its raw name (`unknown_roles`).
-2. Messages whose text is empty or only whitespace are dropped (`empty_messages_dropped`).
-3. Before the first user message, system messages are kept and assistant messages dropped
-   (`leading_assistant_messages_dropped`): a reply to a prompt we do not have is no request.
-   After it, system messages are dropped (`late_system_messages_dropped`): serving templates
-   put the system prompt first, and the data sets we read have none later.
-4. Consecutive messages of the same role are merged into one, their texts joined with
-   `MESSAGE_JOIN_SEPARATOR` (`same_role_messages_merged` counts the messages appended).
-
-Text is otherwise kept exactly as found (no stripping): it is what the model would see, except
-that a lone UTF-16 surrogate (a JSON `\\ud83d` escape without its pair, which is no character)
-becomes U+FFFD (`lone_surrogates_replaced`). An id is never rewritten: one holding a lone
-surrogate makes its record an `invalid_id` skip (`record_id`), since a replaced id could merge
-with another.
+The rules in order, and lone surrogates: docs/design.md, "Cleaning conversations".
 """
 
 from __future__ import annotations
