@@ -4,14 +4,10 @@
 Each is a `ModelKind` plug-in with its own registry: it trains a candidate and scores its
 current model beside it (`train`), decides (`decide`), and writes a version (`publish`).
 What follows a decision is the same for every kind, so it lives here once
-(`publish_and_record`): every candidate is published as a version recording its decision
-and why, promoted or not, a history line is appended and old versions are pruned.
+(`publish_and_record`). The first kind is the run's; every later kind is a follower
+(`run_follower`) that never raises.
 
-The first kind of the list (the access or text model) is the run's: its decision is the
-exit status and its failure fails the run. Every later kind is a follower
-(`run_follower`): it trains on what the first one handed on (the split), under its own
-registry's lock, and never raises, so its failure changes neither the first kind's result
-nor its own current model; its outcome is a section of the run's outcome (`KindOutcome`).
+Leader and followers: docs/design.md, "The daily job".
 """
 
 from __future__ import annotations

@@ -1,37 +1,12 @@
 """The daily retraining job: select logs, train a candidate, judge it, promote or keep.
 
-One run, under the registry's lock:
-1. remove what a killed run left behind (hidden staging folders);
-2. pick the logs (`training.log_files`): new files since the last run + a window of older
-   ones; without new files there is nothing to learn and the run ends (`no_new_data`);
-3. train a candidate on the training half of those conversations (`train_predictor`);
-4. score the candidate *and the current model* on the same held-out samples (the evaluation
-   half of the same logs, through the embedding cache);
-5. promote the candidate only if it is not worse than the current model by more than
-   `tolerance` on `metric` (ROC-AUC by default: the evictor only uses the order of the
-   probabilities); either way publish it as a new version that records the decision and why;
-6. tell a running `lpc serve` to reload (`notify_url`), which swaps models between batches.
+One run, under the registry's lock: clean up, pick the logs (`training.log_files`), train a
+candidate, score it and the current model on the same held-out samples, promote it unless it
+is worse by more than `tolerance`, publish it either way, and tell a running `lpc serve` to
+reload. Models are plug-ins (`training.model_kinds`); trace files are a `LogTrainer`'s, injected
+by the caller (`lpc.access.log_retrain`). Outcome statuses map to exit codes (`EXIT_CODES`).
 
-Models are plug-ins (`training.model_kinds.ModelKind`: train a candidate and score the
-current model, decide, publish to its registry); steps 5 and 6's bookkeeping is theirs in
-common (`publish_and_record`). The first kind is the access or text model
-(`AccessModelKind`); its decision is the exit code. Trace files: when the selected files are
-request traces (no text: Mooncake, Bailian, the project's JSONL, the serving engine's request
-logs), steps 3 and 4 are a `LogTrainer`'s, injected by the caller (`lpc.access.log_retrain`):
-an access-only candidate fitted on the trace's earlier part and judged, with the current
-model, on its later part (a time-ordered split); the decision, publishing and reload are the
-same. Then each follower kind runs on the split the first one handed on, under its own
-registry's lock (`run_follower`): by default the return-time model
-(`training.return_retrain.ReturnModelKind`), whose outcome is the `return_model` section; a
-follower's failure changes neither the access result nor its own current model. The files
-are recorded as trained on (`state.json`) only after every kind decided on them, so a
-follower that failed, or a run killed during it, leaves them new for the next run.
-Conversation logs carry no request times: the return-time model is skipped, saying so.
-
-Outcome statuses map to exit codes (`EXIT_CODES`), so cron and systemd can tell a promotion
-from a kept model, a run with nothing to do, a run blocked by another one, log files that
-cannot be read (bad input: the reason names the file and line; nothing is written but the
-history line) and a failure.
+The steps, the followers and the exit codes: docs/design.md, "The daily job".
 """
 
 from __future__ import annotations

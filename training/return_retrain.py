@@ -1,24 +1,12 @@
 """The daily job's return-time model kind: retrain the hazard model, judge it, promote or keep.
 
-When `lpc retrain` trains on trace files, the access candidate's split is handed on here
-(`ReturnContext`: the same request table, features, cut and validation share), so the
-return-time candidate learns from exactly the access candidate's training part and is
-scored on the same evaluation part. Its own choices (grid, architecture, epochs, ensemble)
-follow `training.return_fit`'s validation rule, unchanged.
+It trains on the access candidate's split (`ReturnContext`), follows `training.return_fit`'s
+validation rule, and promotes the candidate unless its integrated Brier score is higher than
+the current model's by more than `tolerance`. `ReturnModelKind` is the plug-in
+(`training.model_kinds`), run as a follower that never raises; its registry is a
+`ModelRegistry` of its own.
 
-Judgement: the candidate and the return registry's current model are scored on the same
-evaluation releases (`training.return_quality.curve_quality`, IPCW with the censoring
-distribution of the training part, as `lpc train-return`). The integrated Brier score (5 to
-600 s) decides — lower is better, and it judges the whole curve an evictor reads, not one
-horizon — with a `tolerance`: the candidate is promoted unless its IBS is higher than the
-current one's by more than that. Concordance is reported beside it. No current model, or one
-that does not load or that these requests cannot feed: promote, saying why.
-
-The return registry is a `ModelRegistry` of its own (versions, `current`, history, lock,
-atomic writes), checked with the return model's loader. `ReturnModelKind` is the plug-in
-(`training.model_kinds`): the job runs it as a follower, after the access model is recorded,
-and it never raises: a failure is reported in its outcome (`failed`) and can neither change
-the access model's result nor the current return model.
+The judgement and the follower's rules: docs/design.md, "The daily job".
 """
 
 from __future__ import annotations
