@@ -1,21 +1,12 @@
 """A gradient-boosted teacher for the return-time hazard, whose logits a small MLP learns.
 
-The hazard MLP trained on the likelihood alone trails the 180-s classifier, whose recipe
-distils gradient-boosted trees into MLPs (docs/results.md, "When a conversation returns").
-The same recipe fits a discrete-time hazard: the classic person-period form turns each
-release into one row per grid interval it was at risk in — the release's features plus the
-interval's log end time — labelled 1 in the interval its return fell in, 0 before; a release
-censored inside interval k (or returning beyond the grid) is a 0 in interval k weighted by
-the log-time share w of it that was observed (1 beyond the grid): w·log(1 − h_k), the first
-order of the served likelihood's censored term log(1 − w·h_k) (`training.return_fit`), whose
-interpolation gives that share the same w. scikit-learn's `HistGradientBoostingClassifier` on
-those rows gives h_k(x) for every interval, and the student — an MLP of the served kind —
-regresses its K logits onto the teacher's (`training.return_fit.train_hazard` with
-`teacher_logits`). Only the student is served: the numpy predictor stays in microseconds.
+The 180-s classifier's recipe (distil gradient-boosted trees into MLPs) applied to a
+discrete-time hazard: scikit-learn's `HistGradientBoostingClassifier` on person-period rows
+gives h_k(x) for every interval, and the student — an MLP of the served kind — regresses its K
+logits onto the teacher's. Only the student is served: the numpy predictor stays in
+microseconds. Whether a distilled student is served at all is `training.return_fit`'s rule.
 
-The teacher's settings (`HAZARD_TEACHER_PARAMS`) were chosen among four on the Mooncake
-training part's validation slice at split 0.5 (docs/results.md); whether a distilled student
-is served at all is `training.return_fit`'s rule.
+The person-period rows and the teacher's settings: docs/design.md, "The return-time fit".
 """
 
 from __future__ import annotations

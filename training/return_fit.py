@@ -1,42 +1,13 @@
 """Fit the return-time model (a discrete-time hazard) and its Kaplan–Meier-per-turn baseline.
 
-Every choice is made on the training part by a rule fixed before the evaluation part is read
-(docs/results.md, "When a conversation returns"):
+Every choice — the grid, the architecture, the epochs, an ensemble, a distilled student — is
+made on the training part by a validation log-likelihood rule fixed before the evaluation part
+is read (docs/results.md, "When a conversation returns"). Data the hazard cannot be learnt
+from is refused before any fit (`check_learnable`), and a fit whose served weights come out
+non-finite is refused too. The likelihood is censoring-aware and matches the curve the
+predictor serves.
 
-- **The grid** (`training_grid`): first point 5 s (returns sooner than that are all "at
-  once" to a cache whose windows are tens of seconds or more); last point half the training
-  part's span, rounded down to whole minutes (a row released in the training part's first half
-  is under observation that long, so at least half the rows can inform the last interval; the
-  fitting slice alone still sees 70 % of that); the number of points, of `GRID_COUNTS`, with
-  the best validation log-likelihood.
-- **The architecture**, of `HIDDEN_CANDIDATES` (a linear map, one or two ReLU layers), by
-  the same validation log-likelihood; a more complex one must beat a simpler one by more than
-  `SIMPLER_MARGIN_NATS` per row.
-- **The epochs**: early stopping on the validation slice's negative log-likelihood; the model
-  served is then trained from scratch on the whole training part for that many epochs.
-- **An ensemble**: `ENSEMBLE_MEMBERS` networks of the chosen kind from consecutive seeds,
-  each early-stopped on its own, their curves averaged (a mixture of survival curves, whose
-  likelihood is the members' average); served instead of the single network only when its
-  validation log-likelihood is better by more than `SIMPLER_MARGIN_NATS` per row.
-- **A distilled student** (`training.return_distil`; `ReturnFitConfig.distil`): networks of
-  every `HIDDEN_CANDIDATES` kind on the chosen grid, regressing their logits onto a
-  gradient-boosted hazard teacher's, chosen among themselves as above; served instead of the
-  likelihood-trained model (single or ensemble) only when its validation log-likelihood is
-  better by more than `SIMPLER_MARGIN_NATS` per row. A part the teacher cannot learn from
-  (one label only) skips this step, said in the report.
-
-Data the hazard cannot be learnt from is refused before any fit, in one line that says what is
-missing (`check_learnable`): a slice without releases, no return inside the grid in the fitting
-slice (a single class: every release censored), or features that are not finite numbers. A
-fit whose served weights come out non-finite is refused too; nothing is returned to be saved.
-
-The likelihood is censoring-aware and matches the curve the predictor serves: with S(t)
-interpolated between grid points as `ReturnCurve` does, a return observed at t in interval k
-has density (S(t_{k-1}) − S(t_k)) / (t ln(t_k / t_{k-1})) (the first interval, linear in t:
-(1 − S(t_1)) / t_1), so its log-likelihood is log P(interval k) plus a term of t and the grid
-alone; a row censored at c contributes log S(c), the interpolated survival; a return later
-than the last grid point, where the model lumps "later" with "never", contributes log S(t_K).
-Training drops the constant; comparing grids keeps it (a density, comparable across grids).
+The rules and the likelihood: docs/design.md, "The return-time fit".
 """
 
 from __future__ import annotations
