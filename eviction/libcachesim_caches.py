@@ -76,7 +76,7 @@ def _candidate_offset(cache_class: str) -> int:
 class _CandidateSlot:
     """Restores a libCacheSim cache's `to_evict_candidate` to the pointer its `init`
     allocated, so that the cache's `free` frees that pointer and not one into its
-    parameters (module docstring)."""
+    parameters (docs/design.md, "LRB and 3L-Cache through libCacheSim")."""
 
     def __init__(self, raw: object, offset: int) -> None:
         self._raw: object | None = raw

@@ -235,7 +235,7 @@ def pooled_score(scores: Sequence[float], pooling: str) -> float:
     protected claim's score (above 1) wins either way. Claims scoring 0 are left out of the
     product and one claim left is its own score, so that blocks whose pooled chances are
     equal get equal keys (1 − (1 − p) need not be p in floating point) and ties break by
-    depth and age as the module says."""
+    depth and age (docs/design.md, "The return-time evictor")."""
     best = max(scores)
     if pooling == "max" or best > 1.0:
         return best

@@ -221,7 +221,7 @@ class SAEEvictor(FreeFlags, Evictor):
             session_of[block_id] = session_id
             s.keys[block_id] = None
             if block_hash is not None:
-                # current before the residency changes (see the module's docstring)
+                # current before the residency changes (docs/design.md, "SAE's source")
                 entry = ghost.get(block_hash)
                 if entry is not None and entry[1] != decays:
                     entry = self._ghost_current(block_hash)

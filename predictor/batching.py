@@ -75,7 +75,8 @@ class MicroBatcher:
         """`predict()` returns the function to use for the next batch (see module doc).
 
         `max_expected_wait_s`: also refuse a request when the work ahead of it and its own
-        would take longer than this at the measured speed (see the module doc), so a caller
+        would take longer than this at the measured speed (docs/design.md, "Micro-batching and
+        admission"), so a caller
         gets a fast 503 instead of a late timeout when the model is slower than the queue
         bound assumes (a shared CPU, long windows)."""
         if max_batch < 1:

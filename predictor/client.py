@@ -117,7 +117,8 @@ class PredictorClient:
             self.stats.last_error = message
 
     def predict(self, items: Sequence[Item]) -> list[float] | None:
-        """One probability per item, in order, or None (see the module doc for items)."""
+        """One probability per item, in order, or None (the items: docs/design.md, "The
+        prediction client")."""
         with self._lock:
             self.stats.calls += 1
         size = self.max_items_per_request

@@ -274,7 +274,7 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 class EmbeddingCache:
-    """The cached embeddings of one embedder (see the module docstring).
+    """The cached embeddings of one embedder (docs/design.md, "The embedding cache").
 
     Open with `EmbeddingCache.open(root, embedder_id, dim, embedder_factory)`; the embedder is
     only loaded (through the factory) when texts must be built or vectors computed, or when

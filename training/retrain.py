@@ -209,7 +209,7 @@ def run_retrain(
     return_trainer: ReturnTrainer = train_return_candidate,
     followers: list[FollowerKind] | None = None,
 ) -> RetrainOutcome:
-    """One daily run (see the module docstring). Never raises for expected failures: the
+    """One daily run (docs/design.md, "The daily job"). Never raises for expected failures: the
     outcome's status says what happened. `token_counter`: for token finish features;
     log_trainer: trains on trace files when the selected files are ones; followers: the
     model kinds retrained after the access or text model (default: the return-time model,
@@ -348,7 +348,7 @@ def _run_locked(
     log_trainer: LogTrainer | None,
     followers: list[FollowerKind],
 ) -> RetrainOutcome:
-    """The run's stages, in order (see the module docstring). A `BadLogsError` or any other
+    """The run's stages, in order (docs/design.md, "The daily job"). A `BadLogsError` or any other
     exception of the first kind propagates to `run_retrain`, which records it. Each follower
     kind runs once the first kind is recorded and reported, and never raises."""
     logs = _pick_logs(config, registry, now, log)

@@ -22,7 +22,8 @@ from training.return_grid import interval_index
 LOGIT_CLIP = 1e-6  # teacher hazards are clipped to [1e-6, 1 − 1e-6] before the logit
 
 
-# scikit-learn's HistGradientBoostingClassifier settings of the teacher (the module docstring)
+# scikit-learn's HistGradientBoostingClassifier settings of the teacher (docs/design.md,
+# "The return-time fit")
 HAZARD_TEACHER_PARAMS: dict[str, Any] = {
     "learning_rate": 0.05,
     "max_iter": 400,

@@ -223,7 +223,8 @@ def shared_prefix(
 ) -> int:
     """Longest common prefix of the previous request's tokens and the first `prompt_tokens`
     of `prompt` (this request's tokens; 0 if either is unknown): `shared_prefix_tokens`'s
-    value, found from the block hashes and one block of tokens (module docstring)."""
+    value, found from the block hashes and one block of tokens (docs/design.md, "The conversation
+    table")."""
     if previous is None or prompt is None:
         return 0
     n = min(previous.num_tokens, prompt_tokens, len(prompt))

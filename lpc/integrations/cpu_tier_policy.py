@@ -42,8 +42,9 @@ CACHE_POLICY_EVICTORS = {
 }
 HORIZON_KEY = "lpc_horizon_s"  # in kv_connector_extra_config
 HINT_CONVERSATION_KEYS = ("lpc_conversation_id", "conversation_id")  # in a kv_hints payload
-# The longest a run of one request's consecutive inserts shares its first insert's release (the
-# module says why); one `prepare_store` loop takes microseconds per chunk.
+# The longest a run of one request's consecutive inserts shares its first insert's release
+# (docs/design.md, "The CPU tier's policies", says why); one `prepare_store` loop takes
+# microseconds per chunk.
 MAX_INSERT_RUN_S = 0.5
 
 
@@ -182,7 +183,8 @@ def tier_trust(runtime: PluginRuntime | None) -> HintTrust:
 
 def tier_horizon_s(runtime: PluginRuntime | None) -> float:
     """The CPU tier's label horizon: `lpc_horizon_s` of the connector's extra config, else the
-    access model's, else the default (the module says why)."""
+    access model's, else the default (docs/design.md, "The CPU tier's
+    policies", says why)."""
     if runtime is not None:
         raw = runtime.kv_connector_extra_config.get(HORIZON_KEY)
         if raw is not None:

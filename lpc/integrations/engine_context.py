@@ -43,7 +43,7 @@ def rank_of_process_name(name: str) -> int | None:
 
 def engine_context(pool: Any = None, vllm_config: Any = None) -> EngineContext:
     """What the block pool building the queue (its `hash_block_size`) and the scheduler's
-    config say, with the fallbacks of the module docstring."""
+    config say, with the fallbacks of docs/design.md, "Engine checks and engine context"."""
     size = getattr(pool, "hash_block_size", None)
     block_size = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
     rank = rank_of_config(vllm_config)

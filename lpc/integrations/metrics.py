@@ -1,11 +1,14 @@
 """The plugin's metrics in vLLM's own `/metrics`, named and labelled as vLLM names its own.
 
 The families are built once, from the plugin's snapshot at scrape or flush time
-(`metric_families`): nothing is done on the eviction hot path. The engine core writes them
-as prometheus_client multiprocess files for vLLM's API server (`MultiprocessWriter`,
-`MetricsFlusher`), or serves them on its own port (`start_export`).
+(`metric_families`): nothing is done on the eviction hot path. `start_export` picks the route:
+with `PROMETHEUS_MULTIPROC_DIR` set, the engine core writes them as prometheus_client
+multiprocess files that vLLM's API server reads (`MultiprocessWriter`, flushed every
+`FLUSH_INTERVAL_S` by `MetricsFlusher`); else it serves them on the plugin's own port
+(`metrics_port` + the engine's rank); with neither, one line at start-up says how to get them.
 
-The route, the names and what is exported: docs/design.md, "Metrics through vLLM's /metrics".
+Why this route, the names and what is exported: docs/design.md, "Metrics through vLLM's
+/metrics".
 """
 
 from __future__ import annotations

@@ -40,8 +40,8 @@ QWEN3_8B = KVShape("Qwen3-8B", num_layers=36, num_kv_heads=8, head_dim=128, dtyp
 
 @dataclass(frozen=True)
 class TierLatency:
-    """Seconds per missed token and token pair, per host-hit token and per request (the
-    module's docstring)."""
+    """Seconds per missed token and token pair, per host-hit token and per request
+    (docs/design.md, "The latency model's figures")."""
 
     kv_bytes_per_token: float = float(QWEN3_8B.bytes_per_token)
     host_to_device_bytes_per_s: float = 30e9

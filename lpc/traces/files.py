@@ -166,8 +166,8 @@ def _first_numbered_record(path: Path) -> tuple[int, Any]:
 def load_lpc_files_apart(
     paths: Sequence[Path], options: TraceOptions, map_files: FileMapper
 ) -> LoadedTrace:
-    """The project's JSONL files as one trace, each file parsed by `map_files` (see the
-    module docstring); equal to `load_trace_files(paths, "lpc", options)`."""
+    """The project's JSONL files as one trace, each file parsed by `map_files` (docs/design.md,
+    "The fleet"); equal to `load_trace_files(paths, "lpc", options)`."""
     paths = [Path(p) for p in paths]
     if not paths:
         raise TraceError("no trace files given")
