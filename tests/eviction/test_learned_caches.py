@@ -33,9 +33,10 @@ MECHANICS = [pytest.param(LRBEvictor, marks=pytest.mark.slow), ThreeLCacheEvicto
 
 
 class PlainLearnedCache:
-    """The mapping of the module's docstring, written plainly over a bare libCacheSim cache:
-    a dict of free cached blocks, one object id per content, and a choice that is not a free
-    block (in use) evicted from the learned cache and the cache asked again."""
+    """The mapping of docs/design.md, "LRB and 3L-Cache through libCacheSim", written plainly
+    over a bare libCacheSim cache: a dict of free cached blocks, one object id per content, and
+    a choice that is not a free block (in use) evicted from the learned cache and the cache
+    asked again."""
 
     def __init__(self, cache_class: str) -> None:
         self.cache = getattr(libcachesim, cache_class)(1 << 50, objective="object-miss-ratio")

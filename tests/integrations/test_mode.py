@@ -151,7 +151,7 @@ CURVES = [
 
 
 def expected_order(queue, listed: list[int], blocks) -> list[int]:
-    """The free order the kill switch promises (module docstring of `vllm_queue`): in lpc
+    """The free order the kill switch promises (docs/design.md, "The kill switch"): in lpc
     mode vLLM's list, then the learned order; off, the list's leading hash-less blocks, the
     learned order (what is left to drain), the rest of the list."""
     learned = queue.evictor.free_block_ids()
