@@ -330,13 +330,28 @@ def reference_run(source: str, monkeypatch: pytest.MonkeyPatch) -> Run:
     return source_run(source, REFERENCE[source], monkeypatch)
 
 
+@pytest.fixture(scope="module")
+def references() -> Callable[[str], Run]:
+    """`reference_run` of a source, run once: the faulty runs of every bad value (and of the
+    raising model) are compared with the same fallback run of their source."""
+    runs: dict[str, Run] = {}
+
+    def reference(source: str) -> Run:
+        if source not in runs:
+            with pytest.MonkeyPatch.context() as monkeypatch:
+                runs[source] = reference_run(source, monkeypatch)
+        return runs[source]
+
+    return reference
+
+
 @pytest.mark.parametrize("source", ["client", "predictor", "model"])
 @pytest.mark.parametrize("bad", list(BAD_VALUES), ids=list(BAD_VALUES))
 def test_a_bad_probability_evicts_exactly_as_the_fallback(
-    source: str, bad: str, monkeypatch: pytest.MonkeyPatch
+    source: str, bad: str, monkeypatch: pytest.MonkeyPatch, references: Callable[[str], Run]
 ) -> None:
     faulty = source_run(source, BAD_VALUES[bad], monkeypatch)
-    reference = reference_run(source, monkeypatch)
+    reference = references(source)
     assert faulty.hits > 50, "the workload must hit the cache"
     assert faulty.orders == reference.orders, "a bad p did not evict as the fallback p"
     s = faulty.stats
@@ -361,10 +376,10 @@ def test_the_pooled_evictor_stays_valid_under_bad_probabilities(
 
 
 def test_a_raising_model_falls_back_and_keeps_the_history(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, references: Callable[[str], Run]
 ) -> None:
     faulty = source_run("model", RuntimeError("model broke"), monkeypatch)
-    reference = reference_run("model", monkeypatch)
+    reference = references("model")
     assert faulty.orders == reference.orders
     s = faulty.stats
     assert s["access_prediction_errors"] == s["fallbacks_used"] > 0
