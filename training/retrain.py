@@ -39,10 +39,10 @@ from training.model_registry import ModelRegistry, RegistryLockedError, now_iso
 from training.pipeline import TrainConfig, evaluate_artifact, train_predictor
 from training.promotion import Decision, decide
 from training.return_retrain import (
-    ReturnContext,
     ReturnModelKind,
     ReturnRetrainConfig,
     ReturnTrainer,
+    SplitHandoff,
     train_return_candidate,
 )
 from training.samples import TokenCounter
@@ -68,7 +68,7 @@ class AccessCandidate:
     current_metrics: dict[str, Any] | None = None
     current_problem: str | None = None  # why the current model could not be scored
     data: dict[str, Any] = field(default_factory=dict)  # trace files: for the report
-    return_context: ReturnContext | None = None  # trace files: the split, for the followers
+    handoff: SplitHandoff | None = None  # trace files: the split, for the followers
 
 
 class LogTrainer(Protocol):
@@ -362,7 +362,7 @@ def _run_locked(
     decided = []
     for kind in followers:
         try:  # it reports its own failures; this guard keeps the first result whatever happens
-            outcome = run_follower(kind, candidate.return_context, log)
+            outcome = run_follower(kind, candidate.handoff, log)
         except Exception as error:
             outcome = KindOutcome(FOLLOWER_FAILED, f"{type(error).__name__}: {error}", kind.metric)
         result.sections[kind.section] = outcome

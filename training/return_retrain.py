@@ -1,6 +1,6 @@
 """The daily job's return-time model kind: retrain the hazard model, judge it, promote or keep.
 
-It trains on the access candidate's split (`ReturnContext`), follows `training.return_fit`'s
+It trains on the access candidate's split (`SplitHandoff`), follows `training.return_fit`'s
 validation rule, and promotes the candidate unless its integrated Brier score is higher than
 the current model's by more than `tolerance`. `ReturnModelKind` is the plug-in
 (`training.model_kinds`), run as a follower that never raises; its registry is a
@@ -67,8 +67,9 @@ class ReturnRetrainConfig:
 
 
 @dataclass(frozen=True)
-class ReturnContext:
-    """The access candidate's split, handed to the return half: same rows, same cut."""
+class SplitHandoff:
+    """The access candidate's split, handed on to the follower kinds (the return half):
+    same rows, same cut. Data the run computed, not settings."""
 
     table: pd.DataFrame  # the request table, sorted by arrival
     feature_names: tuple[str, ...]
@@ -91,7 +92,7 @@ class ReturnCandidate:
     fit: dict[str, Any] = field(default_factory=dict)
 
 
-ReturnTrainer = Callable[[ReturnContext, Path | None, ReturnFitConfig], ReturnCandidate]
+ReturnTrainer = Callable[[SplitHandoff, Path | None, ReturnFitConfig], ReturnCandidate]
 
 
 def decide_return(
@@ -137,12 +138,12 @@ def _quality(
 
 
 def train_return_candidate(
-    context: ReturnContext, current: Path | None, fit: ReturnFitConfig
+    split: SplitHandoff, current: Path | None, fit: ReturnFitConfig
 ) -> ReturnCandidate:
-    """Fit on the context's training part (`fit_return_model`'s own validation rule), score
+    """Fit on the split's training part (`fit_return_model`'s own validation rule), score
     the candidate and the current model on its evaluation part."""
-    names = context.feature_names
-    samples = return_samples(context.table, names, context.cut_s, context.validation_fraction)
+    names = split.feature_names
+    samples = return_samples(split.table, names, split.cut_s, split.validation_fraction)
     training, evaluation = samples.parts["training"], samples.parts["evaluation"]
     result = fit_return_model(samples, fit)
     predictor = ReturnTimePredictor(result.metadata(names), result.weights, result.biases)
@@ -153,14 +154,14 @@ def train_return_candidate(
             evaluation, result.grid_s, predictor.survival(evaluation.features), censoring
         )
     fingerprint = hashlib.sha256(
-        f"{len(context.table)}:{context.cut_s}:{','.join(names)}".encode()
+        f"{len(split.table)}:{split.cut_s}:{','.join(names)}".encode()
     ).hexdigest()[:16]
     metadata = result.metadata(
         names,
         metrics={"evaluation": metrics, "candidates": result.candidates},
         notes={
-            **context.notes,
-            "validation_fraction": context.validation_fraction,
+            **split.notes,
+            "validation_fraction": split.validation_fraction,
             "training_data_fingerprint": fingerprint,
             "epochs": result.epochs,
             "samples": {p: samples.parts[p].counts() for p in samples.parts},
@@ -184,7 +185,7 @@ def train_return_candidate(
     )
     if current is not None and evaluation.size:
         candidate.current_metrics, candidate.current_problem = score_current_return(
-            current, context.table, evaluation, censoring
+            current, split.table, evaluation, censoring
         )
     return candidate
 
@@ -233,7 +234,7 @@ class ReturnModelKind:
         assert self.config is not None
         return self.config.tolerance
 
-    def skip_reason(self, handoff: ReturnContext | None) -> str | None:
+    def skip_reason(self, handoff: SplitHandoff | None) -> str | None:
         """Not asked for, or no split to train on (conversation logs: no request times)."""
         if self.config is None:
             return "not asked for (--no-return-model)"
@@ -244,7 +245,7 @@ class ReturnModelKind:
             )
         return None
 
-    def train(self, handoff: ReturnContext, log: Log) -> ReturnCandidate:
+    def train(self, handoff: SplitHandoff, log: Log) -> ReturnCandidate:
         assert self.config is not None
         log("return model: training the return-time candidate on the same split")
         return self.trainer(handoff, self.registry.current_path(), self.config.fit)
@@ -276,7 +277,7 @@ class ReturnModelKind:
 
 def retrain_return_model(
     config: ReturnRetrainConfig | None,
-    context: ReturnContext | None,
+    split: SplitHandoff | None,
     log: Log,
     trainer: ReturnTrainer = train_return_candidate,
     min_evaluation_samples: int = DEFAULT_MIN_EVALUATION_SAMPLES,
@@ -285,4 +286,4 @@ def retrain_return_model(
     """The return model's turn in the daily job (`run_follower`: never raises), or why it is
     skipped (`ReturnModelKind.skip_reason`)."""
     kind = ReturnModelKind(config, trainer, min_evaluation_samples, keep_versions)
-    return run_follower(kind, context, log)
+    return run_follower(kind, split, log)

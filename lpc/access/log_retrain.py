@@ -5,7 +5,7 @@
 logs included), read as one trace (`load_trace_files`). They hold no text, so the candidate is
 an access-only model, as `lpc train --trace` trains it, fitted before a time-ordered cut (the
 newest UTC day, else the last half; `split_at` overrides both) and judged with the current
-model after it. The candidate carries its split on (`ReturnContext`), so the job's
+model after it. The candidate carries its split on (`SplitHandoff`), so the job's
 return-time model (`training.return_retrain`) trains and is judged on the same parts.
 
 The split, its refusals, the labels and the judgement: docs/training.md, "6. Registry and the
@@ -51,7 +51,7 @@ from training.access_data import (
 from training.access_fit import AccessFitConfig, access_metadata, fit_access_model
 from training.metrics import classification_metrics
 from training.retrain import AccessCandidate
-from training.return_retrain import ReturnContext
+from training.return_retrain import SplitHandoff
 
 if TYPE_CHECKING:
     from lpc.fleet.fanout import Executor
@@ -243,7 +243,7 @@ class TraceLogTrainer:
             current_metrics=current_metrics,
             current_problem=problem,
             data={**evaluation, "read": read},
-            return_context=ReturnContext(
+            handoff=SplitHandoff(
                 table,
                 tuple(names),
                 split.cut_s,

@@ -132,7 +132,7 @@ def test_ray_reads_the_logs_into_the_serial_samples_and_model(
     assert serial.data["split_rule"] == "newest UTC day"  # the files' two days
     assert serial.data == on_ray.data
 
-    a, b = serial.return_context, on_ray.return_context
+    a, b = serial.handoff, on_ray.handoff
     assert a is not None and b is not None
     assert b.table.equals(a.table)
     names = list(a.feature_names)

@@ -26,8 +26,8 @@ from training.return_retrain import (
     FAILED,
     KEPT,
     SKIPPED,
-    ReturnContext,
     ReturnRetrainConfig,
+    SplitHandoff,
     decide_return,
     retrain_return_model,
     score_current_return,
@@ -90,7 +90,7 @@ def logs(first_run, tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def context(first_run) -> ReturnContext:
+def context(first_run) -> SplitHandoff:
     """The split the job hands the return half, built without an access fit."""
     from lpc.replay.request_table import request_table
     from lpc.traces.files import load_trace_files
@@ -104,7 +104,7 @@ def context(first_run) -> ReturnContext:
     table = request_table(trace.requests, trace.request_types)
     names = tuple(default_feature_names(list(table.columns)))
     cut_s = time_ordered_split(trace, None).split.cut_s
-    return ReturnContext(table, names, cut_s, DEFAULT_VALIDATION_FRACTION)
+    return SplitHandoff(table, names, cut_s, DEFAULT_VALIDATION_FRACTION)
 
 
 def test_first_run_promotes_a_return_model_and_a_second_run_judges_against_it(
@@ -218,7 +218,7 @@ def test_no_return_model_skips_it(logs: Path) -> None:
 
 
 def test_without_a_split_the_return_half_is_skipped_saying_why(tmp_path: Path) -> None:
-    """What the job gets from conversation logs: no `ReturnContext` (no request times)."""
+    """What the job gets from conversation logs: no `SplitHandoff` (no request times)."""
     outcome = retrain_return_model(return_config(tmp_path), None, lambda m: None)
     assert outcome.decision == SKIPPED and "conversation text" in outcome.reason
     assert not (tmp_path / "returns").exists()
