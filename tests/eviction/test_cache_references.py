@@ -80,7 +80,7 @@ def drive(name: str, seed: int, num_blocks: int = 24, steps: int = 400) -> tuple
 
 
 @pytest.mark.parametrize("name", POLICIES)
-@examples(60)
+@examples(30)
 @given(seed=SEEDS)
 def test_victims_match_the_plain_reference_on_random_streams(name: str, seed: int) -> None:
     evictions, ghost_hits = drive(name, seed)

@@ -27,7 +27,7 @@ def build(name: str, num_blocks: int):
 
 
 @pytest.mark.parametrize("name", other_policies(REGISTRY))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_random_operations_keep_the_free_set_exact(name: str, seed: int) -> None:
     check_random_operations(name, seed)

@@ -31,7 +31,7 @@ def compare_on_a_random_stream(seed: int, num_blocks: int, unit: float, period: 
 # (age unit, accesses per reconfiguration): a small pool with frequent models; ages that
 # overflow MAX_AGE (tiny unit).
 @pytest.mark.parametrize(("unit", "period"), [(0.5, 40), (0.01, 30)])
-@examples(12)
+@examples(8)
 @given(seed=SEEDS)
 def test_victims_match_the_plain_reference_on_random_streams(
     seed: int, unit: float, period: int
@@ -46,7 +46,7 @@ def test_victims_match_the_plain_reference_with_explorers(seed: int) -> None:
     compare_on_a_random_stream(seed, 300, 1.0, 25)
 
 
-@examples(8)
+@examples(4)
 @given(seed=SEEDS)
 def test_block_manager_allocations_match_the_plain_reference(seed: int) -> None:
     steps = random_stream(seed, 400)

@@ -17,7 +17,7 @@ from tests.properties import SEEDS, examples, exercised
 
 
 @pytest.mark.parametrize("decay_interval", [7, 500])
-@examples(20)
+@examples(12)
 @given(seed=SEEDS)
 def test_victims_match_the_plain_reference_on_random_streams(
     seed: int, decay_interval: int
@@ -50,9 +50,10 @@ def test_lazily_decayed_ghost_scores_are_bit_for_bit_the_eager_ones(seed: int) -
     exactly the eager table's, compared with `==` (and with the plain reference's to the last
     bits, which computes a hit's bump as 12 / log2 rather than 1 / log2 * 12). The eager run
     and both lazy ones (without and with sweeps) meet the same stream, each pop checked against
-    the plain reference as it comes."""
+    the plain reference as it comes; the invariants are checked at every step of the lazy
+    runs (the eager one is this test's stand-in, not a shipped evictor)."""
     eager = _EagerSAE(24, decay_interval=2)
-    drive(eager, PlainSAE(24, decay_interval=2), seed, 24, steps=1200, hashes=120)
+    drive(eager, PlainSAE(24, decay_interval=2), seed, 24, steps=1200, hashes=120, check=False)
     eager_scores = {key: eager.ghost_score(key) for key in GHOST_KEYS}
     eager_hits = {session_id: session.hits for session_id, session in eager._sessions.items()}
     for lazy_class in (SAEEvictor, _SweepingSAE):

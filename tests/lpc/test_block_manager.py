@@ -40,7 +40,7 @@ def snapshot(manager: PrefixCacheBlockManager) -> tuple:
 
 
 @pytest.mark.parametrize("policy", other_policies(POLICIES))
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_invariants_hold_at_every_step(policy: str, seed: int) -> None:
     check_invariants_on_a_stream(policy, seed)
