@@ -7,9 +7,23 @@ import random
 from lpc.workload import ScriptedTurn, compact_tokens
 
 
+def token_ids(rng: random.Random, count: int) -> list[int]:
+    """`count` draws of `rng.randrange(1000)`, drawn as it draws them (10 random bits, drawn
+    again while 1000 or more), without its per-call overhead: the conversations of a test
+    draw millions of tokens."""
+    bits = rng.getrandbits
+    out = []
+    for _ in range(count):
+        r = bits(10)
+        while r >= 1000:
+            r = bits(10)
+        out.append(r)
+    return out
+
+
 def conversations(count: int, seed: int = 0, max_turns: int = 6) -> list[list[ScriptedTurn]]:
     rng = random.Random(seed)
-    system = [rng.randrange(1000) for _ in range(40)]
+    system = token_ids(rng, 40)
     out = []
     for c in range(count):
         cid = f"c{c}"
@@ -18,8 +32,8 @@ def conversations(count: int, seed: int = 0, max_turns: int = 6) -> list[list[Sc
         turns = []
         prompts: list[str] = []
         for k in range(num_turns):
-            prompt = history + [rng.randrange(1000) for _ in range(rng.randint(10, 300))]
-            output = [rng.randrange(1000) for _ in range(rng.randint(5, 200))]
+            prompt = history + token_ids(rng, rng.randint(10, 300))
+            output = token_ids(rng, rng.randint(5, 200))
             prompts.append(f"prompt {k} of {cid}")
             turns.append(
                 ScriptedTurn(
