@@ -66,7 +66,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    data = p.add_argument_group("logs")
+    _add_logs_args(p.add_argument_group("logs"))
+    _add_promotion_args(p.add_argument_group("promotion"))
+    _add_return_args(p.add_argument_group("return-time model (trace files)"))
+    _add_ray_args(p.add_argument_group("reading a fleet's request logs on Ray"))
+    add_training_arguments(p)
+    p.set_defaults(run=run)
+
+
+def _add_logs_args(data: argparse._ArgumentGroup) -> None:
     data.add_argument(
         "--logs",
         type=Path,
@@ -103,7 +111,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "lpc train --trace (default: the newest UTC day when the trace's times are absolute "
         "UTC times spanning two days or more, else 0.5)",
     )
-    judge = p.add_argument_group("promotion")
+
+
+def _add_promotion_args(judge: argparse._ArgumentGroup) -> None:
     judge.add_argument(
         "--registry",
         type=Path,
@@ -143,7 +153,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         help="bearer token for --notify-url (default: $LPC_PREDICTOR_TOKEN)",
     )
-    returns = p.add_argument_group("return-time model (trace files)")
+
+
+def _add_return_args(returns: argparse._ArgumentGroup) -> None:
     returns.add_argument(
         "--return-registry",
         type=Path,
@@ -168,7 +180,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     returns.add_argument(
         "--no-return-model", action="store_true", help="do not retrain the return-time model"
     )
-    ray = p.add_argument_group("reading a fleet's request logs on Ray")
+
+
+def _add_ray_args(ray: argparse._ArgumentGroup) -> None:
     ray.add_argument(
         "--ray",
         action="store_true",
@@ -186,27 +200,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=2,
         help="with --ray: CPUs of the local Ray (default: %(default)s)",
     )
-    add_training_arguments(p)
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     extras.require("train")
-    from lpc.cli.train import (
-        cache_dir_from,
-        setup_threads,
-        token_counter_for,
-        train_config_from,
+    from lpc.cli.train import setup_threads, token_counter_for
+    from lpc.errors import CommandError
+    from predictor.embedders import load_embedder
+    from training.retrain import BAD_INPUT, run_retrain
+
+    config = config_from(args)
+    check_paths(args, config)
+    setup_threads(args)
+    log = (
+        (lambda m: print(m, file=sys.stderr, flush=True))
+        if args.json
+        else (lambda m: print(m, flush=True))
     )
+    check_trace_flags(args)
+    outcome = run_retrain(
+        config,
+        lambda spec: load_embedder(spec, device=args.device),
+        log,
+        token_counter=token_counter_for(config.train, args),
+        log_trainer=trace_log_trainer(args, log),
+    )
+    if outcome.status == BAD_INPUT and not args.json:
+        raise CommandError(outcome.reason)  # one line, exit 2
+    print_outcome(outcome, args.json)
+    return outcome.exit_code
+
+
+def config_from(args: argparse.Namespace):
+    """The job's `RetrainConfig` from the flags; a bad value or --notify-url is a
+    `CommandError` naming the flag."""
+    from lpc.cli.train import cache_dir_from, train_config_from
     from lpc.errors import CommandError, InvalidInputError
-    from predictor.atomic_files import check_output_folder
     from predictor.bearer_token import read_bearer_token
     from predictor.client import check_predictor_url
-    from predictor.embedders import load_embedder
-    from training.locations import default_registry_dir, default_return_registry_dir
-    from training.retrain import RetrainConfig, run_retrain
-    from training.return_fit import ReturnFitConfig
-    from training.return_retrain import ReturnRetrainConfig
+    from training.locations import default_registry_dir
+    from training.retrain import RetrainConfig
 
     train_config, embed = train_config_from(args)
     token = read_bearer_token(args.notify_token_file, "--notify-token-file")  # UserError if bad
@@ -217,16 +250,7 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(f"--notify-url {error}") from None
     registry = args.registry or default_registry_dir()
     try:
-        return_model = None
-        if not args.no_return_model:
-            return_model = ReturnRetrainConfig(
-                registry_dir=args.return_registry or default_return_registry_dir(registry),
-                tolerance=args.return_tolerance,
-                fit=ReturnFitConfig(
-                    max_epochs=args.return_max_epochs, seed=args.seed, threads=args.threads or 1
-                ),
-            )
-        config = RetrainConfig(
+        return RetrainConfig(
             logs_dir=args.logs,
             registry_dir=registry,
             cache_dir=cache_dir_from(args),
@@ -242,10 +266,35 @@ def run(args: argparse.Namespace) -> int:
             notify_token=token,
             train=train_config,
             embed=embed,
-            return_model=return_model,
+            return_model=return_config_from(args, registry),
         )
     except InvalidInputError as error:  # RetrainConfig names the bad field
         raise CommandError(str(error)) from None
+
+
+def return_config_from(args: argparse.Namespace, registry: Path):
+    """The return-time half's configuration, or None with --no-return-model."""
+    from training.locations import default_return_registry_dir
+    from training.return_fit import ReturnFitConfig
+    from training.return_retrain import ReturnRetrainConfig
+
+    if args.no_return_model:
+        return None
+    return ReturnRetrainConfig(
+        registry_dir=args.return_registry or default_return_registry_dir(registry),
+        tolerance=args.return_tolerance,
+        fit=ReturnFitConfig(
+            max_epochs=args.return_max_epochs, seed=args.seed, threads=args.threads or 1
+        ),
+    )
+
+
+def check_paths(args: argparse.Namespace, config) -> None:
+    """The registries are two writable folders and --logs a folder, before any training."""
+    from lpc.errors import CommandError
+    from predictor.atomic_files import check_output_folder
+
+    registry, return_model = config.registry_dir, config.return_model
     if return_model is not None and return_model.registry_dir.resolve() == registry.resolve():
         raise CommandError(
             f"--return-registry {return_model.registry_dir} is the access registry: give "
@@ -257,12 +306,12 @@ def run(args: argparse.Namespace) -> int:
     check_output_folder(registry, "--registry")
     if return_model is not None:
         check_output_folder(return_model.registry_dir, "--return-registry")
-    setup_threads(args)
-    log = (
-        (lambda m: print(m, file=sys.stderr, flush=True))
-        if args.json
-        else (lambda m: print(m, flush=True))
-    )
+
+
+def check_trace_flags(args: argparse.Namespace) -> None:
+    """--horizon and the Ray flags, refused now rather than once the files are picked."""
+    from lpc.errors import CommandError
+
     if not args.horizon > 0:
         raise CommandError(f"--horizon must be > 0 seconds, got {args.horizon}")
     if args.ray_address and not args.ray:
@@ -272,46 +321,44 @@ def run(args: argparse.Namespace) -> int:
 
         if importlib.util.find_spec("ray") is None:
             raise CommandError("--ray needs Ray: pip install 'lpc[ray]' (or run without --ray)")
+
+
+def trace_log_trainer(args: argparse.Namespace, log):
+    """What trains the access-only model when the logs are request traces."""
     from lpc.access.log_retrain import TraceLogTrainer
     from lpc.fleet.fanout import Executor
     from training.access_fit import AccessFitConfig
-    from training.retrain import BAD_INPUT
 
-    outcome = run_retrain(
-        config,
-        lambda spec: load_embedder(spec, device=args.device),
-        log,
-        token_counter=token_counter_for(train_config, args),
-        log_trainer=TraceLogTrainer(
-            horizon_s=args.horizon,
-            split_at=args.split_at,
-            min_evaluation_requests=args.min_eval_samples,
-            fit=AccessFitConfig(
-                hidden_sizes=tuple(args.hidden) if args.hidden else AccessFitConfig.hidden_sizes,
-                seed=args.seed,
-                threads=args.threads or AccessFitConfig.threads,
-            ),
-            executor=Executor("ray" if args.ray else "serial", args.ray_address, args.workers),
-            log=log,
+    return TraceLogTrainer(
+        horizon_s=args.horizon,
+        split_at=args.split_at,
+        min_evaluation_requests=args.min_eval_samples,
+        fit=AccessFitConfig(
+            hidden_sizes=tuple(args.hidden) if args.hidden else AccessFitConfig.hidden_sizes,
+            seed=args.seed,
+            threads=args.threads or AccessFitConfig.threads,
         ),
+        executor=Executor("ray" if args.ray else "serial", args.ray_address, args.workers),
+        log=log,
     )
-    if outcome.status == BAD_INPUT and not args.json:
-        raise CommandError(outcome.reason)  # one line, exit 2
-    if args.json:
+
+
+def print_outcome(outcome, as_json: bool) -> None:
+    """The decision as JSON, or one line per model."""
+    if as_json:
         print(json.dumps(outcome.to_dict(), indent=2))
-    else:
-        print(
-            f"retrain: {outcome.status}: {outcome.reason}"
-            + (
-                f" (version {outcome.version}, current {outcome.current_version})"
-                if outcome.version
-                else ""
-            )
+        return
+    print(
+        f"retrain: {outcome.status}: {outcome.reason}"
+        + (
+            f" (version {outcome.version}, current {outcome.current_version})"
+            if outcome.version
+            else ""
         )
-        if outcome.return_model is not None:
-            r = outcome.return_model
-            print(
-                f"return model: {r.decision}: {r.reason}"
-                + (f" (version {r.version}, current {r.current_version})" if r.version else "")
-            )
-    return outcome.exit_code
+    )
+    if outcome.return_model is not None:
+        r = outcome.return_model
+        print(
+            f"return model: {r.decision}: {r.reason}"
+            + (f" (version {r.version}, current {r.current_version})" if r.version else "")
+        )
