@@ -12,7 +12,7 @@ import math
 import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 
@@ -67,6 +67,9 @@ class FreedBlocks:
     hashes: Sequence[bytes | None]
     parent_id: int | None = None
     chain: bool = False
+    # The block ids as a numpy array of intp, when the caller built one (the vLLM queue, for
+    # its own per-block arrays): the heap's position scatter reuses it. None: built if needed.
+    index: Any = field(default=None, compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.block_ids)

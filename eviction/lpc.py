@@ -130,7 +130,7 @@ class LPCEvictor(PriorityEvictor):
         run = self._new_run(key, conversation_id, block_ids, freed.depths)
         # Fast path: blocks cached for the first time, or released again by their only
         # conversation, all take this release's key and form a single run.
-        if self._claim(block_ids, run, own_tag):
+        if self._claim(block_ids, run, own_tag, freed.index):
             self._enqueue(run)
             if freed.chain:
                 self._link_runs([run], freed.parent_id)

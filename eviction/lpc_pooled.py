@@ -53,12 +53,13 @@ events, an engine's clock), otherwise entries expire a little late. Blocks witho
 from __future__ import annotations
 
 import math
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Hashable, Iterable
 from itertools import repeat
 from typing import ClassVar
 
 from eviction.base import FreedBlocks, Release
+from eviction.content_memory import ContentMemory
 from eviction.lpc import (
     DEFAULT_FALLBACK_PROBABILITY,
     DEFAULT_PROBABILITY_FLOOR,
@@ -139,7 +140,7 @@ class PooledLPCEvictor(LPCEvictor):
         # their window had ended.
         self.memory_max_entries = max(1, int(memory_blocks_factor * num_blocks))
         # content hash -> (conversation of its last release, time, shared then); oldest first
-        self._memory: OrderedDict[Hashable, tuple[str | None, float, bool]] = OrderedDict()
+        self._memory = ContentMemory()
         self._pending: deque[tuple[float, Hashable]] = deque()  # shared releases to judge
         self.shared_releases_judged = 0
         self.shared_releases_reused = 0
@@ -176,12 +177,7 @@ class PooledLPCEvictor(LPCEvictor):
             # a later entry means the content was released again within the horizon.
             if last is not None and last[1] > time_s:
                 self.shared_releases_reused += 1
-        cutoff = now_s - self.memory_window_s
-        while memory:
-            oldest = next(iter(memory))
-            if memory[oldest][1] >= cutoff:
-                break
-            del memory[oldest]
+        memory.forget_before(now_s - self.memory_window_s)
 
     def _gated_probability(self, release: Release) -> float | None:
         """The release's predicted p if the model is trusted now, else None (the fallback);
@@ -238,8 +234,9 @@ class PooledLPCEvictor(LPCEvictor):
     def _bound_memory(self) -> None:
         """Forget the oldest contents beyond the memory's size bound (after a release)."""
         memory = self._memory
-        for _ in range(len(memory) - self.memory_max_entries):
-            memory.popitem(last=False)
+        excess = len(memory) - self.memory_max_entries
+        if excess > 0:
+            memory.forget_oldest(excess)
 
     def _probability(self, release: Release) -> float:
         """The release's p (the fallback when none was predicted or the model is not trusted),
@@ -269,10 +266,11 @@ class PooledLPCEvictor(LPCEvictor):
         window = self.memory_window_s
         keys: list[float] = []
         tags: list[str | None] = []
+        write = memory.begin(now)
         for block_id, block_hash in zip(freed.block_ids, freed.hashes, strict=True):
             shared = False
             if block_hash is not None:
-                last = memory.pop(block_hash, None)
+                last = memory.get(block_hash)
                 shared = (
                     last is not None
                     and now - last[1] <= window
@@ -297,7 +295,7 @@ class PooledLPCEvictor(LPCEvictor):
                 tags.append(conversation_id)
             keys.append(key)
             if block_hash is not None:
-                memory[block_hash] = (conversation_id, now, shared)
+                memory.put(write, block_hash, (conversation_id, now, shared))
                 if shared:
                     pending.append((now, block_hash))
         if keys:  # OR pooling and the shared floor can give keys above the release's own
@@ -338,22 +336,19 @@ class PooledLPCEvictor(LPCEvictor):
         # LPCEvictor, then the memory (skipped when no block carries a hash). Each is a few
         # C-level passes: the distinct memory entries of a chain are those of the few
         # releases it came from, and a chain's contents go to the memory's end as a whole.
-        claimed = self._claim(block_ids, run, own_tag)
+        claimed = self._claim(block_ids, run, own_tag, freed.index)
         shared = not claimed
         hashes = freed.hashes
-        if claimed and hashes.count(None) != len(hashes):
-            known = hashes if None not in hashes else [h for h in hashes if h is not None]
+        unknown = hashes.count(None) if claimed else 0
+        if claimed and unknown != len(hashes):
+            known = [h for h in hashes if h is not None] if unknown else hashes
             window = self.memory_window_s
-            entries = set(map(memory.get, known))
-            entries.discard(None)
-            for last in entries:
+            for last in memory.entries(known):
                 if (last[2] or last[0] != conversation_id) and now - last[1] <= window:
                     shared = True
                     break
-            else:
-                if entries:  # remembered contents move to the memory's end (none: no pass)
-                    consume(map(memory.pop, known, repeat(None)), 0)
-                memory.update(zip(known, repeat((conversation_id, now, False))))
+            else:  # remembered contents move to the memory's end
+                memory.write(known, conversation_id, now, False)
                 if len(memory) > self.memory_max_entries:
                     self._bound_memory()
         if not shared:

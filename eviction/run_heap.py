@@ -17,6 +17,7 @@ from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterator, Sequence
 from itertools import chain, repeat
+from operator import itemgetter
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -203,10 +204,13 @@ class RunHeap:
             insort(self._order, (held.key, held.seq, held))
         return True
 
-    def _write_positions(self, block_ids: Sequence[int]) -> None:
-        """Each block's index in its new run, by one gather and one scatter in C."""
+    def _write_positions(self, block_ids: Sequence[int], index: Any = None) -> None:
+        """Each block's index in its new run, by one gather and one scatter in C (`index`:
+        the ids as a numpy array already, when the caller has one)."""
         n = len(block_ids)
-        self._pos[np.fromiter(block_ids, np.intp, n)] = self._arange[:n]
+        if index is None:
+            index = np.fromiter(block_ids, np.intp, n)
+        self._pos[index] = self._arange[:n]
 
     def _is_queued(self, block_id: int) -> bool:
         return type(self._state[block_id]) is Run
@@ -234,19 +238,21 @@ class RunHeap:
         self._next_seq = seq + 1
         return Run(key, tag, block_ids, depths, seq)
 
-    def _claim(self, block_ids: Sequence[int], run: Run, own_tag: Any) -> bool:
+    def _claim(self, block_ids: Sequence[int], run: Run, own_tag: Any, index: Any = None) -> bool:
         """Point the blocks' slots at `run` if each is new (no metadata) or tagged `own_tag`
         (released before by this release's conversation only); else change nothing and
         return False. Both passes run in C (a set of the few distinct runs and ghosts the
-        blocks come from, a map of stores): no Python step per block."""
+        blocks come from, a map of stores): no Python step per block. `index`: the ids as a
+        numpy array, when the caller has one (`FreedBlocks.index`)."""
         state = self._state
-        olds = set(map(state.__getitem__, block_ids))
+        # An itemgetter's tuple: no method call per block (one id: the item itself).
+        olds = set(itemgetter(*block_ids)(state)) if len(block_ids) > 1 else {state[block_ids[0]]}
         olds.discard(None)
         for old in olds:
             if old.tag != own_tag:
                 return False
         consume(map(state.__setitem__, block_ids, repeat(run)), 0)
-        self._write_positions(block_ids)
+        self._write_positions(block_ids, index)
         return True
 
     def _enqueue(self, run: Run) -> None:

@@ -534,6 +534,7 @@ class LPCFreeBlockQueue:
         release = runtime.current_release()
         protected = type(release) is ProtectedRelease
         pin = 0  # the tenant index the blocks count against (`_pin`)
+        freed = None
         try:
             if type(release) is TenantRelease and self._pins:
                 if not self._shared_pool:
@@ -553,13 +554,15 @@ class LPCFreeBlockQueue:
             if self._tripped:
                 return
         try:  # for the eviction-age histogram, and the pinned counts
-            ids = list(map(_block_id, blocks))
-            index = np.fromiter(ids, np.intp, len(ids))
+            if freed is not None:
+                index = freed.index
+            else:
+                index = np.fromiter(map(_block_id, blocks), np.intp, len(blocks))
             self._released_s[index] = release.time_s
             if pin:
                 self._pinned_by[index] = pin
-                self._pinned[pin] += len(ids)
-                self._pinned_total += len(ids)
+                self._pinned[pin] += len(index)
+                self._pinned_total += len(index)
         except Exception as error:
             runtime.stats.plugin_error("the LPC queue's release times", error)
         if protected:
@@ -741,11 +744,13 @@ def _freed(blocks: Sequence[Any], hash_of: Callable[[Any], Any] | None) -> Freed
         depths = range(deepest, top - step, -step)
     else:
         depths = [block.block_hash_num_tokens or 0 for block in blocks]
+    ids = list(map(_block_id, blocks))
     return FreedBlocks(
-        list(map(_block_id, blocks)),
+        ids,
         depths,
         [None] * n if hash_of is None else list(map(hash_of, blocks)),
         chain=True,
+        index=np.fromiter(ids, np.intp, n),  # the heap's positions and the release times
     )
 
 

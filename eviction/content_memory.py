@@ -1,0 +1,141 @@
+"""The last release of each content hash, oldest write first: `lpc-pooled`'s hash memory.
+
+An `OrderedDict` keeps this order by moving an entry to the end at every write, one Python-level
+step per hash (its `update` is written in Python). Here the map is a plain dict and the order
+is a queue of writes, one per release: a release hands over its hash list as it is (no pass),
+and an entry is valid in the write that stamped it last (its sequence number). Expiry walks the
+queue from the front and skips entries written again since, so the order of the entries it
+forgets, and what stays, are the `OrderedDict`'s exactly (docs/design.md, "The release path's
+cost").
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Iterator, Sequence
+from itertools import repeat
+from typing import Any
+
+# A value as the memory's users read it: (conversation, time, shared then, write number).
+Entry = tuple[Any, float, bool, int]
+
+
+class ContentMemory:
+    """content hash → (conversation, time, shared, write), forgotten oldest write first."""
+
+    def __init__(self) -> None:
+        self._map: dict[Hashable, Entry] = {}
+        # Writes in order: [write number, time, hashes, index of the first not yet forgotten].
+        self._writes: deque[list[Any]] = deque()
+        self._next = 0
+        self._listed = 0  # hashes the writes list (stale ones included): bounds compaction
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def __bool__(self) -> bool:
+        return bool(self._map)
+
+    def get(self, content: Hashable) -> Entry | None:
+        return self._map.get(content)
+
+    def entries(self, contents: Sequence[Hashable]) -> set[Entry]:
+        """The distinct entries of `contents` (a C-level pass; a chain's are a few)."""
+        found = set(map(self._map.get, contents))
+        found.discard(None)
+        return found  # type: ignore[return-value]
+
+    def write(self, contents: Sequence[Hashable], conversation: Any, time_s: float, shared: bool):
+        """Every content of one release, at once: `contents` is kept, not copied (pass a
+        list nobody mutates afterwards)."""
+        number = self._begin(time_s, contents)
+        self._map.update(zip(contents, repeat((conversation, time_s, shared, number))))
+
+    def begin(self, time_s: float) -> tuple[int, list[Hashable]]:
+        """Start a release written one content at a time (`put`)."""
+        contents: list[Hashable] = []
+        return self._begin(time_s, contents), contents
+
+    def put(self, write: tuple[int, list[Hashable]], content: Hashable, entry: tuple) -> None:
+        """One content of the release `begin` started: `entry` is (conversation, time, shared)."""
+        number, contents = write
+        old = self._map.get(content)
+        if old is not None and old[3] == number:  # written twice in one release: the later
+            contents.remove(content)  # write is its place (rare: a chain's hashes differ)
+            self._listed -= 1
+        contents.append(content)
+        self._listed += 1
+        self._map[content] = (*entry, number)
+
+    def _begin(self, time_s: float, contents: Sequence[Hashable]) -> int:
+        if self._listed > 2 * len(self._map) + 1024:
+            self._compact()
+        number = self._next
+        self._next = number + 1
+        self._writes.append([number, time_s, contents, 0])
+        self._listed += len(contents)
+        return number
+
+    def forget_before(self, cutoff_s: float) -> None:
+        """Forget every content last written before `cutoff_s` (writes come in time order)."""
+        writes, memory = self._writes, self._map
+        while writes and writes[0][1] < cutoff_s:
+            number, _, contents, start = writes.popleft()
+            self._listed -= len(contents) - start
+            for content in contents[start:]:
+                entry = memory.get(content)
+                if entry is not None and entry[3] == number:
+                    del memory[content]
+
+    def forget_oldest(self, n: int) -> None:
+        """Forget the `n` oldest contents (by their last write)."""
+        writes, memory = self._writes, self._map
+        while n > 0 and writes:
+            write = writes[0]
+            number, _, contents, i = write
+            end = len(contents)
+            while i < end and n > 0:
+                content = contents[i]
+                i += 1
+                entry = memory.get(content)
+                if entry is not None and entry[3] == number:
+                    del memory[content]
+                    n -= 1
+            self._listed -= i - write[3]
+            write[3] = i
+            if i == end:
+                writes.popleft()
+
+    def _compact(self) -> None:
+        """Drop the hashes written again since from the write queue (amortised O(1))."""
+        memory = self._map
+        kept: deque[list[Any]] = deque()
+        listed = 0
+        for number, time_s, contents, start in self._writes:
+            valid = [
+                c
+                for c in contents[start:]
+                if (entry := memory.get(c)) is not None and entry[3] == number
+            ]
+            if valid:
+                kept.append([number, time_s, valid, 0])
+                listed += len(valid)
+        self._writes = kept
+        self._listed = listed
+
+    def items(self) -> Iterator[tuple[Hashable, tuple[Any, float, bool]]]:
+        """(content, (conversation, time, shared)) oldest write first, as an `OrderedDict`
+        moved to the end at every write would list them."""
+        memory = self._map
+        seen: set[Hashable] = set()
+        for number, _, contents, start in self._writes:
+            for content in contents[start:]:
+                entry = memory.get(content)
+                if entry is not None and entry[3] == number and content not in seen:
+                    seen.add(content)
+                    yield content, entry[:3]
+
+    def clear(self) -> None:
+        self._map.clear()
+        self._writes.clear()
+        self._listed = 0

@@ -1,0 +1,86 @@
+"""`ContentMemory` forgets, and keeps, exactly what an `OrderedDict` moved to the end at every
+write does: the order `lpc-pooled`'s hash memory had, which its keys depend on."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from eviction.content_memory import ContentMemory
+from tests.properties import examples
+
+CONTENTS = st.sampled_from([f"h{i}" for i in range(12)])
+
+
+class OrderedReference:
+    """The memory as `lpc-pooled` kept it: an OrderedDict, moved to the end on every write."""
+
+    def __init__(self) -> None:
+        self.map: OrderedDict[str, tuple] = OrderedDict()
+
+    def write(self, contents: list[str], value: tuple) -> None:  # the fast path
+        if any(c in self.map for c in contents):
+            for c in contents:
+                self.map.pop(c, None)
+        self.map.update((c, value) for c in contents)
+
+    def put(self, content: str, value: tuple) -> None:  # the block-by-block path
+        self.map.pop(content, None)
+        self.map[content] = value
+
+    def forget_before(self, cutoff: float) -> None:
+        while self.map and next(iter(self.map.values()))[1] < cutoff:
+            self.map.popitem(last=False)
+
+    def forget_oldest(self, n: int) -> None:
+        for _ in range(min(n, len(self.map))):
+            self.map.popitem(last=False)
+
+
+@examples(300)
+@given(data=st.data())
+def test_the_memory_is_an_ordered_dict_moved_to_the_end_at_every_write(data) -> None:
+    memory, reference = ContentMemory(), OrderedReference()
+    now = 0.0
+    for _ in range(data.draw(st.integers(1, 60), label="steps")):
+        now += data.draw(st.sampled_from([0.0, 0.0, 1.0, 5.0]))
+        action = data.draw(st.sampled_from(["write", "write", "put", "before", "oldest"]))
+        if action == "write":
+            contents = data.draw(st.lists(CONTENTS, min_size=1, max_size=8))
+            shared = data.draw(st.booleans())
+            memory.write(contents, "c", now, shared)
+            reference.write(contents, ("c", now, shared))
+        elif action == "put":
+            write = memory.begin(now)
+            for content in data.draw(st.lists(CONTENTS, min_size=1, max_size=8)):
+                value = ("d", now, data.draw(st.booleans()))
+                memory.put(write, content, value)
+                reference.put(content, value)
+        elif action == "before":
+            cutoff = now - data.draw(st.sampled_from([0.0, 2.0, 6.0]))
+            memory.forget_before(cutoff)
+            reference.forget_before(cutoff)
+        else:
+            n = data.draw(st.integers(0, 6))
+            memory.forget_oldest(n)
+            reference.forget_oldest(n)
+        assert list(memory.items()) == list(reference.map.items())
+        assert len(memory) == len(reference.map)
+        for content in reference.map:
+            assert memory.get(content)[:3] == reference.map[content]
+
+
+def test_writes_written_again_are_compacted_away() -> None:
+    """A content written again and again leaves its old writes stale: the queue of writes
+    is compacted, so it stays within twice the memory's size (plus a constant)."""
+    memory, reference = ContentMemory(), OrderedReference()
+    for t in range(5_000):
+        contents = ["system-prompt", f"turn-{t % 3}"]
+        memory.write(contents, "c", float(t), False)
+        reference.write(contents, ("c", float(t), False))
+    assert len(memory) == 4
+    assert memory._listed <= 2 * len(memory) + 1024 + 2
+    assert list(memory.items()) == list(reference.map.items())
+    assert [content for content, _ in memory.items()][-2:] == ["system-prompt", "turn-1"]
