@@ -24,32 +24,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from predictor.runtime import prefer_passive_openmp  # noqa: E402
+from predictor.runtime import prefer_passive_openmp
 
 prefer_passive_openmp()  # before torch is imported: see predictor/runtime.py
 
-from lpc.benchmarks.predictor_bench import sharegpt_windows  # noqa: E402
-from predictor.atomic_files import write_text_atomically  # noqa: E402
-from predictor.benchmark import (  # noqa: E402
-    synthetic_windows,
-    untrained_artifact,
-    worst_case_windows,
+from lpc.benchmarks.serve_load_test import (  # noqa: E402
+    ServeLoadTestOptions,
+    run_serve_load_test,
 )
-from predictor.embedders import load_embedder  # noqa: E402
-from predictor.features import ConversationWindow  # noqa: E402
-from predictor.load_test import LoadTestConfig, run_load_test  # noqa: E402
-from predictor.predictor import Predictor  # noqa: E402
-from predictor.server_process import ServerProcess, free_port, lpc_serve_command  # noqa: E402
-from predictor.windows_file import read_windows_jsonl  # noqa: E402
+from predictor.atomic_files import write_text_atomically  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -117,113 +105,10 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def short_windows(count: int) -> list[ConversationWindow]:
-    """First turns of at most 8 words: what a server that just started mostly sees."""
-    return [
-        ConversationWindow(f"warmup-{i}", (" ".join(w.user_prompts[-1].split()[:8]),), 1)
-        for i, w in enumerate(synthetic_windows(count, seed=1))
-    ]
-
-
-def metric_value(text: str, series: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(series + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 def main() -> int:
     args = parse_args()
-    if args.windows_file:
-        windows = read_windows_jsonl(args.windows_file, args.windows)
-    elif args.source == "worst":
-        windows = worst_case_windows(args.windows)
-    elif args.source == "synthetic":
-        windows = synthetic_windows(args.windows)
-    else:
-        windows, _ = sharegpt_windows(args.windows, 3000, seed=0)
-    embedder = load_embedder(args.embedder)
-    with tempfile.TemporaryDirectory(prefix="lpc-load-test-") as scratch:
-        artifact = args.artifact or untrained_artifact(
-            Path(scratch) / "untrained", embedder, args.embedder
-        )
-        print(f"expected answers for {len(windows)} windows (in process)", file=sys.stderr)
-        reference = Predictor.load(artifact, embedder=embedder)
-        expected = reference.predict(windows)
-        warmup_windows = short_windows(64) if args.warmup_s > 0 else []
-        warmup_expected = reference.predict(warmup_windows) if warmup_windows else None
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        command = lpc_serve_command(
-            artifact,
-            args.embedder,
-            port,
-            *("--max-batch", str(args.max_batch)),
-            *("--max-wait-ms", str(args.max_wait_ms)),
-            *("--max-queue", str(args.max_queue)),
-            *("--request-timeout-s", str(args.request_timeout_s)),
-        )
-        env = {
-            "PYTHONPATH": os.pathsep.join(
-                filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])
-            )
-        }
-        log = Path(scratch) / "server.log"
-        print(f"starting {' '.join(command[1:])}", file=sys.stderr)
-        with ServerProcess(command, url, log_path=log, env=env) as server:
-            warmup = None
-            if warmup_windows:
-                print(f"warm-up: short windows for {args.warmup_s} s", file=sys.stderr)
-                warmup = run_load_test(
-                    LoadTestConfig(
-                        url, clients=4, duration_s=args.warmup_s, tolerance=args.tolerance
-                    ),
-                    warmup_windows,
-                    warmup_expected,
-                )
-            print(f"{args.clients} clients for {args.duration_s} s", file=sys.stderr)
-            report = run_load_test(
-                LoadTestConfig(
-                    url,
-                    clients=args.clients,
-                    duration_s=args.duration_s,
-                    max_requests=args.max_requests,
-                    items_per_request=args.items_per_request,
-                    max_items_per_request=args.max_items_per_request,
-                    tolerance=args.tolerance,
-                ),
-                windows,
-                expected,
-            )
-            import httpx
-
-            metrics = httpx.get(url + "/metrics", timeout=10).text
-            rss = server.peak_rss_mb()
-            started = time.monotonic()
-            exit_code = server.stop()
-            stop_s = time.monotonic() - started
-        overloaded_metric = metric_value(metrics, 'lpc_predictor_errors_total{kind="overloaded"}')
-        warmup_overloaded = warmup.overloaded_503 if warmup else 0
-        warmup_passed = warmup is None or warmup.passed
-        result = {
-            "passed": warmup_passed
-            and report.passed
-            and overloaded_metric == report.overloaded_503 + warmup_overloaded,
-            "server": {
-                "command": " ".join(command[1:]),
-                "peak_rss_mb": rss,
-                "overloaded_counted_by_server": overloaded_metric,
-                "stop_seconds": round(stop_s, 2),
-                "exit_code": exit_code,
-                "log_tail": log.read_text(errors="replace")[-1500:],
-            },
-            "embedder_id": embedder.embedder_id,
-            "windows": len(windows),
-            "source": str(args.windows_file or args.source),
-            "load_average_1m": os.getloadavg()[0],
-            "warmup": warmup.as_dict() if warmup else None,
-            "report": report.as_dict(),
-        }
+    options = ServeLoadTestOptions(**{k: v for k, v in vars(args).items() if k != "output"})
+    result = run_serve_load_test(options)
     text = json.dumps(result, indent=2, default=str)
     print(text)
     if args.output:

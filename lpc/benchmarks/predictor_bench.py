@@ -1,6 +1,7 @@
 """`lpc bench predictor`'s measurement: the window sets, the subject (embedder, Predictor,
 artifact), then each stage in order: embedder and Predictor in process, a real `lpc serve`
-under load. The figures go into one result dict; `predictor.benchmark` measures each layer.
+under load. The figures go into one result dict; `lpc.benchmarks.predictor_layers` measures
+each layer.
 """
 
 from __future__ import annotations
@@ -200,8 +201,8 @@ class LiveServer:
 def load_window_sets(options: PredictorBenchOptions, sets: list[str]) -> WindowSets:
     """Each chosen set's windows with a line saying where they came from (printed with the
     figures, so a reader knows what was measured)."""
+    from lpc.benchmarks import predictor_layers
     from lpc.errors import UserError
-    from predictor import benchmark
     from predictor.windows_file import read_windows_jsonl
 
     window_sets: WindowSets = {}
@@ -220,7 +221,7 @@ def load_window_sets(options: PredictorBenchOptions, sets: list[str]) -> WindowS
             window_sets["stream"] = sharegpt_stream(options.stream_conversations)
         if "worst" in sets:
             window_sets["worst"] = (
-                benchmark.worst_case_windows(options.worst_windows, options.seed),
+                predictor_layers.worst_case_windows(options.worst_windows, options.seed),
                 "synthetic: 5 prompts of 600 words each (fills the budget)",
             )
     except OSError as error:  # a windows file or data file that cannot be read
@@ -232,13 +233,13 @@ def load_subject(options: PredictorBenchOptions) -> Subject:
     """The embedder and a Predictor over --artifact, or over an untrained MLP written to the
     scratch folder (speed does not depend on the weights). Embedder and artifact problems are
     `UserError`s: one line from the CLI."""
-    from predictor import benchmark
+    from lpc.benchmarks import predictor_layers
     from predictor.embedders import load_embedder
     from predictor.predictor import Predictor
 
     embedder = load_embedder(options.embedder)
     scratch = tempfile.TemporaryDirectory(prefix="lpc-bench-predictor-")
-    artifact = options.artifact or benchmark.untrained_artifact(
+    artifact = options.artifact or predictor_layers.untrained_artifact(
         Path(scratch.name) / "untrained", embedder, options.embedder, options.feature_mode
     )
     predictor = Predictor.load(artifact, embedder=embedder, embed_batch_size=options.batch_size)
@@ -272,7 +273,7 @@ def bench_in_process_sets(
 ) -> dict[str, np.ndarray]:
     """The embedder and in-process stages of every set into `result["sets"]`. Returns each
     set's in-process answers: the server's answers under load are checked against them."""
-    from predictor import benchmark
+    from lpc.benchmarks import predictor_layers
 
     expected_by_set = {}
     for name, (windows, source) in window_sets.items():
@@ -281,7 +282,7 @@ def bench_in_process_sets(
             result["sets"][name] = {
                 "source": source,
                 "windows": len(windows),
-                "stream": benchmark.bench_stream(subject.predictor, windows),
+                "stream": predictor_layers.bench_stream(subject.predictor, windows),
             }
             continue
         _progress(f"{name}: {len(windows)} windows; embedder and in-process stages")
@@ -289,12 +290,12 @@ def bench_in_process_sets(
         entry: dict[str, Any] = {
             "source": source,
             "windows": len(windows),
-            "input_tokens": benchmark.token_counts(subject.predictor, texts),
+            "input_tokens": predictor_layers.token_counts(subject.predictor, texts),
         }
-        entry["embedder"] = benchmark.bench_embedder(
+        entry["embedder"] = predictor_layers.bench_embedder(
             subject.embedder, texts, options.batch_size, options.single_count
         )
-        entry["in_process"], expected_by_set[name] = benchmark.bench_in_process(
+        entry["in_process"], expected_by_set[name] = predictor_layers.bench_in_process(
             subject.predictor, windows, options.batch_size, options.single_count
         )
         result["sets"][name] = entry
@@ -344,14 +345,14 @@ def bench_rpc_sets(
 ) -> None:
     """Per set (the stream set has no server stage): paired in-process / RPC latency of
     single windows, hence the RPC overhead, then the load stage."""
-    from predictor import benchmark
+    from lpc.benchmarks import predictor_layers
 
     for name, (windows, _) in window_sets.items():
         if name == "stream":
             continue
         entry = result["sets"][name]
         _progress(f"{name}: paired in-process / RPC latency")
-        paired = benchmark.bench_rpc_overhead(
+        paired = predictor_layers.bench_rpc_overhead(
             subject.predictor, server.url, windows[: options.single_count]
         )
         entry["rpc_single"] = paired
@@ -368,11 +369,11 @@ def rpc_load(
 ) -> dict[str, Any]:
     """--rpc-clients closed-loop clients for --rpc-duration-s, every answer checked against
     the in-process one; with the server's CPU time per prediction where /proc tells it."""
-    from predictor import benchmark
-    from predictor.load_test import LoadTestConfig, run_load_test
+    from lpc.benchmarks import predictor_layers
+    from lpc.benchmarks.load_test import LoadTestConfig, run_load_test
 
     _progress(f"{name}: {options.rpc_clients} clients for {options.rpc_duration_s} s")
-    cpu_before = benchmark.process_cpu_seconds(server.process.pid)
+    cpu_before = predictor_layers.process_cpu_seconds(server.process.pid)
     report = run_load_test(
         LoadTestConfig(
             server.url,
@@ -383,7 +384,7 @@ def rpc_load(
         windows,
         expected,
     )
-    cpu_after = benchmark.process_cpu_seconds(server.process.pid)
+    cpu_after = predictor_layers.process_cpu_seconds(server.process.pid)
     load = report.as_dict()
     if cpu_before is not None and cpu_after is not None:
         load["server_cpu_ms_per_prediction"] = round(
@@ -399,11 +400,11 @@ def bench_rpc_tail(
     memory, the load at the end, and how the server stopped."""
     import os
 
-    from predictor import benchmark
+    from lpc.benchmarks import predictor_layers
 
     _progress("RPC overhead on tiny windows (paired)")
-    result["rpc_overhead_tiny"] = benchmark.bench_rpc_overhead(
-        subject.predictor, server.url, benchmark.tiny_windows(64)
+    result["rpc_overhead_tiny"] = predictor_layers.bench_rpc_overhead(
+        subject.predictor, server.url, predictor_layers.tiny_windows(64)
     )
     result["server_peak_rss_mb"] = round(server.process.peak_rss_mb() or float("nan"), 1)
     result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]

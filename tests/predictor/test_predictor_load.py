@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
+from lpc.benchmarks.load_test import LoadTestConfig, run_load_test
 from predictor.features import ConversationWindow
-from predictor.load_test import LoadTestConfig, run_load_test
 from predictor.predictor import Predictor
 from predictor.server import ServerConfig, create_app
 from tests.predictor.conftest import sample_windows

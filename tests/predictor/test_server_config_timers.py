@@ -41,7 +41,7 @@ def test_the_longest_timers_are_accepted() -> None:
     ],
 )
 def test_the_load_test_checks_its_url_and_timers(changes: dict, message: str) -> None:
-    from predictor.load_test import LoadTestConfig
+    from lpc.benchmarks.load_test import LoadTestConfig
 
     with pytest.raises(ValueError) as caught:
         LoadTestConfig(**{"url": "http://127.0.0.1:8476", **changes})
