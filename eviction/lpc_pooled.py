@@ -1,53 +1,11 @@
 """LPC for prefixes shared across conversations: a block is worth what ANY user makes of it.
 
-Plain LPC values a block by the continuation probability of the conversations that released
-it, max-pooled. A prefix many conversations share (a system prompt, a pasted document, a
-template) is reused mostly by conversations that have not arrived yet, which no
-per-conversation probability describes: released by first turns with a low p, it ranks below
-the private blocks of long conversations released minutes earlier. This policy changes two
-things and keeps the rest of LPC (static key logit(p) + scale·t, one heap, ties deeper first,
-then older; uncached blocks first):
-
-- **OR pooling.** A release by another conversation than the block's own combines the two as
-  "either comes back": q = 1 − (1 − p_old(now))·(1 − p_new), where p_old(now) is the block's
-  decayed probability at this release (logit(p_old(now)) = k_old − scale·now), and the block
-  takes the key logit(q) + scale·now. Max pooling kept only the larger of the two. A release
-  by the block's only conversation still replaces its key (its newest prediction wins).
-- **A shared floor.** A block is *shared* at a release when another conversation released
-  the same content (block hash) within the last `memory_window_s` seconds, or the content was
-  shared at that earlier release; a hash memory remembers each content's last release
-  (conversation, time, shared) for `memory_window_s`, across evictions, so a popular prefix
-  is still recognised when it is computed again after an eviction. A shared block's
-  probability is at least `p_shared`: its key is max(pooled key, logit(p_shared) + scale·now).
-  `p_shared` is estimated online from the releases seen so far: the share of shared
-  releases after which the same content was released again within `horizon_s` (the label
-  horizon of the access model, so that p_shared and the predicted p answer the same
-  question), with one pseudo-release at 0.5 as a prior. A release is judged once
-  `horizon_s` has passed, at the next release; releases stand in for uses, since a request
-  that reuses a block releases it when it finishes.
-
-- **A trust gate on the model.** A model trained on other traffic can rank this traffic's
-  conversations worse than no model at all: then its p only scrambles recency. The evictor
-  scores the model online against the labels it can see: a conversation's release at t is
-  *continued* when the same conversation releases again within `horizon_s` (judged, like the
-  shared releases, at the first release after t + `horizon_s`). It keeps the model's log-loss
-  on the judged releases (p clamped to [0.001, 0.999]) and a constant's, the running share of
-  continued releases before each (with one pseudo-release at 0.5), both prequential: every
-  label is scored before it is learned from. A release uses its predicted p only once
-  `model_min_labels` releases were judged and the model's total log-loss is at most the
-  constant's minus `model_margin_nats` per judged release; otherwise it is keyed as if no
-  prediction had arrived (the fallback p), which with one p for every release is LRU's
-  order within each tier. The gate decides per release, so every key stays static;
-  `model_min_labels=None` turns it off (the predicted p is always used).
-
-Every key is still fixed when a block is queued, so the heap stays exact between releases
-and every operation stays O(log n) (amortised O(1) more per released block for the memory
-and the judging queue, both FIFO in release time). The memory holds the hashes released in
-the last `memory_window_s` seconds, at most `memory_blocks_factor` per block of the pool
-(oldest forgotten first, so a busy engine's window ends earlier; a content forgotten before
-its judgement counts as not reused); releases are assumed to come in time order (a replay's
-events, an engine's clock), otherwise entries expire a little late. Blocks without a hash
-(a caller that does not pass them) are never shared through the memory.
+Plain LPC (static key logit(p) + scale·t, one heap, leaves first) with three changes, defined
+in docs/design.md, "`lpc-pooled`'s details": OR pooling across conversations instead of max
+pooling; a shared floor `p_shared` for contents another conversation released within
+`memory_window_s` (a hash memory, `eviction.content_memory`), estimated online over the
+access model's horizon; and a trust gate that keys a release by its predicted p only while the
+model's prequential log-loss is no worse than a constant's. Every key stays static.
 """
 
 from __future__ import annotations
