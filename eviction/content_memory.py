@@ -5,8 +5,8 @@ step per hash (its `update` is written in Python). Here the map is a plain dict 
 is a queue of writes, one per release: a release hands over its hash list as it is (no pass),
 and an entry is valid in the write that stamped it last (its sequence number). Expiry walks the
 queue from the front and skips entries written again since, so the order of the entries it
-forgets, and what stays, are the `OrderedDict`'s exactly (docs/design.md, "The release path's
-cost").
+forgets, and what stays, are the `OrderedDict`'s exactly (docs/design.md,
+"`lpc-pooled`'s details (`eviction/lpc_pooled.py`)").
 """
 
 from __future__ import annotations
