@@ -107,27 +107,6 @@ def test_the_return_policies_parse_with_their_curve_sources() -> None:
         parse_policy("lpc-return")
 
 
-def test_a_trace_slice_replays_the_return_policies_under_belady(tmp_path: Path) -> None:
-    path = write_lines(tmp_path / "slice.jsonl", bundled_lines()[:1500])
-    outcome = run_ab(
-        ABOptions(
-            trace=path,
-            policies=tuple(parse_policies("lru,lpc-return-true,lpc-return-km,belady")),
-            cache_sizes_tokens=(1_000_000, 3_000_000),
-            workers=1,
-            progress=False,
-            out_dir=tmp_path / "o",
-        ),
-        log=lambda _: None,
-    )
-    ratio = outcome.to_json()["comparison"]["hit_ratio"]
-    for size in ratio["lru"]:
-        for policy in ("lpc-return-true", "lpc-return-km"):
-            assert 0.0 < ratio[policy][size] <= ratio["belady"][size] + 1e-12, (policy, size)
-    # The curves reach the evictor: perfect knowledge and KM order blocks differently.
-    assert ratio["lpc-return-true"] != ratio["lpc-return-km"]
-
-
 def tiny_return_model(folder: Path, notes: dict | None = None, seed: int = 0) -> Path:
     """A random 3-feature hazard MLP (one hidden layer of 4) on a 4-point grid."""
     rng = np.random.default_rng(seed)
