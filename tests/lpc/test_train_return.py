@@ -23,7 +23,7 @@ def trained(tmp_path_factory) -> tuple[Path, dict]:
     trace = write_lines(folder / "slice.jsonl", bundled_lines()[:2500])
     out = tmp_path_factory.mktemp("model") / "return"
     buffer = io.StringIO()
-    args = ["train-return", "--trace", str(trace), "--max-epochs", "5", "--out", str(out)]
+    args = ["train-return", "--trace", str(trace), "--max-epochs", "2", "--out", str(out)]
     with contextlib.redirect_stdout(buffer):
         assert main([*args, "--no-classifier", "--json"]) == 0
     return out, json.loads(buffer.getvalue(), parse_constant=_refuse_constant)
