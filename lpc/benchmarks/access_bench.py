@@ -205,3 +205,25 @@ def _train_wall_s(train_trace: str | None) -> tuple[float | None, str | None]:
         t0 = time.perf_counter()
         subprocess.run(argv, check=True, capture_output=True)
         return time.perf_counter() - t0, command
+
+
+def summary_lines(result: AccessBenchResult) -> list[str]:
+    """The figures as text, one per line."""
+    lines = [
+        f"model {result.model}: {result.features} features, hidden {result.hidden_sizes}",
+        f"  load (read, sha256, parse; no torch)   {result.load_ms_median:10.2f} ms",
+        f"  batched forward pass ({result.batch_size}/batch)     "
+        f"{result.batched_requests_per_s:10,.0f} requests/s",
+        f"  one row, forward pass only             {result.one_forward_us_median:10.1f} µs",
+        f"  one request from engine state          {result.one_request_us_median:10.1f} µs "
+        f"(p99 {result.one_request_us_p99:.1f})",
+    ]
+    if result.table_features_requests_per_s is not None:
+        lines.append(
+            f"  request table → features → p          "
+            f"{result.table_features_requests_per_s:10,.0f} requests/s"
+        )
+    if result.train_wall_s is not None:
+        lines.append(f"  {result.train_command}: {result.train_wall_s:.1f} s wall")
+    lines.append(f"  load average {result.load_average:.1f}")
+    return lines

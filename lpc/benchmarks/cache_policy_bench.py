@@ -109,3 +109,20 @@ def run(
 
 def to_json(result: CachePolicyBenchResult) -> str:
     return json.dumps(asdict(result), indent=2)
+
+
+def summary_lines(result: CachePolicyBenchResult) -> list[str]:
+    """The figures as text: ns per operation and the ratio to lru, then each target's verdict."""
+    lines = [
+        f"{result.requests} requests, {result.num_chunks} CPU chunks, best of {result.runs} "
+        "rounds (a fresh process each)",
+        f"  {'':<12} {'ns/op':>8} {'/ lru':>7}  policy calls",
+    ]
+    for label, ns in result.ns_per_op.items():
+        ratio = result.ratios.get(label)
+        shown = "" if label == "lru" else ("n/a" if ratio is None else f"{ratio:.2f}x")
+        lines.append(f"  {label:<12} {ns:8.1f} {shown:>7}  {result.ops[label]:,}")
+    for label, met in result.meets_target.items():
+        verdict = "meets" if met else "misses"
+        lines.append(f"  {label} {verdict} the target of {result.target_ratio}x lru")
+    return lines

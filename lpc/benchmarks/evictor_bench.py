@@ -231,3 +231,33 @@ def count_instructions(
 
 def to_json(result: EvictorBenchResult) -> str:
     return json.dumps(asdict(result), indent=2)
+
+
+def summary_lines(result: EvictorBenchResult) -> list[str]:
+    """The figures as text: ns per operation and ratios, then instruction counts if taken."""
+    lines = [
+        f"multi-turn chat plan, best of {result.runs} rounds (a fresh process each)",
+        f"  {'':<18} {'ns/op':>8} {'body ns/op':>11}  block operations",
+    ]
+    for name, ns in result.ns_per_op.items():
+        body = result.body_ns_per_op[name]
+        lines.append(f"  {name:<18} {ns:8.1f} {body:11.1f}  {result.block_ops[name]:,}")
+    for name, ratio in result.ratios.items():
+        lines.append(f"  {name:<18} {_times(ratio):>9} {_times(result.body_ratios[name]):>11}")
+    lines.append(f"  vLLM: {result.vllm_status}")
+    if result.instructions_per_op:
+        body_counts = result.body_instructions_per_op or {}
+        lines.append(
+            f"instructions per operation (callgrind, {result.instruction_block_ops:,} operations)"
+        )
+        for name, count in result.instructions_per_op.items():
+            lines.append(f"  {name:<18} {count:8.0f} {body_counts.get(name, 0.0):11.0f}")
+        body_ratios = result.body_instruction_ratios or {}
+        for name, ratio in (result.instruction_ratios or {}).items():
+            lines.append(f"  {name:<18} {_times(ratio):>9} {_times(body_ratios.get(name)):>11}")
+    return lines
+
+
+def _times(ratio: float | None) -> str:
+    """A ratio as "1.23x", or "n/a" when it could not be measured (a vanished time)."""
+    return "n/a" if ratio is None else f"{ratio:.2f}x"

@@ -208,3 +208,19 @@ def run_log_bench(num_conversations: int = 5000, repeats: int = 3, seed: int = 0
         running_writer_overhead_us=1e6 * (best_running - best_plain) / n,
         repeats=repeats,
     )
+
+
+def summary_lines(r: LogBenchResult) -> list[str]:
+    """The figures as text: the release path's overhead, the calls alone, the writer."""
+    return [
+        f"request log, {r.requests} finished requests ({r.mean_blocks_per_request:.0f} blocks "
+        f"each on average), best of {r.repeats}:",
+        f"  release path: {r.release_overhead_us:.2f} µs per request (replay "
+        f"{r.replay_without_log_s:.3f} s without the log, {r.replay_with_log_s:.3f} s with it)",
+        f"  the calls the logged replay adds, timed alone: {r.release_calls_us:.2f} µs",
+        f"  the vLLM plugin's record path, timed alone: {r.plugin_record_us:.2f} µs",
+        f"  writer: {r.writer_records_per_s:,.0f} records/s "
+        f"({r.writer_bytes_per_record:.0f} bytes per record)",
+        f"  writer running alongside: {r.running_writer_overhead_us:.2f} µs per request "
+        f"(both threads, one GIL)",
+    ]

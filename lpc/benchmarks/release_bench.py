@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from lpc.integrations.config import PluginConfig
+from lpc.integrations.stats import PluginStats
 from lpc.integrations.vllm_plugin import PluginRuntime, build_runtime
 from lpc.integrations.vllm_queue import LPCFreeBlockQueue, bind_queue_class
 
@@ -242,21 +243,7 @@ def run_size(
         access.compact_pending()  # the background thread's work, outside the timing
         if progress is not None and i and i % 1000 == 0:
             progress(f"{tokens} tokens: {i}/{warmup + releases}")
-    stats = runtime.stats
-    expected = warmup + releases
-    computed = {
-        "in-process predictions": (stats.predictions_in_process, model is not None),
-        "return curves": (stats.return_curves_in_process, return_model is not None),
-    }
-    missing = [
-        f"{done} {what} of {expected}"
-        for what, (done, asked) in computed.items()
-        if done != (expected if asked else 0)
-    ]
-    if stats.plugin_errors or missing:
-        raise RuntimeError(
-            f"the release path failed: {stats.plugin_errors} plugin errors; {', '.join(missing)}"
-        )
+    _check_stats(runtime.stats, warmup + releases, model is not None, return_model is not None)
     total = [r + a for r, a in zip(release_ns, append_ns, strict=True)]
     result_total = Latency.of(total)
     result_release = Latency.of(release_ns)
@@ -271,6 +258,24 @@ def run_size(
         result_total.p50_us <= TARGET_P50_US and result_total.p99_us <= TARGET_P99_US,
         result_release.p50_us <= TARGET_P50_US and result_release.p99_us <= TARGET_P99_US,
     )
+
+
+def _check_stats(stats: PluginStats, expected: int, predicts: bool, returns: bool) -> None:
+    """Every release made the prediction and the curve it was asked for, with no plugin
+    error: a release that fell back would time the fallback, not the path."""
+    computed = {
+        "in-process predictions": (stats.predictions_in_process, predicts),
+        "return curves": (stats.return_curves_in_process, returns),
+    }
+    missing = [
+        f"{done} {what} of {expected}"
+        for what, (done, asked) in computed.items()
+        if done != (expected if asked else 0)
+    ]
+    if stats.plugin_errors or missing:
+        raise RuntimeError(
+            f"the release path failed: {stats.plugin_errors} plugin errors; {', '.join(missing)}"
+        )
 
 
 def _check_shared_prefix(runtime: PluginRuntime, chat: Conversation, block_size: int) -> int:
@@ -327,3 +332,35 @@ def run(
         os.getloadavg()[0],
         None if return_model is None else str(return_model),
     )
+
+
+def summary_lines(result: ReleaseBenchResult) -> list[str]:
+    """The figures as text: the conditions, then p50/p99/mean/max per size and part, and
+    whether each size met the target."""
+    models = ", ".join(
+        f"{what} {path}"
+        for what, path in (("model", result.model), ("return model", result.return_model))
+        if path is not None
+    )
+    lines = [
+        f"release path, {models}, evictor {result.evictor}, block size "
+        f"{result.block_size}, {result.conversations} conversations; target: {result.target}",
+        f"{'tokens':>8} {'blocks':>6}  {'part':<12} {'p50 µs':>8} {'p99 µs':>8} {'mean µs':>8} "
+        f"{'max µs':>9}",
+    ]
+    for size in result.sizes:
+        for label, latency in (
+            ("release_for", size.release_for),
+            ("append_n", size.append_n),
+            ("total", size.total),
+        ):
+            lines.append(
+                f"{size.tokens:>8} {size.blocks_per_release:>6}  {label:<12} "
+                f"{latency.p50_us:>8.1f} {latency.p99_us:>8.1f} {latency.mean_us:>8.1f} "
+                f"{latency.max_us:>9.1f}"
+            )
+        verdict = "met" if size.target_met else "MISSED"
+        own = "met" if size.release_for_target_met else "MISSED"
+        lines.append(f"{'':>16}target: total {verdict}, release_for alone {own}")
+    lines.append(f"load average {result.load_average:.1f}")
+    return lines

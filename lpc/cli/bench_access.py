@@ -61,24 +61,6 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(error)) from None
     if args.json:
         print(result.to_json())
-        return 0
-    print(f"model {result.model}: {result.features} features, hidden {result.hidden_sizes}")
-    print(f"  load (read, sha256, parse; no torch)   {result.load_ms_median:10.2f} ms")
-    print(
-        f"  batched forward pass ({result.batch_size}/batch)     "
-        f"{result.batched_requests_per_s:10,.0f} requests/s"
-    )
-    print(f"  one row, forward pass only             {result.one_forward_us_median:10.1f} µs")
-    print(
-        f"  one request from engine state          {result.one_request_us_median:10.1f} µs "
-        f"(p99 {result.one_request_us_p99:.1f})"
-    )
-    if result.table_features_requests_per_s is not None:
-        print(
-            f"  request table → features → p          "
-            f"{result.table_features_requests_per_s:10,.0f} requests/s"
-        )
-    if result.train_wall_s is not None:
-        print(f"  {result.train_command}: {result.train_wall_s:.1f} s wall")
-    print(f"  load average {result.load_average:.1f}")
+    else:
+        print("\n".join(access_bench.summary_lines(result)))
     return 0

@@ -56,17 +56,6 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.json:
         print(cache_policy_bench.to_json(result))
-        return 0
-    print(
-        f"{result.requests} requests, {result.num_chunks} CPU chunks, best of {result.runs} "
-        "rounds (a fresh process each)"
-    )
-    print(f"  {'':<12} {'ns/op':>8} {'/ lru':>7}  policy calls")
-    for label, ns in result.ns_per_op.items():
-        ratio = result.ratios.get(label)
-        shown = "" if label == "lru" else ("n/a" if ratio is None else f"{ratio:.2f}x")
-        print(f"  {label:<12} {ns:8.1f} {shown:>7}  {result.ops[label]:,}")
-    for label, met in result.meets_target.items():
-        verdict = "meets" if met else "misses"
-        print(f"  {label} {verdict} the target of {result.target_ratio}x lru")
+    else:
+        print("\n".join(cache_policy_bench.summary_lines(result)))
     return 0

@@ -99,28 +99,6 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.json:
         print(evictor_bench.to_json(result))
-        return 0
-    print(f"multi-turn chat plan, best of {result.runs} rounds (a fresh process each)")
-    print(f"  {'':<18} {'ns/op':>8} {'body ns/op':>11}  block operations")
-    for name, ns in result.ns_per_op.items():
-        body = result.body_ns_per_op[name]
-        print(f"  {name:<18} {ns:8.1f} {body:11.1f}  {result.block_ops[name]:,}")
-    for name, ratio in result.ratios.items():
-        print(f"  {name:<18} {_times(ratio):>9} {_times(result.body_ratios[name]):>11}")
-    print(f"  vLLM: {result.vllm_status}")
-    if result.instructions_per_op:
-        body_counts = result.body_instructions_per_op or {}
-        print(
-            f"instructions per operation (callgrind, {result.instruction_block_ops:,} operations)"
-        )
-        for name, count in result.instructions_per_op.items():
-            print(f"  {name:<18} {count:8.0f} {body_counts.get(name, 0.0):11.0f}")
-        body_ratios = result.body_instruction_ratios or {}
-        for name, ratio in (result.instruction_ratios or {}).items():
-            print(f"  {name:<18} {_times(ratio):>9} {_times(body_ratios.get(name)):>11}")
+    else:
+        print("\n".join(evictor_bench.summary_lines(result)))
     return 0
-
-
-def _times(ratio: float | None) -> str:
-    """A ratio as "1.23x", or "n/a" when it could not be measured (a vanished time)."""
-    return "n/a" if ratio is None else f"{ratio:.2f}x"

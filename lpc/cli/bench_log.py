@@ -31,7 +31,7 @@ def register(targets: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lpc.benchmarks.log_bench import run_log_bench
+    from lpc.benchmarks.log_bench import run_log_bench, summary_lines
     from lpc.errors import CommandError
 
     for flag in ("conversations", "repeats"):
@@ -40,24 +40,6 @@ def run(args: argparse.Namespace) -> int:
     result = run_log_bench(args.conversations, args.repeats, args.seed)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
-        return 0
-    r = result
-    print(
-        f"request log, {r.requests} finished requests ({r.mean_blocks_per_request:.0f} blocks "
-        f"each on average), best of {r.repeats}:"
-    )
-    print(
-        f"  release path: {r.release_overhead_us:.2f} µs per request (replay "
-        f"{r.replay_without_log_s:.3f} s without the log, {r.replay_with_log_s:.3f} s with it)"
-    )
-    print(f"  the calls the logged replay adds, timed alone: {r.release_calls_us:.2f} µs")
-    print(f"  the vLLM plugin's record path, timed alone: {r.plugin_record_us:.2f} µs")
-    print(
-        f"  writer: {r.writer_records_per_s:,.0f} records/s "
-        f"({r.writer_bytes_per_record:.0f} bytes per record)"
-    )
-    print(
-        f"  writer running alongside: {r.running_writer_overhead_us:.2f} µs per request "
-        f"(both threads, one GIL)"
-    )
+    else:
+        print("\n".join(summary_lines(result)))
     return 0

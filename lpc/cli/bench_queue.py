@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +11,6 @@ from lpc.cli.arg_types import positive_int
 from lpc.integrations.kill_switch import DEFAULT_MODE, MODES
 
 DEFAULT_VLLM_PYTHON = Path(".vllm-venv/bin/python")
-REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 def register(targets: argparse._SubParsersAction) -> None:
@@ -106,75 +104,32 @@ def _sizes(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lpc.benchmarks.queue_driver import QueueBenchOptions, run_worker, summary_lines
     from lpc.errors import CommandError
 
-    sizes = _sizes(args.sizes)
+    options = QueueBenchOptions(
+        sizes=_sizes(args.sizes),
+        budget_blocks=args.budget_blocks,
+        evictor=args.evictor,
+        mode=args.mode,
+        free_blocks=args.free_blocks,
+        scan_blocks=args.scan_blocks,
+        walks=args.walks,
+        switch=args.switch,
+        scan=args.scan,
+    )
     python = args.vllm_python
     if not python.exists():
         raise CommandError(
             f"--vllm-python: {python} does not exist; create vLLM's venv with "
             "scripts/setup_vllm_venv.sh or point --vllm-python at one"
         )
-    command = [
-        str(python),
-        "-m",
-        "lpc.benchmarks.queue_bench",
-        "--sizes",
-        sizes,
-        "--budget-blocks",
-        str(args.budget_blocks),
-        "--evictor",
-        args.evictor,
-        "--mode",
-        args.mode,
-        "--free-blocks",
-        str(args.free_blocks),
-        "--scan-blocks",
-        str(args.scan_blocks),
-        "--walks",
-        str(args.walks),
-        *(["--switch"] if args.switch else []),
-        *(["--scan"] if args.scan else []),
-    ]
-    # The worker's progress lines go to our stderr as they come; its record is its last line.
-    done = subprocess.run(command, cwd=REPOSITORY, stdout=subprocess.PIPE, text=True)
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        raise CommandError(f"the queue benchmark failed in {python} (exit {done.returncode})")
-    record = json.loads(lines[-1])
+    exit_code, record = run_worker(python, options)
+    if record is None:
+        raise CommandError(f"the queue benchmark failed in {python} (exit {exit_code})")
     if args.json:
         print(json.dumps(record))
-        return 0
-    print(
-        f"free queue, {record['evictor']} ({record['mode']} mode) against vLLM's "
-        "FreeKVCacheBlockQueue "
-        "(µs per request, interleaved in one process)"
-    )
-    print(f"  {'tokens':>8} {'call':<6} {'vLLM p50':>9} {'LPC p50':>9} {'×':>6} {'p99 ×':>6}")
-    for size in record["sizes"]:
-        for op in ("touch", "alloc", "free"):
-            print(
-                f"  {size['tokens']:>8,} {op:<6} {size['stock'][op]['p50_us']:9.1f} "
-                f"{size['lpc'][op]['p50_us']:9.1f} {size['ratio_p50'][op]:6.2f} "
-                f"{size['ratio_p99'][op]:6.2f}"
-            )
-    for size in record["sizes"]:
-        switch = size.get("switch")
-        if switch:
-            print(
-                f"  {size['tokens']:>8,} switch at {switch['free_blocks']:,} free blocks: off "
-                f"{switch['switch_off_us']:.0f} µs, on {switch['switch_on_us']:.0f} µs (the "
-                f"asking thread); {switch['drain_allocations']} allocations drain, p50 "
-                f"{switch['drain_alloc']['p50_us']:.1f} µs ({switch['ratio_p50']:.2f}× vLLM's), "
-                f"max {switch['drain_alloc_max_us']:.0f} µs"
-            )
-        scan = size.get("scan")
-        if scan:
-            print(
-                f"  {size['tokens']:>8,} offload walk of ≤{scan['scan_blocks']} blocks: p50 "
-                f"{scan['stock']['p50_us']:.1f} µs vLLM, {scan['lpc']['p50_us']:.1f} µs LPC "
-                f"({scan['ratio_p50']:.2f}×, p99 {scan['ratio_p99']:.2f}×); per block "
-                f"{scan['ratio_per_block']:.2f}×"
-            )
+    else:
+        print("\n".join(summary_lines(record)))
     sys.stdout.flush()
     return 0

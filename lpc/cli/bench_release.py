@@ -79,8 +79,9 @@ def _sizes(text: str, block_size: int) -> tuple[int, ...]:
     return sizes
 
 
-def run(args: argparse.Namespace) -> int:
-    from lpc.benchmarks import release_bench
+def _models(args: argparse.Namespace) -> tuple[Path | None, Path | None]:
+    """The access model and the return-time model the chosen evictor needs (shipped ones by
+    default), or a `CommandError` when one is missing or given to the wrong evictor."""
     from lpc.errors import CommandError
     from training.locations import (
         SHIPPED_ACCESS_MODEL_NAME,
@@ -88,20 +89,26 @@ def run(args: argparse.Namespace) -> int:
         shipped_model_dir,
     )
 
-    sizes = _sizes(args.sizes, args.block_size)
-    returning = args.evictor == "lpc-return"
     model = args.model
-    return_model = None
-    if returning:
+    if args.evictor == "lpc-return":
         return_model = args.return_model or shipped_model_dir(SHIPPED_RETURN_MODEL_NAME)
         if return_model is None:
             raise CommandError("no return-time model: pass --return-model FOLDER")
-    else:
-        if args.return_model is not None:
-            raise CommandError("--return-model is for --evictor lpc-return")
-        model = model or shipped_model_dir(SHIPPED_ACCESS_MODEL_NAME)
-        if model is None:
-            raise CommandError("no access-only model: pass --model FOLDER")
+        return model, return_model
+    if args.return_model is not None:
+        raise CommandError("--return-model is for --evictor lpc-return")
+    model = model or shipped_model_dir(SHIPPED_ACCESS_MODEL_NAME)
+    if model is None:
+        raise CommandError("no access-only model: pass --model FOLDER")
+    return model, None
+
+
+def run(args: argparse.Namespace) -> int:
+    from lpc.benchmarks import release_bench
+    from lpc.errors import CommandError
+
+    sizes = _sizes(args.sizes, args.block_size)
+    model, return_model = _models(args)
     from lpc.integrations.config import PluginConfigError
 
     try:
@@ -119,33 +126,6 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(error)) from None
     if args.json:
         print(result.to_json())
-        return 0
-    models = ", ".join(
-        f"{what} {path}"
-        for what, path in (("model", result.model), ("return model", result.return_model))
-        if path is not None
-    )
-    print(
-        f"release path, {models}, evictor {result.evictor}, block size "
-        f"{result.block_size}, {result.conversations} conversations; target: {result.target}"
-    )
-    print(
-        f"{'tokens':>8} {'blocks':>6}  {'part':<12} {'p50 µs':>8} {'p99 µs':>8} {'mean µs':>8} "
-        f"{'max µs':>9}"
-    )
-    for size in result.sizes:
-        for label, latency in (
-            ("release_for", size.release_for),
-            ("append_n", size.append_n),
-            ("total", size.total),
-        ):
-            print(
-                f"{size.tokens:>8} {size.blocks_per_release:>6}  {label:<12} "
-                f"{latency.p50_us:>8.1f} {latency.p99_us:>8.1f} {latency.mean_us:>8.1f} "
-                f"{latency.max_us:>9.1f}"
-            )
-        verdict = "met" if size.target_met else "MISSED"
-        own = "met" if size.release_for_target_met else "MISSED"
-        print(f"{'':>16}target: total {verdict}, release_for alone {own}")
-    print(f"load average {result.load_average:.1f}")
+    else:
+        print("\n".join(release_bench.summary_lines(result)))
     return 0
