@@ -14,7 +14,7 @@ from lpc.traces.load import TraceOptions, load_trace
 from predictor.access_predictor import AccessPredictor
 from tests.lpc.traces.helpers import bundled_lines, write_lines
 
-SLICE_LINES = 2500  # about 12 minutes of traffic
+SLICE_LINES = 1500  # about 8 minutes of traffic
 # Replaying with the trained model and refusing bad flags need no training-sized slice: a
 # 3-minute one has requests in both parts of its split and linked turns for LPC to score.
 SHORT_LINES = 600
