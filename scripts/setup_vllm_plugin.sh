@@ -15,6 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup_vllm_venv.sh
+# shellcheck source=scripts/setup_installer.sh
+source scripts/setup_installer.sh  # venv_install: uv when it can be had, else pip
 venv=.vllm-venv
 
 # Installed, from this checkout, with the core dependencies pyproject.toml lists today?
@@ -42,7 +44,7 @@ if core_installed; then
 fi
 echo "setup_vllm_plugin: installing the LPC core (pip install -e ., no extras) into $venv"
 log=$(mktemp "${TMPDIR:-/tmp}/lpc-setup-vllm-plugin.XXXXXX")
-if ! "$venv/bin/python" -m pip install --quiet -e . >"$log" 2>&1; then
+if ! venv_install "$venv" -e . >"$log" 2>&1; then
     line=$(grep -E "^ERROR" "$log" | head -n 1 || true)
     echo "setup_vllm_plugin: FAILED: pip install -e . into $venv: ${line:-see $log}" >&2
     exit 1

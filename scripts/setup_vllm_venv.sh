@@ -12,6 +12,8 @@
 # the last line printed says why ("setup_vllm_venv: FAILED: <reason>").
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/setup_installer.sh
+source scripts/setup_installer.sh  # venv_install: uv when it can be had, else pip
 
 vllm_version=0.33.0
 python_bin=${PYTHON:-python3}
@@ -59,13 +61,12 @@ if [ ! -x "$venv/bin/python" ]; then
     echo "setup_vllm_venv: creating $venv with $("$python_bin" --version 2>&1)"
     "$python_bin" -m venv --clear "$venv" >>"$log" 2>&1 || fail "python -m venv: $(last_error)"
 fi
-pip=("$venv/bin/python" -m pip install --quiet)
 if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
     echo "setup_vllm_venv: installing $torch_spec first"
-    "${pip[@]}" "$torch_spec" >>"$log" 2>&1 || fail "pip install $torch_spec: $(last_error)"
+    venv_install "$venv" "$torch_spec" >>"$log" 2>&1 || fail "pip install $torch_spec: $(last_error)"
 fi
 echo "setup_vllm_venv: installing vllm==$vllm_version (--no-deps) and $requirements"
-"${pip[@]}" --no-deps "vllm==$vllm_version" -r "$requirements" >>"$log" 2>&1 \
+venv_install "$venv" --no-deps "vllm==$vllm_version" -r "$requirements" >>"$log" 2>&1 \
     || fail "pip install vllm==$vllm_version: $(last_error)"
 works || fail "vLLM $vllm_version installed but the replay's imports fail: $(last_error)"
 echo "setup_vllm_venv: $venv is ready with vLLM $vllm_version"
