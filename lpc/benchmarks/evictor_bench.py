@@ -3,7 +3,7 @@
 Each policy is first driven through a seeded multi-turn chat plan to record the exact calls it
 receives; every implementation then replays its file in a fresh process of its own, in
 interleaved rounds: our evictors through `evictor_worker`, vLLM's `FreeKVCacheBlockQueue`
-through `scripts/vllm_queue_bench.py` inside vLLM's virtual environment (its pins clash with
+through `evictor_vllm_worker` inside vLLM's virtual environment (its pins clash with
 ours), replaying the calls recorded for our lru (identical by construction: our lru
 reproduces vLLM's queue block for block). Both sides run the same timing code, so the only
 difference left is the queue. The method and the two figures (with and without the call):
@@ -13,6 +13,7 @@ docs/design.md, "Evictor speed".
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -35,7 +36,6 @@ from lpc.benchmarks.evictor_ops import (
 from lpc.benchmarks.evictor_worker import DEFAULT_TIMED_POLICIES, new_evictor
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-VLLM_BENCH_SCRIPT = REPO_ROOT / "scripts" / "vllm_queue_bench.py"
 VLLM = "vllm_free_queue"
 REPEATS_PER_PROCESS = 3
 
@@ -89,8 +89,17 @@ def record_at_least(
     raise RuntimeError(f"could not reach {block_ops} block operations in {attempts} plans")
 
 
+def checkout_env() -> dict[str, str]:
+    """Our environment with the checkout first on the path: vLLM's venv need not have the
+    project installed to run `evictor_vllm_worker`."""
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
+
+
 def _run_json(argv: Sequence[str]) -> dict:
-    completed = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+    completed = subprocess.run(
+        list(argv), capture_output=True, text=True, check=False, env=checkout_env()
+    )
     if completed.returncode != 0:
         tail = " | ".join((completed.stderr or completed.stdout).strip().splitlines()[-3:])
         raise RuntimeError(f"{' '.join(argv[:4])} … failed ({completed.returncode}): {tail}")
@@ -112,7 +121,14 @@ def worker_argv(policy: str, calls_file: Path, mode: str = "time") -> list[str]:
 
 
 def vllm_argv(python: Path, calls_file: Path, mode: str = "time") -> list[str]:
-    return [str(python), str(VLLM_BENCH_SCRIPT), str(calls_file), "--mode", mode]
+    return [
+        str(python),
+        "-m",
+        "lpc.benchmarks.evictor_vllm_worker",
+        str(calls_file),
+        "--mode",
+        mode,
+    ]
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -219,7 +235,7 @@ def count_instructions(
         jobs = [(name, mode) for name in argv_for for mode in ("replay", "loop", "dispatch")]
         counts: dict[str, dict[str, int]] = {name: {} for name in argv_for}
         for name, mode in tqdm(jobs, desc="callgrind", unit="process", disable=not progress):
-            counts[name][mode] = callgrind_instructions(argv_for[name](mode))
+            counts[name][mode] = callgrind_instructions(argv_for[name](mode), checkout_env())
     per_op = {n: (c["replay"] - c["loop"]) / ops[n] for n, c in counts.items()}
     body = {n: (c["replay"] - c["dispatch"]) / ops[n] for n, c in counts.items()}
     result.instructions_per_op = per_op

@@ -3,8 +3,8 @@
     python -m lpc.benchmarks.evictor_worker --policy lpc --calls lpc-calls.json
 
 `lpc bench evictor` runs every implementation this way, ours here and vLLM's queue through
-`scripts/vllm_queue_bench.py`, so each is timed in a fresh interpreter that holds only its own
-calls. The other modes run once, for instruction counting (see instruction_count): after
+`evictor_vllm_worker` in vLLM's venv, so each is timed in a fresh interpreter that holds only
+its own calls. The other modes run once, for instruction counting (see instruction_count): after
 the same setup and a fresh evictor, `replay` replays the calls, `loop` runs the replay loop
 alone, and `dispatch` the loop with a no-op call per operation.
 """

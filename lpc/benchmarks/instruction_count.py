@@ -22,8 +22,8 @@ def valgrind_available() -> bool:
     return shutil.which("valgrind") is not None
 
 
-def callgrind_instructions(argv: Sequence[str]) -> int:
-    """Instructions `argv` executes under callgrind (its whole run).
+def callgrind_instructions(argv: Sequence[str], env: dict[str, str] | None = None) -> int:
+    """Instructions `argv` executes under callgrind (its whole run), in `env` (default: ours).
 
     String hashing is seeded per process, and a large import (vLLM's pulls in torch) executes
     millions of instructions more or fewer with the seed; a fixed seed makes the modes of one
@@ -34,7 +34,7 @@ def callgrind_instructions(argv: Sequence[str]) -> int:
         capture_output=True,
         text=True,
         check=False,
-        env={**os.environ, "PYTHONHASHSEED": "0"},
+        env={**(os.environ if env is None else env), "PYTHONHASHSEED": "0"},
     )
     match = _COLLECTED.search(completed.stderr)
     if completed.returncode != 0 or match is None:

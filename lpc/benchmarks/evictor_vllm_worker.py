@@ -1,7 +1,9 @@
 """Replay recorded free-queue calls against vLLM's FreeKVCacheBlockQueue and time them.
 
+    .vllm-venv/bin/python -m lpc.benchmarks.evictor_vllm_worker lru-calls.json
+
 Runs inside the vLLM virtual environment (see scripts/setup_vllm_venv.sh); `lpc bench evictor`
-writes the calls its lru evictor received to a JSON file, calls this script on it, and reads
+writes the calls its lru evictor received to a JSON file, runs this module on it, and reads
 the last line of its output: the same JSON timing record our evictors' worker prints
 (`lpc/benchmarks/evictor_worker.py`), so both sides are timed by the same code, each in a
 process of its own.
@@ -10,10 +12,7 @@ process of its own.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lpc.benchmarks.evictor_ops import (
     PUSH,
