@@ -168,14 +168,8 @@ def run(args: argparse.Namespace) -> int:
 
     prefer_passive_openmp()  # before torch is imported: see predictor/runtime.py
 
-    from lpc.errors import CommandError, InvalidInputError
-    from predictor.access_features import check_servable
-    from predictor.artifact import load_artifact
-    from predictor.bearer_token import read_bearer_token
-    from predictor.embedders import load_embedder
-    from predictor.predictor import Predictor
-    from predictor.rpc_schema import RequestLimits
-    from predictor.server import ServerConfig, create_app, load_served_model, uvicorn_server
+    from lpc.errors import CommandError
+    from predictor.server import create_app, uvicorn_server
 
     artifact_path = artifact_from(args)
     if artifact_path is None:
@@ -191,6 +185,28 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    config = server_config_from(args)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and config.token is None:
+        print(f"lpc serve: warning: listening on {args.host} without a token", file=sys.stderr)
+    predictor, serving = served_predictor(args, artifact_path)
+    app = create_app(config, predictor, artifact_path=artifact_path)
+    print(
+        f"lpc serve: {serving} on http://{config.host}:{config.port}",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn_server(app, config, log_level=args.log_level).run()
+    return 0
+
+
+def server_config_from(args: argparse.Namespace):
+    """The server's `ServerConfig` (limits, timers, token) from the flags; a bad value is a
+    `CommandError` naming the field, an unreadable token file a `UserError`."""
+    from lpc.errors import CommandError, InvalidInputError
+    from predictor.bearer_token import read_bearer_token
+    from predictor.rpc_schema import RequestLimits
+    from predictor.server import ServerConfig
+
     token = read_bearer_token(args.token_file, "--token-file")  # UserError when unreadable
     try:
         limits = RequestLimits(
@@ -199,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
             max_prompt_chars=args.max_prompt_chars,
             max_body_bytes=args.max_body_bytes,
         )
-        config = ServerConfig(
+        return ServerConfig(
             host=args.host,
             port=args.port,
             max_batch=args.max_batch,
@@ -213,27 +229,26 @@ def run(args: argparse.Namespace) -> int:
         )
     except InvalidInputError as error:  # RequestLimits and ServerConfig name the bad field
         raise CommandError(str(error)) from None
-    if args.host not in ("127.0.0.1", "localhost", "::1") and token is None:
-        print(f"lpc serve: warning: listening on {args.host} without a token", file=sys.stderr)
-    # Artifact, servability and embedder problems are `UserError`s: one line from the CLI.
+
+
+def served_predictor(args: argparse.Namespace, artifact_path: Path):
+    """The model to serve and a line saying what it is: an access-only model as it is, a
+    text predictor over its embedder. Artifact, servability and embedder problems are
+    `UserError`s: one line from the CLI."""
+    from predictor.access_features import check_servable
+    from predictor.artifact import load_artifact
+    from predictor.embedders import load_embedder
+    from predictor.predictor import Predictor
+    from predictor.server import load_served_model
+
     access_model = load_served_model(artifact_path)  # an access-only model: no embedder
-    if access_model is None:
-        artifact = load_artifact(artifact_path)
-        # Before the embedder loads: an unservable model is refused at once.
-        check_servable(artifact.metadata.mlp_config.extra_features, f"artifact {artifact_path}")
-        spec = args.embedder or artifact.metadata.embedder_spec
-        embedder = load_embedder(spec, device=args.device)
-        predictor = Predictor(artifact, embedder, embed_batch_size=args.embed_batch_size)
-        serving = f"{embedder.embedder_id} + {artifact_path}"
-    else:
-        predictor = access_model
+    if access_model is not None:
         features = ", ".join(access_model.feature_names)
-        serving = f"access-only model {artifact_path} (features: {features})"
-    app = create_app(config, predictor, artifact_path=artifact_path)
-    print(
-        f"lpc serve: {serving} on http://{config.host}:{config.port}",
-        file=sys.stderr,
-        flush=True,
-    )
-    uvicorn_server(app, config, log_level=args.log_level).run()
-    return 0
+        return access_model, f"access-only model {artifact_path} (features: {features})"
+    artifact = load_artifact(artifact_path)
+    # Before the embedder loads: an unservable model is refused at once.
+    check_servable(artifact.metadata.mlp_config.extra_features, f"artifact {artifact_path}")
+    spec = args.embedder or artifact.metadata.embedder_spec
+    embedder = load_embedder(spec, device=args.device)
+    predictor = Predictor(artifact, embedder, embed_batch_size=args.embed_batch_size)
+    return predictor, f"{embedder.embedder_id} + {artifact_path}"

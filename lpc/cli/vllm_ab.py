@@ -151,50 +151,24 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from lpc.drivers.scheduler_ab import compare, print_table
     from lpc.drivers.vllm_driver import vllm_python_path
-    from lpc.drivers.vllm_scheduler import EngineSettings, PolicySettings, SchedulerRunFailed
+    from lpc.drivers.vllm_scheduler import SchedulerRunFailed
     from predictor.atomic_files import check_output_folder
 
     if args.one_in < 1:
         raise CommandError(f"--one-in must be >= 1, got {args.one_in}")
-    dp_size, dp_rank = 1, 0
-    if args.data_parallel is not None:
-        size, _, rank = args.data_parallel.partition(":")
-        if not (size.isdigit() and rank.isdigit() and 0 <= int(rank) < int(size)):
-            raise CommandError(
-                f"--data-parallel must be SIZE:RANK with 0 <= RANK < SIZE, got "
-                f"{args.data_parallel!r}"
-            )
-        dp_size, dp_rank = int(size), int(rank)
+    dp_size, dp_rank = data_parallel_from(args)
     python = args.vllm_python or vllm_python_path()
     if not python.exists():
         raise CommandError(f"no vLLM python at {python}; run scripts/setup_vllm_plugin.sh")
     if args.records_dir is not None:  # the engines write there: checked before they start
         check_output_folder(args.records_dir, "--records-dir")
-    engine = EngineSettings(
-        kv_tokens=args.kv_tokens,
-        block_size=args.block_size,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        step_base_s=args.step_base_ms / 1e3,
-        step_per_token_s=args.step_per_token_us / 1e6,
-        max_model_len=args.max_model_len,
-        check_every=args.check_every,
-        data_parallel_size=dp_size,
-        data_parallel_rank=dp_rank,
-    )
-    settings = PolicySettings(
-        scale_per_s=args.scale,
-        fallback_probability=args.fallback_p,
-        access_model=args.access_model,
-        conversation_table_max_tokens=args.conversation_table_max_tokens,
-        return_model=args.return_model,
-    )
+    engine = engine_settings_from(args, dp_size, dp_rank)
     try:
         result = compare(
             args.trace,
             args.policies,
             engine,
-            settings,
+            policy_settings_from(args),
             python,
             args.one_in,
             args.records_dir,
@@ -209,3 +183,46 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_table(result)
     return 0 if result["ok"] else 1
+
+
+def data_parallel_from(args: argparse.Namespace) -> tuple[int, int]:
+    """(size, rank) of --data-parallel SIZE:RANK; (1, 0) without it."""
+    if args.data_parallel is None:
+        return 1, 0
+    size, _, rank = args.data_parallel.partition(":")
+    if not (size.isdigit() and rank.isdigit() and 0 <= int(rank) < int(size)):
+        raise CommandError(
+            f"--data-parallel must be SIZE:RANK with 0 <= RANK < SIZE, got {args.data_parallel!r}"
+        )
+    return int(size), int(rank)
+
+
+def engine_settings_from(args: argparse.Namespace, dp_size: int, dp_rank: int):
+    """The engine's shape and step-time model from the flags."""
+    from lpc.drivers.vllm_scheduler import EngineSettings
+
+    return EngineSettings(
+        kv_tokens=args.kv_tokens,
+        block_size=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        step_base_s=args.step_base_ms / 1e3,
+        step_per_token_s=args.step_per_token_us / 1e6,
+        max_model_len=args.max_model_len,
+        check_every=args.check_every,
+        data_parallel_size=dp_size,
+        data_parallel_rank=dp_rank,
+    )
+
+
+def policy_settings_from(args: argparse.Namespace):
+    """What the learned policies are given: the fitted scale, the fallback p, the models."""
+    from lpc.drivers.vllm_scheduler import PolicySettings
+
+    return PolicySettings(
+        scale_per_s=args.scale,
+        fallback_probability=args.fallback_p,
+        access_model=args.access_model,
+        conversation_table_max_tokens=args.conversation_table_max_tokens,
+        return_model=args.return_model,
+    )
