@@ -4,6 +4,11 @@ vLLM lives in its own venv (scripts/setup_vllm_venv.sh); its python is `LPC_VLLM
 `.vllm-venv/bin/python` in the repository. The tests are skipped, loudly, only when that python
 does not exist: a driver that exists but fails is a test failure. One driver process replays
 every stream of a module, because importing vLLM costs ~10 s of CPU.
+
+With pytest-xdist (CI step 2 runs two workers, one file each) the tests fill each worker's
+`REPORT`; a worker hands its report back when it finishes (`workeroutput`) and the controller,
+which prints the terminal summary, adds them up, so the coverage lines and the "TOTAL over"
+line are the same as in one process.
 """
 
 from __future__ import annotations
@@ -42,6 +47,23 @@ def run_vllm(
             pytest.fail(str(exc))
 
     return run
+
+
+_WORKER_OUTPUT = "lpc_vllm_coverage"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: hand the report to the controller
+        workeroutput[_WORKER_OUTPUT] = REPORT.as_dict()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist's controller: a worker finished; add up its report."""
+    report = getattr(node, "workeroutput", {}).get(_WORKER_OUTPUT)
+    if report is not None:
+        REPORT.merge(report)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -10,7 +10,7 @@ import os
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lpc.difftest.checks import ReplayTotals
@@ -82,6 +82,17 @@ class CoverageReport:
     totals: ReplayTotals = field(default_factory=ReplayTotals)
     seeds: int = 0
     steps: int = 0
+
+    def as_dict(self) -> dict:
+        """What a pytest-xdist worker hands back to the process that prints the summary."""
+        return asdict(self)
+
+    def merge(self, other: dict) -> None:
+        """Add a worker's report (`as_dict`) to this one."""
+        self.lines.extend(other["lines"])
+        self.totals.add(ReplayTotals(**other["totals"]))
+        self.seeds += other["seeds"]
+        self.steps = max(self.steps, other["steps"])
 
 
 REPORT = CoverageReport()
