@@ -66,20 +66,41 @@ SHARED_WORKER_FILES = {
     "tests/predictor/test_predictor_real_embedder.py": "embedders",
 }
 
+# Files too long for one worker, split in two: the tests named with one of the prefixes keep the
+# file's scope (they share its module fixtures: the plugin's parity and agreement runs), the
+# others (each starting engine processes of its own) go to the other scope, which the other
+# worker can take.
+SPLIT_FILES = {
+    "tests/integrations/test_vllm_plugin.py": (
+        "test_constant_p",
+        "test_parity",
+        "test_per_request",
+        "test_equal_release",
+    ),
+}
+
+
+def _scope_of(nodeid: str) -> str:
+    """The scheduling unit of a test: its file, its file's group, or half of a split file."""
+    path, _, name = nodeid.partition("::")
+    prefixes = SPLIT_FILES.get(path)
+    if prefixes is not None and not name.startswith(prefixes):
+        return f"{path}::apart"
+    return SHARED_WORKER_FILES.get(path, path)
+
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """`--dist loadfile`, each file whole to one worker (a module-scoped fixture is built once),
-    with the files of one `SHARED_WORKER_FILES` group sent together. Any other `--dist` is
-    pytest-xdist's own."""
+    with the files of one `SHARED_WORKER_FILES` group sent together and the `SPLIT_FILES` in
+    two halves. Any other `--dist` is pytest-xdist's own."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
     class FileOrGroupScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return SHARED_WORKER_FILES.get(path, path)
+            return _scope_of(nodeid)
 
     return FileOrGroupScheduling(config, log)
 
