@@ -1,5 +1,14 @@
-"""`lpc vllm-ab`: serve a request trace with vLLM 0.33.0's own scheduler, stock and with LPC.
+"""`lpc vllm-ab`: serve a request trace with vLLM 0.33.0's own scheduler, stock and with LPC."""
 
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from lpc.errors import CommandError
+
+DESCRIPTION = """\
 Runs in the project's venv and drives vLLM's venv (scripts/setup_vllm_plugin.sh) through
 scripts/vllm_scheduler_replay.py, one process per policy: vLLM's `Scheduler` on the CPU with
 chunked prefill, a token budget, a KV pool and a step-time model, fed synthetic model outputs
@@ -33,16 +42,6 @@ replay of its requests (`lpc.replay.shadow`); every run ends with each block fre
 reference count zero and the free queue holding each block once. Exit status 1 if a check
 fails.
 """
-
-from __future__ import annotations
-
-import argparse
-import json
-from pathlib import Path
-
-from lpc.errors import CommandError
-
-DESCRIPTION = __doc__.split("\n\n", 1)[1]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
