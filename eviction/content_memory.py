@@ -45,7 +45,9 @@ class ContentMemory:
         found.discard(None)
         return found  # type: ignore[return-value]
 
-    def write(self, contents: Sequence[Hashable], conversation: Any, time_s: float, shared: bool):
+    def write(
+        self, contents: Sequence[Hashable], conversation: Any, time_s: float, shared: bool
+    ) -> None:
         """Every content of one release, at once: `contents` is kept, not copied (pass a
         list nobody mutates afterwards)."""
         number = self._begin(time_s, contents)
@@ -56,7 +58,9 @@ class ContentMemory:
         contents: list[Hashable] = []
         return self._begin(time_s, contents), contents
 
-    def put(self, write: tuple[int, list[Hashable]], content: Hashable, entry: tuple) -> None:
+    def put(
+        self, write: tuple[int, list[Hashable]], content: Hashable, entry: tuple[Any, float, bool]
+    ) -> None:
         """One content of the release `begin` started: `entry` is (conversation, time, shared)."""
         number, contents = write
         old = self._map.get(content)
