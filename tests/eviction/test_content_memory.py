@@ -39,7 +39,7 @@ class OrderedReference:
             self.map.popitem(last=False)
 
 
-@examples(300)
+@examples(100)
 @given(data=st.data())
 def test_the_memory_is_an_ordered_dict_moved_to_the_end_at_every_write(data) -> None:
     memory, reference = ContentMemory(), OrderedReference()
