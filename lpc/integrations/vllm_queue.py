@@ -540,7 +540,7 @@ class LPCFreeBlockQueue:
                 if not self._shared_pool:
                     self._note_tenant(release.tenant)
                 release, pin = self._pin(release, len(blocks))
-            freed = _freed(blocks, self._hash_of if self._reads_hashes else None)
+            freed = _freed(blocks, self._hash_of if self._reads_hashes else None, index=True)
             if protected:
                 self._learned.push_protected(freed, release)
             else:
@@ -722,7 +722,9 @@ def _hash_getter(blocks: Sequence[Any]) -> Callable[[Any], Any]:
     return _block_hash
 
 
-def _freed(blocks: Sequence[Any], hash_of: Callable[[Any], Any] | None) -> FreedBlocks:
+def _freed(
+    blocks: Sequence[Any], hash_of: Callable[[Any], Any] | None, index: bool = False
+) -> FreedBlocks:
     # Fresh lists: the evictor keeps references to them. A block's depth is the token count
     # its hash covers (0 when unknown): `LPCEvictor` compares depths only with each other, to
     # evict the deeper of two blocks with equal keys, so (index + 1) · block size orders blocks
@@ -750,7 +752,8 @@ def _freed(blocks: Sequence[Any], hash_of: Callable[[Any], Any] | None) -> Freed
         depths,
         [None] * n if hash_of is None else list(map(hash_of, blocks)),
         chain=True,
-        index=np.fromiter(ids, np.intp, n),  # the heap's positions and the release times
+        # The release's: the heap's positions and the release times; pooling notes need none.
+        index=np.fromiter(ids, np.intp, n) if index else None,
     )
 
 
