@@ -216,9 +216,9 @@ def engine_settings_from(args: argparse.Namespace, dp_size: int, dp_rank: int):
 
 def policy_settings_from(args: argparse.Namespace):
     """What the learned policies are given: the fitted scale, the fallback p, the models."""
-    from lpc.drivers.vllm_scheduler import PolicySettings
+    from lpc.drivers.release_plan import PluginSettings
 
-    return PolicySettings(
+    return PluginSettings(
         scale_per_s=args.scale,
         fallback_probability=args.fallback_p,
         access_model=args.access_model,

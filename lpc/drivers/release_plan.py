@@ -17,6 +17,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from lpc.difftest.ops import NewRequest, Stream
@@ -105,17 +106,24 @@ def _probability(value: Any, rid: str) -> float | None:
 
 @dataclass(frozen=True)
 class PluginSettings:
-    """The LPC settings both sides of a comparison use."""
+    """The LPC_* settings a comparison gives the plugin (`lpc vllm-ab`'s flags): both sides of
+    a comparison use the decay scale and the fallback p."""
 
     scale_per_s: float = 1e-2
     fallback_probability: float = 0.5
+    access_model: Path | None = None  # LPC_ACCESS_MODEL
+    conversation_table_max_tokens: int | None = None  # LPC_CONVERSATION_TABLE_MAX_TOKENS
+    return_model: Path | None = None  # lpc-return's curves (LPC_RETURN_MODEL)
 
 
 def write_plans(
     path: Any, plans: Mapping[str, ReleasePlan], settings: PluginSettings | None = None
 ) -> None:
-    """Write the plans of several streams (keyed by stream name) as one JSON file."""
+    """Write the plans of several streams (keyed by stream name) as one JSON file, with the
+    scale and fallback p; the plugin driver takes its models as flags, not from this file."""
     settings = settings if settings is not None else PluginSettings()
+    if settings != PluginSettings(settings.scale_per_s, settings.fallback_probability):
+        raise ValueError("a plan file carries the scale and fallback p only; pass models as flags")
     document = {
         "settings": {
             "scale_per_s": settings.scale_per_s,

@@ -19,12 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from lpc.drivers.release_plan import PluginSettings
 from lpc.drivers.vllm_scheduler import (
     LEARNED,
     SHADOW,
     EngineSettings,
     PolicyRun,
-    PolicySettings,
     first_divergence,
     parse_policies,
     policy_row,
@@ -74,7 +74,7 @@ def compare(
     trace: str,
     policies_text: str,
     engine: EngineSettings,
-    settings: PolicySettings,
+    settings: PluginSettings,
     vllm_python: Path,
     one_in: int = 1,
     records_dir: Path | None = None,

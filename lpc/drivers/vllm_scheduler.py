@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from lpc.drivers.release_plan import PluginSettings
 from lpc.drivers.vllm_driver import REPO_ROOT
 from lpc.replay.shadow import ShadowRequest, learned_evictor_factory, read_events, replay_shadow
 from lpc.workload import WorkloadRequest
@@ -73,17 +74,6 @@ class EngineSettings:
         if self.kv_tokens < self.block_size:
             raise ValueError(f"{self.kv_tokens} tokens hold no {self.block_size}-token block")
         return self.kv_tokens // self.block_size + 1
-
-
-@dataclass(frozen=True)
-class PolicySettings:
-    """What the plugin is configured with (LPC_* variables)."""
-
-    scale_per_s: float = 1e-2
-    fallback_probability: float = 0.5
-    access_model: Path | None = None
-    conversation_table_max_tokens: int | None = None
-    return_model: Path | None = None  # lpc-return's curves (LPC_RETURN_MODEL)
 
 
 @dataclass(frozen=True)
@@ -205,7 +195,7 @@ def entry_point_site(folder: Path) -> Path:
     return folder
 
 
-def policy_environment(policy: Policy, settings: PolicySettings) -> tuple[dict[str, str], bool]:
+def policy_environment(policy: Policy, settings: PluginSettings) -> tuple[dict[str, str], bool]:
     """The variables vLLM and the plugin read for `policy`, and whether requests carry the
     trace's probabilities."""
     if policy.name == "lru":
@@ -271,7 +261,7 @@ def run_policy(
     requests: RequestsFile,
     policy: Policy,
     engine: EngineSettings,
-    settings: PolicySettings,
+    settings: PluginSettings,
     workdir: Path,
     records: bool = True,
     timeout_s: float = TIMEOUT_S,
@@ -490,7 +480,7 @@ def shadow_replay_check(run: PolicyRun, requests_path: Path) -> dict[str, Any]:
     }
 
 
-def settings_dict(engine: EngineSettings, settings: PolicySettings) -> dict[str, Any]:
+def settings_dict(engine: EngineSettings, settings: PluginSettings) -> dict[str, Any]:
     out = {**asdict(engine), **asdict(settings), "num_blocks": engine.num_blocks}
     for name in ("access_model", "return_model"):
         if out[name] is not None:

@@ -40,7 +40,7 @@ import pytest
 from lpc.drivers.vllm_driver import REPO_ROOT
 from lpc.drivers.vllm_scheduler import (
     EngineSettings,
-    PolicySettings,
+    PluginSettings,
     first_divergence,
     parse_policies,
     policy_environment,
@@ -417,8 +417,8 @@ def test_policies_parse_and_refuse() -> None:
 def test_lpc_return_is_configured_with_its_return_model() -> None:
     policy = parse_policies("lpc-return")[0]
     with pytest.raises(ValueError, match="--return-model"):
-        policy_environment(policy, PolicySettings())
-    settings = PolicySettings(access_model=SHIPPED_ACCESS_MODEL, return_model=SHIPPED_RETURN_MODEL)
+        policy_environment(policy, PluginSettings())
+    settings = PluginSettings(access_model=SHIPPED_ACCESS_MODEL, return_model=SHIPPED_RETURN_MODEL)
     env, send_probabilities = policy_environment(policy, settings)
     assert (env["LPC_EVICTOR"], env["LPC_RETURN_MODEL"]) == (
         "lpc-return",

@@ -32,8 +32,8 @@ from lpc.drivers.scheduler_ab import PARITY_FIELDS, load_requests
 from lpc.drivers.vllm_driver import REPO_ROOT
 from lpc.drivers.vllm_scheduler import (
     EngineSettings,
+    PluginSettings,
     PolicyRun,
-    PolicySettings,
     first_divergence,
     parse_policies,
     run_policy,
@@ -214,7 +214,7 @@ def test_the_scheduler_sample_through_the_seam_equals_the_patch_points(
     count = sharegpt_like(trace, conversations_count=30, duration_s=40)
     requests, logged, _ = load_requests(str(trace), 1)
     requests_file = write_requests(tmp_path / "requests.jsonl", requests, logged)
-    settings = PolicySettings()
+    settings = PluginSettings()
     lru, const, pooled = parse_policies("lru,lpc-const=0.5,lpc-pooled")
     runs = {  # label -> (python, policy, CacheConfig.eviction_policy)
         "stock lru": (vllm_python, lru, None),
