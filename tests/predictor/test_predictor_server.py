@@ -11,6 +11,7 @@ import json
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -132,6 +133,18 @@ def test_dict_items_and_model_info(tiny_artifact, reference):
 VALID = {"conversation_id": "c", "user_prompts": ["a", "b"], "turn_count": 2}
 
 
+@pytest.fixture(scope="module")
+def limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    """One server with small request limits for every invalid payload: a refused body leaves
+    no state behind (each case still checks the server healthy after its answer)."""
+    artifact = tmp_path_factory.mktemp("limited") / "artifact"
+    make_artifact(artifact)
+    limits = RequestLimits(max_items_per_request=8, max_prompt_chars=100, max_prompts_per_item=4)
+    app, config = serve(artifact, limits=limits)
+    with running_server(app, config) as (url, _), httpx.Client(base_url=url) as client:
+        yield client
+
+
 @pytest.mark.parametrize(
     ("body", "where"),
     [
@@ -166,16 +179,13 @@ VALID = {"conversation_id": "c", "user_prompts": ["a", "b"], "turn_count": 2}
         ([VALID], []),
     ],
 )
-def test_invalid_payloads_get_precise_422(tiny_artifact, body, where):
-    limits = RequestLimits(max_items_per_request=8, max_prompt_chars=100, max_prompts_per_item=4)
-    app, config = serve(tiny_artifact, limits=limits)
-    with running_server(app, config) as (url, _):
-        response = httpx.post(url + "/v1/predict", json=body)
-        assert response.status_code == 422, response.text
-        detail = response.json()["detail"]
-        assert any(d["loc"][: len(where)] == where for d in detail), detail
-        assert all(d["msg"] for d in detail)
-        assert httpx.get(url + "/healthz").status_code == 200
+def test_invalid_payloads_get_precise_422(limited_server: httpx.Client, body, where):
+    response = limited_server.post("/v1/predict", json=body)
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert any(d["loc"][: len(where)] == where for d in detail), detail
+    assert all(d["msg"] for d in detail)
+    assert limited_server.get("/healthz").status_code == 200
 
 
 def test_raw_bodies_nan_bad_json_and_oversize(tiny_artifact):
