@@ -23,7 +23,7 @@ from typing import Any
 
 from lpc.errors import InvalidInputError, UserError
 from lpc.fleet.replay import FleetCell, FleetResult, check_cell, fleet_replay
-from lpc.replay.ab import ReplaySettings
+from lpc.replay.ab import ReplayConstants
 from lpc.replay.simulator import PreparedWorkload
 
 EXECUTORS = ("serial", "ray")
@@ -50,7 +50,7 @@ class Executor:
 
 
 def replay_cell(
-    workload: PreparedWorkload, settings: ReplaySettings, cell: FleetCell
+    workload: PreparedWorkload, settings: ReplayConstants, cell: FleetCell
 ) -> FleetResult:
     """One cell with the settings `lpc ab` replays with (scale, fallback, fitted constants)."""
     return fleet_replay(
@@ -124,7 +124,7 @@ def worker_and_peak() -> tuple[str, int]:
 
 
 def _replay_shared(
-    shared: tuple[PreparedWorkload, ReplaySettings], cell: FleetCell
+    shared: tuple[PreparedWorkload, ReplayConstants], cell: FleetCell
 ) -> tuple[FleetResult, str, int]:
     """A cell replayed in a Ray worker, with the worker and its peak memory."""
     workload, settings = shared
@@ -134,7 +134,7 @@ def _replay_shared(
 
 def run_cells(
     workload: PreparedWorkload,
-    settings: ReplaySettings,
+    settings: ReplayConstants,
     cells: Sequence[FleetCell],
     executor: Executor | None = None,
     on_result: Callable[[FleetResult], None] | None = None,
@@ -164,7 +164,7 @@ def run_cells(
     return [result for result, _, _ in done]
 
 
-def settings_dict(settings: ReplaySettings) -> dict[str, Any]:
+def settings_dict(settings: ReplayConstants) -> dict[str, Any]:
     """The replay settings as JSON (for the report)."""
     options: Mapping[str, Mapping[str, Any]] = settings.policy_options
     return {

@@ -29,7 +29,7 @@ from lpc.errors import InvalidInputError
 from lpc.fleet.fanout import Executor, run_cells, settings_dict
 from lpc.fleet.replay import FleetCell, FleetResult
 from lpc.fleet.scale import write_scaled_trace
-from lpc.replay.ab import TRACE_CACHE_SIZES_TOKENS, ReplaySettings
+from lpc.replay.ab import TRACE_CACHE_SIZES_TOKENS, ReplayConstants
 from lpc.replay.ab_options import (
     DATASET_MAX_MODEL_LEN,
     TRACE_MAX_MODEL_LEN,
@@ -65,7 +65,7 @@ class FleetWorkload:
     """One prepared fleet workload and the settings its replays use."""
 
     workload: PreparedWorkload
-    settings: ReplaySettings
+    settings: ReplayConstants
     summary: dict[str, Any]
 
 

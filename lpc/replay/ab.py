@@ -29,7 +29,10 @@ TRACE_CACHE_SIZES_TOKENS = (2_500_000, 4_000_000, 6_000_000, 8_000_000, 12_000_0
 
 
 @dataclass(frozen=True)
-class ReplaySettings:
+class ReplayConstants:
+    """What every replay of one workload shares once resolved: LPC's decay scale and fallback
+    p (the flags', or fitted), and the fitted policies' constants."""
+
     scale_per_s: float = 1e-2
     fallback_probability: float = 0.5
     # evictor name -> the constants its training-part fit gave (`lpc.replay.fitted_policies`)
@@ -50,10 +53,10 @@ class ReplaySettings:
 
 # Worker processes receive the workload once, through the pool initializer (inherited by
 # fork); this module-level slot exists only inside those workers.
-_worker_state: tuple[PreparedWorkload, ReplaySettings] | None = None
+_worker_state: tuple[PreparedWorkload, ReplayConstants] | None = None
 
 
-def _init_worker(workload: PreparedWorkload, settings: ReplaySettings) -> None:
+def _init_worker(workload: PreparedWorkload, settings: ReplayConstants) -> None:
     global _worker_state
     _worker_state = (workload, settings)
 
@@ -72,7 +75,7 @@ def run_grid(
     workload: PreparedWorkload,
     specs: Sequence[PolicySpec],
     cache_sizes_tokens: Sequence[int],
-    settings: ReplaySettings,
+    settings: ReplayConstants,
     workers: int = 1,
     on_result: Callable[[ReplayResult], None] | None = None,
 ) -> list[ReplayResult]:

@@ -1,5 +1,5 @@
-"""What `lpc ab` is asked to do: the options, what the training part tells the probability
-sources, and which sources and fitted policies the options call for.
+"""What `lpc ab` is asked to do: the options, what the probability sources are built from,
+and which sources and fitted policies the options call for.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ DATASET_MAX_MODEL_LEN = 32768
 TRACE_MAX_MODEL_LEN = 131072
 
 # source name -> builds a source once the training half is known
-ModelSourceFactory = Callable[["ABContext"], ProbabilitySource]
+ModelSourceFactory = Callable[["SourceInputs"], ProbabilitySource]
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,13 @@ class ABOptions:
 
 
 @dataclass
-class ABContext:
-    """What the pipeline learned before replaying: shared with probability-source factories."""
+class SourceInputs:
+    """What the probability sources are built from, learned before replaying: the training
+    part's turn counts and continuation rate, the evaluation conversations a model looks up,
+    and a trace's request types."""
 
     train_turn_counts: list[int]
     base_rate: float
-    load_summary: str = ""
     eval_conversations: list[Conversation] = field(default_factory=list)  # for model sources
     request_types: dict[str, str] | None = None  # trace request id -> Bailian type
 

@@ -12,8 +12,8 @@ from eviction.lpc import DEFAULT_FALLBACK_PROBABILITY
 from lpc.errors import InvalidInputError
 from lpc.replay.ab import DEFAULT_CACHE_SIZES_TOKENS, TRACE_CACHE_SIZES_TOKENS
 from lpc.replay.ab_options import (
-    ABContext,
     ABOptions,
+    SourceInputs,
     is_fitted,
     refuse_fitted_without_training_part,
     sources_needed,
@@ -210,19 +210,14 @@ def _check_trace_readable(options: ABOptions) -> None:
         )
 
 
-def dataset_context(dataset: SplitDataset | None) -> ABContext:
+def dataset_context(dataset: SplitDataset | None) -> SourceInputs:
     """What the data set's training half fits: turn counts and the continuation rate (LPC's
     default fallback p). A trace with a training part refits both on it later."""
     train_counts = [c.num_user_turns for c in dataset.train if c.num_user_turns] if dataset else []
     base_rate = (
         TurnsSource.fit(train_counts).base_rate if train_counts else DEFAULT_FALLBACK_PROBABILITY
     )
-    return ABContext(
-        train_counts,
-        base_rate,
-        dataset.load_summary if dataset else "",
-        dataset.eval if dataset else [],
-    )
+    return SourceInputs(train_counts, base_rate, dataset.eval if dataset else [])
 
 
 @dataclass
@@ -241,7 +236,7 @@ class ReplayWorkload:
 
 
 def build_workload(
-    loaded: LoadedInputs, context: ABContext, log: Callable[[str], None]
+    loaded: LoadedInputs, context: SourceInputs, log: Callable[[str], None]
 ) -> ReplayWorkload:
     """Stage 2: the requests to replay, from the trace or generated from the evaluation half
     (a closed loop generates its own per policy, later). A trace also refits `context`."""
@@ -262,7 +257,7 @@ def build_workload(
 
 
 def _trace_workload(
-    loaded: LoadedInputs, context: ABContext, log: Callable[[str], None]
+    loaded: LoadedInputs, context: SourceInputs, log: Callable[[str], None]
 ) -> ReplayWorkload:
     """A trace's requests, split in time; its training part (when the split leaves it one)
     fits the turns source and the fallback in `context`, as the data set's training half
@@ -343,7 +338,7 @@ def replay_until(
 
 
 def _fit_on_training_part(
-    trace: LoadedTrace, split: TimeSplit, options: ABOptions, context: ABContext
+    trace: LoadedTrace, split: TimeSplit, options: ABOptions, context: SourceInputs
 ) -> tuple[ABOptions, dict[str, Any] | None]:
     """Fit turns and the continuation rate on the trace's training part. The part is empty
     when every request arrives at one instant (the cut falls on the first arrival): then a

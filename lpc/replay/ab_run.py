@@ -12,7 +12,7 @@ from typing import Any
 from tqdm import tqdm
 
 from lpc.errors import InvalidInputError
-from lpc.replay.ab import ReplaySettings, compare, run_grid
+from lpc.replay.ab import ReplayConstants, compare, run_grid
 from lpc.replay.ab_options import (
     DATASET_MAX_MODEL_LEN,
     TRACE_MAX_MODEL_LEN,
@@ -193,7 +193,7 @@ def _replay_open_loop(
 
 
 def _two_tier_grid(
-    workload: PreparedWorkload, options: ABOptions, tiers: TierSettings, settings: ReplaySettings
+    workload: PreparedWorkload, options: ABOptions, tiers: TierSettings, settings: ReplayConstants
 ) -> tuple[list[TwoTierResult], GridTiming]:
     """Every GPU × CPU policy pair at every pair of sizes (`two_tier_grid.run_pair_grid`: one
     GPU replay per GPU policy and size, in `--workers` processes)."""
@@ -260,7 +260,7 @@ def _think_time_sweep(
 def _grid(
     workload: PreparedWorkload,
     options: ABOptions,
-    settings: ReplaySettings,
+    settings: ReplayConstants,
     desc: str,
     sizes: Sequence[int] | None = None,
 ) -> list[ReplayResult]:
@@ -276,7 +276,7 @@ def _closed_loop_grid(
     options: ABOptions,
     conversations: Callable[[], Iterator[list[ScriptedTurn]]],
     sources: dict[str, ProbabilitySource],
-    settings: ReplaySettings,
+    settings: ReplayConstants,
 ) -> list[ReplayResult]:
     """Each policy builds its own timeline, so each replays the scripts from the start."""
     cache: dict[tuple[str, int], dict[str, float | None]] = {}

@@ -10,11 +10,11 @@ from typing import Any
 
 from lpc.blocks.hashing import BlockHasher
 from lpc.errors import InvalidInputError
-from lpc.replay.ab import ReplaySettings
+from lpc.replay.ab import ReplayConstants
 from lpc.replay.ab_options import (
-    ABContext,
     ABOptions,
     ModelSourceFactory,
+    SourceInputs,
     fitted_evictors,
     refuse_fitted_without_training_part,
     sources_needed,
@@ -27,7 +27,7 @@ from lpc.workload import WorkloadConfig, WorkloadRequest, estimated_scale_per_s
 
 
 def build_sources(
-    names: set[str], context: ABContext, model_factory: ModelSourceFactory | None
+    names: set[str], context: SourceInputs, model_factory: ModelSourceFactory | None
 ) -> dict[str, ProbabilitySource]:
     sources: dict[str, ProbabilitySource] = {}
     for name in sorted(names):
@@ -68,13 +68,13 @@ class Replayer:
 
     def settings_for(
         self, reqs: Sequence[WorkloadRequest], fits: PolicyFits | None = None
-    ) -> ReplaySettings:
+    ) -> ReplayConstants:
         scale = self.options.scale_per_s
         if scale is None:
             # A trace's scale comes from its training part, like the other fitted values.
             counted = self.first_counted
             scale = estimated_scale_per_s(reqs[:counted] if counted else reqs)
-        return ReplaySettings(scale, self.fallback, (fits or self.fits).options)
+        return ReplayConstants(scale, self.fallback, (fits or self.fits).options)
 
     def categories(self, reqs: Sequence[WorkloadRequest]) -> list[str]:
         """Each request's workload category, which its release carries (`wa` reads it)."""
@@ -134,7 +134,7 @@ class Replayer:
 
 
 def fit_sources(
-    work: ReplayWorkload, context: ABContext, model_factory: ModelSourceFactory | None
+    work: ReplayWorkload, context: SourceInputs, model_factory: ModelSourceFactory | None
 ) -> Replayer:
     """Stage 3: the probability sources the policies read, built once the training part is
     known, and LPC's fallback p (the fitted continuation rate unless --fallback-p)."""
@@ -150,7 +150,7 @@ def fit_sources(
 
 
 def fit_policy_constants(
-    loaded: LoadedInputs, work: ReplayWorkload, context: ABContext, replayer: Replayer
+    loaded: LoadedInputs, work: ReplayWorkload, context: SourceInputs, replayer: Replayer
 ) -> None:
     """Stage 3b: the fitted policies' constants (`lpc.replay.fitted_policies`), from the
     training part only: a trace's own, or the data set's training half replayed with the same

@@ -21,7 +21,7 @@ import numpy as np
 from eviction import make_evictor
 from lpc.blocks.block_manager import PrefixCacheBlockManager
 from lpc.integrations.cpu_tier_policy import EvictorCachePolicy, cache_policy_class
-from lpc.replay.ab import ReplaySettings
+from lpc.replay.ab import ReplayConstants
 from lpc.replay.cache_policy_tier import VLLM_POLICIES, CachePolicyTier, TierPolicy
 from lpc.replay.host_tier import HostTierPolicy
 from lpc.replay.latency import TierLatency, summarise_ttft
@@ -133,7 +133,7 @@ class TierSettings:
 
 
 def gpu_tier(
-    workload: PreparedWorkload, spec: PolicySpec, cache_tokens: int, settings: ReplaySettings
+    workload: PreparedWorkload, spec: PolicySpec, cache_tokens: int, settings: ReplayConstants
 ) -> PrefixCacheBlockManager:
     """The GPU tier: the single-tier replay's block manager, `spec`'s evictor."""
     num_blocks = num_blocks_for(cache_tokens, workload.block_size)
@@ -152,7 +152,7 @@ def host_tier(
     workload: PreparedWorkload,
     offload_spec: PolicySpec,
     offload_tokens: int,
-    settings: ReplaySettings,
+    settings: ReplayConstants,
     store_threshold: int = 0,
 ) -> CachePolicyTier:
     """The CPU tier of `offload_tokens` tokens, one chunk per GPU block, running
@@ -208,7 +208,7 @@ def replay_two_tier(
     offload_spec: PolicySpec,
     cache_tokens: int,
     offload_tokens: int,
-    settings: ReplaySettings,
+    settings: ReplayConstants,
     store_threshold: int = 0,
     latency: TierLatency | None = None,
     per_request: list[RequestTiers] | None = None,
@@ -328,7 +328,7 @@ def run_two_tier_grid(
     specs: tuple[PolicySpec, ...],
     cache_sizes_tokens: tuple[int, ...],
     tiers: TierSettings,
-    settings: ReplaySettings,
+    settings: ReplayConstants,
     on_result: Callable[[TwoTierResult], None] | None = None,
 ) -> list[TwoTierResult]:
     """Every GPU policy × CPU policy × GPU size × CPU size, one replay at a time, in that

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 
-from lpc.replay.ab import ReplaySettings
+from lpc.replay.ab import ReplayConstants
 from lpc.replay.cache_policy_tier import policy_reads_loads
 from lpc.replay.latency import TierLatency
 from lpc.replay.policies import PolicySpec
@@ -63,7 +63,7 @@ class GridTiming:
 
 
 def replay_gpu_tier(
-    workload: PreparedWorkload, spec: PolicySpec, cache_tokens: int, settings: ReplaySettings
+    workload: PreparedWorkload, spec: PolicySpec, cache_tokens: int, settings: ReplayConstants
 ) -> GpuTrace:
     """The GPU half of `replay_two_tier`: the same block manager, calls and order."""
     block_size = workload.block_size
@@ -102,7 +102,7 @@ def replay_host_tier(
     gpu_trace: GpuTrace,
     offload_spec: PolicySpec,
     offload_sizes_tokens: Sequence[int],
-    settings: ReplaySettings,
+    settings: ReplayConstants,
     store_threshold: int = 0,
     latency: TierLatency | None = None,
 ) -> list[TwoTierResult]:
@@ -137,7 +137,7 @@ def replay_host_tier_for(
     gpu_traces: Sequence[GpuTrace],
     offload_spec: PolicySpec,
     offload_sizes_tokens: Sequence[int],
-    settings: ReplaySettings,
+    settings: ReplayConstants,
     store_threshold: int = 0,
     latency: TierLatency | None = None,
 ) -> list[list[TwoTierResult]]:
@@ -247,10 +247,10 @@ def replay_host_tier_for(
 
 # Worker processes receive the workload once, through the pool initializer (inherited by
 # fork, as in `lpc.replay.ab`); this module-level slot exists only inside those workers.
-_worker_state: tuple[PreparedWorkload, ReplaySettings] | None = None
+_worker_state: tuple[PreparedWorkload, ReplayConstants] | None = None
 
 
-def _init_worker(workload: PreparedWorkload, settings: ReplaySettings) -> None:
+def _init_worker(workload: PreparedWorkload, settings: ReplayConstants) -> None:
     global _worker_state
     _worker_state = (workload, settings)
 
@@ -279,7 +279,7 @@ def run_pair_grid(
     specs: Sequence[PolicySpec],
     cache_sizes_tokens: Sequence[int],
     tiers: TierSettings,
-    settings: ReplaySettings,
+    settings: ReplayConstants,
     workers: int = 1,
     on_result: Callable[[TwoTierResult], None] | None = None,
 ) -> tuple[list[TwoTierResult], GridTiming]:
@@ -379,7 +379,7 @@ def run_pair_grid(
 
 
 def _gpu_replay(
-    workload: PreparedWorkload, spec: PolicySpec, cache_tokens: int, settings: ReplaySettings
+    workload: PreparedWorkload, spec: PolicySpec, cache_tokens: int, settings: ReplayConstants
 ) -> tuple[GpuTrace, float]:
     """A GPU replay and the processor seconds it took."""
     started = time.process_time()
@@ -392,7 +392,7 @@ def _host_pass(
     gpu_traces: list[GpuTrace],
     offload_spec: PolicySpec,
     tiers: TierSettings,
-    settings: ReplaySettings,
+    settings: ReplayConstants,
 ) -> tuple[list[list[TwoTierResult]], float]:
     """A CPU-tier pass (every CPU size, every GPU replay given) and the processor seconds it
     took."""

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from lpc.replay.ab import ReplaySettings, run_grid
+from lpc.replay.ab import ReplayConstants, run_grid
 from lpc.replay.ab_options import DATASET_MAX_MODEL_LEN, TRACE_MAX_MODEL_LEN, ABOptions
 from lpc.replay.ab_plan import build_workload, dataset_context, load_inputs
 from lpc.replay.ab_sources import fit_policy_constants, fit_sources
@@ -95,7 +95,7 @@ class Replays:
     stages (`lpc.replay.ab_plan`, `ab_sources`), without its reports (plots, intervals)."""
 
     workload: PreparedWorkload
-    settings: ReplaySettings
+    settings: ReplayConstants
     options: ABOptions
 
 

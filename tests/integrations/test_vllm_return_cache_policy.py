@@ -27,7 +27,7 @@ from lpc.integrations.cpu_tier_policy import (
     tier_evictor_options,
 )
 from lpc.integrations.finished_releases import FinishedReleases
-from lpc.replay.ab import ReplaySettings
+from lpc.replay.ab import ReplayConstants
 from lpc.replay.policies import parse_policy
 from lpc.replay.return_sources import true_return_curves
 from lpc.replay.simulator import prepare
@@ -221,7 +221,7 @@ def test_the_policy_gives_every_request_the_replays_cpu_hit() -> None:
         parse_policy("lpc-return-true"),
         gpu_tokens,
         cpu_tokens,
-        ReplaySettings(),
+        ReplayConstants(),
         per_request=served,
     )
     assert ours.host_hit_tokens > 100 * 16 and ours.host_evictions > 100, "no pressure"

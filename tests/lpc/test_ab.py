@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lpc.replay.ab import ReplaySettings, compare, run_grid, size_to_reach
+from lpc.replay.ab import ReplayConstants, compare, run_grid, size_to_reach
 from lpc.replay.policies import parse_policies, parse_policy
 from lpc.replay.probability import OracleSource, TurnsSource
 from lpc.replay.simulator import prepare
@@ -26,7 +26,7 @@ def grid():
     workload = prepare(requests, 16, sources)
     specs = parse_policies("lru,fifo,lfu,lpc-turns,lpc-const,oracle,belady")
     sizes = [4000, 8000, 16000, 32000]
-    results = run_grid(workload, specs, sizes, ReplaySettings(), workers=2)
+    results = run_grid(workload, specs, sizes, ReplayConstants(), workers=2)
     return workload, specs, sizes, results
 
 
@@ -54,7 +54,7 @@ def test_sanity_of_the_policies(grid) -> None:
 
 def test_serial_and_parallel_grids_agree(grid) -> None:
     workload, specs, sizes, results = grid
-    serial = run_grid(workload, specs[:2], sizes[:2], ReplaySettings(), workers=1)
+    serial = run_grid(workload, specs[:2], sizes[:2], ReplayConstants(), workers=1)
     parallel = {(r.policy, r.cache_tokens): r.hit_tokens for r in results}
     assert all(parallel[(r.policy, r.cache_tokens)] == r.hit_tokens for r in serial)
 

@@ -12,7 +12,7 @@ import pytest
 
 from eviction import make_evictor
 from lpc.integrations.cpu_tier_policy import EvictorCachePolicy
-from lpc.replay.ab import ReplaySettings
+from lpc.replay.ab import ReplayConstants
 from lpc.replay.cache_policy_tier import CachePolicyTier
 from lpc.replay.host_tier import HostTierPolicy
 from lpc.replay.policies import parse_policy
@@ -169,7 +169,7 @@ def test_a_fault_in_the_policy_stops_the_replay() -> None:
 def test_the_replay_runs_lpc_lpc_pooled_and_vllm_arc_inside_their_vllm_class() -> None:
     convs = conversations(10, seed=2)
     workload = prepare(open_loop_requests(convs, WorkloadConfig(duration_s=60)), 16, {})
-    settings = ReplaySettings()
+    settings = ReplayConstants()
     for name, kind, reads_loads in [
         ("lpc-pooled", EvictorCachePolicy, True),
         ("lpc-const", EvictorCachePolicy, True),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lpc.replay.ab import ReplaySettings, run_grid
+from lpc.replay.ab import ReplayConstants, run_grid
 from lpc.replay.policies import parse_policies
 from lpc.replay.probability import OracleSource, TurnsSource
 from lpc.replay.simulator import prepare
@@ -26,7 +26,7 @@ def results_for(requests):
     specs = parse_policies("lru,lpc-turns,oracle,belady")
     return [
         (r.policy, r.cache_tokens, r.hit_tokens, r.queried_tokens, r.evictions)
-        for r in run_grid(workload, specs, [6000, 20000], ReplaySettings(), workers=1)
+        for r in run_grid(workload, specs, [6000, 20000], ReplayConstants(), workers=1)
     ]
 
 

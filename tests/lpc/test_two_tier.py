@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lpc.errors import InvalidInputError
-from lpc.replay.ab import ReplaySettings
+from lpc.replay.ab import ReplayConstants
 from lpc.replay.latency import QWEN3_8B, TierLatency, summarise_ttft
 from lpc.replay.policies import parse_policies, parse_policy
 from lpc.replay.probability import TurnsSource
@@ -33,7 +33,7 @@ def workload():
 def test_the_gpu_tier_is_the_single_tier_replay(workload, policy: str) -> None:
     spec = parse_policy(policy)
     single = replay(workload, spec, 4000)
-    two = replay_two_tier(workload, spec, parse_policy("lru"), 4000, 40_000, ReplaySettings())
+    two = replay_two_tier(workload, spec, parse_policy("lru"), 4000, 40_000, ReplayConstants())
     assert two.device_hit_tokens == single.hit_tokens
     assert two.queried_tokens == single.queried_tokens
     assert two.requests == single.requests
@@ -42,8 +42,8 @@ def test_the_gpu_tier_is_the_single_tier_replay(workload, policy: str) -> None:
 
 def test_the_cpu_tier_serves_what_the_gpu_evicted(workload) -> None:
     lru = parse_policy("lru")
-    small = replay_two_tier(workload, lru, lru, 4000, 16, ReplaySettings())
-    large = replay_two_tier(workload, lru, lru, 4000, 400_000, ReplaySettings())
+    small = replay_two_tier(workload, lru, lru, 4000, 16, ReplayConstants())
+    large = replay_two_tier(workload, lru, lru, 4000, 400_000, ReplayConstants())
     assert large.host_hit_tokens > 0 and large.host_evictions == 0
     assert large.hit_ratio == pytest.approx(large.device_hit_ratio + large.host_hit_ratio)
     assert large.hit_ratio > small.hit_ratio
@@ -57,7 +57,7 @@ def test_an_unbounded_cpu_tier_lies_between_prompts_seen_and_an_unbounded_gpu(wo
     least the longest prefix of its prompt that earlier prompts held; both tiers hold only
     blocks some earlier request computed, so never more than an unbounded GPU cache hits."""
     lru = parse_policy("lru")
-    result = replay_two_tier(workload, lru, lru, 12_000, 2_000_000, ReplaySettings())
+    result = replay_two_tier(workload, lru, lru, 12_000, 2_000_000, ReplayConstants())
     seen: set[bytes] = set()
     lower = 0
     arrivals = sorted(
@@ -85,7 +85,7 @@ def test_an_unbounded_cpu_tier_lies_between_prompts_seen_and_an_unbounded_gpu(wo
 def test_the_grid_replays_every_pair_on_one_trace(workload) -> None:
     tiers = TierSettings((1600, 8000), tuple(parse_policies("lru,arc")))
     results = run_two_tier_grid(
-        workload, tuple(parse_policies("lru,fifo")), (4000,), tiers, ReplaySettings()
+        workload, tuple(parse_policies("lru,fifo")), (4000,), tiers, ReplayConstants()
     )
     assert [(r.policy, r.offload_policy, r.offload_tokens) for r in results] == [
         (g, c, s) for g in ("lru", "fifo") for c in ("lru", "arc") for s in (1600, 8000)

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from lpc.replay import two_tier_grid as grid
-from lpc.replay.ab import ReplaySettings
+from lpc.replay.ab import ReplayConstants
 from lpc.replay.policies import parse_policies
 from lpc.replay.return_sources import true_return_curves
 from lpc.replay.simulator import PreparedWorkload, prepare
@@ -105,7 +105,7 @@ def test_the_fast_grid_gives_the_reference_figures(
     tiers = TierSettings(
         cpu_sizes, tuple(parse_policies(cpu, cpu_tier=True)), store_threshold=threshold
     )
-    settings = ReplaySettings()
+    settings = ReplayConstants()
     reference = run_two_tier_grid(workload, specs, gpu_sizes, tiers, settings)
     seen: list[TwoTierResult] = []
     fast, timing = run_pair_grid(workload, specs, gpu_sizes, tiers, settings, 1, seen.append)
@@ -132,8 +132,8 @@ def test_the_fast_grid_gives_the_reference_figures(
 def test_worker_processes_give_the_same_figures(synthetic: PreparedWorkload) -> None:
     specs = tuple(parse_policies("lru,lpc-pooled"))
     tiers = TierSettings((320, 4000), tuple(parse_policies("arc,session-ref")))
-    serial, _ = run_pair_grid(synthetic, specs, (900, 3000), tiers, ReplaySettings(), 1)
-    forked, timing = run_pair_grid(synthetic, specs, (900, 3000), tiers, ReplaySettings(), 2)
+    serial, _ = run_pair_grid(synthetic, specs, (900, 3000), tiers, ReplayConstants(), 1)
+    forked, timing = run_pair_grid(synthetic, specs, (900, 3000), tiers, ReplayConstants(), 2)
     assert _without_time(forked) == _without_time(serial)
     assert timing.workers == 2 and timing.gpu_replays == 4
     assert timing.host_passes < 8  # the two GPU policies share passes where they failed alike
@@ -143,9 +143,9 @@ def test_a_gpu_trace_marks_the_requests_the_pool_could_not_hold(
     synthetic: PreparedWorkload,
 ) -> None:
     (lru,) = parse_policies("lru")
-    trace = replay_gpu_tier(synthetic, lru, 900, ReplaySettings())
+    trace = replay_gpu_tier(synthetic, lru, 900, ReplayConstants())
     (reference,) = run_two_tier_grid(
-        synthetic, (lru,), (900,), TierSettings((320,), (lru,)), ReplaySettings()
+        synthetic, (lru,), (900,), TierSettings((320,), (lru,)), ReplayConstants()
     )
     counted = range(synthetic.first_counted, len(synthetic.requests))
     assert sum(trace.device_blocks[i] == FAILED for i in counted) == reference.allocation_failures
@@ -164,22 +164,22 @@ def test_gpu_replays_that_failed_different_requests_get_passes_of_their_own(
     )
     specs = tuple(parse_policies("lru,lpc-pooled,wa"))
     tiers = TierSettings((320, 4000), tuple(parse_policies("arc,session-ref", cpu_tier=True)))
-    reference = run_two_tier_grid(synthetic, specs, (900,), tiers, ReplaySettings())
-    fast, timing = run_pair_grid(synthetic, specs, (900,), tiers, ReplaySettings(), 1)
+    reference = run_two_tier_grid(synthetic, specs, (900,), tiers, ReplayConstants())
+    fast, timing = run_pair_grid(synthetic, specs, (900,), tiers, ReplayConstants(), 1)
     assert _without_time(fast) == _without_time(reference)
     assert timing.host_passes == 4  # per CPU policy: lru alone, lpc-pooled with wa
 
 
 def test_one_pass_refuses_gpu_replays_it_cannot_serve(synthetic: PreparedWorkload) -> None:
     (lru,) = parse_policies("lru")
-    trace = replay_gpu_tier(synthetic, lru, 900, ReplaySettings())
+    trace = replay_gpu_tier(synthetic, lru, 900, ReplayConstants())
     held = next(i for i, blocks in enumerate(trace.device_blocks) if blocks != FAILED)
     device_blocks = list(trace.device_blocks)
     device_blocks[held] = FAILED
     other = replace(trace, device_blocks=device_blocks)
     (arc,) = parse_policies("arc", cpu_tier=True)
     with pytest.raises(ValueError, match="failed different requests"):
-        replay_host_tier_for(synthetic, [trace, other], arc, (320,), ReplaySettings())
+        replay_host_tier_for(synthetic, [trace, other], arc, (320,), ReplayConstants())
     (pooled,) = parse_policies("lpc-pooled", cpu_tier=True)
     with pytest.raises(ValueError, match="reads its loads"):
-        replay_host_tier_for(synthetic, [trace, trace], pooled, (320,), ReplaySettings())
+        replay_host_tier_for(synthetic, [trace, trace], pooled, (320,), ReplayConstants())

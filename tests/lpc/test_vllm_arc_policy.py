@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from lpc.replay.ab import ReplaySettings
+from lpc.replay.ab import ReplayConstants
 from lpc.replay.cache_policy_tier import CachePolicyTier
 from lpc.replay.policies import parse_policy
 from lpc.replay.simulator import prepare
@@ -193,7 +193,7 @@ def test_order_request_keys_sorts_by_position_only_when_every_key_has_one() -> N
 def test_the_replay_runs_vllm_arc_in_the_cpu_tier_and_refuses_it_in_the_gpu_tier() -> None:
     convs = conversations(40, seed=4)
     workload = prepare(open_loop_requests(convs, WorkloadConfig(duration_s=300)), 16, {})
-    settings = ReplaySettings()
+    settings = ReplayConstants()
     cpu = host_tier(workload, parse_policy("vllm-arc"), 1600, settings, store_threshold=2)
     assert isinstance(cpu, CachePolicyTier) and type(cpu.policy) is ReplayARCCachePolicy
     assert cpu.policy.cache_capacity == cpu.num_chunks == 100 and cpu.store_threshold == 2

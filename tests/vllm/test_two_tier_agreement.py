@@ -55,7 +55,7 @@ import numpy as np
 import pytest
 
 from lpc.access.source import AccessSource
-from lpc.replay.ab import ReplaySettings
+from lpc.replay.ab import ReplayConstants
 from lpc.replay.policies import parse_policy
 from lpc.replay.return_sources import load_return_model, model_curves
 from lpc.replay.simulator import PreparedWorkload, prepare, request_probabilities
@@ -233,7 +233,7 @@ def replay_for_vllm(
         parse_policy(offload),
         gpu_tokens,
         cpu_tokens,
-        ReplaySettings(),
+        ReplayConstants(),
         threshold,
         per_request=served,
     )
@@ -416,7 +416,7 @@ def require_lpc_teeth(replayed: Replayed, vllm: dict[str, Any]) -> None:
         parse_policy("lru"),
         ours.cache_tokens,
         ours.offload_tokens,
-        ReplaySettings(),
+        ReplayConstants(),
         replayed.stream["store_threshold"],
         per_request=served,
     )
