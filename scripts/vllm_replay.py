@@ -35,7 +35,7 @@ from lpc.difftest.ops import (
     NewRequest,
     StepRecord,
     Stream,
-    StreamConfig,
+    StreamStart,
     read_streams,
 )
 
@@ -51,7 +51,7 @@ class DriverError(RuntimeError):
 class VllmReplay:
     """One stream on one fresh `KVCacheManager` with a single full-attention group."""
 
-    def __init__(self, vllm: Any, config: StreamConfig) -> None:
+    def __init__(self, vllm: Any, config: StreamStart) -> None:
         self.v = vllm
         self.config = config
         kv_cache_config = vllm.KVCacheConfig(

@@ -23,7 +23,7 @@ from lpc.difftest.ops import (
     NewRequest,
     StepRecord,
     Stream,
-    StreamConfig,
+    StreamStart,
     first_difference,
     read_streams,
     streams_to_jsonl,
@@ -128,7 +128,7 @@ def test_salt_isolation_check_catches_a_leak() -> None:
     """The oracle must fail when a hit crosses salts, or it would prove nothing."""
     prompt = tuple(range(9))
     stream = Stream(
-        StreamConfig("leak", 16, 4),
+        StreamStart("leak", 16, 4),
         [NewRequest("a", prompt, (), "tenant-a"), NewRequest("b", prompt, (), "tenant-b")],
     )
     config = StepRecord("leak", 0, "config", None, None, None, (), None, (), ())

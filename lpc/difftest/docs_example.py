@@ -10,7 +10,7 @@ vLLM itself.
 
 from __future__ import annotations
 
-from lpc.difftest.ops import FreeRequest, NewRequest, Stream, StreamConfig
+from lpc.difftest.ops import FreeRequest, NewRequest, Stream, StreamStart
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 11  # the doc's 10 + vLLM's null block
@@ -45,4 +45,4 @@ def docs_example_stream(request_2_tokens: int = 29, with_request_3: bool = True)
     if with_request_3:
         ops.append(NewRequest("3", REQUEST_3_PROMPT))
     name = f"docs-example-r2-{request_2_tokens}"
-    return Stream(StreamConfig(name, NUM_BLOCKS, BLOCK_SIZE), ops)
+    return Stream(StreamStart(name, NUM_BLOCKS, BLOCK_SIZE), ops)

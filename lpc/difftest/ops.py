@@ -15,8 +15,9 @@ from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
-class StreamConfig:
-    """Starts a stream: a fresh, empty pool of `num_blocks` blocks (block 0 is the null block)."""
+class StreamStart:
+    """Starts a stream (its `config` line): a fresh, empty pool of `num_blocks` blocks (block 0
+    is the null block)."""
 
     name: str
     num_blocks: int
@@ -48,14 +49,14 @@ class FreeRequest:
     request_id: str
 
 
-Op = StreamConfig | NewRequest | FreeRequest
+Op = StreamStart | NewRequest | FreeRequest
 
 
 @dataclass(slots=True)
 class Stream:
     """One replayable stream: its configuration and operations."""
 
-    config: StreamConfig
+    config: StreamStart
     ops: list[NewRequest | FreeRequest] = field(default_factory=list)
 
 
@@ -146,7 +147,7 @@ def first_difference(
 
 
 def op_to_dict(op: Op) -> dict[str, Any]:
-    if isinstance(op, StreamConfig):
+    if isinstance(op, StreamStart):
         return {
             "op": "config",
             "stream": op.name,
@@ -171,7 +172,7 @@ def op_to_dict(op: Op) -> dict[str, Any]:
 def op_from_dict(d: dict[str, Any]) -> Op:
     kind = d.get("op")
     if kind == "config":
-        return StreamConfig(str(d["stream"]), int(d["num_blocks"]), int(d["block_size"]))
+        return StreamStart(str(d["stream"]), int(d["num_blocks"]), int(d["block_size"]))
     if kind == "new":
         return NewRequest(
             str(d["id"]),
@@ -211,7 +212,7 @@ def read_streams(lines: Iterable[str]) -> Iterator[Stream]:
             op = op_from_dict(json.loads(line))
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"line {number}: {exc}") from None
-        if isinstance(op, StreamConfig):
+        if isinstance(op, StreamStart):
             if current is not None:
                 yield current
             current = Stream(op)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from lpc.difftest.ops import FreeRequest, NewRequest, Stream, StreamConfig
+from lpc.difftest.ops import FreeRequest, NewRequest, Stream, StreamStart
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +172,6 @@ def generate_stream(seed: int, params: StreamParams | None = None) -> Stream:
     """The stream of `params.steps` operations for `seed` (parameters from the seed if None)."""
     params = params if params is not None else params_for_seed(seed)
     generator = _Generator(params, seed)
-    stream = Stream(StreamConfig(f"seed-{seed}", params.num_blocks, params.block_size))
+    stream = Stream(StreamStart(f"seed-{seed}", params.num_blocks, params.block_size))
     stream.ops.extend(generator.step() for _ in range(params.steps))
     return stream

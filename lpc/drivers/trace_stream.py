@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lpc.difftest.ops import FreeRequest, NewRequest, StepRecord, Stream, StreamConfig
+from lpc.difftest.ops import FreeRequest, NewRequest, StepRecord, Stream, StreamStart
 from lpc.drivers.release_plan import ReleasePlan, RequestPlan
 from lpc.replay.simulator import PreparedWorkload, num_blocks_for
 from lpc.workload import ARRIVAL
@@ -30,7 +30,7 @@ def trace_stream(
             f"{len(probabilities)} probabilities for {len(workload.requests)} requests"
         )
     num_blocks = num_blocks_for(cache_tokens, workload.block_size)
-    stream = Stream(StreamConfig(name, num_blocks, workload.block_size))
+    stream = Stream(StreamStart(name, num_blocks, workload.block_size))
     plan = ReleasePlan(times=[])
     assert plan.times is not None
     for request, probability in zip(workload.requests, probabilities, strict=True):
