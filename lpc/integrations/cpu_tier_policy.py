@@ -16,13 +16,14 @@ import math
 import operator
 import time
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from eviction import FreedBlocks, Release, make_evictor
+from eviction.lpc import DEFAULT_FALLBACK_PROBABILITY
 from eviction.lpc_pooled import DEFAULT_MEMORY_WINDOW_S, DEFAULT_SHARED_HORIZON_S
 from eviction.return_window import ReturnWindowEvictor
-from lpc.integrations.config import PluginConfigError, load_config
+from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
 from lpc.integrations.finished_releases import FinishedReleases
 from lpc.integrations.request_hints import (
     CONVERSATION_KEY,
@@ -33,6 +34,7 @@ from lpc.integrations.request_hints import (
 from lpc.integrations.stats import PluginStats, is_probability
 from lpc.integrations.trust import HintTrust
 from lpc.integrations.vllm_plugin import PluginRuntime, registered_runtime
+from lpc.integrations.vllm_queue import MAX_PINNING_TENANTS, TenantRelease
 
 # vLLM class name -> the evictor of `eviction.POLICIES` that orders the chunks
 CACHE_POLICY_EVICTORS = {
@@ -46,6 +48,9 @@ HINT_CONVERSATION_KEYS = ("lpc_conversation_id", "conversation_id")  # in a kv_h
 # (docs/design.md, "The CPU tier's policies", says why); one `prepare_store` loop takes
 # microseconds per chunk.
 MAX_INSERT_RUN_S = 0.5
+# Where the pinned counts of the tenants past MAX_PINNING_TENANTS go (`trust.tenant_of` never
+# names a tenant so) and what `pinned_counts` calls them, as the GPU queue does.
+OTHER_TENANTS = "*"
 
 
 @dataclass(slots=True)
@@ -68,6 +73,9 @@ class _Chunk:
     # provisional (`on_request_access`); restored at the final release, which then pools with
     # it. None: the chunk's only release is provisional (a running request stored it).
     held: Any = None
+    # The tenant whose trusted hint pinned the key the evictor keeps for the chunk (None: not
+    # pinned); counted in `EvictorCachePolicy._pinned` while the evictor holds the chunk.
+    pin: str | None = None
 
 
 def hinted_conversation(kv_hints: Any) -> str | None:
@@ -91,6 +99,7 @@ class TierHints:
 
     probability: float | None = None
     conversation_id: str | None = None
+    tenant: str = ""  # `trust.tenant_of` the context: "" for vLLM 0.33's, which carries none
 
 
 def tier_hints(req_context: Any, trust: HintTrust, stats: PluginStats | None = None) -> TierHints:
@@ -123,7 +132,7 @@ def tier_hints(req_context: Any, trust: HintTrust, stats: PluginStats | None = N
     trusted, untrusted = trust.apply(req_context, body)
     if untrusted and stats is not None:
         stats.add(untrusted_probabilities=1)
-    hints = TierHints(trusted.probability, trusted.conversation_id)
+    hints = TierHints(trusted.probability, trusted.conversation_id, trusted.tenant)
     set_state = getattr(req_context, "set_state", None)
     if set_state is not None:
         set_state(hints)
@@ -145,19 +154,28 @@ def request_release(
     `running`: the GPU plugin's hints of a request it has scheduled (through its own trust
     boundary, the conversation namespaced by the request's tenant), None without the plugin.
     Called at every access and finish of a request: no list of sources, no ABC check for a
-    plain dict (`lpc bench cache-policy`)."""
+    plain dict (`lpc bench cache-policy`).
+
+    The release carries the request's tenant (the GPU plugin's release's, else its running
+    hints', else the context's: vLLM 0.33's `ReqContext` carries no `cache_salt` or adapter)
+    and whether its p is a trusted hint (the plugin's release says; the context's p is one):
+    the tier's pinned cap (`EvictorCachePolicy`). A plain `Release` is the unsalted tenant's
+    without a trusted hint (what the replay's requests make)."""
     rid = str(getattr(req_context, "req_id", ""))
     plugin = finished.get(rid) if finished is not None else None
     probability = None
+    hinted = False
     value = plugin.probability if plugin is not None else None
     if value is not None:
         if is_probability(value):
             probability = float(value)
+            hinted = getattr(plugin, "hinted", False) is True
         elif stats is not None:
             stats.invalid_probability("the GPU plugin's release", value)
     hints = tier_hints(req_context, trust, stats)
     if probability is None:
         probability = hints.probability
+        hinted = probability is not None
     named = plugin.conversation_id if plugin is not None else None
     gpu = running(rid) if running is not None and not named else None
     conversation = (
@@ -168,7 +186,16 @@ def request_release(
         or rid
     )
     curve = plugin.return_curve if plugin is not None else None
-    return Release(now_s, probability, conversation, return_curve=curve)
+    tenant = getattr(plugin, "tenant", None)
+    if not isinstance(tenant, str):
+        tenant = getattr(gpu, "tenant", None)
+        if not isinstance(tenant, str):
+            tenant = hints.tenant
+    if not tenant and not hinted:
+        return Release(now_s, probability, conversation, return_curve=curve)
+    return TenantRelease(
+        now_s, probability, conversation, return_curve=curve, tenant=tenant, hinted=hinted
+    )
 
 
 def tier_trust(runtime: PluginRuntime | None) -> HintTrust:
@@ -179,6 +206,13 @@ def tier_trust(runtime: PluginRuntime | None) -> HintTrust:
         return runtime.trust
     config = load_config()
     return HintTrust(config.trust_request_hints, config.hint_key)
+
+
+def tier_pinned_share(runtime: PluginRuntime | None) -> float:
+    """One tenant's most pinned share of the tier (`pinned_share`): the GPU plugin's when it
+    is registered in this engine, else `LPC_PINNED_SHARE` (a bad one refused at start-up)."""
+    config = runtime.config if runtime is not None else load_config()
+    return config.pinned_share
 
 
 def tier_horizon_s(runtime: PluginRuntime | None) -> float:
@@ -239,7 +273,14 @@ class EvictorCachePolicy:
 
     `provisional_stores`: whether a running request's releases are provisional (LPC's
     policies: protected keys until its final release; the module) or ordinary releases that
-    move every chunk they name (`ReturnEvictorCachePolicy`)."""
+    move every chunk they name (`ReturnEvictorCachePolicy`).
+
+    The pinned cap (`pinned_share`, the GPU queue's rule on chunks): a chunk is pinned while
+    the evictor holds it under a key its release's trusted hint put above the fallback p;
+    once a second tenant has stored into the tier, a final release whose pushed chunks would
+    take its tenant's pinned chunks past `pinned_share` x `cache_capacity` is pushed at the
+    fallback p instead (`pinned_share_capped`, once per release). docs/design.md, "The CPU
+    tier's policies", says what it bounds."""
 
     provisional_stores: bool = True
 
@@ -252,10 +293,13 @@ class EvictorCachePolicy:
         finished: FinishedReleases | None = None,
         trust: HintTrust = UNTRUSTED,
         running: Callable[[str], Any] | None = None,
+        pinned_share: float = PluginConfig.pinned_share,
         **evictor_options: Any,
     ) -> None:
         if cache_capacity < 1:
             raise ValueError(f"cache_capacity must be >= 1, got {cache_capacity}")
+        if not is_probability(pinned_share):
+            raise ValueError(f"pinned_share must be a number in [0, 1], got {pinned_share!r}")
         self.cache_capacity = cache_capacity
         self.stats = stats if stats is not None else PluginStats()
         self.finished = finished
@@ -278,6 +322,21 @@ class EvictorCachePolicy:
         self.get = self._status.get  # type: ignore[method-assign]
         self.mark_evictable = self._pending.append  # type: ignore[method-assign]
         self.degraded = False  # the evictor could not be rebuilt: LRU order from the records
+        # The pinned cap: each tenant's pinned chunks in the evictor (`_Chunk.pin`), the
+        # tenants counted apart (the first MAX_PINNING_TENANTS; later ones share one count),
+        # the only tenant that stored so far, whether a second one did (the cap binds), and
+        # the last capped release with the release it was pushed as.
+        self.pinned_share = float(pinned_share)
+        self._pins = evictor in ("lpc", "lpc-pooled")  # lpc-return keys no p
+        self._pin_cap = self.pinned_share * cache_capacity
+        self._fallback_p = float(
+            evictor_options.get("fallback_probability", DEFAULT_FALLBACK_PROBABILITY)
+        )
+        self._pinned: dict[str, int] = {}
+        self._pin_tenants: set[str] = set()
+        self._lone_tenant: str | None = None
+        self._shared = False
+        self._capped: tuple[Release, Release] | None = None
         self.clear()
 
     # -- CachePolicy ----------------------------------------------------------------------
@@ -323,6 +382,8 @@ class EvictorCachePolicy:
         del self._key_of[record.slot]
         self._free_slots.append(record.slot)
         if not self.degraded:
+            if record.evictable:
+                self._unpin(record)
             try:
                 self._take_out(record, forget=True)
             except Exception as error:
@@ -417,6 +478,7 @@ class EvictorCachePolicy:
             return
         record.evictable = False
         if not self.degraded:
+            self._unpin(record)  # the evictor keeps its key: a requeue counts it again
             try:
                 self.evictor.remove(record.slot)
             except Exception as error:
@@ -447,6 +509,103 @@ class EvictorCachePolicy:
         assert len(self.evictor) == queued, (
             f"the evictor holds {len(self.evictor)} chunks, {queued} are evictable"
         )
+        recount: dict[str, int] = {}
+        for record in chunks.values():
+            if record.evictable and record.pin is not None:
+                recount[record.pin] = recount.get(record.pin, 0) + 1
+        assert recount == self._pinned, f"pinned counts {self._pinned}, records {recount}"
+
+    def pinned_counts(self) -> dict[str, int]:
+        """Each tenant's pinned chunks now (tenants past the table's bound under "*")."""
+        return dict(self._pinned)
+
+    # -- the pinned cap ---------------------------------------------------------------------
+    def _note_tenant(self, release: Release) -> None:
+        """A tenant stored into the tier: the second one shares it with the first, and from
+        then on the cap binds."""
+        tenant = getattr(release, "tenant", "")  # a plain Release: the unsalted tenant's
+        if self._lone_tenant is None:
+            self._lone_tenant = tenant
+        elif tenant != self._lone_tenant:
+            self._shared = True
+
+    def _pin(
+        self, release: Release, records: list[_Chunk], whole: bool = True
+    ) -> list[tuple[list[_Chunk], Release]]:
+        """The final release's push of `records` as the evictor is to take it: (chunks,
+        release) parts, each chunk counted against its pinning tenant (`_Chunk.pin`). A
+        trusted hint above the fallback p pins, unless the tier is shared and the chunks would
+        take the tenant's pinned chunks past the cap: then the fallback p at the release's
+        time (LRU's place), counted once per release, and the release's later pushes stay
+        capped. `whole`: one decision for the push (the GPU queue's, per release); else chunk
+        by chunk in the given order, as single pushes would decide (`_enqueue_in_order`:
+        batching changes nothing)."""
+        capped = self._capped
+        if capped is not None and capped[0] is release:
+            self._count_pins(records, None)
+            return [(records, capped[1])]
+        if not self._shared:  # its chunks are in the tier: its tenant stored or loaded them
+            self._note_tenant(release)
+        p = release.probability
+        if (
+            not self._pins
+            or type(release) is not TenantRelease
+            or not release.hinted
+            or p is None
+            or not p > self._fallback_p
+        ):
+            self._count_pins(records, None)
+            return [(records, release)]
+        tenant = release.tenant
+        if tenant not in self._pin_tenants:
+            if len(self._pin_tenants) >= MAX_PINNING_TENANTS:
+                tenant = OTHER_TENANTS
+            else:
+                self._pin_tenants.add(tenant)
+        n = len(records)
+        room = n
+        if self._shared:
+            room = min(n, max(0, math.floor(self._pin_cap - self._pinned.get(tenant, 0))))
+            if whole and room < n:
+                room = 0
+        parts = []
+        if room:
+            pinned = records[:room] if room < n else records
+            self._count_pins(pinned, tenant)
+            parts.append((pinned, release))
+        if room < n:
+            keyed = replace(release, probability=None)
+            self._capped = (release, keyed)
+            self.stats.add(pinned_share_capped=1)
+            rest = records[room:]
+            self._count_pins(rest, None)
+            parts.append((rest, keyed))
+        return parts
+
+    def _count_pins(self, records: Sequence[_Chunk], tenant: str | None) -> None:
+        """Chunks the evictor takes with a fresh key: pinned by `tenant`, or not (None)."""
+        for record in records:
+            record.pin = tenant
+        if tenant is not None:
+            self._pinned[tenant] = self._pinned.get(tenant, 0) + len(records)
+
+    def _pins_back(self, records: Sequence[_Chunk]) -> None:
+        """Chunks back in the evictor with the keys it kept (`requeue`): counted again."""
+        pinned = self._pinned
+        for record in records:
+            tenant = record.pin
+            if tenant is not None:
+                pinned[tenant] = pinned.get(tenant, 0) + 1
+
+    def _unpin(self, record: _Chunk) -> None:
+        """An evictable chunk left the evictor: out of its tenant's count."""
+        tenant = record.pin
+        if tenant is not None:
+            left = self._pinned[tenant] - 1
+            if left:
+                self._pinned[tenant] = left
+            else:
+                del self._pinned[tenant]
 
     # -- internals --------------------------------------------------------------------------
     def _flush(self, finishing: Container[Any] = ()) -> set[Any]:
@@ -508,6 +667,7 @@ class EvictorCachePolicy:
                 i = j
                 slots = [r.slot for r in group]
                 requeue(FreedBlocks(slots, [r.depth for r in group], [key_of[s] for s in slots]))
+                self._pins_back(group)
                 continue
             release, provisional = first.release, first.provisional
             j = i + 1
@@ -527,18 +687,22 @@ class EvictorCachePolicy:
             if provisional:
                 each = getattr(evictor, "push_protected_each", None)
                 single = getattr(evictor, "push_protected", evictor.push_cached)
+                self._count_pins(group, None)
+                parts = [(group, release)]
             else:
                 each = getattr(evictor, "push_cached_each", None)
                 single = evictor.push_cached
-            if each is not None:
-                slots = [r.slot for r in group]
-                each(
-                    FreedBlocks(slots, [r.depth for r in group], [key_of[s] for s in slots]),
-                    release,
-                )
-            else:
-                for r in group:
-                    single(FreedBlocks([r.slot], [r.depth], [key_of[r.slot]]), release)
+                parts = self._pin(release, group, whole=False)
+            for part, keyed in parts:
+                if each is not None:
+                    slots = [r.slot for r in part]
+                    each(
+                        FreedBlocks(slots, [r.depth for r in part], [key_of[s] for s in slots]),
+                        keyed,
+                    )
+                else:
+                    for r in part:
+                        single(FreedBlocks([r.slot], [r.depth], [key_of[r.slot]]), keyed)
 
     def _insert_release(self, req_context: Any) -> tuple[Release, bool]:
         """`_release` for an insert: a run of one request's consecutive inserts (one
@@ -564,6 +728,8 @@ class EvictorCachePolicy:
             return last[3], last[4]
         release, final = self._release(req_context, None, now)
         self._last_insert = (req_context, now, plugin, release, final, rid)
+        if not self._shared:
+            self._note_tenant(release)
         return release, final
 
     def _release(
@@ -692,6 +858,7 @@ class EvictorCachePolicy:
             if record.evictable:
                 if not unqueued or key not in unqueued:
                     remove(record.slot)
+                    self._unpin(record)
                 requeued.append(record)
             if forget is not None and record.provisional:
                 held = record.held
@@ -720,8 +887,10 @@ class EvictorCachePolicy:
         freed = FreedBlocks(slots, [r.depth for r in records], [key_of[s] for s in slots])
         evictor = self.evictor
         if provisional:
+            self._count_pins(records, None)
             getattr(evictor, "push_protected", evictor.push_cached)(freed, release)
         else:
+            release = self._pin(release, records)[0][1]  # one part: the whole push decides
             evictor.push_cached(freed, release)
 
     def _take_out(self, record: _Chunk, forget: bool) -> None:
@@ -750,6 +919,7 @@ class EvictorCachePolicy:
             back = [r for r in records if r.pushed]
             slots = [r.slot for r in back]
             requeue(FreedBlocks(slots, [r.depth for r in back], [key_of[s] for s in slots]))
+            self._pins_back(back)
             records = [r for r in records if not r.pushed]
             if not records:
                 return
@@ -773,6 +943,7 @@ class EvictorCachePolicy:
             return None
         for record in shielded:
             evictor.remove(record.slot)
+            self._unpin(record)
         slots = evictor.pop_n(n, self._clock())
         self._enqueue(shielded)
         key_of = self._key_of
@@ -795,6 +966,8 @@ class EvictorCachePolicy:
 
     def _drop(self, key: Any) -> tuple[Any, Any]:
         record = self._chunks.pop(key)
+        if record.evictable:
+            self._unpin(record)
         del self._status[key]
         del self._key_of[record.slot]
         self._free_slots.append(record.slot)
@@ -803,6 +976,7 @@ class EvictorCachePolicy:
     def _rebuild(self) -> None:
         """A new evictor holding exactly the evictable records; if that fails, LRU order from
         the records from now on (`degraded`)."""
+        self._clear_pins()
         try:
             self.evictor = make_evictor(
                 self._evictor_name, self.cache_capacity + 1, **self._evictor_options
@@ -815,6 +989,13 @@ class EvictorCachePolicy:
         except Exception as error:
             self.stats.plugin_error("rebuilding the CPU tier's evictor", error)
             self.degraded = True
+            self._clear_pins()  # no evictor: no key above LRU's place
+
+    def _clear_pins(self) -> None:
+        """No chunk pinned (the evictor is new or gone)."""
+        self._pinned.clear()
+        for record in self._chunks.values():
+            record.pin = None
 
 
 class ReturnEvictorCachePolicy(EvictorCachePolicy):
@@ -834,10 +1015,19 @@ class ReturnEvictorCachePolicy(EvictorCachePolicy):
         finished: FinishedReleases | None = None,
         trust: HintTrust = UNTRUSTED,
         running: Callable[[str], Any] | None = None,
+        pinned_share: float = PluginConfig.pinned_share,
         **evictor_options: Any,
     ) -> None:
         super().__init__(
-            cache_capacity, evictor, clock, stats, finished, trust, running, **evictor_options
+            cache_capacity,
+            evictor,
+            clock,
+            stats,
+            finished,
+            trust,
+            running,
+            pinned_share,
+            **evictor_options,
         )
 
     def on_request_access(self, keys: Iterable[Any], req_context: Any) -> None:
@@ -912,6 +1102,7 @@ def init_for_engine(policy: EvictorCachePolicy, cache_capacity: int, evictor: st
         finished=runtime.finished if runtime is not None else None,
         trust=tier_trust(runtime),
         running=runtime.hints.get if runtime is not None else None,
+        pinned_share=tier_pinned_share(runtime),
         **tier_evictor_options(evictor, runtime),
     )
     if runtime is not None:

@@ -32,7 +32,8 @@ class PluginStats:
     carried a probability the trust boundary ignored (`trust`: not signed, clients not
     trusted), in either tier (the CPU tier's from `kv_transfer_params`: `vllm_cache_policy`).
     `pinned_share_capped` counts releases keyed at the fallback p because their blocks would
-    have taken their tenant's pinned blocks past `pinned_share` of the pool (`vllm_queue`).
+    have taken their tenant's pinned blocks past `pinned_share` of the pool (`vllm_queue`), in
+    either tier (the CPU tier's chunks: `cpu_tier_policy`).
     Block counters: `evictions` (a cached block
     handed out again), `cached_blocks_released`, `uncached_blocks_released` and
     `shared_blocks_released` (released by one request while others still hold them).

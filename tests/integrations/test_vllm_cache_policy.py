@@ -32,6 +32,7 @@ from lpc.integrations.cpu_tier_policy import (
 from lpc.integrations.finished_releases import FinishedReleases
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.trust import HintTrust
+from lpc.integrations.vllm_queue import TenantRelease
 from tests.integrations.test_fail_safe import Request as FakeRequest
 from tests.integrations.test_fail_safe import make_runtime, with_model
 
@@ -224,7 +225,7 @@ def test_the_gpu_plugins_release_comes_first_then_kv_transfer_params() -> None:
     release = request_release(Context("a", params), 3.0, finished, trust=TRUSTED)
     assert release == Release(3.0, 0.05, "conv-a")
     release = request_release(Context("b", params), 3.0, finished, trust=TRUSTED)
-    assert release == Release(3.0, 0.9, "params-a")
+    assert release == TenantRelease(3.0, 0.9, "params-a", hinted=True)  # a trusted hint
     assert request_release(Context("c"), 3.0, finished) == Release(3.0, None, "c")
 
 

@@ -1,7 +1,8 @@
 """The CPU tier's deferred `mark_evictable` (`EvictorCachePolicy._flush`) against pushing each
 chunk when vLLM marks it: on random sequences of vLLM's calls (stores, loads, touches,
 finishes, evictions with protected keys, failed stores, the GPU plugin's releases), the
-batched policy must evict exactly the chunks the eager one evicts, in the same order."""
+batched policy must evict exactly the chunks the eager one evicts, in the same order, with
+one tenant's pinned share capped (the GPU plugin's releases of two tenants' trusted hints)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eviction import Release
 from lpc.integrations.cpu_tier_policy import EvictorCachePolicy, ReturnEvictorCachePolicy
 from lpc.integrations.finished_releases import FinishedReleases
+from lpc.integrations.vllm_queue import TenantRelease
 from predictor.return_curve import ReturnCurve
 from tests.integrations.test_vllm_cache_policy import Clock, Context, Status
 
@@ -70,7 +71,10 @@ def test_deferred_pushes_evict_what_eager_pushes_evict(evictor: str, data: st.Da
     finished = FinishedReleases()
     batched = POLICY_CLASSES[evictor]
     eager = EagerReturnPolicy if batched is ReturnEvictorCachePolicy else EagerPolicy
-    policies = [cls(CAPACITY, evictor, clock=clock, finished=finished) for cls in (batched, eager)]
+    policies = [
+        cls(CAPACITY, evictor, clock=clock, finished=finished, pinned_share=0.25)
+        for cls in (batched, eager)
+    ]
     statuses: list[dict[bytes, Status]] = [{}, {}]  # per policy: key -> its status
     running: list[tuple[Context, list[bytes], list[bytes]]] = []  # context, keys, loaded
     next_key = 0
@@ -128,7 +132,11 @@ def test_deferred_pushes_evict_what_eager_pushes_evict(evictor: str, data: st.Da
             context, keys, loaded = running.pop(data.draw(st.integers(0, len(running) - 1)))
             if data.draw(st.booleans()):
                 curve = data.draw(st.sampled_from(CURVES))
-                finished.record(context.req_id, Release(clock.now, 0.7, "plugin", None, curve))
+                tenant = data.draw(st.sampled_from(["salt=a", "salt=b"]))
+                release = TenantRelease(
+                    clock.now, 0.7, "plugin", None, curve, tenant=tenant, hinted=True
+                )
+                finished.record(context.req_id, release)
             for key in loaded:
                 if add_ref(key, -1) == 0:
                     both("mark_evictable", key)
