@@ -16,6 +16,18 @@ from hypothesis import strategies as st
 
 SEEDS = st.integers(0, 2**32 - 1)
 
+# How often a random stream checks the structures' own invariants (`check_invariants`: for
+# most policies a copy of the evictor and a dry run of its whole eviction order, most of a
+# stream's time when run at every step), besides once at the end. A corrupted structure stays
+# corrupted until a check meets it (tests/eviction/test_invariant_checks.py breaks each one),
+# and what a stream compares at every step (pops, sizes, membership) is still compared there.
+CHECK_EVERY = 10
+
+
+def check_due(step: int) -> bool:
+    """Whether step `step` (from 0) of a stream checks the invariants."""
+    return step % CHECK_EVERY == CHECK_EVERY - 1
+
 
 def examples(n: int) -> settings:
     """`n` examples, no deadline; `LPC_HYPOTHESIS_SCALE=k` runs k times as many (a longer
