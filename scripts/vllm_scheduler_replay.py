@@ -162,19 +162,27 @@ def load_plugins(clock: SimulatedClock) -> dict[str, Any]:
         # register() ran without arguments (as vLLM calls it): its clocks are the process's.
         # The replay's time is simulated, so both read the simulated clock from here on; no
         # block pool exists yet, and nothing has been released.
-        try:
-            runtime = vllm_plugin._REGISTRATION.runtime
-            runtime.queues.clock  # noqa: B018  (both attributes must exist before setting)
-            runtime.wall_clock  # noqa: B018
-        except AttributeError as error:
-            raise DriverError(
-                f"the LPC plugin's registration has no clock to point at the simulation "
-                f"({error}); update load_plugins() to the plugin's current runtime"
-            ) from None
-        runtime.queues.clock = clock
-        runtime.wall_clock = clock
-        loaded["config"] = runtime.config.as_dict()
+        loaded["config"] = simulate_plugin_clock(clock)
     return loaded
+
+
+def simulate_plugin_clock(clock: SimulatedClock) -> dict[str, Any]:
+    """Point the registered plugin's clocks at the simulation (before any release); its
+    configuration."""
+    from lpc.integrations import vllm_plugin
+
+    try:
+        runtime = vllm_plugin._REGISTRATION.runtime
+        runtime.queues.clock  # noqa: B018  (both attributes must exist before setting)
+        runtime.wall_clock  # noqa: B018
+    except AttributeError as error:
+        raise DriverError(
+            f"the LPC plugin's registration has no clock to point at the simulation "
+            f"({error}); update simulate_plugin_clock() to the plugin's current runtime"
+        ) from None
+    runtime.queues.clock = clock
+    runtime.wall_clock = clock
+    return runtime.config.as_dict()
 
 
 class LRUOrderCheck:
@@ -335,6 +343,7 @@ def build_scheduler(args: argparse.Namespace, model_dir: Path) -> tuple[Any, Any
         enable_chunked_prefill=True,
         is_encoder_decoder=False,
         async_scheduling=False,
+        scheduler_cls=args.scheduler_cls,
     )
     cache_config = CacheConfig(block_size=args.block_size, enable_prefix_caching=True)
     if args.eviction_policy is not None:  # vLLM's eviction-policy seam (a patched vLLM)
@@ -344,6 +353,7 @@ def build_scheduler(args: argparse.Namespace, model_dir: Path) -> tuple[Any, Any
         scheduler_config=scheduler_config,
         cache_config=cache_config,
         device_config=DeviceConfig(device="cpu"),
+        additional_config=json.loads(args.additional_config) if args.additional_config else {},
         # One rank of a data-parallel engine: each rank's engine core builds its own
         # scheduler and KV cache from this configuration (size 1: no data parallelism).
         parallel_config=ParallelConfig(
@@ -365,7 +375,9 @@ def build_scheduler(args: argparse.Namespace, model_dir: Path) -> tuple[Any, Any
     )
     vllm_config.cache_config.num_gpu_blocks = args.num_blocks
     scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
-    if scheduler_cls is not Scheduler:
+    if scheduler_cls is not Scheduler and not (
+        args.scheduler_cls and issubclass(scheduler_cls, Scheduler)
+    ):
         raise DriverError(f"vLLM chose {scheduler_cls.__qualname__}, not Scheduler")
     scheduler_block_size, hash_block_size = resolve_kv_cache_block_sizes(
         kv_cache_config, vllm_config
@@ -817,6 +829,14 @@ def main(argv: list[str] | None = None) -> int:
         "(docs/vllm-eviction-seam.patch); the plugin registers its queue there as lpc",
     )
     parser.add_argument(
+        "--scheduler-cls",
+        help="SchedulerConfig.scheduler_cls (a Scheduler subclass by qualified name, as "
+        "vLLM's --scheduler-cls), e.g. lpc.integrations.vllm_scheduler_class.LPCScheduler",
+    )
+    parser.add_argument(
+        "--additional-config", help="VllmConfig.additional_config, JSON (as vLLM's flag)"
+    )
+    parser.add_argument(
         "--time-steps",
         action="store_true",
         help="time the scheduler thread's CPU in vLLM's calls per step (the LRU-order check, "
@@ -838,6 +858,13 @@ def main(argv: list[str] | None = None) -> int:
         import_seconds = time.perf_counter() - started
         with tempfile.TemporaryDirectory(prefix="lpc-scheduler-model-") as model_dir:
             scheduler, hasher = build_scheduler(args, Path(model_dir))
+        if args.scheduler_cls and not plugins.get("lpc"):
+            # A scheduler class may register LPC as it is built: nothing released yet.
+            from lpc.integrations import vllm_plugin
+
+            if vllm_plugin.is_registered():
+                plugins["lpc"] = True
+                plugins["config"] = simulate_plugin_clock(clock)
         engine = Engine(args, scheduler, hasher, clock)
         order_check = None
         shadow_events: list[Any] | None = None

@@ -2,8 +2,9 @@
 
 Registration checks the version (pinned) and the exact shape of everything the plugin touches,
 and otherwise leaves vLLM stock with one warning line listing every mismatch. A vLLM with the
-eviction-policy seam is checked instead by `seam_problems` (no version pin, since nothing is
-patched there).
+eviction-policy seam is checked instead by `seam_problems`, and the LPC scheduler class
+(`vllm_scheduler_class`) by `scheduler_class_problems` (no version pin on either, since
+nothing is patched there).
 
 Why: docs/design.md, "Checked before patching".
 """
@@ -327,3 +328,129 @@ def seam_problems(
         block_pool, kv_cache_utils, kv_cache_manager, request_module, sampling_params, scheduler
     )
     return [problem for check in SEAM_CHECKS for problem in check(vllm)]
+
+
+# The LPC scheduler class (`vllm_scheduler_class`): the `Scheduler` methods it overrides or
+# calls, with their parameters (self included), and what vLLM's constructors set that it reads.
+SCHEDULER_CLASS_SIGNATURES: dict[str, tuple[str, ...]] = {
+    "_free_request_blocks": ("self", "request"),
+    "_request_blocks_can_be_freed": ("self", "request"),
+    "_drain_deferred_frees": ("self",),
+}
+SCHEDULER_INIT_NAMES = ("kv_cache_manager", "deferred_frees", "requests")
+BLOCK_POOL_INIT_NAMES = ("blocks", "free_block_queue", "null_block")
+# What its `schedule()` reads from vLLM's output: the requests scheduled for the first time.
+SCHEDULER_OUTPUT_FIELDS = {
+    "SchedulerOutput": "scheduled_new_reqs",
+    "NewRequestData": "req_id",
+    "CachedRequestData": "req_ids",
+}
+
+
+def _code_names(function: Any) -> tuple[str, ...]:
+    """The global and attribute names `function`'s own code uses (through any wrapper)."""
+    code = getattr(inspect.unwrap(function), "__code__", None)
+    return code.co_names if code is not None else ()
+
+
+def _scheduler_class(vllm: _Vllm) -> list[str]:
+    """The `Scheduler` methods the LPC scheduler class overrides or calls take exactly the
+    parameters it passes, `schedule` exists, and the constructors still set what it reads."""
+    scheduler = vllm.owners["Scheduler"]
+    problems = []
+    if scheduler is not None:
+        for method, expected in SCHEDULER_CLASS_SIGNATURES.items():
+            function = getattr(scheduler, method, None)
+            if function is None:
+                problems.append(f"Scheduler.{method} is missing")
+            elif _parameters(function) != expected:
+                problems.append(
+                    f"Scheduler.{method} takes ({', '.join(_parameters(function))}), expected "
+                    f"({', '.join(expected)})"
+                )
+        if not callable(getattr(scheduler, "schedule", None)):
+            problems.append("Scheduler.schedule is missing")
+        names = _code_names(scheduler.__init__)
+        problems += [
+            f"Scheduler.__init__ no longer sets self.{name}"
+            for name in SCHEDULER_INIT_NAMES
+            if name not in names
+        ]
+    pool = vllm.owners["BlockPool"]
+    if pool is not None:
+        names = _code_names(pool.__init__)
+        problems += [
+            f"BlockPool.__init__ no longer sets self.{name}"
+            for name in BLOCK_POOL_INIT_NAMES
+            if name not in names
+        ]
+    return problems
+
+
+def _scheduler_output(output: ModuleType) -> list[str]:
+    """The output fields the LPC scheduler class's `schedule()` reads."""
+    problems = []
+    for owner_name, field in SCHEDULER_OUTPUT_FIELDS.items():
+        owner = getattr(output, owner_name, None)
+        names = (
+            {f.name for f in dataclasses.fields(owner)}
+            if owner is not None and dataclasses.is_dataclass(owner)
+            else set()
+        )
+        if field not in names:
+            problems.append(f"vllm.v1.core.sched.output.{owner_name} has no field {field}")
+    return problems
+
+
+# What the LPC scheduler class needs (no class replaced, no method wrapped): the methods it
+# overrides, and the queue, block, request and sampling-parameter shapes its queue reads.
+SCHEDULER_CLASS_CHECKS: tuple[Callable[[_Vllm], list[str]], ...] = (
+    _owner_classes,
+    _queue_methods,
+    _scheduler_init,
+    _scheduler_class,
+    _kv_cache_block,
+    _request,
+    _sampling_params,
+)
+
+
+def scheduler_class_problems(
+    block_pool: ModuleType,
+    kv_cache_utils: ModuleType,
+    kv_cache_manager: ModuleType,
+    request_module: ModuleType,
+    sampling_params: ModuleType,
+    scheduler: ModuleType,
+    scheduler_output: ModuleType,
+) -> list[str]:
+    """Every mismatch between this vLLM and what the LPC scheduler class expects
+    (`SCHEDULER_CLASS_CHECKS`, then the scheduler output's fields). No version pin, as on the
+    seam path: it replaces no class and wraps no method, so any vLLM of this shape fits."""
+    vllm = _vllm(
+        block_pool, kv_cache_utils, kv_cache_manager, request_module, sampling_params, scheduler
+    )
+    problems = [problem for check in SCHEDULER_CLASS_CHECKS for problem in check(vllm)]
+    return problems + _scheduler_output(scheduler_output)
+
+
+def scheduler_instance_problems(scheduler: Any, free_queue_class: type) -> list[str]:
+    """What the LPC scheduler class reads from a built scheduler: its KV cache manager's
+    coordinator (`get_blocks`) and block pool (its blocks, in id order, and vLLM's own free
+    queue), and the deferred frees."""
+    problems = []
+    manager = getattr(scheduler, "kv_cache_manager", None)
+    coordinator = getattr(manager, "coordinator", None)
+    if not callable(getattr(coordinator, "get_blocks", None)):
+        problems.append("the KV cache manager's coordinator has no get_blocks")
+    pool = getattr(manager, "block_pool", None)
+    blocks = getattr(pool, "blocks", None)
+    if not isinstance(blocks, list) or not blocks:
+        problems.append("the block pool has no list of blocks")
+    if type(getattr(pool, "free_block_queue", None)) is not free_queue_class:
+        problems.append("the block pool's free queue is not vLLM's FreeKVCacheBlockQueue")
+    if getattr(pool, "null_block", None) is None:
+        problems.append("the block pool has no null block")
+    if not hasattr(getattr(scheduler, "deferred_frees", None), "__len__"):
+        problems.append("the scheduler has no deferred frees")
+    return problems

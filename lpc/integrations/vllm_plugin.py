@@ -5,7 +5,9 @@ the engine core builds its scheduler. Installed, it changes nothing; where an op
 configured LPC (`engine_config`) it checks vLLM (`vllm_compat`), replaces the free-block queue
 class with `LPCFreeBlockQueue` and wraps the methods that tell it each release's probability,
 time and conversation, or, on a vLLM with the eviction-policy seam, registers the queue there
-(`vllm_seam`). A release is made once per request, in `PluginRuntime.release_for`.
+(`vllm_seam`). vLLM's `--scheduler-cls` path (`vllm_scheduler_class`) registers its runtime
+here without patching anything (`install_unpatched`). A release is made once per request, in
+`PluginRuntime.release_for`.
 
 What it patches, where a release's p comes from, the call flow, preemption, the fail-safe and
 the one registration: docs/design.md, "The vLLM plugin (`lpc/integrations/vllm_plugin.py`)".
@@ -710,9 +712,11 @@ def _install(
     clock: Clock | None,
     predictor_client: PredictionClient | None,
     seam: bool = False,
+    patch: bool = True,
 ) -> None:
     """Build the runtime and patch vLLM (under `_LOCK`, nothing registered yet); with the
-    `seam`, patch nothing (`vllm_seam`: vLLM builds the queue and calls it)."""
+    `seam`, patch nothing (`vllm_seam`: vLLM builds the queue and calls it); without `patch`,
+    patch nothing either (`vllm_scheduler_class`: the scheduler builds the queue)."""
     global _REGISTRATION
     runtime = build_runtime(
         config,
@@ -724,7 +728,7 @@ def _install(
     )
     queues = runtime.queues
     registration = _Registration(runtime, [])
-    for owner, name, value in [] if seam else _patches(modules, runtime):
+    for owner, name, value in _patches(modules, runtime) if patch and not seam else []:
         registration.originals.append((owner, name, owner.__dict__.get(name, _ABSENT)))
         setattr(owner, name, value)
     _REGISTRATION = registration
@@ -784,6 +788,38 @@ def seam_runtime() -> PluginRuntime:
         return _REGISTRATION.runtime
 
 
+def install_unpatched(
+    config: PluginConfig,
+    clock: Clock | None = None,
+    predictor_client: PredictionClient | None = None,
+) -> PluginRuntime | None:
+    """The runtime of the LPC scheduler class (`vllm_scheduler_class`): registered without
+    patching anything, so that the metrics, the kill switch and the CPU tier's policy find it;
+    an earlier unpatched registration of this process is shared (its configuration stands).
+    None where the patch points run LPC in this process already (the `LPC_*` environment)."""
+    with _LOCK:
+        registration = _REGISTRATION
+        if registration is None:
+            _install(_import_vllm(), config, clock, predictor_client, patch=False)
+            assert _REGISTRATION is not None
+            return _REGISTRATION.runtime
+        if registration.originals:
+            return None
+        if registration.runtime.config != config:
+            logger.warning(
+                "LPC: a second engine of pid %d is configured differently; the first one's "
+                "configuration stands for both",
+                os.getpid(),
+            )
+        return registration.runtime
+
+
+def patch_points_installed() -> bool:
+    """Does the plugin run LPC through its patch points in this process?"""
+    registration = _REGISTRATION
+    return registration is not None and bool(registration.originals)
+
+
 def _arm_additional_config(
     modules: dict[str, Any], clock: Clock | None, predictor_client: PredictionClient | None
 ) -> None:
@@ -799,7 +835,8 @@ def _arm_additional_config(
 
     @functools.wraps(stock_init)
     def __init__(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
-        if _REGISTRATION is None:
+        # The LPC scheduler class reads its own table (`vllm_scheduler_class`).
+        if _REGISTRATION is None and not getattr(self, "lpc_scheduler_class", False):
             table = lpc_table(vllm_config)
             if table is not None:
                 config = config_from_table(table)

@@ -30,10 +30,17 @@ class _PendingRelease:
 
 class LPCSeamQueue(LPCFreeBlockQueue):
     """The LPC free queue as vLLM's `EvictionPolicyFactory` builds it: `(blocks, hash_block_size)`,
-    its runtime the registration's (built on first use from the `LPC_*` environment)."""
+    its runtime the registration's (built on first use from the `LPC_*` environment). The LPC
+    scheduler class (`vllm_scheduler_class`) builds it with its own runtime (`plugin`)."""
 
-    def __init__(self, blocks: list[Any], hash_block_size: int | None = None) -> None:
-        plugin = vllm_plugin.seam_runtime()
+    def __init__(
+        self,
+        blocks: list[Any],
+        hash_block_size: int | None = None,
+        plugin: vllm_plugin.PluginRuntime | None = None,
+    ) -> None:
+        if plugin is None:
+            plugin = vllm_plugin.seam_runtime()
         queues = plugin.queues
         if isinstance(queues, SeamQueueRuntime) and not queues.seam_activated:
             queues.engine = seam_engine_context(hash_block_size)

@@ -1,0 +1,325 @@
+"""LPC through vLLM's own `--scheduler-cls`: nothing in vLLM patched, one block pool changed.
+
+    vllm serve MODEL --scheduler-cls lpc.integrations.vllm_scheduler_class.LPCScheduler \\
+        --additional-config '{"lpc": {"evictor": "lpc-pooled"}}'
+
+(`LPCAsyncScheduler` with async scheduling.) Naming the class is the opt-in; the `lpc` table
+of `additional_config` configures it (validated by `engine_config`: a bad field stops the
+engine, named), else the `LPC_*` environment, else the defaults. vLLM resolves the class by
+its qualified name (`SchedulerConfig.get_scheduler_cls`); it subclasses vLLM's own scheduler
+and replaces no class in any module, wraps no method of a vLLM class and reads no call stack:
+
+- `__init__`: before vLLM's constructor, what the patch points' `Scheduler.__init__` wrapper
+  does (the configuration, the engine checks, the runtime registered without patches so that
+  the metrics, the kill switch and the CPU tier's policy, built inside vLLM's constructor,
+  find it); after it, only this scheduler's block pool, where its model has one full-attention
+  KV cache group, gets the LPC queue: its `free_block_queue` attribute becomes an
+  `LPCSchedulerQueue` over the same blocks in the same order. Any other pool keeps vLLM's.
+- `_free_request_blocks` (finishes, preemptions, deferred frees): the request and its blocks
+  per group go to the queue before vLLM frees them, as through the seam's `on_request_freed`
+  (`vllm_seam_queue`); a deferred free keeps its release for its blocks until they are freed.
+- `schedule`: vLLM's, then for the requests it scheduled for the first time what the patch
+  points' `allocate_slots` and `get_computed_blocks` wrappers do: the predictor's asks, the
+  shadow caches' admissions, the request log's prefix hits.
+
+On a vLLM of another shape (`vllm_compat.scheduler_class_problems`) the class says so in one
+warning line and runs as vLLM's scheduler. This module imports vLLM: only an engine imports it
+(by the name vLLM is configured with). Against the patch points: docs/serving.md, "What the
+plugin changes in vLLM".
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from time import perf_counter_ns
+from typing import Any, ClassVar
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from lpc.integrations import engine_checks, vllm_compat, vllm_plugin
+from lpc.integrations.config import load_config
+from lpc.integrations.engine_config import config_from_table, lpc_table
+from lpc.integrations.metrics import model_name_of
+from lpc.integrations.vllm_plugin import PluginRuntime, connector_extra_config
+from lpc.integrations.vllm_queue import LPCFreeBlockQueue
+from lpc.integrations.vllm_seam_queue import LPCSeamQueue
+
+logger = logging.getLogger("vllm.plugins.lpc")
+
+_MODULES = {
+    "block_pool": "vllm.v1.core.block_pool",
+    "kv_cache_utils": "vllm.v1.core.kv_cache_utils",
+    "kv_cache_manager": "vllm.v1.core.kv_cache_manager",
+    "request_module": "vllm.v1.request",
+    "sampling_params": "vllm.sampling_params",
+    "scheduler": "vllm.v1.core.sched.scheduler",
+    "scheduler_output": "vllm.v1.core.sched.output",
+}
+
+
+@functools.cache
+def unfit_vllm() -> str | None:
+    """Why this vLLM does not fit the class (None: it fits); said once per process."""
+    modules = {key: importlib.import_module(name) for key, name in _MODULES.items()}
+    problems = vllm_compat.scheduler_class_problems(**modules)
+    if not problems:
+        return None
+    reason = "; ".join(problems)
+    logger.warning("LPC scheduler class: vLLM runs its own scheduler, stock: %s", reason)
+    return reason
+
+
+def stock_engine(vllm_config: Any, kv_cache_config: Any) -> str | None:
+    """Why this engine's KV cache stays stock (None: one full-attention group, prefix caching
+    on): LPC orders one full-attention pool, as the seam does."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    cache = getattr(vllm_config, "cache_config", None)
+    if not getattr(cache, "enable_prefix_caching", False):
+        return "prefix caching is off"
+    groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
+    if len(groups) != 1:
+        return f"{len(groups)} KV cache groups (a hybrid model)"
+    spec = groups[0].kv_cache_spec
+    if not isinstance(spec, FullAttentionSpec):
+        return f"its KV cache group is {type(spec).__name__}, not full attention"
+    return None
+
+
+class LPCSchedulerQueue(LPCSeamQueue):
+    """The seam's queue, built by the scheduler class with its runtime; a free deferred by
+    vLLM (`pop_blocks_for_free`) queues its blocks with the release held for them."""
+
+    def append_n(self, blocks: Sequence[Any]) -> None:
+        plugin = self._plugin
+        if blocks and plugin.deferred_releases:
+            pending = self._pending
+            if pending is None or blocks[0].block_id not in pending.openers:
+                release = plugin.take_deferred_release(list(blocks))
+                if release is not None:
+                    with self.runtime.releasing(release):
+                        LPCFreeBlockQueue.append_n(self, blocks)
+                    return
+        super().append_n(blocks)
+
+
+class _FirstScheduling:
+    """A request as the patch points' `allocate_slots` hook sees it on its first scheduling:
+    nothing computed yet (vLLM sets its computed tokens after the allocation)."""
+
+    __slots__ = ("_request",)
+    num_computed_tokens = 0
+
+    def __init__(self, request: Any) -> None:
+        self._request = request
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._request, name)
+
+
+@dataclass
+class SchedulerLPC:
+    """One scheduler's LPC: the runtime, and the queue its block pool was given."""
+
+    plugin: PluginRuntime
+    queue: LPCSchedulerQueue
+    pool: Any
+
+    def free(self, scheduler: Any, request: Any, free: Callable[[Any], None]) -> None:
+        """`free` (vLLM's `_free_request_blocks`) with the request's release: announced to
+        the queue before an immediate free, held for the blocks of a deferred one."""
+        queue = self.queue
+        if queue.runtime.mode.mode == "lru":  # off: vLLM's own list takes the blocks
+            free(request)
+            return
+        start_ns = perf_counter_ns()
+        plugin = self.plugin
+        if scheduler._request_blocks_can_be_freed(request):
+            try:
+                blocks = scheduler.kv_cache_manager.coordinator.get_blocks(request.request_id)
+            except Exception as error:  # the free goes on as stock (fallback p)
+                plugin.stats.plugin_error("reading a request's blocks", error)
+                blocks = None
+            if blocks is not None:
+                queue.on_request_freed(request, blocks)
+            free(request)
+        else:
+            release = plugin.safe_release_for(request)
+            deferred = scheduler.deferred_frees
+            before = len(deferred)
+            free(request)
+            if len(deferred) > before:
+                try:
+                    plugin.hold_for_deferred_free(deferred[-1][1], release)
+                except Exception as error:  # the blocks are then freed on the fallback p
+                    plugin.stats.plugin_error("holding a deferred free's release", error)
+        queue.runtime.histograms.free_latency_ns.observe(perf_counter_ns() - start_ns)
+
+    def forget_drained(self, deferred: Any) -> None:
+        """After vLLM drained deferred frees: forget the releases held for blocks no longer
+        waiting (those never queued: shared or uncached)."""
+        held = self.plugin.deferred_releases
+        waiting = {id(block) for _, blocks in deferred for block in blocks}
+        for key in [key for key in held if key not in waiting]:
+            del held[key]
+
+    def scheduled(self, scheduler: Any, output: Any) -> None:
+        """What the patch points' `get_computed_blocks` and `allocate_slots` hooks note, for
+        the requests vLLM scheduled for the first time in this step (never raises)."""
+        plugin = self.plugin
+        board, log, shadow = plugin.board, plugin.request_log, plugin.shadow
+        shadowing = shadow is not None and (shadow.active or plugin.queues.mode.mode == "shadow")
+        pool = self.pool
+        if (board is None and log is None and not shadowing) or (
+            pool.free_block_queue is not self.queue  # off and drained: stock, as there
+        ):
+            return
+        try:
+            requests = scheduler.requests
+            if shadowing:  # those that ran before the shadow started are not admitted
+                for rid in output.scheduled_cached_reqs.req_ids:
+                    shadow.scheduled(requests[rid], pool, plugin.conversation_of)
+            for data in output.scheduled_new_reqs:
+                request = requests.get(data.req_id)
+                if request is None:
+                    continue
+                if log is not None:
+                    log.note_computed(request, local_hit(request, data), pool)
+                if board is not None:
+                    plugin.safe_on_scheduled(request)
+                if shadowing:
+                    shadow.scheduled(
+                        _FirstScheduling(request),
+                        pool,
+                        lambda _view, request=request: plugin.conversation_of(request),
+                    )
+        except Exception as error:
+            plugin.stats.plugin_error("reading the requests scheduled", error)
+
+
+def local_hit(request: Any, data: Any) -> int:
+    """The request's prefix-cache hit in this pool at its admission (what
+    `get_computed_blocks` returned then: vLLM's prefill statistics keep it), else its
+    computed tokens when scheduled."""
+    stats = getattr(request, "prefill_stats", None)
+    hit = getattr(stats, "num_local_cached_tokens", None)
+    return hit if isinstance(hit, int) else data.num_computed_tokens
+
+
+def prepare(scheduler_class: type, vllm_config: Any, kv_cache_config: Any) -> PluginRuntime | None:
+    """Before vLLM's constructor, what the patch points' `Scheduler.__init__` wrapper does:
+    the runtime with this engine's configuration (None: this scheduler stays stock, said)."""
+    if unfit_vllm() is not None:
+        return None
+    if vllm_plugin.patch_points_installed():
+        logger.info(
+            "LPC runs through the plugin's patch points in this process (the LPC_* environment); "
+            "%s adds nothing",
+            scheduler_class.__qualname__,
+        )
+        return None
+    table = lpc_table(vllm_config)
+    config = config_from_table(table) if table is not None else load_config()
+    reason = stock_engine(vllm_config, kv_cache_config)
+    if reason is not None:
+        logger.info("LPC leaves this engine's KV cache stock: %s", reason)
+        return None
+    allowed = engine_checks.parse_allowed(config.allow_unverified)
+    for item in engine_checks.check_engine(vllm_config, kv_cache_config, allowed):
+        logger.warning(
+            "LPC eviction runs with %s, which it is not verified with (%s=%s)",
+            item.what,
+            engine_checks.ALLOW_VARIABLE,
+            config.allow_unverified,
+        )
+    plugin = vllm_plugin.install_unpatched(config)
+    if plugin is not None:
+        plugin.kv_connector_extra_config = connector_extra_config(vllm_config)
+        plugin.queues.vllm_config = vllm_config  # its data-parallel rank
+        plugin.model_name = model_name_of(vllm_config)
+    return plugin
+
+
+def attach(scheduler: Any, plugin: PluginRuntime) -> SchedulerLPC | None:
+    """Give this scheduler's block pool an LPC queue over the same blocks, in the same order
+    (every free block uncached, in id order, as vLLM's constructor leaves them); None: the
+    pool stays stock, said."""
+    from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
+
+    problems = vllm_compat.scheduler_instance_problems(scheduler, FreeKVCacheBlockQueue)
+    pool = scheduler.kv_cache_manager.block_pool if not problems else None
+    if pool is not None:
+        free = pool.free_block_queue.get_all_free_blocks()
+        ids = [block.block_id for block in free]
+        if ids != sorted(set(ids)) or any(block.block_hash is not None for block in free):
+            problems.append("the block pool's free queue is not as vLLM's constructor leaves it")
+    if problems or pool is None:
+        logger.warning("LPC scheduler class: the block pool stays stock: %s", "; ".join(problems))
+        return None
+    queue = LPCSchedulerQueue(pool.blocks, pool.hash_block_size, plugin)
+    free_ids = set(ids)
+    for block in pool.blocks:  # the null block, and any block vLLM holds already
+        if block.block_id not in free_ids:
+            queue.remove(block)
+    pool.free_block_queue = queue
+    switch = plugin.queues.mode
+    with switch.lock:  # the current mode, now that the pool holds the queue
+        queue.follow(switch.mode)
+    return SchedulerLPC(plugin, queue, pool)
+
+
+def _configs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """`Scheduler.__init__`'s `vllm_config` and `kv_cache_config`, however they were passed."""
+    vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
+    if "kv_cache_config" in kwargs:
+        return vllm_config, kwargs["kv_cache_config"]
+    return vllm_config, args[1] if len(args) > 1 else None
+
+
+class LPCSchedulerMixin:
+    """LPC in vLLM's scheduler by subclassing (module docstring); first in the bases."""
+
+    # The plugin's `--additional-config` hook leaves the table to this class.
+    lpc_scheduler_class: ClassVar[bool] = True
+    lpc: SchedulerLPC | None = None  # None: stock
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        plugin = prepare(type(self), *_configs(args, kwargs))
+        super().__init__(*args, **kwargs)
+        if plugin is not None:
+            self.lpc = attach(self, plugin)
+
+    def _free_request_blocks(self, request: Any) -> None:
+        lpc = self.lpc
+        if lpc is None:
+            return super()._free_request_blocks(request)  # type: ignore[misc]
+        lpc.free(self, request, super()._free_request_blocks)  # type: ignore[misc]
+        return None
+
+    def _drain_deferred_frees(self) -> None:
+        super()._drain_deferred_frees()  # type: ignore[misc]
+        lpc = self.lpc
+        if lpc is not None and lpc.plugin.deferred_releases:
+            lpc.forget_drained(self.deferred_frees)  # type: ignore[attr-defined]
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        output = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        lpc = self.lpc
+        if lpc is not None:
+            lpc.scheduled(self, output)
+        return output
+
+
+class LPCScheduler(LPCSchedulerMixin, Scheduler):
+    """vLLM's `Scheduler` with LPC eviction: `--scheduler-cls
+    lpc.integrations.vllm_scheduler_class.LPCScheduler`."""
+
+
+class LPCAsyncScheduler(LPCSchedulerMixin, AsyncScheduler):
+    """vLLM's `AsyncScheduler` with LPC eviction (async scheduling): `--scheduler-cls
+    lpc.integrations.vllm_scheduler_class.LPCAsyncScheduler`."""

@@ -1,0 +1,236 @@
+"""LPC through vLLM's own `--scheduler-cls` (`lpc.integrations.vllm_scheduler_class`) on stock
+vLLM 0.33.0: nothing patched, one block pool changed.
+
+- The scheduler sample of test_vllm_scheduler_sample.py, vLLM's scheduler class chosen by its
+  configuration (`SchedulerConfig.scheduler_cls`) and LPC's settings in `additional_config`:
+  with `lpc-pooled` every step equals the patch points' run, with `lpc-const` stock vLLM's.
+- Built, the class changes no attribute of vLLM's scheduler, KV cache manager, block pool or
+  free queue classes or of their modules, reads no call stack, and another block pool in the
+  process keeps vLLM's queue; a bad `lpc` table names the field; on a vLLM of another shape
+  the class runs as vLLM's scheduler with one warning.
+
+Marked `vllm` (CI step 3); needs vLLM's venv (`vllm_python`).
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from lpc.drivers.scheduler_ab import PARITY_FIELDS, load_requests
+from lpc.drivers.vllm_driver import REPO_ROOT
+from lpc.drivers.vllm_scheduler import (
+    PluginSettings,
+    PolicyRun,
+    first_divergence,
+    parse_policies,
+    run_policy,
+    write_requests,
+)
+from tests.integrations.report import REPORT
+from tests.integrations.snippets import run_snippet
+from tests.integrations.test_vllm_scheduler import sharegpt_like
+from tests.integrations.test_vllm_seam import ENGINE
+
+pytestmark = pytest.mark.vllm
+
+SCHEDULER_CLASS = "lpc.integrations.vllm_scheduler_class.LPCScheduler"
+
+# vLLM's python, serving through the LPC scheduler class: the LPC_* settings the scheduler
+# driver sets for a policy become the `lpc` table of `additional_config` (and are unset, so
+# the plugin vLLM loads stays unconfigured: its `--additional-config` hook steps aside).
+CLASS_PYTHON = """#!{python}
+import dataclasses, json, os, sys
+from lpc.integrations.config import PluginConfig, load_config
+config, default = load_config(os.environ), PluginConfig()
+table = {{
+    f.name: getattr(config, f.name)
+    for f in dataclasses.fields(PluginConfig)
+    if getattr(config, f.name) != getattr(default, f.name)
+}}
+env = {{k: v for k, v in os.environ.items() if not k.startswith("LPC_")}}
+extra = ["--scheduler-cls", "{cls}", "--additional-config", json.dumps({{"lpc": table}})]
+os.execve(sys.executable, [sys.executable, *sys.argv[1:], *extra], env)
+"""
+
+
+@pytest.fixture(scope="module")
+def class_python(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    script = tmp_path_factory.mktemp("scheduler-class") / "python-with-lpc-scheduler"
+    script.write_text(CLASS_PYTHON.format(python=vllm_python, cls=SCHEDULER_CLASS))
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def test_the_scheduler_sample_through_the_scheduler_class(
+    vllm_python: Path, class_python: Path, tmp_path: Path
+) -> None:
+    trace = tmp_path / "chats.jsonl"
+    count = sharegpt_like(trace, conversations_count=30, duration_s=40)
+    requests, logged, _ = load_requests(str(trace), 1)
+    requests_file = write_requests(tmp_path / "requests.jsonl", requests, logged)
+    lru, const, pooled = parse_policies("lru,lpc-const=0.5,lpc-pooled")
+    runs = {  # label -> (python, policy)
+        "stock lru": (vllm_python, lru),
+        "patch points lpc-pooled": (vllm_python, pooled),
+        "class lpc-pooled": (class_python, pooled),
+        "class lpc-const": (class_python, const),
+    }
+
+    def run(label: str) -> PolicyRun:
+        python, policy = runs[label]
+        folder = tmp_path / label.replace(" ", "-")
+        folder.mkdir()
+        return run_policy(
+            python, requests_file, policy, ENGINE, PluginSettings(), folder, timeout_s=600
+        )
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = dict(zip(runs, pool.map(run, runs), strict=True))
+    stock, points = done["stock lru"], done["patch points lpc-pooled"]
+    through, through_const = done["class lpc-pooled"], done["class lpc-const"]
+    for label, result in done.items():
+        assert result.summary["invariants"]["ok"], (label, result.summary["invariants"])
+        assert result.totals["finished"] == count, label
+    assert points.summary["invariants"]["queue"] == "LPCFreeKVCacheBlockQueue"
+    for result in (through, through_const):
+        assert result.summary["scheduler"] == SCHEDULER_CLASS
+        assert result.summary["invariants"]["queue"] == "LPCSchedulerQueue"
+    assert through.summary["plugin_stats"]["config"]["evictor"] == "lpc-pooled"
+    assert stock.totals["preemptions"] > 0 and stock.totals["chunked_prefills"] > 0
+
+    assert points.records is not None and through.records is not None
+    divergence = first_divergence(through.records, points.records, PARITY_FIELDS)
+    assert divergence is None, f"scheduler class vs patch points (lpc-pooled): {divergence}"
+    stats, expected = through.summary["plugin_stats"], points.summary["plugin_stats"]
+    for key in ("releases", "preemptions", "shared_blocks_released", "cached_blocks_released"):
+        assert stats[key] == expected[key], key
+    assert stats["shared_blocks_released"] > 0
+    assert through.summary["lru_order_check"]["lpc_not_lru"] > 0, "lpc-pooled evicted as LRU"
+
+    assert through_const.records is not None and stock.records is not None
+    divergence = first_divergence(through_const.records, stock.records, PARITY_FIELDS)
+    assert divergence is None, f"scheduler class lpc-const vs stock vLLM: {divergence}"
+    REPORT.append(
+        f"scheduler class ({count} requests, {stock.totals['steps']} scheduler steps, "
+        f"{stock.totals['preemptions']} preemptions): lpc-pooled through --scheduler-cls == "
+        f"patch points at every step ({through.totals['prefix_cache_hits']} hit tokens, "
+        f"{through.summary['lru_order_check']['lpc_not_lru']} evictions unlike LRU); lpc-const "
+        "through it == stock vLLM at every step; nothing patched"
+    )
+
+
+# One vLLM process: the class built as vLLM builds it (the scheduler driver's `build_scheduler`),
+# a second pool, a bad table, then a vLLM of another shape.
+BUILT = """
+import argparse, importlib.util, json, logging, sys, tempfile
+from pathlib import Path
+from vllm.v1.core import block_pool, kv_cache_coordinator, kv_cache_manager, kv_cache_utils
+from vllm.v1.core.sched import async_scheduler, scheduler
+spec = importlib.util.spec_from_file_location("driver", "{driver}")
+driver = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(driver)
+owners = [
+    scheduler.Scheduler, async_scheduler.AsyncScheduler, kv_cache_manager.KVCacheManager,
+    block_pool.BlockPool, kv_cache_utils.FreeKVCacheBlockQueue,
+    kv_cache_coordinator.UnitaryKVCacheCoordinator, block_pool, kv_cache_utils,
+    kv_cache_manager, kv_cache_coordinator, scheduler, async_scheduler,
+]
+before = [dict(vars(owner)) for owner in owners]
+stack_reads = []
+read_stack = sys._getframe
+def watched(depth=0):
+    caller = read_stack(1).f_globals.get("__name__", "")
+    if caller.startswith(("lpc", "eviction")):
+        stack_reads.append(caller)
+    return read_stack(depth + 1)
+sys._getframe = watched
+warnings = []
+class Warnings(logging.Handler):
+    def emit(self, record):
+        if record.levelno >= logging.WARNING:
+            warnings.append(record.getMessage())
+logging.getLogger("vllm.plugins.lpc").addHandler(Warnings())
+
+def build(table, cls="{cls}"):
+    args = argparse.Namespace(
+        max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64, block_size=16,
+        num_blocks=9, eviction_policy=None, data_parallel_size=1, data_parallel_rank=0,
+        scheduler_cls=cls, additional_config=json.dumps({{"lpc": table}}),
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        return driver.build_scheduler(args, Path(folder))[0]
+
+built = build({{"evictor": "lpc-pooled"}})
+built_async = build({{"evictor": "lpc-pooled"}}, "{cls}".replace("LPCScheduler", "LPCAsyncScheduler"))
+other = block_pool.BlockPool(8, True, 16)
+changed = [
+    f"{{getattr(owner, '__name__', owner)}}.{{name}}"
+    for owner, old in zip(owners, before)
+    for name in set(old) | set(vars(owner))
+    if vars(owner).get(name) is not old.get(name)
+    # vLLM's own seeding of the prefix hashes (`init_none_hash`, as its engine core does)
+    and name not in ("NONE_HASH", "_NONE_HASH_SEED")
+]
+pool = built.kv_cache_manager.block_pool
+from lpc.integrations import vllm_plugin
+print("BUILT", type(built).__qualname__, type(pool.free_block_queue).__name__)
+async_pool = built_async.kv_cache_manager.block_pool
+print("BUILT", type(built_async).__qualname__, type(async_pool.free_block_queue).__name__)
+print("FREE", [b.block_id for b in pool.free_block_queue.get_all_free_blocks()])
+print("EVICTOR", vllm_plugin.registered_runtime().config.evictor)
+print("OTHER", type(other.free_block_queue).__name__)
+print("CHANGED", sorted(changed))
+print("STACK_READS", stack_reads)
+print("WARNINGS", warnings)
+try:
+    build({{"evictor": "lpc-pooled", "scale_per_s": -1}})
+    print("BAD_TABLE accepted")
+except Exception as error:
+    print("BAD_TABLE", type(error).__name__, error)
+vllm_plugin.unregister()
+warnings.clear()
+from lpc.integrations import vllm_scheduler_class
+vllm_scheduler_class.unfit_vllm.cache_clear()  # as in a fresh process
+scheduler.Scheduler._drain_deferred_frees = lambda self, fence: None
+stock = build({{"evictor": "lpc-pooled"}})
+again = build({{"evictor": "lpc-pooled"}})
+print("STOCK", type(stock.kv_cache_manager.block_pool.free_block_queue).__name__, stock.lpc)
+print("REGISTERED", vllm_plugin.is_registered())
+print("STOCK_WARNINGS", json.dumps(warnings))
+"""
+
+
+@pytest.fixture(scope="module")
+def built(vllm_python: Path) -> str:
+    code = BUILT.format(
+        driver=REPO_ROOT / "scripts" / "vllm_scheduler_replay.py", cls=SCHEDULER_CLASS
+    )
+    return run_snippet(vllm_python, code, {"VLLM_PLUGINS": ""})
+
+
+def test_the_class_patches_nothing_and_changes_only_its_pool(built: str) -> None:
+    assert "BUILT LPCScheduler LPCSchedulerQueue" in built, built
+    assert "BUILT LPCAsyncScheduler LPCSchedulerQueue" in built, built
+    assert "FREE [1, 2, 3, 4, 5, 6, 7, 8]" in built, built  # vLLM's free list, null block out
+    assert "EVICTOR lpc-pooled" in built, built  # from additional_config
+    assert "OTHER FreeKVCacheBlockQueue" in built, built
+    assert "CHANGED []" in built and "STACK_READS []" in built, built
+    assert "WARNINGS []" in built, built
+
+
+def test_a_bad_lpc_table_names_the_field(built: str) -> None:
+    assert "BAD_TABLE PluginConfigError additional_config['lpc'].scale_per_s" in built, built
+
+
+def test_a_vllm_of_another_shape_runs_the_class_stock_with_one_warning(built: str) -> None:
+    assert "STOCK FreeKVCacheBlockQueue None" in built and "REGISTERED False" in built, built
+    warnings = json.loads(built.split("STOCK_WARNINGS ", 1)[1].splitlines()[0])
+    assert warnings == [
+        "LPC scheduler class: vLLM runs its own scheduler, stock: "
+        "Scheduler._drain_deferred_frees takes (self, fence), expected (self)"
+    ], warnings
