@@ -6,7 +6,9 @@ default suite check the strategy's eviction order in milliseconds without it. It
 SGLang's code; it keeps the contract a `get_priority` strategy sees, and the `sglang` tests
 run the same scenarios on the real caches and on this tree and require the same results:
 
-- a node has `priority`, `last_access_time`, `lock_ref`, `parent`, `children`, a token `key`;
+- a node has `priority`, `last_access_time`, `lock_ref`, `parent`, `children`, a token `key`
+  that carries the request's `cache_salt` and `extra_key` (SGLang's `RadixKey`): requests of
+  different ones share no node;
 - `insert(tokens, priority)` walks the path from the root, setting `last_access_time` to the
   insert's time and `priority = max(priority, request priority)` on every node of the path;
   a new leaf takes the request's priority; splitting a node at a partial match gives the new
@@ -30,12 +32,39 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 
+class Key(tuple):
+    """Tokens with SGLang's `RadixKey` namespace (`cache_salt`, `extra_key`), kept by slices."""
+
+    cache_salt: str | None = None
+    extra_key: str | None = None
+
+    def __new__(
+        cls, tokens: Sequence[int], cache_salt: str | None = None, extra_key: str | None = None
+    ) -> Key:
+        key = super().__new__(cls, tokens)
+        key.cache_salt, key.extra_key = cache_salt, extra_key
+        return key
+
+    def __getitem__(self, index: Any) -> Any:
+        item = super().__getitem__(index)
+        if isinstance(index, slice):
+            return Key(item, self.cache_salt, self.extra_key)
+        return item
+
+    def child_key(self) -> Any:
+        """The parent's dict key for a child starting with this key (SGLang's
+        `get_child_key`: namespaced unless the key has no namespace)."""
+        if self.cache_salt is None and self.extra_key is None:
+            return self[0]
+        return (self.extra_key, self.cache_salt, self[0])
+
+
 class Node:
     _ids = itertools.count()
 
     def __init__(self, key: tuple[int, ...], priority: int, now: float) -> None:
         self.id = next(self._ids)
-        self.key = key
+        self.key = key if isinstance(key, Key) else Key(key)
         self.children: dict[int, Node] = {}
         self.parent: Node | None = None
         self.lock_ref = 0
@@ -64,19 +93,17 @@ class StandInRadixCache:
         new.hit_count = child.hit_count
         new.parent = parent
         new.lock_ref = child.lock_ref
-        parent.children[new.key[0]] = new
+        parent.children[new.key.child_key()] = new
         child.key = child.key[at:]
         child.parent = new
-        new.children[child.key[0]] = child
+        new.children[child.key.child_key()] = child
         return new
 
-    def _walk(
-        self, tokens: Sequence[int], now: float, on_node: Callable[[Node], None]
-    ) -> tuple[Node, int]:
+    def _walk(self, tokens: Key, now: float, on_node: Callable[[Node], None]) -> tuple[Node, int]:
         node, done = self.root, 0
         on_node(node)
-        while done < len(tokens) and tokens[done] in node.children:
-            child = node.children[tokens[done]]
+        while done < len(tokens) and tokens[done:].child_key() in node.children:
+            child = node.children[tokens[done:].child_key()]
             shared = 0
             while (
                 shared < len(child.key)
@@ -91,34 +118,43 @@ class StandInRadixCache:
             node, done = child, done + shared
         return node, done
 
-    def insert(self, tokens: Sequence[int], priority: int = 0) -> Node:
+    def insert(
+        self,
+        tokens: Sequence[int],
+        priority: int = 0,
+        cache_salt: str | None = None,
+        extra_key: str | None = None,
+    ) -> Node:
         now = self.clock()
 
         def touch(node: Node) -> None:
             node.last_access_time = now
             node.priority = max(node.priority, priority)
 
-        node, done = self._walk(tuple(tokens), now, touch)
-        if done < len(tokens):
-            leaf = Node(tuple(tokens[done:]), priority, now)
+        key = Key(tokens, cache_salt, extra_key)
+        node, done = self._walk(key, now, touch)
+        if done < len(key):
+            leaf = Node(key[done:], priority, now)
             leaf.parent = node
-            node.children[leaf.key[0]] = leaf
+            node.children[leaf.key.child_key()] = leaf
             node = leaf
         return node
 
-    def match(self, tokens: Sequence[int]) -> tuple[Node, int]:
+    def match(
+        self, tokens: Sequence[int], cache_salt: str | None = None, extra_key: str | None = None
+    ) -> tuple[Node, int]:
         now = self.clock()
 
         def touch(node: Node) -> None:
             node.last_access_time = now
 
-        return self._walk(tuple(tokens), now, touch)
+        return self._walk(Key(tokens, cache_salt, extra_key), now, touch)
 
     def node_at(self, tokens: Sequence[int]) -> Node | None:
         """The node whose path from the root spells exactly `tokens` (None if none does)."""
         node, done = self.root, 0
         while done < len(tokens):
-            child = node.children.get(tokens[done])
+            child = node.children.get(Key(tokens)[done:].child_key())
             if child is None or tuple(tokens[done : done + len(child.key)]) != child.key:
                 return None
             node, done = child, done + len(child.key)
@@ -162,7 +198,7 @@ class StandInRadixCache:
             _, node = heapq.heappop(heap)
             parent = node.parent
             assert parent is not None
-            del parent.children[node.key[0]]
+            del parent.children[node.key.child_key()]
             evicted.append(node)
             freed += len(node.key)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:

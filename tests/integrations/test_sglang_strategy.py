@@ -5,19 +5,26 @@ The default-suite checks of eviction order run the scenarios of `sglang_scenario
 `sglang` (in .sglang-venv): loading the plugin through SGLang's entry-point loader, the
 policy registry building our strategy from `--radix-eviction-policy-config`, and SGLang's
 own argument parser accepting `--radix-eviction-policy lpc`. The same scenarios on SGLang's
-real `RadixCache` and `UnifiedRadixCache` are in test_sglang_real_radix.py.
+real `RadixCache` and `UnifiedRadixCache` are in test_sglang_real_radix.py. One tenant's
+pinned share per eviction pass (`PassCap`): the pin experiment of test_trust.py on the
+stand-in, and the bound on random trees of two tenants.
 """
 
 from __future__ import annotations
 
 import json
+import random
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from eviction.lpc import static_key
 from lpc.integrations.sglang_strategy import (
     LPCStrategy,
+    PassCap,
+    node_tenant,
     priority_to_probability,
     probability_to_priority,
 )
@@ -142,6 +149,178 @@ def test_a_shared_prefix_carries_the_max_p() -> None:
 def test_every_eviction_takes_the_lowest_decayed_probability(seed: int) -> None:
     result = sglang_scenarios.evicts_lowest_decayed_probability(standin(), seed)
     assert result["checked"] > 10 and result["violations"] == []
+
+
+# -- one tenant's pinned share per eviction pass ------------------------------------------------
+ATTACK = probability_to_priority(1.0)
+# The pin experiment of test_trust.py in tokens: eight chats of the victim (64 tokens, 32 more
+# each turn, six turns, round robin), between any two of its requests two one-shot 64-token
+# prompts of the attacker with a trusted p = 1.0; a tree of 2,048 tokens (128 blocks of 16).
+CHATS, TURNS, SHOTS, TREE_TOKENS = 8, 6, 2, 2048
+
+
+def cached_tokens(tree: StandInRadixCache) -> int:
+    total, stack = 0, [tree.root]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        total += len(node.key)
+    return total
+
+
+def pin_experiment(strategy: Any) -> float:
+    """The victim's hit ratio: each request matches its prompt, evicts what the tree is
+    short of, and inserts the prompt with its priority under its tenant's `cache_salt`."""
+    clock = {"now": 0.0}
+    tree = StandInRadixCache(strategy, lambda: clock["now"])
+    hits = total = shot = 0
+    prompts = {c: [c * 10_000 + i for i in range(64)] for c in range(CHATS)}
+    for turn in range(TURNS):
+        for c in range(CHATS):
+            if turn:
+                prompts[c] = prompts[c] + [c * 10_000 + 32 * (turn + 1) + i for i in range(32)]
+            requests = [("victim", prompts[c], 0)]
+            for _ in range(SHOTS):
+                requests.append(("attacker", [10**6 + 64 * shot + i for i in range(64)], ATTACK))
+                shot += 1
+            for salt, tokens, priority in requests:
+                clock["now"] += 1.0
+                _, hit = tree.match(tokens, cache_salt=salt)
+                short = cached_tokens(tree) + len(tokens) - hit - TREE_TOKENS
+                if short > 0:
+                    tree.evict(short)
+                tree.insert(tokens, priority, cache_salt=salt)
+                if salt == "victim":
+                    hits, total = hits + hit, total + len(tokens)
+    return hits / total
+
+
+def test_the_pin_experiment_on_the_stand_in_capped_uncapped_and_lru() -> None:
+    """Uncapped, the attacker's p = 1.0 nodes outlast the victim's chats; capped per pass,
+    the victim keeps more of LRU's hits; a share of 0 is LRU's order exactly."""
+    lru = pin_experiment(StandInLRU())
+    uncapped = pin_experiment(LPCStrategy(trust_request_priority=True, pinned_share=1.0))
+    half = LPCStrategy(trust_request_priority=True)  # pinned_share 0.5, the default
+    capped = pin_experiment(half)
+    none = pin_experiment(LPCStrategy(trust_request_priority=True, pinned_share=0.0))
+    assert lru > 0, "the victim never hits: the workload tests nothing"
+    assert uncapped < lru / 2
+    assert capped > 2 * uncapped and half.pinned_share_capped > 0
+    assert none == lru
+    REPORT.append(
+        f"SGLang stand-in pin experiment ({TREE_TOKENS} tokens, the attacker's p = 1.0 "
+        f"trusted): the victim's hit ratio LRU {lru:.3f}, uncapped {uncapped:.3f}, "
+        f"pinned_share 0.5 per pass {capped:.3f} ({half.pinned_share_capped} evaluations capped)"
+    )
+
+
+class RecordingCap(PassCap):
+    """`PassCap` that logs each evaluation: (window, tenant, tokens, keyed above fallback,
+    the node's id)."""
+
+    def __init__(self, pinned_share: float) -> None:
+        super().__init__(pinned_share)
+        self.log: list[tuple[int, str, int, bool, int]] = []
+
+    def keeps(self, node: Any, pins: bool) -> bool:
+        kept = super().keeps(node, pins)
+        self.log.append((self.windows, node_tenant(node), len(node.key), pins and kept, node.id))
+        return kept
+
+
+def random_tokens(rng: random.Random) -> Sequence[int]:
+    return [rng.randrange(4) for _ in range(rng.randrange(1, 12))]  # small alphabet: splits
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_each_windows_pinned_tokens_are_at_most_the_share(seed: int) -> None:
+    """Random inserts, matches and evictions of two tenants with random priorities: in every
+    window of evaluations (`PassCap`), each tenant's tokens keyed above the fallback p are
+    at most `pinned_share` of the window's evaluated tokens; a pass with a leaf the window
+    evaluated in the previous pass starts a new window at that leaf, so a pass spans at most
+    two windows."""
+    rng = random.Random(seed)
+    share = rng.choice([0.0, 0.25, 0.5])
+    strategy = LPCStrategy(trust_request_priority=True, pinned_share=share)
+    cap = strategy.pass_cap = RecordingCap(share)
+    clock = {"now": 0.0}
+    tree = StandInRadixCache(strategy, lambda: clock["now"])
+    tree.insert([0], ATTACK, cache_salt="a")
+    tree.insert([0], 0, cache_salt="b")
+    tree.evict(0)  # both tenants evaluated: the cap binds from here on
+    start = len(cap.log)
+    separated = 0
+    last_pass: set[int] = set()
+    for _ in range(60):
+        clock["now"] += rng.choice([0.5, 5.0])
+        salt = rng.choice(["a", "b"])
+        action = rng.random()
+        if action < 0.5:
+            priority = rng.choice([0, 100_000, 900_000, ATTACK])
+            tree.insert(random_tokens(rng), priority, cache_salt=salt)
+        elif action < 0.7:
+            tree.match(random_tokens(rng), cache_salt=salt)
+        else:
+            survivor = any(leaf.id in last_pass for leaf in tree.evictable_leaves())
+            before, first = cap.windows, len(cap.log)
+            tree.evict(rng.randrange(1, 20))
+            evaluations = cap.log[first:]
+            if evaluations:
+                assert {e[0] for e in evaluations} <= {before, before + 1}
+                if survivor:
+                    assert evaluations[-1][0] == before + 1
+                    separated += 1
+            last_pass = {e[4] for e in evaluations if e[0] == cap.windows}  # in the window
+    windows: dict[int, list[tuple[str, int, bool]]] = {}
+    for window, tenant, tokens, pinned, _ in cap.log[start:]:
+        windows.setdefault(window, []).append((tenant, tokens, pinned))
+    for evaluations in windows.values():
+        tokens = sum(n for _, n, _ in evaluations)
+        for tenant in ("salt=a", "salt=b"):
+            pinned = sum(n for t, n, p in evaluations if t == tenant and p)
+            assert pinned <= share * tokens, (tenant, pinned, tokens)
+    assert len(windows) > 1 and separated > 0
+
+
+def test_a_lone_tenant_is_not_capped_and_a_second_one_makes_the_cap_bind() -> None:
+    strategy = LPCStrategy(trust_request_priority=True, pinned_share=0.25)
+    clock = {"now": 0.0}
+    tree = StandInRadixCache(strategy, lambda: clock["now"])
+    for i in range(4):
+        tree.insert([10 * i, 10 * i + 1], ATTACK, cache_salt="a")
+    tree.evict(0)
+    assert strategy.pinned_share_capped == 0  # alone: every node keeps its p
+    assert strategy.pass_cap is not None
+    assert strategy.pass_cap.pinned_tokens() == {"salt=a": 8}
+    tree.insert([99], 0, cache_salt="b")
+    clock["now"] += 1.0
+    order = [node.key.cache_salt for node in tree.evict(9)]
+    # Shared: a quarter of the pass's 9 tokens at most keep p = 1.0, one 2-token node of the
+    # attacker (which one: the pass's order of evaluation), evicted last; its other three
+    # nodes take the fallback p.
+    assert strategy.pinned_share_capped == 3
+    assert strategy.pass_cap.pinned_tokens() == {"salt=a": 2}
+    assert order[-1] == "a" and order.count("a") == 4
+
+
+def test_a_node_evaluated_again_starts_a_new_pass() -> None:
+    cap = PassCap(0.5)
+    node = StandInRadixCache(LPCStrategy(), lambda: 0.0).insert([1, 2], 0, cache_salt="a")
+    assert cap.keeps(node, True) and cap.windows == 0
+    assert cap.keeps(node, True) and cap.windows == 1  # the same node: a new window
+    assert cap.pinned_tokens() == {"salt=a": 2}
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5, float("nan"), True, "0.5"])
+def test_a_bad_pinned_share_names_the_field(share: Any) -> None:
+    with pytest.raises(ValueError, match="pinned_share must be a number in \\[0, 1\\]"):
+        LPCStrategy(pinned_share=share)
+
+
+def test_without_trusted_priorities_or_at_one_nothing_is_capped() -> None:
+    assert LPCStrategy(pinned_share=0.1).pass_cap is None  # untrusted: nothing pins
+    assert LPCStrategy(trust_request_priority=True, pinned_share=1.0).pass_cap is None
+    assert LPCStrategy(trust_request_priority=True).pass_cap is not None
 
 
 # -- against real SGLang 0.5.23 ------------------------------------------------------------
