@@ -57,13 +57,16 @@ RAY_WORKERS = 2  # the local Ray's processors (`local_ray`)
 # Files that share a session fixture too costly to build twice run in one worker: the Ray files
 # share one local Ray instead of starting one each (possibly at once, on the two cores); the
 # embedder files share the imported e5 checkpoint and the loaded embedders
-# (tests/predictor/conftest.py), instead of one worker waiting on the other's import.
+# (tests/predictor/conftest.py), instead of one worker waiting on the other's import; the
+# prompt-tokens files share the MLP trained for `prompt_tokens_artifact` (~1.5 s).
 SHARED_WORKER_FILES = {
     "tests/lpc/test_fleet_ray.py": "ray",
     "tests/training/test_retrain_ray.py": "ray",
     "tests/predictor/test_predictor_cli.py": "embedders",
     "tests/predictor/test_predictor_e5_import.py": "embedders",
     "tests/predictor/test_predictor_real_embedder.py": "embedders",
+    "tests/predictor/test_predictor_server.py": "prompt-tokens",
+    "tests/predictor/test_text_features.py": "prompt-tokens",
 }
 
 # Files too long for one worker, split in two: the tests named with one of the prefixes keep the
