@@ -1,0 +1,59 @@
+"""A batch of engine states through `AccessPredictor.predict` (the predictor server's path)
+against `predict_one` state by state (the in-process release's path).
+
+They agree to float32 round-off, not necessarily to the bit: a batch's matrix products (BLAS
+gemm) may sum in another order than one row's, and a row's last bits may depend on the other
+rows of its batch. The plugin therefore scores each release alone (`predict_one`), the p the
+replay computes; a batched score would not reproduce it bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from predictor.access_features import ConversationState, RequestState
+from predictor.access_predictor import AccessPredictor
+from tests.integrations.access_models import SHIPPED
+
+# Far above float32's round-off on a probability (a few 1e-8 here), far below any difference
+# a feature computed otherwise by the two paths would make.
+ROUND_OFF = 1e-6
+
+
+def engine_states(n: int, seed: int = 0) -> list[tuple[RequestState, ConversationState]]:
+    """`n` requests as an engine sees them at their release: first turns and later ones."""
+    rng = np.random.default_rng(seed)
+    states = []
+    for _ in range(n):
+        turns = int(rng.integers(0, 9))
+        request = RequestState(
+            arrival_s=100.0,
+            prompt_tokens=int(rng.integers(1, 100_000)),
+            shared_prefix_tokens=int(rng.integers(0, 3_000)),
+            output_tokens=int(rng.integers(0, 2_000)),
+            completion_s=110.0,
+        )
+        conversation = ConversationState(
+            requests_so_far=turns,
+            first_arrival_s=None if turns == 0 else float(rng.uniform(0, 90)),
+            last_completion_s=None if turns == 0 else float(rng.uniform(0, 99)),
+            last_prompt_tokens=int(rng.integers(0, 50_000)),
+            last_output_tokens=int(rng.integers(0, 2_000)),
+            think_time_sum_s=float(rng.uniform(0, 300)) * (turns > 0),
+            think_times=max(0, turns - 1),
+            output_tokens_sum=int(rng.integers(0, 5_000)) * (turns > 0),
+        )
+        states.append((request, conversation))
+    return states
+
+
+def test_a_batch_equals_its_rows_one_by_one_to_float32_round_off() -> None:
+    model = AccessPredictor.load(SHIPPED)
+    states = engine_states(300)
+    singles = np.array(
+        [model.predict_one(request, conversation) for request, conversation in states]
+    )
+    assert len(set(singles.tolist())) > 100, "varied probabilities"
+    for n in (2, 3, 16, 300):  # gemm's tails and full blocks
+        batch = model.predict(model.feature_matrix(states[:n]))
+        assert batch.dtype == np.float64 and batch.shape == (n,)
+        np.testing.assert_allclose(batch, singles[:n], rtol=0.0, atol=ROUND_OFF)
