@@ -3,29 +3,11 @@
     vllm serve MODEL --scheduler-cls lpc.integrations.vllm_scheduler_class.LPCScheduler \\
         --additional-config '{"lpc": {"evictor": "lpc-pooled"}}'
 
-(`LPCAsyncScheduler` with async scheduling.) Naming the class is the opt-in; the `lpc` table
-of `additional_config` configures it (validated by `engine_config`: a bad field stops the
-engine, named), else the `LPC_*` environment, else the defaults. vLLM resolves the class by
-its qualified name (`SchedulerConfig.get_scheduler_cls`); it subclasses vLLM's own scheduler
-and replaces no class in any module, wraps no method of a vLLM class and reads no call stack:
-
-- `__init__`: before vLLM's constructor, what the patch points' `Scheduler.__init__` wrapper
-  does (the configuration, the engine checks, the runtime registered without patches so that
-  the metrics, the kill switch and the CPU tier's policy, built inside vLLM's constructor,
-  find it); after it, only this scheduler's block pool, where its model has one full-attention
-  KV cache group, gets the LPC queue: its `free_block_queue` attribute becomes an
-  `LPCSchedulerQueue` over the same blocks in the same order. Any other pool keeps vLLM's.
-- `_free_request_blocks` (finishes, preemptions, deferred frees): the request and its blocks
-  per group go to the queue before vLLM frees them, as through the seam's `on_request_freed`
-  (`vllm_seam_queue`); a deferred free keeps its release for its blocks until they are freed.
-- `schedule`: vLLM's, then for the requests it scheduled for the first time what the patch
-  points' `allocate_slots` and `get_computed_blocks` wrappers do: the predictor's asks, the
-  shadow caches' admissions, the request log's prefix hits.
-
-On a vLLM of another shape (`vllm_compat.scheduler_class_problems`) the class says so in one
-warning line and runs as vLLM's scheduler. This module imports vLLM: only an engine imports it
-(by the name vLLM is configured with). Against the patch points: docs/serving.md, "What the
-plugin changes in vLLM".
+`LPCScheduler` / `LPCAsyncScheduler` subclass vLLM's schedulers: only this scheduler's
+full-attention pool gets the LPC queue, the request's release reaches it in
+`_free_request_blocks`, and `schedule` notes what the first scheduling tells. This module
+imports vLLM: only an engine imports it. Design: docs/design.md, "Through vLLM's
+`--scheduler-cls`".
 """
 
 from __future__ import annotations
