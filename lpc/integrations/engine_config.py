@@ -2,11 +2,11 @@
 
 Installing the package changes nothing: vLLM loads every installed general plugin when
 `VLLM_PLUGINS` is unset, so the plugin acts only when an operator configured it, through
-vLLM's own configuration (`--additional-config '{"lpc": {...}}'`, read when vLLM builds the
-engine's scheduler) or, for hosts configured before that existed, through the `LPC_*`
-environment (`LPC_CONFIG` or any `LPC_*` setting, `config.load_config`). A table in
-`additional_config` is validated like the environment, and a bad field stops the engine
-with a message naming `additional_config['lpc'].<field>` and its value.
+vLLM's own configuration (`--scheduler-cls` naming the LPC scheduler class, which reads the
+`lpc` table of `--additional-config '{"lpc": {...}}'`) or, for hosts configured before that
+existed, through the `LPC_*` environment (`LPC_CONFIG` or any `LPC_*` setting,
+`config.load_config`). A table in `additional_config` is validated like the environment, and
+a bad field stops the engine with a message naming `additional_config['lpc'].<field>`.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from eviction.lpc import DEFAULT_FALLBACK_PROBABILITY
 from lpc.integrations import engine_checks, vllm_compat, vllm_seam
 from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
-from lpc.integrations.engine_config import config_from_table, configured_by_environment, lpc_table
+from lpc.integrations.engine_config import configured_by_environment
 from lpc.integrations.finished_releases import FinishedReleases
 from lpc.integrations.kill_switch import ControlFileWatcher, ModeSwitch
 from lpc.integrations.metrics import (
@@ -394,9 +394,6 @@ class _Registration:
 _REGISTRATION: _Registration | None = None
 # Why this process runs stock vLLM (an unverified vLLM), once said; None: not decided so.
 _STOCK_REASON: str | None = None
-# The scheduler class whose constructor waits for an `additional_config` `lpc` table, and
-# its own `__init__` (or _ABSENT); None: not armed.
-_ARMED: tuple[Any, Any] | None = None
 _ABSENT = object()  # an attribute the class inherited rather than defined
 # With vLLM's eviction-policy seam: the modules, clock and predictor client `register()` was
 # given, for a runtime installed when vLLM builds the first LPC queue (`seam_runtime`).
@@ -663,9 +660,9 @@ def register(
     """The `vllm.general_plugins` entry point: install LPC eviction where it is configured.
 
     Opt in (`engine_config`): without arguments LPC is installed only when the `LPC_*`
-    environment configures it; otherwise the only change is a pass-through hook on the
-    scheduler's constructor that installs LPC when an engine's `--additional-config` has an
-    `lpc` table, and leaves every other engine exactly stock. Never refuses to start: on a
+    environment configures it; otherwise nothing in vLLM is changed (an engine opts in with
+    `--scheduler-cls`, `vllm_scheduler_class`, which reads its `--additional-config` table).
+    Never refuses to start: on a
     vLLM it is not verified with, it logs one warning line and vLLM runs stock
     (`LPC_VLLM_ALLOW_UNTESTED=1` loads it anyway when every structural check passes). A bad
     setting raises `PluginConfigError` naming the field.
@@ -701,8 +698,7 @@ def register(
             logger.warning("LPC eviction is off, vLLM runs stock: %s", reason)
             return
         if config is None and not configured_by_environment(os.environ):
-            _arm_additional_config(modules, clock, predictor_client)
-            return
+            return  # installed, not configured: vLLM is left exactly as it is
         _install(modules, config if config is not None else load_config(), clock, predictor_client)
 
 
@@ -820,37 +816,6 @@ def patch_points_installed() -> bool:
     return registration is not None and bool(registration.originals)
 
 
-def _arm_additional_config(
-    modules: dict[str, Any], clock: Clock | None, predictor_client: PredictionClient | None
-) -> None:
-    """Unconfigured by the environment: wrap the scheduler's constructor so that an engine
-    whose `additional_config` has an `lpc` table installs LPC before it builds its KV cache
-    (its `BlockPool` looks the queue class up then); every other engine is built untouched."""
-    global _ARMED
-    if _ARMED is not None:
-        return
-    scheduler_class = modules["scheduler"].Scheduler
-    original = scheduler_class.__dict__.get("__init__", _ABSENT)
-    stock_init = scheduler_class.__init__
-
-    @functools.wraps(stock_init)
-    def __init__(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
-        # The LPC scheduler class reads its own table (`vllm_scheduler_class`).
-        if _REGISTRATION is None and not getattr(self, "lpc_scheduler_class", False):
-            table = lpc_table(vllm_config)
-            if table is not None:
-                config = config_from_table(table)
-                with _LOCK:
-                    if _REGISTRATION is None:
-                        _install(modules, config, clock, predictor_client)
-                # The installed wrapper (engine checks, the CPU tier's settings), then this.
-                return scheduler_class.__init__(self, vllm_config, *args, **kwargs)
-        return stock_init(self, vllm_config, *args, **kwargs)
-
-    scheduler_class.__init__ = __init__
-    _ARMED = (scheduler_class, original)
-
-
 def _unverified_vllm(modules: dict[str, Any]) -> str | None:
     """Why the plugin must leave this vLLM stock (None: it fits): a version it is not
     verified with (unless `LPC_VLLM_ALLOW_UNTESTED=1`, then only a warning), or structures its
@@ -966,12 +931,10 @@ def _activate(registration: _Registration) -> None:
 
 def unregister() -> None:
     """Restore stock vLLM for pools built from now on (tests, or a process switching modes)."""
-    global _REGISTRATION, _ARMED, _STOCK_REASON
+    global _REGISTRATION, _STOCK_REASON
     with _LOCK:
         registration = _REGISTRATION
         _STOCK_REASON = None
-        if _ARMED is not None and registration is None:
-            _disarm()
         if registration is None:
             return
         for owner, name, original in reversed(registration.originals):
@@ -992,20 +955,6 @@ def unregister() -> None:
         if registration.runtime.request_log is not None:
             registration.runtime.request_log.close()
         _REGISTRATION = None
-        if _ARMED is not None:
-            _disarm()
-
-
-def _disarm() -> None:
-    """Take the `additional_config` hook off the scheduler's constructor (under `_LOCK`)."""
-    global _ARMED
-    assert _ARMED is not None
-    scheduler_class, original = _ARMED
-    if original is _ABSENT:
-        delattr(scheduler_class, "__init__")
-    else:
-        scheduler_class.__init__ = original
-    _ARMED = None
 
 
 def is_registered() -> bool:

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter_ns
-from typing import Any, ClassVar
+from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -266,8 +266,6 @@ def _configs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
 class LPCSchedulerMixin:
     """LPC in vLLM's scheduler by subclassing (module docstring); first in the bases."""
 
-    # The plugin's `--additional-config` hook leaves the table to this class.
-    lpc_scheduler_class: ClassVar[bool] = True
     lpc: SchedulerLPC | None = None  # None: stock
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

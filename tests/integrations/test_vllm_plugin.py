@@ -272,6 +272,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.structured_output import StructuredOutputManager
 from lpc.integrations import vllm_plugin
 from lpc.integrations.config import PluginConfigError
+from lpc.integrations.vllm_scheduler_class import LPCScheduler
 
 lines = []
 class Lines(logging.Handler):
@@ -280,7 +281,7 @@ class Lines(logging.Handler):
 logging.getLogger("vllm.plugins.lpc").addHandler(Lines())
 logging.getLogger("vllm.plugins.lpc").setLevel(logging.INFO)  # vLLM's own level when serving
 
-def scheduler(additional):
+def scheduler(additional, cls=LPCScheduler):
     vllm_config = VllmConfig(
         model_config=ModelConfig(model=MODEL_DIR, skip_tokenizer_init=True, max_model_len=64,
                                  dtype="float32", seed=0),
@@ -294,12 +295,18 @@ def scheduler(additional):
     kv = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
         ["layer0"], FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1,
                                       dtype=torch.float32))])
-    built = Scheduler(vllm_config=vllm_config, kv_cache_config=kv,
+    built = cls(vllm_config=vllm_config, kv_cache_config=kv,
                       structured_output_manager=StructuredOutputManager(vllm_config),
                       block_size=4, hash_block_size=4)
     return type(built.kv_cache_manager.block_pool.free_block_queue).__name__
 
-out = {"plain": scheduler({}), "registered_after_plain": vllm_plugin.is_registered()}
+init = Scheduler.__dict__["__init__"]
+out = {
+    "plain": scheduler({}, Scheduler),
+    "table_alone": scheduler({"lpc": {"evictor": "lpc"}}, Scheduler),
+    "registered_after_plain": vllm_plugin.is_registered(),
+    "scheduler_untouched": Scheduler.__dict__["__init__"] is init,
+}
 try:
     scheduler({"lpc": {"fallback_probability": 1.5}})
 except PluginConfigError as error:
@@ -308,7 +315,8 @@ out["lpc"] = scheduler({"lpc": {"evictor": "lpc", "fallback_probability": 0.3}})
 out["config"] = vllm_plugin.stats_snapshot()["config"]["fallback_probability"]
 out["logged"] = any("fallback_probability=0.3" in line for line in lines)
 vllm_plugin.unregister()
-out["after_unregister"] = scheduler({"lpc": {}})
+out["after_unregister"] = scheduler({"lpc": {}}, Scheduler)
+out["scheduler_untouched_after"] = Scheduler.__dict__["__init__"] is init
 print(json.dumps(out))
 """
 
@@ -316,20 +324,24 @@ print(json.dumps(out))
 def test_vllm_s_additional_config_turns_lpc_on_for_that_engine(
     vllm_python: Path, tmp_path: Path
 ) -> None:
-    """`--additional-config '{"lpc": {...}}'`: the engine whose config has the table runs LPC
-    with those settings (validated, a bad field named; logged in vLLM's log); an engine
-    without it, in the same process, is stock vLLM."""
+    """`--scheduler-cls …LPCScheduler --additional-config '{"lpc": {...}}'`: that engine runs
+    LPC with the table's settings (validated, a bad field named; logged in vLLM's log); with
+    the plugin loaded, vLLM's own `Scheduler` is untouched and stays stock, with or without
+    the table."""
     site = entry_point_site(tmp_path / "site", "vllm.general_plugins")
     code = ADDITIONAL_CONFIG.replace("MODEL_DIR", repr(str(tmp_path / "model")))
     out = json.loads(run_snippet(vllm_python, code, extra_path=site).splitlines()[-1])
     assert out == {
         "plain": "FreeKVCacheBlockQueue",
+        "table_alone": "FreeKVCacheBlockQueue",
         "registered_after_plain": False,
+        "scheduler_untouched": True,
         "bad": "additional_config['lpc'].fallback_probability must be in [0, 1], got 1.5",
-        "lpc": "LPCFreeKVCacheBlockQueue",
+        "lpc": "LPCSchedulerQueue",
         "config": 0.3,
         "logged": True,
         "after_unregister": "FreeKVCacheBlockQueue",
+        "scheduler_untouched_after": True,
     }
 
 
