@@ -196,7 +196,7 @@ def pin_experiment(strategy: Any) -> float:
 
 
 def test_the_pin_experiment_on_the_stand_in_capped_uncapped_and_lru() -> None:
-    """Uncapped, the attacker's p = 1.0 nodes outlast the victim's chats; capped per pass,
+    """Uncapped, the attacker's p = 1.0 nodes outlast the victim's chats; capped per window,
     the victim keeps more of LRU's hits; a share of 0 is LRU's order exactly."""
     lru = pin_experiment(StandInLRU())
     uncapped = pin_experiment(LPCStrategy(trust_request_priority=True, pinned_share=1.0))
@@ -210,7 +210,7 @@ def test_the_pin_experiment_on_the_stand_in_capped_uncapped_and_lru() -> None:
     REPORT.append(
         f"SGLang stand-in pin experiment ({TREE_TOKENS} tokens, the attacker's p = 1.0 "
         f"trusted): the victim's hit ratio LRU {lru:.3f}, uncapped {uncapped:.3f}, "
-        f"pinned_share 0.5 per pass {capped:.3f} ({half.pinned_share_capped} evaluations capped)"
+        f"pinned_share 0.5 {capped:.3f} ({half.pinned_share_capped} evaluations capped)"
     )
 
 
