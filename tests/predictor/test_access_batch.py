@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from predictor.access_features import ConversationState, RequestState
+from predictor.access_features import ConversationState, RequestState, feature_row
 from predictor.access_predictor import AccessPredictor
 from tests.integrations.access_models import SHIPPED
 
@@ -57,3 +57,13 @@ def test_a_batch_equals_its_rows_one_by_one_to_float32_round_off() -> None:
         batch = model.predict(model.feature_matrix(states[:n]))
         assert batch.dtype == np.float64 and batch.shape == (n,)
         np.testing.assert_allclose(batch, singles[:n], rtol=0.0, atol=ROUND_OFF)
+
+
+def test_one_request_from_engine_state_equals_the_batched_row_bit_for_bit() -> None:
+    """`predict_one` (every release of a serving engine) takes a shortcut past `predict`'s
+    checks; on one row it must still give the very same probability, or the plugin and the
+    replay could rank blocks differently."""
+    model = AccessPredictor.load(SHIPPED)
+    for request, conversation in engine_states(300):
+        row = np.array([feature_row(model.feature_names, request, conversation)])
+        assert model.predict_one(request, conversation) == float(model.predict(row)[0])

@@ -274,34 +274,3 @@ def test_one_class_after_censoring_is_a_clear_error() -> None:
     samples = access_samples(synthetic_trace(), NAMES, 3600.0, horizon_s=3500.0)
     with pytest.raises(ValueError, match="shorter --horizon"):
         fit_access_model(samples, AccessFitConfig(max_epochs=1))
-
-
-def test_one_request_from_engine_state_equals_the_batched_row_bit_for_bit() -> None:
-    """`predict_one` (every release of a serving engine) takes a shortcut past `predict`'s
-    checks; it must still give the very same probability, or the plugin and the replay
-    could rank blocks differently."""
-    from predictor.access_features import ConversationState, RequestState, feature_row
-
-    model = AccessPredictor.load(Path(__file__).parents[2] / "models" / "mooncake-access")
-    rng = np.random.default_rng(0)
-    for _ in range(300):
-        turns = int(rng.integers(0, 9))
-        request = RequestState(
-            arrival_s=100.0,
-            prompt_tokens=int(rng.integers(1, 100_000)),
-            shared_prefix_tokens=int(rng.integers(0, 3_000)),
-            output_tokens=int(rng.integers(0, 2_000)),
-            completion_s=110.0,
-        )
-        conversation = ConversationState(
-            requests_so_far=turns,
-            first_arrival_s=None if turns == 0 else float(rng.uniform(0, 90)),
-            last_completion_s=None if turns == 0 else float(rng.uniform(0, 99)),
-            last_prompt_tokens=int(rng.integers(0, 50_000)),
-            last_output_tokens=int(rng.integers(0, 2_000)),
-            think_time_sum_s=float(rng.uniform(0, 300)) * (turns > 0),
-            think_times=max(0, turns - 1),
-            output_tokens_sum=int(rng.integers(0, 5_000)) * (turns > 0),
-        )
-        row = np.array([feature_row(model.feature_names, request, conversation)])
-        assert model.predict_one(request, conversation) == float(model.predict(row)[0])
