@@ -538,22 +538,33 @@ def _wrap_scheduler_init(original: Any) -> Any:
     def __init__(self: Any, vllm_config: Any, kv_cache_config: Any, *args: Any, **kwargs: Any):
         registration = _REGISTRATION
         if registration is not None:
-            config = registration.runtime.config
-            registration.runtime.kv_connector_extra_config = connector_extra_config(vllm_config)
-            # The engine's config, for the first queue this scheduler's pool builds (its DP rank).
-            registration.runtime.queues.vllm_config = vllm_config
-            registration.runtime.model_name = model_name_of(vllm_config)
-            allowed = engine_checks.parse_allowed(config.allow_unverified)
-            for item in engine_checks.check_engine(vllm_config, kv_cache_config, allowed):
-                logger.warning(
-                    "LPC eviction runs with %s, which it is not verified with (%s=%s)",
-                    item.what,
-                    engine_checks.ALLOW_VARIABLE,
-                    config.allow_unverified,
-                )
+            check_engine(registration.runtime.config, vllm_config, kv_cache_config)
+            note_engine(registration.runtime, vllm_config)
         return original(self, vllm_config, kv_cache_config, *args, **kwargs)
 
     return __init__
+
+
+def check_engine(config: PluginConfig, vllm_config: Any, kv_cache_config: Any) -> None:
+    """Refuse an engine configuration LPC is not verified with (`engine_checks`, raising
+    before vLLM builds anything); log the ones `allow_unverified` lets through."""
+    allowed = engine_checks.parse_allowed(config.allow_unverified)
+    for item in engine_checks.check_engine(vllm_config, kv_cache_config, allowed):
+        logger.warning(
+            "LPC eviction runs with %s, which it is not verified with (%s=%s)",
+            item.what,
+            engine_checks.ALLOW_VARIABLE,
+            config.allow_unverified,
+        )
+
+
+def note_engine(runtime: PluginRuntime, vllm_config: Any) -> None:
+    """What the runtime reads from the engine's configuration: the CPU tier's connector
+    settings, the data-parallel rank (for the first queue this scheduler's pool builds) and
+    the metrics' `model_name`."""
+    runtime.kv_connector_extra_config = connector_extra_config(vllm_config)
+    runtime.queues.vllm_config = vllm_config
+    runtime.model_name = model_name_of(vllm_config)
 
 
 def connector_extra_config(vllm_config: Any) -> dict[str, Any]:

@@ -23,11 +23,10 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from lpc.integrations import engine_checks, vllm_compat, vllm_plugin
+from lpc.integrations import vllm_compat, vllm_plugin
 from lpc.integrations.config import load_config
 from lpc.integrations.engine_config import config_from_table, lpc_table
-from lpc.integrations.metrics import model_name_of
-from lpc.integrations.vllm_plugin import PluginRuntime, connector_extra_config
+from lpc.integrations.vllm_plugin import PluginRuntime
 from lpc.integrations.vllm_queue import LPCFreeBlockQueue
 from lpc.integrations.vllm_seam_queue import LPCSeamQueue
 
@@ -211,19 +210,10 @@ def prepare(scheduler_class: type, vllm_config: Any, kv_cache_config: Any) -> Pl
     if reason is not None:
         logger.info("LPC leaves this engine's KV cache stock: %s", reason)
         return None
-    allowed = engine_checks.parse_allowed(config.allow_unverified)
-    for item in engine_checks.check_engine(vllm_config, kv_cache_config, allowed):
-        logger.warning(
-            "LPC eviction runs with %s, which it is not verified with (%s=%s)",
-            item.what,
-            engine_checks.ALLOW_VARIABLE,
-            config.allow_unverified,
-        )
+    vllm_plugin.check_engine(config, vllm_config, kv_cache_config)
     plugin = vllm_plugin.install_unpatched(config)
     if plugin is not None:
-        plugin.kv_connector_extra_config = connector_extra_config(vllm_config)
-        plugin.queues.vllm_config = vllm_config  # its data-parallel rank
-        plugin.model_name = model_name_of(vllm_config)
+        vllm_plugin.note_engine(plugin, vllm_config)
     return plugin
 
 
