@@ -26,7 +26,11 @@ as the request's `lpc_probability`; a line without one gets the fallback p), `lp
 `shadow-pooled` (the plugin in shadow mode: stock vLLM's eviction, while metadata-only `lpc`
 or `lpc-pooled` and LRU caches replay the same requests with the learned policies' p).
 `--switch-at STEP:MODE,...` switches the learned policies' mode (lpc, lru, shadow) before those
-steps: the kill switch, while the engine runs.
+steps: the kill switch, while the engine runs. `--through` chooses how the plugin's policies
+reach vLLM: `patch-points` (the default: the plugin's wrappers of vLLM's methods, configured
+by the LPC_* environment) or `scheduler-class` (vLLM's own `--scheduler-cls` naming
+`lpc.integrations.vllm_scheduler_class.LPCScheduler`, the same settings as the `lpc` table of
+`--additional-config`, nothing patched); `lru` and `installed` run stock vLLM either way.
 
 Reported per policy: the token hit ratio of vLLM's own `SchedulerStats` (prefix-cache hits /
 queries of first admissions, as `vllm:prefix_cache_hits` / `vllm:prefix_cache_queries`
@@ -72,6 +76,14 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
         default="",
         help="STEP:MODE[,STEP:MODE...]: switch lpc and lpc-pooled to MODE (lpc, lru, shadow) "
         "before that step, as the control file does in a deployment",
+    )
+    p.add_argument(
+        "--through",
+        choices=("patch-points", "scheduler-class"),
+        default="patch-points",
+        help="the plugin's policies reach vLLM through the plugin's patch points (LPC_* "
+        "environment; default) or through vLLM's --scheduler-cls LPCScheduler (an "
+        "--additional-config lpc table); lru and installed are stock vLLM either way",
     )
 
 
@@ -174,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
             args.jobs,
             args.switch_at,
             time_steps=args.time_steps,
+            through=args.through,
         )
     except (ValueError, SchedulerRunFailed) as error:
         raise CommandError(str(error)) from None

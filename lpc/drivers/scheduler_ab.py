@@ -22,6 +22,8 @@ from typing import Any
 from lpc.drivers.release_plan import PluginSettings
 from lpc.drivers.vllm_scheduler import (
     LEARNED,
+    PATCH_POINTS,
+    SCHEDULER_CLASS_PATH,
     SHADOW,
     EngineSettings,
     PolicyRun,
@@ -49,6 +51,13 @@ PARITY_FIELDS = (
     "free",
     "finished",
 )
+
+
+# How the report names the plugin's path into vLLM (`vllm_scheduler.THROUGH`).
+THROUGH_TEXT = {
+    PATCH_POINTS: "the plugin's patch points (LPC_* environment)",
+    SCHEDULER_CLASS_PATH: "vLLM's --scheduler-cls LPCScheduler (--additional-config lpc table)",
+}
 
 
 def keep_conversation(conversation_id: str, one_in: int) -> bool:
@@ -81,9 +90,11 @@ def compare(
     jobs: int = 1,
     switch_at: str = "",
     time_steps: bool = False,
+    through: str = PATCH_POINTS,
 ) -> dict[str, Any]:
     """Every policy's run of the trace through vLLM's scheduler, and the checks;
-    `time_steps`: each run's scheduler CPU per step, and its ratio to `lru`'s."""
+    `time_steps`: each run's scheduler CPU per step, and its ratio to `lru`'s; `through`:
+    the plugin's path into vLLM (`vllm_scheduler.THROUGH`)."""
     policies = parse_policies(policies_text)
     started = time.perf_counter()
     requests, logged, path = load_requests(trace, one_in)
@@ -106,6 +117,7 @@ def compare(
                 workdir,
                 switch_at=switches,
                 time_steps=time_steps,
+                through=through,
             )
 
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -160,6 +172,7 @@ def compare(
             p_source if any(p.name in (*LEARNED, *SHADOW) for p in policies) else None
         ),
         "switch_at": switch_at or None,
+        "through": through,
         "settings": settings_dict(engine, settings),
         "rows": [policy_row(r) for r in runs],
         "checks": checks,
@@ -177,6 +190,8 @@ def compare(
                 ],
                 "import_seconds": r.summary["import_seconds"],
                 "environment": r.environment,
+                "through": r.through,
+                "additional_config": r.additional_config,
             }
             for label, r in by_label.items()
         },
@@ -198,6 +213,9 @@ def print_table(result: dict[str, Any]) -> None:
     )
     if result["learned_p_source"]:
         print(f"lpc, lpc-pooled p: {result['learned_p_source']}")
+    through = sorted({v["through"] for v in result["vllm"].values() if v["through"]})
+    if through:
+        print(f"the plugin's policies ran through: {', '.join(THROUGH_TEXT[t] for t in through)}")
     header = (
         f"{'policy':<14} {'hit ratio':>9} {'steps':>8} {'preempt':>8} {'recomputed':>11} "
         f"{'(evicted)':>10} {'chunked':>8} {'evictions':>10} {'invariants':>10}"

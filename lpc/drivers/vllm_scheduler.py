@@ -21,6 +21,11 @@ evicts as stock vLLM, while metadata-only caches with `lpc` (or `lpc-pooled`) an
 the same requests with the same p as the learned policies; their event log is written beside
 the records (`shadow_events_path`). `switch_at` switches the learned policies' mode
 mid-run (the kill switch).
+
+`through` says how the plugin's policies reach vLLM: `patch-points` (the plugin's wrappers of
+vLLM's methods, configured by the LPC_* environment) or `scheduler-class` (vLLM's own
+`--scheduler-cls` naming `LPCScheduler`, the same settings as the `lpc` table of
+`--additional-config`, no LPC_* variable set). `lru` and `installed` are stock either way.
 """
 
 from __future__ import annotations
@@ -46,6 +51,10 @@ ENTRY_POINT_GROUP = "vllm.general_plugins"
 TIMEOUT_S = 3600
 LEARNED = ("lpc", "lpc-pooled", "lpc-return")
 SHADOW = {"shadow": "lpc", "shadow-pooled": "lpc-pooled"}  # policy -> the shadow's evictor
+PATCH_POINTS = "patch-points"
+SCHEDULER_CLASS_PATH = "scheduler-class"
+THROUGH = (PATCH_POINTS, SCHEDULER_CLASS_PATH)
+SCHEDULER_CLASS = "lpc.integrations.vllm_scheduler_class.LPCScheduler"
 
 
 class SchedulerRunFailed(RuntimeError):
@@ -229,6 +238,29 @@ def policy_environment(policy: Policy, settings: PluginSettings) -> tuple[dict[s
     return env, False
 
 
+def additional_config_table(variables: dict[str, str]) -> dict[str, Any]:
+    """The `lpc` table of `--additional-config` holding the settings the LPC_* `variables`
+    give (typed and checked as the plugin reads them), one key per variable set."""
+    from lpc.integrations.config import ENVIRONMENT_VARIABLES, load_config
+
+    config = load_config(variables).as_dict()
+    return {
+        name: config[name]
+        for variable, name in ENVIRONMENT_VARIABLES.items()
+        if variable in variables
+    }
+
+
+def scheduler_class_environment(
+    variables: dict[str, str],
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """A plugin policy's environment for the scheduler class: its LPC_* settings moved to the
+    `--additional-config` table; the plugin stays loaded by vLLM, and unconfigured."""
+    table = additional_config_table({k: v for k, v in variables.items() if k.startswith("LPC_")})
+    rest = {k: v for k, v in variables.items() if not k.startswith("LPC_")}
+    return rest, {"lpc": table}
+
+
 @dataclass
 class PolicyRun:
     policy: Policy
@@ -238,6 +270,8 @@ class PolicyRun:
     environment: dict[str, str] = field(default_factory=dict)
 
     shadow_events: Path | None = None
+    through: str | None = None  # the plugin's path into vLLM; None: stock vLLM
+    additional_config: dict[str, Any] | None = None
 
     @property
     def totals(self) -> dict[str, Any]:
@@ -268,11 +302,15 @@ def run_policy(
     switch_at: str = "",
     eviction_policy: str | None = None,
     time_steps: bool = False,
+    through: str = PATCH_POINTS,
 ) -> PolicyRun:
     """Serve `requests` with vLLM's scheduler under `policy`, in a fresh driver process;
     `switch_at` (`STEP:MODE,...`) switches the plugin's mode before those steps;
     `eviction_policy` sets vLLM's `CacheConfig.eviction_policy` (a vLLM with the seam of
-    docs/vllm-eviction-seam.patch); `time_steps` times the scheduler thread's CPU per step."""
+    docs/vllm-eviction-seam.patch); `time_steps` times the scheduler thread's CPU per step;
+    `through` the plugin's path into vLLM (`THROUGH`; module docstring)."""
+    if through not in THROUGH:
+        raise ValueError(f"through must be one of {', '.join(THROUGH)}, got {through!r}")
     max_model_len = max_model_len_for(requests, engine)
     if engine.kv_tokens < max_model_len:
         raise ValueError(
@@ -285,6 +323,11 @@ def run_policy(
     summary_path = workdir / f"{slug}.summary.json"
     records_path = workdir / f"{slug}.records.jsonl" if records else None
     variables, send_probabilities = policy_environment(policy, settings)
+    expected = policy.name not in ("lru", "installed")
+    path = through if expected else None
+    table = None
+    if path == SCHEDULER_CLASS_PATH:
+        variables, table = scheduler_class_environment(variables)
     command = [
         str(python),
         str(DRIVER),
@@ -308,6 +351,8 @@ def run_policy(
         command += ["--eviction-policy", eviction_policy]
     if time_steps:
         command.append("--time-steps")
+    if table is not None:
+        command += ["--scheduler-cls", SCHEDULER_CLASS, "--additional-config", json.dumps(table)]
     shadow_path = workdir / f"{slug}.shadow.jsonl" if policy.name in SHADOW else None
     if shadow_path is not None:
         command += ["--shadow-events", str(shadow_path)]
@@ -332,7 +377,10 @@ def run_policy(
             f"the vLLM scheduler driver failed for {policy.label} (exit {done.returncode}):\n{tail}"
         )
     summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    expected = policy.name not in ("lru", "installed")
+    if table is not None and summary["scheduler"] != SCHEDULER_CLASS:
+        raise SchedulerRunFailed(
+            f"{policy.label}: vLLM ran {summary['scheduler']}, not {SCHEDULER_CLASS}"
+        )
     if policy.name == "installed" and not summary["plugins"].get("lpc_imported"):
         raise SchedulerRunFailed(
             f"installed: vLLM did not load the LPC plugin (plugins {summary['plugins']})"
@@ -349,7 +397,7 @@ def run_policy(
     ended_off = bool(switches) and switches[-1][1] == "lru"
     if (queue == "FreeKVCacheBlockQueue") == expected and not ended_off:
         raise SchedulerRunFailed(f"{policy.label}: vLLM's block pool used the queue {queue}")
-    return PolicyRun(policy, summary, records_path, wall, variables, shadow_path)
+    return PolicyRun(policy, summary, records_path, wall, variables, shadow_path, path, table)
 
 
 def _lines(path: Path) -> Iterator[str]:
