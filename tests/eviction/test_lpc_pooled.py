@@ -30,7 +30,7 @@ GATES = [(None, 0.0), (8, 0.0), (0, -0.2)]
 WINDOWS = [(20.0, 10.0), (600.0, 180.0)]
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=18, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
     window=st.sampled_from(WINDOWS),
