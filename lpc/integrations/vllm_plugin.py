@@ -598,16 +598,19 @@ def make_predictor_client(config: PluginConfig) -> PredictionClient | None:
     )
 
 
+# The vLLM modules whose shape the plugin checks (`vllm_compat`), by the name the checks use.
+VLLM_MODULES = {
+    "block_pool": "vllm.v1.core.block_pool",
+    "kv_cache_utils": "vllm.v1.core.kv_cache_utils",
+    "kv_cache_manager": "vllm.v1.core.kv_cache_manager",
+    "request_module": "vllm.v1.request",
+    "sampling_params": "vllm.sampling_params",
+    "scheduler": "vllm.v1.core.sched.scheduler",
+}
+
+
 def _import_vllm() -> dict[str, Any]:
-    names = {
-        "vllm": "vllm",
-        "block_pool": "vllm.v1.core.block_pool",
-        "kv_cache_utils": "vllm.v1.core.kv_cache_utils",
-        "kv_cache_manager": "vllm.v1.core.kv_cache_manager",
-        "request_module": "vllm.v1.request",
-        "sampling_params": "vllm.sampling_params",
-        "scheduler": "vllm.v1.core.sched.scheduler",
-    }
+    names = {"vllm": "vllm", **VLLM_MODULES}
     return {key: importlib.import_module(module) for key, module in names.items()}
 
 

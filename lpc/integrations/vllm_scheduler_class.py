@@ -32,15 +32,7 @@ from lpc.integrations.vllm_seam_queue import LPCSeamQueue
 
 logger = logging.getLogger("vllm.plugins.lpc")
 
-_MODULES = {
-    "block_pool": "vllm.v1.core.block_pool",
-    "kv_cache_utils": "vllm.v1.core.kv_cache_utils",
-    "kv_cache_manager": "vllm.v1.core.kv_cache_manager",
-    "request_module": "vllm.v1.request",
-    "sampling_params": "vllm.sampling_params",
-    "scheduler": "vllm.v1.core.sched.scheduler",
-    "scheduler_output": "vllm.v1.core.sched.output",
-}
+_MODULES = {**vllm_plugin.VLLM_MODULES, "scheduler_output": "vllm.v1.core.sched.output"}
 
 
 @functools.cache

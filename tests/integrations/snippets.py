@@ -18,12 +18,33 @@ from lpc.drivers.sglang_radix import sglang_python_path
 from lpc.drivers.vllm_driver import REPO_ROOT
 
 __all__ = [
+    "WATCH_LPC",
     "SnippetFailed",
     "entry_point_site",
     "run_snippet",
     "run_vllm_trace_ab",
     "sglang_python_path",
 ]
+
+
+# Snippet code that records what LPC does in the snippet's vLLM process: every call LPC's code
+# makes to `sys._getframe` (`stack_reads`: the plugin must read no call stack) and every
+# warning on the plugin's logger (`warnings`).
+WATCH_LPC = """stack_reads = []
+read_stack = sys._getframe
+def watched(depth=0):
+    caller = read_stack(1).f_globals.get("__name__", "")
+    if caller.startswith(("lpc", "eviction")):
+        stack_reads.append(caller)
+    return read_stack(depth + 1)
+sys._getframe = watched
+warnings = []
+class Warnings(logging.Handler):
+    def emit(self, record):
+        if record.levelno >= logging.WARNING:
+            warnings.append(record.getMessage())
+logging.getLogger("vllm.plugins.lpc").addHandler(Warnings())
+"""
 
 
 class SnippetFailed(RuntimeError):

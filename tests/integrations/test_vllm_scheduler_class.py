@@ -32,7 +32,7 @@ from lpc.drivers.vllm_scheduler import (
     write_requests,
 )
 from tests.integrations.report import REPORT
-from tests.integrations.snippets import run_snippet
+from tests.integrations.snippets import WATCH_LPC, run_snippet
 from tests.integrations.test_vllm_scheduler import sharegpt_like
 from tests.integrations.test_vllm_seam import ENGINE
 
@@ -126,7 +126,8 @@ def test_the_scheduler_sample_through_the_scheduler_class(
 
 # One vLLM process: the class built as vLLM builds it (the scheduler driver's `build_scheduler`),
 # a second pool, a bad table, then a vLLM of another shape.
-BUILT = """
+BUILT = (
+    """
 import argparse, importlib.util, json, logging, sys, tempfile
 from pathlib import Path
 from vllm.v1.core import block_pool, kv_cache_coordinator, kv_cache_manager, kv_cache_utils
@@ -141,20 +142,9 @@ owners = [
     kv_cache_manager, kv_cache_coordinator, scheduler, async_scheduler,
 ]
 before = [dict(vars(owner)) for owner in owners]
-stack_reads = []
-read_stack = sys._getframe
-def watched(depth=0):
-    caller = read_stack(1).f_globals.get("__name__", "")
-    if caller.startswith(("lpc", "eviction")):
-        stack_reads.append(caller)
-    return read_stack(depth + 1)
-sys._getframe = watched
-warnings = []
-class Warnings(logging.Handler):
-    def emit(self, record):
-        if record.levelno >= logging.WARNING:
-            warnings.append(record.getMessage())
-logging.getLogger("vllm.plugins.lpc").addHandler(Warnings())
+"""
+    + WATCH_LPC
+    + """
 
 def build(table, cls="{cls}"):
     args = argparse.Namespace(
@@ -203,6 +193,7 @@ print("STOCK", type(stock.kv_cache_manager.block_pool.free_block_queue).__name__
 print("REGISTERED", vllm_plugin.is_registered())
 print("STOCK_WARNINGS", json.dumps(warnings))
 """
+)
 
 
 @pytest.fixture(scope="module")

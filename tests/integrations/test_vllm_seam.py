@@ -40,7 +40,7 @@ from lpc.drivers.vllm_scheduler import (
     write_requests,
 )
 from tests.integrations.report import REPORT
-from tests.integrations.snippets import run_snippet
+from tests.integrations.snippets import WATCH_LPC, run_snippet
 from tests.integrations.test_vllm_scheduler import sharegpt_like
 
 pytestmark = pytest.mark.vllm
@@ -121,7 +121,8 @@ def seam_python(vllm_python: Path, seam_site: Path) -> Path:
     return script
 
 
-NOTHING_PATCHED = """
+NOTHING_PATCHED = (
+    """
 import logging, sys
 import vllm
 from vllm.v1.core import block_pool, kv_cache_coordinator, kv_cache_manager, kv_cache_utils
@@ -134,20 +135,9 @@ owners = [
     kv_cache_manager, kv_cache_coordinator, scheduler,
 ]
 before = [dict(vars(owner)) for owner in owners]
-stack_reads = []
-read_stack = sys._getframe
-def watched(depth=0):
-    caller = read_stack(1).f_globals.get("__name__", "")
-    if caller.startswith(("lpc", "eviction")):
-        stack_reads.append(caller)
-    return read_stack(depth + 1)
-sys._getframe = watched
-warnings = []
-class Warnings(logging.Handler):
-    def emit(self, record):
-        if record.levelno >= logging.WARNING:
-            warnings.append(record.getMessage())
-logging.getLogger("vllm.plugins.lpc").addHandler(Warnings())
+"""
+    + WATCH_LPC
+    + """
 {alteration}
 from lpc.integrations import vllm_plugin
 vllm_plugin.register()
@@ -169,6 +159,7 @@ print("ENGINE", runtime.queues.engine.hash_block_size if runtime is not None els
 print("STACK_READS", stack_reads)
 print("WARNINGS", warnings)
 """
+)
 
 
 def test_the_plugin_patches_nothing_through_the_seam(seam_python: Path, seam_site: Path) -> None:
