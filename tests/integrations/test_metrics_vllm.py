@@ -25,7 +25,7 @@ sys.path.insert(0, "scripts")
 import vllm_scheduler_replay as replay
 args = argparse.Namespace(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=256,
     block_size=16, eviction_policy=None, data_parallel_size=1, data_parallel_rank=0,
-    num_blocks=64)
+    num_blocks=64, scheduler_cls=None, additional_config=None)
 model_dir = Path(os.environ["METRICS_TEST_MODEL_DIR"])  # one model for both processes
 scheduler, hasher = replay.build_scheduler(args, model_dir)
 """
