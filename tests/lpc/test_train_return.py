@@ -1,4 +1,9 @@
-"""`lpc train-return` end to end on a slice of the bundled Mooncake trace."""
+"""`lpc train-return` end to end on a slice of the bundled Mooncake trace.
+
+The slice trains nine candidates (seconds), so this file runs in the slow step (CI step 1b);
+the default suite's run of the same command, on a smaller trace:
+tests/lpc/test_train_return_refusals.py, `test_the_small_trace_with_an_empty_validation_span_trains`.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from predictor.return_time import ReturnTimePredictor
 from tests.lpc.traces.helpers import bundled_lines, write_lines
 
 pytest.importorskip("torch")
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -56,7 +56,7 @@ def test_concurrency_bound_window_and_turn_order() -> None:
 
 
 def test_think_times_are_exponential_with_the_configured_mean() -> None:
-    convs = conversations(2000, seed=5, max_turns=8)
+    convs = conversations(1000, seed=5, max_turns=8)
     scripts = list(draw_scripts(convs, WorkloadConfig(mean_think_time_s=100.0, seed=9)))
     gaps = [g for s in scripts for g in s.think_times_s]
     mean = sum(gaps) / len(gaps)
@@ -132,7 +132,7 @@ def test_closed_loop_replay_hits_more_than_a_cold_cache_and_refuses_belady() -> 
 def test_estimated_scale_is_one_over_the_mean_observed_think_time() -> None:
     from lpc.workload import estimated_scale_per_s, observed_think_times
 
-    convs = conversations(3000, seed=6, max_turns=8)
+    convs = conversations(1000, seed=6, max_turns=8)
     for mean in (50.0, 200.0):
         config = WorkloadConfig(
             mean_think_time_s=mean, duration_s=None, max_active_conversations=300

@@ -22,10 +22,10 @@ from lpc.traces.load import TraceOptions, load_trace
 from lpc.workload import WorkloadRequest
 from tests.lpc.synthetic import conversations
 
-CACHE_TOKENS = 20_000  # well below the workload's ~600K prompt tokens: LRU evicts a lot
+CACHE_TOKENS = 8_000  # well below the workload's ~240K prompt tokens: LRU evicts a lot
 
 
-def chat_requests(count: int = 300, seed: int = 1) -> list[WorkloadRequest]:
+def chat_requests(count: int = 120, seed: int = 1) -> list[WorkloadRequest]:
     """Conversations whose next prompt repeats the previous prompt and reply, with think
     times, interleaved over ten minutes."""
     rng = random.Random(seed)
