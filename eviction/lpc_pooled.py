@@ -14,6 +14,7 @@ import math
 from collections import deque
 from collections.abc import Hashable, Iterable
 from itertools import repeat
+from operator import setitem
 from typing import ClassVar
 
 from eviction.base import FreedBlocks, Release
@@ -316,7 +317,7 @@ class PooledLPCEvictor(LPCEvictor):
             return
         # Some block is shared: key block by block (the claim, if any, is undone).
         if claimed:
-            consume(map(state.__setitem__, block_ids, repeat(None)), 0)
+            consume(map(setitem, repeat(state), block_ids, repeat(None)), 0)
         keys, tags = self._keys(freed, release, p)
         self._bound_memory()
         runs = self._push_grouped(block_ids, freed.depths, keys, tags)
