@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable, Iterator, Sequence
-from itertools import repeat
+from itertools import groupby, repeat
 from typing import Any
 
 # A value as the memory's users read it: (conversation, time, shared then, write number).
@@ -39,19 +39,26 @@ class ContentMemory:
     def get(self, content: Hashable) -> Entry | None:
         return self._map.get(content)
 
-    def entries(self, contents: Sequence[Hashable]) -> set[Entry]:
-        """The distinct entries of `contents` (a C-level pass; a chain's are a few)."""
-        found = set(map(self._map.get, contents))
-        found.discard(None)
-        return found  # type: ignore[return-value]
+    def entries(self, contents: Sequence[Hashable | None]) -> list[Entry]:
+        """The entries of `contents`, equal neighbours once (a C-level pass; a chain's are
+        those of the few writes it came from, each one tuple shared by its contents, which
+        `groupby` compares by identity first). Not a set: a set hashes every entry, a tuple,
+        at each block. A None content has no entry."""
+        found = [entry for entry, _ in groupby(map(self._map.get, contents))]
+        return [entry for entry in found if entry is not None]
 
     def write(
-        self, contents: Sequence[Hashable], conversation: Any, time_s: float, shared: bool
+        self, contents: Sequence[Hashable | None], conversation: Any, time_s: float, shared: bool
     ) -> None:
         """Every content of one release, at once: `contents` is kept, not copied (pass a
-        list nobody mutates afterwards)."""
+        list nobody mutates afterwards). A None content (a block without a hash) is not
+        remembered: written with the others and dropped at once, so that the caller need not
+        filter the list (None is never a key: every read of it, `get` and the expiry's, finds
+        nothing)."""
         number = self._begin(time_s, contents)
-        self._map.update(zip(contents, repeat((conversation, time_s, shared, number))))
+        memory = self._map
+        memory.update(zip(contents, repeat((conversation, time_s, shared, number))))
+        memory.pop(None, None)
 
     def begin(self, time_s: float) -> tuple[int, list[Hashable]]:
         """Start a release written one content at a time (`put`)."""

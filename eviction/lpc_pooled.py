@@ -297,17 +297,17 @@ class PooledLPCEvictor(LPCEvictor):
         # releases it came from, and a chain's contents go to the memory's end as a whole.
         claimed = self._claim(block_ids, run, own_tag, freed.index)
         shared = not claimed
+        # Blocks without a hash find no entry and are not remembered (`ContentMemory`): the
+        # hash list goes to the memory as it is, unless no block carries one.
         hashes = freed.hashes
-        unknown = hashes.count(None) if claimed else 0
-        if claimed and unknown != len(hashes):
-            known = [h for h in hashes if h is not None] if unknown else hashes
+        if claimed and (hashes[0] is not None or hashes.count(None) != len(hashes)):
             window = self.memory_window_s
-            for last in memory.entries(known):
+            for last in memory.entries(hashes):
                 if (last[2] or last[0] != conversation_id) and now - last[1] <= window:
                     shared = True
                     break
             else:  # remembered contents move to the memory's end
-                memory.write(known, conversation_id, now, False)
+                memory.write(hashes, conversation_id, now, False)
                 if len(memory) > self.memory_max_entries:
                     self._bound_memory()
         if not shared:

@@ -20,7 +20,8 @@ class OrderedReference:
     def __init__(self) -> None:
         self.map: OrderedDict[str, tuple] = OrderedDict()
 
-    def write(self, contents: list[str], value: tuple) -> None:  # the fast path
+    def write(self, contents: list[str | None], value: tuple) -> None:  # the fast path
+        contents = [c for c in contents if c is not None]  # no hash: not remembered
         if any(c in self.map for c in contents):
             for c in contents:
                 self.map.pop(c, None)
@@ -48,7 +49,10 @@ def test_the_memory_is_an_ordered_dict_moved_to_the_end_at_every_write(data) -> 
         now += data.draw(st.sampled_from([0.0, 0.0, 1.0, 5.0]))
         action = data.draw(st.sampled_from(["write", "write", "put", "before", "oldest"]))
         if action == "write":
-            contents = data.draw(st.lists(CONTENTS, min_size=1, max_size=8))
+            contents = data.draw(st.lists(CONTENTS | st.none(), min_size=1, max_size=8))
+            # What the fast path reads first: each remembered content's entry (before).
+            found = memory.entries(contents)
+            assert set(found) == {memory.get(c) for c in contents if c is not None} - {None}
             shared = data.draw(st.booleans())
             memory.write(contents, "c", now, shared)
             reference.write(contents, ("c", now, shared))
@@ -68,6 +72,7 @@ def test_the_memory_is_an_ordered_dict_moved_to_the_end_at_every_write(data) -> 
             reference.forget_oldest(n)
         assert list(memory.items()) == list(reference.map.items())
         assert len(memory) == len(reference.map)
+        assert memory.get(None) is None
         for content in reference.map:
             assert memory.get(content)[:3] == reference.map[content]
 
