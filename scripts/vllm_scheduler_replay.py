@@ -491,6 +491,9 @@ class Engine:
         self.step_cpu_ns: list[int] | None = [] if args.time_steps else None
         self.add_cpu_ns = 0
         self.step_ns = 0
+        self.cpu_ns = 0  # all of the above: what `steps` yields its differences of
+        self.request_digest = 0  # crc32 of the request ids added, in order
+        self.end_s = 0.0  # the simulated clock when the last request finished
         self.switches = parse_switches(args.switch_at) if args.switch_at else {}
         self.switched: list[list[Any]] = []  # [step, mode] as applied
         self.totals = {
@@ -551,20 +554,35 @@ class Engine:
         self.outputs[rid] = output or [0]
         started = time.thread_time_ns()
         self.scheduler.add_request(request)
-        self.add_cpu_ns += time.thread_time_ns() - started
+        spent = time.thread_time_ns() - started
+        self.add_cpu_ns += spent
+        if self.step_cpu_ns is not None:
+            self.cpu_ns += spent
+        self.request_digest = zlib.crc32(rid.encode(), self.request_digest)
         self.totals["requests"] += 1
 
     def run(self, requests: Iterator[dict[str, Any]], sink: IO[str] | None) -> float:
+        """Serve every request; the simulated time when the last one finished."""
+        for _ in self.steps(requests, sink):
+            pass
+        return self.end_s
+
+    def steps(self, requests: Iterator[dict[str, Any]], sink: IO[str] | None) -> Iterator[int]:
+        """The engine loop, one `schedule()` call at a time (so two engines can be stepped in
+        turn): yields the scheduler thread's CPU in vLLM's calls since the previous yield (the
+        arrivals added before the call, the call, its `update_from_output`; 0 untimed)."""
         scheduler, args, totals = self.scheduler, self.args, self.totals
         pending = next(requests, None)
         now = 0.0 if pending is None else float(pending["arrival_s"])
+        yielded = self.cpu_ns
         while True:
             while pending is not None and pending["arrival_s"] <= now:
                 self.add(pending)
                 pending = next(requests, None)
             if not scheduler.has_requests():
                 if pending is None:
-                    return now
+                    self.end_s = now
+                    return
                 now = float(pending["arrival_s"])  # idle: jump to the next arrival
                 continue
             self.clock.now = now
@@ -591,6 +609,8 @@ class Engine:
                         f"at {now:.3f}s nothing can be scheduled (requests {stuck}): the KV "
                         "pool or max_model_len is too small for them"
                     )
+                yield self.cpu_ns - yielded
+                yielded = self.cpu_ns
                 continue
             # A step; one that scheduled nothing (it preempted the only running request)
             # takes no time.
@@ -606,6 +626,8 @@ class Engine:
                 if problem is not None:
                     raise DriverError(f"step {record['step']}: {problem}")
             now = end
+            yield self.cpu_ns - yielded
+            yielded = self.cpu_ns
 
     def _update(self, output: Any) -> Any:
         """`update_from_output` with the synthetic model output; the step's prefix-cache
@@ -614,7 +636,9 @@ class Engine:
         started = time.thread_time_ns()
         outputs = self.scheduler.update_from_output(output, model_output)
         if self.step_cpu_ns is not None:
-            self.step_cpu_ns.append(self.step_ns + time.thread_time_ns() - started)
+            spent = self.step_ns + time.thread_time_ns() - started
+            self.step_cpu_ns.append(spent)
+            self.cpu_ns += spent
         for engine_outputs in outputs.values():
             if engine_outputs.scheduler_stats is not None:
                 return engine_outputs.scheduler_stats.prefix_cache_stats
@@ -785,6 +809,52 @@ def scheduler_cpu(step_ns: list[int], add_ns: int) -> dict[str, Any]:
     }
 
 
+def final_invariants(scheduler: Any) -> dict[str, Any]:
+    """`pool_invariants` and `held_blocks_consistent` once every request has finished."""
+    invariants = pool_invariants(scheduler)
+    problem = held_blocks_consistent(scheduler)
+    invariants["checks"]["ownership_consistent"] = problem is None
+    invariants["ok"] = invariants["ok"] and problem is None
+    return invariants
+
+
+def stock_twin(args: argparse.Namespace) -> argparse.Namespace:
+    """--interleave's stock engine: the same engine and requests, vLLM's own `Scheduler`
+    (no scheduler class, no additional config), nothing switched, nothing recorded."""
+    return argparse.Namespace(
+        **{
+            **vars(args),
+            "scheduler_cls": None,
+            "additional_config": None,
+            "switch_at": "",
+            "check_every": 0,
+        }
+    )
+
+
+def run_interleaved(stock: Engine, lpc: Engine, requests: Path, sink: IO[str] | None) -> dict:
+    """Both engines over the same requests, stepped in turn (`interleave`); the report, and
+    the stock engine's own figures and end-state checks."""
+    from lpc.benchmarks.step_interleave import interleave, step_report
+
+    times = interleave(
+        stock.steps(read_requests(requests), None), lpc.steps(read_requests(requests), sink)
+    )
+    scheduler = stock.scheduler
+    assert stock.step_cpu_ns is not None
+    return {
+        **step_report(times),
+        "request_digests": {"stock": stock.request_digest, "lpc": lpc.request_digest},
+        "stock_engine": {
+            "scheduler": type(scheduler).__module__ + "." + type(scheduler).__qualname__,
+            "totals": {**stock.totals, "evictions": stock.evictions},
+            "simulated_seconds": round(stock.end_s, 6),
+            "invariants": final_invariants(scheduler),
+            "scheduler_cpu": scheduler_cpu(stock.step_cpu_ns, stock.add_cpu_ns),
+        },
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=Path, required=True, help="JSON-lines requests")
@@ -842,8 +912,17 @@ def main(argv: list[str] | None = None) -> int:
         help="time the scheduler thread's CPU in vLLM's calls per step (the LRU-order check, "
         "a test harness's wrapper of the plugin's queue, is then left out)",
     )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="also build stock vLLM's Scheduler in this process over the same requests and step "
+        "the two in turn, each step timed (implies --time-steps; the summary's `interleaved`, "
+        "lpc.benchmarks.step_interleave)",
+    )
     parser.add_argument("--label", default="", help="the policy, for the summary")
     args = parser.parse_args(argv)
+    if args.interleave:
+        args.time_steps = True
     started = time.perf_counter()
     try:
         import vllm
@@ -856,8 +935,12 @@ def main(argv: list[str] | None = None) -> int:
         clock = SimulatedClock()
         plugins = load_plugins(clock)
         import_seconds = time.perf_counter() - started
+        stock_args = stock_twin(args) if args.interleave else None
         with tempfile.TemporaryDirectory(prefix="lpc-scheduler-model-") as model_dir:
             scheduler, hasher = build_scheduler(args, Path(model_dir))
+            if stock_args is not None:  # its own clock: only the plugin's engine's is read
+                stock_scheduler = build_scheduler(stock_args, Path(model_dir))[0]
+                stock = Engine(stock_args, stock_scheduler, hasher, SimulatedClock())
         if args.scheduler_cls and not plugins.get("lpc"):
             # A scheduler class may register LPC as it is built: nothing released yet.
             from lpc.integrations import vllm_plugin
@@ -885,16 +968,18 @@ def main(argv: list[str] | None = None) -> int:
             raise DriverError("--switch-at and --shadow-events need the LPC plugin")
         run_started = time.perf_counter()
         sink = args.records.open("w", encoding="utf-8") if args.records else None
+        interleaved = None
         try:
-            end_s = engine.run(read_requests(args.requests), sink)
+            if stock_args is None:
+                end_s = engine.run(read_requests(args.requests), sink)
+            else:
+                interleaved = run_interleaved(stock, engine, args.requests, sink)
+                end_s = engine.end_s
         finally:
             if sink is not None:
                 sink.close()
         run_seconds = time.perf_counter() - run_started
-        invariants = pool_invariants(scheduler)
-        problem = held_blocks_consistent(scheduler)
-        invariants["checks"]["ownership_consistent"] = problem is None
-        invariants["ok"] = invariants["ok"] and problem is None
+        invariants = final_invariants(scheduler)
         summary: dict[str, Any] = {
             "label": args.label,
             "vllm_version": vllm.__version__,
@@ -921,6 +1006,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         if engine.step_cpu_ns is not None:
             summary["scheduler_cpu"] = scheduler_cpu(engine.step_cpu_ns, engine.add_cpu_ns)
+        if interleaved is not None:
+            summary["interleaved"] = interleaved
         if plugins.get("lpc"):
             from lpc.integrations import vllm_plugin
 

@@ -38,7 +38,11 @@ count them; a preempted request's second lookup is counted apart), steps, preemp
 tokens recomputed after a preemption, chunked prefills (prefills spread over several steps),
 evictions; a shadow's two hit ratios; with `--time-steps`, the scheduler thread's CPU time in
 vLLM's calls (add_request, schedule, update_from_output: the plugin's release and scoring
-included) and its ratio to `lru`'s. Checked: `lpc-const`, `shadow` and `shadow-pooled`
+included) and its ratio to `lru`'s; with `--interleave` as well (`--through scheduler-class`),
+stock vLLM's `Scheduler` runs in each plugin policy's process over the same requests, the two
+stepped in turn, and the ratio of their CPU (in all, per-step p50 and p99, a 95 % interval by
+a bootstrap over blocks of steps) is reported: the ratio that the load on a shared machine
+moves least. Checked: `lpc-const`, `shadow` and `shadow-pooled`
 schedule exactly as `lru` at every step (tokens per request, preemptions, prefix hits, the
 blocks allocated); while a plugin run is in lru or shadow mode, each block it evicts is the one
 stock vLLM's `FreeKVCacheBlockQueue`, fed the same calls, evicts; a shadow's figures equal our
@@ -153,6 +157,14 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
         help="report each policy's scheduler CPU per step (thread time in vLLM's calls) and its "
         "ratio to lru's; run with --jobs 1 on a quiet machine (the LRU-order check is left out)",
     )
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="with --time-steps and --through scheduler-class: each plugin policy's process "
+        "also runs stock vLLM's Scheduler over the same requests, the two stepped in turn; "
+        "reports the ratio of their scheduler CPU, per-step p50/p99, and a 95 %% interval "
+        "(bootstrap over blocks of steps); leave lru out of --policies",
+    )
     p.add_argument("--jobs", type=int, default=1, help="policies run at once (1)")
     p.add_argument("--records-dir", type=Path, help="keep the per-step records here")
     p.add_argument("--vllm-python", type=Path, help="python of vLLM's venv (.vllm-venv)")
@@ -167,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.one_in < 1:
         raise CommandError(f"--one-in must be >= 1, got {args.one_in}")
+    if args.interleave and not (args.time_steps and args.through == "scheduler-class"):
+        raise CommandError("--interleave needs --time-steps and --through scheduler-class")
     dp_size, dp_rank = data_parallel_from(args)
     python = args.vllm_python or vllm_python_path()
     if not python.exists():
@@ -187,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
             args.switch_at,
             time_steps=args.time_steps,
             through=args.through,
+            interleave=args.interleave,
         )
     except (ValueError, SchedulerRunFailed) as error:
         raise CommandError(str(error)) from None

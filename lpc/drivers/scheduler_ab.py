@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from lpc.benchmarks.step_interleave import interleaved_check, print_interleaved
 from lpc.drivers.release_plan import PluginSettings
 from lpc.drivers.vllm_scheduler import (
     LEARNED,
@@ -91,11 +92,15 @@ def compare(
     switch_at: str = "",
     time_steps: bool = False,
     through: str = PATCH_POINTS,
+    interleave: bool = False,
 ) -> dict[str, Any]:
     """Every policy's run of the trace through vLLM's scheduler, and the checks;
     `time_steps`: each run's scheduler CPU per step, and its ratio to `lru`'s; `through`:
-    the plugin's path into vLLM (`vllm_scheduler.THROUGH`)."""
+    the plugin's path into vLLM (`vllm_scheduler.THROUGH`); `interleave`: each plugin
+    policy's run steps stock vLLM beside it in its process (`lpc.benchmarks.step_interleave`)."""
     policies = parse_policies(policies_text)
+    if interleave and any(p.name in ("lru", "installed") for p in policies):
+        raise ValueError("--interleave runs stock vLLM beside each plugin policy: leave lru out")
     started = time.perf_counter()
     requests, logged, path = load_requests(trace, one_in)
     if not requests:
@@ -118,6 +123,7 @@ def compare(
                 switch_at=switches,
                 time_steps=time_steps,
                 through=through,
+                interleave=interleave,
             )
 
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -134,6 +140,8 @@ def compare(
             check = run_.summary.get("lru_order_check")
             if check is not None:
                 checks.setdefault("lru_order", {})[run_.policy.label] = check
+            if "interleaved" in run_.summary:
+                checks[f"{run_.policy.label}_interleaved"] = interleaved_check(run_.summary)
             if run_.policy.name in SHADOW:
                 checks[f"{run_.policy.label}_equals_replay"] = shadow_replay_check(
                     run_, requests_file.path
@@ -161,6 +169,7 @@ def compare(
         value["equal"] for key, value in checks.items() if key.endswith(("_equals_lru", "_replay"))
     )
     ok = ok and all(c["lru_mismatches"] == 0 for c in checks.get("lru_order", {}).values())
+    ok = ok and all(value["ok"] for key, value in checks.items() if key.endswith("_interleaved"))
     return {
         "trace": path,
         "one_in": one_in,
@@ -173,6 +182,7 @@ def compare(
         ),
         "switch_at": switch_at or None,
         "through": through,
+        "interleaved": interleave,
         "settings": settings_dict(engine, settings),
         "rows": [policy_row(r) for r in runs],
         "checks": checks,
@@ -256,6 +266,9 @@ def print_table(result: dict[str, Any]) -> None:
             )
             print(f"{key.removesuffix('_equals_lru')} vs lru: {verdict}")
     print_scheduler_cpu(result["rows"])
+    for row in result["rows"]:
+        if row.get("interleaved"):
+            print_interleaved(row["policy"], row["interleaved"])
     print(f"wall {result['wall_seconds']}s; {'OK' if result['ok'] else 'CHECK FAILED'}")
 
 

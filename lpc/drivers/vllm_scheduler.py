@@ -303,14 +303,23 @@ def run_policy(
     eviction_policy: str | None = None,
     time_steps: bool = False,
     through: str = PATCH_POINTS,
+    interleave: bool = False,
 ) -> PolicyRun:
     """Serve `requests` with vLLM's scheduler under `policy`, in a fresh driver process;
     `switch_at` (`STEP:MODE,...`) switches the plugin's mode before those steps;
     `eviction_policy` sets vLLM's `CacheConfig.eviction_policy` (a vLLM with the seam of
     docs/vllm-eviction-seam.patch); `time_steps` times the scheduler thread's CPU per step;
-    `through` the plugin's path into vLLM (`THROUGH`; module docstring)."""
+    `through` the plugin's path into vLLM (`THROUGH`; module docstring); `interleave` builds
+    stock vLLM's `Scheduler` in the same process and steps the two in turn, each step timed
+    (`lpc.benchmarks.step_interleave`: the scheduler class only, as the patch points change
+    vLLM's classes for the whole process)."""
     if through not in THROUGH:
         raise ValueError(f"through must be one of {', '.join(THROUGH)}, got {through!r}")
+    if interleave and (through != SCHEDULER_CLASS_PATH or policy.name in ("lru", "installed")):
+        raise ValueError(
+            "interleaving pairs a plugin policy through the scheduler class with stock vLLM in "
+            f"one process; not {policy.label} through {through}"
+        )
     max_model_len = max_model_len_for(requests, engine)
     if engine.kv_tokens < max_model_len:
         raise ValueError(
@@ -351,6 +360,8 @@ def run_policy(
         command += ["--eviction-policy", eviction_policy]
     if time_steps:
         command.append("--time-steps")
+    if interleave:
+        command.append("--interleave")
     if table is not None:
         command += ["--scheduler-cls", SCHEDULER_CLASS, "--additional-config", json.dumps(table)]
     shadow_path = workdir / f"{slug}.shadow.jsonl" if policy.name in SHADOW else None
@@ -377,6 +388,8 @@ def run_policy(
             f"the vLLM scheduler driver failed for {policy.label} (exit {done.returncode}):\n{tail}"
         )
     summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    if interleave and "interleaved" not in summary:
+        raise SchedulerRunFailed(f"{policy.label}: the driver ran no stock engine beside it")
     if table is not None and summary["scheduler"] != SCHEDULER_CLASS:
         raise SchedulerRunFailed(
             f"{policy.label}: vLLM ran {summary['scheduler']}, not {SCHEDULER_CLASS}"
@@ -452,6 +465,7 @@ def policy_row(run: PolicyRun) -> dict[str, Any]:
         "simulated_seconds": run.summary["simulated_seconds"],
         "invariants_ok": run.summary["invariants"]["ok"],
         "scheduler_cpu": run.summary.get("scheduler_cpu"),
+        "interleaved": run.summary.get("interleaved"),
         "invariants": run.summary["invariants"]["checks"],
         "releases": stats.get("releases"),
         "protected_releases": stats.get("preemptions"),
