@@ -1,4 +1,9 @@
-"""Run the real uvicorn server on a free loopback port in a background thread."""
+"""Run the real uvicorn server on a free loopback port in a background thread, and talk to it.
+
+The servers are plain HTTP on loopback, so the clients here build no TLS context: httpx
+builds one for every client (and every `httpx.get`/`httpx.post`) by default, loading the CA
+bundle, about 50 ms of processor each; the suite's server tests make a few hundred.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import httpx
+
+from predictor.client import PredictorClient
 from predictor.server import ServerConfig, uvicorn_server
 
 
@@ -32,3 +40,23 @@ def running_server(app, config: ServerConfig) -> Iterator[tuple[str, object]]:
         server.should_exit = True
         thread.join(timeout=60)
         sock.close()
+
+
+def get(url: str, **kwargs) -> httpx.Response:
+    """`httpx.get` to a plain-HTTP server: no TLS context built."""
+    return httpx.get(url, verify=False, **kwargs)
+
+
+def post(url: str, **kwargs) -> httpx.Response:
+    """`httpx.post` to a plain-HTTP server: no TLS context built."""
+    return httpx.post(url, verify=False, **kwargs)
+
+
+def http_client(**kwargs) -> httpx.Client:
+    """`httpx.Client` for plain-HTTP servers: no TLS context built."""
+    return httpx.Client(verify=False, **kwargs)
+
+
+def predictor_client(url: str, **kwargs) -> PredictorClient:
+    """The real `PredictorClient` over httpx's own transport, built without a TLS context."""
+    return PredictorClient(url, transport=httpx.HTTPTransport(verify=False), **kwargs)

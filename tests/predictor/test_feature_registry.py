@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
@@ -36,6 +35,7 @@ from predictor.features import ConversationWindow
 from predictor.predictor import Predictor
 from predictor.server import ServerConfig, create_app
 from tests.integrations.test_access_runtime import replay_releases, synthetic_requests
+from tests.predictor import server_harness as loopback
 from tests.predictor.conftest import make_artifact, token_windows, turn_sample
 from tests.predictor.fakes import HashingEmbedder
 from tests.predictor.server_harness import running_server
@@ -105,10 +105,10 @@ def test_a_toy_feature_reaches_the_rpc_schema(toy, toy_access_model, tmp_path: P
     config = ServerConfig()
     app = create_app(config, model, artifact_path=toy_access_model)
     with running_server(app, config) as (url, _):
-        health = httpx.get(f"{url}/healthz").json()
-        good = httpx.post(f"{url}/v1/predict", json={"items": [{"access_features": values}]})
+        health = loopback.get(f"{url}/healthz").json()
+        good = loopback.post(f"{url}/v1/predict", json={"items": [{"access_features": values}]})
         without = {k: v for k, v in values.items() if k != TOY}
-        missing = httpx.post(f"{url}/v1/predict", json={"items": [{"access_features": without}]})
+        missing = loopback.post(f"{url}/v1/predict", json={"items": [{"access_features": without}]})
     assert health["model"]["access_features"] == ["log_turn", TOY]
     assert good.status_code == 200, good.text
     assert good.json()["probabilities"] == [model.predict_one(request, conversation)]
@@ -121,9 +121,9 @@ def test_a_toy_feature_reaches_the_rpc_schema(toy, toy_access_model, tmp_path: P
     app = create_app(config, text, artifact_path=tmp_path / "text")
     item = {"conversation_id": "c", "user_prompts": ["hi"], "turn_count": 1}
     with running_server(app, config) as (url, _):
-        lacking = httpx.post(f"{url}/v1/predict", json={"items": [item]})
+        lacking = loopback.post(f"{url}/v1/predict", json={"items": [item]})
         answers = [
-            httpx.post(f"{url}/v1/predict", json={"items": [{**item, "prompt_tokens": n}]})
+            loopback.post(f"{url}/v1/predict", json={"items": [{**item, "prompt_tokens": n}]})
             for n in (10, 90_000)
         ]
     assert lacking.status_code == 422

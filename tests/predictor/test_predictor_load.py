@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 
-import httpx
 import numpy as np
 import pytest
 
@@ -19,6 +18,7 @@ from lpc.benchmarks.load_test import LoadTestConfig, run_load_test
 from predictor.features import ConversationWindow
 from predictor.predictor import Predictor
 from predictor.server import ServerConfig, create_app
+from tests.predictor import server_harness as loopback
 from tests.predictor.conftest import sample_windows
 from tests.predictor.fakes import HashingEmbedder
 from tests.predictor.server_harness import running_server
@@ -135,7 +135,7 @@ def mixed_load(tiny_artifact, clients: int, long_s: float, request_timeout_s: fl
             )
             print(json.dumps(report.as_dict(), default=str))  # shown with -rA or -s
             phases.append(report)
-        metrics = httpx.get(url + "/metrics").text
+        metrics = loopback.get(url + "/metrics").text
     return phases[0], phases[1], metrics
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from predictor.client import PredictorClient
 from predictor.features import ConversationWindow
 from predictor.predictor import Predictor
 from predictor.server import ServerConfig, create_app
+from tests.predictor import server_harness as loopback
 from tests.predictor.conftest import make_artifact, sample_windows
 from tests.predictor.server_harness import running_server
 
@@ -42,11 +42,11 @@ def test_server_with_a_real_embedder_matches_in_process(minilm_artifact, minilm_
     app = create_app(config, predictor, artifact_path=minilm_artifact)
     answers: dict[int, list[float] | None] = {}
     with running_server(app, config) as (url, _):
-        with PredictorClient(url, timeout_s=60) as client:
+        with loopback.predictor_client(url, timeout_s=60) as client:
             batched = client.predict(windows)
 
         def worker(k: int) -> None:
-            with PredictorClient(url, timeout_s=60) as own:
+            with loopback.predictor_client(url, timeout_s=60) as own:
                 for j in range(k, len(windows), 8):
                     answers[j] = own.predict([windows[j]])
 

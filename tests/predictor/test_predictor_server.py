@@ -25,6 +25,7 @@ from predictor.features import ConversationWindow
 from predictor.predictor import Predictor
 from predictor.rpc_schema import RequestLimits
 from predictor.server import ServerConfig, batch_predict, create_app
+from tests.predictor import server_harness as loopback
 from tests.predictor.conftest import make_artifact, sample_windows, token_windows
 from tests.predictor.fakes import HashingEmbedder
 from tests.predictor.light_imports import assert_imports_light
@@ -87,14 +88,14 @@ def test_batched_and_concurrent_answers_equal_in_process(tiny_artifact, referenc
     windows = sample_windows(120)
     expected = reference.predict(windows)
     with running_server(app, config) as (url, _):
-        with PredictorClient(url, timeout_s=10) as client:
+        with loopback.predictor_client(url, timeout_s=10) as client:
             assert client.predict(windows[:40]) == expected[:40].tolist()
             assert client.predict(windows) == expected.tolist()  # split into 64 + 56
             assert client.predict([]) == []
         answers: dict[int, list[float] | None] = {}
 
         def worker(k: int) -> None:
-            with PredictorClient(url, timeout_s=10) as own:
+            with loopback.predictor_client(url, timeout_s=10) as own:
                 for j in range(k, len(windows), 12):
                     answers[j] = own.predict([windows[j]])
 
@@ -104,7 +105,7 @@ def test_batched_and_concurrent_answers_equal_in_process(tiny_artifact, referenc
         for t in threads:
             t.join()
         assert [answers[j][0] for j in range(len(windows))] == expected.tolist()
-        metrics = httpx.get(url + "/metrics").text
+        metrics = loopback.get(url + "/metrics").text
     batch_count = _metric(metrics, "lpc_predictor_batch_size_count")
     predictions = _metric(metrics, "lpc_predictor_predictions_total")
     assert predictions == 40 + 120 + 120
@@ -120,7 +121,7 @@ def _metric(text: str, name: str, labels: str = "") -> float:
 
 def test_dict_items_and_model_info(tiny_artifact, reference):
     app, config = serve(tiny_artifact)
-    with running_server(app, config) as (url, _), PredictorClient(url) as client:
+    with running_server(app, config) as (url, _), loopback.predictor_client(url) as client:
         item = {"conversation_id": "x", "user_prompts": ["hi"], "turn_count": 1}
         expected = reference.predict([ConversationWindow("x", ("hi",), 1)])
         assert client.predict([item]) == expected.tolist()
@@ -141,7 +142,7 @@ def limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.C
     make_artifact(artifact)
     limits = RequestLimits(max_items_per_request=8, max_prompt_chars=100, max_prompts_per_item=4)
     app, config = serve(artifact, limits=limits)
-    with running_server(app, config) as (url, _), httpx.Client(base_url=url) as client:
+    with running_server(app, config) as (url, _), loopback.http_client(base_url=url) as client:
         yield client
 
 
@@ -195,16 +196,16 @@ def test_raw_bodies_nan_bad_json_and_oversize(tiny_artifact):
     app, config = serve(tiny_artifact, limits=limits)
     with running_server(app, config) as (url, _):
         nan = '{"items": [{"conversation_id": "c", "user_prompts": ["a"], "turn_count": NaN}]}'
-        response = httpx.post(url + "/v1/predict", content=nan)
+        response = loopback.post(url + "/v1/predict", content=nan)
         assert response.status_code == 422
         assert response.json()["detail"][0]["loc"] == ["items", 0, "turn_count"]
         inf = nan.replace("NaN", "Infinity")
-        assert httpx.post(url + "/v1/predict", content=inf).status_code == 422
-        broken = httpx.post(url + "/v1/predict", content=b"{not json")
+        assert loopback.post(url + "/v1/predict", content=inf).status_code == 422
+        broken = loopback.post(url + "/v1/predict", content=b"{not json")
         assert broken.status_code == 422 and broken.json()["detail"][0]["type"] == "json_invalid"
         huge = b'{"items": [' + b" " * (limits.max_body_bytes + 10) + b"]}"
-        assert httpx.post(url + "/v1/predict", content=huge).status_code == 413
-        metrics = httpx.get(url + "/metrics").text
+        assert loopback.post(url + "/v1/predict", content=huge).status_code == 413
+        metrics = loopback.get(url + "/metrics").text
     assert _metric(metrics, "lpc_predictor_errors_total", '{kind="invalid"}') == 3
     assert (
         _metric(metrics, "lpc_predictor_requests_total", '{endpoint="predict",status="422"}') == 3
@@ -234,7 +235,7 @@ def test_overload_answers_503_and_the_server_stays_healthy(tiny_artifact, refere
                     )
                 ]
             }
-            response = httpx.post(url + "/v1/predict", json=body, timeout=30)
+            response = loopback.post(url + "/v1/predict", json=body, timeout=30)
             statuses[j] = response.status_code
             bodies[j] = response.json()
 
@@ -246,8 +247,8 @@ def test_overload_answers_503_and_the_server_stays_healthy(tiny_artifact, refere
         predictor_class.gate.set()
         for t in threads:
             t.join()
-        assert httpx.get(url + "/healthz").json()["status"] == "ok"
-        metrics = httpx.get(url + "/metrics").text
+        assert loopback.get(url + "/healthz").json()["status"] == "ok"
+        metrics = loopback.get(url + "/metrics").text
     assert set(statuses) == {200, 503}
     for j, status in enumerate(statuses):
         if status == 200:
@@ -265,17 +266,17 @@ def test_bearer_token(tiny_artifact, reference):
     window = sample_windows(1)
     with running_server(app, config) as (url, _):
         body = {"items": [{"conversation_id": "c", "user_prompts": ["a"], "turn_count": 1}]}
-        assert httpx.post(url + "/v1/predict", json=body).status_code == 401
+        assert loopback.post(url + "/v1/predict", json=body).status_code == 401
         wrong = {"Authorization": "Bearer nope-nope-nope"}
-        assert httpx.post(url + "/v1/predict", json=body, headers=wrong).status_code == 401
-        assert httpx.post(url + "/v1/reload", json={}).status_code == 401
-        with PredictorClient(url, token=TOKEN) as client:
+        assert loopback.post(url + "/v1/predict", json=body, headers=wrong).status_code == 401
+        assert loopback.post(url + "/v1/reload", json={}).status_code == 401
+        with loopback.predictor_client(url, token=TOKEN) as client:
             assert client.predict(window) == reference.predict(window).tolist()
-        with PredictorClient(url) as anonymous:
+        with loopback.predictor_client(url) as anonymous:
             assert anonymous.predict(window) is None
             assert anonymous.stats.http_errors == 1
-        assert httpx.get(url + "/healthz").status_code == 200
-        assert "lpc_predictor_requests_total" in httpx.get(url + "/metrics").text
+        assert loopback.get(url + "/healthz").status_code == 200
+        assert "lpc_predictor_requests_total" in loopback.get(url + "/metrics").text
 
 
 def test_reload_swaps_the_model_between_batches(tmp_path, tiny_artifact, reference):
@@ -284,24 +285,27 @@ def test_reload_swaps_the_model_between_batches(tmp_path, tiny_artifact, referen
     make_artifact(promoted, seed=7)
     fresh = Predictor.load(promoted, embedder=HashingEmbedder())
     windows = sample_windows(5)
-    with running_server(app, config) as (url, _), PredictorClient(url, timeout_s=10) as client:
+    with (
+        running_server(app, config) as (url, _),
+        loopback.predictor_client(url, timeout_s=10) as client,
+    ):
         assert client.predict(windows) == reference.predict(windows).tolist()
-        response = httpx.post(url + "/v1/reload", json={"artifact": str(promoted)})
+        response = loopback.post(url + "/v1/reload", json={"artifact": str(promoted)})
         assert response.status_code == 200, response.text
         assert response.json()["model"]["generation"] == 2
         assert client.predict(windows) == fresh.predict(windows).tolist()
         broken = tmp_path / "broken"
         make_artifact(broken, seed=8)
         (broken / "model.safetensors").write_bytes(b"junk")
-        failed = httpx.post(url + "/v1/reload", json={"artifact": str(broken)})
+        failed = loopback.post(url + "/v1/reload", json={"artifact": str(broken)})
         assert failed.status_code == 409 and "still serving generation 2" in failed.text
-        outside = httpx.post(url + "/v1/reload", json={"artifact": "/etc"})
+        outside = loopback.post(url + "/v1/reload", json={"artifact": "/etc"})
         assert outside.status_code == 403
         assert client.predict(windows) == fresh.predict(windows).tolist()
-        back = httpx.post(url + "/v1/reload", json={})  # bare reload: the startup artifact
+        back = loopback.post(url + "/v1/reload", json={})  # bare reload: the startup artifact
         assert back.status_code == 200
         assert client.predict(windows) == reference.predict(windows).tolist()
-        metrics = httpx.get(url + "/metrics").text
+        metrics = loopback.get(url + "/metrics").text
     assert _metric(metrics, "lpc_predictor_reloads_total", '{outcome="ok"}') == 2
     assert _metric(metrics, "lpc_predictor_reloads_total", '{outcome="failed"}') == 1
 
@@ -314,7 +318,7 @@ def test_graceful_shutdown_finishes_requests_in_flight(tiny_artifact, reference)
     with running_server(app, config) as (url, server):
 
         def worker(j: int) -> None:
-            with PredictorClient(url, timeout_s=20) as client:
+            with loopback.predictor_client(url, timeout_s=20) as client:
                 results[j] = client.predict([windows[j]])
 
         threads = [threading.Thread(target=worker, args=(j,)) for j in range(len(windows))]
@@ -332,7 +336,7 @@ def test_graceful_shutdown_finishes_requests_in_flight(tiny_artifact, reference)
 
 
 def test_client_never_raises(tiny_artifact):
-    with PredictorClient("http://127.0.0.1:9", timeout_s=0.5) as refused:
+    with loopback.predictor_client("http://127.0.0.1:9", timeout_s=0.5) as refused:
         assert refused.predict(sample_windows(2)) is None
         assert refused.stats.connection_errors == 1 and refused.stats.failures == 1
 
@@ -390,7 +394,10 @@ def test_client_refuses_items_that_are_not_json_before_sending_any():
 
 def test_client_times_out_against_a_slow_server(tiny_artifact):
     app, config = serve(tiny_artifact, SlowPredictor)
-    with running_server(app, config) as (url, _), PredictorClient(url, timeout_s=0.05) as client:
+    with (
+        running_server(app, config) as (url, _),
+        loopback.predictor_client(url, timeout_s=0.05) as client,
+    ):
         assert client.predict(sample_windows(1)) is None
         assert client.stats.timeouts == 1
 
@@ -422,14 +429,14 @@ def test_prompt_tokens_answers_equal_in_process(prompt_tokens_artifact):
     windows = token_windows(90, seed=7)
     expected = Predictor.load(prompt_tokens_artifact, embedder=HashingEmbedder()).predict(windows)
     with running_server(app, config) as (url, _):
-        with PredictorClient(url, timeout_s=10) as client:
+        with loopback.predictor_client(url, timeout_s=10) as client:
             assert client.predict(windows) == expected.tolist()  # 64 + 26, batches of 8
             assert client.predict([w.to_dict() for w in windows[:5]]) == expected[:5].tolist()
             health = client.health()
         answers: dict[int, list[float] | None] = {}
 
         def worker(k: int) -> None:
-            with PredictorClient(url, timeout_s=10) as own:
+            with loopback.predictor_client(url, timeout_s=10) as own:
                 for j in range(k, len(windows), 9):
                     answers[j] = own.predict([windows[j]])
 
@@ -448,7 +455,7 @@ def test_items_without_prompt_tokens_get_a_422_naming_them(prompt_tokens_artifac
     with_tokens = {**VALID, "prompt_tokens": 40}
     with running_server(app, config) as (url, _):
         body = {"items": [with_tokens, VALID, with_tokens, {**VALID, "prompt_tokens": None}]}
-        response = httpx.post(url + "/v1/predict", json=body)
+        response = loopback.post(url + "/v1/predict", json=body)
         assert response.status_code == 422, response.text
         detail = response.json()["detail"]
         assert [d["loc"] for d in detail] == [
@@ -456,10 +463,10 @@ def test_items_without_prompt_tokens_get_a_422_naming_them(prompt_tokens_artifac
             ["items", 3, "prompt_tokens"],
         ]
         assert all("this model needs prompt_tokens" in d["msg"] for d in detail)
-        with PredictorClient(url) as client:
+        with loopback.predictor_client(url) as client:
             assert client.predict([VALID]) is None and client.stats.http_errors == 1
             assert client.predict([with_tokens]) is not None
-        metrics = httpx.get(url + "/metrics").text
+        metrics = loopback.get(url + "/metrics").text
     assert _metric(metrics, "lpc_predictor_errors_total", '{kind="invalid"}') == 2
 
 
@@ -467,7 +474,7 @@ def test_a_model_without_extra_features_ignores_prompt_tokens(tiny_artifact, ref
     app, config = serve(tiny_artifact)
     windows = token_windows(6, seed=2)
     bare = [ConversationWindow(w.conversation_id, w.user_prompts, w.turn_count) for w in windows]
-    with running_server(app, config) as (url, _), PredictorClient(url) as client:
+    with running_server(app, config) as (url, _), loopback.predictor_client(url) as client:
         assert client.predict(windows) == reference.predict(bare).tolist()
 
 
@@ -482,10 +489,10 @@ def test_models_needing_finish_only_features_are_refused(tmp_path, tiny_artifact
     shutil.copytree(tiny_artifact, served)
     app, config = serve(served)
     with running_server(app, config) as (url, _):
-        response = httpx.post(url + "/v1/reload", json={"artifact": str(unservable)})
+        response = loopback.post(url + "/v1/reload", json={"artifact": str(unservable)})
         assert response.status_code == 409
         assert "still serving generation 1" in response.text and "reply_asks" in response.text
-        assert httpx.get(url + "/healthz").json()["model"]["generation"] == 1
+        assert loopback.get(url + "/healthz").json()["model"]["generation"] == 1
 
 
 def test_reload_to_a_prompt_tokens_model_mid_queue(tmp_path, tiny_artifact, prompt_tokens_artifact):
@@ -505,7 +512,7 @@ def test_reload_to_a_prompt_tokens_model_mid_queue(tmp_path, tiny_artifact, prom
     with running_server(app, config) as (url, _):
 
         def post(name: str, window: ConversationWindow) -> None:
-            responses[name] = httpx.post(
+            responses[name] = loopback.post(
                 url + "/v1/predict", timeout=30, json={"items": [window.to_dict()]}
             )
 
@@ -518,7 +525,7 @@ def test_reload_to_a_prompt_tokens_model_mid_queue(tmp_path, tiny_artifact, prom
             threads.append(threading.Thread(target=post, args=(name, window)))
             threads[-1].start()
         wait_until(lambda: app.state.batcher.queued_items >= 2, "the two never queued")
-        reload = httpx.post(url + "/v1/reload", json={"artifact": str(new)})
+        reload = loopback.post(url + "/v1/reload", json={"artifact": str(new)})
         assert reload.status_code == 200, reload.text
         assert getattr(slow, "started_windows", 0) == 1, "the swap came too late to test"
         predictor_class.gate.set()
@@ -559,15 +566,15 @@ DEEP = 10_000
 def test_deeply_nested_bodies_get_a_422_not_a_500(tiny_artifact, body):
     app, config = serve(tiny_artifact)
     with running_server(app, config) as (url, _):
-        response = httpx.post(url + "/v1/predict", content=body)
+        response = loopback.post(url + "/v1/predict", content=body)
         assert response.status_code == 422, response.text
         (detail,) = response.json()["detail"]
         assert detail["loc"] == ["body"] and detail["type"] == "json_too_deep"
         assert "\n" not in detail["msg"] and "deeper than 32 levels" in detail["msg"]
-        reload = httpx.post(url + "/v1/reload", content=b"[" * DEEP)
+        reload = loopback.post(url + "/v1/reload", content=b"[" * DEEP)
         assert reload.status_code == 422 and reload.json()["detail"][0]["type"] == "json_too_deep"
-        assert httpx.get(url + "/healthz").status_code == 200
-        metrics = httpx.get(url + "/metrics").text
+        assert loopback.get(url + "/healthz").status_code == 200
+        metrics = loopback.get(url + "/metrics").text
     assert _metric(metrics, "lpc_predictor_errors_total", '{kind="invalid"}') == 2
     assert (
         _metric(
@@ -586,8 +593,8 @@ def test_an_integer_too_long_to_convert_is_a_422_not_a_500(tiny_artifact):
     app, config = serve(tiny_artifact)
     body = b'{"items": [{"conversation_id": "c", "user_prompts": ["a"], "turn_count": %s}]}'
     with running_server(app, config) as (url, _):
-        too_long = httpx.post(url + "/v1/predict", content=body % (b"7" * 5000))
-        long = httpx.post(url + "/v1/predict", content=body % (b"7" * 4000))
+        too_long = loopback.post(url + "/v1/predict", content=body % (b"7" * 5000))
+        long = loopback.post(url + "/v1/predict", content=body % (b"7" * 4000))
     assert too_long.status_code == 422, too_long.text
     (detail,) = too_long.json()["detail"]
     assert detail["loc"] == ["body"] and detail["type"] == "json_invalid"
@@ -607,8 +614,8 @@ def test_a_model_answering_no_probability_is_a_json_500_naming_the_items(tiny_ar
     """The last guard before JSON (which has no NaN or infinity): a plain-text 500 before."""
     app, config = serve(tiny_artifact, InfinitePredictor)
     with running_server(app, config) as (url, _):
-        answer = httpx.post(url + "/v1/predict", json={"items": [VALID, VALID]})
-        assert httpx.get(url + "/healthz").status_code == 200
+        answer = loopback.post(url + "/v1/predict", json={"items": [VALID, VALID]})
+        assert loopback.get(url + "/healthz").status_code == 200
     assert answer.status_code == 500
     assert "no probability in [0, 1] for items [1] (['inf'])" in answer.json()["detail"]
 
@@ -618,11 +625,11 @@ def test_the_nesting_limit_is_a_request_limit(tiny_artifact):
     app, config = serve(tiny_artifact, limits=limits)
     with running_server(app, config) as (url, _):
         body = b'{"items": [{"conversation_id": "c", "user_prompts": ["a"], "turn_count": 1}]}'
-        response = httpx.post(url + "/v1/predict", content=body)
+        response = loopback.post(url + "/v1/predict", content=body)
         assert response.status_code == 422
         where = body.index(b'["a"]')
         assert f"byte {where} opens level 4" in response.json()["detail"][0]["msg"]
-        assert httpx.post(url + "/v1/reload", json={}).status_code == 200  # 1 level
+        assert loopback.post(url + "/v1/reload", json={}).status_code == 200  # 1 level
 
 
 def reference_depth_offset(body: bytes, max_depth: int) -> int | None:
@@ -682,16 +689,16 @@ def test_every_error_answer_is_counted_by_status_and_class(tiny_artifact):
     app = create_app(config, predictor, tiny_artifact, reload_loader=exploding_loader)
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with running_server(app, config) as (url, _):
-        assert httpx.post(url + "/v1/predict", json={"items": [VALID]}).status_code == 401
-        big = httpx.post(url + "/v1/predict", content=b" " * 2048, headers=auth)
+        assert loopback.post(url + "/v1/predict", json={"items": [VALID]}).status_code == 401
+        big = loopback.post(url + "/v1/predict", content=b" " * 2048, headers=auth)
         assert big.status_code == 413
-        assert httpx.post(url + "/v1/predict", json={}, headers=auth).status_code == 422
-        assert httpx.get(url + "/nowhere").status_code == 404
-        assert httpx.get(url + "/v1/predict").status_code == 405
-        boom = httpx.post(url + "/v1/reload", json={}, headers=auth)
+        assert loopback.post(url + "/v1/predict", json={}, headers=auth).status_code == 422
+        assert loopback.get(url + "/nowhere").status_code == 404
+        assert loopback.get(url + "/v1/predict").status_code == 405
+        boom = loopback.post(url + "/v1/reload", json={}, headers=auth)
         assert boom.status_code == 500
-        assert httpx.post(url + "/v1/predict", json={"items": [VALID]}, headers=auth).is_success
-        metrics = httpx.get(url + "/metrics").text
+        assert loopback.post(url + "/v1/predict", json={"items": [VALID]}, headers=auth).is_success
+        metrics = loopback.get(url + "/metrics").text
 
     def errors(endpoint: str, status: int) -> float:
         labels = f'{{endpoint="{endpoint}",status="{status}",status_class="{status // 100}xx"}}'
@@ -722,7 +729,7 @@ def test_under_overload_the_body_is_not_even_read(tiny_artifact):
     with running_server(app, config) as (url, _):
         busy = [
             threading.Thread(
-                target=httpx.post,
+                target=loopback.post,
                 args=(url + "/v1/predict",),
                 kwargs={"json": window, "timeout": 30},
             )
@@ -733,10 +740,10 @@ def test_under_overload_the_body_is_not_even_read(tiny_artifact):
         wait_until(lambda: getattr(current, "started_windows", 0) >= 1, "no batch started")
         busy[1].start()
         wait_until(lambda: app.state.batcher.queued_items >= 1, "nothing queued")
-        refused = httpx.post(url + "/v1/predict", content=b"{not json")
+        refused = loopback.post(url + "/v1/predict", content=b"{not json")
         assert refused.status_code == 503 and refused.json()["detail"] == "overloaded"
         assert "queue holds 1 windows" in refused.json()["reason"]
         predictor_class.gate.set()
         for thread in busy:
             thread.join()
-        assert httpx.post(url + "/v1/predict", content=b"{not json").status_code == 422
+        assert loopback.post(url + "/v1/predict", content=b"{not json").status_code == 422

@@ -20,6 +20,7 @@ from predictor.features import ConversationWindow
 from predictor.predictor import Predictor
 from predictor.server import ServerConfig, batch_predict, create_app, load_served_model
 from tests.integrations.access_models import SHIPPED, publish
+from tests.predictor import server_harness as loopback
 from tests.predictor.fakes import HashingEmbedder
 from tests.predictor.server_harness import running_server
 
@@ -64,7 +65,7 @@ def serve_access(path: Path, **config_changes):
 
 
 def predict(url: str, items: list[dict]) -> httpx.Response:
-    return httpx.post(f"{url}/v1/predict", json={"items": items}, timeout=10)
+    return loopback.post(f"{url}/v1/predict", json={"items": items}, timeout=10)
 
 
 def test_answers_equal_the_access_predictor_in_process() -> None:
@@ -74,8 +75,8 @@ def test_answers_equal_the_access_predictor_in_process() -> None:
     with running_server(app, config) as (url, _):
         answered = predict(url, items)
         singles = [predict(url, [item]).json()["probabilities"][0] for item in items[:3]]
-        health = httpx.get(f"{url}/healthz").json()
-        metrics = httpx.get(f"{url}/metrics").text
+        health = loopback.get(f"{url}/healthz").json()
+        metrics = loopback.get(f"{url}/metrics").text
     assert answered.status_code == 200, answered.text
     assert answered.json()["probabilities"] == expected.tolist()
     # One row alone goes through another BLAS path than a batch: compare like with like.
@@ -109,7 +110,7 @@ def test_bad_access_items_get_a_422_naming_item_and_field() -> None:
         missing_answer = details(predict(url, [good, good, missing]))
         typed_answer = details(predict(url, [text_valued]))
         wrong_kind = details(predict(url, [good, TEXT_ITEM]))
-        nan_body = httpx.post(
+        nan_body = loopback.post(
             f"{url}/v1/predict",
             content=b'{"items": [{"access_features": {"log_turn": NaN}}]}',
             headers={"content-type": "application/json"},
@@ -134,7 +135,7 @@ def test_a_text_model_names_access_items_as_the_wrong_kind(tiny_artifact: Path) 
     items, _ = access_items(AccessPredictor.load(SHIPPED))
     with running_server(app, config) as (url, _):
         answer = details(predict(url, [TEXT_ITEM, items[0]]))
-        health = httpx.get(f"{url}/healthz").json()
+        health = loopback.get(f"{url}/healthz").json()
     assert [d["loc"] for d in answer] == [["items", 1]]
     assert "reads text windows" in answer[0]["msg"]
     assert health["model"]["kind"] == "text" and health["model"]["access_features"] == []
@@ -164,7 +165,7 @@ def test_reload_text_to_access_to_access_and_back(tmp_path: Path, tiny_artifact:
     text_expected = text_model.predict([ConversationWindow("t", ("hi",), 1)])
 
     def reload(url: str, path: Path) -> httpx.Response:
-        return httpx.post(f"{url}/v1/reload", json={"artifact": str(path)}, timeout=30)
+        return loopback.post(f"{url}/v1/reload", json={"artifact": str(path)}, timeout=30)
 
     with running_server(app, config) as (url, _):
         assert reload(url, first).json()["model"]["kind"] == "access"
@@ -176,7 +177,7 @@ def test_reload_text_to_access_to_access_and_back(tmp_path: Path, tiny_artifact:
         assert predict(url, access_list).json()["probabilities"] == shifted_expected.tolist()
         back = reload(url, text).json()["model"]
         assert predict(url, [TEXT_ITEM]).json()["probabilities"] == text_expected.tolist()
-        metrics = httpx.get(f"{url}/metrics").text
+        metrics = loopback.get(f"{url}/metrics").text
     assert swapped["generation"] == 3 and swapped["artifact"] == str(shifted)
     assert failed.status_code == 409 and "still serving generation 3" in failed.text
     assert back["kind"] == "text" and back["generation"] == 4
@@ -258,7 +259,7 @@ def test_values_the_model_overflows_on_are_422s_naming_item_and_feature() -> Non
     fresh = httpx.Limits(max_keepalive_connections=0)
     with (
         running_server(app, config) as (url, _),
-        httpx.Client(base_url=url, limits=fresh, timeout=10) as http,
+        loopback.http_client(base_url=url, limits=fresh, timeout=10) as http,
         ThreadPoolExecutor(8) as pool,
     ):
         batches = [batch for _, _, batch in cases] + [far, items]
@@ -331,7 +332,7 @@ def test_a_probability_out_of_0_1_is_a_json_500_naming_the_items() -> None:
     app = create_app(config, model, artifact_path=SHIPPED)
     with running_server(app, config) as (url, _):
         answer = predict(url, items[:3])
-        metrics = httpx.get(f"{url}/metrics").text
+        metrics = loopback.get(f"{url}/metrics").text
     assert answer.status_code == 500
     assert "no probability in [0, 1] for items [1] (['inf'])" in answer.json()["detail"]
     assert 'lpc_predictor_errors_total{kind="prediction_failed"} 1.0' in metrics

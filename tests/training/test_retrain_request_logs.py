@@ -99,10 +99,10 @@ def test_a_promotion_reloads_a_running_server_holding_an_access_model(
 ) -> None:
     """`lpc retrain --logs --notify-url` reaches a running `lpc serve` that holds the current
     access-only model: it swaps in the promoted version and answers with it."""
-    import httpx
 
     from predictor.access_features import ConversationState, RequestState, feature_row
     from predictor.server import ServerConfig, create_app
+    from tests.predictor import server_harness as loopback
     from tests.predictor.server_harness import running_server
 
     registry = tmp_path / "registry"
@@ -117,15 +117,15 @@ def test_a_promotion_reloads_a_running_server_holding_an_access_model(
     item = {"conversation_id": "c", "access_features": dict(zip(names, values, strict=True))}
 
     with running_server(app, config) as (url, _):
-        before = httpx.get(f"{url}/healthz").json()["model"]
+        before = loopback.get(f"{url}/healthz").json()["model"]
         code, second = retrain(
             request_logs,
             registry,
             capsys,
             *("--force", "--seed", "1", "--tolerance", "0.5", "--notify-url", url),
         )
-        after = httpx.get(f"{url}/healthz").json()["model"]
-        answer = httpx.post(f"{url}/v1/predict", json={"items": [item]}).json()
+        after = loopback.get(f"{url}/healthz").json()["model"]
+        answer = loopback.post(f"{url}/v1/predict", json={"items": [item]}).json()
 
     assert code == 0 and second["status"] == "promoted", second
     assert second["notified"] is True and second["version"] != first["version"]

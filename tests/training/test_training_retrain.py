@@ -6,7 +6,6 @@ import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
 import pytest
 
 from predictor.artifact import load_artifact
@@ -139,6 +138,7 @@ def test_decision_rules():
 def test_a_running_server_reloads_the_promoted_model_without_dropping_requests(tmp_path):
     from predictor.predictor import Predictor
     from predictor.server import ServerConfig, create_app
+    from tests.predictor import server_harness as loopback
     from tests.predictor.server_harness import running_server
 
     add_log(tmp_path, 1, count=150)
@@ -158,13 +158,13 @@ def test_a_running_server_reloads_the_promoted_model_without_dropping_requests(t
     with running_server(app, server_config) as (url, _):
 
         def keep_asking() -> None:
-            with httpx.Client(timeout=30) as client:
+            with loopback.http_client(timeout=30) as client:
                 while not stop.is_set():
                     statuses.append(
                         client.post(f"{url}/v1/predict", json={"items": [item]}).status_code
                     )
 
-        before = httpx.get(f"{url}/healthz").json()["model"]
+        before = loopback.get(f"{url}/healthz").json()["model"]
         worker = threading.Thread(target=keep_asking)
         worker.start()
         try:
@@ -173,7 +173,7 @@ def test_a_running_server_reloads_the_promoted_model_without_dropping_requests(t
         finally:
             stop.set()
             worker.join()
-        after = httpx.get(f"{url}/healthz").json()["model"]
+        after = loopback.get(f"{url}/healthz").json()["model"]
 
     assert outcome.status == PROMOTED and outcome.notified is True
     assert after["generation"] == before["generation"] + 1
