@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from training.return_data import ReturnPart, ReturnTargets
-from training.return_distil import HazardTeacher, person_period
+from training.return_distil import HAZARD_TEACHER_PARAMS, HazardTeacher, person_period
 
 torch = pytest.importorskip("torch")
 
@@ -123,8 +123,16 @@ def _samples(seed: int = 0):
     )
 
 
+@pytest.fixture
+def quick_teacher(monkeypatch) -> None:
+    """The teacher at 40 boosting rounds instead of 400 (a second less per teacher fit): the
+    tests using it check what the fit does with a teacher's logits, not how good they are (the
+    teacher's learning is checked above, at its own settings)."""
+    monkeypatch.setitem(HAZARD_TEACHER_PARAMS, "max_iter", 40)
+
+
 @pytest.mark.parametrize("distil", [True, False])
-def test_the_recipe_served_follows_the_validation_rule(distil: bool) -> None:
+def test_the_recipe_served_follows_the_validation_rule(distil: bool, quick_teacher) -> None:
     from training.return_fit import (
         HIDDEN_CANDIDATES,
         SIMPLER_MARGIN_NATS,
@@ -145,7 +153,7 @@ def test_the_recipe_served_follows_the_validation_rule(distil: bool) -> None:
         assert result.members == 1 and list(result.hidden) == d["chosen"]["hidden"]
 
 
-def test_an_adopted_student_is_served_alone(monkeypatch) -> None:
+def test_an_adopted_student_is_served_alone(monkeypatch, quick_teacher) -> None:
     """The serving path of a distilled student: with the margin lowered so that any student
     is adopted, one network of the chosen student's kind is served, and the predictor's
     curves are its curves."""
