@@ -20,6 +20,7 @@ from training.access_fit import AccessFitConfig
 from training.model_kinds import KindOutcome
 from training.model_registry import ModelRegistry
 from training.retrain import NO_NEW_DATA, PROMOTED, RetrainConfig, RetrainOutcome, run_retrain
+from training.return_distil import HAZARD_TEACHER_PARAMS
 from training.return_fit import ReturnFitConfig
 from training.return_retrain import (
     DEFAULT_RETURN_TOLERANCE,
@@ -72,6 +73,16 @@ def run(root: Path, returns: bool = True, force: bool = True, **kwargs) -> Retra
 
 def returns(root: Path) -> ModelRegistry:
     return ModelRegistry(root / "returns", check=ReturnTimePredictor.load)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def quick_teacher():
+    """The return fits' teacher at 40 boosting rounds instead of 400: these tests check the
+    return half's plumbing (the split, the registry, the decision), whatever recipe the fit
+    serves; the recipe is tests/training/test_return_distil.py's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(HAZARD_TEACHER_PARAMS, "max_iter", 40)
+        yield
 
 
 @pytest.fixture(scope="module")
