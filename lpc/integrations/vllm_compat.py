@@ -336,8 +336,25 @@ SCHEDULER_CLASS_SIGNATURES: dict[str, tuple[str, ...]] = {
     "_free_request_blocks": ("self", "request"),
     "_request_blocks_can_be_freed": ("self", "request"),
     "_drain_deferred_frees": ("self",),
+    "_update_waiting_for_remote_kv": ("self", "request"),
 }
-SCHEDULER_INIT_NAMES = ("kv_cache_manager", "deferred_frees", "requests")
+SCHEDULER_INIT_NAMES = (
+    "kv_cache_manager",
+    "deferred_frees",
+    "processed_step_seq",
+    "failed_recving_kv_req_ids",
+    "requests",
+)
+# The names vLLM's own code of these methods reads: the class runs the drain itself (each free
+# with its release), and announces the free a failed load makes, on the condition vLLM frees.
+SCHEDULER_METHOD_NAMES: dict[str, frozenset[str]] = {
+    "_drain_deferred_frees": frozenset(
+        ("deferred_frees", "processed_step_seq", "popleft", "block_pool", "free_blocks")
+    ),
+    "_update_waiting_for_remote_kv": frozenset(
+        ("failed_recving_kv_req_ids", "num_computed_tokens", "free")
+    ),
+}
 BLOCK_POOL_INIT_NAMES = ("blocks", "free_block_queue", "null_block")
 # What its `schedule()` reads from vLLM's output: the requests scheduled for the first time.
 SCHEDULER_OUTPUT_FIELDS = {
@@ -355,7 +372,8 @@ def _code_names(function: Any) -> tuple[str, ...]:
 
 def _scheduler_class(vllm: _Vllm) -> list[str]:
     """The `Scheduler` methods the LPC scheduler class overrides or calls take exactly the
-    parameters it passes, `schedule` exists, and the constructors still set what it reads."""
+    parameters it passes, `schedule` exists, the methods whose frees it carries still read
+    what it expects, and the constructors still set what it reads."""
     scheduler = vllm.owners["Scheduler"]
     problems = []
     if scheduler is not None:
@@ -370,6 +388,13 @@ def _scheduler_class(vllm: _Vllm) -> list[str]:
                 )
         if not callable(getattr(scheduler, "schedule", None)):
             problems.append("Scheduler.schedule is missing")
+        for method, expected_names in SCHEDULER_METHOD_NAMES.items():
+            function = getattr(scheduler, method, None)
+            if function is None or _parameters(function) != SCHEDULER_CLASS_SIGNATURES[method]:
+                continue  # reported above
+            missing = sorted(expected_names - set(_code_names(function)))
+            if missing:
+                problems.append(f"Scheduler.{method} no longer reads {', '.join(missing)}")
         names = _code_names(scheduler.__init__)
         problems += [
             f"Scheduler.__init__ no longer sets self.{name}"

@@ -389,6 +389,7 @@ class _Registration:
     originals: list[tuple[Any, str, Any]]  # (owner, attribute, original value or _ABSENT)
     metrics: MetricsExport | None = None
     control: ControlFileWatcher | None = None
+    activated: bool = False  # a block pool of this process has built its LPC queue
 
 
 _REGISTRATION: _Registration | None = None
@@ -467,22 +468,33 @@ def _wrap_free_blocks(original: Any) -> Any:
         if runtime is None:
             return original(self, ordered_blocks)
         blocks = ordered_blocks if isinstance(ordered_blocks, list) else list(ordered_blocks)
-        queues = runtime.queues
-        try:
-            release = queues.active_release() or runtime.take_deferred_release(blocks)
-            shared = shared_blocks(blocks, self)
-        except Exception as error:  # stock vLLM: the fallback p, no pooling metadata
-            runtime.stats.plugin_error("preparing a free of blocks", error)
-            release, shared = None, []
-        if release is None:
-            release = Release(queues.clock(), None, None)
-        with queues.releasing(release):
-            original(self, blocks)
-        if shared:
-            self.free_block_queue.note_shared_release(shared, release)
+        free_with_release(runtime, self, blocks, original)
         return None
 
     return free_blocks
+
+
+def free_with_release(
+    runtime: PluginRuntime, pool: Any, blocks: list[Any], free: Callable[[Any, list[Any]], None]
+) -> None:
+    """`free(pool, blocks)` (vLLM's `BlockPool.free_blocks`) under the release being freed,
+    else the one held for these blocks by a deferred free, else the fallback p now; then the
+    release's blocks other requests still hold are noted (max pooling). The wrapped
+    `free_blocks`, and the scheduler class's drain of deferred frees, free through here."""
+    queues = runtime.queues
+    try:
+        release = queues.active_release() or runtime.take_deferred_release(blocks)
+        shared = shared_blocks(blocks, pool)
+    except Exception as error:  # stock vLLM: the fallback p, no pooling metadata
+        runtime.stats.plugin_error("preparing a free of blocks", error)
+        release, shared = None, []
+    if release is None:
+        release = Release(queues.clock(), None, None)
+    with queues.releasing(release):
+        free(pool, blocks)
+    queue = pool.free_block_queue  # vLLM's own again if the LPC queue tripped in this free
+    if shared and isinstance(queue, LPCFreeBlockQueue):
+        queue.note_shared_release(shared, release)
 
 
 def shared_blocks(ordered_blocks: Sequence[Any], pool: Any) -> list[Any]:
@@ -598,6 +610,9 @@ def make_predictor_client(config: PluginConfig) -> PredictionClient | None:
     )
 
 
+# The LPC scheduler classes, as `--scheduler-cls` names them (`vllm_scheduler_class`).
+SCHEDULER_CLASS = "lpc.integrations.vllm_scheduler_class.LPCScheduler"
+ASYNC_SCHEDULER_CLASS = "lpc.integrations.vllm_scheduler_class.LPCAsyncScheduler"
 # The vLLM modules whose shape the plugin checks (`vllm_compat`), by the name the checks use.
 VLLM_MODULES = {
     "block_pool": "vllm.v1.core.block_pool",
@@ -714,6 +729,14 @@ def register(
         if config is None and not configured_by_environment(os.environ):
             return  # installed, not configured: vLLM is left exactly as it is
         _install(modules, config if config is not None else load_config(), clock, predictor_client)
+        if config is None:
+            logger.info(
+                "LPC runs through the plugin's patch points, configured by the LPC_* "
+                "environment; recommended: --scheduler-cls %s (%s with async scheduling), "
+                "which reads the same LPC_* settings and patches nothing in vLLM",
+                SCHEDULER_CLASS,
+                ASYNC_SCHEDULER_CLASS,
+            )
 
 
 def _install(
@@ -824,6 +847,21 @@ def install_unpatched(
         return registration.runtime
 
 
+def step_aside_for_scheduler_class() -> bool:
+    """Make way for the LPC scheduler class (`vllm_scheduler_class`), so that a host configured
+    by the `LPC_*` environment moves to it by naming it alone: the patch points' registration
+    is undone (vLLM's classes and methods restored) while no block pool of this process has
+    built its queue through them. False: one has, and they stay."""
+    with _LOCK:
+        registration = _REGISTRATION
+        if registration is None or not registration.originals:
+            return True
+        if registration.activated:
+            return False
+    unregister()
+    return True
+
+
 def patch_points_installed() -> bool:
     """Does the plugin run LPC through its patch points in this process?"""
     registration = _REGISTRATION
@@ -913,6 +951,7 @@ def _activate(registration: _Registration) -> None:
     vLLM loads plugins in every process (API server, engine core, workers); only the engine
     core builds block pools, so the metrics server starts here rather than in `register()`.
     """
+    registration.activated = True
     runtime = registration.runtime
     config = runtime.config
     engine = runtime.queues.engine

@@ -5,7 +5,9 @@
 
 `LPCScheduler` / `LPCAsyncScheduler` subclass vLLM's schedulers: only this scheduler's
 full-attention pool gets the LPC queue, the request's release reaches it in
-`_free_request_blocks`, and `schedule` notes what the first scheduling tells. This module
+`_free_request_blocks` and in `_update_waiting_for_remote_kv` (a failed KV load's free), a
+deferred free's blocks are freed with it in `_drain_deferred_frees`, and `schedule` notes
+what the first scheduling tells. This module
 imports vLLM: only an engine imports it. Design: docs/design.md, "Through vLLM's
 `--scheduler-cls`".
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any
@@ -27,7 +29,6 @@ from lpc.integrations import vllm_compat, vllm_plugin
 from lpc.integrations.config import load_config
 from lpc.integrations.engine_config import config_from_table, lpc_table
 from lpc.integrations.vllm_plugin import PluginRuntime
-from lpc.integrations.vllm_queue import LPCFreeBlockQueue
 from lpc.integrations.vllm_seam_queue import LPCSeamQueue
 
 logger = logging.getLogger("vllm.plugins.lpc")
@@ -65,20 +66,8 @@ def stock_engine(vllm_config: Any, kv_cache_config: Any) -> str | None:
 
 
 class LPCSchedulerQueue(LPCSeamQueue):
-    """The seam's queue, built by the scheduler class with its runtime; a free deferred by
-    vLLM (`pop_blocks_for_free`) queues its blocks with the release held for them."""
-
-    def append_n(self, blocks: Sequence[Any]) -> None:
-        plugin = self._plugin
-        if blocks and plugin.deferred_releases:
-            pending = self._pending
-            if pending is None or blocks[0].block_id not in pending.openers:
-                release = plugin.take_deferred_release(list(blocks))
-                if release is not None:
-                    with self.runtime.releasing(release):
-                        LPCFreeBlockQueue.append_n(self, blocks)
-                    return
-        super().append_n(blocks)
+    """The seam's queue, built by the scheduler class with its runtime (a free deferred by
+    vLLM reaches it through `SchedulerLPC.drain`, with the release held for its blocks)."""
 
 
 class _FirstScheduling:
@@ -113,13 +102,7 @@ class SchedulerLPC:
         start_ns = perf_counter_ns()
         plugin = self.plugin
         if scheduler._request_blocks_can_be_freed(request):
-            try:
-                blocks = scheduler.kv_cache_manager.coordinator.get_blocks(request.request_id)
-            except Exception as error:  # the free goes on as stock (fallback p)
-                plugin.stats.plugin_error("reading a request's blocks", error)
-                blocks = None
-            if blocks is not None:
-                queue.on_request_freed(request, blocks)
+            self.announce(scheduler, request)
             free(request)
         else:
             release = plugin.safe_release_for(request)
@@ -133,13 +116,53 @@ class SchedulerLPC:
                     plugin.stats.plugin_error("holding a deferred free's release", error)
         queue.runtime.histograms.free_latency_ns.observe(perf_counter_ns() - start_ns)
 
-    def forget_drained(self, deferred: Any) -> None:
-        """After vLLM drained deferred frees: forget the releases held for blocks no longer
-        waiting (those never queued: shared or uncached)."""
-        held = self.plugin.deferred_releases
-        waiting = {id(block) for _, blocks in deferred for block in blocks}
-        for key in [key for key in held if key not in waiting]:
-            del held[key]
+    def announce(self, scheduler: Any, request: Any) -> None:
+        """Before vLLM frees `request`'s blocks now: the request and its blocks per group to
+        the queue (`on_request_freed`: its release, the blocks it shares). Never raises: on an
+        error the free goes on as stock (fallback p)."""
+        try:
+            blocks = scheduler.kv_cache_manager.coordinator.get_blocks(request.request_id)
+        except Exception as error:
+            self.plugin.stats.plugin_error("reading a request's blocks", error)
+            return
+        self.queue.on_request_freed(request, blocks)
+
+    def update_waiting_for_remote_kv(
+        self, scheduler: Any, request: Any, update: Callable[[Any], None]
+    ) -> None:
+        """`update` (vLLM's `_update_waiting_for_remote_kv`) for a request whose KV load
+        ended. A failed load that left nothing valid frees the request's blocks there for a
+        local retry, calling `KVCacheManager.free` itself (not `_free_request_blocks`):
+        that free is announced first, as the patch points' `free` wrapper makes its release
+        (the request is not finished: a protected one)."""
+        if (
+            request.request_id not in scheduler.failed_recving_kv_req_ids
+            or request.num_computed_tokens
+            or self.queue.runtime.mode.mode == "lru"
+        ):
+            update(request)
+            return
+        start_ns = perf_counter_ns()
+        self.announce(scheduler, request)
+        update(request)
+        self.queue.runtime.histograms.free_latency_ns.observe(perf_counter_ns() - start_ns)
+
+    def drain(self, scheduler: Any) -> None:
+        """vLLM's `_drain_deferred_frees`, each free as the patch points' `free_blocks`
+        wrapper makes it: with the release held for its blocks (`free_with_release`), then
+        the pooling notes for those other requests still hold."""
+        deferred = scheduler.deferred_frees
+        pool = scheduler.kv_cache_manager.block_pool
+        while deferred:
+            fence, _ = deferred[0]
+            if fence > scheduler.processed_step_seq:
+                break
+            _, blocks = deferred.popleft()
+            # Tail first, as vLLM frees them.
+            if pool.free_block_queue is self.queue:
+                vllm_plugin.free_with_release(self.plugin, pool, blocks[::-1], _free_blocks)
+            else:  # off and drained: stock, as there
+                pool.free_blocks(reversed(blocks))
 
     def scheduled(self, scheduler: Any, output: Any) -> None:
         """What the patch points' `get_computed_blocks` and `allocate_slots` hooks note, for
@@ -175,6 +198,10 @@ class SchedulerLPC:
             plugin.stats.plugin_error("reading the requests scheduled", error)
 
 
+def _free_blocks(pool: Any, blocks: list[Any]) -> None:
+    pool.free_blocks(blocks)
+
+
 def local_hit(request: Any, data: Any) -> int:
     """The request's prefix-cache hit in this pool at its admission (what
     `get_computed_blocks` returned then: vLLM's prefill statistics keep it), else its
@@ -190,12 +217,18 @@ def prepare(scheduler_class: type, vllm_config: Any, kv_cache_config: Any) -> Pl
     if unfit_vllm() is not None:
         return None
     if vllm_plugin.patch_points_installed():
+        if not vllm_plugin.step_aside_for_scheduler_class():
+            logger.info(
+                "LPC runs through the plugin's patch points in this process (the LPC_* "
+                "environment), and a block pool uses them already; %s adds nothing",
+                scheduler_class.__qualname__,
+            )
+            return None
         logger.info(
-            "LPC runs through the plugin's patch points in this process (the LPC_* environment); "
-            "%s adds nothing",
+            "LPC: %s takes over from the plugin's patch points (the LPC_* environment): "
+            "vLLM's classes and methods restored, its configuration read again",
             scheduler_class.__qualname__,
         )
-        return None
     table = lpc_table(vllm_config)
     config = config_from_table(table) if table is not None else load_config()
     reason = stock_engine(vllm_config, kv_cache_config)
@@ -263,11 +296,20 @@ class LPCSchedulerMixin:
         lpc.free(self, request, super()._free_request_blocks)  # type: ignore[misc]
         return None
 
-    def _drain_deferred_frees(self) -> None:
-        super()._drain_deferred_frees()  # type: ignore[misc]
+    def _update_waiting_for_remote_kv(self, request: Any) -> None:
         lpc = self.lpc
-        if lpc is not None and lpc.plugin.deferred_releases:
-            lpc.forget_drained(self.deferred_frees)  # type: ignore[attr-defined]
+        if lpc is None:
+            return super()._update_waiting_for_remote_kv(request)  # type: ignore[misc]
+        update = super()._update_waiting_for_remote_kv  # type: ignore[misc]
+        lpc.update_waiting_for_remote_kv(self, request, update)
+        return None
+
+    def _drain_deferred_frees(self) -> None:
+        lpc = self.lpc
+        if lpc is None:
+            return super()._drain_deferred_frees()  # type: ignore[misc]
+        lpc.drain(self)
+        return None
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         output = super().schedule(*args, **kwargs)  # type: ignore[misc]

@@ -225,3 +225,82 @@ def test_a_vllm_of_another_shape_runs_the_class_stock_with_one_warning(built: st
         "LPC scheduler class: vLLM runs its own scheduler, stock: "
         "Scheduler._drain_deferred_frees takes (self, fence), expected (self)"
     ], warnings
+
+
+# A host configured by the LPC_* environment: vLLM loads the plugin (the patch points, and one
+# line recommending the class), then builds the class named alone, no `lpc` table given.
+LPC_HOST = """
+import argparse, importlib.util, json, logging, tempfile
+from pathlib import Path
+from vllm.v1.core import block_pool, kv_cache_manager, kv_cache_utils
+from vllm.v1.core.sched import scheduler
+spec = importlib.util.spec_from_file_location("driver", DRIVER)
+driver = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(driver)
+owners = [
+    scheduler.Scheduler, kv_cache_manager.KVCacheManager, block_pool.BlockPool,
+    kv_cache_utils.FreeKVCacheBlockQueue, block_pool,
+]
+before = [dict(vars(owner)) for owner in owners]
+lines = []
+class Lines(logging.Handler):
+    def emit(self, record):
+        lines.append(record.getMessage())
+plugin_logger = logging.getLogger("vllm.plugins.lpc")
+plugin_logger.addHandler(Lines())
+plugin_logger.setLevel(logging.INFO)
+from lpc.integrations import vllm_plugin
+
+
+def build(cls):
+    args = argparse.Namespace(
+        max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64, block_size=16,
+        num_blocks=9, eviction_policy=None, data_parallel_size=1, data_parallel_rank=0,
+        scheduler_cls=cls, additional_config="",
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        return driver.build_scheduler(args, Path(folder))[0]
+
+
+def queue_of(built):
+    return type(built.kv_cache_manager.block_pool.free_block_queue).__name__
+
+
+out = {}
+vllm_plugin.register()  # as vLLM's plugin loading calls it
+out["patched"] = vllm_plugin.patch_points_installed()
+out["recommended"] = [line for line in lines if "--scheduler-cls" in line]
+built = build(CLS)
+out["queue"] = queue_of(built)
+out["patched_after"] = vllm_plugin.patch_points_installed()
+config = vllm_plugin.stats_snapshot()["config"]
+out["config"] = [config["evictor"], config["fallback_probability"]]
+out["changed"] = sorted(
+    f"{getattr(owner, '__name__', owner)}.{name}"
+    for owner, old in zip(owners, before)
+    for name in set(old) | set(vars(owner))
+    if vars(owner).get(name) is not old.get(name) and name not in ("NONE_HASH", "_NONE_HASH_SEED")
+)
+vllm_plugin.unregister()
+vllm_plugin.register()
+stock = build(None)  # vLLM's own scheduler, on the patch points: they stay
+late = build(CLS)
+out["late"] = [queue_of(stock), queue_of(late), late.lpc is None]
+print("HOST", json.dumps(out))
+"""
+
+
+def test_an_lpc_environment_host_moves_to_the_class_by_naming_it(vllm_python: Path) -> None:
+    """A host configured by `LPC_*` adds `--scheduler-cls` alone: the class reads the same
+    settings and the patch points step aside before any block pool used them (vLLM's classes
+    as before); once a pool runs on them they stay, and a class built after adds nothing."""
+    driver = REPO_ROOT / "scripts" / "vllm_scheduler_replay.py"
+    code = f"DRIVER, CLS = {str(driver)!r}, {SCHEDULER_CLASS!r}\n" + LPC_HOST
+    env = {"VLLM_PLUGINS": "", "LPC_EVICTOR": "lpc", "LPC_FALLBACK_P": "0.3"}
+    out = json.loads(run_snippet(vllm_python, code, env).split("HOST ", 1)[1].splitlines()[0])
+    assert out["patched"] is True and len(out["recommended"]) == 1, out
+    assert SCHEDULER_CLASS in out["recommended"][0], out
+    assert out["queue"] == "LPCSchedulerQueue" and out["patched_after"] is False, out
+    assert out["config"] == ["lpc", 0.3], out
+    assert out["changed"] == [], out
+    assert out["late"] == ["LPCFreeKVCacheBlockQueue", "LPCFreeKVCacheBlockQueue", True], out
