@@ -16,8 +16,8 @@ import heapq
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterator, Sequence
-from itertools import chain, repeat
-from operator import itemgetter, setitem
+from itertools import chain, compress, repeat
+from operator import itemgetter, ne, setitem
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -29,6 +29,16 @@ heapreplace = heapq.heapreplace
 consume = deque  # deque(iterator, 0) runs an iterator in C, keeping nothing
 # Stores by `map(setitem, repeat(list), ids, repeat(value))`: `operator.setitem` is a plain C
 # function, about twice as fast per block as the bound `list.__setitem__` wrapper.
+
+
+# Fewer blocks than this in a row go by `pop_n`'s block-by-block loop unless no check is needed:
+# the C-level path's few calls cost more than the loop's steps for them.
+SLICE_MIN = 64
+
+
+def _gather(values: Sequence[Any], ids: Sequence[int]) -> Sequence[Any]:
+    """`values[b]` for each b in `ids` (at least one), by one C-level `itemgetter` call."""
+    return itemgetter(*ids)(values) if len(ids) > 1 else (values[ids[0]],)
 
 
 class Ghost:
@@ -457,23 +467,36 @@ class RunHeap:
             taken = 0
             j = i
             requeued = False
-            if live == m - i:
-                # No hit ahead of the cursor: when no block to hand out has a cached child or
-                # an explicit parent (a chain run's own links are implicit), they go by C-level
-                # passes, as a linked list would hand them out.
-                k = i + need if i + need < m else m
-                take = ids[i:k]
-                if (
-                    not any(map(children.__getitem__, take))
-                    # every parent -1 (none explicit): a count, cheaper than max's compares
-                    and list(map(parent.__getitem__, take)).count(-1) == len(take)
-                ):
-                    out.extend(take)
-                    consume(map(setitem, repeat(state), take, repeat(None)), 0)
-                    taken = k - i
-                    j = k
-                    live -= taken
-            while j < m and taken < need:
+            # The run's next `need` live blocks (or all it has left), when they are the blocks
+            # right after the cursor (no hit among them, which `live == m − i` vouches for)
+            # and none has a cached child: handed out by C-level passes, as a linked list
+            # would hand them out. Their explicit parent links (a hit's child, a run's top)
+            # are dropped in order, stopping after one that puts a held-back parent back into
+            # the heap, as the block-by-block loop below does. Hits behind them (a turn's
+            # shared prefix, hit by the next turn) are not walked: the run is used up.
+            k = i + (need if need < live else live)
+            take = ids[i:k]
+            size = k - i
+            long = size >= SLICE_MIN  # a short one is cheaper by the loop, unless plain
+            fast = (
+                live == m - i or (long and _gather(state, take).count(run) == size)
+            ) and not any(_gather(children, take))
+            if fast:
+                links = _gather(parent, take)
+                if links.count(-1) != size:
+                    if long:
+                        size, requeued = self._unlink_taken(take, links)
+                        if size < k - i:
+                            take = take[:size]
+                    else:
+                        fast = False
+            if fast:
+                out.extend(take)
+                consume(map(setitem, repeat(state), take, repeat(None)), 0)
+                taken = size
+                live -= size
+                j = i + size if live else m
+            while live and taken < need and not requeued:
                 block_id = ids[j]
                 j += 1
                 if state[block_id] is not run:
@@ -499,6 +522,22 @@ class RunHeap:
             if not live and not requeued:
                 heappop(heap)  # the run is used up (and still the root)
         return out
+
+    def _unlink_taken(self, take: Sequence[int], links: Sequence[int]) -> tuple[int, bool]:
+        """Drop the explicit parent links (`links`, −1: none) of blocks `pop_n` hands out in
+        a row (`take`, none with a cached child), in order: returns how many of them go, and
+        whether the last one's link put a held-back parent back into the heap (then the pop
+        stops after it: the parent may be the new root). The linked blocks (a few per chain)
+        are found by C-level passes."""
+        parent, children, deferred = self._parent, self._children, self._deferred
+        for f in compress(range(len(links)), map(ne, links, repeat(-1))):
+            p = links[f]
+            parent[take[f]] = -1
+            c = children[p] - 1
+            children[p] = c
+            if not c and p in deferred and self._requeue_deferred(p):
+                return f + 1, True
+        return len(take), False
 
     def _release_all_deferred(self) -> None:
         """Put every held-back block into the heap: only reached when no free block is a leaf,
