@@ -6,7 +6,9 @@ of three instances (`lpc.fleet.request_logs`) over an hour that crosses a UTC mi
 each instance has a file per day and many conversations span two files. Ray starts once per
 test process (the files that use it run in one worker), locally with two CPUs; where it is not
 installed or cannot start, the Ray tests are skipped with the reason (pytest -ra lists it),
-never passed silently.
+never passed silently. Starting Ray takes seconds (about 9 processor-s with its processes), so
+the test on Ray runs in the slow step (CI step 1b), as tests/lpc/test_fleet_ray.py does; the
+other tests here check the same per-file parse and per-group table through a serial map.
 """
 
 from __future__ import annotations
@@ -118,9 +120,13 @@ def test_a_bad_line_is_named_by_its_file_when_parsed_apart(
         load_lpc_files_apart([sharded_logs[0], broken], OPTIONS, _serial_map)
 
 
+@pytest.mark.slow
 def test_ray_reads_the_logs_into_the_serial_samples_and_model(
     local_ray, sharded_logs: list[Path]
 ) -> None:
+    """The default suite's check of this code: test_files_parsed_apart_give_the_serial_trace
+    and test_the_table_built_per_conversation_group_is_the_whole_table (the files parsed
+    apart and the table built per conversation group, through a serial map)."""
     serial_trainer = TraceLogTrainer(horizon_s=HORIZON_S, fit=QUICK_FIT, min_evaluation_requests=50)
     ray_trainer = dataclasses.replace(serial_trainer, executor=Executor("ray", workers=WORKERS))
     serial = serial_trainer.train(sharded_logs, None)
