@@ -40,9 +40,12 @@ from training.retrain import (
 DAY_S = 86_400.0
 HOURS_4_S = 4 * 3600.0
 HORIZON_S = 180.0
-# A quick fit: two members, no refit on the whole training part (the CLI test below runs the
-# defaults); the promotion rules judge whatever it learns.
-QUICK_FIT = AccessFitConfig(ensemble=2, refit=False, max_epochs=20, patience=4, threads=1)
+# A quick fit: two members fitted to the labels alone (no gradient-boosted teacher), no refit
+# on the whole training part (the CLI test below runs the defaults); the promotion rules judge
+# whatever it learns.
+QUICK_FIT = AccessFitConfig(
+    ensemble=2, refit=False, teacher_share=0.0, max_epochs=20, patience=4, threads=1
+)
 
 
 def two_utc_days_start_s() -> float:
