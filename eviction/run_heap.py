@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import chain, compress, repeat
 from operator import itemgetter, ne, setitem
 from typing import Any, TypeAlias
@@ -36,9 +36,13 @@ consume = deque  # deque(iterator, 0) runs an iterator in C, keeping nothing
 SLICE_MIN = 64
 
 
-def _gather(values: Sequence[Any], ids: Sequence[int]) -> Sequence[Any]:
-    """`values[b]` for each b in `ids` (at least one), by one C-level `itemgetter` call."""
-    return itemgetter(*ids)(values) if len(ids) > 1 else (values[ids[0]],)
+def _gatherer(ids: Sequence[int]) -> Callable[[Sequence[Any]], Sequence[Any]]:
+    """A function of a list giving `values[b]` for each b in `ids` (at least one), by one
+    C-level `itemgetter` call: built once, it reads several per-block lists."""
+    if len(ids) > 1:
+        return itemgetter(*ids)
+    block_id = ids[0]
+    return lambda values: (values[block_id],)
 
 
 class Ghost:
@@ -478,11 +482,12 @@ class RunHeap:
             take = ids[i:k]
             size = k - i
             long = size >= SLICE_MIN  # a short one is cheaper by the loop, unless plain
-            fast = (
-                live == m - i or (long and _gather(state, take).count(run) == size)
-            ) and not any(_gather(children, take))
+            gather = _gatherer(take)
+            fast = (live == m - i or (long and gather(state).count(run) == size)) and not any(
+                gather(children)
+            )
             if fast:
-                links = _gather(parent, take)
+                links = gather(parent)
                 if links.count(-1) != size:
                     if long:
                         size, requeued = self._unlink_taken(take, links)
