@@ -37,7 +37,9 @@ def _encode_offset(offset: int) -> int | None:
 class _DoubleArrayBuilder:
     def __init__(self) -> None:
         self.units: list[int] = [0]
-        self.used: list[bool] = [True]  # position 0 holds the root
+        # 1 where a unit is taken (position 0 holds the root): a bytearray, so that the search
+        # for the next free unit is one C-level `find`, not a Python loop over taken units
+        self.used = bytearray(b"\x01")
         self.used_bases: set[int] = set()
         self.first_free = 1
 
@@ -45,7 +47,7 @@ class _DoubleArrayBuilder:
         if size > len(self.units):
             grow = size - len(self.units)
             self.units.extend([0] * grow)
-            self.used.extend([False] * grow)
+            self.used.extend(bytes(grow))
 
     def _fits(self, base: int, labels: list[int]) -> bool:
         if base in self.used_bases:
@@ -56,17 +58,19 @@ class _DoubleArrayBuilder:
                 return False
         return True
 
+    def _next_free(self, start: int) -> int:
+        """The first free unit at or after `start` (past the end: `start` or the end)."""
+        found = self.used.find(0, start)
+        return found if found != -1 else max(start, len(self.used))
+
     def _find_base(self, position: int, labels: list[int]) -> int:
-        while self.first_free < len(self.used) and self.used[self.first_free]:
-            self.first_free += 1
+        self.first_free = self._next_free(self.first_free)
         candidate = self.first_free
         while True:
             base = candidate ^ labels[0]
             if self._fits(base, labels) and _encode_offset(position ^ base) is not None:
                 return base
-            candidate += 1
-            while candidate < len(self.used) and self.used[candidate]:
-                candidate += 1
+            candidate = self._next_free(candidate + 1)
 
     def place(self, position: int, node: _TrieNode) -> None:
         labels = sorted(node.children)
@@ -83,10 +87,10 @@ class _DoubleArrayBuilder:
         if node.value is not None:
             self.units[position] |= _HAS_LEAF
             self.units[base] = _IS_LEAF | node.value
-            self.used[base] = True
+            self.used[base] = 1
         for label in node.children:
             self.units[base ^ label] = label
-            self.used[base ^ label] = True
+            self.used[base ^ label] = 1
         for label in sorted(node.children):
             self.place(base ^ label, node.children[label])
 
