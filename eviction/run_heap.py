@@ -479,13 +479,14 @@ class RunHeap:
             # the heap, as the block-by-block loop below does. Hits behind them (a turn's
             # shared prefix, hit by the next turn) are not walked: the run is used up.
             k = i + (need if need < live else live)
-            take = ids[i:k]
             size = k - i
+            plain = live == m - i
             long = size >= SLICE_MIN  # a short one is cheaper by the loop, unless plain
-            gather = _gatherer(take)
-            fast = (live == m - i or (long and gather(state).count(run) == size)) and not any(
-                gather(children)
-            )
+            fast = plain or long
+            if fast:
+                take = ids[i:k]
+                gather = _gatherer(take)
+                fast = (plain or gather(state).count(run) == size) and not any(gather(children))
             if fast:
                 links = gather(parent)
                 if links.count(-1) != size:
