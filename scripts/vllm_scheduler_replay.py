@@ -835,7 +835,7 @@ def stock_twin(args: argparse.Namespace) -> argparse.Namespace:
 def run_interleaved(stock: Engine, lpc: Engine, requests: Path, sink: IO[str] | None) -> dict:
     """Both engines over the same requests, stepped in turn (`interleave`); the report, and
     the stock engine's own figures and end-state checks."""
-    from lpc.benchmarks.step_interleave import interleave, step_report
+    from lpc.drivers.step_interleave import interleave, step_report
 
     times = interleave(
         stock.steps(read_requests(requests), None), lpc.steps(read_requests(requests), sink)
@@ -917,7 +917,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also build stock vLLM's Scheduler in this process over the same requests and step "
         "the two in turn, each step timed (implies --time-steps; the summary's `interleaved`, "
-        "lpc.benchmarks.step_interleave)",
+        "lpc.drivers.step_interleave)",
     )
     parser.add_argument("--label", default="", help="the policy, for the summary")
     args = parser.parse_args(argv)

@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from lpc.benchmarks.step_interleave import interleaved_check, print_interleaved
 from lpc.drivers.release_plan import PluginSettings
+from lpc.drivers.step_interleave import interleaved_check, print_interleaved
 from lpc.drivers.vllm_scheduler import (
     LEARNED,
     PATCH_POINTS,
@@ -97,7 +97,7 @@ def compare(
     """Every policy's run of the trace through vLLM's scheduler, and the checks;
     `time_steps`: each run's scheduler CPU per step, and its ratio to `lru`'s; `through`:
     the plugin's path into vLLM (`vllm_scheduler.THROUGH`); `interleave`: each plugin
-    policy's run steps stock vLLM beside it in its process (`lpc.benchmarks.step_interleave`)."""
+    policy's run steps stock vLLM beside it in its process (`lpc.drivers.step_interleave`)."""
     policies = parse_policies(policies_text)
     if interleave and any(p.name in ("lru", "installed") for p in policies):
         raise ValueError("--interleave runs stock vLLM beside each plugin policy: leave lru out")

@@ -311,7 +311,7 @@ def run_policy(
     docs/vllm-eviction-seam.patch); `time_steps` times the scheduler thread's CPU per step;
     `through` the plugin's path into vLLM (`THROUGH`; module docstring); `interleave` builds
     stock vLLM's `Scheduler` in the same process and steps the two in turn, each step timed
-    (`lpc.benchmarks.step_interleave`: the scheduler class only, as the patch points change
+    (`lpc.drivers.step_interleave`: the scheduler class only, as the patch points change
     vLLM's classes for the whole process)."""
     if through not in THROUGH:
         raise ValueError(f"through must be one of {', '.join(THROUGH)}, got {through!r}")

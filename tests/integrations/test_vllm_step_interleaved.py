@@ -1,5 +1,5 @@
 """`lpc vllm-ab --time-steps --interleave`: stock vLLM's `Scheduler` and `LPCScheduler` in one
-process, stepped in turn (`lpc.benchmarks.step_interleave`). The report's structure, that both
+process, stepped in turn (`lpc.drivers.step_interleave`). The report's structure, that both
 engines served the same requests, and that the stock engine beside LPC's schedules as stock
 vLLM alone does; no timing is asserted. The engine test is marked `vllm` (vLLM's venv).
 """
@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lpc.benchmarks.step_interleave import StepTimes, interleave, step_report
 from lpc.drivers.release_plan import PluginSettings
 from lpc.drivers.scheduler_ab import compare
+from lpc.drivers.step_interleave import StepTimes, interleave, step_report
 from lpc.drivers.vllm_scheduler import SCHEDULER_CLASS
 from tests.integrations.test_vllm_scheduler import rows_of, sharegpt_like
 from tests.integrations.test_vllm_seam import ENGINE
