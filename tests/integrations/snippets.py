@@ -19,6 +19,7 @@ from lpc.drivers.vllm_driver import REPO_ROOT
 
 __all__ = [
     "WATCH_LPC",
+    "WATCH_WARNINGS",
     "SnippetFailed",
     "entry_point_site",
     "run_snippet",
@@ -27,10 +28,21 @@ __all__ = [
 ]
 
 
+# Snippet code that records every warning on the plugin's logger (`warnings`) in the
+# snippet's vLLM process (needs `logging` imported).
+WATCH_WARNINGS = """warnings = []
+class Warnings(logging.Handler):
+    def emit(self, record):
+        if record.levelno >= logging.WARNING:
+            warnings.append(record.getMessage())
+logging.getLogger("vllm.plugins.lpc").addHandler(Warnings())
+"""
+
 # Snippet code that records what LPC does in the snippet's vLLM process: every call LPC's code
-# makes to `sys._getframe` (`stack_reads`: the plugin must read no call stack) and every
-# warning on the plugin's logger (`warnings`).
-WATCH_LPC = """stack_reads = []
+# makes to `sys._getframe` (`stack_reads`: the plugin must read no call stack), and its
+# warnings (`WATCH_WARNINGS`).
+WATCH_LPC = (
+    """stack_reads = []
 read_stack = sys._getframe
 def watched(depth=0):
     caller = read_stack(1).f_globals.get("__name__", "")
@@ -38,13 +50,9 @@ def watched(depth=0):
         stack_reads.append(caller)
     return read_stack(depth + 1)
 sys._getframe = watched
-warnings = []
-class Warnings(logging.Handler):
-    def emit(self, record):
-        if record.levelno >= logging.WARNING:
-            warnings.append(record.getMessage())
-logging.getLogger("vllm.plugins.lpc").addHandler(Warnings())
 """
+    + WATCH_WARNINGS
+)
 
 
 class SnippetFailed(RuntimeError):

@@ -48,6 +48,7 @@ from tests.integrations.fake_predictor import fake_predictor
 from tests.integrations.planned import planned_lpc
 from tests.integrations.report import REPORT
 from tests.integrations.snippets import (
+    WATCH_WARNINGS,
     SnippetFailed,
     entry_point_site,
     run_snippet,
@@ -376,17 +377,14 @@ def test_a_corrupt_access_model_stops_vllm_with_a_clear_message(
     assert "corrupt" in str(error.value)
 
 
-REGISTER_ON_ALTERED_VLLM = """
+REGISTER_ON_ALTERED_VLLM = (
+    """
 import logging
 import vllm, vllm.v1.core.kv_cache_utils as utils, vllm.v1.core.block_pool as pool
 from lpc.integrations import vllm_plugin
-warnings = []
-class Warnings(logging.Handler):
-    def emit(self, record):
-        if record.levelno >= logging.WARNING:
-            warnings.append(record.getMessage())
-logging.getLogger("vllm.plugins.lpc").addHandler(Warnings())
-{alteration}
+"""
+    + WATCH_WARNINGS
+    + """{alteration}
 vllm_plugin.register()
 vllm_plugin.register()  # vLLM loads plugins more than once per process: said once
 print("WARNINGS", len(warnings))
@@ -394,6 +392,7 @@ for line in warnings:
     print("WARNING:", line)
 print("QUEUE", pool.FreeKVCacheBlockQueue.__name__)
 """
+)
 
 
 @pytest.mark.parametrize(
