@@ -22,6 +22,21 @@ PART_TEXT_SEPARATOR = "\n"  # vLLM joins the text parts of one message with a ne
 # no tokenizer or UTF-8 encoder accepts it.
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
+
+def _has_lone_surrogate(text: str) -> bool:
+    """Whether `text` holds a lone surrogate; as `_LONE_SURROGATE.search`, much faster.
+
+    Surrogates are the only code points strict UTF-8 cannot encode, so a text that is ASCII
+    (a flag CPython keeps) or that encodes holds none; C-speed checks for the common case."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.search(text) is not None
+    return False
+
+
 ROLE_MAP: dict[str, Role] = {
     "human": "user",
     "user": "user",
@@ -161,7 +176,7 @@ def normalise_messages(pairs: Iterable[tuple[str, str]], report: LoadReport) -> 
         if not text or text.isspace():
             report.empty_messages_dropped += 1
             continue
-        if _LONE_SURROGATE.search(text) is not None:
+        if _has_lone_surrogate(text):
             text, replaced = _LONE_SURROGATE.subn("\ufffd", text)
             report.lone_surrogates_replaced += replaced
         if not seen_user:
