@@ -46,11 +46,10 @@ from training.access_fit import AccessFitConfig, fit_access_model, save_access_m
 TOY = "toy_prompt_ktokens"
 
 
-@pytest.fixture
-def toy(monkeypatch) -> Feature:
+def toy_record() -> Feature:
     """The one place the toy feature is added: one record in the registry, with a
     computation for every path (prompt tokens in thousands)."""
-    record = Feature(
+    return Feature(
         TOY,
         "arrival",
         "prompt tokens / 1000 (a test feature)",
@@ -61,25 +60,40 @@ def toy(monkeypatch) -> Feature:
         sample_needs_token_counts=True,
         window_field="prompt_tokens",
     )
+
+
+@pytest.fixture
+def toy(monkeypatch) -> Feature:
+    """The toy feature registered for one test."""
+    record = toy_record()
     monkeypatch.setitem(FEATURES_BY_NAME, TOY, record)
     return record
 
 
-@pytest.fixture
-def toy_access_model(toy, tmp_path: Path) -> Path:
-    """An access model trained on a small table with the toy feature among its inputs."""
-    table = synthetic_trace(n_conversations=150)
-    assert TOY in default_feature_names(list(table.columns))  # training offers it by default
-    samples = access_samples(table, ("log_turn", TOY), 3600.0, horizon_s=300.0)
-    result = fit_access_model(samples, AccessFitConfig(hidden_sizes=(8,), max_epochs=3))
-    (_, toy_input) = result.inputs.access_features
-    assert toy_input.name == TOY
-    # refitted on the whole training part (fitting + validation slices), standardised on it
-    whole = np.concatenate([samples.features["fit"], samples.features["validation"]])
-    assert toy_input.mean == pytest.approx(float(whole[:, 1].mean()), rel=1e-5)
-    folder = tmp_path / "toy-access"
-    save_access_model(folder, result, "toy", {})
+@pytest.fixture(scope="module")
+def trained_toy_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An access model trained on a small table with the toy feature among its inputs (the
+    toy registered while it trains), once for the module: the tests only read it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(FEATURES_BY_NAME, TOY, toy_record())
+        table = synthetic_trace(n_conversations=150)
+        assert TOY in default_feature_names(list(table.columns))  # training offers it by default
+        samples = access_samples(table, ("log_turn", TOY), 3600.0, horizon_s=300.0)
+        result = fit_access_model(samples, AccessFitConfig(hidden_sizes=(8,), max_epochs=3))
+        (_, toy_input) = result.inputs.access_features
+        assert toy_input.name == TOY
+        # refitted on the whole training part (fitting + validation slices), standardised on it
+        whole = np.concatenate([samples.features["fit"], samples.features["validation"]])
+        assert toy_input.mean == pytest.approx(float(whole[:, 1].mean()), rel=1e-5)
+        folder = tmp_path_factory.mktemp("toy-access") / "toy-access"
+        save_access_model(folder, result, "toy", {})
     return folder
+
+
+@pytest.fixture
+def toy_access_model(toy, trained_toy_model) -> Path:
+    """The trained toy model, with the toy registered for the test that reads it."""
+    return trained_toy_model
 
 
 def test_a_toy_feature_reaches_training(toy_access_model) -> None:
