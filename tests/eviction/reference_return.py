@@ -18,6 +18,7 @@ counted from the whole history of releases.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Sequence
 
@@ -51,6 +52,9 @@ class BruteForceReturnWindow(Evictor):
         # every block release in order: (content, time); the shared ones: (index, deadline)
         self.history: list[tuple[bytes | None, float]] = []
         self.shared_history: list[tuple[int, float]] = []
+        # the same releases by content: content -> ([history index], [time]), in order (an
+        # index of `history`, so the floor scans a content's own releases, not all of them)
+        self.history_of: dict[bytes, tuple[list[int], list[float]]] = {}
         self.last_release_s = -math.inf
         self.max_entries = max_entries
         self.memory: dict[bytes, tuple[float, list[Claim]]] = {}  # content -> (time, claims)
@@ -107,6 +111,9 @@ class BruteForceReturnWindow(Evictor):
             if block_hash is not None:
                 if len({c.conversation_id for c in new[block_id]} - {None}) >= 2:
                     self.shared_history.append((len(self.history), now + w))
+                indices, times = self.history_of.setdefault(block_hash, ([], []))
+                indices.append(len(self.history))
+                times.append(now)
                 self.history.append((block_hash, now))
         for block_id, block_hash in zip(freed.block_ids, freed.hashes, strict=True):
             self.claims[block_id] = new[block_id]
@@ -140,8 +147,10 @@ class BruteForceReturnWindow(Evictor):
             if deadline >= self.last_release_s:
                 continue
             judged += 1
-            content = self.history[index][0]
-            if any(h == content and t <= deadline for h, t in self.history[index + 1 :]):
+            indices, times = self.history_of[self.history[index][0]]
+            # the content's releases after this one (history[index + 1:] holding it)
+            later = times[bisect.bisect_right(indices, index) :]
+            if any(t <= deadline for t in later):
                 reused += 1
         return (reused + 0.5) / (judged + 1)
 

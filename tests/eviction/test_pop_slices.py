@@ -10,6 +10,7 @@ import pytest
 
 import eviction.run_heap as run_heap
 from eviction import FreedBlocks, Release, make_evictor
+from tests.properties import check_due
 
 SEEDS = range(40)
 
@@ -24,7 +25,7 @@ def _drive(name: str, seed: int, slice_min: int, monkeypatch: pytest.MonkeyPatch
     in_use: list[list[int]] = []
     pops: list = []
     now = 0.0
-    for _ in range(150):
+    for step in range(150):
         now += rng.choice([0.0, 1.0, 3.0])
         op, free = rng.random(), len(evictor)
         if op < 0.45 and free:
@@ -47,12 +48,14 @@ def _drive(name: str, seed: int, slice_min: int, monkeypatch: pytest.MonkeyPatch
             p = rng.choice([None, 0.1, 0.5, 0.9, rng.random()])
             evictor.push_cached(freed, Release(now, p, rng.choice(["a", "b", None])))
         elif free:  # hits on queued blocks, then held as one request's chain
-            queued = [b for b in range(n_blocks) if b in evictor]
+            queued = sorted(evictor.free_block_ids())  # every free block, by id
             hits = rng.sample(queued, rng.randint(1, min(len(queued), rng.choice([6, 40]))))
             for block_id in hits:
                 evictor.remove(block_id)
             in_use.append(hits)
-        evictor.check_invariants()
+        if check_due(step):  # a corrupted structure stays corrupted: caught at the next check
+            evictor.check_invariants()
+    evictor.check_invariants()
     pops.append(evictor.pop_n(len(evictor), now))
     return pops
 
