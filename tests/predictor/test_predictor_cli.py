@@ -89,7 +89,18 @@ def test_windows_file_round_trip(tmp_path):
         read_windows_jsonl(path)
 
 
-def test_bench_predictor_in_process_stages(tmp_path, capsys):
+def test_bench_predictor_in_process_stages(tmp_path, capsys, monkeypatch, minilm_embedder):
+    """The report's shape. The embedder the CLI names is the session's MiniLM (the same folder,
+    loaded once for the embedder tests) rather than a second load of it."""
+    from predictor import embedders
+
+    named = []
+
+    def session_minilm(spec, *args, **kwargs):
+        named.append(spec)
+        return minilm_embedder
+
+    monkeypatch.setattr(embedders, "load_embedder", session_minilm)
     windows_file = tmp_path / "w.jsonl"
     write_windows_jsonl(windows_file, sample_windows(4))
     code = main(
@@ -113,6 +124,7 @@ def test_bench_predictor_in_process_stages(tmp_path, capsys):
         ]
     )
     assert code == 0
+    assert named == [MINILM]
     result = json.loads(capsys.readouterr().out)
     paper = result["sets"]["paper"]
     assert paper["windows"] == 4 and paper["embedder"]["batched"]["items"] == 4
