@@ -7,8 +7,10 @@ vLLM's `/metrics` route (multiprocess files) is in test_metrics_route.py."""
 from __future__ import annotations
 
 import json
+import socketserver
 import urllib.request
 from dataclasses import dataclass, field
+from functools import partialmethod
 from typing import Any
 
 import pytest
@@ -33,6 +35,17 @@ from lpc.integrations.metrics import (
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.vllm_plugin import PluginRuntime
 from lpc.integrations.vllm_queue import QueueRuntime, bind_queue_class
+
+
+@pytest.fixture(autouse=True)
+def quick_server_shutdown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """prometheus_client serves with `serve_forever`'s default 0.5 s poll, so each `close()`
+    (its `shutdown()`) waits up to 0.5 s for the loop to look; poll faster here. What is
+    served is the same."""
+    serve_forever = socketserver.BaseServer.serve_forever
+    monkeypatch.setattr(
+        socketserver.BaseServer, "serve_forever", partialmethod(serve_forever, poll_interval=0.01)
+    )
 
 
 def scrape(read: Any) -> str:
