@@ -53,7 +53,9 @@ def chats(tmp_path_factory) -> Path:
 
 
 def run_json(args: list[str], capsys) -> dict:
-    assert main([*args, "--json", "--no-progress"]) == 0
+    """`lpc ab ARGS --json` in one process (tests/lpc/test_ab.py compares parallel replays
+    with serial ones)."""
+    assert main([*args, "--json", "--no-progress", "--workers", "1"]) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -99,6 +101,7 @@ def test_generated_run_writes_every_report(chats: Path, tmp_path: Path, capsys) 
     assert "Share of the LRU→oracle gap closed" in (out / "report.md").read_text()
 
 
+@pytest.mark.usefixtures("no_plots")
 def test_exported_trace_replays_to_identical_numbers(chats: Path, tmp_path: Path, capsys) -> None:
     trace = tmp_path / "trace.jsonl"
     common = ["--cache-sizes", "3000,9000", "--policies", "lru,lpc-turns,oracle,belady"]

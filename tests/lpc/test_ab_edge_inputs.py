@@ -18,11 +18,13 @@ from training.split import split_of
 ROOT = Path(__file__).resolve().parents[2]
 ACCESS_MODEL = ROOT / "models" / "mooncake-access"
 WORDS = ["cache", "block", "prefix", "token", "user", "reply", "think", "pause"]
+# No test here reads a PNG; tests/lpc/test_ab.py compares parallel replays with serial ones.
+pytestmark = pytest.mark.usefixtures("no_plots")
 
 
 def run_ab(args: list[str], capsys) -> tuple[int, str]:
     """Exit status and stderr of `lpc ab ARGS` (an uncaught exception fails the test)."""
-    code = main(["ab", "--no-progress", "--model", "none", *args])
+    code = main(["ab", "--no-progress", "--workers", "1", "--model", "none", *args])
     return code, capsys.readouterr().err
 
 
@@ -185,6 +187,8 @@ def replay_every_request(trace: Path, out: Path) -> int:
         [
             "ab",
             "--no-progress",
+            "--workers",
+            "1",
             "--model",
             "none",
             *args,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from lpc.cli.main import main
+from tests.lpc.plots import LINE_PLOTS, skip_plots
 from tests.lpc.test_ab_cli import chats, run_json  # noqa: F401 (chats is a fixture)
 
 COMMON = ["--duration", "600", "--max-active", "30", "--cache-sizes", "3000,6000"]
@@ -17,7 +18,10 @@ def test_offload_sizes_add_two_tier_figures_and_change_nothing_else(
     chats: Path,  # noqa: F811
     tmp_path: Path,
     capsys,
+    monkeypatch,
 ) -> None:
+    # Only the two-tier plot is read here (the others: tests/lpc/test_ab_cli.py)
+    skip_plots(monkeypatch, LINE_PLOTS)
     base = ["ab", "--dataset", str(chats), *COMMON, "--policies", "lru,lpc-turns"]
     single = run_json([*base, "--out", str(tmp_path / "one")], capsys)
     two = run_json(
@@ -63,6 +67,7 @@ def test_offload_sizes_add_two_tier_figures_and_change_nothing_else(
     assert not (tmp_path / "one" / "two_tier.csv").exists()
 
 
+@pytest.mark.usefixtures("no_plots")
 def test_a_cpu_policy_gets_its_probability_source(
     chats: Path,  # noqa: F811
     tmp_path: Path,
@@ -89,6 +94,7 @@ def test_a_cpu_policy_gets_its_probability_source(
     assert [r["offload_policy"] for r in result["two_tier"]["results"]] == ["lpc-turns"] * 2
 
 
+@pytest.mark.usefixtures("no_plots")
 def test_vllm_arc_runs_in_the_cpu_tier_only(
     chats: Path,  # noqa: F811
     tmp_path: Path,

@@ -28,6 +28,8 @@ def replay(trace: Path, out: Path, *extra: str) -> int:
         [
             "ab",
             "--no-progress",
+            "--workers",
+            "1",
             "--model",
             "none",
             *args,

@@ -131,6 +131,39 @@ def bad_data(tmp_path: Path) -> dict[str, Path]:
     }
 
 
+SEPARATOR = "\n--- next run ---\n"
+
+
+@pytest.fixture(scope="module")
+def fresh_process(tmp_path_factory) -> dict[str, CliResult]:
+    """The two checks only a fresh process can make, in one process started for both (each
+    run's stdout and stderr apart): a PNG given as a data set is refused before torch is
+    imported (checked right after that run, before anything else runs), then a hub data set
+    is refused offline (the hub is first imported by that run, with the offline switch set)."""
+    tmp_path = tmp_path_factory.mktemp("fresh")
+    png = tmp_path / "picture.jsonl"
+    png.write_bytes(PNG_BYTES)
+    probe = (
+        "import sys\n"
+        "from lpc.cli.main import main\n"
+        f"status = main(['ab', '--dataset', {str(png)!r}, '--format', 'lmsys',"
+        f" '--out', {str(tmp_path / 'png')!r}])\n"
+        "print('exit', status, 'torch' in sys.modules)\n"
+        f"for stream in (sys.stdout, sys.stderr): stream.write({SEPARATOR!r}); stream.flush()\n"
+        f"sys.exit(main(['ab', '--dataset', 'hf:nosuch/dataset', '--out',"
+        f" {str(tmp_path / 'hub')!r}]))\n"
+    )
+    done = run_python("-c", probe)
+    assert done.stdout.count(SEPARATOR) == 1, (done.stdout[-2000:], done.stderr[-2000:])
+    assert done.stderr.count(SEPARATOR) == 1, done.stderr[-2000:]
+    png_out, hub_out = done.stdout.split(SEPARATOR)
+    png_err, hub_err = done.stderr.split(SEPARATOR)
+    return {  # the first run's status is what it printed, as 'exit STATUS TORCH_LOADED'
+        "png": CliResult(-1, png_out, png_err),
+        "hub": CliResult(done.returncode, hub_out, hub_err),
+    }
+
+
 def test_ab_missing_dataset(run_cli, tmp_path: Path):
     result = run_cli("ab", "--dataset", str(tmp_path / "nonexistent"), "--out", str(tmp_path))
     assert_one_line_error(result, "ab", "nonexistent", "no such file or folder")
@@ -141,11 +174,8 @@ def test_ab_empty_folder(run_cli, bad_data, tmp_path: Path):
     assert_one_line_error(result, "ab", "no data files")
 
 
-def test_ab_hub_dataset_offline(tmp_path: Path):
-    result = run_python(
-        "-m", "lpc.cli", "ab", "--dataset", "hf:nosuch/dataset", "--out", str(tmp_path / "out")
-    )
-    assert_one_line_error(result, "ab", "nosuch/dataset")
+def test_ab_hub_dataset_offline(fresh_process):
+    assert_one_line_error(fresh_process["hub"], "ab", "nosuch/dataset")
 
 
 def test_ab_out_is_a_file(run_cli, bad_data):
@@ -171,17 +201,10 @@ def test_ab_binary_file_as_jsonl(run_cli, bad_data, tmp_path: Path):
     assert_one_line_error(result, "ab", "picture.jsonl", "not JSON Lines")
 
 
-def test_ab_refuses_bad_data_before_it_loads_torch(bad_data, tmp_path: Path):
+def test_ab_refuses_bad_data_before_it_loads_torch(fresh_process):
     """The default policies need the bundled text model, whose predictor brings torch (seconds
     to import); the data set is read first, so bad data is refused without it."""
-    probe = (
-        "import sys\n"
-        "from lpc.cli.main import main\n"
-        f"status = main(['ab', '--dataset', {str(bad_data['png'])!r}, '--format', 'lmsys',"
-        f" '--out', {str(tmp_path)!r}])\n"
-        "print('exit', status, 'torch' in sys.modules)\n"
-    )
-    done = run_python("-c", probe)
+    done = fresh_process["png"]
     assert "not JSON Lines" in done.stderr, done.stderr[-2000:]
     assert done.stdout.split()[-3:] == ["exit", "2", "False"], done.stdout[-2000:]
 

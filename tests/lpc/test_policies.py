@@ -90,6 +90,7 @@ def test_bench_rejects_a_policy_it_cannot_time(capsys) -> None:
     assert "cannot time belady" in capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("no_plots")  # reads no PNG
 def test_ab_runs_the_new_baselines_by_name(chats, capsys) -> None:  # noqa: F811
     result = run_json(
         [

@@ -127,6 +127,7 @@ def slice_path(tmp_path_factory) -> Path:
     return write_lines(tmp_path_factory.mktemp("trace") / "slice.jsonl", bundled_lines()[:300])
 
 
+@pytest.mark.usefixtures("no_plots")  # reads no PNG
 def test_a_window_replay_hits_what_the_whole_replay_hits_there(
     slice_path: Path, tmp_path: Path
 ) -> None:

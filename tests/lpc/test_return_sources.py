@@ -161,6 +161,7 @@ def test_a_model_trained_past_the_replays_training_part_is_refused(tmp_path: Pat
         check_trained_before(model, "mooncake", first_eval=99)
 
 
+@pytest.mark.usefixtures("no_plots")  # reads no PNG
 def test_the_model_policy_replays_a_trace_slice_in_either_tier(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "slice.jsonl", bundled_lines()[:300])
     tiers = TierSettings((1_000_000,), tuple(parse_policies("lru,lpc-return-model")))

@@ -25,6 +25,8 @@ from tests.lpc.traces.helpers import bundled_lines, write_lines
 
 LATENCY = TierLatency()
 SHIPPED_ACCESS_MODEL = Path(__file__).resolve().parents[2] / "models" / "mooncake-access"
+# No test here reads a PNG: `lpc ab` writes placeholders for its plots (tests/lpc/conftest.py)
+pytestmark = pytest.mark.usefixtures("no_plots")
 
 
 def result(

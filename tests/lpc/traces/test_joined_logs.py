@@ -16,6 +16,8 @@ from lpc.traces.load import TraceOptions, load_trace
 from tests.lpc.traces.helpers import bundled_lines
 
 DAY_UTC = "2026-11-27"
+# No test here reads a PNG: `lpc ab` writes placeholders for its plots (tests/lpc/conftest.py)
+pytestmark = pytest.mark.usefixtures("no_plots")
 
 
 def request_log(pid: int, key: str, count: int, start_s: float = 1_795_000_000.0) -> str:
@@ -50,7 +52,8 @@ def request_log(pid: int, key: str, count: int, start_s: float = 1_795_000_000.0
 
 
 def ab(path: Path, tmp_path: Path, capsys) -> tuple[int, str]:
-    code = main(["ab", "--no-progress", "--trace", str(path), "--out", str(tmp_path / "out")])
+    args = ["--trace", str(path), "--out", str(tmp_path / "out")]
+    code = main(["ab", "--no-progress", "--workers", "1", *args])
     return code, capsys.readouterr().err.strip()
 
 

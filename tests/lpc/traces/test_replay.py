@@ -14,10 +14,13 @@ from lpc.replay.ab_run import run_ab
 from lpc.replay.policies import parse_policies, parse_policy
 from lpc.replay.simulator import prepare, replay
 from lpc.traces.load import TraceOptions, load_trace
+from tests.lpc.plots import plots_skipped
 from tests.lpc.traces.helpers import bundled_lines, direct_infinite_hit_ratio, write_lines
 
 POLICIES = "lru,fifo,lpc-turns,lpc-const,oracle,belady"
 SLICE_REQUESTS = 500
+# No test here reads a PNG: `lpc ab` writes placeholders for its plots (tests/lpc/conftest.py)
+pytestmark = pytest.mark.usefixtures("no_plots")
 
 
 def infinite_cache_hit_ratio(spec: str | Path, block_size: int) -> float:
@@ -69,11 +72,12 @@ def slice_run(tmp_path_factory) -> tuple[dict, dict, Path]:
         workers=1,
         progress=False,
     )
-    first = run_ab(
-        ABOptions(trace=path, export_trace=exported, out_dir=root / "a", **common),
-        log=lambda _: None,
-    )
-    again = run_ab(ABOptions(trace=exported, out_dir=root / "b", **common), log=lambda _: None)
+    with plots_skipped():  # a module fixture: set up before `no_plots`
+        first = run_ab(
+            ABOptions(trace=path, export_trace=exported, out_dir=root / "a", **common),
+            log=lambda _: None,
+        )
+        again = run_ab(ABOptions(trace=exported, out_dir=root / "b", **common), log=lambda _: None)
     return first.to_json(), again.to_json(), exported
 
 

@@ -23,6 +23,8 @@ from lpc.workload import WorkloadRequest
 from tests.lpc.synthetic import conversations
 
 CACHE_TOKENS = 8_000  # well below the workload's ~240K prompt tokens: LRU evicts a lot
+# No test here reads a PNG: `lpc ab` writes placeholders for its plots (tests/lpc/conftest.py)
+pytestmark = pytest.mark.usefixtures("no_plots")
 
 
 def chat_requests(count: int = 120, seed: int = 1) -> list[WorkloadRequest]:
@@ -96,6 +98,8 @@ def test_lpc_ab_replays_a_log_folder(tmp_path: Path, capsys) -> None:
         [
             "ab",
             "--no-progress",
+            "--workers",
+            "1",
             "--trace",
             str(logs),
             "--split-at",

@@ -24,6 +24,8 @@ from tests.lpc.synthetic import conversations
 from tests.lpc.traces.helpers import mooncake_record, write_lines
 
 PROMPT = list(range(1, 21))
+# No test here reads a PNG: `lpc ab` writes placeholders for its plots (tests/lpc/conftest.py)
+pytestmark = pytest.mark.usefixtures("no_plots")
 
 
 def token_lines() -> list[dict]:
@@ -80,6 +82,8 @@ def lpc_ab(trace: Path, out: Path, *args: str) -> int:
         [
             "ab",
             "--no-progress",
+            "--workers",
+            "1",
             "--trace",
             str(trace),
             "--policies",
