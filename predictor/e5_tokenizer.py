@@ -20,7 +20,8 @@ SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 
 def uncovered_character_class(pieces: tuple[str, ...]) -> str:
     """A regex class matching every character that occurs in no (non-special) piece."""
-    covered = sorted({ord(ch) for piece in pieces if piece not in SPECIAL_TOKENS for ch in piece})
+    special = set(SPECIAL_TOKENS)
+    covered = sorted(map(ord, set("".join(p for p in pieces if p not in special))))
     ranges: list[tuple[int, int]] = []
     for code_point in covered:
         if ranges and ranges[-1][1] == code_point - 1:
@@ -35,10 +36,7 @@ def uncovered_character_class(pieces: tuple[str, ...]) -> str:
 
 def build_e5_tokenizer(vocabulary: E5Vocabulary, normalization: dict[int, str]) -> Tokenizer:
     """The fast tokenizer for the e5 vocabulary and code-point normalisation table."""
-    vocab = [
-        (piece, float(score))
-        for piece, score in zip(vocabulary.pieces, vocabulary.scores, strict=True)
-    ]
+    vocab = list(zip(vocabulary.pieces, vocabulary.scores.tolist(), strict=True))
     tokenizer = Tokenizer(models.Unigram(vocab, unk_id=vocabulary.unk_id, byte_fallback=False))
     charsmap = build_precompiled_charsmap({chr(cp): out for cp, out in normalization.items()})
     tokenizer.normalizer = normalizers.Sequence(
