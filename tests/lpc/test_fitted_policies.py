@@ -102,23 +102,28 @@ def trace_runs(tmp_path_factory):
 
     The first 918 lines arrive before 300 s (the training part); 182 and 82 evaluation lines
     are enough: a fit that also read the evaluation part would count 100 more requests in
-    the full run and move. The short run replays one cache size: the fits do not read it."""
+    the full run and move. The short run replays one cache size and only the fitted
+    policies beside LRU: the fits read neither."""
     root = tmp_path_factory.mktemp("fitted")
     lines = bundled_lines()[:1100]
     full = write_lines(root / "full.jsonl", lines)
     short = write_lines(root / "short.jsonl", lines[:1000])
-    common = dict(
-        policies=tuple(parse_policies("lru,wa,session-ref,sae,lhd")),
-        split_at=300.0,
-        workers=1,
-        progress=False,
-    )
+    common = dict(split_at=300.0, workers=1, progress=False)
     runs = [
         run_ab(
-            ABOptions(trace=path, out_dir=root / path.stem, cache_sizes_tokens=sizes, **common),
+            ABOptions(
+                trace=path,
+                out_dir=root / path.stem,
+                cache_sizes_tokens=sizes,
+                policies=tuple(parse_policies(policies)),
+                **common,
+            ),
             log=lambda _: None,
         )
-        for path, sizes in ((full, (1_000_000, 2_000_000)), (short, (1_000_000,)))
+        for path, sizes, policies in (
+            (full, (1_000_000, 2_000_000), "lru,wa,session-ref,sae,lhd"),
+            (short, (1_000_000,), "lru,wa,session-ref"),
+        )
     ]
     return [r.to_json() for r in runs]
 
