@@ -53,15 +53,23 @@ _HIT_AGE_CLASS = tuple(hit_age_class(age) for age in range(2 * MAX_AGE + 1))
 
 def model_hit_densities(hits: list[float], evictions: list[float]) -> list[float]:
     """libCacheSim's modelHitDensity for one class (its entry at MAX_AGE − 1 is unused)."""
-    densities = [0.0] * MAX_AGE
-    total_events = hits[MAX_AGE - 1] + evictions[MAX_AGE - 1]
-    total_hits = hits[MAX_AGE - 1]
-    lifetime = total_events
-    for a in range(MAX_AGE - 2, -1, -1):
-        total_hits += hits[a]
-        total_events += hits[a] + evictions[a]
-        lifetime += total_events
-        densities[a] = total_hits / lifetime if total_events > 1e-5 else 0.0
+    return _model_hit_densities(np.array([hits]), np.array([evictions]))[0].tolist()
+
+
+def _model_hit_densities(hits: np.ndarray, evictions: np.ndarray) -> np.ndarray:
+    """`model_hit_densities` of each row (one class a row), its loop as running sums.
+
+    The loop walks the ages down from MAX_AGE − 1, adding one term at a time; running sums
+    over the reversed rows (`np.cumsum`, which adds strictly in order, one IEEE addition per
+    term, as the loop does) give every partial sum it reaches, so each density is the same
+    quotient of the same two doubles, bit for bit."""
+    total_hits = np.cumsum(hits[:, ::-1], axis=1)
+    total_events = np.cumsum(hits[:, ::-1] + evictions[:, ::-1], axis=1)
+    lifetime = np.cumsum(total_events, axis=1)
+    reversed_densities = np.zeros_like(total_hits)
+    np.divide(total_hits, lifetime, out=reversed_densities, where=total_events > 1e-5)
+    densities = np.zeros_like(total_hits)
+    densities[:, : MAX_AGE - 1] = reversed_densities[:, :0:-1]  # ages MAX_AGE − 2 .. 0
     return densities
 
 
@@ -273,14 +281,15 @@ class LHDEvictor(Evictor):
                 self.reconfigurations += 1
 
     def _reconfigure(self) -> None:
-        for cls in range(HIT_AGE_CLASSES):
-            hits = [h * EWMA_DECAY for h in self.hits[cls]]
-            evictions = [e * EWMA_DECAY for e in self.evictions[cls]]
-            self.hits[cls], self.evictions[cls] = hits, evictions
-            densities = model_hit_densities(hits, evictions)
-            densities[MAX_AGE - 1] = self.hit_densities[cls][MAX_AGE - 1]
-            self.hit_densities[cls] = densities
-        self._density_array = None
+        # every class at once, in arrays: the same products, sums and quotients as a loop
+        # over the classes and ages (`_model_hit_densities`)
+        hits = np.array(self.hits) * EWMA_DECAY
+        evictions = np.array(self.evictions) * EWMA_DECAY
+        densities = _model_hit_densities(hits, evictions)
+        densities[:, MAX_AGE - 1] = [row[MAX_AGE - 1] for row in self.hit_densities]
+        self.hits, self.evictions = hits.tolist(), evictions.tolist()
+        self.hit_densities = densities.tolist()
+        self._density_array = densities
 
     def _forget(self, block_id: int, now_tick: int | None) -> None:
         """The block's content leaves: an eviction at `now_tick` is recorded, a drop is not."""

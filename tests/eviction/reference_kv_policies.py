@@ -9,8 +9,10 @@ source as the policy's module says (`eviction/wa.py`, `sae.py`, `lhd.py`, `sessi
 from __future__ import annotations
 
 import math
+import operator
 import random
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import accumulate
 
 from eviction import Evictor, FreedBlocks, Release
 
@@ -361,14 +363,17 @@ class PlainLHD(PlainBase):
             hits = [h * 0.9 for h in self.hits[k]]
             evictions = [e * 0.9 for e in self.evictions[k]]
             self.hits[k], self.evictions[k] = hits, evictions
-            total_events = hits[m - 1] + evictions[m - 1]
-            total_hits = hits[m - 1]
-            lifetime = total_events
-            for a in range(m - 2, -1, -1):
-                total_hits += hits[a]
-                total_events += hits[a] + evictions[a]
-                lifetime += total_events
-                self.densities[k][a] = total_hits / lifetime if total_events > 1e-5 else 0.0
+            # the running sums from age m − 1 down, one term at a time (as `accumulate` adds)
+            totals_hits = list(accumulate(hits[::-1]))
+            totals_events = list(accumulate(map(operator.add, hits[::-1], evictions[::-1])))
+            lifetimes = list(accumulate(totals_events))
+            down = [  # the densities at ages m − 1 (unused) down to 0
+                total_hits / lifetime if total_events > 1e-5 else 0.0
+                for total_hits, total_events, lifetime in zip(
+                    totals_hits, totals_events, lifetimes, strict=True
+                )
+            ]
+            self.densities[k][: m - 1] = down[:0:-1]
 
     def rank(self, block_id: int, now_s: float) -> float:
         tag = self.tags[block_id]
