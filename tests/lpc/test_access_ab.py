@@ -51,8 +51,8 @@ def test_common_prefix_tokens() -> None:
     assert common_prefix_tokens([], [1]) == 0
 
 
-def test_shared_prefix_of_linked_requests(slice_trace: Path) -> None:
-    trace = load_trace(slice_trace, TraceOptions())
+def test_shared_prefix_of_linked_requests(short_trace: Path) -> None:
+    trace = load_trace(short_trace, TraceOptions())  # its first 400 are the slice's
     table = request_table(trace.requests[:400])
     first_turns = table.groupby("conversation_id").cumcount() == 0
     assert (table.loc[first_turns, "shared_prefix_tokens"] == 0).all()
