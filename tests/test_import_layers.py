@@ -166,21 +166,21 @@ def test_no_import_circle() -> None:
 
 def test_statements_reach_every_nested_import() -> None:
     source = (
-        "import lpc.a\n"
-        "def f():\n    import lpc.b\n    class C:\n        import lpc.c\n"
-        "if x:\n    import lpc.d\nelse:\n    import lpc.e\n"
-        "for _ in y:\n    pass\nelse:\n    import lpc.f\n"
-        "while x:\n    import lpc.g\n"
-        "with x:\n    import lpc.h\n"
-        "try:\n    import lpc.i\nexcept E:\n    import lpc.j\nelse:\n    import lpc.k\n"
-        "finally:\n    import lpc.l\n"
-        "match x:\n    case 1:\n        import lpc.m\n"
-        "async def g():\n    async with x:\n        async for _ in y:\n            import lpc.n\n"
+        "import PKG.a\n"
+        "def f():\n    import PKG.b\n    class C:\n        import PKG.c\n"
+        "if x:\n    import PKG.d\nelse:\n    import PKG.e\n"
+        "for _ in y:\n    pass\nelse:\n    import PKG.f\n"
+        "while x:\n    import PKG.g\n"
+        "with x:\n    import PKG.h\n"
+        "try:\n    import PKG.i\nexcept E:\n    import PKG.j\nelse:\n    import PKG.k\n"
+        "finally:\n    import PKG.l\n"
+        "match x:\n    case 1:\n        import PKG.m\n"
+        "async def g():\n    async with x:\n        async for _ in y:\n            import PKG.n\n"
     )
-    tree = ast.parse(source)
+    tree = ast.parse(source.replace("PKG", TOP_PACKAGES[-1]))  # a project package: lpc
     found = {name for node in statements(tree.body) for name in imported_modules(node)}
     walked = {name for node in ast.walk(tree) for name in imported_modules(node)}
-    assert found == walked == {f"lpc.{letter}" for letter in "abcdefghijklmn"}
+    assert found == walked == {f"{TOP_PACKAGES[-1]}.{x}" for x in "abcdefghijklmn"}
 
 
 def test_the_circle_finder_finds_circles() -> None:
