@@ -7,6 +7,7 @@ bundle, about 50 ms of processor each; the suite's server tests make a few hundr
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -21,12 +22,17 @@ from predictor.server import ServerConfig, uvicorn_server
 
 @contextmanager
 def running_server(app, config: ServerConfig) -> Iterator[tuple[str, object]]:
-    """Yield (base_url, uvicorn.Server); on exit, shut down gracefully and join."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    """Yield (base_url, uvicorn.Server); on exit, shut down gracefully and join.
+
+    The listening socket names its protocol (IPPROTO_TCP): asyncio switches Nagle's algorithm
+    off (TCP_NODELAY) only on connections whose socket says TCP, and with it on, every answer
+    after a connection's first waited ~40 ms for the client's delayed acknowledgement."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     server = uvicorn_server(app, config, log_level="warning")
+    server.main_loop = _quick_main_loop(server)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -40,6 +46,22 @@ def running_server(app, config: ServerConfig) -> Iterator[tuple[str, object]]:
         server.should_exit = True
         thread.join(timeout=60)
         sock.close()
+
+
+def _quick_main_loop(server):
+    """uvicorn's `Server.main_loop` polling `should_exit` every 10 ms instead of 100 ms: each
+    server a test stops otherwise idles ~50 ms on average before its shutdown begins.
+    `on_tick` is uvicorn's own (the date header is refreshed every 10 ticks, more often)."""
+
+    async def main_loop() -> None:
+        counter = 0
+        should_exit = await server.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 1) % 864000
+            await asyncio.sleep(0.01)
+            should_exit = await server.on_tick(counter)
+
+    return main_loop
 
 
 def get(url: str, **kwargs) -> httpx.Response:
