@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from lpc.replay.ab import ReplayConstants, compare, run_grid, size_to_reach
@@ -14,6 +16,12 @@ from tests.lpc.synthetic import conversations
 
 @pytest.fixture(scope="module")
 def grid():
+    """The grid, read-only; tests/lpc/test_intervals.py reads the same one."""
+    return _grid()
+
+
+@functools.cache  # built once per process, whichever module asks first
+def _grid():
     convs = conversations(600, seed=11)
     requests = open_loop_requests(
         convs, WorkloadConfig(duration_s=900, max_active_conversations=40)
