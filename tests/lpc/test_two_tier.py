@@ -57,13 +57,15 @@ def test_an_unbounded_cpu_tier_lies_between_prompts_seen_and_an_unbounded_gpu(wo
     least the longest prefix of its prompt that earlier prompts held; both tiers hold only
     blocks some earlier request computed, so never more than an unbounded GPU cache hits."""
     lru = parse_policy("lru")
-    result = replay_two_tier(workload, lru, lru, 12_000, 2_000_000, ReplayConstants())
+    bs = workload.block_size
+    # room for every block of every request: a cache this large never evicts (checked below)
+    unbounded = bs * sum(-(-len(r.turn.token_ids) // bs) for r in workload.requests)
+    result = replay_two_tier(workload, lru, lru, 12_000, unbounded, ReplayConstants())
     seen: set[bytes] = set()
     lower = 0
     arrivals = sorted(
         range(len(workload.requests)), key=lambda i: (workload.requests[i].arrival_s, i)
     )
-    bs = workload.block_size
     for i in arrivals:
         request = workload.cache_requests[i]
         hashes = request.block_hashes
@@ -77,7 +79,9 @@ def test_an_unbounded_cpu_tier_lies_between_prompts_seen_and_an_unbounded_gpu(wo
         seen.update(hashes[: request.num_prompt_tokens // bs])
     assert result.allocation_failures == 0 and result.host_evictions == 0
     assert result.host_hit_tokens > 0
-    upper = replay(workload, lru, 10_000_000).hit_tokens
+    unbounded_gpu = replay(workload, lru, unbounded)
+    assert unbounded_gpu.evictions == 0 and unbounded_gpu.allocation_failures == 0
+    upper = unbounded_gpu.hit_tokens
     assert lower <= result.device_hit_tokens + result.host_hit_tokens <= upper
     assert lower < upper  # the bounds differ: the GPU also caches outputs
 
