@@ -139,8 +139,9 @@ class PlainSessionRef(PlainBase):
             return
         session = self.sessions.get(sid)
         if session is None or session["release"] is not release:
-            session = self.sessions[sid] = {"last": release.time_s, "release": release, "chain": []}
-        session["chain"] += [(b, self.content.get(b, 0)) for b in block_ids]
+            session = self.sessions[sid] = {"last": release.time_s, "release": release}
+            session["chain"] = set()  # (block, content version): only ever asked `in`
+        session["chain"].update((b, self.content.get(b, 0)) for b in block_ids)
 
     def push_cached(self, freed: FreedBlocks, release: Release) -> None:
         self.register(freed.block_ids, release)
@@ -154,15 +155,19 @@ class PlainSessionRef(PlainBase):
     def dropped(self, block_id: int) -> None:
         self.content[block_id] = self.content.get(block_id, 0) + 1
 
-    def referenced(self, block_id: int, now_s: float) -> bool:
-        entry = (block_id, self.content.get(block_id, 0))
-        return any(
-            not s["last"] < now_s - self.timeout and entry in s["chain"]
-            for s in self.sessions.values()
+    def live_chains(self, now_s: float) -> set[tuple[int, int]]:
+        """What the sessions not idle past the timeout reference: (block, content version)."""
+        return set().union(
+            *(s["chain"] for s in self.sessions.values() if not s["last"] < now_s - self.timeout)
         )
 
+    def referenced(self, block_id: int, now_s: float) -> bool:
+        return (block_id, self.content.get(block_id, 0)) in self.live_chains(now_s)
+
     def evict(self, now_s: float) -> int:
-        victim = min(self.free, key=lambda b: (self.referenced(b, now_s), self.free[b]))
+        live = self.live_chains(now_s)  # one eviction asks every free block at one time
+        content = self.content
+        victim = min(self.free, key=lambda b: ((b, content.get(b, 0)) in live, self.free[b]))
         del self.free[victim]
         self.dropped(victim)
         return victim

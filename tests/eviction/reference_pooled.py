@@ -103,10 +103,13 @@ class BruteForcePooledLPC(Evictor):
             return True
         judged = continued = 0
         model_loss = constant_loss = 0.0
+        times_of: dict[str, list[float]] = {}  # conversation -> its release times
+        for t, c, _ in self.predicted:
+            times_of.setdefault(c, []).append(t)
         for time_s, conv, p in sorted(self.predicted, key=lambda r: r[0]):
             if not time_s < now_s - self.horizon:
                 continue
-            y = any(c == conv and time_s < t <= time_s + self.horizon for t, c, _ in self.predicted)
+            y = any(time_s < t <= time_s + self.horizon for t in times_of[conv])
             constant = (continued + 0.5) / (judged + 1)
             p = min(max(p, 1e-3), 1.0 - 1e-3)
             model_loss -= math.log(p if y else 1.0 - p)
