@@ -289,6 +289,11 @@ class FakeClient:
         return None if any(a is None for a in answers) else answers
 
 
+# The bad-p runs and their references: 250 steps give them 600+ prefix hits, 30+ bad p and
+# evictions (the free order, compared at every step, is the eviction order).
+SOURCE_STEPS = 250
+
+
 def source_run(source: str, bad: Any, monkeypatch: pytest.MonkeyPatch, evictor: str = "lpc") -> Run:
     """Run the engine with p from `source`; request i with `is_bad(i)` gets `bad` (a value, or
     an exception to raise), the others a good p."""
@@ -305,6 +310,7 @@ def source_run(source: str, bad: Any, monkeypatch: pytest.MonkeyPatch, evictor: 
             make_runtime(evictor),
             lambda i, c: {"lpc_conversation_id": c, "lpc_probability": value(i)},
             monkeypatch,
+            steps=SOURCE_STEPS,
         )
     if source == "predictor":
         runtime = make_runtime(evictor, client=FakeClient(value))
@@ -312,10 +318,13 @@ def source_run(source: str, bad: Any, monkeypatch: pytest.MonkeyPatch, evictor: 
             runtime,
             lambda i, c: {"lpc_conversation_id": c, "lpc_user_prompts": [str(i)]},
             monkeypatch,
+            steps=SOURCE_STEPS,
         )
     assert source == "model"
     runtime = with_model(make_runtime(evictor), value)
-    return run_engine(runtime, lambda i, c: {"lpc_conversation_id": c}, monkeypatch)
+    return run_engine(
+        runtime, lambda i, c: {"lpc_conversation_id": c}, monkeypatch, steps=SOURCE_STEPS
+    )
 
 
 # What the reference run gives the bad requests: the fallback itself, however the source
@@ -331,6 +340,7 @@ def reference_run(source: str, monkeypatch: pytest.MonkeyPatch) -> Run:
                 {"lpc_conversation_id": c} | ({} if is_bad(i) else {"lpc_probability": good_p(i)})
             ),
             monkeypatch,
+            steps=SOURCE_STEPS,
         )
     return source_run(source, REFERENCE[source], monkeypatch)
 
