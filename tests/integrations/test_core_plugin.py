@@ -44,7 +44,9 @@ def deployed_runtime(
     return vllm_plugin.build_runtime(load_config(), clock=StepClock())
 
 
-def deployed_run(monkeypatch: pytest.MonkeyPatch, settings: dict[str, str]) -> Run:
+def deployed_run(
+    monkeypatch: pytest.MonkeyPatch, settings: dict[str, str], steps: int = 600
+) -> Run:
     """The stand-in engine's workload on that runtime; each request arrives at the step clock's
     time (vLLM's `Request.arrival_time`) and its prompt grows with its index, so the model
     sees real think times and sizes."""
@@ -58,7 +60,7 @@ def deployed_run(monkeypatch: pytest.MonkeyPatch, settings: dict[str, str]) -> R
             self.prompt_token_ids = list(range(2000 + 997 * (self.index % 23)))
 
     monkeypatch.setattr(test_fail_safe, "Request", TimedRequest)
-    return run_engine(runtime, lambda i, c: {"lpc_conversation_id": c}, monkeypatch, steps=600)
+    return run_engine(runtime, lambda i, c: {"lpc_conversation_id": c}, monkeypatch, steps=steps)
 
 
 def test_the_plugin_evicts_by_the_shipped_access_model(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,11 +100,12 @@ def test_the_models_probabilities_decide_the_evictions(monkeypatch: pytest.Monke
     """With `lpc` (no trust gate), the model's p give another eviction order than the
     fallback p alone on the same workload."""
     settings = {"LPC_EVICTOR": "lpc", "LPC_FALLBACK_P": "0.3"}
-    run = deployed_run(monkeypatch, {**settings, "LPC_ACCESS_MODEL": str(SHIPPED)})
+    # 300 steps (150 releases) are enough to tell two eviction orders apart
+    run = deployed_run(monkeypatch, {**settings, "LPC_ACCESS_MODEL": str(SHIPPED)}, steps=300)
     config = run.runtime.config
     assert config.evictor == "lpc" and config.fallback_probability == 0.3
     assert run.stats["predictions_in_process"] == run.stats["releases"] > 100
-    fallback_only = deployed_run(monkeypatch, settings)
+    fallback_only = deployed_run(monkeypatch, settings, steps=300)
     assert fallback_only.stats["fallbacks_used"] == fallback_only.stats["releases"]
     assert fallback_only.orders != run.orders
 
