@@ -38,12 +38,12 @@ from tests.integrations.access_models import SHIPPED, publish
 
 # -- the conversation table --------------------------------------------------------------------
 def test_many_conversations_stay_within_the_table_bounds() -> None:
-    """200,000 conversations through a table that holds 625: its size, its tokens and its
+    """50,000 conversations through a table that holds 625: its size, its tokens and its
     dict's memory stop growing (the memory measured at a tenth of the stream and at its end)."""
     table = ConversationTable(max_conversations=1000, expiry_s=1e9, max_tokens=5000)
     request = RequestState(arrival_s=0.0, prompt_tokens=8, output_tokens=2, completion_s=1.0)
     tokens = StoredSequence(array("i", range(8)), 8)
-    total = 200_000
+    total = 50_000
     size_after = {}
     for i in range(total):
         table.finished(f"c{i}", request, float(i), tokens)
