@@ -235,9 +235,10 @@ class PlainSAE(PlainBase):
             if self.lookups_since_decay % self.decay_interval == 0:
                 for s in self.stats.values():
                     s["hits"] *= 0.9
+                resident = set(self.blocks.values())  # the resident blocks' hashes
                 for key in list(self.ghost):
                     value = self.ghost[key] * 0.9
-                    if key not in self.blocks.values() and value < 0.01:
+                    if key not in resident and value < 0.01:
                         del self.ghost[key]
                     else:
                         self.ghost[key] = value

@@ -43,6 +43,51 @@ class _EagerSAE(SAEEvictor):
 GHOST_KEYS = [bytes([h]) for h in range(120)]
 
 
+class _InStep:
+    """The eager SAE and the lazy ones driven as one evictor (one stream, one plain
+    reference): every call goes to each, every pop and size must agree, and the invariants
+    are the lazy ones' (the eager one is this test's stand-in, not a shipped evictor)."""
+
+    def __init__(self, eager: SAEEvictor, *lazies: SAEEvictor) -> None:
+        self.evictors = (eager, *lazies)
+        self.lazies = lazies
+
+    def reset(self, block_ids) -> None:
+        block_ids = list(block_ids)
+        for evictor in self.evictors:
+            evictor.reset(block_ids)
+
+    def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
+        eager, *lazy = [evictor.pop_n(n, now_s) for evictor in self.evictors]
+        assert all(out == eager for out in lazy), f"lazy pops {lazy} != eager {eager}"
+        return eager
+
+    def remove(self, block_id: int) -> None:
+        for evictor in self.evictors:
+            evictor.remove(block_id)
+
+    def push_uncached(self, block_ids) -> None:
+        for evictor in self.evictors:
+            evictor.push_uncached(block_ids)
+
+    def push_cached(self, freed: FreedBlocks, release: Release) -> None:
+        for evictor in self.evictors:
+            evictor.push_cached(freed, release)
+
+    def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
+        for evictor in self.evictors:
+            evictor.note_shared_release(freed, release)
+
+    def __len__(self) -> int:
+        sizes = {len(evictor) for evictor in self.evictors}
+        assert len(sizes) == 1, f"sizes differ: {sizes}"
+        return sizes.pop()
+
+    def check_invariants(self) -> None:
+        for evictor in self.lazies:
+            evictor.check_invariants()
+
+
 @examples(12)
 @given(seed=SEEDS)
 def test_lazily_decayed_ghost_scores_are_bit_for_bit_the_eager_ones(seed: int) -> None:
@@ -51,17 +96,17 @@ def test_lazily_decayed_ghost_scores_are_bit_for_bit_the_eager_ones(seed: int) -
     bits, which computes a hit's bump as 12 / log2 rather than 1 / log2 * 12). The eager run
     and both lazy ones (without and with sweeps) meet the same stream, each pop checked against
     the plain reference as it comes; the invariants are checked at every step of the lazy
-    runs (the eager one is this test's stand-in, not a shipped evictor)."""
+    runs (the eager one is this test's stand-in, not a shipped evictor); the three run in
+    step (`_InStep`), so the plain reference replays the stream once."""
     eager = _EagerSAE(24, decay_interval=2)
-    drive(eager, PlainSAE(24, decay_interval=2), seed, 24, steps=1200, hashes=120, check=False)
+    lazies = [SAEEvictor(24, decay_interval=2), _SweepingSAE(24, decay_interval=2)]
+    plain = PlainSAE(24, decay_interval=2)
+    drive(_InStep(eager, *lazies), plain, seed, 24, steps=1200, hashes=120)
     eager_scores = {key: eager.ghost_score(key) for key in GHOST_KEYS}
     eager_hits = {session_id: session.hits for session_id, session in eager._sessions.items()}
-    for lazy_class in (SAEEvictor, _SweepingSAE):
-        lazy = lazy_class(24, decay_interval=2)
-        plain = PlainSAE(24, decay_interval=2)
-        drive(lazy, plain, seed, 24, steps=1200, hashes=120)
+    for lazy in lazies:
         for key in GHOST_KEYS:
-            assert lazy.ghost_score(key) == eager_scores[key], f"{lazy_class}: {key!r}"
+            assert lazy.ghost_score(key) == eager_scores[key], f"{type(lazy)}: {key!r}"
             assert lazy.ghost_score(key) == pytest.approx(plain.ghost.get(key, 0.0), rel=1e-12)
         assert lazy._sessions.keys() == eager_hits.keys()
         for session_id, session in lazy._sessions.items():
