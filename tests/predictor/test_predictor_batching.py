@@ -24,15 +24,23 @@ def windows(n: int, tag: str = "w") -> list[ConversationWindow]:
 class RecordingModel:
     """Probability = turn_count / 1000, so answers identify their window."""
 
-    def __init__(self, delay_s: float = 0.0, fail_on: int | None = None) -> None:
+    def __init__(
+        self,
+        delay_s: float = 0.0,
+        fail_on: int | None = None,
+        gate: threading.Event | None = None,
+    ) -> None:
         self.batches: list[int] = []
         self.delay_s = delay_s
         self.fail_on = fail_on
+        self.gate = gate  # when given, every batch waits until the test opens it
 
     def predict(self, batch):
         self.batches.append(len(batch))
         if self.fail_on is not None and len(self.batches) == self.fail_on:
             raise RuntimeError("model exploded")
+        if self.gate is not None and not self.gate.wait(timeout=60):
+            raise TimeoutError("the test never opened the gate")
         time.sleep(self.delay_s)
         return np.array([w.turn_count / 1000 for w in batch])
 
@@ -77,7 +85,7 @@ def test_a_large_request_is_split_over_batches():
 
 
 def test_queue_bound_refuses_whole_requests():
-    model = RecordingModel(delay_s=0.2)
+    model = RecordingModel(gate=threading.Event())
 
     async def scenario():
         depths = []
@@ -90,12 +98,15 @@ def test_queue_bound_refuses_whole_requests():
         )
         await batcher.start()
         first = asyncio.ensure_future(batcher.submit(windows(2, "a")))
-        await asyncio.sleep(0.05)  # the first batch is running, the queue is empty
+        while not model.batches:  # until the first batch runs (held at the gate)
+            await asyncio.sleep(0.005)
+        # the first batch is running, the queue is empty
         second = batcher.enqueue(windows(4, "b"))
         with pytest.raises(QueueFullError):
             batcher.enqueue(windows(2, "c"))
         assert batcher.queued_items == 4
         third = batcher.enqueue(windows(1, "d"))
+        model.gate.set()
         await asyncio.gather(first, second, third)
         await batcher.stop()
         return depths
