@@ -184,4 +184,5 @@ class FreeFlags:
     def __contains__(self, block_id: object) -> bool:
         if not isinstance(block_id, int) or not 0 <= block_id < self._num_blocks:
             return False
-        return self._free[block_id] or block_id in self._uncached
+        # `in self._uncached` past the checks just made
+        return self._free[block_id] or self._uncached._nodes[block_id].prev is not None

@@ -50,7 +50,8 @@ def check_random_operations(name: str, seed: int) -> None:
     num_blocks = 30
     evictor = build(name, num_blocks)
     evictor.reset(range(num_blocks))
-    free = set(range(num_blocks))
+    blocks = range(num_blocks)
+    free = set(blocks)
     cached: set[int] = set()
     held: list[list[int]] = []
     now = 0.0
@@ -88,8 +89,8 @@ def check_random_operations(name: str, seed: int) -> None:
                 cached |= set(chain)
             free |= set(chain)
         assert len(evictor) == len(free)
-        for block in range(num_blocks):
-            assert (block in evictor) == (block in free)
+        members = [block in evictor for block in blocks]
+        assert members == [block in free for block in blocks], f"step {step}: membership"
         if check_due(step):
             evictor.check_invariants()
             assert sorted(evictor.free_block_ids()) == sorted(free)
