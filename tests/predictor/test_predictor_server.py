@@ -311,7 +311,8 @@ def test_reload_swaps_the_model_between_batches(tmp_path, tiny_artifact, referen
 
 
 def test_graceful_shutdown_finishes_requests_in_flight(tiny_artifact, reference):
-    app, config = serve(tiny_artifact, SlowPredictor, max_batch=4)
+    predictor_class = gated()  # the first batch is held until the shutdown has begun
+    app, config = serve(tiny_artifact, predictor_class, max_batch=4)
     windows = sample_windows(8, seed=5)
     expected = reference.predict(windows).tolist()
     results: dict[int, list[float] | None] = {}
@@ -330,6 +331,11 @@ def test_graceful_shutdown_finishes_requests_in_flight(tiny_artifact, reference)
             assert time.monotonic() < deadline, "requests never reached the server"
             time.sleep(0.005)
         server.should_exit = True
+        wait_until(
+            lambda: not any(listener.is_serving() for listener in server.servers),
+            "the server never began its shutdown",
+        )
+        predictor_class.gate.set()
         for t in threads:
             t.join()
     assert [results[j][0] for j in range(len(windows))] == expected
