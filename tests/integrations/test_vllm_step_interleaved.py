@@ -20,8 +20,14 @@ from tests.integrations.test_vllm_scheduler import rows_of, sharegpt_like
 from tests.integrations.test_vllm_seam import ENGINE
 
 
-def test_interleave_alternates_who_steps_first_and_runs_the_longer_alone() -> None:
+def test_interleave_alternates_who_steps_first_and_runs_the_longer_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     calls: list[str] = []
+    # Counted, not run: a full collection of the test process's heap costs about half a
+    # second, and what is checked is when the loop asks for one (with the collector off).
+    collections: list[bool] = []
+    monkeypatch.setattr(gc, "collect", lambda: collections.append(gc.isenabled()))
 
     def engine(name: str, steps: int):
         for k in range(steps):
@@ -32,6 +38,8 @@ def test_interleave_alternates_who_steps_first_and_runs_the_longer_alone() -> No
     assert calls == ["stock", "lpc", "lpc", "stock", "stock", "lpc", "lpc", "stock", "lpc", "lpc"]
     assert times.stock_ns == [1, 11, 21, 31] and times.lpc_ns == [1, 11, 21, 31, 41, 51]
     assert times.alone == 2 and times.stock_first == 2
+    # once before the first pair (the collector still on), then every second pair of six
+    assert collections == [True, False, False, False]
     assert gc.isenabled()
 
 
