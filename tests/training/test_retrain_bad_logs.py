@@ -25,7 +25,7 @@ def refused(logs: Path, registry: Path, capsys, *extra: str) -> str:
 
 def test_a_request_stamped_days_ahead_is_named_as_a_thin_newest_day(tmp_path: Path, capsys):
     start = two_utc_days_start_s()
-    requests = chats(2 * DAY_S, 350, seed=1, start_s=start)
+    requests = chats(2 * DAY_S, 60, seed=1, start_s=start)
     last = requests[-1]
     ahead_s = last.arrival_s + 3 * DAY_S
     requests.append(TraceRequest(9999, 0, ahead_s, ahead_s + 2, 600, 30))
