@@ -67,10 +67,10 @@ def trace_requests(fmt: str) -> list[TraceRequest]:
     four hours of relative times for Mooncake and Bailian (their last half is)."""
     if fmt == "lpc":
         start = two_utc_days_start_s()
-        requests = chats(2 * DAY_S, 350, seed=1, start_s=start)
+        requests = chats(2 * DAY_S, 250, seed=1, start_s=start)
         requests += late_single_requests(start + 2 * DAY_S - 1)
         return sorted(requests, key=lambda r: r.arrival_s)
-    return chats(HOURS_4_S, 500, seed=1)
+    return chats(HOURS_4_S, 300, seed=1)
 
 
 def config(logs: Path, registry: Path, **kwargs) -> RetrainConfig:
