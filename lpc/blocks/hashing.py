@@ -145,14 +145,18 @@ class BlockHasher:
         width = 8 * bs
         parent = hashes[-1] if hashes else None
         plain = lora_id is None and not mm_spans
+        digest = self._digest
+        # `hash_block` inlined for a block without extra keys (no extras encode as b""):
+        # the same bytes, parent || len(tokens) || tokens, without two calls per block
+        length = width.to_bytes(4, "little")
         for i in range(first, num_full):
-            start = i * bs
-            extra = (
-                None
-                if plain and (i > 0 or not cache_salt)
-                else self.extra_keys(start, start + bs, cache_salt, lora_id, mm_spans)
-            )
             offset = (i - first) * width
-            parent = self.hash_block(parent, data[offset : offset + width], extra)
+            if plain and (i > 0 or not cache_salt):
+                head = parent if parent is not None else self.root
+                parent = digest(head + length + data[offset : offset + width])
+            else:
+                start = i * bs
+                extra = self.extra_keys(start, start + bs, cache_salt, lora_id, mm_spans)
+                parent = self.hash_block(parent, data[offset : offset + width], extra)
             hashes.append(parent)
         return hashes
