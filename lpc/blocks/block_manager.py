@@ -275,22 +275,33 @@ class PrefixCacheBlockManager:
         new_blocks = evictor.pop_n(num_new, now_s) if num_new > 0 else []
         evicted: list[int] = []
         block_hash = self._block_hash
+        cached = self._cached
         for b in new_blocks:
-            if block_hash[b] is not None:
-                self._uncache(b)
+            h = block_hash[b]
+            if h is not None:  # `_uncache(b)`, inlined
+                block_hash[b] = None
+                entry = cached.get(h)
+                if entry is not None:
+                    if isinstance(entry, int):
+                        if entry == b:
+                            del cached[h]
+                    else:
+                        entry.pop(b, None)
+                        if not entry:
+                            del cached[h]
                 evicted.append(b)
             ref[b] = 1
         table = [*computed, *new_blocks]
 
         hashes = prefix.block_hashes
         num_full = min(num_tokens // self.block_size, len(hashes))
-        cached = self._cached
+        parent_hash = self._parent_hash
         for i in range(len(computed), num_full):
             b = table[i]
             h = hashes[i]
             # New blocks carry no hash yet; cache them (duplicates allowed, like vLLM).
             block_hash[b] = h
-            self._parent_hash[b] = hashes[i - 1] if i else None
+            parent_hash[b] = hashes[i - 1] if i else None
             entry = cached.get(h)
             if entry is None:
                 cached[h] = b
