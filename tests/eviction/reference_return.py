@@ -191,13 +191,14 @@ class BruteForceReturnWindow(Evictor):
                 self.window_since_s = now_s
         w = self.window.value_s * self.window_multiplier
         self.floor_now = self.floor()
-        score = {b: self.value(b, now_s, w) for b in self.free}
+        # every block's rank at the call's start (a victim's leaving changes no other's)
+        rank = {b: self.rank(b, self.value(b, now_s, w)) for b in self.free}
         out = []
         for _ in range(n):
             if self.uncached:
                 out.append(self.uncached.pop(0))
                 continue
-            victim = min(self.free, key=lambda b: self.rank(b, score[b]))
+            victim = min(self.free, key=rank.__getitem__)
             del self.free[victim]
             del self.claims[victim]
             out.append(victim)
