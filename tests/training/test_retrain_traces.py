@@ -188,11 +188,11 @@ def test_keeps_the_current_model_when_the_candidate_is_worse(tmp_path: Path) -> 
     """The current model learnt today's rule; the candidate's training part (yesterday)
     followed the opposite one, so on today's traffic it is worse and is kept out."""
     registry = tmp_path / "registry"
-    write_mooncake(tmp_path / "before" / "a.jsonl", chats(HOURS_4_S, 300, seed=2))
+    write_mooncake(tmp_path / "before" / "a.jsonl", chats(HOURS_4_S, 150, seed=2))
     first = retrain(tmp_path / "before", registry)
     assert first.status == PROMOTED, first.reason
 
-    shifted = chats(HOURS_4_S, 300, seed=3, flipped_before_s=HOURS_4_S / 2)
+    shifted = chats(HOURS_4_S, 150, seed=3, flipped_before_s=HOURS_4_S / 2)
     write_mooncake(tmp_path / "after" / "b.jsonl", shifted)
     second = retrain(tmp_path / "after", registry)
     assert (second.status, second.exit_code) == (KEPT, 3), second.reason
@@ -214,7 +214,7 @@ def test_a_text_model_as_current_is_reported_and_the_candidate_promoted(tmp_path
     text = load_artifact(tmp_path / "text-model")
     store = ModelRegistry(tmp_path / "registry")
     store.promote(store.publish(text.model, text.metadata))
-    write_bailian(tmp_path / "logs" / "t.jsonl", chats(HOURS_4_S, 300, seed=4))
+    write_bailian(tmp_path / "logs" / "t.jsonl", chats(HOURS_4_S, 150, seed=4))
     outcome = retrain(tmp_path / "logs", tmp_path / "registry")
     assert (outcome.status, outcome.current_version) == (PROMOTED, "v0002"), outcome.reason
     assert outcome.reason.startswith("the current model cannot be used")
