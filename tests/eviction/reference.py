@@ -95,14 +95,17 @@ class BruteForceLPC(Evictor):
 
     def pop_n(self, n: int, now_s: float = 0.0) -> list[int]:
         out = []
+        keys: dict[int, tuple] = {}  # each block's key, once per call (a victim changes none)
         for _ in range(n):
             if self.uncached:
                 out.append(self.uncached.pop(0))
                 continue
-            victim = min(
-                leaves(self.free, self.parent),
-                key=lambda b: (self.value(b, now_s), -self.free[b][0], self.free[b][1]),
-            )
+            if not keys:
+                keys = {
+                    b: (self.value(b, now_s), -depth, order)
+                    for b, (depth, order) in self.free.items()
+                }
+            victim = min(leaves(self.free, self.parent), key=keys.__getitem__)
             del self.free[victim]
             del self.pooled[victim]
             self.parent.pop(victim, None)
