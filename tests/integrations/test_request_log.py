@@ -157,21 +157,26 @@ WRITER_SCRIPT = textwrap.dedent(
 )
 
 
-def start_writer(directory: Path, name: str) -> subprocess.Popen:
-    process = subprocess.Popen(
-        [sys.executable, "-c", WRITER_SCRIPT, str(directory), name],
-        stdout=subprocess.PIPE,
-        cwd=Path(__file__).resolve().parents[2],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-    )
-    assert process.stdout is not None
-    assert process.stdout.readline().strip() == b"ready"
-    return process
+def start_writers(directory: Path, names: tuple[str, ...]) -> list[subprocess.Popen]:
+    """The writers, started together; returned once each has written its first 200."""
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER_SCRIPT, str(directory), name],
+            stdout=subprocess.PIPE,
+            cwd=Path(__file__).resolve().parents[2],
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        )
+        for name in names
+    ]
+    for process in processes:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == b"ready"
+    return processes
 
 
 def test_two_processes_killed_mid_write_leave_readable_files(tmp_path: Path) -> None:
     """Two processes share the folder (one file each, one key); SIGKILL cuts them anywhere."""
-    processes = [start_writer(tmp_path, name) for name in ("a", "b")]
+    processes = start_writers(tmp_path, ("a", "b"))
     time.sleep(0.3)
     for process in processes:
         process.send_signal(signal.SIGKILL)
