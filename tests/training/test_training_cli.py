@@ -17,7 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory, minilm_path) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("cli")
-    data = write_openai_jsonl(root / "chats.jsonl", synthetic_conversations(70, seed=5))
+    data = write_openai_jsonl(root / "chats.jsonl", synthetic_conversations(40, seed=5))
     return {"root": root, "data": data, "embedder": minilm_path}
 
 
@@ -95,7 +95,7 @@ def test_ab_runs_the_learned_policy(workspace, capsys):
 
 def test_retrain_exit_codes(workspace, capsys):
     logs = workspace["root"] / "logs"
-    write_openai_jsonl(logs / "chats-2025-06-01.jsonl", synthetic_conversations(70, seed=5))
+    write_openai_jsonl(logs / "chats-2025-06-01.jsonl", synthetic_conversations(40, seed=5))
     args = [
         "retrain",
         "--logs",
