@@ -60,7 +60,7 @@ def config(tmp_path: Path, train: TrainConfig = GOOD, **kwargs) -> RetrainConfig
     )
 
 
-def add_log(tmp_path: Path, day: int, count: int = 300) -> Path:
+def add_log(tmp_path: Path, day: int, count: int = 200) -> Path:
     return write_openai_jsonl(
         tmp_path / "logs" / f"chats-2025-06-{day:02d}.jsonl",
         synthetic_conversations(count, seed=day, prefix=f"d{day}-"),
