@@ -296,12 +296,15 @@ class PrefixCacheBlockManager:
         hashes = prefix.block_hashes
         num_full = min(num_tokens // self.block_size, len(hashes))
         parent_hash = self._parent_hash
-        for i in range(len(computed), num_full):
-            b = table[i]
-            h = hashes[i]
+        start = len(computed)
+        # each new full block with its hash and its parent's (None before the first block)
+        parents = hashes[start - 1 : num_full - 1] if start else [None, *hashes[: num_full - 1]]
+        # (not strict: with no full block, `parents` still holds the None before the first)
+        news = zip(table[start:num_full], hashes[start:num_full], parents, strict=False)
+        for b, h, parent in news:
             # New blocks carry no hash yet; cache them (duplicates allowed, like vLLM).
             block_hash[b] = h
-            parent_hash[b] = hashes[i - 1] if i else None
+            parent_hash[b] = parent
             entry = cached.get(h)
             if entry is None:
                 cached[h] = b
@@ -400,17 +403,20 @@ class PrefixCacheBlockManager:
         shared_depths: list[int] = []
         shared_hashes: list[BlockHash | None] = []
         table = held.block_ids
+        # bound appends: the loop runs once per block of the request
+        add_id, add_depth, add_hash = freed_ids.append, freed_depths.append, freed_hashes.append
         for depth in range(len(table) - 1, -1, -1):
             b = table[depth]
-            ref[b] -= 1
+            refs = ref[b] - 1
+            ref[b] = refs
             h = block_hash[b]
-            if ref[b] == 0:
+            if refs == 0:
                 if h is None:
                     uncached.append(b)
                 else:
-                    freed_ids.append(b)
-                    freed_depths.append(depth)
-                    freed_hashes.append(h)
+                    add_id(b)
+                    add_depth(depth)
+                    add_hash(h)
             elif h is not None:
                 shared_ids.append(b)
                 shared_depths.append(depth)
