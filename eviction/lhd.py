@@ -410,7 +410,10 @@ class LHDEvictor(Evictor):
     def __contains__(self, block_id: object) -> bool:
         if not isinstance(block_id, int) or not 0 <= block_id < self._num_blocks:
             return False
-        return self._group_of[block_id] is not None or block_id in self._uncached
+        # `in self._uncached` past the checks just made
+        return (
+            self._group_of[block_id] is not None or self._uncached._nodes[block_id].prev is not None
+        )
 
     def hit_density(self, block_id: int, now_s: float) -> float:
         """The rank of a free cached block at `now_s` (lower is evicted first)."""

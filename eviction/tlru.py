@@ -157,7 +157,14 @@ class TLRUEvictor(Evictor):
         return self._uncached.size + self._safe.size + self._rest.size
 
     def __contains__(self, block_id: object) -> bool:
-        return block_id in self._uncached or block_id in self._safe or block_id in self._rest
+        # `in` each of the three lists (all over the same block range), its check made once
+        if not isinstance(block_id, int) or not 0 <= block_id < self._num_blocks:
+            return False
+        return (
+            self._uncached._nodes[block_id].prev is not None
+            or self._safe._nodes[block_id].prev is not None
+            or self._rest._nodes[block_id].prev is not None
+        )
 
     def free_block_ids(self) -> list[int]:
         return [*self._uncached, *self._safe, *self._rest]

@@ -204,7 +204,8 @@ class WAEvictor(Evictor):
     def __contains__(self, block_id: object) -> bool:
         if not isinstance(block_id, int) or not 0 <= block_id < self._num_blocks:
             return False
-        return self._queued[block_id] or block_id in self._uncached
+        # `in self._uncached` past the checks just made
+        return self._queued[block_id] or self._uncached._nodes[block_id].prev is not None
 
     def free_block_ids(self, now_s: float | None = None) -> list[int]:
         """The pop order at `now_s` (default: the latest time seen): uncached blocks, then a
