@@ -366,6 +366,10 @@ class PlainLHD(PlainBase):
     def reconfigure(self) -> None:
         m = self.MAX_AGE
         for k in range(self.CLASSES):
+            if not any(self.hits[k]) and not any(self.evictions[k]):
+                # a class with no event yet: its counts stay 0, every density is 0
+                self.densities[k][: m - 1] = [0.0] * (m - 1)
+                continue
             hits = [h * 0.9 for h in self.hits[k]]
             evictions = [e * 0.9 for e in self.evictions[k]]
             self.hits[k], self.evictions[k] = hits, evictions
