@@ -34,17 +34,6 @@ from tests.predictor.server_harness import running_server
 TOKEN = "s3cret-token"
 
 
-class SlowPredictor(Predictor):
-    """Sleeps per batch so that tests can fill the queue or catch requests in flight."""
-
-    delay_s = 0.3
-
-    def predict(self, windows):
-        self.started_windows = getattr(self, "started_windows", 0) + len(windows)
-        time.sleep(self.delay_s)
-        return super().predict(windows)
-
-
 class GatedPredictor(Predictor):
     """Holds every batch until the test opens `gate` (a subclass per test gives its own): the
     queue stays full, or a request in flight, for as long as the test needs however slow the
@@ -400,13 +389,15 @@ def test_client_refuses_items_that_are_not_json_before_sending_any():
 
 
 def test_client_times_out_against_a_slow_server(tiny_artifact):
-    app, config = serve(tiny_artifact, SlowPredictor)
+    predictor_class = gated()  # the batch answers only once the client has given up
+    app, config = serve(tiny_artifact, predictor_class)
     with (
         running_server(app, config) as (url, _),
         loopback.predictor_client(url, timeout_s=0.05) as client,
     ):
         assert client.predict(sample_windows(1)) is None
         assert client.stats.timeouts == 1
+        predictor_class.gate.set()
 
 
 def test_server_config_validation():
