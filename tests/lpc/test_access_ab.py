@@ -41,7 +41,8 @@ def trained(slice_trace: Path, tmp_path_factory) -> tuple[Path, dict]:
 
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
-        assert main([*args, "--hidden", "8,8", "--json"]) == 0
+        # two members (the default four: tests/training/test_retrain_traces.py's CLI run)
+        assert main([*args, "--hidden", "8,8", "--ensemble", "2", "--json"]) == 0
     return out, json.loads(buffer.getvalue())
 
 
