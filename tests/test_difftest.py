@@ -37,8 +37,9 @@ SMALL_POOL_SEEDS = SEEDS.filter(lambda seed: params_for_seed(seed).num_blocks <=
 
 
 def test_streams_are_deterministic_per_seed() -> None:
-    assert streams_to_jsonl([generate_stream(3)]) == streams_to_jsonl([generate_stream(3)])
-    assert streams_to_jsonl([generate_stream(3)]) != streams_to_jsonl([generate_stream(4)])
+    three = streams_to_jsonl([generate_stream(3)])
+    assert three == streams_to_jsonl([generate_stream(3)])
+    assert three != streams_to_jsonl([generate_stream(4)])
     assert params_for_seed(5) == params_for_seed(5)
 
 
