@@ -123,7 +123,8 @@ def load_trace(
     if fmt == "mooncake":
         table = parse_mooncake(path, lines)
         linkage = link_by_prefix(table["hash_ids"].tolist(), options.shared_fanout)
-        table["conversation_id"] = [f"c{table.at[i, 'line']}" for i in linkage.conversation]
+        line = table["line"].tolist()  # the table's rows are numbered 0, 1, … (its index)
+        table["conversation_id"] = [f"c{line[i]}" for i in linkage.conversation]
         table["turn_index"] = linkage.turn_index
         table["parent_row"] = linkage.parent
         table["request_id"] = [f"line{n}" for n in table["line"]]
