@@ -13,10 +13,11 @@ from lpc.benchmarks.evictor_worker import Replayer, main
 
 
 def test_the_plan_grows_until_every_policy_gets_the_operations_asked_for() -> None:
-    _, recorded = record_at_least(30_000, 2_000, seed=1)
+    # (seed 1 at this size grows the plan twice, as it did at 30,000 operations on 2,000 blocks)
+    _, recorded = record_at_least(10_000, 700, seed=1)
     counts = {name: count_block_ops(calls) for name, calls in recorded.items()}
     assert set(counts) == {"lru", "lpc"}
-    assert min(counts.values()) >= 30_000
+    assert min(counts.values()) >= 10_000
 
 
 def test_call_files_round_trip(tmp_path: Path) -> None:
