@@ -340,9 +340,16 @@ def test_mooncake_files_are_read_as_one_trace_on_one_clock(tmp_path: Path, capsy
     assert "one clock" in err
 
 
-def test_the_cli_passes_split_at_and_hidden_to_the_trace_path(tmp_path: Path, capsys):
+def test_the_cli_passes_split_at_and_hidden_to_the_trace_path(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The access half at the CLI's default fit (--hidden aside); the return half short."""
+    from training.return_distil import HAZARD_TEACHER_PARAMS
+
     write_mooncake(tmp_path / "logs" / "t.jsonl", chats(HOURS_4_S, 80, seed=8))
-    # a short return-model fit: its rules are tests/training/test_retrain_return_model.py's
+    # a short return-model fit (its teacher at 40 boosting rounds instead of 400): its rules
+    # are tests/training/test_retrain_return_model.py's
+    monkeypatch.setitem(HAZARD_TEACHER_PARAMS, "max_iter", 40)
     extra = ("--json", "--split-at", "0.6", "--hidden", "8", "--seed", "1")
     extra += ("--return-max-epochs", "3")
     code, outcome = cli(tmp_path / "logs", tmp_path / "registry", capsys, *extra)
