@@ -34,7 +34,7 @@ def _grid():
     workload = prepare(requests, 16, sources)
     specs = parse_policies("lru,fifo,lfu,lpc-turns,lpc-const,oracle,belady")
     sizes = [4000, 8000, 16000, 32000]
-    results = run_grid(workload, specs, sizes, ReplayConstants(), workers=2)
+    results = run_grid(workload, specs, sizes, ReplayConstants(), workers=1)
     return workload, specs, sizes, results
 
 
@@ -62,9 +62,12 @@ def test_sanity_of_the_policies(grid) -> None:
 
 def test_serial_and_parallel_grids_agree(grid) -> None:
     workload, specs, sizes, results = grid
-    serial = run_grid(workload, specs[:2], sizes[:2], ReplayConstants(), workers=1)
-    parallel = {(r.policy, r.cache_tokens): r.hit_tokens for r in results}
-    assert all(parallel[(r.policy, r.cache_tokens)] == r.hit_tokens for r in serial)
+    parallel = run_grid(workload, specs[:2], sizes[:2], ReplayConstants(), workers=2)
+    serial = {(r.policy, r.cache_tokens): r.hit_tokens for r in results}
+    assert [(r.policy, r.cache_tokens) for r in parallel] == [
+        (s.label, z) for s in specs[:2] for z in sizes[:2]
+    ]
+    assert all(serial[(r.policy, r.cache_tokens)] == r.hit_tokens for r in parallel)
 
 
 def test_size_to_reach_interpolates_and_extends_to_the_origin() -> None:
