@@ -282,12 +282,18 @@ class LHDEvictor(Evictor):
 
     def _reconfigure(self) -> None:
         # every class at once, in arrays: the same products, sums and quotients as a loop
-        # over the classes and ages (`_model_hit_densities`)
-        hits = np.array(self.hits) * EWMA_DECAY
-        evictions = np.array(self.evictions) * EWMA_DECAY
-        densities = _model_hit_densities(hits, evictions)
+        # over the classes and ages (`_model_hit_densities`); a class with no event yet
+        # stays all zeros (decayed zeros are zeros, and its densities are 0), so only the
+        # others are converted and summed
+        live = [k for k in range(HIT_AGE_CLASSES) if any(self.hits[k]) or any(self.evictions[k])]
+        densities = np.zeros((HIT_AGE_CLASSES, MAX_AGE))
+        if live:
+            hits = np.array([self.hits[k] for k in live]) * EWMA_DECAY
+            evictions = np.array([self.evictions[k] for k in live]) * EWMA_DECAY
+            densities[live] = _model_hit_densities(hits, evictions)
+            for k, h, e in zip(live, hits.tolist(), evictions.tolist(), strict=True):
+                self.hits[k], self.evictions[k] = h, e
         densities[:, MAX_AGE - 1] = [row[MAX_AGE - 1] for row in self.hit_densities]
-        self.hits, self.evictions = hits.tolist(), evictions.tolist()
         self.hit_densities = densities.tolist()
         self._density_array = densities
 
