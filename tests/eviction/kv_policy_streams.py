@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from eviction import Evictor, FreedBlocks, Release
 from lpc.blocks.block_manager import PrefixCacheBlockManager
+from tests.eviction.test_lpc_reference import hashes_of
 from tests.lpc.streams import Allocate
 from tests.properties import check_due, exercised
 
@@ -114,7 +115,7 @@ def replay_with_turns(manager: PrefixCacheBlockManager, steps, types: Sequence[s
     conversation_of: dict[str, str] = {}
     for step in steps:
         if isinstance(step, Allocate):
-            prefix = manager.find_computed_prefix(step.request)
+            prefix = manager.find_computed_prefix(step.request, hashes_of(manager, step.request))
             trace.append(manager.allocate(step.request, prefix, step.now_s))
             conv = step.request.conversation_id or step.request.request_id
             conversation_of[step.request.request_id] = conv

@@ -14,12 +14,35 @@ from tests.eviction.reference import BruteForceLPC
 from tests.lpc.streams import Allocate, Free, random_stream
 from tests.properties import SEEDS, examples, exercised
 
+# request id() -> (the request, block size, algorithm, its block hashes): a stream is replayed
+# by two managers (the fast evictor's and the reference's) with the same hasher, and hashing
+# is the same for both, so it is done once. The entry holds the request, so its id() cannot be
+# reused while the entry stands.
+_HASHES: dict[int, tuple[CacheRequest, int, str, list]] = {}
+
+
+def hashes_of(manager: PrefixCacheBlockManager, request: CacheRequest) -> list:
+    """`manager.block_hashes_of(request)`, computed once per request and hasher."""
+    hasher = manager.hasher
+    entry = _HASHES.get(id(request))
+    if (
+        entry is not None
+        and entry[0] is request
+        and (entry[1], entry[2]) == (hasher.block_size, hasher.algorithm)
+    ):
+        return entry[3]
+    hashes = manager.block_hashes_of(request)
+    if len(_HASHES) > 20_000:
+        _HASHES.clear()
+    _HASHES[id(request)] = (request, hasher.block_size, hasher.algorithm, hashes)
+    return hashes
+
 
 def replay(manager: PrefixCacheBlockManager, steps) -> list:
     trace = []
     for step in steps:
         if isinstance(step, Allocate):
-            prefix = manager.find_computed_prefix(step.request)
+            prefix = manager.find_computed_prefix(step.request, hashes_of(manager, step.request))
             trace.append(manager.allocate(step.request, prefix, step.now_s))
         elif step.request_id in manager.active_request_ids():
             manager.free(step.request_id, step.now_s, step.probability)

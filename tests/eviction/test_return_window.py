@@ -20,6 +20,7 @@ from eviction.return_window import (
 from lpc.blocks.block_manager import PrefixCacheBlockManager
 from predictor.return_curve import ReturnCurve
 from tests.eviction.reference_return import BruteForceReturnWindow
+from tests.eviction.test_lpc_reference import hashes_of
 from tests.lpc.streams import Allocate, random_stream
 from tests.properties import SEEDS, examples, exercised
 
@@ -44,7 +45,7 @@ def replay(manager: PrefixCacheBlockManager, steps, curves: dict[str, ReturnCurv
     trace = []
     for step in steps:
         if isinstance(step, Allocate):
-            prefix = manager.find_computed_prefix(step.request)
+            prefix = manager.find_computed_prefix(step.request, hashes_of(manager, step.request))
             trace.append(manager.allocate(step.request, prefix, step.now_s))
         elif step.request_id in manager.active_request_ids():
             manager.free(step.request_id, step.now_s, None, return_curve=curves[step.request_id])
