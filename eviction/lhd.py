@@ -51,6 +51,12 @@ def hit_age_class(age: int) -> int:
 _HIT_AGE_CLASS = tuple(hit_age_class(age) for age in range(2 * MAX_AGE + 1))
 
 
+# libCacheSim's initial hit densities, (class + 1) / (age + 1): each evictor starts from a copy
+_INITIAL_HIT_DENSITIES = tuple(
+    [(c + 1) / (a + 1) for a in range(MAX_AGE)] for c in range(HIT_AGE_CLASSES)
+)
+
+
 def model_hit_densities(hits: list[float], evictions: list[float]) -> list[float]:
     """libCacheSim's modelHitDensity for one class (its entry at MAX_AGE − 1 is unused)."""
     return _model_hit_densities(np.array([hits]), np.array([evictions]))[0].tolist()
@@ -209,9 +215,7 @@ class LHDEvictor(Evictor):
         self._num_free = 0
         self.hits = [[0.0] * MAX_AGE for _ in range(HIT_AGE_CLASSES)]
         self.evictions = [[0.0] * MAX_AGE for _ in range(HIT_AGE_CLASSES)]
-        self.hit_densities = [
-            [(c + 1) / (a + 1) for a in range(MAX_AGE)] for c in range(HIT_AGE_CLASSES)
-        ]
+        self.hit_densities = [row.copy() for row in _INITIAL_HIT_DENSITIES]
         self._until_reconfiguration = self.accesses_per_reconfiguration
         self.reconfigurations = 0
         self.explorer_budget = int(self._num_blocks * EXPLORER_BUDGET_FRACTION)
