@@ -11,7 +11,6 @@ intervals" and "The replay's intervals".
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,16 +41,6 @@ def per_conversation(hits: RequestHits, count: int) -> np.ndarray:
     return np.bincount(hits.conversations, weights=hits.hit_tokens, minlength=count)
 
 
-@functools.lru_cache(maxsize=1)
-def _conversation_weights(count: int, n_resamples: int, seed: int) -> np.ndarray:
-    """`resample_weights` over conversations 0..count-1, read-only: every pair of replays of
-    one workload (each policy and size against LRU) draws the same resamples, so a grid's
-    comparison draws them once."""
-    weights = resample_weights(np.arange(count), n_resamples, seed, count=count)
-    weights.flags.writeable = False
-    return weights
-
-
 def paired_gain_interval(
     policy: RequestHits,
     baseline: RequestHits,
@@ -73,7 +62,7 @@ def paired_gain_interval(
     if np.array_equal(ours, theirs):  # the same hits everywhere: every resample gives 0
         return GainInterval(0.0, 0.0, 0.0)
 
-    weights = _conversation_weights(count, n_resamples, seed)
+    weights = resample_weights(np.arange(count), n_resamples, seed, count=count)
     draws = paired_gain(ours, theirs, weights)
     interval = percentile_interval(draws, confidence, quantile="scipy", omit_undefined=False)
     assert interval is not None  # with every draw read, there is always one
