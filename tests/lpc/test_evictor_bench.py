@@ -89,7 +89,8 @@ def test_the_worker_prints_one_timing_record(tmp_path: Path, capsys) -> None:
     main(["--policy", "lpc", "--calls", str(path), "--repeats", "1"])
     timing = json.loads(capsys.readouterr().out)
     assert timing["block_ops"] == count_block_ops(recorded["lpc"])
-    assert timing["seconds"] > timing["loop_seconds"] > 0
+    # Both are timed (their order is the machine's: the report clamps a negative difference).
+    assert timing["seconds"] > 0 and timing["loop_seconds"] > 0
 
 
 def test_a_vanished_time_gives_no_ratio_instead_of_dividing_by_zero() -> None:
