@@ -42,7 +42,7 @@ def _categories(requests) -> list[str]:
 @pytest.fixture(scope="module")
 def synthetic() -> PreparedWorkload:
     requests = open_loop_requests(
-        conversations(80, seed=9), WorkloadConfig(duration_s=200, max_active_conversations=16)
+        conversations(48, seed=9), WorkloadConfig(duration_s=120, max_active_conversations=16)
     )
     return prepare(
         requests,
