@@ -97,18 +97,18 @@ def test_wa_fit_counts_block_reuse_per_category_and_pools_the_thin_ones() -> Non
 
 @pytest.fixture(scope="module")
 def trace_runs(tmp_path_factory):
-    """A Mooncake slice split at 300 s, replayed as it is and with its evaluation part cut
+    """A Mooncake slice split at 100 s, replayed as it is and with its evaluation part cut
     short: the fits must not move.
 
-    The first 918 lines arrive before 300 s (the training part); 182 and 82 evaluation lines
+    The first 291 lines arrive before 100 s (the training part); 182 and 82 evaluation lines
     are enough: a fit that also read the evaluation part would count 100 more requests in
     the full run and move. The short run replays one cache size and only the fitted
     policies beside LRU: the fits read neither."""
     root = tmp_path_factory.mktemp("fitted")
-    lines = bundled_lines()[:1100]
+    lines = bundled_lines()[:473]
     full = write_lines(root / "full.jsonl", lines)
-    short = write_lines(root / "short.jsonl", lines[:1000])
-    common = dict(split_at=300.0, workers=1, progress=False)
+    short = write_lines(root / "short.jsonl", lines[:373])
+    common = dict(split_at=100.0, workers=1, progress=False)
     runs = [
         run_ab(
             ABOptions(
