@@ -211,7 +211,12 @@ def _hash_trace_block(
     width = 8 * bs
     subs = list(known)
     previous = subs[-1] if subs else parent
+    # `hasher.hash_block(previous, block, None)` inlined, as in `hash_sequence`: the same
+    # bytes, parent || len(block) || block (no extra keys encode as b"")
+    digest = hasher._digest
+    length = width.to_bytes(4, "little")
     for j in range(len(subs), needed):
-        previous = hasher.hash_block(previous, data[j * width : (j + 1) * width], None)
+        head = previous if previous is not None else hasher.root
+        previous = digest(head + length + data[j * width : (j + 1) * width])
         subs.append(previous)
     return subs
