@@ -28,7 +28,7 @@ class BlockList:
     def __init__(self, capacity: int) -> None:
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
-        self._nodes = [_Node(i) for i in range(capacity)]
+        self._nodes = list(map(_Node, range(capacity)))
         self._head = _Node(-1)
         self._tail = _Node(-1)
         self._head.next = self._tail

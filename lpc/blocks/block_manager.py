@@ -262,7 +262,7 @@ class PrefixCacheBlockManager:
         ref = self._ref_count
         num_required = -(-num_tokens // self.block_size)
         num_new = num_required - len(computed)
-        num_evictable_hits = sum(1 for b in computed if ref[b] == 0)
+        num_evictable_hits = [ref[b] for b in computed].count(0)
         if num_new + num_evictable_hits > len(self.evictor):
             self.counters.allocation_failures += 1
             return None
@@ -405,8 +405,7 @@ class PrefixCacheBlockManager:
         table = held.block_ids
         # bound appends: the loop runs once per block of the request
         add_id, add_depth, add_hash = freed_ids.append, freed_depths.append, freed_hashes.append
-        for depth in range(len(table) - 1, -1, -1):
-            b = table[depth]
+        for depth, b in zip(range(len(table) - 1, -1, -1), reversed(table), strict=True):
             refs = ref[b] - 1
             ref[b] = refs
             h = block_hash[b]
