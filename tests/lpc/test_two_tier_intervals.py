@@ -153,7 +153,7 @@ def test_versus_best_takes_the_best_other_pair_of_each_figure() -> None:
 
 
 def test_lpc_ab_reports_lpc_in_both_tiers_against_the_best_other_pair(tmp_path: Path) -> None:
-    path = write_lines(tmp_path / "slice.jsonl", bundled_lines()[:400])
+    path = write_lines(tmp_path / "slice.jsonl", bundled_lines()[:200])
     policies = tuple(parse_policies("lru,lpc-pooled"))
     outcome = run_ab(
         ABOptions(
