@@ -85,15 +85,17 @@ class BruteForcePooledLPC(Evictor):
     def shared_probability(self, now_s: float) -> float:
         """(reused + 0.5) / (judged + 1) over the shared releases older than the horizon."""
         judged = reused = 0
+        horizon = self.horizon
         for releases in self.history.values():
             for i, r in enumerate(releases):
-                if not r.shared or not r.time_s < now_s - self.horizon:
+                if not r.shared or not r.time_s < now_s - horizon:
                     continue
                 judged += 1
-                reused += any(
-                    r.time_s < later.time_s <= r.time_s + self.horizon
-                    for later in releases[i + 1 :]
-                )
+                start, end = r.time_s, r.time_s + horizon
+                for later in releases[i + 1 :]:
+                    if start < later.time_s <= end:
+                        reused += 1
+                        break
         return (reused + 0.5) / (judged + 1)
 
     def model_trusted(self, now_s: float) -> bool:
@@ -109,7 +111,12 @@ class BruteForcePooledLPC(Evictor):
         for time_s, conv, p in sorted(self.predicted, key=lambda r: r[0]):
             if not time_s < now_s - self.horizon:
                 continue
-            y = any(time_s < t <= time_s + self.horizon for t in times_of[conv])
+            end = time_s + self.horizon
+            y = False
+            for t in times_of[conv]:
+                if time_s < t <= end:
+                    y = True
+                    break
             constant = (continued + 0.5) / (judged + 1)
             p = min(max(p, 1e-3), 1.0 - 1e-3)
             model_loss -= math.log(p if y else 1.0 - p)
