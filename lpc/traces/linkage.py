@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain, islice
 
 from lpc.errors import InvalidInputError
 
@@ -71,10 +70,8 @@ def block_fanout(hash_ids: Sequence[Sequence[int]]) -> dict[int, int]:
     """Distinct successors of every block id across the trace ("ends here" counts as one)."""
     successors: dict[int, set[int]] = defaultdict(set)
     for ids in hash_ids:
-        # each id with the next one, the last with _END (the same pairs, in the same order;
-        # not strict: an empty list pairs nothing)
-        for h, following in zip(ids, chain(islice(ids, 1, None), (_END,)), strict=False):
-            successors[h].add(following)
+        for i, h in enumerate(ids):
+            successors[h].add(ids[i + 1] if i + 1 < len(ids) else _END)
     return {h: len(s) for h, s in successors.items()}
 
 
