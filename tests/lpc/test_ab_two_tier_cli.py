@@ -11,7 +11,7 @@ from lpc.cli.main import main
 from tests.lpc.plots import LINE_PLOTS, skip_plots
 from tests.lpc.test_ab_cli import chats, run_json  # noqa: F401 (chats is a fixture)
 
-COMMON = ["--duration", "600", "--max-active", "30", "--cache-sizes", "3000,6000"]
+COMMON = ["--duration", "300", "--max-active", "30", "--cache-sizes", "3000,6000"]
 
 
 def test_offload_sizes_add_two_tier_figures_and_change_nothing_else(
