@@ -22,12 +22,12 @@ from lpc.traces.load import TraceOptions, load_trace
 from lpc.workload import WorkloadRequest
 from tests.lpc.synthetic import conversations
 
-CACHE_TOKENS = 8_000  # well below the workload's ~240K prompt tokens: LRU evicts a lot
+CACHE_TOKENS = 4_000  # well below the workload's ~115K prompt tokens: LRU evicts a lot
 # No test here reads a PNG: `lpc ab` writes placeholders for its plots (tests/lpc/conftest.py)
 pytestmark = pytest.mark.usefixtures("no_plots")
 
 
-def chat_requests(count: int = 120, seed: int = 1) -> list[WorkloadRequest]:
+def chat_requests(count: int = 60, seed: int = 1) -> list[WorkloadRequest]:
     """Conversations whose next prompt repeats the previous prompt and reply, with think
     times, interleaved over ten minutes."""
     rng = random.Random(seed)
