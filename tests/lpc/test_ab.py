@@ -22,9 +22,9 @@ def grid():
 
 @functools.cache  # built once per process, whichever module asks first
 def _grid():
-    convs = conversations(600, seed=11)
+    convs = conversations(300, seed=11)
     requests = open_loop_requests(
-        convs, WorkloadConfig(duration_s=900, max_active_conversations=40)
+        convs, WorkloadConfig(duration_s=450, max_active_conversations=40)
     )
     turns = [r.turn for r in requests]
     sources = {
