@@ -19,6 +19,7 @@ from tests.lpc.traces.helpers import bundled_lines, direct_infinite_hit_ratio, w
 
 POLICIES = "lru,fifo,lpc-turns,lpc-const,oracle,belady"
 SLICE_REQUESTS = 500
+RUN_REQUESTS = 250  # the ab runs below: replayed, exported, replayed again
 # No test here reads a PNG: `lpc ab` writes placeholders for its plots (tests/lpc/conftest.py)
 pytestmark = pytest.mark.usefixtures("no_plots")
 
@@ -59,13 +60,13 @@ def test_infinite_cache_matches_the_hash_ids_at_block_size_16() -> None:
 
 @pytest.fixture(scope="module")
 def slice_run(tmp_path_factory) -> tuple[dict, dict, Path]:
-    """The first 500 requests of the bundled trace, replayed, exported, replayed again, at one
-    cache size where the policies part ways. Every policy's hits on this slice at three sizes,
+    """The first 250 requests of the bundled trace, replayed, exported, replayed again, at one
+    cache size where the policies part ways. Every policy's hits on the first 500 at three sizes,
     Belady's bound, LRU's growth with the cache and LPC with a constant p being LRU are checked
     by tests/golden (`test_hit_tokens_match_the_pinned_values[mooncake]`,
     `test_the_pinned_values_keep_the_policies_in_order`)."""
     root = tmp_path_factory.mktemp("mooncake")
-    path = write_lines(root / "slice.jsonl", bundled_lines()[:SLICE_REQUESTS])
+    path = write_lines(root / "slice.jsonl", bundled_lines()[:RUN_REQUESTS])
     exported = root / "export.jsonl"
     common = dict(
         policies=tuple(parse_policies(POLICIES)),
@@ -92,7 +93,7 @@ def hits(outcome: dict) -> dict[tuple[str, int], tuple[int, int, int]]:
 def test_the_evaluation_half_is_counted(slice_run) -> None:
     summary = slice_run[0]["workload"]
     split = summary["trace"]["split"]
-    assert split["train_requests"] + split["eval_requests"] == SLICE_REQUESTS
+    assert split["train_requests"] + split["eval_requests"] == RUN_REQUESTS
     assert summary["requests"] == split["eval_requests"] > 0
     queried = {r["queried_tokens"] for r in slice_run[0]["results"]}
     assert queried == {summary["prompt_tokens"]}
