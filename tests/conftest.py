@@ -125,6 +125,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_token_cache(tmp_path_factory: pytest.TempPathFactory):
+    """Each test session tokenises into a folder of its own (`LPC_CACHE_DIR`): no test writes
+    into the checkout's `.cache/lpc`, or reads what an earlier run left there (a run in a
+    used checkout then costs what it costs in a fresh clone). A value already in the
+    environment is kept."""
+    if os.environ.get("LPC_CACHE_DIR"):
+        yield
+        return
+    os.environ["LPC_CACHE_DIR"] = str(tmp_path_factory.mktemp("lpc-cache"))
+    try:
+        yield
+    finally:
+        del os.environ["LPC_CACHE_DIR"]
+
+
 @pytest.fixture(scope="session")
 def local_ray():
     """A local Ray for the tests that fan out on it, or a loud skip when it cannot start.

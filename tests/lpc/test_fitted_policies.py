@@ -165,10 +165,12 @@ def test_a_trace_without_a_training_part_refuses_the_fitted_policies(tmp_path: P
         run_ab(options, log=lambda _: None)
 
 
-def test_a_generated_workload_fits_on_the_training_half(chats, capsys) -> None:  # noqa: F811
+def test_a_generated_workload_fits_on_the_training_half(chats, tmp_path, capsys) -> None:  # noqa: F811
     result = run_json(
         [
             "ab",
+            "--out",
+            str(tmp_path / "out"),
             "--dataset",
             str(chats),
             "--duration",

@@ -91,10 +91,12 @@ def test_bench_rejects_a_policy_it_cannot_time(capsys) -> None:
 
 
 @pytest.mark.usefixtures("no_plots")  # reads no PNG
-def test_ab_runs_the_new_baselines_by_name(chats, capsys) -> None:  # noqa: F811
+def test_ab_runs_the_new_baselines_by_name(chats, tmp_path, capsys) -> None:  # noqa: F811
     result = run_json(
         [
             "ab",
+            "--out",
+            str(tmp_path / "out"),
             "--dataset",
             str(chats),
             "--duration",
