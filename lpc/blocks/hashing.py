@@ -103,6 +103,18 @@ class BlockHasher:
         body = len(block_tokens).to_bytes(4, "little") + block_tokens
         return BlockHash(self._digest(parent + body + _encode_extra(extra_keys)))
 
+    def chain_blocks(self, parent: bytes | None, data: bytes, width: int) -> list[BlockHash]:
+        """`hash_block` of each `width`-byte block of `data` without extra keys, each chained
+        to the one before (the first to `parent`): the same bytes, no calls per block."""
+        digest = self._digest
+        length = width.to_bytes(4, "little")  # no extra keys encode as b""
+        hashes: list[BlockHash] = []
+        for offset in range(0, len(data) - width + 1, width):
+            head = parent if parent is not None else self.root
+            parent = digest(head + length + data[offset : offset + width])
+            hashes.append(BlockHash(parent))
+        return hashes
+
     def extra_keys(
         self,
         start: int,
@@ -144,19 +156,16 @@ class BlockHasher:
         data = encode_tokens(token_ids[first * bs :], offset=first * bs)
         width = 8 * bs
         parent = hashes[-1] if hashes else None
-        plain = lora_id is None and not mm_spans
-        digest = self._digest
-        # `hash_block` inlined for a block without extra keys (no extras encode as b""):
-        # the same bytes, parent || len(tokens) || tokens, without two calls per block
-        length = width.to_bytes(4, "little")
-        for i in range(first, num_full):
+        i = first
+        # Every block with extra keys (a LoRA, images, the salt on block 0) one at a time ...
+        while i < num_full and (lora_id is not None or mm_spans or (i == 0 and cache_salt)):
             offset = (i - first) * width
-            if plain and (i > 0 or not cache_salt):
-                head = parent if parent is not None else self.root
-                parent = digest(head + length + data[offset : offset + width])
-            else:
-                start = i * bs
-                extra = self.extra_keys(start, start + bs, cache_salt, lora_id, mm_spans)
-                parent = self.hash_block(parent, data[offset : offset + width], extra)
+            extra = self.extra_keys(i * bs, (i + 1) * bs, cache_salt, lora_id, mm_spans)
+            parent = self.hash_block(parent, data[offset : offset + width], extra)
             hashes.append(parent)
+            i += 1
+        # ... then the plain ones as one chain.
+        hashes.extend(
+            self.chain_blocks(parent, data[(i - first) * width : (num_full - first) * width], width)
+        )
         return hashes

@@ -209,14 +209,8 @@ def _hash_trace_block(
     values = np.arange(trace_block_size, dtype="<i8") + block_id * trace_block_size
     data = values.tobytes()
     width = 8 * bs
-    subs = list(known)
-    previous = subs[-1] if subs else parent
-    # `hasher.hash_block(previous, block, None)` inlined, as in `hash_sequence`: the same
-    # bytes, parent || len(block) || block (no extra keys encode as b"")
-    digest = hasher._digest
-    length = width.to_bytes(4, "little")
-    for j in range(len(subs), needed):
-        head = previous if previous is not None else hasher.root
-        previous = digest(head + length + data[j * width : (j + 1) * width])
-        subs.append(previous)
-    return subs
+    previous = known[-1] if known else parent
+    return [
+        *known,
+        *hasher.chain_blocks(previous, data[len(known) * width : needed * width], width),
+    ]
