@@ -1,8 +1,14 @@
-"""The real bundled ShareGPT file: the counts measured when the loaders were written."""
+"""The real bundled ShareGPT file, whole: the counts measured when the loaders were written.
+
+Slow (CI step 1b), as the other whole-data-set checks: the default suite runs the same loaders
+on small inputs (test_loaders_sharegpt.py) and on the bundled file's first items
+(tests/lpc/test_chat_tokenization_sharegpt.py, tests/golden)."""
 
 import pytest
 
 from training.loaders import load_conversations, sharegpt_base_id
+
+pytestmark = pytest.mark.slow
 
 ROLES_SEEN = {
     "gpt": 67_594,

@@ -243,6 +243,7 @@ def test_an_explicit_format_overrides_recognition(tmp_path: Path) -> None:
         load_trace(path, options(format="mooncake"))
 
 
+@pytest.mark.slow  # the whole trace (the default suite loads slices of it)
 def test_bundled_trace_loads_whole() -> None:
     trace = load_trace("mooncake", options())
     assert len(trace.requests) == 12031

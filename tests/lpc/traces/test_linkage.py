@@ -72,6 +72,7 @@ def test_the_threshold_must_leave_room_for_a_chat() -> None:
         link_by_prefix([[1]], shared_fanout=1)
 
 
+@pytest.mark.slow  # the whole trace (the tests above link small inputs)
 def test_bundled_mooncake_linkage_statistics() -> None:
     ids = [json.loads(line)["hash_ids"] for line in bundled_lines()]
     stats = link_by_prefix(ids).stats()
