@@ -39,8 +39,8 @@ def request_table(
     for i in completion_order(completion):
         turn = requests[i].turn
         previous = last_tokens.get(turn.conversation_id)
-        prompt = turn.token_ids[: turn.num_prompt_tokens]
-        shared[i] = 0 if previous is None else common_prefix_tokens(previous, prompt)
+        if previous is not None:  # (a conversation's first request shares nothing)
+            shared[i] = common_prefix_tokens(previous, turn.token_ids[: turn.num_prompt_tokens])
         last_tokens[turn.conversation_id] = turn.token_ids
     table = pd.DataFrame(
         {
