@@ -6,7 +6,7 @@ chunks vLLM makes evictable one call at a time."""
 
 from __future__ import annotations
 
-import copy
+import pickle
 from typing import Any
 
 from hypothesis import given, settings
@@ -36,7 +36,8 @@ def evictor_pair(name: str) -> tuple[Any, Any]:
 
 def state_of(evictor: Any) -> dict[str, Any]:
     state = {
-        "order": copy.deepcopy(evictor).pop_n(len(evictor)),  # the real pop order
+        # the real pop order, of a copy (a pickle round trip: copy.deepcopy, ~5x slower)
+        "order": pickle.loads(pickle.dumps(evictor, pickle.HIGHEST_PROTOCOL)).pop_n(len(evictor)),
         "keys": [evictor.pooled_key(b) for b in range(NUM_BLOCKS)],
         "tags": [getattr(evictor._state[b], "tag", None) for b in range(NUM_BLOCKS)],
         "top_logit": evictor.top_logit,
