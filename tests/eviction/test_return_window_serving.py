@@ -5,8 +5,8 @@ counting towards W."""
 
 from __future__ import annotations
 
-import copy
 import math
+import pickle
 from typing import Any
 
 import numpy as np
@@ -49,7 +49,10 @@ def claims_of(evictor: ReturnWindowEvictor, block_id: int) -> list[tuple] | None
 
 def state_of(evictor: ReturnWindowEvictor, now_s: float) -> dict[str, Any]:
     return {
-        "order": copy.deepcopy(evictor).pop_n(len(evictor), now_s),  # the real pop order
+        # the real pop order, of a copy (a pickle round trip: copy.deepcopy, ~5x slower)
+        "order": pickle.loads(pickle.dumps(evictor, pickle.HIGHEST_PROTOCOL)).pop_n(
+            len(evictor), now_s
+        ),
         "claims": [claims_of(evictor, b) for b in range(NUM_BLOCKS)],
         "window_s": evictor.window_s,
         "rekeys": evictor.rekeys,
