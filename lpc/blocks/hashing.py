@@ -108,11 +108,11 @@ class BlockHasher:
         to the one before (the first to `parent`): the same bytes, no calls per block."""
         digest = self._digest
         length = width.to_bytes(4, "little")  # no extra keys encode as b""
+        head = parent if parent is not None else self.root
         hashes: list[BlockHash] = []
         for offset in range(0, len(data) - width + 1, width):
-            head = parent if parent is not None else self.root
-            parent = digest(head + length + data[offset : offset + width])
-            hashes.append(BlockHash(parent))
+            head = digest(head + length + data[offset : offset + width])
+            hashes.append(BlockHash(head))
         return hashes
 
     def extra_keys(
