@@ -63,6 +63,11 @@ class TenantRelease(Release):
     awaiting: str | None = None
 
 
+# A pop of at most this many blocks reads their release times for the eviction-age histogram
+# one by one (`_observe_few_eviction_ages`); a larger one in numpy. Speed only: the same
+# observations either way.
+SMALL_POP = 64
+
 # Tenants one queue counts apart for the pinned cap: the first 4096 it sees; every later one
 # shares one count (so they are capped together), and the table stays bounded.
 MAX_PINNING_TENANTS = 4096
@@ -400,8 +405,14 @@ class LPCFreeBlockQueue:
     def _observe_eviction_ages(self, ids: list[int], cached: list[bool] | None) -> None:
         """Eviction ages of the cached blocks among those popped (`ids`; `cached[i]` says
         whether block i held a hash, None: all did): one observation per run of consecutive
-        blocks released together (equal release times), not one per block. In C but for one
-        step per run; one release's blocks (the common case) take two reductions."""
+        blocks released together (equal release times), not one per block."""
+        if len(ids) <= SMALL_POP:
+            self._observe_few_eviction_ages(ids, cached)
+        else:
+            self._observe_many_eviction_ages(ids, cached)
+
+    def _observe_many_eviction_ages(self, ids: list[int], cached: list[bool] | None) -> None:
+        """`_observe_eviction_ages` in numpy: one release's blocks take two reductions."""
         runtime = self.runtime
         times = self._released_s[np.fromiter(ids, np.intp, len(ids))]
         if cached is not None:
@@ -416,6 +427,24 @@ class LPCFreeBlockQueue:
         observe = runtime.histograms.eviction_age_s.observe_n
         for age, count in zip(ages.tolist(), counts.tolist(), strict=True):
             observe(age, count)
+
+    def _observe_few_eviction_ages(self, ids: list[int], cached: list[bool] | None) -> None:
+        """`_observe_eviction_ages` of a small pop (the common one): the same observations,
+        read one block at a time, which costs less there than numpy's calls."""
+        runtime = self.runtime
+        item = self._released_s.item
+        if cached is None:
+            times = list(map(item, ids))
+        else:
+            times = [item(block_id) for block_id, held in zip(ids, cached, strict=True) if held]
+        now = runtime.clock()
+        observe = runtime.histograms.eviction_age_s.observe_n
+        start, first = 0, times[0]
+        for k, time_s in enumerate(times):
+            if time_s != first:
+                observe(now - first, k - start)
+                start, first = k, time_s
+        observe(now - first, len(times) - start)
 
     def _trip(self, where: str, error: Exception) -> None:
         """The learned evictor failed where vLLM cannot take an error: hand every block it

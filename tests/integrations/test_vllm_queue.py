@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -253,3 +254,36 @@ def test_constant_p_orders_like_vllms_lru(ops, p: float) -> None:
                 lru.remove(block.block_id)
                 held.append([block])
         assert ids(queue.get_all_free_blocks()) == lru.free_block_ids()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 39), st.sampled_from([0.0, 5.0, 12.5]), st.booleans()),
+        min_size=1,
+        max_size=30,
+    ),
+)
+def test_a_small_pop_observes_the_eviction_ages_numpy_does(popped) -> None:
+    """The eviction-age histogram of a small pop, read block by block, gets the observations
+    of the numpy path: one per run of equal release times, in order, cached blocks only."""
+    if not any(held for _, _, held in popped):
+        popped = [(popped[0][0], popped[0][1], True), *popped[1:]]
+    clock = Clock()
+    clock.now = 100.0
+    observed = {}
+    for path in ("_observe_few_eviction_ages", "_observe_many_eviction_ages"):
+        queue, _, runtime = make_queue(40, clock)
+        for block_id, time_s, _ in popped:
+            queue._released_s[block_id] = time_s
+        calls = []
+        recorder = SimpleNamespace(observe_n=lambda age, n, calls=calls: calls.append((age, n)))
+        runtime.histograms = SimpleNamespace(eviction_age_s=recorder)
+        ids_ = [block_id for block_id, _, _ in popped]
+        cached = [held for _, _, held in popped]
+        getattr(queue, path)(ids_, None if all(cached) else cached)
+        observed[path] = calls
+    assert observed["_observe_few_eviction_ages"] == observed["_observe_many_eviction_ages"]
+    assert sum(n for _, n in observed["_observe_few_eviction_ages"]) == sum(
+        held for _, _, held in popped
+    )
