@@ -168,8 +168,11 @@ class SchedulerLPC:
         """What the patch points' `get_computed_blocks` and `allocate_slots` hooks note, for
         the requests vLLM scheduled for the first time in this step (never raises)."""
         plugin = self.plugin
-        board, log, shadow = plugin.board, plugin.request_log, plugin.shadow
+        shadow = plugin.shadow
         shadowing = shadow is not None and (shadow.active or plugin.queues.mode.mode == "shadow")
+        if not shadowing and not output.scheduled_new_reqs:  # most steps: nothing to note
+            return
+        board, log = plugin.board, plugin.request_log
         pool = self.pool
         if (board is None and log is None and not shadowing) or (
             pool.free_block_queue is not self.queue  # off and drained: stock, as there
