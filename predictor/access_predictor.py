@@ -198,11 +198,23 @@ class AccessPredictor:
 
     def predict_one(self, request: RequestState, conversation: ConversationState) -> float:
         """One request from an engine's state (no table): the same arithmetic as `logits`
-        and `predict` on one row, without their shape checks and array conversions (this
-        runs at every release of a serving engine)."""
+        and `predict` on one row, without their shape checks and array conversions (a
+        serving engine's release scored alone)."""
         row = np.array([[f(request, conversation) for f in self._state_functions]], np.float32)
         logit = np.float64(self._forward(row)[0, 0])  # the sigmoid of `predict`, bit for bit
         return float(1.0 / (1.0 + np.exp(-logit)))
+
+    def state_row(self, request: RequestState, conversation: ConversationState) -> list[float]:
+        """One request's raw feature values from an engine's state (`predict_rows`' input)."""
+        return [f(request, conversation) for f in self._state_functions]
+
+    def predict_rows(self, rows: Sequence[Sequence[float]]) -> list[float]:
+        """p of several requests' `state_row`s in one forward pass (the requests a scheduler
+        step finishes). One row gives `predict_one`'s p bit for bit; with more, each p may
+        differ from its `predict_one` in float32 rounding (the matrix product's summation
+        order), as `predict` on a table does."""
+        logits = self._forward(np.array(rows, np.float32))[:, 0].astype(np.float64)
+        return [float(1.0 / (1.0 + np.exp(-logit))) for logit in logits]
 
     def feature_matrix(
         self, states: Sequence[tuple[RequestState, ConversationState]]

@@ -16,9 +16,10 @@ import logging
 import math
 import threading
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from lpc.integrations.artifact_folders import (
     PROBE_REQUEST,
@@ -36,7 +37,7 @@ from lpc.integrations.conversation_table import (
     shared_prefix,
 )
 from lpc.integrations.stats import PluginStats, is_probability
-from predictor.access_features import RequestState
+from predictor.access_features import ConversationState, RequestState
 from predictor.access_predictor import AccessPredictor
 from predictor.artifact import read_metadata
 from predictor.errors import UserError
@@ -78,6 +79,16 @@ class ReleaseOutcome:
     probability: float | None = None
     error: Exception | None = None
     curve: ReturnCurve | None = None
+
+
+class ReleaseItem(NamedTuple):
+    """One request of `AccessRuntime.release_many`: `release`'s arguments."""
+
+    request: Any
+    conversation_id: str | None
+    completion_s: float
+    prompt_tokens: int
+    predict: bool = True
 
 
 @dataclass
@@ -282,6 +293,55 @@ class AccessRuntime:
         model's curve (None without one)."""
         return self.release(request, conversation_id, completion_s, prompt_tokens, False).curve
 
+    def release_many(self, items: Sequence[ReleaseItem]) -> list[ReleaseOutcome | None]:
+        """`release` for several requests in order (those a scheduler step finishes), the
+        access model's p of all in one forward pass (`AccessPredictor.predict_rows`): each
+        request's state is read after the previous one was recorded, as one by one. None for
+        a request that cannot be read (nothing recorded: its own `release` raises)."""
+        if len(items) == 1:  # the common step: `release` itself, `predict_one`'s p
+            try:
+                return [self.release(*items[0])]
+            except Exception:
+                return [None]
+        model = self.model  # read once: a reload publishes a new one
+        outcomes: list[ReleaseOutcome | None] = []
+        rows: list[list[float]] = []
+        predicted: list[ReleaseOutcome] = []
+        for item in items:
+            predict = item.predict and model is not None
+            outcome = ReleaseOutcome()
+            if not (predict or item.conversation_id or self.returns is not None):
+                outcomes.append(outcome)  # nothing to compute or record, as in `release`
+                continue
+            try:
+                state, conversation = self._read(*item[:4])
+            except Exception:
+                outcomes.append(None)
+                continue
+            if predict:
+                assert model is not None
+                try:
+                    rows.append(model.predictor.state_row(state, conversation))
+                    predicted.append(outcome)
+                except Exception as error:
+                    outcome.error = error
+            self._record(
+                item.request, item.conversation_id, item.completion_s, state, conversation, outcome
+            )
+            outcomes.append(outcome)
+        if rows:
+            assert model is not None
+            self.stats.add(in_process_scoring_calls=1)
+            try:
+                probabilities = model.predictor.predict_rows(rows)
+            except Exception as error:  # the plugin counts it per release
+                for outcome in predicted:
+                    outcome.error = error
+            else:
+                for outcome, probability in zip(predicted, probabilities, strict=True):
+                    outcome.probability = probability
+        return outcomes
+
     def _release(
         self,
         request: Any,
@@ -291,13 +351,25 @@ class AccessRuntime:
         predict: bool,
         outcome: ReleaseOutcome,
     ) -> None:
-        model, returns = self.model, self.returns  # read once: a reload publishes a new one
-        table = self.table
-        entry = table.entry(conversation_id, completion_s) if conversation_id else None
+        model = self.model  # read once: a reload publishes a new one
+        state, conversation = self._read(request, conversation_id, completion_s, prompt_tokens)
+        if predict and model is not None:
+            self.stats.add(in_process_scoring_calls=1)
+            try:
+                outcome.probability = model.predictor.predict_one(state, conversation)
+            except Exception as error:  # the plugin counts it; the curve and table go on
+                outcome.error = error
+        self._record(request, conversation_id, completion_s, state, conversation, outcome)
+
+    def _read(
+        self, request: Any, conversation_id: str | None, completion_s: float, prompt_tokens: int
+    ) -> tuple[RequestState, ConversationState]:
+        """The request's `RequestState` and its conversation's state before it (raises when
+        the request cannot be read)."""
+        entry = self.table.entry(conversation_id, completion_s) if conversation_id else None
         conversation = entry.state if entry is not None else EMPTY_CONVERSATION
-        needs_tokens = self.needs_tokens
         shared = 0
-        if needs_tokens and entry is not None and entry.previous is not None:
+        if self.needs_tokens and entry is not None and entry.previous is not None:
             hashes = getattr(request, "block_hashes", None)
             shared = shared_prefix(
                 entry.previous,
@@ -317,11 +389,20 @@ class AccessRuntime:
             completion_s,
             kind if isinstance(kind, str) else None,
         )
-        if predict and model is not None:
-            try:
-                outcome.probability = model.predictor.predict_one(state, conversation)
-            except Exception as error:  # the plugin counts it; the curve and table go on
-                outcome.error = error
+        return state, conversation
+
+    def _record(
+        self,
+        request: Any,
+        conversation_id: str | None,
+        completion_s: float,
+        state: RequestState,
+        conversation: ConversationState,
+        outcome: ReleaseOutcome,
+    ) -> None:
+        """The return model's curve into `outcome`; a finished request becomes its
+        conversation's latest."""
+        returns = self.returns
         if returns is not None:
             outcome.curve = returns.curve(state, conversation)  # never raises
         # Recorded even when a model fails, so the conversation's history stays whole; a
@@ -329,8 +410,8 @@ class AccessRuntime:
         is_finished = getattr(request, "is_finished", None)
         if conversation_id and (is_finished is None or is_finished()):
             try:
-                stored = StoredSequence.of_request(request) if needs_tokens else None
-                table.finished(conversation_id, state, completion_s, stored)
+                stored = StoredSequence.of_request(request) if self.needs_tokens else None
+                self.table.finished(conversation_id, state, completion_s, stored)
                 if stored is not None:
                     self._to_compact.append(stored)
             except Exception as error:

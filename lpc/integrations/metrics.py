@@ -60,6 +60,7 @@ COUNTERS: dict[str, str] = {
     "uncached_blocks_released": "Blocks without a hash released (reused first)",
     "shared_blocks_released": "Cached blocks released while other requests hold them",
     "predictions_in_process": "Releases whose p the in-process access model computed",
+    "in_process_scoring_calls": "Forward passes of the in-process access model",
     "access_model_reloads": "Promoted access models swapped in",
     "access_model_reload_failures": "Promoted access models that could not be loaded",
     "access_prediction_errors": "Releases the access model could not read (fallback p)",

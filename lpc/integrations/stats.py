@@ -38,7 +38,9 @@ class PluginStats:
     handed out again), `cached_blocks_released`, `uncached_blocks_released` and
     `shared_blocks_released` (released by one request while others still hold them).
     With an access-only model in process: `predictions_in_process` (releases whose p it
-    computed; they count as `predictions_used` too), `access_model_reloads` (a promoted model
+    computed; they count as `predictions_used` too), `in_process_scoring_calls` (its forward
+    passes: one per scheduler step through the scheduler class, however many requests the
+    step finished; one per release elsewhere), `access_model_reloads` (a promoted model
     swapped in), `access_model_reload_failures` (one that could not be loaded: the old one
     stays) and `access_prediction_errors` (a request it could not read: the fallback p).
     With a return-time model in process: `return_curves_in_process` (finished releases whose
@@ -80,6 +82,7 @@ class PluginStats:
     uncached_blocks_released: int = 0
     shared_blocks_released: int = 0
     predictions_in_process: int = 0
+    in_process_scoring_calls: int = 0
     access_model_reloads: int = 0
     access_model_reload_failures: int = 0
     access_prediction_errors: int = 0

@@ -337,6 +337,7 @@ SCHEDULER_CLASS_SIGNATURES: dict[str, tuple[str, ...]] = {
     "_request_blocks_can_be_freed": ("self", "request"),
     "_drain_deferred_frees": ("self",),
     "_update_waiting_for_remote_kv": ("self", "request"),
+    "update_from_output": ("self", "scheduler_output", "model_runner_output"),
 }
 SCHEDULER_INIT_NAMES = (
     "kv_cache_manager",

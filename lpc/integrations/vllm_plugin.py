@@ -29,7 +29,12 @@ from typing import TYPE_CHECKING, Any
 from eviction.base import Release
 from eviction.lpc import DEFAULT_FALLBACK_PROBABILITY
 from lpc.integrations import engine_checks, vllm_compat, vllm_seam
-from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
+from lpc.integrations.access_runtime import (
+    AccessRuntime,
+    ReleaseItem,
+    ReleaseOutcome,
+    load_access_runtime,
+)
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
 from lpc.integrations.engine_config import configured_by_environment
 from lpc.integrations.finished_releases import FinishedReleases
@@ -105,6 +110,10 @@ class PluginRuntime:
     trust: HintTrust = field(init=False)
     # The engine's `model_name` metrics label (vLLM's `served_model_name`; `metrics`).
     model_name: str = ""
+    # What `score_finished` computed for the requests a step finished, until their releases
+    # take it (by request id): the in-process models' outcome, and hints not kept elsewhere.
+    scored: dict[str, ReleaseOutcome] = field(default_factory=dict)
+    scored_hints: dict[str, RequestHints] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.trust = HintTrust(self.config.trust_request_hints, self.config.hint_key)
@@ -224,7 +233,7 @@ class PluginRuntime:
         hints = self.hints.pop(rid, None)
         scheduled = hints is not None  # seen by the scheduling hook, which asked if it could
         if hints is None:
-            hints = self.hints_for(request)
+            hints = self.scored_hints.pop(rid, None) or self.hints_for(request)
         coming = False  # the prediction is on its way: the queues re-key when it comes
         try:
             probability, counter, curve, coming = self._probability(request, hints, not scheduled)
@@ -278,7 +287,10 @@ class PluginRuntime:
             if self.board is not None:
                 self.board.forget(rid)
             curve = None
-            if access is not None:
+            scored = self.scored.pop(rid, None)
+            if scored is not None:  # recorded by `score_finished`
+                curve = scored.curve
+            elif access is not None:
                 try:
                     curve = access.record_release(
                         request,
@@ -328,13 +340,15 @@ class PluginRuntime:
         assert access is not None
         if self.board is not None and access.model is not None:
             self.board.forget(request.request_id)
+        outcome = self.scored.pop(request.request_id, None)  # this step's batch computed it
         try:
-            outcome = access.release(
-                request,
-                hints.conversation_id,
-                self.wall_clock(),
-                engine_prompt_tokens(request) or 0,
-            )
+            if outcome is None:
+                outcome = access.release(
+                    request,
+                    hints.conversation_id,
+                    self.wall_clock(),
+                    engine_prompt_tokens(request) or 0,
+                )
         except Exception as error:  # the request cannot be read: neither model can run
             if access.model is not None:
                 self._access_prediction_error(request, error)
@@ -357,6 +371,40 @@ class PluginRuntime:
             return None, outcome.curve
         self.stats.add(predictions_in_process=1)
         return float(probability), outcome.curve  # type: ignore[arg-type]
+
+    def score_finished(self, requests: Sequence[Any]) -> None:
+        """The in-process models' outcomes for the finished requests a scheduler step is about
+        to release, in their order: the access model's p of all in one forward pass
+        (`AccessRuntime.release_many`), so that the step runs the model once, not once per
+        request. Each release then takes its own (`_probability`); the caller clears what is
+        left (`scored`) once they are done. Never raises: on an error the releases compute
+        theirs one by one, as without it."""
+        access = self.access
+        if access is None or not requests:
+            return
+        try:
+            now = self.wall_clock()
+            items, ids = [], []
+            for request in requests:
+                rid = request.request_id
+                hints = self.hints.get(rid)
+                if hints is None:
+                    hints = self.scored_hints.get(rid)
+                    if hints is None:
+                        hints = self.scored_hints[rid] = self.hints_for(request)
+                prompt_tokens = engine_prompt_tokens(request) or 0
+                predict = hints.probability is None
+                items.append(
+                    ReleaseItem(request, hints.conversation_id, now, prompt_tokens, predict)
+                )
+                ids.append(rid)
+            outcomes = access.release_many(items)
+        except Exception as error:
+            self.stats.plugin_error("scoring a step's finished requests", error)
+            return
+        for rid, outcome in zip(ids, outcomes, strict=True):
+            if outcome is not None:  # else its release reads it again, and counts the error
+                self.scored[rid] = outcome
 
     def _access_prediction_error(self, request: Any, error: BaseException) -> None:
         self.stats.fault(

@@ -6,8 +6,9 @@
 `LPCScheduler` / `LPCAsyncScheduler` subclass vLLM's schedulers: only this scheduler's
 full-attention pool gets the LPC queue, the request's release reaches it in
 `_free_request_blocks` and in `_update_waiting_for_remote_kv` (a failed KV load's free), a
-deferred free's blocks are freed with it in `_drain_deferred_frees`, and `schedule` notes
-what the first scheduling tells. This module
+deferred free's blocks are freed with it in `_drain_deferred_frees`, `schedule` notes what
+the first scheduling tells, and with a model in process `update_from_output` holds the frees
+of the requests a step finishes until its end, to score them in one call. This module
 imports vLLM: only an engine imports it. Design: docs/design.md, "Through vLLM's
 `--scheduler-cls`".
 """
@@ -18,7 +19,7 @@ import functools
 import importlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from time import perf_counter_ns
 from typing import Any
 
@@ -91,6 +92,42 @@ class SchedulerLPC:
     plugin: PluginRuntime
     queue: LPCSchedulerQueue
     pool: Any
+    # Inside `update_from_output` with an in-process model (`holding`): the finished requests
+    # whose frees wait for the step's one scoring call (`flush`).
+    holding: bool = False
+    held: list[Any] = field(default_factory=list)
+    # Whether a model runs in process (the runtime's, fixed at start-up): then a step's frees
+    # are held for one scoring call; without, they go at once.
+    in_process: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.in_process = self.plugin.access is not None
+
+    def hold(self, request: Any) -> bool:
+        """Keep a finished request's free for the step's end (True), when the step is
+        holding and LPC is on; False: free it now."""
+        if (
+            not self.holding
+            or self.queue.runtime.mode.mode == "lru"
+            or vllm_plugin.is_unfinished(request)  # preempted: a protected release, now
+        ):
+            return False
+        self.held.append(request)
+        return True
+
+    def flush(self, scheduler: Any, free: Callable[[Any], None]) -> None:
+        """The step's end: the held requests scored in one call (`score_finished`), then
+        freed in the order vLLM finished them, each as `free` frees it. Before the next
+        `schedule`, so no allocation sees the pool without their blocks."""
+        held, self.held = self.held, []
+        plugin = self.plugin
+        plugin.score_finished(held)  # never raises
+        try:
+            for request in held:
+                self.free(scheduler, request, free)
+        finally:  # a release that did not take its outcome (switched off meanwhile)
+            plugin.scored.clear()
+            plugin.scored_hints.clear()
 
     def free(self, scheduler: Any, request: Any, free: Callable[[Any], None]) -> None:
         """`free` (vLLM's `_free_request_blocks`) with the request's release: announced to
@@ -164,13 +201,19 @@ class SchedulerLPC:
             else:  # off and drained: stock, as there
                 pool.free_blocks(reversed(blocks))
 
+    @property
+    def shadowing(self) -> bool:
+        """Whether the shadow caches are fed now (or about to be: shadow mode was asked)."""
+        shadow = self.plugin.shadow
+        return shadow is not None and (shadow.active or self.plugin.queues.mode.mode == "shadow")
+
     def scheduled(self, scheduler: Any, output: Any) -> None:
         """What the patch points' `get_computed_blocks` and `allocate_slots` hooks note, for
         the requests vLLM scheduled for the first time in this step (never raises)."""
         plugin = self.plugin
         shadow = plugin.shadow
-        shadowing = shadow is not None and (shadow.active or plugin.queues.mode.mode == "shadow")
-        if not shadowing and not output.scheduled_new_reqs:  # most steps: nothing to note
+        shadowing = self.shadowing
+        if not shadowing and not output.scheduled_new_reqs:  # nothing to note
             return
         board, log = plugin.board, plugin.request_log
         pool = self.pool
@@ -285,10 +328,13 @@ class LPCSchedulerMixin:
     """LPC in vLLM's scheduler by subclassing (module docstring); first in the bases."""
 
     lpc: SchedulerLPC | None = None  # None: stock
+    _stock_update: Callable[[Any, Any], Any]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         plugin = prepare(type(self), *_configs(args, kwargs))
         super().__init__(*args, **kwargs)
+        # vLLM's own update, bound once: the override runs at every step.
+        self._stock_update = super().update_from_output  # type: ignore[misc]
         if plugin is not None:
             self.lpc = attach(self, plugin)
 
@@ -296,8 +342,21 @@ class LPCSchedulerMixin:
         lpc = self.lpc
         if lpc is None:
             return super()._free_request_blocks(request)  # type: ignore[misc]
-        lpc.free(self, request, super()._free_request_blocks)  # type: ignore[misc]
+        if not lpc.hold(request):
+            lpc.free(self, request, super()._free_request_blocks)  # type: ignore[misc]
         return None
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        lpc = self.lpc
+        if lpc is None or not lpc.in_process:  # no model in process: frees at once
+            return self._stock_update(scheduler_output, model_runner_output)
+        lpc.holding = True
+        try:
+            return self._stock_update(scheduler_output, model_runner_output)
+        finally:
+            lpc.holding = False
+            if lpc.held:
+                lpc.flush(self, super()._free_request_blocks)  # type: ignore[misc]
 
     def _update_waiting_for_remote_kv(self, request: Any) -> None:
         lpc = self.lpc
@@ -317,7 +376,8 @@ class LPCSchedulerMixin:
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         output = super().schedule(*args, **kwargs)  # type: ignore[misc]
         lpc = self.lpc
-        if lpc is not None:
+        # Most steps admit no request and feed no shadow: they skip the call (every step).
+        if lpc is not None and (output.scheduled_new_reqs or lpc.shadowing):
             lpc.scheduled(self, output)
         return output
 

@@ -418,3 +418,111 @@ def test_a_request_the_model_cannot_read_gets_the_fallback() -> None:
     release, source = runtime.release_and_source(broken)
     assert (release.probability, source) == (None, "fallback")
     assert stats.access_prediction_errors == 1 and stats.fallbacks_used == 1
+
+
+# -- one scoring call for a scheduler step's finished requests ---------------------------------
+def step_runtime(stats: PluginStats) -> PluginRuntime:
+    config = PluginConfig(
+        access_model=str(SHIPPED), access_model_reload_s=0.0, trust_request_hints=True
+    )
+    runtime = PluginRuntime(config, stats, QueueRuntime(config, stats, lambda: 0.0), None, None)
+    runtime.access = load_access_runtime(config, stats)
+    assert runtime.access is not None
+    return runtime
+
+
+def engine_request(r: WorkloadRequest) -> FakeRequest:
+    turn = r.turn
+    return FakeRequest(
+        r.request_id,
+        r.arrival_s,
+        list(turn.token_ids[: turn.num_prompt_tokens]),
+        list(turn.token_ids[turn.num_prompt_tokens :]),
+        r.conversation_id,
+    )
+
+
+def test_a_step_s_one_scoring_call_gives_each_release_its_one_by_one_p() -> None:
+    """The scheduler class scores the requests a step finishes in one forward pass
+    (`score_finished`), then releases them. Against releasing each alone: the same source,
+    the p to float32 round-off (bit for bit when the step finished one request), the same
+    conversation table after every step, and one model call per step instead of one per
+    release. The steps group consecutive completions, up to 12 (several turns of one
+    conversation among them), with requests that carry their own p and one the model cannot
+    read."""
+    requests = sorted(synthetic_requests(seed=7), key=lambda r: r.completion_s)
+    rng = random.Random(3)
+    steps, i = [], 0
+    while i < len(requests):
+        size = rng.choice([1, 1, 2, 3, 5, 12])
+        steps.append(requests[i : i + size])
+        i += size
+    assert any(len({r.conversation_id for r in step}) < len(step) for step in steps), (
+        "a step finishing two turns of one conversation"
+    )
+    hinted = {r.request_id for r in requests[::9]}
+    unreadable = requests[20].request_id
+    alone_stats, batched_stats = PluginStats(), PluginStats()
+    alone, batched = step_runtime(alone_stats), step_runtime(batched_stats)
+    scoring_steps = 0
+    for step in steps:
+        now = max(r.completion_s for r in step)
+        alone.wall_clock = batched.wall_clock = lambda now=now: now
+        fakes = {}
+        for side in ("alone", "batched"):
+            fakes[side] = [engine_request(r) for r in step]
+            for fake in fakes[side]:
+                if fake.request_id in hinted:
+                    fake.sampling_params.extra_args["lpc_probability"] = 0.25
+                if fake.request_id == unreadable:
+                    fake.arrival_time = None  # type: ignore[assignment]
+        batched.score_finished(fakes["batched"])
+        scoring_steps += any(
+            f.request_id not in hinted and f.request_id != unreadable for f in fakes["batched"]
+        )
+        for one, other in zip(fakes["alone"], fakes["batched"], strict=True):
+            (want, want_source), (got, got_source) = (
+                alone.release_and_source(one),
+                batched.release_and_source(other),
+            )
+            assert got_source == want_source, one.request_id
+            if want.probability is None or len(step) == 1:
+                assert got.probability == want.probability, one.request_id
+            else:
+                assert abs(got.probability - want.probability) < 1e-6, one.request_id
+        assert batched.scored == {} and batched.scored_hints == {}, "every release took its own"
+        for r in step:
+            cid = r.conversation_id
+            assert batched.access.table.state(cid, now) == alone.access.table.state(cid, now)
+    assert len(steps) < len(requests) - len(hinted), "fewer steps than model releases"
+    assert alone_stats.in_process_scoring_calls == alone_stats.predictions_in_process
+    assert batched_stats.in_process_scoring_calls == scoring_steps
+    for name in (
+        "releases",
+        "predictions_in_process",
+        "probabilities_from_request",
+        "access_prediction_errors",
+        "fallbacks_used",
+        "plugin_errors",
+    ):
+        assert getattr(batched_stats, name) == getattr(alone_stats, name), name
+    assert batched_stats.access_prediction_errors == 1
+
+
+def test_a_failing_model_costs_the_step_s_releases_their_p_not_the_step() -> None:
+    stats = PluginStats()
+    runtime = step_runtime(stats)
+    assert runtime.access is not None and runtime.access.model is not None
+
+    def broken(rows: object) -> list[float]:
+        raise FloatingPointError("the forward pass failed")
+
+    runtime.access.model.predictor.predict_rows = broken  # type: ignore[method-assign]
+    runtime.wall_clock = lambda: 50.0
+    fakes = [FakeRequest(f"r{i}", 1.0, [1, 2, 3], [4, 5], f"c{i}") for i in range(3)]
+    runtime.score_finished(fakes)
+    for fake in fakes:
+        release, source = runtime.release_and_source(fake)
+        assert (release.probability, source) == (None, "fallback")
+    assert stats.access_prediction_errors == 3 and stats.plugin_errors == 0
+    assert runtime.access.table.state("c1", 50.0).requests_so_far == 1, "history recorded"

@@ -33,7 +33,7 @@ from lpc.drivers.vllm_scheduler import (
 )
 from tests.integrations.report import REPORT
 from tests.integrations.snippets import WATCH_LPC, run_snippet
-from tests.integrations.test_vllm_scheduler import sharegpt_like
+from tests.integrations.test_vllm_scheduler import SHIPPED_ACCESS_MODEL, sharegpt_like
 from tests.integrations.test_vllm_seam import ENGINE
 
 pytestmark = pytest.mark.vllm
@@ -121,6 +121,54 @@ def test_the_scheduler_sample_through_the_scheduler_class(
         f"patch points at every step ({through.totals['prefix_cache_hits']} hit tokens, "
         f"{through.summary['lru_order_check']['lpc_not_lru']} evictions unlike LRU); lpc-const "
         "through it == stock vLLM at every step; nothing patched"
+    )
+
+
+def test_with_the_access_model_the_class_scores_each_step_once(
+    vllm_python: Path, class_python: Path, tmp_path: Path
+) -> None:
+    """With the access model in process, the class holds the frees of the requests a step
+    finishes until the step's end and scores them in one forward pass: every step equals the
+    patch points' run (which scores each release alone, the p to float32 round-off), and the
+    model ran once per step that finished a request, fewer times than there were releases."""
+    trace = tmp_path / "chats.jsonl"
+    count = sharegpt_like(trace, conversations_count=30, duration_s=40)
+    requests, logged, _ = load_requests(str(trace), 1)
+    requests_file = write_requests(tmp_path / "requests.jsonl", requests, logged)
+    (pooled,) = parse_policies("lpc-pooled")
+    settings = PluginSettings(access_model=SHIPPED_ACCESS_MODEL)
+
+    def run(label: str, python: Path) -> PolicyRun:
+        folder = tmp_path / label
+        folder.mkdir()
+        return run_policy(python, requests_file, pooled, ENGINE, settings, folder, timeout_s=600)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        points, through = pool.map(run, ("points", "class"), (vllm_python, class_python))
+    for result in (points, through):
+        assert result.summary["invariants"]["ok"], result.summary["invariants"]
+        assert result.totals["finished"] == count
+    assert through.summary["invariants"]["queue"] == "LPCSchedulerQueue"
+    assert points.records is not None and through.records is not None
+    divergence = first_divergence(through.records, points.records, PARITY_FIELDS)
+    assert divergence is None, (
+        f"class (a call per step) vs patch points (per release): {divergence}"
+    )
+    finished = [
+        json.loads(line)["finished"] for line in through.records.read_text().splitlines() if line
+    ]
+    steps_finishing = sum(1 for n in finished if n)
+    assert max(finished) >= 2, "a step that finishes several requests"
+    stats, expected = through.summary["plugin_stats"], points.summary["plugin_stats"]
+    for key in ("releases", "predictions_in_process", "preemptions", "evictions"):
+        assert stats[key] == expected[key], key
+    assert stats["predictions_in_process"] == stats["releases"] == count
+    assert expected["in_process_scoring_calls"] == count, "the patch points: one per release"
+    assert stats["in_process_scoring_calls"] == steps_finishing < count
+    REPORT.append(
+        f"scheduler class with the access model ({count} requests): every step == patch "
+        f"points; {stats['in_process_scoring_calls']} scoring calls (one per step that "
+        f"finished a request, up to {max(finished)} a step) for {count} releases"
     )
 
 

@@ -1,10 +1,11 @@
 """A batch of engine states through `AccessPredictor.predict` (the predictor server's path)
-against `predict_one` state by state (the in-process release's path).
+and `predict_rows` (a scheduler step's finished requests, in process) against `predict_one`
+state by state (a release scored alone).
 
 They agree to float32 round-off, not necessarily to the bit: a batch's matrix products (BLAS
 gemm) may sum in another order than one row's, and a row's last bits may depend on the other
-rows of its batch. The plugin therefore scores each release alone (`predict_one`), the p the
-replay computes; a batched score would not reproduce it bit for bit."""
+rows of its batch. So a step that finishes one request gets `predict_one`'s p exactly (the p
+the replay computes), and one that finishes several gets each p to round-off."""
 
 from __future__ import annotations
 
@@ -67,3 +68,16 @@ def test_one_request_from_engine_state_equals_the_batched_row_bit_for_bit() -> N
     for request, conversation in engine_states(300):
         row = np.array([feature_row(model.feature_names, request, conversation)])
         assert model.predict_one(request, conversation) == float(model.predict(row)[0])
+
+
+def test_a_step_s_rows_equal_predict_one_to_round_off_and_one_row_to_the_bit() -> None:
+    model = AccessPredictor.load(SHIPPED)
+    states = engine_states(200, seed=1)
+    singles = [model.predict_one(request, conversation) for request, conversation in states]
+    rows = [model.state_row(request, conversation) for request, conversation in states]
+    for n in (2, 5, 64, 200):
+        got = model.predict_rows(rows[:n])
+        assert all(type(p) is float for p in got)
+        np.testing.assert_allclose(got, singles[:n], rtol=0.0, atol=ROUND_OFF)
+    for row, single in zip(rows, singles, strict=True):
+        assert model.predict_rows([row]) == [single]
