@@ -12,6 +12,7 @@ from lpc.cli import (
     bench_predictor,
     bench_queue,
     bench_release,
+    bench_step_scoring,
 )
 
 BENCH_MODULES = (
@@ -21,6 +22,7 @@ BENCH_MODULES = (
     bench_access,
     bench_log,
     bench_release,
+    bench_step_scoring,
     bench_queue,
 )
 
