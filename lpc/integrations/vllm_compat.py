@@ -338,6 +338,7 @@ SCHEDULER_CLASS_SIGNATURES: dict[str, tuple[str, ...]] = {
     "_drain_deferred_frees": ("self",),
     "_update_waiting_for_remote_kv": ("self", "request"),
     "update_from_output": ("self", "scheduler_output", "model_runner_output"),
+    "finish_requests": ("self", "request_ids", "finished_status"),
 }
 SCHEDULER_INIT_NAMES = (
     "kv_cache_manager",

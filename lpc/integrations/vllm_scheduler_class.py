@@ -7,8 +7,9 @@
 full-attention pool gets the LPC queue, the request's release reaches it in
 `_free_request_blocks` and in `_update_waiting_for_remote_kv` (a failed KV load's free), a
 deferred free's blocks are freed with it in `_drain_deferred_frees`, `schedule` notes what
-the first scheduling tells, and with a model in process `update_from_output` holds the frees
-of the requests a step finishes until its end, to score them in one call. This module
+the first scheduling tells, and with a model in process `update_from_output` (and
+`finish_requests`, for aborts) holds the frees of the requests it finishes until its end, to
+score them in one call. This module
 imports vLLM: only an engine imports it. Design: docs/design.md, "Through vLLM's
 `--scheduler-cls`".
 """
@@ -353,6 +354,21 @@ class LPCSchedulerMixin:
         lpc.holding = True
         try:
             return self._stock_update(scheduler_output, model_runner_output)
+        finally:
+            lpc.holding = False
+            if lpc.held:
+                lpc.flush(self, super()._free_request_blocks)  # type: ignore[misc]
+
+    def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
+        """vLLM's, for requests finished from outside the step (aborts, usually a batch of
+        them): with a model in process, scored in one call as at a step's end."""
+        lpc = self.lpc
+        finish = super().finish_requests  # type: ignore[misc]
+        if lpc is None or not lpc.in_process or lpc.holding:
+            return finish(request_ids, finished_status)
+        lpc.holding = True
+        try:
+            return finish(request_ids, finished_status)
         finally:
             lpc.holding = False
             if lpc.held:

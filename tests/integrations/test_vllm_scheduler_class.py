@@ -172,6 +172,60 @@ def test_with_the_access_model_the_class_scores_each_step_once(
     )
 
 
+ABORTS = """
+import argparse, importlib.util, json, tempfile
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("driver", "{driver}")
+driver = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(driver)
+table = {{"evictor": "lpc-pooled", "access_model": "{model}", "stats_log_interval_s": 0.0}}
+args = argparse.Namespace(
+    max_model_len=128, max_num_seqs=4, max_num_batched_tokens=256, block_size=16,
+    num_blocks=17, eviction_policy=None, data_parallel_size=1, data_parallel_rank=0,
+    scheduler_cls="{cls}", additional_config=json.dumps({{"lpc": table}}),
+)
+with tempfile.TemporaryDirectory() as folder:
+    scheduler, hasher = driver.build_scheduler(args, Path(folder))
+from vllm.sampling_params import SamplingParams
+from vllm.v1.request import Request, RequestStatus
+from lpc.integrations import vllm_plugin
+for i in range(3):
+    params = SamplingParams(max_tokens=4, extra_args={{"lpc_conversation_id": f"c{{i}}"}})
+    scheduler.add_request(Request(
+        request_id=f"r{{i}}", prompt_token_ids=list(range(100 * i, 100 * i + 40)),
+        sampling_params=params, pooling_params=None, arrival_time=0.0, block_hasher=hasher,
+    ))
+scheduler.schedule()
+pool = scheduler.kv_cache_manager.block_pool
+print("USED", pool.num_gpu_blocks - 1 - pool.get_num_free_blocks())
+aborted = scheduler.finish_requests(["r0", "r1", "r2"], RequestStatus.FINISHED_ABORTED)
+stats = vllm_plugin.stats_snapshot()
+keys = ("releases", "predictions_in_process", "in_process_scoring_calls", "plugin_errors")
+print("ABORTED", len(aborted), json.dumps({{k: stats[k] for k in keys}}))
+print("FREE", pool.num_gpu_blocks - 1 - pool.get_num_free_blocks(), scheduler.lpc.held)
+"""
+
+
+def test_aborted_requests_are_scored_in_one_call(vllm_python: Path) -> None:
+    """Requests finished from outside the step (`finish_requests`: an abort, usually of
+    several at once) are held like a step's and scored in one call, then freed."""
+    code = ABORTS.format(
+        driver=REPO_ROOT / "scripts" / "vllm_scheduler_replay.py",
+        cls=SCHEDULER_CLASS,
+        model=SHIPPED_ACCESS_MODEL,
+    )
+    out = run_snippet(vllm_python, code, {"VLLM_PLUGINS": ""})
+    assert "USED 9" in out, out  # three prompts of 40 tokens: 3 blocks each
+    stats = json.loads(out.split("ABORTED 3 ", 1)[1].splitlines()[0])
+    assert stats == {
+        "releases": 3,
+        "predictions_in_process": 3,
+        "in_process_scoring_calls": 1,
+        "plugin_errors": 0,
+    }, out
+    assert "FREE 0 []" in out, out
+
+
 # One vLLM process: the class built as vLLM builds it (the scheduler driver's `build_scheduler`),
 # a second pool, a bad table, then a vLLM of another shape.
 BUILT = (
