@@ -471,6 +471,7 @@ def policy_row(run: PolicyRun) -> dict[str, Any]:
         "protected_releases": stats.get("preemptions"),
         "protected_blocks_released": stats.get("protected_blocks_released"),
         "predictions_in_process": stats.get("predictions_in_process"),
+        "in_process_scoring_calls": stats.get("in_process_scoring_calls"),
         "return_curves_in_process": stats.get("return_curves_in_process"),
         "return_curve_errors": stats.get("return_curve_errors"),
         "invalid_return_curves": stats.get("invalid_return_curves"),
