@@ -244,6 +244,11 @@ class ReturnTimePredictor:
         order), each from what an engine knows at its release: a replay's curve source."""
         return self.survival(feature_frame(table, self.feature_names).to_numpy())
 
+    def state_row(self, request: RequestState, conversation: ConversationState) -> list[float]:
+        """One release's raw feature values from the engine's state (a row of `curves`: the
+        releases a scheduler step finishes, in one forward pass)."""
+        return [f(request, conversation) for f in self._state_functions]
+
     def curve_one(self, request: RequestState, conversation: ConversationState) -> ReturnCurve:
         """The curve of one release from the engine's state (what runs at every release)."""
         hidden = np.array([f(request, conversation) for f in self._state_functions], np.float32)

@@ -294,23 +294,26 @@ class AccessRuntime:
         return self.release(request, conversation_id, completion_s, prompt_tokens, False).curve
 
     def release_many(self, items: Sequence[ReleaseItem]) -> list[ReleaseOutcome | None]:
-        """`release` for several requests in order (those a scheduler step finishes), the
-        access model's p of all in one forward pass (`AccessPredictor.predict_rows`): each
-        request's state is read after the previous one was recorded, as one by one. None for
-        a request that cannot be read (nothing recorded: its own `release` raises)."""
+        """`release` for several requests in order (those a scheduler step finishes), each
+        model run once for all: the access model's p in one forward pass
+        (`AccessPredictor.predict_rows`), the return model's curves in another
+        (`ReturnModelRuntime.curves`). Each request's state is read after the previous one was
+        recorded, as one by one. None for a request that cannot be read (nothing recorded:
+        its own `release` raises)."""
         if len(items) == 1:  # the common step: `release` itself, `predict_one`'s p
             try:
                 return [self.release(*items[0])]
             except Exception:
                 return [None]
-        model = self.model  # read once: a reload publishes a new one
+        model, returns = self.model, self.returns  # read once: a reload publishes a new one
         outcomes: list[ReleaseOutcome | None] = []
         rows: list[list[float]] = []
         predicted: list[ReleaseOutcome] = []
+        curved: list[tuple[ReleaseOutcome, RequestState, ConversationState]] = []
         for item in items:
             predict = item.predict and model is not None
             outcome = ReleaseOutcome()
-            if not (predict or item.conversation_id or self.returns is not None):
+            if not (predict or item.conversation_id or returns is not None):
                 outcomes.append(outcome)  # nothing to compute or record, as in `release`
                 continue
             try:
@@ -325,10 +328,17 @@ class AccessRuntime:
                     predicted.append(outcome)
                 except Exception as error:
                     outcome.error = error
+            if returns is not None:
+                curved.append((outcome, state, conversation))
             self._record(
-                item.request, item.conversation_id, item.completion_s, state, conversation, outcome
+                item.request, item.conversation_id, item.completion_s, state, conversation, None
             )
             outcomes.append(outcome)
+        if curved:
+            assert returns is not None
+            curves = returns.curves([(state, conversation) for _, state, conversation in curved])
+            for (outcome, _, _), curve in zip(curved, curves, strict=True):
+                outcome.curve = curve
         if rows:
             assert model is not None
             self.stats.add(in_process_scoring_calls=1)
@@ -398,12 +408,12 @@ class AccessRuntime:
         completion_s: float,
         state: RequestState,
         conversation: ConversationState,
-        outcome: ReleaseOutcome,
+        outcome: ReleaseOutcome | None,
     ) -> None:
-        """The return model's curve into `outcome`; a finished request becomes its
-        conversation's latest."""
+        """The return model's curve into `outcome` (None: the caller computes it); a
+        finished request becomes its conversation's latest."""
         returns = self.returns
-        if returns is not None:
+        if returns is not None and outcome is not None:
             outcome.curve = returns.curve(state, conversation)  # never raises
         # Recorded even when a model fails, so the conversation's history stays whole; a
         # failure to record costs the history, not the prediction.

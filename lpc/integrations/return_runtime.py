@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,12 +129,38 @@ class ReturnModelRuntime:
             curve = model.predictor.curve_one(request, conversation)
             problem = curve_problem(curve, model.predictor.grid_s)
         except Exception as error:
-            self.stats.fault(
-                "return_curve_errors",
-                "the return-time model cannot give a curve for a release (%r); fallback score",
-                error,
-            )
+            self._failed(error)
             return None
+        return self._checked(curve, problem)
+
+    def curves(
+        self, states: Sequence[tuple[RequestState, ConversationState]]
+    ) -> list[ReturnCurve | None]:
+        """`curve` of several releases (those a scheduler step finishes) in one forward pass
+        (`ReturnTimePredictor.curves`), each checked and counted as `curve` checks it; when
+        the pass raises, every release gets the fallback score. Never raises."""
+        model = self.model  # read once: a reload publishes a new one
+        predictor = model.predictor
+        try:
+            rows = np.array([predictor.state_row(r, c) for r, c in states], np.float32)
+            made = predictor.curves(rows)
+            problems = [curve_problem(curve, predictor.grid_s) for curve in made]
+        except Exception as error:
+            for _ in states:
+                self._failed(error)
+            return [None] * len(states)
+        return [self._checked(c, p) for c, p in zip(made, problems, strict=True)]
+
+    def _failed(self, error: Exception) -> None:
+        self.stats.fault(
+            "return_curve_errors",
+            "the return-time model cannot give a curve for a release (%r); fallback score",
+            error,
+        )
+
+    def _checked(self, curve: ReturnCurve, problem: str | None) -> ReturnCurve | None:
+        """The curve, counted, or None (the fallback score) when `problem` says it is not a
+        survival curve (counted, the first logged)."""
         if problem is not None:
             self.stats.fault(
                 "invalid_return_curves",

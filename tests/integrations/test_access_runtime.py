@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from lpc.benchmarks.release_bench import chained_hashes
-from lpc.integrations.access_runtime import AccessRuntime, load_access_runtime
+from lpc.integrations.access_runtime import AccessRuntime, ReleaseItem, load_access_runtime
 from lpc.integrations.config import PluginConfig, PluginConfigError, load_config
 from lpc.integrations.conversation_table import (
     ConversationTable,
@@ -526,3 +526,53 @@ def test_a_failing_model_costs_the_step_s_releases_their_p_not_the_step() -> Non
         assert (release.probability, source) == (None, "fallback")
     assert stats.access_prediction_errors == 3 and stats.plugin_errors == 0
     assert runtime.access.table.state("c1", 50.0).requests_so_far == 1, "history recorded"
+
+
+def test_a_step_s_return_curves_come_from_one_pass_to_round_off() -> None:
+    """With the return-time model loaded too, `release_many` runs each model once per step:
+    the curves from one batched pass equal each release's own (`curve_one`) to float32
+    round-off, a step of one runs `release` itself, and the counters match one by one."""
+    from lpc.integrations.return_runtime import load_return_runtime
+
+    config = PluginConfig(
+        access_model=str(SHIPPED),
+        return_model=str(SHIPPED.parent / "mooncake-return"),
+        access_model_reload_s=0.0,
+        return_model_reload_s=0.0,
+    )
+    runtimes, stats = [], []
+    for _ in range(2):
+        counters = PluginStats()
+        runtime = load_access_runtime(config, counters, load_return_runtime(config, counters))
+        assert runtime is not None and runtime.returns is not None
+        runtimes.append(runtime)
+        stats.append(counters)
+    alone, batched = runtimes
+    predictor = batched.returns.model.predictor
+    passes = {"curves": 0, "curve_one": 0}
+    for name in passes:
+        original = getattr(predictor, name)
+
+        def counted(*args: Any, name: str = name, original: Any = original) -> Any:
+            passes[name] += 1
+            return original(*args)
+
+        setattr(predictor, name, counted)
+    requests = sorted(synthetic_requests(seed=5), key=lambda r: r.completion_s)
+    steps = [requests[i : i + 4] for i in range(0, len(requests), 4)]
+    for step in steps:
+        now = max(r.completion_s for r in step)
+        items = [
+            ReleaseItem(engine_request(r), r.conversation_id, now, r.turn.num_prompt_tokens)
+            for r in step
+        ]
+        got = batched.release_many(items)
+        for item, outcome in zip(items, got, strict=True):
+            want = alone.release(*item)
+            assert outcome is not None and outcome.curve is not None and want.curve is not None
+            np.testing.assert_allclose(outcome.curve.survival, want.curve.survival, rtol=1e-5)
+            assert outcome.probability == pytest.approx(want.probability, abs=1e-6)
+    several = sum(len(step) > 1 for step in steps)
+    assert passes == {"curves": several, "curve_one": len(steps) - several}
+    assert stats[1].return_curves_in_process == stats[0].return_curves_in_process == len(requests)
+    assert stats[1].in_process_scoring_calls == len(steps)
