@@ -93,8 +93,8 @@ class SchedulerLPC:
     plugin: PluginRuntime
     queue: LPCSchedulerQueue
     pool: Any
-    # Inside `update_from_output` with an in-process model (`holding`): the finished requests
-    # whose frees wait for the step's one scoring call (`flush`).
+    # Inside `update_from_output` or `finish_requests` with an in-process model (`holding`):
+    # the finished requests whose frees wait for the call's one scoring pass (`flush`).
     holding: bool = False
     held: list[Any] = field(default_factory=list)
     # Whether a model runs in process (the runtime's, fixed at start-up): then a step's frees
