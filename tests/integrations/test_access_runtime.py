@@ -218,20 +218,23 @@ def synthetic_requests(seed: int = 4) -> list[WorkloadRequest]:
     return sorted(out, key=lambda r: r.arrival_s)
 
 
+def engine_request(r: WorkloadRequest) -> FakeRequest:
+    turn = r.turn
+    return FakeRequest(
+        r.request_id,
+        r.arrival_s,
+        list(turn.token_ids[: turn.num_prompt_tokens]),
+        list(turn.token_ids[turn.num_prompt_tokens :]),
+        r.conversation_id,
+    )
+
+
 def replay_releases(runtime: AccessRuntime, requests: list[WorkloadRequest]) -> dict[str, float]:
     """Release every request at its completion, in completion order, as the engine would."""
     out = {}
     for r in sorted(requests, key=lambda r: r.completion_s):
-        turn = r.turn
-        fake = FakeRequest(
-            r.request_id,
-            r.arrival_s,
-            list(turn.token_ids[: turn.num_prompt_tokens]),
-            list(turn.token_ids[turn.num_prompt_tokens :]),
-            r.conversation_id,
-        )
         out[r.request_id] = runtime.predict_release(
-            fake, r.conversation_id, r.completion_s, turn.num_prompt_tokens
+            engine_request(r), r.conversation_id, r.completion_s, r.turn.num_prompt_tokens
         )
     return out
 
@@ -429,17 +432,6 @@ def step_runtime(stats: PluginStats) -> PluginRuntime:
     runtime.access = load_access_runtime(config, stats)
     assert runtime.access is not None
     return runtime
-
-
-def engine_request(r: WorkloadRequest) -> FakeRequest:
-    turn = r.turn
-    return FakeRequest(
-        r.request_id,
-        r.arrival_s,
-        list(turn.token_ids[: turn.num_prompt_tokens]),
-        list(turn.token_ids[turn.num_prompt_tokens :]),
-        r.conversation_id,
-    )
 
 
 def test_a_step_s_one_scoring_call_gives_each_release_its_one_by_one_p() -> None:
