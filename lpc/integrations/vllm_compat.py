@@ -339,6 +339,7 @@ SCHEDULER_CLASS_SIGNATURES: dict[str, tuple[str, ...]] = {
     "_update_waiting_for_remote_kv": ("self", "request"),
     "update_from_output": ("self", "scheduler_output", "model_runner_output"),
     "finish_requests": ("self", "request_ids", "finished_status"),
+    "schedule": ("self", "throttle_prefills"),
 }
 SCHEDULER_INIT_NAMES = (
     "kv_cache_manager",
@@ -388,8 +389,6 @@ def _scheduler_class(vllm: _Vllm) -> list[str]:
                     f"Scheduler.{method} takes ({', '.join(_parameters(function))}), expected "
                     f"({', '.join(expected)})"
                 )
-        if not callable(getattr(scheduler, "schedule", None)):
-            problems.append("Scheduler.schedule is missing")
         for method, expected_names in SCHEDULER_METHOD_NAMES.items():
             function = getattr(scheduler, method, None)
             if function is None or _parameters(function) != SCHEDULER_CLASS_SIGNATURES[method]:

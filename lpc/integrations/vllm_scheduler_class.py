@@ -30,6 +30,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from lpc.integrations import vllm_compat, vllm_plugin
 from lpc.integrations.config import load_config
 from lpc.integrations.engine_config import config_from_table, lpc_table
+from lpc.integrations.kill_switch import ModeSwitch
 from lpc.integrations.vllm_plugin import PluginRuntime
 from lpc.integrations.vllm_seam_queue import LPCSeamQueue
 
@@ -67,6 +68,15 @@ def stock_engine(vllm_config: Any, kv_cache_config: Any) -> str | None:
     return None
 
 
+class _NoShadow:
+    """A runtime without a shadow feed: never feeding one."""
+
+    active = False
+
+
+_NO_SHADOW = _NoShadow()
+
+
 class LPCSchedulerQueue(LPCSeamQueue):
     """The seam's queue, built by the scheduler class with its runtime (a free deferred by
     vLLM reaches it through `SchedulerLPC.drain`, with the release held for its blocks)."""
@@ -100,9 +110,16 @@ class SchedulerLPC:
     # Whether a model runs in process (the runtime's, fixed at start-up): then a step's frees
     # are held for one scoring call; without, they go at once.
     in_process: bool = field(init=False)
+    # The runtime's shadow feed (a stand-in that is never active when it has none) and mode
+    # switch, read at every step (`shadowing`).
+    shadow: Any = field(init=False)
+    switch: ModeSwitch = field(init=False)
 
     def __post_init__(self) -> None:
-        self.in_process = self.plugin.access is not None
+        plugin = self.plugin
+        self.in_process = plugin.access is not None
+        self.shadow = plugin.shadow if plugin.shadow is not None else _NO_SHADOW
+        self.switch = plugin.queues.mode
 
     def hold(self, request: Any) -> bool:
         """Keep a finished request's free for the step's end (True), when the step is
@@ -205,15 +222,14 @@ class SchedulerLPC:
     @property
     def shadowing(self) -> bool:
         """Whether the shadow caches are fed now (or about to be: shadow mode was asked)."""
-        shadow = self.plugin.shadow
-        return shadow is not None and (shadow.active or self.plugin.queues.mode.mode == "shadow")
+        return self.shadow.active or self.switch.mode == "shadow"
 
     def scheduled(self, scheduler: Any, output: Any) -> None:
         """What the patch points' `get_computed_blocks` and `allocate_slots` hooks note, for
         the requests vLLM scheduled for the first time in this step (never raises)."""
         plugin = self.plugin
         shadow = plugin.shadow
-        shadowing = self.shadowing
+        shadowing = self.shadowing and shadow is not None
         if not shadowing and not output.scheduled_new_reqs:  # nothing to note
             return
         board, log = plugin.board, plugin.request_log
@@ -330,14 +346,23 @@ class LPCSchedulerMixin:
 
     lpc: SchedulerLPC | None = None  # None: stock
     _stock_update: Callable[[Any, Any], Any]
+    _stock_schedule: Callable[[bool], Any]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         plugin = prepare(type(self), *_configs(args, kwargs))
         super().__init__(*args, **kwargs)
-        # vLLM's own update, bound once: the override runs at every step.
-        self._stock_update = super().update_from_output  # type: ignore[misc]
         if plugin is not None:
             self.lpc = attach(self, plugin)
+        # vLLM's own step methods, bound once: the overrides below run at every step. Where
+        # one has nothing to do for this scheduler's whole life (stock; no model in process),
+        # vLLM's bound method is set on the instance, ahead of the override: no frame of ours.
+        self._stock_update = super().update_from_output  # type: ignore[misc]
+        self._stock_schedule = super().schedule  # type: ignore[misc]
+        lpc = self.lpc
+        if lpc is None:
+            self.schedule = self._stock_schedule  # type: ignore[method-assign]
+        if lpc is None or not lpc.in_process:
+            self.update_from_output = self._stock_update  # type: ignore[method-assign]
 
     def _free_request_blocks(self, request: Any) -> None:
         lpc = self.lpc
@@ -348,9 +373,8 @@ class LPCSchedulerMixin:
         return None
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        lpc = self.lpc
-        if lpc is None or not lpc.in_process:  # no model in process: frees at once
-            return self._stock_update(scheduler_output, model_runner_output)
+        # Only with a model in process (`__init__`): the step's frees are held for one call.
+        lpc: SchedulerLPC = self.lpc  # type: ignore[assignment]
         lpc.holding = True
         try:
             return self._stock_update(scheduler_output, model_runner_output)
@@ -389,11 +413,12 @@ class LPCSchedulerMixin:
         lpc.drain(self)
         return None
 
-    def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        output = super().schedule(*args, **kwargs)  # type: ignore[misc]
-        lpc = self.lpc
+    def schedule(self, throttle_prefills: bool = False) -> Any:
+        # Only with LPC on this scheduler (`__init__`).
+        output = self._stock_schedule(throttle_prefills)
+        lpc: SchedulerLPC = self.lpc  # type: ignore[assignment]
         # Most steps admit no request and feed no shadow: they skip the call (every step).
-        if lpc is not None and (output.scheduled_new_reqs or lpc.shadowing):
+        if output.scheduled_new_reqs or lpc.shadow.active or lpc.switch.mode == "shadow":
             lpc.scheduled(self, output)
         return output
 
