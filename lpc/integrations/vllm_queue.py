@@ -238,6 +238,9 @@ class LPCFreeBlockQueue:
         self._awaiting: dict[str, tuple[list[Any], Release]] = {}
         self._rekeys = isinstance(self._learned, LPCEvictor)  # lpc-return keys no p
         self._learned.reset([])
+        # How many blocks the learned evictor holds, kept by every call that changes it (all
+        # on the scheduler thread): vLLM reads `num_free_blocks` several times a step.
+        self._held = 0
         self._phase = LPC
         self._tripped = False
         self.runtime.queue_built(self._pool)
@@ -287,6 +290,7 @@ class LPCFreeBlockQueue:
         except Exception as error:
             self._trip("the LPC queue's pop", error)
             return self._list.popleft_n(n)
+        self._held = len(self._learned)
         if self._pinned_total:
             self._unpin(ids)
         popped = list(map(self._blocks.__getitem__, ids))
@@ -468,6 +472,7 @@ class LPCFreeBlockQueue:
             self._learned.reset([])
         except Exception as reset_error:
             runtime.stats.plugin_error("resetting the failed learned evictor", reset_error)
+        self._held = 0  # every call goes to vLLM's list from now on
         self._clear_pins()
         self._awaiting.clear()
         switch = runtime.mode
@@ -479,7 +484,7 @@ class LPCFreeBlockQueue:
     # -- what BlockPool calls ------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return self._list.num_free_blocks + len(self._learned)
+        return self._list.num_free_blocks + self._held
 
     def popleft(self) -> Any:
         listed = self._list
@@ -543,6 +548,7 @@ class LPCFreeBlockQueue:
             if block.prev_free_block is not None:  # salvaged into the list: take it out
                 self._list.remove(block)
             return
+        self._held -= 1
         if self._pinned_total:
             self._unpin((block.block_id,))
 
@@ -582,6 +588,7 @@ class LPCFreeBlockQueue:
             self._append_as_lru(blocks)
             if self._tripped:
                 return
+        self._held = len(self._learned)
         try:  # for the eviction-age histogram, and the pinned counts
             if freed is not None:
                 index = freed.index
