@@ -279,6 +279,10 @@ print("OTHER", type(other.free_block_queue).__name__)
 print("CHANGED", sorted(changed))
 print("STACK_READS", stack_reads)
 print("WARNINGS", warnings)
+STEP = ("schedule", "update_from_output")  # vLLM's, set on the instance where ours has no work
+def bound(sched):
+    return sorted(n for n in STEP if n in vars(sched) and vars(sched)[n].__func__ is getattr(scheduler.Scheduler, n))
+print("BOUND", bound(built), bound(built_async))
 try:
     build({{"evictor": "lpc-pooled", "scale_per_s": -1}})
     print("BAD_TABLE accepted")
@@ -292,6 +296,7 @@ scheduler.Scheduler._drain_deferred_frees = lambda self, fence: None
 stock = build({{"evictor": "lpc-pooled"}})
 again = build({{"evictor": "lpc-pooled"}})
 print("STOCK", type(stock.kv_cache_manager.block_pool.free_block_queue).__name__, stock.lpc)
+print("STOCK_BOUND", bound(stock))
 print("REGISTERED", vllm_plugin.is_registered())
 print("STOCK_WARNINGS", json.dumps(warnings))
 """
@@ -314,6 +319,9 @@ def test_the_class_patches_nothing_and_changes_only_its_pool(built: str) -> None
     assert "OTHER FreeKVCacheBlockQueue" in built, built
     assert "CHANGED []" in built and "STACK_READS []" in built, built
     assert "WARNINGS []" in built, built
+    # No model in process: vLLM's own update on the instance (no frame of ours at each step);
+    # the class's `schedule` stays (it notes admissions and feeds the shadow).
+    assert "BOUND ['update_from_output'] ['update_from_output']" in built, built
 
 
 def test_a_bad_lpc_table_names_the_field(built: str) -> None:
@@ -322,6 +330,7 @@ def test_a_bad_lpc_table_names_the_field(built: str) -> None:
 
 def test_a_vllm_of_another_shape_runs_the_class_stock_with_one_warning(built: str) -> None:
     assert "STOCK FreeKVCacheBlockQueue None" in built and "REGISTERED False" in built, built
+    assert "STOCK_BOUND ['schedule', 'update_from_output']" in built, built  # nothing of ours
     warnings = json.loads(built.split("STOCK_WARNINGS ", 1)[1].splitlines()[0])
     assert warnings == [
         "LPC scheduler class: vLLM runs its own scheduler, stock: "
