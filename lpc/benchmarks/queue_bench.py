@@ -2,8 +2,9 @@
 
 Times, per request size, the three calls vLLM's `BlockPool` makes on its free queue for one
 multi-turn request (`touch`, `alloc`, `free`) on real vLLM 0.33 `KVCacheBlock`s, vLLM's queue
-and the plugin's interleaved request by request; `--switch` adds the kill switch and `--scan`
-vLLM's lazy CPU offload walk. Runs in vLLM's venv (`python -m lpc.benchmarks.queue_bench`, as
+and the plugin's interleaved request by request; `--switch` adds the kill switch, `--scan`
+vLLM's lazy CPU offload walk and `--manager` vLLM's whole `KVCacheManager` calls
+(`manager_bench`). Runs in vLLM's venv (`python -m lpc.benchmarks.queue_bench`, as
 `lpc bench queue` calls it): it prints one JSON record on its last line.
 
 What is timed and how: docs/design.md, "The queue benchmark"; the figures: docs/serving.md,
@@ -66,7 +67,8 @@ class StepClock:
         return self.now
 
 
-def _figure(samples_ns: list[int]) -> Figure:
+def figure_of(samples_ns: list[int]) -> Figure:
+    """p50 and p99 of per-request times (ns), in microseconds."""
     ordered = sorted(samples_ns)
     p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
     return Figure(statistics.median(ordered) / 1e3, p99 / 1e3)
@@ -131,7 +133,7 @@ def run_size(
                     ns["touch"].append(t1 - t0)
                 ns["alloc"].append(t2 - t1)
                 ns["free"].append(t4 - t3)
-    figures = {name: {op: _figure(sides[name]["ns"][op]) for op in OPERATIONS} for name in sides}
+    figures = {name: {op: figure_of(sides[name]["ns"][op]) for op in OPERATIONS} for name in sides}
     return SizeResult(
         tokens=tokens,
         blocks_per_request=n,
@@ -248,7 +250,7 @@ def run_switch(tokens: int, evictor: str, free_blocks: int, seed: int = 0) -> Sw
     t0 = time.thread_time_ns()
     pool.free_block_queue.popleft_n(n)
     first_on_ns = time.thread_time_ns() - t0
-    drain, stock_figure = _figure(drain_ns), _figure(stock_ns)
+    drain, stock_figure = figure_of(drain_ns), figure_of(stock_ns)
     return SwitchResult(
         tokens=tokens,
         free_blocks=free_blocks,
@@ -314,7 +316,7 @@ def run_scan(
                 block.set_block_hash(f"walk-{step}-{i}".encode(), (i + 1) * BLOCK_SIZE)
             with runtime.releasing(release):
                 queue.append_n(chain[::-1])
-    stock, lpc = _figure(sides["stock"]["ns"]), _figure(sides["lpc"]["ns"])
+    stock, lpc = figure_of(sides["stock"]["ns"]), figure_of(sides["lpc"]["ns"])
     per_block = {  # the median walk's ns per block visited
         name: statistics.median(ns / v for ns, v in zip(side["ns"], side["visited"], strict=True))
         for name, side in sides.items()
@@ -353,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--free-blocks", type=int, default=DEFAULT_FREE_BLOCKS)
     parser.add_argument("--scan-blocks", type=int, default=DEFAULT_SCAN_BLOCKS)
     parser.add_argument("--walks", type=int, default=200)
+    parser.add_argument("--manager", action="store_true")
     args = parser.parse_args(argv)
     sizes = [int(part) for part in args.sizes.split(",") if part.strip()]
     results = []
@@ -377,6 +380,12 @@ def main(argv: list[str] | None = None) -> int:
                     tokens, args.evictor, args.free_blocks, args.scan_blocks, args.walks, args.seed
                 )
                 result["scan"] = asdict(scan)
+                gc.collect()
+            if args.manager:
+                from lpc.benchmarks.manager_bench import run_manager
+
+                print(f"queue bench: vLLM's KVCacheManager, {requests} requests", file=sys.stderr)
+                result["manager"] = asdict(run_manager(tokens, requests, args.evictor))
                 gc.collect()
             results.append(result)
     finally:

@@ -25,6 +25,7 @@ class QueueBenchOptions:
     walks: int
     switch: bool
     scan: bool
+    manager: bool = False
 
 
 def worker_command(python: Path, options: QueueBenchOptions) -> list[str]:
@@ -48,6 +49,7 @@ def worker_command(python: Path, options: QueueBenchOptions) -> list[str]:
         str(options.walks),
         *(["--switch"] if options.switch else []),
         *(["--scan"] if options.scan else []),
+        *(["--manager"] if options.manager else []),
     ]
 
 
@@ -84,7 +86,8 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
 
 
 def _extra_lines(size: dict[str, Any]) -> list[str]:
-    """The switch's and the offload walk's lines of one size, when they were timed."""
+    """The switch's, the offload walk's and vLLM's whole manager's lines of one size, when
+    they were timed."""
     lines = []
     switch = size.get("switch")
     if switch:
@@ -102,5 +105,16 @@ def _extra_lines(size: dict[str, Any]) -> list[str]:
             f"{scan['stock']['p50_us']:.1f} µs vLLM, {scan['lpc']['p50_us']:.1f} µs LPC "
             f"({scan['ratio_p50']:.2f}×, p99 {scan['ratio_p99']:.2f}×); per block "
             f"{scan['ratio_per_block']:.2f}×"
+        )
+    manager = size.get("manager")
+    if manager:
+        lines.append(
+            f"  {size['tokens']:>8,} vLLM's KVCacheManager: allocate (get_computed_blocks + "
+            f"allocate_slots) p50 {manager['stock']['allocate']['p50_us']:.1f} µs vLLM, "
+            f"{manager['lpc']['allocate']['p50_us']:.1f} µs LPC "
+            f"({manager['ratio_p50']['allocate']:.2f}×); free p50 "
+            f"{manager['stock']['free']['p50_us']:.1f} µs vLLM, "
+            f"{manager['lpc']['free']['p50_us']:.1f} µs LPC ({manager['ratio_p50']['free']:.2f}×, "
+            f"p99 {manager['ratio_p99']['free']:.2f}×)"
         )
     return lines

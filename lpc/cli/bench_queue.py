@@ -81,6 +81,14 @@ def register(targets: argparse._SubParsersAction) -> None:
         "--walks", type=positive_int, default=200, help="walks per size for --scan (default 200)"
     )
     parser.add_argument(
+        "--manager",
+        action="store_true",
+        help="also time vLLM's whole KVCacheManager for the same requests: get_computed_blocks "
+        "+ allocate_slots, and the free (KVCacheManager.free against the LPC scheduler class's "
+        "free path, which announces the release first), with a trusted p on every request "
+        "(lpc/benchmarks/manager_bench.py)",
+    )
+    parser.add_argument(
         "--vllm-python",
         type=Path,
         default=DEFAULT_VLLM_PYTHON,
@@ -117,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         walks=args.walks,
         switch=args.switch,
         scan=args.scan,
+        manager=args.manager,
     )
     python = args.vllm_python
     if not python.exists():

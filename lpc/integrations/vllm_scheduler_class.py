@@ -321,8 +321,13 @@ def attach(scheduler: Any, plugin: PluginRuntime) -> SchedulerLPC | None:
     if problems or pool is None:
         logger.warning("LPC scheduler class: the block pool stays stock: %s", "; ".join(problems))
         return None
+    return SchedulerLPC(plugin, give_queue(pool, plugin, set(ids)), pool)
+
+
+def give_queue(pool: Any, plugin: PluginRuntime, free_ids: set[int]) -> LPCSchedulerQueue:
+    """Hand vLLM's `pool` an LPC queue over its blocks (those in `free_ids` free, in id order,
+    uncached; every other one held), in the runtime's current mode."""
     queue = LPCSchedulerQueue(pool.blocks, pool.hash_block_size, plugin)
-    free_ids = set(ids)
     for block in pool.blocks:  # the null block, and any block vLLM holds already
         if block.block_id not in free_ids:
             queue.remove(block)
@@ -330,7 +335,7 @@ def attach(scheduler: Any, plugin: PluginRuntime) -> SchedulerLPC | None:
     switch = plugin.queues.mode
     with switch.lock:  # the current mode, now that the pool holds the queue
         queue.follow(switch.mode)
-    return SchedulerLPC(plugin, queue, pool)
+    return queue
 
 
 def _configs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:

@@ -26,7 +26,9 @@ def test_the_trace_sample_keeps_what_sample_conversations_keeps(monkeypatch) -> 
 
 @pytest.mark.parametrize(("switch", "scan"), [(False, False), (True, True)])
 def test_the_queue_worker_gets_every_flag(switch: bool, scan: bool) -> None:
-    options = QueueBenchOptions("1024,2048", 500, "lpc", "shadow", 2000, 64, 5, switch, scan)
+    options = QueueBenchOptions(
+        "1024,2048", 500, "lpc", "shadow", 2000, 64, 5, switch, scan, manager=scan
+    )
     argv = worker_command(Path("/venv/python"), options)
     assert argv[:3] == ["/venv/python", "-m", "lpc.benchmarks.queue_bench"]
     flags = dict(zip(argv[3:17:2], argv[4:17:2], strict=True))
@@ -39,7 +41,7 @@ def test_the_queue_worker_gets_every_flag(switch: bool, scan: bool) -> None:
         "--scan-blocks": "64",
         "--walks": "5",
     }
-    assert ("--switch" in argv, "--scan" in argv) == (switch, scan)
+    assert ("--switch" in argv, "--scan" in argv, "--manager" in argv) == (switch, scan, scan)
 
 
 def test_the_queue_report_has_a_row_per_call_and_the_optional_lines() -> None:
@@ -67,6 +69,16 @@ def test_the_queue_report_has_a_row_per_call_and_the_optional_lines() -> None:
     }
     with_scan = summary_lines({**record, "sizes": [{**size, "scan": scan}]})
     assert len(with_scan) == 6 and "offload walk of ≤64 blocks" in with_scan[-1]
+    calls = ("allocate", "free")
+    manager = {
+        "stock": {c: {"p50_us": 10.0} for c in calls},
+        "lpc": {c: {"p50_us": 15.0} for c in calls},
+        "ratio_p50": dict.fromkeys(calls, 1.5),
+        "ratio_p99": dict.fromkeys(calls, 2.0),
+    }
+    with_manager = summary_lines({**record, "sizes": [{**size, "manager": manager}]})
+    assert len(with_manager) == 6 and "KVCacheManager" in with_manager[-1]
+    assert "free p50 10.0 µs vLLM, 15.0 µs LPC (1.50×, p99 2.00×)" in with_manager[-1]
 
 
 def test_the_load_test_reads_the_servers_overload_count() -> None:
