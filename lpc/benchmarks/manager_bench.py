@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from lpc.benchmarks.queue_bench import BLOCK_SIZE, WARMUP_REQUESTS, Figure, figure_of
+from lpc.benchmarks.queue_bench import (
+    BLOCK_SIZE,
+    WARMUP_REQUESTS,
+    Figure,
+    figure_of,
+    ratios_of,
+)
 from lpc.integrations.config import PluginConfig
 
 P = 0.7  # every request's p, a trusted hint: one p, so LPC keeps the last turn as LRU does
@@ -140,12 +146,13 @@ def run_manager(tokens: int, requests: int, evictor: str) -> ManagerResult:
         vllm_plugin.unregister()
     calls = ("allocate", "free")
     figures = {name: {c: figure_of(sides[name][c]) for c in calls} for name in sides}
+    ratio_p50, ratio_p99 = ratios_of(figures, calls)
     return ManagerResult(
         tokens=tokens,
         requests=requests,
         hit_blocks=hit,
         stock=figures["stock"],
         lpc=figures["lpc"],
-        ratio_p50={c: figures["lpc"][c].p50_us / figures["stock"][c].p50_us for c in calls},
-        ratio_p99={c: figures["lpc"][c].p99_us / figures["stock"][c].p99_us for c in calls},
+        ratio_p50=ratio_p50,
+        ratio_p99=ratio_p99,
     )

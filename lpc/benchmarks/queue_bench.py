@@ -74,6 +74,17 @@ def figure_of(samples_ns: list[int]) -> Figure:
     return Figure(statistics.median(ordered) / 1e3, p99 / 1e3)
 
 
+def ratios_of(
+    figures: dict[str, dict[str, Figure]], calls: tuple[str, ...]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """LPC's p50 and p99 over stock's, per call (`figures`: per side, per call)."""
+    stock, lpc = figures["stock"], figures["lpc"]
+    return (
+        {c: lpc[c].p50_us / stock[c].p50_us for c in calls},
+        {c: lpc[c].p99_us / stock[c].p99_us for c in calls},
+    )
+
+
 def run_size(
     tokens: int, requests: int, evictor: str, seed: int = 0, mode: str = DEFAULT_MODE
 ) -> SizeResult:
@@ -134,18 +145,15 @@ def run_size(
                 ns["alloc"].append(t2 - t1)
                 ns["free"].append(t4 - t3)
     figures = {name: {op: figure_of(sides[name]["ns"][op]) for op in OPERATIONS} for name in sides}
+    ratio_p50, ratio_p99 = ratios_of(figures, OPERATIONS)
     return SizeResult(
         tokens=tokens,
         blocks_per_request=n,
         requests=requests,
         stock=figures["stock"],
         lpc=figures["lpc"],
-        ratio_p50={
-            op: figures["lpc"][op].p50_us / figures["stock"][op].p50_us for op in OPERATIONS
-        },
-        ratio_p99={
-            op: figures["lpc"][op].p99_us / figures["stock"][op].p99_us for op in OPERATIONS
-        },
+        ratio_p50=ratio_p50,
+        ratio_p99=ratio_p99,
     )
 
 
