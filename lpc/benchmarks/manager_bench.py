@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from lpc.benchmarks.queue_bench import (
+from lpc.benchmarks.per_request import (
     BLOCK_SIZE,
     WARMUP_REQUESTS,
     Figure,

@@ -24,6 +24,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from eviction.base import Release
+from lpc.benchmarks.per_request import (
+    BLOCK_SIZE,
+    WARMUP_REQUESTS,
+    Figure,
+    figure_of,
+    ratios_of,
+)
 from lpc.integrations.config import PluginConfig
 from lpc.integrations.kill_switch import DEFAULT_MODE, MODES, ModeSwitch
 from lpc.integrations.stats import PluginStats
@@ -33,17 +40,7 @@ DEFAULT_FREE_BLOCKS = 100_000
 DEFAULT_SCAN_BLOCKS = 1_024  # vLLM's lazy target at max_num_batched_tokens 8192
 
 DEFAULT_SIZES = (1_024, 11_264, 131_072)  # 1K, 11K, 128K tokens per request
-BLOCK_SIZE = 16
 OPERATIONS = ("touch", "alloc", "free")
-WARMUP_REQUESTS = 8  # the pool fills with cached blocks before anything is timed
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One operation's per-request times, in microseconds."""
-
-    p50_us: float
-    p99_us: float
 
 
 @dataclass(frozen=True)
@@ -65,24 +62,6 @@ class StepClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def figure_of(samples_ns: list[int]) -> Figure:
-    """p50 and p99 of per-request times (ns), in microseconds."""
-    ordered = sorted(samples_ns)
-    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-    return Figure(statistics.median(ordered) / 1e3, p99 / 1e3)
-
-
-def ratios_of(
-    figures: dict[str, dict[str, Figure]], calls: tuple[str, ...]
-) -> tuple[dict[str, float], dict[str, float]]:
-    """LPC's p50 and p99 over stock's, per call (`figures`: per side, per call)."""
-    stock, lpc = figures["stock"], figures["lpc"]
-    return (
-        {c: lpc[c].p50_us / stock[c].p50_us for c in calls},
-        {c: lpc[c].p99_us / stock[c].p99_us for c in calls},
-    )
 
 
 def run_size(

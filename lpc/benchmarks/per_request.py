@@ -1,0 +1,36 @@
+"""Per-request figures both engine benchmarks report (`queue_bench`, `manager_bench`): the
+requests' block size, their warm-up, p50 and p99 in microseconds, and LPC's ratio to stock."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+BLOCK_SIZE = 16
+WARMUP_REQUESTS = 8  # the pool fills with cached blocks before anything is timed
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One operation's per-request times, in microseconds."""
+
+    p50_us: float
+    p99_us: float
+
+
+def figure_of(samples_ns: list[int]) -> Figure:
+    """p50 and p99 of per-request times (ns), in microseconds."""
+    ordered = sorted(samples_ns)
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return Figure(statistics.median(ordered) / 1e3, p99 / 1e3)
+
+
+def ratios_of(
+    figures: dict[str, dict[str, Figure]], calls: tuple[str, ...]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """LPC's p50 and p99 over stock's, per call (`figures`: per side, per call)."""
+    stock, lpc = figures["stock"], figures["lpc"]
+    return (
+        {c: lpc[c].p50_us / stock[c].p50_us for c in calls},
+        {c: lpc[c].p99_us / stock[c].p99_us for c in calls},
+    )
