@@ -393,16 +393,24 @@ class RunHeap:
             self._uncached.remove(block_id)
             return
         parent = self._parent
+        children = self._children
+        # `_set_parent` and `_unlink` inlined: a hit's path (vLLM's touch, one call a block).
         if run.chain:  # the queued child's implicit link to this block becomes explicit
             j = self._pos_of[block_id]
             if j:
                 child = run.block_ids[j - 1]
                 if state[child] is run and parent[child] < 0:
-                    self._set_parent(child, block_id)
-        if parent[block_id] >= 0:
+                    children[block_id] += 1
+                    parent[child] = block_id
+        p = parent[block_id]
+        if p >= 0:
             # A block in use holds its parent back no more: whoever hit it holds its prefix,
             # this parent or a duplicate of its content. Its next release links it afresh.
-            self._unlink(block_id)
+            parent[block_id] = -1
+            c = children[p] - 1
+            children[p] = c
+            if not c and p in self._deferred:
+                self._requeue_deferred(p)
         ghost = run.ghost
         if ghost is None:  # the run's first hit
             ghost = run.ghost = Ghost(run.key, run.tag)
