@@ -200,7 +200,7 @@ class AccessPredictor:
         """One request from an engine's state (no table): the same arithmetic as `logits`
         and `predict` on one row, without their shape checks and array conversions (a
         serving engine's release scored alone)."""
-        row = np.array([[f(request, conversation) for f in self._state_functions]], np.float32)
+        row = np.array([self.state_row(request, conversation)], np.float32)
         logit = np.float64(self._forward(row)[0, 0])  # the sigmoid of `predict`, bit for bit
         return float(1.0 / (1.0 + np.exp(-logit)))
 

@@ -251,7 +251,7 @@ class ReturnTimePredictor:
 
     def curve_one(self, request: RequestState, conversation: ConversationState) -> ReturnCurve:
         """The curve of one release from the engine's state (what runs at every release)."""
-        hidden = np.array([f(request, conversation) for f in self._state_functions], np.float32)
+        hidden = np.array(self.state_row(request, conversation), np.float32)
         hidden -= self.mean
         hidden *= self.scale
         for weight, bias in zip(self._hidden_weights, self._hidden_biases, strict=True):
