@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                 config = dataclasses.replace(
                     config, conversation_table_max_tokens=args.conversation_table_max_tokens
                 )
-            vllm_plugin.register(config=config, clock=clock)
+            vllm_plugin.install_patch_points(config, clock=clock)
 
             def wait_for_predictions(timeout_s: float) -> None:
                 deadline = time.monotonic() + timeout_s

@@ -27,8 +27,10 @@ as the request's `lpc_probability`; a line without one gets the fallback p), `lp
 or `lpc-pooled` and LRU caches replay the same requests with the learned policies' p).
 `--switch-at STEP:MODE,...` switches the learned policies' mode (lpc, lru, shadow) before those
 steps: the kill switch, while the engine runs. `--through` chooses how the plugin's policies
-reach vLLM: `patch-points` (the default: the plugin's wrappers of vLLM's methods, configured
-by the LPC_* environment) or `scheduler-class` (vLLM's own `--scheduler-cls` naming
+reach vLLM: `patch-points` (the default: the replay harness's wrappers of vLLM's methods,
+`vllm_plugin.install_patch_points`, configured by the LPC_* environment; step for step the
+same schedule as the class, which is what a deployment runs) or `scheduler-class` (vLLM's
+own `--scheduler-cls` naming
 `lpc.integrations.vllm_scheduler_class.LPCScheduler`, the same settings as the `lpc` table of
 `--additional-config`, nothing patched); `lru` and `installed` run stock vLLM either way.
 
@@ -85,8 +87,8 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
         "--through",
         choices=("patch-points", "scheduler-class"),
         default="patch-points",
-        help="the plugin's policies reach vLLM through the plugin's patch points (LPC_* "
-        "environment; default) or through vLLM's --scheduler-cls LPCScheduler (an "
+        help="the plugin's policies reach vLLM through the replay harness's patch points "
+        "(LPC_* environment; default) or through vLLM's --scheduler-cls LPCScheduler (an "
         "--additional-config lpc table); lru and installed are stock vLLM either way",
     )
 

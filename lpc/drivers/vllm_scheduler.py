@@ -22,8 +22,9 @@ the same requests with the same p as the learned policies; their event log is wr
 the records (`shadow_events_path`). `switch_at` switches the learned policies' mode
 mid-run (the kill switch).
 
-`through` says how the plugin's policies reach vLLM: `patch-points` (the plugin's wrappers of
-vLLM's methods, configured by the LPC_* environment) or `scheduler-class` (vLLM's own
+`through` says how the plugin's policies reach vLLM: `patch-points` (the replay harness's
+wrappers of vLLM's methods, `vllm_plugin.install_patch_points`, configured by the LPC_*
+environment) or `scheduler-class` (vLLM's own
 `--scheduler-cls` naming `LPCScheduler`, the same settings as the `lpc` table of
 `--additional-config`, no LPC_* variable set). `lru` and `installed` are stock either way.
 """
@@ -364,6 +365,8 @@ def run_policy(
         command.append("--interleave")
     if table is not None:
         command += ["--scheduler-cls", SCHEDULER_CLASS, "--additional-config", json.dumps(table)]
+    elif path == PATCH_POINTS and eviction_policy is None:  # with the seam, loading installs it
+        command.append("--patch-points")
     shadow_path = workdir / f"{slug}.shadow.jsonl" if policy.name in SHADOW else None
     if shadow_path is not None:
         command += ["--shadow-events", str(shadow_path)]

@@ -1065,9 +1065,9 @@ def check_return_tier(runtime: PluginRuntime | None) -> None:
     access = runtime.access if runtime is not None else None
     if access is None or access.returns is None:
         raise PluginConfigError(
-            "eviction_policy LPCReturnCachePolicy needs the LPC plugin in the engine "
-            "(VLLM_PLUGINS=lpc) with a return-time model (LPC_RETURN_MODEL): each request's "
-            "curve comes from the plugin's release"
+            "eviction_policy LPCReturnCachePolicy needs LPC in the engine (--scheduler-cls "
+            "naming the LPC scheduler class) with a return-time model (return_model): each "
+            "request's curve comes from LPC's release"
         )
 
 

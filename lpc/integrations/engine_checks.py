@@ -77,7 +77,7 @@ def check_engine(
         raise UnverifiedConfigurationError(
             "the LPC eviction plugin is not verified with "
             + "; ".join(item.what for item in refused)
-            + ". Serve this model without it (leave `lpc` out of VLLM_PLUGINS), or set "
+            + ". Serve this model without it (vLLM's own scheduler class), or set "
             f"{ALLOW_VARIABLE}={names} to run it anyway (vLLM's block accounting is "
             "unchanged; LPC's eviction order is untested there)"
         )

@@ -1,12 +1,12 @@
 """Is LPC configured for this engine, and with what: the opt-in rule of the vLLM plugin.
 
 Installing the package changes nothing: vLLM loads every installed general plugin when
-`VLLM_PLUGINS` is unset, so the plugin acts only when an operator configured it, through
-vLLM's own configuration (`--scheduler-cls` naming the LPC scheduler class, which reads the
-`lpc` table of `--additional-config '{"lpc": {...}}'`) or, for hosts configured before that
-existed, through the `LPC_*` environment (`LPC_CONFIG` or any `LPC_*` setting,
-`config.load_config`). A table in `additional_config` is validated like the environment, and
-a bad field stops the engine with a message naming `additional_config['lpc'].<field>`.
+`VLLM_PLUGINS` is unset, and the plugin patches nothing when loaded. LPC runs where an
+operator names the LPC scheduler class in vLLM's own configuration (`--scheduler-cls`), which
+reads the `lpc` table of `--additional-config '{"lpc": {...}}'`, else the `LPC_*` environment
+(`LPC_CONFIG` or any `LPC_*` setting, `config.load_config`). A table in `additional_config` is
+validated like the environment, and a bad field stops the engine with a message naming
+`additional_config['lpc'].<field>`.
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
 """The vLLM plugin: LPC eviction in vLLM 0.33.0's prefix cache.
 
 vLLM loads it through the `vllm.general_plugins` entry point (`lpc`) in every process before
-the engine core builds its scheduler. Installed, it changes nothing; where an operator
-configured LPC (`engine_config`) it checks vLLM (`vllm_compat`), replaces the free-block queue
-class with `LPCFreeBlockQueue` and wraps the methods that tell it each release's probability,
-time and conversation, or, on a vLLM with the eviction-policy seam, registers the queue there
-(`vllm_seam`). vLLM's `--scheduler-cls` path (`vllm_scheduler_class`) registers its runtime
-here without patching anything (`install_unpatched`). A release is made once per request, in
-`PluginRuntime.release_for`.
+the engine core builds its scheduler. Loaded, it patches nothing (`register`). LPC runs where
+an engine names the LPC scheduler class (`--scheduler-cls`, `vllm_scheduler_class`), which
+registers its runtime here (`install_unpatched`), or, on a vLLM with the eviction-policy seam,
+where a block pool names the policy `lpc` (`vllm_seam`). Replays and tests of an engine built
+without the class may install the replay harness's patch points explicitly
+(`install_patch_points`): the free-block queue class replaced by `LPCFreeBlockQueue`, and the
+methods that tell it each release's probability, time and conversation wrapped. A release is
+made once per request, in `PluginRuntime.release_for`.
 
-What it patches, where a release's p comes from, the call flow, preemption, the fail-safe and
-the one registration: docs/design.md, "The vLLM plugin (`lpc/integrations/vllm_plugin.py`)".
+Where a release's p comes from, the call flow, preemption, the fail-safe and the one
+registration: docs/design.md, "The vLLM plugin (`lpc/integrations/vllm_plugin.py`)".
 """
 
 from __future__ import annotations
@@ -443,9 +444,12 @@ class _Registration:
 _REGISTRATION: _Registration | None = None
 # Why this process runs stock vLLM (an unverified vLLM), once said; None: not decided so.
 _STOCK_REASON: str | None = None
+# Whether `register()` said that `LPC_*` settings alone change nothing (once per process).
+_SAID_ENVIRONMENT = False
 _ABSENT = object()  # an attribute the class inherited rather than defined
-# With vLLM's eviction-policy seam: the modules, clock and predictor client `register()` was
-# given, for a runtime installed when vLLM builds the first LPC queue (`seam_runtime`).
+# With vLLM's eviction-policy seam: the modules, and the clock and predictor client
+# `install_patch_points` was given, for a runtime installed when vLLM builds the first LPC
+# queue (`seam_runtime`).
 _SEAM: dict[str, Any] = {}
 _LOCK = threading.Lock()
 
@@ -684,7 +688,7 @@ def build_runtime(
     activate: Callable[[], None] | None = None,
     queue_runtime: type[QueueRuntime] = QueueRuntime,
 ) -> PluginRuntime:
-    """What `register()` sets up before it patches vLLM (nothing here imports vLLM): the
+    """What a registration sets up before anything in vLLM is built (nothing here imports vLLM): the
     counters, the predictor client and board, the queues' shared runtime, the in-process access
     model and, from its artifact, the model-specific constants the evictor is built with."""
     counters = PluginStats()
@@ -729,37 +733,24 @@ def build_runtime(
     return runtime
 
 
-def register(
-    config: PluginConfig | None = None,
-    clock: Clock | None = None,
-    predictor_client: PredictionClient | None = None,
-) -> None:
-    """The `vllm.general_plugins` entry point: install LPC eviction where it is configured.
+def register() -> None:
+    """The `vllm.general_plugins` entry point: it patches nothing in vLLM.
 
-    Opt in (`engine_config`): without arguments LPC is installed only when the `LPC_*`
-    environment configures it; otherwise nothing in vLLM is changed (an engine opts in with
-    `--scheduler-cls`, `vllm_scheduler_class`, which reads its `--additional-config` table).
-    Never refuses to start: on a
-    vLLM it is not verified with, it logs one warning line and vLLM runs stock
-    (`LPC_VLLM_ALLOW_UNTESTED=1` loads it anyway when every structural check passes). A bad
-    setting raises `PluginConfigError` naming the field.
+    Opt in (`engine_config`): LPC runs where an engine names its scheduler class
+    (`--scheduler-cls`, `vllm_scheduler_class`, which reads the `lpc` table of
+    `--additional-config`, else the `LPC_*` environment), or, on a vLLM with the
+    eviction-policy seam, where a block pool names the policy `lpc` (`vllm_seam`). `LPC_*`
+    settings alone change nothing: they are validated (a bad one raises `PluginConfigError`
+    naming it), this says so once, and vLLM runs stock. Never refuses to start otherwise: a
+    vLLM whose modules cannot be imported, or whose seam does not fit, runs stock with one
+    warning line.
 
-    Idempotent: vLLM may load plugins several times per process; a call without arguments
-    while registered does nothing. Arguments (for tests and embedding) configure LPC
-    explicitly and override the clock and the predictor client; changing them requires
-    `unregister()` first.
+    Idempotent: vLLM may load plugins several times per process.
     """
-    global _STOCK_REASON
+    global _STOCK_REASON, _SAID_ENVIRONMENT
     with _LOCK:
-        if _REGISTRATION is not None:
-            if config is not None or clock is not None or predictor_client is not None:
-                raise RuntimeError(
-                    "the LPC plugin is already registered; unregister() before registering "
-                    "it with another configuration, clock or predictor client"
-                )
-            return
-        if _STOCK_REASON is not None:  # said once; vLLM calls plugins again in this process
-            return
+        if _REGISTRATION is not None or _STOCK_REASON is not None:
+            return  # said once; vLLM calls plugins again in this process
         try:
             modules = _import_vllm()
         except Exception as error:  # not the vLLM it was built for: stock, said once
@@ -767,24 +758,48 @@ def register(
             logger.warning("LPC eviction is off, vLLM runs stock: %s", _STOCK_REASON)
             return
         if vllm_compat.has_seam(modules["block_pool"]):
-            _register_seam(modules, config, clock, predictor_client)
+            _register_seam(modules, None, None, None)
             return
-        reason = _unverified_vllm(modules)
-        if reason is not None:
-            _STOCK_REASON = reason
-            logger.warning("LPC eviction is off, vLLM runs stock: %s", reason)
-            return
-        if config is None and not configured_by_environment(os.environ):
-            return  # installed, not configured: vLLM is left exactly as it is
-        _install(modules, config if config is not None else load_config(), clock, predictor_client)
-        if config is None:
+        if configured_by_environment(os.environ) and not _SAID_ENVIRONMENT:
+            load_config()  # validated where vLLM starts: a bad field stops it, named
+            _SAID_ENVIRONMENT = True
             logger.info(
-                "LPC runs through the plugin's patch points, configured by the LPC_* "
-                "environment; recommended: --scheduler-cls %s (%s with async scheduling), "
-                "which reads the same LPC_* settings and patches nothing in vLLM",
+                "LPC_* settings found; the LPC plugin patches nothing in vLLM: they take effect "
+                "where the engine names --scheduler-cls %s (%s with async scheduling), and vLLM "
+                "runs stock elsewhere",
                 SCHEDULER_CLASS,
                 ASYNC_SCHEDULER_CLASS,
             )
+
+
+def install_patch_points(
+    config: PluginConfig,
+    clock: Clock | None = None,
+    predictor_client: PredictionClient | None = None,
+) -> PluginRuntime:
+    """LPC through the replay harness's patch points: the free-block queue class and the
+    methods that tell it each release, patched on vLLM's classes for every engine built in
+    this process until `unregister()`. Never called by vLLM's plugin loading (`register`):
+    replays and tests of an engine built without the LPC scheduler class call it explicitly.
+    Raises `RuntimeError` on a vLLM the patches do not fit, or while registered."""
+    with _LOCK:
+        if _REGISTRATION is not None:
+            raise RuntimeError(
+                "the LPC plugin is already registered; unregister() before installing it "
+                "with another configuration, clock or predictor client"
+            )
+        modules = _import_vllm()
+        if vllm_compat.has_seam(modules["block_pool"]):
+            _register_seam(modules, config, clock, predictor_client)
+            if _REGISTRATION is None:
+                raise RuntimeError(f"LPC eviction is off: {_STOCK_REASON}")
+            return _REGISTRATION.runtime
+        reason = _unverified_vllm(modules)
+        if reason is not None:
+            raise RuntimeError(f"the LPC patch points do not fit this vLLM: {reason}")
+        _install(modules, config, clock, predictor_client)
+        assert _REGISTRATION is not None
+        return _REGISTRATION.runtime
 
 
 def _install(
@@ -795,9 +810,9 @@ def _install(
     seam: bool = False,
     patch: bool = True,
 ) -> None:
-    """Build the runtime and patch vLLM (under `_LOCK`, nothing registered yet); with the
-    `seam`, patch nothing (`vllm_seam`: vLLM builds the queue and calls it); without `patch`,
-    patch nothing either (`vllm_scheduler_class`: the scheduler builds the queue)."""
+    """Build the runtime and install the patch points (under `_LOCK`, nothing registered yet);
+    with the `seam`, patch nothing (`vllm_seam`: vLLM builds the queue and calls it); without
+    `patch`, patch nothing either (`vllm_scheduler_class`: the scheduler builds the queue)."""
     global _REGISTRATION
     runtime = build_runtime(
         config,
@@ -877,7 +892,8 @@ def install_unpatched(
     """The runtime of the LPC scheduler class (`vllm_scheduler_class`): registered without
     patching anything, so that the metrics, the kill switch and the CPU tier's policy find it;
     an earlier unpatched registration of this process is shared (its configuration stands).
-    None where the patch points run LPC in this process already (the `LPC_*` environment)."""
+    None where the replay harness's patch points run LPC in this process already
+    (`install_patch_points`)."""
     with _LOCK:
         registration = _REGISTRATION
         if registration is None:
@@ -893,21 +909,6 @@ def install_unpatched(
                 os.getpid(),
             )
         return registration.runtime
-
-
-def step_aside_for_scheduler_class() -> bool:
-    """Make way for the LPC scheduler class (`vllm_scheduler_class`), so that a host configured
-    by the `LPC_*` environment moves to it by naming it alone: the patch points' registration
-    is undone (vLLM's classes and methods restored) while no block pool of this process has
-    built its queue through them. False: one has, and they stay."""
-    with _LOCK:
-        registration = _REGISTRATION
-        if registration is None or not registration.originals:
-            return True
-        if registration.activated:
-            return False
-    unregister()
-    return True
 
 
 def patch_points_installed() -> bool:

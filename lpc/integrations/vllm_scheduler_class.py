@@ -280,18 +280,12 @@ def prepare(scheduler_class: type, vllm_config: Any, kv_cache_config: Any) -> Pl
     if unfit_vllm() is not None:
         return None
     if vllm_plugin.patch_points_installed():
-        if not vllm_plugin.step_aside_for_scheduler_class():
-            logger.info(
-                "LPC runs through the plugin's patch points in this process (the LPC_* "
-                "environment), and a block pool uses them already; %s adds nothing",
-                scheduler_class.__qualname__,
-            )
-            return None
         logger.info(
-            "LPC: %s takes over from the plugin's patch points (the LPC_* environment): "
-            "vLLM's classes and methods restored, its configuration read again",
+            "LPC runs through the replay harness's patch points in this process "
+            "(install_patch_points); %s adds nothing",
             scheduler_class.__qualname__,
         )
+        return None
     table = lpc_table(vllm_config)
     config = config_from_table(table) if table is not None else load_config()
     reason = stock_engine(vllm_config, kv_cache_config)

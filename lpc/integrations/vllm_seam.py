@@ -1,7 +1,7 @@
 """The plugin through vLLM's eviction-policy seam, where vLLM has it: nothing patched.
 
 On a vLLM with `docs/vllm-eviction-seam.patch`'s `EvictionPolicyFactory`,
-`vllm_plugin.register()` calls `register_seam()` instead of patching: it registers
+`vllm_plugin.register()` calls `register_seam()`, which registers
 `LPCSeamQueue` (`vllm_seam_queue`) as the policy `lpc`, and only pools configured with
 `eviction_policy="lpc"` get the LPC queue. The queue learns each release from
 `on_request_freed`.

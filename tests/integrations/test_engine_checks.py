@@ -91,9 +91,10 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.kv_cache_interface import SlidingWindowSpec
 from lpc.integrations import vllm_plugin
+from lpc.integrations.config import load_config
 from lpc.integrations.engine_checks import UnverifiedConfigurationError
 
-vllm_plugin.register()
+vllm_plugin.install_patch_points(load_config())
 full = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
 window = SlidingWindowSpec(
     block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=64

@@ -34,7 +34,7 @@ ENGINE_CORE = (
     """
 from lpc.integrations import vllm_plugin
 from lpc.integrations.config import PluginConfig
-vllm_plugin.register(config=PluginConfig(evictor="lpc-pooled", metrics_port=1))
+vllm_plugin.install_patch_points(PluginConfig(evictor="lpc-pooled", metrics_port=1))
 """
     + BUILD
     + """

@@ -131,7 +131,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from lpc.integrations import vllm_plugin
 from lpc.integrations.config import load_config
-vllm_plugin.register(config=load_config({"LPC_ACCESS_MODEL": %r}))
+vllm_plugin.install_patch_points(load_config({"LPC_ACCESS_MODEL": %r}))
 config = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
     ["layer0"], FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32))])
 manager = KVCacheManager(config, max_model_len=64, scheduler_block_size=4, hash_block_size=4,

@@ -174,7 +174,7 @@ def workload():
 def run(config):
     clock = {"now": 0.0}
     if config is not None:
-        vllm_plugin.register(config=config, clock=lambda: clock["now"])
+        vllm_plugin.install_patch_points(config, clock=lambda: clock["now"])
     kv = v.KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
         v.KVCacheGroupSpec(["layer0"], v.FullAttentionSpec(
             block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=v.torch.float32))])

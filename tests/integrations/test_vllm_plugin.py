@@ -41,6 +41,7 @@ from lpc.drivers.release_plan import (
     random_plan,
 )
 from lpc.drivers.vllm_driver import REPO_ROOT, DriverFailed, DriverRun, run_driver
+from lpc.drivers.vllm_scheduler import SCHEDULER_CLASS
 from lpc.replay.probability import OracleSource
 from lpc.traces.lpc_trace import write_trace
 from lpc.workload import WorkloadConfig, open_loop_requests
@@ -217,20 +218,21 @@ print(json.dumps({"queue": type(manager.block_pool.free_block_queue).__name__}))
 
 
 def test_vllm_loads_the_plugin_from_its_entry_point(vllm_python: Path, tmp_path: Path) -> None:
-    """Loaded by vLLM's own plugin machinery, LPC runs only where configured: installed and
-    loaded (`VLLM_PLUGINS` unset: vLLM loads every installed plugin) but not configured, vLLM
-    keeps its own queue."""
+    """Loaded by vLLM's own plugin machinery, the plugin patches nothing: installed and loaded
+    (`VLLM_PLUGINS` unset: vLLM loads every installed plugin), with or without `LPC_*`
+    settings, vLLM keeps its own queue and methods (LPC runs through `--scheduler-cls`)."""
     site = entry_point_site(tmp_path, "vllm.general_plugins")
-    configured = {"VLLM_PLUGINS": "lpc", "LPC_MODE": "lpc"}
-    loaded = run_snippet(vllm_python, LOAD_AND_BUILD, configured, extra_path=site)
-    assert json.loads(loaded.splitlines()[-1]) == {"queue": "LPCFreeKVCacheBlockQueue"}
-    installed = run_snippet(vllm_python, LOAD_AND_BUILD + INSTALLED_CHECK, extra_path=site)
-    assert json.loads(installed.splitlines()[-1]) == {
+    stock = {
         "queue": "FreeKVCacheBlockQueue",
         "plugin_loaded": True,
         "registered": False,
         "stock_methods": True,
     }
+    configured = {"VLLM_PLUGINS": "lpc", "LPC_MODE": "lpc"}
+    loaded = run_snippet(vllm_python, LOAD_AND_BUILD + INSTALLED_CHECK, configured, site)
+    assert json.loads(loaded.splitlines()[-1]) == stock
+    installed = run_snippet(vllm_python, LOAD_AND_BUILD + INSTALLED_CHECK, extra_path=site)
+    assert json.loads(installed.splitlines()[-1]) == stock
     other = run_snippet(vllm_python, LOAD_AND_BUILD, {"VLLM_PLUGINS": "other"}, extra_path=site)
     assert json.loads(other.splitlines()[-1]) == {"queue": "FreeKVCacheBlockQueue"}
 
@@ -347,6 +349,7 @@ def test_vllm_s_additional_config_turns_lpc_on_for_that_engine(
 
 
 def test_a_bad_setting_stops_vllm_with_a_clear_message(vllm_python: Path, tmp_path: Path) -> None:
+    """`LPC_*` settings are validated when vLLM loads the plugin, in every process."""
     site = entry_point_site(tmp_path, "vllm.general_plugins")
     with pytest.raises(SnippetFailed) as error:
         run_snippet(
@@ -357,22 +360,36 @@ def test_a_bad_setting_stops_vllm_with_a_clear_message(vllm_python: Path, tmp_pa
     )
 
 
+CLASS_FROM_ENVIRONMENT = """
+import argparse, importlib.util, tempfile
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("driver", DRIVER)
+driver = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(driver)
+args = argparse.Namespace(
+    max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64, block_size=16, num_blocks=9,
+    eviction_policy=None, data_parallel_size=1, data_parallel_rank=0, scheduler_cls=CLS,
+    additional_config="",
+)
+with tempfile.TemporaryDirectory() as folder:
+    driver.build_scheduler(args, Path(folder))
+"""
+
+
 def test_a_corrupt_access_model_stops_vllm_with_a_clear_message(
     vllm_python: Path, tmp_path: Path
 ) -> None:
+    """The LPC scheduler class loads the configured access model as vLLM builds it: a corrupt
+    one stops the engine, naming the setting."""
     import shutil
 
     corrupt = tmp_path / "corrupt-model"
     shutil.copytree(REPO_ROOT / "models" / "mooncake-access", corrupt)
     (corrupt / "model.safetensors").write_bytes(b"not weights")
-    site = entry_point_site(tmp_path, "vllm.general_plugins")
+    driver = REPO_ROOT / "scripts" / "vllm_scheduler_replay.py"
+    code = f"DRIVER, CLS = {str(driver)!r}, {SCHEDULER_CLASS!r}\n" + CLASS_FROM_ENVIRONMENT
     with pytest.raises(SnippetFailed) as error:
-        run_snippet(
-            vllm_python,
-            LOAD_AND_BUILD,
-            {"VLLM_PLUGINS": "lpc", "LPC_ACCESS_MODEL": str(corrupt)},
-            site,
-        )
+        run_snippet(vllm_python, code, {"VLLM_PLUGINS": "", "LPC_ACCESS_MODEL": str(corrupt)})
     assert f"PluginConfigError: LPC_ACCESS_MODEL (access_model) = '{corrupt}'" in str(error.value)
     assert "corrupt" in str(error.value)
 
@@ -382,12 +399,17 @@ REGISTER_ON_ALTERED_VLLM = (
 import logging
 import vllm, vllm.v1.core.kv_cache_utils as utils, vllm.v1.core.block_pool as pool
 from lpc.integrations import vllm_plugin
+from lpc.integrations.config import load_config
 """
     + WATCH_WARNINGS
     + """{alteration}
 vllm_plugin.register()
-vllm_plugin.register()  # vLLM loads plugins more than once per process: said once
-print("WARNINGS", len(warnings))
+vllm_plugin.register()  # vLLM loads plugins more than once per process
+print("LOADED WARNINGS", len(warnings), vllm_plugin.is_registered())
+try:
+    vllm_plugin.install_patch_points(load_config())
+except RuntimeError as error:
+    print("REFUSED:", error)
 for line in warnings:
     print("WARNING:", line)
 print("QUEUE", pool.FreeKVCacheBlockQueue.__name__)
@@ -401,15 +423,15 @@ print("QUEUE", pool.FreeKVCacheBlockQueue.__name__)
         (
             "vllm.__version__ = '0.34.0'",
             {},
-            "WARNING: LPC eviction is off, vLLM runs stock: vLLM 0.34.0 is installed; the LPC "
-            "plugin is verified with vLLM 0.33.0 only",
+            "REFUSED: the LPC patch points do not fit this vLLM: vLLM 0.34.0 is installed; the "
+            "LPC plugin is verified with vLLM 0.33.0 only",
         ),
         ("vllm.__version__ = '0.34.0'", {"LPC_VLLM_ALLOW_UNTESTED": "1"}, "QUEUE LPCFree"),
         (
             "utils.FreeKVCacheBlockQueue.pop_lru_n = lambda self, n: None",
             {},
-            "WARNING: LPC eviction is off, vLLM runs stock: the LPC plugin does not fit vLLM "
-            "0.33.0: FreeKVCacheBlockQueue has methods the LPC queue does not implement: "
+            "REFUSED: the LPC patch points do not fit this vLLM: the LPC plugin does not fit "
+            "vLLM 0.33.0: FreeKVCacheBlockQueue has methods the LPC queue does not implement: "
             "pop_lru_n",
         ),
         (
@@ -432,19 +454,20 @@ print("QUEUE", pool.FreeKVCacheBlockQueue.__name__)
         "no-prompt-token-count",
     ],
 )
-def test_an_unverified_vllm_runs_stock_with_one_warning(
+def test_the_patch_points_refuse_an_unverified_vllm(
     vllm_python: Path, alteration: str, env: dict, expected: str
 ) -> None:
-    """A vLLM the plugin is not verified with never stops vLLM from starting: one warning
-    line (vLLM calls plugins more than once) and vLLM's own queue."""
+    """vLLM's plugin loading never stops vLLM and patches nothing, whatever the vLLM; the
+    replay harness's patch points refuse a vLLM they are not verified with, naming why."""
     configured = {"LPC_MODE": "lpc", **env}
     code = REGISTER_ON_ALTERED_VLLM.format(alteration=alteration)
     out = run_snippet(vllm_python, code, configured)
+    assert "LOADED WARNINGS 0 False" in out, out
     assert expected in out, out
     if "LPC_VLLM_ALLOW_UNTESTED" in env:
-        assert "WARNINGS 1" in out and "loading anyway" in out, out
+        assert "loading anyway" in out, out
     else:
-        assert "WARNINGS 1" in out and "QUEUE FreeKVCacheBlockQueue" in out, out
+        assert "QUEUE FreeKVCacheBlockQueue" in out, out
 
 
 # -- the predictor down, hanging, or answering ---------------------------------------------
@@ -871,8 +894,8 @@ with (work / "streams.jsonl").open() as lines:
     streams = list(read_streams(lines))
 vllm = vllm_replay.load_vllm(allow_other_version=False)
 clock = driver.StepClock()
-vllm_plugin.register(
-    config=PluginConfig(
+vllm_plugin.install_patch_points(
+    PluginConfig(
         evictor="lpc",  # compared with our `lpc` replay below
         scale_per_s=settings.scale_per_s,
         fallback_probability=settings.fallback_probability,
@@ -979,23 +1002,29 @@ REGISTER_TWICE = """
 import vllm.v1.core.block_pool as pool
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from lpc.integrations import vllm_plugin
-stock_queue, stock_free = pool.FreeKVCacheBlockQueue, KVCacheManager.free
+from lpc.integrations.config import load_config
+stock = (pool.FreeKVCacheBlockQueue, KVCacheManager.free)
 vllm_plugin.register()
-queue, free = pool.FreeKVCacheBlockQueue, KVCacheManager.free
 vllm_plugin.register()  # vLLM may load plugins more than once per process
-assert (pool.FreeKVCacheBlockQueue, KVCacheManager.free) == (queue, free), "patched twice"
+assert (pool.FreeKVCacheBlockQueue, KVCacheManager.free) == stock, "loading patched vLLM"
+print("LOADED, REGISTERED:", vllm_plugin.is_registered())
+vllm_plugin.install_patch_points(load_config())
+assert (pool.FreeKVCacheBlockQueue, KVCacheManager.free) != stock, "not installed"
 try:
-    vllm_plugin.register(clock=lambda: 0.0)
+    vllm_plugin.install_patch_points(load_config())
 except RuntimeError as error:
     print("RECONFIGURE:", error)
 vllm_plugin.unregister()
-assert (pool.FreeKVCacheBlockQueue, KVCacheManager.free) == (stock_queue, stock_free)
+assert (pool.FreeKVCacheBlockQueue, KVCacheManager.free) == stock
 print("RESTORED")
 """
 
 
-def test_registration_is_idempotent_and_reversible(vllm_python: Path) -> None:
+def test_loading_patches_nothing_and_the_harness_is_reversible(vllm_python: Path) -> None:
+    """vLLM's plugin loading patches nothing, even with LPC configured by the environment;
+    the replay harness's patch points are installed once, and undone by `unregister()`."""
     out = run_snippet(vllm_python, REGISTER_TWICE, {"LPC_MODE": "lpc"})
+    assert "LOADED, REGISTERED: False" in out
     assert "RECONFIGURE: the LPC plugin is already registered" in out and "RESTORED" in out
 
 
@@ -1009,7 +1038,7 @@ with socket.socket() as probe:
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
 url = f"http://127.0.0.1:{port}/metrics"
-vllm_plugin.register(config=PluginConfig(metrics_port=port))
+vllm_plugin.install_patch_points(PluginConfig(metrics_port=port))
 try:
     urllib.request.urlopen(url, timeout=5)
     print("SERVED BEFORE ANY POOL")

@@ -54,7 +54,8 @@ table = {{
 }}
 env = {{k: v for k, v in os.environ.items() if not k.startswith("LPC_")}}
 extra = ["--scheduler-cls", "{cls}", "--additional-config", json.dumps({{"lpc": table}})]
-os.execve(sys.executable, [sys.executable, *sys.argv[1:], *extra], env)
+args = [arg for arg in sys.argv[1:] if arg != "--patch-points"]  # the class instead
+os.execve(sys.executable, [sys.executable, *args, *extra], env)
 """
 
 
@@ -393,23 +394,25 @@ out["changed"] = sorted(
     if vars(owner).get(name) is not old.get(name) and name not in ("NONE_HASH", "_NONE_HASH_SEED")
 )
 vllm_plugin.unregister()
-vllm_plugin.register()
-stock = build(None)  # vLLM's own scheduler, on the patch points: they stay
+from lpc.integrations.config import load_config
+vllm_plugin.install_patch_points(load_config())  # a replay's harness owns this process
+stock = build(None)  # vLLM's own scheduler, on the patch points
 late = build(CLS)
 out["late"] = [queue_of(stock), queue_of(late), late.lpc is None]
 print("HOST", json.dumps(out))
 """
 
 
-def test_an_lpc_environment_host_moves_to_the_class_by_naming_it(vllm_python: Path) -> None:
-    """A host configured by `LPC_*` adds `--scheduler-cls` alone: the class reads the same
-    settings and the patch points step aside before any block pool used them (vLLM's classes
-    as before); once a pool runs on them they stay, and a class built after adds nothing."""
+def test_an_lpc_environment_host_runs_lpc_by_naming_the_class(vllm_python: Path) -> None:
+    """A host configured by `LPC_*`: loading the plugin patches nothing and says so in one
+    line naming the class; `--scheduler-cls` alone turns LPC on with the same settings, and
+    vLLM's classes stay as they were. Where the replay harness's patch points run LPC, a
+    class built after adds nothing."""
     driver = REPO_ROOT / "scripts" / "vllm_scheduler_replay.py"
     code = f"DRIVER, CLS = {str(driver)!r}, {SCHEDULER_CLASS!r}\n" + LPC_HOST
     env = {"VLLM_PLUGINS": "", "LPC_EVICTOR": "lpc", "LPC_FALLBACK_P": "0.3"}
     out = json.loads(run_snippet(vllm_python, code, env).split("HOST ", 1)[1].splitlines()[0])
-    assert out["patched"] is True and len(out["recommended"]) == 1, out
+    assert out["patched"] is False and len(out["recommended"]) == 1, out
     assert SCHEDULER_CLASS in out["recommended"][0], out
     assert out["queue"] == "LPCSchedulerQueue" and out["patched_after"] is False, out
     assert out["config"] == ["lpc", 0.3], out

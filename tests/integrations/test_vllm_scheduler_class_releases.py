@@ -232,7 +232,7 @@ for label in ("patch points", *CLASSES):
     NOW[0] = 0.0
     config = PluginConfig(**TABLE)
     if label == "patch points":
-        vllm_plugin.register(config, clock=clock)
+        vllm_plugin.install_patch_points(config, clock=clock)
         scheduler = build(Scheduler)
     else:
         vllm_plugin.install_unpatched(config, clock=clock)  # the class shares it

@@ -98,7 +98,7 @@ if __name__ == "__main__":
         # The LPC_* environment configures it (the access model), explicitly: installed but
         # unconfigured, the plugin leaves vLLM stock.
         # The requests carry their p as a trusted API layer sets them (`trust`).
-        vllm_plugin.register(config=replace(load_config(), trust_request_hints=True))
+        vllm_plugin.install_patch_points(replace(load_config(), trust_request_hints=True))
         runtime = vllm_plugin.registered_runtime()
         assert runtime is not None
         runtime.kv_connector_extra_config = {"lpc_horizon_s": TIER_HORIZON_S}
