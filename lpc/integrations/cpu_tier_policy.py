@@ -1066,8 +1066,8 @@ def check_return_tier(runtime: PluginRuntime | None) -> None:
     if access is None or access.returns is None:
         raise PluginConfigError(
             "eviction_policy LPCReturnCachePolicy needs LPC in the engine (--scheduler-cls "
-            "naming the LPC scheduler class) with a return-time model (return_model): each "
-            "request's curve comes from LPC's release"
+            "naming the LPC scheduler class) with a return-time model (return_model, "
+            "LPC_RETURN_MODEL): each request's curve comes from LPC's release"
         )
 
 

@@ -43,7 +43,7 @@ def test_unverified_engines_are_refused_with_what_to_do() -> None:
     message = str(refused.value)
     assert "2 KV cache groups" in message and "speculative decoding (eagle)" in message
     assert "LPC_ALLOW_UNVERIFIED=kv-groups,speculative-decoding" in message
-    assert "VLLM_PLUGINS" in message
+    assert "vLLM's own scheduler class" in message
     with pytest.raises(UnverifiedConfigurationError, match="speculative decoding"):
         check_engine(SPECULATIVE, HYBRID, ("kv-groups",))
     allowed = check_engine(SPECULATIVE, HYBRID, ("kv-groups", "speculative-decoding"))

@@ -132,7 +132,7 @@ def test_the_policy_needs_the_plugins_return_model() -> None:
     assert CACHE_POLICY_EVICTORS["LPCReturnCachePolicy"] == "lpc-return"
     with pytest.raises(PluginConfigError, match="LPC_RETURN_MODEL"):
         check_return_tier(None)
-    with pytest.raises(PluginConfigError, match="VLLM_PLUGINS=lpc"):
+    with pytest.raises(PluginConfigError, match="--scheduler-cls naming the LPC scheduler class"):
         check_return_tier(make_runtime())  # registered, no return model
     assert tier_evictor_options("lpc-return", make_runtime()) == {}, "its own constants"
 
