@@ -67,6 +67,11 @@ class TenantRelease(Release):
 # one by one (`_observe_few_eviction_ages`); a larger one in numpy. Speed only: the same
 # observations either way.
 SMALL_POP = 64
+# A pop of more cached blocks than this observes the release times of this many of them, every
+# k-th block, each standing for the k blocks from it (the last for the rest): the histogram's
+# count stays exact, and an age's count is off by less than k per run of equal release times.
+# The histogram is a metric; reading every block of a 128K-token pop cost about 145 µs.
+SAMPLED_AGES = 256
 
 # Tenants one queue counts apart for the pinned cap: the first 4096 it sees; every later one
 # shares one count (so they are capped together), and the table stays bounded.
@@ -435,17 +440,24 @@ class LPCFreeBlockQueue:
             self._observe_many_eviction_ages(ids, cached)
 
     def _observe_many_eviction_ages(self, ids: list[int], cached: list[bool] | None) -> None:
-        """`_observe_eviction_ages` in numpy: one release's blocks take two reductions."""
+        """`_observe_eviction_ages` in numpy: one release's blocks take two reductions. Over
+        `SAMPLED_AGES` blocks, all cached, every k-th block stands for k."""
         runtime = self.runtime
+        n = len(ids)
+        stride = -(-n // SAMPLED_AGES) if cached is None and n > SAMPLED_AGES else 1
+        if stride > 1:
+            ids = ids[::stride]
         times = self._released_s[np.fromiter(ids, np.intp, len(ids))]
         if cached is not None:
             times = times[np.fromiter(cached, bool, len(cached))]
+            n = len(times)
         first = float(times[0])
         if first == times.min() == times.max():
-            runtime.histograms.eviction_age_s.observe_n(runtime.clock() - first, len(times))
+            runtime.histograms.eviction_age_s.observe_n(runtime.clock() - first, n)
             return
         starts = np.flatnonzero(np.diff(times)) + 1
-        counts = np.diff(np.concatenate(([0], starts, [len(times)])))
+        counts = np.diff(np.concatenate(([0], starts, [len(times)]))) * stride
+        counts[-1] -= len(times) * stride - n  # the last sample stands for the rest
         ages = runtime.clock() - times[np.concatenate(([0], starts))]
         observe = runtime.histograms.eviction_age_s.observe_n
         for age, count in zip(ages.tolist(), counts.tolist(), strict=True):

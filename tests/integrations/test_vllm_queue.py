@@ -19,7 +19,7 @@ from eviction import LRUEvictor, PooledLPCEvictor, Release
 from eviction.base import FreedBlocks
 from lpc.integrations.config import PluginConfig
 from lpc.integrations.stats import PluginStats
-from lpc.integrations.vllm_queue import QueueRuntime, bind_queue_class
+from lpc.integrations.vllm_queue import SAMPLED_AGES, QueueRuntime, bind_queue_class
 
 
 @dataclass
@@ -254,6 +254,38 @@ def test_constant_p_orders_like_vllms_lru(ops, p: float) -> None:
                 lru.remove(block.block_id)
                 held.append([block])
         assert ids(queue.get_all_free_blocks()) == lru.free_block_ids()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 900), min_size=1, max_size=12), st.randoms(use_true_random=False))
+def test_a_large_pop_samples_the_eviction_ages_within_one_stride(lengths, rng) -> None:
+    """A pop of more than `SAMPLED_AGES` cached blocks reads every k-th block's release time,
+    each standing for k blocks: the histogram's count is the pop's exactly, every age observed
+    is a run's, and each run's count is off by less than k (a run shorter than k may be
+    missed)."""
+    n = sum(lengths)
+    clock = Clock()
+    clock.now = 10_000.0
+    queue, _, runtime = make_queue(n, clock)
+    ids_ = list(range(n))
+    rng.shuffle(ids_)  # the pop's order, not the ids', makes the runs
+    runs: dict[float, int] = {}
+    start = 0
+    for run, length in enumerate(lengths):
+        for block_id in ids_[start : start + length]:
+            queue._released_s[block_id] = float(run)
+        runs[clock.now - run] = length
+        start += length
+    calls = []
+    recorder = SimpleNamespace(observe_n=lambda age, count: calls.append((age, count)))
+    runtime.histograms = SimpleNamespace(eviction_age_s=recorder)
+    queue._observe_many_eviction_ages(ids_, None)
+    stride = -(-n // SAMPLED_AGES) if n > SAMPLED_AGES else 1
+    observed = dict(calls)
+    assert len(observed) == len(calls) and sum(observed.values()) == n
+    assert set(observed) <= set(runs)
+    for age, length in runs.items():
+        assert abs(observed.get(age, 0) - length) < stride, (age, length, stride)
 
 
 @settings(max_examples=60, deadline=None)
