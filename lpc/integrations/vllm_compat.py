@@ -54,7 +54,8 @@ def check_version(version: str) -> str | None:
         return None
     return (
         f"vLLM {version} is installed; the LPC plugin is verified with vLLM "
-        f"{SUPPORTED_VLLM_VERSION} only (it replaces vLLM internals that change between releases)"
+        f"{SUPPORTED_VLLM_VERSION} only (it reads and overrides vLLM internals that change "
+        "between releases)"
     )
 
 
@@ -451,8 +452,8 @@ def scheduler_class_problems(
     scheduler_output: ModuleType,
 ) -> list[str]:
     """Every mismatch between this vLLM and what the LPC scheduler class expects
-    (`SCHEDULER_CLASS_CHECKS`, then the scheduler output's fields). No version pin, as on the
-    seam path: it replaces no class and wraps no method, so any vLLM of this shape fits."""
+    (`SCHEDULER_CLASS_CHECKS`, then the scheduler output's fields). The version is checked
+    beside it (`check_version`, in `vllm_scheduler_class.unfit_vllm`)."""
     vllm = _vllm(
         block_pool, kv_cache_utils, kv_cache_manager, request_module, sampling_params, scheduler
     )

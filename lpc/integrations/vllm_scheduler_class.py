@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from time import perf_counter_ns
@@ -41,9 +42,24 @@ _MODULES = {**vllm_plugin.VLLM_MODULES, "scheduler_output": "vllm.v1.core.sched.
 
 @functools.cache
 def unfit_vllm() -> str | None:
-    """Why this vLLM does not fit the class (None: it fits); said once per process."""
+    """Why this vLLM does not fit the class (None: it fits): a shape other than the one it
+    reads and overrides, or a version it is not verified with (unless
+    `LPC_VLLM_ALLOW_UNTESTED=1`, and then said); said once per process."""
     modules = {key: importlib.import_module(name) for key, name in _MODULES.items()}
     problems = vllm_compat.scheduler_class_problems(**modules)
+    untested = vllm_compat.check_version(importlib.import_module("vllm").__version__)
+    allowed = os.environ.get(vllm_compat.ALLOW_UNTESTED_VARIABLE) == "1"
+    if untested is not None and not problems and allowed:
+        logger.warning(
+            "LPC scheduler class: %s; LPC runs anyway (%s=1, every structural check passed)",
+            untested,
+            vllm_compat.ALLOW_UNTESTED_VARIABLE,
+        )
+    elif untested is not None:
+        problems.append(
+            f"{untested}; {vllm_compat.ALLOW_UNTESTED_VARIABLE}=1 runs LPC on it where every "
+            "structural check passes"
+        )
     if not problems:
         return None
     reason = "; ".join(problems)

@@ -32,7 +32,7 @@ from lpc.drivers.vllm_scheduler import (
     write_requests,
 )
 from tests.integrations.report import REPORT
-from tests.integrations.snippets import WATCH_LPC, run_snippet
+from tests.integrations.snippets import WATCH_LPC, WATCH_WARNINGS, run_snippet
 from tests.integrations.test_vllm_scheduler import SHIPPED_ACCESS_MODEL, sharegpt_like
 from tests.integrations.test_vllm_seam import ENGINE
 
@@ -337,6 +337,66 @@ def test_a_vllm_of_another_shape_runs_the_class_stock_with_one_warning(built: st
         "LPC scheduler class: vLLM runs its own scheduler, stock: "
         "Scheduler._drain_deferred_frees takes (self, fence), expected (self)"
     ], warnings
+
+
+OTHER_VERSION = (
+    """
+import argparse, importlib.util, json, logging, os, tempfile
+from pathlib import Path
+import vllm
+spec = importlib.util.spec_from_file_location("driver", {driver!r})
+driver = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(driver)
+"""
+    + WATCH_WARNINGS
+    + """
+from lpc.integrations import vllm_plugin, vllm_scheduler_class
+
+def build():
+    args = argparse.Namespace(
+        max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64, block_size=16,
+        num_blocks=9, eviction_policy=None, data_parallel_size=1, data_parallel_rank=0,
+        scheduler_cls={cls!r}, additional_config=json.dumps({{"lpc": {{}}}}),
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        built = driver.build_scheduler(args, Path(folder))[0]
+    return type(built.kv_cache_manager.block_pool.free_block_queue).__name__
+
+vllm.__version__ = "0.33.1"
+out = {{"stock": [build(), build()], "registered": vllm_plugin.is_registered()}}
+out["stock_warnings"] = list(warnings)
+warnings.clear()
+vllm_scheduler_class.unfit_vllm.cache_clear()  # as in a fresh process
+os.environ["LPC_VLLM_ALLOW_UNTESTED"] = "1"
+out["allowed"] = build()
+out["allowed_warnings"] = list(warnings)
+vllm_plugin.unregister()
+print("VERSION", json.dumps(out))
+"""
+)
+
+
+def test_an_unverified_vllm_version_runs_the_class_stock_with_one_warning(
+    vllm_python: Path,
+) -> None:
+    """vLLM 0.33.1 (any version but the verified one): the class runs as vLLM's scheduler,
+    stock, and says why in one line however many schedulers it builds; never refuses to
+    start. `LPC_VLLM_ALLOW_UNTESTED=1` runs LPC on it, said in one line."""
+    code = OTHER_VERSION.format(
+        driver=str(REPO_ROOT / "scripts" / "vllm_scheduler_replay.py"), cls=SCHEDULER_CLASS
+    )
+    out = run_snippet(vllm_python, code, {"VLLM_PLUGINS": ""})
+    found = json.loads(out.split("VERSION ", 1)[1].splitlines()[0])
+    assert found["stock"] == ["FreeKVCacheBlockQueue"] * 2 and not found["registered"], found
+    assert found["stock_warnings"] == [
+        "LPC scheduler class: vLLM runs its own scheduler, stock: vLLM 0.33.1 is installed; the "
+        "LPC plugin is verified with vLLM 0.33.0 only (it reads and overrides vLLM internals "
+        "that change between releases); LPC_VLLM_ALLOW_UNTESTED=1 runs LPC on it where every "
+        "structural check passes"
+    ], found
+    assert found["allowed"] == "LPCSchedulerQueue", found
+    assert len(found["allowed_warnings"]) == 1, found
+    assert "LPC runs anyway (LPC_VLLM_ALLOW_UNTESTED=1" in found["allowed_warnings"][0], found
 
 
 # A host configured by the LPC_* environment: vLLM loads the plugin (the patch points, and one
