@@ -6,8 +6,12 @@ probability and conversation id of a `ReleasePlan` in `SamplingParams.extra_args
 layer would send them, and the plugin's clock reads the plan's time of the current step.
 
 In one process (importing vLLM costs ~10 s) it replays every stream on stock vLLM first, if
-`--stock-output` is given, then registers the plugin (`lpc.integrations.vllm_plugin`) and
-replays them again, if `--plugin-output` is given. Records are `lpc.difftest.ops.StepRecord`
+`--stock-output` is given, then registers LPC's runtime without patching anything
+(`vllm_plugin.install_unpatched`) and replays them again, if `--plugin-output` is given: each
+manager's pool gets the LPC queue and each free goes through the LPC scheduler class's free
+path (`SchedulerLPC.free`: the release announced, then vLLM's `KVCacheManager.free`), and a
+request's first allocation tells what its first scheduling tells the class
+(`SchedulerLPC.admitted`). Records are `lpc.difftest.ops.StepRecord`
 JSON lines; with `--outcomes-only` the free queue and cached set are left empty (long traces).
 The last line on stderr is a JSON summary: versions, timings and the plugin's counters.
 """
@@ -65,6 +69,7 @@ class PlannedReplay(vllm_replay.VllmReplay):
         clock: StepClock,
         outcomes_only: bool,
         before_free: Callable[[], None] | None = None,
+        plugin: Any = None,
     ) -> None:
         self._plan = plan
         self._clock = clock
@@ -89,6 +94,17 @@ class PlannedReplay(vllm_replay.VllmReplay):
         namespace.SamplingParams = sampling_params
         namespace.Request = request
         super().__init__(namespace, stream.config)
+        self._lpc: Any = None
+        if plugin is not None:  # this manager's pool gets the LPC queue, as the class gives it
+            from lpc.integrations.vllm_scheduler_class import SchedulerLPC, give_queue
+
+            free = {b.block_id for b in self.pool.free_block_queue.get_all_free_blocks()}
+            self._lpc = SchedulerLPC(plugin, give_queue(self.pool, plugin, free), self.pool)
+            # What the class's free path reads of its scheduler: no KV connector, so every
+            # finished request's blocks are freed at once.
+            self._scheduler = types.SimpleNamespace(
+                kv_cache_manager=self.manager, _request_blocks_can_be_freed=lambda _r: True
+            )
 
     def _new(self, step: int, op: NewRequest) -> StepRecord:
         self._clock.now = self._plan.time_of(step)
@@ -103,6 +119,16 @@ class PlannedReplay(vllm_replay.VllmReplay):
         if self._before_free is not None:
             self._before_free()
         return super()._free(step, op)
+
+    def _admitted(self, request: Any, hit_tokens: int) -> None:
+        if self._lpc is not None:
+            self._lpc.admitted(request, hit_tokens)
+
+    def _free_request(self, request: Any) -> None:
+        if self._lpc is None:
+            super()._free_request(request)
+        else:  # the LPC scheduler class's free path: the release announced, then vLLM's free
+            self._lpc.free(self._scheduler, request, self.manager.free)
 
     def _record(self, step: int, op: str, *args: Any) -> StepRecord:
         if not self._outcomes_only:
@@ -121,12 +147,15 @@ def replay(
     out: IO[str],
     outcomes_only: bool,
     before_free: Callable[[], None] | None = None,
+    plugin: Any = None,
 ) -> dict[str, float]:
+    """Each stream on a fresh `KVCacheManager`; with `plugin` (the LPC runtime), each
+    manager's pool runs LPC as the LPC scheduler class runs it."""
     seconds: dict[str, float] = {}
     for stream in streams:
         plan = plans.get(stream.config.name, ReleasePlan())
         start = time.perf_counter()
-        driver = PlannedReplay(vllm, stream, plan, clock, outcomes_only, before_free)
+        driver = PlannedReplay(vllm, stream, plan, clock, outcomes_only, before_free, plugin)
         for record in driver.run(stream.ops):
             out.write(record.to_json() + "\n")
         seconds[stream.config.name] = round(time.perf_counter() - start, 4)
@@ -228,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
                 config = dataclasses.replace(
                     config, conversation_table_max_tokens=args.conversation_table_max_tokens
                 )
-            vllm_plugin.install_patch_points(config, clock=clock)
+            plugin = vllm_plugin.install_unpatched(config, clock=clock)
+            if plugin is None:
+                raise vllm_replay.DriverError("the LPC patch points run in this process")
 
             def wait_for_predictions(timeout_s: float) -> None:
                 deadline = time.monotonic() + timeout_s
@@ -253,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                         sink,
                         args.outcomes_only,
                         before_free,
+                        plugin,
                     )
                 wait_for_predictions(args.drain_predictions_s)
                 vllm_plugin.flush_request_log()

@@ -134,6 +134,7 @@ class VllmReplay:
             return self._record(step, "new", op.request_id, hit_tokens, None, (), None)
         request.status = v.RequestStatus.RUNNING
         self.requests[op.request_id] = request
+        self._admitted(request, hit_tokens)
         (table,) = self.manager.get_block_ids(op.request_id)
         hit_blocks = computed.get_block_ids()[0]
         fresh = table[len(hit_blocks) :]
@@ -151,8 +152,16 @@ class VllmReplay:
         request = self.requests.pop(op.request_id, None)
         if request is not None:
             request.status = self.v.RequestStatus.FINISHED_STOPPED
-            self.manager.free(request)
+            self._free_request(request)
         return self._record(step, "free", op.request_id, None, None, (), request is not None)
+
+    def _admitted(self, request: Any, hit_tokens: int) -> None:
+        """A request's first scheduling, allocated with a prefix hit of `hit_tokens`: what a
+        scheduler notes then (nothing here; a subclass with an eviction plugin)."""
+
+    def _free_request(self, request: Any) -> None:
+        """The scheduler's free of a finished request's blocks: vLLM's `KVCacheManager.free`."""
+        self.manager.free(request)
 
     def _record(
         self,

@@ -261,20 +261,35 @@ class SchedulerLPC:
                     shadow.scheduled(requests[rid], pool, plugin.conversation_of)
             for data in output.scheduled_new_reqs:
                 request = requests.get(data.req_id)
-                if request is None:
-                    continue
-                if log is not None:
-                    log.note_computed(request, local_hit(request, data), pool)
-                if board is not None:
-                    plugin.safe_on_scheduled(request)
-                if shadowing:
-                    shadow.scheduled(
-                        _FirstScheduling(request),
-                        pool,
-                        lambda _view, request=request: plugin.conversation_of(request),
-                    )
+                if request is not None:
+                    self._admit(request, local_hit(request, data), shadowing)
         except Exception as error:
             plugin.stats.plugin_error("reading the requests scheduled", error)
+
+    def admitted(self, request: Any, hit_tokens: int) -> None:
+        """What `request`'s first scheduling tells, for a driver of vLLM's `KVCacheManager`
+        without a scheduler (a replay; `scheduled` for the class): its prefix hit of
+        `hit_tokens` to the request log, its prediction asked for, its admission to the shadow
+        caches. Never raises."""
+        if self.pool.free_block_queue is not self.queue:  # off and drained: stock
+            return
+        try:
+            self._admit(request, hit_tokens, self.shadowing and self.plugin.shadow is not None)
+        except Exception as error:
+            self.plugin.stats.plugin_error("reading the requests scheduled", error)
+
+    def _admit(self, request: Any, hit_tokens: int, shadowing: bool) -> None:
+        plugin = self.plugin
+        if plugin.request_log is not None:
+            plugin.request_log.note_computed(request, hit_tokens, self.pool)
+        if plugin.board is not None:
+            plugin.safe_on_scheduled(request)
+        if shadowing:
+            plugin.shadow.scheduled(  # type: ignore[union-attr]
+                _FirstScheduling(request),
+                self.pool,
+                lambda _view: plugin.conversation_of(request),
+            )
 
 
 def _free_blocks(pool: Any, blocks: list[Any]) -> None:

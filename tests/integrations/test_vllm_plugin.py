@@ -894,7 +894,7 @@ with (work / "streams.jsonl").open() as lines:
     streams = list(read_streams(lines))
 vllm = vllm_replay.load_vllm(allow_other_version=False)
 clock = driver.StepClock()
-vllm_plugin.install_patch_points(
+plugin = vllm_plugin.install_unpatched(
     PluginConfig(
         evictor="lpc",  # compared with our `lpc` replay below
         scale_per_s=settings.scale_per_s,
@@ -916,7 +916,7 @@ def before_free():
         vllm_plugin._REGISTRATION.runtime.access.check_for_promoted_model()
 
 with (work / "plugin.jsonl").open("w") as sink:
-    driver.replay(vllm, streams, plans, clock, sink, True, before_free)
+    driver.replay(vllm, streams, plans, clock, sink, True, before_free, plugin)
 print(json.dumps(vllm_plugin.stats_snapshot()))
 vllm_plugin.unregister()
 """
