@@ -7,7 +7,7 @@ layer would send them, and the plugin's clock reads the plan's time of the curre
 
 In one process (importing vLLM costs ~10 s) it replays every stream on stock vLLM first, if
 `--stock-output` is given, then registers LPC's runtime without patching anything
-(`vllm_plugin.install_unpatched`) and replays them again, if `--plugin-output` is given: each
+(`vllm_plugin.install_runtime`) and replays them again, if `--plugin-output` is given: each
 manager's pool gets the LPC queue and each free goes through the LPC scheduler class's free
 path (`SchedulerLPC.free`: the release announced, then vLLM's `KVCacheManager.free`), and a
 request's first allocation tells what its first scheduling tells the class
@@ -96,15 +96,9 @@ class PlannedReplay(vllm_replay.VllmReplay):
         super().__init__(namespace, stream.config)
         self._lpc: Any = None
         if plugin is not None:  # this manager's pool gets the LPC queue, as the class gives it
-            from lpc.integrations.vllm_scheduler_class import SchedulerLPC, give_queue
+            from lpc.integrations.scheduler_lpc import attach_manager
 
-            free = {b.block_id for b in self.pool.free_block_queue.get_all_free_blocks()}
-            self._lpc = SchedulerLPC(plugin, give_queue(self.pool, plugin, free), self.pool)
-            # What the class's free path reads of its scheduler: no KV connector, so every
-            # finished request's blocks are freed at once.
-            self._scheduler = types.SimpleNamespace(
-                kv_cache_manager=self.manager, _request_blocks_can_be_freed=lambda _r: True
-            )
+            self._lpc = attach_manager(self.manager, plugin)
 
     def _new(self, step: int, op: NewRequest) -> StepRecord:
         self._clock.now = self._plan.time_of(step)
@@ -128,7 +122,7 @@ class PlannedReplay(vllm_replay.VllmReplay):
         if self._lpc is None:
             super()._free_request(request)
         else:  # the LPC scheduler class's free path: the release announced, then vLLM's free
-            self._lpc.free(self._scheduler, request, self.manager.free)
+            self._lpc.free(request)
 
     def _record(self, step: int, op: str, *args: Any) -> StepRecord:
         if not self._outcomes_only:
@@ -257,9 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                 config = dataclasses.replace(
                     config, conversation_table_max_tokens=args.conversation_table_max_tokens
                 )
-            plugin = vllm_plugin.install_unpatched(config, clock=clock)
-            if plugin is None:
-                raise vllm_replay.DriverError("the LPC patch points run in this process")
+            plugin = vllm_plugin.install_runtime(config, clock=clock)
 
             def wait_for_predictions(timeout_s: float) -> None:
                 deadline = time.monotonic() + timeout_s

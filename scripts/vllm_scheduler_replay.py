@@ -14,12 +14,11 @@ reproduced with a synthetic `ModelRunnerOutput`.
   everything else; the token budget and the KV pool are the caller's.
 - Plugins load as vLLM loads them: `vllm.plugins.load_general_plugins()`, which reads the
   `vllm.general_plugins` entry points allowed by `VLLM_PLUGINS`; loaded, the LPC plugin patches
-  nothing. LPC then runs through `--scheduler-cls` (the LPC scheduler class), through the
-  replay harness's patch points (`--patch-points`, its settings from the LPC_* variables), or
-  through a vLLM's eviction-policy seam (`--eviction-policy`). The caller sets `VLLM_PLUGINS=`
-  (none) for stock vLLM and `VLLM_PLUGINS=lpc` for the plugin. Once registered, the plugin's
-  clock (release times, and completion times for the access features) is pointed at the
-  simulated clock.
+  nothing. LPC then runs through `--scheduler-cls` (the LPC scheduler class) or through a
+  vLLM's eviction-policy seam (`--eviction-policy`, its settings from the LPC_* variables).
+  The caller sets `VLLM_PLUGINS=` (none) for stock vLLM and `VLLM_PLUGINS=lpc` for the plugin.
+  Once registered, the plugin's clock (release times, and completion times for the access
+  features) is pointed at the simulated clock.
 - A request is added when the simulated clock passes its arrival (`Request.arrival_time` is
   the trace's arrival, on the same timeline). Each step runs `schedule()`, advances the clock
   by `step_base_s + step_per_token_s * scheduled tokens`, and feeds `update_from_output()` one
@@ -167,16 +166,6 @@ def load_plugins(clock: SimulatedClock) -> dict[str, Any]:
         # block pool exists yet, and nothing has been released.
         loaded["config"] = simulate_plugin_clock(clock)
     return loaded
-
-
-def install_patch_points(clock: SimulatedClock) -> dict[str, Any]:
-    """The plugin through the replay harness's patch points (`install_patch_points`), its
-    settings from the LPC_* variables; its clocks the simulation's."""
-    from lpc.integrations import vllm_plugin
-    from lpc.integrations.config import load_config
-
-    vllm_plugin.install_patch_points(load_config())
-    return {"lpc": True, "config": simulate_plugin_clock(clock)}
 
 
 def simulate_plugin_clock(clock: SimulatedClock) -> dict[str, Any]:
@@ -920,13 +909,6 @@ def main(argv: list[str] | None = None) -> int:
         "--additional-config", help="VllmConfig.additional_config, JSON (as vLLM's flag)"
     )
     parser.add_argument(
-        "--patch-points",
-        action="store_true",
-        help="install the plugin through the replay harness's patch points "
-        "(vllm_plugin.install_patch_points, settings from the LPC_* variables); loading "
-        "the plugin patches nothing",
-    )
-    parser.add_argument(
         "--time-steps",
         action="store_true",
         help="time the scheduler thread's CPU in vLLM's calls per step (the LRU-order check, "
@@ -954,8 +936,6 @@ def main(argv: list[str] | None = None) -> int:
             )
         clock = SimulatedClock()
         plugins = load_plugins(clock)
-        if args.patch_points and not plugins.get("lpc"):
-            plugins.update(install_patch_points(clock))
         import_seconds = time.perf_counter() - started
         stock_args = stock_twin(args) if args.interleave else None
         with tempfile.TemporaryDirectory(prefix="lpc-scheduler-model-") as model_dir:

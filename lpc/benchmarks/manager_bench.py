@@ -71,7 +71,7 @@ def run_manager(tokens: int, requests: int, evictor: str) -> ManagerResult:
     from vllm.v1.request import Request, RequestStatus
 
     from lpc.integrations import vllm_plugin
-    from lpc.integrations.vllm_scheduler_class import SchedulerLPC, give_queue
+    from lpc.integrations.scheduler_lpc import attach_manager
 
     init_none_hash(sha256)
     hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
@@ -80,24 +80,14 @@ def run_manager(tokens: int, requests: int, evictor: str) -> ManagerResult:
     num_blocks = 4 * n + 64 + 1  # the null block besides
     clock = SimpleNamespace(now=0.0)
     config = PluginConfig(evictor=evictor, stats_log_interval_s=0.0, trust_request_hints=True)
-    plugin = vllm_plugin.install_unpatched(config, clock=lambda: clock.now)
-    if plugin is None:
-        raise RuntimeError("the LPC runtime could not be installed (the patch points run here)")
+    plugin = vllm_plugin.install_runtime(config, clock=lambda: clock.now)
     try:
         sides: dict[str, dict[str, Any]] = {}
         for name in ("stock", "lpc"):
             manager = _manager(num_blocks)
             side: dict[str, Any] = {"manager": manager, "allocate": [], "free": []}
             if name == "lpc":
-                pool = manager.block_pool
-                free_ids = {b.block_id for b in pool.free_block_queue.get_all_free_blocks()}
-                lpc = SchedulerLPC(plugin, give_queue(pool, plugin, free_ids), pool)
-                scheduler = SimpleNamespace(
-                    kv_cache_manager=manager, _request_blocks_can_be_freed=lambda _r: True
-                )
-                side["free_path"] = lambda request, lpc=lpc, s=scheduler, m=manager: lpc.free(
-                    s, request, m.free
-                )
+                side["free_path"] = attach_manager(manager, plugin).free
             else:
                 side["free_path"] = manager.free
             sides[name] = side

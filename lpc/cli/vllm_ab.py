@@ -26,13 +26,10 @@ as the request's `lpc_probability`; a line without one gets the fallback p), `lp
 `shadow-pooled` (the plugin in shadow mode: stock vLLM's eviction, while metadata-only `lpc`
 or `lpc-pooled` and LRU caches replay the same requests with the learned policies' p).
 `--switch-at STEP:MODE,...` switches the learned policies' mode (lpc, lru, shadow) before those
-steps: the kill switch, while the engine runs. `--through` chooses how the plugin's policies
-reach vLLM: `patch-points` (the default: the replay harness's wrappers of vLLM's methods,
-`vllm_plugin.install_patch_points`, configured by the LPC_* environment; step for step the
-same schedule as the class, which is what a deployment runs) or `scheduler-class` (vLLM's
-own `--scheduler-cls` naming
-`lpc.integrations.vllm_scheduler_class.LPCScheduler`, the same settings as the `lpc` table of
-`--additional-config`, nothing patched); `lru` and `installed` run stock vLLM either way.
+steps: the kill switch, while the engine runs. The plugin's policies reach vLLM as a
+deployment runs them: vLLM's own `--scheduler-cls` naming
+`lpc.integrations.vllm_scheduler_class.LPCScheduler`, their settings the `lpc` table of
+`--additional-config`, nothing patched; `lru` and `installed` run stock vLLM.
 
 Reported per policy: the token hit ratio of vLLM's own `SchedulerStats` (prefix-cache hits /
 queries of first admissions, as `vllm:prefix_cache_hits` / `vllm:prefix_cache_queries`
@@ -40,7 +37,7 @@ count them; a preempted request's second lookup is counted apart), steps, preemp
 tokens recomputed after a preemption, chunked prefills (prefills spread over several steps),
 evictions; a shadow's two hit ratios; with `--time-steps`, the scheduler thread's CPU time in
 vLLM's calls (add_request, schedule, update_from_output: the plugin's release and scoring
-included) and its ratio to `lru`'s; with `--interleave` as well (`--through scheduler-class`),
+included) and its ratio to `lru`'s; with `--interleave` as well,
 stock vLLM's `Scheduler` runs in each plugin policy's process over the same requests, the two
 stepped in turn, and the ratio of their CPU (in all, per-step p50 and p99, a 95 % interval by
 a bootstrap over blocks of steps) is reported: the ratio that the load on a shared machine
@@ -82,14 +79,6 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
         default="",
         help="STEP:MODE[,STEP:MODE...]: switch lpc and lpc-pooled to MODE (lpc, lru, shadow) "
         "before that step, as the control file does in a deployment",
-    )
-    p.add_argument(
-        "--through",
-        choices=("patch-points", "scheduler-class"),
-        default="patch-points",
-        help="the plugin's policies reach vLLM through the replay harness's patch points "
-        "(LPC_* environment; default) or through vLLM's --scheduler-cls LPCScheduler (an "
-        "--additional-config lpc table); lru and installed are stock vLLM either way",
     )
 
 
@@ -162,7 +151,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--interleave",
         action="store_true",
-        help="with --time-steps and --through scheduler-class: each plugin policy's process "
+        help="with --time-steps: each plugin policy's process "
         "also runs stock vLLM's Scheduler over the same requests, the two stepped in turn; "
         "reports the ratio of their scheduler CPU, per-step p50/p99, and a 95 %% interval "
         "(bootstrap over blocks of steps); leave lru out of --policies",
@@ -181,8 +170,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.one_in < 1:
         raise CommandError(f"--one-in must be >= 1, got {args.one_in}")
-    if args.interleave and not (args.time_steps and args.through == "scheduler-class"):
-        raise CommandError("--interleave needs --time-steps and --through scheduler-class")
+    if args.interleave and not args.time_steps:
+        raise CommandError("--interleave needs --time-steps")
     dp_size, dp_rank = data_parallel_from(args)
     python = args.vllm_python or vllm_python_path()
     if not python.exists():
@@ -202,7 +191,6 @@ def run(args: argparse.Namespace) -> int:
             args.jobs,
             args.switch_at,
             time_steps=args.time_steps,
-            through=args.through,
             interleave=args.interleave,
         )
     except (ValueError, SchedulerRunFailed) as error:

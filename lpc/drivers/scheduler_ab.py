@@ -23,8 +23,8 @@ from lpc.drivers.release_plan import PluginSettings
 from lpc.drivers.step_interleave import interleaved_check, print_interleaved
 from lpc.drivers.vllm_scheduler import (
     LEARNED,
-    PATCH_POINTS,
     SCHEDULER_CLASS_PATH,
+    SEAM_PATH,
     SHADOW,
     EngineSettings,
     PolicyRun,
@@ -54,10 +54,10 @@ PARITY_FIELDS = (
 )
 
 
-# How the report names the plugin's path into vLLM (`vllm_scheduler.THROUGH`).
+# How the report names the plugin's path into vLLM (`PolicyRun.through`).
 THROUGH_TEXT = {
-    PATCH_POINTS: "the plugin's patch points (LPC_* environment)",
     SCHEDULER_CLASS_PATH: "vLLM's --scheduler-cls LPCScheduler (--additional-config lpc table)",
+    SEAM_PATH: "vLLM's eviction-policy seam (LPC_* environment)",
 }
 
 
@@ -91,13 +91,12 @@ def compare(
     jobs: int = 1,
     switch_at: str = "",
     time_steps: bool = False,
-    through: str = PATCH_POINTS,
     interleave: bool = False,
 ) -> dict[str, Any]:
     """Every policy's run of the trace through vLLM's scheduler, and the checks;
-    `time_steps`: each run's scheduler CPU per step, and its ratio to `lru`'s; `through`:
-    the plugin's path into vLLM (`vllm_scheduler.THROUGH`); `interleave`: each plugin
-    policy's run steps stock vLLM beside it in its process (`lpc.drivers.step_interleave`)."""
+    `time_steps`: each run's scheduler CPU per step, and its ratio to `lru`'s;
+    `interleave`: each plugin policy's run steps stock vLLM beside it in its process
+    (`lpc.drivers.step_interleave`)."""
     policies = parse_policies(policies_text)
     if interleave and any(p.name in ("lru", "installed") for p in policies):
         raise ValueError("--interleave runs stock vLLM beside each plugin policy: leave lru out")
@@ -122,7 +121,6 @@ def compare(
                 workdir,
                 switch_at=switches,
                 time_steps=time_steps,
-                through=through,
                 interleave=interleave,
             )
 
@@ -181,7 +179,6 @@ def compare(
             p_source if any(p.name in (*LEARNED, *SHADOW) for p in policies) else None
         ),
         "switch_at": switch_at or None,
-        "through": through,
         "interleaved": interleave,
         "settings": settings_dict(engine, settings),
         "rows": [policy_row(r) for r in runs],

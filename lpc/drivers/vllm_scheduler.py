@@ -22,11 +22,10 @@ the same requests with the same p as the learned policies; their event log is wr
 the records (`shadow_events_path`). `switch_at` switches the learned policies' mode
 mid-run (the kill switch).
 
-`through` says how the plugin's policies reach vLLM: `patch-points` (the replay harness's
-wrappers of vLLM's methods, `vllm_plugin.install_patch_points`, configured by the LPC_*
-environment) or `scheduler-class` (vLLM's own
-`--scheduler-cls` naming `LPCScheduler`, the same settings as the `lpc` table of
-`--additional-config`, no LPC_* variable set). `lru` and `installed` are stock either way.
+The plugin's policies reach vLLM through vLLM's own `--scheduler-cls` naming `LPCScheduler`,
+their settings as the `lpc` table of `--additional-config` (no LPC_* variable set), or, with
+`eviction_policy` (a vLLM with the seam of docs/vllm-eviction-seam.patch), through the seam,
+their settings the LPC_* variables. `lru` and `installed` are stock either way.
 """
 
 from __future__ import annotations
@@ -52,9 +51,9 @@ ENTRY_POINT_GROUP = "vllm.general_plugins"
 TIMEOUT_S = 3600
 LEARNED = ("lpc", "lpc-pooled", "lpc-return")
 SHADOW = {"shadow": "lpc", "shadow-pooled": "lpc-pooled"}  # policy -> the shadow's evictor
-PATCH_POINTS = "patch-points"
+# The plugin's path into vLLM (`PolicyRun.through`).
 SCHEDULER_CLASS_PATH = "scheduler-class"
-THROUGH = (PATCH_POINTS, SCHEDULER_CLASS_PATH)
+SEAM_PATH = "seam"
 SCHEDULER_CLASS = "lpc.integrations.vllm_scheduler_class.LPCScheduler"
 
 
@@ -303,23 +302,23 @@ def run_policy(
     switch_at: str = "",
     eviction_policy: str | None = None,
     time_steps: bool = False,
-    through: str = PATCH_POINTS,
     interleave: bool = False,
 ) -> PolicyRun:
     """Serve `requests` with vLLM's scheduler under `policy`, in a fresh driver process;
     `switch_at` (`STEP:MODE,...`) switches the plugin's mode before those steps;
     `eviction_policy` sets vLLM's `CacheConfig.eviction_policy` (a vLLM with the seam of
-    docs/vllm-eviction-seam.patch); `time_steps` times the scheduler thread's CPU per step;
-    `through` the plugin's path into vLLM (`THROUGH`; module docstring); `interleave` builds
-    stock vLLM's `Scheduler` in the same process and steps the two in turn, each step timed
-    (`lpc.drivers.step_interleave`: the scheduler class only, as the patch points change
-    vLLM's classes for the whole process)."""
-    if through not in THROUGH:
-        raise ValueError(f"through must be one of {', '.join(THROUGH)}, got {through!r}")
-    if interleave and (through != SCHEDULER_CLASS_PATH or policy.name in ("lru", "installed")):
+    docs/vllm-eviction-seam.patch: the plugin goes through the seam, else through the
+    scheduler class); `time_steps` times the scheduler thread's CPU per step; `interleave`
+    builds stock vLLM's `Scheduler` in the same process and steps the two in turn, each step
+    timed (`lpc.drivers.step_interleave`: the scheduler class only)."""
+    expected = policy.name not in ("lru", "installed")
+    path = (
+        (SEAM_PATH if eviction_policy is not None else SCHEDULER_CLASS_PATH) if expected else None
+    )
+    if interleave and path != SCHEDULER_CLASS_PATH:
         raise ValueError(
             "interleaving pairs a plugin policy through the scheduler class with stock vLLM in "
-            f"one process; not {policy.label} through {through}"
+            f"one process; not {policy.label}" + (" through the seam" if path else "")
         )
     max_model_len = max_model_len_for(requests, engine)
     if engine.kv_tokens < max_model_len:
@@ -333,8 +332,6 @@ def run_policy(
     summary_path = workdir / f"{slug}.summary.json"
     records_path = workdir / f"{slug}.records.jsonl" if records else None
     variables, send_probabilities = policy_environment(policy, settings)
-    expected = policy.name not in ("lru", "installed")
-    path = through if expected else None
     table = None
     if path == SCHEDULER_CLASS_PATH:
         variables, table = scheduler_class_environment(variables)
@@ -365,8 +362,6 @@ def run_policy(
         command.append("--interleave")
     if table is not None:
         command += ["--scheduler-cls", SCHEDULER_CLASS, "--additional-config", json.dumps(table)]
-    elif path == PATCH_POINTS and eviction_policy is None:  # with the seam, loading installs it
-        command.append("--patch-points")
     shadow_path = workdir / f"{slug}.shadow.jsonl" if policy.name in SHADOW else None
     if shadow_path is not None:
         command += ["--shadow-events", str(shadow_path)]

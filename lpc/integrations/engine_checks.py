@@ -1,9 +1,10 @@
 """Engine configurations the plugin is not verified with, refused when the engine starts.
 
 Several KV cache groups (hybrid models) and speculative decoding change what reaches the free
-queue in ways no test covers, so the patched `Scheduler.__init__` refuses such an engine with
-a message that says what to do, unless `LPC_ALLOW_UNVERIFIED` names the configuration
-(`kv-groups`, `speculative-decoding`), which then logs a warning.
+queue in ways no test covers, so the LPC scheduler class refuses such an engine, before vLLM's
+constructor builds anything, with a message that says what to do, unless
+`LPC_ALLOW_UNVERIFIED` names the configuration (`kv-groups`, `speculative-decoding`), which
+then logs a warning.
 
 Why these two: docs/design.md, "Engine checks and engine context".
 """

@@ -1,12 +1,12 @@
-"""Is the installed vLLM the one the plugin was built against? Checked before patching.
+"""Is the installed vLLM the one LPC was built against? Checked before it runs there.
 
-Registration checks the version (pinned) and the exact shape of everything the plugin touches,
+The LPC scheduler class (`vllm_scheduler_class`) checks the version (`check_version`, pinned)
+and the exact shape of everything it overrides, calls and reads (`scheduler_class_problems`),
 and otherwise leaves vLLM stock with one warning line listing every mismatch. A vLLM with the
-eviction-policy seam is checked instead by `seam_problems`, and the LPC scheduler class
-(`vllm_scheduler_class`) by `scheduler_class_problems` (no version pin on either, since
-nothing is patched there).
+eviction-policy seam is checked by `seam_problems` instead (no version pin: the seam is the
+contract).
 
-Why: docs/design.md, "Checked before patching".
+Why: docs/design.md, "Checked before it runs".
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ QUEUE_METHODS = (
     "get_all_free_blocks",
     "iter_blocks_after",
 )
-# (owner, method) -> parameter names (self included) of everything the plugin wraps or calls.
-WRAPPED_SIGNATURES: dict[tuple[str, str], tuple[str, ...]] = {
+# (owner, method) -> parameter names (self included) of the vLLM methods LPC calls itself: the
+# LPC queue builds vLLM's queue as its list, a drained deferred free frees its blocks, a
+# manager driven without a scheduler frees its requests (`scheduler_lpc.ManagerLPC`).
+CALLED_SIGNATURES: dict[tuple[str, str], tuple[str, ...]] = {
     ("FreeKVCacheBlockQueue", "__init__"): ("self", "blocks"),
     ("BlockPool", "free_blocks"): ("self", "ordered_blocks"),
     ("KVCacheManager", "free"): ("self", "request"),
-    ("KVCacheManager", "pop_blocks_for_free"): ("self", "request"),
 }
 # The eviction-policy seam's factory methods the plugin calls (`vllm_seam`).
 SEAM_FACTORY_METHODS = ("register_eviction_policy", "get_eviction_policy_cls")
@@ -61,22 +62,6 @@ def check_version(version: str) -> str | None:
 
 def _parameters(function: Any) -> tuple[str, ...]:
     return tuple(inspect.signature(function).parameters)
-
-
-def structural_problems(
-    block_pool: ModuleType,
-    kv_cache_utils: ModuleType,
-    kv_cache_manager: ModuleType,
-    request_module: ModuleType,
-    sampling_params: ModuleType,
-    scheduler: ModuleType,
-) -> list[str]:
-    """Everything about these vLLM modules that differs from what the plugin expects: every
-    check of `STRUCTURE_CHECKS` runs, so one refusal lists every mismatch, in that order."""
-    vllm = _vllm(
-        block_pool, kv_cache_utils, kv_cache_manager, request_module, sampling_params, scheduler
-    )
-    return [problem for check in STRUCTURE_CHECKS for problem in check(vllm)]
 
 
 def _vllm(
@@ -103,7 +88,7 @@ def _vllm(
 
 @dataclass(frozen=True)
 class _Vllm:
-    """The vLLM modules checked, and the classes whose methods the plugin replaces or wraps
+    """The vLLM modules checked, and the classes whose methods LPC overrides, calls or reads
     (`owners`, by name; None where vLLM has no such class)."""
 
     block_pool: ModuleType
@@ -114,7 +99,7 @@ class _Vllm:
 
 
 def _owner_classes(vllm: _Vllm) -> list[str]:
-    """The classes the plugin patches exist."""
+    """The classes LPC overrides, calls or reads exist."""
     return [f"vllm has no {name}" for name, owner in vllm.owners.items() if owner is None]
 
 
@@ -140,35 +125,10 @@ def _queue_methods(vllm: _Vllm) -> list[str]:
     return problems
 
 
-def _block_pool_module(vllm: _Vllm) -> list[str]:
-    """The block pool module looks the queue class up by name: replacing that name is how
-    the LPC queue gets in."""
-    if (
-        getattr(vllm.block_pool, "FreeKVCacheBlockQueue", None)
-        is not vllm.owners["FreeKVCacheBlockQueue"]
-    ):
-        return ["vllm.v1.core.block_pool no longer imports FreeKVCacheBlockQueue by name"]
-    return []
-
-
-def _block_pool_init(vllm: _Vllm) -> list[str]:
-    """`BlockPool.__init__` builds the queue (through that name) and keeps it as an attribute."""
-    pool = vllm.owners["BlockPool"]
-    if pool is None:
-        return []
-    init_names = pool.__init__.__code__.co_names
+def _called_signatures(vllm: _Vllm) -> list[str]:
+    """Every vLLM method LPC calls itself takes exactly the parameters it passes."""
     problems = []
-    if "FreeKVCacheBlockQueue" not in init_names:
-        problems.append("BlockPool.__init__ no longer builds a FreeKVCacheBlockQueue")
-    if "free_block_queue" not in init_names:
-        problems.append("BlockPool.__init__ no longer stores self.free_block_queue")
-    return problems
-
-
-def _wrapped_signatures(vllm: _Vllm) -> list[str]:
-    """Every method the plugin wraps or calls takes exactly the parameters it passes."""
-    problems = []
-    for (owner_name, method), expected in WRAPPED_SIGNATURES.items():
+    for (owner_name, method), expected in CALLED_SIGNATURES.items():
         owner = vllm.owners.get(owner_name)
         function = getattr(owner, method, None) if owner is not None else None
         if function is None:
@@ -185,7 +145,7 @@ def _wrapped_signatures(vllm: _Vllm) -> list[str]:
 
 def _scheduler_init(vllm: _Vllm) -> list[str]:
     """`Scheduler.__init__` still takes the engine's configuration and the KV cache's first:
-    the plugin's wrapper reads them (`engine_checks`) and passes everything through."""
+    the LPC scheduler class reads them (`engine_checks`) and passes everything through."""
     scheduler = vllm.owners["Scheduler"]
     if scheduler is None:
         return []  # reported by _owner_classes
@@ -195,18 +155,6 @@ def _scheduler_init(vllm: _Vllm) -> list[str]:
             f"Scheduler.__init__ starts with ({', '.join(leading)}), expected "
             "(self, vllm_config, kv_cache_config)"
         ]
-    return []
-
-
-def _allocate_slots(vllm: _Vllm) -> list[str]:
-    """`KVCacheManager.allocate_slots` still takes the request first: the plugin's wrapper
-    reads the request and passes every other argument through unchanged."""
-    manager = vllm.owners["KVCacheManager"]
-    allocate = getattr(manager, "allocate_slots", None) if manager is not None else None
-    if allocate is None:
-        return ["KVCacheManager.allocate_slots is missing"]
-    if _parameters(allocate)[:2] != ("self", "request"):
-        return ["KVCacheManager.allocate_slots no longer takes the request first"]
     return []
 
 
@@ -284,19 +232,6 @@ def _seam(vllm: _Vllm) -> list[str]:
 
 
 # Run in this order; a refusal lists the problems in this order.
-STRUCTURE_CHECKS: tuple[Callable[[_Vllm], list[str]], ...] = (
-    _owner_classes,
-    _queue_methods,
-    _block_pool_module,
-    _block_pool_init,
-    _wrapped_signatures,
-    _scheduler_init,
-    _allocate_slots,
-    _kv_cache_block,
-    _request,
-    _sampling_params,
-)
-
 # What the seam path needs (no class replaced, no method wrapped): the seam itself, and the
 # queue, block, request and sampling-parameter shapes the LPC queue and its release read.
 SEAM_CHECKS: tuple[Callable[[_Vllm], list[str]], ...] = (
@@ -434,6 +369,7 @@ def _scheduler_output(output: ModuleType) -> list[str]:
 SCHEDULER_CLASS_CHECKS: tuple[Callable[[_Vllm], list[str]], ...] = (
     _owner_classes,
     _queue_methods,
+    _called_signatures,
     _scheduler_init,
     _scheduler_class,
     _kv_cache_block,

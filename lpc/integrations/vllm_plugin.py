@@ -3,12 +3,9 @@
 vLLM loads it through the `vllm.general_plugins` entry point (`lpc`) in every process before
 the engine core builds its scheduler. Loaded, it patches nothing (`register`). LPC runs where
 an engine names the LPC scheduler class (`--scheduler-cls`, `vllm_scheduler_class`), which
-registers its runtime here (`install_unpatched`), or, on a vLLM with the eviction-policy seam,
-where a block pool names the policy `lpc` (`vllm_seam`). Replays and tests of an engine built
-without the class may install the replay harness's patch points explicitly
-(`install_patch_points`): the free-block queue class replaced by `LPCFreeBlockQueue`, and the
-methods that tell it each release's probability, time and conversation wrapped. A release is
-made once per request, in `PluginRuntime.release_for`.
+registers its runtime here (`install_runtime`), or, on a vLLM with the eviction-policy seam,
+where a block pool names the policy `lpc` (`vllm_seam`). A release is made once per request,
+in `PluginRuntime.release_for`.
 
 Where a release's p comes from, the call flow, preemption, the fail-safe and the one
 registration: docs/design.md, "The vLLM plugin (`lpc/integrations/vllm_plugin.py`)".
@@ -16,7 +13,6 @@ registration: docs/design.md, "The vLLM plugin (`lpc/integrations/vllm_plugin.py
 
 from __future__ import annotations
 
-import functools
 import importlib
 import logging
 import os
@@ -62,7 +58,6 @@ from lpc.integrations.vllm_queue import (
     ProtectedRelease,
     QueueRuntime,
     TenantRelease,
-    bind_queue_class,
 )
 
 if TYPE_CHECKING:
@@ -81,7 +76,8 @@ _PROBABILITY_SOURCES = {
 
 @dataclass
 class PluginRuntime:
-    """Everything the patched methods need; one per registration."""
+    """Everything LPC's calls in the engine need (a release, a first scheduling, the step's
+    scoring); one per registration."""
 
     config: PluginConfig
     stats: PluginStats
@@ -435,7 +431,6 @@ class PluginRuntime:
 @dataclass
 class _Registration:
     runtime: PluginRuntime
-    originals: list[tuple[Any, str, Any]]  # (owner, attribute, original value or _ABSENT)
     metrics: MetricsExport | None = None
     control: ControlFileWatcher | None = None
     activated: bool = False  # a block pool of this process has built its LPC queue
@@ -446,10 +441,8 @@ _REGISTRATION: _Registration | None = None
 _STOCK_REASON: str | None = None
 # Whether `register()` said that `LPC_*` settings alone change nothing (once per process).
 _SAID_ENVIRONMENT = False
-_ABSENT = object()  # an attribute the class inherited rather than defined
-# With vLLM's eviction-policy seam: the modules, and the clock and predictor client
-# `install_patch_points` was given, for a runtime installed when vLLM builds the first LPC
-# queue (`seam_runtime`).
+# With vLLM's eviction-policy seam: the modules, for a runtime installed when vLLM builds the
+# first LPC queue (`seam_runtime`).
 _SEAM: dict[str, Any] = {}
 _LOCK = threading.Lock()
 
@@ -470,60 +463,6 @@ def is_unfinished(request: Any) -> bool:
     locally. A request without vLLM's `is_finished()` counts as finished."""
     is_finished = getattr(request, "is_finished", None)
     return callable(is_finished) and not is_finished()
-
-
-def _runtime_of(pool: Any) -> PluginRuntime | None:
-    """The active runtime if this pool's queue is LPC's (else the pool is stock vLLM)."""
-    registration = _REGISTRATION
-    if registration is None or not isinstance(pool.free_block_queue, LPCFreeBlockQueue):
-        return None
-    return registration.runtime
-
-
-def _wrap_manager_free(original: Any) -> Any:
-    @functools.wraps(original)
-    def free(self: Any, request: Any) -> None:
-        runtime = _runtime_of(self.block_pool)
-        if runtime is None:
-            return original(self, request)
-        start_ns = perf_counter_ns()
-        try:
-            with runtime.queues.releasing(runtime.safe_release_for(request)):
-                return original(self, request)
-        finally:
-            runtime.queues.histograms.free_latency_ns.observe(perf_counter_ns() - start_ns)
-
-    return free
-
-
-def _wrap_pop_blocks_for_free(original: Any) -> Any:
-    @functools.wraps(original)
-    def pop_blocks_for_free(self: Any, request: Any) -> list[Any]:
-        runtime = _runtime_of(self.block_pool)
-        if runtime is None:
-            return original(self, request)
-        release = runtime.safe_release_for(request)
-        blocks = original(self, request)
-        try:
-            runtime.hold_for_deferred_free(blocks, release)
-        except Exception as error:  # the blocks are then freed on the fallback p
-            runtime.stats.plugin_error("holding a deferred free's release", error)
-        return blocks
-
-    return pop_blocks_for_free
-
-
-def _wrap_free_blocks(original: Any) -> Any:
-    @functools.wraps(original)
-    def free_blocks(self: Any, ordered_blocks: Any) -> None:
-        runtime = _runtime_of(self)
-        if runtime is None:
-            return original(self, ordered_blocks)
-        blocks = ordered_blocks if isinstance(ordered_blocks, list) else list(ordered_blocks)
-        free_with_release(runtime, self, blocks, original)
-        return None
-
-    return free_blocks
 
 
 def free_with_release(
@@ -561,52 +500,6 @@ def shared_blocks(ordered_blocks: Sequence[Any], pool: Any) -> list[Any]:
         and not block.is_null
         and (block.pool is None or block.pool is pool)
     ]
-
-
-def _wrap_allocate_slots(original: Any) -> Any:
-    @functools.wraps(original)
-    def allocate_slots(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        blocks = original(self, request, *args, **kwargs)
-        if blocks is not None:
-            runtime = _runtime_of(self.block_pool)
-            if runtime is not None:
-                if runtime.board is not None:
-                    runtime.safe_on_scheduled(request)
-                if runtime.shadow is not None:  # never raises
-                    runtime.shadow.scheduled(request, self.block_pool, runtime.conversation_of)
-        return blocks
-
-    return allocate_slots
-
-
-def _wrap_get_computed_blocks(original: Any) -> Any:
-    @functools.wraps(original)
-    def get_computed_blocks(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(self, request, *args, **kwargs)
-        runtime = _runtime_of(self.block_pool)
-        if runtime is not None and runtime.request_log is not None:
-            try:
-                runtime.request_log.note_computed(request, result[1], self.block_pool)
-            except Exception as error:  # the log misses this hit; vLLM's result stands
-                runtime.stats.plugin_error("noting a request's cache hit", error)
-        return result
-
-    return get_computed_blocks
-
-
-def _wrap_scheduler_init(original: Any) -> Any:
-    """Refuse to build a scheduler whose engine configuration the plugin is not verified with
-    (`engine_checks`), before vLLM builds anything; the allowed ones are logged."""
-
-    @functools.wraps(original)
-    def __init__(self: Any, vllm_config: Any, kv_cache_config: Any, *args: Any, **kwargs: Any):
-        registration = _REGISTRATION
-        if registration is not None:
-            check_engine(registration.runtime.config, vllm_config, kv_cache_config)
-            note_engine(registration.runtime, vllm_config)
-        return original(self, vllm_config, kv_cache_config, *args, **kwargs)
-
-    return __init__
 
 
 def check_engine(config: PluginConfig, vllm_config: Any, kv_cache_config: Any) -> None:
@@ -758,7 +651,7 @@ def register() -> None:
             logger.warning("LPC eviction is off, vLLM runs stock: %s", _STOCK_REASON)
             return
         if vllm_compat.has_seam(modules["block_pool"]):
-            _register_seam(modules, None, None, None)
+            _register_seam(modules)
             return
         if configured_by_environment(os.environ) and not _SAID_ENVIRONMENT:
             load_config()  # validated where vLLM starts: a bad field stops it, named
@@ -772,47 +665,16 @@ def register() -> None:
             )
 
 
-def install_patch_points(
-    config: PluginConfig,
-    clock: Clock | None = None,
-    predictor_client: PredictionClient | None = None,
-) -> PluginRuntime:
-    """LPC through the replay harness's patch points: the free-block queue class and the
-    methods that tell it each release, patched on vLLM's classes for every engine built in
-    this process until `unregister()`. Never called by vLLM's plugin loading (`register`):
-    replays and tests of an engine built without the LPC scheduler class call it explicitly.
-    Raises `RuntimeError` on a vLLM the patches do not fit, or while registered."""
-    with _LOCK:
-        if _REGISTRATION is not None:
-            raise RuntimeError(
-                "the LPC plugin is already registered; unregister() before installing it "
-                "with another configuration, clock or predictor client"
-            )
-        modules = _import_vllm()
-        if vllm_compat.has_seam(modules["block_pool"]):
-            _register_seam(modules, config, clock, predictor_client)
-            if _REGISTRATION is None:
-                raise RuntimeError(f"LPC eviction is off: {_STOCK_REASON}")
-            return _REGISTRATION.runtime
-        reason = _unverified_vllm(modules)
-        if reason is not None:
-            raise RuntimeError(f"the LPC patch points do not fit this vLLM: {reason}")
-        _install(modules, config, clock, predictor_client)
-        assert _REGISTRATION is not None
-        return _REGISTRATION.runtime
-
-
 def _install(
     modules: dict[str, Any],
     config: PluginConfig,
     clock: Clock | None,
     predictor_client: PredictionClient | None,
     seam: bool = False,
-    patch: bool = True,
 ) -> None:
-    """Build the runtime and install the patch points (under `_LOCK`, nothing registered yet);
-    with the `seam`, patch nothing (`vllm_seam`: vLLM builds the queue and calls it); without
-    `patch`, patch nothing either (`vllm_scheduler_class`: the scheduler builds the queue)."""
+    """Build the runtime and register it (under `_LOCK`, nothing registered yet); nothing in
+    vLLM is patched: the scheduler class (`vllm_scheduler_class`) or, with the `seam`, vLLM's
+    eviction-policy factory (`vllm_seam`) builds the queue and calls it."""
     global _REGISTRATION
     runtime = build_runtime(
         config,
@@ -823,10 +685,7 @@ def _install(
         queue_runtime=vllm_seam.SeamQueueRuntime if seam else QueueRuntime,
     )
     queues = runtime.queues
-    registration = _Registration(runtime, [])
-    for owner, name, value in _patches(modules, runtime) if patch and not seam else []:
-        registration.originals.append((owner, name, owner.__dict__.get(name, _ABSENT)))
-        setattr(owner, name, value)
+    registration = _Registration(runtime)
     _REGISTRATION = registration
     logger.info(
         "LPC eviction plugin registered in vLLM %s (pid %d): %s",
@@ -839,15 +698,10 @@ def _install(
     )
 
 
-def _register_seam(
-    modules: dict[str, Any],
-    config: PluginConfig | None,
-    clock: Clock | None,
-    predictor_client: PredictionClient | None,
-) -> None:
+def _register_seam(modules: dict[str, Any]) -> None:
     """vLLM has the eviction-policy seam: register the LPC queue as its policy `lpc` and patch
-    nothing (`vllm_seam`). Configured (arguments or the `LPC_*` environment), the runtime is
-    built now; else when a pool configured with `eviction_policy="lpc"` builds its queue
+    nothing (`vllm_seam`). Configured by the `LPC_*` environment, the runtime is built now;
+    else when a pool configured with `eviction_policy="lpc"` builds its queue
     (`seam_runtime`). A seam of another shape: stock, said once (under `_LOCK`)."""
     global _STOCK_REASON
     problems = vllm_seam.seam_problems(modules)
@@ -858,9 +712,9 @@ def _register_seam(
         logger.warning("LPC eviction is off, vLLM runs stock: %s", _STOCK_REASON)
         return
     vllm_seam.register_seam(modules["block_pool"])
-    _SEAM.update(modules=modules, clock=clock, predictor_client=predictor_client)
-    if config is not None or configured_by_environment(os.environ):
-        _install_seam(config if config is not None else load_config())
+    _SEAM["modules"] = modules
+    if configured_by_environment(os.environ):
+        _install_seam(load_config())
 
 
 def _install_seam(config: PluginConfig) -> None:
@@ -868,7 +722,7 @@ def _install_seam(config: PluginConfig) -> None:
     missing = vllm_seam.unsupported_by_seam(config)
     if missing:
         logger.warning("LPC through vLLM's eviction-policy seam leaves out: %s", "; ".join(missing))
-    _install(_SEAM["modules"], config, _SEAM["clock"], _SEAM["predictor_client"], seam=True)
+    _install(_SEAM["modules"], config, None, None, seam=True)
 
 
 def seam_runtime() -> PluginRuntime:
@@ -878,30 +732,27 @@ def seam_runtime() -> PluginRuntime:
     with _LOCK:
         if _REGISTRATION is None:
             if not _SEAM:  # resolved by module path, the plugin not loaded by vLLM
-                _SEAM.update(modules=_import_vllm(), clock=None, predictor_client=None)
+                _SEAM["modules"] = _import_vllm()
             _install_seam(load_config())
         assert _REGISTRATION is not None
         return _REGISTRATION.runtime
 
 
-def install_unpatched(
+def install_runtime(
     config: PluginConfig,
     clock: Clock | None = None,
     predictor_client: PredictionClient | None = None,
-) -> PluginRuntime | None:
-    """The runtime of the LPC scheduler class (`vllm_scheduler_class`): registered without
-    patching anything, so that the metrics, the kill switch and the CPU tier's policy find it;
-    an earlier unpatched registration of this process is shared (its configuration stands).
-    None where the replay harness's patch points run LPC in this process already
-    (`install_patch_points`)."""
+) -> PluginRuntime:
+    """The runtime of the LPC scheduler class (`vllm_scheduler_class`), registered so that
+    the metrics, the kill switch and the CPU tier's policy find it; an earlier registration
+    of this process is shared (its configuration stands). `clock` and `predictor_client`
+    replace the process's (replays and tests)."""
     with _LOCK:
         registration = _REGISTRATION
         if registration is None:
-            _install(_import_vllm(), config, clock, predictor_client, patch=False)
+            _install(_import_vllm(), config, clock, predictor_client)
             assert _REGISTRATION is not None
             return _REGISTRATION.runtime
-        if registration.originals:
-            return None
         if registration.runtime.config != config:
             logger.warning(
                 "LPC: a second engine of pid %d is configured differently; the first one's "
@@ -909,72 +760,6 @@ def install_unpatched(
                 os.getpid(),
             )
         return registration.runtime
-
-
-def patch_points_installed() -> bool:
-    """Does the plugin run LPC through its patch points in this process?"""
-    registration = _REGISTRATION
-    return registration is not None and bool(registration.originals)
-
-
-def _unverified_vllm(modules: dict[str, Any]) -> str | None:
-    """Why the plugin must leave this vLLM stock (None: it fits): a version it is not
-    verified with (unless `LPC_VLLM_ALLOW_UNTESTED=1`, then only a warning), or structures its
-    patches do not fit, every mismatch named."""
-    version = modules["vllm"].__version__
-    untested = vllm_compat.check_version(version)
-    allow_untested = os.environ.get(vllm_compat.ALLOW_UNTESTED_VARIABLE) == "1"
-    if untested is not None and not allow_untested:
-        return (
-            f"{untested}; install vllm=={vllm_compat.SUPPORTED_VLLM_VERSION}, or set "
-            f"{vllm_compat.ALLOW_UNTESTED_VARIABLE}=1 to load it if every structural check passes"
-        )
-    problems = vllm_compat.structural_problems(
-        modules["block_pool"],
-        modules["kv_cache_utils"],
-        modules["kv_cache_manager"],
-        modules["request_module"],
-        modules["sampling_params"],
-        modules["scheduler"],
-    )
-    if problems:
-        return f"the LPC plugin does not fit vLLM {version}: " + "; ".join(problems)
-    if untested is not None:
-        logger.warning("%s; loading anyway (%s=1)", untested, vllm_compat.ALLOW_UNTESTED_VARIABLE)
-    return None
-
-
-def _patches(modules: dict[str, Any], runtime: PluginRuntime) -> list[tuple[Any, str, Any]]:
-    """(owner, attribute, replacement) for everything the plugin patches: the scheduler's
-    constructor (refusing unverified engine configurations), the free-block queue class, the
-    frees, the first scheduling (allocate_slots: a predictor's question, the shadow caches'
-    admissions; shadow mode may be switched on at any time) and the hook only a request log
-    (get_computed_blocks) needs."""
-    block_pool = modules["block_pool"]
-    pool_class = block_pool.BlockPool
-    manager_class = modules["kv_cache_manager"].KVCacheManager
-    scheduler_class = modules["scheduler"].Scheduler
-    patches: list[tuple[Any, str, Any]] = [
-        (scheduler_class, "__init__", _wrap_scheduler_init(scheduler_class.__init__)),
-        (
-            block_pool,
-            "FreeKVCacheBlockQueue",  # over vLLM's own class: the kill switch's off mode
-            bind_queue_class(runtime.queues, modules["kv_cache_utils"].FreeKVCacheBlockQueue),
-        ),
-        (pool_class, "free_blocks", _wrap_free_blocks(pool_class.free_blocks)),
-        (manager_class, "free", _wrap_manager_free(manager_class.free)),
-        (
-            manager_class,
-            "pop_blocks_for_free",
-            _wrap_pop_blocks_for_free(manager_class.pop_blocks_for_free),
-        ),
-    ]
-    allocate = _wrap_allocate_slots(manager_class.allocate_slots)
-    patches.append((manager_class, "allocate_slots", allocate))
-    if runtime.request_log is not None:
-        computed = _wrap_get_computed_blocks(manager_class.get_computed_blocks)
-        patches.append((manager_class, "get_computed_blocks", computed))
-    return patches
 
 
 def _note_base_rate(config: PluginConfig, access: AccessRuntime) -> None:
@@ -1032,18 +817,14 @@ def _activate(registration: _Registration) -> None:
 
 
 def unregister() -> None:
-    """Restore stock vLLM for pools built from now on (tests, or a process switching modes)."""
+    """Forget the registration: its background work stopped, its export closed (tests, or a
+    process switching modes); pools built from now on are stock."""
     global _REGISTRATION, _STOCK_REASON
     with _LOCK:
         registration = _REGISTRATION
         _STOCK_REASON = None
         if registration is None:
             return
-        for owner, name, original in reversed(registration.originals):
-            if original is _ABSENT:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
         if registration.runtime.board is not None:
             registration.runtime.board.close()
         if registration.runtime.access is not None:

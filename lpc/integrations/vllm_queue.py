@@ -278,6 +278,13 @@ class LPCFreeBlockQueue:
         if pool is not None and getattr(pool, "free_block_queue", None) in (self, self._list):
             pool.free_block_queue = queue
 
+    def settle(self) -> None:
+        """Before the pool's first call, on the thread that makes them: in an off mode with
+        nothing learned, pass every call to vLLM's queue (and in `lru` hand the pool that
+        queue) at once, as the first pop would (a pool that takes its null block by a pop does
+        so; one given this queue after vLLM's constructor does not pop)."""
+        self._drained()
+
     def _drained(self) -> None:
         """The learned evictor is empty while draining: from now on every call goes to vLLM's
         queue, which in `lru` the pool holds itself (on the scheduler thread, under the

@@ -31,22 +31,26 @@ class _PendingRelease:
 class LPCSeamQueue(LPCFreeBlockQueue):
     """The LPC free queue as vLLM's `EvictionPolicyFactory` builds it: `(blocks, hash_block_size)`,
     its runtime the registration's (built on first use from the `LPC_*` environment). The LPC
-    scheduler class (`vllm_scheduler_class`) builds it with its own runtime (`plugin`)."""
+    scheduler class (`vllm_scheduler_class`) builds it with its own runtime (`plugin`), and a
+    test's stand-in engine with a stand-in of vLLM's queue class (`stock`)."""
 
     def __init__(
         self,
         blocks: list[Any],
         hash_block_size: int | None = None,
         plugin: vllm_plugin.PluginRuntime | None = None,
+        stock: type | None = None,
     ) -> None:
         if plugin is None:
             plugin = vllm_plugin.seam_runtime()
         queues = plugin.queues
         if isinstance(queues, SeamQueueRuntime) and not queues.seam_activated:
             queues.engine = seam_engine_context(hash_block_size)
-        self.runtime = queues  # this instance's (the class attribute of the patch path)
-        # The list (and, off, the pool's queue) is vLLM's own queue class, as on the patch path.
-        self.stock = importlib.import_module("vllm.v1.core.kv_cache_utils").FreeKVCacheBlockQueue
+        self.runtime = queues  # this instance's (`bind_queue_class` makes it a class attribute)
+        # The list (and, off, the pool's queue) is vLLM's own queue class; `stock` a stand-in's.
+        if stock is None:
+            stock = importlib.import_module("vllm.v1.core.kv_cache_utils").FreeKVCacheBlockQueue
+        self.stock = stock
         self._plugin = plugin
         self._block_pool = blocks[0].pool if blocks else None  # vLLM's blocks know their pool
         self._pending: _PendingRelease | None = None
@@ -55,7 +59,7 @@ class LPCSeamQueue(LPCFreeBlockQueue):
     def on_request_freed(self, request: Any, blocks: Sequence[Sequence[Any]]) -> None:
         """vLLM is about to free `request`'s `blocks` (one list per KV cache group, allocation
         order): its release, the blocks it shares, and which appends will carry it. Nothing
-        with the kill switch off (`lru`), as the patch points' hooks skip such a pool. Never
+        with the kill switch off (`lru`): vLLM's own list takes the blocks. Never
         raises: on an error the free goes on as stock (fallback p, no pooling metadata)."""
         self._end_release()
         if self.runtime.mode.mode == "lru":  # off: vLLM's own list takes the blocks
@@ -93,8 +97,8 @@ class LPCSeamQueue(LPCFreeBlockQueue):
         return None
 
     def _end_release(self) -> None:
-        """Note the finished release's shared blocks (after its freed ones, as the patch
-        points do) and forget it."""
+        """Note the finished release's shared blocks (after its freed ones, as
+        `vllm_plugin.free_with_release` does) and forget it."""
         pending = self._pending
         if pending is not None:
             self._pending = None

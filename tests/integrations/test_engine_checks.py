@@ -1,9 +1,10 @@
 """Engine configurations the plugin is not verified with are refused when the engine starts.
 
-`engine_checks` finds them (several KV cache groups, speculative decoding); the plugin's
-`Scheduler.__init__` wrapper refuses to build such a scheduler, with a message that says what
-to do, unless `LPC_ALLOW_UNVERIFIED` names them (then it warns). The last test installs the
-wrapper on vLLM's real `Scheduler` (marked `vllm`).
+`engine_checks` finds them (several KV cache groups, speculative decoding); the LPC scheduler
+class refuses to build such a scheduler, before vLLM's constructor, with a message that says
+what to do, unless `LPC_ALLOW_UNVERIFIED` names them (then it warns); a hybrid model's KV cache
+it leaves stock before that. The last test runs the class's check on real vLLM (marked
+`vllm`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
@@ -57,29 +57,16 @@ def test_the_allow_list_is_validated() -> None:
         load_config({"LPC_ALLOW_UNVERIFIED": "kv-groups,pipeline"})
 
 
-class StandInScheduler:
-    def __init__(self, vllm_config: Any, kv_cache_config: Any, **kwargs: Any) -> None:
-        self.built = True
-
-
-def build(allow: str, monkeypatch: pytest.MonkeyPatch) -> StandInScheduler:
-    runtime = make_runtime(allow_unverified=allow)
-    monkeypatch.setattr(vllm_plugin, "_REGISTRATION", vllm_plugin._Registration(runtime, []))
-    wrapped = type(
-        "Scheduler",
-        (StandInScheduler,),
-        {"__init__": vllm_plugin._wrap_scheduler_init(StandInScheduler.__init__)},
-    )
-    return wrapped(PLAIN, HYBRID, log_stats=True)
-
-
-def test_the_scheduler_wrapper_refuses_before_vllm_builds_anything(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def test_the_scheduler_class_check_refuses_unless_allowed(
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """What the LPC scheduler class runs before vLLM's constructor builds anything
+    (`vllm_plugin.check_engine`): a refusal, or with the configuration allowed, a warning."""
     with pytest.raises(UnverifiedConfigurationError, match="2 KV cache groups"):
-        build("", monkeypatch)
+        vllm_plugin.check_engine(make_runtime(allow_unverified="").config, PLAIN, HYBRID)
     with caplog.at_level(logging.WARNING, logger="vllm.plugins.lpc"):
-        assert build("kv-groups", monkeypatch).built
+        config = make_runtime(allow_unverified="kv-groups").config
+        vllm_plugin.check_engine(config, PLAIN, HYBRID)
     assert "runs with 2 KV cache groups" in caplog.text and "not verified" in caplog.text
     assert isinstance(PluginConfig().allow_unverified, str)
 
@@ -87,32 +74,42 @@ def test_the_scheduler_wrapper_refuses_before_vllm_builds_anything(
 REFUSE_IN_VLLM = """
 from types import SimpleNamespace
 import torch
-from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.kv_cache_interface import SlidingWindowSpec
 from lpc.integrations import vllm_plugin
-from lpc.integrations.config import load_config
 from lpc.integrations.engine_checks import UnverifiedConfigurationError
+from lpc.integrations.vllm_scheduler_class import LPCScheduler, prepare
 
-vllm_plugin.install_patch_points(load_config())
 full = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
 window = SlidingWindowSpec(
     block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=64
 )
-hybrid = KVCacheConfig(
-    num_blocks=8,
-    kv_cache_tensors=[],
-    kv_cache_groups=[KVCacheGroupSpec(["a"], full), KVCacheGroupSpec(["b"], window)],
-)
+
+def kv(*specs):
+    groups = [KVCacheGroupSpec([f"layer{i}"], spec) for i, spec in enumerate(specs)]
+    return KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=groups)
+
+def engine(speculative):
+    return SimpleNamespace(
+        speculative_config=speculative, additional_config={"lpc": {}},
+        cache_config=SimpleNamespace(enable_prefix_caching=True),
+    )
+
+print("HYBRID", prepare(LPCScheduler, engine(None), kv(full, window)))
 try:
-    Scheduler(vllm_config=SimpleNamespace(speculative_config=None), kv_cache_config=hybrid)
+    prepare(LPCScheduler, engine(SimpleNamespace(method="eagle")), kv(full))
 except UnverifiedConfigurationError as error:
     print("REFUSED:", error)
-vllm_plugin.unregister()
+print("REGISTERED", vllm_plugin.is_registered())
 """
 
 
 @pytest.mark.vllm
-def test_vllm_scheduler_refuses_a_hybrid_kv_cache(vllm_python: Path) -> None:
-    out = run_snippet(vllm_python, REFUSE_IN_VLLM, env={"VLLM_PLUGINS": "lpc", "LPC_MODE": "lpc"})
-    assert "REFUSED: the LPC eviction plugin is not verified with 2 KV cache groups" in out
+def test_the_vllm_scheduler_class_refuses_speculative_decoding(vllm_python: Path) -> None:
+    """On real vLLM, before vLLM's constructor: a hybrid model's KV cache stays stock (the
+    class orders one full-attention group), speculative decoding is refused, and nothing is
+    registered."""
+    out = run_snippet(vllm_python, REFUSE_IN_VLLM, env={"VLLM_PLUGINS": ""})
+    assert "HYBRID None" in out, out
+    assert "REFUSED: the LPC eviction plugin is not verified with speculative decoding" in out
+    assert "REGISTERED False" in out, out

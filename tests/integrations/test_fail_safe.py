@@ -1,8 +1,8 @@
 """Fault injection: bad probabilities and failing plugin code never stop the engine.
 
-A small stand-in for vLLM's `KVCacheManager` and `BlockPool` gets the plugin's wrappers
-exactly as `register()` installs them on vLLM's classes (`_wrap_manager_free`,
-`_wrap_free_blocks`, `_wrap_allocate_slots`) and drives the LPC free queue through them:
+A small stand-in for vLLM's `KVCacheManager` and `BlockPool` runs LPC as the LPC scheduler
+class runs it on vLLM's (`scheduler_lpc`: the class's queue on the pool, each free through the
+class's free path, each allocation told as a first scheduling) and drives the LPC free queue:
 multi-turn requests sharing a system-prompt block, prefix hits, releases on a step clock. Into
 every path a probability takes to the evictor — a request's `lpc_probability`, a predictor
 answer, the in-process access model — go NaN, ±inf and values outside [0, 1]; the model, the
@@ -10,8 +10,8 @@ request log and the evictor raise; a promoted model is garbage; the conversation
 full. At every step the engine-facing calls return and every block is either free or held,
 and the evictor's invariants hold (checked every `INVARIANTS_EVERY` steps and at the end); bad
 values count in `invalid_probabilities`, caught exceptions in `plugin_errors`. With `lpc`, a
-bad p gives exactly the eviction order of the fallback p. The real-vLLM counterpart of the
-wrappers is test_vllm_plugin.py.
+bad p gives exactly the eviction order of the fallback p. The real-vLLM counterparts are
+test_vllm_plugin.py and test_vllm_scheduler_class.py.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ from lpc.integrations.access_runtime import AccessRuntime, LoadedModel, load_acc
 from lpc.integrations.config import PluginConfig, PluginConfigError
 from lpc.integrations.conversation_table import ConversationTable
 from lpc.integrations.predictions import PredictionBoard
+from lpc.integrations.scheduler_lpc import LPCSchedulerQueue, ManagerLPC, SchedulerLPC
 from lpc.integrations.stats import PluginStats
+from lpc.integrations.stock_queue import StockFreeBlockQueue
 from lpc.integrations.vllm_plugin import PluginRuntime
 from lpc.integrations.vllm_queue import LPCFreeBlockQueue, QueueRuntime, bind_queue_class
 from predictor.access_features import ConversationState, RequestState
@@ -123,6 +125,10 @@ class _Manager:
         self.tables: dict[str, list[Block]] = {}
         self.cached: dict[bytes, Block] = {}
         self.hits = 0
+        self.coordinator = self  # vLLM's coordinator: a request's blocks, per KV cache group
+
+    def get_blocks(self, request_id: str) -> tuple[list[Block], ...]:
+        return (self.tables[request_id],)
 
     def allocate_slots(self, request: Request, hashes: Sequence[bytes]) -> list[Block]:
         queue = self.block_pool.free_block_queue
@@ -148,15 +154,30 @@ class _Manager:
         self.block_pool.free_blocks(reversed(self.tables.pop(request.request_id)))
 
 
-Pool = type("Pool", (_Pool,), {"free_blocks": vllm_plugin._wrap_free_blocks(_Pool.free_blocks)})
-Manager = type(
-    "Manager",
-    (_Manager,),
-    {
-        "free": vllm_plugin._wrap_manager_free(_Manager.free),
-        "allocate_slots": vllm_plugin._wrap_allocate_slots(_Manager.allocate_slots),
-    },
-)
+class Engine:
+    """The stand-in manager with LPC on its pool, driven as the LPC scheduler class drives
+    vLLM's (`scheduler_lpc.ManagerLPC`): each free through the class's free path (the release
+    announced to the queue, then the manager's free), each allocation's hits told as a first
+    scheduling is (`admitted`)."""
+
+    def __init__(self, runtime: PluginRuntime, blocks: list[Block]) -> None:
+        queue = LPCSchedulerQueue(blocks, 16, runtime, StockFreeBlockQueue)
+        self.manager = _Manager(_Pool(queue))
+        self.block_pool = self.manager.block_pool
+        self.lpc = ManagerLPC(SchedulerLPC(runtime, queue, self.block_pool), self.manager)
+
+    @property
+    def hits(self) -> int:
+        return self.manager.hits
+
+    def allocate_slots(self, request: Request, hashes: Sequence[bytes]) -> list[Block]:
+        before = self.manager.hits
+        table = self.manager.allocate_slots(request, hashes)
+        self.lpc.admitted(request, 16 * (self.manager.hits - before))
+        return table
+
+    def free(self, request: Request) -> None:
+        self.lpc.free(request)
 
 
 class StepClock:
@@ -213,10 +234,11 @@ def run_engine(
     """Requests of eight conversations (a shared system block, then the conversation's turns)
     allocated and freed through the wrapped engine; checks that no block is lost and records
     the free order at every step, the evictor's invariants every `INVARIANTS_EVERY` steps."""
-    monkeypatch.setattr(vllm_plugin, "_REGISTRATION", vllm_plugin._Registration(runtime, []))
+    # Registered as the scheduler class registers its runtime: `stats_snapshot()` reads it.
+    monkeypatch.setattr(vllm_plugin, "_REGISTRATION", vllm_plugin._Registration(runtime))
     clock = runtime.queues.clock
     blocks = [Block(i) for i in range(NUM_BLOCKS)]
-    manager = Manager(Pool(bind_queue_class(runtime.queues)(blocks)))
+    manager = Engine(runtime, blocks)
     queue = manager.block_pool.free_block_queue
     rng = random.Random(seed)
     turns: dict[str, int] = {}
@@ -437,13 +459,15 @@ class FailingLog:
     """A request log whose every call raises (a disk, a bug): the log is not the engine."""
 
     def __init__(self) -> None:
-        self.calls = 0
+        self.calls = 0  # finished requests
+        self.noted = 0  # prefix hits noted at a first scheduling
 
     def finished(self, *args: Any) -> None:
         self.calls += 1
         raise OSError("log broke")
 
     def note_computed(self, *args: Any) -> None:
+        self.noted += 1
         raise OSError("log broke")
 
     def summary(self) -> str:
@@ -463,7 +487,9 @@ def test_a_failing_request_log_changes_nothing_and_is_logged_once(
         faulty = run_engine(runtime, extra, monkeypatch)
     reference = run_engine(make_runtime(), extra, monkeypatch)
     assert faulty.orders == reference.orders
-    assert faulty.stats["plugin_errors"] == runtime.request_log.calls == faulty.stats["releases"]
+    log = runtime.request_log
+    assert log.calls == faulty.stats["releases"] and log.noted == log.calls
+    assert faulty.stats["plugin_errors"] == log.calls + log.noted
     errors = [r for r in caplog.records if "the request log failed" in r.getMessage()]
     assert len(errors) == 1, "an error that recurs is logged once, not at every call"
 

@@ -168,7 +168,7 @@ def test_each_rank_serves_on_its_own_port(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.delenv(metrics.MULTIPROC_VARIABLE, raising=False)  # no vLLM route: the port
     runtime = make_runtime(PluginConfig(metrics_port=9476))
     runtime.queues.engine = EngineContext(16, 2, "config")
-    vllm_plugin._activate(vllm_plugin._Registration(runtime, []))
+    vllm_plugin._activate(vllm_plugin._Registration(runtime))
     assert started == [9478]
 
 
@@ -287,7 +287,7 @@ def test_the_snapshot_carries_rank_gate_and_histograms(monkeypatch: pytest.Monke
     runtime = make_runtime(PluginConfig(evictor="lpc-pooled"))
     queue = bind_queue_class(runtime.queues)([Block(i) for i in range(4)])
     runtime.queues.engine = EngineContext(16, 1, "config")
-    monkeypatch.setattr(vllm_plugin, "_REGISTRATION", vllm_plugin._Registration(runtime, []))
+    monkeypatch.setattr(vllm_plugin, "_REGISTRATION", vllm_plugin._Registration(runtime))
     snapshot = vllm_plugin.stats_snapshot()
     assert snapshot["dp_rank"] == 1
     assert snapshot["gate_model_trusted"] == 0.0 and snapshot["gate_labels_judged"] == 0.0
@@ -411,7 +411,7 @@ def test_the_model_name_is_vllms_served_model_name() -> None:
 
 
 def snapshot_of(runtime: PluginRuntime, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    monkeypatch.setattr(vllm_plugin, "_REGISTRATION", vllm_plugin._Registration(runtime, []))
+    monkeypatch.setattr(vllm_plugin, "_REGISTRATION", vllm_plugin._Registration(runtime))
     return vllm_plugin.stats_snapshot()
 
 

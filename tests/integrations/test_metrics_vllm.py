@@ -1,9 +1,8 @@
 """LPC's metrics in the registry vLLM's own `/metrics` serves, with real vLLM 0.33.0.
 
 Two processes, as in `vllm serve --api-server-count 2` (where vLLM itself sets
-`PROMETHEUS_MULTIPROC_DIR`): an engine core builds vLLM's own `Scheduler` with the plugin
-registered, serves requests through its `KVCacheManager` (allocate, then free) and shuts the
-plugin down; then an API server builds vLLM's `PrometheusStatLogger` for the same
+`PROMETHEUS_MULTIPROC_DIR`): an engine core builds the LPC scheduler class, serves requests
+through its `KVCacheManager` (allocate, then the class's free) and shuts the plugin down; then an API server builds vLLM's `PrometheusStatLogger` for the same
 configuration and renders `get_prometheus_registry()` — the registry vLLM's `/metrics`
 handler (`attach_router`) serves. LPC's families are there beside vLLM's own, with the same
 `model_name` and `engine` labels."""
@@ -33,10 +32,12 @@ scheduler, hasher = replay.build_scheduler(args, model_dir)
 ENGINE_CORE = (
     """
 from lpc.integrations import vllm_plugin
-from lpc.integrations.config import PluginConfig
-vllm_plugin.install_patch_points(PluginConfig(evictor="lpc-pooled", metrics_port=1))
 """
-    + BUILD
+    + BUILD.replace(
+        "scheduler_cls=None, additional_config=None",
+        "scheduler_cls='lpc.integrations.vllm_scheduler_class.LPCScheduler', "
+        'additional_config=\'{"lpc": {"evictor": "lpc-pooled", "metrics_port": 1}}\'',
+    )
     + """
 from vllm.sampling_params import SamplingParams
 from vllm.v1.request import Request, RequestStatus
@@ -47,7 +48,7 @@ for i in range(6):
     computed, hits = manager.get_computed_blocks(request)[:2]
     assert manager.allocate_slots(request, len(tokens) - hits, hits, computed) is not None
     request.status = RequestStatus.FINISHED_STOPPED
-    manager.free(request)
+    scheduler._free_request_blocks(request)  # the class's free path
 runtime = vllm_plugin._REGISTRATION.runtime
 print("EXPORT", type(vllm_plugin._REGISTRATION.metrics).__name__)
 print("RELEASES", runtime.stats.releases)

@@ -1,10 +1,10 @@
 """A preempted request's blocks are the last to go until it is rescheduled.
 
 vLLM's `Scheduler._preempt_request` frees a request's blocks while it is still RUNNING; the
-plugin's `free` wrapper sees `is_finished()` False and releases them as a `ProtectedRelease`:
-after every free block, whatever the request's predicted p, without asking for a prediction,
-and with its hints kept for the release that finishes it. The stand-in engine is
-test_fail_safe.py's (the wrappers exactly as `register()` installs them); the real scheduler's
+scheduler class's free path sees `is_finished()` False and releases them as a
+`ProtectedRelease`: after every free block, whatever the request's predicted p, without asking
+for a prediction, and with its hints kept for the release that finishes it. The stand-in
+engine is test_fail_safe.py's (LPC on it as the scheduler class runs it); the real scheduler's
 counterpart is test_vllm_scheduler.py.
 """
 
@@ -15,10 +15,9 @@ from typing import Any
 
 import pytest
 
-from lpc.integrations import vllm_plugin
 from lpc.integrations.vllm_plugin import is_unfinished
-from lpc.integrations.vllm_queue import ProtectedRelease, bind_queue_class
-from tests.integrations.test_fail_safe import Block, Manager, Pool, Request, make_runtime
+from lpc.integrations.vllm_queue import ProtectedRelease
+from tests.integrations.test_fail_safe import Block, Engine, Request, make_runtime
 
 
 @dataclass
@@ -31,9 +30,7 @@ class RunningRequest(Request):
 
 def engine(evictor: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, Any]:
     runtime = make_runtime(evictor)
-    monkeypatch.setattr(vllm_plugin, "_REGISTRATION", vllm_plugin._Registration(runtime, []))
-    blocks = [Block(i) for i in range(12)]
-    manager = Manager(Pool(bind_queue_class(runtime.queues)(blocks)))
+    manager = Engine(runtime, [Block(i) for i in range(12)])
     return runtime, manager, manager.block_pool.free_block_queue
 
 

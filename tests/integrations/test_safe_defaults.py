@@ -1,8 +1,9 @@
 """Safe defaults: the plugin's evictor is the trust-gated `lpc-pooled`, and its horizon is the
 loaded access model's label horizon (from the artifact's metadata), else 180 s.
 
-`build_runtime` is what `register()` sets up before patching vLLM, so these run without vLLM;
-the `vllm`-marked test at the end checks the same through `register()` in vLLM's venv.
+`build_runtime` is what a registration sets up before vLLM builds anything, so these run
+without vLLM; the `vllm`-marked test at the end checks the same on vLLM's own `KVCacheManager`
+in vLLM's venv (its pool given the scheduler class's queue).
 """
 
 from __future__ import annotations
@@ -131,11 +132,13 @@ from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from lpc.integrations import vllm_plugin
 from lpc.integrations.config import load_config
-vllm_plugin.install_patch_points(load_config({"LPC_ACCESS_MODEL": %r}))
+from lpc.integrations.scheduler_lpc import attach_manager
+plugin = vllm_plugin.install_runtime(load_config({"LPC_ACCESS_MODEL": %r}))
 config = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
     ["layer0"], FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32))])
 manager = KVCacheManager(config, max_model_len=64, scheduler_block_size=4, hash_block_size=4,
                          enable_caching=True)
+attach_manager(manager, plugin)
 evictor = manager.block_pool.free_block_queue.evictor
 snapshot = vllm_plugin.stats_snapshot()
 print(json.dumps({"evictor": evictor.name, "horizon_s": evictor.horizon_s,

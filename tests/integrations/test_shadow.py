@@ -279,48 +279,46 @@ class Params:
 
 
 def test_the_plugins_hooks_feed_the_shadow(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`allocate_slots` admits, `free` finishes, `stats_snapshot()` and `set_mode` see it:
-    the plugin's own wrappers around a stand-in manager, as `register()` installs them."""
+    """A first scheduling admits, a free finishes, `stats_snapshot()` and `set_mode` see it:
+    the scheduler class's own calls (`scheduler_lpc`) around a stand-in manager."""
     from lpc.integrations import vllm_plugin
-    from lpc.integrations.vllm_queue import bind_queue_class
+    from lpc.integrations.scheduler_lpc import LPCSchedulerQueue, ManagerLPC, SchedulerLPC
+    from lpc.integrations.stock_queue import StockFreeBlockQueue
 
     config = PluginConfig(evictor="lpc", mode="shadow", stats_log_interval_s=0.0)
     runtime = vllm_plugin.build_runtime(config, clock=Clock())
-    monkeypatch.setattr(vllm_plugin, "_REGISTRATION", vllm_plugin._Registration(runtime, []))
+    monkeypatch.setattr(vllm_plugin, "_REGISTRATION", vllm_plugin._Registration(runtime))
     assert runtime.shadow is not None
     runtime.shadow.events = []
 
     class BlockStandIn:
         def __init__(self, block_id: int) -> None:
             self.block_id, self.block_hash, self.block_hash_num_tokens = block_id, None, None
+            self.pool = None
 
-    queue = bind_queue_class(runtime.queues)([BlockStandIn(i) for i in range(20)])
+    blocks = [BlockStandIn(i) for i in range(20)]
+    queue = LPCSchedulerQueue(blocks, 16, runtime, StockFreeBlockQueue)
     pool = Pool(num_gpu_blocks=20)
     pool.free_block_queue = queue  # type: ignore[attr-defined]
 
     class _Manager:
         block_pool = pool
 
-        def allocate_slots(self, request: Any) -> list[Any]:
-            return []
+        def __init__(self) -> None:
+            self.coordinator = self
+
+        def get_blocks(self, request_id: str) -> tuple[list[Any], ...]:
+            return ([],)
 
         def free(self, request: Any) -> None:
             return None
 
-    manager_class = type(
-        "Manager",
-        (_Manager,),
-        {
-            "allocate_slots": vllm_plugin._wrap_allocate_slots(_Manager.allocate_slots),
-            "free": vllm_plugin._wrap_manager_free(_Manager.free),
-        },
-    )
-    manager = manager_class()
+    manager = ManagerLPC(SchedulerLPC(runtime, queue, pool), _Manager())
     try:
         for turn in range(2):
             request = Request(f"r{turn}", list(range(1, 21)), 12 if turn == 0 else 16)
             request.sampling_params = Params({"lpc_conversation_id": "conv"})  # type: ignore[attr-defined]
-            manager.allocate_slots(request)
+            manager.admitted(request, 0)
             request.emit(20)
             request.finished, request.num_computed_tokens = True, 19
             manager.free(request)

@@ -151,6 +151,7 @@ sys.path.insert(0, "scripts")
 import vllm_replay as vr
 from lpc.integrations import vllm_plugin
 from lpc.integrations.config import PluginConfig
+from lpc.integrations.scheduler_lpc import attach_manager
 
 v = vr.load_vllm(allow_other_version=False)
 BLOCK, NUM_BLOCKS, CONVERSATIONS, TURNS, SHOTS = 16, 129, 8, 6, 2
@@ -173,13 +174,17 @@ def workload():
 
 def run(config):
     clock = {"now": 0.0}
+    plugin = None
     if config is not None:
-        vllm_plugin.install_patch_points(config, clock=lambda: clock["now"])
+        plugin = vllm_plugin.install_runtime(config, clock=lambda: clock["now"])
     kv = v.KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
         v.KVCacheGroupSpec(["layer0"], v.FullAttentionSpec(
             block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=v.torch.float32))])
     manager = v.KVCacheManager(kv, max_model_len=4096, scheduler_block_size=BLOCK,
                                hash_block_size=BLOCK, enable_caching=True)
+    free = manager.free  # stock; with LPC, the scheduler class's free path
+    if plugin is not None:
+        free = attach_manager(manager, plugin).free
     hasher = v.get_request_block_hasher(BLOCK, v.hash_fn)
     hits = {"victim": [0, 0], "attacker": [0, 0]}
     for step, (tenant, prompt, extra) in enumerate(workload()):
@@ -193,7 +198,7 @@ def run(config):
                                         num_new_computed_tokens=hit, new_computed_blocks=computed)
         assert blocks is not None, f"step {step}: allocation failed"
         request.status = v.RequestStatus.FINISHED_STOPPED
-        manager.free(request)
+        free(request)
         hits[tenant][0] += hit
         hits[tenant][1] += len(prompt)
     stats = vllm_plugin.stats_snapshot() if config is not None else {}

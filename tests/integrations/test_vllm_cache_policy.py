@@ -281,23 +281,16 @@ def test_the_tiers_horizon_is_its_own_setting_else_the_models() -> None:
             tier_horizon_s(runtime)
 
 
-def test_the_scheduler_wrapper_hands_the_connector_config_to_the_tier(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_scheduler_class_hands_the_connector_config_to_the_tier() -> None:
+    """Before vLLM's constructor builds the connector (and the CPU tier's policy in it), the
+    LPC scheduler class notes the engine's `kv_connector_extra_config` in the runtime
+    (`vllm_plugin.note_engine`), where the tier's policy reads its `lpc_*` keys."""
     runtime = make_runtime()
-    monkeypatch.setattr(vllm_plugin, "_REGISTRATION", vllm_plugin._Registration(runtime, []))
-    seen = {}
-
-    class Scheduler:
-        def __init__(self, vllm_config: Any, kv_cache_config: Any) -> None:
-            # The connector (and the CPU tier's policy) is built here.
-            seen.update(vllm_plugin.registered_runtime().kv_connector_extra_config)
-
-    wrapped = vllm_plugin._wrap_scheduler_init(Scheduler.__init__)
     transfer = SimpleNamespace(kv_connector_extra_config={"lpc_horizon_s": 900})
     config = SimpleNamespace(speculative_config=None, kv_transfer_config=transfer)
-    wrapped(Scheduler.__new__(Scheduler), config, SimpleNamespace(kv_cache_groups=["full"]))
-    assert seen == {"lpc_horizon_s": 900}
+    vllm_plugin.note_engine(runtime, config)
+    assert runtime.kv_connector_extra_config == {"lpc_horizon_s": 900}
+    assert tier_horizon_s(runtime) == 900
 
 
 # -- fail-safe --------------------------------------------------------------------------------

@@ -394,80 +394,40 @@ def test_a_corrupt_access_model_stops_vllm_with_a_clear_message(
     assert "corrupt" in str(error.value)
 
 
-REGISTER_ON_ALTERED_VLLM = (
+LOAD_ON_ALTERED_VLLM = (
     """
 import logging
 import vllm, vllm.v1.core.kv_cache_utils as utils, vllm.v1.core.block_pool as pool
 from lpc.integrations import vllm_plugin
-from lpc.integrations.config import load_config
 """
     + WATCH_WARNINGS
     + """{alteration}
 vllm_plugin.register()
 vllm_plugin.register()  # vLLM loads plugins more than once per process
 print("LOADED WARNINGS", len(warnings), vllm_plugin.is_registered())
-try:
-    vllm_plugin.install_patch_points(load_config())
-except RuntimeError as error:
-    print("REFUSED:", error)
-for line in warnings:
-    print("WARNING:", line)
 print("QUEUE", pool.FreeKVCacheBlockQueue.__name__)
 """
 )
 
 
 @pytest.mark.parametrize(
-    ("alteration", "env", "expected"),
+    "alteration",
     [
-        (
-            "vllm.__version__ = '0.34.0'",
-            {},
-            "REFUSED: the LPC patch points do not fit this vLLM: vLLM 0.34.0 is installed; the "
-            "LPC plugin is verified with vLLM 0.33.0 only",
-        ),
-        ("vllm.__version__ = '0.34.0'", {"LPC_VLLM_ALLOW_UNTESTED": "1"}, "QUEUE LPCFree"),
-        (
-            "utils.FreeKVCacheBlockQueue.pop_lru_n = lambda self, n: None",
-            {},
-            "REFUSED: the LPC patch points do not fit this vLLM: the LPC plugin does not fit "
-            "vLLM 0.33.0: FreeKVCacheBlockQueue has methods the LPC queue does not implement: "
-            "pop_lru_n",
-        ),
-        (
-            "pool.BlockPool.free_blocks = lambda self, blocks, now: None",
-            {},
-            "BlockPool.free_blocks takes (self, blocks, now), expected (self, ordered_blocks)",
-        ),
-        (
-            "import vllm.v1.request as r\n"
-            "r.Request.__init__ = lambda self, request_id, sampling_params, **kw: None",
-            {},
-            "vllm.v1.request.Request no longer sets num_prompt_tokens",
-        ),
+        "vllm.__version__ = '0.34.0'",
+        "utils.FreeKVCacheBlockQueue.pop_lru_n = lambda self, n: None",
+        "pool.BlockPool.free_blocks = lambda self, blocks, now: None",
+        "import vllm.v1.request as r\n"
+        "r.Request.__init__ = lambda self, request_id, sampling_params, **kw: None",
     ],
-    ids=[
-        "version",
-        "untested-version-allowed",
-        "new-queue-method",
-        "changed-signature",
-        "no-prompt-token-count",
-    ],
+    ids=["version", "new-queue-method", "changed-signature", "no-prompt-token-count"],
 )
-def test_the_patch_points_refuse_an_unverified_vllm(
-    vllm_python: Path, alteration: str, env: dict, expected: str
-) -> None:
-    """vLLM's plugin loading never stops vLLM and patches nothing, whatever the vLLM; the
-    replay harness's patch points refuse a vLLM they are not verified with, naming why."""
-    configured = {"LPC_MODE": "lpc", **env}
-    code = REGISTER_ON_ALTERED_VLLM.format(alteration=alteration)
-    out = run_snippet(vllm_python, code, configured)
-    assert "LOADED WARNINGS 0 False" in out, out
-    assert expected in out, out
-    if "LPC_VLLM_ALLOW_UNTESTED" in env:
-        assert "loading anyway" in out, out
-    else:
-        assert "QUEUE FreeKVCacheBlockQueue" in out, out
+def test_loading_on_another_vllm_changes_nothing(vllm_python: Path, alteration: str) -> None:
+    """vLLM's plugin loading never stops vLLM and patches nothing, whatever the vLLM, with LPC
+    configured by the environment: no warning, no registration, vLLM's own queue. (The
+    scheduler class on another vLLM: test_vllm_scheduler_class.py.)"""
+    code = LOAD_ON_ALTERED_VLLM.format(alteration=alteration)
+    out = run_snippet(vllm_python, code, {"LPC_MODE": "lpc"})
+    assert "LOADED WARNINGS 0 False" in out and "QUEUE FreeKVCacheBlockQueue" in out, out
 
 
 # -- the predictor down, hanging, or answering ---------------------------------------------
@@ -894,7 +854,7 @@ with (work / "streams.jsonl").open() as lines:
     streams = list(read_streams(lines))
 vllm = vllm_replay.load_vllm(allow_other_version=False)
 clock = driver.StepClock()
-plugin = vllm_plugin.install_unpatched(
+plugin = vllm_plugin.install_runtime(
     PluginConfig(
         evictor="lpc",  # compared with our `lpc` replay below
         scale_per_s=settings.scale_per_s,
@@ -1001,31 +961,20 @@ def test_a_model_promoted_mid_trace_is_swapped_in(vllm_python: Path, tmp_path: P
 REGISTER_TWICE = """
 import vllm.v1.core.block_pool as pool
 from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.sched.scheduler import Scheduler
 from lpc.integrations import vllm_plugin
-from lpc.integrations.config import load_config
-stock = (pool.FreeKVCacheBlockQueue, KVCacheManager.free)
+stock = (pool.FreeKVCacheBlockQueue, KVCacheManager.free, Scheduler.__init__)
 vllm_plugin.register()
 vllm_plugin.register()  # vLLM may load plugins more than once per process
-assert (pool.FreeKVCacheBlockQueue, KVCacheManager.free) == stock, "loading patched vLLM"
+assert (pool.FreeKVCacheBlockQueue, KVCacheManager.free, Scheduler.__init__) == stock
 print("LOADED, REGISTERED:", vllm_plugin.is_registered())
-vllm_plugin.install_patch_points(load_config())
-assert (pool.FreeKVCacheBlockQueue, KVCacheManager.free) != stock, "not installed"
-try:
-    vllm_plugin.install_patch_points(load_config())
-except RuntimeError as error:
-    print("RECONFIGURE:", error)
-vllm_plugin.unregister()
-assert (pool.FreeKVCacheBlockQueue, KVCacheManager.free) == stock
-print("RESTORED")
 """
 
 
-def test_loading_patches_nothing_and_the_harness_is_reversible(vllm_python: Path) -> None:
-    """vLLM's plugin loading patches nothing, even with LPC configured by the environment;
-    the replay harness's patch points are installed once, and undone by `unregister()`."""
+def test_loading_patches_nothing(vllm_python: Path) -> None:
+    """vLLM's plugin loading patches nothing, even with LPC configured by the environment."""
     out = run_snippet(vllm_python, REGISTER_TWICE, {"LPC_MODE": "lpc"})
     assert "LOADED, REGISTERED: False" in out
-    assert "RECONFIGURE: the LPC plugin is already registered" in out and "RESTORED" in out
 
 
 METRICS_IN_ENGINE = """
@@ -1038,7 +987,8 @@ with socket.socket() as probe:
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
 url = f"http://127.0.0.1:{port}/metrics"
-vllm_plugin.install_patch_points(PluginConfig(metrics_port=port))
+from lpc.integrations.scheduler_lpc import attach_manager
+plugin = vllm_plugin.install_runtime(PluginConfig(metrics_port=port))
 try:
     urllib.request.urlopen(url, timeout=5)
     print("SERVED BEFORE ANY POOL")
@@ -1046,8 +996,9 @@ except OSError:
     print("NOT SERVED BEFORE ANY POOL")
 config = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
     ["layer0"], FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32))])
-KVCacheManager(config, max_model_len=64, scheduler_block_size=4, hash_block_size=4,
-               enable_caching=True)
+manager = KVCacheManager(config, max_model_len=64, scheduler_block_size=4, hash_block_size=4,
+                         enable_caching=True)
+attach_manager(manager, plugin)  # the pool's LPC queue: this process owns the cache
 print(urllib.request.urlopen(url, timeout=5).read().decode())
 print("ENGINE", vllm_plugin._REGISTRATION.runtime.queues.engine)
 vllm_plugin.unregister()

@@ -182,8 +182,9 @@ def test_lpc_const_schedules_exactly_as_stock_vllm(workload: str, results: dict)
     assert vllm["lru"]["scheduler"] == "vllm.v1.core.sched.scheduler.Scheduler"
     assert vllm["lru"]["queue"] == "FreeKVCacheBlockQueue"
     assert vllm["lru"]["environment"] == {"VLLM_PLUGINS": ""}
-    assert vllm["lpc-const=0.5"]["queue"] == "LPCFreeKVCacheBlockQueue"
+    assert vllm["lpc-const=0.5"]["queue"] == "LPCSchedulerQueue"
     assert vllm["lpc-const=0.5"]["environment"]["VLLM_PLUGINS"] == "lpc"
+    assert vllm["lpc-const=0.5"]["additional_config"]["lpc"]["fallback_probability"] == 0.5
     REPORT.append(
         f"scheduler, {workload} ({result['requests']} requests): lpc-const == stock vLLM at all "
         f"{lru['steps']} steps; hit ratio {100 * lru['hit_ratio']:.3f}%, "
@@ -205,8 +206,8 @@ def test_learned_policies_keep_the_scheduler_invariants(
     assert all(row["invariants"].values())
     assert row["finished"] == row["requests"] == result["requests"]
     assert result["checks"]["invariants"][policy] is True
-    assert result["vllm"][policy]["queue"] == "LPCFreeKVCacheBlockQueue"
-    assert result["vllm"][policy]["environment"]["LPC_EVICTOR"] == policy
+    assert result["vllm"][policy]["queue"] == "LPCSchedulerQueue"
+    assert result["vllm"][policy]["additional_config"]["lpc"]["evictor"] == policy
     assert row["releases"] == result["requests"]
     assert row["protected_releases"] == row["preemptions"]
     # A preempted request's blocks go after every free block: it loses no more KV to eviction
@@ -254,7 +255,7 @@ def test_shadow_mode_is_stock_vllm_and_its_figures_equal_our_replay(
     assert shadow["shadow_lpc_hit_ratio"] == replay["replay_lpc_hit_ratio"]
     assert shadow["shadow_lru_hit_ratio"] == replay["replay_lru_hit_ratio"]
     assert shadow["shadow_lpc_hits"] != shadow["shadow_lru_hits"], "the p changed nothing"
-    assert result["vllm"]["shadow"]["environment"]["LPC_MODE"] == "shadow"
+    assert result["vllm"]["shadow"]["additional_config"]["lpc"]["mode"] == "shadow"
     REPORT.append(
         f"scheduler, {workload}, shadow: stock vLLM at all {lru['steps']} steps; "
         f"{order['lru_pops']} blocks handed out as vLLM's own queue does; shadow hit ratio "
@@ -286,10 +287,10 @@ def test_lpc_return_keeps_the_scheduler_invariants_on_the_mooncake_sample(
     row, lru = rows["lpc-return"], rows["lru"]
     assert row["invariants_ok"] and all(row["invariants"].values()), row["invariants"]
     assert row["finished"] == row["requests"] == count
-    assert result["vllm"]["lpc-return"]["queue"] == "LPCFreeKVCacheBlockQueue"
-    environment = result["vllm"]["lpc-return"]["environment"]
-    assert environment["LPC_EVICTOR"] == "lpc-return"
-    assert environment["LPC_RETURN_MODEL"] == str(SHIPPED_RETURN_MODEL.resolve())
+    assert result["vllm"]["lpc-return"]["queue"] == "LPCSchedulerQueue"
+    table = result["vllm"]["lpc-return"]["additional_config"]["lpc"]
+    assert table["evictor"] == "lpc-return"
+    assert table["return_model"] == str(SHIPPED_RETURN_MODEL.resolve())
     assert row["releases"] == row["return_curves_in_process"] == count
     assert row["return_curve_errors"] == row["invalid_return_curves"] == 0
     assert row["plugin_errors"] == 0

@@ -15,7 +15,6 @@ Marked `vllm` (CI step 3); needs vLLM's venv (`vllm_python`).
 from __future__ import annotations
 
 import json
-import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -40,76 +39,53 @@ pytestmark = pytest.mark.vllm
 
 SCHEDULER_CLASS = "lpc.integrations.vllm_scheduler_class.LPCScheduler"
 
-# vLLM's python, serving through the LPC scheduler class: the LPC_* settings the scheduler
-# driver sets for a policy become the `lpc` table of `additional_config` (and are unset, so
-# the plugin vLLM loads stays unconfigured: its `--additional-config` hook steps aside).
-CLASS_PYTHON = """#!{python}
-import dataclasses, json, os, sys
-from lpc.integrations.config import PluginConfig, load_config
-config, default = load_config(os.environ), PluginConfig()
-table = {{
-    f.name: getattr(config, f.name)
-    for f in dataclasses.fields(PluginConfig)
-    if getattr(config, f.name) != getattr(default, f.name)
-}}
-env = {{k: v for k, v in os.environ.items() if not k.startswith("LPC_")}}
-extra = ["--scheduler-cls", "{cls}", "--additional-config", json.dumps({{"lpc": table}})]
-args = [arg for arg in sys.argv[1:] if arg != "--patch-points"]  # the class instead
-os.execve(sys.executable, [sys.executable, *args, *extra], env)
-"""
-
-
-@pytest.fixture(scope="module")
-def class_python(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    script = tmp_path_factory.mktemp("scheduler-class") / "python-with-lpc-scheduler"
-    script.write_text(CLASS_PYTHON.format(python=vllm_python, cls=SCHEDULER_CLASS))
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return script
-
 
 def test_the_scheduler_sample_through_the_scheduler_class(
-    vllm_python: Path, class_python: Path, tmp_path: Path
+    vllm_python: Path, tmp_path: Path
 ) -> None:
+    """The sample through `LPCScheduler` (the scheduler driver passes `--scheduler-cls` and
+    the policy's `--additional-config` table): `lpc-pooled` evicts unlike LRU, with shared
+    blocks noted for pooling; `lpc-const` schedules as stock vLLM at every step. The class
+    against a second path into vLLM, step for step: test_vllm_seam.py."""
     trace = tmp_path / "chats.jsonl"
     count = sharegpt_like(trace, conversations_count=30, duration_s=40)
     requests, logged, _ = load_requests(str(trace), 1)
     requests_file = write_requests(tmp_path / "requests.jsonl", requests, logged)
-    lru, const, pooled = parse_policies("lru,lpc-const=0.5,lpc-pooled")
-    runs = {  # label -> (python, policy)
-        "stock lru": (vllm_python, lru),
-        "patch points lpc-pooled": (vllm_python, pooled),
-        "class lpc-pooled": (class_python, pooled),
-        "class lpc-const": (class_python, const),
-    }
+    runs = dict(
+        zip(
+            ("stock lru", "class lpc-const", "class lpc-pooled"),
+            parse_policies("lru,lpc-const=0.5,lpc-pooled"),
+            strict=True,
+        )
+    )
 
     def run(label: str) -> PolicyRun:
-        python, policy = runs[label]
         folder = tmp_path / label.replace(" ", "-")
         folder.mkdir()
         return run_policy(
-            python, requests_file, policy, ENGINE, PluginSettings(), folder, timeout_s=600
+            vllm_python,
+            requests_file,
+            runs[label],
+            ENGINE,
+            PluginSettings(),
+            folder,
+            timeout_s=600,
         )
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         done = dict(zip(runs, pool.map(run, runs), strict=True))
-    stock, points = done["stock lru"], done["patch points lpc-pooled"]
+    stock = done["stock lru"]
     through, through_const = done["class lpc-pooled"], done["class lpc-const"]
     for label, result in done.items():
         assert result.summary["invariants"]["ok"], (label, result.summary["invariants"])
         assert result.totals["finished"] == count, label
-    assert points.summary["invariants"]["queue"] == "LPCFreeKVCacheBlockQueue"
     for result in (through, through_const):
         assert result.summary["scheduler"] == SCHEDULER_CLASS
         assert result.summary["invariants"]["queue"] == "LPCSchedulerQueue"
     assert through.summary["plugin_stats"]["config"]["evictor"] == "lpc-pooled"
     assert stock.totals["preemptions"] > 0 and stock.totals["chunked_prefills"] > 0
-
-    assert points.records is not None and through.records is not None
-    divergence = first_divergence(through.records, points.records, PARITY_FIELDS)
-    assert divergence is None, f"scheduler class vs patch points (lpc-pooled): {divergence}"
-    stats, expected = through.summary["plugin_stats"], points.summary["plugin_stats"]
-    for key in ("releases", "preemptions", "shared_blocks_released", "cached_blocks_released"):
-        assert stats[key] == expected[key], key
+    stats = through.summary["plugin_stats"]
+    assert stats["releases"] == count and stats["preemptions"] > 0
     assert stats["shared_blocks_released"] > 0
     assert through.summary["lru_order_check"]["lpc_not_lru"] > 0, "lpc-pooled evicted as LRU"
 
@@ -118,58 +94,10 @@ def test_the_scheduler_sample_through_the_scheduler_class(
     assert divergence is None, f"scheduler class lpc-const vs stock vLLM: {divergence}"
     REPORT.append(
         f"scheduler class ({count} requests, {stock.totals['steps']} scheduler steps, "
-        f"{stock.totals['preemptions']} preemptions): lpc-pooled through --scheduler-cls == "
-        f"patch points at every step ({through.totals['prefix_cache_hits']} hit tokens, "
-        f"{through.summary['lru_order_check']['lpc_not_lru']} evictions unlike LRU); lpc-const "
+        f"{stock.totals['preemptions']} preemptions): lpc-pooled through --scheduler-cls "
+        f"{through.totals['prefix_cache_hits']} hit tokens, "
+        f"{through.summary['lru_order_check']['lpc_not_lru']} evictions unlike LRU; lpc-const "
         "through it == stock vLLM at every step; nothing patched"
-    )
-
-
-def test_with_the_access_model_the_class_scores_each_step_once(
-    vllm_python: Path, class_python: Path, tmp_path: Path
-) -> None:
-    """With the access model in process, the class holds the frees of the requests a step
-    finishes until the step's end and scores them in one forward pass: every step equals the
-    patch points' run (which scores each release alone, the p to float32 round-off), and the
-    model ran once per step that finished a request, fewer times than there were releases."""
-    trace = tmp_path / "chats.jsonl"
-    count = sharegpt_like(trace, conversations_count=30, duration_s=40)
-    requests, logged, _ = load_requests(str(trace), 1)
-    requests_file = write_requests(tmp_path / "requests.jsonl", requests, logged)
-    (pooled,) = parse_policies("lpc-pooled")
-    settings = PluginSettings(access_model=SHIPPED_ACCESS_MODEL)
-
-    def run(label: str, python: Path) -> PolicyRun:
-        folder = tmp_path / label
-        folder.mkdir()
-        return run_policy(python, requests_file, pooled, ENGINE, settings, folder, timeout_s=600)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        points, through = pool.map(run, ("points", "class"), (vllm_python, class_python))
-    for result in (points, through):
-        assert result.summary["invariants"]["ok"], result.summary["invariants"]
-        assert result.totals["finished"] == count
-    assert through.summary["invariants"]["queue"] == "LPCSchedulerQueue"
-    assert points.records is not None and through.records is not None
-    divergence = first_divergence(through.records, points.records, PARITY_FIELDS)
-    assert divergence is None, (
-        f"class (a call per step) vs patch points (per release): {divergence}"
-    )
-    finished = [
-        json.loads(line)["finished"] for line in through.records.read_text().splitlines() if line
-    ]
-    steps_finishing = sum(1 for n in finished if n)
-    assert max(finished) >= 2, "a step that finishes several requests"
-    stats, expected = through.summary["plugin_stats"], points.summary["plugin_stats"]
-    for key in ("releases", "predictions_in_process", "preemptions", "evictions"):
-        assert stats[key] == expected[key], key
-    assert stats["predictions_in_process"] == stats["releases"] == count
-    assert expected["in_process_scoring_calls"] == count, "the patch points: one per release"
-    assert stats["in_process_scoring_calls"] == steps_finishing < count
-    REPORT.append(
-        f"scheduler class with the access model ({count} requests): every step == patch "
-        f"points; {stats['in_process_scoring_calls']} scoring calls (one per step that "
-        f"finished a request, up to {max(finished)} a step) for {count} releases"
     )
 
 
@@ -399,8 +327,9 @@ def test_an_unverified_vllm_version_runs_the_class_stock_with_one_warning(
     assert "LPC runs anyway (LPC_VLLM_ALLOW_UNTESTED=1" in found["allowed_warnings"][0], found
 
 
-# A host configured by the LPC_* environment: vLLM loads the plugin (the patch points, and one
-# line recommending the class), then builds the class named alone, no `lpc` table given.
+# A host configured by the LPC_* environment: vLLM loads the plugin (which patches nothing, and
+# says in one line where the settings take effect), then builds the class named alone, no
+# `lpc` table given.
 LPC_HOST = """
 import argparse, importlib.util, json, logging, tempfile
 from pathlib import Path
@@ -440,11 +369,10 @@ def queue_of(built):
 
 out = {}
 vllm_plugin.register()  # as vLLM's plugin loading calls it
-out["patched"] = vllm_plugin.patch_points_installed()
+out["registered"] = vllm_plugin.is_registered()
 out["recommended"] = [line for line in lines if "--scheduler-cls" in line]
 built = build(CLS)
 out["queue"] = queue_of(built)
-out["patched_after"] = vllm_plugin.patch_points_installed()
 config = vllm_plugin.stats_snapshot()["config"]
 out["config"] = [config["evictor"], config["fallback_probability"]]
 out["changed"] = sorted(
@@ -454,11 +382,6 @@ out["changed"] = sorted(
     if vars(owner).get(name) is not old.get(name) and name not in ("NONE_HASH", "_NONE_HASH_SEED")
 )
 vllm_plugin.unregister()
-from lpc.integrations.config import load_config
-vllm_plugin.install_patch_points(load_config())  # a replay's harness owns this process
-stock = build(None)  # vLLM's own scheduler, on the patch points
-late = build(CLS)
-out["late"] = [queue_of(stock), queue_of(late), late.lpc is None]
 print("HOST", json.dumps(out))
 """
 
@@ -466,15 +389,13 @@ print("HOST", json.dumps(out))
 def test_an_lpc_environment_host_runs_lpc_by_naming_the_class(vllm_python: Path) -> None:
     """A host configured by `LPC_*`: loading the plugin patches nothing and says so in one
     line naming the class; `--scheduler-cls` alone turns LPC on with the same settings, and
-    vLLM's classes stay as they were. Where the replay harness's patch points run LPC, a
-    class built after adds nothing."""
+    vLLM's classes stay as they were."""
     driver = REPO_ROOT / "scripts" / "vllm_scheduler_replay.py"
     code = f"DRIVER, CLS = {str(driver)!r}, {SCHEDULER_CLASS!r}\n" + LPC_HOST
     env = {"VLLM_PLUGINS": "", "LPC_EVICTOR": "lpc", "LPC_FALLBACK_P": "0.3"}
     out = json.loads(run_snippet(vllm_python, code, env).split("HOST ", 1)[1].splitlines()[0])
-    assert out["patched"] is False and len(out["recommended"]) == 1, out
+    assert out["registered"] is False and len(out["recommended"]) == 1, out
     assert SCHEDULER_CLASS in out["recommended"][0], out
-    assert out["queue"] == "LPCSchedulerQueue" and out["patched_after"] is False, out
+    assert out["queue"] == "LPCSchedulerQueue", out
     assert out["config"] == ["lpc", 0.3], out
     assert out["changed"] == [], out
-    assert out["late"] == ["LPCFreeKVCacheBlockQueue", "LPCFreeKVCacheBlockQueue", True], out

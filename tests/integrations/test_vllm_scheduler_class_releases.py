@@ -1,10 +1,10 @@
 """The releases vLLM 0.33.0's scheduler makes outside `_free_request_blocks`, through the LPC
-scheduler class (`lpc.integrations.vllm_scheduler_class`) and through the plugin's patch
-points: the evictor is handed the same blocks with the same releases.
+scheduler class (`lpc.integrations.vllm_scheduler_class`): the evictor is handed each one's
+blocks with its release.
 
-One vLLM process drives vLLM's own `Scheduler` (patch points) and `LPCScheduler` through the
-same steps, with a KV connector stand-in (a consumer, under async scheduling: vLLM defers a
-free while the step that last ran the request may still write its blocks):
+One vLLM process drives `LPCScheduler`, and two variants of it, through the same steps,
+with a KV connector stand-in (a consumer, under async scheduling: vLLM defers a free while
+the step that last ran the request may still write its blocks):
 
 - A finishes while its step runs: vLLM defers the free (`pop_blocks_for_free`) and drains it
   a step later (`_drain_deferred_frees`); two of A's blocks are still held by B, so the
@@ -228,16 +228,10 @@ CLASSES = {
     "no failed load": NoFailedLoad,
 }
 results = {}
-for label in ("patch points", *CLASSES):
+for label in CLASSES:
     NOW[0] = 0.0
-    config = PluginConfig(**TABLE)
-    if label == "patch points":
-        vllm_plugin.install_patch_points(config, clock=clock)
-        scheduler = build(Scheduler)
-    else:
-        vllm_plugin.install_unpatched(config, clock=clock)  # the class shares it
-        scheduler = build(CLASSES[label])
-    results[label] = run(scheduler)
+    vllm_plugin.install_runtime(PluginConfig(**TABLE), clock=clock)  # the class shares it
+    results[label] = run(build(CLASSES[label]))
     vllm_plugin.unregister()
 print("RESULTS", json.dumps(results))
 """
@@ -263,38 +257,35 @@ def test_the_scenario_defers_a_free_and_fails_a_load(results: dict[str, Any]) ->
         assert result["stats"]["plugin_errors"] == 0, (label, result["stats"])
 
 
-def test_the_class_hands_the_evictor_what_the_patch_points_do(results: dict[str, Any]) -> None:
-    points, through = results["patch points"], results["class"]
-    assert through["seen"] == points["seen"]
-    assert through["order"] == points["order"]
-    assert through["stats"] == points["stats"]
-    # What both hand over: A's deferred free with its release, its shared blocks noted; D's
-    # failed load with a protected release, its shared blocks noted.
-    assert _calls(points, "A") == [
+def test_the_class_hands_the_evictor_each_release(results: dict[str, Any]) -> None:
+    """A's deferred free with its release, its shared blocks noted; D's failed load with a
+    protected release, its shared blocks noted."""
+    through = results["class"]
+    assert _calls(through, "A") == [
         ["push_cached", [3], "TenantRelease", 0.9, "A", 0.003],
         ["note_shared_release", [2, 1], "TenantRelease", 0.9, "A", 0.003],
     ]
-    assert [call[:3] for call in _calls(points, "D")[:2]] == [
+    assert [call[:3] for call in _calls(through, "D")[:2]] == [
         ["push_protected", [3], "ProtectedRelease"],
         ["note_protected_release", [2, 1], "ProtectedRelease"],
     ]
-    assert points["stats"]["preemptions"] == 1
+    assert through["stats"]["preemptions"] == 1
 
 
 def test_without_the_drain_override_a_deferred_free_loses_its_release(
     results: dict[str, Any],
 ) -> None:
-    points, bare = results["patch points"], results["no drain"]
+    through, bare = results["class"], results["no drain"]
     assert _calls(bare, "A") == []  # its blocks took the fallback p, nothing was noted
     anonymous = [call[:4] for call in bare["seen"] if call[4] is None]
     assert anonymous == [["push_cached", [3], "Release", None]]
-    assert bare["stats"]["shared_blocks_released"] < points["stats"]["shared_blocks_released"]
+    assert bare["stats"]["shared_blocks_released"] < through["stats"]["shared_blocks_released"]
 
 
 def test_without_the_failed_load_override_its_free_is_not_protected(
     results: dict[str, Any],
 ) -> None:
-    points, bare = results["patch points"], results["no failed load"]
+    through, bare = results["class"], results["no failed load"]
     assert not any(call[2] == "ProtectedRelease" for call in bare["seen"])
-    assert bare["stats"]["preemptions"] == points["stats"]["preemptions"] - 1
-    assert _calls(bare, "A") == _calls(points, "A")  # the drain still carries A's release
+    assert bare["stats"]["preemptions"] == through["stats"]["preemptions"] - 1
+    assert _calls(bare, "A") == _calls(through, "A")  # the drain still carries A's release

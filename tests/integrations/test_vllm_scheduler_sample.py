@@ -64,7 +64,7 @@ def test_a_small_workload_through_vllm_scheduler(vllm_python: Path, tmp_path: Pa
     assert installed["steps_compared"] == lru["steps"]
     assert result["vllm"]["installed"]["queue"] == "FreeKVCacheBlockQueue"
     assert "VLLM_PLUGINS" not in result["vllm"]["installed"]["environment"]
-    assert result["vllm"]["lpc-const=0.5"]["queue"] == "LPCFreeKVCacheBlockQueue"
+    assert result["vllm"]["lpc-const=0.5"]["queue"] == "LPCSchedulerQueue"
 
     assert pooled["invariants_ok"], pooled["invariants"]
     assert pooled["finished"] == pooled["requests"] == count

@@ -10,7 +10,9 @@ patched copy first on its path. There:
   builds the LPC queue;
 - the scheduler sample of test_vllm_scheduler_sample.py, through vLLM's own `Scheduler`: with
   `lpc-pooled` every step (hits, evictions through the blocks allocated, preemptions) equals
-  the patch points' run on stock vLLM, and with `lpc-const` every step equals stock vLLM;
+  the LPC scheduler class's run on stock vLLM (two paths into vLLM, one order), and with
+  `lpc-const` every step equals stock vLLM; with the access model in process, the seam
+  (scoring each release alone) equals the class (scoring a step's releases in one call);
 - a seam of another shape leaves vLLM stock with one warning; the seam needs no version pin.
 
 Marked `vllm` (CI step 3); needs `patch` and vLLM's venv (`vllm_python`).
@@ -18,6 +20,7 @@ Marked `vllm` (CI step 3); needs `patch` and vLLM's venv (`vllm_python`).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -41,7 +44,7 @@ from lpc.drivers.vllm_scheduler import (
 )
 from tests.integrations.report import REPORT
 from tests.integrations.snippets import WATCH_LPC, run_snippet
-from tests.integrations.test_vllm_scheduler import sharegpt_like
+from tests.integrations.test_vllm_scheduler import SHIPPED_ACCESS_MODEL, sharegpt_like
 
 pytestmark = pytest.mark.vllm
 
@@ -198,7 +201,7 @@ def test_a_seam_of_another_shape_runs_stock_with_one_warning(
     assert "CHANGED []" in out, out
 
 
-def test_the_scheduler_sample_through_the_seam_equals_the_patch_points(
+def test_the_scheduler_sample_through_the_seam_equals_the_scheduler_class(
     vllm_python: Path, seam_python: Path, tmp_path: Path
 ) -> None:
     trace = tmp_path / "chats.jsonl"
@@ -209,7 +212,7 @@ def test_the_scheduler_sample_through_the_seam_equals_the_patch_points(
     lru, const, pooled = parse_policies("lru,lpc-const=0.5,lpc-pooled")
     runs = {  # label -> (python, policy, CacheConfig.eviction_policy)
         "stock lru": (vllm_python, lru, None),
-        "patch points lpc-pooled": (vllm_python, pooled, None),
+        "class lpc-pooled": (vllm_python, pooled, None),
         "seam lpc-pooled": (seam_python, pooled, "lpc"),
         "seam lpc-const": (seam_python, const, "lpc"),
     }
@@ -231,18 +234,18 @@ def test_the_scheduler_sample_through_the_seam_equals_the_patch_points(
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         done = dict(zip(runs, pool.map(run, runs), strict=True))
-    stock, points = done["stock lru"], done["patch points lpc-pooled"]
+    stock, points = done["stock lru"], done["class lpc-pooled"]
     seam, seam_const = done["seam lpc-pooled"], done["seam lpc-const"]
     for label, result in done.items():
         assert result.summary["invariants"]["ok"], (label, result.summary["invariants"])
         assert result.totals["finished"] == count, label
-    assert points.summary["invariants"]["queue"] == "LPCFreeKVCacheBlockQueue"
+    assert points.summary["invariants"]["queue"] == "LPCSchedulerQueue"
     assert seam.summary["invariants"]["queue"] == "LPCSeamQueue"
     assert stock.totals["preemptions"] > 0 and stock.totals["chunked_prefills"] > 0
 
     assert points.records is not None and seam.records is not None
     divergence = first_divergence(seam.records, points.records, PARITY_FIELDS)
-    assert divergence is None, f"seam vs patch points (lpc-pooled): {divergence}"
+    assert divergence is None, f"seam vs scheduler class (lpc-pooled): {divergence}"
     for key in ("releases", "preemptions", "shared_blocks_released", "cached_blocks_released"):
         assert seam.summary["plugin_stats"][key] == points.summary["plugin_stats"][key], key
     assert seam.summary["plugin_stats"]["shared_blocks_released"] > 0
@@ -253,8 +256,66 @@ def test_the_scheduler_sample_through_the_seam_equals_the_patch_points(
     assert divergence is None, f"seam lpc-const vs stock vLLM: {divergence}"
     REPORT.append(
         f"eviction-policy seam ({count} requests, {stock.totals['steps']} scheduler steps, "
-        f"{stock.totals['preemptions']} preemptions): lpc-pooled through the seam == patch "
-        f"points at every step ({seam.totals['prefix_cache_hits']} hit tokens, "
+        f"{stock.totals['preemptions']} preemptions): lpc-pooled through the seam == the "
+        f"scheduler class at every step ({seam.totals['prefix_cache_hits']} hit tokens, "
         f"{seam.summary['lru_order_check']['lpc_not_lru']} evictions unlike LRU); lpc-const "
         "through the seam == stock vLLM at every step; nothing patched"
+    )
+
+
+def test_with_the_access_model_the_seam_per_release_equals_the_class_per_step(
+    vllm_python: Path, seam_python: Path, tmp_path: Path
+) -> None:
+    """With the access model in process, the scheduler class holds the frees of the requests
+    a step finishes until the step's end and scores them in one forward pass; the seam scores
+    each release alone at its free. Every step is the same (the p to float32 round-off), and
+    the class ran the model once per step that finished a request, fewer times than there
+    were releases."""
+    trace = tmp_path / "chats.jsonl"
+    count = sharegpt_like(trace, conversations_count=30, duration_s=40)
+    requests, logged, _ = load_requests(str(trace), 1)
+    requests_file = write_requests(tmp_path / "requests.jsonl", requests, logged)
+    (pooled,) = parse_policies("lpc-pooled")
+    settings = PluginSettings(access_model=SHIPPED_ACCESS_MODEL)
+
+    def run(label: str, python: Path, eviction_policy: str | None) -> PolicyRun:
+        folder = tmp_path / label
+        folder.mkdir()
+        return run_policy(
+            python,
+            requests_file,
+            pooled,
+            ENGINE,
+            settings,
+            folder,
+            eviction_policy=eviction_policy,
+            timeout_s=600,
+        )
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        seam, through = pool.map(run, ("seam", "class"), (seam_python, vllm_python), ("lpc", None))
+    for result in (seam, through):
+        assert result.summary["invariants"]["ok"], result.summary["invariants"]
+        assert result.totals["finished"] == count
+    assert through.summary["invariants"]["queue"] == "LPCSchedulerQueue"
+    assert seam.summary["invariants"]["queue"] == "LPCSeamQueue"
+    assert seam.records is not None and through.records is not None
+    divergence = first_divergence(through.records, seam.records, PARITY_FIELDS)
+    assert divergence is None, f"class (a call per step) vs seam (per release): {divergence}"
+    finished = [
+        json.loads(line)["finished"] for line in through.records.read_text().splitlines() if line
+    ]
+    steps_finishing = sum(1 for n in finished if n)
+    assert max(finished) >= 2, "a step that finishes several requests"
+    stats, expected = through.summary["plugin_stats"], seam.summary["plugin_stats"]
+    for key in ("releases", "predictions_in_process", "preemptions", "evictions"):
+        assert stats[key] == expected[key], key
+    assert stats["predictions_in_process"] == stats["releases"] == count
+    assert expected["in_process_scoring_calls"] == count, "the seam: one per release"
+    assert stats["in_process_scoring_calls"] == steps_finishing < count
+    REPORT.append(
+        f"scheduler class with the access model ({count} requests): every step == the seam's "
+        f"(one scoring call per release); {stats['in_process_scoring_calls']} scoring calls "
+        f"(one per step that finished a request, up to {max(finished)} a step) for {count} "
+        "releases"
     )

@@ -74,7 +74,7 @@ def test_stock_and_the_scheduler_class_interleaved_serve_the_same_requests(
 ) -> None:
     trace = tmp_path / "chats.jsonl"
     count = sharegpt_like(trace, conversations_count=30, duration_s=40)
-    common = dict(through="scheduler-class", time_steps=True)
+    common = dict(time_steps=True)
     both = compare(
         str(trace), "lpc-pooled", ENGINE, PluginSettings(), vllm_python, interleave=True, **common
     )

@@ -1,6 +1,6 @@
-"""`lpc vllm-ab --through`: the plugin's LPC_* settings for a policy become the `lpc` table of
-vLLM's `--additional-config` when the scheduler class carries LPC, typed and checked as the
-plugin reads them, and nothing of LPC is left in the engine's environment. The runs themselves:
+"""`lpc vllm-ab`: the plugin's LPC_* settings for a policy become the `lpc` table of vLLM's
+`--additional-config`, where the scheduler class carries LPC, typed and checked as the plugin
+reads them, and nothing of LPC is left in the engine's environment. The runs themselves:
 tests/integrations/test_vllm_ab_through.py (marked `vllm`)."""
 
 from __future__ import annotations
@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lpc.cli.main import build_parser
 from lpc.drivers.release_plan import PluginSettings
 from lpc.drivers.vllm_scheduler import (
-    THROUGH,
     EngineSettings,
     RequestsFile,
     additional_config_table,
@@ -50,10 +48,14 @@ def test_the_table_holds_typed_values_one_per_variable() -> None:
     }
 
 
-def test_an_unknown_path_is_refused_before_any_engine_starts(tmp_path: Path) -> None:
+def test_interleaving_through_the_seam_is_refused_before_any_engine_starts(
+    tmp_path: Path,
+) -> None:
+    """Interleaving builds stock vLLM's scheduler beside the LPC scheduler class in one
+    process: a vLLM whose pools take LPC through the seam cannot hold both."""
     (policy,) = parse_policies("lpc-pooled")
     requests = RequestsFile(tmp_path / "requests.jsonl", 1, 10, 1, 11, 0)
-    with pytest.raises(ValueError, match="through must be one of"):
+    with pytest.raises(ValueError, match="interleaving pairs a plugin policy"):
         run_policy(
             tmp_path / "python",
             requests,
@@ -61,16 +63,6 @@ def test_an_unknown_path_is_refused_before_any_engine_starts(tmp_path: Path) -> 
             EngineSettings(kv_tokens=160),
             PluginSettings(),
             tmp_path,
-            through="environment",
+            eviction_policy="lpc",
+            interleave=True,
         )
-
-
-def test_the_command_offers_the_drivers_paths_and_defaults_to_the_patch_points() -> None:
-    parser = build_parser()
-    args = parser.parse_args(["vllm-ab", "mooncake", "--kv-tokens", "4096"])
-    assert args.through == "patch-points" == THROUGH[0]
-    for path in THROUGH:
-        args = parser.parse_args(["vllm-ab", "x", "--kv-tokens", "4096", "--through", path])
-        assert args.through == path
-    with pytest.raises(SystemExit):
-        parser.parse_args(["vllm-ab", "x", "--kv-tokens", "4096", "--through", "environment"])

@@ -95,11 +95,9 @@ if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     policy, module_path = args[0], args[1] if len(args) > 1 else None
     if plugin:
-        # The LPC_* environment configures it (the access model), explicitly: installed but
-        # unconfigured, the plugin leaves vLLM stock.
+        # The LPC_* environment configures it (the access model), as the scheduler class
+        # reads it without an `lpc` table; its runtime registered as the class registers it.
         # The requests carry their p as a trusted API layer sets them (`trust`).
-        vllm_plugin.install_patch_points(replace(load_config(), trust_request_hints=True))
-        runtime = vllm_plugin.registered_runtime()
-        assert runtime is not None
+        runtime = vllm_plugin.install_runtime(replace(load_config(), trust_request_hints=True))
         runtime.kv_connector_extra_config = {"lpc_horizon_s": TIER_HORIZON_S}
     print(json.dumps([main(policy, module_path, pin, plugin, access) for pin in (False, True)]))

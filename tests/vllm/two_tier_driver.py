@@ -52,8 +52,7 @@ def register_plugin(stream: dict, clock: EventClock) -> Any:
     from lpc.integrations.config import PluginConfig
 
     config = PluginConfig(return_model=stream.get("return_model"), stats_log_interval_s=0.0)
-    vllm_plugin.install_patch_points(config, clock=clock)
-    return vllm_plugin.registered_runtime()
+    return vllm_plugin.install_runtime(config, clock=clock)
 
 
 def main(stream: dict) -> dict:
