@@ -36,7 +36,9 @@ from lpc.drivers.vllm_driver import REPO_ROOT
 from lpc.drivers.vllm_scheduler import (
     EngineSettings,
     PluginSettings,
+    Policy,
     PolicyRun,
+    RequestsFile,
     first_divergence,
     parse_policies,
     run_policy,
@@ -201,21 +203,14 @@ def test_a_seam_of_another_shape_runs_stock_with_one_warning(
     assert "CHANGED []" in out, out
 
 
-def test_the_scheduler_sample_through_the_seam_equals_the_scheduler_class(
-    vllm_python: Path, seam_python: Path, tmp_path: Path
-) -> None:
-    trace = tmp_path / "chats.jsonl"
-    count = sharegpt_like(trace, conversations_count=30, duration_s=40)
-    requests, logged, _ = load_requests(str(trace), 1)
-    requests_file = write_requests(tmp_path / "requests.jsonl", requests, logged)
-    settings = PluginSettings()
-    lru, const, pooled = parse_policies("lru,lpc-const=0.5,lpc-pooled")
-    runs = {  # label -> (python, policy, CacheConfig.eviction_policy)
-        "stock lru": (vllm_python, lru, None),
-        "class lpc-pooled": (vllm_python, pooled, None),
-        "seam lpc-pooled": (seam_python, pooled, "lpc"),
-        "seam lpc-const": (seam_python, const, "lpc"),
-    }
+def serve(
+    requests_file: RequestsFile,
+    runs: dict[str, tuple[Path, Policy, str | None]],
+    settings: PluginSettings,
+    tmp_path: Path,
+) -> dict[str, PolicyRun]:
+    """Each run (label -> vLLM's python, policy, `CacheConfig.eviction_policy`) over the
+    sample, two at a time."""
 
     def run(label: str) -> PolicyRun:
         python, policy, eviction_policy = runs[label]
@@ -233,21 +228,40 @@ def test_the_scheduler_sample_through_the_seam_equals_the_scheduler_class(
         )
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        done = dict(zip(runs, pool.map(run, runs), strict=True))
-    stock, points = done["stock lru"], done["class lpc-pooled"]
+        return dict(zip(runs, pool.map(run, runs), strict=True))
+
+
+def test_the_scheduler_sample_through_the_seam_equals_the_scheduler_class(
+    vllm_python: Path, seam_python: Path, tmp_path: Path
+) -> None:
+    trace = tmp_path / "chats.jsonl"
+    count = sharegpt_like(trace, conversations_count=30, duration_s=40)
+    requests, logged, _ = load_requests(str(trace), 1)
+    requests_file = write_requests(tmp_path / "requests.jsonl", requests, logged)
+    settings = PluginSettings()
+    lru, const, pooled = parse_policies("lru,lpc-const=0.5,lpc-pooled")
+    runs = {  # label -> (python, policy, CacheConfig.eviction_policy)
+        "stock lru": (vllm_python, lru, None),
+        "class lpc-pooled": (vllm_python, pooled, None),
+        "seam lpc-pooled": (seam_python, pooled, "lpc"),
+        "seam lpc-const": (seam_python, const, "lpc"),
+    }
+
+    done = serve(requests_file, runs, settings, tmp_path)
+    stock, through_class = done["stock lru"], done["class lpc-pooled"]
     seam, seam_const = done["seam lpc-pooled"], done["seam lpc-const"]
     for label, result in done.items():
         assert result.summary["invariants"]["ok"], (label, result.summary["invariants"])
         assert result.totals["finished"] == count, label
-    assert points.summary["invariants"]["queue"] == "LPCSchedulerQueue"
+    assert through_class.summary["invariants"]["queue"] == "LPCSchedulerQueue"
     assert seam.summary["invariants"]["queue"] == "LPCSeamQueue"
     assert stock.totals["preemptions"] > 0 and stock.totals["chunked_prefills"] > 0
 
-    assert points.records is not None and seam.records is not None
-    divergence = first_divergence(seam.records, points.records, PARITY_FIELDS)
+    assert through_class.records is not None and seam.records is not None
+    divergence = first_divergence(seam.records, through_class.records, PARITY_FIELDS)
     assert divergence is None, f"seam vs scheduler class (lpc-pooled): {divergence}"
     for key in ("releases", "preemptions", "shared_blocks_released", "cached_blocks_released"):
-        assert seam.summary["plugin_stats"][key] == points.summary["plugin_stats"][key], key
+        assert seam.summary["plugin_stats"][key] == through_class.summary["plugin_stats"][key], key
     assert seam.summary["plugin_stats"]["shared_blocks_released"] > 0
     assert seam.summary["lru_order_check"]["lpc_not_lru"] > 0, "lpc-pooled evicted as LRU"
 
@@ -278,22 +292,9 @@ def test_with_the_access_model_the_seam_per_release_equals_the_class_per_step(
     (pooled,) = parse_policies("lpc-pooled")
     settings = PluginSettings(access_model=SHIPPED_ACCESS_MODEL)
 
-    def run(label: str, python: Path, eviction_policy: str | None) -> PolicyRun:
-        folder = tmp_path / label
-        folder.mkdir()
-        return run_policy(
-            python,
-            requests_file,
-            pooled,
-            ENGINE,
-            settings,
-            folder,
-            eviction_policy=eviction_policy,
-            timeout_s=600,
-        )
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        seam, through = pool.map(run, ("seam", "class"), (seam_python, vllm_python), ("lpc", None))
+    runs = {"seam": (seam_python, pooled, "lpc"), "class": (vllm_python, pooled, None)}
+    done = serve(requests_file, runs, settings, tmp_path)
+    seam, through = done["seam"], done["class"]
     for result in (seam, through):
         assert result.summary["invariants"]["ok"], result.summary["invariants"]
         assert result.totals["finished"] == count
