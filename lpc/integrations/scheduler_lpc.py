@@ -141,8 +141,8 @@ class SchedulerLPC:
         """`update` (vLLM's `_update_waiting_for_remote_kv`) for a request whose KV load
         ended. A failed load that left nothing valid frees the request's blocks there for a
         local retry, calling `KVCacheManager.free` itself (not `_free_request_blocks`):
-        that free is announced first, as `free` announces one
-        (the request is not finished: a protected one)."""
+        that free is announced first, as `free` announces one (the request is not finished:
+        its release is a protected one)."""
         if (
             request.request_id not in scheduler.failed_recving_kv_req_ids
             or request.num_computed_tokens

@@ -433,11 +433,11 @@ class _Registration:
     runtime: PluginRuntime
     metrics: MetricsExport | None = None
     control: ControlFileWatcher | None = None
-    activated: bool = False  # a block pool of this process has built its LPC queue
 
 
 _REGISTRATION: _Registration | None = None
-# Why this process runs stock vLLM (an unverified vLLM), once said; None: not decided so.
+# Why this process runs stock vLLM (vLLM's modules not importable, or a seam of another
+# shape), once said; None: not decided so.
 _STOCK_REASON: str | None = None
 # Whether `register()` said that `LPC_*` settings alone change nothing (once per process).
 _SAID_ENVIRONMENT = False
@@ -581,9 +581,10 @@ def build_runtime(
     activate: Callable[[], None] | None = None,
     queue_runtime: type[QueueRuntime] = QueueRuntime,
 ) -> PluginRuntime:
-    """What a registration sets up before anything in vLLM is built (nothing here imports vLLM): the
-    counters, the predictor client and board, the queues' shared runtime, the in-process access
-    model and, from its artifact, the model-specific constants the evictor is built with."""
+    """What a registration sets up before vLLM builds anything (nothing here imports vLLM):
+    the counters, the predictor client and board, the queues' shared runtime, the in-process
+    access model and, from its artifact, the model-specific constants the evictor is built
+    with."""
     counters = PluginStats()
     client = predictor_client if predictor_client is not None else make_predictor_client(config)
     queues = queue_runtime(
@@ -785,7 +786,6 @@ def _activate(registration: _Registration) -> None:
     vLLM loads plugins in every process (API server, engine core, workers); only the engine
     core builds block pools, so the metrics server starts here rather than in `register()`.
     """
-    registration.activated = True
     runtime = registration.runtime
     config = runtime.config
     engine = runtime.queues.engine
