@@ -1,9 +1,10 @@
 """The vLLM plugin as an operator deploys it with the shipped access model, on the core install.
 
-Settings come from the LPC_* environment (`load_config`, as `register()` reads them), the
-runtime is `build_runtime`'s (the access model `models/mooncake-access` loaded in process, the
-default `lpc-pooled` evictor on the model's horizon), and the plugin's own wrappers drive the
-LPC free-block queue in the stand-in engine of test_fail_safe.py: allocations, prefix hits,
+Settings come from the LPC_* environment (`load_config`, as the scheduler class reads them
+without an `lpc` table), the runtime is `build_runtime`'s (the access model
+`models/mooncake-access` loaded in process, the default `lpc-pooled` evictor on the model's
+horizon), and the scheduler class's calls (`scheduler_lpc`) drive the LPC free-block queue in
+the stand-in engine of test_fail_safe.py: allocations, prefix hits,
 releases whose p the model computes at the release, evictions. Nothing here needs torch or
 vLLM, so tests/test_core_install.py runs this file inside a clean venv holding `pip install lpc`
 alone; the default suite runs it too.

@@ -53,7 +53,7 @@ INVARIANTS_EVERY = 10
 BAD_VALUES = {"nan": NAN, "inf": INF, "minus-inf": -INF, "above-one": 1.5, "negative": -0.2}
 
 
-# -- a stand-in engine with the plugin's wrappers --------------------------------------------
+# -- a stand-in engine, LPC on it as the scheduler class runs it ----------------------------
 @dataclass(eq=False)
 class Block:
     """The fields of vLLM's `KVCacheBlock` the plugin reads."""

@@ -2,7 +2,7 @@
 curve of each release from the access features the engine knows then, the refusals at load,
 the fail-safe (a model that raises or gives no survival curve: the fallback score, counted,
 logged once), its reloads, W in the metrics, and shadow mode. The stand-in engine is
-test_fail_safe.py's (the plugin's wrappers exactly as `register()` installs them); the
+test_fail_safe.py's (LPC on it as the scheduler class runs it on vLLM's); the
 real-vLLM counterpart is test_vllm_scheduler.py (`lpc-return` in vLLM's own scheduler)."""
 
 from __future__ import annotations

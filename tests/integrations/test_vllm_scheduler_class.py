@@ -3,7 +3,8 @@ vLLM 0.33.0: nothing patched, one block pool changed.
 
 - The scheduler sample of test_vllm_scheduler_sample.py, vLLM's scheduler class chosen by its
   configuration (`SchedulerConfig.scheduler_cls`) and LPC's settings in `additional_config`:
-  with `lpc-pooled` every step equals the patch points' run, with `lpc-const` stock vLLM's.
+  `lpc-pooled` evicts unlike LRU, `lpc-const` schedules as stock vLLM at every step (the class
+  against the seam, step for step: test_vllm_seam.py).
 - Built, the class changes no attribute of vLLM's scheduler, KV cache manager, block pool or
   free queue classes or of their modules, reads no call stack, and another block pool in the
   process keeps vLLM's queue; a bad `lpc` table names the field; on a vLLM of another shape
