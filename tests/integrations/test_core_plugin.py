@@ -36,7 +36,7 @@ OPTIONAL = ("torch", "transformers", "datasets", "sentence_transformers", "panda
 def deployed_runtime(
     monkeypatch: pytest.MonkeyPatch, settings: dict[str, str]
 ) -> vllm_plugin.PluginRuntime:
-    """`build_runtime` on the configuration `register()` would read from these LPC_* settings
+    """`build_runtime` on the configuration the scheduler class reads from these LPC_* settings
     (and no others), on a step clock."""
     for name in [n for n in os.environ if n.startswith("LPC_")]:
         monkeypatch.delenv(name)
