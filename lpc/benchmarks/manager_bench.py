@@ -21,8 +21,7 @@ from lpc.benchmarks.per_request import (
     BLOCK_SIZE,
     WARMUP_REQUESTS,
     Figure,
-    figure_of,
-    ratios_of,
+    compare_sides,
 )
 from lpc.integrations.config import PluginConfig
 
@@ -135,8 +134,7 @@ def run_manager(tokens: int, requests: int, evictor: str) -> ManagerResult:
     finally:
         vllm_plugin.unregister()
     calls = ("allocate", "free")
-    figures = {name: {c: figure_of(sides[name][c]) for c in calls} for name in sides}
-    ratio_p50, ratio_p99 = ratios_of(figures, calls)
+    figures, ratio_p50, ratio_p99 = compare_sides(sides, calls)
     return ManagerResult(
         tokens=tokens,
         requests=requests,

@@ -25,12 +25,15 @@ def figure_of(samples_ns: list[int]) -> Figure:
     return Figure(statistics.median(ordered) / 1e3, p99 / 1e3)
 
 
-def ratios_of(
-    figures: dict[str, dict[str, Figure]], calls: tuple[str, ...]
-) -> tuple[dict[str, float], dict[str, float]]:
-    """LPC's p50 and p99 over stock's, per call (`figures`: per side, per call)."""
+def compare_sides(
+    samples_ns: dict[str, dict[str, list[int]]], calls: tuple[str, ...]
+) -> tuple[dict[str, dict[str, Figure]], dict[str, float], dict[str, float]]:
+    """Per side (`stock`, `lpc`) and call, the figure of its per-request times (ns); then
+    LPC's p50 and p99 over stock's, per call."""
+    figures = {side: {c: figure_of(samples_ns[side][c]) for c in calls} for side in samples_ns}
     stock, lpc = figures["stock"], figures["lpc"]
     return (
+        figures,
         {c: lpc[c].p50_us / stock[c].p50_us for c in calls},
         {c: lpc[c].p99_us / stock[c].p99_us for c in calls},
     )

@@ -28,8 +28,8 @@ from lpc.benchmarks.per_request import (
     BLOCK_SIZE,
     WARMUP_REQUESTS,
     Figure,
+    compare_sides,
     figure_of,
-    ratios_of,
 )
 from lpc.integrations.config import PluginConfig
 from lpc.integrations.kill_switch import DEFAULT_MODE, MODES, ModeSwitch
@@ -123,8 +123,8 @@ def run_size(
                     ns["touch"].append(t1 - t0)
                 ns["alloc"].append(t2 - t1)
                 ns["free"].append(t4 - t3)
-    figures = {name: {op: figure_of(sides[name]["ns"][op]) for op in OPERATIONS} for name in sides}
-    ratio_p50, ratio_p99 = ratios_of(figures, OPERATIONS)
+    samples = {name: side["ns"] for name, side in sides.items()}
+    figures, ratio_p50, ratio_p99 = compare_sides(samples, OPERATIONS)
     return SizeResult(
         tokens=tokens,
         blocks_per_request=n,
