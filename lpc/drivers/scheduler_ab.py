@@ -266,7 +266,26 @@ def print_table(result: dict[str, Any]) -> None:
     for row in result["rows"]:
         if row.get("interleaved"):
             print_interleaved(row["policy"], row["interleaved"])
+        print_plugin_timers(row)
     print(f"wall {result['wall_seconds']}s; {'OK' if result['ok'] else 'CHECK FAILED'}")
+
+
+def print_plugin_timers(row: dict[str, Any]) -> None:
+    """The plugin's own timers for a policy that ran it with `--time-steps`: where its share
+    of the scheduler thread went."""
+    timers = row.get("plugin_timers")
+    if not timers or not row.get("scheduler_cpu"):
+        return
+    scoring, free, release = (
+        timers.get(name, {"total_s": 0.0, "count": 0})
+        for name in ("scoring_seconds", "free_seconds", "release_seconds")
+    )
+    print(
+        f"{row['policy']}: the plugin's timers: {scoring['total_s']:.3f} s in "
+        f"{scoring['count']} scoring passes, {free['total_s']:.3f} s in {free['count']} frees "
+        f"(vLLM's own loop included), of which {release['total_s']:.3f} s in "
+        f"{release['count']} releases"
+    )
 
 
 def print_scheduler_cpu(rows: list[dict[str, Any]]) -> None:

@@ -475,6 +475,7 @@ def policy_row(run: PolicyRun) -> dict[str, Any]:
         "invalid_return_curves": stats.get("invalid_return_curves"),
         "return_window_seconds": stats.get("return_window_seconds"),
         "plugin_errors": stats.get("plugin_errors"),
+        "plugin_timers": plugin_timers(stats),
         "probabilities_from_request": stats.get("probabilities_from_request"),
         "fallbacks_used": stats.get("fallbacks_used"),
         "mode_switches": run.summary.get("mode_switches"),
@@ -482,6 +483,22 @@ def policy_row(run: PolicyRun) -> dict[str, Any]:
         **{key: value for key, value in stats.items() if key.startswith("shadow_")},
         "driver_seconds": run.summary["run_seconds"],
         "wall_seconds": round(run.wall_seconds, 2),
+    }
+
+
+# The plugin's timers on the scheduler thread (its latency histograms), as reported per policy.
+PLUGIN_TIMERS = ("scoring_seconds", "free_seconds", "release_seconds")
+
+
+def plugin_timers(stats: dict[str, Any]) -> dict[str, dict[str, float]] | None:
+    """Each timer's sum (s) and count from the plugin's histograms; None without them."""
+    histograms = stats.get("histograms")
+    if not histograms:
+        return None
+    return {
+        name: {"total_s": histograms[name]["total"], "count": histograms[name]["count"]}
+        for name in PLUGIN_TIMERS
+        if name in histograms
     }
 
 

@@ -88,14 +88,22 @@ class Histogram:
 class PluginHistograms:
     """The plugin's distributions: the release path's latency (ns: the plugin's own work, and
     the whole `KVCacheManager.free` — vLLM's loop and the LPC queue's work included, what the
-    scheduler thread waits for), the p releases carry, and the age of cached blocks at their
-    eviction (s, on the queue's clock)."""
+    scheduler thread waits for), the in-process model's scoring of a step's finished requests
+    (ns: before their frees, so in neither of those), the p releases carry, and the age of
+    cached blocks at their eviction (s, on the queue's clock)."""
 
-    __slots__ = ("eviction_age_s", "free_latency_ns", "probability", "release_latency_ns")
+    __slots__ = (
+        "eviction_age_s",
+        "free_latency_ns",
+        "probability",
+        "release_latency_ns",
+        "scoring_latency_ns",
+    )
 
     def __init__(self) -> None:
         self.release_latency_ns = Histogram(RELEASE_LATENCY_BOUNDS_NS)
         self.free_latency_ns = Histogram(RELEASE_LATENCY_BOUNDS_NS)
+        self.scoring_latency_ns = Histogram(RELEASE_LATENCY_BOUNDS_NS)
         self.probability = Histogram(PROBABILITY_BOUNDS)
         self.eviction_age_s = Histogram(EVICTION_AGE_BOUNDS_S)
 
@@ -104,6 +112,7 @@ class PluginHistograms:
         return {
             "release_seconds": self.release_latency_ns.snapshot().divided(1e9),
             "free_seconds": self.free_latency_ns.snapshot().divided(1e9),
+            "scoring_seconds": self.scoring_latency_ns.snapshot().divided(1e9),
             "release_probability": self.probability.snapshot(),
             "eviction_age_seconds": self.eviction_age_s.snapshot(),
         }

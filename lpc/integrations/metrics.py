@@ -116,6 +116,7 @@ WINDOW_COUNTERS: dict[str, str] = {
 HISTOGRAMS: dict[str, str] = {
     "release_seconds": "The plugin's work for one request's release (p, features, table)",
     "free_seconds": "KVCacheManager.free of one request: the plugin, vLLM and the LPC queue",
+    "scoring_seconds": "The in-process model's one pass over a step's finished requests",
     "release_probability": "The p releases carry (from the request or the model; not fallbacks)",
     "eviction_age_seconds": "Seconds from a cached block's release to its eviction",
 }

@@ -520,6 +520,33 @@ def test_a_failing_model_costs_the_step_s_releases_their_p_not_the_step() -> Non
     assert runtime.access.table.state("c1", 50.0).requests_so_far == 1, "history recorded"
 
 
+def test_each_step_s_scoring_pass_is_timed_once_failed_or_not() -> None:
+    """`lpc_scoring_seconds` holds one observation per step that scored anything (the pass
+    runs before the frees, so the free and release histograms miss it): none for a step
+    that finished nothing, one for a failed pass too."""
+    stats = PluginStats()
+    runtime = step_runtime(stats)
+    assert runtime.access is not None and runtime.access.model is not None
+    scoring = runtime.queues.histograms.scoring_latency_ns
+    runtime.wall_clock = lambda: 50.0
+    runtime.score_finished([])
+    assert scoring.snapshot().count == 0
+    fakes = [FakeRequest(f"r{i}", 1.0, [1, 2, 3], [4, 5], f"c{i}") for i in range(3)]
+    runtime.score_finished(fakes)
+    timed = scoring.snapshot()
+    assert timed.count == 1 and timed.total > 0
+    assert runtime.queues.histograms.release_latency_ns.snapshot().count == 0
+
+    def broken(items: object) -> list[object]:
+        raise RuntimeError("the table is broken")
+
+    runtime.scored.clear()
+    runtime.access.release_many = broken  # type: ignore[method-assign]
+    runtime.score_finished(fakes)
+    assert scoring.snapshot().count == 2 and stats.plugin_errors == 1
+    assert runtime.scored == {}, "every release computes its own"
+
+
 def test_a_step_s_return_curves_come_from_one_pass_to_round_off() -> None:
     """With the return-time model loaded too, `release_many` runs each model once per step:
     the curves from one batched pass equal each release's own (`curve_one`) to float32

@@ -294,6 +294,7 @@ def test_the_snapshot_carries_rank_gate_and_histograms(monkeypatch: pytest.Monke
     assert set(snapshot["histograms"]) == {
         "release_seconds",
         "free_seconds",
+        "scoring_seconds",
         "release_probability",
         "eviction_age_seconds",
     }

@@ -102,6 +102,13 @@ def test_stock_and_the_scheduler_class_interleaved_serve_the_same_requests(
     for key in ("prefix_cache_hits", "prefix_cache_queries", "steps", "preemptions", "evictions"):
         assert stock["totals"][key] == lru[key], key
     assert row["prefix_cache_hits"] != lru["prefix_cache_hits"]
+    # The plugin's own timers: every free timed, its release inside it; no model, no scoring.
+    timers = row["plugin_timers"]
+    free, release = timers["free_seconds"], timers["release_seconds"]
+    frees = row["releases"] + row["protected_releases"]  # finished, and preempted
+    assert free["count"] == release["count"] == frees > row["releases"] > 0
+    assert 0 < release["total_s"] < free["total_s"]
+    assert timers["scoring_seconds"] == {"total_s": 0.0, "count": 0}
     # Every timed step of each engine, the same totals as the engine's own timing.
     for side, cpu in (("stock", stock["scheduler_cpu"]), ("lpc", row["scheduler_cpu"])):
         assert report[side]["steps"] == cpu["steps"] > 0
