@@ -180,22 +180,6 @@ class QueueRuntime:
 LPC, DRAINING, THROUGH = "lpc", "draining", "through"
 
 
-class _ExactCount:
-    """`LPCFreeBlockQueue.num_free_blocks` computed (vLLM's list's count plus the learned
-    evictor's), for a queue that holds no count of its own: from the moment the pool is handed
-    this queue, or vLLM's list, until the queue's next call. Every call that changes a count
-    sets the count on the instance, and a non-data descriptor yields to it: vLLM's reads, 3 to
-    4 a step, are then a dict lookup, not a frame. The pool is handed a queue on any thread
-    (`ModeSwitch.set`), possibly while a call of vLLM's on its list runs on the scheduler
-    thread: so the count is dropped before the hand-over, and only the scheduler thread, in
-    the queue's own calls, sets it again."""
-
-    def __get__(self, queue: LPCFreeBlockQueue | None, owner: type | None = None) -> Any:
-        if queue is None:
-            return self
-        return queue._list.num_free_blocks + queue._held
-
-
 class LPCFreeBlockQueue:
     """A drop-in for vLLM 0.33's `FreeKVCacheBlockQueue` that evicts by LPC.
 
@@ -266,9 +250,6 @@ class LPCFreeBlockQueue:
         # How many blocks the learned evictor holds, kept by every call that changes it (all
         # on the scheduler thread): vLLM reads `num_free_blocks` several times a step.
         self._held = 0
-        # Whether the calls set the count (`_ExactCount`): while the pool holds this queue, or
-        # has none; not while it holds vLLM's list, whose calls would leave it behind.
-        self._counts = True
         self._phase = LPC
         self._tripped = False
         self.runtime.queue_built(self._pool)
@@ -292,13 +273,9 @@ class LPCFreeBlockQueue:
             self._install(self._list)
 
     def _install(self, queue: Any) -> None:
-        """Hand the pool `queue` (this queue, or vLLM's `_list`) if it holds the other; the
-        count is computed until the queue's next call (`_ExactCount`)."""
+        """Hand the pool `queue` (this queue, or vLLM's `_list`) if it holds the other."""
         pool = self._pool
-        held = getattr(pool, "free_block_queue", None) if pool is not None else None
-        if held is not queue and held in (self, self._list):
-            self._counts = queue is self
-            self.__dict__.pop("num_free_blocks", None)
+        if pool is not None and getattr(pool, "free_block_queue", None) in (self, self._list):
             pool.free_block_queue = queue
 
     def settle(self) -> None:
@@ -543,22 +520,11 @@ class LPCFreeBlockQueue:
             self.follow(switch.mode)
 
     # -- what BlockPool calls ------------------------------------------------------------
-    # Each call that changes a count ends by setting it (`_counted`); read as vLLM reads it.
-    num_free_blocks: int = _ExactCount()  # type: ignore[assignment]
-
-    def _counted(self) -> None:
-        """The count after a call that changed it, held by the instance (`_ExactCount`)."""
-        if self._counts:
-            self.num_free_blocks = self._list.num_free_blocks + self._held
+    @property
+    def num_free_blocks(self) -> int:
+        return self._list.num_free_blocks + self._held
 
     def popleft(self) -> Any:
-        try:
-            return self._popleft()
-        finally:
-            if self._counts:
-                self.num_free_blocks = self._list.num_free_blocks + self._held
-
-    def _popleft(self) -> Any:
         listed = self._list
         phase = self._phase
         if phase == LPC:
@@ -574,13 +540,6 @@ class LPCFreeBlockQueue:
     def popleft_n(self, n: int) -> list[Any]:
         if n == 0:
             return []
-        try:
-            return self._popleft_n(n)
-        finally:
-            if self._counts:
-                self.num_free_blocks = self._list.num_free_blocks + self._held
-
-    def _popleft_n(self, n: int) -> list[Any]:
         listed = self._list
         phase = self._phase
         if phase == THROUGH:
@@ -617,8 +576,6 @@ class LPCFreeBlockQueue:
         """A hit on a free block: out of whichever structure holds it."""
         if block.prev_free_block is not None:
             self._list.remove(block)
-            if self._counts:
-                self.num_free_blocks = self._list.num_free_blocks + self._held
             return
         try:
             self._learned.remove(block.block_id)
@@ -628,11 +585,8 @@ class LPCFreeBlockQueue:
             self._trip("the LPC queue's remove", error)
             if block.prev_free_block is not None:  # salvaged into the list: take it out
                 self._list.remove(block)
-            self._counted()
             return
         self._held -= 1
-        if self._counts:
-            self.num_free_blocks = self._list.num_free_blocks + self._held
         if self._pinned_total:
             self._unpin_one(block.block_id)
 
@@ -641,7 +595,6 @@ class LPCFreeBlockQueue:
             self.append_n([block])
         else:
             self._list.append(block)
-            self._counted()
 
     def append_n(self, blocks: Sequence[Any]) -> None:
         """Blocks with a hash whose last holder released them, the sequence's tail first."""
@@ -649,7 +602,6 @@ class LPCFreeBlockQueue:
             return
         if self._phase != LPC:
             self._list.append_n(blocks)
-            self._counted()
             return
         runtime = self.runtime
         release = runtime.current_release()
@@ -673,10 +625,8 @@ class LPCFreeBlockQueue:
             pin = 0  # queued at the fallback p (`_append_as_lru`): not pinned
             self._append_as_lru(blocks)
             if self._tripped:
-                self._counted()
                 return
         self._held = len(self._learned)
-        self._counted()
         try:  # for the eviction-age histogram, and the pinned counts
             if freed is not None:
                 index = freed.index
@@ -722,8 +672,6 @@ class LPCFreeBlockQueue:
         if not blocks:
             return
         self._list.prepend_n(blocks)
-        if self._counts:
-            self.num_free_blocks = self._list.num_free_blocks + self._held
         if self._phase == LPC:
             self.runtime.stats.add(uncached_blocks_released=len(blocks))
 
