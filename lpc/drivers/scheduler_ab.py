@@ -23,6 +23,7 @@ from lpc.drivers.release_plan import PluginSettings
 from lpc.drivers.step_interleave import interleaved_check, print_interleaved
 from lpc.drivers.vllm_scheduler import (
     LEARNED,
+    PLUGIN_TIMERS,
     SCHEDULER_CLASS_PATH,
     SEAM_PATH,
     SHADOW,
@@ -277,8 +278,7 @@ def print_plugin_timers(row: dict[str, Any]) -> None:
     if not timers or not row.get("scheduler_cpu"):
         return
     scoring, free, release = (
-        timers.get(name, {"total_s": 0.0, "count": 0})
-        for name in ("scoring_seconds", "free_seconds", "release_seconds")
+        timers.get(name, {"total_s": 0.0, "count": 0}) for name in PLUGIN_TIMERS
     )
     print(
         f"{row['policy']}: the plugin's timers: {scoring['total_s']:.3f} s in "
