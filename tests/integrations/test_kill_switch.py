@@ -263,3 +263,47 @@ def test_the_lpc_queue_outlives_the_handover_and_comes_back_on() -> None:
     runtime.mode.set("lpc", "test")
     assert isinstance(pool.free_block_queue, LPCFreeBlockQueue)
     assert [b.block_id for b in pool.free_block_queue.popleft_n(7)] == list(range(1, 8))
+
+
+def python_calls(work: Callable[[], Any]) -> int:
+    """Python frames `work` opens (`sys.setprofile`'s "call" events, C calls left out)."""
+    count = 0
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        nonlocal count
+        count += event == "call"
+
+    sys.setprofile(profile)
+    try:
+        work()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def test_a_drain_pop_takes_the_lists_hashless_blocks_at_once_and_counts_no_eviction() -> None:
+    """Off, a pop takes the list's leading hash-less blocks (in the list's order) by one of
+    vLLM's `popleft_n`, not one `popleft` each, stops at the list's first cached block, then
+    drains the learned blocks; the drain counts no eviction (vLLM's queue counts none either),
+    while in `lpc` the same pop from the learned evictor counts each."""
+    queue, blocks, runtime = make_queue(4_000)
+    release_chains(queue, runtime, 2, 1_000)  # 2,000 learned; 2,000 hash-less in the list
+    hashless = [b.block_id for b in blocks if b.prev_free_block is not None]
+    assert len(hashless) == 2_000
+    runtime.mode.set("lru", "test")
+    released = queue.popleft_n(1_500)[-1]
+    released.block_hash = b"cached"  # released while off: to the list's tail, behind them
+    queue.append_n([released])
+    learned = set(queue.evictor.free_block_ids())
+    popped: list[Any] = []
+    frames = python_calls(lambda: popped.extend(queue.popleft_n(900)))
+    ids = [b.block_id for b in popped]
+    assert ids[:500] == hashless[1_500:]  # the list's hash-less blocks, then ...
+    assert set(ids[500:]) <= learned and len(set(ids[500:])) == 400  # ... the learned ones
+    assert released.block_id not in ids  # the cached block in the list waits behind them
+    assert frames < 60, f"a drain pop opened {frames} Python frames"
+    assert runtime.stats.snapshot()["evictions"] == 0
+    runtime.mode.set("lpc", "test")
+    queue.popleft_n(queue._list.num_free_blocks)
+    queue.popleft_n(10)
+    assert runtime.stats.snapshot()["evictions"] == 10
