@@ -35,7 +35,7 @@ class PluginStats:
     have taken their tenant's pinned blocks past `pinned_share` of the pool (`vllm_queue`), in
     either tier (the CPU tier's chunks: `cpu_tier_policy`).
     Block counters: `evictions` (a cached block
-    handed out again), `cached_blocks_released`, `uncached_blocks_released` and
+    handed out again by the learned evictor in `lpc` mode; off, its drain counts none), `cached_blocks_released`, `uncached_blocks_released` and
     `shared_blocks_released` (released by one request while others still hold them).
     With an access-only model in process: `predictions_in_process` (releases whose p it
     computed; they count as `predictions_used` too), `in_process_scoring_calls` (its forward
