@@ -31,18 +31,19 @@ def check_mode(value: object, what: str = "mode") -> str:
 
 
 class FollowsMode(Protocol):
-    """A free queue that takes the mode on (`LPCFreeBlockQueue.follow`)."""
+    """What takes the mode on: a free queue (`LPCFreeBlockQueue.follow`), or a scheduler's
+    step methods (`vllm_scheduler_class.StepFollower`)."""
 
     def follow(self, mode: str) -> None: ...
 
 
 class ModeSwitch:
-    """The mode the engine runs in, how many times it changed, and the queues that follow it.
+    """The mode the engine runs in, how many times it changed, and what follows it.
 
     `set` runs on the thread that asks (never the scheduler's): under `lock` it records the
-    mode and has every attached queue follow it, O(1) per queue. A queue that changes its own
-    class (the end of a drain, on the scheduler thread) takes the same lock, so a switch is
-    never lost between the two threads.
+    mode and has every follower (a free queue, a scheduler's step methods) take it on, O(1)
+    each. A queue that changes its own class (the end of a drain, on the scheduler thread)
+    takes the same lock, so a switch is never lost between the two threads.
     """
 
     def __init__(self, mode: str = DEFAULT_MODE) -> None:
@@ -52,18 +53,18 @@ class ModeSwitch:
         self.lock = threading.Lock()
         # Strong references: off in `lru`, vLLM's pool holds only vLLM's own queue object,
         # and this is what keeps the LPC queue (and the way back on) alive.
-        self._queues: list[FollowsMode] = []
+        self._followers: list[FollowsMode] = []
 
     @property
-    def queues(self) -> tuple[FollowsMode, ...]:
-        """The queues that follow this switch."""
-        return tuple(self._queues)
+    def followers(self) -> tuple[FollowsMode, ...]:
+        """What follows this switch, in the order it was attached."""
+        return tuple(self._followers)
 
-    def attach(self, queue: FollowsMode) -> None:
-        """Have `queue` follow the mode from now on (it takes the current one at once)."""
+    def attach(self, follower: FollowsMode) -> None:
+        """Have `follower` follow the mode from now on (it takes the current one at once)."""
         with self.lock:
-            self._queues.append(queue)
-            queue.follow(self.mode)
+            self._followers.append(follower)
+            follower.follow(self.mode)
 
     def set(self, mode: str, source: str) -> bool:
         """Ask for `mode` (ValueError if it is none); True when it changed. Logged."""
@@ -75,11 +76,12 @@ class ModeSwitch:
             self.mode = mode
             self.lru_order = mode != "lpc"
             self.switches += 1
-            for queue in self._queues:
+            for follower in self._followers:
                 try:
-                    queue.follow(mode)
-                except Exception as error:  # never leave the other queues behind
-                    logger.error("LPC: a free queue could not follow mode %s: %r", mode, error)
+                    follower.follow(mode)
+                except Exception as error:  # never leave the others behind
+                    name = type(follower).__name__
+                    logger.error("LPC: a %s could not follow mode %s: %r", name, mode, error)
         logger.warning("LPC mode switched from %s to %s (%s)", old, mode, source)
         return True
 

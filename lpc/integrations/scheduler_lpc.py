@@ -9,6 +9,7 @@ Design: docs/design.md, "Through vLLM's `--scheduler-cls`".
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from time import perf_counter_ns
@@ -173,6 +174,12 @@ class SchedulerLPC:
                 pool.free_blocks(reversed(blocks))
 
     @property
+    def notes_schedulings(self) -> bool:
+        """Whether a first scheduling matters outside shadow mode: a predictor board asks for
+        its prediction, the request log notes its hit. Fixed at start-up (the runtime's)."""
+        return self.plugin.board is not None or self.plugin.request_log is not None
+
+    @property
     def shadowing(self) -> bool:
         """Whether the shadow caches are fed now (or about to be: shadow mode was asked)."""
         return self.shadow.active or self.switch.mode == "shadow"
@@ -228,6 +235,27 @@ class SchedulerLPC:
                 self.pool,
                 lambda _view: plugin.conversation_of(request),
             )
+
+
+class ScheduleFollower:
+    """Follows the mode for a scheduler whose first schedulings matter to the shadow caches
+    alone (`SchedulerLPC.notes_schedulings` false): outside shadow mode its `schedule` is
+    vLLM's own bound method (`_stock_schedule`), set on the instance, so that no frame of
+    LPC's runs at any step; in shadow mode the instance's is dropped, and the class's override
+    feeds the caches. Set on the switch's thread; the scheduler thread reads the attribute at
+    its next step. Holds the scheduler weakly: the switch outlives it."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self._scheduler = weakref.ref(scheduler)
+
+    def follow(self, mode: str) -> None:
+        scheduler = self._scheduler()
+        if scheduler is None:
+            return
+        if mode == "shadow":
+            vars(scheduler).pop("schedule", None)
+        else:
+            scheduler.schedule = scheduler._stock_schedule
 
 
 def _free_blocks(pool: Any, blocks: list[Any]) -> None:

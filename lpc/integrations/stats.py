@@ -34,9 +34,10 @@ class PluginStats:
     `pinned_share_capped` counts releases keyed at the fallback p because their blocks would
     have taken their tenant's pinned blocks past `pinned_share` of the pool (`vllm_queue`), in
     either tier (the CPU tier's chunks: `cpu_tier_policy`).
-    Block counters: `evictions` (a cached block
-    handed out again by the learned evictor in `lpc` mode; off, its drain counts none), `cached_blocks_released`, `uncached_blocks_released` and
-    `shared_blocks_released` (released by one request while others still hold them).
+    Block counters: `evictions` (a cached block handed out again by the learned evictor in
+    `lpc` mode; off, its drain counts none), `cached_blocks_released`,
+    `uncached_blocks_released` and `shared_blocks_released` (released by one request while
+    others still hold them).
     With an access-only model in process: `predictions_in_process` (releases whose p it
     computed; they count as `predictions_used` too), `in_process_scoring_calls` (its forward
     passes: one per scheduler step through the scheduler class, however many requests the

@@ -29,7 +29,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from lpc.integrations import vllm_compat, vllm_plugin
 from lpc.integrations.config import load_config
 from lpc.integrations.engine_config import config_from_table, lpc_table
-from lpc.integrations.scheduler_lpc import SchedulerLPC, give_queue
+from lpc.integrations.scheduler_lpc import ScheduleFollower, SchedulerLPC, give_queue
 from lpc.integrations.vllm_plugin import PluginRuntime
 
 logger = logging.getLogger("vllm.plugins.lpc")
@@ -140,11 +140,15 @@ class LPCSchedulerMixin:
         # vLLM's own step methods, bound once: the overrides below run at every step. Where
         # one has nothing to do for this scheduler's whole life (stock; no model in process),
         # vLLM's bound method is set on the instance, ahead of the override: no frame of ours.
+        # `schedule` has nothing to do outside shadow mode without a predictor board or a
+        # request log: the mode sets or drops vLLM's there (`ScheduleFollower`).
         self._stock_update = super().update_from_output  # type: ignore[misc]
         self._stock_schedule = super().schedule  # type: ignore[misc]
         lpc = self.lpc
         if lpc is None:
             self.schedule = self._stock_schedule  # type: ignore[method-assign]
+        elif not lpc.notes_schedulings:
+            lpc.switch.attach(ScheduleFollower(self))
         if lpc is None or not lpc.in_process:
             self.update_from_output = self._stock_update  # type: ignore[method-assign]
 
@@ -198,7 +202,8 @@ class LPCSchedulerMixin:
         return None
 
     def schedule(self, throttle_prefills: bool = False) -> Any:
-        # Only with LPC on this scheduler (`__init__`).
+        # Only with LPC on this scheduler, and without a board or request log in shadow mode
+        # alone (`__init__`).
         output = self._stock_schedule(throttle_prefills)
         lpc: SchedulerLPC = self.lpc  # type: ignore[assignment]
         # Most steps admit no request and feed no shadow: they skip the call (every step).

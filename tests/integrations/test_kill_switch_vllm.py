@@ -225,7 +225,7 @@ for mode in ("lpc", "lru", "shadow"):
         pool = BlockPool(num_gpu_blocks=48, enable_caching=True, hash_block_size=16)
     finally:
         block_pool_module.FreeKVCacheBlockQueue = original
-    queue = runtime.mode.queues[-1]  # the LPC queue (off, the pool may hold vLLM's own)
+    queue = runtime.mode.followers[-1]  # the LPC queue (off, the pool may hold vLLM's own)
     rng = random.Random(0)
     held = []
     errors = 0

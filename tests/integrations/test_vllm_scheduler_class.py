@@ -213,12 +213,21 @@ STEP = ("schedule", "update_from_output")  # vLLM's, set on the instance where o
 def bound(sched):
     return sorted(n for n in STEP if n in vars(sched) and vars(sched)[n].__func__ is getattr(scheduler.Scheduler, n))
 print("BOUND", bound(built), bound(built_async))
+vllm_plugin.set_mode("shadow", "test")  # the override feeds the shadow caches
+print("BOUND_SHADOW", bound(built), bound(built_async))
+vllm_plugin.set_mode("lru", "test")
+print("BOUND_LRU", bound(built), bound(built_async))
+vllm_plugin.set_mode("lpc", "test")
 try:
     build({{"evictor": "lpc-pooled", "scale_per_s": -1}})
     print("BAD_TABLE accepted")
 except Exception as error:
     print("BAD_TABLE", type(error).__name__, error)
 vllm_plugin.unregister()
+with tempfile.TemporaryDirectory() as log_folder:  # the request log notes first schedulings
+    logged = build({{"evictor": "lpc-pooled", "request_log_dir": log_folder}})
+    print("LOGGED_BOUND", bound(logged))
+    vllm_plugin.unregister()
 warnings.clear()
 from lpc.integrations import vllm_scheduler_class
 vllm_scheduler_class.unfit_vllm.cache_clear()  # as in a fresh process
@@ -249,9 +258,14 @@ def test_the_class_patches_nothing_and_changes_only_its_pool(built: str) -> None
     assert "OTHER FreeKVCacheBlockQueue" in built, built
     assert "CHANGED []" in built and "STACK_READS []" in built, built
     assert "WARNINGS []" in built, built
-    # No model in process: vLLM's own update on the instance (no frame of ours at each step);
-    # the class's `schedule` stays (it notes admissions and feeds the shadow).
-    assert "BOUND ['update_from_output'] ['update_from_output']" in built, built
+    # No model in process: vLLM's own update on the instance (no frame of ours at each step).
+    # No predictor board or request log: vLLM's own `schedule` too, but in shadow mode,
+    # where the class's feeds the shadow caches; with a request log, the class's always.
+    both = "['schedule', 'update_from_output']"
+    assert f"BOUND {both} {both}" in built, built
+    assert "BOUND_SHADOW ['update_from_output'] ['update_from_output']" in built, built
+    assert f"BOUND_LRU {both} {both}" in built, built
+    assert "LOGGED_BOUND ['update_from_output']" in built, built
 
 
 def test_a_bad_lpc_table_names_the_field(built: str) -> None:
