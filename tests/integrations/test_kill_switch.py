@@ -48,13 +48,14 @@ def release_chains(queue: Any, runtime: QueueRuntime, chains: int, length: int) 
             queue.append_n(chain[::-1])
 
 
-def calls(work: Callable[[], Any]) -> int:
-    """Python and C function calls `work` makes (`sys.setprofile`): an operation count."""
+def calls(work: Callable[[], Any], events: tuple[str, ...] = ("call", "c_call")) -> int:
+    """Python and C function calls `work` makes (`sys.setprofile`): an operation count;
+    `events=("call",)` counts the Python frames alone."""
     count = 0
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         nonlocal count
-        if event in ("call", "c_call"):
+        if event in events:
             count += 1
 
     sys.setprofile(profile)
@@ -265,22 +266,6 @@ def test_the_lpc_queue_outlives_the_handover_and_comes_back_on() -> None:
     assert [b.block_id for b in pool.free_block_queue.popleft_n(7)] == list(range(1, 8))
 
 
-def python_calls(work: Callable[[], Any]) -> int:
-    """Python frames `work` opens (`sys.setprofile`'s "call" events, C calls left out)."""
-    count = 0
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        nonlocal count
-        count += event == "call"
-
-    sys.setprofile(profile)
-    try:
-        work()
-    finally:
-        sys.setprofile(None)
-    return count
-
-
 def test_a_drain_pop_takes_the_lists_hashless_blocks_at_once_and_counts_no_eviction() -> None:
     """Off, a pop takes the list's leading hash-less blocks (in the list's order) by one of
     vLLM's `popleft_n`, not one `popleft` each, stops at the list's first cached block, then
@@ -296,7 +281,7 @@ def test_a_drain_pop_takes_the_lists_hashless_blocks_at_once_and_counts_no_evict
     queue.append_n([released])
     learned = set(queue.evictor.free_block_ids())
     popped: list[Any] = []
-    frames = python_calls(lambda: popped.extend(queue.popleft_n(900)))
+    frames = calls(lambda: popped.extend(queue.popleft_n(900)), ("call",))
     ids = [b.block_id for b in popped]
     assert ids[:500] == hashless[1_500:]  # the list's hash-less blocks, then ...
     assert set(ids[500:]) <= learned and len(set(ids[500:])) == 400  # ... the learned ones
