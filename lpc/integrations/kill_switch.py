@@ -32,7 +32,7 @@ def check_mode(value: object, what: str = "mode") -> str:
 
 class FollowsMode(Protocol):
     """What takes the mode on: a free queue (`LPCFreeBlockQueue.follow`), or a scheduler's
-    step methods (`vllm_scheduler_class.StepFollower`)."""
+    `schedule` (`scheduler_lpc.ScheduleFollower`)."""
 
     def follow(self, mode: str) -> None: ...
 
