@@ -64,8 +64,8 @@ class TenantRelease(Release):
 
 
 # A pop of at most this many blocks reads their release times for the eviction-age histogram
-# one by one (`_observe_few_eviction_ages`); a larger one in numpy. Speed only: the same
-# observations either way.
+# one by one (`_observe_few_eviction_ages`), and leaves its tenants' pinned counts one by one
+# (`_unpin`); a larger one in numpy. Speed only: the same observations and counts either way.
 SMALL_POP = 64
 # A pop of more cached blocks than this observes the release times of this many of them, every
 # k-th block, each standing for the k blocks from it (the last for the rest): the histogram's
@@ -401,13 +401,26 @@ class LPCFreeBlockQueue:
 
     def _unpin(self, ids: Sequence[int]) -> None:
         """Blocks that left the learned evictor leave their tenants' pinned counts. On an
-        error every count is dropped (the cap counts afresh; the blocks are vLLM's)."""
+        error every count is dropped (the cap counts afresh; the blocks are vLLM's). A small
+        pop (`SMALL_POP`, the common one) block by block through the memoryviews, as a hit
+        does; numpy's calls cost more than that loop there."""
         try:
+            if len(ids) <= SMALL_POP:
+                pinned_by, pinned = self._pinned_by_of, self._pinned_of
+                unpinned = 0
+                for block_id in ids:
+                    owner = pinned_by[block_id]
+                    if owner:
+                        pinned[owner] -= 1
+                        pinned_by[block_id] = 0
+                        unpinned += 1
+                self._pinned_total -= unpinned
+                return
             index = np.fromiter(ids, np.intp, len(ids))
             owners = self._pinned_by[index]
             owners = owners[owners != 0]
             if len(owners):
-                np.subtract.at(self._pinned, owners, 1)
+                self._pinned -= np.bincount(owners, minlength=len(self._pinned))
                 self._pinned_by[index] = 0
                 self._pinned_total -= len(owners)
         except Exception as error:

@@ -179,16 +179,18 @@ def break_evictor(queue: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(learned, name, fail)
 
 
+@pytest.mark.parametrize("small_pop", [vllm_queue.SMALL_POP, 0], ids=["loop", "numpy"])
 @pytest.mark.parametrize("evictor", ["lpc", "lpc-pooled"])
 @pytest.mark.parametrize("seed", range(4))
 def test_the_counts_are_the_pinned_blocks_under_random_calls(
-    evictor: str, seed: int, monkeypatch: pytest.MonkeyPatch
+    evictor: str, seed: int, small_pop: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A random stream of vLLM's calls (pops, hits, releases with and without hints, shared
     releases, switches off and on) and, in half the seeds, an evictor that starts raising:
     after every call each tenant's count is the brute-force count of the free blocks the
     learned evictor holds whose last release pinned them, and above the cap only if the tenant
-    got there alone in the pool."""
+    got there alone in the pool. Pops unpin block by block (`SMALL_POP`), or in numpy (0)."""
+    monkeypatch.setattr(vllm_queue, "SMALL_POP", small_pop)
     rng = random.Random(seed)
     num_blocks, share, fallback = 48, 0.15, 0.4
     queue, blocks, runtime = make_queue(
