@@ -427,19 +427,6 @@ class LPCFreeBlockQueue:
             self.runtime.stats.plugin_error("the LPC queue's pinned counts", error)
             self._clear_pins()
 
-    def _unpin_one(self, block_id: int) -> None:
-        """`_unpin` of one block (a hit): a read and three stores, not numpy's calls."""
-        try:
-            pinned_by = self._pinned_by_of
-            owner = pinned_by[block_id]
-            if owner:
-                self._pinned_of[owner] -= 1
-                pinned_by[block_id] = 0
-                self._pinned_total -= 1
-        except Exception as error:
-            self.runtime.stats.plugin_error("the LPC queue's pinned counts", error)
-            self._clear_pins()
-
     def _clear_pins(self) -> None:
         """No block pinned: the learned evictor was emptied (tripped)."""
         self._pinned_by[:] = 0
@@ -595,8 +582,9 @@ class LPCFreeBlockQueue:
         if block.prev_free_block is not None:
             self._list.remove(block)
             return
+        block_id = block.block_id
         try:
-            self._learned.remove(block.block_id)
+            self._learned.remove(block_id)
         except KeyError:
             raise RuntimeError(f"remove() called on a block that is not free: {block}") from None
         except Exception as error:
@@ -605,8 +593,17 @@ class LPCFreeBlockQueue:
                 self._list.remove(block)
             return
         self._held -= 1
-        if self._pinned_total:
-            self._unpin_one(block.block_id)
+        if self._pinned_total:  # `_unpin` of the one block, inlined: a hit is vLLM's touch
+            try:
+                pinned_by = self._pinned_by_of
+                owner = pinned_by[block_id]
+                if owner:
+                    self._pinned_of[owner] -= 1
+                    pinned_by[block_id] = 0
+                    self._pinned_total -= 1
+            except Exception as error:
+                self.runtime.stats.plugin_error("the LPC queue's pinned counts", error)
+                self._clear_pins()
 
     def append(self, block: Any) -> None:
         if self._phase == LPC:
