@@ -961,7 +961,11 @@ def main(argv: list[str] | None = None) -> int:
             queue = pool.free_block_queue
             if not isinstance(queue, LPCFreeBlockQueue):  # off in lru: vLLM's own queue
                 switch = vllm_plugin.registered_runtime().queues.mode
-                queue = next(q for q in switch.queues if q._pool is pool)
+                queue = next(
+                    q
+                    for q in switch.followers
+                    if isinstance(q, LPCFreeBlockQueue) and q._pool is pool
+                )
             if not args.time_steps:
                 order_check = LRUOrderCheck(pool, queue)
             if args.shadow_events is not None:

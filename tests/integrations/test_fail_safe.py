@@ -551,7 +551,7 @@ def test_every_evictor_call_failing_still_serves(monkeypatch: pytest.MonkeyPatch
     run = run_engine(runtime, lambda i, c: {"lpc_conversation_id": c}, monkeypatch, steps=200)
     assert run.stats["releases"] > 50
     assert run.stats["plugin_errors"] == 2, "tripped at the first release: append, fallback"
-    (queue,) = runtime.queues.mode.queues
+    (queue,) = runtime.queues.mode.followers
     assert queue.phase == "through" and not len(queue.evictor)
 
 

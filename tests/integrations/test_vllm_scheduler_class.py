@@ -16,6 +16,8 @@ Marked `vllm` (CI step 3); needs vLLM's venv (`vllm_python`).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -414,3 +416,48 @@ def test_an_lpc_environment_host_runs_lpc_by_naming_the_class(vllm_python: Path)
     assert out["queue"] == "LPCSchedulerQueue", out
     assert out["config"] == ["lpc", 0.3], out
     assert out["changed"] == [], out
+
+
+def test_the_replay_finds_the_class_s_queue_when_it_starts_off(
+    vllm_python: Path, tmp_path: Path
+) -> None:
+    """Started in `lru`, the pool holds vLLM's own queue from the first pop: the replay finds
+    the class's LPC queue among the kill switch's followers (a scheduler's `schedule` follows
+    it too) and checks every pop against LRU's order."""
+    requests = tmp_path / "requests.jsonl"
+    lines = [
+        {
+            "request_id": f"r{i}",
+            "conversation_id": f"c{i % 2}",
+            "arrival_s": float(i),
+            "prompt": [0, 64, 1000 * (i + 1), 48],  # a shared prefix, then the turn's own
+            "output": [900000 + i, 8],
+            "probability": None,
+            "cache_salt": None,
+        }
+        for i in range(8)
+    ]
+    requests.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    summary = tmp_path / "summary.json"
+    done = subprocess.run(
+        [
+            str(vllm_python),
+            str(REPO_ROOT / "scripts" / "vllm_scheduler_replay.py"),
+            *("--requests", str(requests), "--summary", str(summary)),
+            *("--block-size", "16", "--num-blocks", "24", "--max-num-batched-tokens", "256"),
+            *("--max-num-seqs", "4", "--max-model-len", "256"),
+            *("--step-base-s", "0.01", "--step-per-token-s", "0.00001"),
+            *("--scheduler-cls", SCHEDULER_CLASS),
+            *("--additional-config", json.dumps({"lpc": {"mode": "lru"}})),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "VLLM_PLUGINS": ""},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(summary.read_text(encoding="utf-8"))
+    assert result["plugin_stats"]["mode"] == "lru", result["plugin_stats"]["mode"]
+    order = result["lru_order_check"]
+    assert order["lru_pops"] > 0 and order["lru_mismatches"] == 0, order
