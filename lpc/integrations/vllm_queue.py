@@ -248,7 +248,8 @@ class LPCFreeBlockQueue:
         self._rekeys = isinstance(self._learned, LPCEvictor)  # lpc-return keys no p
         self._learned.reset([])
         # How many blocks the learned evictor holds, kept by every call that changes it (all
-        # on the scheduler thread): vLLM reads `num_free_blocks` several times a step.
+        # on the scheduler thread): vLLM reads `num_free_blocks` several times a step, and the
+        # pops read it rather than the evictor's `__len__` (a frame).
         self._held = 0
         self._phase = LPC
         self._tripped = False
@@ -306,7 +307,7 @@ class LPCFreeBlockQueue:
         except Exception as error:
             self._trip("the LPC queue's pop", error)
             return self._list.popleft_n(n)
-        self._held = len(self._learned)
+        self._held -= len(ids)
         if self._pinned_total:
             self._unpin(ids)
         popped = list(itemgetter(*ids)(self._blocks)) if n > 1 else [self._blocks[ids[0]]]
@@ -534,7 +535,7 @@ class LPCFreeBlockQueue:
         if phase == LPC:
             if listed.num_free_blocks:
                 return listed.popleft()
-            if not len(self._learned):
+            if not self._held:
                 raise ValueError("No free blocks available")
             return self._take_learned(1)[0]
         if phase == THROUGH:
@@ -549,7 +550,7 @@ class LPCFreeBlockQueue:
         if phase == THROUGH:
             return listed.popleft_n(n)
         in_list = listed.num_free_blocks
-        held = len(self._learned)
+        held = self._held
         if n > in_list + held:
             raise ValueError(f"cannot pop {n} blocks: only {in_list + held} are free")
         if phase == LPC:
@@ -571,7 +572,7 @@ class LPCFreeBlockQueue:
         out = listed.popleft_n(lead)
         if len(out) < n and held:
             out += self._take_learned(min(n - len(out), held))
-        if not len(self._learned):
+        if not self._held:
             self._drained()
         if len(out) < n:
             out += listed.popleft_n(n - len(out))
