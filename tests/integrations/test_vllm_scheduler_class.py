@@ -26,9 +26,11 @@ import pytest
 from lpc.drivers.scheduler_ab import PARITY_FIELDS, load_requests
 from lpc.drivers.vllm_driver import REPO_ROOT
 from lpc.drivers.vllm_scheduler import (
+    DRIVER,
     PluginSettings,
     PolicyRun,
     first_divergence,
+    max_model_len_for,
     parse_policies,
     run_policy,
     write_requests,
@@ -424,29 +426,21 @@ def test_the_replay_finds_the_class_s_queue_when_it_starts_off(
     """Started in `lru`, the pool holds vLLM's own queue from the first pop: the replay finds
     the class's LPC queue among the kill switch's followers (a scheduler's `schedule` follows
     it too) and checks every pop against LRU's order."""
-    requests = tmp_path / "requests.jsonl"
-    lines = [
-        {
-            "request_id": f"r{i}",
-            "conversation_id": f"c{i % 2}",
-            "arrival_s": float(i),
-            "prompt": [0, 64, 1000 * (i + 1), 48],  # a shared prefix, then the turn's own
-            "output": [900000 + i, 8],
-            "probability": None,
-            "cache_salt": None,
-        }
-        for i in range(8)
-    ]
-    requests.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    trace = tmp_path / "chats.jsonl"
+    sharegpt_like(trace, conversations_count=6, duration_s=20)
+    requests_file = write_requests(tmp_path / "requests.jsonl", load_requests(str(trace), 1)[0])
     summary = tmp_path / "summary.json"
     done = subprocess.run(
         [
             str(vllm_python),
-            str(REPO_ROOT / "scripts" / "vllm_scheduler_replay.py"),
-            *("--requests", str(requests), "--summary", str(summary)),
-            *("--block-size", "16", "--num-blocks", "24", "--max-num-batched-tokens", "256"),
-            *("--max-num-seqs", "4", "--max-model-len", "256"),
-            *("--step-base-s", "0.01", "--step-per-token-s", "0.00001"),
+            str(DRIVER),
+            *("--requests", str(requests_file.path), "--summary", str(summary)),
+            *("--block-size", str(ENGINE.block_size), "--num-blocks", str(ENGINE.num_blocks)),
+            *("--max-num-batched-tokens", str(ENGINE.max_num_batched_tokens)),
+            *("--max-num-seqs", str(ENGINE.max_num_seqs)),
+            *("--max-model-len", str(max_model_len_for(requests_file, ENGINE))),
+            *("--step-base-s", repr(ENGINE.step_base_s)),
+            *("--step-per-token-s", repr(ENGINE.step_per_token_s)),
             *("--scheduler-cls", SCHEDULER_CLASS),
             *("--additional-config", json.dumps({"lpc": {"mode": "lru"}})),
         ],
