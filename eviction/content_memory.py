@@ -11,6 +11,7 @@ forgets, and what stays, are the `OrderedDict`'s exactly (docs/design.md,
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Hashable, Iterator, Sequence
 from itertools import groupby, repeat
@@ -18,6 +19,7 @@ from typing import Any
 
 # A value as the memory's users read it: (conversation, time, shared then, write number).
 Entry = tuple[Any, float, bool, int]
+NO_ENTRY: Entry = (None, -math.inf, False, -1)  # what `get` reads for a content not held
 
 
 class ContentMemory:
@@ -39,6 +41,10 @@ class ContentMemory:
     def get(self, content: Hashable) -> Entry | None:
         return self._map.get(content)
 
+    def lookup(self, contents: Sequence[Hashable | None], default: Any = None) -> list[Any]:
+        """The entry of each content (`default` for one not held), by one C-level pass."""
+        return list(map(self._map.get, contents, repeat(default)))
+
     def entries(self, contents: Sequence[Hashable | None]) -> list[Entry]:
         """The entries of `contents`, equal neighbours once (a C-level pass; a chain's are
         those of the few writes it came from, each one tuple shared by its contents, which
@@ -48,35 +54,25 @@ class ContentMemory:
         return [entry for entry in found if entry is not None]
 
     def write(
-        self, contents: Sequence[Hashable | None], conversation: Any, time_s: float, shared: bool
+        self,
+        contents: Sequence[Hashable | None],
+        conversation: Any,
+        time_s: float,
+        shared: bool,
+        shared_contents: Sequence[Hashable] = (),
     ) -> None:
         """Every content of one release, at once: `contents` is kept, not copied (pass a
-        list nobody mutates afterwards). A None content (a block without a hash) is not
+        list nobody mutates afterwards); those also in `shared_contents` (a subset) are
+        remembered as shared whatever `shared` says. A None content (a block without a hash) is not
         remembered: written with the others and dropped at once, so that the caller need not
         filter the list (None is never a key: every read of it, `get` and the expiry's, finds
         nothing)."""
         number = self._begin(time_s, contents)
         memory = self._map
         memory.update(zip(contents, repeat((conversation, time_s, shared, number))))
+        if shared_contents:
+            memory.update(zip(shared_contents, repeat((conversation, time_s, True, number))))
         memory.pop(None, None)
-
-    def begin(self, time_s: float) -> tuple[int, list[Hashable]]:
-        """Start a release written one content at a time (`put`)."""
-        contents: list[Hashable] = []
-        return self._begin(time_s, contents), contents
-
-    def put(
-        self, write: tuple[int, list[Hashable]], content: Hashable, entry: tuple[Any, float, bool]
-    ) -> None:
-        """One content of the release `begin` started: `entry` is (conversation, time, shared)."""
-        number, contents = write
-        old = self._map.get(content)
-        if old is not None and old[3] == number:  # written twice in one release: the later
-            contents.remove(content)  # write is its place (rare: a chain's hashes differ)
-            self._listed -= 1
-        contents.append(content)
-        self._listed += 1
-        self._map[content] = (*entry, number)
 
     def _begin(self, time_s: float, contents: Sequence[Hashable]) -> int:
         if self._listed > 2 * len(self._map) + 1024:

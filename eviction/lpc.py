@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import groupby, repeat
 from typing import ClassVar
 
 from eviction.base import FreedBlocks, Release, check_probability
@@ -92,18 +93,19 @@ class LPCEvictor(PriorityEvictor):
     def _pooled(
         self, block_ids: Sequence[int], key: float, conversation_id: str | None
     ) -> tuple[list[float], list[str | None]]:
-        """Per-block (key, tag) after this release: max pooling across conversations."""
-        state = self._state
+        """Per-block (key, tag) after this release: max pooling across conversations. One
+        computation per stretch of blocks with the same metadata (the run or ghost a chain's
+        blocks left together), the lists filled by C-level passes."""
         keys: list[float] = []
         tags: list[str | None] = []
-        for block_id in block_ids:
-            old = state[block_id]
+        for old, stretch in groupby(map(self._state.__getitem__, block_ids)):
+            k = len(list(stretch))
             if old is None or (conversation_id is not None and old.tag == conversation_id):
-                keys.append(key)
-                tags.append(conversation_id)
+                keys += repeat(key, k)
+                tags += repeat(conversation_id, k)
             else:
-                keys.append(old.key if old.key > key else key)
-                tags.append(SHARED)
+                keys += repeat(old.key if old.key > key else key, k)
+                tags += repeat(SHARED, k)
         return keys, tags
 
     def push_cached(self, freed: FreedBlocks, release: Release) -> None:

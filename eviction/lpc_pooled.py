@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Hashable, Iterable
-from itertools import repeat
-from operator import setitem
+from collections.abc import Hashable, Iterable, Sequence
+from itertools import groupby, repeat
+from operator import itemgetter, lt, setitem
 from typing import ClassVar
 
 from eviction.base import FreedBlocks, Release
-from eviction.content_memory import ContentMemory
+from eviction.content_memory import NO_ENTRY, ContentMemory
 from eviction.lpc import (
     DEFAULT_FALLBACK_PROBABILITY,
     DEFAULT_PROBABILITY_FLOOR,
@@ -46,6 +46,7 @@ DEFAULT_MODEL_MIN_LABELS = 100
 DEFAULT_MODEL_MARGIN_NATS = 0.0  # the model must do at least as well as the constant
 CONTINUED_PRIOR = 0.5  # the constant before any release was judged (one pseudo-release)
 LOSS_PROBABILITY_CLAMP = 1e-3  # log-loss of a p clamped to [c, 1 − c]: one label costs ≤ 6.9 nats
+_time_of = itemgetter(1)  # a memory entry's time
 
 
 class PooledLPCEvictor(LPCEvictor):
@@ -100,7 +101,8 @@ class PooledLPCEvictor(LPCEvictor):
         self.memory_max_entries = max(1, int(memory_blocks_factor * num_blocks))
         # content hash -> (conversation of its last release, time, shared then); oldest first
         self._memory = ContentMemory()
-        self._pending: deque[tuple[float, Hashable]] = deque()  # shared releases to judge
+        # Shared releases to judge: (time, the contents it released as shared), oldest first.
+        self._pending: deque[tuple[float, list[Hashable]]] = deque()
         self.shared_releases_judged = 0
         self.shared_releases_reused = 0
         super().__init__(num_blocks, scale_per_s, fallback_probability, probability_floor)
@@ -129,13 +131,12 @@ class PooledLPCEvictor(LPCEvictor):
         pending, memory = self._pending, self._memory
         cutoff = now_s - self.horizon_s
         while pending and pending[0][0] < cutoff:
-            time_s, block_hash = pending.popleft()
-            last = memory.get(block_hash)
-            self.shared_releases_judged += 1
+            time_s, block_hashes = pending.popleft()
+            self.shared_releases_judged += len(block_hashes)
             # Every release up to `cutoff` was seen, and none later than time_s + horizon_s:
             # a later entry means the content was released again within the horizon.
-            if last is not None and last[1] > time_s:
-                self.shared_releases_reused += 1
+            last_times = map(_time_of, memory.lookup(block_hashes, NO_ENTRY))
+            self.shared_releases_reused += sum(map(lt, repeat(time_s), last_times))
         memory.forget_before(now_s - self.memory_window_s)
 
     def _gated_probability(self, release: Release) -> float | None:
@@ -212,7 +213,40 @@ class PooledLPCEvictor(LPCEvictor):
         self, freed: FreedBlocks, release: Release, p: float
     ) -> tuple[list[float], list[str | None]]:
         """Per-block (key, tag) after this release of probability `p`; records it in the
-        memory (the caller has advanced the memory to the release's time)."""
+        memory (the caller has advanced the memory to the release's time).
+
+        A block's key and tag depend only on its memory entry and its own metadata (its run
+        or ghost), and a chain's blocks share both in long stretches (the entries of the few
+        releases it came from, the runs it left): one computation per stretch, C-level passes
+        over the blocks. A release naming a content twice (never a chain of vLLM's hashes) is
+        taken in parts that each name it once, each its own write, as a block-by-block pass
+        would read and rewrite it."""
+        hashes = freed.hashes
+        n = len(hashes)
+        nones = hashes.count(None)
+        if len(set(hashes)) == n - nones + (1 if nones else 0):
+            return self._keys_of(freed.block_ids, hashes, release, p)
+        keys: list[float] = []
+        tags: list[str | None] = []
+        start, seen = 0, set()
+        for i, block_hash in enumerate(hashes):
+            if block_hash is not None and block_hash in seen:
+                part = self._keys_of(freed.block_ids[start:i], hashes[start:i], release, p)
+                keys += part[0]
+                tags += part[1]
+                start, seen = i, set()
+            seen.add(block_hash)
+        part = self._keys_of(freed.block_ids[start:], hashes[start:], release, p)
+        return keys + part[0], tags + part[1]
+
+    def _keys_of(
+        self,
+        block_ids: Sequence[int],
+        hashes: Sequence[Hashable | None],
+        release: Release,
+        p: float,
+    ) -> tuple[list[float], list[str | None]]:
+        """`_keys` of blocks whose contents are distinct (or None), as one memory write."""
         now = release.time_s
         floor = self.probability_floor
         shift = self.scale_per_s * now
@@ -221,21 +255,21 @@ class PooledLPCEvictor(LPCEvictor):
         shared_key = math.log(q_shared / (1.0 - q_shared)) + shift
         conversation_id = release.conversation_id
         own_tag = NO_TAG if conversation_id is None else conversation_id
-        state, memory, pending = self._state, self._memory, self._pending
+        memory = self._memory
         window = self.memory_window_s
         keys: list[float] = []
         tags: list[str | None] = []
-        write = memory.begin(now)
-        for block_id, block_hash in zip(freed.block_ids, freed.hashes, strict=True):
-            shared = False
-            if block_hash is not None:
-                last = memory.get(block_hash)
-                shared = (
-                    last is not None
-                    and now - last[1] <= window
-                    and (last[2] or last[0] != conversation_id)
-                )
-            old = state[block_id]
+        shared_hashes: list[Hashable] = []  # in block order: the memory's and the judging's
+        lasts = memory.lookup(hashes)  # a content without a hash has no entry
+        olds = map(self._state.__getitem__, block_ids)
+        i = 0
+        for (last, old), stretch in groupby(zip(lasts, olds, strict=True)):
+            k = len(list(stretch))
+            shared = (
+                last is not None
+                and now - last[1] <= window
+                and (last[2] or last[0] != conversation_id)
+            )
             if old is None or old.tag == own_tag:
                 key = own_key
             else:
@@ -249,14 +283,17 @@ class PooledLPCEvictor(LPCEvictor):
             if shared:
                 if key < shared_key:
                     key = shared_key
-                tags.append(SHARED)
+                tags += repeat(SHARED, k)
+                shared_hashes += hashes[i : i + k]
             else:
-                tags.append(conversation_id)
-            keys.append(key)
-            if block_hash is not None:
-                memory.put(write, block_hash, (conversation_id, now, shared))
-                if shared:
-                    pending.append((now, block_hash))
+                tags += repeat(conversation_id, k)
+            keys += repeat(key, k)
+            i += k
+        if None in shared_hashes:
+            shared_hashes = [h for h in shared_hashes if h is not None]
+        memory.write(hashes, conversation_id, now, False, shared_hashes)
+        if shared_hashes:  # judged together once they are older than the horizon
+            self._pending.append((now, shared_hashes))
         if keys:  # OR pooling and the shared floor can give keys above the release's own
             self.top_logit = max(self.top_logit, max(keys) - shift)
         return keys, tags

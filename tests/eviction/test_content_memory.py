@@ -20,16 +20,13 @@ class OrderedReference:
     def __init__(self) -> None:
         self.map: OrderedDict[str, tuple] = OrderedDict()
 
-    def write(self, contents: list[str | None], value: tuple) -> None:  # the fast path
+    def write(self, contents: list[str | None], value: tuple, shared: tuple = ()) -> None:
+        """One release: `value` for each content, its shared flag set for those in `shared`."""
         contents = [c for c in contents if c is not None]  # no hash: not remembered
         if any(c in self.map for c in contents):
             for c in contents:
                 self.map.pop(c, None)
-        self.map.update((c, value) for c in contents)
-
-    def put(self, content: str, value: tuple) -> None:  # the block-by-block path
-        self.map.pop(content, None)
-        self.map[content] = value
+        self.map.update((c, (*value[:2], True) if c in shared else value) for c in contents)
 
     def forget_before(self, cutoff: float) -> None:
         while self.map and next(iter(self.map.values()))[1] < cutoff:
@@ -44,7 +41,7 @@ class OrderedReference:
 @given(seed=SEEDS)
 def test_the_memory_is_an_ordered_dict_moved_to_the_end_at_every_write(seed: int) -> None:
     """A stream drawn from `seed` (the draws Hypothesis made one by one before, at a fraction
-    of their cost): 1 to 60 steps of writes, puts, cutoffs and oldest-first forgetting."""
+    of their cost): 1 to 60 steps of writes (some with shared contents), cutoffs and oldest-first forgetting."""
     rng = random.Random(seed)
 
     def some(at_least: int, none: bool) -> list[str | None]:
@@ -57,7 +54,7 @@ def test_the_memory_is_an_ordered_dict_moved_to_the_end_at_every_write(seed: int
     now = 0.0
     for _ in range(rng.randint(1, 60)):
         now += rng.choice([0.0, 0.0, 1.0, 5.0])
-        action = rng.choice(["write", "write", "put", "before", "oldest"])
+        action = rng.choice(["write", "write", "mixed", "before", "oldest"])
         if action == "write":
             contents = some(1, none=True)
             # What the fast path reads first: each remembered content's entry (before).
@@ -66,12 +63,11 @@ def test_the_memory_is_an_ordered_dict_moved_to_the_end_at_every_write(seed: int
             shared = rng.random() < 0.5
             memory.write(contents, "c", now, shared)
             reference.write(contents, ("c", now, shared))
-        elif action == "put":
-            write = memory.begin(now)
-            for content in some(1, none=False):
-                value = ("d", now, rng.random() < 0.5)
-                memory.put(write, content, value)
-                reference.put(content, value)
+        elif action == "mixed":  # a pooled release: distinct contents, some shared
+            contents = rng.sample(CONTENT_NAMES, rng.randint(1, 8))
+            shared_contents = [c for c in contents if rng.random() < 0.5]
+            memory.write(contents, "d", now, False, shared_contents)
+            reference.write(contents, ("d", now, False), tuple(shared_contents))
         elif action == "before":
             cutoff = now - rng.choice([0.0, 2.0, 6.0])
             memory.forget_before(cutoff)
