@@ -189,8 +189,7 @@ class LPCEvictor(PriorityEvictor):
         key = self.key_for(release)
         self.top_logit = max(self.top_logit, key - self.scale_per_s * release.time_s)
         keys, tags = self._pooled(freed.block_ids, key, release.conversation_id)
-        for i, block_id in enumerate(freed.block_ids):
-            self._remember(keys[i], tags[i], [block_id], [freed.depths[i]])
+        self._remember_grouped(freed.block_ids, keys, tags)
 
     def protected_key(self, time_s: float) -> float:
         """A key that ranks after every block queued by `time_s`: the highest logit given so
@@ -219,8 +218,7 @@ class LPCEvictor(PriorityEvictor):
         keys, tags = self._pooled(
             freed.block_ids, self.protected_key(release.time_s), release.conversation_id
         )
-        for i, block_id in enumerate(freed.block_ids):
-            self._remember(keys[i], tags[i], [block_id], [freed.depths[i]])
+        self._remember_grouped(freed.block_ids, keys, tags)
 
     def requeue(self, freed: FreedBlocks) -> None:
         """Queue blocks taken out of the queue (`remove`) again, each with the key and tag its

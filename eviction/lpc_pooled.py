@@ -394,8 +394,7 @@ class PooledLPCEvictor(LPCEvictor):
         self._advance(release.time_s)
         keys, tags = self._keys(freed, release, self._probability(release))
         self._bound_memory()
-        for i, block_id in enumerate(freed.block_ids):
-            self._remember(keys[i], tags[i], [block_id], [freed.depths[i]])
+        self._remember_grouped(freed.block_ids, keys, tags)
 
     def late_key(self, release: Release) -> float | None:
         """`LPCEvictor.late_key` when the trust gate trusts the model now; else None (the

@@ -355,6 +355,21 @@ class RunHeap:
         for block_id in block_ids:
             state[block_id] = ghost
 
+    def _remember_grouped(
+        self, block_ids: Sequence[int], keys: Sequence[Key], tags: Sequence[Any]
+    ) -> None:
+        """`_remember` with per-block keys and tags: one ghost for each stretch of equal
+        neighbours (these belong to no run, so no re-keying changes them: blocks may share
+        one)."""
+        state = self._state
+        n = len(block_ids)
+        start = 0
+        for i in range(1, n + 1):
+            if i == n or keys[i] != keys[start] or tags[i] != tags[start]:
+                ghost = Ghost(keys[start], tags[start])
+                consume(map(setitem, repeat(state), block_ids[start:i], repeat(ghost)), 0)
+                start = i
+
     def metadata(self, block_id: int) -> Ghost | None:
         """A copy of the block's metadata (the key and tag its releases gave it, queued or
         not; None when it holds none), for `restore_metadata`."""

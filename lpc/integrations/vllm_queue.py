@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from itertools import repeat
@@ -78,6 +77,23 @@ SAMPLED_AGES = 256
 MAX_PINNING_TENANTS = 4096
 
 
+class Releasing:
+    """`QueueRuntime.releasing`'s context: a class, at a third of a generator's cost (every
+    free enters one)."""
+
+    __slots__ = ("_release", "_token", "_variable")
+
+    def __init__(self, variable: ContextVar[Release | None], release: Release) -> None:
+        self._variable = variable
+        self._release = release
+
+    def __enter__(self) -> None:
+        self._token = self._variable.set(self._release)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._variable.reset(self._token)
+
+
 @dataclass
 class QueueRuntime:
     """What every LPC queue of a process shares: configuration, clock, counters, context."""
@@ -128,14 +144,9 @@ class QueueRuntime:
         release = self._release.get()
         return release if release is not None else Release(self.clock(), None, None)
 
-    @contextmanager
-    def releasing(self, release: Release) -> Iterator[None]:
+    def releasing(self, release: Release) -> Releasing:
         """Blocks freed inside this block carry `release`'s probability, time and conversation."""
-        token = self._release.set(release)
-        try:
-            yield
-        finally:
-            self._release.reset(token)
+        return Releasing(self._release, release)
 
     @property
     def evictor_horizon_s(self) -> float | None:
