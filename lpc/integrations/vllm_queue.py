@@ -191,21 +191,6 @@ class QueueRuntime:
 LPC, DRAINING, THROUGH = "lpc", "draining", "through"
 
 
-class _LiveCount:
-    """`LPCFreeBlockQueue.num_free_blocks` computed from both structures (vLLM's list's count
-    plus the learned evictor's), for a queue whose instance holds no count: from a change of
-    mode until the queue's next call that changes a count. Those calls, all on the scheduler
-    thread, keep the count on the instance, and a non-data descriptor yields to it: vLLM's
-    reads (3 to 4 a step) are then a dict lookup, not a frame. The switch changes the mode on
-    any thread, maybe while a call of vLLM's on its list runs on the scheduler thread (the
-    pool held the list): so it drops the count first, and a read then computes it."""
-
-    def __get__(self, queue: LPCFreeBlockQueue | None, owner: type | None = None) -> Any:
-        if queue is None:
-            return self
-        return queue._list.num_free_blocks + (0 if queue._tripped else len(queue._learned))
-
-
 class LPCFreeBlockQueue:
     """A drop-in for vLLM 0.33's `FreeKVCacheBlockQueue` that evicts by LPC.
 
@@ -273,12 +258,12 @@ class LPCFreeBlockQueue:
         self._awaiting: dict[str, tuple[list[Any], Release]] = {}
         self._rekeys = isinstance(self._learned, LPCEvictor)  # lpc-return keys no p
         self._learned.reset([])
+        # How many blocks the learned evictor holds, kept by every call that changes it (all
+        # on the scheduler thread): vLLM reads `num_free_blocks` several times a step, and the
+        # pops read it rather than the evictor's `__len__` (a frame).
+        self._held = 0
         self._phase = LPC
         self._tripped = False
-        # Every free block, the list's and the learned evictor's (`_LiveCount`): each call
-        # that changes a count reads it first and sets it after; a pop's learned blocks are
-        # this count less the list's.
-        self.num_free_blocks = self._list.num_free_blocks
         self.runtime.queue_built(self._pool)
         self.runtime.mode.attach(self)
 
@@ -287,9 +272,7 @@ class LPCFreeBlockQueue:
         """Take `mode` on: called under the mode switch's lock, from any thread. O(1): a
         phase and at most the pool's queue attribute change, no block is touched. Both
         objects the pool may hold share one list and its count (`_list`), so a call that
-        reaches either one, before or after the change, finds the same free blocks; this
-        queue's own count is dropped first, and computed until its next call (`_LiveCount`)."""
-        self.__dict__.pop("num_free_blocks", None)
+        reaches either one, before or after the change, finds the same free blocks."""
         if mode == "lpc" and not self._tripped:
             self._phase = LPC
             self._install(self)
@@ -335,6 +318,7 @@ class LPCFreeBlockQueue:
         except Exception as error:
             self._trip("the LPC queue's pop", error)
             return self._list.popleft_n(n)
+        self._held -= len(ids)
         if self._pinned_total:
             self._unpin(ids)
         popped = list(itemgetter(*ids)(self._blocks)) if n > 1 else [self._blocks[ids[0]]]
@@ -542,6 +526,7 @@ class LPCFreeBlockQueue:
             self._learned.reset([])
         except Exception as reset_error:
             runtime.stats.plugin_error("resetting the failed learned evictor", reset_error)
+        self._held = 0  # every call goes to vLLM's list from now on
         self._clear_pins()
         self._awaiting.clear()
         switch = runtime.mode
@@ -551,22 +536,18 @@ class LPCFreeBlockQueue:
             self.follow(switch.mode)
 
     # -- what BlockPool calls ------------------------------------------------------------
-    # Kept on the instance in `lpc` and draining phases by the calls below, each setting the
-    # count it leaves before it changes a structure (a failure that trips the queue, like a
-    # change of mode, drops it: `_LiveCount`); computed when passing through to vLLM's list.
-    num_free_blocks: int = _LiveCount()  # type: ignore[assignment]
+    @property
+    def num_free_blocks(self) -> int:
+        return self._list.num_free_blocks + self._held
 
     def popleft(self) -> Any:
         listed = self._list
         phase = self._phase
         if phase == LPC:
-            total = self.num_free_blocks
             if listed.num_free_blocks:
-                self.num_free_blocks = total - 1
                 return listed.popleft()
-            if not total:
+            if not self._held:
                 raise ValueError("No free blocks available")
-            self.num_free_blocks = total - 1
             return self._take_learned(1)[0]
         if phase == THROUGH:
             return listed.popleft()
@@ -579,11 +560,10 @@ class LPCFreeBlockQueue:
         phase = self._phase
         if phase == THROUGH:
             return listed.popleft_n(n)
-        total = self.num_free_blocks
         in_list = listed.num_free_blocks
-        if n > total:
-            raise ValueError(f"cannot pop {n} blocks: only {total} are free")
-        self.num_free_blocks = total - n
+        held = self._held
+        if n > in_list + held:
+            raise ValueError(f"cannot pop {n} blocks: only {in_list + held} are free")
         if phase == LPC:
             if n <= in_list:
                 return listed.popleft_n(n)
@@ -594,7 +574,6 @@ class LPCFreeBlockQueue:
         # blocks (all released before every cached block in the list: LRU's order across the
         # boundary; among them the learned order), then the list.
         # Counted first, then popped by vLLM's own `popleft_n`: a pop per block cost 4× that.
-        held = total - in_list
         hash_of, tail = self._hash_of, listed.fake_free_list_tail
         block = listed.fake_free_list_head.next_free_block
         lead = 0
@@ -604,7 +583,7 @@ class LPCFreeBlockQueue:
         out = listed.popleft_n(lead)
         if len(out) < n and held:
             out += self._take_learned(min(n - len(out), held))
-        if self._tripped or not len(self._learned):
+        if not self._held:
             self._drained()
         if len(out) < n:
             out += listed.popleft_n(n - len(out))
@@ -613,14 +592,8 @@ class LPCFreeBlockQueue:
     def remove(self, block: Any) -> None:
         """A hit on a free block: out of whichever structure holds it."""
         if block.prev_free_block is not None:
-            if self._phase == THROUGH:
-                self._list.remove(block)
-                return
-            total = self.num_free_blocks
             self._list.remove(block)
-            self.num_free_blocks = total - 1
             return
-        total = self.num_free_blocks
         block_id = block.block_id
         try:
             self._learned.remove(block_id)
@@ -631,7 +604,7 @@ class LPCFreeBlockQueue:
             if block.prev_free_block is not None:  # salvaged into the list: take it out
                 self._list.remove(block)
             return
-        self.num_free_blocks = total - 1
+        self._held -= 1
         if self._pinned_total:  # `_unpin` of the one block, inlined: a hit is vLLM's touch
             try:
                 pinned_by = self._pinned_by_of
@@ -645,26 +618,17 @@ class LPCFreeBlockQueue:
                 self._clear_pins()
 
     def append(self, block: Any) -> None:
-        phase = self._phase
-        if phase == LPC:
+        if self._phase == LPC:
             self.append_n([block])
-        elif phase == THROUGH:
-            self._list.append(block)
         else:
-            total = self.num_free_blocks
             self._list.append(block)
-            self.num_free_blocks = total + 1
 
     def append_n(self, blocks: Sequence[Any]) -> None:
         """Blocks with a hash whose last holder released them, the sequence's tail first."""
         if not blocks:
             return
-        phase = self._phase
-        if phase != LPC:
-            total = 0 if phase == THROUGH else self.num_free_blocks
+        if self._phase != LPC:
             self._list.append_n(blocks)
-            if phase != THROUGH:
-                self.num_free_blocks = total + len(blocks)
             return
         runtime = self.runtime
         release = runtime.current_release()
@@ -689,7 +653,7 @@ class LPCFreeBlockQueue:
             self._append_as_lru(blocks)
             if self._tripped:
                 return
-        self.num_free_blocks = self._list.num_free_blocks + len(self._learned)
+        self._held = len(self._learned)
         try:  # for the eviction-age histogram, and the pinned counts
             if freed is not None:
                 index = freed.index
@@ -734,12 +698,7 @@ class LPCFreeBlockQueue:
         vLLM puts them."""
         if not blocks:
             return
-        if self._phase == THROUGH:
-            self._list.prepend_n(blocks)
-            return
-        total = self.num_free_blocks
         self._list.prepend_n(blocks)
-        self.num_free_blocks = total + len(blocks)
         if self._phase == LPC:
             self.runtime.stats.add(uncached_blocks_released=len(blocks))
 

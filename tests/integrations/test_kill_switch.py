@@ -292,26 +292,3 @@ def test_a_drain_pop_takes_the_lists_hashless_blocks_at_once_and_counts_no_evict
     queue.popleft_n(queue._list.num_free_blocks)
     queue.popleft_n(10)
     assert runtime.stats.snapshot()["evictions"] == 10
-
-
-def test_the_count_vllm_reads_is_exact_across_a_hand_over_from_any_thread() -> None:
-    """The queue keeps the count vLLM reads on the instance, set by its own calls. The switch
-    hands the pool over on another thread, maybe while a call of vLLM's on its own list is
-    still running on the scheduler thread: the count then changes after the hand-over, and
-    until the queue's next call it is computed, never a value from before."""
-    queue, blocks, runtime = make_queue(8)
-    pool = blocks[0].pool
-    listed = queue._list
-    taken = pool.free_block_queue.popleft_n(2)
-    assert queue.__dict__["num_free_blocks"] == 6, "set by the queue's call"
-    runtime.mode.set("lru", "test")
-    taken += [pool.free_block_queue.popleft()]  # nothing learned: hands the pool vLLM's list
-    assert pool.free_block_queue is listed and "num_free_blocks" not in queue.__dict__
-    taken += pool.free_block_queue.popleft_n(1)  # vLLM's list alone: the queue's count follows
-    assert queue.num_free_blocks == 4
-    runtime.mode.set("lpc", "test")  # the switch's thread, between vLLM's read and its call
-    assert pool.free_block_queue is queue
-    taken += listed.popleft_n(2)  # vLLM's call on its list, finishing after the hand-over
-    assert pool.free_block_queue.num_free_blocks == len(listed.get_all_free_blocks()) == 2
-    queue.prepend_n(taken[:1])  # the queue's next call sets it again
-    assert queue.__dict__["num_free_blocks"] == len(queue.get_all_free_blocks()) == 3
