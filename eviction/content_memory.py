@@ -12,14 +12,19 @@ forgets, and what stays, are the `OrderedDict`'s exactly (docs/design.md,
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Hashable, Iterator, Sequence
 from itertools import groupby, repeat
 from typing import Any
 
+# While the write queue lists over twice the memory's size (plus 1,024), each write first drops
+# the stale hashes among this many listed ones per hash it writes (plus COMPACT_MIN): a rolling
+# pass, bounded per write (`_compact_some`). Speed only: what the memory holds is the same.
+COMPACT_PER_CONTENT = 4
+COMPACT_MIN = 64
 # A value as the memory's users read it: (conversation, time, shared then, write number).
 Entry = tuple[Any, float, bool, int]
-NO_ENTRY: Entry = (None, -math.inf, False, -1)  # what `get` reads for a content not held
+# A `lookup` default for contents the memory does not hold: written before any time.
+NO_ENTRY: Entry = (None, -math.inf, False, -1)
 
 
 class ContentMemory:
@@ -27,8 +32,11 @@ class ContentMemory:
 
     def __init__(self) -> None:
         self._map: dict[Hashable, Entry] = {}
-        # Writes in order: [write number, time, hashes, index of the first not yet forgotten].
-        self._writes: deque[list[Any]] = deque()
+        # Writes in order from `_head` on (those before it are forgotten): [write number,
+        # time, hashes, index of the first not yet forgotten].
+        self._writes: list[list[Any]] = []
+        self._head = 0
+        self._cursor = 0  # where the rolling compaction goes on (`_compact_some`)
         self._next = 0
         self._listed = 0  # hashes the writes list (stale ones included): bounds compaction
 
@@ -63,10 +71,10 @@ class ContentMemory:
     ) -> None:
         """Every content of one release, at once: `contents` is kept, not copied (pass a
         list nobody mutates afterwards); those also in `shared_contents` (a subset) are
-        remembered as shared whatever `shared` says. A None content (a block without a hash) is not
-        remembered: written with the others and dropped at once, so that the caller need not
-        filter the list (None is never a key: every read of it, `get` and the expiry's, finds
-        nothing)."""
+        remembered as shared whatever `shared` says. A None content (a block without a hash)
+        is not remembered: written with the others and dropped at once, so that the caller
+        need not filter the list (None is never a key: every read of it, `get` and the
+        expiry's, finds nothing)."""
         number = self._begin(time_s, contents)
         memory = self._map
         memory.update(zip(contents, repeat((conversation, time_s, shared, number))))
@@ -76,18 +84,29 @@ class ContentMemory:
 
     def _begin(self, time_s: float, contents: Sequence[Hashable]) -> int:
         if self._listed > 2 * len(self._map) + 1024:
-            self._compact()
+            self._compact_some(COMPACT_PER_CONTENT * len(contents) + COMPACT_MIN)
         number = self._next
         self._next = number + 1
         self._writes.append([number, time_s, contents, 0])
         self._listed += len(contents)
         return number
 
+    def _pop_oldest(self) -> None:
+        """The oldest write leaves the queue (the list itself is cut, amortised O(1))."""
+        writes = self._writes
+        writes[self._head] = None  # type: ignore[call-overload]
+        self._head += 1
+        if self._head > 1024 and 2 * self._head > len(writes):
+            del writes[: self._head]
+            self._cursor = max(0, self._cursor - self._head)
+            self._head = 0
+
     def forget_before(self, cutoff_s: float) -> None:
         """Forget every content last written before `cutoff_s` (writes come in time order)."""
         writes, memory = self._writes, self._map
-        while writes and writes[0][1] < cutoff_s:
-            number, _, contents, start = writes.popleft()
+        while self._head < len(writes) and writes[self._head][1] < cutoff_s:
+            number, _, contents, start = writes[self._head]
+            self._pop_oldest()
             self._listed -= len(contents) - start
             for content in contents[start:]:
                 entry = memory.get(content)
@@ -97,8 +116,8 @@ class ContentMemory:
     def forget_oldest(self, n: int) -> None:
         """Forget the `n` oldest contents (by their last write)."""
         writes, memory = self._writes, self._map
-        while n > 0 and writes:
-            write = writes[0]
+        while n > 0 and self._head < len(writes):
+            write = writes[self._head]
             number, _, contents, i = write
             end = len(contents)
             while i < end and n > 0:
@@ -111,31 +130,39 @@ class ContentMemory:
             self._listed -= i - write[3]
             write[3] = i
             if i == end:
-                writes.popleft()
+                self._pop_oldest()
 
-    def _compact(self) -> None:
-        """Drop the hashes written again since from the write queue (amortised O(1))."""
-        memory = self._map
-        kept: deque[list[Any]] = deque()
-        listed = 0
-        for number, time_s, contents, start in self._writes:
-            valid = [
-                c
-                for c in contents[start:]
-                if (entry := memory.get(c)) is not None and entry[3] == number
-            ]
-            if valid:
-                kept.append([number, time_s, valid, 0])
-                listed += len(valid)
-        self._writes = kept
-        self._listed = listed
+    def _compact_some(self, budget: int) -> None:
+        """Drop the hashes written again since from about `budget` listed hashes of the write
+        queue, going on from where the last call stopped (oldest write after the newest):
+        a rolling pass, O(budget) per write, where one pass over the whole queue stalled the
+        release that triggered it (milliseconds at 11K tokens a release). While the queue
+        lists over twice the memory's size, over half of what a pass reads is stale, so a
+        pass drops more than the writes add meanwhile. A write left empty stays in the queue
+        until it is the oldest."""
+        writes, memory = self._writes, self._map
+        head, count = self._head, len(self._writes)
+        i = self._cursor if head <= self._cursor < count else head
+        for _ in range(count - head):
+            if budget <= 0:
+                break
+            write = writes[i]
+            number, _, contents, start = write
+            if start < len(contents):
+                live = contents[start:]
+                valid = [c for c in live if (e := memory.get(c)) is not None and e[3] == number]
+                self._listed -= len(live) - len(valid)
+                write[2], write[3] = valid, 0
+                budget -= len(live)
+            i = i + 1 if i + 1 < count else head
+        self._cursor = i
 
     def items(self) -> Iterator[tuple[Hashable, tuple[Any, float, bool]]]:
         """(content, (conversation, time, shared)) oldest write first, as an `OrderedDict`
         moved to the end at every write would list them."""
         memory = self._map
         seen: set[Hashable] = set()
-        for number, _, contents, start in self._writes:
+        for number, _, contents, start in self._writes[self._head :]:
             for content in contents[start:]:
                 entry = memory.get(content)
                 if entry is not None and entry[3] == number and content not in seen:
@@ -145,4 +172,5 @@ class ContentMemory:
     def clear(self) -> None:
         self._map.clear()
         self._writes.clear()
+        self._head = self._cursor = 0
         self._listed = 0
