@@ -8,7 +8,7 @@ from collections import OrderedDict
 
 from hypothesis import given
 
-from eviction.content_memory import ContentMemory
+from eviction.content_memory import COMPACT_MIN, COMPACT_PER_CONTENT, ContentMemory
 from tests.properties import SEEDS, examples
 
 CONTENT_NAMES = [f"h{i}" for i in range(12)]
@@ -95,3 +95,46 @@ def test_writes_written_again_are_compacted_away() -> None:
     assert memory._listed <= 2 * len(memory) + 1024 + 2
     assert list(memory.items()) == list(reference.map.items())
     assert [content for content, _ in memory.items()][-2:] == ["system-prompt", "turn-1"]
+
+
+class CountingDict(dict):
+    """The memory's map, counting its reads: what compaction examines."""
+
+    reads = 0
+
+    def get(self, key, default=None):  # type: ignore[override]
+        CountingDict.reads += 1
+        return super().get(key, default)
+
+
+def test_compaction_is_bounded_per_write_and_keeps_the_ordered_dicts_contents() -> None:
+    """Thousands of writes that mostly rewrite a few contents, forgotten only past a long
+    window: the stale listings are dropped by a rolling pass that reads at most its budget
+    (plus one write) per write, the queue stays bounded, and what the memory holds, in
+    order, stays the `OrderedDict`'s."""
+    rng = random.Random(7)
+    memory, reference = ContentMemory(), OrderedReference()
+    memory._map = CountingDict()
+    most_read = compacting_writes = 0
+    now = 0.0
+    for t in range(1, 6_001):
+        now += 0.5
+        contents = rng.sample(CONTENT_NAMES, rng.randint(1, 8))
+        CountingDict.reads = 0
+        memory.write(contents, "c", now, False)
+        compacting_writes += CountingDict.reads > 0
+        most_read = max(most_read, CountingDict.reads - len(contents) * COMPACT_PER_CONTENT)
+        reference.write(contents, ("c", now, False))
+        if t % 1_500 == 0:
+            memory.forget_before(now - 500.0)
+            reference.forget_before(now - 500.0)
+            assert list(memory.items()) == list(reference.map.items())
+    assert compacting_writes > 100, "the stream must keep the compaction busy"
+    assert most_read <= COMPACT_MIN + 8, "a write read more than its compaction budget"
+    listed = sum(len(write[2]) - write[3] for write in memory._writes[memory._head :])
+    assert (
+        listed == memory._listed <= 2 * len(memory) + 1024 + COMPACT_PER_CONTENT * 8 + COMPACT_MIN
+    )
+    memory.forget_oldest(5)
+    reference.forget_oldest(5)
+    assert list(memory.items()) == list(reference.map.items())
