@@ -45,6 +45,16 @@ def _gatherer(ids: Sequence[int]) -> Callable[[Sequence[Any]], Sequence[Any]]:
     return lambda values: (values[block_id],)
 
 
+def _stretches(keys: Sequence[Any], tags: Sequence[Any]) -> Iterator[tuple[int, int]]:
+    """(start, end) of each stretch of neighbours with equal key and tag, in order."""
+    n = len(keys)
+    start = 0
+    for i in range(1, n + 1):
+        if i == n or keys[i] != keys[start] or tags[i] != tags[start]:
+            yield start, i
+            start = i
+
+
 class Ghost:
     """The metadata of a run a block has left (or of a release that did not free it)."""
 
@@ -335,13 +345,10 @@ class RunHeap:
             run = self._push_run(keys[0], tags[0], block_ids[:], depths[:])
             return [] if run is None else [run]
         runs = []
-        start = 0
-        for i in range(1, n + 1):
-            if i == n or keys[i] != keys[start] or tags[i] != tags[start]:
-                run = self._push_run(keys[start], tags[start], block_ids[start:i], depths[start:i])
-                if run is not None:
-                    runs.append(run)
-                start = i
+        for start, end in _stretches(keys, tags):
+            run = self._push_run(keys[start], tags[start], block_ids[start:end], depths[start:end])
+            if run is not None:
+                runs.append(run)
         return runs
 
     def _remember(
@@ -362,13 +369,9 @@ class RunHeap:
         neighbours (these belong to no run, so no re-keying changes them: blocks may share
         one)."""
         state = self._state
-        n = len(block_ids)
-        start = 0
-        for i in range(1, n + 1):
-            if i == n or keys[i] != keys[start] or tags[i] != tags[start]:
-                ghost = Ghost(keys[start], tags[start])
-                consume(map(setitem, repeat(state), block_ids[start:i], repeat(ghost)), 0)
-                start = i
+        for start, end in _stretches(keys, tags):
+            ghost = Ghost(keys[start], tags[start])
+            consume(map(setitem, repeat(state), block_ids[start:end], repeat(ghost)), 0)
 
     def metadata(self, block_id: int) -> Ghost | None:
         """A copy of the block's metadata (the key and tag its releases gave it, queued or
