@@ -4,8 +4,10 @@ The queue benchmark (`queue_bench`) times the free queue's part alone; this time
 scheduler thread pays around it: `get_computed_blocks` + `allocate_slots` (the hit's touch and
 the allocation), and the free, stock `KVCacheManager.free` against the class's free path
 (`SchedulerLPC.free`: the release announced to the queue, its shared blocks found, then the
-same `KVCacheManager.free` with the LPC queue inside). Two real vLLM 0.33 managers over the
-same multi-turn requests, interleaved request by request; every request carries its p as a
+same `KVCacheManager.free` with the LPC queue inside). A third manager holds the floor
+(`floor_queue.RunFloorQueue`: the least a queue keyed per release does) and is freed by
+`KVCacheManager.free`. Three real vLLM 0.33 managers over the same multi-turn requests,
+interleaved request by request; every request carries its p as a
 trusted hint (scores present, no model: `lpc bench step-scoring` times the scoring). Runs in
 vLLM's venv, from `queue_bench --manager`.
 """
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from lpc.benchmarks.floor_queue import RunFloorQueue
 from lpc.benchmarks.per_request import (
     BLOCK_SIZE,
     WARMUP_REQUESTS,
@@ -25,6 +28,7 @@ from lpc.benchmarks.per_request import (
 )
 from lpc.integrations.config import PluginConfig
 
+SIDES = ("stock", "lpc", "floor")
 P = 0.7  # every request's p, a trusted hint: one p, so LPC keeps the last turn as LRU does
 
 
@@ -37,6 +41,9 @@ class ManagerResult:
     lpc: dict[str, Figure]
     ratio_p50: dict[str, float]
     ratio_p99: dict[str, float]
+    floor: dict[str, Figure]  # the floor queue's (`floor_queue`), and its ratios to stock
+    floor_ratio_p50: dict[str, float]
+    floor_ratio_p99: dict[str, float]
 
 
 def _manager(num_blocks: int) -> Any:
@@ -82,13 +89,16 @@ def run_manager(tokens: int, requests: int, evictor: str) -> ManagerResult:
     plugin = vllm_plugin.install_runtime(config, clock=lambda: clock.now)
     try:
         sides: dict[str, dict[str, Any]] = {}
-        for name in ("stock", "lpc"):
+        for name in SIDES:
             manager = _manager(num_blocks)
             side: dict[str, Any] = {"manager": manager, "allocate": [], "free": []}
             if name == "lpc":
                 side["free_path"] = attach_manager(manager, plugin).free
             else:
                 side["free_path"] = manager.free
+            if name == "floor":
+                pool = manager.block_pool
+                pool.free_block_queue = RunFloorQueue(pool.free_block_queue, len(pool.blocks))
             sides[name] = side
         prompt: list[int] = []
         next_token = 1
@@ -98,7 +108,7 @@ def run_manager(tokens: int, requests: int, evictor: str) -> ManagerResult:
             prompt = kept + list(range(next_token, next_token + tokens - len(kept)))
             next_token += tokens
             extra = {"lpc_probability": P, "lpc_conversation_id": "chat"}
-            for name in ("stock", "lpc") if r % 2 else ("lpc", "stock"):
+            for name in SIDES[r % 3 :] + SIDES[: r % 3]:  # each side first in turn
                 side = sides[name]
                 manager = side["manager"]
                 request = Request(
@@ -135,6 +145,7 @@ def run_manager(tokens: int, requests: int, evictor: str) -> ManagerResult:
         vllm_plugin.unregister()
     calls = ("allocate", "free")
     figures, ratio_p50, ratio_p99 = compare_sides(sides, calls)
+    _, floor_p50, floor_p99 = compare_sides(sides, calls, side="floor")
     return ManagerResult(
         tokens=tokens,
         requests=requests,
@@ -143,4 +154,7 @@ def run_manager(tokens: int, requests: int, evictor: str) -> ManagerResult:
         lpc=figures["lpc"],
         ratio_p50=ratio_p50,
         ratio_p99=ratio_p99,
+        floor=figures["floor"],
+        floor_ratio_p50=floor_p50,
+        floor_ratio_p99=floor_p99,
     )

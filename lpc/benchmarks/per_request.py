@@ -26,14 +26,14 @@ def figure_of(samples_ns: list[int]) -> Figure:
 
 
 def compare_sides(
-    samples_ns: dict[str, dict[str, list[int]]], calls: tuple[str, ...]
+    samples_ns: dict[str, dict[str, list[int]]], calls: tuple[str, ...], side: str = "lpc"
 ) -> tuple[dict[str, dict[str, Figure]], dict[str, float], dict[str, float]]:
-    """Per side (`stock`, `lpc`) and call, the figure of its per-request times (ns); then
-    LPC's p50 and p99 over stock's, per call."""
-    figures = {side: {c: figure_of(samples_ns[side][c]) for c in calls} for side in samples_ns}
-    stock, lpc = figures["stock"], figures["lpc"]
+    """Per side (`stock`, `lpc`, ...) and call, the figure of its per-request times (ns);
+    then `side`'s p50 and p99 over stock's, per call."""
+    figures = {name: {c: figure_of(samples_ns[name][c]) for c in calls} for name in samples_ns}
+    stock, other = figures["stock"], figures[side]
     return (
         figures,
-        {c: lpc[c].p50_us / stock[c].p50_us for c in calls},
-        {c: lpc[c].p99_us / stock[c].p99_us for c in calls},
+        {c: other[c].p50_us / stock[c].p50_us for c in calls},
+        {c: other[c].p99_us / stock[c].p99_us for c in calls},
     )

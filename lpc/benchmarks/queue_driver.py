@@ -117,4 +117,12 @@ def _extra_lines(size: dict[str, Any]) -> list[str]:
             f"{manager['lpc']['free']['p50_us']:.1f} µs LPC ({manager['ratio_p50']['free']:.2f}×, "
             f"p99 {manager['ratio_p99']['free']:.2f}×)"
         )
+        lines.append(
+            f"  {size['tokens']:>8,} the floor (a queue keyed per release, nothing else): "
+            f"allocate p50 {manager['floor']['allocate']['p50_us']:.1f} µs "
+            f"({manager['floor_ratio_p50']['allocate']:.2f}×); free p50 "
+            f"{manager['floor']['free']['p50_us']:.1f} µs "
+            f"({manager['floor_ratio_p50']['free']:.2f}×, "
+            f"p99 {manager['floor_ratio_p99']['free']:.2f}×)"
+        )
     return lines

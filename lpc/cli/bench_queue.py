@@ -85,8 +85,9 @@ def register(targets: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also time vLLM's whole KVCacheManager for the same requests: get_computed_blocks "
         "+ allocate_slots, and the free (KVCacheManager.free against the LPC scheduler class's "
-        "free path, which announces the release first), with a trusted p on every request "
-        "(lpc/benchmarks/manager_bench.py)",
+        "free path, which announces the release first), with a trusted p on every request, "
+        "and a third manager holding the floor queue, the least a queue keyed once per "
+        "release does (lpc/benchmarks/manager_bench.py, floor_queue.py)",
     )
     parser.add_argument(
         "--vllm-python",

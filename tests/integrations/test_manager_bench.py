@@ -1,6 +1,7 @@
-"""`lpc bench queue --manager` against real vLLM 0.33: both managers run the same requests
-and hit the same blocks (the benchmark stops if they do not), and the LPC side's queue is the
-scheduler class's, with every request's trusted p pinning its blocks."""
+"""`lpc bench queue --manager` against real vLLM 0.33: the three managers (stock, LPC, the
+floor queue) run the same requests and hit the same blocks (the benchmark stops if they do
+not), and the LPC side's queue is the scheduler class's, with every request's trusted p
+pinning its blocks."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from lpc.benchmarks.manager_bench import run_manager
 from lpc.integrations import vllm_plugin
 result = run_manager(64, 12, "lpc-pooled")
 print("RESULT", json.dumps({"hit_blocks": result.hit_blocks, "requests": result.requests,
-                            "ratios": sorted(result.ratio_p50), "registered": vllm_plugin.is_registered()}))
+                            "ratios": sorted(result.ratio_p50),
+                            "floor_ratios": sorted(result.floor_ratio_p50),
+                            "registered": vllm_plugin.is_registered()}))
 """
 
 
@@ -32,5 +35,6 @@ def test_the_manager_benchmark_runs_both_managers_through_the_same_hits(
         "hit_blocks": 2,
         "requests": 12,
         "ratios": ["allocate", "free"],
+        "floor_ratios": ["allocate", "free"],  # the floor queue ran the same hits
         "registered": False,  # the runtime it installed is gone
     }, out

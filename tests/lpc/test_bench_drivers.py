@@ -75,10 +75,15 @@ def test_the_queue_report_has_a_row_per_call_and_the_optional_lines() -> None:
         "lpc": {c: {"p50_us": 15.0} for c in calls},
         "ratio_p50": dict.fromkeys(calls, 1.5),
         "ratio_p99": dict.fromkeys(calls, 2.0),
+        "floor": {c: {"p50_us": 9.0} for c in calls},
+        "floor_ratio_p50": dict.fromkeys(calls, 0.9),
+        "floor_ratio_p99": dict.fromkeys(calls, 0.8),
     }
     with_manager = summary_lines({**record, "sizes": [{**size, "manager": manager}]})
-    assert len(with_manager) == 6 and "KVCacheManager" in with_manager[-1]
-    assert "free p50 10.0 µs vLLM, 15.0 µs LPC (1.50×, p99 2.00×)" in with_manager[-1]
+    assert len(with_manager) == 7 and "KVCacheManager" in with_manager[-2]
+    assert "free p50 10.0 µs vLLM, 15.0 µs LPC (1.50×, p99 2.00×)" in with_manager[-2]
+    assert "the floor" in with_manager[-1]
+    assert "free p50 9.0 µs (0.90×, p99 0.80×)" in with_manager[-1]
 
 
 def test_the_load_test_reads_the_servers_overload_count() -> None:
