@@ -393,6 +393,11 @@ def build_scheduler(args: argparse.Namespace, model_dir: Path) -> tuple[Any, Any
         block_size=scheduler_block_size,
         hash_block_size=hash_block_size,
     )
+    if args.floor_queue:  # stock vLLM with the floor queue in its pool (a lower bound)
+        from lpc.benchmarks.floor_queue import RunFloorQueue
+
+        pool = scheduler.kv_cache_manager.block_pool
+        pool.free_block_queue = RunFloorQueue(pool.free_block_queue, len(pool.blocks))
     hash_fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
     hasher = get_request_block_hasher(
@@ -828,6 +833,7 @@ def stock_twin(args: argparse.Namespace) -> argparse.Namespace:
             **vars(args),
             "scheduler_cls": None,
             "additional_config": None,
+            "floor_queue": False,
             "switch_at": "",
             "check_every": 0,
         }
@@ -920,6 +926,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also build stock vLLM's Scheduler in this process over the same requests and step "
         "the two in turn, each step timed (implies --time-steps; the summary's `interleaved`, "
         "lpc.drivers.step_interleave)",
+    )
+    parser.add_argument(
+        "--floor-queue",
+        action="store_true",
+        help="stock vLLM with lpc.benchmarks.floor_queue.RunFloorQueue in its block pool: what "
+        "a queue keyed once per release costs at this seam (it evicts in vLLM's LRU order)",
     )
     parser.add_argument("--label", default="", help="the policy, for the summary")
     args = parser.parse_args(argv)

@@ -19,9 +19,11 @@ chunked prefill, a token budget, a KV pool and a step-time model, fed synthetic 
 
 TRACE is a JSONL file as `lpc ab --export-trace` writes it (any format `lpc ab --trace`
 reads) or a bundled trace (`mooncake`, `mooncake-synthetic`). Policies: `lru` (stock vLLM),
-`lpc-const[=P]` (the plugin, one p for every release), `lpc` and `lpc-pooled` (the plugin's
-learned evictors: p from `--access-model` in process, else each line's `probability`, sent
-as the request's `lpc_probability`; a line without one gets the fallback p), `lpc-return`
+`floor` (stock vLLM with a queue keyed once per release and nothing else, in vLLM's own LRU
+order: the least such a queue costs; `lpc.benchmarks.floor_queue`), `lpc-const[=P]` (the
+plugin, one p for every release), `lpc` and `lpc-pooled` (the plugin's learned evictors: p
+from `--access-model` in process, else each line's `probability`, sent as the request's
+`lpc_probability`; a line without one gets the fallback p), `lpc-return`
 (the return-time evictor: each release's curve from `--return-model` in process), `shadow` and
 `shadow-pooled` (the plugin in shadow mode: stock vLLM's eviction, while metadata-only `lpc`
 or `lpc-pooled` and LRU caches replay the same requests with the learned policies' p).
@@ -71,8 +73,8 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policies",
         default="lru,lpc-const,lpc,lpc-pooled",
-        help="lru, lpc-const[=P], lpc, lpc-pooled, lpc-return, shadow, shadow-pooled (default: "
-        "the first four)",
+        help="lru, floor, lpc-const[=P], lpc, lpc-pooled, lpc-return, shadow, shadow-pooled "
+        "(default: lru, lpc-const, lpc, lpc-pooled)",
     )
     p.add_argument(
         "--switch-at",

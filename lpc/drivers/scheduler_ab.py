@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lpc.drivers.release_plan import PluginSettings
-from lpc.drivers.step_interleave import interleaved_check, print_interleaved
+from lpc.drivers.step_interleave import floor_check, interleaved_check, print_interleaved
 from lpc.drivers.vllm_scheduler import (
     LEARNED,
     PLUGIN_TIMERS,
@@ -100,7 +100,9 @@ def compare(
     (`lpc.drivers.step_interleave`)."""
     policies = parse_policies(policies_text)
     if interleave and any(p.name in ("lru", "installed") for p in policies):
-        raise ValueError("--interleave runs stock vLLM beside each plugin policy: leave lru out")
+        raise ValueError(
+            "--interleave runs stock vLLM beside each plugin policy (and floor): leave lru out"
+        )
     started = time.perf_counter()
     requests, logged, path = load_requests(trace, one_in)
     if not requests:
@@ -141,11 +143,13 @@ def compare(
                 checks.setdefault("lru_order", {})[run_.policy.label] = check
             if "interleaved" in run_.summary:
                 checks[f"{run_.policy.label}_interleaved"] = interleaved_check(run_.summary)
+                if run_.policy.name == "floor":  # it evicts in vLLM's order: the same run
+                    checks["floor_equals_lru"] = floor_check(run_.summary)
             if run_.policy.name in SHADOW:
                 checks[f"{run_.policy.label}_equals_replay"] = shadow_replay_check(
                     run_, requests_file.path
                 )
-            if run_.policy.name not in ("installed", "lpc-const", *SHADOW) or lru is None:
+            if run_.policy.name not in ("installed", "floor", "lpc-const", *SHADOW) or lru is None:
                 continue
             assert run_.records is not None and lru.records is not None
             divergence = first_divergence(lru.records, run_.records, PARITY_FIELDS)

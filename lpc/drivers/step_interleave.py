@@ -159,6 +159,21 @@ def interleaved_check(summary: dict[str, Any]) -> dict[str, Any]:
     return {"ok": all(checks.values()), **checks}
 
 
+def floor_check(summary: dict[str, Any]) -> dict[str, Any]:
+    """The floor queue evicts in vLLM's LRU order: beside stock, every total (steps, hit and
+    scheduled tokens, evictions) must be the same. `equal` and the first total that differs."""
+    stock = summary["interleaved"]["stock_engine"]["totals"]
+    floor = summary["totals"]
+    differs = next((k for k in sorted(stock) if stock[k] != floor.get(k)), None)
+    return {
+        "equal": differs is None,
+        "first_divergence": None
+        if differs is None
+        else f"{differs}: {stock[differs]} vs {floor.get(differs)}",
+        "steps_compared": floor["steps"],
+    }
+
+
 def _times(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.3f}x"
 

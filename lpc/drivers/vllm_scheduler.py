@@ -9,7 +9,9 @@ command; `tests/integrations/test_vllm_scheduler.py` the tests.
 
 Policies: `lru` is stock vLLM (`VLLM_PLUGINS=` empty: no plugin); `installed` the plugin
 installed but not configured (`VLLM_PLUGINS` unset, so vLLM loads it, and no LPC setting: it
-must leave vLLM stock); `lpc-const[=P]` the plugin
+must leave vLLM stock); `floor` stock vLLM with the floor queue in its block pool
+(`lpc.benchmarks.floor_queue`: a queue keyed once per release and nothing else, which evicts
+in vLLM's own LRU order: what any such queue costs at this seam); `lpc-const[=P]` the plugin
 with one p for every release (its fallback p; no request carries one); `lpc` and `lpc-pooled`
 the plugin's two LPC evictors (`LPC_EVICTOR`) with p from an access-only model run in
 process (`LPC_ACCESS_MODEL`) or, without one, each request's `probability` from the trace
@@ -50,6 +52,8 @@ DRIVER = REPO_ROOT / "scripts" / "vllm_scheduler_replay.py"
 ENTRY_POINT_GROUP = "vllm.general_plugins"
 TIMEOUT_S = 3600
 LEARNED = ("lpc", "lpc-pooled", "lpc-return")
+STOCK = ("lru", "installed", "floor")  # no LPC in vLLM (`floor`: the floor queue in its pool)
+FLOOR_QUEUE = "RunFloorQueue"
 SHADOW = {"shadow": "lpc", "shadow-pooled": "lpc-pooled"}  # policy -> the shadow's evictor
 # The plugin's path into vLLM (`PolicyRun.through`).
 SCHEDULER_CLASS_PATH = "scheduler-class"
@@ -87,7 +91,7 @@ class EngineSettings:
 
 @dataclass(frozen=True)
 class Policy:
-    name: str  # lru, installed, lpc-const, lpc, lpc-pooled, lpc-return, shadow, shadow-pooled
+    name: str  # lru, installed, floor, lpc-const, lpc, lpc-pooled, lpc-return, shadow, ...
     constant: float | None = None  # lpc-const's p
 
     @property
@@ -96,17 +100,17 @@ class Policy:
 
 
 def parse_policies(text: str) -> list[Policy]:
-    """`lru,installed,lpc-const,lpc,lpc-pooled,lpc-return,shadow,shadow-pooled`;
+    """`lru,installed,floor,lpc-const,lpc,lpc-pooled,lpc-return,shadow,shadow-pooled`;
     `lpc-const=P` sets the constant (default 0.5)."""
     policies = []
     for item in (part.strip() for part in text.split(",")):
         if not item:
             continue
         name, _, value = item.partition("=")
-        if name not in ("lru", "installed", "lpc-const", *LEARNED, *SHADOW):
+        if name not in (*STOCK, "lpc-const", *LEARNED, *SHADOW):
             raise ValueError(
-                f"unknown policy {item!r}: choose lru, installed, lpc-const[=P], lpc, lpc-pooled, "
-                "lpc-return, shadow, shadow-pooled"
+                f"unknown policy {item!r}: choose lru, installed, floor, lpc-const[=P], lpc, "
+                "lpc-pooled, lpc-return, shadow, shadow-pooled"
             )
         if value and name != "lpc-const":
             raise ValueError(f"policy {name} takes no value")
@@ -207,7 +211,7 @@ def entry_point_site(folder: Path) -> Path:
 def policy_environment(policy: Policy, settings: PluginSettings) -> tuple[dict[str, str], bool]:
     """The variables vLLM and the plugin read for `policy`, and whether requests carry the
     trace's probabilities."""
-    if policy.name == "lru":
+    if policy.name in ("lru", "floor"):
         return {"VLLM_PLUGINS": ""}, False
     if policy.name == "installed":  # vLLM loads every installed plugin; LPC is not configured
         return {}, False
@@ -310,12 +314,15 @@ def run_policy(
     docs/vllm-eviction-seam.patch: the plugin goes through the seam, else through the
     scheduler class); `time_steps` times the scheduler thread's CPU per step; `interleave`
     builds stock vLLM's `Scheduler` in the same process and steps the two in turn, each step
-    timed (`lpc.drivers.step_interleave`: the scheduler class only)."""
-    expected = policy.name not in ("lru", "installed")
+    timed (`lpc.drivers.step_interleave`: the scheduler class, or `floor`)."""
+    expected = policy.name not in STOCK
+    floor = policy.name == "floor"
     path = (
         (SEAM_PATH if eviction_policy is not None else SCHEDULER_CLASS_PATH) if expected else None
     )
-    if interleave and path != SCHEDULER_CLASS_PATH:
+    if floor and eviction_policy is not None:
+        raise ValueError("floor is stock vLLM with the floor queue: it takes no eviction policy")
+    if interleave and path != SCHEDULER_CLASS_PATH and not floor:
         raise ValueError(
             "interleaving pairs a plugin policy through the scheduler class with stock vLLM in "
             f"one process; not {policy.label}" + (" through the seam" if path else "")
@@ -360,6 +367,8 @@ def run_policy(
         command.append("--time-steps")
     if interleave:
         command.append("--interleave")
+    if floor:
+        command.append("--floor-queue")
     if table is not None:
         command += ["--scheduler-cls", SCHEDULER_CLASS, "--additional-config", json.dumps(table)]
     shadow_path = workdir / f"{slug}.shadow.jsonl" if policy.name in SHADOW else None
@@ -406,7 +415,10 @@ def run_policy(
     # Switched off (lru) and drained, the plugin hands the pool vLLM's own queue: either is
     # right then.
     ended_off = bool(switches) and switches[-1][1] == "lru"
-    if (queue == "FreeKVCacheBlockQueue") == expected and not ended_off:
+    if floor:
+        if queue != FLOOR_QUEUE:
+            raise SchedulerRunFailed(f"floor: vLLM's block pool used the queue {queue}")
+    elif (queue == "FreeKVCacheBlockQueue") == expected and not ended_off:
         raise SchedulerRunFailed(f"{policy.label}: vLLM's block pool used the queue {queue}")
     return PolicyRun(policy, summary, records_path, wall, variables, shadow_path, path, table)
 

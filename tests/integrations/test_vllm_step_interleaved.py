@@ -124,3 +124,24 @@ def test_stock_and_the_scheduler_class_interleaved_serve_the_same_requests(
     low, high = report["total_ratio_interval"]
     assert low <= ratio["total"] <= high
     assert report["bootstrap"]["blocks"] == -(-max(pairs + report["steps_alone"], 1) // 1000)
+
+
+@pytest.mark.vllm
+def test_the_floor_queue_beside_stock_serves_every_step_as_stock_vllm(
+    vllm_python: Path, tmp_path: Path
+) -> None:
+    """`floor` is stock vLLM with the floor queue in its block pool: interleaved with stock,
+    the same steps, hits and evictions (it evicts in vLLM's LRU order), so its ratio is the
+    queue's cost alone."""
+    trace = tmp_path / "chats.jsonl"
+    sharegpt_like(trace, conversations_count=30, duration_s=40)
+    both = compare(str(trace), "floor", ENGINE, PluginSettings(), vllm_python, interleave=True)
+    assert both["ok"], both["checks"]
+    assert both["checks"]["floor_equals_lru"]["equal"] is True
+    row = rows_of(both)["floor"]
+    stock = row["interleaved"]["stock_engine"]["totals"]
+    assert row["evictions"] == stock["evictions"] > 0  # the floor's pops ran
+    assert row["prefix_cache_hits"] == stock["prefix_cache_hits"] > 0
+    assert row["steps"] == stock["steps"]
+    engine = both["vllm"]["floor"]
+    assert engine["queue"] == "RunFloorQueue" and engine["environment"] == {"VLLM_PLUGINS": ""}
