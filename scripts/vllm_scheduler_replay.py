@@ -393,7 +393,7 @@ def build_scheduler(args: argparse.Namespace, model_dir: Path) -> tuple[Any, Any
         block_size=scheduler_block_size,
         hash_block_size=hash_block_size,
     )
-    if args.floor_queue:  # stock vLLM with the floor queue in its pool (a lower bound)
+    if getattr(args, "floor_queue", False):  # stock vLLM with the floor queue in its pool
         from lpc.benchmarks.floor_queue import RunFloorQueue
 
         pool = scheduler.kv_cache_manager.block_pool
