@@ -12,6 +12,7 @@ the fail-safe and the pinned cap: "The free queue (`lpc/integrations/vllm_queue.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
@@ -259,9 +260,16 @@ class LPCFreeBlockQueue:
         self._rekeys = isinstance(self._learned, LPCEvictor)  # lpc-return keys no p
         self._learned.reset([])
         # How many blocks the learned evictor holds, kept by every call that changes it (all
-        # on the scheduler thread): vLLM reads `num_free_blocks` several times a step, and the
-        # pops read it rather than the evictor's `__len__` (a frame).
+        # on the scheduler thread): the pops read it rather than the evictor's `__len__`.
         self._held = 0
+        # Every free block, the list's and the learned evictor's, as a plain attribute: vLLM
+        # reads it several times a step and once per allocation, where a property cost a
+        # frame each. Only the scheduler thread writes it: each call that changes a count
+        # (while the pool holds this queue), and `_rejoin`, which takes the pool back from
+        # vLLM's list after a switch on.
+        self.num_free_blocks = self._list.num_free_blocks
+        self._list._lpc_queue = self  # a rejoining list's calls find this queue (`_rejoin`)
+        self._rejoining = rejoining_class(self.stock)  # built now, not by the switch
         self._phase = LPC
         self._tripped = False
         self.runtime.queue_built(self._pool)
@@ -270,9 +278,21 @@ class LPCFreeBlockQueue:
     # -- the mode ----------------------------------------------------------------------------
     def follow(self, mode: str) -> None:
         """Take `mode` on: called under the mode switch's lock, from any thread. O(1): a
-        phase and at most the pool's queue attribute change, no block is touched. Both
-        objects the pool may hold share one list and its count (`_list`), so a call that
-        reaches either one, before or after the change, finds the same free blocks."""
+        phase and at most the pool's queue attribute (or the list's class) change, no block
+        is touched. Both objects the pool may hold share one list and its count (`_list`), so
+        a call that reaches either one, before or after the change, finds the same free
+        blocks. While the pool holds vLLM's list (`lru`, drained), this queue's count is not
+        kept: a mode that needs this queue back makes the list rejoin it at the pool's next
+        call, on the scheduler thread, which counts first (`_rejoin`)."""
+        listed = self._list
+        if getattr(self._pool, "free_block_queue", None) is listed:
+            rejoins = (mode == "lpc" and not self._tripped) or mode == "shadow"
+            listed.__class__ = self._rejoining if rejoins else self.stock
+            return
+        self._take_mode(mode)
+
+    def _take_mode(self, mode: str) -> None:
+        """`follow`'s change while the pool holds this queue (or no pool holds either)."""
         if mode == "lpc" and not self._tripped:
             self._phase = LPC
             self._install(self)
@@ -283,6 +303,20 @@ class LPCFreeBlockQueue:
             self._install(self)
         else:
             self._install(self._list)
+
+    def _rejoin(self) -> Any:
+        """The pool's call on a rejoining list (`rejoining_class`), on the scheduler thread:
+        the list is vLLM's class again, this queue's count is counted, the mode taken on
+        (the pool holds this queue again, or the list in `lru`); returns what the pool holds,
+        which takes the call."""
+        switch = self.runtime.mode
+        with switch.lock:
+            listed = self._list
+            listed.__class__ = self.stock
+            self.num_free_blocks = listed.num_free_blocks + self._held
+            self._take_mode(switch.mode)
+        pool = self._pool
+        return pool.free_block_queue if pool is not None else self
 
     def _install(self, queue: Any) -> None:
         """Hand the pool `queue` (this queue, or vLLM's `_list`) if it holds the other."""
@@ -527,6 +561,7 @@ class LPCFreeBlockQueue:
         except Exception as reset_error:
             runtime.stats.plugin_error("resetting the failed learned evictor", reset_error)
         self._held = 0  # every call goes to vLLM's list from now on
+        self.num_free_blocks = self._list.num_free_blocks
         self._clear_pins()
         self._awaiting.clear()
         switch = runtime.mode
@@ -536,21 +571,26 @@ class LPCFreeBlockQueue:
             self.follow(switch.mode)
 
     # -- what BlockPool calls ------------------------------------------------------------
-    @property
-    def num_free_blocks(self) -> int:
-        return self._list.num_free_blocks + self._held
-
+    # Each call that frees or takes blocks counts `num_free_blocks` afresh from both
+    # structures once it has changed them: right after every call, whatever a switch on
+    # another thread did meanwhile (a call that reached a rejoining list inside this queue's
+    # own call was served by this queue, `_rejoin`).
     def popleft(self) -> Any:
         listed = self._list
         phase = self._phase
         if phase == LPC:
             if listed.num_free_blocks:
-                return listed.popleft()
-            if not self._held:
+                block = listed.popleft()
+            elif not self._held:
                 raise ValueError("No free blocks available")
-            return self._take_learned(1)[0]
+            else:
+                block = self._take_learned(1)[0]
+            self.num_free_blocks = listed.num_free_blocks + self._held
+            return block
         if phase == THROUGH:
-            return listed.popleft()
+            block = listed.popleft()
+            self.num_free_blocks = listed.num_free_blocks + self._held
+            return block
         return self.popleft_n(1)[0]
 
     def popleft_n(self, n: int) -> list[Any]:
@@ -559,16 +599,20 @@ class LPCFreeBlockQueue:
         listed = self._list
         phase = self._phase
         if phase == THROUGH:
-            return listed.popleft_n(n)
+            out = listed.popleft_n(n)
+            self.num_free_blocks = listed.num_free_blocks + self._held
+            return out
         in_list = listed.num_free_blocks
         held = self._held
         if n > in_list + held:
             raise ValueError(f"cannot pop {n} blocks: only {in_list + held} are free")
         if phase == LPC:
             if n <= in_list:
-                return listed.popleft_n(n)
-            out = listed.popleft_n(in_list) if in_list else []
-            out += self._take_learned(n - in_list)
+                out = listed.popleft_n(n)
+            else:
+                out = listed.popleft_n(in_list) if in_list else []
+                out += self._take_learned(n - in_list)
+            self.num_free_blocks = listed.num_free_blocks + self._held
             return out
         # Draining: the list's leading hash-less blocks (vLLM reuses those first), the learned
         # blocks (all released before every cached block in the list: LRU's order across the
@@ -587,12 +631,14 @@ class LPCFreeBlockQueue:
             self._drained()
         if len(out) < n:
             out += listed.popleft_n(n - len(out))
+        self.num_free_blocks = listed.num_free_blocks + self._held
         return out
 
     def remove(self, block: Any) -> None:
         """A hit on a free block: out of whichever structure holds it."""
         if block.prev_free_block is not None:
             self._list.remove(block)
+            self.num_free_blocks = self._list.num_free_blocks + self._held
             return
         block_id = block.block_id
         try:
@@ -603,8 +649,10 @@ class LPCFreeBlockQueue:
             self._trip("the LPC queue's remove", error)
             if block.prev_free_block is not None:  # salvaged into the list: take it out
                 self._list.remove(block)
+                self.num_free_blocks = self._list.num_free_blocks + self._held
             return
         self._held -= 1
+        self.num_free_blocks = self._list.num_free_blocks + self._held
         if self._pinned_total:  # `_unpin` of the one block, inlined: a hit is vLLM's touch
             try:
                 pinned_by = self._pinned_by_of
@@ -622,6 +670,7 @@ class LPCFreeBlockQueue:
             self.append_n([block])
         else:
             self._list.append(block)
+            self.num_free_blocks = self._list.num_free_blocks + self._held
 
     def append_n(self, blocks: Sequence[Any]) -> None:
         """Blocks with a hash whose last holder released them, the sequence's tail first."""
@@ -629,6 +678,7 @@ class LPCFreeBlockQueue:
             return
         if self._phase != LPC:
             self._list.append_n(blocks)
+            self.num_free_blocks = self._list.num_free_blocks + self._held
             return
         runtime = self.runtime
         release = runtime.current_release()
@@ -651,9 +701,10 @@ class LPCFreeBlockQueue:
             runtime.stats.plugin_error("the LPC queue's append", error)
             pin = 0  # queued at the fallback p (`_append_as_lru`): not pinned
             self._append_as_lru(blocks)
-            if self._tripped:
+            if self._tripped:  # in vLLM's list, counted afresh (`_append_as_lru`)
                 return
         self._held = len(self._learned)
+        self.num_free_blocks = self._list.num_free_blocks + self._held
         try:  # for the eviction-age histogram, and the pinned counts
             if freed is not None:
                 index = freed.index
@@ -692,6 +743,7 @@ class LPCFreeBlockQueue:
         except Exception as error:
             self._trip("the LPC queue's fallback append", error)
         self._list.append_n([block for block in blocks if block.prev_free_block is None])
+        self.num_free_blocks = self._list.num_free_blocks + self._held  # tripped: held is 0
 
     def prepend_n(self, blocks: Sequence[Any]) -> None:
         """Blocks without a hash: reused before any cached block, at the list's front, as
@@ -699,6 +751,7 @@ class LPCFreeBlockQueue:
         if not blocks:
             return
         self._list.prepend_n(blocks)
+        self.num_free_blocks = self._list.num_free_blocks + self._held
         if self._phase == LPC:
             self.runtime.stats.add(uncached_blocks_released=len(blocks))
 
@@ -856,6 +909,36 @@ def _freed(
         # The release's: the heap's positions and the release times; pooling notes need none.
         index=np.fromiter(ids, np.intp, n) if index else None,
     )
+
+
+# What vLLM's `BlockPool` calls on its free queue: a rejoining list's calls of these rejoin.
+POOL_CALLS = (
+    "popleft",
+    "popleft_n",
+    "remove",
+    "append",
+    "append_n",
+    "prepend_n",
+    "get_all_free_blocks",
+    "iter_blocks_after",
+)
+
+
+@functools.cache
+def rejoining_class(stock: type) -> type:
+    """`stock` (vLLM's queue class) whose every pool call first has the LPC queue take the
+    pool back (`LPCFreeBlockQueue._rejoin`, on the scheduler thread), then goes to whatever
+    the pool holds. A switch on sets it as the class of the list the pool holds in `lru`;
+    its count is the list's own attribute, right until then."""
+
+    def forward(name: str) -> Callable[..., Any]:
+        def call(self: Any, *args: Any) -> Any:
+            return getattr(self._lpc_queue._rejoin(), name)(*args)
+
+        call.__name__ = call.__qualname__ = name
+        return call
+
+    return type(f"Rejoining{stock.__name__}", (stock,), {n: forward(n) for n in POOL_CALLS})
 
 
 def bind_queue_class(runtime: QueueRuntime, stock: type | None = None) -> type[LPCFreeBlockQueue]:

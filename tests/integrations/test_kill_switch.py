@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import random
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -205,9 +206,10 @@ def test_no_evictor_error_reaches_the_caller_in_any_mode(
         action = rng.random()
         if action < 0.03:
             runtime.mode.set(rng.choice(["lpc", "lru", "shadow"]), "test")
-        elif action < 0.35 and queue.num_free_blocks:
-            n = rng.randint(1, min(6, queue.num_free_blocks))
-            in_use.extend(allocate(blocks[0].pool.free_block_queue, n, step))
+        elif action < 0.35 and blocks[0].pool.free_block_queue.num_free_blocks:
+            engine = blocks[0].pool.free_block_queue
+            n = rng.randint(1, min(6, engine.num_free_blocks))
+            in_use.extend(allocate(engine, n, step))
         elif action < 0.5:
             free_cached = [b for b in blocks if b.ref_cnt == 0 and b.block_hash is not None]
             if free_cached:
@@ -230,18 +232,23 @@ def test_no_evictor_error_reaches_the_caller_in_any_mode(
                     block.block_hash_num_tokens = 16 * (depth + 1)
             freed = chain[::-1]
             release = Release(float(step), rng.random(), f"c{rng.randrange(4)}")
-            engine = blocks[0].pool.free_block_queue
-            engine.prepend_n([b for b in freed if b.block_hash is None])  # vLLM's order
+            pool = blocks[0].pool  # read at every call, as vLLM's BlockPool does
+            pool.free_block_queue.prepend_n([b for b in freed if b.block_hash is None])
             with runtime.releasing(release):
-                engine.append_n([b for b in freed if b.block_hash is not None])
+                pool.free_block_queue.append_n([b for b in freed if b.block_hash is not None])
+                engine = pool.free_block_queue
                 if isinstance(engine, LPCFreeBlockQueue):
                     shared = [b for b in in_use if b.block_hash is not None][:2]
                     engine.note_shared_release(shared, release)
         free = [b for b in blocks if b.ref_cnt == 0]
-        assert queue.num_free_blocks == len(free), f"step {step}: free blocks miscounted"
+        # What vLLM reads: the count of whichever queue the pool holds (in `lru`, drained,
+        # vLLM's list; the LPC queue counts again when it takes the pool back).
+        engine = blocks[0].pool.free_block_queue
+        assert engine.num_free_blocks == len(free), f"step {step}: free blocks miscounted"
     if queue._tripped:
         assert queue.phase == "through" and not len(queue.evictor), "tripped: vLLM's list"
-        assert queue.num_free_blocks == len(queue._list.get_all_free_blocks())
+        engine = blocks[0].pool.free_block_queue
+        assert engine.num_free_blocks == len(queue._list.get_all_free_blocks())
         assert runtime.stats.snapshot()["plugin_errors"] > 0
         runtime.mode.set("lpc" if runtime.mode.mode != "lpc" else "shadow", "test")
         runtime.mode.set("lpc", "test")
@@ -262,8 +269,10 @@ def test_the_lpc_queue_outlives_the_handover_and_comes_back_on() -> None:
     del queue
     gc.collect()
     runtime.mode.set("lpc", "test")
-    assert isinstance(pool.free_block_queue, LPCFreeBlockQueue)
+    # The pool's next call (on the scheduler thread) hands the pool back to the LPC queue.
+    assert pool.free_block_queue.num_free_blocks == 8 - 1
     assert [b.block_id for b in pool.free_block_queue.popleft_n(7)] == list(range(1, 8))
+    assert isinstance(pool.free_block_queue, LPCFreeBlockQueue)
 
 
 def test_a_drain_pop_takes_the_lists_hashless_blocks_at_once_and_counts_no_eviction() -> None:
@@ -292,3 +301,57 @@ def test_a_drain_pop_takes_the_lists_hashless_blocks_at_once_and_counts_no_evict
     queue.popleft_n(queue._list.num_free_blocks)
     queue.popleft_n(10)
     assert runtime.stats.snapshot()["evictions"] == 10
+
+
+def test_switches_from_another_thread_never_miscount_the_free_blocks_vllm_reads() -> None:
+    """vLLM reads `num_free_blocks` from the pool's queue at any time; only the scheduler
+    thread may write the LPC queue's count. A thread switching modes as fast as it can while
+    this one allocates, hits and frees: after every call the count of the queue the pool
+    holds is the number of free blocks, and a pop never asks for more than that. Thread
+    switches are forced every microsecond, so that a switch lands inside the calls."""
+    _, blocks, runtime = make_queue(96, "lpc")
+    pool = blocks[0].pool
+    stop = threading.Event()
+    switches = 0
+
+    def switcher() -> None:
+        nonlocal switches
+        rng = random.Random(1)
+        while not stop.is_set():
+            switches += runtime.mode.set(rng.choice(["lpc", "lru", "shadow"]), "test")
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=switcher)
+    thread.start()
+    try:
+        rng = random.Random(0)
+        in_use: list[Block] = []
+        for step in range(3000):
+            action = rng.random()
+            free = pool.free_block_queue.num_free_blocks
+            if action < 0.4 and free:
+                in_use.extend(allocate(pool.free_block_queue, rng.randint(1, min(6, free)), step))
+            elif action < 0.55:
+                cached = [b for b in blocks if b.ref_cnt == 0 and b.block_hash is not None]
+                if cached:
+                    block = rng.choice(cached)
+                    pool.free_block_queue.remove(block)
+                    block.ref_cnt = 1
+                    in_use.append(block)
+            elif in_use:
+                chain = [in_use.pop(rng.randrange(len(in_use))) for _ in range(min(3, len(in_use)))]
+                for depth, block in enumerate(chain):
+                    block.ref_cnt = 0
+                    block.block_hash = bytes([step % 256, depth, block.block_id])
+                    block.block_hash_num_tokens = 16 * (depth + 1)
+                with runtime.releasing(Release(float(step), rng.random(), f"c{step % 5}")):
+                    pool.free_block_queue.append_n(chain[::-1])
+            actual = sum(b.ref_cnt == 0 for b in blocks)
+            assert pool.free_block_queue.num_free_blocks == actual, f"step {step}"
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert switches > 100, "the switches never overlapped the calls"
+    assert runtime.stats.snapshot()["plugin_errors"] == 0

@@ -191,8 +191,8 @@ def test_every_mode_evicts_as_promised_and_off_is_vllms_queue(evictor: str, seed
         action = rng.random()
         if action < 0.03:
             switches += switch.set(rng.choice(["lpc", "lru", "shadow"]), "test")
-        elif action < 0.4 and queue.num_free_blocks:
-            n = rng.randint(1, min(6, queue.num_free_blocks))
+        elif action < 0.4 and pool.free_block_queue.num_free_blocks:
+            n = rng.randint(1, min(6, pool.free_block_queue.num_free_blocks))
             want = expected_order(queue, listed.free_block_ids(), blocks)[:n]
             learned = set(queue.evictor.free_block_ids())
             engine = pool.free_block_queue
@@ -250,10 +250,11 @@ def test_every_mode_evicts_as_promised_and_off_is_vllms_queue(evictor: str, seed
             cached = [b for b in freed if b.block_hash is not None]
             uncached = [b for b in freed if b.block_hash is None]
             off = switch.lru_order
-            engine = pool.free_block_queue
-            engine.prepend_n(uncached)  # vLLM's order: the hash-less first
+            # The pool's queue read at every call, as vLLM's BlockPool does.
+            pool.free_block_queue.prepend_n(uncached)  # vLLM's order: the hash-less first
             with runtime.releasing(release):
-                engine.append_n(cached)
+                pool.free_block_queue.append_n(cached)
+                engine = pool.free_block_queue
                 if rng.random() < 0.3 and isinstance(engine, LPCFreeBlockQueue):
                     shared = [b for b in in_use if b.block_hash is not None][:2]
                     engine.note_shared_release(shared, release)
@@ -262,10 +263,14 @@ def test_every_mode_evicts_as_promised_and_off_is_vllms_queue(evictor: str, seed
             listed.prepend_n([b.block_id for b in uncached])
         order = [b.block_id for b in queue.get_all_free_blocks()]
         assert order == expected_order(queue, listed.free_block_ids(), blocks), f"step {step}"
-        assert queue.num_free_blocks == len(order) == num_blocks - len(in_use)
+        # What vLLM reads: the count of the queue the pool holds.
+        assert pool.free_block_queue.num_free_blocks == len(order) == num_blocks - len(in_use)
         assert pool.free_block_queue in (queue, queue._list)
         handed_over = switch.mode == "lru" and queue.phase == "through"
-        assert isinstance(pool.free_block_queue, LPCFreeBlockQueue) != handed_over
+        # Switched on after a hand-over, the list rejoins the LPC queue at the pool's next call.
+        rejoining = type(queue._list) is not StockFreeBlockQueue
+        assert rejoining == (switch.mode != "lru" and pool.free_block_queue is queue._list)
+        assert isinstance(pool.free_block_queue, LPCFreeBlockQueue) != (handed_over or rejoining)
         queue.evictor.check_invariants()
     assert switches >= 3 and off_pops > 50 and drained, "the stream never exercised the switch"
     assert lpc_pops_unlike_list > 0, "LPC never differed from LRU: the check proves nothing"
@@ -299,8 +304,12 @@ def test_a_switch_off_drains_the_learned_blocks_first_then_is_vllms_queue() -> N
     pool = taken[0].pool
     assert queue.phase == "through" and pool.free_block_queue is queue._list, "vLLM's own"
     switch.set("lpc", "test")
-    assert pool.free_block_queue is queue
+    # vLLM's list takes the pool's next call (on the scheduler thread) back to the LPC queue.
+    assert pool.free_block_queue is queue._list and queue.phase == "through"
     with runtime.releasing(Release(9.0, 0.01, "c9")):
-        queue.append_n([taken[0]])
+        pool.free_block_queue.append_n([taken[0]])
+    assert pool.free_block_queue is queue and queue.phase == "lpc"
+    assert type(queue._list) is StockFreeBlockQueue
     assert [b.block_id for b in queue.get_all_free_blocks()] == [6, 0], "the list goes first"
+    assert queue.num_free_blocks == 2
     queue.evictor.check_invariants()

@@ -249,6 +249,17 @@ def test_the_counts_are_the_pinned_blocks_under_random_calls(
             for block in chain:
                 block.ref_cnt = 0
                 pinned_by.pop(block.block_id, None)
+            for depth, block in enumerate(cached):
+                block.block_hash = bytes([seed, step % 256, depth, block.block_id])
+                block.block_hash_num_tokens = 16 * (depth + 1)
+            for block in chain:
+                if block not in cached:
+                    block.block_hash = block.block_hash_num_tokens = None
+            # The pool's queue read at every call, as vLLM's BlockPool does: a list switched
+            # on rejoins the LPC queue at this first call, so the append goes there.
+            pool = blocks[0].pool
+            pool.free_block_queue.prepend_n([b for b in chain[::-1] if b.block_hash is None])
+            engine = pool.free_block_queue
             # The rule, brute force: the queue takes the release (LPC's phase, the pool holds
             # it, the evictor answers), a hint above the fallback p, and the tenant alone in
             # the pool so far or its count after it within the cap.
@@ -265,13 +276,6 @@ def test_the_counts_are_the_pinned_blocks_under_random_calls(
             if pins and cached and (len(seen) < 2 or brute()[tenant] + len(cached) <= cap):
                 for block in cached:
                     pinned_by[block.block_id] = tenant
-            for depth, block in enumerate(cached):
-                block.block_hash = bytes([seed, step % 256, depth, block.block_id])
-                block.block_hash_num_tokens = 16 * (depth + 1)
-            for block in chain:
-                if block not in cached:
-                    block.block_hash = block.block_hash_num_tokens = None
-            engine.prepend_n([b for b in chain[::-1] if b.block_hash is None])
             with runtime.releasing(why):
                 engine.append_n([b for b in chain[::-1] if b.block_hash is not None])
                 if isinstance(engine, LPCFreeBlockQueue):
