@@ -266,7 +266,7 @@ class LPCFreeBlockQueue:
         # reads it several times a step and once per allocation, where a property cost a
         # frame each. Only the scheduler thread writes it: each call that changes a count
         # (while the pool holds this queue), and `_rejoin`, which takes the pool back from
-        # vLLM's list after a switch on.
+        # vLLM's list after a switch on (docs/design.md, "The kill switch").
         self.num_free_blocks = self._list.num_free_blocks
         self._list._lpc_queue = self  # a rejoining list's calls find this queue (`_rejoin`)
         self._rejoining = rejoining_class(self.stock)  # built now, not by the switch
@@ -283,11 +283,12 @@ class LPCFreeBlockQueue:
         a call that reaches either one, before or after the change, finds the same free
         blocks. While the pool holds vLLM's list (`lru`, drained), this queue's count is not
         kept: a mode that needs this queue back makes the list rejoin it at the pool's next
-        call, on the scheduler thread, which counts first (`_rejoin`)."""
+        call, on the scheduler thread, which counts first (`_rejoin`). A rejoin still pending
+        when the mode goes back to `lru` stays so: that call hands the pool a fresh list."""
         listed = self._list
         if getattr(self._pool, "free_block_queue", None) is listed:
-            rejoins = (mode == "lpc" and not self._tripped) or mode == "shadow"
-            listed.__class__ = self._rejoining if rejoins else self.stock
+            if (mode == "lpc" and not self._tripped) or mode == "shadow":
+                listed.__class__ = self._rejoining
             return
         self._take_mode(mode)
 
@@ -305,18 +306,23 @@ class LPCFreeBlockQueue:
             self._install(self._list)
 
     def _rejoin(self) -> Any:
-        """The pool's call on a rejoining list (`rejoining_class`), on the scheduler thread:
-        the list is vLLM's class again, this queue's count is counted, the mode taken on
-        (the pool holds this queue again, or the list in `lru`); returns what the pool holds,
-        which takes the call."""
+        """The pool's first call on a rejoining list (`rejoining_class`), on the scheduler
+        thread: the list's state moves to a fresh object of vLLM's class, which the pool
+        holds; this queue counts, and takes the mode on (the pool holds this queue again, or
+        keeps the fresh list in `lru`); returns what the pool holds, which takes the call.
+        A fresh object, since an instance whose class was assigned stays on CPython 3.11's
+        slow attribute path for good (vLLM's own calls on it cost up to twice as much)."""
         switch = self.runtime.mode
         with switch.lock:
-            listed = self._list
-            listed.__class__ = self.stock
-            self.num_free_blocks = listed.num_free_blocks + self._held
+            stock = self.stock
+            fresh = stock.__new__(stock)
+            for name, value in vars(self._list).items():  # vLLM's order: the fast layout
+                setattr(fresh, name, value)
+            self._list = fresh
+            self._pool.free_block_queue = fresh
+            self.num_free_blocks = fresh.num_free_blocks + self._held
             self._take_mode(switch.mode)
-        pool = self._pool
-        return pool.free_block_queue if pool is not None else self
+        return self._pool.free_block_queue
 
     def _install(self, queue: Any) -> None:
         """Hand the pool `queue` (this queue, or vLLM's `_list`) if it holds the other."""
@@ -572,9 +578,9 @@ class LPCFreeBlockQueue:
 
     # -- what BlockPool calls ------------------------------------------------------------
     # Each call that frees or takes blocks counts `num_free_blocks` afresh from both
-    # structures once it has changed them: right after every call, whatever a switch on
-    # another thread did meanwhile (a call that reached a rejoining list inside this queue's
-    # own call was served by this queue, `_rejoin`).
+    # structures once it has changed them (`self._list`: a call of this queue's that reached
+    # a rejoining list, after a switch on another thread, was served by what the pool holds
+    # then, and the list is a fresh object since, `_rejoin`): right after every call.
     def popleft(self) -> Any:
         listed = self._list
         phase = self._phase
@@ -585,11 +591,11 @@ class LPCFreeBlockQueue:
                 raise ValueError("No free blocks available")
             else:
                 block = self._take_learned(1)[0]
-            self.num_free_blocks = listed.num_free_blocks + self._held
+            self.num_free_blocks = self._list.num_free_blocks + self._held
             return block
         if phase == THROUGH:
             block = listed.popleft()
-            self.num_free_blocks = listed.num_free_blocks + self._held
+            self.num_free_blocks = self._list.num_free_blocks + self._held
             return block
         return self.popleft_n(1)[0]
 
@@ -600,7 +606,7 @@ class LPCFreeBlockQueue:
         phase = self._phase
         if phase == THROUGH:
             out = listed.popleft_n(n)
-            self.num_free_blocks = listed.num_free_blocks + self._held
+            self.num_free_blocks = self._list.num_free_blocks + self._held
             return out
         in_list = listed.num_free_blocks
         held = self._held
@@ -612,7 +618,7 @@ class LPCFreeBlockQueue:
             else:
                 out = listed.popleft_n(in_list) if in_list else []
                 out += self._take_learned(n - in_list)
-            self.num_free_blocks = listed.num_free_blocks + self._held
+            self.num_free_blocks = self._list.num_free_blocks + self._held
             return out
         # Draining: the list's leading hash-less blocks (vLLM reuses those first), the learned
         # blocks (all released before every cached block in the list: LRU's order across the
@@ -631,7 +637,7 @@ class LPCFreeBlockQueue:
             self._drained()
         if len(out) < n:
             out += listed.popleft_n(n - len(out))
-        self.num_free_blocks = listed.num_free_blocks + self._held
+        self.num_free_blocks = self._list.num_free_blocks + self._held
         return out
 
     def remove(self, block: Any) -> None:
@@ -926,14 +932,17 @@ POOL_CALLS = (
 
 @functools.cache
 def rejoining_class(stock: type) -> type:
-    """`stock` (vLLM's queue class) whose every pool call first has the LPC queue take the
-    pool back (`LPCFreeBlockQueue._rejoin`, on the scheduler thread), then goes to whatever
-    the pool holds. A switch on sets it as the class of the list the pool holds in `lru`;
-    its count is the list's own attribute, right until then."""
+    """`stock` (vLLM's queue class) whose first pool call has the LPC queue take the pool
+    back (`LPCFreeBlockQueue._rejoin`, on the scheduler thread), then goes to whatever the
+    pool holds. A switch on sets it as the class of the list the pool holds in `lru`; its
+    count is the list's own attribute, right until then."""
 
     def forward(name: str) -> Callable[..., Any]:
         def call(self: Any, *args: Any) -> Any:
-            return getattr(self._lpc_queue._rejoin(), name)(*args)
+            queue = self._lpc_queue
+            # Once rejoined, this object is stale: a call still made on it goes to the pool's.
+            target = queue._rejoin() if queue._list is self else queue._pool.free_block_queue
+            return getattr(target, name)(*args)
 
         call.__name__ = call.__qualname__ = name
         return call

@@ -24,6 +24,7 @@ from eviction import Release
 from lpc.integrations.config import PluginConfig
 from lpc.integrations.kill_switch import ModeSwitch
 from lpc.integrations.stats import PluginStats
+from lpc.integrations.stock_queue import StockFreeBlockQueue
 from lpc.integrations.vllm_queue import LPCFreeBlockQueue, QueueRuntime, bind_queue_class
 from tests.integrations.pool_blocks import Block, Pool, allocate
 
@@ -355,3 +356,30 @@ def test_switches_from_another_thread_never_miscount_the_free_blocks_vllm_reads(
         sys.setswitchinterval(interval)
     assert switches > 100, "the switches never overlapped the calls"
     assert runtime.stats.snapshot()["plugin_errors"] == 0
+
+
+def test_a_switch_on_rejoins_at_the_pools_next_call_with_a_fresh_list() -> None:
+    """Switched on while the pool holds vLLM's list, the list keeps vLLM's count and takes
+    the pool's next call (the scheduler thread's) back to the LPC queue; its state moves to a
+    fresh object of vLLM's class (an assigned class would keep the object on the slow path).
+    Switched off before that call, the call hands the pool the fresh list instead. A call
+    still made on a stale list object goes to the queue the pool holds."""
+    queue, blocks, runtime = make_queue(8, "lru")
+    pool = blocks[0].pool
+    pool.free_block_queue.popleft()  # the first pop hands the pool vLLM's own queue
+    old = pool.free_block_queue
+    assert old is queue._list
+    runtime.mode.set("lpc", "test")
+    assert pool.free_block_queue is old and old.num_free_blocks == 7
+    runtime.mode.set("lru", "test")
+    assert pool.free_block_queue.popleft().block_id == 1
+    fresh = pool.free_block_queue
+    assert fresh is queue._list and fresh is not old and type(fresh) is StockFreeBlockQueue
+    assert fresh.num_free_blocks == 6
+    runtime.mode.set("lpc", "test")
+    assert [b.block_id for b in pool.free_block_queue.popleft_n(2)] == [2, 3]
+    assert pool.free_block_queue is queue and type(queue._list) is StockFreeBlockQueue
+    assert queue.num_free_blocks == 4
+    assert [b.block_id for b in old.popleft_n(1)] == [4]  # stale: the pool's queue takes it
+    assert [b.block_id for b in fresh.popleft_n(1)] == [5]
+    assert queue.num_free_blocks == 2 and queue._list.num_free_blocks == 2
