@@ -1,13 +1,15 @@
 """The least a free queue keyed per release must do inside vLLM's `BlockPool`: a lower bound.
 
-Not a policy. `lpc bench queue --manager` runs it beside stock and LPC's queue to say what a
-Python queue keyed once per release can cost at this seam at all, so that the gap between LPC
-and stock splits into what the seam forces and what LPC's design adds (docs/serving.md, "The
-floor"). It does the O(1) part of issue 43's queue and nothing else: a release is one heap push
-of its block list (no pass over its blocks), a hit is one tombstone (the release count when
-the block was taken out), a pop walks runs from the smallest key and skips tombstoned blocks.
-It keeps no prefix closure, no memory across conversations, no pins and no ages; its key is
-the release's count (LRU by release), since any key costs the same push.
+Not a policy. `lpc bench queue --manager` runs it beside stock and LPC's queue, and `lpc
+vllm-ab --policies floor` in stock vLLM's pool, to say what a Python queue keyed once per
+release can cost at this seam at all, so that the gap between LPC and stock splits into what
+the seam forces and what LPC's design adds (docs/serving.md, "The floor: what the seam costs,
+and what LPC's queue adds"). It does the O(1) part of an engine-grade queue and nothing else:
+a release is one heap push of its block list (no pass over its blocks), a hit is one tombstone
+(the release count when the block was taken out), a pop walks runs from the smallest key and
+skips tombstoned blocks. It keeps no prefix closure, no memory across conversations, no pins
+and no ages; its key is the release's count (LRU by release), since any key costs the same
+push.
 """
 
 from __future__ import annotations

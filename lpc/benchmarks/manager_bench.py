@@ -7,9 +7,9 @@ the allocation), and the free, stock `KVCacheManager.free` against the class's f
 same `KVCacheManager.free` with the LPC queue inside). A third manager holds the floor
 (`floor_queue.RunFloorQueue`: the least a queue keyed per release does) and is freed by
 `KVCacheManager.free`. Three real vLLM 0.33 managers over the same multi-turn requests,
-interleaved request by request; every request carries its p as a
-trusted hint (scores present, no model: `lpc bench step-scoring` times the scoring). Runs in
-vLLM's venv, from `queue_bench --manager`.
+interleaved request by request; every request carries its p as a trusted hint (scores
+present, no model: `lpc bench step-scoring` times the scoring). Runs in vLLM's venv, from
+`queue_bench --manager`.
 """
 
 from __future__ import annotations
