@@ -35,6 +35,7 @@ from lpc.integrations.kill_switch import ModeSwitch
 from lpc.integrations.late_predictions import MAX_WAITING, LatePredictions
 from lpc.integrations.stats import PluginStats
 from lpc.integrations.stock_queue import StockFreeBlockQueue
+from lpc.integrations.vllm_compat import QUEUE_METHODS
 
 Clock = Callable[[], float]
 # The evictors the queue drives: both keep a preempted request's blocks last
@@ -917,19 +918,6 @@ def _freed(
     )
 
 
-# What vLLM's `BlockPool` calls on its free queue: a rejoining list's calls of these rejoin.
-POOL_CALLS = (
-    "popleft",
-    "popleft_n",
-    "remove",
-    "append",
-    "append_n",
-    "prepend_n",
-    "get_all_free_blocks",
-    "iter_blocks_after",
-)
-
-
 @functools.cache
 def rejoining_class(stock: type) -> type:
     """`stock` (vLLM's queue class) whose first pool call has the LPC queue take the pool
@@ -947,7 +935,9 @@ def rejoining_class(stock: type) -> type:
         call.__name__ = call.__qualname__ = name
         return call
 
-    return type(f"Rejoining{stock.__name__}", (stock,), {n: forward(n) for n in POOL_CALLS})
+    # What vLLM's pool and offloading call on the queue (`vllm_compat`): each of these rejoins.
+    calls = {name: forward(name) for name in QUEUE_METHODS}
+    return type(f"Rejoining{stock.__name__}", (stock,), calls)
 
 
 def bind_queue_class(runtime: QueueRuntime, stock: type | None = None) -> type[LPCFreeBlockQueue]:
