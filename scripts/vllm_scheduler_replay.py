@@ -393,11 +393,6 @@ def build_scheduler(args: argparse.Namespace, model_dir: Path) -> tuple[Any, Any
         block_size=scheduler_block_size,
         hash_block_size=hash_block_size,
     )
-    if getattr(args, "floor_queue", False):  # stock vLLM with the floor queue in its pool
-        from lpc.benchmarks.floor_queue import RunFloorQueue
-
-        pool = scheduler.kv_cache_manager.block_pool
-        pool.free_block_queue = RunFloorQueue(pool.free_block_queue, len(pool.blocks))
     hash_fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
     hasher = get_request_block_hasher(
@@ -825,6 +820,15 @@ def final_invariants(scheduler: Any) -> dict[str, Any]:
     return invariants
 
 
+def install_floor_queue(scheduler: Any) -> None:
+    """The floor queue (`lpc.benchmarks.floor_queue`) in the scheduler's block pool, over
+    vLLM's own queue, before any request."""
+    from lpc.benchmarks.floor_queue import RunFloorQueue
+
+    pool = scheduler.kv_cache_manager.block_pool
+    pool.free_block_queue = RunFloorQueue(pool.free_block_queue, len(pool.blocks))
+
+
 def stock_twin(args: argparse.Namespace) -> argparse.Namespace:
     """--interleave's stock engine: the same engine and requests, vLLM's own `Scheduler`
     (no scheduler class, no additional config), nothing switched, nothing recorded."""
@@ -833,7 +837,6 @@ def stock_twin(args: argparse.Namespace) -> argparse.Namespace:
             **vars(args),
             "scheduler_cls": None,
             "additional_config": None,
-            "floor_queue": False,
             "switch_at": "",
             "check_every": 0,
         }
@@ -952,6 +955,8 @@ def main(argv: list[str] | None = None) -> int:
         stock_args = stock_twin(args) if args.interleave else None
         with tempfile.TemporaryDirectory(prefix="lpc-scheduler-model-") as model_dir:
             scheduler, hasher = build_scheduler(args, Path(model_dir))
+            if args.floor_queue:  # stock vLLM with the floor queue in its pool
+                install_floor_queue(scheduler)
             if stock_args is not None:  # its own clock: only the plugin's engine's is read
                 stock_scheduler = build_scheduler(stock_args, Path(model_dir))[0]
                 stock = Engine(stock_args, stock_scheduler, hasher, SimulatedClock())
