@@ -15,7 +15,9 @@ from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from itertools import groupby, repeat
 from operator import itemgetter, lt, setitem
-from typing import ClassVar
+from typing import Any, ClassVar
+
+import numpy as np
 
 from eviction.base import FreedBlocks, Release
 from eviction.content_memory import NO_ENTRY, ContentMemory
@@ -47,6 +49,10 @@ DEFAULT_MODEL_MARGIN_NATS = 0.0  # the model must do at least as well as the con
 CONTINUED_PRIOR = 0.5  # the constant before any release was judged (one pseudo-release)
 LOSS_PROBABILITY_CLAMP = 1e-3  # log-loss of a p clamped to [c, 1 − c]: one label costs ≤ 6.9 nats
 _time_of = itemgetter(1)  # a memory entry's time
+# Where `lpc-pooled` keeps what it knows of sharing: a map per content ("content", across
+# evictions) or each block's own metadata ("blocks", while the block holds its content).
+MEMORIES = ("content", "blocks")
+NOT_PENDING = -math.inf  # a block with no shared release awaiting judgement
 
 
 class PooledLPCEvictor(LPCEvictor):
@@ -65,7 +71,10 @@ class PooledLPCEvictor(LPCEvictor):
         memory_blocks_factor: float = DEFAULT_MEMORY_BLOCKS_FACTOR,
         model_min_labels: int | None = DEFAULT_MODEL_MIN_LABELS,
         model_margin_nats: float = DEFAULT_MODEL_MARGIN_NATS,
+        memory: str = "content",
     ) -> None:
+        if memory not in MEMORIES:
+            raise ValueError(f"memory must be one of {', '.join(MEMORIES)}, got {memory!r}")
         if not math.isfinite(horizon_s) or horizon_s <= 0:
             raise ValueError(f"horizon_s must be a finite number > 0, got {horizon_s!r}")
         if not math.isfinite(memory_window_s) or memory_window_s < horizon_s:
@@ -99,10 +108,17 @@ class PooledLPCEvictor(LPCEvictor):
         # The memory's size bound: contents beyond it are forgotten oldest first, as if
         # their window had ended.
         self.memory_max_entries = max(1, int(memory_blocks_factor * num_blocks))
+        self.memory = memory
+        self._by_content = memory == "content"
         # content hash -> (conversation of its last release, time, shared then); oldest first
+        # (empty with the memory by block)
         self._memory = ContentMemory()
-        # Shared releases to judge: (time, the contents it released as shared), oldest first.
-        self._pending: deque[tuple[float, list[Hashable]]] = deque()
+        # Shared releases to judge, oldest first: (time, the contents it released as shared),
+        # or by block (time, their block ids); then each block's shared release still
+        # awaiting judgement (its time; NOT_PENDING: none), and how many blocks have one.
+        self._pending: deque[tuple[float, Any]] = deque()
+        self._pending_at = np.full(num_blocks, NOT_PENDING)
+        self._pending_blocks = 0
         self.shared_releases_judged = 0
         self.shared_releases_reused = 0
         super().__init__(num_blocks, scale_per_s, fallback_probability, probability_floor)
@@ -111,6 +127,8 @@ class PooledLPCEvictor(LPCEvictor):
         super().reset(block_ids)
         self._memory.clear()
         self._pending.clear()
+        self._pending_at[:] = NOT_PENDING
+        self._pending_blocks = 0
         self.shared_releases_judged = 0
         self.shared_releases_reused = 0
         self._labels.clear()
@@ -130,6 +148,18 @@ class PooledLPCEvictor(LPCEvictor):
         """Judge the shared releases older than the horizon; forget contents past the window."""
         pending, memory = self._pending, self._memory
         cutoff = now_s - self.horizon_s
+        if not self._by_content:
+            pending_at = self._pending_at
+            while pending and pending[0][0] < cutoff:
+                time_s, index = pending.popleft()
+                # Still awaiting this release's judgement: neither released again since nor
+                # shared again by a later release (which moved the block's time on).
+                still = index[pending_at[index] == time_s]
+                if len(still):
+                    pending_at[still] = NOT_PENDING
+                    self._pending_blocks -= len(still)
+                    self.shared_releases_judged += len(still)
+            return
         while pending and pending[0][0] < cutoff:
             time_s, block_hashes = pending.popleft()
             self.shared_releases_judged += len(block_hashes)
@@ -138,6 +168,36 @@ class PooledLPCEvictor(LPCEvictor):
             last_times = map(_time_of, memory.lookup(block_hashes, NO_ENTRY))
             self.shared_releases_reused += sum(map(lt, repeat(time_s), last_times))
         memory.forget_before(now_s - self.memory_window_s)
+
+    def _judge_released(self, block_ids: Sequence[int], index: Any, now_s: float) -> None:
+        """The memory by block, at a release of `block_ids` (before their metadata changes):
+        a block whose shared release awaits judgement is judged now, reused if it still
+        holds that content (its metadata survived: not evicted or forgotten since) and this
+        release is later (the caller judged those past the horizon already). A release at
+        the same instant judges nothing, as a content's write at the same time is not a
+        later one."""
+        if index is None:
+            index = np.fromiter(block_ids, np.intp, len(block_ids))
+        pending_at = self._pending_at
+        times = pending_at[index]
+        waiting = np.flatnonzero(times < now_s)
+        waiting = waiting[times[waiting] != NOT_PENDING]
+        if not len(waiting):
+            return
+        judged = index[waiting]
+        state = self._state
+        self.shared_releases_reused += sum(state[b] is not None for b in judged.tolist())
+        self.shared_releases_judged += len(judged)
+        pending_at[judged] = NOT_PENDING
+        self._pending_blocks -= len(judged)
+
+    def _pend(self, now_s: float, block_ids: Sequence[int]) -> None:
+        """The memory by block: these blocks were released as shared at `now_s`."""
+        index = np.fromiter(block_ids, np.intp, len(block_ids))
+        pending_at = self._pending_at
+        self._pending_blocks += int(np.count_nonzero(pending_at[index] == NOT_PENDING))
+        pending_at[index] = now_s
+        self._pending.append((now_s, index))
 
     def _gated_probability(self, release: Release) -> float | None:
         """The release's predicted p if the model is trusted now, else None (the fallback);
@@ -224,7 +284,7 @@ class PooledLPCEvictor(LPCEvictor):
         hashes = freed.hashes
         n = len(hashes)
         nones = hashes.count(None)
-        if len(set(hashes)) == n - nones + (1 if nones else 0):
+        if not self._by_content or len(set(hashes)) == n - nones + (1 if nones else 0):
             return self._keys_of(freed.block_ids, hashes, release, p)
         keys: list[float] = []
         tags: list[str | None] = []
@@ -257,10 +317,13 @@ class PooledLPCEvictor(LPCEvictor):
         own_tag = NO_TAG if conversation_id is None else conversation_id
         memory = self._memory
         window = self.memory_window_s
+        by_content = self._by_content
         keys: list[float] = []
         tags: list[str | None] = []
         shared_hashes: list[Hashable] = []  # in block order: the memory's and the judging's
-        lasts = memory.lookup(hashes)  # a content without a hash has no entry
+        shared_ids: list[int] = []  # the same, by block (the memory by block judges these)
+        # A content without a hash has no entry; with the memory by block none has one.
+        lasts = memory.lookup(hashes) if by_content else repeat(None, len(block_ids))
         olds = map(self._state.__getitem__, block_ids)
         i = 0
         for (last, old), stretch in groupby(zip(lasts, olds, strict=True)):
@@ -284,16 +347,23 @@ class PooledLPCEvictor(LPCEvictor):
                 if key < shared_key:
                     key = shared_key
                 tags += repeat(SHARED, k)
-                shared_hashes += hashes[i : i + k]
+                if by_content:
+                    shared_hashes += hashes[i : i + k]
+                else:
+                    shared_ids += block_ids[i : i + k]
             else:
                 tags += repeat(conversation_id, k)
             keys += repeat(key, k)
             i += k
-        if None in shared_hashes:
-            shared_hashes = [h for h in shared_hashes if h is not None]
-        memory.write(hashes, conversation_id, now, False, shared_hashes)
-        if shared_hashes:  # judged together once they are older than the horizon
-            self._pending.append((now, shared_hashes))
+        if not by_content:
+            if shared_ids:  # judged at their next release, or once older than the horizon
+                self._pend(now, shared_ids)
+        else:
+            if None in shared_hashes:
+                shared_hashes = [h for h in shared_hashes if h is not None]
+            memory.write(hashes, conversation_id, now, False, shared_hashes)
+            if shared_hashes:  # judged together once they are older than the horizon
+                self._pending.append((now, shared_hashes))
         if keys:  # OR pooling and the shared floor can give keys above the release's own
             self.top_logit = max(self.top_logit, max(keys) - shift)
         return keys, tags
@@ -332,12 +402,18 @@ class PooledLPCEvictor(LPCEvictor):
         # LPCEvictor, then the memory (skipped when no block carries a hash). Each is a few
         # C-level passes: the distinct memory entries of a chain are those of the few
         # releases it came from, and a chain's contents go to the memory's end as a whole.
+        if self._pending_blocks:  # the memory by block: judged before the metadata changes
+            self._judge_released(block_ids, freed.index, now)
         claimed = self._claim(block_ids, run, own_tag, freed.index)
         shared = not claimed
         # Blocks without a hash find no entry and are not remembered (`ContentMemory`): the
         # hash list goes to the memory as it is, unless no block carries one.
         hashes = freed.hashes
-        if claimed and (hashes[0] is not None or hashes.count(None) != len(hashes)):
+        if (
+            claimed
+            and self._by_content
+            and (hashes[0] is not None or hashes.count(None) != len(hashes))
+        ):
             window = self.memory_window_s
             for last in memory.entries(hashes):
                 if (last[2] or last[0] != conversation_id) and now - last[1] <= window:
@@ -376,7 +452,7 @@ class PooledLPCEvictor(LPCEvictor):
             return
         if self._memory or self._pending:
             self._advance(release.time_s)
-        if len(self._memory) + n > self.memory_max_entries:
+        if self._by_content and len(self._memory) + n > self.memory_max_entries:
             for i in range(n):
                 single = FreedBlocks([block_ids[i]], [freed.depths[i]], [freed.hashes[i]])
                 self.push_cached(single, release)
@@ -387,11 +463,15 @@ class PooledLPCEvictor(LPCEvictor):
         logit = math.log(p / (1.0 - p))
         if logit > self.top_logit:
             self.top_logit = logit
+        if self._pending_blocks:
+            self._judge_released(block_ids, freed.index, release.time_s)
         keys, tags = self._keys(freed, release, p)
         self._push_deepest_first(freed, keys, tags)
 
     def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
         self._advance(release.time_s)
+        if self._pending_blocks:
+            self._judge_released(freed.block_ids, freed.index, release.time_s)
         keys, tags = self._keys(freed, release, self._probability(release))
         self._bound_memory()
         self._remember_grouped(freed.block_ids, keys, tags)
@@ -405,5 +485,6 @@ class PooledLPCEvictor(LPCEvictor):
         return super().late_key(release)
 
     def memory_size(self) -> int:
-        """Contents the memory holds now (released within the window)."""
+        """Contents the memory holds now (released within the window; none with the
+        memory by block, which holds nothing beyond the blocks' own metadata)."""
         return len(self._memory)
