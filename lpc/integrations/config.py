@@ -24,6 +24,7 @@ from eviction.lpc import (
     DEFAULT_PROBABILITY_FLOOR,
     DEFAULT_SCALE_PER_S,
 )
+from eviction.lpc_pooled import MEMORIES
 from lpc.integrations.engine_checks import ALLOW_VARIABLE, parse_allowed
 from lpc.integrations.kill_switch import DEFAULT_MODE, check_mode
 from predictor.client import check_predictor_url
@@ -45,7 +46,11 @@ class PluginConfig:
     done at least as well as a constant on the labels seen so far; `eviction/lpc_pooled.py`;
     vLLM only), plain `lpc`, or `lpc-return` (P(the conversation returns within the cache's
     own holding time | silent so far), from the return-time model `return_model`;
-    `eviction/return_window.py`; vLLM only). Its horizon comes from the access model's
+    `eviction/return_window.py`; vLLM only). `pooled_memory` is where `lpc-pooled` keeps
+    what it knows of sharing: `content` (the default: a hash memory of each content's last
+    release, across evictions) or `blocks` (each block's own metadata: no map per content, so
+    a cheaper free path, at a measured cost in hits; docs/results.md, "`lpc-pooled`'s sharing
+    memory kept by block"). Its horizon comes from the access model's
     artifact when one is loaded (`access_model`), else 180 s. `scale_per_s`,
     `fallback_probability` and `probability_floor` are the LPC evictors'. The
     predictor fields say where asynchronous predictions come from (None: only probabilities
@@ -99,6 +104,7 @@ class PluginConfig:
     """
 
     evictor: str = "lpc-pooled"
+    pooled_memory: str = "content"
     scale_per_s: float = DEFAULT_SCALE_PER_S
     fallback_probability: float = DEFAULT_FALLBACK_PROBABILITY
     probability_floor: float = DEFAULT_PROBABILITY_FLOOR
@@ -155,6 +161,11 @@ def _check_evictor(name: str, value: Any) -> None:
     if value not in POLICIES or POLICIES[value].kind != "learned":
         known = ", ".join(policy_names("learned"))
         raise PluginConfigError(f"{name} must be one of {known}, got {value!r}")
+
+
+def _check_pooled_memory(name: str, value: Any) -> None:
+    if value not in MEMORIES:
+        raise PluginConfigError(f"{name} must be one of {', '.join(MEMORIES)}, got {value!r}")
 
 
 def _check_mode(name: str, value: Any) -> None:
@@ -294,6 +305,7 @@ _FIELDS: dict[str, _FieldSpec] = {
     spec.name: spec
     for spec in (
         _FieldSpec("evictor", "LPC_EVICTOR", str, _check_evictor),
+        _FieldSpec("pooled_memory", "LPC_POOLED_MEMORY", str, _check_pooled_memory),
         _FieldSpec("scale_per_s", "LPC_SCALE", _parse_float, _check_scale),
         _FieldSpec("fallback_probability", "LPC_FALLBACK_P", _parse_float, _check_probability),
         _FieldSpec("probability_floor", "LPC_PROBABILITY_FLOOR", _parse_float, _check_floor),

@@ -159,10 +159,10 @@ class QueueRuntime:
 
     def new_evictor(self, num_blocks: int) -> LearnedEvictor:
         """The configured learned evictor: `lpc` or `lpc-pooled` (LPC evictors; the pooled
-        one judges over the loaded model's horizon, and remembers contents at least that
-        long), or `lpc-return` with its own constants, as the replay runs it (W = 4 × its
-        measured turnover, re-keyed every 5 s, fallback score 0.5: `eviction/return_window.py`);
-        its curves come with the releases."""
+        one judges over the loaded model's horizon, remembers contents at least that long,
+        and keeps that memory as `pooled_memory` says), or `lpc-return` with its own
+        constants, as the replay runs it (W = 4 × its measured turnover, re-keyed every 5 s,
+        fallback score 0.5: `eviction/return_window.py`); its curves come with the releases."""
         c = self.config
         if c.evictor == ReturnWindowEvictor.name:
             evictor: LearnedEvictor = ReturnWindowEvictor(num_blocks)
@@ -170,10 +170,11 @@ class QueueRuntime:
             return evictor
         options = {}
         horizon_s = self.evictor_horizon_s
-        if horizon_s is not None:
+        if horizon_s is not None:  # lpc-pooled
             options = {
                 "horizon_s": horizon_s,
                 "memory_window_s": max(DEFAULT_MEMORY_WINDOW_S, horizon_s),
+                "memory": c.pooled_memory,
             }
         evictor = make_evictor(
             c.evictor,

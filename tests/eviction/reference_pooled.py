@@ -9,6 +9,13 @@ whether the same content was released again within the horizon after each. The t
 is recomputed the same way: every predicted release of a conversation older than the horizon,
 in time order, labelled by whether that conversation released again within the horizon,
 scores the model's and the running constant's log-loss from scratch.
+
+With `memory="blocks"` nothing is remembered per content: a block is shared only through its
+own metadata (which an eviction drops), and each block keeps the releases of its current
+content (an eviction starts a new list). A shared release is judged at the block's first
+strictly later release (reused if that comes within the horizon and the block still holds the
+content) or once it is older than the horizon; a block's shared releases at one instant are
+one.
 """
 
 from __future__ import annotations
@@ -56,7 +63,13 @@ class BruteForcePooledLPC(Evictor):
         horizon_s: float = 180.0,
         model_min_labels: int | None = 100,
         model_margin_nats: float = 0.0,
+        memory: str = "content",
     ) -> None:
+        self.memory = memory
+        # The memory by block: each block's contents so far (its evictions), and the releases
+        # of each (block, content) in order.
+        self.epoch: dict[int, int] = {}
+        self.block_history: dict[tuple[int, int], list[_Released]] = {}
         self.scale = scale_per_s
         self.fallback = fallback_probability
         self.window = memory_window_s
@@ -78,6 +91,8 @@ class BruteForcePooledLPC(Evictor):
         self.parent.clear()
         self.history.clear()
         self.predicted.clear()
+        self.epoch.clear()
+        self.block_history.clear()
 
     def push_uncached(self, block_ids: Sequence[int]) -> None:
         self.uncached[0:0] = list(block_ids)
@@ -96,6 +111,27 @@ class BruteForcePooledLPC(Evictor):
                     if start < later.time_s <= end:
                         reused += 1
                         break
+        return (reused + 0.5) / (judged + 1)
+
+    def block_shared_probability(self, now_s: float) -> float:
+        """p_shared with the memory by block, the releases up to `now_s` included."""
+        judged = reused = 0
+        horizon = self.horizon
+        for (block_id, epoch), releases in self.block_history.items():
+            shared_times = sorted({r.time_s for r in releases if r.shared})
+            for t in shared_times:
+                later = [r.time_s for r in releases if t < r.time_s <= now_s]
+                moved_on = any(
+                    t < r.time_s <= now_s
+                    for (b, e), others in self.block_history.items()
+                    if b == block_id and e > epoch
+                    for r in others
+                )
+                if later and min(later) <= t + horizon:
+                    judged += 1
+                    reused += 1
+                elif t < now_s - horizon or moved_on:
+                    judged += 1
         return (reused + 0.5) / (judged + 1)
 
     def model_trusted(self, now_s: float) -> bool:
@@ -138,10 +174,21 @@ class BruteForcePooledLPC(Evictor):
         ):
             self.predicted.append((now, conv, release.probability))
         p = _clamp(self.fallback if predicted is None else predicted)
-        p_shared = _clamp(self.shared_probability(now))
-        for block_id, block_hash in zip(freed.block_ids, freed.hashes, strict=True):
+        by_content = self.memory == "content"
+        if by_content:
+            p_shared = _clamp(self.shared_probability(now))
+        else:  # this release judges the shared releases it follows: listed first
+            placed = []
+            for block_id in freed.block_ids:
+                releases = self.block_history.setdefault(
+                    (block_id, self.epoch.get(block_id, 0)), []
+                )
+                releases.append(_Released(conv, now, False))
+                placed.append(releases)
+            p_shared = _clamp(self.block_shared_probability(now))
+        for k, (block_id, block_hash) in enumerate(zip(freed.block_ids, freed.hashes, strict=True)):
             shared = False
-            if block_hash is not None and self.history.get(block_hash):
+            if by_content and block_hash is not None and self.history.get(block_hash):
                 last = self.history[block_hash][-1]
                 shared = now - last.time_s <= self.window and (
                     last.shared or last.conversation_id != conv
@@ -156,7 +203,9 @@ class BruteForcePooledLPC(Evictor):
             if shared:
                 q = max(q, p_shared)
             self.metadata[block_id] = _Metadata(q, now, SHARED if shared else conv)
-            if block_hash is not None:
+            if not by_content:
+                placed[k][-1] = _Released(conv, now, shared)
+            elif block_hash is not None:
                 self.history.setdefault(block_hash, []).append(_Released(conv, now, shared))
 
     def push_cached(self, freed: FreedBlocks, release: Release) -> None:
@@ -196,6 +245,7 @@ class BruteForcePooledLPC(Evictor):
             victim = min(leaves(self.free, self.parent), key=keys.__getitem__)
             del self.free[victim]
             del self.metadata[victim]
+            self.epoch[victim] = self.epoch.get(victim, 0) + 1  # its content is gone
             self.parent.pop(victim, None)
             out.append(victim)
         return out

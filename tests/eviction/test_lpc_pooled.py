@@ -35,12 +35,13 @@ WINDOWS = [(20.0, 10.0), (600.0, 180.0)]
     seed=st.integers(0, 2**32 - 1),
     window=st.sampled_from(WINDOWS),
     gate=st.sampled_from(GATES),
+    memory=st.sampled_from(["content", "blocks"]),
 )
 def test_lpc_pooled_matches_brute_force_reference(
-    seed: int, window: tuple[float, float], gate: tuple[int | None, float]
+    seed: int, window: tuple[float, float], gate: tuple[int | None, float], memory: str
 ) -> None:
     """On any random stream, the heap evictor hands out the reference's victims in the
-    reference's order, for every memory window and trust gate."""
+    reference's order, for every memory window and trust gate, with either memory."""
     window_s, horizon_s = window
     min_labels, margin_nats = gate
     steps = random_stream(seed, 400)
@@ -53,6 +54,7 @@ def test_lpc_pooled_matches_brute_force_reference(
         memory_blocks_factor=1e6,
         model_min_labels=min_labels,
         model_margin_nats=margin_nats,
+        memory=memory,
     )
     fast = PrefixCacheBlockManager(48, block_size=4, evictor=fast_evictor)
     slow = PrefixCacheBlockManager(
@@ -65,6 +67,7 @@ def test_lpc_pooled_matches_brute_force_reference(
             horizon_s=horizon_s,
             model_min_labels=min_labels,
             model_margin_nats=margin_nats,
+            memory=memory,
         ),
     )
     fast_trace = replay(fast, steps)
@@ -153,6 +156,49 @@ def test_the_memory_recognises_a_shared_prefix_computed_again_after_an_eviction(
     assert evictor.pooled_key(other[0]) == pytest.approx(static_key(0.1, 50.0, 0.01, 1e-6))
 
 
+def test_the_memory_by_block_knows_sharing_only_while_the_block_holds_the_content() -> None:
+    """With the memory by block, content released by A, evicted, then computed and released by
+    B is B's alone (no floor); a block B hits and releases after A is shared (the floor)."""
+    evictor = PooledLPCEvictor(
+        4, scale_per_s=0.01, model_min_labels=None, horizon_s=100.0, memory="blocks"
+    )
+    evictor.reset(range(4))
+    first = evictor.pop_n(1)
+    evictor.push_cached(_freed(first, [b"doc"]), Release(0.0, 0.1, "A"))
+    assert evictor.pop_n(4)[-1] == first[0]  # evicted: the block forgets its metadata
+    evictor.push_uncached([b for b in range(4) if b != first[0]])
+    evictor.push_cached(_freed(first, [b"doc"]), Release(50.0, 0.1, "B"))
+    assert evictor.pooled_key(first[0]) == pytest.approx(static_key(0.1, 50.0, 0.01, 1e-6))
+    evictor.remove(first[0])  # C hits it, and releases it
+    evictor.push_cached(_freed(first, [b"doc"]), Release(60.0, 0.1, "C"))
+    assert evictor.pooled_key(first[0]) == pytest.approx(static_key(0.5, 60.0, 0.01, 1e-6))
+    assert evictor.memory_size() == 0
+
+
+def test_the_memory_by_block_judges_a_shared_release_at_the_blocks_next_release() -> None:
+    """A shared release is judged reused at the block's next, strictly later release within
+    the horizon; not reused if the block was evicted first, or at the horizon."""
+    evictor = PooledLPCEvictor(8, horizon_s=10.0, model_min_labels=None, memory="blocks")
+    evictor.reset(range(8))
+    a, b, c = evictor.pop_n(3)
+    for t, conv in ((0.0, "A"), (1.0, "B")):  # the second release of each block is shared
+        evictor.note_shared_release(_freed([a, b, c], [b"x", b"y", b"z"]), Release(t, 0.2, conv))
+    evictor.note_shared_release(_freed([a], [b"x"]), Release(1.0, 0.2, "C"))  # same instant
+    assert evictor.shared_releases_judged == 0
+    evictor.note_shared_release(_freed([a], [b"x"]), Release(5.0, 0.2, "C"))
+    assert (evictor.shared_releases_judged, evictor.shared_releases_reused) == (1, 1)
+    # b released again (and shared again: B's tag meets C's), then evicted with that
+    # release pending, then given another content: not reused.
+    evictor.push_cached(_freed([b], [b"y"]), Release(6.0, 0.2, "C"))
+    assert (evictor.shared_releases_judged, evictor.shared_releases_reused) == (2, 2)
+    assert evictor.pop_n(6)[-1] == b
+    evictor.push_cached(_freed([b], [b"other"]), Release(7.0, 0.2, "D"))
+    assert (evictor.shared_releases_judged, evictor.shared_releases_reused) == (3, 2)
+    evictor.note_shared_release(_freed([a], [b"x"]), Release(20.0, 0.2, "E"))
+    # Past the horizon, never released again: c's shared release at 1 s and a's at 5 s.
+    assert (evictor.shared_releases_judged, evictor.shared_releases_reused) == (5, 2)
+
+
 def test_the_memory_forgets_content_after_its_window() -> None:
     evictor = PooledLPCEvictor(
         4, scale_per_s=0.01, model_min_labels=None, memory_window_s=300.0, horizon_s=100.0
@@ -228,10 +274,13 @@ def test_reset_forgets_the_memory_and_the_estimate() -> None:
         {"horizon_s": math.inf},
         {"memory_window_s": 10.0, "horizon_s": 20.0},
         {"memory_blocks_factor": 0.0},
+        {"memory": "hash"},
     ],
 )
 def test_bad_windows_are_refused(options: dict) -> None:
-    with pytest.raises(ValueError, match=r"horizon_s|memory_window_s|memory_blocks_factor"):
+    with pytest.raises(
+        ValueError, match=r"horizon_s|memory_window_s|memory_blocks_factor|memory must be"
+    ):
         PooledLPCEvictor(4, **options)
 
 

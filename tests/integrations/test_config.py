@@ -37,9 +37,10 @@ def test_environment_variables_set_fields() -> None:
             "LPC_METRICS_PORT": "9109",
             "LPC_STATS_LOG_INTERVAL_S": "0",
             "LPC_EVICTOR": "lpc",  # not the default (lpc-pooled)
+            "LPC_POOLED_MEMORY": "blocks",  # not the default (content)
         }
     )
-    assert config.evictor == "lpc"
+    assert config.evictor == "lpc" and config.pooled_memory == "blocks"
     assert config.scale_per_s == 0.02 and config.fallback_probability == 0.3
     assert config.predictor_url == "http://127.0.0.1:8100" and config.predictor_timeout_s == 0.25
     assert config.max_pending_predictions == 10 and config.metrics_port == 9109
@@ -74,6 +75,7 @@ def test_environment_variables_set_fields() -> None:
         ("LPC_MAX_PENDING_PREDICTIONS", "2.5", "not a valid value"),
         ("LPC_METRICS_PORT", "70000", "[1, 65535]"),
         ("LPC_EVICTOR", "lru", "one of lpc, lpc-pooled"),
+        ("LPC_POOLED_MEMORY", "hash", "must be one of content, blocks"),
     ],
 )
 def test_bad_variables_name_the_variable_and_value(
