@@ -68,7 +68,9 @@ def _manager(num_blocks: int) -> Any:
     )
 
 
-def run_manager(tokens: int, requests: int, evictor: str) -> ManagerResult:
+def run_manager(
+    tokens: int, requests: int, evictor: str, pooled_memory: str = "content"
+) -> ManagerResult:
     """Both managers through the same `requests` turns of one conversation of `tokens` tokens
     each, every turn repeating the first half of the previous one (so both hit it)."""
     from vllm.sampling_params import SamplingParams
@@ -85,7 +87,12 @@ def run_manager(tokens: int, requests: int, evictor: str) -> ManagerResult:
     hit = n // 2
     num_blocks = 4 * n + 64 + 1  # the null block besides
     clock = SimpleNamespace(now=0.0)
-    config = PluginConfig(evictor=evictor, stats_log_interval_s=0.0, trust_request_hints=True)
+    config = PluginConfig(
+        evictor=evictor,
+        pooled_memory=pooled_memory,
+        stats_log_interval_s=0.0,
+        trust_request_hints=True,
+    )
     plugin = vllm_plugin.install_runtime(config, clock=lambda: clock.now)
     try:
         sides: dict[str, dict[str, Any]] = {}

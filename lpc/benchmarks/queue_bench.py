@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from eviction.base import Release
+from eviction.lpc_pooled import MEMORIES
 from lpc.benchmarks.per_request import (
     BLOCK_SIZE,
     WARMUP_REQUESTS,
@@ -65,7 +66,12 @@ class StepClock:
 
 
 def run_size(
-    tokens: int, requests: int, evictor: str, seed: int = 0, mode: str = DEFAULT_MODE
+    tokens: int,
+    requests: int,
+    evictor: str,
+    seed: int = 0,
+    mode: str = DEFAULT_MODE,
+    pooled_memory: str = "content",
 ) -> SizeResult:
     """Both queues through the same `requests` requests of `tokens` tokens; the plugin's
     queue in `mode` (`lpc`, or `lru`/`shadow`: the kill switch thrown)."""
@@ -76,7 +82,7 @@ def run_size(
     num_blocks = 4 * n + 64
     clock = StepClock()
     runtime = QueueRuntime(
-        PluginConfig(evictor=evictor, stats_log_interval_s=0.0),
+        PluginConfig(evictor=evictor, pooled_memory=pooled_memory, stats_log_interval_s=0.0),
         PluginStats(),
         clock,
         mode=ModeSwitch(mode),
@@ -194,7 +200,9 @@ def _fill(pool: Any, runtime: QueueRuntime, free_blocks: int, n: int, rng: rando
             queue.append_n(chain[::-1])
 
 
-def run_switch(tokens: int, evictor: str, free_blocks: int, seed: int = 0) -> SwitchResult:
+def run_switch(
+    tokens: int, evictor: str, free_blocks: int, seed: int = 0, pooled_memory: str = "content"
+) -> SwitchResult:
     """Switch off with `free_blocks` learned blocks, allocate requests of `tokens` tokens
     until they are drained (each allocation timed, and vLLM's own allocation of as many
     blocks from its queue beside it), then switch back on with every block in vLLM's list."""
@@ -204,7 +212,9 @@ def run_switch(tokens: int, evictor: str, free_blocks: int, seed: int = 0) -> Sw
     num_blocks = free_blocks + n
     clock = StepClock()
     runtime = QueueRuntime(
-        PluginConfig(evictor=evictor, stats_log_interval_s=0.0), PluginStats(), clock
+        PluginConfig(evictor=evictor, pooled_memory=pooled_memory, stats_log_interval_s=0.0),
+        PluginStats(),
+        clock,
     )
     rng = random.Random(seed)
     pool = PoolStandIn()
@@ -253,7 +263,13 @@ def run_switch(tokens: int, evictor: str, free_blocks: int, seed: int = 0) -> Sw
 
 
 def run_scan(
-    tokens: int, evictor: str, free_blocks: int, scan_blocks: int, walks: int, seed: int = 0
+    tokens: int,
+    evictor: str,
+    free_blocks: int,
+    scan_blocks: int,
+    walks: int,
+    seed: int = 0,
+    pooled_memory: str = "content",
 ) -> ScanResult:
     """Both queues hold `free_blocks` cached blocks; each step walks `scan_blocks` blocks
     after the cursor as vLLM's lazy offload does (`SimpleCPUOffloadScheduler`: from the last
@@ -265,7 +281,9 @@ def run_scan(
     num_blocks = free_blocks + n
     clock = StepClock()
     runtime = QueueRuntime(
-        PluginConfig(evictor=evictor, stats_log_interval_s=0.0), PluginStats(), clock
+        PluginConfig(evictor=evictor, pooled_memory=pooled_memory, stats_log_interval_s=0.0),
+        PluginStats(),
+        clock,
     )
     sides: dict[str, dict[str, Any]] = {}
     for name in ("stock", "lpc"):
@@ -335,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)))
     parser.add_argument("--budget-blocks", type=int, default=400_000)
     parser.add_argument("--evictor", default="lpc-pooled")
+    parser.add_argument("--pooled-memory", choices=MEMORIES, default="content")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mode", choices=MODES, default=DEFAULT_MODE)
     parser.add_argument("--switch", action="store_true")
@@ -352,19 +371,29 @@ def main(argv: list[str] | None = None) -> int:
         for tokens in sizes:
             requests = requests_for(tokens, args.budget_blocks)
             print(f"queue bench: {tokens:,} tokens, {requests} requests", file=sys.stderr)
-            result = asdict(run_size(tokens, requests, args.evictor, args.seed, args.mode))
+            result = asdict(
+                run_size(tokens, requests, args.evictor, args.seed, args.mode, args.pooled_memory)
+            )
             gc.collect()
             if args.switch:
                 print(
                     f"queue bench: the switch at {args.free_blocks:,} free blocks", file=sys.stderr
                 )
-                switch = run_switch(tokens, args.evictor, args.free_blocks, args.seed)
+                switch = run_switch(
+                    tokens, args.evictor, args.free_blocks, args.seed, args.pooled_memory
+                )
                 result["switch"] = asdict(switch)
                 gc.collect()
             if args.scan:
                 print(f"queue bench: the offload walk, {args.walks} walks", file=sys.stderr)
                 scan = run_scan(
-                    tokens, args.evictor, args.free_blocks, args.scan_blocks, args.walks, args.seed
+                    tokens,
+                    args.evictor,
+                    args.free_blocks,
+                    args.scan_blocks,
+                    args.walks,
+                    args.seed,
+                    args.pooled_memory,
                 )
                 result["scan"] = asdict(scan)
                 gc.collect()
@@ -372,13 +401,16 @@ def main(argv: list[str] | None = None) -> int:
                 from lpc.benchmarks.manager_bench import run_manager
 
                 print(f"queue bench: vLLM's KVCacheManager, {requests} requests", file=sys.stderr)
-                result["manager"] = asdict(run_manager(tokens, requests, args.evictor))
+                result["manager"] = asdict(
+                    run_manager(tokens, requests, args.evictor, args.pooled_memory)
+                )
                 gc.collect()
             results.append(result)
     finally:
         gc.enable()
     record = {
         "evictor": args.evictor,
+        "pooled_memory": args.pooled_memory,
         "mode": args.mode,
         "block_size": BLOCK_SIZE,
         "free_blocks": args.free_blocks if args.switch or args.scan else None,

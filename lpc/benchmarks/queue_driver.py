@@ -26,6 +26,7 @@ class QueueBenchOptions:
     switch: bool
     scan: bool
     manager: bool = False
+    pooled_memory: str = "content"
 
 
 def worker_command(python: Path, options: QueueBenchOptions) -> list[str]:
@@ -39,6 +40,8 @@ def worker_command(python: Path, options: QueueBenchOptions) -> list[str]:
         str(options.budget_blocks),
         "--evictor",
         options.evictor,
+        "--pooled-memory",
+        options.pooled_memory,
         "--mode",
         options.mode,
         "--free-blocks",
@@ -68,7 +71,8 @@ def run_worker(python: Path, options: QueueBenchOptions) -> tuple[int, dict[str,
 def summary_lines(record: dict[str, Any]) -> list[str]:
     """The record as text: p50 per call and size against vLLM's, then the switch and the walk."""
     lines = [
-        f"free queue, {record['evictor']} ({record['mode']} mode) against vLLM's "
+        f"free queue, {record['evictor']} (memory by {record.get('pooled_memory', 'content')}, "
+        f"{record['mode']} mode) against vLLM's "
         "FreeKVCacheBlockQueue "
         "(µs per request, interleaved in one process)",
         f"  {'tokens':>8} {'call':<6} {'vLLM p50':>9} {'LPC p50':>9} {'×':>6} {'p99 ×':>6}",

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from eviction.lpc_pooled import MEMORIES
 from lpc.cli.arg_types import positive_int
 from lpc.integrations.kill_switch import DEFAULT_MODE, MODES
 
@@ -44,6 +45,13 @@ def register(targets: argparse._SubParsersAction) -> None:
         choices=("lpc-pooled", "lpc"),
         default="lpc-pooled",
         help="the queue's evictor (default lpc-pooled, the plugin's default)",
+    )
+    parser.add_argument(
+        "--pooled-memory",
+        choices=MEMORIES,
+        default="content",
+        help="where lpc-pooled keeps what it knows of sharing: content (default, the plugin's) "
+        "or blocks (the plugin's pooled_memory setting)",
     )
     parser.add_argument(
         "--mode",
@@ -120,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         sizes=_sizes(args.sizes),
         budget_blocks=args.budget_blocks,
         evictor=args.evictor,
+        pooled_memory=args.pooled_memory,
         mode=args.mode,
         free_blocks=args.free_blocks,
         scan_blocks=args.scan_blocks,

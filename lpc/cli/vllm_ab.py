@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from eviction.lpc_pooled import MEMORIES
 from lpc.errors import CommandError
 
 DESCRIPTION = """\
@@ -124,6 +125,12 @@ def _add_plugin_args(p: argparse.ArgumentParser) -> None:
         "--conversation-table-max-tokens",
         type=int,
         help="the plugin's LPC_CONVERSATION_TABLE_MAX_TOKENS (its default when not given)",
+    )
+    p.add_argument(
+        "--pooled-memory",
+        choices=MEMORIES,
+        default="content",
+        help="lpc-pooled's sharing memory, the plugin's LPC_POOLED_MEMORY (default content)",
     )
 
 
@@ -244,4 +251,5 @@ def policy_settings_from(args: argparse.Namespace):
         access_model=args.access_model,
         conversation_table_max_tokens=args.conversation_table_max_tokens,
         return_model=args.return_model,
+        pooled_memory=args.pooled_memory,
     )

@@ -114,6 +114,7 @@ class PluginSettings:
     access_model: Path | None = None  # LPC_ACCESS_MODEL
     conversation_table_max_tokens: int | None = None  # LPC_CONVERSATION_TABLE_MAX_TOKENS
     return_model: Path | None = None  # lpc-return's curves (LPC_RETURN_MODEL)
+    pooled_memory: str = "content"  # lpc-pooled's (LPC_POOLED_MEMORY)
 
 
 def write_plans(

@@ -229,6 +229,8 @@ def policy_environment(policy: Policy, settings: PluginSettings) -> tuple[dict[s
     env["LPC_FALLBACK_P"] = repr(settings.fallback_probability)
     if settings.conversation_table_max_tokens is not None:
         env["LPC_CONVERSATION_TABLE_MAX_TOKENS"] = str(settings.conversation_table_max_tokens)
+    if settings.pooled_memory != "content":  # the default's settings stay as they were
+        env["LPC_POOLED_MEMORY"] = settings.pooled_memory
     if policy.name == "lpc-return":
         if settings.return_model is None:
             raise ValueError("lpc-return needs a return-time model (--return-model DIR)")

@@ -27,15 +27,26 @@ def test_the_trace_sample_keeps_what_sample_conversations_keeps(monkeypatch) -> 
 @pytest.mark.parametrize(("switch", "scan"), [(False, False), (True, True)])
 def test_the_queue_worker_gets_every_flag(switch: bool, scan: bool) -> None:
     options = QueueBenchOptions(
-        "1024,2048", 500, "lpc", "shadow", 2000, 64, 5, switch, scan, manager=scan
+        "1024,2048",
+        500,
+        "lpc",
+        "shadow",
+        2000,
+        64,
+        5,
+        switch,
+        scan,
+        manager=scan,
+        pooled_memory="blocks",
     )
     argv = worker_command(Path("/venv/python"), options)
     assert argv[:3] == ["/venv/python", "-m", "lpc.benchmarks.queue_bench"]
-    flags = dict(zip(argv[3:17:2], argv[4:17:2], strict=True))
+    flags = dict(zip(argv[3:19:2], argv[4:19:2], strict=True))
     assert flags == {
         "--sizes": "1024,2048",
         "--budget-blocks": "500",
         "--evictor": "lpc",
+        "--pooled-memory": "blocks",
         "--mode": "shadow",
         "--free-blocks": "2000",
         "--scan-blocks": "64",
