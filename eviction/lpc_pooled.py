@@ -3,8 +3,9 @@
 Plain LPC (static key logit(p) + scale·t, one heap, leaves first) with three changes, defined
 in docs/design.md, "`lpc-pooled`'s details": OR pooling across conversations instead of max
 pooling; a shared floor `p_shared` for contents another conversation released within
-`memory_window_s` (a hash memory, `eviction.content_memory`), estimated online over the
-access model's horizon; and a trust gate that keys a release by its predicted p only while the
+`memory_window_s` (a hash memory, `eviction.content_memory`; or, with `memory="blocks"`, for
+blocks whose own metadata says so, no map per content), estimated online over the access
+model's horizon; and a trust gate that keys a release by its predicted p only while the
 model's prequential log-loss is no worse than a constant's. Every key stays static.
 """
 
@@ -117,7 +118,7 @@ class PooledLPCEvictor(LPCEvictor):
         # or by block (time, their block ids); then each block's shared release still
         # awaiting judgement (its time; NOT_PENDING: none), and how many blocks have one.
         self._pending: deque[tuple[float, Any]] = deque()
-        self._pending_at = np.full(num_blocks, NOT_PENDING)
+        self._pending_at = np.full(0 if memory == "content" else num_blocks, NOT_PENDING)
         self._pending_blocks = 0
         self.shared_releases_judged = 0
         self.shared_releases_reused = 0
