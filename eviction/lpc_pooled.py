@@ -18,8 +18,6 @@ from itertools import groupby, repeat
 from operator import itemgetter, lt, setitem
 from typing import Any, ClassVar
 
-import numpy as np
-
 from eviction.base import FreedBlocks, Release
 from eviction.content_memory import NO_ENTRY, ContentMemory
 from eviction.lpc import (
@@ -53,7 +51,6 @@ _time_of = itemgetter(1)  # a memory entry's time
 # Where `lpc-pooled` keeps what it knows of sharing: a map per content ("content", across
 # evictions) or each block's own metadata ("blocks", while the block holds its content).
 MEMORIES = ("content", "blocks")
-NOT_PENDING = -math.inf  # a block with no shared release awaiting judgement
 
 
 class PooledLPCEvictor(LPCEvictor):
@@ -115,11 +112,10 @@ class PooledLPCEvictor(LPCEvictor):
         # (empty with the memory by block)
         self._memory = ContentMemory()
         # Shared releases to judge, oldest first: (time, the contents it released as shared),
-        # or by block (time, their block ids); then each block's shared release still
-        # awaiting judgement (its time; NOT_PENDING: none), and how many blocks have one.
-        self._pending: deque[tuple[float, Any]] = deque()
-        self._pending_at = np.full(0 if memory == "content" else num_blocks, NOT_PENDING)
-        self._pending_blocks = 0
+        # or by block (time, their block ids); then, by block, each block's shared release
+        # still awaiting judgement (block id -> its time): only those, so a few.
+        self._pending: deque[tuple[float, Sequence[Any]]] = deque()
+        self._pending_at: dict[int, float] = {}
         self.shared_releases_judged = 0
         self.shared_releases_reused = 0
         super().__init__(num_blocks, scale_per_s, fallback_probability, probability_floor)
@@ -128,8 +124,7 @@ class PooledLPCEvictor(LPCEvictor):
         super().reset(block_ids)
         self._memory.clear()
         self._pending.clear()
-        self._pending_at[:] = NOT_PENDING
-        self._pending_blocks = 0
+        self._pending_at.clear()
         self.shared_releases_judged = 0
         self.shared_releases_reused = 0
         self._labels.clear()
@@ -152,14 +147,13 @@ class PooledLPCEvictor(LPCEvictor):
         if not self._by_content:
             pending_at = self._pending_at
             while pending and pending[0][0] < cutoff:
-                time_s, index = pending.popleft()
+                time_s, block_ids = pending.popleft()
                 # Still awaiting this release's judgement: neither released again since nor
                 # shared again by a later release (which moved the block's time on).
-                still = index[pending_at[index] == time_s]
-                if len(still):
-                    pending_at[still] = NOT_PENDING
-                    self._pending_blocks -= len(still)
-                    self.shared_releases_judged += len(still)
+                still = [b for b in block_ids if pending_at.get(b) == time_s]
+                for block_id in still:
+                    del pending_at[block_id]
+                self.shared_releases_judged += len(still)
             return
         while pending and pending[0][0] < cutoff:
             time_s, block_hashes = pending.popleft()
@@ -170,35 +164,25 @@ class PooledLPCEvictor(LPCEvictor):
             self.shared_releases_reused += sum(map(lt, repeat(time_s), last_times))
         memory.forget_before(now_s - self.memory_window_s)
 
-    def _judge_released(self, block_ids: Sequence[int], index: Any, now_s: float) -> None:
+    def _judge_released(self, block_ids: Sequence[int], now_s: float) -> None:
         """The memory by block, at a release of `block_ids` (before their metadata changes):
         a block whose shared release awaits judgement is judged now, reused if it still
         holds that content (its metadata survived: not evicted or forgotten since) and this
         release is later (the caller judged those past the horizon already). A release at
         the same instant judges nothing, as a content's write at the same time is not a
-        later one."""
-        if index is None:
-            index = np.fromiter(block_ids, np.intp, len(block_ids))
-        pending_at = self._pending_at
-        times = pending_at[index]
-        waiting = np.flatnonzero(times < now_s)
-        waiting = waiting[times[waiting] != NOT_PENDING]
-        if not len(waiting):
-            return
-        judged = index[waiting]
-        state = self._state
-        self.shared_releases_reused += sum(state[b] is not None for b in judged.tolist())
-        self.shared_releases_judged += len(judged)
-        pending_at[judged] = NOT_PENDING
-        self._pending_blocks -= len(judged)
+        later one. The awaiting blocks among those released are found by one C-level set
+        intersection; only they take a Python step."""
+        pending_at, state = self._pending_at, self._state
+        for block_id in pending_at.keys() & block_ids:
+            if pending_at[block_id] < now_s:
+                del pending_at[block_id]
+                self.shared_releases_judged += 1
+                self.shared_releases_reused += state[block_id] is not None
 
-    def _pend(self, now_s: float, block_ids: Sequence[int]) -> None:
+    def _pend(self, now_s: float, block_ids: list[int]) -> None:
         """The memory by block: these blocks were released as shared at `now_s`."""
-        index = np.fromiter(block_ids, np.intp, len(block_ids))
-        pending_at = self._pending_at
-        self._pending_blocks += int(np.count_nonzero(pending_at[index] == NOT_PENDING))
-        pending_at[index] = now_s
-        self._pending.append((now_s, index))
+        self._pending_at.update(zip(block_ids, repeat(now_s)))
+        self._pending.append((now_s, block_ids))
 
     def _gated_probability(self, release: Release) -> float | None:
         """The release's predicted p if the model is trusted now, else None (the fallback);
@@ -403,8 +387,8 @@ class PooledLPCEvictor(LPCEvictor):
         # LPCEvictor, then the memory (skipped when no block carries a hash). Each is a few
         # C-level passes: the distinct memory entries of a chain are those of the few
         # releases it came from, and a chain's contents go to the memory's end as a whole.
-        if self._pending_blocks:  # the memory by block: judged before the metadata changes
-            self._judge_released(block_ids, freed.index, now)
+        if self._pending_at:  # the memory by block: judged before the metadata changes
+            self._judge_released(block_ids, now)
         claimed = self._claim(block_ids, run, own_tag, freed.index)
         shared = not claimed
         # Blocks without a hash find no entry and are not remembered (`ContentMemory`): the
@@ -464,15 +448,15 @@ class PooledLPCEvictor(LPCEvictor):
         logit = math.log(p / (1.0 - p))
         if logit > self.top_logit:
             self.top_logit = logit
-        if self._pending_blocks:
-            self._judge_released(block_ids, freed.index, release.time_s)
+        if self._pending_at:
+            self._judge_released(block_ids, release.time_s)
         keys, tags = self._keys(freed, release, p)
         self._push_deepest_first(freed, keys, tags)
 
     def note_shared_release(self, freed: FreedBlocks, release: Release) -> None:
         self._advance(release.time_s)
-        if self._pending_blocks:
-            self._judge_released(freed.block_ids, freed.index, release.time_s)
+        if self._pending_at:
+            self._judge_released(freed.block_ids, release.time_s)
         keys, tags = self._keys(freed, release, self._probability(release))
         self._bound_memory()
         self._remember_grouped(freed.block_ids, keys, tags)
