@@ -4,7 +4,8 @@ Plain LPC (static key logit(p) + scale·t, one heap, leaves first) with three ch
 in docs/design.md, "`lpc-pooled`'s details": OR pooling across conversations instead of max
 pooling; a shared floor `p_shared` for contents another conversation released within
 `memory_window_s` (a hash memory, `eviction.content_memory`; or, with `memory="blocks"`, for
-blocks whose own metadata says so, no map per content), estimated online over the access
+blocks whose own metadata says so, no map per content; or, with `memory="chains"`, that and one
+entry per release, `eviction.chain_memory`), estimated online over the access
 model's horizon; and a trust gate that keys a release by its predicted p only while the
 model's prequential log-loss is no worse than a constant's. Every key stays static.
 """
@@ -14,11 +15,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
-from itertools import groupby, repeat
+from itertools import chain, groupby, repeat
 from operator import itemgetter, lt, setitem
 from typing import Any, ClassVar
 
 from eviction.base import FreedBlocks, Release
+from eviction.chain_memory import ChainEntry, ChainMemory, common_top
 from eviction.content_memory import NO_ENTRY, ContentMemory
 from eviction.lpc import (
     DEFAULT_FALLBACK_PROBABILITY,
@@ -49,8 +51,11 @@ CONTINUED_PRIOR = 0.5  # the constant before any release was judged (one pseudo-
 LOSS_PROBABILITY_CLAMP = 1e-3  # log-loss of a p clamped to [c, 1 − c]: one label costs ≤ 6.9 nats
 _time_of = itemgetter(1)  # a memory entry's time
 # Where `lpc-pooled` keeps what it knows of sharing: a map per content ("content", across
-# evictions) or each block's own metadata ("blocks", while the block holds its content).
-MEMORIES = ("content", "blocks")
+# evictions), each block's own metadata ("blocks", while the block holds its content), or that
+# and a map per release's top block ("chains", across evictions, one entry per release).
+MEMORIES = ("content", "blocks", "chains")
+# A chain memory's shared blocks as `_keys_of` reads a memory entry: shared, at any time.
+_CHAIN_SHARED = (None, math.inf, True)
 
 
 class PooledLPCEvictor(LPCEvictor):
@@ -108,13 +113,17 @@ class PooledLPCEvictor(LPCEvictor):
         self.memory_max_entries = max(1, int(memory_blocks_factor * num_blocks))
         self.memory = memory
         self._by_content = memory == "content"
+        self._by_chain = memory == "chains"
         # content hash -> (conversation of its last release, time, shared then); oldest first
         # (empty with the memory by block)
         self._memory = ContentMemory()
+        # top block's hash -> its last release (the memory by chain; empty otherwise)
+        self._chains = ChainMemory()
         # Shared releases to judge, oldest first: (time, the contents it released as shared),
-        # or by block (time, their block ids); then, by block, each block's shared release
-        # still awaiting judgement (block id -> its time): only those, so a few.
-        self._pending: deque[tuple[float, Sequence[Any]]] = deque()
+        # by block (time, their block ids), or by chain (time, top hash, hash list, how many
+        # top blocks were shared); then, by block, each block's shared release still awaiting
+        # judgement (block id -> its time): only those, so a few.
+        self._pending: deque[tuple[Any, ...]] = deque()
         self._pending_at: dict[int, float] = {}
         self.shared_releases_judged = 0
         self.shared_releases_reused = 0
@@ -123,6 +132,7 @@ class PooledLPCEvictor(LPCEvictor):
     def reset(self, block_ids: Iterable[int]) -> None:
         super().reset(block_ids)
         self._memory.clear()
+        self._chains.clear()
         self._pending.clear()
         self._pending_at.clear()
         self.shared_releases_judged = 0
@@ -144,6 +154,19 @@ class PooledLPCEvictor(LPCEvictor):
         """Judge the shared releases older than the horizon; forget contents past the window."""
         pending, memory = self._pending, self._memory
         cutoff = now_s - self.horizon_s
+        if self._by_chain:
+            chains = self._chains
+            while pending and pending[0][0] < cutoff:
+                time_s, top, hashes, shared = pending.popleft()
+                self.shared_releases_judged += shared
+                # As by content: every release up to `cutoff` was seen, none later than
+                # time_s + horizon_s, so a later entry under the same top was released within
+                # the horizon; its blocks are reused as far as it shares the prefix.
+                entry = chains.get(top)
+                if entry is not None and entry.time_s > time_s:
+                    self.shared_releases_reused += min(shared, common_top(entry.hashes, hashes))
+            chains.forget_before(now_s - self.memory_window_s)
+            return
         if not self._by_content:
             pending_at = self._pending_at
             while pending and pending[0][0] < cutoff:
@@ -183,6 +206,38 @@ class PooledLPCEvictor(LPCEvictor):
         """The memory by block: these blocks were released as shared at `now_s`."""
         self._pending_at.update(zip(block_ids, repeat(now_s)))
         self._pending.append((now_s, block_ids))
+
+    def _chain_shared(
+        self, hashes: Sequence[Hashable | None], conversation_id: str | None, now_s: float
+    ) -> int:
+        """The memory by chain: how many of a release's top blocks it knows as shared. The
+        last release under the same top hash, within the window, shares its common prefix
+        with this one: all of it if that was another conversation's, else as many top blocks
+        as were shared then. (`_advance` forgot the entries past the window.)"""
+        entry = self._chains.get(hashes[-1]) if hashes else None
+        if entry is None:
+            return 0
+        common = common_top(entry.hashes, hashes)
+        if entry.conversation_id == conversation_id:
+            return min(common, entry.shared)
+        return common
+
+    def _remember_chain(
+        self,
+        hashes: Sequence[Hashable | None],
+        conversation_id: str | None,
+        now_s: float,
+        tags: Sequence[Any],
+    ) -> None:
+        """The memory by chain, after keying a release: kept under its top hash with its top
+        stretch of shared blocks, which awaits judgement once the horizon has passed."""
+        n = len(tags)
+        shared = 0
+        while shared < n and tags[n - 1 - shared] == SHARED:
+            shared += 1
+        self._chains.write(ChainEntry(conversation_id, now_s, hashes, shared))
+        if shared and hashes[-1] is not None:
+            self._pending.append((now_s, hashes[-1], hashes, shared))
 
     def _gated_probability(self, release: Release) -> float | None:
         """The release's predicted p if the model is trusted now, else None (the fallback);
@@ -238,6 +293,10 @@ class PooledLPCEvictor(LPCEvictor):
 
     def _bound_memory(self) -> None:
         """Forget the oldest contents beyond the memory's size bound (after a release)."""
+        if self._by_chain:
+            if self._chains.held > self.memory_max_entries:
+                self._chains.forget_oldest(self.memory_max_entries)
+            return
         memory = self._memory
         excess = len(memory) - self.memory_max_entries
         if excess > 0:
@@ -307,8 +366,15 @@ class PooledLPCEvictor(LPCEvictor):
         tags: list[str | None] = []
         shared_hashes: list[Hashable] = []  # in block order: the memory's and the judging's
         shared_ids: list[int] = []  # the same, by block (the memory by block judges these)
-        # A content without a hash has no entry; with the memory by block none has one.
-        lasts = memory.lookup(hashes) if by_content else repeat(None, len(block_ids))
+        # A content without a hash has no entry; with the memory by block none has one; by
+        # chain, the top blocks the memory knows as shared read as one shared entry.
+        if by_content:
+            lasts: Iterable[Any] = memory.lookup(hashes)
+        elif self._by_chain:
+            known = self._chain_shared(hashes, conversation_id, now)
+            lasts = chain(repeat(None, len(block_ids) - known), repeat(_CHAIN_SHARED, known))
+        else:
+            lasts = repeat(None, len(block_ids))
         olds = map(self._state.__getitem__, block_ids)
         i = 0
         for (last, old), stretch in groupby(zip(lasts, olds, strict=True)):
@@ -340,7 +406,9 @@ class PooledLPCEvictor(LPCEvictor):
                 tags += repeat(conversation_id, k)
             keys += repeat(key, k)
             i += k
-        if not by_content:
+        if self._by_chain:
+            self._remember_chain(hashes, conversation_id, now, tags)
+        elif not by_content:
             if shared_ids:  # judged at their next release, or once older than the horizon
                 self._pend(now, shared_ids)
         else:
@@ -359,7 +427,7 @@ class PooledLPCEvictor(LPCEvictor):
             return
         now = release.time_s
         memory = self._memory
-        if memory or self._pending:
+        if memory or self._pending or self._chains:
             self._advance(now)
         # _probability(release), inlined (the release path of every request).
         p = self._gated_probability(release)
@@ -408,6 +476,12 @@ class PooledLPCEvictor(LPCEvictor):
                 memory.write(hashes, conversation_id, now, False)
                 if len(memory) > self.memory_max_entries:
                     self._bound_memory()
+        elif claimed and self._by_chain and hashes:
+            if self._chain_shared(hashes, conversation_id, now):
+                shared = True
+            else:
+                self._chains.write(ChainEntry(conversation_id, now, hashes, 0))
+                self._bound_memory()
         if not shared:
             self._enqueue(run)
             if freed.chain:
@@ -435,9 +509,11 @@ class PooledLPCEvictor(LPCEvictor):
         if n <= 1:
             self.push_cached(freed, release)
             return
-        if self._memory or self._pending:
+        if self._memory or self._pending or self._chains:
             self._advance(release.time_s)
-        if self._by_content and len(self._memory) + n > self.memory_max_entries:
+        # By chain, a single push is a release of its own block alone (its own top): one by
+        # one, as by content when the size bound could forget a content between two pushes.
+        if self._by_chain or (self._by_content and len(self._memory) + n > self.memory_max_entries):
             for i in range(n):
                 single = FreedBlocks([block_ids[i]], [freed.depths[i]], [freed.hashes[i]])
                 self.push_cached(single, release)
@@ -472,4 +548,4 @@ class PooledLPCEvictor(LPCEvictor):
     def memory_size(self) -> int:
         """Contents the memory holds now (released within the window; none with the
         memory by block, which holds nothing beyond the blocks' own metadata)."""
-        return len(self._memory)
+        return self._chains.held if self._by_chain else len(self._memory)

@@ -16,6 +16,14 @@ content (an eviction starts a new list). A shared release is judged at the block
 strictly later release (reused if that comes within the horizon and the block still holds the
 content) or once it is older than the horizon; a block's shared releases at one instant are
 one.
+
+With `memory="chains"` a block is shared through its own metadata as with the memory by block,
+and also when it is among a release's top blocks that the last release under the same top
+hash (within the window) shares from the top, compared hash by hash: all of them if that
+release was another conversation's, else as many as that release shared from its top. Each
+release with a top stretch of shared blocks counts them as judged once older than the horizon,
+and as reused as far as the last release under the same top up to the horizon's end (and
+strictly later) shares that prefix.
 """
 
 from __future__ import annotations
@@ -46,6 +54,22 @@ class _Released:
     conversation_id: str | None
     time_s: float
     shared: bool
+
+
+@dataclass(frozen=True)
+class _ChainReleased:
+    conversation_id: str | None
+    time_s: float
+    hashes: tuple  # tail first: the top block's hash last
+    shared: int  # how many top blocks it released as shared
+
+
+def _common_top(a: Sequence, b: Sequence) -> int:
+    """How many hashes two tail-first lists share from their top, compared one by one."""
+    k = 0
+    while k < min(len(a), len(b)) and a[-1 - k] is not None and a[-1 - k] == b[-1 - k]:
+        k += 1
+    return k
 
 
 SHARED = object()
@@ -83,6 +107,8 @@ class BruteForcePooledLPC(Evictor):
         self.min_labels = model_min_labels
         self.margin = model_margin_nats
         self.predicted: list[tuple[float, str, float]] = []  # (time, conversation, p)
+        # The memory by chain: top hash -> its releases, in order.
+        self.chains: dict[Hashable, list[_ChainReleased]] = {}
 
     def reset(self, block_ids: Iterable[int]) -> None:
         self.uncached = list(block_ids)
@@ -93,6 +119,7 @@ class BruteForcePooledLPC(Evictor):
         self.predicted.clear()
         self.epoch.clear()
         self.block_history.clear()
+        self.chains.clear()
 
     def push_uncached(self, block_ids: Sequence[int]) -> None:
         self.uncached[0:0] = list(block_ids)
@@ -133,6 +160,28 @@ class BruteForcePooledLPC(Evictor):
                 elif t < now_s - horizon or moved_on:
                     judged += 1
         return (reused + 0.5) / (judged + 1)
+
+    def chain_shared_probability(self, now_s: float) -> float:
+        """p_shared with the memory by chain, over the releases older than the horizon."""
+        judged = reused = 0
+        for releases in self.chains.values():
+            for r in releases:
+                if not r.shared or not r.time_s < now_s - self.horizon:
+                    continue
+                judged += r.shared
+                upto = [x for x in releases if x.time_s <= r.time_s + self.horizon]
+                if upto[-1].time_s > r.time_s:
+                    reused += min(r.shared, _common_top(upto[-1].hashes, r.hashes))
+        return (reused + 0.5) / (judged + 1)
+
+    def _chain_known(self, hashes: Sequence, conv: str | None, now_s: float) -> int:
+        """How many of a release's top blocks the memory by chain knows as shared."""
+        releases = self.chains.get(hashes[-1]) if hashes and hashes[-1] is not None else None
+        if not releases or now_s - releases[-1].time_s > self.window:
+            return 0
+        last = releases[-1]
+        common = _common_top(last.hashes, hashes)
+        return common if last.conversation_id != conv else min(common, last.shared)
 
     def model_trusted(self, now_s: float) -> bool:
         """Whether the model's log-loss on the releases judged by now is at most the
@@ -175,8 +224,13 @@ class BruteForcePooledLPC(Evictor):
             self.predicted.append((now, conv, release.probability))
         p = _clamp(self.fallback if predicted is None else predicted)
         by_content = self.memory == "content"
+        by_chain = self.memory == "chains"
+        known = 0
         if by_content:
             p_shared = _clamp(self.shared_probability(now))
+        elif by_chain:
+            p_shared = _clamp(self.chain_shared_probability(now))
+            known = self._chain_known(freed.hashes, conv, now)
         else:  # this release judges the shared releases it follows: listed first
             placed = []
             for block_id in freed.block_ids:
@@ -186,8 +240,10 @@ class BruteForcePooledLPC(Evictor):
                 releases.append(_Released(conv, now, False))
                 placed.append(releases)
             p_shared = _clamp(self.block_shared_probability(now))
+        n = len(freed.block_ids)
+        shared_at = []
         for k, (block_id, block_hash) in enumerate(zip(freed.block_ids, freed.hashes, strict=True)):
-            shared = False
+            shared = by_chain and k >= n - known
             if by_content and block_hash is not None and self.history.get(block_hash):
                 last = self.history[block_hash][-1]
                 shared = now - last.time_s <= self.window and (
@@ -203,10 +259,18 @@ class BruteForcePooledLPC(Evictor):
             if shared:
                 q = max(q, p_shared)
             self.metadata[block_id] = _Metadata(q, now, SHARED if shared else conv)
-            if not by_content:
+            shared_at.append(shared)
+            if not by_content and not by_chain:
                 placed[k][-1] = _Released(conv, now, shared)
             elif block_hash is not None:
                 self.history.setdefault(block_hash, []).append(_Released(conv, now, shared))
+        if by_chain and n and freed.hashes[-1] is not None:
+            top = 0
+            while top < n and shared_at[n - 1 - top]:
+                top += 1
+            self.chains.setdefault(freed.hashes[-1], []).append(
+                _ChainReleased(conv, now, tuple(freed.hashes), top)
+            )
 
     def push_cached(self, freed: FreedBlocks, release: Release) -> None:
         if not freed.block_ids:

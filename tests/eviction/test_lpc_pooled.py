@@ -35,7 +35,7 @@ WINDOWS = [(20.0, 10.0), (600.0, 180.0)]
     seed=st.integers(0, 2**32 - 1),
     window=st.sampled_from(WINDOWS),
     gate=st.sampled_from(GATES),
-    memory=st.sampled_from(["content", "blocks"]),
+    memory=st.sampled_from(["content", "blocks", "chains"]),
 )
 def test_lpc_pooled_matches_brute_force_reference(
     seed: int, window: tuple[float, float], gate: tuple[int | None, float], memory: str
@@ -196,6 +196,64 @@ def test_the_memory_by_block_judges_a_shared_release_at_the_blocks_next_release(
     assert (evictor.shared_releases_judged, evictor.shared_releases_reused) == (3, 2)
     evictor.note_shared_release(_freed([a], [b"x"]), Release(20.0, 0.2, "E"))
     # Past the horizon, never released again: c's shared release at 1 s and a's at 5 s.
+    assert (evictor.shared_releases_judged, evictor.shared_releases_reused) == (5, 2)
+
+
+def test_the_memory_by_chain_recognises_a_shared_prefix_computed_again_after_an_eviction() -> None:
+    """With the memory by chain, a chain released by A, evicted, then computed again under the
+    same top and released by B within the window: the common prefix is shared (the floor
+    p_shared, 0.5 before any judgement), B's own block below it is B's alone."""
+    evictor = PooledLPCEvictor(
+        4,
+        scale_per_s=0.01,
+        model_min_labels=None,
+        memory_window_s=300.0,
+        horizon_s=100.0,
+        memory="chains",
+    )
+    evictor.reset(range(4))
+    first = evictor.pop_n(2)
+    evictor.push_cached(_freed(first, [b"doc/a", b"doc"]), Release(0.0, 0.1, "A"))
+    assert set(evictor.pop_n(4)[-2:]) == set(first)  # evicted: the blocks forget their metadata
+    evictor.push_uncached([b for b in range(4) if b not in first])
+    evictor.push_cached(_freed(first, [b"doc/b", b"doc"]), Release(50.0, 0.1, "B"))
+    own, top = first
+    assert evictor.pooled_key(top) == pytest.approx(static_key(0.5, 50.0, 0.01, 1e-6))
+    assert evictor.pooled_key(own) == pytest.approx(static_key(0.1, 50.0, 0.01, 1e-6))
+
+
+def test_the_memory_by_chain_keeps_only_the_top_stretch_of_shared_blocks() -> None:
+    """A release shared below its top but not at it (its deepest block pooled with another
+    conversation's) remembers no shared block: the same conversation's next release under the
+    same top, on fresh blocks, is its own."""
+    evictor = PooledLPCEvictor(8, scale_per_s=0.01, model_min_labels=None, memory="chains")
+    evictor.reset(range(8))
+    deep, middle, top = evictor.pop_n(3)
+    evictor.note_shared_release(_freed([deep], [b"x/y/z"]), Release(0.0, 0.2, "B"))
+    evictor.push_cached(
+        _freed([deep, middle, top], [b"x/y/z", b"x/y", b"x"]), Release(1.0, 0.2, "A")
+    )
+    assert evictor.pooled_key(deep) > evictor.pooled_key(top)  # shared below the top only
+    fresh = evictor.pop_n(3)  # uncached blocks: no metadata
+    evictor.push_cached(_freed(fresh, [b"x/y/w", b"x/y", b"x"]), Release(2.0, 0.2, "A"))
+    assert [evictor.pooled_key(b) for b in fresh] == [static_key(0.2, 2.0, 0.01, 1e-6)] * 3
+
+
+def test_the_memory_by_chain_judges_a_release_by_the_prefix_released_again() -> None:
+    """A release's top stretch of shared blocks is judged once older than the horizon: reused
+    as far as the last release under the same top since (within the horizon) shares it."""
+    evictor = PooledLPCEvictor(8, horizon_s=10.0, model_min_labels=None, memory="chains")
+    evictor.reset(range(8))
+    a, b, c = evictor.pop_n(3)
+    chain = [b"x/y/z", b"x/y", b"x"]
+    evictor.note_shared_release(_freed([a, b, c], chain), Release(0.0, 0.2, "A"))
+    evictor.note_shared_release(_freed([a, b, c], chain), Release(1.0, 0.2, "B"))  # 3 shared
+    evictor.note_shared_release(_freed([b, c], chain[1:]), Release(5.0, 0.2, "C"))  # 2 of them
+    assert evictor.shared_releases_judged == 0
+    evictor.note_shared_release(_freed([a], [b"other"]), Release(12.0, 0.2, "D"))
+    assert (evictor.shared_releases_judged, evictor.shared_releases_reused) == (3, 2)
+    evictor.note_shared_release(_freed([a], [b"other"]), Release(16.0, 0.2, "D"))
+    # C's release (2 shared) was never followed under its top: judged, not reused.
     assert (evictor.shared_releases_judged, evictor.shared_releases_reused) == (5, 2)
 
 
