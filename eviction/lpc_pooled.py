@@ -54,6 +54,8 @@ _time_of = itemgetter(1)  # a memory entry's time
 # evictions), each block's own metadata ("blocks", while the block holds its content), or that
 # and a map per release's top block ("chains", across evictions, one entry per release).
 MEMORIES = ("content", "blocks", "chains")
+# The default, by the rule in docs/results.md ("`lpc-pooled`'s sharing memory kept by chain").
+DEFAULT_MEMORY = "chains"
 # A chain memory's shared blocks as `_keys_of` reads a memory entry: shared, at any time.
 _CHAIN_SHARED = (None, math.inf, True)
 
@@ -74,7 +76,7 @@ class PooledLPCEvictor(LPCEvictor):
         memory_blocks_factor: float = DEFAULT_MEMORY_BLOCKS_FACTOR,
         model_min_labels: int | None = DEFAULT_MODEL_MIN_LABELS,
         model_margin_nats: float = DEFAULT_MODEL_MARGIN_NATS,
-        memory: str = "content",
+        memory: str = DEFAULT_MEMORY,
     ) -> None:
         if memory not in MEMORIES:
             raise ValueError(f"memory must be one of {', '.join(MEMORIES)}, got {memory!r}")

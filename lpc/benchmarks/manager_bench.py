@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from eviction.lpc_pooled import DEFAULT_MEMORY
 from lpc.benchmarks.floor_queue import RunFloorQueue
 from lpc.benchmarks.per_request import (
     BLOCK_SIZE,
@@ -69,7 +70,7 @@ def _manager(num_blocks: int) -> Any:
 
 
 def run_manager(
-    tokens: int, requests: int, evictor: str, pooled_memory: str = "content"
+    tokens: int, requests: int, evictor: str, pooled_memory: str = DEFAULT_MEMORY
 ) -> ManagerResult:
     """Both managers through the same `requests` turns of one conversation of `tokens` tokens
     each, every turn repeating the first half of the previous one (so both hit it)."""

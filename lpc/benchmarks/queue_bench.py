@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from eviction.base import Release
-from eviction.lpc_pooled import MEMORIES
+from eviction.lpc_pooled import DEFAULT_MEMORY, MEMORIES
 from lpc.benchmarks.per_request import (
     BLOCK_SIZE,
     WARMUP_REQUESTS,
@@ -71,7 +71,7 @@ def run_size(
     evictor: str,
     seed: int = 0,
     mode: str = DEFAULT_MODE,
-    pooled_memory: str = "content",
+    pooled_memory: str = DEFAULT_MEMORY,
 ) -> SizeResult:
     """Both queues through the same `requests` requests of `tokens` tokens; the plugin's
     queue in `mode` (`lpc`, or `lru`/`shadow`: the kill switch thrown)."""
@@ -201,7 +201,7 @@ def _fill(pool: Any, runtime: QueueRuntime, free_blocks: int, n: int, rng: rando
 
 
 def run_switch(
-    tokens: int, evictor: str, free_blocks: int, seed: int = 0, pooled_memory: str = "content"
+    tokens: int, evictor: str, free_blocks: int, seed: int = 0, pooled_memory: str = DEFAULT_MEMORY
 ) -> SwitchResult:
     """Switch off with `free_blocks` learned blocks, allocate requests of `tokens` tokens
     until they are drained (each allocation timed, and vLLM's own allocation of as many
@@ -269,7 +269,7 @@ def run_scan(
     scan_blocks: int,
     walks: int,
     seed: int = 0,
-    pooled_memory: str = "content",
+    pooled_memory: str = DEFAULT_MEMORY,
 ) -> ScanResult:
     """Both queues hold `free_blocks` cached blocks; each step walks `scan_blocks` blocks
     after the cursor as vLLM's lazy offload does (`SimpleCPUOffloadScheduler`: from the last
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)))
     parser.add_argument("--budget-blocks", type=int, default=400_000)
     parser.add_argument("--evictor", default="lpc-pooled")
-    parser.add_argument("--pooled-memory", choices=MEMORIES, default="content")
+    parser.add_argument("--pooled-memory", choices=MEMORIES, default=DEFAULT_MEMORY)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mode", choices=MODES, default=DEFAULT_MODE)
     parser.add_argument("--switch", action="store_true")

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from eviction.lpc_pooled import MEMORIES
+from eviction.lpc_pooled import DEFAULT_MEMORY, MEMORIES
 from lpc.cli.arg_types import positive_int
 from lpc.integrations.kill_switch import DEFAULT_MODE, MODES
 
@@ -49,9 +49,9 @@ def register(targets: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--pooled-memory",
         choices=MEMORIES,
-        default="content",
-        help="where lpc-pooled keeps what it knows of sharing: content (default, the plugin's) "
-        "or blocks (the plugin's pooled_memory setting)",
+        default=DEFAULT_MEMORY,
+        help=f"where lpc-pooled keeps what it knows of sharing, the plugin's pooled_memory "
+        f"setting (default {DEFAULT_MEMORY}, the plugin's)",
     )
     parser.add_argument(
         "--mode",

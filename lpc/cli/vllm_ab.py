@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from eviction.lpc_pooled import MEMORIES
+from eviction.lpc_pooled import DEFAULT_MEMORY, MEMORIES
 from lpc.errors import CommandError
 
 DESCRIPTION = """\
@@ -129,8 +129,9 @@ def _add_plugin_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pooled-memory",
         choices=MEMORIES,
-        default="content",
-        help="lpc-pooled's sharing memory, the plugin's LPC_POOLED_MEMORY (default content)",
+        default=DEFAULT_MEMORY,
+        help=f"lpc-pooled's sharing memory, the plugin's LPC_POOLED_MEMORY (default "
+        f"{DEFAULT_MEMORY})",
     )
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eviction.lpc_pooled import DEFAULT_MEMORY
 from lpc.difftest.ops import NewRequest, Stream
 from lpc.integrations.request_hints import CONVERSATION_KEY, PROBABILITY_KEY, USER_PROMPTS_KEY
 
@@ -114,7 +115,7 @@ class PluginSettings:
     access_model: Path | None = None  # LPC_ACCESS_MODEL
     conversation_table_max_tokens: int | None = None  # LPC_CONVERSATION_TABLE_MAX_TOKENS
     return_model: Path | None = None  # lpc-return's curves (LPC_RETURN_MODEL)
-    pooled_memory: str = "content"  # lpc-pooled's (LPC_POOLED_MEMORY)
+    pooled_memory: str = DEFAULT_MEMORY  # lpc-pooled's (LPC_POOLED_MEMORY)
 
 
 def write_plans(

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from eviction.lpc_pooled import DEFAULT_MEMORY
 from lpc.drivers.release_plan import PluginSettings
 from lpc.drivers.vllm_driver import REPO_ROOT
 from lpc.replay.shadow import ShadowRequest, learned_evictor_factory, read_events, replay_shadow
@@ -229,7 +230,7 @@ def policy_environment(policy: Policy, settings: PluginSettings) -> tuple[dict[s
     env["LPC_FALLBACK_P"] = repr(settings.fallback_probability)
     if settings.conversation_table_max_tokens is not None:
         env["LPC_CONVERSATION_TABLE_MAX_TOKENS"] = str(settings.conversation_table_max_tokens)
-    if settings.pooled_memory != "content":  # the default's settings stay as they were
+    if settings.pooled_memory != DEFAULT_MEMORY:  # the default's settings stay as they were
         env["LPC_POOLED_MEMORY"] = settings.pooled_memory
     if policy.name == "lpc-return":
         if settings.return_model is None:

@@ -24,7 +24,7 @@ from eviction.lpc import (
     DEFAULT_PROBABILITY_FLOOR,
     DEFAULT_SCALE_PER_S,
 )
-from eviction.lpc_pooled import MEMORIES
+from eviction.lpc_pooled import DEFAULT_MEMORY, MEMORIES
 from lpc.integrations.engine_checks import ALLOW_VARIABLE, parse_allowed
 from lpc.integrations.kill_switch import DEFAULT_MODE, check_mode
 from predictor.client import check_predictor_url
@@ -47,11 +47,12 @@ class PluginConfig:
     vLLM only), plain `lpc`, or `lpc-return` (P(the conversation returns within the cache's
     own holding time | silent so far), from the return-time model `return_model`;
     `eviction/return_window.py`; vLLM only). `pooled_memory` is where `lpc-pooled` keeps
-    what it knows of sharing: `content` (the default: a hash memory of each content's last
-    release, across evictions) or `blocks` (each block's own metadata: no map per content, so
-    a cheaper free path, at a measured cost in hits; docs/results.md, "`lpc-pooled`'s sharing
-    memory kept by block"). Its horizon comes from the access model's
-    artifact when one is loaded (`access_model`), else 180 s. `scale_per_s`,
+    what it knows of sharing: `chains` (the default: each block's own metadata and, per
+    release, one entry under its top block's hash, across evictions; docs/results.md,
+    "`lpc-pooled`'s sharing memory kept by chain"), `content` (a hash memory of each
+    content's last release, one entry per block) or `blocks` (each block's own metadata
+    alone, at a measured cost in hits: "... kept by block"). Its horizon comes from the
+    access model's artifact when one is loaded (`access_model`), else 180 s. `scale_per_s`,
     `fallback_probability` and `probability_floor` are the LPC evictors'. The
     predictor fields say where asynchronous predictions come from (None: only probabilities
     carried by requests, else the fallback). `max_pending_predictions` bounds the predictions
@@ -104,7 +105,7 @@ class PluginConfig:
     """
 
     evictor: str = "lpc-pooled"
-    pooled_memory: str = "content"
+    pooled_memory: str = DEFAULT_MEMORY
     scale_per_s: float = DEFAULT_SCALE_PER_S
     fallback_probability: float = DEFAULT_FALLBACK_PROBABILITY
     probability_floor: float = DEFAULT_PROBABILITY_FLOOR

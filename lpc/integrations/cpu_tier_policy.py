@@ -258,6 +258,11 @@ def tier_evictor_options(evictor: str, runtime: PluginRuntime | None) -> dict[st
     return options
 
 
+# `lpc-pooled`'s sharing memory in this tier: the hash memory. The tier stores chunks one by
+# one, not one chain's contiguous tail, which the memory by chain (the GPU queue's) reads.
+TIER_POOLED_MEMORY = "content"
+
+
 class EvictorCachePolicy:
     """vLLM's `CachePolicy` methods over an evictor of `eviction/` (see the module).
 
@@ -308,6 +313,8 @@ class EvictorCachePolicy:
         self.trust = trust
         self.running = running
         self._evictor_name = evictor
+        if evictor == "lpc-pooled":  # the engine's tier and the replay's alike
+            evictor_options.setdefault("memory", TIER_POOLED_MEMORY)
         self._evictor_options = evictor_options
         self._clock = clock
         self._chunks: dict[Any, _Chunk] = {}

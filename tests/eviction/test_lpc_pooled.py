@@ -295,7 +295,8 @@ def test_the_memory_keeps_at_most_its_bound_forgetting_the_oldest_content() -> N
 
 
 def test_shared_probability_counts_reuse_within_the_horizon() -> None:
-    evictor = PooledLPCEvictor(8, memory_window_s=100.0, horizon_s=10.0)
+    """The hash memory judges each content: released again within the horizon, or not."""
+    evictor = PooledLPCEvictor(8, memory_window_s=100.0, horizon_s=10.0, memory="content")
     evictor.reset(range(8))
     blocks = evictor.pop_n(2)
     for t, conv in ((0.0, "A"), (1.0, "B")):  # the second release of each is shared

@@ -52,9 +52,10 @@ def test_the_default_evictor_is_the_trust_gated_pooled_one() -> None:
     assert isinstance(evictor, PooledLPCEvictor)
     assert evictor.model_min_labels == 100 and not evictor.model_trusted
     assert (evictor.horizon_s, evictor.memory_window_s) == (180.0, 600.0), "today's constants"
-    assert evictor.memory == "content", "the rule kept the hash memory"
+    assert evictor.memory == "chains", "the rule chose the memory by chain"
     assert type(evictor_of(PluginConfig(evictor="lpc"))) is LPCEvictor
     assert evictor_of(PluginConfig(pooled_memory="blocks")).memory == "blocks"
+    assert evictor_of(PluginConfig(pooled_memory="content")).memory == "content"
 
 
 def test_the_horizon_comes_from_the_loaded_access_model(tmp_path: Path) -> None:

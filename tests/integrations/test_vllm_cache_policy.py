@@ -274,6 +274,9 @@ def test_the_tiers_horizon_is_its_own_setting_else_the_models() -> None:
     assert options["fallback_probability"] == runtime.config.fallback_probability
     policy = trusted_policy(4, "lpc-pooled", **options)
     assert policy.evictor.horizon_s == 1200.0
+    # Chunks stored one by one are no chain's contiguous tail: the tier keeps the hash memory.
+    assert policy.evictor.memory == "content"
+    assert trusted_policy(4, "lpc-pooled").evictor.memory == "content"
     assert "horizon_s" not in tier_evictor_options("lpc", runtime)
     for bad in (0, -5.0, float("nan"), "long", True):
         runtime.kv_connector_extra_config = {"lpc_horizon_s": bad}
