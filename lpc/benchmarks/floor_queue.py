@@ -10,13 +10,32 @@ a release is one heap push of its block list (no pass over its blocks), a hit is
 skips tombstoned blocks. It keeps no prefix closure, no memory across conversations, no pins
 and no ages; its key is the release's count (LRU by release), since any key costs the same
 push.
+
+`PooledFloorQueue` adds the least that pooling over the conversations sharing a block needs,
+which every LPC evictor does (the mission's max pooling, `lpc-pooled`'s OR pooling): each
+block's key, written at its release and read at its next one. That is a pass over the
+released blocks, their ids read from vLLM's `KVCacheBlock`s (slotted and unhashable, so the
+id is the only handle), the old keys gathered and the new one scattered, here by numpy, the
+cheapest pass measured (docs/serving.md, "The pooled floor"); a key from a p and the time;
+and, at a pop, the popped blocks' keys cleared (their content is gone). With keys that grow
+with time a release's own key is always the largest, so it evicts as the floor does.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
+import time
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
+
+import numpy as np
+
+_block_id = attrgetter("block_id")
+_NO_KEY = -math.inf  # a block no release keyed (or whose content a pop took)
+_LOGIT = math.log(0.7 / 0.3)  # a release's p, as the manager benchmark's requests carry
+_SCALE_PER_S = 0.01  # LPC's default decay scale
 
 
 class RunFloorQueue:
@@ -98,4 +117,34 @@ class RunFloorQueue:
                 heapq.heappop(runs)
             else:
                 run[3] = i
+        return out
+
+
+class PooledFloorQueue(RunFloorQueue):
+    """The floor with pooling's per-block keys: a release reads its blocks' keys and writes
+    its own (one numpy gather and one scatter over their ids), a pop clears its blocks'."""
+
+    def __init__(self, listed: Any, num_blocks: int) -> None:
+        super().__init__(listed, num_blocks)
+        self._key_of = np.full(num_blocks, _NO_KEY)
+
+    def append_n(self, blocks: Sequence[Any]) -> None:
+        if not blocks:
+            return
+        n = len(blocks)
+        self._releases += 1
+        ids = np.fromiter(map(_block_id, blocks), dtype=np.intp, count=n)
+        key_of = self._key_of
+        key = _LOGIT + _SCALE_PER_S * time.monotonic()
+        pooled = float(key_of[ids].max())  # max pooling over the blocks' last releases
+        if pooled > key:
+            key = pooled
+        key_of[ids] = key
+        heapq.heappush(self._runs, [key, self._releases, blocks, 0])
+        self._held += n
+
+    def popleft_n(self, n: int) -> list[Any]:
+        out = super().popleft_n(n)
+        if out:
+            self._key_of[np.fromiter(map(_block_id, out), dtype=np.intp, count=len(out))] = _NO_KEY
         return out

@@ -6,9 +6,11 @@ the allocation), and the free, stock `KVCacheManager.free` against the class's f
 (`SchedulerLPC.free`: the release announced to the queue, its shared blocks found, then the
 same `KVCacheManager.free` with the LPC queue inside). A third manager holds the floor
 (`floor_queue.RunFloorQueue`: the least a queue keyed per release does) and is freed by
-`KVCacheManager.free`. Three real vLLM 0.33 managers over the same multi-turn requests,
-interleaved request by request; every request carries its p as a trusted hint (scores
-present, no model: `lpc bench step-scoring` times the scoring). Runs in vLLM's venv, from
+`KVCacheManager.free`, and a fourth the pooled floor (`floor_queue.PooledFloorQueue`: the
+floor plus the per-block keys any pooling LPC queue reads and writes). Four real vLLM 0.33
+managers over the same multi-turn requests, interleaved request by request; every request
+carries its p as a trusted hint (scores present, no model: `lpc bench step-scoring` times the
+scoring). Runs in vLLM's venv, from
 `queue_bench --manager`.
 """
 
@@ -20,7 +22,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from eviction.lpc_pooled import DEFAULT_MEMORY
-from lpc.benchmarks.floor_queue import RunFloorQueue
+from lpc.benchmarks.floor_queue import PooledFloorQueue, RunFloorQueue
 from lpc.benchmarks.per_request import (
     BLOCK_SIZE,
     WARMUP_REQUESTS,
@@ -29,7 +31,8 @@ from lpc.benchmarks.per_request import (
 )
 from lpc.integrations.config import PluginConfig
 
-SIDES = ("stock", "lpc", "floor")
+SIDES = ("stock", "lpc", "floor", "pooled_floor")
+FLOORS = {"floor": RunFloorQueue, "pooled_floor": PooledFloorQueue}
 P = 0.7  # every request's p, a trusted hint: one p, so LPC keeps the last turn as LRU does
 
 
@@ -45,6 +48,9 @@ class ManagerResult:
     floor: dict[str, Figure]  # the floor queue's (`floor_queue`), and its ratios to stock
     floor_ratio_p50: dict[str, float]
     floor_ratio_p99: dict[str, float]
+    pooled_floor: dict[str, Figure]  # the pooled floor's (`PooledFloorQueue`), and its ratios
+    pooled_floor_ratio_p50: dict[str, float]
+    pooled_floor_ratio_p99: dict[str, float]
 
 
 def _manager(num_blocks: int) -> Any:
@@ -104,9 +110,9 @@ def run_manager(
                 side["free_path"] = attach_manager(manager, plugin).free
             else:
                 side["free_path"] = manager.free
-            if name == "floor":
+            if name in FLOORS:
                 pool = manager.block_pool
-                pool.free_block_queue = RunFloorQueue(pool.free_block_queue, len(pool.blocks))
+                pool.free_block_queue = FLOORS[name](pool.free_block_queue, len(pool.blocks))
             sides[name] = side
         prompt: list[int] = []
         next_token = 1
@@ -116,7 +122,8 @@ def run_manager(
             prompt = kept + list(range(next_token, next_token + tokens - len(kept)))
             next_token += tokens
             extra = {"lpc_probability": P, "lpc_conversation_id": "chat"}
-            for name in SIDES[r % 3 :] + SIDES[: r % 3]:  # each side first in turn
+            turn = r % len(SIDES)
+            for name in SIDES[turn:] + SIDES[:turn]:  # each side first in turn
                 side = sides[name]
                 manager = side["manager"]
                 request = Request(
@@ -154,6 +161,7 @@ def run_manager(
     calls = ("allocate", "free")
     figures, ratio_p50, ratio_p99 = compare_sides(sides, calls)
     _, floor_p50, floor_p99 = compare_sides(sides, calls, side="floor")
+    _, pooled_p50, pooled_p99 = compare_sides(sides, calls, side="pooled_floor")
     return ManagerResult(
         tokens=tokens,
         requests=requests,
@@ -165,4 +173,7 @@ def run_manager(
         floor=figures["floor"],
         floor_ratio_p50=floor_p50,
         floor_ratio_p99=floor_p99,
+        pooled_floor=figures["pooled_floor"],
+        pooled_floor_ratio_p50=pooled_p50,
+        pooled_floor_ratio_p99=pooled_p99,
     )

@@ -129,4 +129,13 @@ def _extra_lines(size: dict[str, Any]) -> list[str]:
             f"({manager['floor_ratio_p50']['free']:.2f}×, "
             f"p99 {manager['floor_ratio_p99']['free']:.2f}×)"
         )
+        if "pooled_floor" in manager:
+            lines.append(
+                f"  {size['tokens']:>8,} the pooled floor (and each block's key, as pooling "
+                f"needs): allocate p50 {manager['pooled_floor']['allocate']['p50_us']:.1f} µs "
+                f"({manager['pooled_floor_ratio_p50']['allocate']:.2f}×); free p50 "
+                f"{manager['pooled_floor']['free']['p50_us']:.1f} µs "
+                f"({manager['pooled_floor_ratio_p50']['free']:.2f}×, "
+                f"p99 {manager['pooled_floor_ratio_p99']['free']:.2f}×)"
+            )
     return lines

@@ -95,7 +95,8 @@ def register(targets: argparse._SubParsersAction) -> None:
         "+ allocate_slots, and the free (KVCacheManager.free against the LPC scheduler class's "
         "free path, which announces the release first), with a trusted p on every request, "
         "and a third manager holding the floor queue, the least a queue keyed once per "
-        "release does (lpc/benchmarks/manager_bench.py, floor_queue.py)",
+        "release does, and a fourth the pooled floor, the floor plus the per-block keys "
+        "pooling reads and writes (lpc/benchmarks/manager_bench.py, floor_queue.py)",
     )
     parser.add_argument(
         "--vllm-python",

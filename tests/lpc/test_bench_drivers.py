@@ -95,6 +95,15 @@ def test_the_queue_report_has_a_row_per_call_and_the_optional_lines() -> None:
     assert "free p50 10.0 µs vLLM, 15.0 µs LPC (1.50×, p99 2.00×)" in with_manager[-2]
     assert "the floor" in with_manager[-1]
     assert "free p50 9.0 µs (0.90×, p99 0.80×)" in with_manager[-1]
+    pooled = {
+        **manager,
+        "pooled_floor": {c: {"p50_us": 12.0} for c in calls},
+        "pooled_floor_ratio_p50": dict.fromkeys(calls, 1.2),
+        "pooled_floor_ratio_p99": dict.fromkeys(calls, 1.3),
+    }
+    with_pooled = summary_lines({**record, "sizes": [{**size, "manager": pooled}]})
+    assert len(with_pooled) == 8 and "the pooled floor" in with_pooled[-1]
+    assert "free p50 12.0 µs (1.20×, p99 1.30×)" in with_pooled[-1]
 
 
 def test_the_load_test_reads_the_servers_overload_count() -> None:
