@@ -3,11 +3,11 @@
 Plain LPC (static key logit(p) + scale·t, one heap, leaves first) with three changes, defined
 in docs/design.md, "`lpc-pooled`'s details": OR pooling across conversations instead of max
 pooling; a shared floor `p_shared` for contents another conversation released within
-`memory_window_s` (a hash memory, `eviction.content_memory`; or, with `memory="blocks"`, for
-blocks whose own metadata says so, no map per content; or, with `memory="chains"`, that and one
-entry per release, `eviction.chain_memory`), estimated online over the access
-model's horizon; and a trust gate that keys a release by its predicted p only while the
-model's prequential log-loss is no worse than a constant's. Every key stays static.
+`memory_window_s` (by default the blocks' own metadata and one entry per release under its
+top hash, `memory="chains"`, `eviction.chain_memory`; or a hash memory, `memory="content"`,
+`eviction.content_memory`; or the blocks' metadata alone, `memory="blocks"`), estimated online
+over the access model's horizon; and a trust gate that keys a release by its predicted p only
+while the model's prequential log-loss is no worse than a constant's. Every key stays static.
 """
 
 from __future__ import annotations
@@ -294,7 +294,8 @@ class PooledLPCEvictor(LPCEvictor):
         return p if self.model_trusted else None
 
     def _bound_memory(self) -> None:
-        """Forget the oldest contents beyond the memory's size bound (after a release)."""
+        """Forget the oldest contents (by chain, releases) beyond the memory's size bound
+        (after a release)."""
         if self._by_chain:
             if self._chains.held > self.memory_max_entries:
                 self._chains.forget_oldest(self.memory_max_entries)
@@ -548,6 +549,7 @@ class PooledLPCEvictor(LPCEvictor):
         return super().late_key(release)
 
     def memory_size(self) -> int:
-        """Contents the memory holds now (released within the window; none with the
-        memory by block, which holds nothing beyond the blocks' own metadata)."""
+        """Contents the memory holds now (released within the window; by chain, the hashes
+        its entries keep; none with the memory by block, which holds nothing beyond the
+        blocks' own metadata)."""
         return self._chains.held if self._by_chain else len(self._memory)

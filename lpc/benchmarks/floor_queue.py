@@ -12,7 +12,7 @@ and no ages; its key is the release's count (LRU by release), since any key cost
 push.
 
 `PooledFloorQueue` adds the least that pooling over the conversations sharing a block needs,
-which every LPC evictor does (the mission's max pooling, `lpc-pooled`'s OR pooling): each
+which every LPC evictor does (plain `lpc`'s max pooling, `lpc-pooled`'s OR pooling): each
 block's key, written at its release and read at its next one. That is a pass over the
 released blocks, their ids read from vLLM's `KVCacheBlock`s (slotted and unhashable, so the
 id is the only handle), the old keys gathered and the new one scattered, here by numpy, the
