@@ -10,8 +10,7 @@ same `KVCacheManager.free` with the LPC queue inside). A third manager holds the
 floor plus the per-block keys any pooling LPC queue reads and writes). Four real vLLM 0.33
 managers over the same multi-turn requests, interleaved request by request; every request
 carries its p as a trusted hint (scores present, no model: `lpc bench step-scoring` times the
-scoring). Runs in vLLM's venv, from
-`queue_bench --manager`.
+scoring). Runs in vLLM's venv, from `queue_bench --manager`.
 """
 
 from __future__ import annotations
@@ -78,8 +77,8 @@ def _manager(num_blocks: int) -> Any:
 def run_manager(
     tokens: int, requests: int, evictor: str, pooled_memory: str = DEFAULT_MEMORY
 ) -> ManagerResult:
-    """Both managers through the same `requests` turns of one conversation of `tokens` tokens
-    each, every turn repeating the first half of the previous one (so both hit it)."""
+    """Every manager through the same `requests` turns of one conversation of `tokens` tokens
+    each, every turn repeating the first half of the previous one (so each hits it)."""
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash

@@ -551,6 +551,7 @@ def shadow_replay_check(run: PolicyRun, requests_path: Path) -> dict[str, Any]:
         config["fallback_probability"],
         config["probability_floor"],
         stats["evictor_horizon_s"],
+        config.get("pooled_memory", DEFAULT_MEMORY),
     )
     ours = replay_shadow(shadow_requests(requests_path), read_events(run.shadow_events), factory)
     pairs = {

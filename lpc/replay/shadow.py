@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from eviction import LPCEvictor, LRUEvictor
+from eviction.lpc_pooled import DEFAULT_MEMORY
 from lpc.blocks.block_manager import CacheRequest, PrefixCacheBlockManager
 from lpc.blocks.hashing import BlockHash, BlockHasher
 from lpc.integrations.config import PluginConfig
@@ -57,6 +58,7 @@ def learned_evictor_factory(
     fallback_probability: float,
     probability_floor: float,
     horizon_s: float | None,
+    pooled_memory: str = DEFAULT_MEMORY,
 ) -> Callable[[int], LPCEvictor]:
     """Builds the learned evictor exactly as the plugin's queues and shadow do."""
     config = PluginConfig(
@@ -64,6 +66,7 @@ def learned_evictor_factory(
         scale_per_s=scale_per_s,
         fallback_probability=fallback_probability,
         probability_floor=probability_floor,
+        pooled_memory=pooled_memory,
     )
     runtime = QueueRuntime(config, PluginStats())
     runtime.horizon_s = horizon_s

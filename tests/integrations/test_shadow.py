@@ -334,3 +334,12 @@ def test_the_plugins_hooks_feed_the_shadow(monkeypatch: pytest.MonkeyPatch) -> N
     assert (snapshot["shadow_requests"], snapshot["shadow_queries"]) == (2, 28)
     assert snapshot["shadow_lpc_hits"] == snapshot["shadow_lru_hits"] == 12
     assert (after["mode"], after["mode_switches"]) == ("lpc", 1)
+
+
+def test_the_replays_evictor_keeps_the_plugins_pooled_memory() -> None:
+    """The shadow's check replays with the memory the plugin ran (its config's), not a default."""
+    default = learned_evictor_factory("lpc-pooled", 1e-2, 0.5, 1e-6, 180.0)(8)
+    assert default.memory == PluginConfig().pooled_memory == "chains"
+    for memory in ("content", "blocks"):
+        built = learned_evictor_factory("lpc-pooled", 1e-2, 0.5, 1e-6, 180.0, memory)(8)
+        assert built.memory == memory
