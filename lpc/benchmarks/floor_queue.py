@@ -16,9 +16,10 @@ which every LPC evictor does (plain `lpc`'s max pooling, `lpc-pooled`'s OR pooli
 block's key, written at its release and read at its next one. That is a pass over the
 released blocks, their ids read from vLLM's `KVCacheBlock`s (slotted and unhashable, so the
 id is the only handle), the old keys gathered and the new one scattered, here by numpy, the
-cheapest pass measured (docs/serving.md, "The pooled floor"); a key from a p and the time;
-and, at a pop, the popped blocks' keys cleared (their content is gone). With keys that grow
-with time a release's own key is always the largest, so it evicts as the floor does.
+cheapest pass measured (docs/serving.md, "The memory by chain, and the pooled floor"); a key
+from a p and the time; and, at a pop, the popped blocks' keys cleared (their content is gone).
+With keys that grow with time a release's own key is always the largest, so it evicts as the
+floor does.
 """
 
 from __future__ import annotations
